@@ -1,0 +1,65 @@
+//! The `memprof.dev/v1alpha1` API: the custom resources the sidecar, the
+//! operator and the CLI exchange. Every field carries a doc comment because
+//! it becomes the `kubectl explain` text of the generated CRD.
+
+mod common;
+mod profile;
+mod report;
+
+pub use common::*;
+pub use profile::*;
+pub use report::*;
+
+use kube::CustomResourceExt;
+
+/// API group of every memprof resource.
+pub const GROUP: &str = "memprof.dev";
+/// API version of every memprof resource.
+pub const VERSION: &str = "v1alpha1";
+
+/// Annotation that turns profiling on for a Job.
+pub const ANNOTATION_ENABLED: &str = "memprof.dev/enabled";
+/// Job annotation: the job's current OOM risk level.
+pub const ANNOTATION_OOM_RISK: &str = "memprof.dev/oom-risk";
+/// Job annotation: the job's smallest predicted time to OOM.
+pub const ANNOTATION_TIME_TO_OOM: &str = "memprof.dev/time-to-oom";
+/// Job annotation: max/mean of per-GPU peak memory across the job.
+pub const ANNOTATION_IMBALANCE: &str = "memprof.dev/imbalance";
+/// Job annotation: where the job will run out of memory first.
+pub const ANNOTATION_BOTTLENECK: &str = "memprof.dev/bottleneck";
+/// Label on a MemoryReport: the MemoryProfile it feeds.
+pub const LABEL_PROFILE: &str = "memprof.dev/profile";
+/// Label on a MemoryReport: the Job its pod belongs to.
+pub const LABEL_JOB: &str = "memprof.dev/job";
+/// Field manager of the sidecar's server-side applies.
+pub const SIDECAR_MANAGER: &str = "memprof-sidecar";
+/// Field manager of the operator's server-side applies.
+pub const OPERATOR_MANAGER: &str = "memprof-operator";
+
+/// Upper bound on the GPUs one MemoryReport carries (a node has at most 16).
+pub const MAX_GPUS_PER_REPORT: usize = 16;
+/// Upper bound on the timeline points kept per GPU in a MemoryReport.
+pub const MAX_TIMELINE_POINTS: usize = 60;
+/// Upper bound on the ranks listed in a MemoryProfile's `topRanks`.
+pub const MAX_TOP_RANKS: usize = 8;
+/// Upper bound on OOM records and remediation records in a MemoryProfile.
+pub const MAX_HISTORY: usize = 16;
+/// Upper bound on conditions on one object.
+pub const MAX_CONDITIONS: usize = 8;
+
+/// Every CRD of the API, in a stable order.
+pub fn crds(
+) -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>
+{
+    vec![MemoryProfile::crd(), MemoryReport::crd()]
+}
+
+/// Every CRD as one YAML stream: what `memprof crd` prints and `crds/` holds.
+pub fn crds_yaml() -> String {
+    let mut out = String::new();
+    for crd in crds() {
+        out.push_str("---\n");
+        out.push_str(&serde_yaml::to_string(&crd).expect("a CRD always serializes to YAML"));
+    }
+    out
+}

@@ -1,0 +1,212 @@
+//! `MemoryProfile`: one per profiled workload, status written by the operator only.
+//!
+//! Its size is bounded whatever the rank count: the status keeps aggregates,
+//! the bottleneck and the top-K ranks, never one entry per rank (etcd caps an
+//! object at 1.5 MiB and rewrites all of it on every write).
+
+use super::common::{Condition, RiskLevel};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// A profiled workload and what memprof concluded about its GPU memory.
+#[derive(CustomResource, Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[kube(
+    group = "memprof.dev",
+    version = "v1alpha1",
+    kind = "MemoryProfile",
+    namespaced,
+    shortname = "mprof",
+    category = "memprof",
+    status = "MemoryProfileStatus",
+    printcolumn = r#"{"name":"JOB","type":"string","jsonPath":".spec.jobName"}"#,
+    printcolumn = r#"{"name":"RANKS","type":"string","jsonPath":".status.ranks"}"#,
+    printcolumn = r#"{"name":"GPUS","type":"integer","jsonPath":".status.gpuCount"}"#,
+    printcolumn = r#"{"name":"PEAK","type":"string","jsonPath":".status.peak"}"#,
+    printcolumn = r#"{"name":"RISK","type":"string","jsonPath":".status.risk"}"#,
+    printcolumn = r#"{"name":"TTO","type":"string","jsonPath":".status.timeToOom"}"#,
+    printcolumn = r#"{"name":"IMBALANCE","type":"string","jsonPath":".status.imbalanceDisplay"}"#,
+    printcolumn = r#"{"name":"ACTION","type":"string","jsonPath":".status.lastAction"}"#,
+    printcolumn = r#"{"name":"AGE","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct MemoryProfileSpec {
+    /// Name of the Job this profile describes (in the profile's namespace).
+    #[schemars(length(min = 1, max = 253))]
+    pub job_name: String,
+    /// Number of ranks (pods) expected to report: the Job's parallelism.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(max = 1_000_000))]
+    pub expected_ranks: Option<u32>,
+}
+
+/// What the operator concluded from the job's MemoryReports.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct MemoryProfileStatus {
+    /// Ranks with a valid report.
+    pub ranks_reporting: u32,
+    /// Ranks expected (the Job's parallelism), when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ranks_expected: Option<u32>,
+    /// `reporting/expected`, for humans.
+    #[schemars(length(max = 32))]
+    pub ranks: String,
+    /// GPUs reported across all ranks.
+    pub gpu_count: u32,
+    /// Highest peak of any GPU, in bytes.
+    pub peak_used_bytes: u64,
+    /// Peak of the fullest GPU as a percentage of its total memory.
+    #[schemars(range(min = 0.0, max = 100.0))]
+    pub peak_percent: f64,
+    /// Highest current usage of any GPU, in bytes.
+    pub current_used_bytes: u64,
+    /// Current usage of the fullest GPU as a percentage of its total memory.
+    #[schemars(range(min = 0.0, max = 100.0))]
+    pub current_percent: f64,
+    /// Peak for humans, e.g. `61.2GiB (76%)`.
+    #[schemars(length(max = 64))]
+    pub peak: String,
+    /// Worst risk level of any GPU of the job.
+    pub risk: RiskLevel,
+    /// Confidence of that risk level, 0 to 1.
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub confidence: f64,
+    /// Smallest predicted time to OOM of any GPU, in seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0))]
+    pub time_to_oom_seconds: Option<f64>,
+    /// Smallest time to OOM, for humans.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32))]
+    pub time_to_oom: Option<String>,
+    /// Some GPU's memory keeps growing between steps.
+    pub leak_suspected: bool,
+    /// Ranks with a suspected leak (at most 8).
+    #[schemars(length(max = 8))]
+    #[serde(default)]
+    pub leak_ranks: Vec<u32>,
+    /// Highest fragmentation reported by an in-process agent (0 to 1), when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub fragmentation: Option<f64>,
+    /// Max over mean of per-GPU peak memory across the job (1 = perfectly balanced).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1.0))]
+    pub imbalance: Option<f64>,
+    /// Imbalance for humans, e.g. `1.42`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16))]
+    pub imbalance_display: Option<String>,
+    /// The GPU that will run out of memory first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bottleneck: Option<GpuLocation>,
+    /// The ranks closest to OOM, worst first (at most 8).
+    #[schemars(length(max = 8))]
+    #[serde(default)]
+    pub top_ranks: Vec<RankSummary>,
+    /// GPU OOMs observed (at most 16, newest last).
+    #[schemars(length(max = 16))]
+    #[serde(default)]
+    pub ooms: Vec<OomRecord>,
+    /// Remediations performed (at most 16, newest last).
+    #[schemars(length(max = 16))]
+    #[serde(default)]
+    pub remediations: Vec<RemediationRecord>,
+    /// Last action taken on the job, for humans.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 128))]
+    pub last_action: Option<String>,
+    /// Newest `sampledAt` among the job's reports (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_report_time: Option<String>,
+    /// Conditions: `Ready`, `ReportsValid`.
+    #[schemars(length(max = 8))]
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+}
+
+/// Where a GPU is: rank, pod, node and GPU.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuLocation {
+    /// Rank of the pod, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank: Option<u32>,
+    /// Pod name.
+    #[schemars(length(max = 253))]
+    pub pod: String,
+    /// Node name, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub node: Option<String>,
+    /// NVML index of the GPU on its node.
+    pub gpu_index: u32,
+    /// GPU UUID.
+    #[schemars(length(max = 96))]
+    pub gpu_uuid: String,
+}
+
+/// One rank among the worst of the job.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct RankSummary {
+    /// Where the rank's worst GPU is.
+    #[serde(flatten)]
+    pub location: GpuLocation,
+    /// Risk level of the rank's worst GPU.
+    pub risk: RiskLevel,
+    /// Peak memory of that GPU, in bytes.
+    pub peak_bytes: u64,
+    /// Total memory of that GPU, in bytes.
+    pub total_bytes: u64,
+    /// Predicted seconds to OOM of that GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_to_oom_seconds: Option<f64>,
+    /// Growth rate of that GPU's memory, bytes per second.
+    pub growth_bytes_per_second: f64,
+}
+
+/// A GPU out-of-memory observed in the job.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct OomRecord {
+    /// When it was observed (RFC 3339).
+    pub time: String,
+    /// Pod that ran out of memory.
+    #[schemars(length(max = 253))]
+    pub pod: String,
+    /// Rank of that pod, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank: Option<u32>,
+    /// GPU index, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_index: Option<u32>,
+    /// What proves it: `terminationMessage`, `agentOomCount` or `reportAtCeiling`, with detail.
+    #[schemars(length(max = 512))]
+    pub evidence: String,
+}
+
+/// One remediation the operator performed (or, in dry-run, would have).
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct RemediationRecord {
+    /// Unique id, recorded before the action so it happens at most once.
+    #[schemars(length(max = 128))]
+    pub id: String,
+    /// Policy that triggered it.
+    #[schemars(length(max = 253))]
+    pub policy: String,
+    /// Action, e.g. `scaleBatch BATCH_SIZE 32->24`.
+    #[schemars(length(max = 256))]
+    pub action: String,
+    /// `Pending`, `Done`, `Skipped`, `Failed` or `DryRun`.
+    #[schemars(length(max = 32))]
+    pub phase: String,
+    /// When it was decided (RFC 3339).
+    pub time: String,
+    /// Why, or what went wrong.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 512))]
+    pub message: Option<String>,
+}

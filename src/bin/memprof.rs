@@ -1,0 +1,3 @@
+fn main() {
+    print!("{}", memprof::api::crds_yaml());
+}

@@ -1,0 +1,9 @@
+//! memprof: GPU memory profiling and OOM prevention for training jobs on Kubernetes.
+//!
+//! The library holds everything the three binaries share: the API types
+//! ([`api`]), the pure analysis ([`analysis`]), the GPU samplers ([`sampler`])
+//! and the operator's reconcile logic ([`operator`]). Binaries only parse flags
+//! and wire these together.
+#![forbid(unsafe_code)]
+
+pub mod api;
