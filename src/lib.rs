@@ -6,4 +6,5 @@
 //! and wire these together.
 #![forbid(unsafe_code)]
 
+pub mod analysis;
 pub mod api;
