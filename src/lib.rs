@@ -8,3 +8,5 @@
 
 pub mod analysis;
 pub mod api;
+pub mod monitor;
+pub mod sampler;

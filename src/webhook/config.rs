@@ -1,0 +1,199 @@
+//! What the webhook injects: plain values, built once from the operator's
+//! flags ([`super::WebhookOptions`]) and shared read-only by every admission.
+
+use std::time::Duration;
+
+/// How the sidecar gets to see the GPUs of its pod (see DESIGN.md, "GPU visibility").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum GpuAccess {
+    /// `NVIDIA_VISIBLE_DEVICES=all`: the NVIDIA container runtime exposes every
+    /// GPU of the node to the sidecar, which reports all of them (or the UUIDs it
+    /// is told). Works with the device plugin's env-var strategy.
+    #[default]
+    #[value(name = "envvar")]
+    Envvar,
+    /// As `envvar`, plus the kubelet PodResources socket (read-only hostPath), so
+    /// the sidecar reports only the GPUs allocated to its pod's other containers.
+    #[value(name = "podResources")]
+    PodResources,
+    /// No NVML at all: the in-process Python agent pushes what CUDA sees.
+    #[value(name = "agentOnly")]
+    AgentOnly,
+}
+
+impl GpuAccess {
+    /// The spelling used in flags, Helm values and the sidecar's env.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GpuAccess::Envvar => "envvar",
+            GpuAccess::PodResources => "podResources",
+            GpuAccess::AgentOnly => "agentOnly",
+        }
+    }
+}
+
+/// Native (init container with `restartPolicy: Always`) or legacy (regular
+/// container) sidecar.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum SidecarMode {
+    /// Native when the API server is 1.29 or newer.
+    #[default]
+    Auto,
+    /// Always native. Needs every kubelet at 1.29+ (or 1.28 with the
+    /// `SidecarContainers` gate): an older kubelet would run the sidecar as a
+    /// plain init container that never finishes, and the pod would never start.
+    Native,
+    /// Always a regular container that exits when it is alone.
+    Legacy,
+}
+
+/// What to do when the pod turns off `automountServiceAccountToken`: the
+/// sidecar needs a token to write its MemoryReport.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum ServiceAccountTokenMode {
+    /// Mount a projected token (plus the cluster CA and namespace) into the
+    /// sidecar only; the trainer containers still get no token.
+    #[default]
+    Project,
+    /// Leave the pod as it is (the sidecar then cannot write and says so).
+    Respect,
+}
+
+/// Everything one admission needs to build the sidecar.
+#[derive(Clone, Debug, PartialEq)]
+pub struct InjectionConfig {
+    /// Sidecar image (the memprof image; the sidecar binary is its `command`).
+    pub image: String,
+    /// Command that starts the sidecar inside `image`.
+    pub command: Vec<String>,
+    /// `imagePullPolicy` of the sidecar.
+    pub pull_policy: String,
+    /// Port of the sidecar's metrics / agent endpoint.
+    pub port: u16,
+    /// Sampling interval.
+    pub interval: Duration,
+    /// Resource requests (`cpu`, `memory`), Kubernetes quantities.
+    pub cpu_request: Option<String>,
+    /// Memory request of the sidecar.
+    pub memory_request: Option<String>,
+    /// CPU limit; `None` by default because a throttled sampler only gets late,
+    /// while a memory limit protects the trainer's node.
+    pub cpu_limit: Option<String>,
+    /// Memory limit of the sidecar.
+    pub memory_limit: Option<String>,
+    /// GPU access mode.
+    pub gpu_access: GpuAccess,
+    /// Native or legacy sidecar, already resolved against the server version.
+    pub native_sidecar: bool,
+    /// Token handling for pods without an automounted service-account token.
+    pub service_account_token: ServiceAccountTokenMode,
+}
+
+impl Default for InjectionConfig {
+    fn default() -> Self {
+        InjectionConfig {
+            image: default_image(),
+            command: vec!["memprof-sidecar".into()],
+            pull_policy: "IfNotPresent".into(),
+            port: 9464,
+            interval: Duration::from_secs(1),
+            cpu_request: Some("50m".into()),
+            memory_request: Some("64Mi".into()),
+            cpu_limit: None,
+            memory_limit: Some("128Mi".into()),
+            gpu_access: GpuAccess::Envvar,
+            native_sidecar: false,
+            service_account_token: ServiceAccountTokenMode::Project,
+        }
+    }
+}
+
+/// The image built from this repository's Dockerfile at this crate's version.
+pub fn default_image() -> String {
+    concat!("ghcr.io/memprof/memprof:", env!("CARGO_PKG_VERSION")).to_string()
+}
+
+impl SidecarMode {
+    /// Native or not, for an API server reporting `major`.`minor` (as in
+    /// `/version`, where cloud builds say `"29+"`).
+    pub fn resolve(self, major: &str, minor: &str) -> bool {
+        match self {
+            SidecarMode::Native => true,
+            SidecarMode::Legacy => false,
+            SidecarMode::Auto => {
+                let num = |s: &str| -> u32 {
+                    s.chars()
+                        .take_while(char::is_ascii_digit)
+                        .collect::<String>()
+                        .parse()
+                        .unwrap_or(0)
+                };
+                let (major, minor) = (num(major), num(minor));
+                major > 1 || (major == 1 && minor >= 29)
+            }
+        }
+    }
+}
+
+/// Shortest interval accepted: NVML queries take ~1 ms per GPU, so faster
+/// sampling only burns the node's CPU.
+pub const MIN_INTERVAL: Duration = Duration::from_millis(10);
+/// Longest interval accepted (the MemoryReport's `intervalMs` schema bound).
+pub const MAX_INTERVAL: Duration = Duration::from_secs(3600);
+
+/// Parses `100ms`, `1s`, `1.5s`, `2m`, `1h` (one number, one unit) within
+/// [`MIN_INTERVAL`]..=[`MAX_INTERVAL`].
+pub fn parse_interval(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .ok_or_else(|| format!("interval {s:?} has no unit: write e.g. `500ms`, `1s` or `2m`"))?;
+    let (num, unit) = s.split_at(split);
+    let value: f64 = num
+        .parse()
+        .map_err(|_| format!("interval {s:?} does not start with a number"))?;
+    let millis_per_unit = match unit {
+        "ms" => 1.0,
+        "s" => 1_000.0,
+        "m" => 60_000.0,
+        "h" => 3_600_000.0,
+        _ => return Err(format!("interval {s:?}: unit must be one of ms, s, m, h")),
+    };
+    let d = Duration::from_millis((value * millis_per_unit).round() as u64);
+    if !(MIN_INTERVAL..=MAX_INTERVAL).contains(&d) {
+        return Err(format!(
+            "interval {s:?} is outside {}ms..{}s",
+            MIN_INTERVAL.as_millis(),
+            MAX_INTERVAL.as_secs()
+        ));
+    }
+    Ok(d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn intervals() {
+        assert_eq!(parse_interval("100ms"), Ok(Duration::from_millis(100)));
+        assert_eq!(parse_interval("1s"), Ok(Duration::from_secs(1)));
+        assert_eq!(parse_interval("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_interval("2m"), Ok(Duration::from_secs(120)));
+        assert!(parse_interval("1").is_err());
+        assert!(parse_interval("s").is_err());
+        assert!(parse_interval("1d").is_err());
+        assert!(parse_interval("1ms").is_err());
+        assert!(parse_interval("2h").is_err());
+    }
+
+    #[test]
+    fn native_sidecar_from_version() {
+        assert!(!SidecarMode::Auto.resolve("1", "20"));
+        assert!(!SidecarMode::Auto.resolve("1", "28"));
+        assert!(SidecarMode::Auto.resolve("1", "29"));
+        assert!(SidecarMode::Auto.resolve("1", "30+"));
+        assert!(SidecarMode::Native.resolve("1", "20"));
+        assert!(!SidecarMode::Legacy.resolve("1", "31"));
+    }
+}
