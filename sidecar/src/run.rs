@@ -1,0 +1,340 @@
+//! The sidecar's pipeline: sample → analyse → decide to write → write.
+
+use crate::budget::{Budget, Reason, Snapshot};
+use crate::metrics::{GpuLabel, Metrics};
+use crate::{gpus, identity, server, writer, Args};
+use anyhow::Context;
+use memprof::analysis::Thresholds;
+use memprof::api::{MemoryReportSpec, RiskLevel};
+use memprof::monitor::Monitor;
+use prometheus_client::registry::Registry;
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio::sync::watch;
+
+/// How often the analysis runs, whatever the sampling rate: it is cheap, but
+/// there is no point re-fitting envelopes of 10 s buckets at 100 Hz.
+const ANALYSIS_EVERY: Duration = Duration::from_secs(1);
+
+fn now_rfc3339() -> String {
+    jiff::Timestamp::now()
+        .round(jiff::Unit::Second)
+        .map(|t| t.to_string())
+        .unwrap_or_default()
+}
+
+fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+/// Runs the sidecar until interrupted or `--duration` elapses.
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    let thresholds: Thresholds = match &args.thresholds {
+        Some(json) => serde_json::from_str(json)
+            .context("--thresholds is not valid JSON of analysis thresholds")?,
+        None => Thresholds::default(),
+    };
+    thresholds.validate()?;
+    if !(args.speed > 0.0 && args.speed.is_finite()) {
+        anyhow::bail!("--speed must be a positive number");
+    }
+    let pod_name = match (&args.pod_name, args.standalone) {
+        (Some(p), _) => p.clone(),
+        (None, true) => std::env::var("HOSTNAME").unwrap_or_else(|_| "standalone".into()),
+        (None, false) => anyhow::bail!("POD_NAME is not set: pass --pod-name or set it through the downward API (or use --standalone)"),
+    };
+    let rank = args.rank.or_else(|| {
+        identity::rank_from(
+            std::env::var("JOB_COMPLETION_INDEX").ok().as_deref(),
+            std::env::var("RANK").ok().as_deref(),
+            &pod_name,
+        )
+    });
+    let id = identity::identity(
+        &pod_name,
+        args.node_name.clone(),
+        args.job_name.clone(),
+        rank,
+    );
+
+    let (sampler, visible) = gpus::open(&args, rank.unwrap_or(0));
+    let mut registry = Registry::default();
+    let metrics = Metrics::new(&mut registry);
+    metrics.gpu_visible.set(i64::from(visible.is_true()));
+    tracing::info!(pod = %pod_name, rank = ?rank, gpus = sampler.gpus().len(), source = %sampler.source(), "{}", visible.message);
+
+    let (report_tx, report_rx) = watch::channel::<Option<MemoryReportSpec>>(None);
+    let (agent_tx, agent_rx) = watch::channel(None);
+    let (write_tx, write_rx) = watch::channel::<Option<(Reason, MemoryReportSpec)>>(None);
+    let (stop_tx, stop_rx) = watch::channel(false);
+
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    tracing::info!(addr = %listener.local_addr()?, "serving /healthz, /metrics, /v1/report, POST /v1/agent");
+    let shared = server::Shared {
+        registry: Arc::new(Mutex::new(registry)),
+        report: report_rx,
+        agent: agent_tx,
+        metrics: metrics.clone(),
+    };
+    let mut stop = stop_rx.clone();
+    let server_task = tokio::spawn(server::serve(listener, shared, async move {
+        let _ = stop.wait_for(|s| *s).await;
+    }));
+
+    let writer_task = if args.standalone {
+        None
+    } else {
+        let target = writer::Target {
+            namespace: args.namespace.clone(),
+            name: pod_name.clone(),
+            pod_uid: args.pod_uid.clone(),
+        };
+        let m = metrics.clone();
+        Some(tokio::spawn(async move {
+            // A missing kubeconfig is retried, not fatal: the pod must stay healthy.
+            let mut delay = Duration::from_secs(1);
+            let client = loop {
+                match kube::Client::try_default().await {
+                    Ok(c) => break c,
+                    Err(e) => {
+                        tracing::error!(error = %e, "no Kubernetes client; reports are kept locally (GET /v1/report) until one works");
+                        m.write_failed("no_client");
+                        tokio::time::sleep(delay).await;
+                        delay = (delay * 2).min(Duration::from_secs(60));
+                    }
+                }
+            };
+            writer::run(client, target, write_rx, m).await
+        }))
+    };
+
+    let mut trace_out = match &args.trace_out {
+        Some(p) => {
+            let mut f = std::io::BufWriter::new(
+                std::fs::File::create(p).with_context(|| format!("cannot create {p}"))?,
+            );
+            writeln!(f, "t_s,gpu,used_bytes,total_bytes")?;
+            Some(f)
+        }
+        None => None,
+    };
+
+    let mut monitor = Monitor::new(sampler, thresholds);
+    let budget = Budget {
+        heartbeat: args.heartbeat_seconds,
+        ..Budget::default()
+    };
+    let started = Instant::now();
+    let t0 = unix_now();
+    let sim_time = |elapsed: Duration| t0 + args.speed * elapsed.as_secs_f64();
+    let mut last_written: Option<Snapshot> = None;
+    let mut last_analysis: Option<Instant> = None;
+    let mut last_risk = RiskLevel::None;
+    let mut next = Instant::now();
+    let mut sample_error_logged = false;
+    let shutdown = shutdown_signal();
+    tokio::pin!(shutdown);
+
+    loop {
+        let deadline =
+            (args.duration > 0.0).then(|| started + Duration::from_secs_f64(args.duration));
+        tokio::select! {
+            _ = &mut shutdown => break,
+            _ = tokio::time::sleep_until(next.into()) => {}
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            break;
+        }
+        let t = sim_time(started.elapsed());
+        let began = Instant::now();
+        match monitor.sample(t) {
+            Ok(()) => {
+                metrics.samples.inc();
+                sample_error_logged = false;
+            }
+            Err(e) => {
+                metrics.sample_errors.inc();
+                if !sample_error_logged {
+                    tracing::warn!(error = %e, "sampling failed; will keep trying");
+                    sample_error_logged = true;
+                }
+            }
+        }
+        metrics
+            .sampler_duration
+            .observe(began.elapsed().as_secs_f64());
+        if let Some(f) = trace_out.as_mut() {
+            for (i, s) in monitor.series().iter().enumerate() {
+                if let Some(last) = s.last() {
+                    let _ = writeln!(
+                        f,
+                        "{:.3},{},{},{}",
+                        t - t0,
+                        monitor.sampler().gpus()[i].index,
+                        last.used,
+                        last.total
+                    );
+                }
+            }
+        }
+        if agent_rx.has_changed().unwrap_or(false) {
+            if let Some(stats) = agent_rx.borrow().clone() {
+                monitor.set_allocator(stats);
+            }
+        }
+
+        if last_analysis.is_none_or(|a| a.elapsed() >= ANALYSIS_EVERY) {
+            last_analysis = Some(Instant::now());
+            let risk = monitor.analyse();
+            export_gauges(&metrics, &monitor);
+            let report = monitor.report(
+                &id,
+                now_rfc3339(),
+                args.interval.as_millis() as u64,
+                vec![visible.clone()],
+            );
+            if risk != last_risk {
+                transition(&args, &report, last_risk, t - t0);
+                last_risk = risk;
+            }
+            let snap = snapshot(&monitor, started.elapsed().as_secs_f64());
+            if !args.standalone {
+                if let Some(reason) = budget.decide(last_written.as_ref(), &snap) {
+                    write_tx.send_replace(Some((reason, report.clone())));
+                    last_written = Some(snap);
+                }
+            }
+            report_tx.send_replace(Some(report));
+        }
+
+        let interval = match args.fast_interval {
+            Some(fast) if monitor.worst_risk() >= RiskLevel::Medium => fast,
+            _ => args.interval,
+        };
+        next += interval;
+        let now = Instant::now();
+        if next < now {
+            // Fell behind (suspended, overloaded): skip, don't burst.
+            next = now + interval;
+        }
+    }
+
+    if let Some(f) = trace_out.as_mut() {
+        f.flush()?;
+    }
+    if let Some(path) = &args.output {
+        monitor.analyse();
+        let report = monitor.report(
+            &id,
+            now_rfc3339(),
+            args.interval.as_millis() as u64,
+            vec![visible.clone()],
+        );
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("cannot write {path}"))?;
+        tracing::info!(path, "final report written");
+    }
+    // Give the writer a moment to flush the newest report, then stop everything.
+    if let Some(task) = writer_task {
+        drop(write_tx);
+        let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
+    }
+    let _ = stop_tx.send(true);
+    let _ = tokio::time::timeout(Duration::from_secs(5), server_task).await;
+    tracing::info!(
+        samples = metrics.samples.get(),
+        writes = metrics.writes_total(),
+        "stopped"
+    );
+    Ok(())
+}
+
+/// What the write budget looks at: per GPU the upper envelope of the last
+/// two buckets (stable across a training step), the peak and the total.
+fn snapshot(m: &Monitor, t: f64) -> Snapshot {
+    let gpus = m
+        .series()
+        .iter()
+        .map(|s| {
+            let level = s.buckets().rev().take(2).map(|b| b.max).max().unwrap_or(0);
+            (level, s.peak(), s.last().map_or(0, |x| x.total))
+        })
+        .collect();
+    Snapshot {
+        t,
+        risk: m.worst_risk(),
+        gpus,
+    }
+}
+
+fn export_gauges(metrics: &Metrics, m: &Monitor) {
+    for ((info, s), a) in m
+        .sampler()
+        .gpus()
+        .iter()
+        .zip(m.series())
+        .zip(m.assessments())
+    {
+        let l = GpuLabel {
+            gpu: info.index.to_string(),
+        };
+        if let Some(last) = s.last() {
+            metrics.gpu_used.get_or_create(&l).set(last.used as f64);
+            metrics.gpu_total.get_or_create(&l).set(last.total as f64);
+        }
+        metrics.gpu_peak.get_or_create(&l).set(s.peak() as f64);
+        metrics.gpu_risk.get_or_create(&l).set(a.risk as i64);
+        match a.time_to_oom_seconds {
+            Some(tto) => {
+                metrics.gpu_time_to_oom.get_or_create(&l).set(tto);
+            }
+            None => {
+                metrics.gpu_time_to_oom.remove(&l);
+            }
+        }
+    }
+}
+
+/// Logs a risk transition; in standalone mode also prints it as a JSON line.
+fn transition(args: &Args, r: &MemoryReportSpec, from: RiskLevel, elapsed: f64) {
+    let worst = r.gpus.iter().max_by_key(|g| g.risk);
+    tracing::info!(from = %from, to = %r.summary.risk, tto = ?r.summary.time_to_oom, "risk changed");
+    if args.standalone {
+        let line = serde_json::json!({
+            "event": "risk",
+            "elapsedSeconds": (elapsed * 10.0).round() / 10.0,
+            "from": from,
+            "to": r.summary.risk,
+            "gpu": worst.map(|g| g.index),
+            "usedBytes": worst.map(|g| g.used_bytes),
+            "growthBytesPerSecond": worst.map(|g| g.growth_bytes_per_second),
+            "timeToOomSeconds": worst.and_then(|g| g.time_to_oom_seconds),
+            "confidence": worst.map(|g| g.confidence),
+        });
+        println!("{line}");
+    }
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => return ctrl_c.await.unwrap_or(()),
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}
