@@ -8,5 +8,8 @@
 
 pub mod analysis;
 pub mod api;
+pub mod cli;
 pub mod monitor;
+pub mod operator;
 pub mod sampler;
+pub mod webhook;

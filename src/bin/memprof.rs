@@ -1,3 +1,121 @@
-fn main() {
-    print!("{}", memprof::api::crds_yaml());
+//! `memprof`: the command line. Also usable as the kubectl plugin
+//! `kubectl memprof` (install it as `kubectl-memprof` on the PATH).
+#![forbid(unsafe_code)]
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use memprof::analysis::Thresholds;
+use memprof::api::MemoryProfile;
+use std::io::Write;
+
+#[derive(Parser)]
+#[command(
+    name = "memprof",
+    version,
+    about = "GPU memory profiling and OOM prevention for training jobs"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Print every memprof CRD as one YAML stream (what crds/ holds).
+    Crd,
+    /// Run the analysis offline over a recorded trace (CSV `t_s,gpu,used_bytes,total_bytes`),
+    /// printing risk transitions and time-to-OOM estimates as JSON lines.
+    Analyze {
+        /// The trace file.
+        trace: String,
+        /// Analysis thresholds as JSON (camelCase fields of the analysis thresholds).
+        #[arg(long)]
+        thresholds: Option<String>,
+        /// Trace seconds between two `estimate` lines (0: none).
+        #[arg(long, default_value_t = 10.0)]
+        estimate_every: f64,
+    },
+    /// Profile this machine's GPUs without Kubernetes (runs `memprof-sidecar --standalone`).
+    Profile {
+        /// Arguments passed on to `memprof-sidecar --standalone`, e.g. `--duration 60 --output report.json`.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Show what memprof concluded about a job (its MemoryProfile), or about every profiled job.
+    Report {
+        /// Job name; all profiles of the namespace when left out.
+        job: Option<String>,
+        /// Namespace.
+        #[arg(short, long, default_value = "default")]
+        namespace: String,
+    },
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> anyhow::Result<()> {
+    match Cli::parse().command {
+        Command::Crd => print!("{}", memprof::api::crds_yaml()),
+        Command::Analyze {
+            trace,
+            thresholds,
+            estimate_every,
+        } => {
+            let thresholds: Thresholds = match thresholds {
+                Some(j) => serde_json::from_str(&j)
+                    .context("--thresholds is not valid JSON of analysis thresholds")?,
+                None => Thresholds::default(),
+            };
+            thresholds.validate()?;
+            let rows = memprof::sampler::trace::read_trace(&trace)?;
+            let opts = memprof::cli::analyze::Options {
+                thresholds,
+                estimate_every,
+                ..Default::default()
+            };
+            let stdout = std::io::stdout();
+            let mut out = std::io::BufWriter::new(stdout.lock());
+            let mut failed = None;
+            memprof::cli::analyze::analyze(&rows, &opts, |line| {
+                if failed.is_none() {
+                    failed = writeln!(out, "{line}").err();
+                }
+            });
+            if let Some(e) = failed {
+                if e.kind() != std::io::ErrorKind::BrokenPipe {
+                    return Err(e.into());
+                }
+            }
+        }
+        Command::Profile { args } => {
+            let exe = std::env::current_exe()?.with_file_name("memprof-sidecar");
+            let status = std::process::Command::new(&exe)
+                .arg("--standalone")
+                .args(&args)
+                .status()
+                .with_context(|| {
+                    format!(
+                        "cannot run {}: install memprof-sidecar next to memprof",
+                        exe.display()
+                    )
+                })?;
+            std::process::exit(status.code().unwrap_or(1));
+        }
+        Command::Report { job, namespace } => {
+            let client = kube::Client::try_default()
+                .await
+                .context("no Kubernetes configuration: set KUBECONFIG or run in a cluster")?;
+            let api: kube::Api<MemoryProfile> = kube::Api::namespaced(client, &namespace);
+            let profiles = match job {
+                Some(j) => vec![api.get(&j).await.with_context(|| format!("no MemoryProfile {namespace}/{j}: is the Job annotated memprof.dev/enabled=true and the operator running?"))?],
+                None => api.list(&Default::default()).await.context("cannot list MemoryProfiles (CRD not installed? run `kubectl apply -f crds/`)")?.items,
+            };
+            if profiles.is_empty() {
+                println!("no MemoryProfiles in namespace {namespace}");
+            }
+            for p in &profiles {
+                print!("{}", memprof::cli::report::render(p));
+            }
+        }
+    }
+    Ok(())
 }

@@ -1,0 +1,48 @@
+# memprof — run `make demo` to see it work, `make test` to prove it.
+CARGO ?= cargo
+
+.PHONY: all build release demo test unit lint fmt crds check-crds cluster-up cluster-down bench clean
+
+all: build
+
+build:
+	$(CARGO) build --workspace --bins
+
+release:
+	$(CARGO) build --release --workspace --bins
+
+## The demo: local control plane, operator, a 4-rank Job with simulated GPUs.
+demo:
+	bash hack/demo.sh
+
+## Unit tests, then integration tests against a real kube-apiserver + etcd.
+test:
+	bash hack/test.sh
+
+unit:
+	$(CARGO) test --workspace --lib --bins
+
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+fmt:
+	$(CARGO) fmt --all
+
+## CRDs are generated from src/api; never edit crds/ by hand.
+crds:
+	$(CARGO) run --quiet --bin memprof -- crd > crds/memprof.yaml
+	cp crds/memprof.yaml charts/memprof/crds/memprof.yaml 2>/dev/null || true
+
+check-crds: crds
+	git diff --exit-code crds/ charts/memprof/crds/ || (echo "crds/ is stale: run 'make crds' and commit" && exit 1)
+
+cluster-up:
+	bash hack/local-cluster.sh up
+
+cluster-down:
+	bash hack/local-cluster.sh down
+
+## Benchmarks print numbers; they are not tests (see docs/benchmarks.md).
+bench:
+	bash hack/bench.sh

@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# hack/demo.sh -- what `make demo` runs. On the local control plane: the
+# operator, a 4-rank annotated Job, and one simulated sidecar per rank
+# (rank 2 leaks, rank 3 is heavier). Within about two minutes the job's
+# MemoryProfile shows RISK high or critical, a time to OOM and an imbalance
+# above 1. Every process started here is stopped here, by PID.
+#
+# The GPUs are simulated (scenario hack/scenarios/demo.yaml, source `sim`):
+# there is no kubelet here, so the sidecars run as local processes standing
+# in for the pods' containers. Nothing shown is a hardware measurement.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+NS=memprof-demo
+JOB=train
+RANKS=4
+SCENARIO=hack/scenarios/demo.yaml
+TIMEOUT=${MEMPROF_DEMO_TIMEOUT:-150}
+
+log() { printf '\n== %s\n' "$*" >&2; }
+pids=()
+started_cluster=0
+workdir=$(mktemp -d "${TMPDIR:-/tmp}/memprof-demo.XXXXXX")
+cleanup() {
+    local rc=$?
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+    if [ -n "${KUBECONFIG:-}" ]; then kubectl delete namespace "$NS" --wait=false >/dev/null 2>&1 || true; fi
+    if [ "$started_cluster" = 1 ]; then bash hack/local-cluster.sh down >/dev/null 2>&1 || true; fi
+    rm -rf "$workdir"
+    exit $rc
+}
+trap cleanup EXIT INT TERM
+
+log "local control plane (the first run builds kube-apiserver from Debian's source: ~10 min)"
+if ! bash hack/local-cluster.sh status >/dev/null 2>&1; then
+    bash hack/local-cluster.sh up >/dev/null
+    started_cluster=1
+fi
+eval "$(bash hack/local-cluster.sh env)"
+export KUBECONFIG
+
+log "building memprof"
+cargo build --quiet --workspace --bins
+BIN=target/debug
+
+log "installing the CRDs"
+kubectl apply --server-side -f crds/ >/dev/null
+kubectl wait --for condition=established --timeout=60s crd/memoryprofiles.memprof.dev crd/memoryreports.memprof.dev >/dev/null
+
+log "starting memprof-operator"
+"$BIN/memprof-operator" --metrics-addr 127.0.0.1:0 >"$workdir/operator.log" 2>&1 &
+pids+=($!)
+
+log "creating namespace $NS and the annotated $RANKS-rank Job $JOB"
+kubectl create namespace "$NS" >/dev/null
+kubectl -n "$NS" apply -f - >/dev/null <<YAML
+apiVersion: batch/v1
+kind: Job
+metadata:
+  name: $JOB
+  annotations:
+    memprof.dev/enabled: "true"
+spec:
+  parallelism: $RANKS
+  completions: $RANKS
+  backoffLimit: 0
+  template:
+    spec:
+      restartPolicy: Never
+      containers:
+      - name: trainer
+        image: example.invalid/trainer:latest
+        env:
+        - { name: BATCH_SIZE, value: "32" }
+YAML
+
+log "waiting for the Job controller to create $RANKS pods (they stay Pending: no kubelet here)"
+for _ in $(seq 60); do
+    n=$(kubectl -n "$NS" get pods -l job-name=$JOB --no-headers 2>/dev/null | wc -l)
+    [ "$n" -ge "$RANKS" ] && break
+    sleep 1
+done
+mapfile -t pods < <(kubectl -n "$NS" get pods -l job-name=$JOB -o jsonpath='{range .items[*]}{.metadata.name} {.metadata.uid}{"\n"}{end}' | sort)
+[ "${#pods[@]}" -ge "$RANKS" ] || { echo "the Job controller created ${#pods[@]} pods, expected $RANKS" >&2; exit 1; }
+
+log "starting $RANKS simulated sidecars (rank 2 leaks, rank 3 is heavier)"
+for rank in $(seq 0 $((RANKS - 1))); do
+    read -r pod uid <<<"${pods[$rank]}"
+    POD_NAME=$pod POD_UID=$uid POD_NAMESPACE=$NS NODE_NAME="sim-node-$((rank / 2))" MEMPROF_JOB_NAME=$JOB \
+        "$BIN/memprof-sidecar" --backend sim --scenario "$SCENARIO" --rank "$rank" \
+        --listen 127.0.0.1:0 >"$workdir/sidecar-$rank.log" 2>&1 &
+    pids+=($!)
+done
+
+log "watching the MemoryProfile until the leak is called (up to ${TIMEOUT}s)"
+start=$(date +%s)
+while :; do
+    line=$(kubectl -n "$NS" get memoryprofiles "$JOB" --no-headers 2>/dev/null || true)
+    [ -n "$line" ] && printf '  %3ss  %s\n' "$(( $(date +%s) - start ))" "$line"
+    risk=$(kubectl -n "$NS" get memoryprofiles "$JOB" -o jsonpath='{.status.risk}' 2>/dev/null || true)
+    imb=$(kubectl -n "$NS" get memoryprofiles "$JOB" -o jsonpath='{.status.imbalance}' 2>/dev/null || true)
+    tto=$(kubectl -n "$NS" get memoryprofiles "$JOB" -o jsonpath='{.status.timeToOom}' 2>/dev/null || true)
+    if { [ "$risk" = high ] || [ "$risk" = critical ]; } && [ -n "$tto" ] && python3 -c "import sys; sys.exit(0 if float('${imb:-0}') > 1 else 1)"; then
+        break
+    fi
+    if [ $(( $(date +%s) - start )) -ge "$TIMEOUT" ]; then
+        echo "no high risk after ${TIMEOUT}s; operator log:" >&2; tail -20 "$workdir/operator.log" >&2
+        exit 1
+    fi
+    sleep 5
+done
+
+log "kubectl get memoryprofiles -n $NS"
+kubectl -n "$NS" get memoryprofiles
+log "kubectl get memoryreports -n $NS"
+kubectl -n "$NS" get memoryreports
+log "annotations of job/$JOB"
+kubectl -n "$NS" get job "$JOB" -o jsonpath='{range .metadata.annotations}{end}' >/dev/null
+kubectl -n "$NS" get job "$JOB" -o json | python3 -c 'import json,sys; a=json.load(sys.stdin)["metadata"]["annotations"]; [print(f"  {k}: {v}") for k,v in sorted(a.items()) if k.startswith("memprof.dev/")]'
+log "events of job/$JOB"
+kubectl -n "$NS" get events --field-selector involvedObject.name="$JOB" -o custom-columns=TYPE:.type,REASON:.reason,MESSAGE:.message 2>/dev/null || kubectl -n "$NS" get events
+log "what memprof concluded (memprof report)"
+"$BIN/memprof" report "$JOB" -n "$NS"
+log "demo done: stopping the sidecars and the operator"

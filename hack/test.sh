@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# hack/test.sh -- what `make test` runs: unit tests, then the integration
+# tests against a real local control plane (started here if it is not up,
+# and stopped again by PID at exit if this script started it).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { printf '[test] %s\n' "$*" >&2; }
+
+started_cluster=0
+cleanup() {
+    if [ "$started_cluster" = 1 ]; then
+        log "stopping the local control plane this run started"
+        bash hack/local-cluster.sh down || true
+    fi
+}
+trap cleanup EXIT
+
+log "unit tests"
+cargo test --workspace --lib --bins
+
+if ! bash hack/local-cluster.sh status >/dev/null 2>&1; then
+    log "starting the local control plane (the first run builds kube-apiserver: ~10 min)"
+    bash hack/local-cluster.sh up >/dev/null
+    started_cluster=1
+fi
+eval "$(bash hack/local-cluster.sh env)"
+export KUBECONFIG
+# Integration tests must fail, not skip, when the cluster is missing.
+export MEMPROF_REQUIRE_CLUSTER=1
+
+log "integration tests against $(kubectl version -o json 2>/dev/null | python3 -c 'import json,sys; v=json.load(sys.stdin)["serverVersion"]; print("kube-apiserver", v["gitVersion"])' 2>/dev/null || echo 'the local control plane')"
+# One test binary at a time, a few tests in parallel: each test has its own namespace.
+cargo test --workspace --test "*" -- --test-threads=4
+
+if ls tests/*.py >/dev/null 2>&1; then
+    log "chart tests (rendered by Helm's own code)"
+    python3 -m pip install --quiet --disable-pip-version-check -r tests/requirements.txt
+    for t in tests/*.py; do python3 "$t"; done
+fi
+log "all tests passed"

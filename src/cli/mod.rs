@@ -1,0 +1,5 @@
+//! Subcommands of the `memprof` CLI that are library code (so they are tested):
+//! offline trace analysis and the cluster report.
+
+pub mod analyze;
+pub mod report;
