@@ -85,6 +85,12 @@ as_root() {
 # `down` deletes the state dir. Fixed fds: 8 = state lock, 9 = build lock
 # (both are held at once by an `up` that builds); the daemons must not
 # inherit either, see start_component.
+# Keyed by the state dir so several clusters can coexist; kept in the cache,
+# not in TMPDIR, so no file is left behind in the temp dir.
+state_lockfile() {
+  printf '%s/locks/%s.lock\n' "$CACHE_DIR" "$(printf '%s' "$STATE_DIR" | md5sum | cut -c1-16)"
+}
+
 take_lock() {
   local fd="$1" lockfile="$2"
   command -v flock >/dev/null 2>&1 || return 0
@@ -681,7 +687,7 @@ print_env() {
 }
 
 cmd_up() {
-  take_lock 8 "$STATE_DIR.lock"
+  take_lock 8 "$(state_lockfile)"
   if daemons_running; then
     # All daemons alive: give a slow apiserver (machine busy compiling) the
     # full timeout before declaring the cluster broken and recreating it.
@@ -729,7 +735,7 @@ cmd_up() {
 }
 
 cmd_down() {
-  take_lock 8 "$STATE_DIR.lock"
+  take_lock 8 "$(state_lockfile)"
   stop_all
   remove_state_dir
   log "down"
