@@ -35,7 +35,7 @@ impl Sampler for NoGpus {
 
 /// Opens the backend. Never fails the sidecar: when GPUs cannot be read the
 /// result is [`NoGpus`] with a `GpuVisible=False` condition saying why.
-pub fn open(args: &crate::Args, rank: u32) -> (Box<dyn Sampler>, Condition) {
+pub async fn open(args: &crate::Args, rank: u32) -> (Box<dyn Sampler>, Condition) {
     let result: Result<(Box<dyn Sampler>, Condition), String> = match args.backend {
         Backend::Sim => match &args.scenario {
             None => Err("--backend sim needs --scenario FILE".into()),
@@ -53,7 +53,16 @@ pub fn open(args: &crate::Args, rank: u32) -> (Box<dyn Sampler>, Condition) {
                 (Box::new(s) as Box<dyn Sampler>, c)
             }),
         },
-        Backend::Nvml => Err("NVML backend not available in this build".into()),
+        Backend::Nvml => {
+            let (sampler, discovery) = open_nvml(args).await;
+            return match sampler {
+                Some(s) => (s, discovery),
+                None => {
+                    tracing::error!("no GPU visible through NVML: {}", discovery.message);
+                    (Box::new(NoGpus), discovery)
+                }
+            };
+        }
     };
     match result {
         Ok(ok) => ok,
@@ -65,4 +74,27 @@ pub fn open(args: &crate::Args, rank: u32) -> (Box<dyn Sampler>, Condition) {
             )
         }
     }
+}
+
+/// GPU discovery in DESIGN.md's order (explicit UUIDs, kubelet PodResources,
+/// all GPUs NVML sees, agent only), then an NVML sampler over what it found.
+async fn open_nvml(args: &crate::Args) -> (Option<Box<dyn Sampler>>, Condition) {
+    use memprof::sampler::discovery::{self, DiscoveryOptions};
+    let mut opts = match DiscoveryOptions::from_env() {
+        Ok(o) => o,
+        Err(why) => {
+            return (
+                None,
+                Condition::new(GPU_VISIBLE, false, "InvalidDiscovery", why),
+            )
+        }
+    };
+    if let Some(list) = &args.gpus {
+        opts.gpus = discovery::split_list(list);
+    }
+    let (sampler, found) = discovery::open_nvml_sampler(&opts).await;
+    (
+        sampler.map(|s| Box::new(s) as Box<dyn Sampler>),
+        found.condition,
+    )
 }

@@ -30,6 +30,9 @@ pub struct Args {
     /// CSV trace for `--backend trace` (`t_s,gpu,used_bytes,total_bytes`).
     #[arg(long, env = "MEMPROF_TRACE")]
     pub trace: Option<String>,
+    /// GPU UUIDs to sample, comma-separated (first in the discovery order; see the README).
+    #[arg(long, env = "MEMPROF_GPUS")]
+    pub gpus: Option<String>,
     /// Speed of simulated or replayed time relative to the wall clock.
     #[arg(long, env = "MEMPROF_SPEED", default_value_t = 1.0)]
     pub speed: f64,

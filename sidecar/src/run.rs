@@ -61,7 +61,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         rank,
     );
 
-    let (sampler, visible) = gpus::open(&args, rank.unwrap_or(0));
+    let (sampler, visible) = gpus::open(&args, rank.unwrap_or(0)).await;
     let mut registry = Registry::default();
     let metrics = Metrics::new(&mut registry);
     metrics.gpu_visible.set(i64::from(visible.is_true()));

@@ -6,6 +6,8 @@
 //! NVML sampler for real GPUs. The sidecar's sample → analyse → write path is
 //! the same whichever is plugged in.
 
+pub mod discovery;
+pub mod nvml;
 pub mod sim;
 pub mod trace;
 
