@@ -93,7 +93,7 @@ impl Default for InjectionConfig {
     fn default() -> Self {
         InjectionConfig {
             image: default_image(),
-            command: vec!["memprof-sidecar".into()],
+            command: vec!["/usr/local/bin/memprof-sidecar".into()],
             pull_policy: "IfNotPresent".into(),
             port: 9464,
             interval: Duration::from_secs(1),
@@ -108,9 +108,12 @@ impl Default for InjectionConfig {
     }
 }
 
-/// The image built from this repository's Dockerfile at this crate's version.
-pub fn default_image() -> String {
-    concat!("ghcr.io/memprof/memprof:", env!("CARGO_PKG_VERSION")).to_string()
+/// The image built from this repository's Dockerfile at this crate's version
+/// (it holds both binaries; the sidecar is started by `command`).
+pub const DEFAULT_IMAGE: &str = concat!("ghcr.io/memprof/memprof:", env!("CARGO_PKG_VERSION"));
+
+fn default_image() -> String {
+    DEFAULT_IMAGE.to_string()
 }
 
 impl SidecarMode {

@@ -24,9 +24,9 @@ pub mod sidecar;
 
 pub use certs::{CertBundle, CertConfig, CertError};
 pub use config::{
-    parse_interval, GpuAccess, InjectionConfig, ServiceAccountTokenMode, SidecarMode,
+    parse_interval, GpuAccess, InjectionConfig, ServiceAccountTokenMode, SidecarMode, DEFAULT_IMAGE,
 };
-pub use mutate::{admit, admit_review, injection_patch, Injection, Target};
+pub use mutate::{admit_review, injection_patch, Injection, MutateError, Target};
 pub use options::{run, CertMode, Error, WebhookOptions};
 pub use rbac::{ensure_reporter_rbac, RbacError};
 pub use server::{serve, ServerError, TlsCert};

@@ -1,9 +1,10 @@
 //! The admission decision and the JSON patch that injects the sidecar.
 //!
 //! Pure functions on plain values: [`injection_patch`] takes the object as
-//! JSON and returns RFC 6902 operations, [`admit`] wraps it for an
-//! `AdmissionRequest`. Nothing here may fail a request: anything unexpected
-//! becomes "allowed, no patch" plus a warning the user sees in `kubectl`.
+//! JSON and returns RFC 6902 operations, [`admit_review`] answers a whole
+//! AdmissionReview body. Nothing here may fail a request: anything
+//! unexpected becomes "allowed, no patch" plus a warning the user sees in
+//! `kubectl`.
 //!
 //! The patch is a list of explicit `add` operations rather than a diff of the
 //! re-serialised object: the API server may hold fields this crate's
@@ -30,10 +31,7 @@ use json_patch::{AddOperation, Patch, PatchOperation};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Pod, PodSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::core::admission::{
-    AdmissionRequest, AdmissionResponse, AdmissionReview, Operation, SerializePatchError,
-};
-use kube::core::{DynamicObject, GroupVersionKind};
+use kube::core::GroupVersionKind;
 use serde::Deserialize as _;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -46,7 +44,9 @@ pub enum MutateError {
     #[error("the admission request has no object; nothing to inject into")]
     NoObject,
     /// The object is not a valid Job or Pod.
-    #[error("could not read the {kind}: {source}; check the manifest against `kubectl explain {kind}`")]
+    #[error(
+        "could not read the {kind}: {source}; check the manifest against `kubectl explain {kind}`"
+    )]
     Decode {
         /// `Job` or `Pod`.
         kind: &'static str,
@@ -59,9 +59,6 @@ pub enum MutateError {
     /// The AdmissionReview itself could not be parsed.
     #[error("malformed AdmissionReview ({0}); is the webhook registered with admissionReviewVersions [v1]?")]
     Review(serde_json::Error),
-    /// The patch could not be serialised (never seen; kept so nothing panics).
-    #[error("could not serialise the JSON patch: {0}")]
-    Patch(#[from] SerializePatchError),
 }
 
 /// The two kinds the webhook mutates.
@@ -76,7 +73,11 @@ pub enum Target {
 impl Target {
     /// The target for a request's kind, if it is one the webhook mutates.
     pub fn of(kind: &GroupVersionKind) -> Option<Target> {
-        match (kind.group.as_str(), kind.version.as_str(), kind.kind.as_str()) {
+        match (
+            kind.group.as_str(),
+            kind.version.as_str(),
+            kind.kind.as_str(),
+        ) {
             ("batch", "v1", "Job") => Some(Target::Job),
             ("", "v1", "Pod") => Some(Target::Pod),
             _ => None,
@@ -269,7 +270,10 @@ pub fn injection_patch(
     // Mark the template, creating metadata/annotations when absent.
     let injected = json!({ ANNOTATION_INJECTED: "true" });
     match view.template_meta_or_pod() {
-        None => ops.push(add(ptr(p, &["metadata"]), json!({ "annotations": injected }))),
+        None => ops.push(add(
+            ptr(p, &["metadata"]),
+            json!({ "annotations": injected }),
+        )),
         Some(m) if m.annotations.is_none() => {
             ops.push(add(ptr(p, &["metadata", "annotations"]), injected))
         }
@@ -283,14 +287,27 @@ pub fn injection_patch(
         for (i, c) in spec.containers.iter().enumerate() {
             if matches!(c.termination_message_policy.as_deref(), None | Some("File")) {
                 ops.push(add(
-                    ptr(p, &["spec", "containers", &i.to_string(), "terminationMessagePolicy"]),
+                    ptr(
+                        p,
+                        &[
+                            "spec",
+                            "containers",
+                            &i.to_string(),
+                            "terminationMessagePolicy",
+                        ],
+                    ),
                     json!("FallbackToLogsOnError"),
                 ));
             }
         }
     }
 
-    let existing: Vec<&str> = spec.volumes.iter().flatten().map(|v| v.name.as_str()).collect();
+    let existing: Vec<&str> = spec
+        .volumes
+        .iter()
+        .flatten()
+        .map(|v| v.name.as_str())
+        .collect();
     let new_volumes: Vec<Value> = parts
         .volumes
         .iter()
@@ -333,75 +350,113 @@ impl View<'_> {
     }
 }
 
-/// Answers one admission request. Always allows.
-pub fn admit(req: &AdmissionRequest<DynamicObject>, cfg: &InjectionConfig) -> AdmissionResponse {
-    let resp = AdmissionResponse::from(req);
+/// The parts of an `admission.k8s.io/v1` AdmissionReview the webhook reads.
+/// Not kube's `AdmissionReview<DynamicObject>`: its `#[serde(flatten)]`
+/// fields make serde buffer the whole object, and the object would then be
+/// converted twice more before it reaches the typed Job; this parses once.
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WireReview {
+    api_version: Option<String>,
+    request: Option<WireRequest>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WireRequest {
+    uid: String,
+    kind: GroupVersionKind,
+    operation: String,
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    namespace: Option<String>,
+    #[serde(default)]
+    object: Option<Value>,
+}
+
+const REVIEW_API_VERSION: &str = "admission.k8s.io/v1";
+
+/// The patch and warnings for one request. Never fails: what cannot be read
+/// becomes a warning.
+fn decide(req: &WireRequest, cfg: &InjectionConfig) -> (Option<Patch>, Vec<String>) {
     let Some(target) = Target::of(&req.kind) else {
-        return resp;
+        return (None, vec![]);
     };
-    if req.operation != Operation::Create {
-        return resp;
+    if req.operation != "CREATE" {
+        return (None, vec![]);
     }
     let result = req
         .object
         .as_ref()
         .ok_or(MutateError::NoObject)
-        .and_then(|obj| injection_patch(target, &to_json(obj), cfg));
-    let (resp, warnings) = match result {
-        Ok(Injection { patch, warnings }) => match patch {
-            None => (resp, warnings),
-            Some(patch) => match resp.clone().with_patch(patch) {
-                Ok(r) => {
-                    tracing::info!(
-                        kind = target.name(),
-                        namespace = req.namespace.as_deref().unwrap_or(""),
-                        name = %req.name,
-                        "injected memprof-sidecar"
-                    );
-                    (r, warnings)
-                }
-                Err(e) => (resp, vec![format!("memprof: not injected: {}", MutateError::from(e))]),
-            },
-        },
+        .and_then(|obj| injection_patch(target, obj, cfg));
+    match result {
+        Ok(Injection { patch, warnings }) => {
+            if patch.is_some() {
+                tracing::info!(
+                    kind = target.name(),
+                    namespace = req.namespace.as_deref().unwrap_or(""),
+                    name = %req.name,
+                    "injected memprof-sidecar"
+                );
+            }
+            (patch, warnings)
+        }
         Err(e) => {
             tracing::warn!(kind = target.name(), name = %req.name, error = %e, "not injected");
-            (resp, vec![format!("memprof: sidecar not injected: {e}")])
+            (None, vec![format!("memprof: sidecar not injected: {e}")])
+        }
+    }
+}
+
+/// Answers a raw AdmissionReview body: the JSON `POST /mutate` returns.
+/// Always allows. A body that is not a review still gets an allowing answer
+/// (with the request's uid when one can be found), so the object is admitted.
+///
+/// `patch` is written as base64, as Go encodes `[]byte` (kube's
+/// `AdmissionResponse` writes a JSON array of numbers, 2-3x larger).
+pub fn admit_review(body: &[u8], cfg: &InjectionConfig) -> Value {
+    use base64::Engine as _;
+    let (api_version, uid, patch, warnings) = match serde_json::from_slice::<WireReview>(body) {
+        Ok(WireReview {
+            api_version,
+            request: Some(req),
+        }) => {
+            let (patch, warnings) = decide(&req, cfg);
+            (api_version, req.uid, patch, warnings)
+        }
+        parsed => {
+            let e = match parsed {
+                Err(e) => MutateError::Review(e),
+                Ok(_) => MutateError::Review(serde::de::Error::missing_field("request")),
+            };
+            tracing::warn!(error = %e, "malformed admission review");
+            let v = serde_json::from_slice::<Value>(body).ok();
+            let field = |p: &str| v.as_ref()?.pointer(p)?.as_str().map(str::to_string);
+            let (api_version, uid) = (field("/apiVersion"), field("/request/uid"));
+            (
+                api_version,
+                uid.unwrap_or_default(),
+                None,
+                vec![format!("memprof: {e}")],
+            )
         }
     };
-    with_warnings(resp, warnings)
-}
-
-fn with_warnings(mut resp: AdmissionResponse, warnings: Vec<String>) -> AdmissionResponse {
+    let mut response = json!({ "uid": uid, "allowed": true });
+    if let Some(patch) = patch {
+        let bytes = serde_json::to_vec(&patch).expect("a JSON patch always serialises");
+        response["patchType"] = json!("JSONPatch");
+        response["patch"] = json!(base64::engine::general_purpose::STANDARD.encode(bytes));
+    }
     if !warnings.is_empty() {
-        resp.warnings = Some(warnings);
+        response["warnings"] = json!(warnings);
     }
-    resp
-}
-
-/// Answers a raw `AdmissionReview` body: what `POST /mutate` returns. A body
-/// that is not a review still gets an allowing answer (with the request's uid
-/// when one can be found), so the API server admits the object.
-pub fn admit_review(body: &[u8], cfg: &InjectionConfig) -> AdmissionReview<DynamicObject> {
-    let review = serde_json::from_slice::<AdmissionReview<DynamicObject>>(body)
-        .map_err(MutateError::Review)
-        .and_then(|r| {
-            r.try_into()
-                .map_err(|_| MutateError::Review(serde::de::Error::missing_field("request")))
-        });
-    match review {
-        Ok(req) => admit(&req, cfg).into_review(),
-        Err(e) => {
-            tracing::warn!(error = %e, "malformed admission review");
-            let uid = serde_json::from_slice::<Value>(body)
-                .ok()
-                .and_then(|v| v.pointer("/request/uid")?.as_str().map(str::to_string))
-                .unwrap_or_default();
-            let mut resp = AdmissionResponse::invalid(&e);
-            resp.allowed = true;
-            resp.uid = uid;
-            with_warnings(resp, vec![format!("memprof: {e}")]).into_review()
-        }
-    }
+    json!({
+        "apiVersion": api_version.unwrap_or_else(|| REVIEW_API_VERSION.into()),
+        "kind": "AdmissionReview",
+        "response": response,
+    })
 }
 
 #[cfg(test)]

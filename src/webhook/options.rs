@@ -1,0 +1,382 @@
+//! The operator's webhook flags and [`run`], which wires certificates, the
+//! server and the periodic refresh together.
+
+use super::certs::{self, CertConfig, CertError};
+use super::config::{
+    parse_interval, GpuAccess, InjectionConfig, ServiceAccountTokenMode, SidecarMode, DEFAULT_IMAGE,
+};
+use super::server::{serve, ServerError, TlsCert};
+use jiff::SignedDuration;
+use kube::Client;
+use std::future::Future;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How often the serving certificate is checked for renewal and the
+/// `caBundle` for drift (one GET of each; cheap for the API server).
+const REFRESH_EVERY: Duration = Duration::from_secs(300);
+/// How often files mode re-reads the mounted certificate (the kubelet
+/// updates a mounted Secret within about a minute).
+const RELOAD_FILES_EVERY: Duration = Duration::from_secs(60);
+
+/// Errors that stop the webhook.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The listening port is taken or not allowed.
+    #[error(
+        "cannot listen on {addr}: {source}; choose another --webhook-port (0 disables the webhook)"
+    )]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// Certificates could not be set up.
+    #[error(transparent)]
+    Cert(#[from] CertError),
+    /// The TLS configuration is unusable.
+    #[error(transparent)]
+    Server(#[from] ServerError),
+}
+
+/// Where the serving certificate comes from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum CertMode {
+    /// Self-signed, kept in a Secret, renewed, and `caBundle` patched by the operator.
+    #[default]
+    #[value(name = "self")]
+    SelfSigned,
+    /// Read `tls.crt`/`tls.key` from `--webhook-cert-dir` (cert-manager).
+    #[value(name = "files")]
+    Files,
+}
+
+/// Webhook and injection flags of `memprof-operator` (`#[command(flatten)]`).
+/// The Helm chart passes them under the same names.
+#[derive(Clone, Debug, clap::Args)]
+pub struct WebhookOptions {
+    /// HTTPS port of the admission webhook; 0 disables it.
+    #[arg(
+        long = "webhook-port",
+        env = "MEMPROF_WEBHOOK_PORT",
+        default_value_t = 8443
+    )]
+    pub port: u16,
+    /// Address the webhook listens on.
+    #[arg(
+        long = "webhook-bind-address",
+        env = "MEMPROF_WEBHOOK_BIND_ADDRESS",
+        default_value = "0.0.0.0"
+    )]
+    pub bind_address: IpAddr,
+    /// `self`: self-signed certificate in a Secret; `files`: read from --webhook-cert-dir.
+    #[arg(long = "webhook-cert-mode", env = "MEMPROF_WEBHOOK_CERT_MODE", value_enum, default_value_t = CertMode::SelfSigned)]
+    pub cert_mode: CertMode,
+    /// Directory with tls.crt and tls.key (files mode).
+    #[arg(
+        long = "webhook-cert-dir",
+        env = "MEMPROF_WEBHOOK_CERT_DIR",
+        default_value = "/etc/memprof/webhook-certs"
+    )]
+    pub cert_dir: PathBuf,
+    /// Namespace of the operator: where the Secret and the Service live.
+    #[arg(
+        long = "webhook-namespace",
+        env = "MEMPROF_POD_NAMESPACE",
+        default_value = "memprof-system"
+    )]
+    pub namespace: String,
+    /// Secret holding the self-signed certificate.
+    #[arg(
+        long = "webhook-secret-name",
+        env = "MEMPROF_WEBHOOK_SECRET_NAME",
+        default_value = "memprof-webhook-tls"
+    )]
+    pub secret_name: String,
+    /// Service in front of the webhook (its DNS names go into the certificate).
+    #[arg(
+        long = "webhook-service-name",
+        env = "MEMPROF_WEBHOOK_SERVICE_NAME",
+        default_value = "memprof-webhook"
+    )]
+    pub service_name: String,
+    /// MutatingWebhookConfiguration whose caBundle is kept up to date (self mode; empty: do not patch).
+    #[arg(
+        long = "webhook-config-name",
+        env = "MEMPROF_WEBHOOK_CONFIG_NAME",
+        default_value = "memprof"
+    )]
+    pub config_name: String,
+    /// More names for the certificate, comma-separated (e.g. `127.0.0.1,localhost`).
+    #[arg(
+        long = "webhook-extra-names",
+        env = "MEMPROF_WEBHOOK_EXTRA_NAMES",
+        value_delimiter = ',',
+        default_value = ""
+    )]
+    pub extra_names: Vec<String>,
+    /// Sidecar image (the memprof image).
+    #[arg(long = "sidecar-image", env = "MEMPROF_SIDECAR_IMAGE", default_value = DEFAULT_IMAGE)]
+    pub sidecar_image: String,
+    /// Command starting the sidecar in its image.
+    #[arg(
+        long = "sidecar-command",
+        env = "MEMPROF_SIDECAR_COMMAND",
+        default_value = "/usr/local/bin/memprof-sidecar"
+    )]
+    pub sidecar_command: String,
+    /// imagePullPolicy of the sidecar.
+    #[arg(
+        long = "sidecar-image-pull-policy",
+        env = "MEMPROF_SIDECAR_IMAGE_PULL_POLICY",
+        default_value = "IfNotPresent"
+    )]
+    pub sidecar_pull_policy: String,
+    /// Port of the sidecar's metrics / agent endpoint.
+    #[arg(
+        long = "sidecar-port",
+        env = "MEMPROF_SIDECAR_PORT",
+        default_value_t = 9464
+    )]
+    pub sidecar_port: u16,
+    /// Sampling interval (`100ms`, `1s`, `2m`).
+    #[arg(long = "sidecar-interval", env = "MEMPROF_SIDECAR_INTERVAL", default_value = "1s", value_parser = parse_interval)]
+    pub sidecar_interval: Duration,
+    /// CPU request of the sidecar (empty: none).
+    #[arg(
+        long = "sidecar-cpu-request",
+        env = "MEMPROF_SIDECAR_CPU_REQUEST",
+        default_value = "50m"
+    )]
+    pub sidecar_cpu_request: String,
+    /// Memory request of the sidecar (empty: none).
+    #[arg(
+        long = "sidecar-memory-request",
+        env = "MEMPROF_SIDECAR_MEMORY_REQUEST",
+        default_value = "64Mi"
+    )]
+    pub sidecar_memory_request: String,
+    /// CPU limit of the sidecar (empty: none).
+    #[arg(
+        long = "sidecar-cpu-limit",
+        env = "MEMPROF_SIDECAR_CPU_LIMIT",
+        default_value = ""
+    )]
+    pub sidecar_cpu_limit: String,
+    /// Memory limit of the sidecar (empty: none).
+    #[arg(
+        long = "sidecar-memory-limit",
+        env = "MEMPROF_SIDECAR_MEMORY_LIMIT",
+        default_value = "128Mi"
+    )]
+    pub sidecar_memory_limit: String,
+    /// How the sidecar sees GPUs: envvar, podResources or agentOnly.
+    #[arg(long = "gpu-access", env = "MEMPROF_GPU_ACCESS", value_enum, default_value_t = GpuAccess::Envvar)]
+    pub gpu_access: GpuAccess,
+    /// auto (native sidecar on 1.29+ API servers), native or legacy.
+    #[arg(long = "sidecar-mode", env = "MEMPROF_SIDECAR_MODE", value_enum, default_value_t = SidecarMode::Auto)]
+    pub sidecar_mode: SidecarMode,
+    /// Pods with automountServiceAccountToken=false: project a token into the sidecar, or respect.
+    #[arg(long = "sidecar-service-account-token", env = "MEMPROF_SIDECAR_SERVICE_ACCOUNT_TOKEN", value_enum, default_value_t = ServiceAccountTokenMode::Project)]
+    pub sidecar_token: ServiceAccountTokenMode,
+}
+
+fn non_empty(s: &str) -> Option<String> {
+    (!s.trim().is_empty()).then(|| s.trim().to_string())
+}
+
+impl WebhookOptions {
+    /// The injection settings, with the sidecar kind already resolved.
+    pub fn injection_config(&self, native_sidecar: bool) -> InjectionConfig {
+        InjectionConfig {
+            image: self.sidecar_image.clone(),
+            command: self
+                .sidecar_command
+                .split_whitespace()
+                .map(str::to_string)
+                .collect(),
+            pull_policy: self.sidecar_pull_policy.clone(),
+            port: self.sidecar_port,
+            interval: self.sidecar_interval,
+            cpu_request: non_empty(&self.sidecar_cpu_request),
+            memory_request: non_empty(&self.sidecar_memory_request),
+            cpu_limit: non_empty(&self.sidecar_cpu_limit),
+            memory_limit: non_empty(&self.sidecar_memory_limit),
+            gpu_access: self.gpu_access,
+            native_sidecar,
+            service_account_token: self.sidecar_token,
+        }
+    }
+
+    /// Where the certificate lives and what it is for.
+    pub fn cert_config(&self) -> CertConfig {
+        CertConfig {
+            namespace: self.namespace.clone(),
+            secret_name: self.secret_name.clone(),
+            service_name: self.service_name.clone(),
+            extra_names: self
+                .extra_names
+                .iter()
+                .filter_map(|n| non_empty(n))
+                .collect(),
+            webhook_config_name: non_empty(&self.config_name),
+            validity: SignedDuration::from_hours(24 * 365),
+            renew_before: SignedDuration::from_hours(24 * 30),
+        }
+    }
+}
+
+/// One pass of the certificate work: returns (cert, key) PEM to serve.
+async fn fetch_cert(
+    client: &Client,
+    opts: &WebhookOptions,
+) -> Result<(Vec<u8>, Vec<u8>), CertError> {
+    match opts.cert_mode {
+        CertMode::Files => certs::load_files(&opts.cert_dir),
+        CertMode::SelfSigned => {
+            let cfg = opts.cert_config();
+            let bundle = certs::ensure_serving_cert(client, &cfg).await?;
+            if let Some(name) = &cfg.webhook_config_name {
+                certs::patch_ca_bundle(client, name, &bundle.ca_pem).await?;
+            }
+            Ok((bundle.cert_pem.into_bytes(), bundle.key_pem.into_bytes()))
+        }
+    }
+}
+
+/// Retries `f` with backoff (1 s doubling to 30 s) until it succeeds: the
+/// webhook is not worth crashing the operator for, and a missing RBAC rule
+/// or Secret mount is logged with what to do.
+async fn retry<T, E, F, Fut>(what: &str, mut f: F) -> T
+where
+    E: std::fmt::Display,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+{
+    let mut delay = Duration::from_secs(1);
+    loop {
+        match f().await {
+            Ok(v) => return v,
+            Err(e) => {
+                tracing::error!(error = %e, retry_in = ?delay, "{what}");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(30));
+            }
+        }
+    }
+}
+
+/// Serves the admission webhook until `shutdown` completes: resolves native
+/// vs legacy sidecars from the API server's version, sets up the serving
+/// certificate, serves `POST /mutate`, and keeps the certificate (and, in
+/// self mode, the `caBundle`) fresh. With `--webhook-port 0` it only waits for
+/// `shutdown`. Run it on every replica, not only the leader: the Service
+/// sends admissions to all of them.
+pub async fn run(
+    client: Client,
+    opts: WebhookOptions,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), Error> {
+    if opts.port == 0 {
+        tracing::info!("admission webhook disabled (--webhook-port 0)");
+        shutdown.await;
+        return Ok(());
+    }
+    let addr = SocketAddr::new(opts.bind_address, opts.port);
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| Error::Bind { addr, source })?;
+    let mut shutdown = std::pin::pin!(shutdown);
+
+    let native = tokio::select! {
+        v = retry("cannot read the API server version", || client.apiserver_version())
+            => opts.sidecar_mode.resolve(&v.major, &v.minor),
+        () = &mut shutdown => return Ok(()),
+    };
+    let config = Arc::new(opts.injection_config(native));
+    tracing::info!(native_sidecar = native, gpu_access = config.gpu_access.as_str(), image = %config.image, "injection configured");
+
+    let (cert, key) = tokio::select! {
+        pem = retry("webhook certificate not ready", || fetch_cert(&client, &opts)) => pem,
+        () = &mut shutdown => return Ok(()),
+    };
+    let tls = TlsCert::from_pem(&cert, &key)?;
+
+    let refresher = {
+        let (tls, client, opts) = (tls.clone(), client.clone(), opts.clone());
+        let every = match opts.cert_mode {
+            CertMode::Files => RELOAD_FILES_EVERY,
+            CertMode::SelfSigned => REFRESH_EVERY,
+        };
+        tokio::spawn(async move {
+            let mut last = (cert, key);
+            loop {
+                tokio::time::sleep(every).await;
+                match fetch_cert(&client, &opts).await {
+                    Ok(pem) if pem != last => match tls.reload(&pem.0, &pem.1) {
+                        Ok(()) => {
+                            tracing::info!("webhook serving certificate reloaded");
+                            last = pem;
+                        }
+                        Err(e) => tracing::error!(error = %e, "keeping the previous certificate"),
+                    },
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(error = %e, "certificate refresh failed; will retry"),
+                }
+            }
+        })
+    };
+    let served = serve(listener, tls, config, shutdown).await;
+    refresher.abort();
+    Ok(served?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        webhook: WebhookOptions,
+    }
+
+    #[test]
+    fn flags_have_defaults_and_parse() {
+        use clap::CommandFactory as _;
+        Cli::command().debug_assert();
+        let o = Cli::try_parse_from(["memprof-operator"]).unwrap().webhook;
+        assert_eq!(o.port, 8443);
+        assert_eq!(o.cert_mode, CertMode::SelfSigned);
+        let cfg = o.injection_config(false);
+        assert_eq!(cfg, InjectionConfig::default());
+        assert_eq!(o.cert_config(), CertConfig::default());
+
+        // As the Helm chart passes them.
+        let o = Cli::try_parse_from([
+            "memprof-operator",
+            "--webhook-cert-mode=files",
+            "--gpu-access=podResources",
+            "--sidecar-interval=250ms",
+            "--sidecar-cpu-limit=",
+            "--sidecar-memory-limit=",
+            "--sidecar-mode=legacy",
+            "--webhook-extra-names=127.0.0.1,localhost",
+        ])
+        .unwrap()
+        .webhook;
+        assert_eq!(o.cert_mode, CertMode::Files);
+        let cfg = o.injection_config(o.sidecar_mode.resolve("1", "31"));
+        assert_eq!(cfg.gpu_access, GpuAccess::PodResources);
+        assert_eq!(cfg.interval, Duration::from_millis(250));
+        assert_eq!((cfg.cpu_limit, cfg.memory_limit), (None, None));
+        assert!(!cfg.native_sidecar);
+        assert_eq!(o.cert_config().extra_names, ["127.0.0.1", "localhost"]);
+        assert!(Cli::try_parse_from(["x", "--sidecar-interval=fast"]).is_err());
+        assert!(Cli::try_parse_from(["x", "--gpu-access=all"]).is_err());
+    }
+}

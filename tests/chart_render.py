@@ -1,0 +1,335 @@
+#!/usr/bin/env python3
+"""Lints and renders charts/memprof, checks its invariants, and (with
+KUBECONFIG set) validates the manifests with a server-side dry run.
+
+    pip install helm-python-sdk==0.2.2 pyyaml
+    python3 tests/chart_render.py                 # offline
+    eval "$(bash hack/local-cluster.sh env)"; python3 tests/chart_render.py
+
+Prints one line per check and `N passed, N failed`; exits non-zero on any
+failure. The dry run installs the CRDs for real (server-side apply, the
+documented upgrade path) and uses a temporary namespace it deletes again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+try:
+    import helm_python
+except ImportError:  # pragma: no cover - the message is the point
+    print("helm-python-sdk is missing: pip install helm-python-sdk==0.2.2")
+    print("0 passed, 1 failed")
+    sys.exit(1)
+
+ROOT = Path(__file__).resolve().parent.parent
+CHART = ROOT / "charts" / "memprof"
+RELEASE, NAMESPACE = "memprof", "memprof-system"
+LABELS = [
+    "app.kubernetes.io/name",
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/version",
+    "app.kubernetes.io/managed-by",
+]
+
+passed = failed = 0
+
+
+def check(name: str, ok: bool, detail: str = "") -> bool:
+    global passed, failed
+    if ok:
+        passed += 1
+        print(f"PASS {name}")
+    else:
+        failed += 1
+        print(f"FAIL {name}{': ' + detail if detail else ''}")
+    return ok
+
+
+def render(values: dict, namespace: str = NAMESPACE) -> list[dict]:
+    chart = helm_python.Chart.load(str(CHART))
+    out = chart.render(values, name=RELEASE, namespace=namespace)
+    docs = []
+    for path, text in sorted(out.items()):
+        if path.endswith("NOTES.txt"):
+            continue
+        docs += [d for d in yaml.safe_load_all(text) if d]
+    return docs
+
+
+def notes(values: dict) -> str:
+    out = helm_python.Chart.load(str(CHART)).render(values, name=RELEASE, namespace=NAMESPACE)
+    return next(v for k, v in out.items() if k.endswith("NOTES.txt"))
+
+
+def one(docs: list[dict], kind: str, name: str | None = None) -> dict | None:
+    found = [d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)]
+    return found[0] if len(found) == 1 else None
+
+
+CLAP_SOURCES = ["src/bin/memprof-operator.rs", "src/operator/mod.rs", "src/webhook/options.rs"]
+
+
+def clap_flags() -> set[str]:
+    """Long flags `memprof-operator` declares with clap derive (`#[arg(long)]`
+    on a field, or `long = "name"`), read from its sources."""
+    flags = set()
+    for rel in CLAP_SOURCES:
+        path = ROOT / rel
+        if not path.exists():
+            continue
+        for attr, field in re.findall(r"#\[arg\((.*?)\)\]\s*(?:pub\s+)?(\w+)\s*:", path.read_text(), re.S):
+            explicit = re.search(r'long\s*=\s*"([a-z0-9-]+)"', attr)
+            if explicit:
+                flags.add(explicit.group(1))
+            elif re.search(r"\blong\b", attr):
+                flags.add(field.replace("_", "-"))
+    return flags
+
+
+def operator_args(docs: list[dict]) -> dict[str, str]:
+    dep = one(docs, "Deployment")
+    args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    return dict((a[2:].split("=", 1) + [""])[:2] for a in args)
+
+
+def check_common(case: str, docs: list[dict], values: dict) -> None:
+    dep = one(docs, "Deployment")
+    if not check(f"{case}: one Deployment", dep is not None):
+        return
+    check(f"{case}: 2 replicas", dep["spec"]["replicas"] == 2, str(dep["spec"]["replicas"]))
+    args = operator_args(docs)
+    unknown = set(args) - clap_flags()
+    check(f"{case}: every operator flag exists in clap", not unknown, str(sorted(unknown)))
+    check(f"{case}: --leader-elect", "leader-elect" in args)
+    check(
+        f"{case}: --gpu-access matches values",
+        args.get("gpu-access") == values.get("gpuAccess", "envvar"),
+        str(args.get("gpu-access")),
+    )
+    pod = dep["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    sc, psc = c["securityContext"], pod["securityContext"]
+    check(
+        f"{case}: locked-down securityContext",
+        psc.get("runAsNonRoot") is True
+        and sc.get("readOnlyRootFilesystem") is True
+        and sc.get("allowPrivilegeEscalation") is False
+        and sc.get("capabilities", {}).get("drop") == ["ALL"],
+    )
+    no_host_path = [d["kind"] for d in docs if "hostPath" in json.dumps(d)]
+    check(f"{case}: the chart itself mounts no hostPath", not no_host_path, str(no_host_path))
+    unlabelled = [
+        f"{d['kind']}/{d['metadata']['name']}"
+        for d in docs
+        if not all(k in d["metadata"].get("labels", {}) for k in LABELS)
+    ]
+    check(f"{case}: app.kubernetes.io labels everywhere", not unlabelled, str(unlabelled))
+    tmpl_labels = dep["spec"]["template"]["metadata"]["labels"]
+    check(
+        f"{case}: selector matches pod labels",
+        all(tmpl_labels.get(k) == v for k, v in dep["spec"]["selector"]["matchLabels"].items()),
+    )
+
+    role = one(docs, "ClusterRole")
+    rules = role["rules"] if role else []
+
+    def grants(group: str, resource: str, verbs: set[str]) -> bool:
+        return any(
+            group in r.get("apiGroups", []) and resource in r.get("resources", []) and verbs <= set(r["verbs"])
+            for r in rules
+        )
+
+    check(f"{case}: operator may grant memoryreports create/get/patch", grants("memprof.dev", "memoryreports", {"create", "get", "patch"}))
+    check(f"{case}: operator manages roles/rolebindings", grants("rbac.authorization.k8s.io", "roles", {"create", "get", "patch"}) and grants("rbac.authorization.k8s.io", "rolebindings", {"create", "get", "patch"}))
+    check(f"{case}: jobs verbs", grants("batch", "jobs", {"get", "list", "watch", "create", "delete", "patch"}))
+    check(f"{case}: events.k8s.io", grants("events.k8s.io", "events", {"create", "patch"}))
+    ns_role = one(docs, "Role")
+    ns_rules = ns_role["rules"] if ns_role else []
+    self_signed = values.get("webhook", {}).get("certMode", "self") == "self"
+    check(
+        f"{case}: leases (and in self mode secrets) only in the release namespace",
+        any("leases" in r["resources"] for r in ns_rules)
+        and any("secrets" in r["resources"] for r in ns_rules) == self_signed
+        and not any("secrets" in r.get("resources", []) for r in rules),
+    )
+
+
+def check_webhook(case: str, docs: list[dict], cert_manager: bool) -> None:
+    mwc = one(docs, "MutatingWebhookConfiguration")
+    if not check(f"{case}: MutatingWebhookConfiguration", mwc is not None):
+        return
+    args = operator_args(docs)
+    hooks = {w["name"]: w for w in mwc["webhooks"]}
+    check(f"{case}: jobs and pods webhooks", set(hooks) == {"jobs.memprof.dev", "pods.memprof.dev"}, str(list(hooks)))
+    for name, w in hooks.items():
+        check(f"{case}: {name} failurePolicy Ignore", w["failurePolicy"] == "Ignore")
+        check(f"{case}: {name} sideEffects None", w["sideEffects"] == "None")
+        check(f"{case}: {name} CREATE only", all(r["operations"] == ["CREATE"] for r in w["rules"]))
+        check(f"{case}: {name} no caBundle in the chart", "caBundle" not in w["clientConfig"])
+        svc = w["clientConfig"]["service"]
+        check(
+            f"{case}: {name} points at --webhook-service-name",
+            svc["name"] == args["webhook-service-name"] and svc["namespace"] == NAMESPACE and svc["path"] == "/mutate",
+        )
+    check(
+        f"{case}: pods webhook only for labelled pods",
+        hooks["pods.memprof.dev"]["objectSelector"] == {"matchLabels": {"memprof.dev/inject": "true"}},
+    )
+    check(f"{case}: --webhook-config-name is the configuration", args["webhook-config-name"] == mwc["metadata"]["name"])
+    svc = one(docs, "Service", args["webhook-service-name"])
+    check(
+        f"{case}: webhook Service 443 -> webhook port",
+        svc is not None and svc["spec"]["ports"][0]["port"] == 443 and svc["spec"]["ports"][0]["targetPort"] == "webhook",
+    )
+    dep = one(docs, "Deployment")
+    ports = {p["name"]: p["containerPort"] for p in dep["spec"]["template"]["spec"]["containers"][0]["ports"]}
+    check(f"{case}: container port webhook=8443, metrics=8080", ports == {"webhook": 8443, "metrics": 8080}, str(ports))
+    annotation = mwc["metadata"].get("annotations", {}).get("cert-manager.io/inject-ca-from")
+    cert = one(docs, "Certificate")
+    if cert_manager:
+        check(f"{case}: --webhook-cert-mode=files", args["webhook-cert-mode"] == "files")
+        check(
+            f"{case}: CA injected from the Certificate",
+            cert is not None and annotation == f"{NAMESPACE}/{cert['metadata']['name']}",
+            str(annotation),
+        )
+        vols = dep["spec"]["template"]["spec"].get("volumes", [])
+        check(
+            f"{case}: the Certificate's Secret is mounted at --webhook-cert-dir",
+            cert is not None
+            and any(v.get("secret", {}).get("secretName") == cert["spec"]["secretName"] for v in vols)
+            and any(
+                m["mountPath"] == args["webhook-cert-dir"] and m.get("readOnly")
+                for m in dep["spec"]["template"]["spec"]["containers"][0].get("volumeMounts", [])
+            ),
+        )
+        check(
+            f"{case}: certificate names the Service",
+            cert is not None and f"{args['webhook-service-name']}.{NAMESPACE}.svc" in cert["spec"]["dnsNames"],
+        )
+    else:
+        check(f"{case}: --webhook-cert-mode=self", args["webhook-cert-mode"] == "self")
+        check(f"{case}: no cert-manager objects", cert is None and annotation is None)
+        rules = one(docs, "ClusterRole")["rules"]
+        patch = [r for r in rules if "mutatingwebhookconfigurations" in r.get("resources", [])]
+        check(
+            f"{case}: may patch only its own webhook configuration",
+            len(patch) == 1 and patch[0].get("resourceNames") == [mwc["metadata"]["name"]] and set(patch[0]["verbs"]) == {"get", "patch"},
+        )
+
+
+def offline() -> list[tuple[str, list[dict]]]:
+    report = helm_python.lint(str(CHART))
+    check("helm lint", not report["errors"], "; ".join(report["errors"]))
+    report = helm_python.lint(str(CHART), strict=True, kube_version="v1.30.0")
+    check("helm lint --strict (1.30)", not report["errors"], "; ".join(report["errors"]))
+
+    chart_crds = (CHART / "crds" / "memprof.yaml").read_text()
+    check("chart crds/ is a copy of crds/memprof.yaml", chart_crds == (ROOT / "crds" / "memprof.yaml").read_text(), "run: cp crds/memprof.yaml charts/memprof/crds/")
+
+    cases: list[tuple[str, dict]] = [("default", {})]
+    cases += [(f"gpuAccess={m}", {"gpuAccess": m}) for m in ("envvar", "podResources", "agentOnly")]
+    cases += [("certManager", {"webhook": {"certMode": "certManager"}})]
+    rendered = []
+    for case, values in cases:
+        try:
+            docs = render(values)
+        except helm_python.HelmError as e:
+            check(f"{case}: renders", False, str(e))
+            continue
+        check(f"{case}: renders", True)
+        check_common(case, docs, values)
+        check_webhook(case, docs, cert_manager=case == "certManager")
+        rendered.append((case, docs))
+
+    text = notes({"gpuAccess": "podResources"})
+    check("podResources: NOTES warn about Pod Security privileged", "privileged" in text)
+
+    docs = render({"webhook": {"enabled": False}})
+    check(
+        "webhook disabled: no configuration, --webhook-port=0",
+        one(docs, "MutatingWebhookConfiguration") is None and operator_args(docs)["webhook-port"] == "0",
+    )
+    docs = render({"serviceMonitor": {"enabled": True}})
+    sm = one(docs, "ServiceMonitor")
+    metrics = one(docs, "Service", f"{RELEASE}-metrics")
+    check(
+        "serviceMonitor: selects the metrics Service",
+        sm is not None and metrics is not None
+        and all(metrics["metadata"]["labels"].get(k) == v for k, v in sm["spec"]["selector"]["matchLabels"].items()),
+    )
+    rendered.append(("serviceMonitor", docs))
+    for bad in ({"gpuAccess": "all"}, {"webhook": {"certMode": "vault"}}, {"sidecar": {"interval": "fast"}}):
+        try:
+            render(bad)
+            check(f"schema rejects {bad}", False, "rendered")
+        except helm_python.HelmValuesError:
+            check(f"schema rejects {bad}", True)
+    return rendered
+
+
+def kubectl(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(["kubectl", *args], input=stdin, capture_output=True, text=True, timeout=120)
+
+
+def served_kinds() -> set[tuple[str, str]]:
+    """(apiVersion, kind) pairs the server knows, from discovery."""
+    out = kubectl("get", "--raw", "/apis")
+    groups = ["v1"] + [v["groupVersion"] for g in json.loads(out.stdout)["groups"] for v in g["versions"]]
+    kinds = set()
+    for gv in groups:
+        path = "/api/v1" if gv == "v1" else f"/apis/{gv}"
+        res = kubectl("get", "--raw", path)
+        if res.returncode == 0:
+            kinds |= {(gv, r["kind"]) for r in json.loads(res.stdout)["resources"]}
+    return kinds
+
+
+def dry_run(rendered: list[tuple[str, list[dict]]]) -> None:
+    if kubectl("version").returncode != 0:
+        check("cluster reachable (KUBECONFIG is set)", False, kubectl("version").stderr.strip()[-300:])
+        return
+    crds = kubectl("apply", "--server-side", "--field-manager=memprof-chart-test", "-f", str(CHART / "crds"))
+    check("CRDs apply (server-side, as on upgrade)", crds.returncode == 0, crds.stderr.strip())
+    known = served_kinds()
+    ns = f"memprof-chart-{secrets.token_hex(4)}"
+    kubectl("create", "namespace", ns)
+    try:
+        for case, _ in rendered:
+            values = {"default": {}, "certManager": {"webhook": {"certMode": "certManager"}}, "serviceMonitor": {"serviceMonitor": {"enabled": True}}}.get(case)
+            if values is None:
+                values = {"gpuAccess": case.split("=", 1)[1]}
+            docs = render(values, namespace=ns)
+            keep = []
+            for d in docs:
+                if (d["apiVersion"], d["kind"]) in known:
+                    keep.append(d)
+                else:
+                    print(f"note: {case}: skipping {d['apiVersion']} {d['kind']}: not served by this API server")
+            res = kubectl("apply", "--dry-run=server", "-f", "-", stdin=yaml.safe_dump_all(keep))
+            check(f"{case}: server-side dry run ({len(keep)} objects)", res.returncode == 0, res.stderr.strip()[-600:])
+    finally:
+        kubectl("delete", "namespace", ns, "--wait=false")
+
+
+def main() -> int:
+    rendered = offline()
+    if os.environ.get("KUBECONFIG"):
+        dry_run(rendered)
+    else:
+        print("note: KUBECONFIG not set; skipping the server-side dry run")
+    print(f"{passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,471 @@
+//! The admission webhook against a real control plane (kube-apiserver and
+//! kube-controller-manager 1.20 from `hack/local-cluster.sh up`).
+//!
+//! Every test runs in its own namespace, labelled so that only its own
+//! `MutatingWebhookConfiguration` (registered by URL on 127.0.0.1) sees it;
+//! namespace and configuration are deleted afterwards, also when the test
+//! fails. Without `KUBECONFIG` the tests are skipped with a message, unless
+//! `MEMPROF_REQUIRE_CLUSTER=1`, which turns "no cluster" into a failure.
+//!
+//!     eval "$(bash hack/local-cluster.sh env)"
+//!     MEMPROF_REQUIRE_CLUSTER=1 cargo test -p memprof --test webhook
+
+use futures::FutureExt as _;
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Namespace, Pod, Secret, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::{Api, Client};
+use memprof::webhook::{self, certs, InjectionConfig, SidecarMode, TlsCert, SIDECAR_CONTAINER};
+use serde_json::json;
+use std::future::Future;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::oneshot;
+
+/// Label on the test namespace that the webhook's namespaceSelector matches.
+const NS_LABEL: &str = "memprof.dev/test-namespace";
+
+/// Says why a test is skipped, visibly: libtest captures `eprintln!` of
+/// passing tests, but not direct writes to stderr.
+fn skip(why: &str) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr(), "SKIPPED: {why}");
+}
+
+/// A client for the local control plane, or `None` (skip) when there is none
+/// and none is required.
+async fn cluster() -> Option<Client> {
+    let required =
+        std::env::var("MEMPROF_REQUIRE_CLUSTER").is_ok_and(|v| !v.is_empty() && v != "0");
+    if std::env::var_os("KUBECONFIG").is_none() && !required {
+        skip(
+            "KUBECONFIG is not set; run `eval \"$(bash hack/local-cluster.sh up)\"` \
+             (set MEMPROF_REQUIRE_CLUSTER=1 to fail instead)",
+        );
+        return None;
+    }
+    let connect = async {
+        let client = Client::try_default().await.map_err(|e| e.to_string())?;
+        client
+            .apiserver_version()
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok::<_, String>(client)
+    };
+    match tokio::time::timeout(Duration::from_secs(15), connect).await {
+        Ok(Ok(client)) => Some(client),
+        Ok(Err(e)) if !required => {
+            skip(&format!("cannot reach the cluster in KUBECONFIG: {e}"));
+            None
+        }
+        Ok(Err(e)) => panic!("MEMPROF_REQUIRE_CLUSTER is set but the cluster is unreachable: {e}"),
+        Err(_) if !required => {
+            skip("the cluster in KUBECONFIG did not answer within 15 s");
+            None
+        }
+        Err(_) => {
+            panic!("MEMPROF_REQUIRE_CLUSTER is set but the cluster did not answer within 15 s")
+        }
+    }
+}
+
+fn random_suffix() -> String {
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(Instant::now().elapsed().as_nanos());
+    format!("{:08x}", h.finish() as u32)
+}
+
+/// Runs `test` in a fresh namespace, then deletes the namespace and any
+/// webhook configuration the test registered for it, even when it panicked.
+async fn with_temp_ns<F, Fut>(test: F)
+where
+    F: FnOnce(Client, String) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let Some(client) = cluster().await else {
+        return;
+    };
+    let ns = format!("memprof-test-{}", random_suffix());
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let body = serde_json::from_value(json!({
+        "metadata": { "name": ns, "labels": { NS_LABEL: ns } }
+    }))
+    .unwrap();
+    namespaces
+        .create(&PostParams::default(), &body)
+        .await
+        .expect("create test namespace");
+
+    let outcome = std::panic::AssertUnwindSafe(test(client.clone(), ns.clone()))
+        .catch_unwind()
+        .await;
+
+    let mwcs: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    let _ = mwcs.delete(&ns, &DeleteParams::default()).await;
+    let _ = namespaces.delete(&ns, &DeleteParams::background()).await;
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+/// A running webhook server on 127.0.0.1 with its CA; dropping `stop` ends it.
+struct Server {
+    url: String,
+    ca_pem: String,
+    stop: oneshot::Sender<()>,
+    done: tokio::task::JoinHandle<Result<(), webhook::ServerError>>,
+}
+
+async fn start_server(client: &Client) -> Server {
+    let version = client.apiserver_version().await.unwrap();
+    let config = InjectionConfig {
+        image: "memprof:test".into(),
+        native_sidecar: SidecarMode::Auto.resolve(&version.major, &version.minor),
+        ..Default::default()
+    };
+    let names = vec!["127.0.0.1".to_string()];
+    let bundle = certs::generate(
+        &names,
+        jiff::Timestamp::now(),
+        jiff::SignedDuration::from_hours(1),
+    )
+    .unwrap();
+    let tls = TlsCert::from_pem(bundle.cert_pem.as_bytes(), bundle.key_pem.as_bytes()).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let done = tokio::spawn(webhook::serve(listener, tls, Arc::new(config), async {
+        let _ = stopped.await;
+    }));
+    Server {
+        url: format!("https://127.0.0.1:{port}/mutate"),
+        ca_pem: bundle.ca_pem,
+        stop,
+        done,
+    }
+}
+
+/// Registers the chart's two webhooks (jobs, labelled pods) by URL, scoped
+/// to the test namespace, named after it.
+async fn register(client: &Client, ns: &str, url: &str, ca_pem: &str) {
+    use base64::Engine as _;
+    let ca = base64::engine::general_purpose::STANDARD.encode(ca_pem);
+    let hook = |name: &str, group: &str, resource: &str, object_selector: serde_json::Value| {
+        json!({
+            "name": name,
+            "clientConfig": { "url": url, "caBundle": ca },
+            "rules": [{ "apiGroups": [group], "apiVersions": ["v1"], "operations": ["CREATE"],
+                        "resources": [resource], "scope": "Namespaced" }],
+            "failurePolicy": "Ignore",
+            "sideEffects": "None",
+            "admissionReviewVersions": ["v1"],
+            "timeoutSeconds": 2,
+            "namespaceSelector": { "matchLabels": { NS_LABEL: ns } },
+            "objectSelector": object_selector,
+        })
+    };
+    let mwc = serde_json::from_value(json!({
+        "metadata": { "name": ns },
+        "webhooks": [
+            hook("jobs.memprof.dev", "batch", "jobs", json!({})),
+            hook("pods.memprof.dev", "", "pods",
+                 json!({ "matchLabels": { "memprof.dev/inject": "true" } })),
+        ]
+    }))
+    .unwrap();
+    Api::<MutatingWebhookConfiguration>::all(client.clone())
+        .create(&PostParams::default(), &mwc)
+        .await
+        .expect("register the webhook");
+}
+
+fn job(name: &str, annotated: bool) -> Job {
+    let annotations = if annotated {
+        json!({ "memprof.dev/enabled": "true" })
+    } else {
+        json!({})
+    };
+    serde_json::from_value(json!({
+        "metadata": { "name": name, "annotations": annotations },
+        "spec": {
+            "parallelism": 2,
+            "completions": 2,
+            "backoffLimit": 0,
+            "template": { "spec": {
+                "restartPolicy": "Never",
+                "containers": [{ "name": "trainer", "image": "python:3", "command": ["true"] }]
+            }}
+        }
+    }))
+    .unwrap()
+}
+
+fn container_names(spec: &k8s_openapi::api::core::v1::PodSpec) -> Vec<String> {
+    spec.containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+        .map(|c| c.name.clone())
+        .collect()
+}
+
+fn template_containers(job: &Job) -> Vec<String> {
+    container_names(job.spec.as_ref().unwrap().template.spec.as_ref().unwrap())
+}
+
+/// The API server picks up a new webhook configuration asynchronously: probe
+/// with dry-run Jobs until one comes back injected.
+async fn wait_until_active(client: &Client, ns: &str) {
+    let jobs: Api<Job> = Api::namespaced(client.clone(), ns);
+    let dry = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let probe = jobs
+            .create(&dry, &job("probe", true))
+            .await
+            .expect("dry-run Job");
+        if template_containers(&probe).contains(&SIDECAR_CONTAINER.to_string()) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "webhook configuration never became active"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The Job controller cannot create pods before the namespace's default
+/// service account has its token (ServiceAccount admission in 1.20).
+async fn wait_for_default_token(client: &Client, ns: &str) {
+    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let sa = sas.get_opt("default").await.unwrap();
+        if sa.and_then(|sa| sa.secrets).is_some_and(|s| !s.is_empty()) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "default service account never got a token"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test]
+async fn annotated_job_and_its_pods_get_the_sidecar() {
+    with_temp_ns(|client, ns| async move {
+        let server = start_server(&client).await;
+        register(&client, &ns, &server.url, &server.ca_pem).await;
+        wait_until_active(&client, &ns).await;
+        wait_for_default_token(&client, &ns).await;
+
+        let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
+        let created = jobs
+            .create(&PostParams::default(), &job("train", true))
+            .await
+            .unwrap();
+        let template = created.spec.as_ref().unwrap().template.clone();
+        let spec = template.spec.as_ref().unwrap();
+        // 1.20 has no native sidecars: a regular container that exits when alone.
+        assert!(
+            spec.init_containers.is_none(),
+            "legacy sidecar expected on 1.20"
+        );
+        let sidecar = spec
+            .containers
+            .iter()
+            .find(|c| c.name == SIDECAR_CONTAINER)
+            .expect("sidecar injected");
+        let env = sidecar.env.as_ref().unwrap();
+        let value = |n: &str| {
+            env.iter()
+                .find(|e| e.name == n)
+                .and_then(|e| e.value.clone())
+        };
+        assert_eq!(value("MEMPROF_EXIT_WHEN_ALONE").as_deref(), Some("true"));
+        assert_eq!(value("MEMPROF_JOB_NAME").as_deref(), Some("train"));
+        assert_eq!(value("MEMPROF_EXPECTED_RANKS").as_deref(), Some("2"));
+        assert_eq!(
+            spec.containers[0].termination_message_policy.as_deref(),
+            Some("FallbackToLogsOnError")
+        );
+        let annotations = template.metadata.unwrap().annotations.unwrap();
+        assert_eq!(
+            annotations.get("memprof.dev/injected").map(String::as_str),
+            Some("true")
+        );
+
+        // The Job controller's pods come from the mutated template.
+        let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let pod = loop {
+            let list = pods
+                .list(&ListParams::default().labels("job-name=train"))
+                .await
+                .unwrap();
+            if let Some(p) = list.items.into_iter().next() {
+                break p;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the Job controller created no pod"
+            );
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        };
+        assert!(
+            container_names(pod.spec.as_ref().unwrap()).contains(&SIDECAR_CONTAINER.to_string())
+        );
+
+        // A Job without the annotation is left alone.
+        let plain = jobs
+            .create(&PostParams::default(), &job("plain", false))
+            .await
+            .unwrap();
+        assert_eq!(template_containers(&plain), ["trainer"]);
+        assert!(plain
+            .spec
+            .unwrap()
+            .template
+            .metadata
+            .and_then(|m| m.annotations)
+            .is_none());
+
+        // A labelled bare pod is injected too.
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": { "name": "bare", "labels": { "memprof.dev/inject": "true" } },
+            "spec": { "automountServiceAccountToken": false,
+                      "containers": [{ "name": "trainer", "image": "python:3" }] }
+        }))
+        .unwrap();
+        let pod = pods.create(&PostParams::default(), &pod).await.unwrap();
+        assert_eq!(
+            container_names(pod.spec.as_ref().unwrap()),
+            ["trainer", SIDECAR_CONTAINER]
+        );
+
+        let _ = server.stop.send(());
+        server.done.await.unwrap().unwrap();
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn jobs_are_admitted_when_the_webhook_is_down() {
+    with_temp_ns(|client, ns| async move {
+        let server = start_server(&client).await;
+        register(&client, &ns, &server.url, &server.ca_pem).await;
+        wait_until_active(&client, &ns).await;
+        let _ = server.stop.send(());
+        server.done.await.unwrap().unwrap();
+
+        let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
+        let started = Instant::now();
+        let created = jobs
+            .create(&PostParams::default(), &job("train", true))
+            .await
+            .expect("failurePolicy Ignore admits the Job");
+        assert_eq!(template_containers(&created), ["trainer"]);
+        // Refused connection or 2 s webhook timeout, never the 10 s default.
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "took {:?}",
+            started.elapsed()
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn serving_cert_secret_and_ca_bundle() {
+    with_temp_ns(|client, ns| async move {
+        // Register with some other CA: patch_ca_bundle must replace it.
+        let names = ["127.0.0.1".to_string()];
+        let other = certs::generate(
+            &names,
+            jiff::Timestamp::now(),
+            jiff::SignedDuration::from_hours(1),
+        )
+        .unwrap();
+        register(&client, &ns, "https://127.0.0.1:1/mutate", &other.ca_pem).await;
+        let cfg = certs::CertConfig {
+            namespace: ns.clone(),
+            webhook_config_name: Some(ns.clone()),
+            extra_names: vec!["127.0.0.1".into()],
+            ..Default::default()
+        };
+        // Two replicas starting together end up with the same certificate.
+        let (a, b) = tokio::join!(
+            certs::ensure_serving_cert(&client, &cfg),
+            certs::ensure_serving_cert(&client, &cfg)
+        );
+        let (a, b) = (a.unwrap(), b.unwrap());
+        assert_eq!(a, b);
+        let again = certs::ensure_serving_cert(&client, &cfg).await.unwrap();
+        assert_eq!(again, a);
+        let secret = Api::<Secret>::namespaced(client.clone(), &ns)
+            .get(&cfg.secret_name)
+            .await
+            .unwrap();
+        assert_eq!(secret.type_.as_deref(), Some("kubernetes.io/tls"));
+
+        assert!(certs::patch_ca_bundle(&client, &ns, &a.ca_pem)
+            .await
+            .unwrap());
+        assert!(
+            !certs::patch_ca_bundle(&client, &ns, &a.ca_pem)
+                .await
+                .unwrap(),
+            "second patch is a no-op"
+        );
+        let mwc = Api::<MutatingWebhookConfiguration>::all(client.clone())
+            .get(&ns)
+            .await
+            .unwrap();
+        for hook in mwc.webhooks.unwrap() {
+            assert_eq!(hook.client_config.ca_bundle.unwrap().0, a.ca_pem.as_bytes());
+            // Nothing else was touched.
+            assert_eq!(hook.timeout_seconds, Some(2));
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn reporter_rbac_is_applied_idempotently() {
+    with_temp_ns(|client, ns| async move {
+        for _ in 0..2 {
+            webhook::ensure_reporter_rbac(&client, &ns, "")
+                .await
+                .unwrap();
+            webhook::ensure_reporter_rbac(&client, &ns, "trainer")
+                .await
+                .unwrap();
+        }
+        let role = Api::<Role>::namespaced(client.clone(), &ns)
+            .get("memprof-reporter")
+            .await
+            .unwrap();
+        let rules = role.rules.unwrap();
+        assert_eq!(rules.len(), 1);
+        assert_eq!(rules[0].verbs, ["create", "get", "patch"]);
+        let bindings = Api::<RoleBinding>::namespaced(client.clone(), &ns)
+            .list(&ListParams::default())
+            .await
+            .unwrap();
+        let mut subjects: Vec<String> = bindings
+            .items
+            .iter()
+            .flat_map(|b| b.subjects.iter().flatten().map(|s| s.name.clone()))
+            .collect();
+        subjects.sort();
+        assert_eq!(subjects, ["default", "trainer"]);
+    })
+    .await;
+}
