@@ -198,7 +198,7 @@ mod tests {
 
     #[test]
     fn rolls_up_worst_risk_smallest_tto_imbalance_and_bottleneck() {
-        let specs = vec![
+        let specs = [
             report(0, 40, RiskLevel::Low, None),
             report(1, 40, RiskLevel::Low, None),
             report(2, 60, RiskLevel::Medium, None),

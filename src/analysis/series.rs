@@ -25,6 +25,9 @@ pub struct Bucket {
     pub max: u64,
 }
 
+/// Points `(t, bytes)` of an envelope, oldest first.
+pub type Envelope = Vec<(f64, f64)>;
+
 /// The bounded history of one GPU. Pushing is O(1) amortized; the buckets
 /// kept cover at most twice the fit window, so memory does not grow with time.
 #[derive(Clone, Debug)]
@@ -115,7 +118,7 @@ impl GpuSeries {
     /// Upper and lower envelope points `(bucket middle, bytes)` within the
     /// fit window ending at the newest sample. The bucket still filling is
     /// left out once there are enough complete ones: its max is not final yet.
-    pub fn envelopes(&self, fit_window_seconds: f64) -> (Vec<(f64, f64)>, Vec<(f64, f64)>) {
+    pub fn envelopes(&self, fit_window_seconds: f64) -> (Envelope, Envelope) {
         let Some(last) = self.last else {
             return (vec![], vec![]);
         };

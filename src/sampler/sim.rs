@@ -131,7 +131,7 @@ impl Scenario {
     }
 
     fn validate(&self) -> Result<(), String> {
-        if !(self.total_gi_b > 0.0) {
+        if self.total_gi_b.is_nan() || self.total_gi_b <= 0.0 {
             return Err("totalGiB must be positive".into());
         }
         if self.gpus_per_rank == 0 || self.gpus_per_rank > 16 {
