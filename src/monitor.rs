@@ -97,6 +97,11 @@ impl Monitor {
         self.sampler.as_ref()
     }
 
+    /// Processes computing on the GPUs, when the backend can tell.
+    pub fn active_processes(&mut self) -> Option<usize> {
+        self.sampler.active_processes()
+    }
+
     /// Records allocator statistics pushed by the in-process agent.
     pub fn set_allocator(&mut self, stats: AllocatorStats) {
         self.allocator = Some(stats);

@@ -2,6 +2,7 @@
 //! pod's MemoryReport; `--standalone` does the same without Kubernetes.
 #![forbid(unsafe_code)]
 
+mod alone;
 mod budget;
 mod gpus;
 mod identity;
@@ -45,6 +46,11 @@ pub struct Args {
     /// Address of the local HTTP endpoints (/healthz, /metrics, /v1/report, POST /v1/agent); port 0 picks one.
     #[arg(long, env = "MEMPROF_LISTEN", default_value = "127.0.0.1:9464")]
     pub listen: std::net::SocketAddr,
+    /// Serve the endpoints on all interfaces at this port instead of `--listen`
+    /// (set by the injection, so Prometheus can scrape `/metrics`; `POST /v1/agent`
+    /// still only takes loopback peers).
+    #[arg(long, env = "MEMPROF_PORT")]
+    pub port: Option<u16>,
     /// Pod name (downward API).
     #[arg(long, env = "POD_NAME")]
     pub pod_name: Option<String>,
@@ -78,30 +84,23 @@ pub struct Args {
     /// Seconds between heartbeat writes when nothing changes.
     #[arg(long, env = "MEMPROF_HEARTBEAT_SECONDS", default_value_t = 60.0)]
     pub heartbeat_seconds: f64,
+    /// Exit (status 0) once the trainer is gone: no compute process on the GPUs
+    /// and no agent push for `--alone-grace-seconds`. Set by the injection when
+    /// the server has no native sidecars, so the Job can complete.
+    #[arg(long, env = "MEMPROF_EXIT_WHEN_ALONE", default_value_t = false, action = clap::ArgAction::Set)]
+    pub exit_when_alone: bool,
+    /// Idle seconds before `--exit-when-alone` exits.
+    #[arg(long, env = "MEMPROF_ALONE_GRACE_SECONDS", default_value_t = 30.0)]
+    pub alone_grace_seconds: f64,
     /// Analysis thresholds as JSON (fields of `Thresholds`, camelCase), e.g. `{"highTtoSeconds":900}`.
     #[arg(long, env = "MEMPROF_THRESHOLDS")]
     pub thresholds: Option<String>,
 }
 
-/// Parses `250ms`, `1s`, `2m` or plain seconds, within 10 ms and 60 s.
+/// The injection validates intervals with the same parser, so what it
+/// writes into a pod is always something the sidecar accepts.
 fn parse_interval(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let (num, unit) = s
-        .find(|c: char| c.is_ascii_alphabetic())
-        .map_or((s, "s"), |i| (&s[..i], &s[i..]));
-    let v: f64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a duration like 100ms, 1s, 2m"))?;
-    let secs = match unit {
-        "ms" => v / 1000.0,
-        "s" => v,
-        "m" => v * 60.0,
-        other => return Err(format!("unknown unit {other:?}: use ms, s or m")),
-    };
-    if !(0.01..=60.0).contains(&secs) {
-        return Err(format!("{s} is outside 10ms..60s"));
-    }
-    Ok(Duration::from_secs_f64(secs))
+    memprof::webhook::parse_interval(s)
 }
 
 fn main() -> std::process::ExitCode {
@@ -130,20 +129,5 @@ fn main() -> std::process::ExitCode {
             eprintln!("memprof-sidecar: {e:#}");
             std::process::ExitCode::from(2)
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn intervals_parse_within_bounds() {
-        assert_eq!(parse_interval("100ms").unwrap(), Duration::from_millis(100));
-        assert_eq!(parse_interval("2").unwrap(), Duration::from_secs(2));
-        assert_eq!(parse_interval("1m").unwrap(), Duration::from_secs(60));
-        assert!(parse_interval("5ms").unwrap_err().contains("outside"));
-        assert!(parse_interval("2h").unwrap_err().contains("unknown unit"));
-        assert!(parse_interval("fast").is_err());
     }
 }

@@ -138,6 +138,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let mut last_risk = RiskLevel::None;
     let mut next = Instant::now();
     let mut sample_error_logged = false;
+    let mut alone = crate::alone::AloneDetector::new(args.alone_grace_seconds);
+    let mut agent_pushes_seen = 0u64;
     let shutdown = shutdown_signal();
     tokio::pin!(shutdown);
 
@@ -211,6 +213,19 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 }
             }
             report_tx.send_replace(Some(report));
+            if args.exit_when_alone {
+                let pushes = metrics.agent_pushes.get();
+                let pushed = pushes != agent_pushes_seen;
+                agent_pushes_seen = pushes;
+                if alone.observe(
+                    started.elapsed().as_secs_f64(),
+                    monitor.active_processes(),
+                    pushed,
+                ) {
+                    tracing::info!("the trainer is gone (no GPU process, no agent push for {} s): exiting so the Job can complete", args.alone_grace_seconds);
+                    break;
+                }
+            }
         }
 
         let interval = match args.fast_interval {

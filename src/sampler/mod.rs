@@ -86,4 +86,11 @@ pub trait Sampler: Send {
     /// the sample in seconds; simulated and replayed backends read their
     /// timeline at `t`, the hardware backend ignores it.
     fn sample(&mut self, t: f64) -> Result<Vec<GpuReading>, Error>;
+    /// How many processes compute on these GPUs right now, when the backend
+    /// can tell (NVML can; a trace cannot). Lets a sidecar that is not a
+    /// native sidecar notice that the trainer is gone and exit, so the Job
+    /// completes.
+    fn active_processes(&mut self) -> Option<usize> {
+        None
+    }
 }

@@ -287,6 +287,10 @@ impl NvmlSampler {
 }
 
 impl Sampler for NvmlSampler {
+    fn active_processes(&mut self) -> Option<usize> {
+        Some(self.processes().len())
+    }
+
     fn source(&self) -> DataSource {
         DataSource::Nvml
     }

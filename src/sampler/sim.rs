@@ -214,6 +214,7 @@ pub struct SimSampler {
     pattern: Pattern,
     gpus: Vec<GpuInfo>,
     start: Option<f64>,
+    last_t: Option<f64>,
     rng: SplitMix64,
 }
 
@@ -236,12 +237,25 @@ impl SimSampler {
             pattern,
             gpus,
             start: None,
+            last_t: None,
             rng,
         }
     }
 }
 
 impl Sampler for SimSampler {
+    fn active_processes(&mut self) -> Option<usize> {
+        // The simulated trainer runs until its scenario's OOM kills it.
+        let (Some(start), Some(last)) = (self.start, self.last_t) else {
+            return None;
+        };
+        Some(usize::from(
+            self.pattern
+                .oom_at_seconds
+                .is_none_or(|oom| last - start < oom + 1.0),
+        ))
+    }
+
     fn source(&self) -> DataSource {
         DataSource::Sim
     }
@@ -252,6 +266,7 @@ impl Sampler for SimSampler {
 
     fn sample(&mut self, t: f64) -> Result<Vec<GpuReading>, Error> {
         let start = *self.start.get_or_insert(t);
+        self.last_t = Some(t);
         let total = self.scenario.total_gi_b * GIB;
         let clean = self.pattern.used_at(t - start, total);
         Ok(self

@@ -142,7 +142,7 @@ impl SidecarMode {
 /// sampling only burns the node's CPU.
 pub const MIN_INTERVAL: Duration = Duration::from_millis(10);
 /// Longest interval accepted (the MemoryReport's `intervalMs` schema bound).
-pub const MAX_INTERVAL: Duration = Duration::from_secs(3600);
+pub const MAX_INTERVAL: Duration = Duration::from_secs(60);
 
 /// Parses `100ms`, `1s`, `1.5s`, `2m`, `1h` (one number, one unit) within
 /// [`MIN_INTERVAL`]..=[`MAX_INTERVAL`].
@@ -182,7 +182,9 @@ mod tests {
         assert_eq!(parse_interval("100ms"), Ok(Duration::from_millis(100)));
         assert_eq!(parse_interval("1s"), Ok(Duration::from_secs(1)));
         assert_eq!(parse_interval("1.5s"), Ok(Duration::from_millis(1500)));
-        assert_eq!(parse_interval("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_interval("1m"), Ok(Duration::from_secs(60)));
+        // The sidecar's own bound: a longer interval would stop it at start-up.
+        assert!(parse_interval("2m").unwrap_err().contains("10ms..60s"));
         assert!(parse_interval("1").is_err());
         assert!(parse_interval("s").is_err());
         assert!(parse_interval("1d").is_err());
