@@ -3,10 +3,12 @@
 //! it becomes the `kubectl explain` text of the generated CRD.
 
 mod common;
+mod policy;
 mod profile;
 mod report;
 
 pub use common::*;
+pub use policy::*;
 pub use profile::*;
 pub use report::*;
 
@@ -51,7 +53,11 @@ pub const MAX_CONDITIONS: usize = 8;
 pub fn crds(
 ) -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>
 {
-    vec![MemoryProfile::crd(), MemoryReport::crd()]
+    vec![
+        MemoryProfile::crd(),
+        MemoryReport::crd(),
+        RemediationPolicy::crd(),
+    ]
 }
 
 /// Every CRD as one YAML stream: what `memprof crd` prints and `crds/` holds.

@@ -49,6 +49,11 @@ enum Command {
         #[arg(short, long, default_value = "default")]
         namespace: String,
     },
+    /// Remediation policies: which match a Job and what they would do now.
+    Policy {
+        #[command(subcommand)]
+        command: memprof::cli::policy::Command,
+    },
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -116,6 +121,7 @@ async fn main() -> anyhow::Result<()> {
                 print!("{}", memprof::cli::report::render(p));
             }
         }
+        Command::Policy { command } => memprof::cli::policy::run(command).await?,
     }
     Ok(())
 }

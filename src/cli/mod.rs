@@ -2,4 +2,5 @@
 //! offline trace analysis and the cluster report.
 
 pub mod analyze;
+pub mod policy;
 pub mod report;

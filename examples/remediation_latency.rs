@@ -1,0 +1,250 @@
+//! How long from a rank's critical MemoryReport to the Job existing again
+//! with the smaller batch size: the operator's roll-up, the remediation
+//! controller's decision, the Pending record, the plan ConfigMap, the
+//! orphaning delete (garbage collector included) and the create.
+//!
+//!     eval "$(bash hack/local-cluster.sh env)"
+//!     cargo run --release --example remediation_latency -- 20 [SETTLE_MS]
+//!
+//! `SETTLE_MS` (default 0) waits that long between the profile's first
+//! status and the critical report: 300 takes the operator's per-Job write
+//! spacing (`--min-write-interval-ms`, 250) out of the measurement.
+//!
+//! Runs the operator and the remediation controller in-process against the
+//! cluster in KUBECONFIG, in a temporary namespace it deletes afterwards.
+//! Time is measured on this machine's monotonic clock, from just before the
+//! report's server-side apply to the watch event of the new Job (so it
+//! includes the watch latency of both ends).
+
+use futures::StreamExt;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::wait::{await_condition, conditions};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Client, ResourceExt};
+use memprof::api::{
+    DataSource, GpuReport, MemoryProfile, MemoryReport, MemoryReportSpec, ReportSummary, RiskLevel,
+    LABEL_JOB, LABEL_PROFILE, SIDECAR_MANAGER,
+};
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+
+const GIB: u64 = 1 << 30;
+
+fn report(job: &str, risk: RiskLevel, used_gib: u64, seq: u64) -> MemoryReport {
+    let sampled_at =
+        (jiff::Timestamp::now() + jiff::SignedDuration::from_millis(seq as i64)).to_string();
+    let mut r = MemoryReport::new(
+        &format!("{job}-0"),
+        MemoryReportSpec {
+            pod_name: format!("{job}-0"),
+            job_name: Some(job.into()),
+            rank: Some(0),
+            sampled_at,
+            interval_ms: 1000,
+            summary: ReportSummary {
+                gpu_count: 1,
+                risk,
+                used: format!("{used_gib}GiB"),
+                peak: format!("{used_gib}GiB"),
+                source: DataSource::Sim,
+                ..Default::default()
+            },
+            gpus: vec![GpuReport {
+                uuid: "GPU-bench-0".into(),
+                model: "sim".into(),
+                total_bytes: 80 * GIB,
+                used_bytes: used_gib * GIB,
+                peak_bytes: used_gib * GIB,
+                risk,
+                time_to_oom_seconds: (risk == RiskLevel::Critical).then_some(5.0),
+                confidence: 0.9,
+                source: DataSource::Sim,
+                ..Default::default()
+            }],
+            ..Default::default()
+        },
+    );
+    r.metadata.labels = Some(BTreeMap::from([
+        (LABEL_JOB.to_string(), job.to_string()),
+        (LABEL_PROFILE.to_string(), job.to_string()),
+    ]));
+    r
+}
+
+async fn apply_report(client: &Client, ns: &str, r: &MemoryReport) -> anyhow::Result<()> {
+    Api::<MemoryReport>::namespaced(client.clone(), ns)
+        .patch(
+            &r.name_any(),
+            &PatchParams::apply(SIDECAR_MANAGER).force(),
+            &Patch::Apply(r),
+        )
+        .await?;
+    Ok(())
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let runs: usize = std::env::args()
+        .nth(1)
+        .map(|s| s.parse())
+        .transpose()?
+        .unwrap_or(10);
+    let settle: u64 = std::env::args()
+        .nth(2)
+        .map(|s| s.parse())
+        .transpose()?
+        .unwrap_or(0);
+    let client = Client::try_default().await?;
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in memprof::api::crds() {
+        let name = crd.name_any();
+        crds.patch(
+            &name,
+            &PatchParams::apply("memprof-bench").force(),
+            &Patch::Apply(&crd),
+        )
+        .await?;
+        await_condition(crds.clone(), &name, conditions::is_crd_established()).await?;
+    }
+    let ns = format!("memprof-bench-{}", std::process::id());
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": ns}}))?,
+        )
+        .await?;
+    let result = bench(&client, &ns, runs, Duration::from_millis(settle)).await;
+    namespaces.delete(&ns, &DeleteParams::background()).await?;
+    result
+}
+
+async fn bench(client: &Client, ns: &str, runs: usize, settle: Duration) -> anyhow::Result<()> {
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let opts = memprof::operator::Options::for_namespace(ns);
+    let operator = tokio::spawn({
+        let (client, stop) = (client.clone(), stopped(stop_rx.clone()));
+        async move {
+            let metrics = memprof::operator::Metrics::unregistered();
+            memprof::operator::run(client, &opts, metrics, stop).await
+        }
+    });
+    let ropts = memprof::remediation::Options {
+        lease_namespace: Some(ns.into()),
+        ..Default::default()
+    };
+    let remediation = tokio::spawn(memprof::remediation::run(
+        client.clone(),
+        ns.into(),
+        ropts,
+        memprof::remediation::Metrics::unregistered(),
+        stopped(stop_rx.clone()),
+    ));
+
+    // New Jobs as the watch sees them: (name, uid, when).
+    let (seen_tx, mut seen) = mpsc::unbounded_channel();
+    let jobs: Api<Job> = Api::namespaced(client.clone(), ns);
+    let watch = tokio::spawn(
+        watcher(jobs.clone(), watcher::Config::default())
+            .applied_objects()
+            .for_each(move |j| {
+                if let Ok(j) = j {
+                    let _ =
+                        seen_tx.send((j.name_any(), j.uid().unwrap_or_default(), Instant::now()));
+                }
+                futures::future::ready(())
+            }),
+    );
+
+    let policy = json!({
+        "apiVersion": "memprof.dev/v1alpha1", "kind": "RemediationPolicy",
+        "metadata": {"name": "shrink"},
+        "spec": {
+            "selector": {"matchLabels": {"bench": "remediation"}},
+            "triggers": [{"riskAtLeast": {"level": "critical"}}],
+            "actions": [{"scaleBatch": {"env": "BATCH_SIZE", "factor": 0.75}}],
+        },
+    });
+    Api::<memprof::api::RemediationPolicy>::namespaced(client.clone(), ns)
+        .patch(
+            "shrink",
+            &PatchParams::apply("memprof-bench"),
+            &Patch::Apply(&policy),
+        )
+        .await?;
+    let profiles: Api<MemoryProfile> = Api::namespaced(client.clone(), ns);
+
+    let mut latencies = Vec::with_capacity(runs);
+    for i in 0..runs {
+        let name = format!("bench-{i}");
+        let job: Job = serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": {"bench": "remediation"},
+                         "annotations": {"memprof.dev/enabled": "true"}},
+            "spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [
+                {"name": "trainer", "image": "busybox", "env": [{"name": "BATCH_SIZE", "value": "32"}]}
+            ]}}},
+        }))?;
+        let old_uid = jobs
+            .create(&PostParams::default(), &job)
+            .await?
+            .uid()
+            .unwrap_or_default();
+        apply_report(client, ns, &report(&name, RiskLevel::Low, 30, 0)).await?;
+        // Wait for the operator's first status, so only the remediation path is timed.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while profiles
+            .get_opt(&name)
+            .await?
+            .and_then(|p| p.status)
+            .is_none()
+        {
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "no MemoryProfile status for {name}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        tokio::time::sleep(settle).await;
+        let start = Instant::now();
+        apply_report(client, ns, &report(&name, RiskLevel::Critical, 79, 1)).await?;
+        let done = loop {
+            let (n, uid, at) = tokio::time::timeout(Duration::from_secs(60), seen.recv())
+                .await?
+                .ok_or_else(|| anyhow::anyhow!("the Job watch ended"))?;
+            if n == name && uid != old_uid && at >= start {
+                break at;
+            }
+        };
+        let latency = done - start;
+        println!("run {i:>3}: {:>7.1} ms", latency.as_secs_f64() * 1e3);
+        latencies.push(latency);
+    }
+    latencies.sort();
+    let mean = latencies.iter().sum::<Duration>() / latencies.len().max(1) as u32;
+    println!(
+        "report -> recreated Job over {} runs: p50 {:.1} ms, p90 {:.1} ms, max {:.1} ms, mean {:.1} ms",
+        latencies.len(),
+        percentile(&latencies, 0.5).as_secs_f64() * 1e3,
+        percentile(&latencies, 0.9).as_secs_f64() * 1e3,
+        latencies.last().copied().unwrap_or_default().as_secs_f64() * 1e3,
+        mean.as_secs_f64() * 1e3,
+    );
+    let _ = stop_tx.send(true);
+    watch.abort();
+    let _ = operator.await;
+    let _ = remediation.await;
+    Ok(())
+}

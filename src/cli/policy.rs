@@ -1,0 +1,376 @@
+//! `memprof policy explain JOB` (also `kubectl memprof policy explain`):
+//! which RemediationPolicies match a Job, how each trigger evaluates against
+//! its MemoryProfile right now, and what the actions would do now
+//! (`scaleBatch BATCH_SIZE 32 -> 24`). Rendering is pure ([`render_explain`]);
+//! [`run`] only fetches.
+
+use crate::api::{format_duration, MemoryProfile, MemoryProfileStatus, RemediationPolicy};
+use crate::remediation::plan::{self, PlanInput};
+use crate::remediation::triggers::{self, Blocked, RiskClock};
+use anyhow::Context as _;
+use jiff::Timestamp;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, ApiResource, DynamicObject};
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+/// `memprof policy` subcommands.
+#[derive(Debug, clap::Subcommand)]
+pub enum Command {
+    /// Which policies match a Job, each trigger's evaluation now, and what the actions would do.
+    Explain {
+        /// Job name.
+        job: String,
+        /// Namespace.
+        #[arg(short, long, default_value = "default")]
+        namespace: String,
+    },
+}
+
+/// What `explain` renders.
+#[derive(Clone, Debug)]
+pub struct ExplainInput<'a> {
+    /// Namespace of the Job.
+    pub namespace: &'a str,
+    /// Job name.
+    pub job_name: &'a str,
+    /// The Job as JSON, if it exists.
+    pub job: Option<&'a Value>,
+    /// Its profile's status, if any.
+    pub profile: Option<&'a MemoryProfileStatus>,
+    /// The namespace's policies.
+    pub policies: &'a [RemediationPolicy],
+    /// Data of the ConfigMaps the policies name (missing ones absent).
+    pub config_maps: &'a BTreeMap<String, BTreeMap<String, String>>,
+    /// Now.
+    pub now: Timestamp,
+}
+
+fn labels_of(job: &Value) -> BTreeMap<String, String> {
+    job["metadata"]["labels"]
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Renders the explanation for a terminal.
+pub fn render_explain(input: &ExplainInput<'_>) -> String {
+    let mut out = String::new();
+    let (ns, name) = (input.namespace, input.job_name);
+    let Some(job) = input.job else {
+        let _ = writeln!(out, "Job {ns}/{name} not found");
+        return out;
+    };
+    let _ = writeln!(out, "Job {ns}/{name}");
+    let empty = MemoryProfileStatus::default();
+    let status = match input.profile {
+        Some(st) => {
+            let _ = writeln!(
+                out,
+                "  profile: risk {}, time to OOM {}, imbalance {}, {} OOM(s) recorded, last action: {}",
+                st.risk,
+                st.time_to_oom.as_deref().unwrap_or("-"),
+                st.imbalance_display.as_deref().unwrap_or("-"),
+                st.ooms.len(),
+                st.last_action.as_deref().unwrap_or("-")
+            );
+            st
+        }
+        None => {
+            let _ = writeln!(out, "  no MemoryProfile (is the Job annotated memprof.dev/enabled=true and the operator running?): policies never act on it");
+            &empty
+        }
+    };
+    if input.policies.is_empty() {
+        let _ = writeln!(out, "  no RemediationPolicy in namespace {ns}");
+        return out;
+    }
+    let labels = labels_of(job);
+    let mut policies: Vec<&RemediationPolicy> = input.policies.iter().collect();
+    policies.sort_by_key(|p| p.metadata.name.clone());
+    for p in policies {
+        let pname = p.metadata.name.as_deref().unwrap_or_default();
+        let dry = if p.spec.dry_run { " (dry run)" } else { "" };
+        let _ = writeln!(out, "\nRemediationPolicy {pname}{dry}");
+        let selector = triggers::selector_display(p);
+        match triggers::selector_matches(p, &labels) {
+            Ok(true) => {
+                let _ = writeln!(out, "  selector {selector}: matches");
+            }
+            Ok(false) => {
+                let _ = writeln!(
+                    out,
+                    "  selector {selector}: does not match the Job's labels"
+                );
+                continue;
+            }
+            Err(e) => {
+                let _ = writeln!(out, "  selector: {e}");
+                continue;
+            }
+        }
+        // How long a risk has held is measured by the controller; here each
+        // level is assumed to have held long enough, and said so.
+        let mut clock = RiskClock::default();
+        let longest = p
+            .spec
+            .triggers
+            .iter()
+            .filter_map(|t| t.risk_at_least.as_ref());
+        let hold = longest.map(|r| r.for_seconds).max().unwrap_or(0);
+        clock.observe(
+            status.risk,
+            input.now - jiff::SignedDuration::from_secs(i64::from(hold)),
+        );
+        let v = triggers::verdict(p, &labels, status, &clock, input.now);
+        let _ = writeln!(out, "  triggers (any one fires):");
+        for (t, e) in p.spec.triggers.iter().zip(&v.evaluations) {
+            let held = t
+                .risk_at_least
+                .as_ref()
+                .filter(|r| r.for_seconds > 0 && e.fired)
+                .map(|r| {
+                    format!(
+                        " (if held {}s: the controller measures that)",
+                        r.for_seconds
+                    )
+                })
+                .unwrap_or_default();
+            let _ = writeln!(out, "    {:<22} {:<5} {}{held}", e.name, e.fired, e.why);
+        }
+        let _ = writeln!(
+            out,
+            "  remediations of this Job: {} of {}; cooldown {}s",
+            v.history.count, p.spec.max_remediations, p.spec.cooldown_seconds
+        );
+        match &v.blocked {
+            Some(Blocked::Cooldown { remaining }) => {
+                let _ = writeln!(
+                    out,
+                    "  blocked: cooldown, {} remaining",
+                    format_duration(*remaining)
+                );
+            }
+            Some(Blocked::MaxReached { count }) => {
+                let _ = writeln!(out, "  blocked: maxRemediations reached ({count})");
+            }
+            None => {}
+        }
+        let why = v
+            .fired()
+            .map_or_else(|| "preview".to_string(), |e| e.why.clone());
+        let planned = plan::build(&PlanInput {
+            policy: p,
+            job,
+            config_maps: input.config_maps,
+            id: "preview",
+            why: &why,
+        });
+        let verb = match (v.acts(), p.spec.dry_run) {
+            (true, false) => "acts now",
+            (true, true) => "would record a dry run now",
+            (false, _) => "would do, if it fired",
+        };
+        match planned {
+            Ok(plan) => {
+                let _ = writeln!(out, "  {verb}: {}", plan.summary());
+            }
+            Err(e) => {
+                let _ = writeln!(out, "  cannot apply to this Job ({}): {e}", e.reason());
+            }
+        }
+    }
+    out
+}
+
+/// Fetches what `explain` needs and prints it.
+pub async fn run(command: Command) -> anyhow::Result<()> {
+    let Command::Explain { job, namespace } = command;
+    let client = kube::Client::try_default()
+        .await
+        .context("no Kubernetes configuration: set KUBECONFIG or run in a cluster")?;
+    let jobs: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), &namespace, &ApiResource::erase::<Job>(&()));
+    let job_json = jobs
+        .get_opt(&job)
+        .await
+        .with_context(|| format!("cannot read Job {namespace}/{job}"))?
+        .map(|j| serde_json::to_value(j).unwrap_or_default());
+    let profiles: Api<MemoryProfile> = Api::namespaced(client.clone(), &namespace);
+    let profile = profiles
+        .get_opt(&job)
+        .await
+        .context("cannot read MemoryProfiles (CRD not installed? run `kubectl apply -f crds/`)")?;
+    let policies: Api<RemediationPolicy> = Api::namespaced(client.clone(), &namespace);
+    let policies = policies
+        .list(&Default::default())
+        .await
+        .context(
+            "cannot list RemediationPolicies (CRD not installed? run `kubectl apply -f crds/`)",
+        )?
+        .items;
+    let cms: Api<ConfigMap> = Api::namespaced(client, &namespace);
+    let mut config_maps = BTreeMap::new();
+    for p in &policies {
+        for a in p
+            .spec
+            .actions
+            .iter()
+            .filter_map(|a| a.set_config_map_key.as_ref())
+        {
+            if let Some(cm) = cms.get_opt(&a.config_map).await? {
+                config_maps.insert(a.config_map.clone(), cm.data.unwrap_or_default());
+            }
+        }
+    }
+    print!(
+        "{}",
+        render_explain(&ExplainInput {
+            namespace: &namespace,
+            job_name: &job,
+            job: job_json.as_ref(),
+            profile: profile.as_ref().and_then(|p| p.status.as_ref()),
+            policies: &policies,
+            config_maps: &config_maps,
+            now: Timestamp::now(),
+        })
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{
+        RemediationAction, RemediationPolicySpec, RemediationRecord, RiskLevel, RiskTrigger,
+        ScaleBatchAction, Trigger,
+    };
+    use serde_json::json;
+
+    fn policy(name: &str, team: &str, for_seconds: u32) -> RemediationPolicy {
+        let mut p = RemediationPolicy::new(
+            name,
+            RemediationPolicySpec {
+                triggers: vec![
+                    Trigger {
+                        risk_at_least: Some(RiskTrigger {
+                            level: RiskLevel::Critical,
+                            for_seconds,
+                        }),
+                        ..Default::default()
+                    },
+                    Trigger {
+                        oom_observed: Some(true),
+                        ..Default::default()
+                    },
+                ],
+                actions: vec![RemediationAction {
+                    scale_batch: Some(ScaleBatchAction {
+                        env: "BATCH_SIZE".into(),
+                        factor: 0.75,
+                        minimum: 8,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            },
+        );
+        p.spec
+            .selector
+            .match_labels
+            .get_or_insert_with(Default::default)
+            .insert("team".into(), team.into());
+        p
+    }
+
+    fn job() -> Value {
+        json!({
+            "metadata": {"name": "train", "namespace": "ml", "uid": "u1", "labels": {"team": "ml"}},
+            "spec": {"template": {"spec": {"containers": [
+                {"name": "trainer", "env": [{"name": "BATCH_SIZE", "value": "32"}]}
+            ]}}}
+        })
+    }
+
+    fn render(status: &MemoryProfileStatus, policies: &[RemediationPolicy]) -> String {
+        let j = job();
+        render_explain(&ExplainInput {
+            namespace: "ml",
+            job_name: "train",
+            job: Some(&j),
+            profile: Some(status),
+            policies,
+            config_maps: &BTreeMap::new(),
+            now: Timestamp::from_second(1_800_000_000).unwrap(),
+        })
+    }
+
+    #[test]
+    fn explains_matching_triggers_and_the_concrete_action() {
+        let status = MemoryProfileStatus {
+            risk: RiskLevel::Critical,
+            last_report_time: Some("2027-01-15T08:00:00Z".into()),
+            ..Default::default()
+        };
+        let out = render(
+            &status,
+            &[policy("shrink", "ml", 60), policy("other", "web", 0)],
+        );
+        assert!(
+            out.contains("RemediationPolicy shrink\n  selector team=ml: matches"),
+            "{out}"
+        );
+        assert!(out.contains("risk>=critical/60s"), "{out}");
+        assert!(
+            out.contains("true  risk critical >= critical for 60s (if held 60s"),
+            "{out}"
+        );
+        assert!(
+            out.contains("oom                    false no GPU OOM observed"),
+            "{out}"
+        );
+        assert!(
+            out.contains("acts now: scaleBatch BATCH_SIZE 32->24"),
+            "{out}"
+        );
+        assert!(
+            out.contains("RemediationPolicy other\n  selector team=web: does not match"),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn explains_cooldown_and_what_cannot_apply() {
+        let status = MemoryProfileStatus {
+            risk: RiskLevel::Low,
+            remediations: vec![RemediationRecord {
+                id: "x".into(),
+                policy: "shrink".into(),
+                action: "scaleBatch BATCH_SIZE 32->24".into(),
+                phase: "Done".into(),
+                time: "2027-01-15T07:55:00Z".into(),
+                message: None,
+            }],
+            ..Default::default()
+        };
+        let mut p = policy("shrink", "ml", 0);
+        p.spec.actions[0].scale_batch.as_mut().unwrap().minimum = 32;
+        let out = render(&status, &[p]);
+        assert!(
+            out.contains("remediations of this Job: 1 of 3; cooldown 600s"),
+            "{out}"
+        );
+        assert!(out.contains("risk low is below critical"), "{out}");
+        assert!(
+            out.contains("cannot apply to this Job (AtMinimum): env BATCH_SIZE is 32"),
+            "{out}"
+        );
+    }
+}

@@ -1,0 +1,221 @@
+//! Unit tests of `plan.rs`: plans from plain JSON Jobs and policies.
+
+use super::*;
+use crate::api::{
+    AnnotateAction, RemediationAction, RemediationPolicySpec, ScaleBatchAction,
+    SetConfigMapKeyAction,
+};
+use serde_json::json;
+
+fn job(batch: Value) -> Value {
+    json!({
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {
+            "name": "train", "namespace": "ml", "uid": "old-uid", "resourceVersion": "42",
+            "creationTimestamp": "2026-01-01T00:00:00Z", "generation": 1,
+            "managedFields": [{"manager": "kubectl"}],
+            "labels": {"team": "ml", "controller-uid": "old-uid"},
+            "annotations": {"memprof.dev/enabled": "true", "memprof.dev/oom-risk": "critical"},
+            "ownerReferences": [{"apiVersion": "batch/v1", "kind": "CronJob", "name": "nightly", "uid": "cj"}],
+        },
+        "spec": {
+            "parallelism": 2, "backoffLimit": 0,
+            "selector": {"matchLabels": {"controller-uid": "old-uid"}},
+            "template": {
+                "metadata": {"labels": {"app": "train", "controller-uid": "old-uid", "job-name": "train"}},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [
+                        {"name": "trainer", "image": "t", "env": [{"name": "LR", "value": "0.1"}, {"name": "BATCH_SIZE", "value": batch}]},
+                        {"name": "memprof-sidecar", "image": "s"},
+                    ],
+                },
+            },
+        },
+        "status": {"active": 2},
+    })
+}
+
+fn policy(actions: Vec<RemediationAction>) -> RemediationPolicy {
+    RemediationPolicy::new(
+        "shrink",
+        RemediationPolicySpec {
+            actions,
+            ..Default::default()
+        },
+    )
+}
+
+fn scale_batch(factor: f64, minimum: u32, round_to: Option<u32>) -> RemediationAction {
+    RemediationAction {
+        scale_batch: Some(ScaleBatchAction {
+            env: "BATCH_SIZE".into(),
+            factor,
+            minimum,
+            round_to,
+            container: None,
+        }),
+        ..Default::default()
+    }
+}
+
+fn build_for(p: &RemediationPolicy, j: &Value) -> Result<Plan, PlanError> {
+    let cms = BTreeMap::from([(
+        "train-config".to_string(),
+        BTreeMap::from([("batch".to_string(), "64".to_string())]),
+    )]);
+    build(&PlanInput {
+        policy: p,
+        job: j,
+        config_maps: &cms,
+        id: "abc123",
+        why: "risk critical >= critical for 0s",
+    })
+}
+
+#[test]
+fn scaling_rounds_down_and_respects_the_minimum() {
+    assert_eq!(scale(32, 0.75, 1, None), 24);
+    assert_eq!(scale(30, 0.75, 1, Some(8)), 16);
+    assert_eq!(scale(3, 0.5, 2, None), 2);
+    assert_eq!(scale(1, 0.5, 1, Some(8)), 1);
+}
+
+#[test]
+fn scale_batch_recreates_the_job_with_server_fields_stripped() {
+    let p = policy(vec![
+        RemediationAction {
+            annotate: Some(AnnotateAction {
+                key: "example.com/shrunk".into(),
+                value: "yes".into(),
+            }),
+            ..Default::default()
+        },
+        scale_batch(0.75, 1, None),
+    ]);
+    let plan = build_for(&p, &job(json!("32"))).unwrap();
+    assert_eq!(plan.summary(), "scaleBatch BATCH_SIZE 32->24");
+    assert_eq!(
+        (plan.job.as_str(), plan.job_uid.as_str()),
+        ("train", "old-uid")
+    );
+    let (changes, m) = plan.recreate().unwrap();
+    assert_eq!(changes.len(), 1);
+    let meta = &m["metadata"];
+    for f in [
+        "uid",
+        "resourceVersion",
+        "creationTimestamp",
+        "generation",
+        "managedFields",
+    ] {
+        assert!(meta.get(f).is_none(), "{f} kept");
+    }
+    assert!(m.get("status").is_none());
+    assert!(m["spec"].get("selector").is_none());
+    assert_eq!(meta["labels"], json!({"team": "ml"}));
+    assert_eq!(
+        m["spec"]["template"]["metadata"]["labels"],
+        json!({"app": "train"})
+    );
+    assert_eq!(meta["ownerReferences"][0]["name"], "nightly");
+    let a = &meta["annotations"];
+    assert_eq!(a["memprof.dev/remediation"], "abc123");
+    assert_eq!(a["memprof.dev/original-batch_size"], "32");
+    assert_eq!(a["example.com/shrunk"], "yes");
+    assert_eq!(a["memprof.dev/enabled"], "true");
+    assert!(a.get("memprof.dev/oom-risk").is_none());
+    let env = &m["spec"]["template"]["spec"]["containers"][0]["env"];
+    assert_eq!(
+        env,
+        &json!([{"name": "LR", "value": "0.1"}, {"name": "BATCH_SIZE", "value": "24"}])
+    );
+    assert_eq!(m["spec"]["parallelism"], 2);
+
+    // A second remediation keeps the first original.
+    let mut again = m.clone();
+    again["metadata"]["uid"] = "new-uid".into();
+    let plan = build_for(&p, &again).unwrap();
+    let (_, m2) = plan.recreate().unwrap();
+    assert_eq!(
+        m2["metadata"]["annotations"]["memprof.dev/original-batch_size"],
+        "32"
+    );
+    assert_eq!(
+        m2["spec"]["template"]["spec"]["containers"][0]["env"][1]["value"],
+        "18"
+    );
+}
+
+#[test]
+fn impossible_scaling_says_exactly_why() {
+    let p = policy(vec![scale_batch(0.75, 16, None)]);
+    let e = build_for(&p, &job(json!("sixteen"))).unwrap_err();
+    assert_eq!(e.reason(), "EnvNotANumber");
+    assert!(e.to_string().contains("\"sixteen\", not an integer"), "{e}");
+    let e = build_for(&p, &job(json!("16"))).unwrap_err();
+    assert_eq!(e.reason(), "AtMinimum");
+    assert!(e
+        .to_string()
+        .contains("env BATCH_SIZE is 16, already at the minimum 16"));
+    let mut no_env = job(json!("32"));
+    no_env["spec"]["template"]["spec"]["containers"][0]["env"] = json!([]);
+    let e = build_for(&p, &no_env).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "no container of the Job sets env BATCH_SIZE: nothing to scale"
+    );
+    let mut from = job(json!("32"));
+    from["spec"]["template"]["spec"]["containers"][0]["env"][1] =
+        json!({"name": "BATCH_SIZE", "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}});
+    assert_eq!(build_for(&p, &from).unwrap_err().reason(), "EnvNotLiteral");
+}
+
+#[test]
+fn manual_selectors_are_kept() {
+    let mut j = job(json!("32"));
+    j["spec"]["manualSelector"] = true.into();
+    let plan = build_for(&policy(vec![scale_batch(0.5, 1, None)]), &j).unwrap();
+    let (_, m) = plan.recreate().unwrap();
+    assert_eq!(m["spec"]["selector"], j["spec"]["selector"]);
+    assert_eq!(
+        m["spec"]["template"]["metadata"]["labels"]["controller-uid"],
+        "old-uid"
+    );
+}
+
+#[test]
+fn config_map_keys_get_absolute_values() {
+    let set = |value: Option<&str>, factor: Option<f64>, cm: &str| RemediationAction {
+        set_config_map_key: Some(SetConfigMapKeyAction {
+            config_map: cm.into(),
+            key: "batch".into(),
+            value: value.map(str::to_string),
+            scale: factor.map(|factor| ScaleValue {
+                factor,
+                minimum: 1,
+                round_to: Some(8),
+            }),
+        }),
+        ..Default::default()
+    };
+    let j = job(json!("32"));
+    let plan = build_for(&policy(vec![set(None, Some(0.7), "train-config")]), &j).unwrap();
+    assert_eq!(plan.summary(), "setConfigMapKey train-config/batch 64->40");
+    assert!(plan.recreate().is_none());
+    let plan = build_for(&policy(vec![set(Some("8"), None, "train-config")]), &j).unwrap();
+    assert_eq!(plan.summary(), "setConfigMapKey train-config/batch 64->8");
+    let e = build_for(&policy(vec![set(Some("8"), None, "nope")]), &j).unwrap_err();
+    assert_eq!(e.reason(), "ConfigMapMissing");
+}
+
+#[test]
+fn original_annotation_names_are_valid_keys() {
+    assert_eq!(
+        original_annotation("BATCH_SIZE"),
+        "memprof.dev/original-batch_size"
+    );
+    let long = original_annotation(&format!("{}_", "X".repeat(100)));
+    let name = long.split('/').nth(1).unwrap();
+    assert!(name.len() <= 63 && name.ends_with('x'), "{name}");
+}

@@ -1,0 +1,392 @@
+//! Helpers of the remediation integration tests (on top of `tests/common`):
+//! the remediation controller in-process, training Jobs with a batch-size
+//! env var, policies from JSON (so that invalid ones can be sent), pod
+//! terminations through the status subresource, and the operator as a child
+//! process that can be killed.
+#![allow(dead_code)]
+
+use crate::common::{apply_report, at, eventually, gpu, report, TIMEOUT};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use memprof::api::{
+    MemoryProfile, RemediationPolicy, RemediationRecord, RiskLevel, ANNOTATION_ENABLED,
+};
+use memprof::remediation::{self, Metrics, Options};
+use serde_json::{json, Value};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The remediation controller running in-process on one namespace, with
+/// leader election on a Lease in that namespace.
+pub struct RunningRemediation {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<remediation::Result<()>>>,
+}
+
+/// Logs of the in-process controllers, shown for failing tests (`RUST_LOG` filters).
+pub fn init_logs() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,kube=warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_test_writer()
+        .try_init();
+}
+
+pub fn start_remediation(client: &Client, ns: &str) -> RunningRemediation {
+    init_logs();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let opts = Options {
+        lease_namespace: Some(ns.into()),
+        leader_identity: Some("in-process-test".into()),
+        ..Default::default()
+    };
+    let task = tokio::spawn(remediation::run(
+        client.clone(),
+        ns.into(),
+        opts,
+        Metrics::unregistered(),
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    RunningRemediation {
+        stop: Some(stop),
+        task: Some(task),
+    }
+}
+
+impl RunningRemediation {
+    pub async fn stop(mut self) {
+        let _ = self.stop.take().expect("running").send(());
+        let task = self.task.take().expect("running");
+        tokio::time::timeout(TIMEOUT, task)
+            .await
+            .expect("remediation controller did not stop in time")
+            .expect("remediation task panicked")
+            .expect("remediation controller returned an error");
+    }
+}
+
+impl Drop for RunningRemediation {
+    fn drop(&mut self) {
+        if let Some(t) = self.task.take() {
+            t.abort();
+        }
+    }
+}
+
+/// Creates a profiled Job labelled `team=ml` whose trainer has `BATCH_SIZE` (when given).
+pub async fn training_job(client: &Client, ns: &str, name: &str, batch: Option<&str>) -> Job {
+    let env: Vec<Value> = batch
+        .map(|b| json!({"name": "BATCH_SIZE", "value": b}))
+        .into_iter()
+        .chain([json!({"name": "LR", "value": "0.001"})])
+        .collect();
+    let job: Job = serde_json::from_value(json!({
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {
+            "name": name,
+            "labels": {"team": "ml"},
+            "annotations": {ANNOTATION_ENABLED: "true"},
+        },
+        "spec": {
+            "parallelism": 1, "completions": 1, "backoffLimit": 0,
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [{"name": "trainer", "image": "busybox", "env": env}],
+                },
+            },
+        },
+    }))
+    .unwrap();
+    Api::<Job>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &job)
+        .await
+        .unwrap_or_else(|e| panic!("creating Job {name}: {e}"))
+}
+
+/// Applies a policy given as JSON (`spec` only), returning the API server's answer.
+pub async fn apply_policy(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    spec: Value,
+) -> Result<RemediationPolicy, kube::Error> {
+    let body = json!({
+        "apiVersion": "memprof.dev/v1alpha1", "kind": "RemediationPolicy",
+        "metadata": {"name": name},
+        "spec": spec,
+    });
+    Api::<RemediationPolicy>::namespaced(client.clone(), ns)
+        .patch(
+            name,
+            &PatchParams::apply("memprof-tests"),
+            &Patch::Apply(&body),
+        )
+        .await
+}
+
+/// The Job's env value `env` of container `trainer`.
+pub fn env_of(job: &Job, env: &str) -> Option<String> {
+    job.spec
+        .as_ref()?
+        .template
+        .spec
+        .as_ref()?
+        .containers
+        .iter()
+        .find(|c| c.name == "trainer")?
+        .env
+        .as_ref()?
+        .iter()
+        .find(|e| e.name == env)?
+        .value
+        .clone()
+}
+
+/// The profile's remediation records (empty while there is no status).
+pub async fn records(client: &Client, ns: &str, name: &str) -> Vec<RemediationRecord> {
+    Api::<MemoryProfile>::namespaced(client.clone(), ns)
+        .get_opt(name)
+        .await
+        .unwrap()
+        .and_then(|p| p.status)
+        .map(|s| s.remediations)
+        .unwrap_or_default()
+}
+
+/// Waits until the operator wrote the profile's first status.
+pub async fn profile_with_status(client: &Client, ns: &str, name: &str) -> MemoryProfile {
+    let api = Api::<MemoryProfile>::namespaced(client.clone(), ns);
+    eventually("the MemoryProfile with a status", || {
+        let api = api.clone();
+        async move {
+            match api.get_opt(name).await.map_err(|e| e.to_string())? {
+                Some(p) if p.status.is_some() => Ok(p),
+                other => Err(format!("{other:?}")),
+            }
+        }
+    })
+    .await
+}
+
+/// Waits for the first pod the Job controller creates for `job`.
+pub async fn first_pod(client: &Client, ns: &str, job: &str) -> Pod {
+    let api = Api::<Pod>::namespaced(client.clone(), ns);
+    eventually("the Job's pod", || {
+        let api = api.clone();
+        async move {
+            let lp = ListParams::default().labels(&format!("job-name={job}"));
+            let pods = api.list(&lp).await.map_err(|e| e.to_string())?;
+            pods.items
+                .into_iter()
+                .next()
+                .ok_or("no pod yet".to_string())
+        }
+    })
+    .await
+}
+
+/// Makes `container` of `pod` terminated with `exit_code` and `message`,
+/// through the status subresource (what a kubelet would report).
+pub async fn terminate_container(
+    client: &Client,
+    ns: &str,
+    pod: &str,
+    container: &str,
+    exit_code: i32,
+    message: &str,
+) {
+    let now = jiff::Timestamp::now()
+        .round(jiff::Unit::Second)
+        .unwrap()
+        .to_string();
+    let body = json!({"status": {
+        "phase": "Failed",
+        "containerStatuses": [{
+            "name": container, "ready": false, "restartCount": 0,
+            "image": "busybox", "imageID": "docker-pullable://busybox@sha256:0",
+            "containerID": "containerd://0123456789",
+            "state": {"terminated": {
+                "exitCode": exit_code, "reason": "Error", "message": message,
+                "startedAt": now, "finishedAt": now,
+            }},
+        }],
+    }});
+    Api::<Pod>::namespaced(client.clone(), ns)
+        .patch_status(pod, &PatchParams::default(), &Patch::Merge(&body))
+        .await
+        .unwrap_or_else(|e| panic!("setting the status of pod {pod}: {e}"));
+}
+
+/// Polls `check` until it holds for the whole of `period` (fails at once otherwise).
+pub async fn stays<F, Fut>(what: &str, period: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), String>>,
+{
+    let end = Instant::now() + period;
+    while Instant::now() < end {
+        if let Err(seen) = check().await {
+            panic!("expected {what} to hold for {period:?}, but: {seen}");
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// The operator (roll-up and remediation) as a child process, killed when dropped.
+pub struct OperatorProcess {
+    pub child: Child,
+}
+
+impl Drop for OperatorProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The operator binary: `MEMPROF_OPERATOR_BIN` (e.g. a release build), else this package's.
+pub fn operator_binary() -> String {
+    std::env::var("MEMPROF_OPERATOR_BIN")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_memprof-operator").to_string())
+}
+
+/// Whether the operator binary already runs the remediation controller.
+pub fn operator_binary_remediates() -> bool {
+    Command::new(operator_binary())
+        .arg("--help")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).contains("--remediation"))
+        .unwrap_or(false)
+}
+
+/// Starts the operator on `ns`: the operator binary when it runs
+/// the remediation controller, else this test binary's `child_operator`
+/// entry (the same library calls the binary makes). `failpoint` is passed
+/// as `MEMPROF_FAILPOINT`.
+pub fn spawn_operator(ns: &str, failpoint: Option<&str>) -> OperatorProcess {
+    let mut cmd = if operator_binary_remediates() {
+        let mut c = Command::new(operator_binary());
+        c.args(["--namespace", ns, "--metrics-addr", "127.0.0.1:0"]);
+        c.args([
+            "--remediation-lease-namespace",
+            ns,
+            "--remediation-leader-identity",
+            "operator-under-test",
+        ]);
+        c
+    } else {
+        let mut c = Command::new(std::env::current_exe().unwrap());
+        c.args([
+            "child_operator",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ]);
+        c.env("MEMPROF_CHILD_NAMESPACE", ns);
+        c
+    };
+    cmd.env_remove("MEMPROF_FAILPOINT");
+    if let Some(f) = failpoint {
+        cmd.env("MEMPROF_FAILPOINT", f);
+    }
+    cmd.env("RUST_LOG", "info,kube=warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit());
+    OperatorProcess {
+        child: cmd.spawn().expect("spawning the operator"),
+    }
+}
+
+/// What the child process runs: the operator's roll-up and the remediation
+/// controller on one namespace, as `memprof-operator` wires them.
+pub fn run_child_operator(ns: &str) {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let client = Client::try_default().await.unwrap();
+        let opts = memprof::operator::Options::for_namespace(ns);
+        let rollup = tokio::spawn({
+            let client = client.clone();
+            async move {
+                memprof::operator::run(
+                    client,
+                    &opts,
+                    memprof::operator::Metrics::unregistered(),
+                    std::future::pending(),
+                )
+                .await
+            }
+        });
+        let ropts = Options {
+            lease_namespace: Some(ns.into()),
+            leader_identity: Some("operator-under-test".into()),
+            ..Default::default()
+        };
+        remediation::run(
+            client,
+            ns.into(),
+            ropts,
+            Metrics::unregistered(),
+            std::future::pending(),
+        )
+        .await
+        .unwrap();
+        rollup.await.unwrap().unwrap();
+    });
+}
+
+/// The Jobs named `name` that exist (0 or 1) and their uids.
+pub async fn job_uids(client: &Client, ns: &str, name: &str) -> Vec<String> {
+    Api::<Job>::namespaced(client.clone(), ns)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter(|j| j.name_any() == name)
+        .filter_map(|j| j.uid())
+        .collect()
+}
+
+/// The policy of most tests: `team=ml` Jobs, critical risk or an OOM, batch × 0.75.
+pub fn shrink_policy(dry_run: bool) -> serde_json::Value {
+    json!({
+        "selector": {"matchLabels": {"team": "ml"}},
+        "triggers": [{"riskAtLeast": {"level": "critical"}}, {"oomObserved": true}],
+        "actions": [{"scaleBatch": {"env": "BATCH_SIZE", "factor": 0.75, "minimum": 4}}],
+        "cooldownSeconds": 600,
+        "maxRemediations": 3,
+        "dryRun": dry_run,
+    })
+}
+
+/// What the sim sidecar of rank 0 writes when its GPU is about to run out.
+pub async fn critical_report(client: &Client, ns: &str, job: &str, offset_ms: u64) {
+    let r = report(
+        job,
+        0,
+        &at(offset_ms),
+        vec![gpu(0, 79, 79, RiskLevel::Critical, Some(5.0))],
+    );
+    apply_report(client, ns, &r).await;
+}
+
+/// A healthy rank: the operator writes the profile's first status from it.
+pub async fn low_report(client: &Client, ns: &str, job: &str) {
+    let r = report(job, 0, &at(0), vec![gpu(0, 30, 31, RiskLevel::Low, None)]);
+    apply_report(client, ns, &r).await;
+}
+
+pub async fn job(client: &Client, ns: &str, name: &str) -> Option<Job> {
+    Api::<Job>::namespaced(client.clone(), ns)
+        .get_opt(name)
+        .await
+        .unwrap()
+}
