@@ -11,5 +11,6 @@ pub mod api;
 pub mod cli;
 pub mod monitor;
 pub mod operator;
+pub mod remediation;
 pub mod sampler;
 pub mod webhook;

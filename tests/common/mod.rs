@@ -1,0 +1,327 @@
+//! Shared harness of the integration tests against a real control plane
+//! (`hack/local-cluster.sh up`): connect or skip, install the CRDs, one
+//! temporary namespace per test (deleted even when the test panics), an
+//! in-process operator that can be stopped and restarted, polling helpers.
+#![allow(dead_code)] // each test binary uses a subset
+
+use k8s_openapi::api::batch::v1::{Job, JobSpec};
+use k8s_openapi::api::core::v1::{Container, Namespace, PodSpec, PodTemplateSpec};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::wait::{await_condition, conditions};
+use kube::{Client, ResourceExt};
+use memprof::api::{
+    GpuReport, MemoryReport, MemoryReportSpec, ReportSummary, RiskLevel, ANNOTATION_ENABLED,
+    LABEL_JOB, LABEL_PROFILE, SIDECAR_MANAGER,
+};
+use memprof::operator::{self, Metrics, Options};
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long any awaited state may take before the test fails.
+pub const TIMEOUT: Duration = Duration::from_secs(30);
+pub const GIB: u64 = 1 << 30;
+
+/// A client for the test cluster, or `None` (after saying so) when there is
+/// none and none is required. With `MEMPROF_REQUIRE_CLUSTER=1`, not reaching
+/// the cluster fails the test.
+pub async fn cluster() -> Option<Client> {
+    let required = std::env::var("MEMPROF_REQUIRE_CLUSTER").is_ok_and(|v| v == "1");
+    let skip = |why: String| {
+        assert!(!required, "MEMPROF_REQUIRE_CLUSTER=1 but {why}");
+        eprintln!(
+            "SKIPPED: {why}. To run: eval \"$(bash hack/local-cluster.sh env)\" && \
+             MEMPROF_REQUIRE_CLUSTER=1 cargo test --test operator"
+        );
+        None
+    };
+    // `RUST_LOG=memprof=debug cargo test ... -- --nocapture` shows the operator's logs.
+    let _ = tracing_subscriber::fmt()
+        .with_test_writer()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .try_init();
+    if std::env::var_os("KUBECONFIG").is_none() && !required {
+        return skip("KUBECONFIG is not set".into());
+    }
+    let client = match Client::try_default().await {
+        Ok(c) => c,
+        Err(e) => return skip(format!("no Kubernetes client could be configured: {e}")),
+    };
+    if let Err(e) = client.apiserver_version().await {
+        return skip(format!("the API server does not answer: {e}"));
+    }
+    install_crds(&client).await;
+    Some(client)
+}
+
+/// Server-side applies the CRDs generated from `memprof::api` and waits until they are served.
+pub async fn install_crds(client: &Client) {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let params = PatchParams::apply("memprof-tests").force();
+    for crd in memprof::api::crds() {
+        let name = crd.name_any();
+        crds.patch(&name, &params, &Patch::Apply(&crd))
+            .await
+            .unwrap_or_else(|e| panic!("installing CRD {name}: {e}"));
+        let established = await_condition(crds.clone(), &name, conditions::is_crd_established());
+        tokio::time::timeout(TIMEOUT, established)
+            .await
+            .unwrap_or_else(|_| panic!("CRD {name} not established within {TIMEOUT:?}"))
+            .unwrap();
+    }
+}
+
+/// A random suffix for names (no extra dependency: std's hasher keys are random).
+pub fn random_suffix() -> String {
+    format!("{:08x}", RandomState::new().hash_one(Instant::now()) as u32)
+}
+
+/// A namespace `memprof-test-<random>` that is deleted when dropped, panics included.
+pub struct TestNamespace {
+    pub name: String,
+}
+
+impl TestNamespace {
+    pub async fn create(client: &Client) -> Self {
+        let name = format!("memprof-test-{}", random_suffix());
+        let mut ns = Namespace::default();
+        ns.metadata.name = Some(name.clone());
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &ns)
+            .await
+            .unwrap_or_else(|e| panic!("creating namespace {name}: {e}"));
+        TestNamespace { name }
+    }
+}
+
+impl Drop for TestNamespace {
+    fn drop(&mut self) {
+        let name = self.name.clone();
+        // The test's runtime may be unwinding or gone: use a thread with its own
+        // runtime and client, and wait for the request (not for the deletion).
+        let deleted = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a current-thread runtime");
+            rt.block_on(async {
+                let client = Client::try_default().await.map_err(|e| e.to_string())?;
+                Api::<Namespace>::all(client)
+                    .delete(&name, &DeleteParams::background())
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            })
+        })
+        .join();
+        if let Ok(Err(e)) = deleted {
+            eprintln!(
+                "warning: could not delete test namespace {}: {e}",
+                self.name
+            );
+        }
+    }
+}
+
+/// The operator running in-process, scoped to one namespace.
+pub struct RunningOperator {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<operator::Result<()>>>,
+    pub metrics: Arc<Metrics>,
+}
+
+pub fn start_operator(client: &Client, namespace: &str) -> RunningOperator {
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let metrics = Metrics::unregistered();
+    let opts = Options::for_namespace(namespace);
+    let (c, m) = (client.clone(), metrics.clone());
+    let task = tokio::spawn(async move {
+        operator::run(c, &opts, m, async move {
+            let _ = stopped.await;
+        })
+        .await
+    });
+    RunningOperator {
+        stop: Some(stop),
+        task: Some(task),
+        metrics,
+    }
+}
+
+impl RunningOperator {
+    /// Stops gracefully and waits for it; fails the test if it errored.
+    pub async fn stop(mut self) {
+        let _ = self.stop.take().expect("not stopped yet").send(());
+        let task = self.task.take().expect("not stopped yet");
+        tokio::time::timeout(TIMEOUT, task)
+            .await
+            .expect("operator did not stop in time")
+            .expect("operator task panicked")
+            .expect("operator returned an error");
+    }
+}
+
+impl Drop for RunningOperator {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+/// Polls `check` every 100 ms until it returns `Ok`; fails with its last
+/// `Err` (a description of what was seen) after [`TIMEOUT`].
+pub async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, String>>,
+{
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        match check().await {
+            Ok(v) => return v,
+            Err(seen) if Instant::now() > deadline => {
+                panic!("timed out after {TIMEOUT:?} waiting for {what}; last seen: {seen}")
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
+/// Creates a Job; its pods stay Pending (no scheduler, no kubelet).
+pub async fn create_job(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    parallelism: i32,
+    profiled: bool,
+) -> Job {
+    let mut job = Job {
+        spec: Some(JobSpec {
+            parallelism: Some(parallelism),
+            completions: Some(parallelism),
+            template: PodTemplateSpec {
+                spec: Some(PodSpec {
+                    restart_policy: Some("Never".into()),
+                    containers: vec![Container {
+                        name: "trainer".into(),
+                        image: Some("busybox".into()),
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    job.metadata.name = Some(name.into());
+    if profiled {
+        job.metadata.annotations = Some(BTreeMap::from([(
+            ANNOTATION_ENABLED.to_string(),
+            "true".to_string(),
+        )]));
+    }
+    Api::<Job>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &job)
+        .await
+        .unwrap_or_else(|e| panic!("creating Job {name}: {e}"))
+}
+
+/// One GPU of a simulated rank.
+pub fn gpu(
+    rank: u32,
+    used_gib: u64,
+    peak_gib: u64,
+    risk: RiskLevel,
+    tto: Option<f64>,
+) -> GpuReport {
+    GpuReport {
+        index: 0,
+        uuid: format!("GPU-sim-{rank:04}"),
+        model: "NVIDIA H100 80GB HBM3".into(),
+        total_bytes: 80 * GIB,
+        used_bytes: used_gib * GIB,
+        peak_bytes: peak_gib * GIB,
+        utilization_percent: Some(90),
+        growth_bytes_per_second: if tto.is_some() { 1.0e8 } else { 0.0 },
+        time_to_oom_seconds: tto,
+        risk,
+        confidence: 0.9,
+        leak_suspected: tto.is_some(),
+        source: memprof::api::DataSource::Sim,
+        ..Default::default()
+    }
+}
+
+/// The MemoryReport a rank's sidecar would write.
+pub fn report(job: &str, rank: u32, sampled_at: &str, gpus: Vec<GpuReport>) -> MemoryReport {
+    let worst = gpus.iter().map(|g| g.risk).max().unwrap_or_default();
+    let mut r = MemoryReport::new(
+        &format!("{job}-{rank}"),
+        MemoryReportSpec {
+            pod_name: format!("{job}-{rank}"),
+            node_name: Some(format!("node-{rank}")),
+            job_name: Some(job.into()),
+            rank: Some(rank),
+            sampled_at: sampled_at.into(),
+            interval_ms: 1000,
+            summary: ReportSummary {
+                gpu_count: gpus.len() as u32,
+                risk: worst,
+                used: "-".into(),
+                peak: "-".into(),
+                source: memprof::api::DataSource::Sim,
+                ..Default::default()
+            },
+            gpus,
+            ..Default::default()
+        },
+    );
+    r.metadata.labels = Some(BTreeMap::from([
+        (LABEL_JOB.to_string(), job.to_string()),
+        (LABEL_PROFILE.to_string(), job.to_string()),
+    ]));
+    r
+}
+
+/// Writes a report the way the sidecar does: server-side apply as `memprof-sidecar`.
+pub async fn apply_report(client: &Client, ns: &str, report: &MemoryReport) {
+    let name = report.name_any();
+    Api::<MemoryReport>::namespaced(client.clone(), ns)
+        .patch(
+            &name,
+            &PatchParams::apply(SIDECAR_MANAGER).force(),
+            &Patch::Apply(report),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("applying MemoryReport {name}: {e}"));
+}
+
+/// RFC 3339 timestamp `offset` seconds after a fixed base. Whole seconds keep
+/// every timestamp the same width, as a sidecar's are: the roll-up takes the
+/// lexicographic maximum of `sampledAt`.
+pub fn at(offset: u64) -> String {
+    jiff::Timestamp::from_second(1_800_000_000 + offset as i64)
+        .unwrap()
+        .to_string()
+}
+
+/// Events with `reason` regarding the object `name`, counting repeats of a series.
+pub async fn count_events(client: &Client, ns: &str, reason: &str, regarding: &str) -> i32 {
+    Api::<Event>::namespaced(client.clone(), ns)
+        .list(&ListParams::default())
+        .await
+        .expect("listing events")
+        .items
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(regarding))
+        .map(|e| e.series.as_ref().map_or(1, |s| s.count))
+        .sum()
+}

@@ -1,0 +1,436 @@
+//! The operator against a real kube-apiserver + kube-controller-manager
+//! (`hack/local-cluster.sh up`). Without a cluster every test says it skipped
+//! and passes; `MEMPROF_REQUIRE_CLUSTER=1` makes a missing cluster a failure.
+//!
+//! Each test runs in its own namespace with its own in-process operator
+//! watching only that namespace, so tests run in parallel without seeing each
+//! other's Jobs. No scheduler or kubelet: the Job controller's pods stay
+//! Pending, and reports are written the way the sidecar writes them.
+
+mod common;
+
+use common::*;
+use k8s_openapi::api::batch::v1::Job;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::{Client, ResourceExt};
+use memprof::api::{
+    MemoryProfile, MemoryProfileStatus, MemoryReport, RiskLevel, ANNOTATION_BOTTLENECK,
+    ANNOTATION_IMBALANCE, ANNOTATION_OOM_RISK, ANNOTATION_TIME_TO_OOM,
+};
+
+async fn profile_status(
+    profiles: &Api<MemoryProfile>,
+    name: &str,
+) -> Result<MemoryProfileStatus, String> {
+    match profiles.get_opt(name).await {
+        Ok(Some(p)) => p
+            .status
+            .ok_or_else(|| "profile has no status yet".to_string()),
+        Ok(None) => Err("no profile yet".into()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Waits until the profile's status satisfies `ok`, and returns it.
+async fn wait_status(
+    profiles: &Api<MemoryProfile>,
+    name: &str,
+    what: &str,
+    ok: impl Fn(&MemoryProfileStatus) -> bool,
+) -> MemoryProfileStatus {
+    eventually(what, || async {
+        let st = profile_status(profiles, name).await?;
+        if ok(&st) {
+            Ok(st)
+        } else {
+            Err(format!("{st:?}"))
+        }
+    })
+    .await
+}
+
+/// Waits until `reason` Events about `regarding` number exactly `n`.
+async fn wait_events(client: &Client, ns: &str, reason: &str, regarding: &str, n: i32) {
+    eventually(&format!("{n} {reason} event(s) on {regarding}"), || async {
+        let seen = count_events(client, ns, reason, regarding).await;
+        if seen == n {
+            Ok(())
+        } else {
+            Err(format!("{seen} event(s)"))
+        }
+    })
+    .await
+}
+
+/// Rewrites rank 0's report with a newer `sampledAt` and waits until the
+/// status shows it: proof that the operator reconciled everything before.
+async fn nudge(client: &Client, ns: &str, profiles: &Api<MemoryProfile>, job: &str, t: u64) {
+    let r = report(job, 0, &at(t), vec![gpu(0, 40, 40, RiskLevel::Low, None)]);
+    apply_report(client, ns, &r).await;
+    let want = at(t);
+    wait_status(profiles, job, "the nudge to show in lastReportTime", |st| {
+        st.last_report_time.as_deref() == Some(want.as_str())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn annotated_job_gets_a_profile_owned_by_the_job() {
+    let Some(client) = cluster().await else {
+        return;
+    };
+    let ns = TestNamespace::create(&client).await;
+    let _op = start_operator(&client, &ns.name);
+    let job = create_job(&client, &ns.name, "train", 3, true).await;
+    let profiles: Api<MemoryProfile> = Api::namespaced(client.clone(), &ns.name);
+
+    let st = wait_status(&profiles, "train", "a status saying no report yet", |st| {
+        st.conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && !c.is_true())
+    })
+    .await;
+    assert_eq!(st.ranks, "0/3");
+    let profile = profiles.get("train").await.unwrap();
+    assert_eq!(profile.spec.job_name, "train");
+    assert_eq!(profile.spec.expected_ranks, Some(3));
+    let owner = &profile.owner_references()[0];
+    assert_eq!((owner.kind.as_str(), owner.name.as_str()), ("Job", "train"));
+    assert_eq!(Some(owner.uid.clone()), job.uid());
+    assert_eq!(owner.block_owner_deletion, Some(true));
+    assert_eq!(owner.controller, Some(false));
+
+    let jobs: Api<Job> = Api::namespaced(client.clone(), &ns.name);
+    eventually("the Job to carry memprof annotations", || async {
+        let job = jobs.get("train").await.map_err(|e| e.to_string())?;
+        match job.annotations().get(ANNOTATION_OOM_RISK) {
+            Some(risk) if risk == "none" => Ok(()),
+            other => Err(format!("oom-risk annotation {other:?}")),
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn reports_roll_up_into_status_annotations_and_one_event_per_transition() {
+    let Some(client) = cluster().await else {
+        return;
+    };
+    let ns = TestNamespace::create(&client).await;
+    let _op = start_operator(&client, &ns.name);
+    create_job(&client, &ns.name, "llm", 4, true).await;
+    let profiles: Api<MemoryProfile> = Api::namespaced(client.clone(), &ns.name);
+
+    // The leaking rank first, so the job's risk goes none → high in one step.
+    let leaking = gpu(3, 50, 50, RiskLevel::High, Some(260.0));
+    apply_report(&client, &ns.name, &report("llm", 3, &at(3), vec![leaking])).await;
+    wait_status(&profiles, "llm", "risk high", |st| {
+        st.risk == RiskLevel::High
+    })
+    .await;
+    for (rank, peak) in [(0, 40), (1, 40), (2, 60)] {
+        let g = gpu(rank, peak, peak, RiskLevel::Low, None);
+        apply_report(
+            &client,
+            &ns.name,
+            &report("llm", rank, &at(rank as u64), vec![g]),
+        )
+        .await;
+    }
+    let st = wait_status(&profiles, "llm", "4 ranks rolled up", |st| {
+        st.ranks_reporting == 4
+    })
+    .await;
+    assert_eq!((st.ranks.as_str(), st.gpu_count), ("4/4", 4));
+    assert_eq!(st.risk, RiskLevel::High);
+    assert_eq!(st.time_to_oom.as_deref(), Some("4m20s"));
+    assert_eq!(st.imbalance_display.as_deref(), Some("1.26")); // 60 / mean(40, 40, 60, 50)
+    assert!(st.imbalance.unwrap() > 1.0);
+    assert_eq!(st.bottleneck.as_ref().and_then(|b| b.rank), Some(3));
+    assert_eq!(st.peak_used_bytes, 60 * GIB);
+    assert!(st.leak_suspected);
+    assert_eq!(st.top_ranks[0].location.rank, Some(3));
+
+    let jobs: Api<Job> = Api::namespaced(client.clone(), &ns.name);
+    let annotations = eventually("the Job annotations to match the status", || async {
+        let job = jobs.get("llm").await.map_err(|e| e.to_string())?;
+        let a = job.annotations().clone();
+        if a.get(ANNOTATION_IMBALANCE).map(String::as_str) == Some("1.26") {
+            Ok(a)
+        } else {
+            Err(format!("{a:?}"))
+        }
+    })
+    .await;
+    assert_eq!(annotations[ANNOTATION_OOM_RISK], "high");
+    assert_eq!(annotations[ANNOTATION_TIME_TO_OOM], "4m20s");
+    assert_eq!(
+        annotations[ANNOTATION_BOTTLENECK],
+        "rank=3 pod=llm-3 node=node-3 gpu=0"
+    );
+    wait_events(&client, &ns.name, "RiskRaised", "llm", 1).await;
+
+    // The leak is fixed: high → low, one RiskLowered.
+    let fixed = gpu(3, 50, 50, RiskLevel::Low, None);
+    apply_report(&client, &ns.name, &report("llm", 3, &at(10), vec![fixed])).await;
+    wait_status(&profiles, "llm", "risk low", |st| st.risk == RiskLevel::Low).await;
+    wait_events(&client, &ns.name, "RiskLowered", "llm", 1).await;
+
+    // More reconciles, no more events.
+    nudge(&client, &ns.name, &profiles, "llm", 20).await;
+    nudge(&client, &ns.name, &profiles, "llm", 21).await;
+    assert_eq!(
+        count_events(&client, &ns.name, "RiskRaised", "llm").await,
+        1
+    );
+    assert_eq!(
+        count_events(&client, &ns.name, "RiskLowered", "llm").await,
+        1
+    );
+}
+
+#[tokio::test]
+async fn job_without_the_annotation_is_ignored() {
+    let Some(client) = cluster().await else {
+        return;
+    };
+    let ns = TestNamespace::create(&client).await;
+    let _op = start_operator(&client, &ns.name);
+    // The plain Job first: by the time the profiled one is done, it was seen.
+    create_job(&client, &ns.name, "plain", 2, false).await;
+    create_job(&client, &ns.name, "profiled", 2, true).await;
+    let profiles: Api<MemoryProfile> = Api::namespaced(client.clone(), &ns.name);
+    let jobs: Api<Job> = Api::namespaced(client.clone(), &ns.name);
+    eventually("the profiled Job to be annotated", || async {
+        let job = jobs.get("profiled").await.map_err(|e| e.to_string())?;
+        job.annotations()
+            .get(ANNOTATION_OOM_RISK)
+            .map(|_| ())
+            .ok_or_else(|| "no annotation yet".to_string())
+    })
+    .await;
+    assert!(profiles.get_opt("plain").await.unwrap().is_none());
+    let plain = jobs.get("plain").await.unwrap();
+    assert!(plain
+        .annotations()
+        .keys()
+        .all(|k| !k.starts_with("memprof.dev/")));
+}
+
+#[tokio::test]
+async fn a_restarted_operator_emits_no_duplicate_events() {
+    let Some(client) = cluster().await else {
+        return;
+    };
+    let ns = TestNamespace::create(&client).await;
+    let first = start_operator(&client, &ns.name);
+    create_job(&client, &ns.name, "restart", 2, true).await;
+    let profiles: Api<MemoryProfile> = Api::namespaced(client.clone(), &ns.name);
+    let hot = gpu(1, 70, 78, RiskLevel::Critical, Some(30.0));
+    apply_report(&client, &ns.name, &report("restart", 1, &at(1), vec![hot])).await;
+    wait_status(&profiles, "restart", "risk critical", |st| {
+        st.risk == RiskLevel::Critical
+    })
+    .await;
+    wait_events(&client, &ns.name, "RiskRaised", "restart", 1).await;
+    first.stop().await;
+
+    let second = start_operator(&client, &ns.name);
+    nudge(&client, &ns.name, &profiles, "restart", 5).await;
+    assert_eq!(second.metrics.status_writes.get(), 1, "the nudge only");
+    assert_eq!(
+        count_events(&client, &ns.name, "RiskRaised", "restart").await,
+        1
+    );
+    assert_eq!(
+        count_events(&client, &ns.name, "RiskLowered", "restart").await,
+        0
+    );
+    second.stop().await;
+}
+
+#[tokio::test]
+async fn deleting_the_job_garbage_collects_its_profile() {
+    let Some(client) = cluster().await else {
+        return;
+    };
+    let ns = TestNamespace::create(&client).await;
+    let _op = start_operator(&client, &ns.name);
+    let profiles: Api<MemoryProfile> = Api::namespaced(client.clone(), &ns.name);
+    let jobs: Api<Job> = Api::namespaced(client.clone(), &ns.name);
+    for name in ["background", "foreground"] {
+        create_job(&client, &ns.name, name, 1, true).await;
+    }
+    for name in ["background", "foreground"] {
+        eventually(&format!("profile {name}"), || async {
+            match profiles.get_opt(name).await {
+                Ok(Some(_)) => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        })
+        .await;
+    }
+    jobs.delete("background", &DeleteParams::background())
+        .await
+        .unwrap();
+    jobs.delete("foreground", &DeleteParams::foreground())
+        .await
+        .unwrap();
+    for name in ["background", "foreground"] {
+        eventually(
+            &format!("profile {name} to be garbage-collected"),
+            || async {
+                match profiles.get_opt(name).await {
+                    Ok(None) => Ok(()),
+                    other => Err(format!("{other:?}")),
+                }
+            },
+        )
+        .await;
+    }
+}
+
+#[tokio::test]
+async fn impossible_report_is_ignored_with_a_condition_and_one_event() {
+    let Some(client) = cluster().await else {
+        return;
+    };
+    let ns = TestNamespace::create(&client).await;
+    let _op = start_operator(&client, &ns.name);
+    create_job(&client, &ns.name, "val", 4, true).await;
+    let profiles: Api<MemoryProfile> = Api::namespaced(client.clone(), &ns.name);
+    for rank in 0..4 {
+        let g = gpu(
+            rank,
+            40 + rank as u64,
+            40 + rank as u64,
+            RiskLevel::Low,
+            None,
+        );
+        apply_report(
+            &client,
+            &ns.name,
+            &report("val", rank, &at(rank as u64), vec![g]),
+        )
+        .await;
+    }
+    let before = wait_status(&profiles, "val", "4 ranks", |st| st.ranks_reporting == 4).await;
+
+    // usedBytes > totalBytes: the schema cannot say it, the operator must.
+    let mut bad = gpu(4, 90, 90, RiskLevel::Critical, Some(1.0));
+    bad.total_bytes = 80 * GIB;
+    apply_report(&client, &ns.name, &report("val", 4, &at(100), vec![bad])).await;
+    let after = wait_status(&profiles, "val", "ReportsValid=False", |st| {
+        st.conditions
+            .iter()
+            .any(|c| c.type_ == "ReportsValid" && !c.is_true())
+    })
+    .await;
+    let cond = after
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "ReportsValid")
+        .unwrap();
+    assert!(
+        cond.message.contains("val-4 (gpu 0: usedBytes"),
+        "{}",
+        cond.message
+    );
+    let without_conditions = |st: &MemoryProfileStatus| MemoryProfileStatus {
+        conditions: vec![],
+        ..st.clone()
+    };
+    assert_eq!(without_conditions(&after), without_conditions(&before));
+    wait_events(&client, &ns.name, "ReportRejected", "val", 1).await;
+
+    nudge(&client, &ns.name, &profiles, "val", 200).await;
+    nudge(&client, &ns.name, &profiles, "val", 201).await;
+    assert_eq!(
+        count_events(&client, &ns.name, "ReportRejected", "val").await,
+        1
+    );
+}
+
+#[tokio::test]
+async fn api_server_rejects_negative_bytes_and_unknown_risk_naming_the_field() {
+    let Some(client) = cluster().await else {
+        return;
+    };
+    let ns = TestNamespace::create(&client).await;
+    let reports: Api<MemoryReport> = Api::namespaced(client.clone(), &ns.name);
+    let valid = report(
+        "schema",
+        0,
+        &at(0),
+        vec![gpu(0, 1, 1, RiskLevel::Low, None)],
+    );
+    let params = PatchParams::apply(memprof::api::SIDECAR_MANAGER).force();
+
+    for (field, value, expect) in [
+        ("usedBytes", serde_json::json!(-1), "usedBytes"),
+        ("risk", serde_json::json!("severe"), "risk"),
+    ] {
+        let mut body = serde_json::to_value(&valid).unwrap();
+        body["spec"]["gpus"][0][field] = value;
+        let err = reports
+            .patch("schema-0", &params, &Patch::Apply(&body))
+            .await
+            .expect_err("the API server must reject it");
+        let kube::Error::Api(status) = err else {
+            panic!("not an API error: {err}")
+        };
+        assert_eq!(status.code, 422, "{status:?}");
+        assert!(
+            status.message.contains(expect),
+            "message should name {expect}: {}",
+            status.message
+        );
+    }
+}
+
+#[tokio::test]
+async fn one_leader_at_a_time_and_a_standby_takes_over() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use memprof::operator::Elector;
+    use std::time::Duration;
+
+    let Some(client) = cluster().await else {
+        return;
+    };
+    let ns = TestNamespace::create(&client).await;
+    let lease = "memprof-operator";
+    let holder = || async {
+        let l = Api::<Lease>::namespaced(client.clone(), &ns.name)
+            .get(lease)
+            .await
+            .unwrap();
+        l.spec.and_then(|s| s.holder_identity)
+    };
+    let ttl = Duration::from_secs(2);
+    let mut a = Elector::new(client.clone(), &ns.name, lease, "replica-a", ttl);
+    let mut b = Elector::new(client.clone(), &ns.name, lease, "replica-b", ttl);
+
+    assert!(a.try_acquire_or_renew().await.unwrap());
+    assert!(
+        !b.try_acquire_or_renew().await.unwrap(),
+        "a holds a fresh lease"
+    );
+    assert!(a.try_acquire_or_renew().await.unwrap(), "the holder renews");
+
+    // A graceful shutdown releases the lease: the standby takes it at once.
+    a.release().await.unwrap();
+    tokio::time::timeout(TIMEOUT, b.acquire())
+        .await
+        .expect("b takes a released lease")
+        .unwrap();
+    assert_eq!(holder().await.as_deref(), Some("replica-b"));
+
+    // b "crashes" (stops renewing, never releases): a takes over once the
+    // record has not changed for the lease duration on a's own clock.
+    tokio::time::timeout(TIMEOUT, a.acquire())
+        .await
+        .expect("a takes over an expired lease")
+        .unwrap();
+    assert_eq!(holder().await.as_deref(), Some("replica-a"));
+    assert!(!b.try_acquire_or_renew().await.unwrap(), "b lost it");
+}
