@@ -49,7 +49,7 @@ kubectl apply --server-side -f crds/ >/dev/null
 kubectl wait --for condition=established --timeout=60s crd/memoryprofiles.memprof.dev crd/memoryreports.memprof.dev >/dev/null
 
 log "starting memprof-operator"
-"$BIN/memprof-operator" --metrics-addr 127.0.0.1:0 >"$workdir/operator.log" 2>&1 &
+"$BIN/memprof-operator" --metrics-addr 127.0.0.1:0 --webhook-port 0 >"$workdir/operator.log" 2>&1 &
 pids+=($!)
 
 log "creating namespace $NS and the annotated $RANKS-rank Job $JOB"

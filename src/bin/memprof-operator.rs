@@ -29,6 +29,12 @@ struct Cli {
 
     #[command(flatten)]
     leader: LeaderOptions,
+
+    #[command(flatten)]
+    webhook: memprof::webhook::WebhookOptions,
+
+    #[command(flatten)]
+    remediation: memprof::remediation::Options,
 }
 
 async fn shutdown_signal() {
@@ -58,6 +64,7 @@ async fn main() -> anyhow::Result<()> {
         .context("cannot configure a Kubernetes client: set KUBECONFIG or run in a pod")?;
     let mut registry = Registry::with_prefix("memprof");
     let metrics = Metrics::register(&mut registry);
+    let remediation_metrics = memprof::remediation::Metrics::register(&mut registry);
     let listener = tokio::net::TcpListener::bind(cli.metrics_addr)
         .await
         .with_context(|| format!("cannot listen on --metrics-addr {}", cli.metrics_addr))?;
@@ -67,6 +74,26 @@ async fn main() -> anyhow::Result<()> {
     let server = tokio::spawn(operator::serve(
         listener,
         Arc::new(registry),
+        shutdown.clone(),
+    ));
+    // The webhook serves on every replica (admission must not wait for an
+    // election); remediation has its own Lease, so it acts from one replica.
+    let webhook = {
+        let (client, opts, shutdown) = (client.clone(), cli.webhook.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            let res = memprof::webhook::run(client, opts, shutdown).await;
+            if let Err(e) = &res {
+                // Injection is best effort (failurePolicy Ignore): say so now, keep profiling.
+                tracing::error!(error = %e, "the admission webhook stopped; pods are no longer injected");
+            }
+            res
+        })
+    };
+    let remediation = tokio::spawn(memprof::remediation::run(
+        client.clone(),
+        cli.operator.namespace.clone(),
+        cli.remediation.clone(),
+        remediation_metrics,
         shutdown.clone(),
     ));
     if cli.leader.leader_elect {
@@ -91,6 +118,10 @@ async fn main() -> anyhow::Result<()> {
         operator::run(client, &cli.operator, metrics, shutdown).await?;
     }
     // On lost leadership the `?` above exits at once; the server dies with the process.
+    remediation
+        .await
+        .context("the remediation controller panicked")??;
+    webhook.await.context("the webhook task panicked")??;
     server.await.context("the metrics server panicked")?;
     Ok(())
 }

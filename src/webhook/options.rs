@@ -84,6 +84,7 @@ pub struct WebhookOptions {
     pub cert_dir: PathBuf,
     /// Namespace of the operator: where the Secret and the Service live.
     #[arg(
+        id = "webhook_namespace",
         long = "webhook-namespace",
         env = "MEMPROF_POD_NAMESPACE",
         default_value = "memprof-system"
