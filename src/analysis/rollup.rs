@@ -92,7 +92,7 @@ pub fn rollup(reports: &[RollupInput<'_>], expected_ranks: Option<u32>) -> Memor
             st.gpu_count += 1;
             peaks.push(g.peak_bytes as f64);
             let peak_pct = 100.0 * g.peak_bytes as f64 / g.total_bytes.max(1) as f64;
-            if peak_pct > st.peak_percent || st.peak_used_bytes == 0 {
+            if peak_pct > st.peak_percent || st.peak == "-" {
                 st.peak_percent = peak_pct.min(100.0);
                 st.peak_used_bytes = g.peak_bytes;
                 st.peak = format!("{} ({:.0}%)", format_bytes(g.peak_bytes), peak_pct);

@@ -332,9 +332,12 @@ async fn reconcile_job(job: &Job, ctx: &Context, st: &mut JobState) -> Result<Ac
     }
     st.cleared = false;
 
+    let recreated = job
+        .annotations()
+        .contains_key(crate::api::ANNOTATION_REMEDIATION);
     if let Some(stale) = cached
         .as_deref()
-        .filter(|p| profile_is_stale(p, &name, &uid))
+        .filter(|p| profile_is_stale(p, &name, &uid, recreated))
     {
         delete_profile(&profiles, stale).await?;
         info!("deleted the MemoryProfile of an earlier Job with this name");

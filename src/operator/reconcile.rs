@@ -91,8 +91,19 @@ pub fn profile_outdated(existing: Option<&MemoryProfile>, desired: &MemoryProfil
 
 /// Whether `existing` belongs to an earlier Job of the same name (deleted and
 /// recreated before the garbage collector removed its profile): its status
-/// describes another run, so it must go rather than be adopted.
-pub fn profile_is_stale(existing: &MemoryProfile, job_name: &str, job_uid: &str) -> bool {
+/// describes another run, so it must go rather than be adopted — unless
+/// memprof itself recreated the Job (a remediation, annotated
+/// `memprof.dev/remediation`): then it is the same workload, and the profile's
+/// history (OOMs, remediations) must survive the recreation.
+pub fn profile_is_stale(
+    existing: &MemoryProfile,
+    job_name: &str,
+    job_uid: &str,
+    recreated_by_memprof: bool,
+) -> bool {
+    if recreated_by_memprof {
+        return false;
+    }
     let jobs: Vec<_> = existing
         .owner_references()
         .iter()
@@ -435,8 +446,12 @@ mod tests {
         let mut scaled = p.clone();
         scaled.spec.expected_ranks = Some(8);
         assert!(profile_outdated(Some(&scaled), &p));
-        assert!(!profile_is_stale(&p, "train", "uid-1"));
-        assert!(profile_is_stale(&p, "train", "uid-2"));
+        assert!(!profile_is_stale(&p, "train", "uid-1", false));
+        assert!(profile_is_stale(&p, "train", "uid-2", false));
+        assert!(
+            !profile_is_stale(&p, "train", "uid-2", true),
+            "a remediation keeps the history"
+        );
     }
 
     #[test]
