@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# hack/bench.sh -- what `make bench` runs: every benchmark that needs no GPU,
+# against the local control plane (started here if needed, stopped again if
+# so). They print numbers; docs/benchmarks.md records what was seen.
+# GPU scenarios live in bench/gpu/ (see docs/gpu-results.md).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+started_cluster=0
+cleanup() { [ "$started_cluster" = 1 ] && bash hack/local-cluster.sh down || true; }
+trap cleanup EXIT
+if ! bash hack/local-cluster.sh status >/dev/null 2>&1; then
+    bash hack/local-cluster.sh up >/dev/null
+    started_cluster=1
+fi
+eval "$(bash hack/local-cluster.sh env)"
+export KUBECONFIG
+cargo build --release --workspace --bins --example operator_scale --example remediation_latency
+echo "== sidecar: writes per rank per 30 s, RSS and CPU (sim backend)"
+bash bench/sidecar_budget.sh 8 120
+echo "== operator: 256 ranks, report -> profile status latency, status size, RSS, CPU"
+target/release/examples/operator_scale --ranks 256 --rounds 5
+echo "== remediation: triggering report -> recreated Job"
+target/release/examples/remediation_latency 10
+echo "== admission webhook: mutate and HTTPS round trip"
+cargo bench -p memprof --bench admission
