@@ -428,15 +428,16 @@ async fn reconcile_profile(profile: &MemoryProfile, ctx: &Context) -> Result<Act
                 || triggers::history(fresh, policy).count != *count
                 || fresh.remediations.iter().any(|r| r.phase == PHASE_PENDING)
             {
-                return Some(added);
+                return Some((added, false));
             }
             push_record(&mut fresh.remediations, rec.clone(), MAX_HISTORY);
             fresh.last_action = Some(last_action(rec));
+            return Some((added, true));
         }
-        Some(added)
+        Some((added, false))
     })
     .await?;
-    let Some((written, added)) = write else {
+    let Some((written, (added, record_added))) = write else {
         return Ok(Action::requeue(Duration::from_millis(200)));
     };
     let job_or_profile = match &job {
@@ -464,11 +465,10 @@ async fn reconcile_profile(profile: &MemoryProfile, ctx: &Context) -> Result<Act
     let Some((rec, _)) = record else {
         return Ok(Action::requeue(requeue));
     };
-    let recorded = written
-        .status
-        .as_ref()
-        .is_some_and(|s| s.remediations.iter().any(|r| r.id == rec.id));
-    if !recorded {
+    // Only the write that added the record announces it: a reconcile that
+    // decided again on a stale cache finds the record there already and must
+    // neither publish its Event twice nor act twice.
+    if !record_added {
         return Ok(Action::requeue(Duration::from_millis(200)));
     }
     ctx.metrics
