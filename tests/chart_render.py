@@ -75,24 +75,16 @@ def one(docs: list[dict], kind: str, name: str | None = None) -> dict | None:
     return found[0] if len(found) == 1 else None
 
 
-CLAP_SOURCES = ["src/bin/memprof-operator.rs", "src/operator/mod.rs", "src/webhook/options.rs"]
-
-
 def clap_flags() -> set[str]:
-    """Long flags `memprof-operator` declares with clap derive (`#[arg(long)]`
-    on a field, or `long = "name"`), read from its sources."""
-    flags = set()
-    for rel in CLAP_SOURCES:
-        path = ROOT / rel
-        if not path.exists():
-            continue
-        for attr, field in re.findall(r"#\[arg\((.*?)\)\]\s*(?:pub\s+)?(\w+)\s*:", path.read_text(), re.S):
-            explicit = re.search(r'long\s*=\s*"([a-z0-9-]+)"', attr)
-            if explicit:
-                flags.add(explicit.group(1))
-            elif re.search(r"\blong\b", attr):
-                flags.add(field.replace("_", "-"))
-    return flags
+    """Long flags `memprof-operator` accepts, from its own `--help` (the binary
+    is built by the Rust tests that run before this script; set
+    MEMPROF_OPERATOR_BIN to use another build)."""
+    import subprocess
+    binary = os.environ.get("MEMPROF_OPERATOR_BIN", str(ROOT / "target/debug/memprof-operator"))
+    if not Path(binary).exists():
+        subprocess.run(["cargo", "build", "--quiet", "--bin", "memprof-operator"], cwd=ROOT, check=True)
+    out = subprocess.run([binary, "--help"], capture_output=True, text=True, check=True).stdout
+    return set(re.findall(r"^\s+(?:-\w, )?--([a-z0-9-]+)", out, re.M))
 
 
 def operator_args(docs: list[dict]) -> dict[str, str]:
