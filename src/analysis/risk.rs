@@ -28,6 +28,10 @@ pub struct Assessment {
     pub reason: String,
 }
 
+/// At or below this fraction of total memory a GPU is idle (a CUDA context
+/// alone is 0.5 GB of 80 GB).
+const IDLE_FRACTION: f64 = 0.02;
+
 /// Assesses one GPU's history against the thresholds.
 pub fn assess(series: &GpuSeries, th: &Thresholds) -> Assessment {
     let Some(last) = series.last() else {
@@ -37,7 +41,19 @@ pub fn assess(series: &GpuSeries, th: &Thresholds) -> Assessment {
         };
     };
     let total = last.total.max(1) as f64;
-    let (upper, lower) = series.envelopes(th.fit_window_seconds);
+    let (mut upper, mut lower) = series.envelopes(th.fit_window_seconds);
+    // An idle GPU (no process, or a bare CUDA context) filling up in seconds
+    // is a trainer starting, not a trend, a leak or a spike (seen on every
+    // real start: 0 to 29 GB within one bucket). Only buckets after the GPU
+    // was last idle count; a process that dies (an OOM) starts a new history.
+    let idle = IDLE_FRACTION * total;
+    let active_from = series
+        .buckets()
+        .rev()
+        .find(|b| b.min as f64 <= idle)
+        .map_or(f64::NEG_INFINITY, |b| b.start + series.bucket_seconds());
+    upper.retain(|p| p.0 > active_from);
+    lower.retain(|p| p.0 > active_from);
     // The ceiling is what the envelope reaches now: the fullest recent bucket.
     let level = upper
         .last()
@@ -75,7 +91,10 @@ pub fn assess(series: &GpuSeries, th: &Thresholds) -> Assessment {
             && fit.span >= th.trust_span_seconds.min(th.fit_window_seconds / 2.0);
     }
 
-    let buckets: Vec<_> = series.buckets().collect();
+    let buckets: Vec<_> = series
+        .buckets()
+        .filter(|b| b.start >= active_from)
+        .collect();
     let recent = buckets
         .len()
         .saturating_sub((th.fit_window_seconds / th.bucket_seconds) as usize);
@@ -201,6 +220,21 @@ mod tests {
         // A minute after it ends, the flat envelope wins.
         for a in &all[90..] {
             assert!(a.risk <= RiskLevel::Low, "{a:?}");
+        }
+    }
+
+    #[test]
+    fn a_trainer_starting_on_an_idle_gpu_is_not_a_trend() {
+        let th = Thresholds::default();
+        // Idle for 15 s, then 0 to 30 GB in 5 s, then training: seen on every real start.
+        let (_, all) = run(&th, 300.0, 10.0, |t| match t {
+            t if t < 15.0 => 0.0,
+            t if t < 20.0 => (t - 15.0) * 6.0 * GB,
+            t => training(t) * 0.75,
+        });
+        for a in &all {
+            assert!(a.risk <= RiskLevel::Low, "{a:?}");
+            assert!(!a.leak_suspected && !a.spike_detected, "{a:?}");
         }
     }
 

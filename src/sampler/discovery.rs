@@ -305,12 +305,7 @@ pub fn decide(
     }
     let all = match nvml {
         Ok(all) => all,
-        Err(why) => {
-            return Discovery::not_visible(
-                NvmlUnavailable,
-                format!("{why}. Until then only the in-process agent, if it runs, reports memory"),
-            )
-        }
+        Err(why) => return Discovery::not_visible(NvmlUnavailable, why.to_string()),
     };
     if all.is_empty() {
         return Discovery::not_visible(
