@@ -296,6 +296,7 @@ fn unequal_ddp_ranks_give_imbalance_and_the_bottleneck() {
 
 /// Print every fixture's story: `cargo test --test analysis_fixtures -- --nocapture show`.
 #[test]
+#[ignore = "prints a summary of every fixture; run with --ignored --nocapture"]
 fn show() {
     for name in [
         "steady_h100.csv",

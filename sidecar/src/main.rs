@@ -110,6 +110,8 @@ fn main() -> std::process::ExitCode {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
+        // Colours only for a person at a terminal, never in a pod's log.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     // One worker thread: the sidecar must stay small next to the trainer.
     let rt = match tokio::runtime::Builder::new_current_thread()

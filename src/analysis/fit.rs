@@ -73,6 +73,24 @@ pub fn theil_sen(points: &[(f64, f64)]) -> Option<LinearFit> {
     })
 }
 
+/// Least-squares slope through `points` (t, y); `None` with fewer than 2
+/// points or no time span. Unlike [`theil_sen`], a staircase with long flat
+/// treads still reads as growth: that is what "is it still growing?" needs.
+pub fn least_squares_slope(points: &[(f64, f64)]) -> Option<f64> {
+    let n = points.len() as f64;
+    if points.len() < 2 {
+        return None;
+    }
+    let mean_t = points.iter().map(|p| p.0).sum::<f64>() / n;
+    let mean_y = points.iter().map(|p| p.1).sum::<f64>() / n;
+    let (mut stt, mut sty) = (0.0, 0.0);
+    for (t, y) in points {
+        stt += (t - mean_t) * (t - mean_t);
+        sty += (t - mean_t) * (y - mean_y);
+    }
+    (stt > 0.0).then(|| sty / stt)
+}
+
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     let n = v.len();
@@ -111,6 +129,18 @@ mod tests {
             .collect();
         let fit = theil_sen(&pts).unwrap();
         assert_eq!(fit.slope, 0.0);
+    }
+
+    #[test]
+    fn least_squares_reads_a_staircase_with_long_treads_as_growth() {
+        // Two treads of a staircase: most pairs lie on one tread, so the
+        // Theil–Sen median is 0, but the memory did grow.
+        let pts: Vec<_> = (0..7)
+            .map(|i| (i as f64 * 10.0, if i < 2 { 68.2 } else { 72.4 }))
+            .collect();
+        assert_eq!(theil_sen(&pts).unwrap().slope, 0.0);
+        assert!(least_squares_slope(&pts).unwrap() > 0.05);
+        assert!(least_squares_slope(&[(1.0, 1.0)]).is_none());
     }
 
     #[test]

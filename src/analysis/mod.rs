@@ -13,7 +13,7 @@ mod risk;
 mod rollup;
 mod series;
 
-pub use fit::{theil_sen, LinearFit};
+pub use fit::{least_squares_slope, theil_sen, LinearFit};
 pub use risk::{assess, Assessment};
 pub use rollup::{rollup, validate_report, RollupInput};
 pub use series::{GpuSeries, Sample};

@@ -52,7 +52,9 @@ async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let logs = tracing_subscriber::fmt().with_env_filter(filter);
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     if cli.log_json {
         logs.json().init();
     } else {
