@@ -109,6 +109,31 @@ async fn annotated_job_gets_a_profile_owned_by_the_job() {
         }
     })
     .await;
+
+    // The Job's sidecars (service account `default`) may write their reports, and only that.
+    let roles: Api<k8s_openapi::api::rbac::v1::Role> = Api::namespaced(client.clone(), &ns.name);
+    let role = roles
+        .get(memprof::webhook::REPORTER_ROLE)
+        .await
+        .expect("the reporter Role exists");
+    let rules = role.rules.unwrap_or_default();
+    assert_eq!(rules.len(), 1);
+    assert_eq!(
+        rules[0].resources.as_deref(),
+        Some(&["memoryreports".to_string()][..])
+    );
+    assert_eq!(rules[0].verbs, vec!["create", "get", "patch"]);
+    let bindings: Api<k8s_openapi::api::rbac::v1::RoleBinding> =
+        Api::namespaced(client.clone(), &ns.name);
+    let binding = bindings
+        .get(&memprof::webhook::binding_name("default"))
+        .await
+        .expect("the reporter RoleBinding exists");
+    let subject = &binding.subjects.unwrap_or_default()[0];
+    assert_eq!(
+        (subject.kind.as_str(), subject.name.as_str()),
+        ("ServiceAccount", "default")
+    );
 }
 
 #[tokio::test]
@@ -277,7 +302,8 @@ async fn deleting_the_job_garbage_collects_its_profile() {
         .await
         .unwrap();
     for name in ["background", "foreground"] {
-        eventually(
+        eventually_within(
+            GC_TIMEOUT,
             &format!("profile {name} to be garbage-collected"),
             || async {
                 match profiles.get_opt(name).await {

@@ -225,12 +225,16 @@ async fn sidecar_writes_its_report_and_follows_a_leak_within_the_write_budget() 
         .await
         .unwrap();
     drop(sidecar);
-    common::eventually("the report is garbage-collected with its pod", || async {
-        match reports.get_opt("train-abcde").await {
-            Ok(None) => Ok(()),
-            other => Err(format!("{:?}", other.map(|r| r.is_some()))),
-        }
-    })
+    common::eventually_within(
+        common::GC_TIMEOUT,
+        "the report is garbage-collected with its pod",
+        || async {
+            match reports.get_opt("train-abcde").await {
+                Ok(None) => Ok(()),
+                other => Err(format!("{:?}", other.map(|r| r.is_some()))),
+            }
+        },
+    )
     .await;
 }
 

@@ -349,15 +349,31 @@ async fn reconcile_job(job: &Job, ctx: &Context, st: &mut JobState) -> Result<Ac
     let desired = profile_for_job(job, &namespace, &name, &uid);
     let profile = match cached.map(|c| newest(c, st.profile.take())) {
         Some(p) if !profile_outdated(Some(&p), &desired) => p,
-        _ => profiles
-            .patch(&name, &apply, &Patch::Apply(&desired))
-            .await
-            .map(Arc::new)
-            .map_err(|source| Error::ApplyProfile {
-                namespace: namespace.clone(),
-                name: name.clone(),
-                source,
-            })?,
+        _ => {
+            // First sight of this Job (or its profile drifted): its sidecars
+            // run under the pod template's service account and need leave to
+            // write their MemoryReports. Idempotent; failing it must not stop
+            // profiling (the sidecars then say they are forbidden).
+            let sa = job
+                .spec
+                .as_ref()
+                .and_then(|s| s.template.spec.as_ref())
+                .and_then(|p| p.service_account_name.as_deref())
+                .unwrap_or("default");
+            if let Err(e) = crate::webhook::ensure_reporter_rbac(&ctx.client, &namespace, sa).await
+            {
+                warn!(error = %e, service_account = sa, "cannot grant the sidecars leave to write MemoryReports");
+            }
+            profiles
+                .patch(&name, &apply, &Patch::Apply(&desired))
+                .await
+                .map(Arc::new)
+                .map_err(|source| Error::ApplyProfile {
+                    namespace: namespace.clone(),
+                    name: name.clone(),
+                    source,
+                })?
+        }
     };
     st.profile = Some(profile.clone());
 

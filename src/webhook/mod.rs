@@ -28,7 +28,7 @@ pub use config::{
 };
 pub use mutate::{admit_review, injection_patch, Injection, MutateError, Target};
 pub use options::{run, CertMode, Error, WebhookOptions};
-pub use rbac::{ensure_reporter_rbac, RbacError};
+pub use rbac::{binding_name, ensure_reporter_rbac, RbacError, REPORTER_ROLE};
 pub use server::{serve, ServerError, TlsCert};
 
 /// Name of the injected container (init or regular); its presence makes

@@ -175,17 +175,32 @@ impl Drop for RunningOperator {
 
 /// Polls `check` every 100 ms until it returns `Ok`; fails with its last
 /// `Err` (a description of what was seen) after [`TIMEOUT`].
-pub async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+pub async fn eventually<T, F, Fut>(what: &str, check: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, String>>,
 {
-    let deadline = Instant::now() + TIMEOUT;
+    eventually_within(TIMEOUT, what, check).await
+}
+
+/// How long garbage collection may take. kube-controller-manager 1.20's
+/// garbage collector learns of a newly installed CRD only at its next
+/// discovery resync (every 30 s, not configurable), so on a fresh cluster the
+/// first deletions of profiles and reports by ownerReference can wait that long.
+pub const GC_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// [`eventually`] with its own timeout.
+pub async fn eventually_within<T, F, Fut>(timeout: Duration, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, String>>,
+{
+    let deadline = Instant::now() + timeout;
     loop {
         match check().await {
             Ok(v) => return v,
             Err(seen) if Instant::now() > deadline => {
-                panic!("timed out after {TIMEOUT:?} waiting for {what}; last seen: {seen}")
+                panic!("timed out after {timeout:?} waiting for {what}; last seen: {seen}")
             }
             Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
         }
