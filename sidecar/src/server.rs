@@ -130,3 +130,135 @@ pub async fn serve(
         .run()
         .await;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    async fn start() -> (
+        std::net::SocketAddr,
+        watch::Receiver<Option<AllocatorStats>>,
+        watch::Sender<bool>,
+    ) {
+        let mut registry = Registry::default();
+        let metrics = crate::metrics::Metrics::new(&mut registry);
+        let (_report_tx, report) = watch::channel(None);
+        let (agent, agent_rx) = watch::channel(None);
+        let shared = Shared {
+            registry: Arc::new(Mutex::new(registry)),
+            report,
+            agent,
+            metrics,
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, mut stopped) = watch::channel(false);
+        tokio::spawn(serve(listener, shared, async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        }));
+        (addr, agent_rx, stop, report_tx)
+    }
+
+    async fn request(
+        addr: std::net::SocketAddr,
+        method: &str,
+        path: &str,
+        body: &[u8],
+    ) -> (u16, String) {
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let head = format!(
+            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            body.len()
+        );
+        s.write_all(head.as_bytes()).await.unwrap();
+        let _ = s.write_all(body).await;
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out).await;
+        let code = out
+            .split(' ')
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        (code, out)
+    }
+
+    #[tokio::test]
+    async fn agent_pushes_reach_the_sampling_loop_and_bad_ones_are_refused_with_the_reason() {
+        let (addr, mut agent_rx, stop, _report_tx) = start().await;
+        let ok = br#"{"allocatedBytes": 30, "reservedBytes": 40, "numOoms": 1, "step": 7, "phase": "forward"}"#;
+        assert_eq!(request(addr, "POST", "/v1/agent", ok).await.0, 204);
+        assert!(agent_rx.has_changed().unwrap());
+        let got = agent_rx.borrow_and_update().clone().unwrap();
+        assert_eq!(
+            (
+                got.allocated_bytes,
+                got.reserved_bytes,
+                got.num_ooms,
+                got.step
+            ),
+            (30, 40, 1, Some(7))
+        );
+
+        let (code, body) = request(addr, "POST", "/v1/agent", b"{not json").await;
+        assert_eq!(code, 400);
+        assert!(body.contains("invalid agent payload"), "{body}");
+        let (code, body) = request(
+            addr,
+            "POST",
+            "/v1/agent",
+            br#"{"allocatedBytes": -5, "reservedBytes": 1}"#,
+        )
+        .await;
+        assert_eq!(code, 400, "{body}");
+
+        let big = vec![b' '; (MAX_AGENT_BODY + 1) as usize];
+        assert_eq!(request(addr, "POST", "/v1/agent", &big).await.0, 413);
+
+        assert_eq!(
+            request(addr, "GET", "/v1/report", b"").await.0,
+            503,
+            "no report yet"
+        );
+        assert_eq!(request(addr, "GET", "/healthz", b"").await.0, 200);
+        let (code, metrics) = request(addr, "GET", "/metrics", b"").await;
+        assert_eq!(code, 200);
+        assert!(
+            metrics.contains("memprof_sidecar_agent_pushes_total 1"),
+            "{metrics}"
+        );
+        assert!(
+            !agent_rx.has_changed().unwrap(),
+            "refused pushes change nothing"
+        );
+        let _ = stop.send(true);
+    }
+
+    #[test]
+    fn only_loopback_peers_may_push() {
+        let mut registry = Registry::default();
+        let metrics = crate::metrics::Metrics::new(&mut registry);
+        let (_r, report) = watch::channel(None);
+        let (agent, agent_rx) = watch::channel(None);
+        let shared = Shared {
+            registry: Arc::new(Mutex::new(registry)),
+            report,
+            agent,
+            metrics,
+        };
+        let body = br#"{"allocatedBytes": 1, "reservedBytes": 2}"#;
+        // The unspecified address stands for any peer that is not loopback.
+        let remote = std::net::SocketAddr::from(([0, 0, 0, 0], 40000));
+        assert_eq!(
+            agent_push(&shared, Some(remote), body).0,
+            StatusCode::FORBIDDEN
+        );
+        assert_eq!(agent_push(&shared, None, body).0, StatusCode::FORBIDDEN);
+        assert!(!agent_rx.has_changed().unwrap());
+        let local = std::net::SocketAddr::from(([127, 0, 0, 1], 40000));
+        assert_eq!(
+            agent_push(&shared, Some(local), body).0,
+            StatusCode::NO_CONTENT
+        );
+    }
+}
