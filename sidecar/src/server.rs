@@ -140,10 +140,11 @@ mod tests {
         std::net::SocketAddr,
         watch::Receiver<Option<AllocatorStats>>,
         watch::Sender<bool>,
+        watch::Sender<Option<MemoryReportSpec>>,
     ) {
         let mut registry = Registry::default();
         let metrics = crate::metrics::Metrics::new(&mut registry);
-        let (_report_tx, report) = watch::channel(None);
+        let (report_tx, report) = watch::channel(None);
         let (agent, agent_rx) = watch::channel(None);
         let shared = Shared {
             registry: Arc::new(Mutex::new(registry)),
