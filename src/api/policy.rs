@@ -316,3 +316,46 @@ pub struct PolicyAction {
     #[schemars(length(max = 512))]
     pub message: Option<String>,
 }
+
+#[cfg(test)]
+impl RemediationPolicy {
+    /// A policy for unit tests: Jobs labelled `team=<team>`, triggered by risk
+    /// critical for `for_seconds` or an observed OOM, acting by
+    /// `scaleBatch BATCH_SIZE ×0.75` down to `minimum`.
+    pub fn test(name: &str, team: &str, for_seconds: u32, minimum: u32) -> Self {
+        let mut p = RemediationPolicy::new(
+            name,
+            RemediationPolicySpec {
+                triggers: vec![
+                    Trigger {
+                        risk_at_least: Some(RiskTrigger {
+                            level: RiskLevel::Critical,
+                            for_seconds,
+                        }),
+                        ..Default::default()
+                    },
+                    Trigger {
+                        oom_observed: Some(true),
+                        ..Default::default()
+                    },
+                ],
+                actions: vec![RemediationAction {
+                    scale_batch: Some(ScaleBatchAction {
+                        env: "BATCH_SIZE".into(),
+                        factor: 0.75,
+                        minimum,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            },
+        );
+        p.spec
+            .selector
+            .match_labels
+            .get_or_insert_with(Default::default)
+            .insert("team".into(), team.into());
+        p
+    }
+}

@@ -247,47 +247,11 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{
-        RemediationAction, RemediationPolicySpec, RemediationRecord, RiskLevel, RiskTrigger,
-        ScaleBatchAction, Trigger,
-    };
+    use crate::api::{RemediationRecord, RiskLevel};
     use serde_json::json;
 
     fn policy(name: &str, team: &str, for_seconds: u32) -> RemediationPolicy {
-        let mut p = RemediationPolicy::new(
-            name,
-            RemediationPolicySpec {
-                triggers: vec![
-                    Trigger {
-                        risk_at_least: Some(RiskTrigger {
-                            level: RiskLevel::Critical,
-                            for_seconds,
-                        }),
-                        ..Default::default()
-                    },
-                    Trigger {
-                        oom_observed: Some(true),
-                        ..Default::default()
-                    },
-                ],
-                actions: vec![RemediationAction {
-                    scale_batch: Some(ScaleBatchAction {
-                        env: "BATCH_SIZE".into(),
-                        factor: 0.75,
-                        minimum: 8,
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                }],
-                ..Default::default()
-            },
-        );
-        p.spec
-            .selector
-            .match_labels
-            .get_or_insert_with(Default::default)
-            .insert("team".into(), team.into());
-        p
+        RemediationPolicy::test(name, team, for_seconds, 8)
     }
 
     fn job() -> Value {

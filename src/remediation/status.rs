@@ -268,45 +268,10 @@ async fn write_all(ctx: &Context) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{
-        RemediationAction, RemediationPolicySpec, RemediationRecord, RiskLevel, RiskTrigger,
-        ScaleBatchAction, Trigger,
-    };
+    use crate::api::RemediationRecord;
 
     fn policy() -> RemediationPolicy {
-        let mut p = RemediationPolicy::new(
-            "shrink",
-            RemediationPolicySpec {
-                triggers: vec![
-                    Trigger {
-                        risk_at_least: Some(RiskTrigger {
-                            level: RiskLevel::Critical,
-                            for_seconds: 60,
-                        }),
-                        ..Default::default()
-                    },
-                    Trigger {
-                        oom_observed: Some(true),
-                        ..Default::default()
-                    },
-                ],
-                actions: vec![RemediationAction {
-                    scale_batch: Some(ScaleBatchAction {
-                        env: "BATCH_SIZE".into(),
-                        factor: 0.75,
-                        minimum: 1,
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                }],
-                ..Default::default()
-            },
-        );
-        p.spec
-            .selector
-            .match_labels
-            .get_or_insert_with(Default::default)
-            .insert("team".into(), "ml".into());
+        let mut p = RemediationPolicy::test("shrink", "ml", 60, 1);
         p.metadata.generation = Some(2);
         p
     }
