@@ -38,14 +38,12 @@
 
 mod controller;
 mod execute;
-pub mod leader;
 pub mod oom;
 pub mod plan;
 mod status;
 pub mod triggers;
 
 pub use controller::run_controller;
-pub use leader::LeaderElector;
 pub use status::policy_status;
 
 use kube::Client;
@@ -280,32 +278,59 @@ pub async fn run(
     let identity = opts
         .leader_identity
         .clone()
-        .unwrap_or_else(leader::default_identity);
+        .unwrap_or_else(crate::operator::leader::default_identity);
     let lease_ns = opts.lease_namespace(&namespace);
     tracing::info!(lease = %format!("{lease_ns}/{}", opts.lease_name), %identity, "campaigning for remediation leadership");
-    let elector = LeaderElector::new(client.clone(), &lease_ns, &opts.lease_name, &identity);
-    let (mut leading, campaign) = elector.spawn(shutdown.clone());
+    // The operator's Lease elector, on a Lease of our own: two electors in one
+    // process must not compete for one Lease. Unlike the operator, losing
+    // leadership does not end the process: remediation stops and campaigns again.
+    let mut elector = crate::operator::Elector::new(
+        client.clone(),
+        &lease_ns,
+        &opts.lease_name,
+        &identity,
+        std::time::Duration::from_secs(15),
+    );
     loop {
-        // Wait until we lead (or stop).
         tokio::select! {
             _ = shutdown.clone() => break,
-            changed = leading.wait_for(|l| *l) => if changed.is_err() { break },
+            acquired = elector.acquire() => if let Err(e) = acquired {
+                tracing::warn!(error = %e, "remediation leader election failed");
+                continue;
+            },
         }
         metrics.leader.set(1);
-        let mut lost = leading.clone();
+        // The controller stops on shutdown or once a renewal failed long
+        // enough that another replica may lead; it is never cancelled mid-step.
+        let (lost_tx, lost_rx) = tokio::sync::oneshot::channel::<()>();
         let stop = {
             let shutdown = shutdown.clone();
             async move {
                 tokio::select! {
                     _ = shutdown => {},
-                    _ = lost.wait_for(|l| !*l) => {},
+                    _ = lost_rx => {},
                 }
             }
         };
-        run_controller(client.clone(), &namespace, metrics.clone(), stop).await?;
+        let controller = run_controller(client.clone(), &namespace, metrics.clone(), stop);
+        tokio::pin!(controller);
+        let ran = tokio::select! {
+            ran = &mut controller => ran,
+            () = elector.keep() => {
+                // Leadership lost: tell the controller to stop, and let it finish its step.
+                let _ = lost_tx.send(());
+                controller.await
+            }
+        };
         metrics.leader.set(0);
+        ran?;
+        if shutdown.clone().now_or_never().is_some() {
+            break;
+        }
     }
-    let _ = campaign.await;
+    if let Err(e) = elector.release().await {
+        tracing::warn!(error = %e, "could not release the remediation Lease; it expires by itself");
+    }
     Ok(())
 }
 
