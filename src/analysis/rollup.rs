@@ -83,9 +83,14 @@ pub fn rollup(reports: &[RollupInput<'_>], expected_ranks: Option<u32>) -> Memor
     let mut worst_per_rank: Vec<(&MemoryReportSpec, &GpuReport)> =
         Vec::with_capacity(reports.len());
     let mut leak_ranks = Vec::new();
+    let mut newest: Option<jiff::Timestamp> = None;
     for r in reports {
         let spec = r.spec;
-        if spec.last_time() > st.last_report_time.as_deref().unwrap_or("") {
+        // Compared as instants, not strings: RFC 3339 text with fractional
+        // seconds of different lengths does not sort by time.
+        let at = spec.sampled_at.parse::<jiff::Timestamp>().ok();
+        if at.is_some() && at > newest {
+            newest = at;
             st.last_report_time = Some(spec.sampled_at.clone());
         }
         for g in &spec.gpus {
@@ -159,12 +164,6 @@ pub fn rollup(reports: &[RollupInput<'_>], expected_ranks: Option<u32>) -> Memor
     st
 }
 
-impl MemoryReportSpec {
-    fn last_time(&self) -> &str {
-        &self.sampled_at
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -222,6 +221,20 @@ mod tests {
         assert_eq!(st.top_ranks[1].location.rank, Some(2));
         assert_eq!(st.leak_ranks, vec![3]);
         assert_eq!(st.last_report_time.as_deref(), Some("2026-11-22T10:00:03Z"));
+    }
+
+    #[test]
+    fn the_newest_report_time_is_compared_as_an_instant_not_as_text() {
+        let mut a = report(0, 40, RiskLevel::Low, None);
+        let mut b = report(1, 40, RiskLevel::Low, None);
+        // As text "…00.1Z" sorts after "…00.101Z", though it is earlier.
+        a.sampled_at = "2026-11-22T10:00:00.1Z".into();
+        b.sampled_at = "2026-11-22T10:00:00.101Z".into();
+        let st = rollup(&[RollupInput { spec: &a }, RollupInput { spec: &b }], None);
+        assert_eq!(
+            st.last_report_time.as_deref(),
+            Some("2026-11-22T10:00:00.101Z")
+        );
     }
 
     #[test]
