@@ -136,10 +136,10 @@ mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    async fn start() -> (
-        std::net::SocketAddr,
+    /// What the endpoints share, with the agent's receiving end and the report's sending end.
+    fn shared() -> (
+        Shared,
         watch::Receiver<Option<AllocatorStats>>,
-        watch::Sender<bool>,
         watch::Sender<Option<MemoryReportSpec>>,
     ) {
         let mut registry = Registry::default();
@@ -152,6 +152,16 @@ mod tests {
             agent,
             metrics,
         };
+        (shared, agent_rx, report_tx)
+    }
+
+    async fn start() -> (
+        std::net::SocketAddr,
+        watch::Receiver<Option<AllocatorStats>>,
+        watch::Sender<bool>,
+        watch::Sender<Option<MemoryReportSpec>>,
+    ) {
+        let (shared, agent_rx, report_tx) = shared();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop, mut stopped) = watch::channel(false);
@@ -237,16 +247,7 @@ mod tests {
 
     #[test]
     fn only_loopback_peers_may_push() {
-        let mut registry = Registry::default();
-        let metrics = crate::metrics::Metrics::new(&mut registry);
-        let (_r, report) = watch::channel(None);
-        let (agent, agent_rx) = watch::channel(None);
-        let shared = Shared {
-            registry: Arc::new(Mutex::new(registry)),
-            report,
-            agent,
-            metrics,
-        };
+        let (shared, agent_rx, _report_tx) = shared();
         let body = br#"{"allocatedBytes": 1, "reservedBytes": 2}"#;
         // The unspecified address stands for any peer that is not loopback.
         let remote = std::net::SocketAddr::from(([0, 0, 0, 0], 40000));
