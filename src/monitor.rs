@@ -102,9 +102,20 @@ impl Monitor {
         self.sampler.active_processes()
     }
 
-    /// Records allocator statistics pushed by the in-process agent.
-    pub fn set_allocator(&mut self, stats: AllocatorStats) {
-        self.allocator = Some(stats);
+    /// Takes one push of the in-process agent (already validated).
+    pub fn agent_push(&mut self, push: crate::agent::Push) {
+        if let Some(d) = push.devices.first() {
+            self.allocator = Some(AllocatorStats {
+                allocated_bytes: d.allocated_bytes,
+                reserved_bytes: d.reserved_bytes,
+                active_bytes: d.active_bytes,
+                inactive_split_bytes: d.inactive_split_bytes,
+                alloc_retries: d.alloc_retries,
+                num_ooms: d.num_ooms,
+                step: push.step,
+                phase: push.phase.clone(),
+            });
+        }
     }
 
     /// Fragmentation from the agent's numbers: the share of reserved memory not
@@ -275,9 +286,14 @@ mod tests {
     fn fragmentation_comes_from_the_agent() {
         let mut m = leaking_monitor();
         m.sample(0.0).unwrap();
-        m.set_allocator(AllocatorStats {
-            allocated_bytes: 30,
-            reserved_bytes: 40,
+        m.agent_push(crate::agent::Push {
+            version: 1,
+            time: 1.0,
+            devices: vec![crate::agent::DeviceStats {
+                allocated_bytes: 30,
+                reserved_bytes: 40,
+                ..Default::default()
+            }],
             ..Default::default()
         });
         let r = m.report(&Identity::default(), String::new(), 1000, vec![]);

@@ -68,7 +68,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     tracing::info!(pod = %pod_name, rank = ?rank, gpus = sampler.gpus().len(), source = %sampler.source(), "{}", visible.message);
 
     let (report_tx, report_rx) = watch::channel::<Option<MemoryReportSpec>>(None);
-    let (agent_tx, agent_rx) = watch::channel(None);
+    let agent_inbox = server::AgentInbox::default();
     let (write_tx, write_rx) = watch::channel::<Option<(Reason, MemoryReportSpec)>>(None);
     let (stop_tx, stop_rx) = watch::channel(false);
 
@@ -79,7 +79,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let shared = server::Shared {
         registry: Arc::new(Mutex::new(registry)),
         report: report_rx,
-        agent: agent_tx,
+        agent: agent_inbox.clone(),
         metrics: metrics.clone(),
     };
     let mut stop = stop_rx.clone();
@@ -185,10 +185,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 }
             }
         }
-        if agent_rx.has_changed().unwrap_or(false) {
-            if let Some(stats) = agent_rx.borrow().clone() {
-                monitor.set_allocator(stats);
-            }
+        for push in agent_inbox.drain() {
+            monitor.agent_push(push);
         }
 
         if last_analysis.is_none_or(|a| a.elapsed() >= ANALYSIS_EVERY) {

@@ -1,10 +1,13 @@
 //! The sidecar's local HTTP endpoints: `/healthz`, `/metrics`, `/v1/report`
-//! (the latest report as JSON) and `POST /v1/agent` (allocator statistics from
-//! the in-process agent). The agent endpoint only takes loopback peers: it
-//! feeds the analysis, and nothing outside the pod has business writing there.
+//! (the latest report as JSON) and `POST /v1/agent` (pushes of the in-process
+//! agent, format in docs/agent.md and `memprof::agent`). The agent endpoint
+//! only takes loopback peers: it feeds the analysis, and nothing outside the
+//! pod has business writing there.
 
-use memprof::api::{AllocatorStats, MemoryReportSpec};
+use memprof::agent::Push;
+use memprof::api::MemoryReportSpec;
 use prometheus_client::registry::Registry;
+use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use tokio::sync::watch;
@@ -12,7 +15,37 @@ use warp::http::StatusCode;
 use warp::Filter;
 
 /// Largest agent push accepted, bytes.
-pub const MAX_AGENT_BODY: u64 = 64 * 1024;
+pub const MAX_AGENT_BODY: u64 = memprof::agent::MAX_BODY_BYTES;
+
+/// Agent pushes not yet taken by the sampling loop. A queue, not a latest
+/// value: every push is a sample of the agent's series (and an OOM push must
+/// not be overwritten by the final one). Bounded: when the loop stalls, the
+/// oldest pushes go.
+#[derive(Clone, Default)]
+pub struct AgentInbox(Arc<Mutex<VecDeque<Push>>>);
+
+/// Pushes kept for the sampling loop (a minute at the agent's default 1 s).
+pub const AGENT_INBOX_CAPACITY: usize = 64;
+
+impl AgentInbox {
+    /// Queues a push, dropping the oldest when full.
+    pub fn put(&self, push: Push) {
+        let mut q = self.0.lock().expect("agent inbox poisoned");
+        if q.len() >= AGENT_INBOX_CAPACITY {
+            q.pop_front();
+        }
+        q.push_back(push);
+    }
+
+    /// Takes every queued push, oldest first.
+    pub fn drain(&self) -> Vec<Push> {
+        self.0
+            .lock()
+            .expect("agent inbox poisoned")
+            .drain(..)
+            .collect()
+    }
+}
 
 /// What the endpoints read and write.
 #[derive(Clone)]
@@ -21,8 +54,8 @@ pub struct Shared {
     pub registry: Arc<Mutex<Registry>>,
     /// The latest report.
     pub report: watch::Receiver<Option<MemoryReportSpec>>,
-    /// Where agent pushes go; the sampling loop reads the newest without waiting.
-    pub agent: watch::Sender<Option<AllocatorStats>>,
+    /// Where agent pushes go; the sampling loop drains it without waiting.
+    pub agent: AgentInbox,
     /// Counts agent pushes.
     pub metrics: crate::metrics::Metrics,
 }
@@ -39,10 +72,10 @@ pub fn agent_push(shared: &Shared, peer: Option<SocketAddr>, body: &[u8]) -> (St
             "the agent endpoint only accepts loopback peers\n".into(),
         );
     }
-    match serde_json::from_slice::<AllocatorStats>(body) {
-        Ok(stats) => {
+    match memprof::agent::parse(body) {
+        Ok(push) => {
             shared.metrics.agent_pushes.inc();
-            shared.agent.send_replace(Some(stats));
+            shared.agent.put(push);
             (StatusCode::NO_CONTENT, String::new())
         }
         Err(e) => (
@@ -136,39 +169,35 @@ mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    /// What the endpoints share, with the agent's receiving end and the report's sending end.
-    fn shared() -> (
-        Shared,
-        watch::Receiver<Option<AllocatorStats>>,
-        watch::Sender<Option<MemoryReportSpec>>,
-    ) {
+    /// What the endpoints share, with the agent's inbox and the report's sending end.
+    fn shared() -> (Shared, AgentInbox, watch::Sender<Option<MemoryReportSpec>>) {
         let mut registry = Registry::default();
         let metrics = crate::metrics::Metrics::new(&mut registry);
         let (report_tx, report) = watch::channel(None);
-        let (agent, agent_rx) = watch::channel(None);
+        let agent = AgentInbox::default();
         let shared = Shared {
             registry: Arc::new(Mutex::new(registry)),
             report,
-            agent,
+            agent: agent.clone(),
             metrics,
         };
-        (shared, agent_rx, report_tx)
+        (shared, agent, report_tx)
     }
 
     async fn start() -> (
         std::net::SocketAddr,
-        watch::Receiver<Option<AllocatorStats>>,
+        AgentInbox,
         watch::Sender<bool>,
         watch::Sender<Option<MemoryReportSpec>>,
     ) {
-        let (shared, agent_rx, report_tx) = shared();
+        let (shared, inbox, report_tx) = shared();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop, mut stopped) = watch::channel(false);
         tokio::spawn(serve(listener, shared, async move {
             let _ = stopped.wait_for(|s| *s).await;
         }));
-        (addr, agent_rx, stop, report_tx)
+        (addr, inbox, stop, report_tx)
     }
 
     async fn request(
@@ -194,34 +223,37 @@ mod tests {
         (code, out)
     }
 
+    const PUSH: &[u8] = br#"{"version": 1, "time": 1795000000.5, "step": 7, "phase": "forward",
+        "devices": [{"index": 0, "allocatedBytes": 30, "reservedBytes": 40, "numOoms": 1}]}"#;
+
     #[tokio::test]
     async fn agent_pushes_reach_the_sampling_loop_and_bad_ones_are_refused_with_the_reason() {
-        let (addr, mut agent_rx, stop, _report_tx) = start().await;
-        let ok = br#"{"allocatedBytes": 30, "reservedBytes": 40, "numOoms": 1, "step": 7, "phase": "forward"}"#;
-        assert_eq!(request(addr, "POST", "/v1/agent", ok).await.0, 204);
-        assert!(agent_rx.has_changed().unwrap());
-        let got = agent_rx.borrow_and_update().clone().unwrap();
+        let (addr, inbox, stop, _report_tx) = start().await;
+        assert_eq!(request(addr, "POST", "/v1/agent", PUSH).await.0, 204);
+        assert_eq!(request(addr, "POST", "/v1/agent", PUSH).await.0, 204);
+        let got = inbox.drain();
+        assert_eq!(got.len(), 2, "every push is kept, not only the newest");
+        let d = &got[0].devices[0];
         assert_eq!(
-            (
-                got.allocated_bytes,
-                got.reserved_bytes,
-                got.num_ooms,
-                got.step
-            ),
+            (d.allocated_bytes, d.reserved_bytes, d.num_ooms, got[0].step),
             (30, 40, 1, Some(7))
         );
 
         let (code, body) = request(addr, "POST", "/v1/agent", b"{not json").await;
         assert_eq!(code, 400);
         assert!(body.contains("invalid agent payload"), "{body}");
-        let (code, body) = request(
-            addr,
-            "POST",
-            "/v1/agent",
-            br#"{"allocatedBytes": -5, "reservedBytes": 1}"#,
-        )
-        .await;
+        let inconsistent = br#"{"version": 1, "time": 1795000000.5,
+            "devices": [{"index": 0, "allocatedBytes": 50, "reservedBytes": 40}]}"#;
+        let (code, body) = request(addr, "POST", "/v1/agent", inconsistent).await;
         assert_eq!(code, 400, "{body}");
+        assert!(
+            body.contains("device 0: allocatedBytes exceeds reservedBytes"),
+            "{body}"
+        );
+        let (code, body) =
+            request(addr, "POST", "/v1/agent", b"{\"version\": 9, \"time\": 1}").await;
+        assert_eq!(code, 400, "{body}");
+        assert!(body.contains("speaks version 1"), "{body}");
 
         let big = vec![b' '; (MAX_AGENT_BODY + 1) as usize];
         assert_eq!(request(addr, "POST", "/v1/agent", &big).await.0, 413);
@@ -235,31 +267,41 @@ mod tests {
         let (code, metrics) = request(addr, "GET", "/metrics", b"").await;
         assert_eq!(code, 200);
         assert!(
-            metrics.contains("memprof_sidecar_agent_pushes_total 1"),
+            metrics.contains("memprof_sidecar_agent_pushes_total 2"),
             "{metrics}"
         );
-        assert!(
-            !agent_rx.has_changed().unwrap(),
-            "refused pushes change nothing"
-        );
+        assert!(inbox.drain().is_empty(), "refused pushes change nothing");
         let _ = stop.send(true);
     }
 
     #[test]
+    fn the_inbox_is_bounded_and_keeps_the_newest() {
+        let inbox = AgentInbox::default();
+        for step in 0..(AGENT_INBOX_CAPACITY as u64 + 10) {
+            inbox.put(Push {
+                step: Some(step),
+                ..Default::default()
+            });
+        }
+        let got = inbox.drain();
+        assert_eq!(got.len(), AGENT_INBOX_CAPACITY);
+        assert_eq!(got[0].step, Some(10));
+    }
+
+    #[test]
     fn only_loopback_peers_may_push() {
-        let (shared, agent_rx, _report_tx) = shared();
-        let body = br#"{"allocatedBytes": 1, "reservedBytes": 2}"#;
+        let (shared, inbox, _report_tx) = shared();
         // The unspecified address stands for any peer that is not loopback.
         let remote = std::net::SocketAddr::from(([0, 0, 0, 0], 40000));
         assert_eq!(
-            agent_push(&shared, Some(remote), body).0,
+            agent_push(&shared, Some(remote), PUSH).0,
             StatusCode::FORBIDDEN
         );
-        assert_eq!(agent_push(&shared, None, body).0, StatusCode::FORBIDDEN);
-        assert!(!agent_rx.has_changed().unwrap());
+        assert_eq!(agent_push(&shared, None, PUSH).0, StatusCode::FORBIDDEN);
+        assert!(inbox.drain().is_empty());
         let local = std::net::SocketAddr::from(([127, 0, 0, 1], 40000));
         assert_eq!(
-            agent_push(&shared, Some(local), body).0,
+            agent_push(&shared, Some(local), PUSH).0,
             StatusCode::NO_CONTENT
         );
     }
