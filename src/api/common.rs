@@ -110,6 +110,7 @@ pub struct Condition {
     pub message: String,
     /// When the condition last changed status (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
     pub last_transition_time: Option<String>,
 }
 

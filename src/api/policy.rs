@@ -25,6 +25,9 @@ pub const ANNOTATION_REMEDIATION: &str = "memprof.dev/remediation";
 pub const ANNOTATION_ORIGINAL_PREFIX: &str = "memprof.dev/original-";
 /// Label on the ConfigMap holding a pending remediation's plan: its id.
 pub const LABEL_REMEDIATION: &str = "memprof.dev/remediation";
+/// Label a ConfigMap must carry (`"true"`) for a `setConfigMapKey` action to
+/// write it: the operator writes a tenant's ConfigMap only where the tenant opted in.
+pub const LABEL_REMEDIABLE: &str = "memprof.dev/remediable";
 /// Default `cooldownSeconds`.
 pub const DEFAULT_COOLDOWN_SECONDS: u32 = 600;
 /// Default `maxRemediations`.

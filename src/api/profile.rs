@@ -113,12 +113,19 @@ pub struct MemoryProfileStatus {
     #[schemars(length(max = 16))]
     #[serde(default)]
     pub remediations: Vec<RemediationRecord>,
+    /// Per policy, every remediation that changed this workload, however old: what
+    /// `maxRemediations` and the cooldown count, since `remediations` keeps only the
+    /// newest 16 (at most 32 policies, least recent dropped first).
+    #[schemars(length(max = 32))]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub remediation_totals: Vec<RemediationTotal>,
     /// Last action taken on the job, for humans.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 128))]
     pub last_action: Option<String>,
     /// Newest `sampledAt` among the job's reports (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
     pub last_report_time: Option<String>,
     /// Conditions: `Ready`, `ReportsValid`.
     #[schemars(length(max = 8))]
@@ -172,6 +179,7 @@ pub struct RankSummary {
 #[serde(rename_all = "camelCase")]
 pub struct OomRecord {
     /// When it was observed (RFC 3339).
+    #[schemars(length(max = 64))]
     pub time: String,
     /// Pod that ran out of memory.
     #[schemars(length(max = 253))]
@@ -185,6 +193,11 @@ pub struct OomRecord {
     /// What proves it: `terminationMessage`, `agentOomCount` or `reportAtCeiling`, with detail.
     #[schemars(length(max = 512))]
     pub evidence: String,
+    /// uid of the Job whose pod ran out of memory: an OOM of an earlier Job of this
+    /// name (before a recreation) never fires a policy on the new one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub job_uid: Option<String>,
 }
 
 /// One remediation the operator performed (or, in dry-run, would have).
@@ -204,9 +217,35 @@ pub struct RemediationRecord {
     #[schemars(length(max = 32))]
     pub phase: String,
     /// When it was decided (RFC 3339).
+    #[schemars(length(max = 64))]
     pub time: String,
     /// Why, or what went wrong.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 512))]
     pub message: Option<String>,
+    /// uid of the Job the remediation was decided on; a saved plan must name the same.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub job_uid: Option<String>,
+    /// SHA-256 (hex) of the saved plan: the plan is carried out only if it still hashes to this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub plan_digest: Option<String>,
+    /// The Job was deleted by this remediation (so it counts, whatever happened next).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub job_deleted: bool,
+}
+
+/// How often one policy changed a workload, over its whole life.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct RemediationTotal {
+    /// Policy name.
+    #[schemars(length(max = 253))]
+    pub policy: String,
+    /// Finished remediations that changed the workload (done, or deleted the Job).
+    pub count: u32,
+    /// When the newest of them was decided (RFC 3339).
+    #[schemars(length(max = 64))]
+    pub last: String,
 }

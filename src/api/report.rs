@@ -47,7 +47,9 @@ pub struct MemoryReportSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(max = 1_000_000))]
     pub rank: Option<u32>,
-    /// When the newest sample in this report was taken (RFC 3339).
+    /// When the newest sample in this report was taken (RFC 3339). The operator
+    /// ignores a report dated more than a minute in the future.
+    #[schemars(length(min = 1, max = 64))]
     pub sampled_at: String,
     /// Sampling interval, in milliseconds.
     #[schemars(range(min = 1, max = 3_600_000))]

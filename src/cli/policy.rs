@@ -4,7 +4,9 @@
 //! (`scaleBatch BATCH_SIZE 32 -> 24`). Rendering is pure ([`render_explain`]);
 //! [`run`] only fetches.
 
-use crate::api::{format_duration, MemoryProfile, MemoryProfileStatus, RemediationPolicy};
+use crate::api::{
+    format_duration, MemoryProfile, MemoryProfileStatus, RemediationPolicy, LABEL_REMEDIABLE,
+};
 use crate::remediation::plan::{self, PlanInput};
 use crate::remediation::triggers::{self, Blocked, RiskClock};
 use anyhow::Context as _;
@@ -12,8 +14,9 @@ use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ApiResource, DynamicObject};
+use kube::ResourceExt;
 use serde_json::Value;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
 
 /// `memprof policy` subcommands.
@@ -42,8 +45,10 @@ pub struct ExplainInput<'a> {
     pub profile: Option<&'a MemoryProfileStatus>,
     /// The namespace's policies.
     pub policies: &'a [RemediationPolicy],
-    /// Data of the ConfigMaps the policies name (missing ones absent).
+    /// Data of the opted-in ConfigMaps the policies name (missing ones absent).
     pub config_maps: &'a BTreeMap<String, BTreeMap<String, String>>,
+    /// ConfigMaps the policies name that exist but are not opted in.
+    pub not_opted_in: &'a BTreeSet<String>,
     /// Now.
     pub now: Timestamp,
 }
@@ -128,7 +133,8 @@ pub fn render_explain(input: &ExplainInput<'_>) -> String {
             status.risk,
             input.now - jiff::SignedDuration::from_secs(i64::from(hold)),
         );
-        let v = triggers::verdict(p, &labels, status, &clock, input.now);
+        let uid = input.job.and_then(|j| j["metadata"]["uid"].as_str());
+        let v = triggers::verdict(p, &labels, uid, status, &clock, input.now);
         let _ = writeln!(out, "  triggers (any one fires):");
         for (t, e) in p.spec.triggers.iter().zip(&v.evaluations) {
             let held = t
@@ -169,6 +175,7 @@ pub fn render_explain(input: &ExplainInput<'_>) -> String {
             policy: p,
             job,
             config_maps: input.config_maps,
+            not_opted_in: input.not_opted_in,
             id: "preview",
             why: &why,
         });
@@ -217,6 +224,7 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
         .items;
     let cms: Api<ConfigMap> = Api::namespaced(client, &namespace);
     let mut config_maps = BTreeMap::new();
+    let mut not_opted_in = BTreeSet::new();
     for p in &policies {
         for a in p
             .spec
@@ -224,8 +232,16 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
             .iter()
             .filter_map(|a| a.set_config_map_key.as_ref())
         {
-            if let Some(cm) = cms.get_opt(&a.config_map).await? {
-                config_maps.insert(a.config_map.clone(), cm.data.unwrap_or_default());
+            match cms.get_opt(&a.config_map).await? {
+                Some(cm)
+                    if cm.labels().get(LABEL_REMEDIABLE).map(String::as_str) == Some("true") =>
+                {
+                    config_maps.insert(a.config_map.clone(), cm.data.unwrap_or_default());
+                }
+                Some(_) => {
+                    not_opted_in.insert(a.config_map.clone());
+                }
+                None => {}
             }
         }
     }
@@ -238,6 +254,7 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
             profile: profile.as_ref().and_then(|p| p.status.as_ref()),
             policies: &policies,
             config_maps: &config_maps,
+            not_opted_in: &not_opted_in,
             now: Timestamp::now(),
         })
     );
@@ -272,6 +289,7 @@ mod tests {
             profile: Some(status),
             policies,
             config_maps: &BTreeMap::new(),
+            not_opted_in: &BTreeSet::new(),
             now: Timestamp::from_second(1_800_000_000).unwrap(),
         })
     }
@@ -321,6 +339,12 @@ mod tests {
                 phase: "Done".into(),
                 time: "2027-01-15T07:55:00Z".into(),
                 message: None,
+                ..Default::default()
+            }],
+            remediation_totals: vec![crate::api::RemediationTotal {
+                policy: "shrink".into(),
+                count: 1,
+                last: "2027-01-15T07:55:00Z".into(),
             }],
             ..Default::default()
         };

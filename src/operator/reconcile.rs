@@ -176,6 +176,7 @@ pub fn desired_status(
     if let Some(prev) = previous {
         status.ooms = prev.ooms.clone();
         status.remediations = prev.remediations.clone();
+        status.remediation_totals = prev.remediation_totals.clone();
         status.last_action = prev.last_action.clone();
         status.conditions = prev.conditions.clone();
     }

@@ -5,6 +5,7 @@
 
 use super::execute::{self, job_ref, publish};
 use super::oom;
+use super::store::Saved;
 use super::triggers::{self, push_record, RiskClock, PHASE_DRY_RUN, PHASE_PENDING, PHASE_SKIPPED};
 use super::{status, Error, Metrics, PhaseLabels, Result, StepLabels};
 use crate::api::{
@@ -44,6 +45,8 @@ pub(super) type Shutdown = Shared<BoxFuture<'static, ()>>;
 /// Shared state of the reconciles.
 pub(super) struct Context {
     pub client: Client,
+    /// Where plans are kept: the operator's own namespace, which no tenant can write.
+    pub plan_namespace: String,
     pub profiles: Store<MemoryProfile>,
     pub jobs: Store<Job>,
     pub pods: Store<Pod>,
@@ -56,6 +59,8 @@ pub(super) struct Context {
     /// Events already published by this process (`id/step`): a retried plan does not repeat them.
     pub published: Mutex<HashSet<String>>,
     failures: Mutex<HashMap<String, u32>>,
+    /// Reconciles so far that found a remediation's old Job still being deleted (by id).
+    pub waits: Mutex<HashMap<String, u32>>,
     /// Wakes the policy status writer after a record was written.
     pub policy_status: Notify,
     /// One per watch cache: true once its first list is in.
@@ -119,6 +124,7 @@ pub(super) async fn check_crd(client: &Client, namespace: &str) -> Result<()> {
 pub async fn run_controller(
     client: Client,
     namespace: &str,
+    plan_namespace: &str,
     metrics: Arc<Metrics>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
@@ -204,6 +210,7 @@ pub async fn run_controller(
     let ctx = Arc::new(Context {
         recorder: Recorder::new(client.clone(), reporter),
         client,
+        plan_namespace: plan_namespace.to_string(),
         profiles: profiles.clone(),
         jobs,
         pods,
@@ -213,13 +220,14 @@ pub async fn run_controller(
         clocks: Mutex::default(),
         published: Mutex::default(),
         failures: Mutex::default(),
+        waits: Mutex::default(),
         policy_status: Notify::new(),
         ready: ready_rx,
     });
 
     let all_profiles = profiles.clone();
     let status_writer = tokio::spawn(status::run(ctx.clone(), shutdown.clone()));
-    info!(namespace = %if ns.is_empty() { "*" } else { ns }, "remediation controller started");
+    info!(namespace = %if ns.is_empty() { "*" } else { ns }, %plan_namespace, "remediation controller started");
     Controller::for_stream(profile_stream, profiles)
         .watches_stream(job_stream, |job: Job| {
             let ns = job.namespace().unwrap_or_default();
@@ -344,7 +352,15 @@ async fn reconcile_profile(profile: &MemoryProfile, ctx: &Context) -> Result<Act
             .state_filter(|p| p.namespace().as_deref() == Some(ns.as_str()));
         policies.sort_by_key(|p| p.name_any());
         for policy in policies {
-            let v = triggers::verdict(&policy, job.labels(), &with_ooms, &clock, now);
+            let uid = job.uid();
+            let v = triggers::verdict(
+                &policy,
+                job.labels(),
+                uid.as_deref(),
+                &with_ooms,
+                &clock,
+                now,
+            );
             if let Some(s) = v.recheck_after() {
                 requeue = requeue.min(Duration::from_secs_f64(s.clamp(0.1, 3600.0)));
             }
@@ -392,8 +408,14 @@ async fn reconcile_profile(profile: &MemoryProfile, ctx: &Context) -> Result<Act
                 format!("dry run: would act because {why}"),
             ),
             Ok(plan) => {
-                let rec = new_record(id, policy, &plan.summary(), PHASE_PENDING, now, why);
-                planned = Some(plan);
+                // The record names the plan's hash before the plan is saved:
+                // only the plan recorded here will ever be carried out.
+                let saved = Saved::new(plan)?;
+                let mut rec =
+                    new_record(id, policy, &saved.plan.summary(), PHASE_PENDING, now, why);
+                rec.job_uid = Some(job_uid.clone());
+                rec.plan_digest = Some(saved.digest());
+                planned = Some(saved);
                 rec
             }
             Err(e) => new_record(
@@ -509,8 +531,8 @@ async fn reconcile_profile(profile: &MemoryProfile, ctx: &Context) -> Result<Act
         }
         _ => {
             info!(id = %rec.id, action = %rec.action, "remediation recorded as pending; acting");
-            if let Some(plan) = planned {
-                return execute::carry_out(ctx, plan).await;
+            if let Some(saved) = planned {
+                return execute::carry_out(ctx, &ns, &name, saved, &rec).await;
             }
         }
     }
@@ -536,6 +558,7 @@ pub(super) fn new_record(
         phase: phase.into(),
         time: now.round(jiff::Unit::Second).unwrap_or(now).to_string(),
         message: Some(message),
+        ..Default::default()
     }
 }
 
@@ -597,6 +620,7 @@ pub(super) async fn update_status<T>(
             "status": {
                 "ooms": st.ooms,
                 "remediations": st.remediations,
+                "remediationTotals": st.remediation_totals,
                 "lastAction": st.last_action,
             },
         });

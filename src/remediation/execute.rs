@@ -10,11 +10,15 @@
 
 use super::controller::{last_action, update_status, Context};
 use super::plan::{self, Plan, PlanError, PlanInput, Step};
-use super::triggers::{PHASE_DONE, PHASE_FAILED, PHASE_PENDING, PHASE_SKIPPED};
+use super::store::{config_map_name, PlanStore, Saved};
+use super::triggers::{
+    add_to_totals, MAX_POLICY_TOTALS, PHASE_DONE, PHASE_FAILED, PHASE_PENDING, PHASE_SKIPPED,
+};
+use super::verify::verify;
 use super::{Error, PhaseLabels, Result};
 use crate::api::{
-    truncate_utf8, RemediationPolicy, RemediationRecord, ANNOTATION_REMEDIATION, LABEL_JOB,
-    LABEL_REMEDIATION, REMEDIATION_MANAGER,
+    truncate_utf8, RemediationPolicy, RemediationRecord, ANNOTATION_REMEDIATION, LABEL_REMEDIABLE,
+    REMEDIATION_MANAGER,
 };
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Pod};
@@ -26,7 +30,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 use tracing::{info, warn};
 
@@ -34,8 +38,6 @@ use tracing::{info, warn};
 pub const FAILPOINT_ENV: &str = "MEMPROF_FAILPOINT";
 /// Failpoint: abort the process right after the old Job's deletion was accepted.
 pub const FAILPOINT_AFTER_DELETE: &str = "remediation-after-delete";
-/// How long one reconcile waits for the garbage collector to remove the old Job.
-const GC_WAIT: Duration = Duration::from_secs(10);
 
 /// Dies here when `MEMPROF_FAILPOINT` names this point: the crash tests use
 /// it to kill the operator between two steps of the protocol.
@@ -44,10 +46,6 @@ fn failpoint(name: &str) {
         eprintln!("{FAILPOINT_ENV}={name}: aborting on purpose");
         std::process::abort();
     }
-}
-
-fn plan_config_map(id: &str) -> String {
-    format!("memprof-remediation-{id}")
 }
 
 fn jobs_api(ctx: &Context, ns: &str) -> Api<DynamicObject> {
@@ -122,6 +120,7 @@ pub(super) async fn plan_for(
     let job = serde_json::to_value(&job).map_err(|e| Error::Serialize("Job", e))?;
     let cms: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), ns);
     let mut config_maps = BTreeMap::new();
+    let mut not_opted_in = BTreeSet::new();
     for a in policy
         .spec
         .actions
@@ -135,61 +134,29 @@ pub(super) async fn plan_for(
                 what: format!("ConfigMap {ns}/{}", a.config_map),
                 source,
             })?;
-        if let Some(cm) = cm {
-            config_maps.insert(a.config_map.clone(), cm.data.unwrap_or_default());
+        match cm {
+            Some(cm) if remediable(&cm) => {
+                config_maps.insert(a.config_map.clone(), cm.data.unwrap_or_default());
+            }
+            Some(_) => {
+                not_opted_in.insert(a.config_map.clone());
+            }
+            None => {}
         }
     }
     Ok(Some(plan::build(&PlanInput {
         policy,
         job: &job,
         config_maps: &config_maps,
+        not_opted_in: &not_opted_in,
         id,
         why,
     })))
 }
 
-/// Saves the plan before its first step; if one was saved already (a retry
-/// or a restart), that one wins: it was made from the Job before any change.
-async fn save_plan(ctx: &Context, plan: Plan) -> Result<Plan> {
-    let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &plan.namespace);
-    let mut cm = ConfigMap::default();
-    cm.metadata.name = Some(plan_config_map(&plan.id));
-    cm.metadata.labels = Some(BTreeMap::from([
-        (LABEL_REMEDIATION.to_string(), plan.id.clone()),
-        (LABEL_JOB.to_string(), plan.job.clone()),
-    ]));
-    let json = serde_json::to_string(&plan).map_err(|e| Error::Serialize("plan", e))?;
-    cm.data = Some(BTreeMap::from([("plan.json".to_string(), json)]));
-    let pp = PostParams {
-        field_manager: Some(REMEDIATION_MANAGER.into()),
-        ..Default::default()
-    };
-    match api.create(&pp, &cm).await {
-        Ok(_) => Ok(plan),
-        Err(kube::Error::Api(s)) if s.code == 409 => Ok(load_plan(ctx, &plan.namespace, &plan.id)
-            .await?
-            .unwrap_or(plan)),
-        Err(e) => Err(Error::SavePlan(plan.id.clone(), e)),
-    }
-}
-
-async fn load_plan(ctx: &Context, ns: &str, id: &str) -> Result<Option<Plan>> {
-    let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), ns);
-    let Some(cm) = api
-        .get_opt(&plan_config_map(id))
-        .await
-        .map_err(|e| Error::SavePlan(id.into(), e))?
-    else {
-        return Ok(None);
-    };
-    let json = cm
-        .data
-        .as_ref()
-        .and_then(|d| d.get("plan.json"))
-        .ok_or_else(|| Error::BadPlan(id.into(), "no key plan.json".into()))?;
-    serde_json::from_str(json)
-        .map(Some)
-        .map_err(|e| Error::BadPlan(id.into(), e.to_string()))
+/// Where this controller keeps its plans.
+fn plans(ctx: &Context) -> PlanStore {
+    PlanStore::new(ctx.client.clone(), &ctx.plan_namespace)
 }
 
 /// Finishes the `Pending` record `record` of profile `ns/name`.
@@ -204,43 +171,172 @@ pub(super) async fn resume(
     let confirm = update_status(ctx, ns, name, |st| {
         st.remediations
             .iter()
-            .any(|r| r.id == record.id && r.phase == PHASE_PENDING)
-            .then_some(())
+            .find(|r| r.id == record.id && r.phase == PHASE_PENDING)
+            .cloned()
     })
     .await?;
-    if confirm.is_none() {
+    let Some((_, record)) = confirm else {
         return Ok(Action::requeue(Duration::from_millis(200)));
-    }
+    };
     info!(id = %record.id, action = %record.action, "resuming a pending remediation");
-    if let Some(plan) = load_plan(ctx, ns, &record.id).await? {
-        return carry_out(ctx, plan).await;
+    if let Some(saved) = plans(ctx).load(&record.id).await? {
+        return carry_out(ctx, ns, name, saved, &record).await;
     }
     // No plan saved means no step was taken (the plan is saved first):
-    // planning now, from the Job as it is, is the same decision.
+    // planning now, from the same Job as it is, is the same decision.
     let why = record.message.clone().unwrap_or_default();
     let policy = ctx.policies.get(&ObjectRef::new(&record.policy).within(ns));
+    let expected_uid = record.job_uid.clone().unwrap_or_default();
     let planned = match &policy {
-        Some(p) => plan_for(ctx, p, ns, name, "", &record.id, &why).await?,
+        Some(p) => plan_for(ctx, p, ns, name, &expected_uid, &record.id, &why).await?,
         None => None,
     };
+    let outcome = Outcome::default();
     match planned {
-        Some(Ok(plan)) => carry_out(ctx, plan).await,
+        Some(Ok(plan)) => {
+            let saved = Saved::new(plan)?;
+            match record_digest(ctx, ns, name, &record.id, &saved).await? {
+                Some(record) => carry_out(ctx, ns, name, saved, &record).await,
+                None => Ok(Action::requeue(Duration::from_millis(200))),
+            }
+        }
         Some(Err(e)) => {
             let msg = format!("{}: {e}", e.reason());
-            finish(ctx, ns, name, &record.id, PHASE_SKIPPED, msg, None).await
+            finish(ctx, ns, name, &record.id, PHASE_SKIPPED, msg, None, outcome).await
         }
         None => {
             let msg =
                 "the Job or the policy disappeared before the plan was saved: nothing was done";
-            finish(ctx, ns, name, &record.id, PHASE_FAILED, msg.into(), None).await
+            finish(
+                ctx,
+                ns,
+                name,
+                &record.id,
+                PHASE_FAILED,
+                msg.into(),
+                None,
+                outcome,
+            )
+            .await
         }
     }
 }
 
-/// Carries out a plan whose `Pending` record is written, then records the outcome.
-pub(super) async fn carry_out(ctx: &Context, plan: Plan) -> Result<Action> {
-    let plan = save_plan(ctx, plan).await?;
-    let (ns, name, id) = (plan.namespace.as_str(), plan.job.as_str(), plan.id.as_str());
+/// Writes a new plan's digest (and Job uid) into its `Pending` record, so
+/// that the plan saved next is the one the record authenticates.
+async fn record_digest(
+    ctx: &Context,
+    ns: &str,
+    name: &str,
+    id: &str,
+    saved: &Saved,
+) -> Result<Option<RemediationRecord>> {
+    let digest = saved.digest();
+    let written = update_status(ctx, ns, name, |st| {
+        let r = st
+            .remediations
+            .iter_mut()
+            .find(|r| r.id == id && r.phase == PHASE_PENDING)?;
+        r.plan_digest = Some(digest.clone());
+        r.job_uid = Some(saved.plan.job_uid.clone());
+        Some(r.clone())
+    })
+    .await?;
+    Ok(written.map(|(_, r)| r))
+}
+
+/// How a finished remediation is to be remembered.
+#[derive(Clone, Copy, Debug, Default)]
+struct Outcome {
+    /// The old Job was deleted: the record counts toward `maxRemediations`
+    /// and the cooldown, whatever happened next.
+    job_deleted: bool,
+    /// Keep the plan's ConfigMap: it holds the only copy of a Job that could
+    /// not be created again, or a refused plan worth a look.
+    keep_plan: bool,
+}
+
+/// Carries out the plan of the `Pending` record `record` of profile
+/// `ns/name`, then records the outcome. The plan is saved (or the one saved
+/// earlier loaded) and checked against the record before any step: a plan
+/// that is not the recorded one is refused, and nothing is done.
+pub(super) async fn carry_out(
+    ctx: &Context,
+    ns: &str,
+    name: &str,
+    saved: Saved,
+    record: &RemediationRecord,
+) -> Result<Action> {
+    let store = plans(ctx);
+    let saved = store.save(&saved).await?;
+    let id = record.id.as_str();
+    if let Err(refused) = verify(&saved.plan, &saved.json, record, ns, name) {
+        ctx.metrics.plans_refused.inc();
+        warn!(%id, error = %refused, "refusing a remediation plan that is not the recorded one");
+        let msg = format!(
+            "refused the saved plan (ConfigMap {}/{}): {refused}; nothing was done",
+            store.namespace(),
+            config_map_name(id)
+        );
+        let outcome = Outcome {
+            job_deleted: false,
+            keep_plan: true,
+        };
+        return finish(ctx, ns, name, id, PHASE_FAILED, msg, None, outcome).await;
+    }
+    let plan = &saved.plan;
+    let ran = match run_steps(ctx, ns, name, plan).await? {
+        Ran::Finished(ran) => ran,
+        Ran::Waiting { finalizers } => {
+            return Ok(wait_for_deletion(ctx, ns, name, id, &finalizers).await)
+        }
+    };
+    forget_wait(ctx, id);
+    let (phase, mut message) = match (&ran.lost, ran.failed.is_empty()) {
+        (Some(lost), _) => (
+            PHASE_FAILED,
+            format!(
+                "the old Job was deleted but the new one cannot be created: {lost}; \
+                 restore it with: {}",
+                store.restore_command(id)
+            ),
+        ),
+        (None, true) => (PHASE_DONE, format!("{}; {}", plan.why, ran.done.join("; "))),
+        (None, false) => (PHASE_FAILED, ran.failed.join("; ")),
+    };
+    truncate_utf8(&mut message, 512);
+    let outcome = Outcome {
+        job_deleted: ran.job_deleted,
+        keep_plan: ran.lost.is_some(),
+    };
+    finish(ctx, ns, name, id, phase, message, ran.job_uid, outcome).await
+}
+
+/// What carrying out the steps came to.
+enum Ran {
+    /// Every step ran (or failed for good).
+    Finished(Steps),
+    /// The old Job is still being deleted (finalizers): come back later.
+    Waiting {
+        /// The finalizers holding it.
+        finalizers: Vec<String>,
+    },
+}
+
+/// The steps' results, for the record.
+#[derive(Default)]
+struct Steps {
+    done: Vec<String>,
+    failed: Vec<String>,
+    job_uid: Option<String>,
+    job_deleted: bool,
+    /// The old Job is gone and the new one could not be created (terminal).
+    lost: Option<String>,
+}
+
+/// Runs a verified plan's steps on Job `ns/name`, in order.
+async fn run_steps(ctx: &Context, ns: &str, name: &str, plan: &Plan) -> Result<Ran> {
+    let id = plan.id.as_str();
     let step_err = |step: String| {
         move |source| Error::Step {
             id: id.to_string(),
@@ -248,9 +344,10 @@ pub(super) async fn carry_out(ctx: &Context, plan: Plan) -> Result<Action> {
             source,
         }
     };
-    let mut done: Vec<String> = Vec::new();
-    let mut failed: Vec<String> = Vec::new();
-    let mut job_uid = Some(plan.job_uid.clone());
+    let mut out = Steps {
+        job_uid: Some(plan.job_uid.clone()),
+        ..Default::default()
+    };
     let merge = PatchParams {
         field_manager: Some(REMEDIATION_MANAGER.into()),
         ..Default::default()
@@ -262,10 +359,10 @@ pub(super) async fn carry_out(ctx: &Context, plan: Plan) -> Result<Action> {
                 // The uid makes the patch fail on any other Job of this name.
                 let body = serde_json::json!({"metadata": {"uid": plan.job_uid, "annotations": {key: value}}});
                 match jobs.patch(name, &merge, &Patch::Merge(&body)).await {
-                    Ok(_) => done.push(format!("annotated {key}")),
-                    Err(kube::Error::Api(s)) if matches!(s.code, 404 | 409 | 422) => {
-                        failed.push(format!("annotate {key}: the Job is gone or was replaced"))
-                    }
+                    Ok(_) => out.done.push(format!("annotated {key}")),
+                    Err(kube::Error::Api(s)) if matches!(s.code, 404 | 409 | 422) => out
+                        .failed
+                        .push(format!("annotate {key}: the Job is gone or was replaced")),
                     Err(e) => return Err(step_err(format!("annotating Job {ns}/{name}"))(e)),
                 }
             }
@@ -277,21 +374,23 @@ pub(super) async fn carry_out(ctx: &Context, plan: Plan) -> Result<Action> {
                     .unwrap_or_else(|e| e.into_inner())
                     .insert(key);
                 if first {
-                    let regarding = job_ref(ns, name, job_uid.clone());
+                    let regarding = job_ref(ns, name, out.job_uid.clone());
                     publish(ctx, EventType::Warning, reason, message.clone(), &regarding).await;
                 }
             }
             Step::SetConfigMapKey {
-                config_map, key, to, ..
+                config_map,
+                key,
+                to,
+                ..
             } => {
                 let cms: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), ns);
-                let body = serde_json::json!({"data": {key: to}});
-                match cms.patch(config_map, &merge, &Patch::Merge(&body)).await {
-                    Ok(_) => done.push(format!("set {config_map}/{key}={to}")),
-                    Err(kube::Error::Api(s)) if s.code == 404 => {
-                        failed.push(format!("ConfigMap {config_map} is gone"))
+                match set_config_map_key(&cms, &merge, config_map, key, to).await {
+                    Ok(Ok(())) => out.done.push(format!("set {config_map}/{key}={to}")),
+                    Ok(Err(why)) => out.failed.push(why),
+                    Err(e) => {
+                        return Err(step_err(format!("writing ConfigMap {ns}/{config_map}"))(e))
                     }
-                    Err(e) => return Err(step_err(format!("writing ConfigMap {ns}/{config_map}"))(e)),
                 }
             }
             Step::Suspend => {
@@ -300,46 +399,138 @@ pub(super) async fn carry_out(ctx: &Context, plan: Plan) -> Result<Action> {
                 match typed.patch(name, &merge, &Patch::Merge(&body)).await {
                     // A server without the field drops it silently: read it back.
                     Ok(j) if j.spec.as_ref().and_then(|s| s.suspend) == Some(true) => {
-                        done.push("suspended".into())
+                        out.done.push("suspended".into())
                     }
-                    Ok(_) => failed.push(
+                    Ok(_) => out.failed.push(
                         "Unsupported: the API server ignored Job spec.suspend (Kubernetes 1.21+, \
                          with the JobSuspend feature gate before 1.22); use scaleBatch or annotate instead"
                             .into(),
                     ),
                     Err(kube::Error::Api(s)) if matches!(s.code, 404 | 409 | 422) => {
-                        failed.push("suspend: the Job is gone or was replaced".into())
+                        out.failed.push("suspend: the Job is gone or was replaced".into())
                     }
                     Err(e) => return Err(step_err(format!("suspending Job {ns}/{name}"))(e)),
                 }
             }
             Step::Recreate { manifest, .. } => {
-                match recreate(ctx, &jobs, &plan, manifest).await? {
+                match recreate(ctx, &jobs, ns, name, plan, manifest).await? {
                     Recreated::Done { uid } => {
-                        done.push(format!("Job recreated (uid {} -> {uid})", plan.job_uid));
-                        job_uid = Some(uid);
+                        out.done
+                            .push(format!("Job recreated (uid {} -> {uid})", plan.job_uid));
+                        out.job_uid = Some(uid);
+                        out.job_deleted = true;
                     }
-                    Recreated::Waiting => {
-                        info!(%id, "waiting for the garbage collector to remove the old Job");
-                        return Ok(Action::requeue(Duration::from_secs(1)));
+                    Recreated::Waiting { finalizers } => return Ok(Ran::Waiting { finalizers }),
+                    Recreated::Foreign { uid } => {
+                        out.job_deleted = true;
+                        out.failed.push(format!(
+                            "Job {name} was recreated by someone else (uid {uid}) before memprof could: left alone"
+                        ))
                     }
-                    Recreated::Foreign { uid } => failed.push(format!(
-                        "Job {name} was recreated by someone else (uid {uid}) before memprof could: left alone"
-                    )),
+                    Recreated::Lost { why } => {
+                        out.job_deleted = true;
+                        out.job_uid = None;
+                        out.lost = Some(why);
+                    }
                 }
             }
         }
     }
-    let (phase, mut message) = if failed.is_empty() {
-        (PHASE_DONE, format!("{}; {}", plan.why, done.join("; ")))
-    } else {
-        (PHASE_FAILED, failed.join("; "))
-    };
-    truncate_utf8(&mut message, 512);
-    finish(ctx, ns, name, id, phase, message, job_uid).await
+    Ok(Ran::Finished(out))
 }
 
-/// Marks record `id` with its final phase, then drops the saved plan.
+/// Whether a tenant opted a ConfigMap in to `setConfigMapKey` (label
+/// `memprof.dev/remediable: "true"`): the operator writes no other.
+pub(super) fn remediable(cm: &ConfigMap) -> bool {
+    cm.labels().get(LABEL_REMEDIABLE).map(String::as_str) == Some("true")
+}
+
+/// Writes one key of an opted-in ConfigMap. `Ok(Err(why))`: a permanent
+/// failure for the record; `Err`: retry.
+async fn set_config_map_key(
+    cms: &Api<ConfigMap>,
+    merge: &PatchParams,
+    config_map: &str,
+    key: &str,
+    to: &str,
+) -> std::result::Result<std::result::Result<(), String>, kube::Error> {
+    // Read, check the opt-in label, then patch on that resourceVersion: a
+    // label removed in between makes the patch fail (409) rather than write.
+    let Some(cm) = cms.get_opt(config_map).await? else {
+        return Ok(Err(format!("ConfigMap {config_map} is gone")));
+    };
+    if !remediable(&cm) {
+        return Ok(Err(format!(
+            "ConfigMap {config_map} is not labelled {LABEL_REMEDIABLE}=true: not written"
+        )));
+    }
+    let body = serde_json::json!({
+        "metadata": {"resourceVersion": cm.resource_version()},
+        "data": {key: to},
+    });
+    match cms.patch(config_map, merge, &Patch::Merge(&body)).await {
+        Ok(_) => Ok(Ok(())),
+        Err(kube::Error::Api(s)) if s.code == 404 => {
+            Ok(Err(format!("ConfigMap {config_map} is gone")))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Requeue delays while a Job's deletion is held up: doubling from 1 s to
+/// 5 min. The Job watch wakes the reconcile as soon as the Job goes, so a
+/// long delay costs no latency, only the polling.
+fn wait_delay(waits: u32) -> Duration {
+    Duration::from_secs(1)
+        .saturating_mul(1 << waits.min(9))
+        .min(Duration::from_secs(300))
+}
+
+/// Waits counted per remediation after which a held deletion is announced.
+const WAITS_BEFORE_EVENT: u32 = 6;
+
+async fn wait_for_deletion(
+    ctx: &Context,
+    ns: &str,
+    name: &str,
+    id: &str,
+    finalizers: &[String],
+) -> Action {
+    let waits = {
+        let mut w = ctx.waits.lock().unwrap_or_else(|e| e.into_inner());
+        let n = w.entry(id.to_string()).or_default();
+        *n = n.saturating_add(1);
+        *n
+    };
+    info!(%id, waits, ?finalizers, "waiting for the old Job to be deleted");
+    if waits == WAITS_BEFORE_EVENT {
+        let note =
+            format!(
+            "remediation {id} waits for Job {ns}/{name} to be deleted; finalizers holding it: {}",
+            if finalizers.is_empty() { "-".into() } else { finalizers.join(", ") }
+        );
+        publish(
+            ctx,
+            EventType::Warning,
+            "RemediationWaiting",
+            note,
+            &job_ref(ns, name, None),
+        )
+        .await;
+    }
+    Action::requeue(wait_delay(waits))
+}
+
+fn forget_wait(ctx: &Context, id: &str) {
+    ctx.waits
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(id);
+}
+
+/// Marks record `id` with its final phase, counts it when it changed the
+/// workload, then drops the saved plan (unless `outcome` keeps it).
+#[allow(clippy::too_many_arguments)]
 async fn finish(
     ctx: &Context,
     ns: &str,
@@ -348,6 +539,7 @@ async fn finish(
     phase: &str,
     message: String,
     job_uid: Option<String>,
+    outcome: Outcome,
 ) -> Result<Action> {
     let written = update_status(ctx, ns, name, |st| {
         let r = st
@@ -356,9 +548,10 @@ async fn finish(
             .find(|r| r.id == id && r.phase == PHASE_PENDING)?;
         r.phase = phase.into();
         r.message = Some(message.clone());
-        let action = last_action(r);
+        r.job_deleted = outcome.job_deleted;
         let record = r.clone();
-        st.last_action = Some(action);
+        st.last_action = Some(last_action(&record));
+        add_to_totals(st, &record, MAX_POLICY_TOTALS);
         Some(record)
     })
     .await?;
@@ -366,14 +559,8 @@ async fn finish(
         // Finished by an earlier attempt, or the profile is gone.
         return Ok(Action::requeue(Duration::from_millis(200)));
     };
-    let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), ns);
-    match api
-        .delete(&plan_config_map(id), &DeleteParams::default())
-        .await
-    {
-        Ok(_) => {}
-        Err(kube::Error::Api(s)) if s.code == 404 => {}
-        Err(e) => return Err(Error::SavePlan(id.into(), e)),
+    if !outcome.keep_plan {
+        plans(ctx).delete(id).await?;
     }
     ctx.metrics
         .records
@@ -403,9 +590,28 @@ async fn finish(
 }
 
 enum Recreated {
-    Done { uid: String },
-    Waiting,
-    Foreign { uid: String },
+    Done {
+        uid: String,
+    },
+    Waiting {
+        finalizers: Vec<String>,
+    },
+    Foreign {
+        uid: String,
+    },
+    /// The old Job is gone and the API server refuses the new one for good.
+    Lost {
+        why: String,
+    },
+}
+
+/// How long one reconcile polls for the garbage collector to remove the old Job.
+const GC_WAIT: Duration = Duration::from_secs(4);
+
+/// An API error that retrying cannot fix: the manifest is invalid (400, 422),
+/// the operator may not create it (403), or the namespace is gone (404).
+fn terminal(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if matches!(s.code, 400 | 403 | 404 | 422))
 }
 
 /// Deletes the old Job (orphaning its dependents, the profile among them),
@@ -413,10 +619,12 @@ enum Recreated {
 async fn recreate(
     ctx: &Context,
     jobs: &Api<DynamicObject>,
+    ns: &str,
+    name: &str,
     plan: &Plan,
     manifest: &serde_json::Value,
 ) -> Result<Recreated> {
-    let (ns, name, id, old) = (&plan.namespace, &plan.job, &plan.id, &plan.job_uid);
+    let (id, old) = (&plan.id, &plan.job_uid);
     let err = |step: &str| {
         let step = format!("{step} Job {ns}/{name}");
         move |source| Error::Step {
@@ -426,31 +634,22 @@ async fn recreate(
         }
     };
     let deadline = Instant::now() + GC_WAIT;
+    let mut pause = Duration::from_millis(50);
     loop {
         let current = jobs.get_opt(name).await.map_err(err("reading"))?;
         match current {
             Some(j) if j.uid().as_deref() == Some(old.as_str()) => {
                 if j.metadata.deletion_timestamp.is_none() {
-                    let params = DeleteParams {
-                        propagation_policy: Some(PropagationPolicy::Orphan),
-                        preconditions: Some(Preconditions {
-                            uid: Some(old.clone()),
-                            resource_version: None,
-                        }),
-                        ..Default::default()
-                    };
-                    match jobs.delete(name, &params).await {
-                        Ok(_) => {
-                            info!(%id, job = %name, "deleted the Job (orphaning its dependents)")
-                        }
-                        Err(kube::Error::Api(s)) if matches!(s.code, 404 | 409) => {}
-                        Err(e) => return Err(err("deleting")(e)),
-                    }
+                    delete_job(jobs, name, old).await.map_err(err("deleting"))?;
+                    info!(%id, job = %name, "deleted the Job (orphaning its dependents)");
                     failpoint(FAILPOINT_AFTER_DELETE);
+                } else if Instant::now() > deadline {
+                    let finalizers = j.finalizers().to_vec();
+                    return Ok(Recreated::Waiting { finalizers });
                 }
             }
             Some(j) if j.annotations().get(ANNOTATION_REMEDIATION) == Some(id) => {
-                delete_old_pods(ctx, plan).await?;
+                delete_old_pods(ctx, ns, name, plan).await?;
                 return Ok(Recreated::Done {
                     uid: j.uid().unwrap_or_default(),
                 });
@@ -461,7 +660,7 @@ async fn recreate(
                 })
             }
             None => {
-                delete_old_pods(ctx, plan).await?;
+                delete_old_pods(ctx, ns, name, plan).await?;
                 let obj: DynamicObject = serde_json::from_value(manifest.clone())
                     .map_err(|e| Error::Serialize("the Job manifest", e))?;
                 let pp = PostParams {
@@ -477,26 +676,42 @@ async fn recreate(
                     }
                     // Created meanwhile (by us, in an earlier attempt, or by someone): look again.
                     Err(kube::Error::Api(s)) if s.code == 409 => continue,
-                    // The Job is gone and its manifest safe in the plan
-                    // ConfigMap: retried with backoff, the message says where it is.
+                    Err(e) if terminal(&e) => return Ok(Recreated::Lost { why: e.to_string() }),
+                    // Transient (429, 5xx, network): retried with backoff; the
+                    // manifest is safe in the plan ConfigMap meanwhile.
                     Err(e) => {
-                        let from = format!("creating (from ConfigMap {})", plan_config_map(id));
+                        let from = format!("creating (from ConfigMap {})", config_map_name(id));
                         return Err(err(&from)(e));
                     }
                 }
             }
         }
-        if Instant::now() > deadline {
-            return Ok(Recreated::Waiting);
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(1));
+    }
+}
+
+/// Deletes Job `name` if it still has uid `old`, orphaning its dependents.
+async fn delete_job(jobs: &Api<DynamicObject>, name: &str, old: &str) -> kube::Result<()> {
+    let params = DeleteParams {
+        propagation_policy: Some(PropagationPolicy::Orphan),
+        preconditions: Some(Preconditions {
+            uid: Some(old.to_string()),
+            resource_version: None,
+        }),
+        ..Default::default()
+    };
+    match jobs.delete(name, &params).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if matches!(s.code, 404 | 409) => Ok(()),
+        Err(e) => Err(e),
     }
 }
 
 /// Deletes the old Job's pods, orphaned by the deletion: the trainer must
 /// not keep running next to the new Job's.
-async fn delete_old_pods(ctx: &Context, plan: &Plan) -> Result<()> {
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &plan.namespace);
+async fn delete_old_pods(ctx: &Context, ns: &str, name: &str, plan: &Plan) -> Result<()> {
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
     for key in ["controller-uid", "batch.kubernetes.io/controller-uid"] {
         let lp = ListParams::default().labels(&format!("{key}={}", plan.job_uid));
         if let Err(e) = pods
@@ -505,10 +720,7 @@ async fn delete_old_pods(ctx: &Context, plan: &Plan) -> Result<()> {
         {
             return Err(Error::Step {
                 id: plan.id.clone(),
-                step: format!(
-                    "deleting the old pods of Job {}/{}",
-                    plan.namespace, plan.job
-                ),
+                step: format!("deleting the old pods of Job {ns}/{name}"),
                 source: e,
             });
         }

@@ -41,7 +41,9 @@ mod execute;
 pub mod oom;
 pub mod plan;
 mod status;
+mod store;
 pub mod triggers;
+pub mod verify;
 
 pub use controller::run_controller;
 pub use status::policy_status;
@@ -99,6 +101,17 @@ pub struct Options {
         env = "MEMPROF_REMEDIATION_LEADER_IDENTITY"
     )]
     pub leader_identity: Option<String>,
+
+    /// Namespace where remediation plans (ConfigMaps) are kept: one only the
+    /// operator may write, never a tenant's. Defaults like the Lease's namespace
+    /// (the operator pod's own).
+    #[arg(
+        id = "remediation_plan_namespace",
+        long = "remediation-plan-namespace",
+        value_name = "NAMESPACE",
+        env = "MEMPROF_REMEDIATION_PLAN_NAMESPACE"
+    )]
+    pub plan_namespace: Option<String>,
 }
 
 impl Default for Options {
@@ -109,6 +122,7 @@ impl Default for Options {
             lease_name: "memprof-remediation".into(),
             lease_namespace: None,
             leader_identity: None,
+            plan_namespace: None,
         }
     }
 }
@@ -116,21 +130,30 @@ impl Default for Options {
 impl Options {
     /// The Lease's namespace: flag, else the pod's own, else the watched one, else `default`.
     pub fn lease_namespace(&self, watched: &str) -> String {
-        const SA_NAMESPACE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
-        self.lease_namespace
-            .clone()
-            .or_else(|| std::env::var("POD_NAMESPACE").ok())
-            .or_else(|| std::fs::read_to_string(SA_NAMESPACE).ok())
-            .map(|s| s.trim().to_string())
-            .filter(|s| !s.is_empty())
-            .unwrap_or_else(|| {
-                if watched.is_empty() {
-                    "default".into()
-                } else {
-                    watched.into()
-                }
-            })
+        own_namespace(self.lease_namespace.clone(), watched)
     }
+
+    /// Where plans are kept: flag, else the pod's own namespace, else the
+    /// watched one (only out of cluster, e.g. a developer's run), else `default`.
+    pub fn plan_namespace(&self, watched: &str) -> String {
+        own_namespace(self.plan_namespace.clone(), watched)
+    }
+}
+
+/// A namespace the operator owns: `flag`, else the pod's own, else `watched`, else `default`.
+fn own_namespace(flag: Option<String>, watched: &str) -> String {
+    const SA_NAMESPACE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
+    flag.or_else(|| std::env::var("POD_NAMESPACE").ok())
+        .or_else(|| std::fs::read_to_string(SA_NAMESPACE).ok())
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| {
+            if watched.is_empty() {
+                "default".into()
+            } else {
+                watched.into()
+            }
+        })
 }
 
 /// Why the remediation controller, or one reconcile, failed.
@@ -222,6 +245,8 @@ pub struct Metrics {
     pub reconcile_errors: Family<StepLabels, Counter>,
     /// 1 while this replica leads, else 0.
     pub leader: Gauge,
+    /// Saved plans refused because they were not the recorded ones.
+    pub plans_refused: Counter,
 }
 
 impl Metrics {
@@ -244,6 +269,11 @@ impl Metrics {
             "leader",
             "1 while this replica leads remediation",
             m.leader.clone(),
+        );
+        r.register(
+            "plans_refused",
+            "Saved remediation plans refused because they were not the recorded ones",
+            m.plans_refused.clone(),
         );
         Arc::new(m)
     }
@@ -271,9 +301,10 @@ pub async fn run(
         return Ok(());
     }
     controller::check_crd(&client, &namespace).await?;
+    let plan_ns = opts.plan_namespace(&namespace);
     let shutdown = shutdown.boxed().shared();
     if !opts.leader_elect {
-        return run_controller(client, &namespace, metrics, shutdown).await;
+        return run_controller(client, &namespace, &plan_ns, metrics, shutdown).await;
     }
     let identity = opts
         .leader_identity
@@ -312,7 +343,8 @@ pub async fn run(
                 }
             }
         };
-        let controller = run_controller(client.clone(), &namespace, metrics.clone(), stop);
+        let controller =
+            run_controller(client.clone(), &namespace, &plan_ns, metrics.clone(), stop);
         tokio::pin!(controller);
         let ran = tokio::select! {
             ran = &mut controller => ran,

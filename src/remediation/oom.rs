@@ -141,6 +141,11 @@ pub fn detect(
 ) -> Vec<OomRecord> {
     let mut found: Vec<OomRecord> = Vec::new();
     let report_of = |pod: &str| reports.iter().find(|r| r.pod_name == pod).copied();
+    let job_of = |pod: &str| {
+        pods.iter()
+            .find(|p| p.metadata.name.as_deref() == Some(pod))
+            .and_then(|p| controller_uid(p))
+    };
     for pod in pods {
         let name = pod.metadata.name.clone().unwrap_or_default();
         let report = report_of(&name);
@@ -185,11 +190,12 @@ pub fn detect(
             let mut evidence = evidence;
             truncate_utf8(&mut evidence, 512);
             found.push(OomRecord {
-                time: finished.unwrap_or(now).to_string(),
+                time: finished.unwrap_or(now).min(now).to_string(),
                 pod: name.clone(),
                 rank,
                 gpu_index: fullest.map(|(g, _)| g),
                 evidence,
+                job_uid: controller_uid(pod),
             });
         }
     }
@@ -199,8 +205,15 @@ pub fn detect(
         };
         let before = recorded_agent_ooms(known, &r.pod_name);
         if count > before {
+            // A report's time is the sidecar's word: parsed and never later
+            // than now, so nothing a pod writes is copied into the status.
+            let time = r
+                .sampled_at
+                .parse::<Timestamp>()
+                .map_or(now, |t| t.min(now));
             found.push(OomRecord {
-                time: r.sampled_at.clone(),
+                time: time.to_string(),
+                job_uid: job_of(&r.pod_name),
                 pod: r.pod_name.clone(),
                 rank: r.rank,
                 gpu_index: fullest_gpu(r).map(|(g, _)| g),
@@ -230,6 +243,16 @@ pub fn detect(
     found.sort_by(|a, b| a.time.cmp(&b.time).then(a.pod.cmp(&b.pod)));
     found.dedup_by(|a, b| record_key(a) == record_key(b));
     found
+}
+
+/// uid of the Job controlling a pod (its controller owner reference).
+pub fn controller_uid(pod: &Pod) -> Option<String> {
+    pod.metadata
+        .owner_references
+        .as_ref()?
+        .iter()
+        .find(|o| o.controller == Some(true) && o.kind == "Job")
+        .map(|o| o.uid.clone())
 }
 
 /// `known` with `new` appended, the oldest dropped beyond `max`.

@@ -15,7 +15,7 @@ use crate::api::{
 };
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// Labels the API server and the Job controller derive from a Job's uid and
 /// name; a recreated Job gets fresh ones.
@@ -207,6 +207,12 @@ pub enum PlanError {
         /// ConfigMap name.
         name: String,
     },
+    /// The ConfigMap exists but its owner did not opt it in.
+    #[error("ConfigMap {name} is not labelled memprof.dev/remediable=true: memprof writes only ConfigMaps their owners opted in")]
+    ConfigMapNotOptedIn {
+        /// ConfigMap name.
+        name: String,
+    },
     /// The ConfigMap key to scale is missing or not an integer.
     #[error("ConfigMap {name} key {key} is {value:?}, not an integer: nothing to scale")]
     ConfigMapNotANumber {
@@ -231,6 +237,7 @@ impl PlanError {
             PlanError::NotANumber { .. } => "EnvNotANumber",
             PlanError::AtMinimum { .. } => "AtMinimum",
             PlanError::ConfigMapMissing { .. } => "ConfigMapMissing",
+            PlanError::ConfigMapNotOptedIn { .. } => "ConfigMapNotOptedIn",
             PlanError::ConfigMapNotANumber { .. } => "ConfigMapNotANumber",
             PlanError::MalformedJob(_) => "MalformedJob",
         }
@@ -246,6 +253,9 @@ pub struct PlanInput<'a> {
     pub job: &'a Value,
     /// Data of the ConfigMaps the policy's `setConfigMapKey` actions name (missing ones absent).
     pub config_maps: &'a BTreeMap<String, BTreeMap<String, String>>,
+    /// ConfigMaps the actions name that exist but are not labelled
+    /// `memprof.dev/remediable: "true"`: the operator must not write them.
+    pub not_opted_in: &'a BTreeSet<String>,
     /// Remediation id.
     pub id: &'a str,
     /// Which trigger fired, and why.
@@ -322,6 +332,11 @@ pub fn build(input: &PlanInput<'_>) -> Result<Plan, PlanError> {
             };
             changes.extend(env_changes(job, &s.env, s.container.as_deref(), &scale)?);
         } else if let Some(c) = &action.set_config_map_key {
+            if input.not_opted_in.contains(&c.config_map) {
+                return Err(PlanError::ConfigMapNotOptedIn {
+                    name: c.config_map.clone(),
+                });
+            }
             let data = input.config_maps.get(&c.config_map).ok_or_else(|| {
                 PlanError::ConfigMapMissing {
                     name: c.config_map.clone(),

@@ -68,6 +68,7 @@ fn build_for(p: &RemediationPolicy, j: &Value) -> Result<Plan, PlanError> {
         policy: p,
         job: j,
         config_maps: &cms,
+        not_opted_in: &BTreeSet::new(),
         id: "abc123",
         why: "risk critical >= critical for 0s",
     })

@@ -284,6 +284,7 @@ mod tests {
             phase: phase.into(),
             time: time.into(),
             message: Some(message.into()),
+            ..Default::default()
         }
     }
 

@@ -8,7 +8,10 @@
 //! across operator restarts and across the Job's recreation, and the profile
 //! is the one object that survives both.
 
-use crate::api::{MemoryProfileStatus, RemediationPolicy, RemediationRecord, RiskLevel, Trigger};
+use crate::api::{
+    MemoryProfileStatus, OomRecord, RemediationPolicy, RemediationRecord, RemediationTotal,
+    RiskLevel, Trigger,
+};
 use jiff::Timestamp;
 use kube::core::{Selector, SelectorExt};
 use std::collections::BTreeMap;
@@ -72,17 +75,88 @@ pub struct History {
     pub last: Option<Timestamp>,
 }
 
-/// The policy's counted records in a profile status.
-pub fn history(status: &MemoryProfileStatus, policy: &str) -> History {
-    let mut h = History::default();
-    for r in status.remediations.iter().filter(|r| r.policy == policy) {
-        if r.phase == PHASE_PENDING || r.phase == PHASE_DONE {
-            h.count += 1;
-            if let Ok(t) = r.time.parse::<Timestamp>() {
-                h.last = Some(h.last.map_or(t, |l| l.max(t)));
+/// Policies whose totals a profile keeps (least recently acting dropped first).
+pub const MAX_POLICY_TOTALS: usize = 32;
+
+/// Whether a finished record changed the workload and so counts toward
+/// `maxRemediations` and the cooldown: it completed, or it deleted the Job
+/// (whatever happened after: someone else's Job in its place, or a Job that
+/// could not be created again).
+pub fn counts(r: &RemediationRecord) -> bool {
+    r.phase == PHASE_DONE || r.job_deleted
+}
+
+/// Folds a finished record into its policy's running total, which outlives
+/// the 16 records the status keeps.
+pub fn add_to_totals(st: &mut MemoryProfileStatus, r: &RemediationRecord, max: usize) {
+    if !counts(r) {
+        return;
+    }
+    match st
+        .remediation_totals
+        .iter_mut()
+        .find(|t| t.policy == r.policy)
+    {
+        Some(t) => {
+            t.count = t.count.saturating_add(1);
+            if later(&r.time, &t.last) {
+                t.last = r.time.clone();
             }
         }
+        None => st.remediation_totals.push(RemediationTotal {
+            policy: r.policy.clone(),
+            count: 1,
+            last: r.time.clone(),
+        }),
     }
+    while st.remediation_totals.len() > max {
+        let oldest = st
+            .remediation_totals
+            .iter()
+            .enumerate()
+            .min_by_key(|(_, t)| t.last.parse::<Timestamp>().ok())
+            .map(|(i, _)| i);
+        if let Some(i) = oldest {
+            st.remediation_totals.remove(i);
+        }
+    }
+}
+
+fn later(a: &str, b: &str) -> bool {
+    match (a.parse::<Timestamp>(), b.parse::<Timestamp>()) {
+        (Ok(a), Ok(b)) => a > b,
+        (Ok(_), Err(_)) => true,
+        _ => false,
+    }
+}
+
+/// What a policy did to one Job so far: its running total of finished
+/// remediations plus any still pending.
+pub fn history(status: &MemoryProfileStatus, policy: &str) -> History {
+    let mut h = History::default();
+    let mut seen = |time: &str| {
+        if let Ok(t) = time.parse::<Timestamp>() {
+            h.last = Some(h.last.map_or(t, |l: Timestamp| l.max(t)));
+        }
+    };
+    let mut count = 0u32;
+    if let Some(t) = status
+        .remediation_totals
+        .iter()
+        .find(|t| t.policy == policy)
+    {
+        count = t.count;
+        seen(&t.last);
+    }
+    for r in status
+        .remediations
+        .iter()
+        .filter(|r| r.policy == policy && r.phase == PHASE_PENDING)
+    {
+        count = count.saturating_add(1);
+        seen(&r.time);
+    }
+    h.count = count;
     h
 }
 
@@ -310,14 +384,33 @@ pub fn selector_display(policy: &RemediationPolicy) -> String {
     }
 }
 
-/// Evaluates a policy against one Job (its labels) and its profile's status.
+/// Evaluates a policy against one Job (its labels and uid) and its profile's
+/// status. OOMs recorded for another uid (an earlier Job of the same name,
+/// before a recreation) are not this Job's and never fire its policies.
 pub fn verdict(
     policy: &RemediationPolicy,
     job_labels: &BTreeMap<String, String>,
+    job_uid: Option<&str>,
     status: &MemoryProfileStatus,
     clock: &RiskClock,
     now: Timestamp,
 ) -> Verdict {
+    let own_ooms;
+    let status = match job_uid {
+        Some(uid) if status.ooms.iter().any(|o| !oom_of(o, uid)) => {
+            own_ooms = MemoryProfileStatus {
+                ooms: status
+                    .ooms
+                    .iter()
+                    .filter(|o| oom_of(o, uid))
+                    .cloned()
+                    .collect(),
+                ..status.clone()
+            };
+            &own_ooms
+        }
+        _ => status,
+    };
     let name = policy.metadata.name.clone().unwrap_or_default();
     let history = history(status, &name);
     let evaluations = policy
@@ -344,6 +437,12 @@ pub fn verdict(
         history,
         blocked,
     }
+}
+
+/// Whether an OOM record belongs to the Job with `uid` (records without a
+/// uid predate the field and are judged by their time alone).
+fn oom_of(o: &OomRecord, uid: &str) -> bool {
+    o.job_uid.as_deref().is_none_or(|u| u == uid)
 }
 
 /// Deterministic id of a remediation: the same decision (policy and its
@@ -426,6 +525,7 @@ mod tests {
             phase: phase.into(),
             time: ts(at).to_string(),
             message: None,
+            ..Default::default()
         }
     }
 
@@ -514,25 +614,96 @@ mod tests {
             ..Default::default()
         };
         let clock = RiskClock::default();
-        let v = verdict(&p, &labels("ml"), &st, &clock, ts(100));
+        let v = verdict(&p, &labels("ml"), None, &st, &clock, ts(100));
         assert!(v.acts(), "{v:?}");
-        assert!(!verdict(&p, &labels("web"), &st, &clock, ts(100)).acts());
+        assert!(!verdict(&p, &labels("web"), None, &st, &clock, ts(100)).acts());
 
-        st.remediations.push(record("shrink", PHASE_DRY_RUN, 90));
-        st.remediations.push(record("other", PHASE_DONE, 95));
-        st.remediations.push(record("shrink", PHASE_SKIPPED, 96));
-        assert!(verdict(&p, &labels("ml"), &st, &clock, ts(100)).acts());
+        finished(&mut st, record("shrink", PHASE_DRY_RUN, 90));
+        finished(&mut st, record("other", PHASE_DONE, 95));
+        finished(&mut st, record("shrink", PHASE_SKIPPED, 96));
+        assert!(verdict(&p, &labels("ml"), None, &st, &clock, ts(100)).acts());
 
-        st.remediations.push(record("shrink", PHASE_DONE, 100));
-        let v = verdict(&p, &labels("ml"), &st, &clock, ts(400));
+        finished(&mut st, record("shrink", PHASE_DONE, 100));
+        let v = verdict(&p, &labels("ml"), None, &st, &clock, ts(400));
         assert_eq!(v.blocked, Some(Blocked::Cooldown { remaining: 300.0 }));
         assert_eq!(v.recheck_after(), Some(300.0));
-        assert!(verdict(&p, &labels("ml"), &st, &clock, ts(700)).acts());
+        assert!(verdict(&p, &labels("ml"), None, &st, &clock, ts(700)).acts());
 
         st.remediations.push(record("shrink", PHASE_PENDING, 700));
-        let v = verdict(&p, &labels("ml"), &st, &clock, ts(5000));
+        let v = verdict(&p, &labels("ml"), None, &st, &clock, ts(5000));
         assert_eq!(v.blocked, Some(Blocked::MaxReached { count: 2 }));
         assert!(!v.acts());
+    }
+
+    /// A record as `finish` leaves it: in the bounded list and, when it
+    /// counts, in the policy's running total.
+    fn finished(st: &mut MemoryProfileStatus, r: RemediationRecord) {
+        add_to_totals(st, &r, MAX_POLICY_TOTALS);
+        push_record(&mut st.remediations, r, crate::api::MAX_HISTORY);
+    }
+
+    #[test]
+    fn max_remediations_above_the_kept_history_is_still_honoured() {
+        let mut p = policy(vec![risk(RiskLevel::High, 0)]);
+        p.spec.max_remediations = 20;
+        p.spec.cooldown_seconds = 0;
+        let mut st = MemoryProfileStatus {
+            risk: RiskLevel::Critical,
+            last_report_time: Some(ts(100_000).to_string()),
+            ..Default::default()
+        };
+        let clock = RiskClock::default();
+        for i in 0..19 {
+            finished(&mut st, record("shrink", PHASE_DONE, i));
+        }
+        assert_eq!(st.remediations.len(), 16, "the list stays bounded");
+        assert!(verdict(&p, &labels("ml"), None, &st, &clock, ts(50_000)).acts());
+        finished(&mut st, record("shrink", PHASE_DONE, 19));
+        let v = verdict(&p, &labels("ml"), None, &st, &clock, ts(50_000));
+        assert_eq!(v.blocked, Some(Blocked::MaxReached { count: 20 }));
+    }
+
+    #[test]
+    fn a_failure_after_the_job_was_deleted_counts_and_starts_the_cooldown() {
+        let p = policy(vec![risk(RiskLevel::High, 0)]);
+        let mut st = MemoryProfileStatus {
+            risk: RiskLevel::Critical,
+            last_report_time: Some(ts(1000).to_string()),
+            ..Default::default()
+        };
+        let clock = RiskClock::default();
+        // Failed before touching the Job: does not count.
+        finished(&mut st, record("shrink", PHASE_FAILED, 100));
+        assert!(verdict(&p, &labels("ml"), None, &st, &clock, ts(200)).acts());
+        // Failed after deleting it (someone else's Job took the name): counts.
+        let mut foreign = record("shrink", PHASE_FAILED, 150);
+        foreign.id = "foreign".into();
+        foreign.job_deleted = true;
+        finished(&mut st, foreign);
+        let v = verdict(&p, &labels("ml"), None, &st, &clock, ts(200));
+        assert_eq!(v.history.count, 1);
+        assert_eq!(v.blocked, Some(Blocked::Cooldown { remaining: 550.0 }));
+    }
+
+    #[test]
+    fn ooms_of_an_earlier_job_never_fire_on_the_new_one() {
+        let t = Trigger {
+            oom_observed: Some(true),
+            ..Default::default()
+        };
+        let p = policy(vec![t]);
+        let mut st = MemoryProfileStatus::default();
+        st.ooms.push(OomRecord {
+            time: ts(10).to_string(),
+            pod: "train-0".into(),
+            evidence: "terminationMessage trainer#0: CUDA out of memory".into(),
+            job_uid: Some("old-uid".into()),
+            ..Default::default()
+        });
+        let clock = RiskClock::default();
+        assert!(verdict(&p, &labels("ml"), Some("old-uid"), &st, &clock, ts(20)).acts());
+        let v = verdict(&p, &labels("ml"), Some("new-uid"), &st, &clock, ts(20));
+        assert!(!v.acts(), "{v:?}");
     }
 
     #[test]
