@@ -77,7 +77,8 @@ pub async fn open(args: &crate::Args, rank: u32) -> (Box<dyn Sampler>, Condition
 }
 
 /// GPU discovery in DESIGN.md's order (explicit UUIDs, kubelet PodResources,
-/// all GPUs NVML sees, agent only), then an NVML sampler over what it found.
+/// all GPUs NVML sees only when they are all the pod's, else none), then an
+/// NVML sampler over what it found.
 async fn open_nvml(args: &crate::Args) -> (Option<Box<dyn Sampler>>, Condition) {
     use memprof::sampler::discovery::{self, DiscoveryOptions};
     let mut opts = match DiscoveryOptions::from_env() {
@@ -92,6 +93,9 @@ async fn open_nvml(args: &crate::Args) -> (Option<Box<dyn Sampler>>, Condition) 
     if let Some(list) = &args.gpus {
         opts.gpus = discovery::split_list(list);
     }
+    // Standalone profiles a machine: what NVML sees is the user's. A sidecar
+    // writing a pod's report is shown every GPU of the node.
+    opts.whole_machine = args.standalone;
     let (sampler, found) = discovery::open_nvml_sampler(&opts).await;
     (
         sampler.map(|s| Box::new(s) as Box<dyn Sampler>),

@@ -8,22 +8,24 @@
 //!    asked for (`MEMPROF_GPU_DISCOVERY=podResources`) or when the socket is
 //!    mounted: the devices of the pod's other containers, `::N` replica
 //!    suffixes of time-sliced GPUs stripped, matched to NVML UUIDs;
-//! 3. every GPU NVML sees;
-//! 4. none through NVML ("agent only"): the in-process agent pushes what CUDA sees.
+//! 3. the UUIDs the in-process agent says its process uses (CUDA's view);
+//! 4. every GPU NVML sees, but only where they are all this pod's: on a
+//!    machine outside Kubernetes, or when NVML sees no more GPUs than the pod
+//!    requested (`MEMPROF_REQUESTED_GPUS`, written by the injection);
+//! 5. otherwise none (`AmbiguousGpus`): with `NVIDIA_VISIBLE_DEVICES=all` a
+//!    sidecar sees every GPU of the node, and reporting them all would put
+//!    other tenants' memory into this pod's report (and let their memory
+//!    pressure remediate this pod's Job);
+//! 6. none through NVML ("agent only") when told so: the in-process agent
+//!    pushes what CUDA sees.
 //!
-//! The choice is the pure [`decide`]; the kubelet call is [`list_pod_resources`];
-//! [`open_nvml_sampler`] puts them together for the sidecar.
-//!
-//! The PodResources messages are written out by hand as `prost` structs (only
-//! the fields used; protobuf skips the others), and the call is one gRPC
-//! unary request over hyper's HTTP/2 client: no tonic, no protoc, no build
-//! script.
+//! The choice is the pure [`decide`]; the kubelet call is [`list_pod_resources`]
+//! (in `discovery_podresources.rs`); [`open_nvml_sampler`] puts them together
+//! for the sidecar.
 
 use super::nvml::{self, NvmlGpu, NvmlSampler};
 use crate::api::Condition;
-use bytes::{Buf, BufMut, Bytes, BytesMut};
-use http_body_util::{BodyExt, Full, Limited};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// Type of the condition discovery sets.
@@ -32,8 +34,14 @@ pub const CONDITION_TYPE: &str = "GpuVisible";
 pub const DEFAULT_POD_RESOURCES_SOCKET: &str = "/var/lib/kubelet/pod-resources/kubelet.sock";
 /// The NVIDIA device plugin's resource name.
 pub const DEFAULT_GPU_RESOURCE: &str = "nvidia.com/gpu";
-/// Largest PodResources answer read (a node's every pod and container).
-const MAX_RESPONSE_BYTES: usize = 16 << 20;
+/// GPU UUIDs (or NVML indices) to sample, comma-separated. The injection
+/// writes it from the trainers' own `NVIDIA_VISIBLE_DEVICES` when they set one.
+pub const ENV_GPUS: &str = "MEMPROF_GPUS";
+/// How many GPUs the pod requested (`nvidia.com/gpu`), written by the injection.
+pub const ENV_REQUESTED_GPUS: &str = "MEMPROF_REQUESTED_GPUS";
+/// Set by the kubelet in every container of every pod: tells a process
+/// started by hand on a machine from one started in a pod.
+const ENV_IN_KUBERNETES: &str = "KUBERNETES_SERVICE_HOST";
 
 /// How to discover GPUs (`MEMPROF_GPU_DISCOVERY`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -76,8 +84,13 @@ pub enum DiscoveryMethod {
     ExplicitUuids,
     /// From the kubelet PodResources API.
     PodResources,
-    /// Every GPU NVML sees.
+    /// From the UUIDs the in-process agent reported (CUDA's view of the trainer).
+    AgentUuids,
+    /// Every GPU NVML sees (all of them are this pod's, or this machine's).
     AllVisible,
+    /// NVML sees more GPUs than the pod requested and nothing says which are
+    /// its own: none is reported.
+    AmbiguousGpus,
     /// None through NVML; the in-process agent may report.
     AgentOnly,
     /// NVML could not be loaded or initialised.
@@ -90,7 +103,9 @@ impl DiscoveryMethod {
         match self {
             DiscoveryMethod::ExplicitUuids => "ExplicitUuids",
             DiscoveryMethod::PodResources => "PodResources",
+            DiscoveryMethod::AgentUuids => "AgentUuids",
             DiscoveryMethod::AllVisible => "AllVisible",
+            DiscoveryMethod::AmbiguousGpus => "AmbiguousGpus",
             DiscoveryMethod::AgentOnly => "AgentOnly",
             DiscoveryMethod::NvmlUnavailable => "NvmlUnavailable",
         }
@@ -116,6 +131,13 @@ pub struct DiscoveryOptions {
     pub own_container: Option<String>,
     /// Extended resources that are GPUs (`MEMPROF_GPU_RESOURCES`, comma-separated).
     pub resource_names: Vec<String>,
+    /// How many GPUs the pod requested (`MEMPROF_REQUESTED_GPUS`); `None` when
+    /// nobody said.
+    pub requested_gpus: Option<u32>,
+    /// Every GPU NVML sees belongs to this process's user: true on a machine
+    /// (`--standalone`, outside Kubernetes), false for a sidecar in a pod,
+    /// which is shown every GPU of the node. False by default: the safe side.
+    pub whole_machine: bool,
     /// Limit on the whole PodResources call.
     pub timeout: Duration,
 }
@@ -130,17 +152,26 @@ impl Default for DiscoveryOptions {
             pod_namespace: None,
             own_container: None,
             resource_names: vec![DEFAULT_GPU_RESOURCE.into()],
+            requested_gpus: None,
+            whole_machine: false,
             timeout: Duration::from_secs(5),
         }
     }
 }
 
 impl DiscoveryOptions {
-    /// Options from the environment; unset variables keep the defaults.
+    /// Options from the environment; unset variables keep the defaults. A
+    /// process outside Kubernetes (no `KUBERNETES_SERVICE_HOST`) counts as
+    /// owning the whole machine; callers that know better set `whole_machine`.
     pub fn from_env() -> Result<Self, String> {
-        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+        Self::from_vars(|k| std::env::var(k).ok())
+    }
+
+    /// [`Self::from_env`] over any lookup of variables (tests pass a map).
+    pub fn from_vars(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
+        let var = |k: &str| lookup(k).filter(|v| !v.trim().is_empty());
         let mut o = DiscoveryOptions::default();
-        if let Some(v) = var("MEMPROF_GPUS") {
+        if let Some(v) = var(ENV_GPUS) {
             o.gpus = split_list(&v);
         }
         if let Some(v) = var("MEMPROF_GPU_DISCOVERY") {
@@ -155,6 +186,14 @@ impl DiscoveryOptions {
         if let Some(v) = var("MEMPROF_GPU_RESOURCES") {
             o.resource_names = split_list(&v);
         }
+        if let Some(v) = var(ENV_REQUESTED_GPUS) {
+            o.requested_gpus = Some(
+                v.trim()
+                    .parse()
+                    .map_err(|_| format!("{ENV_REQUESTED_GPUS}={v:?} is not a number of GPUs"))?,
+            );
+        }
+        o.whole_machine = var(ENV_IN_KUBERNETES).is_none();
         Ok(o)
     }
 
@@ -231,17 +270,17 @@ pub fn strip_replica_suffix(id: &str) -> &str {
 }
 
 /// The NVML GPUs that `ids` name, in NVML index order and without duplicates,
-/// and the IDs that name none. An ID is a UUID (`GPU-…`, any case), or an
-/// index (the device plugin's `deviceIDStrategy=index`); `::N` suffixes are
-/// ignored.
+/// and the IDs that name none. An ID is a UUID (`GPU-…`, any case, the prefix
+/// optional as torch leaves it out), or an index (the device plugin's
+/// `deviceIDStrategy=index`); `::N` suffixes are ignored.
 pub fn match_ids(ids: &[String], nvml: &[NvmlGpu]) -> (Vec<NvmlGpu>, Vec<String>) {
     let mut found: Vec<NvmlGpu> = Vec::new();
     let mut missing = Vec::new();
     for raw in ids {
         let id = strip_replica_suffix(raw.trim());
-        let hit = nvml.iter().find(|g| {
-            g.uuid.eq_ignore_ascii_case(id) || id.parse::<u32>().is_ok_and(|i| i == g.index)
-        });
+        let hit = nvml
+            .iter()
+            .find(|g| same_uuid(&g.uuid, id) || id.parse::<u32>().is_ok_and(|i| i == g.index));
         match hit {
             Some(g) if !found.contains(g) => found.push(g.clone()),
             Some(_) => {}
@@ -251,6 +290,18 @@ pub fn match_ids(ids: &[String], nvml: &[NvmlGpu]) -> (Vec<NvmlGpu>, Vec<String>
     }
     found.sort_by_key(|g| g.index);
     (found, missing)
+}
+
+/// UUIDs compared without case and without NVML's `GPU-` prefix (torch's
+/// `get_device_properties(i).uuid` has none).
+fn same_uuid(a: &str, b: &str) -> bool {
+    fn bare(s: &str) -> &str {
+        match s.get(..4) {
+            Some(p) if p.eq_ignore_ascii_case("GPU-") => &s[4..],
+            _ => s,
+        }
+    }
+    !bare(a).is_empty() && bare(a).eq_ignore_ascii_case(bare(b))
 }
 
 /// The GPU device IDs of pod `namespace/name` in a `List` answer, from every
@@ -285,14 +336,57 @@ fn uuids(gpus: &[NvmlGpu]) -> String {
         .join(", ")
 }
 
+/// "the N NVML sees", with their UUIDs only on a whole machine: in a pod the
+/// others are other tenants' GPUs, and their names do not belong in this
+/// pod's report.
+fn seen(opts: &DiscoveryOptions, all: &[NvmlGpu]) -> String {
+    if opts.whole_machine {
+        format!("the {} NVML sees ({})", all.len(), uuids(all))
+    } else {
+        format!("the {} NVML sees", all.len())
+    }
+}
+
+/// What the GPUs were matched from, for [`from_ids`].
+struct IdSource<'a> {
+    method: DiscoveryMethod,
+    /// e.g. "from MEMPROF_GPUS", "of pod ml/train-0 from the kubelet PodResources API".
+    found: String,
+    /// Why none matched, and what to check.
+    none_match: &'a str,
+}
+
+/// The GPUs `ids` name among NVML's, or why none does.
+fn from_ids(opts: &DiscoveryOptions, all: &[NvmlGpu], ids: &[String], src: IdSource) -> Discovery {
+    let (found, missing) = match_ids(ids, all);
+    if found.is_empty() {
+        return Discovery::not_visible(
+            src.method,
+            format!(
+                "none of {} is among {}: {}",
+                missing.join(", "),
+                seen(opts, all),
+                src.none_match
+            ),
+        );
+    }
+    let mut msg = format!("{} GPU(s) {}: {}", found.len(), src.found, uuids(&found));
+    if !missing.is_empty() {
+        msg.push_str(&format!("; not found by NVML: {}", missing.join(", ")));
+    }
+    Discovery::visible(src.method, found, msg)
+}
+
 /// Decides which GPUs to sample, and why. `nvml` is what NVML enumerated (or
 /// why it could not); `pod` is the kubelet's answer, `None` when it was not
-/// asked (see [`DiscoveryOptions::wants_pod_resources`]). Pure: every branch is
-/// unit-tested without a driver or a kubelet.
+/// asked (see [`DiscoveryOptions::wants_pod_resources`]); `agent` the GPU
+/// UUIDs the in-process agent reported (empty when none). Pure: every branch
+/// is unit-tested without a driver, a kubelet or an agent.
 pub fn decide(
     opts: &DiscoveryOptions,
     nvml: Result<&[NvmlGpu], &str>,
     pod: Option<PodLookup>,
+    agent: &[String],
 ) -> Discovery {
     use DiscoveryMethod::*;
     if opts.mode == DiscoveryMode::Agent {
@@ -327,84 +421,18 @@ pub fn decide(
                     .into(),
             );
         }
-        let (found, missing) = match_ids(&opts.gpus, all);
-        return if found.is_empty() {
-            Discovery::not_visible(
-                ExplicitUuids,
-                format!(
-                    "none of the GPUs in MEMPROF_GPUS ({}) is among the {} NVML sees ({}): check \
-                     the UUIDs (nvidia-smi -L) and NVIDIA_VISIBLE_DEVICES",
-                    missing.join(", "),
-                    all.len(),
-                    uuids(all)
-                ),
-            )
-        } else {
-            let mut msg = format!(
-                "{} GPU(s) from MEMPROF_GPUS: {}",
-                found.len(),
-                uuids(&found)
-            );
-            if !missing.is_empty() {
-                msg.push_str(&format!("; not found by NVML: {}", missing.join(", ")));
-            }
-            Discovery::visible(ExplicitUuids, found, msg)
+        let src = IdSource {
+            method: ExplicitUuids,
+            found: "from MEMPROF_GPUS".into(),
+            none_match: "check the UUIDs (nvidia-smi -L) and NVIDIA_VISIBLE_DEVICES",
         };
+        return from_ids(opts, all, &opts.gpus, src);
     }
 
     if let Some(lookup) = pod {
-        let pod_ref = format!(
-            "{}/{}",
-            opts.pod_namespace.as_deref().unwrap_or("?"),
-            opts.pod_name.as_deref().unwrap_or("?")
-        );
         // Once the kubelet is asked, its answer decides: falling back to every
         // GPU on the node would attribute other pods' memory to this one.
-        return match lookup {
-            PodLookup::Failed(why) => Discovery::not_visible(
-                AgentOnly,
-                format!(
-                    "kubelet PodResources API at {} failed: {why}; set MEMPROF_GPUS, or check \
-                     the socket mount and POD_NAME/POD_NAMESPACE",
-                    opts.pod_resources_socket.display()
-                ),
-            ),
-            PodLookup::PodNotFound => Discovery::not_visible(
-                AgentOnly,
-                format!("the kubelet lists no pod {pod_ref}: check POD_NAME and POD_NAMESPACE"),
-            ),
-            PodLookup::Found(ids) if ids.is_empty() => Discovery::not_visible(
-                AgentOnly,
-                format!(
-                    "pod {pod_ref} was allocated no {} device",
-                    opts.resource_names.join("/")
-                ),
-            ),
-            PodLookup::Found(ids) => {
-                let (found, missing) = match_ids(&ids, all);
-                if found.is_empty() {
-                    Discovery::not_visible(
-                        PodResources,
-                        format!(
-                            "pod {pod_ref} holds {} but NVML sees only {}: set \
-                             NVIDIA_VISIBLE_DEVICES=all on the sidecar (MIG devices are not sampled)",
-                            missing.join(", "),
-                            uuids(all)
-                        ),
-                    )
-                } else {
-                    let mut msg = format!(
-                        "{} GPU(s) of pod {pod_ref} from the kubelet PodResources API: {}",
-                        found.len(),
-                        uuids(&found)
-                    );
-                    if !missing.is_empty() {
-                        msg.push_str(&format!("; not found by NVML: {}", missing.join(", ")));
-                    }
-                    Discovery::visible(PodResources, found, msg)
-                }
-            }
-        };
+        return from_kubelet(opts, all, lookup);
     }
 
     if opts.mode == DiscoveryMode::PodResources {
@@ -413,10 +441,101 @@ pub fn decide(
             "GPU discovery is set to podResources but the kubelet was not asked".into(),
         );
     }
-    Discovery::visible(
-        AllVisible,
-        all.to_vec(),
-        format!("all {} GPU(s) NVML sees: {}", all.len(), uuids(all)),
+    if opts.mode == DiscoveryMode::Auto && !agent.is_empty() {
+        let src = IdSource {
+            method: AgentUuids,
+            found: "named by the in-process agent".into(),
+            none_match:
+                "set NVIDIA_VISIBLE_DEVICES=all on the sidecar (MIG devices are not sampled)",
+        };
+        return from_ids(opts, all, agent, src);
+    }
+    all_if_the_pods(opts, all)
+}
+
+/// The kubelet's answer about this pod, matched to NVML's GPUs.
+fn from_kubelet(opts: &DiscoveryOptions, all: &[NvmlGpu], lookup: PodLookup) -> Discovery {
+    use DiscoveryMethod::*;
+    let pod_ref = format!(
+        "{}/{}",
+        opts.pod_namespace.as_deref().unwrap_or("?"),
+        opts.pod_name.as_deref().unwrap_or("?")
+    );
+    match lookup {
+        PodLookup::Failed(why) => Discovery::not_visible(
+            AgentOnly,
+            format!(
+                "kubelet PodResources API at {} failed: {why}; set MEMPROF_GPUS, or check \
+                 the socket mount and POD_NAME/POD_NAMESPACE",
+                opts.pod_resources_socket.display()
+            ),
+        ),
+        PodLookup::PodNotFound => Discovery::not_visible(
+            AgentOnly,
+            format!("the kubelet lists no pod {pod_ref}: check POD_NAME and POD_NAMESPACE"),
+        ),
+        PodLookup::Found(ids) if ids.is_empty() => Discovery::not_visible(
+            AgentOnly,
+            format!(
+                "pod {pod_ref} was allocated no {} device",
+                opts.resource_names.join("/")
+            ),
+        ),
+        PodLookup::Found(ids) => {
+            let src = IdSource {
+                method: PodResources,
+                found: format!("of pod {pod_ref} from the kubelet PodResources API"),
+                none_match:
+                    "set NVIDIA_VISIBLE_DEVICES=all on the sidecar (MIG devices are not sampled)",
+            };
+            from_ids(opts, all, &ids, src)
+        }
+    }
+}
+
+/// Every GPU NVML sees, when they are all this pod's (or this machine's);
+/// none otherwise. A sidecar with `NVIDIA_VISIBLE_DEVICES=all` sees the whole
+/// node: only when NVML sees no more GPUs than the pod requested are they all
+/// the pod's. Never all "to be helpful": another tenant's memory in this
+/// pod's report would also let its pressure remediate this pod's Job.
+fn all_if_the_pods(opts: &DiscoveryOptions, all: &[NvmlGpu]) -> Discovery {
+    let n = all.len();
+    if opts.mode == DiscoveryMode::All || opts.whole_machine {
+        return Discovery::visible(
+            DiscoveryMethod::AllVisible,
+            all.to_vec(),
+            format!("all {n} GPU(s) NVML sees: {}", uuids(all)),
+        );
+    }
+    let resource = opts.resource_names.join("/");
+    let why = match opts.requested_gpus {
+        Some(m) if n <= m as usize => {
+            return Discovery::visible(
+                DiscoveryMethod::AllVisible,
+                all.to_vec(),
+                format!(
+                "all {n} GPU(s) NVML sees, no more than the {m} {resource} the pod requested: {}",
+                uuids(all)
+            ),
+            )
+        }
+        Some(0) => format!("NVML sees {n} GPU(s) of the node but the pod requests no {resource}"),
+        Some(m) => format!(
+            "NVML sees {n} GPUs of the node but the pod requested {m} {resource}, and nothing \
+             says which are its own"
+        ),
+        None => format!(
+            "NVML sees {n} GPU(s) and nothing says which are this pod's ({ENV_REQUESTED_GPUS} \
+             is not set)"
+        ),
+    };
+    Discovery::not_visible(
+        DiscoveryMethod::AmbiguousGpus,
+        format!(
+            "{why}: none is reported, so that no other pod's memory counts as this one's. To \
+             report the pod's GPUs, install memprof with gpuAccess=podResources (the kubelet \
+             names them), or use gpuAccess=agentOnly with the in-process agent"
+        ),
     )
 }
 
@@ -456,7 +575,7 @@ pub async fn open_nvml_sampler(opts: &DiscoveryOptions) -> (Option<NvmlSampler>,
     } else {
         None
     };
-    let d = decide(opts, listed.as_deref().map_err(String::as_str), pod);
+    let d = decide(opts, listed.as_deref().map_err(String::as_str), pod, &[]);
     if d.gpus.is_empty() {
         return (None, d);
     }
@@ -470,193 +589,14 @@ pub async fn open_nvml_sampler(opts: &DiscoveryOptions) -> (Option<NvmlSampler>,
     }
 }
 
-// ---- kubelet PodResources v1 (k8s.io/kubelet/pkg/apis/podresources/v1/api.proto) ----
-
-/// `ListPodResourcesRequest {}`.
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct ListPodResourcesRequest {}
-
-/// `ListPodResourcesResponse`.
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct ListPodResourcesResponse {
-    /// Every pod on the node with its containers' resources.
-    #[prost(message, repeated, tag = "1")]
-    pub pod_resources: Vec<PodResources>,
-}
-
-/// `PodResources`.
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct PodResources {
-    /// Pod name.
-    #[prost(string, tag = "1")]
-    pub name: String,
-    /// Pod namespace.
-    #[prost(string, tag = "2")]
-    pub namespace: String,
-    /// Its containers.
-    #[prost(message, repeated, tag = "3")]
-    pub containers: Vec<ContainerResources>,
-}
-
-/// `ContainerResources` (cpu_ids, memory and dynamic_resources are not read).
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct ContainerResources {
-    /// Container name.
-    #[prost(string, tag = "1")]
-    pub name: String,
-    /// Devices allocated by device plugins.
-    #[prost(message, repeated, tag = "2")]
-    pub devices: Vec<ContainerDevices>,
-}
-
-/// `ContainerDevices` (topology is not read).
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct ContainerDevices {
-    /// Extended resource name, e.g. `nvidia.com/gpu`.
-    #[prost(string, tag = "1")]
-    pub resource_name: String,
-    /// Device IDs as the plugin named them (GPU UUIDs for NVIDIA's, `::N` when shared).
-    #[prost(string, repeated, tag = "2")]
-    pub device_ids: Vec<String>,
-}
-
-/// Errors of the PodResources call. Messages say what to check.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// The socket could not be opened.
-    #[error("cannot connect to {path}: {source} (is the kubelet's pod-resources directory mounted read-only into the sidecar?)")]
-    Connect {
-        /// Socket path.
-        path: String,
-        /// Underlying error.
-        source: std::io::Error,
-    },
-    /// HTTP/2 failed (handshake, request or body).
-    #[error("HTTP/2 to the kubelet failed: {0}")]
-    Http(String),
-    /// The kubelet answered with a gRPC error.
-    #[error("kubelet answered gRPC status {code}: {message}")]
-    Status {
-        /// gRPC status code.
-        code: u32,
-        /// gRPC message.
-        message: String,
-    },
-    /// The answer is not a valid message.
-    #[error("cannot decode the kubelet's answer: {0}")]
-    Decode(String),
-    /// The call took too long.
-    #[error("no answer from the kubelet within {0:?}")]
-    Timeout(Duration),
-}
-
-/// A gRPC message frame: uncompressed flag, big-endian length, message.
-fn grpc_frame(msg: &impl prost::Message) -> Bytes {
-    let len = msg.encoded_len();
-    let mut buf = BytesMut::with_capacity(5 + len);
-    buf.put_u8(0);
-    buf.put_u32(len as u32);
-    msg.encode(&mut buf)
-        .expect("a buffer sized for the message has room");
-    buf.freeze()
-}
-
-/// The single message of a unary gRPC answer.
-fn grpc_unframe(mut body: Bytes) -> Result<Bytes, Error> {
-    if body.len() < 5 {
-        return Err(Error::Decode(format!(
-            "{} bytes, shorter than a gRPC frame header",
-            body.len()
-        )));
-    }
-    let compressed = body.get_u8();
-    let len = body.get_u32() as usize;
-    if compressed != 0 {
-        return Err(Error::Decode(
-            "compressed message (none was offered)".into(),
-        ));
-    }
-    if body.len() < len {
-        return Err(Error::Decode(format!(
-            "frame says {len} bytes, {} arrived",
-            body.len()
-        )));
-    }
-    Ok(body.split_to(len))
-}
-
-fn grpc_status(h: &hyper::HeaderMap) -> Option<Result<(), Error>> {
-    let code: u32 = h.get("grpc-status")?.to_str().ok()?.trim().parse().ok()?;
-    Some(if code == 0 {
-        Ok(())
-    } else {
-        Err(Error::Status {
-            code,
-            message: h
-                .get("grpc-message")
-                .and_then(|m| m.to_str().ok())
-                .unwrap_or("")
-                .to_string(),
-        })
-    })
-}
-
-/// Calls `v1.PodResourcesLister/List` on the kubelet's Unix socket.
-pub async fn list_pod_resources(
-    socket: &Path,
-    timeout: Duration,
-) -> Result<ListPodResourcesResponse, Error> {
-    tokio::time::timeout(timeout, list_pod_resources_inner(socket))
-        .await
-        .map_err(|_| Error::Timeout(timeout))?
-}
-
-async fn list_pod_resources_inner(socket: &Path) -> Result<ListPodResourcesResponse, Error> {
-    let stream = tokio::net::UnixStream::connect(socket)
-        .await
-        .map_err(|source| Error::Connect {
-            path: socket.display().to_string(),
-            source,
-        })?;
-    let (mut sender, conn) = hyper::client::conn::http2::handshake(
-        hyper_util::rt::TokioExecutor::new(),
-        hyper_util::rt::TokioIo::new(stream),
-    )
-    .await
-    .map_err(|e| Error::Http(e.to_string()))?;
-    let driver = tokio::spawn(conn);
-    let req = hyper::Request::post("http://localhost/v1.PodResourcesLister/List")
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .body(Full::new(grpc_frame(&ListPodResourcesRequest {})))
-        .map_err(|e| Error::Http(e.to_string()))?;
-    let result = async {
-        let resp = sender
-            .send_request(req)
-            .await
-            .map_err(|e| Error::Http(e.to_string()))?;
-        if resp.status() != hyper::StatusCode::OK {
-            return Err(Error::Http(format!("HTTP status {}", resp.status())));
-        }
-        // A trailers-only answer carries the gRPC status in the headers.
-        if let Some(status) = grpc_status(resp.headers()) {
-            status?;
-        }
-        let collected = Limited::new(resp.into_body(), MAX_RESPONSE_BYTES)
-            .collect()
-            .await
-            .map_err(|e| Error::Http(e.to_string()))?;
-        if let Some(status) = collected.trailers().and_then(grpc_status) {
-            status?;
-        }
-        let msg = grpc_unframe(collected.to_bytes())?;
-        <ListPodResourcesResponse as prost::Message>::decode(msg)
-            .map_err(|e| Error::Decode(e.to_string()))
-    }
-    .await;
-    driver.abort();
-    result
-}
+#[path = "discovery_podresources.rs"]
+mod podresources;
+#[cfg(test)]
+use podresources::{grpc_frame, grpc_unframe};
+pub use podresources::{
+    list_pod_resources, ContainerDevices, ContainerResources, Error, ListPodResourcesRequest,
+    ListPodResourcesResponse, PodResources,
+};
 
 #[cfg(test)]
 #[path = "discovery_tests.rs"]

@@ -3,6 +3,8 @@
 
 use super::*;
 use crate::api::Condition;
+use bytes::Bytes;
+use std::path::Path;
 
 fn gpu(index: u32, uuid: &str) -> NvmlGpu {
     NvmlGpu {
@@ -97,6 +99,9 @@ fn ids_match_uuids_in_any_case_or_indices_once_each() {
     let (found, missing) = match_ids(&ids, &node());
     assert_eq!(found, vec![gpu(1, "GPU-bbbb"), gpu(2, "GPU-cccc")]);
     assert_eq!(missing, strings(&["GPU-zzzz"]));
+    // torch names a GPU without NVML's prefix.
+    let (found, _) = match_ids(&strings(&["dddd", "GPU-"]), &node());
+    assert_eq!(found, vec![gpu(3, "GPU-dddd")]);
 }
 
 #[test]
@@ -145,7 +150,7 @@ fn an_explicit_list_picks_among_nvmls_gpus() {
     let mut o = opts();
     o.gpus = strings(&["GPU-dddd", "GPU-bbbb", "GPU-gone"]);
     let all = node();
-    let d = decide(&o, Ok(&all), None);
+    let d = decide(&o, Ok(&all), None, &[]);
     assert_eq!(d.method, DiscoveryMethod::ExplicitUuids);
     assert_eq!(indices(&d), vec![1, 3]);
     assert_condition(
@@ -156,13 +161,13 @@ fn an_explicit_list_picks_among_nvmls_gpus() {
     );
 
     o.gpus = strings(&["GPU-gone"]);
-    let d = decide(&o, Ok(&all), None);
+    let d = decide(&o, Ok(&all), None, &[]);
     assert!(d.gpus.is_empty());
     assert_condition(&d.condition, false, "ExplicitUuids", "nvidia-smi -L");
 
     o.gpus.clear();
     o.mode = DiscoveryMode::Explicit;
-    let d = decide(&o, Ok(&all), None);
+    let d = decide(&o, Ok(&all), None, &[]);
     assert_condition(
         &d.condition,
         false,
@@ -177,12 +182,12 @@ fn the_kubelets_answer_decides_and_never_falls_back_to_the_whole_node() {
     let o = opts();
     let found = |ids: &[&str]| Some(PodLookup::Found(strings(ids)));
 
-    let d = decide(&o, Ok(&all), found(&["GPU-cccc::1", "GPU-dddd"]));
+    let d = decide(&o, Ok(&all), found(&["GPU-cccc::1", "GPU-dddd"]), &[]);
     assert_eq!(d.method, DiscoveryMethod::PodResources);
     assert_eq!(indices(&d), vec![2, 3]);
     assert_condition(&d.condition, true, "PodResources", "pod ml/train-0");
 
-    let d = decide(&o, Ok(&all), found(&["GPU-elsewhere"]));
+    let d = decide(&o, Ok(&all), found(&["GPU-elsewhere"]), &[]);
     assert!(d.gpus.is_empty());
     assert_condition(
         &d.condition,
@@ -191,45 +196,182 @@ fn the_kubelets_answer_decides_and_never_falls_back_to_the_whole_node() {
         "NVIDIA_VISIBLE_DEVICES=all",
     );
 
-    let d = decide(&o, Ok(&all), found(&[]));
+    let d = decide(&o, Ok(&all), found(&[]), &[]);
     assert_condition(&d.condition, false, "AgentOnly", "no nvidia.com/gpu device");
 
-    let d = decide(&o, Ok(&all), Some(PodLookup::PodNotFound));
+    let d = decide(&o, Ok(&all), Some(PodLookup::PodNotFound), &[]);
     assert_condition(&d.condition, false, "AgentOnly", "POD_NAME");
 
-    let d = decide(&o, Ok(&all), Some(PodLookup::Failed("refused".into())));
+    let d = decide(&o, Ok(&all), Some(PodLookup::Failed("refused".into())), &[]);
     assert!(d.gpus.is_empty());
     assert_condition(&d.condition, false, "AgentOnly", "refused");
 }
 
+/// A sidecar in a pod: how many GPUs the pod requested, nothing else said.
+fn requested(m: Option<u32>) -> DiscoveryOptions {
+    DiscoveryOptions {
+        requested_gpus: m,
+        ..opts()
+    }
+}
+
 #[test]
-fn without_a_list_or_a_kubelet_every_gpu_nvml_sees_is_sampled() {
+fn every_gpu_nvml_sees_only_when_the_pod_requested_at_least_as_many() {
     let all = node();
-    let d = decide(&opts(), Ok(&all), None);
+    for m in [4, 8] {
+        let d = decide(&requested(Some(m)), Ok(&all), None, &[]);
+        assert_eq!(d.method, DiscoveryMethod::AllVisible);
+        assert_eq!(indices(&d), vec![0, 1, 2, 3]);
+        assert_condition(&d.condition, true, "AllVisible", "all 4 GPU(s)");
+        assert!(d
+            .condition
+            .message
+            .contains(&format!("the {m} nvidia.com/gpu the pod requested")));
+    }
+}
+
+#[test]
+fn more_gpus_than_the_pod_requested_and_nothing_naming_its_own_report_none() {
+    let all = node();
+    for (m, needle) in [
+        (Some(1), "the pod requested 1 nvidia.com/gpu"),
+        (Some(3), "the pod requested 3 nvidia.com/gpu"),
+        (Some(0), "the pod requests no nvidia.com/gpu"),
+        (None, "MEMPROF_REQUESTED_GPUS is not set"),
+    ] {
+        let d = decide(&requested(m), Ok(&all), None, &[]);
+        assert_eq!(d.method, DiscoveryMethod::AmbiguousGpus, "{m:?}");
+        assert!(d.gpus.is_empty(), "never another tenant's GPUs: {m:?}");
+        assert_condition(&d.condition, false, "AmbiguousGpus", needle);
+        assert_condition(
+            &d.condition,
+            false,
+            "AmbiguousGpus",
+            "gpuAccess=podResources",
+        );
+        assert!(
+            !d.condition.message.contains("GPU-"),
+            "other tenants' GPUs are not named in this pod's report: {}",
+            d.condition.message
+        );
+    }
+}
+
+#[test]
+fn what_names_the_pods_gpus_comes_before_the_count() {
+    let all = node();
+    let one = requested(Some(1));
+
+    let mut o = one.clone();
+    o.gpus = strings(&["GPU-cccc"]);
+    let d = decide(&o, Ok(&all), None, &[]);
+    assert_eq!(
+        (d.method, indices(&d)),
+        (DiscoveryMethod::ExplicitUuids, vec![2])
+    );
+
+    let kubelet = Some(PodLookup::Found(strings(&["GPU-dddd"])));
+    let d = decide(&one, Ok(&all), kubelet, &strings(&["GPU-aaaa"]));
+    assert_eq!(
+        (d.method, indices(&d)),
+        (DiscoveryMethod::PodResources, vec![3])
+    );
+
+    // torch's UUIDs have no `GPU-` prefix.
+    let d = decide(&one, Ok(&all), None, &strings(&["BBBB"]));
+    assert_eq!(
+        (d.method, indices(&d)),
+        (DiscoveryMethod::AgentUuids, vec![1])
+    );
+    assert_condition(
+        &d.condition,
+        true,
+        "AgentUuids",
+        "named by the in-process agent",
+    );
+
+    let d = decide(&one, Ok(&all), None, &strings(&["GPU-elsewhere"]));
+    assert!(d.gpus.is_empty());
+    assert_condition(&d.condition, false, "AgentUuids", "GPU-elsewhere");
+    assert!(
+        !d.condition.message.contains("GPU-aaaa"),
+        "{:?}",
+        d.condition
+    );
+}
+
+#[test]
+fn a_machine_or_an_explicit_all_samples_every_gpu() {
+    let all = node();
+    let mut o = requested(None);
+    o.whole_machine = true;
+    let d = decide(&o, Ok(&all), None, &[]);
+    assert_eq!(indices(&d), vec![0, 1, 2, 3]);
+    assert_condition(
+        &d.condition,
+        true,
+        "AllVisible",
+        "all 4 GPU(s) NVML sees: GPU-aaaa",
+    );
+
+    let mut o = requested(Some(1));
+    o.mode = DiscoveryMode::All;
+    let d = decide(&o, Ok(&all), None, &[]);
     assert_eq!(d.method, DiscoveryMethod::AllVisible);
     assert_eq!(indices(&d), vec![0, 1, 2, 3]);
-    assert_condition(&d.condition, true, "AllVisible", "all 4 GPU(s)");
 
     let mut o = opts();
     o.mode = DiscoveryMode::PodResources;
-    let d = decide(&o, Ok(&all), None);
+    let d = decide(&o, Ok(&all), None, &[]);
     assert_condition(&d.condition, false, "AgentOnly", "not asked");
 }
 
 #[test]
+fn the_requested_count_and_the_scope_come_from_the_environment() {
+    fn vars<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |k: &str| {
+            pairs
+                .iter()
+                .find(|(name, _)| *name == k)
+                .map(|(_, v)| v.to_string())
+        }
+    }
+    let in_pod = [
+        ("MEMPROF_REQUESTED_GPUS", " 2 "),
+        ("KUBERNETES_SERVICE_HOST", "127.0.0.1"),
+    ];
+    let o = DiscoveryOptions::from_vars(vars(&in_pod)).unwrap();
+    assert_eq!((o.requested_gpus, o.whole_machine), (Some(2), false));
+
+    let o = DiscoveryOptions::from_vars(vars(&[])).unwrap();
+    assert_eq!(
+        (o.requested_gpus, o.whole_machine),
+        (None, true),
+        "a machine"
+    );
+
+    let e = DiscoveryOptions::from_vars(vars(&[("MEMPROF_REQUESTED_GPUS", "two")])).unwrap_err();
+    assert!(e.contains("MEMPROF_REQUESTED_GPUS"), "{e}");
+    assert!(
+        !DiscoveryOptions::default().whole_machine,
+        "safe by default"
+    );
+}
+
+#[test]
 fn no_nvml_or_no_gpu_is_said_never_sampled_as_zeros() {
-    let d = decide(&opts(), Err("cannot load libnvidia-ml.so.1"), None);
+    let d = decide(&opts(), Err("cannot load libnvidia-ml.so.1"), None, &[]);
     assert_eq!(d.method, DiscoveryMethod::NvmlUnavailable);
     assert!(d.gpus.is_empty());
     assert_condition(&d.condition, false, "NvmlUnavailable", "libnvidia-ml.so.1");
 
-    let d = decide(&opts(), Ok(&[]), None);
+    let d = decide(&opts(), Ok(&[]), None, &[]);
     assert_condition(&d.condition, false, "AgentOnly", "NVML sees no GPU");
 
     let mut o = opts();
     o.mode = DiscoveryMode::Agent;
     let all = node();
-    let d = decide(&o, Ok(&all), None);
+    let d = decide(&o, Ok(&all), None, &[]);
     assert_condition(&d.condition, false, "AgentOnly", "in-process agent");
 }
 
