@@ -54,6 +54,18 @@ enum Command {
         #[command(subcommand)]
         command: memprof::cli::policy::Command,
     },
+    /// Copy the Python agent and its startup hook into DIR (what the init
+    /// container added for `memprof.dev/agent: "python"` runs).
+    InstallAgent {
+        /// Target directory (the pod's shared volume).
+        dir: std::path::PathBuf,
+        /// The agent tree to copy.
+        #[arg(long, default_value = memprof::cli::install_agent::DEFAULT_SOURCE)]
+        from: std::path::PathBuf,
+        /// On failure say why and exit 0: the pod then starts without the agent.
+        #[arg(long)]
+        best_effort: bool,
+    },
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -122,6 +134,20 @@ async fn main() -> anyhow::Result<()> {
             }
         }
         Command::Policy { command } => memprof::cli::policy::run(command).await?,
+        Command::InstallAgent {
+            dir,
+            from,
+            best_effort,
+        } => match memprof::cli::install_agent::install(&from, &dir) {
+            Ok(n) => println!(
+                "installed the memprof agent ({n} files) into {}",
+                dir.display()
+            ),
+            Err(e) if best_effort => {
+                eprintln!("memprof install-agent: {e}; the trainers start without the agent")
+            }
+            Err(e) => return Err(e.into()),
+        },
     }
     Ok(())
 }

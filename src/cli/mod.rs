@@ -2,5 +2,6 @@
 //! offline trace analysis and the cluster report.
 
 pub mod analyze;
+pub mod install_agent;
 pub mod policy;
 pub mod report;
