@@ -1,0 +1,275 @@
+"""Reading the trainer's torch: allocator statistics, device identity, rank,
+OOM snapshots. Everything here runs on the agent's daemon thread (or once,
+synchronously, at an OOM) and never on a training step.
+
+torch is taken from sys.modules, never imported: the agent must not import
+torch into a process that does not use it, nor initialize CUDA in one that
+has not (a CUDA context is ~500 MB of every GPU it touches)."""
+
+import os
+import sys
+
+# Bounds of the push format (docs/agent.md); the sidecar refuses more.
+MAX_DEVICES = 16
+MAX_BLOCKS = 16
+MAX_FRAMES = 8
+MAX_NAME = 64
+MAX_FRAME_TEXT = 256
+MAX_MESSAGE = 1024
+MAX_UUID = 96
+
+# memory_stats() keys -> push fields (docs/agent.md).
+_CURRENT = (
+    ("allocatedBytes", "allocated_bytes.all.current"),
+    ("reservedBytes", "reserved_bytes.all.current"),
+    ("activeBytes", "active_bytes.all.current"),
+    ("inactiveSplitBytes", "inactive_split_bytes.all.current"),
+    ("requestedBytes", "requested_bytes.all.current"),
+    ("peakAllocatedBytes", "allocated_bytes.all.peak"),
+    ("peakReservedBytes", "reserved_bytes.all.peak"),
+    ("segments", "segment.all.current"),
+    ("allocRetries", "num_alloc_retries"),
+    ("numOoms", "num_ooms"),
+)
+
+
+def truncate(text, max_bytes, keep_end=False):
+    """Cuts text to at most max_bytes of UTF-8 (file paths keep their end,
+    which is the informative part)."""
+    if text is None:
+        return None
+    text = str(text)
+    raw = text.encode("utf-8", "ignore")
+    if len(raw) <= max_bytes:
+        return text
+    cut = raw[-max_bytes:] if keep_end else raw[:max_bytes]
+    return cut.decode("utf-8", "ignore")
+
+
+def loaded_torch():
+    """The torch module if the trainer imported it, else None."""
+    return sys.modules.get("torch")
+
+
+def cuda_ready(torch):
+    """Whether CUDA is initialized in this process (reading earlier would
+    initialize it from our thread)."""
+    try:
+        cuda = torch.cuda
+        return bool(cuda.is_available() and cuda.is_initialized())
+    except Exception:
+        return False
+
+
+class DeviceCache:
+    """Per-device facts that never change (UUID, name), read once."""
+
+    def __init__(self):
+        self._known = {}
+
+    def identity(self, torch, index):
+        if index not in self._known:
+            uuid = name = None
+            try:
+                props = torch.cuda.get_device_properties(index)
+                name = truncate(getattr(props, "name", None), MAX_NAME)
+                raw = getattr(props, "uuid", None)
+                if raw is not None:
+                    raw = str(raw)
+                    uuid = raw if raw.startswith("GPU-") else "GPU-" + raw
+                    uuid = truncate(uuid, MAX_UUID)
+            except Exception:
+                pass
+            self._known[index] = (uuid, name)
+        return self._known[index]
+
+
+def devices_in_use(torch):
+    """CUDA ordinals this process uses: the current device and every device
+    where the allocator holds memory. Not every visible device: calling
+    mem_get_info on a device the process never touched would create a CUDA
+    context there (torchrun ranks often see all 8 GPUs and use one)."""
+    cuda = torch.cuda
+    count = min(int(cuda.device_count()), MAX_DEVICES)
+    current = cuda.current_device()
+    used = []
+    for i in range(count):
+        stats = cuda.memory_stats(i)
+        if i == current or stats.get("reserved_bytes.all.current", 0) > 0:
+            used.append((i, stats))
+    return used
+
+
+def read_devices(torch, cache, reset_peaks=True):
+    """One entry per device in use: memory_stats() read once, then the
+    peaks reset so the next push's peaks cover exactly the interval."""
+    out = []
+    for index, stats in devices_in_use(torch):
+        entry = {"index": index}
+        uuid, name = cache.identity(torch, index)
+        if uuid:
+            entry["uuid"] = uuid
+        if name:
+            entry["name"] = name
+        for field, key in _CURRENT:
+            value = stats.get(key)
+            if value is not None:
+                entry[field] = int(value)
+        entry.setdefault("allocatedBytes", 0)
+        entry.setdefault("reservedBytes", 0)
+        if reset_peaks:
+            try:
+                torch.cuda.reset_peak_memory_stats(index)
+            except Exception:
+                # No reset: the peak covers more than the interval, never less.
+                pass
+        try:
+            free, total = torch.cuda.mem_get_info(index)
+            if total > 0:
+                entry["freeBytes"], entry["totalBytes"] = int(free), int(total)
+        except Exception:
+            pass
+        _make_consistent(entry)
+        out.append(entry)
+    return out
+
+
+def _make_consistent(entry):
+    """The allocator's numbers are read without its lock held across keys;
+    keep the invariants the sidecar checks (docs/agent.md) true."""
+    reserved = entry["reservedBytes"]
+    if entry["allocatedBytes"] > reserved:
+        entry["allocatedBytes"] = reserved
+    for field in ("activeBytes", "inactiveSplitBytes"):
+        if field in entry and entry[field] > reserved:
+            entry[field] = reserved
+    if "peakAllocatedBytes" in entry:
+        entry["peakAllocatedBytes"] = max(entry["peakAllocatedBytes"], entry["allocatedBytes"])
+    if "peakReservedBytes" in entry:
+        entry["peakReservedBytes"] = max(entry["peakReservedBytes"], reserved)
+    total = entry.get("totalBytes")
+    if total is not None:
+        entry["freeBytes"] = min(entry["freeBytes"], total)
+        if reserved > total:
+            entry.pop("freeBytes")
+            entry.pop("totalBytes")
+
+
+def ranks(torch):
+    """(rank, local_rank, world_size): torch.distributed when initialized,
+    else the launcher's environment."""
+
+    def env_int(name):
+        try:
+            return int(os.environ[name])
+        except (KeyError, ValueError):
+            return None
+
+    rank, world = env_int("RANK"), env_int("WORLD_SIZE")
+    try:
+        dist = torch.distributed if torch is not None else None
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            rank, world = int(dist.get_rank()), int(dist.get_world_size())
+    except Exception:
+        pass
+    return rank, env_int("LOCAL_RANK"), world
+
+
+def record_history(torch, max_entries):
+    """Turns on the allocator's history recording (stack frames of every
+    allocation from now on), Python frames only: they name the training
+    code, and C++ frames cost more. Returns whether it is on."""
+    memory = torch.cuda.memory
+    try:
+        memory._record_memory_history(max_entries=max_entries, stacks="python")
+    except TypeError:
+        memory._record_memory_history(max_entries=max_entries)
+    return True
+
+
+def _user_frames(frames):
+    """The frames that name the trainer's code, innermost first: torch's
+    and our own frames say nothing about who allocated."""
+    def ours(f):
+        name = str(f.get("filename", ""))
+        return (
+            name.startswith("??")
+            or "/torch/" in name
+            or "memprof_agent" in name
+        )
+
+    picked = [f for f in frames if not ours(f)] or list(frames)
+    return [
+        {
+            "filename": truncate(f.get("filename", ""), MAX_FRAME_TEXT, keep_end=True),
+            "line": max(0, int(f.get("line", 0) or 0)),
+            "name": truncate(f.get("name", ""), MAX_FRAME_TEXT),
+        }
+        for f in picked[:MAX_FRAMES]
+    ]
+
+
+def oom_snapshot(torch, device, requested, message):
+    """What held the memory: the largest live blocks of `device` (all
+    devices when None) from the allocator's own snapshot, with frames when
+    history recording is on."""
+    snap = {"message": truncate(message or "", MAX_MESSAGE), "source": "none", "blocks": []}
+    if device is not None:
+        snap["device"] = int(device)
+    if requested is not None:
+        snap["requestedBytes"] = int(requested)
+    try:
+        raw = torch.cuda.memory._snapshot()
+    except Exception:
+        return snap
+    blocks, with_frames = [], False
+    for seg in raw.get("segments", []):
+        if device is not None and seg.get("device", device) != device:
+            continue
+        for b in seg.get("blocks", []):
+            if not str(b.get("state", "")).startswith("active"):
+                continue
+            frames = b.get("frames") or []
+            with_frames = with_frames or bool(frames)
+            blocks.append((int(b.get("size", 0)), b, frames))
+    blocks.sort(key=lambda x: -x[0])
+    snap["source"] = "history" if with_frames else "segments"
+    for size, b, frames in blocks[:MAX_BLOCKS]:
+        entry = {
+            "sizeBytes": size,
+            "state": truncate(b.get("state", ""), MAX_NAME),
+            "frames": _user_frames(frames),
+        }
+        if b.get("requested_size") is not None:
+            entry["requestedBytes"] = int(b["requested_size"])
+        snap["blocks"].append(entry)
+    return snap
+
+
+def is_cuda_oom(exc):
+    """Whether exc (or what caused it) is a CUDA out-of-memory error."""
+    seen = 0
+    while exc is not None and seen < 8:
+        torch = loaded_torch()
+        oom_type = getattr(torch, "OutOfMemoryError", None) if torch else None
+        if oom_type is not None and isinstance(exc, oom_type):
+            return True
+        if isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower() and "cuda" in str(exc).lower():
+            return True
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return False
+
+
+def requested_from_message(message):
+    """Bytes a CUDA OOM message says were asked for ('Tried to allocate 2.00 GiB')."""
+    units = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
+    marker = "Tried to allocate "
+    at = message.find(marker)
+    if at < 0:
+        return None
+    parts = message[at + len(marker):].split()
+    try:
+        return int(float(parts[0]) * units[parts[1].rstrip(".;,")])
+    except (IndexError, KeyError, ValueError):
+        return None

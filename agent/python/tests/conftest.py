@@ -1,0 +1,208 @@
+"""Fixtures: a real memprof-sidecar process (sim backend, --standalone, an
+OS-chosen loopback port), the fake torch, and small HTTP servers that
+misbehave. Every process and temporary directory is removed at teardown."""
+
+import http.server
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[2]
+sys.path.insert(0, str(HERE.parent))  # the package, without installing it
+sys.path.insert(0, str(HERE))
+
+import fake_torch  # noqa: E402
+import memprof_agent  # noqa: E402
+
+
+def sidecar_binary():
+    path = os.environ.get("MEMPROF_SIDECAR_BIN") or str(ROOT / "target" / "debug" / "memprof-sidecar")
+    if not os.access(path, os.X_OK):
+        pytest.fail("no memprof-sidecar binary at %s: run `cargo build -p memprof-sidecar` or set MEMPROF_SIDECAR_BIN" % path)
+    return path
+
+
+class Sidecar:
+    """A memprof-sidecar process; stopped by PID at teardown."""
+
+    def __init__(self, workdir, extra_args=()):
+        scenario = Path(workdir) / "scenario.yaml"
+        scenario.write_text("totalGiB: 80\ndefault: { baseGiB: 10, amplitudeGiB: 0, noiseGiB: 0 }\n")
+        self.log_path = Path(workdir) / "sidecar.log"
+        self._log = open(self.log_path, "w")
+        args = [sidecar_binary(), "--standalone", "--listen", "127.0.0.1:0", "--interval", "100ms"]
+        args += list(extra_args) or ["--backend", "sim", "--scenario", str(scenario)]
+        env = dict(os.environ, RUST_LOG="info", NO_COLOR="1")
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=self._log, env=env)
+        self.port = self._wait_for_port()
+        self.url = "http://127.0.0.1:%d/v1/agent" % self.port
+
+    def _wait_for_port(self):
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            text = self.log_path.read_text()
+            m = re.search(r"addr=127\.0\.0\.1:(\d+)", text)
+            if m:
+                return int(m.group(1))
+            if self.proc.poll() is not None:
+                raise RuntimeError("memprof-sidecar exited: %s" % text)
+            time.sleep(0.02)
+        raise RuntimeError("memprof-sidecar did not say its address: %s" % self.log_path.read_text())
+
+    def get(self, path):
+        with urllib.request.urlopen("http://127.0.0.1:%d%s" % (self.port, path), timeout=5) as r:
+            return r.read().decode()
+
+    def report(self):
+        try:
+            return json.loads(self.get("/v1/report"))
+        except Exception:
+            return None
+
+    def wait_report(self, predicate, timeout=10.0):
+        """The first report satisfying predicate (the sidecar analyses once a second)."""
+        deadline = time.time() + timeout
+        last = None
+        while time.time() < deadline:
+            last = self.report()
+            if last is not None and predicate(last):
+                return last
+            time.sleep(0.1)
+        raise AssertionError("no report matched within %ss; last: %s" % (timeout, json.dumps(last)[:3000]))
+
+    def agent_pushes(self):
+        m = re.search(r"memprof_sidecar_agent_pushes_total (\d+)", self.get("/metrics"))
+        return int(m.group(1)) if m else 0
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+@pytest.fixture
+def workdir():
+    with tempfile.TemporaryDirectory(prefix="memprof-agent-test-") as d:
+        yield Path(d)
+
+
+@pytest.fixture
+def sidecar(workdir):
+    s = Sidecar(workdir)
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def fake():
+    f = fake_torch.install()
+    yield f
+    memprof_agent.stop()
+    fake_torch.uninstall()
+
+
+@pytest.fixture(autouse=True)
+def clean_agent():
+    memprof_agent.stop()
+    memprof_agent._core.MARKERS.__init__()
+    yield
+    memprof_agent.stop()
+
+
+def closed_port():
+    """A loopback port nobody listens on."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+class Misbehaving:
+    """An HTTP server on loopback that answers every push one bad way:
+    'status:500', 'status:400', 'garbage' (bytes that are not HTTP), 'hang'
+    (reads, never answers), 'close' (closes at once)."""
+
+    def __init__(self, mode):
+        self.mode = mode
+        self.hits = 0
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.url = "http://127.0.0.1:%d/v1/agent" % self.port
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self):
+        self.sock.settimeout(0.1)
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            self.hits += 1
+            with conn:
+                conn.settimeout(2)
+                try:
+                    if self.mode == "close":
+                        continue
+                    conn.recv(65536)
+                    if self.mode.startswith("status:"):
+                        code = int(self.mode.split(":")[1])
+                        conn.sendall(b"HTTP/1.1 %d Nope\r\nContent-Length: 5\r\n\r\nnope\n" % code)
+                    elif self.mode == "garbage":
+                        conn.sendall(b"\x00\xffnot http at all\r\n\r\n")
+                    elif self.mode == "hang":
+                        self._stop.wait(3)
+                except OSError:
+                    pass
+
+    def close(self):
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.sock.close()
+
+
+@pytest.fixture
+def misbehaving():
+    servers = []
+
+    def make(mode):
+        s = Misbehaving(mode)
+        servers.append(s)
+        return s
+
+    yield make
+    for s in servers:
+        s.close()
+
+
+def wait_until(predicate, timeout=5.0):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return predicate()
+
+
+__all__ = ["Sidecar", "closed_port", "wait_until", "fake_torch", "memprof_agent", "http"]
