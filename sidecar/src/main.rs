@@ -43,12 +43,14 @@ pub struct Args {
     /// Faster sampling interval used while the risk is medium or above.
     #[arg(long, env = "MEMPROF_FAST_INTERVAL", value_parser = parse_interval)]
     pub fast_interval: Option<Duration>,
-    /// Address of the local HTTP endpoints (/healthz, /metrics, /v1/report, POST /v1/agent); port 0 picks one.
+    /// Address of the local HTTP endpoints (/healthz, /metrics, /v1/report, POST /v1/agent)
+    /// when `--port` is not set; port 0 picks one.
     #[arg(long, env = "MEMPROF_LISTEN", default_value = "127.0.0.1:9464")]
     pub listen: std::net::SocketAddr,
-    /// Serve the endpoints on all interfaces at this port instead of `--listen`
-    /// (set by the injection, so Prometheus can scrape `/metrics`; `POST /v1/agent`
-    /// still only takes loopback peers).
+    /// Serve the endpoints on all IPv4 interfaces (0.0.0.0) at this port instead of
+    /// `--listen` (set by the injection, so Prometheus can scrape `/metrics`;
+    /// `POST /v1/agent` still only takes loopback peers). A port that cannot be
+    /// bound is logged, counted and reported, never fatal.
     #[arg(long, env = "MEMPROF_PORT")]
     pub port: Option<u16>,
     /// Pod name (downward API).
@@ -127,7 +129,8 @@ fn main() -> std::process::ExitCode {
     match rt.block_on(run::run(args)) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            // Bad flags or files only: runtime failures are logged and retried, never fatal.
+            // Bad flags or files only: runtime failures (the API server, the
+            // endpoints' port) are logged and counted, never fatal.
             eprintln!("memprof-sidecar: {e:#}");
             std::process::ExitCode::from(2)
         }

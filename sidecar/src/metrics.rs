@@ -37,6 +37,8 @@ pub struct Metrics {
     pub report_write_errors: Family<ReasonLabel, Counter>,
     /// Pushes received from the in-process agent.
     pub agent_pushes: Counter,
+    /// Failures to listen for the endpoints (port taken, address not allowed).
+    pub listen_errors: Counter,
     /// 1 when GPUs are visible to the sidecar, 0 when not (then no GPU numbers are data).
     pub gpu_visible: Gauge,
     /// Used memory, bytes.
@@ -61,6 +63,7 @@ impl Metrics {
             report_writes: Family::default(),
             report_write_errors: Family::default(),
             agent_pushes: Counter::default(),
+            listen_errors: Counter::default(),
             gpu_visible: Gauge::default(),
             gpu_used: Family::default(),
             gpu_peak: Family::default(),
@@ -98,6 +101,11 @@ impl Metrics {
             "memprof_sidecar_agent_pushes",
             "Pushes from the in-process agent",
             m.agent_pushes.clone(),
+        );
+        r.register(
+            "memprof_sidecar_listen_errors",
+            "Failures to listen for the endpoints (sampling and reports go on)",
+            m.listen_errors.clone(),
         );
         r.register(
             "memprof_gpu_visible",

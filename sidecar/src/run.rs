@@ -5,17 +5,52 @@ use crate::metrics::{GpuLabel, Metrics};
 use crate::{gpus, identity, server, writer, Args};
 use anyhow::Context;
 use memprof::analysis::Thresholds;
-use memprof::api::{MemoryReportSpec, RiskLevel};
+use memprof::api::{Condition, MemoryReportSpec, RiskLevel};
 use memprof::monitor::Monitor;
 use prometheus_client::registry::Registry;
 use std::io::Write;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 /// How often the analysis runs, whatever the sampling rate: it is cheap, but
 /// there is no point re-fitting envelopes of 10 s buckets at 100 Hz.
 const ANALYSIS_EVERY: Duration = Duration::from_secs(1);
+
+/// Condition a report carries when the endpoints could not listen.
+pub const ENDPOINTS_CONDITION: &str = "EndpointsServing";
+
+/// Where the endpoints listen: `--port` on every interface, so Prometheus can
+/// scrape the pod IP (`POST /v1/agent` still takes loopback peers only), else
+/// `--listen`. IPv4 only: on a dual-stack socket a loopback peer shows as
+/// `::ffff:127.0.0.1`, which the agent endpoint would refuse.
+pub fn listen_addr(args: &Args) -> SocketAddr {
+    match args.port {
+        Some(port) => SocketAddr::from((Ipv4Addr::UNSPECIFIED, port)),
+        None => args.listen,
+    }
+}
+
+/// Binds the endpoints' listener. A failure is logged, counted and returned
+/// as a condition for the report, never fatal: the port may be the
+/// trainer's (9464 is also OpenTelemetry's Prometheus exporter's), and a
+/// sidecar that exits non-zero fails a legacy sidecar's training pod. Not
+/// retried: a retry could take the port in the moment a restarting trainer
+/// lets go of it, and fail the trainer instead.
+async fn bind(addr: SocketAddr, metrics: &Metrics) -> Result<TcpListener, Condition> {
+    TcpListener::bind(addr).await.map_err(|e| {
+        metrics.listen_errors.inc();
+        let message = format!(
+            "cannot listen on {addr}: {e}; /healthz, /metrics, /v1/report and POST /v1/agent \
+             are not served, sampling and reports go on. Give the sidecar a free port with the \
+             annotation memprof.dev/port (or --port / MEMPROF_PORT)"
+        );
+        tracing::error!("{message}");
+        Condition::new(ENDPOINTS_CONDITION, false, "ListenFailed", message)
+    })
+}
 
 fn now_rfc3339() -> String {
     jiff::Timestamp::now()
@@ -72,20 +107,28 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let (write_tx, write_rx) = watch::channel::<Option<(Reason, MemoryReportSpec)>>(None);
     let (stop_tx, stop_rx) = watch::channel(false);
 
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .with_context(|| format!("cannot listen on {}", args.listen))?;
-    tracing::info!(addr = %listener.local_addr()?, "serving /healthz, /metrics, /v1/report, POST /v1/agent");
+    let mut conditions = vec![visible];
     let shared = server::Shared {
         registry: Arc::new(Mutex::new(registry)),
         report: report_rx,
         agent: agent_inbox.clone(),
         metrics: metrics.clone(),
     };
-    let mut stop = stop_rx.clone();
-    let server_task = tokio::spawn(server::serve(listener, shared, async move {
-        let _ = stop.wait_for(|s| *s).await;
-    }));
+    let server_task = match bind(listen_addr(&args), &metrics).await {
+        Ok(listener) => {
+            if let Ok(addr) = listener.local_addr() {
+                tracing::info!(%addr, "serving /healthz, /metrics, /v1/report, POST /v1/agent");
+            }
+            let mut stop = stop_rx.clone();
+            Some(tokio::spawn(server::serve(listener, shared, async move {
+                let _ = stop.wait_for(|s| *s).await;
+            })))
+        }
+        Err(condition) => {
+            conditions.push(condition);
+            None
+        }
+    };
 
     let writer_task = if args.standalone {
         None
@@ -197,7 +240,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 &id,
                 now_rfc3339(),
                 args.interval.as_millis() as u64,
-                vec![visible.clone()],
+                conditions.clone(),
             );
             if risk != last_risk {
                 transition(&args, &report, last_risk, t - t0);
@@ -247,7 +290,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             &id,
             now_rfc3339(),
             args.interval.as_millis() as u64,
-            vec![visible.clone()],
+            conditions.clone(),
         );
         std::fs::write(path, serde_json::to_string_pretty(&report)?)
             .with_context(|| format!("cannot write {path}"))?;
@@ -259,7 +302,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
     }
     let _ = stop_tx.send(true);
-    let _ = tokio::time::timeout(Duration::from_secs(5), server_task).await;
+    if let Some(task) = server_task {
+        let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
+    }
     tracing::info!(
         samples = metrics.samples.get(),
         writes = metrics.writes_total(),
@@ -350,4 +395,35 @@ async fn shutdown_signal() {
     }
     #[cfg(not(unix))]
     let _ = ctrl_c.await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[test]
+    fn port_means_every_interface_and_wins_over_listen() {
+        let args = |argv: &[&str]| {
+            Args::try_parse_from(["memprof-sidecar"].iter().chain(argv)).expect("valid flags")
+        };
+        let a = args(&["--listen", "127.0.0.1:9000"]);
+        assert_eq!(listen_addr(&a), "127.0.0.1:9000".parse().unwrap());
+        let a = args(&["--listen", "127.0.0.1:9000", "--port", "9500"]);
+        assert_eq!(listen_addr(&a), "0.0.0.0:9500".parse().unwrap());
+    }
+
+    #[tokio::test]
+    async fn a_taken_port_is_counted_and_reported_not_fatal() {
+        let taken = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = taken.local_addr().unwrap();
+        let metrics = Metrics::new(&mut Registry::default());
+        let c = bind(addr, &metrics).await.unwrap_err();
+        assert_eq!(metrics.listen_errors.get(), 1);
+        assert_eq!(
+            (c.type_.as_str(), c.is_true(), c.reason.as_str()),
+            (ENDPOINTS_CONDITION, false, "ListenFailed")
+        );
+        assert!(c.message.contains("memprof.dev/port"), "{}", c.message);
+    }
 }
