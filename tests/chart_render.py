@@ -219,6 +219,43 @@ def check_webhook(case: str, docs: list[dict], cert_manager: bool) -> None:
         )
 
 
+def check_network_policy() -> None:
+    """Ingress only on the webhook and metrics ports; any source unless narrowed."""
+
+    def sources(docs: list[dict]) -> dict | None:
+        np = one(docs, "NetworkPolicy")
+        return {r["ports"][0]["port"]: r.get("from") for r in np["spec"]["ingress"]} if np else None
+
+    docs = render({})
+    np, dep = one(docs, "NetworkPolicy"), one(docs, "Deployment")
+    pod_labels = dep["spec"]["template"]["metadata"]["labels"]
+    check(
+        "networkPolicy: the operator pods, ingress on ports 8443 and 8080 only, from anywhere by default",
+        np is not None
+        and np["spec"]["policyTypes"] == ["Ingress"]
+        and all(pod_labels.get(k) == v for k, v in np["spec"]["podSelector"]["matchLabels"].items())
+        and sources(docs) == {8443: None, 8080: None},
+        str(sources(docs)),
+    )
+    monitoring = {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}
+    docs = render({"networkPolicy": {"apiServerCIDRs": ["127.0.0.1/32"], "metricsNamespaceSelector": monitoring}})
+    check(
+        "networkPolicy: apiServerCIDRs and metricsNamespaceSelector narrow the sources",
+        sources(docs) == {8443: [{"ipBlock": {"cidr": "127.0.0.1/32"}}], 8080: [{"namespaceSelector": monitoring}]},
+        str(sources(docs)),
+    )
+    check(
+        "networkPolicy: webhook disabled leaves only the metrics port",
+        sources(render({"webhook": {"enabled": False}})) == {8080: None},
+    )
+    check("networkPolicy: disabled renders none", one(render({"networkPolicy": {"enabled": False}}), "NetworkPolicy") is None)
+    try:
+        render({"networkPolicy": {"apiServerCIDRs": ["apiserver"]}})
+        check("schema rejects a non-CIDR in networkPolicy.apiServerCIDRs", False, "rendered")
+    except helm_python.HelmValuesError:
+        check("schema rejects a non-CIDR in networkPolicy.apiServerCIDRs", True)
+
+
 def offline() -> list[tuple[str, list[dict]]]:
     report = helm_python.lint(str(CHART))
     check("helm lint", not report["errors"], "; ".join(report["errors"]))
@@ -260,6 +297,7 @@ def offline() -> list[tuple[str, list[dict]]]:
         and all(metrics["metadata"]["labels"].get(k) == v for k, v in sm["spec"]["selector"]["matchLabels"].items()),
     )
     rendered.append(("serviceMonitor", docs))
+    check_network_policy()
     for bad in ({"gpuAccess": "all"}, {"webhook": {"certMode": "vault"}}, {"sidecar": {"interval": "fast"}}):
         try:
             render(bad)
