@@ -87,6 +87,13 @@ pub struct InjectionConfig {
     pub native_sidecar: bool,
     /// Token handling for pods without an automounted service-account token.
     pub service_account_token: ServiceAccountTokenMode,
+    /// Whether the annotation `memprof.dev/sidecar-image` may pick the image.
+    /// Off by default: the sidecar gets every GPU of the node (and, with
+    /// `podResources`, the kubelet's socket and uid 0), so whoever picks its
+    /// image runs code with that access.
+    pub allow_image_override: bool,
+    /// Images the annotation may name when allowed (see [`image_allowed`]).
+    pub allowed_images: Vec<String>,
 }
 
 impl Default for InjectionConfig {
@@ -104,6 +111,8 @@ impl Default for InjectionConfig {
             gpu_access: GpuAccess::Envvar,
             native_sidecar: false,
             service_account_token: ServiceAccountTokenMode::Project,
+            allow_image_override: false,
+            allowed_images: vec![],
         }
     }
 }
@@ -136,6 +145,33 @@ impl SidecarMode {
             }
         }
     }
+}
+
+/// Whether `image` matches one of `patterns`: an exact reference
+/// (`registry.example.com/memprof:0.2.0`), or a prefix ending in `*`
+/// (`registry.example.com/memprof/*`; `*` alone matches any image). A prefix
+/// is plain text: end it at a `/`, `:` or `@`, or `registry.example.com/memprof*`
+/// also matches `registry.example.com/memprof-other`. No pattern, no image.
+pub fn image_allowed(patterns: &[String], image: &str) -> bool {
+    patterns.iter().any(|p| match p.strip_suffix('*') {
+        Some(prefix) => image.starts_with(prefix),
+        None => p == image,
+    })
+}
+
+/// Checks one `--allowed-sidecar-images` entry: `*` only at the end, no
+/// whitespace (empty entries are dropped later).
+pub fn parse_image_pattern(s: &str) -> Result<String, String> {
+    let s = s.trim();
+    if s.contains(char::is_whitespace) {
+        return Err(format!("image pattern {s:?} contains whitespace"));
+    }
+    if s.trim_end_matches('*').contains('*') || s.ends_with("**") {
+        return Err(format!(
+            "image pattern {s:?}: `*` may only end a prefix, e.g. `registry.example.com/memprof/*`"
+        ));
+    }
+    Ok(s.to_string())
 }
 
 /// Shortest interval accepted: NVML queries take ~1 ms per GPU, so faster
@@ -190,6 +226,42 @@ mod tests {
         assert!(parse_interval("1d").is_err());
         assert!(parse_interval("1ms").is_err());
         assert!(parse_interval("2h").is_err());
+    }
+
+    #[test]
+    fn images_match_exactly_or_by_a_prefix_ending_in_a_star() {
+        let patterns: Vec<String> = [
+            "registry.example.com/memprof/*",
+            "ghcr.io/memprof/memprof:0.2.0",
+        ]
+        .map(String::from)
+        .to_vec();
+        assert!(image_allowed(
+            &patterns,
+            "registry.example.com/memprof/sidecar:dev"
+        ));
+        assert!(image_allowed(&patterns, "ghcr.io/memprof/memprof:0.2.0"));
+        assert!(!image_allowed(
+            &patterns,
+            "ghcr.io/memprof/memprof:0.2.0-evil"
+        ));
+        assert!(!image_allowed(
+            &patterns,
+            "registry.example.com/memprof-other/x"
+        ));
+        assert!(!image_allowed(&patterns, "docker.io/attacker/miner"));
+        assert!(
+            !image_allowed(&[], "ghcr.io/memprof/memprof:0.2.0"),
+            "none allowed"
+        );
+        assert!(image_allowed(&["*".to_string()], "anything"));
+
+        assert_eq!(parse_image_pattern(" a/* "), Ok("a/*".into()));
+        assert!(parse_image_pattern("a/*/b")
+            .unwrap_err()
+            .contains("may only end"));
+        assert!(parse_image_pattern("a/**").is_err());
+        assert!(parse_image_pattern("a b").is_err());
     }
 
     #[test]

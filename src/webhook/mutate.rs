@@ -249,7 +249,11 @@ pub fn injection_patch(
 
     let mut warnings = vec![];
     let ov = overrides(&view, &mut warnings);
-    let parts = sidecar::build(cfg, &ov, &view.ctx);
+    // GPU tenancy and the sidecar image (docs/security.md): the sidecar learns
+    // the pod's GPU request from its spec, and build() ignores an image
+    // override the operator does not allow, with a warning.
+    let parts = sidecar::build(cfg, &ov, &view.ctx, &sidecar::PodGpus::of(spec));
+    warnings.extend(parts.warnings.iter().cloned());
     let port = ov.port.unwrap_or(cfg.port);
     if let Some(c) = spec.containers.iter().find(|c| {
         c.ports

@@ -254,13 +254,73 @@ fn annotation_overrides() {
     a["memprof.dev/sidecar-image"] = json!("registry.local/memprof:dev");
     a["memprof.dev/interval"] = json!("100ms");
     a["memprof.dev/port"] = json!("9500");
-    let (out, warnings) = mutated(Target::Job, &j, &cfg());
+    let allowed = InjectionConfig {
+        allow_image_override: true,
+        allowed_images: vec!["registry.local/memprof:*".into()],
+        ..cfg()
+    };
+    let (out, warnings) = mutated(Target::Job, &j, &allowed);
     assert!(warnings.is_empty(), "{warnings:?}");
     let c = sidecar(&out);
     assert_eq!(c["image"], "registry.local/memprof:dev");
     assert_eq!(env_value(c, "MEMPROF_INTERVAL").as_deref(), Some("100ms"));
     assert_eq!(env_value(c, "MEMPROF_PORT").as_deref(), Some("9500"));
     assert_eq!(c["ports"][0]["containerPort"], 9500);
+}
+
+/// The sidecar sees every GPU of the node: whoever picks its image runs code
+/// with that access, so only the operator's list may be picked.
+#[test]
+fn sidecar_image_overrides_are_ignored_with_a_warning_unless_allowed_and_listed() {
+    let mut j = job();
+    j["metadata"]["annotations"]["memprof.dev/sidecar-image"] = json!("docker.io/someone/miner:1");
+    let listed = InjectionConfig {
+        allow_image_override: true,
+        allowed_images: vec!["registry.example.com/memprof/*".into()],
+        ..cfg()
+    };
+    let off = cfg();
+    for c in [&off, &listed] {
+        let (out, warnings) = mutated(Target::Job, &j, c);
+        assert_eq!(sidecar(&out)["image"], "memprof:test");
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(
+            warnings[0]
+                .contains("ignoring memprof.dev/sidecar-image=\"docker.io/someone/miner:1\""),
+            "{warnings:?}"
+        );
+    }
+    // The override may sit on the pod template too.
+    let mut j = job();
+    j["spec"]["template"]["metadata"]["annotations"] =
+        json!({ "memprof.dev/sidecar-image": "registry.example.com/memprof/sidecar:2" });
+    let (out, warnings) = mutated(Target::Job, &j, &listed);
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert_eq!(
+        sidecar(&out)["image"],
+        "registry.example.com/memprof/sidecar:2"
+    );
+    let (out, _) = mutated(Target::Job, &j, &off);
+    assert_eq!(sidecar(&out)["image"], "memprof:test");
+}
+
+/// The sidecar gets `NVIDIA_VISIBLE_DEVICES=all`: it is told how many GPUs
+/// the pod asked for, to know whether all it sees are the pod's.
+#[test]
+fn the_sidecar_is_told_how_many_gpus_the_trainers_requested() {
+    let mut j = job();
+    j["spec"]["template"]["spec"]["containers"][0]["resources"] =
+        json!({ "limits": { "nvidia.com/gpu": "2" } });
+    let (out, _) = mutated(Target::Job, &j, &cfg());
+    assert_eq!(
+        env_value(sidecar(&out), "MEMPROF_REQUESTED_GPUS").as_deref(),
+        Some("2")
+    );
+    let (out, _) = mutated(Target::Pod, &pod(), &cfg());
+    assert_eq!(
+        env_value(sidecar(&out), "MEMPROF_REQUESTED_GPUS").as_deref(),
+        Some("0")
+    );
 }
 
 #[test]

@@ -3,7 +3,8 @@
 
 use super::certs::{self, CertConfig, CertError};
 use super::config::{
-    parse_interval, GpuAccess, InjectionConfig, ServiceAccountTokenMode, SidecarMode, DEFAULT_IMAGE,
+    parse_image_pattern, parse_interval, GpuAccess, InjectionConfig, ServiceAccountTokenMode,
+    SidecarMode, DEFAULT_IMAGE,
 };
 use super::server::{serve, ServerError, TlsCert};
 use jiff::SignedDuration;
@@ -122,6 +123,26 @@ pub struct WebhookOptions {
     /// Sidecar image (the memprof image).
     #[arg(long = "sidecar-image", env = "MEMPROF_SIDECAR_IMAGE", default_value = DEFAULT_IMAGE)]
     pub sidecar_image: String,
+    /// Let a Job pick the sidecar image with the annotation `memprof.dev/sidecar-image`,
+    /// among --allowed-sidecar-images. Off by default: the sidecar sees every GPU
+    /// of the node (and, with --gpu-access=podResources, the kubelet's socket).
+    #[arg(
+        long = "allow-sidecar-image-override",
+        env = "MEMPROF_ALLOW_SIDECAR_IMAGE_OVERRIDE",
+        default_value_t = false,
+        action = clap::ArgAction::Set
+    )]
+    pub allow_image_override: bool,
+    /// Images the annotation may name, comma-separated: exact references, or
+    /// prefixes ending in `*` (`registry.example.com/memprof/*`); `*` allows any.
+    #[arg(
+        long = "allowed-sidecar-images",
+        env = "MEMPROF_ALLOWED_SIDECAR_IMAGES",
+        value_delimiter = ',',
+        default_value = "",
+        value_parser = parse_image_pattern
+    )]
+    pub allowed_images: Vec<String>,
     /// Command starting the sidecar in its image.
     #[arg(
         long = "sidecar-command",
@@ -209,6 +230,12 @@ impl WebhookOptions {
             gpu_access: self.gpu_access,
             native_sidecar,
             service_account_token: self.sidecar_token,
+            allow_image_override: self.allow_image_override,
+            allowed_images: self
+                .allowed_images
+                .iter()
+                .filter_map(|p| non_empty(p))
+                .collect(),
         }
     }
 
@@ -377,7 +404,38 @@ mod tests {
         assert_eq!((cfg.cpu_limit, cfg.memory_limit), (None, None));
         assert!(!cfg.native_sidecar);
         assert_eq!(o.cert_config().extra_names, ["127.0.0.1", "localhost"]);
+        assert!(!cfg.allow_image_override && cfg.allowed_images.is_empty());
         assert!(Cli::try_parse_from(["x", "--sidecar-interval=fast"]).is_err());
         assert!(Cli::try_parse_from(["x", "--gpu-access=all"]).is_err());
+    }
+
+    #[test]
+    fn sidecar_image_overrides_are_off_unless_allowed_with_a_list() {
+        let cfg = |args: &[&str]| {
+            let argv = ["memprof-operator"].iter().chain(args).copied();
+            Cli::try_parse_from(argv)
+                .map(|c| c.webhook.injection_config(true))
+                .map_err(|e| e.to_string())
+        };
+        let off = cfg(&[]).unwrap();
+        assert!(!off.allow_image_override);
+        // As the chart passes them.
+        let on = cfg(&[
+            "--allow-sidecar-image-override=true",
+            "--allowed-sidecar-images=registry.example.com/memprof/*, ghcr.io/memprof/memprof:0.2.0",
+        ])
+        .unwrap();
+        assert!(on.allow_image_override);
+        assert_eq!(
+            on.allowed_images,
+            [
+                "registry.example.com/memprof/*",
+                "ghcr.io/memprof/memprof:0.2.0"
+            ]
+        );
+        let empty = cfg(&["--allowed-sidecar-images="]).unwrap();
+        assert!(empty.allowed_images.is_empty());
+        let bad = cfg(&["--allowed-sidecar-images=a/*/b"]).unwrap_err();
+        assert!(bad.contains("may only end"), "{bad}");
     }
 }

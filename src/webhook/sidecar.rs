@@ -2,12 +2,13 @@
 //! [`InjectionConfig`] and what the webhook learned about the workload.
 //! Pure: no client, no I/O.
 
-use super::config::{GpuAccess, InjectionConfig, ServiceAccountTokenMode};
-use super::{env, ANNOTATION_COMPLETION_INDEX, SIDECAR_CONTAINER};
+use super::config::{image_allowed, GpuAccess, InjectionConfig, ServiceAccountTokenMode};
+use super::{env, ANNOTATION_COMPLETION_INDEX, ANNOTATION_SIDECAR_IMAGE, SIDECAR_CONTAINER};
+use crate::sampler::discovery::{DEFAULT_GPU_RESOURCE, ENV_GPUS, ENV_REQUESTED_GPUS};
 use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMapProjection, Container, ContainerPort, DownwardAPIProjection,
     DownwardAPIVolumeFile, EnvVar, EnvVarSource, HostPathVolumeSource, KeyToPath,
-    ObjectFieldSelector, ProjectedVolumeSource, ResourceRequirements, SeccompProfile,
+    ObjectFieldSelector, PodSpec, ProjectedVolumeSource, ResourceRequirements, SeccompProfile,
     SecurityContext, ServiceAccountTokenProjection, Volume, VolumeMount, VolumeProjection,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -62,6 +63,117 @@ pub struct SidecarParts {
     pub container: Container,
     /// Volumes to add to the pod spec (skipped when one of the same name exists).
     pub volumes: Vec<Volume>,
+    /// What the user should hear about (an image override that was ignored).
+    pub warnings: Vec<String>,
+}
+
+/// What the pod spec says about the trainers' GPUs, so that a sidecar shown
+/// every GPU of the node (`NVIDIA_VISIBLE_DEVICES=all`) can tell whether they
+/// are all the pod's. The device plugin picks the GPUs only when the pod
+/// starts, so the spec gives their number, not their UUIDs.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PodGpus {
+    /// `nvidia.com/gpu` the pod holds while its trainers run: the app
+    /// containers' plus native sidecars', or the largest init container's
+    /// if that is more (init containers' devices are reused by the others).
+    pub requested: u32,
+    /// The GPUs the trainers' own `NVIDIA_VISIBLE_DEVICES` names (UUIDs or
+    /// indices), when every container that uses GPUs sets a list there; the
+    /// runtime then gives them exactly those.
+    pub named: Vec<String>,
+}
+
+fn gpu_count(c: &Container) -> u32 {
+    let res = c.resources.as_ref();
+    let of = |m: Option<&BTreeMap<String, Quantity>>| m?.get(DEFAULT_GPU_RESOURCE).cloned();
+    // Extended resources are whole numbers; anything else counts as none,
+    // which errs on the side of reporting no GPU rather than others'.
+    of(res.and_then(|r| r.limits.as_ref()))
+        .or_else(|| of(res.and_then(|r| r.requests.as_ref())))
+        .and_then(|q| q.0.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// `NVIDIA_VISIBLE_DEVICES` as the container spec sets it (a literal value).
+fn visible_devices(c: &Container) -> Option<&str> {
+    c.env
+        .iter()
+        .flatten()
+        .find(|e| e.name == env::NVIDIA_VISIBLE_DEVICES)?
+        .value
+        .as_deref()
+}
+
+/// A list naming particular GPUs; `all`, `none`, `void` or empty name none.
+fn named_gpus(value: &str) -> Option<Vec<String>> {
+    let v = value.trim();
+    if v.is_empty() || ["all", "none", "void"].contains(&v.to_ascii_lowercase().as_str()) {
+        return None;
+    }
+    Some(crate::sampler::discovery::split_list(v))
+}
+
+impl PodGpus {
+    /// Reads the trainers' GPU request (and named GPUs) from the pod spec,
+    /// before the sidecar is added.
+    pub fn of(spec: &PodSpec) -> Self {
+        let init = spec.init_containers.as_deref().unwrap_or_default();
+        let native = |c: &&Container| c.restart_policy.as_deref() == Some("Always");
+        let running: u32 = spec
+            .containers
+            .iter()
+            .chain(init.iter().filter(native))
+            .map(gpu_count)
+            .fold(0, u32::saturating_add);
+        let largest_init = init
+            .iter()
+            .filter(|c| !native(c))
+            .map(gpu_count)
+            .max()
+            .unwrap_or(0);
+        let users: Vec<&Container> = spec
+            .containers
+            .iter()
+            .filter(|c| gpu_count(c) > 0 || visible_devices(c).is_some())
+            .collect();
+        let lists: Option<Vec<Vec<String>>> = users
+            .iter()
+            .map(|c| visible_devices(c).and_then(named_gpus))
+            .collect();
+        let mut named: Vec<String> = vec![];
+        for id in lists.unwrap_or_default().concat() {
+            if !named.contains(&id) {
+                named.push(id);
+            }
+        }
+        PodGpus {
+            requested: running.max(largest_init),
+            named,
+        }
+    }
+}
+
+/// The image to run: the configured one, or the pod's override when the
+/// operator allows overrides and the image is on its list; a warning says
+/// why an override was ignored.
+pub fn choose_image(cfg: &InjectionConfig, wanted: Option<&str>) -> (String, Option<String>) {
+    let Some(wanted) = wanted.filter(|w| *w != cfg.image) else {
+        return (cfg.image.clone(), None);
+    };
+    let why = if !cfg.allow_image_override {
+        "this cluster does not allow sidecar image overrides (chart value \
+         injection.allowSidecarImageOverride, operator flag --allow-sidecar-image-override)"
+    } else if !image_allowed(&cfg.allowed_images, wanted) {
+        "the image is not among the sidecar images this cluster allows (chart value \
+         injection.allowedSidecarImages, operator flag --allowed-sidecar-images)"
+    } else {
+        return (wanted.to_string(), None);
+    };
+    let warning = format!(
+        "memprof: ignoring {ANNOTATION_SIDECAR_IMAGE}={wanted:?}: {why}; the sidecar runs {}",
+        cfg.image
+    );
+    (cfg.image.clone(), Some(warning))
 }
 
 fn plain(name: &str, value: impl Into<String>) -> EnvVar {
@@ -176,7 +288,12 @@ fn token_volume() -> Volume {
 }
 
 /// Builds the sidecar container and its volumes.
-pub fn build(cfg: &InjectionConfig, ov: &Overrides, ctx: &SidecarContext) -> SidecarParts {
+pub fn build(
+    cfg: &InjectionConfig,
+    ov: &Overrides,
+    ctx: &SidecarContext,
+    gpus: &PodGpus,
+) -> SidecarParts {
     let port = ov.port.unwrap_or(cfg.port);
     let interval = ov.interval.unwrap_or(cfg.interval);
     let mut envs = vec![
@@ -216,6 +333,9 @@ pub fn build(cfg: &InjectionConfig, ov: &Overrides, ctx: &SidecarContext) -> Sid
             envs.push(plain(env::NVIDIA_VISIBLE_DEVICES, "all"));
             // utility = NVML only: no CUDA libraries, no compute on the trainer's GPUs.
             envs.push(plain(env::NVIDIA_DRIVER_CAPABILITIES, "utility"));
+            // With every GPU of the node visible, the sidecar reports them all
+            // only when they are no more than the pod requested.
+            envs.push(plain(ENV_REQUESTED_GPUS, gpus.requested.to_string()));
         }
         GpuAccess::AgentOnly => {
             // `void` tells the NVIDIA runtime to expose nothing, even where the
@@ -223,6 +343,10 @@ pub fn build(cfg: &InjectionConfig, ov: &Overrides, ctx: &SidecarContext) -> Sid
             envs.push(plain(env::NVIDIA_VISIBLE_DEVICES, "void"));
             envs.push(plain(env::GPU_DISCOVERY, "agentOnly"));
         }
+    }
+    if cfg.gpu_access == GpuAccess::Envvar && !gpus.named.is_empty() {
+        // The trainers chose their GPUs themselves: the same ones are theirs.
+        envs.push(plain(ENV_GPUS, gpus.named.join(",")));
     }
     if cfg.gpu_access == GpuAccess::PodResources {
         envs.push(plain(env::GPU_DISCOVERY, "podResources"));
@@ -251,9 +375,10 @@ pub fn build(cfg: &InjectionConfig, ov: &Overrides, ctx: &SidecarContext) -> Sid
         });
     }
 
+    let (image, image_warning) = choose_image(cfg, ov.image.as_deref());
     let container = Container {
         name: SIDECAR_CONTAINER.into(),
-        image: Some(ov.image.clone().unwrap_or_else(|| cfg.image.clone())),
+        image: Some(image),
         image_pull_policy: Some(cfg.pull_policy.clone()),
         command: (!cfg.command.is_empty()).then(|| cfg.command.clone()),
         env: Some(envs),
@@ -272,5 +397,161 @@ pub fn build(cfg: &InjectionConfig, ov: &Overrides, ctx: &SidecarContext) -> Sid
         termination_message_policy: Some("FallbackToLogsOnError".into()),
         ..Default::default()
     };
-    SidecarParts { container, volumes }
+    SidecarParts {
+        container,
+        volumes,
+        warnings: image_warning.into_iter().collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn container(name: &str, gpus: Option<&str>, visible: Option<&str>) -> Container {
+        Container {
+            name: name.into(),
+            resources: gpus.map(|n| ResourceRequirements {
+                limits: Some([(DEFAULT_GPU_RESOURCE.to_string(), Quantity(n.into()))].into()),
+                ..Default::default()
+            }),
+            env: visible.map(|v| vec![plain(env::NVIDIA_VISIBLE_DEVICES, v)]),
+            ..Default::default()
+        }
+    }
+
+    fn spec(containers: Vec<Container>, init: Vec<Container>) -> PodSpec {
+        PodSpec {
+            containers,
+            init_containers: (!init.is_empty()).then_some(init),
+            ..Default::default()
+        }
+    }
+
+    fn env_of(parts: &SidecarParts, name: &str) -> Option<String> {
+        parts
+            .container
+            .env
+            .iter()
+            .flatten()
+            .find(|e| e.name == name)?
+            .value
+            .clone()
+    }
+
+    #[test]
+    fn the_pods_gpu_request_counts_trainers_and_native_sidecars_not_reused_init_gpus() {
+        let s = spec(
+            vec![
+                container("a", Some("2"), None),
+                container("b", Some("1"), None),
+                container("cpu", None, None),
+            ],
+            vec![
+                container("download", Some("1"), None),
+                Container {
+                    restart_policy: Some("Always".into()),
+                    ..container("side", Some("1"), None)
+                },
+            ],
+        );
+        assert_eq!(PodGpus::of(&s).requested, 4);
+        let s = spec(
+            vec![container("a", Some("1"), None)],
+            vec![container("warmup", Some("8"), None)],
+        );
+        assert_eq!(
+            PodGpus::of(&s).requested,
+            8,
+            "held by the pod from its start"
+        );
+        let s = spec(vec![container("a", Some("lots"), None)], vec![]);
+        assert_eq!(PodGpus::of(&s).requested, 0, "unreadable counts as none");
+        let mig = Container {
+            resources: Some(ResourceRequirements {
+                limits: Some([("nvidia.com/mig-1g.10gb".to_string(), Quantity("1".into()))].into()),
+                ..Default::default()
+            }),
+            ..container("mig", None, None)
+        };
+        assert_eq!(PodGpus::of(&spec(vec![mig], vec![])).requested, 0);
+    }
+
+    #[test]
+    fn gpus_the_trainers_name_themselves_are_copied_only_when_all_of_them_do() {
+        let s = spec(
+            vec![
+                container("a", None, Some("GPU-aaaa,GPU-bbbb")),
+                container("b", Some("1"), Some("GPU-bbbb, 3")),
+                container("cpu", None, None),
+            ],
+            vec![],
+        );
+        assert_eq!(PodGpus::of(&s).named, ["GPU-aaaa", "GPU-bbbb", "3"]);
+        for other in [None, Some("all"), Some("void"), Some("")] {
+            let s = spec(
+                vec![
+                    container("a", None, Some("GPU-aaaa")),
+                    container("b", Some("1"), other),
+                ],
+                vec![],
+            );
+            assert!(PodGpus::of(&s).named.is_empty(), "{other:?}");
+        }
+    }
+
+    #[test]
+    fn the_sidecar_is_told_the_pods_gpus_in_the_modes_that_read_nvml() {
+        let ctx = SidecarContext::default();
+        let gpus = PodGpus {
+            requested: 2,
+            named: vec!["GPU-aaaa".into()],
+        };
+        let cfg = InjectionConfig::default();
+        let p = build(&cfg, &Overrides::default(), &ctx, &gpus);
+        assert_eq!(env_of(&p, ENV_REQUESTED_GPUS).as_deref(), Some("2"));
+        assert_eq!(env_of(&p, ENV_GPUS).as_deref(), Some("GPU-aaaa"));
+
+        let cfg = InjectionConfig {
+            gpu_access: GpuAccess::PodResources,
+            ..Default::default()
+        };
+        let p = build(&cfg, &Overrides::default(), &ctx, &gpus);
+        assert_eq!(env_of(&p, ENV_REQUESTED_GPUS).as_deref(), Some("2"));
+        assert_eq!(env_of(&p, ENV_GPUS), None, "the kubelet's answer decides");
+
+        let cfg = InjectionConfig {
+            gpu_access: GpuAccess::AgentOnly,
+            ..Default::default()
+        };
+        let p = build(&cfg, &Overrides::default(), &ctx, &gpus);
+        assert_eq!(env_of(&p, ENV_REQUESTED_GPUS), None);
+        assert_eq!(env_of(&p, ENV_GPUS), None);
+    }
+
+    #[test]
+    fn an_image_override_needs_the_operators_leave_and_its_list() {
+        let other = "registry.example.com/memprof/sidecar:dev";
+        let wanted = Some(other);
+        let mut cfg = InjectionConfig::default();
+        let (image, warning) = choose_image(&cfg, wanted);
+        assert_eq!(image, cfg.image);
+        assert!(warning.unwrap().contains("--allow-sidecar-image-override"));
+
+        cfg.allow_image_override = true;
+        let (image, warning) = choose_image(&cfg, wanted);
+        assert_eq!(image, cfg.image, "allowed, but nothing is on the list");
+        assert!(warning.unwrap().contains("injection.allowedSidecarImages"));
+
+        cfg.allowed_images = vec!["registry.example.com/memprof/*".into()];
+        assert_eq!(choose_image(&cfg, wanted), (other.into(), None));
+        assert_eq!(choose_image(&cfg, None), (cfg.image.clone(), None));
+        let same = cfg.image.clone();
+        cfg.allow_image_override = false;
+        assert_eq!(
+            choose_image(&cfg, Some(&same)),
+            (same.clone(), None),
+            "naming the configured image is no override"
+        );
+    }
 }
