@@ -3,7 +3,8 @@
 use anyhow::Context as _;
 use clap::Parser;
 use futures::FutureExt;
-use memprof::operator::{self, leader, Elector, LeaderOptions, Metrics, Options};
+use memprof::operator::leader::{self, Stop};
+use memprof::operator::{self, supervise, Elector, Health, LeaderOptions, Metrics, Options};
 use prometheus_client::registry::Registry;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -47,83 +48,249 @@ async fn shutdown_signal() {
     tracing::info!("shutdown requested");
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+/// How long the tasks get to stop after SIGTERM (the pod's default grace period is 30 s).
+const STOP_GRACE: Duration = Duration::from_secs(25);
+
+fn init_logs(json: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
-    if cli.log_json {
+    if json {
         logs.json().init();
     } else {
         logs.init();
     }
+}
 
+/// Every long-lived task runs under `operator::supervise`: one that ends
+/// before shutdown is logged, counted
+/// (`memprof_operator_task_failures_total{task}`), makes `/readyz` answer
+/// 503 and is started again with backoff. Nothing ends the process but a
+/// signal (or a bad flag at start).
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    init_logs(cli.log_json);
+
+    // No client-wide read timeout: kube's client reads watch streams through
+    // the same connections, and a quiet watch sends nothing for minutes (the
+    // watcher has its own idle timeout of 290 s plus a margin). Requests that
+    // must not hang bound themselves instead: every Lease request ends by
+    // the renew deadline (`leader.rs`), and work that is stuck in a request
+    // when leadership ends is dropped before a standby may take over.
     let client = kube::Client::try_default()
         .await
         .context("cannot configure a Kubernetes client: set KUBECONFIG or run in a pod")?;
     let mut registry = Registry::with_prefix("memprof");
     let metrics = Metrics::register(&mut registry);
     let remediation_metrics = memprof::remediation::Metrics::register(&mut registry);
+    // Bound here, not in the task: a wrong --metrics-addr is a mistake to exit on.
     let listener = tokio::net::TcpListener::bind(cli.metrics_addr)
         .await
         .with_context(|| format!("cannot listen on --metrics-addr {}", cli.metrics_addr))?;
-    tracing::info!(addr = %cli.metrics_addr, "serving /metrics and /healthz");
+    tracing::info!(addr = %cli.metrics_addr, "serving /metrics, /healthz and /readyz");
 
-    let shutdown = shutdown_signal().boxed().shared();
-    let server = tokio::spawn(operator::serve(
-        listener,
-        Arc::new(registry),
-        shutdown.clone(),
-    ));
-    // The webhook serves on every replica (admission must not wait for an
-    // election); remediation has its own Lease, so it acts from one replica.
-    let webhook = {
-        let (client, opts, shutdown) = (client.clone(), cli.webhook.clone(), shutdown.clone());
-        tokio::spawn(async move {
-            let res = memprof::webhook::run(client, opts, shutdown).await;
-            if let Err(e) = &res {
-                // Injection is best effort (failurePolicy Ignore): say so now, keep profiling.
-                tracing::error!(error = %e, "the admission webhook stopped; pods are no longer injected");
-            }
-            res
-        })
+    let shutdown: Stop = shutdown_signal().boxed().shared();
+    let health = Health::new();
+    let spawn = |task: &'static str, start| {
+        let failures = metrics.task_failures.clone();
+        tokio::spawn(supervise(
+            task,
+            health.clone(),
+            failures,
+            shutdown.clone(),
+            start,
+        ))
     };
-    let remediation = tokio::spawn(memprof::remediation::run(
+    let mut tasks = vec![
+        spawn(
+            "metrics",
+            metrics_task(
+                listener,
+                cli.metrics_addr,
+                Arc::new(registry),
+                &health,
+                &shutdown,
+            ),
+        ),
+        // The webhook serves on every replica: admission must not wait for an election.
+        spawn("webhook", webhook_task(&client, &cli, &shutdown)),
+        spawn(
+            "operator",
+            operator_task(&client, &cli, &metrics, &shutdown),
+        ),
+    ];
+    // Remediation has its own Lease, so it acts from one replica.
+    if cli.remediation.enabled {
+        tasks.push(spawn(
+            "remediation",
+            remediation_task(&client, &cli, remediation_metrics, &shutdown),
+        ));
+    }
+
+    shutdown.clone().await;
+    let stopped = futures::future::join_all(tasks);
+    if tokio::time::timeout(STOP_GRACE, stopped).await.is_err() {
+        tracing::warn!(grace = ?STOP_GRACE, "some tasks did not stop in time; exiting anyway");
+    }
+    Ok(())
+}
+
+/// A boxed start of a supervised task (one type for all tasks).
+type Start = Box<
+    dyn FnMut(operator::Ready) -> futures::future::BoxFuture<'static, Result<(), String>> + Send,
+>;
+
+fn metrics_task(
+    listener: tokio::net::TcpListener,
+    addr: SocketAddr,
+    registry: Arc<Registry>,
+    health: &Arc<Health>,
+    shutdown: &Stop,
+) -> Start {
+    let (health, shutdown) = (health.clone(), shutdown.clone());
+    let mut first = Some(listener);
+    Box::new(move |ready| {
+        let (listener, registry, health, shutdown) = (
+            first.take(),
+            registry.clone(),
+            health.clone(),
+            shutdown.clone(),
+        );
+        serve_metrics(listener, addr, registry, health, shutdown, ready).boxed()
+    })
+}
+
+async fn serve_metrics(
+    listener: Option<tokio::net::TcpListener>,
+    addr: SocketAddr,
+    registry: Arc<Registry>,
+    health: Arc<Health>,
+    shutdown: Stop,
+    ready: operator::Ready,
+) -> Result<(), String> {
+    let listener = match listener {
+        Some(l) => l,
+        None => tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| format!("cannot listen on --metrics-addr {addr}: {e}"))?,
+    };
+    ready.set();
+    // Spawned, not awaited in place: nested in this future, warp's
+    // server cannot be proven Send (a rustc limitation, see metrics.rs).
+    tokio::spawn(operator::serve(listener, registry, health, shutdown))
+        .await
+        .map_err(|e| format!("the metrics server panicked: {e}"))
+}
+
+fn webhook_task(client: &kube::Client, cli: &Cli, shutdown: &Stop) -> Start {
+    let (client, opts, shutdown) = (client.clone(), cli.webhook.clone(), shutdown.clone());
+    Box::new(move |ready| {
+        let (client, opts, shutdown) = (client.clone(), opts.clone(), shutdown.clone());
+        async move {
+            // Its start (certificate, API server version) retries by itself.
+            ready.set();
+            memprof::webhook::run(client, opts, shutdown)
+                .await
+                .map_err(|e| format!("admission webhook (pods are not injected meanwhile): {e}"))
+        }
+        .boxed()
+    })
+}
+
+/// The roll-up controller, while this replica leads when `--leader-elect`.
+fn operator_task(
+    client: &kube::Client,
+    cli: &Cli,
+    metrics: &Arc<Metrics>,
+    shutdown: &Stop,
+) -> Start {
+    let (client, opts, metrics, shutdown) = (
         client.clone(),
-        cli.operator.namespace.clone(),
-        cli.remediation.clone(),
-        remediation_metrics,
+        cli.operator.clone(),
+        metrics.clone(),
         shutdown.clone(),
-    ));
-    if cli.leader.leader_elect {
-        let identity = cli
-            .operator
+    );
+    let election = cli.leader.leader_elect.then(|| {
+        let identity = opts
             .instance
             .clone()
             .unwrap_or_else(leader::default_identity);
-        let elector = Elector::new(
+        (cli.leader.clone(), identity)
+    });
+    Box::new(move |ready| {
+        let (client, opts, metrics, shutdown) = (
             client.clone(),
-            &cli.leader.leader_election_namespace,
-            &cli.leader.leader_election_lease,
-            &identity,
-            Duration::from_secs(cli.leader.lease_duration_seconds.into()),
+            opts.clone(),
+            metrics.clone(),
+            shutdown.clone(),
         );
-        let opts = &cli.operator;
-        leader::run_elected(elector, shutdown, |stop| {
-            operator::run(client, opts, metrics, stop)
-        })
-        .await?;
-    } else {
-        operator::run(client, &cli.operator, metrics, shutdown).await?;
-    }
-    // On lost leadership the `?` above exits at once; the server dies with the process.
-    remediation
-        .await
-        .context("the remediation controller panicked")??;
-    webhook.await.context("the webhook task panicked")??;
-    server.await.context("the metrics server panicked")?;
-    Ok(())
+        let election = election.clone();
+        roll_up(client, opts, metrics, election, shutdown, ready)
+            .map(|r| r.map_err(|e| e.to_string()))
+            .boxed()
+    })
+}
+
+async fn roll_up(
+    client: kube::Client,
+    opts: Options,
+    metrics: Arc<Metrics>,
+    election: Option<(LeaderOptions, String)>,
+    shutdown: Stop,
+    ready: operator::Ready,
+) -> operator::Result<()> {
+    operator::check_crds(&client, &opts.namespace).await?;
+    ready.set();
+    let Some((flags, identity)) = election else {
+        metrics.leader.set(1);
+        let ran = operator::run(client, &opts, metrics.clone(), shutdown).await;
+        metrics.leader.set(0);
+        return ran;
+    };
+    let elector = Elector::new(
+        client.clone(),
+        &flags.leader_election_namespace,
+        &flags.leader_election_lease,
+        &identity,
+        Duration::from_secs(flags.lease_duration_seconds.into()),
+    );
+    let gauge = metrics.leader.clone();
+    leader::lead(elector, shutdown, gauge, move |stop| {
+        let (client, opts, metrics) = (client.clone(), opts.clone(), metrics.clone());
+        async move { operator::run(client, &opts, metrics, stop).await }
+    })
+    .await
+}
+
+fn remediation_task(
+    client: &kube::Client,
+    cli: &Cli,
+    metrics: Arc<memprof::remediation::Metrics>,
+    shutdown: &Stop,
+) -> Start {
+    let (client, shutdown) = (client.clone(), shutdown.clone());
+    let (namespace, opts) = (cli.operator.namespace.clone(), cli.remediation.clone());
+    Box::new(move |ready| {
+        let (client, shutdown, metrics) = (client.clone(), shutdown.clone(), metrics.clone());
+        let (namespace, opts) = (namespace.clone(), opts.clone());
+        remediate(client, namespace, opts, metrics, shutdown, ready)
+            .map(|r| r.map_err(|e| e.to_string()))
+            .boxed()
+    })
+}
+
+async fn remediate(
+    client: kube::Client,
+    namespace: String,
+    opts: memprof::remediation::Options,
+    metrics: Arc<memprof::remediation::Metrics>,
+    shutdown: Stop,
+    ready: operator::Ready,
+) -> memprof::remediation::Result<()> {
+    memprof::remediation::check(&client, &namespace).await?;
+    ready.set();
+    memprof::remediation::run(client, namespace, opts, metrics, shutdown).await
 }

@@ -1,10 +1,17 @@
-//! Prometheus metrics (prefix `memprof_`) and the `/metrics` + `/healthz`
-//! server. The server takes a bound listener and a shutdown future so tests
-//! bind `127.0.0.1:0` and stop it deterministically.
+//! Prometheus metrics (prefix `memprof_`) and the `/metrics`, `/healthz`
+//! and `/readyz` server. The server takes a bound listener and a shutdown
+//! future so tests bind `127.0.0.1:0` and stop it deterministically.
+//!
+//! `/healthz` (liveness) is 200 while the process serves: restarting it
+//! would not help a task that cannot start. `/readyz` is 503, naming the
+//! tasks and their errors, while a supervised task is starting or failed
+//! (see `tasks.rs`).
 
+use super::tasks::Health;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 use std::future::Future;
@@ -23,6 +30,13 @@ pub struct StepLabels {
 pub struct ReasonLabels {
     /// `RiskRaised`, `RiskLowered`, `ReportRejected`.
     pub reason: &'static str,
+}
+
+/// Label of `memprof_operator_task_failures_total`: the task that ended.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TaskLabels {
+    /// `operator`, `remediation`, `webhook`, `metrics`.
+    pub task: &'static str,
 }
 
 /// The operator's counters and histograms.
@@ -46,6 +60,11 @@ pub struct Metrics {
     pub event_errors: Counter,
     /// MemoryReport watch events (created, updated or deleted reports).
     pub reports_seen: Counter,
+    /// 1 while this replica holds the operator's Lease and reconciles (always
+    /// 1 while reconciling without leader election).
+    pub leader: Gauge,
+    /// Long-lived tasks of the operator that ended (failed or returned), by task.
+    pub task_failures: Family<TaskLabels, Counter>,
 }
 
 impl Metrics {
@@ -63,6 +82,8 @@ impl Metrics {
             events: Family::default(),
             event_errors: Counter::default(),
             reports_seen: Counter::default(),
+            leader: Gauge::default(),
+            task_failures: Family::default(),
         };
         registry.register("reconciles", "Reconciles started", m.reconciles.clone());
         registry.register(
@@ -101,6 +122,16 @@ impl Metrics {
             "MemoryReport watch events",
             m.reports_seen.clone(),
         );
+        registry.register(
+            "leader",
+            "1 while this replica holds the operator Lease and reconciles",
+            m.leader.clone(),
+        );
+        registry.register(
+            "operator_task_failures",
+            "Long-lived operator tasks that ended (each is retried with backoff), by task",
+            m.task_failures.clone(),
+        );
         Arc::new(m)
     }
 
@@ -118,10 +149,12 @@ pub fn encode(registry: &Registry) -> String {
     body
 }
 
-/// Serves `GET /metrics` and `GET /healthz` on `listener` until `shutdown` resolves.
+/// Serves `GET /metrics`, `GET /healthz` and `GET /readyz` (from `health`)
+/// on `listener` until `shutdown` resolves.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     registry: Arc<Registry>,
+    health: Arc<Health>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) {
     let metrics = warp::path("metrics")
@@ -143,9 +176,20 @@ pub async fn serve(
         .and(warp::path::end())
         .and(warp::get())
         .map(|| warp::reply::Response::new("ok".into()));
+    let readyz = warp::path("readyz")
+        .and(warp::path::end())
+        .and(warp::get())
+        .map(move || match health.readiness() {
+            Ok(()) => warp::reply::Response::new("ok".into()),
+            Err(not_ready) => {
+                let mut reply = warp::reply::Response::new(format!("{not_ready}\n").into());
+                *reply.status_mut() = warp::http::StatusCode::SERVICE_UNAVAILABLE;
+                reply
+            }
+        });
     // Boxed: erases the `&'static str` path types, which otherwise make the
     // server future fail the `Send` check of `tokio::spawn` (a rustc HRTB limitation).
-    let routes = metrics.or(healthz).unify().boxed();
+    let routes = metrics.or(healthz).unify().or(readyz).unify().boxed();
     warp::serve(routes)
         .incoming(listener)
         .graceful(shutdown)
@@ -180,7 +224,8 @@ mod tests {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let server = tokio::spawn(serve(listener, Arc::new(registry), async {
+        let health = Health::new();
+        let server = tokio::spawn(serve(listener, Arc::new(registry), health.clone(), async {
             let _ = rx.await;
         }));
         let body = get(addr, "/metrics").await;
@@ -188,6 +233,30 @@ mod tests {
         assert!(body.contains("memprof_events_total{reason=\"RiskRaised\"} 1"));
         assert!(body.contains("memprof_reconcile_duration_seconds_bucket"));
         assert!(get(addr, "/healthz").await.ends_with("ok"));
+        assert!(get(addr, "/readyz").await.ends_with("ok"), "no task yet");
+        let ready = health.clone();
+        tokio::spawn(super::super::tasks::supervise(
+            "remediation",
+            health.clone(),
+            m.task_failures.clone(),
+            futures::FutureExt::shared(futures::FutureExt::boxed(std::future::pending())),
+            |_ready| async { Err::<(), _>("CRD remediationpolicies.memprof.dev not installed") },
+        ));
+        while ready.readiness().is_ok() {
+            tokio::task::yield_now().await;
+        }
+        let body = get(addr, "/readyz").await;
+        assert!(body.starts_with("HTTP/1.1 503"), "{body}");
+        assert!(
+            body.contains("remediation: failed, retrying in 1s: CRD"),
+            "{body}"
+        );
+        assert!(get(addr, "/healthz").await.ends_with("ok"), "still alive");
+        let body = get(addr, "/metrics").await;
+        assert!(
+            body.contains("memprof_operator_task_failures_total{task=\"remediation\"} 1"),
+            "{body}"
+        );
         tx.send(()).unwrap();
         server.await.unwrap();
     }

@@ -50,11 +50,13 @@ mod error;
 pub mod leader;
 pub mod metrics;
 pub mod reconcile;
+pub mod tasks;
 
 pub use controller::{check_crds, run};
 pub use error::{Error, Result};
 pub use leader::{Elector, LeaderOptions};
 pub use metrics::{serve, Metrics};
+pub use tasks::{supervise, Health, Ready};
 
 /// What the operator needs to know besides the client (flags of
 /// `memprof-operator`, each with an environment fallback).

@@ -284,6 +284,13 @@ impl Metrics {
     }
 }
 
+/// Checks that the RemediationPolicy CRD is served and listable in
+/// `namespace` (empty: all): the start check of [`run`], for callers that
+/// report readiness once it passed.
+pub async fn check(client: &Client, namespace: &str) -> Result<()> {
+    controller::check_crd(client, namespace).await
+}
+
 /// Runs the remediation controller until `shutdown`: with leader election,
 /// only while this replica leads (stopping when it loses the lease and
 /// starting again when it wins it back). `namespace` is the watched one
@@ -300,7 +307,7 @@ pub async fn run(
         tracing::info!("remediation disabled (--remediation=false)");
         return Ok(());
     }
-    controller::check_crd(&client, &namespace).await?;
+    check(&client, &namespace).await?;
     let plan_ns = opts.plan_namespace(&namespace);
     let shutdown = shutdown.boxed().shared();
     if !opts.leader_elect {
@@ -313,57 +320,26 @@ pub async fn run(
     let lease_ns = opts.lease_namespace(&namespace);
     tracing::info!(lease = %format!("{lease_ns}/{}", opts.lease_name), %identity, "campaigning for remediation leadership");
     // The operator's Lease elector, on a Lease of our own: two electors in one
-    // process must not compete for one Lease. Unlike the operator, losing
-    // leadership does not end the process: remediation stops and campaigns again.
-    let mut elector = crate::operator::Elector::new(
+    // process must not compete for one Lease. Losing leadership does not end
+    // the process: remediation stops and campaigns again. The controller is
+    // told to stop at the renew deadline and finishes its step; only a step
+    // stuck past the point where another replica may take over (a request to
+    // a hung API server) is dropped, as a crash would drop it: every step of
+    // the protocol is idempotent and resumed from the Pending record.
+    let elector = crate::operator::Elector::new(
         client.clone(),
         &lease_ns,
         &opts.lease_name,
         &identity,
         std::time::Duration::from_secs(15),
     );
-    loop {
-        tokio::select! {
-            _ = shutdown.clone() => break,
-            acquired = elector.acquire() => if let Err(e) = acquired {
-                tracing::warn!(error = %e, "remediation leader election failed");
-                continue;
-            },
-        }
-        metrics.leader.set(1);
-        // The controller stops on shutdown or once a renewal failed long
-        // enough that another replica may lead; it is never cancelled mid-step.
-        let (lost_tx, lost_rx) = tokio::sync::oneshot::channel::<()>();
-        let stop = {
-            let shutdown = shutdown.clone();
-            async move {
-                tokio::select! {
-                    _ = shutdown => {},
-                    _ = lost_rx => {},
-                }
-            }
-        };
-        let controller =
-            run_controller(client.clone(), &namespace, &plan_ns, metrics.clone(), stop);
-        tokio::pin!(controller);
-        let ran = tokio::select! {
-            ran = &mut controller => ran,
-            () = elector.keep() => {
-                // Leadership lost: tell the controller to stop, and let it finish its step.
-                let _ = lost_tx.send(());
-                controller.await
-            }
-        };
-        metrics.leader.set(0);
-        ran?;
-        if shutdown.clone().now_or_never().is_some() {
-            break;
-        }
-    }
-    if let Err(e) = elector.release().await {
-        tracing::warn!(error = %e, "could not release the remediation Lease; it expires by itself");
-    }
-    Ok(())
+    let leader = metrics.leader.clone();
+    crate::operator::leader::lead(elector, shutdown, leader, move |stop| {
+        let (client, ns, plan_ns) = (client.clone(), namespace.clone(), plan_ns.clone());
+        let metrics = metrics.clone();
+        async move { run_controller(client, &ns, &plan_ns, metrics, stop).await }
+    })
+    .await
 }
 
 #[cfg(test)]
