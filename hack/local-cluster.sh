@@ -9,6 +9,12 @@
 #   env     print `export KUBECONFIG=...` (for `eval "$(... env)"`).
 #   status  print `up` or `down`; exit 0 only when up.
 #   build   install build deps and build/cache the binaries only (CI warm-up).
+#   pid C   print the PID of component C (etcd, kube-apiserver,
+#           kube-controller-manager); fails when it is not running. Fault
+#           tests freeze the API server with `kill -STOP` on it.
+#   restart C  stop component C (by PID) and start it again with the same
+#           command line, then wait until the API server is ready (fault
+#           tests: an API server restart).
 #
 # Environment:
 #   MEMPROF_CLUSTER_DIR   state dir (default ${TMPDIR:-/tmp}/memprof-cluster)
@@ -66,7 +72,7 @@ log() { printf '[local-cluster] %s\n' "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
 usage() {
-  sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//' >&2
 }
 
 # Run as root when needed; CI runs as root, developers may have sudo.
@@ -750,6 +756,34 @@ cmd_status() {
   fi
 }
 
+known_component() {
+  [[ " ${COMPONENTS_STOP_ORDER[*]} " == *" ${1:-} "* ]] ||
+    die "name a component: ${COMPONENTS_STOP_ORDER[*]}"
+}
+
+cmd_pid() {
+  known_component "${1:-}"
+  component_pid "$1" || die "$1 is not running (state dir $STATE_DIR)"
+}
+
+cmd_restart() {
+  local c="${1:-}" pid args deadline
+  known_component "$c"
+  take_lock 8 "$(state_lockfile)"
+  pid="$(component_pid "$c")" || die "$c is not running (state dir $STATE_DIR)"
+  # The same command line: same ports, certificates and data dir.
+  mapfile -d '' args <"/proc/$pid/cmdline"
+  stop_component "$c"
+  umask 077
+  start_component "$c" "${args[@]}"
+  deadline=$((SECONDS + READY_TIMEOUT))
+  wait_for "kube-apiserver /readyz after restarting $c" "$deadline" "$c" apiserver_ready || {
+    tail_log "$c"
+    return 1
+  }
+  log "restarted $c (pid $(component_pid "$c"))"
+}
+
 cmd_build() {
   # Runtime packages too, so a CI warm-up step leaves nothing for `up` to
   # install.
@@ -765,6 +799,8 @@ main() {
     env) print_env ;;
     status) cmd_status ;;
     build) cmd_build ;;
+    pid) cmd_pid "${2:-}" ;;
+    restart) cmd_restart "${2:-}" ;;
     -h | --help | help) usage ;;
     *)
       usage
