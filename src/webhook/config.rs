@@ -83,6 +83,8 @@ pub struct InjectionConfig {
     pub memory_limit: Option<String>,
     /// GPU access mode.
     pub gpu_access: GpuAccess,
+    /// The in-process agent's injection (`memprof.dev/agent`).
+    pub agent: super::agent::AgentConfig,
     /// Native or legacy sidecar, already resolved against the server version.
     pub native_sidecar: bool,
     /// Token handling for pods without an automounted service-account token.
@@ -109,6 +111,7 @@ impl Default for InjectionConfig {
             cpu_limit: None,
             memory_limit: Some("128Mi".into()),
             gpu_access: GpuAccess::Envvar,
+            agent: Default::default(),
             native_sidecar: false,
             service_account_token: ServiceAccountTokenMode::Project,
             allow_image_override: false,

@@ -14,6 +14,7 @@
 //! "allowed, no patch" (with a warning where the user should know), and the
 //! `MutatingWebhookConfiguration` uses `failurePolicy: Ignore`.
 
+pub mod agent;
 pub mod certs;
 mod config;
 pub mod mutate;

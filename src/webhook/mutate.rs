@@ -336,6 +336,15 @@ pub fn injection_patch(
         (true, false) => ops.push(add(ptr(p, &["spec", "initContainers"]), json!([container]))),
         (false, _) => ops.push(add(ptr(p, &["spec", "containers", "-"]), container)),
     }
+    // After the sidecar's operations, which may create the arrays it appends to.
+    let agent = super::agent::Request {
+        value: annotation(&view, super::agent::ANNOTATION_AGENT),
+        prefix: p,
+        spec,
+        sidecar: &parts.container,
+        port,
+    };
+    super::agent::inject(&agent, &cfg.agent, &mut ops, &mut warnings);
     Ok(Injection {
         patch: Some(Patch(ops)),
         warnings,

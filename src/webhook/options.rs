@@ -195,6 +195,13 @@ pub struct WebhookOptions {
         default_value = "128Mi"
     )]
     pub sidecar_memory_limit: String,
+    /// Image of the init container that copies the Python agent into pods
+    /// annotated memprof.dev/agent=python (empty: the sidecar's image).
+    #[arg(long = "agent-image", env = "MEMPROF_AGENT_IMAGE", default_value = "")]
+    pub agent_image: String,
+    /// Where that image carries the agent tree (bootstrap/, lib/).
+    #[arg(long = "agent-path", env = "MEMPROF_AGENT_PATH", default_value = crate::cli::install_agent::DEFAULT_SOURCE)]
+    pub agent_path: String,
     /// How the sidecar sees GPUs: envvar, podResources or agentOnly.
     #[arg(long = "gpu-access", env = "MEMPROF_GPU_ACCESS", value_enum, default_value_t = GpuAccess::Envvar)]
     pub gpu_access: GpuAccess,
@@ -228,6 +235,10 @@ impl WebhookOptions {
             cpu_limit: non_empty(&self.sidecar_cpu_limit),
             memory_limit: non_empty(&self.sidecar_memory_limit),
             gpu_access: self.gpu_access,
+            agent: super::agent::AgentConfig {
+                image: non_empty(&self.agent_image),
+                source_dir: self.agent_path.clone(),
+            },
             native_sidecar,
             service_account_token: self.sidecar_token,
             allow_image_override: self.allow_image_override,
