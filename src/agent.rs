@@ -513,7 +513,8 @@ mod tests {
 
     #[test]
     fn allocator_invariants_are_checked() {
-        let cases: [(fn(&mut DeviceStats), &str); 6] = [
+        type BreakIt = fn(&mut DeviceStats);
+        let cases: [(BreakIt, &str); 6] = [
             (
                 |d| d.allocated_bytes = 41 * G,
                 "allocatedBytes exceeds reservedBytes",

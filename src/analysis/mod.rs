@@ -8,6 +8,7 @@
 //! samples are bucketed (default 10 s), the upper envelope (bucket maxima)
 //! predicts OOM, the lower envelope (bucket minima) reveals a leak.
 
+pub mod allocator;
 mod fit;
 mod risk;
 mod rollup;
