@@ -106,10 +106,10 @@ def test_importing_torch_starts_the_agent_once_after_torch_is_ready(tmp_path, fa
     code = """
         import importlib, sys
         import torch
+        print(type(torch.__loader__).__name__, type(torch.__spec__.loader).__name__)
         import torch.nn
         importlib.reload(torch)
         import torch
-        print(type(torch.__loader__).__name__, type(torch.__spec__.loader).__name__)
         print(any("Watcher" in type(f).__name__ for f in sys.meta_path))
     """
     rc, out, err, starts = python(code, [BOOTSTRAP, agent(tmp_path), fake_torch], tmp_path)
@@ -288,12 +288,38 @@ def test_python_2_runs_untouched_and_still_chains(tmp_path, fake_torch):
     assert (rc, out, err, starts) == (0, "user sitecustomize\ntrained\n", "", [])
 
 
-def test_with_the_real_agent_package_the_trainer_is_unchanged(tmp_path, fake_torch):
-    lib = ROOT
-    if not (lib / "memprof_agent" / "__init__.py").exists():
+def test_the_hook_starts_the_real_agent_which_pushes_to_a_real_sidecar(tmp_path, sidecar):
+    """End to end, as in a pod: the hook, the real memprof_agent, and a real
+    memprof-sidecar (the `sidecar` fixture of conftest.py) on the address the
+    webhook sets; torch is the agent tests' fake, behind an on-disk package
+    so that `import torch` goes through the hook."""
+    if not (ROOT / "memprof_agent" / "__init__.py").exists():
+        pytest.skip("agent/python/memprof_agent is not there yet")
+    write(tmp_path / "site-torch" / "torch" / "__init__.py", """
+        import sys
+        import fake_torch
+        fake_torch.install()  # sys.modules["torch"] is now the fake: what `import torch` returns
+    """)
+    code = """
+        import sys, time
+        import torch
+        time.sleep(1.5)
+        print("trained", torch.__version__)
+        sys.exit(6)
+    """
+    rc, out, err, _ = python(
+        code, [BOOTSTRAP, tmp_path / "site-torch", Path(__file__).parent, ROOT], tmp_path,
+        env={"MEMPROF_AGENT_URL": sidecar.url, "MEMPROF_AGENT_INTERVAL": "100ms"})
+    assert (rc, out) == (6, "trained 2.11.0+fake\n"), err
+    assert PREFIX + "not started" not in err, err
+    assert sidecar.agent_pushes() >= 3
+
+
+def test_with_the_real_agent_package_and_no_sidecar_the_trainer_is_unchanged(tmp_path, fake_torch):
+    if not (ROOT / "memprof_agent" / "__init__.py").exists():
         pytest.skip("agent/python/memprof_agent is not there yet")
     code = "import sys, torch\nprint('trained')\nsys.exit(5)\n"
     # Port 9 on loopback: nothing listens; the agent must cope.
-    rc, out, _, _ = python(code, [BOOTSTRAP, fake_torch, lib], tmp_path,
+    rc, out, _, _ = python(code, [BOOTSTRAP, fake_torch, ROOT], tmp_path,
                            env={"MEMPROF_AGENT_URL": "http://127.0.0.1:9/v1/agent"})
     assert (rc, out) == (5, "trained\n")
