@@ -9,6 +9,7 @@
 //! predicts OOM, the lower envelope (bucket minima) reveals a leak.
 
 pub mod allocator;
+mod allocator_rollup;
 mod fit;
 mod risk;
 mod rollup;

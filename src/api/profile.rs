@@ -90,6 +90,9 @@ pub struct MemoryProfileStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0.0, max = 1.0))]
     pub fragmentation: Option<f64>,
+    /// What the in-process agents' allocator numbers add, when an agent runs in some rank.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocator: Option<AllocatorRollup>,
     /// Max over mean of per-GPU peak memory across the job (1 = perfectly balanced).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1.0))]
@@ -248,4 +251,49 @@ pub struct RemediationTotal {
     /// When the newest of them was decided (RFC 3339).
     #[schemars(length(max = 64))]
     pub last: String,
+}
+
+/// The job's allocator numbers, from the ranks whose in-process agent pushes.
+/// Bounded: 8 ranks per list, one OOM snapshot of 4 blocks with 2 frames each.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct AllocatorRollup {
+    /// Ranks whose report carries allocator numbers.
+    pub ranks_with_agent: u32,
+    /// What grows, worst first: `leak` in any rank, else `cache`, else `none`.
+    #[serde(default)]
+    pub growth: super::MemoryGrowth,
+    /// Ranks whose reserved memory grows as cache while allocated memory
+    /// between steps is flat: not a leak (at most 8).
+    #[schemars(length(max = 8))]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cache_ranks: Vec<u32>,
+    /// Advice about fragmentation or allocator pressure of one rank, prefixed with the rank.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 600))]
+    pub advice: Option<String>,
+    /// The slowest rank's training steps per second (the one the others wait for).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0))]
+    pub slowest_steps_per_second: Option<f64>,
+    /// That rank.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slowest_rank: Option<u32>,
+    /// What held the memory at the newest CUDA OOM an agent saw.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_oom: Option<AgentOomRecord>,
+}
+
+/// The newest OOM snapshot of the job, with where it happened.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentOomRecord {
+    /// Pod that ran out of memory.
+    #[schemars(length(max = 253))]
+    pub pod: String,
+    /// Its rank, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank: Option<u32>,
+    /// The largest live blocks at the OOM (at most 4, 2 frames each).
+    pub snapshot: super::OomSnapshotSummary,
 }

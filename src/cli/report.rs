@@ -1,7 +1,7 @@
 //! `memprof report [JOB]` (also `kubectl memprof report`): what the operator
 //! concluded about a job, from its MemoryProfile, in words.
 
-use crate::api::{format_bytes, format_duration, MemoryProfile};
+use crate::api::{format_bytes, format_duration, AllocatorRollup, MemoryGrowth, MemoryProfile};
 use std::fmt::Write;
 
 /// Renders one profile for a terminal.
@@ -61,6 +61,9 @@ pub fn render(p: &MemoryProfile) -> String {
             f * 100.0
         );
     }
+    if let Some(a) = &st.allocator {
+        render_allocator(&mut out, a);
+    }
     if !st.top_ranks.is_empty() {
         let _ = writeln!(out, "  closest to OOM:");
         for r in &st.top_ranks {
@@ -97,4 +100,109 @@ pub fn render(p: &MemoryProfile) -> String {
         );
     }
     out
+}
+
+/// What the in-process agents said: leak or cache, advice, step rate, the OOM's blocks.
+fn render_allocator(out: &mut String, a: &AllocatorRollup) {
+    let growth = match a.growth {
+        MemoryGrowth::Leak => "leak: allocated memory between steps keeps growing".to_string(),
+        MemoryGrowth::Cache => format!(
+            "cache: reserved memory grows on ranks {:?}, allocated memory between steps is flat (not a leak)",
+            a.cache_ranks
+        ),
+        MemoryGrowth::None => "nothing grows".to_string(),
+    };
+    let _ = writeln!(
+        out,
+        "  allocator (agent in {} rank(s)): {growth}",
+        a.ranks_with_agent
+    );
+    if let Some(advice) = &a.advice {
+        let _ = writeln!(out, "  advice: {advice}");
+    }
+    if let Some(sps) = a.slowest_steps_per_second {
+        let rank = a.slowest_rank.map_or("-".to_string(), |r| r.to_string());
+        let _ = writeln!(out, "  slowest rank: {rank} at {sps:.2} steps/s");
+    }
+    if let Some(o) = &a.last_oom {
+        let rank = o.rank.map_or("-".to_string(), |r| r.to_string());
+        let asked = o.snapshot.requested_bytes.map_or(String::new(), |b| {
+            format!(", asked for {}", format_bytes(b))
+        });
+        let _ = writeln!(
+            out,
+            "  CUDA OOM at {} in pod {} (rank {rank}){asked}; largest live blocks:",
+            o.snapshot.time, o.pod
+        );
+        for b in &o.snapshot.blocks {
+            let at = if b.frames.is_empty() {
+                "-".to_string()
+            } else {
+                b.frames.join(" <- ")
+            };
+            let _ = writeln!(out, "    {:>9}  {at}", format_bytes(b.size_bytes));
+        }
+        if o.snapshot.source != "history" {
+            let _ = writeln!(
+                out,
+                "    (no allocation stacks: set MEMPROF_AGENT_RECORD_HISTORY=1 in the trainer to name the code)"
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{AgentOomRecord, MemoryProfileStatus, OomBlock, OomSnapshotSummary};
+
+    #[test]
+    fn the_allocator_section_says_leak_or_cache_advice_and_what_held_the_memory() {
+        let mut p = MemoryProfile::new(
+            "train",
+            crate::api::MemoryProfileSpec {
+                job_name: "train".into(),
+                expected_ranks: Some(2),
+            },
+        );
+        p.status = Some(MemoryProfileStatus {
+            allocator: Some(AllocatorRollup {
+                ranks_with_agent: 2,
+                growth: MemoryGrowth::Cache,
+                cache_ranks: vec![1],
+                advice: Some(
+                    "rank 1: fragmentation: set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+                        .into(),
+                ),
+                slowest_steps_per_second: Some(2.5),
+                slowest_rank: Some(0),
+                last_oom: Some(AgentOomRecord {
+                    pod: "train-0".into(),
+                    rank: Some(0),
+                    snapshot: OomSnapshotSummary {
+                        time: "2026-11-22T10:00:10Z".into(),
+                        requested_bytes: Some(2 << 30),
+                        source: "history".into(),
+                        blocks: vec![OomBlock {
+                            size_bytes: 6 << 30,
+                            frames: vec!["train.py:42 leak".into(), "train.py:99 main".into()],
+                        }],
+                        ..Default::default()
+                    },
+                }),
+            }),
+            ..Default::default()
+        });
+        let text = render(&p);
+        for want in [
+            "allocator (agent in 2 rank(s)): cache: reserved memory grows on ranks [1]",
+            "advice: rank 1: fragmentation: set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+            "slowest rank: 0 at 2.50 steps/s",
+            "CUDA OOM at 2026-11-22T10:00:10Z in pod train-0 (rank 0), asked for 2.0GiB",
+            "6.0GiB  train.py:42 leak <- train.py:99 main",
+        ] {
+            assert!(text.contains(want), "{want:?} not in:\n{text}");
+        }
+        assert!(!text.contains("MEMPROF_AGENT_RECORD_HISTORY"));
+    }
 }
