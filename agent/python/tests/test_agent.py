@@ -137,11 +137,10 @@ def test_the_markers_call_no_torch_api(fake):
 
 def test_an_oom_is_pushed_once_with_its_top_blocks_before_it_propagates(sidecar, fake):
     fake_torch.leak_snapshot(fake)
-    assert memprof_agent.start(interval=0.05, url=sidecar.url, record_history=True)
+    # No periodic push within the test: every push the sidecar counts is the OOM's.
+    assert memprof_agent.start(interval=60, url=sidecar.url, record_history=True)
     assert fake.history == {"max_entries": 100000, "stacks": "python"}
-    assert wait_until(lambda: fake.observers, timeout=5), "observer attached once CUDA is up"
-    before = sidecar.agent_pushes()
-    sent_before = agent().transport.sent
+    assert fake.observers, "observer attached at start: CUDA is up"
 
     with pytest.raises(fake_torch.OutOfMemoryError):
         with memprof_agent.oom_guard():
@@ -156,13 +155,16 @@ def test_an_oom_is_pushed_once_with_its_top_blocks_before_it_propagates(sidecar,
     assert top["frames"][0] == {"filename": "train.py", "line": 42, "name": "leak"}
     assert len(summary["blocks"]) == 16 and all(len(b["frames"]) <= 8 for b in summary["blocks"])
     assert all(b["state"].startswith("active") for b in summary["blocks"])
-    # One OOM push reached the sidecar (the guard did not push it again).
-    oom_pushes = agent().transport.sent - sent_before
-    assert wait_until(lambda: sidecar.agent_pushes() >= before + 1)
+    # The sidecar took exactly one push (the guard did not push the same OOM
+    # again), and its report says what held the memory.
+    report = sidecar.wait_report(lambda r: (r.get("allocator") or {}).get("oom"))
+    oom = report["allocator"]["oom"]
+    assert oom["source"] == "history" and oom["requestedBytes"] == 2 * GiB
+    assert oom["blocks"][0] == {"sizeBytes": 6 * GiB, "frames": ["train.py:42 leak", "train.py:99 main"]}
+    assert len(oom["blocks"]) == 8
+    assert report["allocator"]["numOoms"] == 1
+    assert sidecar.agent_pushes() == 1
     assert agent().transport.failures == 0
-    memprof_agent.stop()
-    assert oom_pushes >= 1
-    assert agent() is None
 
 
 def test_without_the_observer_the_guard_pushes_with_the_message(fake, misbehaving):
@@ -236,3 +238,37 @@ def test_import_needs_only_the_standard_library():
     assert proc.returncode == 0, proc.stderr
     names = eval(proc.stdout)
     assert all(n.startswith("memprof_agent") for n in names), names
+
+
+def test_an_agent_only_sidecar_reports_risk_and_time_to_oom_from_pushes(workdir):
+    """No GPU visible to the sidecar (no NVML here): the agent's numbers are
+    the report's. Pushes are posted as the agent would over 200 s of a
+    100 MB/s leak, with their own timestamps, so the test takes seconds."""
+    import urllib.request
+
+    from conftest import Sidecar
+
+    s = Sidecar(workdir, extra_args=["--backend", "nvml"])
+    try:
+        t0 = 1.8e9
+        for i in range(201):
+            allocated = int(30e9 + 100e6 * i)
+            reserved = allocated + 2 * 10**9
+            push = {
+                "version": 1, "time": t0 + i, "step": 2 * i,
+                "devices": [{"index": 0, "uuid": "GPU-agent-only", "allocatedBytes": allocated,
+                             "reservedBytes": reserved, "peakAllocatedBytes": allocated,
+                             "freeBytes": 80 * 10**9 - reserved - 5 * 10**8, "totalBytes": 80 * 10**9}],
+            }
+            req = urllib.request.Request(s.url, data=json.dumps(push).encode(), headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=5) as r:
+                assert r.status == 204
+        report = s.wait_report(lambda r: r["gpus"] and r["gpus"][0]["risk"] in ("high", "critical"))
+        g = report["gpus"][0]
+        assert report["summary"]["source"] == "agent" and g["source"] == "agent"
+        assert g["uuid"] == "GPU-agent-only" and g["leakSuspected"]
+        assert g["timeToOomSeconds"] > 0 and report["summary"]["timeToOom"]
+        assert report["allocator"]["growth"] == "leak"
+        assert abs(report["allocator"]["stepsPerSecond"] - 2.0) < 1e-6
+    finally:
+        s.stop()
