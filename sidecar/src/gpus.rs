@@ -1,6 +1,7 @@
 //! Opens the sampler the flags ask for, and says whether GPUs are visible.
 
 use memprof::api::Condition;
+use memprof::sampler::discovery::{self, DiscoveryMethod, DiscoveryOptions};
 use memprof::sampler::{self, sim, trace, GpuInfo, GpuReading, Sampler};
 
 /// Which backend to sample.
@@ -33,9 +34,71 @@ impl Sampler for NoGpus {
     }
 }
 
+/// The backend, whether GPUs are visible, and, when NVML works but nothing
+/// said which GPUs are the pod's, what the in-process agent may still name.
+pub struct Opened {
+    /// The sampler ([`NoGpus`] when none is visible).
+    pub sampler: Box<dyn Sampler>,
+    /// `GpuVisible`.
+    pub condition: Condition,
+    /// Set when discovery found the pod's GPUs ambiguous.
+    pub agent_named: Option<AgentNamed>,
+}
+
+/// The pod's GPUs as the in-process agent names them, for a sidecar whose
+/// discovery could not tell them from the node's others (`AmbiguousGpus`).
+/// Each push names the devices its process uses (a torchrun rank: its own),
+/// so the pod's are the union over pushes.
+pub struct AgentNamed {
+    opts: DiscoveryOptions,
+    uuids: Vec<String>,
+    sampled: Vec<u32>,
+}
+
+impl AgentNamed {
+    /// At most as many UUIDs as a node has GPUs (the push's own bound).
+    const MAX: usize = memprof::agent::MAX_DEVICES;
+
+    fn new(opts: DiscoveryOptions) -> Self {
+        AgentNamed {
+            opts,
+            uuids: vec![],
+            sampled: vec![],
+        }
+    }
+
+    /// Adds a push's UUIDs to those known; true when one is new.
+    pub fn add(&mut self, push: &memprof::agent::Push) -> bool {
+        let before = self.uuids.len();
+        for uuid in push.devices.iter().filter_map(|d| d.uuid.as_deref()) {
+            let known = self.uuids.iter().any(|u| u.eq_ignore_ascii_case(uuid));
+            if !known && !uuid.is_empty() && self.uuids.len() < Self::MAX {
+                self.uuids.push(uuid.to_string());
+            }
+        }
+        self.uuids.len() > before
+    }
+
+    /// A sampler over the GPUs the agent named so far, when a push named a
+    /// new one and NVML samples other GPUs than before; its `GpuVisible`.
+    pub fn learn(&mut self, push: &memprof::agent::Push) -> Option<(Box<dyn Sampler>, Condition)> {
+        if !self.add(push) {
+            return None;
+        }
+        let (sampler, found) = discovery::open_agent_named(&self.opts, &self.uuids);
+        let sampler = sampler?;
+        let indices: Vec<u32> = found.gpus.iter().map(|g| g.index).collect();
+        if indices == self.sampled {
+            return None;
+        }
+        self.sampled = indices;
+        Some((Box::new(sampler) as Box<dyn Sampler>, found.condition))
+    }
+}
+
 /// Opens the backend. Never fails the sidecar: when GPUs cannot be read the
 /// result is [`NoGpus`] with a `GpuVisible=False` condition saying why.
-pub async fn open(args: &crate::Args, rank: u32) -> (Box<dyn Sampler>, Condition) {
+pub async fn open(args: &crate::Args, rank: u32) -> Opened {
     let result: Result<(Box<dyn Sampler>, Condition), String> = match args.backend {
         Backend::Sim => match &args.scenario {
             None => Err("--backend sim needs --scenario FILE".into()),
@@ -53,40 +116,43 @@ pub async fn open(args: &crate::Args, rank: u32) -> (Box<dyn Sampler>, Condition
                 (Box::new(s) as Box<dyn Sampler>, c)
             }),
         },
-        Backend::Nvml => {
-            let (sampler, discovery) = open_nvml(args).await;
-            return match sampler {
-                Some(s) => (s, discovery),
-                None => {
-                    tracing::error!("no GPU visible through NVML: {}", discovery.message);
-                    (Box::new(NoGpus), discovery)
-                }
-            };
-        }
+        Backend::Nvml => return open_nvml(args).await,
     };
-    match result {
+    let (sampler, condition) = match result {
         Ok(ok) => ok,
         Err(why) => {
             tracing::error!("no GPU visible: {why}");
             (
-                Box::new(NoGpus),
+                Box::new(NoGpus) as Box<dyn Sampler>,
                 Condition::new(GPU_VISIBLE, false, "BackendUnavailable", why),
             )
         }
+    };
+    Opened {
+        sampler,
+        condition,
+        agent_named: None,
     }
 }
 
 /// GPU discovery in DESIGN.md's order (explicit UUIDs, kubelet PodResources,
-/// all GPUs NVML sees only when they are all the pod's, else none), then an
-/// NVML sampler over what it found.
-async fn open_nvml(args: &crate::Args) -> (Option<Box<dyn Sampler>>, Condition) {
-    use memprof::sampler::discovery::{self, DiscoveryOptions};
+/// all GPUs NVML sees only when they are all the pod's, else none until the
+/// in-process agent names them), then an NVML sampler over what it found.
+async fn open_nvml(args: &crate::Args) -> Opened {
+    let none = |condition: Condition, agent_named| {
+        tracing::error!("no GPU visible through NVML: {}", condition.message);
+        Opened {
+            sampler: Box::new(NoGpus),
+            condition,
+            agent_named,
+        }
+    };
     let mut opts = match DiscoveryOptions::from_env() {
         Ok(o) => o,
         Err(why) => {
-            return (
-                None,
+            return none(
                 Condition::new(GPU_VISIBLE, false, "InvalidDiscovery", why),
+                None,
             )
         }
     };
@@ -97,8 +163,49 @@ async fn open_nvml(args: &crate::Args) -> (Option<Box<dyn Sampler>>, Condition) 
     // writing a pod's report is shown every GPU of the node.
     opts.whole_machine = args.standalone;
     let (sampler, found) = discovery::open_nvml_sampler(&opts).await;
-    (
-        sampler.map(|s| Box::new(s) as Box<dyn Sampler>),
-        found.condition,
-    )
+    match sampler {
+        Some(s) => Opened {
+            sampler: Box::new(s),
+            condition: found.condition,
+            agent_named: None,
+        },
+        None => {
+            let ambiguous = found.method == DiscoveryMethod::AmbiguousGpus;
+            none(found.condition, ambiguous.then(|| AgentNamed::new(opts)))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use memprof::agent::{DeviceStats, Push};
+
+    fn push(uuids: &[Option<&str>]) -> Push {
+        Push {
+            devices: uuids
+                .iter()
+                .enumerate()
+                .map(|(i, u)| DeviceStats {
+                    index: i as u32,
+                    uuid: u.map(String::from),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_agents_gpus_are_the_union_of_its_pushes() {
+        let mut a = AgentNamed::new(DiscoveryOptions::default());
+        assert!(a.add(&push(&[Some("GPU-aaaa")])), "rank 0");
+        assert!(!a.add(&push(&[Some("gpu-AAAA"), None])), "nothing new");
+        assert!(a.add(&push(&[Some("GPU-bbbb")])), "rank 1");
+        assert_eq!(a.uuids, ["GPU-aaaa", "GPU-bbbb"]);
+        let many: Vec<String> = (0..40).map(|i| format!("GPU-{i}")).collect();
+        let many: Vec<Option<&str>> = many.iter().map(|s| Some(s.as_str())).collect();
+        a.add(&push(&many));
+        assert_eq!(a.uuids.len(), AgentNamed::MAX, "bounded");
+    }
 }

@@ -96,7 +96,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         rank,
     );
 
-    let (sampler, visible) = gpus::open(&args, rank.unwrap_or(0)).await;
+    let gpus::Opened {
+        sampler,
+        condition: visible,
+        mut agent_named,
+    } = gpus::open(&args, rank.unwrap_or(0)).await;
     let mut registry = Registry::default();
     let metrics = Metrics::new(&mut registry);
     metrics.gpu_visible.set(i64::from(visible.is_true()));
@@ -168,7 +172,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         None => None,
     };
 
-    let mut monitor = Monitor::new(sampler, thresholds);
+    let mut monitor = Monitor::new(sampler, thresholds.clone());
     let budget = Budget {
         heartbeat: args.heartbeat_seconds,
         ..Budget::default()
@@ -229,6 +233,16 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             }
         }
         for push in agent_inbox.drain() {
+            let named = agent_named.as_mut().and_then(|a| a.learn(&push));
+            if let Some((sampler, condition)) = named {
+                // The pod's GPUs, named by the agent: sampled from now on. A
+                // fresh monitor, as its series are per GPU; this happens at
+                // the trainers' first pushes, before much history exists.
+                tracing::info!("{}", condition.message);
+                metrics.gpu_visible.set(i64::from(condition.is_true()));
+                conditions[0] = condition;
+                monitor = Monitor::new(sampler, thresholds.clone());
+            }
             monitor.agent_push(push);
         }
 

@@ -576,6 +576,26 @@ pub async fn open_nvml_sampler(opts: &DiscoveryOptions) -> (Option<NvmlSampler>,
         None
     };
     let d = decide(opts, listed.as_deref().map_err(String::as_str), pod, &[]);
+    open_decided(d)
+}
+
+/// Decides again with the GPU UUIDs the in-process agent named, and opens a
+/// sampler over them: for a sidecar whose discovery found the pod's GPUs
+/// ambiguous (no explicit list, no kubelet asked).
+pub fn open_agent_named(
+    opts: &DiscoveryOptions,
+    agent: &[String],
+) -> (Option<NvmlSampler>, Discovery) {
+    let listed = nvml::list_gpus().map_err(|e| e.to_string());
+    open_decided(decide(
+        opts,
+        listed.as_deref().map_err(String::as_str),
+        None,
+        agent,
+    ))
+}
+
+fn open_decided(d: Discovery) -> (Option<NvmlSampler>, Discovery) {
     if d.gpus.is_empty() {
         return (None, d);
     }
