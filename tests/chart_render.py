@@ -131,14 +131,11 @@ def check_common(case: str, docs: list[dict], values: dict) -> None:
         all(tmpl_labels.get(k) == v for k, v in dep["spec"]["selector"]["matchLabels"].items()),
     )
 
-    role = one(docs, "ClusterRole")
+    role = one(docs, "ClusterRole", f"{RELEASE}-operator")
     rules = role["rules"] if role else []
 
     def grants(group: str, resource: str, verbs: set[str]) -> bool:
-        return any(
-            group in r.get("apiGroups", []) and resource in r.get("resources", []) and verbs <= set(r["verbs"])
-            for r in rules
-        )
+        return verbs <= granted(rules, group, resource)
 
     check(f"{case}: operator may grant memoryreports create/get/patch", grants("memprof.dev", "memoryreports", {"create", "get", "patch"}))
     check(f"{case}: operator manages roles/rolebindings", grants("rbac.authorization.k8s.io", "roles", {"create", "get", "patch"}) and grants("rbac.authorization.k8s.io", "rolebindings", {"create", "get", "patch"}))
@@ -152,6 +149,95 @@ def check_common(case: str, docs: list[dict], values: dict) -> None:
         any("leases" in r["resources"] for r in ns_rules)
         and any("secrets" in r["resources"] for r in ns_rules) == self_signed
         and not any("secrets" in r.get("resources", []) for r in rules),
+    )
+
+
+def granted(rules: list[dict], group: str, resource: str) -> set[str]:
+    """Every verb `rules` grant on group/resource (resourceNames-limited rules excluded)."""
+    verbs: set[str] = set()
+    for r in rules:
+        if group in r.get("apiGroups", []) and resource in r.get("resources", []) and not r.get("resourceNames"):
+            verbs |= set(r["verbs"])
+    return verbs
+
+
+WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection", "escalate", "bind", "impersonate", "*"}
+GUARDED = [("batch", "jobs"), ("", "pods"), ("", "configmaps"), ("rbac.authorization.k8s.io", "roles"),
+           ("rbac.authorization.k8s.io", "rolebindings"), ("", "secrets")]
+
+
+def check_least_privilege() -> None:
+    """The namespaced install has no cluster-wide write verbs on Jobs, Pods,
+    ConfigMaps, Roles or Secrets; Secrets are only ever read by name; users
+    get memprof-view/memprof-edit through aggregation."""
+    docs = render({"rbac": {"namespaces": ["team-a", "team-b"]}})
+    cluster_rules = [r for d in docs if d["kind"] == "ClusterRole" for r in d["rules"]]
+    writes = {f"{g or 'core'}/{res}": sorted(granted(cluster_rules, g, res) & WRITE_VERBS) for g, res in GUARDED}
+    check(
+        "namespaced install: no cluster-wide write verbs on jobs, pods, configmaps, roles, rolebindings, secrets",
+        not any(writes.values()),
+        str(writes),
+    )
+    roles = {d["metadata"]["namespace"]: d for d in docs if d["kind"] == "Role" and d["metadata"]["name"].endswith("-writes")}
+    check(
+        "namespaced install: write Roles in exactly the listed namespaces",
+        sorted(roles) == ["team-a", "team-b"]
+        and all({"create", "delete", "patch"} <= granted(r["rules"], "batch", "jobs") for r in roles.values()),
+        str(sorted(roles)),
+    )
+    bindings = {d["metadata"]["namespace"] for d in docs if d["kind"] == "RoleBinding" and d["metadata"]["name"].endswith("-writes")}
+    check("namespaced install: each write Role bound", bindings == {"team-a", "team-b"}, str(bindings))
+    check(
+        "namespaced install: the operator is told the namespaces",
+        operator_args(docs).get("allowed-namespaces") == "team-a,team-b",
+        str(operator_args(docs).get("allowed-namespaces")),
+    )
+    mwc = one(docs, "MutatingWebhookConfiguration")
+    narrowed = all(
+        {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-a", "team-b"]}
+        in w["namespaceSelector"].get("matchExpressions", [])
+        for w in mwc["webhooks"]
+    )
+    check("namespaced install: the webhook only sees the listed namespaces", narrowed)
+
+    default = render({})
+    cr = one(default, "ClusterRole", f"{RELEASE}-operator")
+    check(
+        "cluster install: plan ConfigMaps are not created or deleted cluster-wide",
+        not ({"create", "delete"} & granted(cr["rules"], "", "configmaps")),
+        str(granted(cr["rules"], "", "configmaps")),
+    )
+    check("cluster install: --allowed-namespaces empty", operator_args(default).get("allowed-namespaces") == "")
+    check(
+        "plans live in the release namespace",
+        operator_args(default).get("remediation-plan-namespace") == NAMESPACE,
+    )
+    ns_role = one(default, "Role", f"{RELEASE}-operator")
+    secret_rules = [r for r in ns_role["rules"] if "secrets" in r["resources"]]
+    check(
+        "secrets: get/update only by name, create only in the release namespace",
+        all(r.get("resourceNames") == [f"{RELEASE}-webhook-tls"] for r in secret_rules if set(r["verbs"]) & {"get", "update"})
+        and all(set(r["verbs"]) == {"create"} for r in secret_rules if not r.get("resourceNames")),
+        json.dumps(secret_rules),
+    )
+    view, edit = one(default, "ClusterRole", "memprof-view"), one(default, "ClusterRole", "memprof-edit")
+    check(
+        "memprof-view aggregates into view/edit/admin, read-only",
+        view is not None
+        and view["metadata"]["labels"].get("rbac.authorization.k8s.io/aggregate-to-view") == "true"
+        and not (granted(view["rules"], "memprof.dev", "memoryreports") & WRITE_VERBS),
+    )
+    check(
+        "memprof-edit writes RemediationPolicies only (never reports or profiles)",
+        edit is not None
+        and edit["metadata"]["labels"].get("rbac.authorization.k8s.io/aggregate-to-edit") == "true"
+        and {"create", "patch", "delete"} <= granted(edit["rules"], "memprof.dev", "remediationpolicies")
+        and not granted(edit["rules"], "memprof.dev", "memoryreports")
+        and not granted(edit["rules"], "memprof.dev", "memoryprofiles"),
+    )
+    check(
+        "aggregateToDefaultRoles=false ships neither",
+        one(render({"rbac": {"aggregateToDefaultRoles": False}}), "ClusterRole", "memprof-view") is None,
     )
 
 
@@ -211,7 +297,7 @@ def check_webhook(case: str, docs: list[dict], cert_manager: bool) -> None:
     else:
         check(f"{case}: --webhook-cert-mode=self", args["webhook-cert-mode"] == "self")
         check(f"{case}: no cert-manager objects", cert is None and annotation is None)
-        rules = one(docs, "ClusterRole")["rules"]
+        rules = one(docs, "ClusterRole", f"{RELEASE}-operator")["rules"]
         patch = [r for r in rules if "mutatingwebhookconfigurations" in r.get("resources", [])]
         check(
             f"{case}: may patch only its own webhook configuration",
@@ -298,6 +384,8 @@ def offline() -> list[tuple[str, list[dict]]]:
     )
     rendered.append(("serviceMonitor", docs))
     check_network_policy()
+    check_least_privilege()
+    rendered.append(("namespaced", render({"rbac": {"namespaces": ["team-a"]}})))
     for bad in ({"gpuAccess": "all"}, {"webhook": {"certMode": "vault"}}, {"sidecar": {"interval": "fast"}}):
         try:
             render(bad)
@@ -335,7 +423,13 @@ def dry_run(rendered: list[tuple[str, list[dict]]]) -> None:
     kubectl("create", "namespace", ns)
     try:
         for case, _ in rendered:
-            values = {"default": {}, "certManager": {"webhook": {"certMode": "certManager"}}, "serviceMonitor": {"serviceMonitor": {"enabled": True}}}.get(case)
+            values = {
+                "default": {},
+                "certManager": {"webhook": {"certMode": "certManager"}},
+                "serviceMonitor": {"serviceMonitor": {"enabled": True}},
+                # The write Roles go into the listed namespaces: list one that exists.
+                "namespaced": {"rbac": {"namespaces": [ns]}},
+            }.get(case)
             if values is None:
                 values = {"gpuAccess": case.split("=", 1)[1]}
             docs = render(values, namespace=ns)

@@ -65,7 +65,15 @@ async fn wait_events(client: &Client, ns: &str, reason: &str, regarding: &str, n
 /// Rewrites rank 0's report with a newer `sampledAt` and waits until the
 /// status shows it: proof that the operator reconciled everything before.
 async fn nudge(client: &Client, ns: &str, profiles: &Api<MemoryProfile>, job: &str, t: u64) {
-    let r = report(job, 0, &at(t), vec![gpu(0, 40, 40, RiskLevel::Low, None)]);
+    let r = rank_report(
+        client,
+        ns,
+        job,
+        0,
+        &at(t),
+        vec![gpu(0, 40, 40, RiskLevel::Low, None)],
+    )
+    .await;
     apply_report(client, ns, &r).await;
     let want = at(t);
     wait_status(profiles, job, "the nudge to show in lastReportTime", |st| {
@@ -148,7 +156,8 @@ async fn reports_roll_up_into_status_annotations_and_one_event_per_transition() 
 
     // The leaking rank first, so the job's risk goes none → high in one step.
     let leaking = gpu(3, 50, 50, RiskLevel::High, Some(260.0));
-    apply_report(&client, &ns.name, &report("llm", 3, &at(3), vec![leaking])).await;
+    let r = rank_report(&client, &ns.name, "llm", 3, &at(3), vec![leaking]).await;
+    apply_report(&client, &ns.name, &r).await;
     wait_status(&profiles, "llm", "risk high", |st| {
         st.risk == RiskLevel::High
     })
@@ -158,7 +167,7 @@ async fn reports_roll_up_into_status_annotations_and_one_event_per_transition() 
         apply_report(
             &client,
             &ns.name,
-            &report("llm", rank, &at(rank as u64), vec![g]),
+            &rank_report(&client, &ns.name, "llm", rank, &at(rank as u64), vec![g]).await,
         )
         .await;
     }
@@ -191,13 +200,14 @@ async fn reports_roll_up_into_status_annotations_and_one_event_per_transition() 
     assert_eq!(annotations[ANNOTATION_TIME_TO_OOM], "4m20s");
     assert_eq!(
         annotations[ANNOTATION_BOTTLENECK],
-        "rank=3 pod=llm-3 node=node-3 gpu=0"
+        format!("rank=3 pod={} node=node-3 gpu=0", r.spec.pod_name)
     );
     wait_events(&client, &ns.name, "RiskRaised", "llm", 1).await;
 
     // The leak is fixed: high → low, one RiskLowered.
     let fixed = gpu(3, 50, 50, RiskLevel::Low, None);
-    apply_report(&client, &ns.name, &report("llm", 3, &at(10), vec![fixed])).await;
+    let r = rank_report(&client, &ns.name, "llm", 3, &at(10), vec![fixed]).await;
+    apply_report(&client, &ns.name, &r).await;
     wait_status(&profiles, "llm", "risk low", |st| st.risk == RiskLevel::Low).await;
     wait_events(&client, &ns.name, "RiskLowered", "llm", 1).await;
 
@@ -252,7 +262,8 @@ async fn a_restarted_operator_emits_no_duplicate_events() {
     create_job(&client, &ns.name, "restart", 2, true).await;
     let profiles: Api<MemoryProfile> = Api::namespaced(client.clone(), &ns.name);
     let hot = gpu(1, 70, 78, RiskLevel::Critical, Some(30.0));
-    apply_report(&client, &ns.name, &report("restart", 1, &at(1), vec![hot])).await;
+    let r = rank_report(&client, &ns.name, "restart", 1, &at(1), vec![hot]).await;
+    apply_report(&client, &ns.name, &r).await;
     wait_status(&profiles, "restart", "risk critical", |st| {
         st.risk == RiskLevel::Critical
     })
@@ -323,7 +334,8 @@ async fn impossible_report_is_ignored_with_a_condition_and_one_event() {
     };
     let ns = TestNamespace::create(&client).await;
     let _op = start_operator(&client, &ns.name);
-    create_job(&client, &ns.name, "val", 4, true).await;
+    // Five pods, four valid reports; the fifth pod's sidecar writes nonsense.
+    create_job(&client, &ns.name, "val", 5, true).await;
     let profiles: Api<MemoryProfile> = Api::namespaced(client.clone(), &ns.name);
     for rank in 0..4 {
         let g = gpu(
@@ -336,7 +348,7 @@ async fn impossible_report_is_ignored_with_a_condition_and_one_event() {
         apply_report(
             &client,
             &ns.name,
-            &report("val", rank, &at(rank as u64), vec![g]),
+            &rank_report(&client, &ns.name, "val", rank, &at(rank as u64), vec![g]).await,
         )
         .await;
     }
@@ -345,7 +357,9 @@ async fn impossible_report_is_ignored_with_a_condition_and_one_event() {
     // usedBytes > totalBytes: the schema cannot say it, the operator must.
     let mut bad = gpu(4, 90, 90, RiskLevel::Critical, Some(1.0));
     bad.total_bytes = 80 * GIB;
-    apply_report(&client, &ns.name, &report("val", 4, &at(100), vec![bad])).await;
+    let bad = rank_report(&client, &ns.name, "val", 4, &at(100), vec![bad]).await;
+    let bad_name = bad.name_any();
+    apply_report(&client, &ns.name, &bad).await;
     let after = wait_status(&profiles, "val", "ReportsValid=False", |st| {
         st.conditions
             .iter()
@@ -358,7 +372,8 @@ async fn impossible_report_is_ignored_with_a_condition_and_one_event() {
         .find(|c| c.type_ == "ReportsValid")
         .unwrap();
     assert!(
-        cond.message.contains("val-4 (gpu 0: usedBytes"),
+        cond.message
+            .contains(&format!("{bad_name} (gpu 0: usedBytes")),
         "{}",
         cond.message
     );

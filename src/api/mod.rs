@@ -53,11 +53,51 @@ pub const MAX_CONDITIONS: usize = 8;
 pub fn crds(
 ) -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>
 {
-    vec![
+    let mut crds = vec![
         MemoryProfile::crd(),
         MemoryReport::crd(),
         RemediationPolicy::crd(),
-    ]
+    ];
+    for crd in &mut crds {
+        for version in &mut crd.spec.versions {
+            if let Some(schema) = version
+                .schema
+                .as_mut()
+                .and_then(|s| s.open_api_v3_schema.as_mut())
+            {
+                drop_empty_string_defaults(schema);
+            }
+        }
+    }
+    crds
+}
+
+/// Removes `default: ""` from a schema, everywhere in it: a 1.20 API server
+/// reads an empty-string default as null and rejects the whole CRD ("must be
+/// of type string"). An absent field deserializes to "" through serde's
+/// `#[serde(default)]` all the same.
+fn drop_empty_string_defaults(
+    schema: &mut k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::JSONSchemaProps,
+) {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::JSONSchemaPropsOrArray;
+    if matches!(&schema.default, Some(d) if d.0 == serde_json::Value::String(String::new())) {
+        schema.default = None;
+    }
+    for p in schema.properties.iter_mut().flat_map(|m| m.values_mut()) {
+        drop_empty_string_defaults(p);
+    }
+    match schema.items.as_mut() {
+        Some(JSONSchemaPropsOrArray::Schema(s)) => drop_empty_string_defaults(s),
+        Some(JSONSchemaPropsOrArray::Schemas(v)) => {
+            v.iter_mut().for_each(drop_empty_string_defaults)
+        }
+        None => {}
+    }
+    for list in [&mut schema.all_of, &mut schema.any_of, &mut schema.one_of] {
+        list.iter_mut()
+            .flatten()
+            .for_each(drop_empty_string_defaults);
+    }
 }
 
 /// Every CRD as one YAML stream: what `memprof crd` prints and `crds/` holds.

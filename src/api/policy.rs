@@ -88,6 +88,11 @@ pub struct RemediationPolicySpec {
     /// Record what would be done (a `DryRun` remediation record) without doing it.
     #[serde(default)]
     pub dry_run: bool,
+    /// Also act on Jobs that another controller owns (a CronJob, a JobSet, …).
+    /// Off by default: recreating or changing such a Job fights its owner,
+    /// which would make the Job again from its own template.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_controlled_jobs: bool,
 }
 
 impl Default for RemediationPolicySpec {
@@ -100,6 +105,7 @@ impl Default for RemediationPolicySpec {
             cooldown_seconds: DEFAULT_COOLDOWN_SECONDS,
             max_remediations: DEFAULT_MAX_REMEDIATIONS,
             dry_run: false,
+            allow_controlled_jobs: false,
         }
     }
 }

@@ -3,19 +3,22 @@
 //! it is wired this way.
 
 use super::metrics::{ReasonLabels, StepLabels};
+use super::reconcile::slim_job;
 use super::reconcile::{
     annotations_outdated, desired_status, expected_ranks, job_annotations, newly_rejected,
     profile_for_job, profile_is_stale, profile_outdated, profiling_enabled, rejected_in,
-    rejection_event, risk_event, EventPlan, NamedReport, JOB_ANNOTATIONS,
+    rejection_event, risk_event, EventPlan, NamedReport, Screening, JOB_ANNOTATIONS,
 };
+use super::trust::{screen, PodFacts};
 use super::{Error, Metrics, Options, Result};
 use crate::api::{MemoryProfile, MemoryReport, LABEL_JOB, OPERATOR_MANAGER};
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::NamespaceResourceScope;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, Preconditions};
+use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{
     Action, Config as ControllerConfig, Controller, Error as ControllerError,
 };
@@ -97,9 +100,13 @@ struct Context {
     jobs: Store<Job>,
     profiles: Store<MemoryProfile>,
     reports: Store<MemoryReport>,
+    /// Metadata of the Jobs' pods: whose reports are genuine (trust.rs).
+    pods: Store<PartialObjectMeta<Pod>>,
     recorder: Recorder,
     metrics: Arc<Metrics>,
     min_write_interval: Duration,
+    /// `--allowed-namespaces` (namespaced install).
+    opts: Options,
     state: Mutex<HashMap<String, JobState>>,
     /// `Some(true)` once the profile and report caches hold a full list,
     /// `Some(false)` if they shut down first. Reconciles wait on this rather
@@ -129,6 +136,9 @@ impl Context {
         }
     }
 }
+
+/// Label the Job controller puts on a Job's pods (1.20 and later).
+const LABEL_JOB_NAME: &str = "job-name";
 
 fn resource_version(meta: &ObjectMeta) -> u64 {
     meta.resource_version
@@ -174,7 +184,7 @@ pub async fn run(
     let (jobs, jobs_writer) = reflector::store();
     let job_stream = watcher(scoped::<Job>(&client, ns), watcher::Config::default())
         .default_backoff()
-        .modify(|job| job.managed_fields_mut().clear())
+        .modify(slim_job)
         .reflect(jobs_writer)
         .applied_objects();
 
@@ -184,7 +194,10 @@ pub async fn run(
         watcher::Config::default().labels(LABEL_JOB),
     )
     .default_backoff()
-    .modify(|p| p.managed_fields_mut().clear())
+    .modify(|p| {
+        p.managed_fields_mut().clear();
+        p.annotations_mut().clear();
+    })
     .reflect(profiles_writer)
     .touched_objects();
 
@@ -196,12 +209,36 @@ pub async fn run(
     .default_backoff()
     .modify(|r| {
         r.managed_fields_mut().clear();
+        r.annotations_mut().clear();
         for gpu in &mut r.spec.gpus {
             gpu.timeline = Vec::new();
         }
     })
     .reflect(reports_writer)
     .touched_objects();
+
+    // Only the pods' metadata (owner references, uid, creation time), and only
+    // of pods a Job controller labelled: whose reports are genuine.
+    let (pods, pods_writer) = reflector::store();
+    let pod_api: Api<PartialObjectMeta<Pod>> = if ns.is_empty() {
+        Api::all(client.clone())
+    } else {
+        Api::namespaced(client.clone(), ns)
+    };
+    let pod_stream = watcher(pod_api, watcher::Config::default().labels(LABEL_JOB_NAME))
+        .default_backoff()
+        .modify(|p| {
+            p.metadata.managed_fields = None;
+            p.metadata.annotations = None;
+        })
+        .reflect(pods_writer)
+        .touched_objects();
+    let pod_to_job = |pod: PartialObjectMeta<Pod>| {
+        let namespace = pod.namespace().unwrap_or_default();
+        pod.labels()
+            .get(LABEL_JOB_NAME)
+            .map(|job| ObjectRef::<Job>::new(job).within(&namespace))
+    };
     let seen = metrics.clone();
     let report_to_job = move |report: MemoryReport| {
         seen.reports_seen.inc();
@@ -220,11 +257,13 @@ pub async fn run(
             .or_else(|| Reporter::from(OPERATOR_MANAGER).instance),
     };
     let (ready_tx, caches_ready) = tokio::sync::watch::channel(None);
-    let (p, r) = (profiles.clone(), reports.clone());
+    let (p, r, q) = (profiles.clone(), reports.clone(), pods.clone());
     // The only waiter on the stores' readiness (see `Context::caches_ready`);
     // ends when the caches are ready or torn down.
     tokio::spawn(async move {
-        let ok = p.wait_until_ready().await.is_ok() && r.wait_until_ready().await.is_ok();
+        let ok = p.wait_until_ready().await.is_ok()
+            && r.wait_until_ready().await.is_ok()
+            && q.wait_until_ready().await.is_ok();
         let _ = ready_tx.send(Some(ok));
     });
     let ctx = Arc::new(Context {
@@ -233,8 +272,10 @@ pub async fn run(
         jobs: jobs.clone(),
         profiles,
         reports,
+        pods,
         metrics,
         min_write_interval: Duration::from_millis(opts.min_write_interval_ms),
+        opts: opts.clone(),
         state: Mutex::default(),
         caches_ready,
     });
@@ -242,6 +283,7 @@ pub async fn run(
     Controller::for_stream(job_stream, jobs)
         .owns_stream(profile_stream)
         .watches_stream(report_stream, report_to_job)
+        .watches_stream(pod_stream, pod_to_job)
         .with_config(ControllerConfig::default().concurrency(opts.concurrency))
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
@@ -322,6 +364,10 @@ async fn reconcile_job(job: &Job, ctx: &Context, st: &mut JobState) -> Result<Ac
     let cached = ctx.profiles.get(&ObjectRef::new(&name).within(&namespace));
     let apply = PatchParams::apply(OPERATOR_MANAGER).force();
 
+    if !ctx.opts.allows(&namespace) {
+        // Namespaced install: no write verbs here, so nothing to do either.
+        return Ok(Action::await_change());
+    }
     if job.metadata.deletion_timestamp.is_some() {
         // The garbage collector is removing the profile with the Job: recreating
         // it now would only give the collector another dependent to wait for.
@@ -377,12 +423,29 @@ async fn reconcile_job(job: &Job, ctx: &Context, st: &mut JobState) -> Result<Ac
     };
     st.profile = Some(profile.clone());
 
-    // 2. What status and annotations the reports call for.
+    // 2. Which reports count (trust.rs), then what status and annotations they call for.
     let reports = ctx.reports.state_filter(|r| {
         r.metadata.namespace.as_deref() == Some(namespace.as_str())
             && r.labels().get(LABEL_JOB) == Some(&name)
     });
-    let named: Vec<NamedReport<'_>> = reports
+    let pods = ctx.pods.state_filter(|p| {
+        p.metadata.namespace.as_deref() == Some(namespace.as_str())
+            && p.labels().get(LABEL_JOB_NAME) == Some(&name)
+    });
+    let facts: HashMap<&str, PodFacts<'_>> = pods
+        .iter()
+        .filter_map(|p| PodFacts::of(&p.metadata))
+        .collect();
+    let claimed: Vec<&MemoryReport> = reports.iter().map(|r| r.as_ref()).collect();
+    let screened = screen(
+        &claimed,
+        &facts,
+        &uid,
+        expected_ranks(job),
+        jiff::Timestamp::now(),
+    );
+    let named: Vec<NamedReport<'_>> = screened
+        .counted
         .iter()
         .map(|r| NamedReport {
             name: r.metadata.name.as_deref().unwrap_or_default(),
@@ -390,7 +453,13 @@ async fn reconcile_job(job: &Job, ctx: &Context, st: &mut JobState) -> Result<Ac
         })
         .collect();
     let previous = profile.status.as_ref();
-    let desired = desired_status(&named, Some(expected_ranks(job)), previous, &now());
+    let desired = desired_status(
+        &named,
+        Some(expected_ranks(job)),
+        previous,
+        &now(),
+        &Screening::of(&screened),
+    );
     let annotations = job_annotations(&desired.status);
     let current = match &st.annotations {
         Some((rv, applied)) if *rv > resource_version(&job.metadata) => applied,

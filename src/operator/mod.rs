@@ -51,6 +51,7 @@ pub mod leader;
 pub mod metrics;
 pub mod reconcile;
 pub mod tasks;
+pub mod trust;
 
 pub use controller::{check_crds, run};
 pub use error::{Error, Result};
@@ -77,6 +78,11 @@ pub struct Options {
     /// Reporting instance in Events (the chart sets it to the pod name); defaults to the hostname.
     #[arg(long, env = "MEMPROF_INSTANCE")]
     pub instance: Option<String>,
+
+    /// Namespaced install: profile only Jobs in these namespaces (comma-separated),
+    /// where the chart grants write verbs; empty: every namespace watched.
+    #[arg(long, env = "MEMPROF_ALLOWED_NAMESPACES", value_delimiter = ',', num_args = 0..)]
+    pub allowed_namespaces: Vec<String>,
 }
 
 impl Default for Options {
@@ -86,16 +92,52 @@ impl Default for Options {
             min_write_interval_ms: 250,
             concurrency: 8,
             instance: None,
+            allowed_namespaces: Vec::new(),
         }
     }
 }
 
 impl Options {
+    /// Whether the operator may act in `namespace` (see `--allowed-namespaces`).
+    pub fn allows(&self, namespace: &str) -> bool {
+        let listed: Vec<&str> = self
+            .allowed_namespaces
+            .iter()
+            .map(|s| s.trim())
+            .filter(|s| !s.is_empty())
+            .collect();
+        listed.is_empty() || listed.contains(&namespace)
+    }
+
     /// Options for one namespace, defaults otherwise (what the tests use).
     pub fn for_namespace(namespace: impl Into<String>) -> Self {
         Options {
             namespace: namespace.into(),
             ..Default::default()
         }
+    }
+}
+
+#[cfg(test)]
+mod options_tests {
+    use super::Options;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        opts: Options,
+    }
+
+    #[test]
+    fn allowed_namespaces_limit_where_the_operator_acts() {
+        let all = Cli::parse_from(["memprof-operator"]).opts;
+        assert!(all.allows("anything"));
+        // What the chart renders for a cluster-wide install: an empty value.
+        let empty = Cli::parse_from(["memprof-operator", "--allowed-namespaces="]).opts;
+        assert!(empty.allows("anything"));
+        let some = Cli::parse_from(["memprof-operator", "--allowed-namespaces=team-a,team-b"]).opts;
+        assert!(some.allows("team-a") && some.allows("team-b"));
+        assert!(!some.allows("kube-system"));
     }
 }

@@ -19,6 +19,9 @@ use std::collections::{BTreeMap, BTreeSet};
 pub const CONDITION_READY: &str = "Ready";
 /// Condition type: every report of the job passed validation.
 pub const CONDITION_REPORTS_VALID: &str = "ReportsValid";
+/// Condition type: every genuine report counted (none superseded by a newer
+/// pod of its rank, none beyond what the Job can have).
+pub const CONDITION_REPORTS_COUNTED: &str = "ReportsCounted";
 /// The annotations the operator writes on a Job, in a stable order.
 pub const JOB_ANNOTATIONS: [&str; 4] = [
     ANNOTATION_OOM_RISK,
@@ -37,6 +40,33 @@ pub fn profiling_enabled(job: &Job) -> bool {
     job.annotations()
         .get(ANNOTATION_ENABLED)
         .is_some_and(|v| v == "true")
+}
+
+/// What the operator reads of a Job, and nothing more: its memprof
+/// annotations, parallelism and the pod template's service account. A
+/// tenant's Job can carry up to 1.5 MiB (a huge template, a
+/// last-applied-configuration annotation); the cache keeps none of it.
+pub fn slim_job(job: &mut Job) {
+    job.metadata.managed_fields = None;
+    if let Some(a) = job.metadata.annotations.as_mut() {
+        a.retain(|k, _| k.starts_with("memprof.dev/"));
+    }
+    if let Some(spec) = job.spec.as_mut() {
+        let sa = spec
+            .template
+            .spec
+            .as_ref()
+            .and_then(|p| p.service_account_name.clone());
+        spec.template = Default::default();
+        if let Some(sa) = sa {
+            spec.template.spec = Some(k8s_openapi::api::core::v1::PodSpec {
+                service_account_name: Some(sa),
+                ..Default::default()
+            });
+        }
+        spec.selector = None;
+    }
+    job.status = None;
 }
 
 /// Ranks a Job expects to report: its parallelism (the API server defaults it to 1).
@@ -130,6 +160,35 @@ pub struct Rejected {
     pub why: String,
 }
 
+/// What screening (`trust.rs`) left out before validation.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Screening {
+    /// Reports that are not what they claim, by name.
+    pub refused: Vec<Rejected>,
+    /// Genuine reports of earlier pods of a rank that has a newer pod.
+    pub superseded: usize,
+    /// Genuine reports beyond what the Job can have.
+    pub over_limit: usize,
+}
+
+impl Screening {
+    /// The screening of `screened`, for the status.
+    pub fn of(screened: &super::trust::Screened<'_>) -> Self {
+        Screening {
+            refused: screened
+                .refused
+                .iter()
+                .map(|r| Rejected {
+                    name: r.name.clone(),
+                    why: r.why.clone(),
+                })
+                .collect(),
+            superseded: screened.superseded,
+            over_limit: screened.over_limit,
+        }
+    }
+}
+
 /// What the profile's status should be.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DesiredStatus {
@@ -148,6 +207,7 @@ pub fn desired_status(
     expected_ranks: Option<u32>,
     previous: Option<&MemoryProfileStatus>,
     now: &str,
+    screening: &Screening,
 ) -> DesiredStatus {
     // Watch caches iterate in hash order; sorting makes ties (equal severity,
     // equal peaks) resolve the same way every time, so an unchanged job never
@@ -156,7 +216,7 @@ pub fn desired_status(
     sorted.sort_by(|a, b| (a.spec.rank, a.name).cmp(&(b.spec.rank, b.name)));
 
     let mut valid = Vec::with_capacity(sorted.len());
-    let mut rejected = Vec::new();
+    let mut rejected = screening.refused.clone();
     for r in &sorted {
         match validate_report(r.spec) {
             Ok(()) => valid.push(RollupInput { spec: r.spec }),
@@ -199,7 +259,33 @@ pub fn desired_status(
     };
     set_condition(&mut status.conditions, ready, now);
     set_condition(&mut status.conditions, reports_valid(&rejected), now);
+    set_condition(&mut status.conditions, reports_counted(screening), now);
     DesiredStatus { status, rejected }
+}
+
+fn reports_counted(s: &Screening) -> Condition {
+    if s.superseded == 0 && s.over_limit == 0 {
+        return Condition::new(
+            CONDITION_REPORTS_COUNTED,
+            true,
+            "OnePerRank",
+            "one report per rank, within what the Job can have",
+        );
+    }
+    Condition::new(
+        CONDITION_REPORTS_COUNTED,
+        false,
+        if s.over_limit > 0 {
+            "OverLimit"
+        } else {
+            "Superseded"
+        },
+        format!(
+            "{} report(s) of earlier pods of a rank that has a newer pod and {} beyond \
+             twice the Job's parallelism (plus 4) were not counted",
+            s.superseded, s.over_limit
+        ),
+    )
 }
 
 fn reports_valid(rejected: &[Rejected]) -> Condition {
@@ -462,7 +548,13 @@ mod tests {
             last_action: Some("scaleBatch BATCH_SIZE 32->24".into()),
             ..Default::default()
         };
-        let d = desired_status(&named(&specs), Some(4), Some(&previous), "t1");
+        let d = desired_status(
+            &named(&specs),
+            Some(4),
+            Some(&previous),
+            "t1",
+            &Screening::default(),
+        );
         let st = &d.status;
         assert_eq!((st.ranks.as_str(), st.risk), ("4/4", RiskLevel::High));
         assert_eq!(st.time_to_oom.as_deref(), Some("4m20s"));
@@ -485,10 +577,18 @@ mod tests {
     #[test]
     fn same_reports_in_any_order_give_the_same_status() {
         let specs = four_ranks();
-        let first = desired_status(&named(&specs), Some(4), None, "t1").status;
+        let first =
+            desired_status(&named(&specs), Some(4), None, "t1", &Screening::default()).status;
         let mut reversed = named(&specs);
         reversed.reverse();
-        let again = desired_status(&reversed, Some(4), Some(&first), "t2").status;
+        let again = desired_status(
+            &reversed,
+            Some(4),
+            Some(&first),
+            "t2",
+            &Screening::default(),
+        )
+        .status;
         // Unchanged conditions keep their transition time: nothing to write.
         assert_eq!(first, again);
     }
@@ -496,11 +596,18 @@ mod tests {
     #[test]
     fn impossible_report_is_named_and_changes_nothing_else() {
         let mut specs = four_ranks();
-        let before = desired_status(&named(&specs), Some(4), None, "t1").status;
+        let before =
+            desired_status(&named(&specs), Some(4), None, "t1", &Screening::default()).status;
         let mut bad = report(4, 10, RiskLevel::Critical, Some(1.0));
         bad.gpus[0].used_bytes = 90 * G;
         specs.push(("train-4-report".into(), bad));
-        let d = desired_status(&named(&specs), Some(4), Some(&before), "t2");
+        let d = desired_status(
+            &named(&specs),
+            Some(4),
+            Some(&before),
+            "t2",
+            &Screening::default(),
+        );
         assert_eq!(d.rejected.len(), 1);
         let cond = d
             .status
@@ -546,7 +653,7 @@ mod tests {
     #[test]
     fn risk_events_only_on_transitions() {
         let specs = four_ranks();
-        let st = desired_status(&named(&specs), Some(4), None, "t").status;
+        let st = desired_status(&named(&specs), Some(4), None, "t", &Screening::default()).status;
         let raised = risk_event(RiskLevel::None, &st).unwrap();
         assert_eq!((raised.reason, raised.warning), ("RiskRaised", true));
         assert!(raised.note.contains("time to OOM 4m20s"));

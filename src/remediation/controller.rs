@@ -12,7 +12,8 @@ use crate::api::{
     truncate_utf8, MemoryProfile, MemoryProfileStatus, MemoryReport, RemediationPolicy,
     RemediationRecord, LABEL_JOB, MAX_HISTORY, REMEDIATION_MANAGER,
 };
-use crate::operator::reconcile::profiling_enabled;
+use crate::operator::reconcile::{profiling_enabled, slim_job};
+use crate::operator::trust::{screen, PodFacts};
 use futures::future::{BoxFuture, Shared};
 use futures::{FutureExt, StreamExt};
 use jiff::Timestamp;
@@ -152,10 +153,7 @@ pub async fn run_controller(
         watcher::Config::default().any_semantic(),
     )
     .default_backoff()
-    .modify(|j| {
-        j.managed_fields_mut().clear();
-        j.spec = None;
-    })
+    .modify(slim_job)
     .reflect(w)
     .inspect(init_done(ready.next()))
     .touched_objects();
@@ -329,7 +327,22 @@ async fn reconcile_profile(profile: &MemoryProfile, ctx: &Context) -> Result<Act
         r.namespace().as_deref() == Some(ns.as_str()) && r.labels().get(LABEL_JOB) == Some(&name)
     });
     let pod_refs: Vec<&Pod> = pods.iter().map(|p| p.as_ref()).collect();
-    let report_specs: Vec<_> = reports.iter().map(|r| &r.spec).collect();
+    // Only the reports the roll-up would count (trust.rs): a forged report
+    // must not record an OOM, and so fire a policy, on someone else's Job.
+    let facts: HashMap<&str, PodFacts<'_>> = pods
+        .iter()
+        .filter_map(|p| PodFacts::of(&p.metadata))
+        .collect();
+    let claimed: Vec<&MemoryReport> = reports.iter().map(|r| r.as_ref()).collect();
+    let counted = match &job {
+        Some(j) => {
+            let uid = j.uid().unwrap_or_default();
+            let parallelism = crate::operator::reconcile::expected_ranks(j);
+            screen(&claimed, &facts, &uid, parallelism, now).counted
+        }
+        None => Vec::new(),
+    };
+    let report_specs: Vec<_> = counted.iter().map(|r| &r.spec).collect();
     let new_ooms = oom::detect(&pod_refs, &report_specs, &st.ooms, now);
     let mut with_ooms = st.clone();
     with_ooms.ooms = oom::merge(&st.ooms, &new_ooms, MAX_HISTORY);

@@ -296,8 +296,8 @@ pub(super) async fn carry_out(
         (Some(lost), _) => (
             PHASE_FAILED,
             format!(
-                "the old Job was deleted but the new one cannot be created: {lost}; \
-                 restore it with: {}",
+                "the old Job was deleted but the new one cannot be created; restore it with: {}; \
+                 the API server said: {lost}",
                 store.restore_command(id)
             ),
         ),
@@ -439,6 +439,27 @@ async fn run_steps(ctx: &Context, ns: &str, name: &str, plan: &Plan) -> Result<R
     Ok(Ran::Finished(out))
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_held_deletion_is_polled_ever_less_often() {
+        let delays: Vec<u64> = (1..=12).map(|n| wait_delay(n).as_secs()).collect();
+        assert_eq!(delays, [1, 2, 4, 8, 16, 32, 64, 128, 256, 300, 300, 300]);
+    }
+
+    #[test]
+    fn only_errors_retrying_cannot_fix_are_terminal() {
+        for code in [400, 403, 404, 422] {
+            assert!(terminal_code(code), "{code}");
+        }
+        for code in [409, 429, 500, 503] {
+            assert!(!terminal_code(code), "{code}");
+        }
+    }
+}
+
 /// Whether a tenant opted a ConfigMap in to `setConfigMapKey` (label
 /// `memprof.dev/remediable: "true"`): the operator writes no other.
 pub(super) fn remediable(cm: &ConfigMap) -> bool {
@@ -482,12 +503,13 @@ async fn set_config_map_key(
 /// long delay costs no latency, only the polling.
 fn wait_delay(waits: u32) -> Duration {
     Duration::from_secs(1)
-        .saturating_mul(1 << waits.min(9))
+        .saturating_mul(1 << waits.saturating_sub(1).min(9))
         .min(Duration::from_secs(300))
 }
 
-/// Waits counted per remediation after which a held deletion is announced.
-const WAITS_BEFORE_EVENT: u32 = 6;
+/// Waits counted per remediation after which a held deletion is announced
+/// (about 15 s in: 3 polls of `GC_WAIT` and two requeues).
+const WAITS_BEFORE_EVENT: u32 = 3;
 
 async fn wait_for_deletion(
     ctx: &Context,
@@ -610,8 +632,8 @@ const GC_WAIT: Duration = Duration::from_secs(4);
 
 /// An API error that retrying cannot fix: the manifest is invalid (400, 422),
 /// the operator may not create it (403), or the namespace is gone (404).
-fn terminal(e: &kube::Error) -> bool {
-    matches!(e, kube::Error::Api(s) if matches!(s.code, 400 | 403 | 404 | 422))
+fn terminal_code(code: u16) -> bool {
+    matches!(code, 400 | 403 | 404 | 422)
 }
 
 /// Deletes the old Job (orphaning its dependents, the profile among them),
@@ -676,7 +698,10 @@ async fn recreate(
                     }
                     // Created meanwhile (by us, in an earlier attempt, or by someone): look again.
                     Err(kube::Error::Api(s)) if s.code == 409 => continue,
-                    Err(e) if terminal(&e) => return Ok(Recreated::Lost { why: e.to_string() }),
+                    Err(kube::Error::Api(s)) if terminal_code(s.code) => {
+                        let why = format!("{} ({})", s.message, s.code);
+                        return Ok(Recreated::Lost { why });
+                    }
                     // Transient (429, 5xx, network): retried with backoff; the
                     // manifest is safe in the plan ConfigMap meanwhile.
                     Err(e) => {

@@ -223,6 +223,12 @@ pub enum PlanError {
         /// The value found (empty when the key is missing).
         value: String,
     },
+    /// Another controller owns the Job, and the policy does not allow acting on such Jobs.
+    #[error("the Job is controlled by {owner}, which would fight a change: set allowControlledJobs in the policy to act anyway")]
+    ControlledJob {
+        /// `Kind/name` of the owner.
+        owner: String,
+    },
     /// The Job lacks a field every stored Job has.
     #[error("the Job has no {0}: cannot recreate it")]
     MalformedJob(&'static str),
@@ -239,6 +245,7 @@ impl PlanError {
             PlanError::ConfigMapMissing { .. } => "ConfigMapMissing",
             PlanError::ConfigMapNotOptedIn { .. } => "ConfigMapNotOptedIn",
             PlanError::ConfigMapNotANumber { .. } => "ConfigMapNotANumber",
+            PlanError::ControlledJob { .. } => "ControlledByOwner",
             PlanError::MalformedJob(_) => "MalformedJob",
         }
     }
@@ -293,6 +300,9 @@ pub fn build(input: &PlanInput<'_>) -> Result<Plan, PlanError> {
                 _ => "metadata.uid",
             }))
     };
+    if let Some(owner) = controller_of(job).filter(|_| !input.policy.spec.allow_controlled_jobs) {
+        return Err(PlanError::ControlledJob { owner });
+    }
     let mut plan = Plan {
         id: input.id.to_string(),
         policy: input.policy.metadata.name.clone().unwrap_or_default(),
@@ -389,6 +399,21 @@ pub fn build(input: &PlanInput<'_>) -> Result<Plan, PlanError> {
         plan.steps.push(Step::Recreate { changes, manifest });
     }
     Ok(plan)
+}
+
+/// `Kind/name` of the controller that owns a Job, if one does.
+fn controller_of(job: &Value) -> Option<String> {
+    job["metadata"]["ownerReferences"]
+        .as_array()?
+        .iter()
+        .find(|o| o["controller"] == true)
+        .map(|o| {
+            format!(
+                "{}/{}",
+                o["kind"].as_str().unwrap_or("?"),
+                o["name"].as_str().unwrap_or("?")
+            )
+        })
 }
 
 /// The env changes one `scaleBatch` action makes.

@@ -220,3 +220,43 @@ fn original_annotation_names_are_valid_keys() {
     let name = long.split('/').nth(1).unwrap();
     assert!(name.len() <= 63 && name.ends_with('x'), "{name}");
 }
+
+#[test]
+fn config_maps_not_opted_in_are_never_written() {
+    let set = RemediationAction {
+        set_config_map_key: Some(SetConfigMapKeyAction {
+            config_map: "kube-proxy".into(),
+            key: "batch".into(),
+            value: Some("8".into()),
+            scale: None,
+        }),
+        ..Default::default()
+    };
+    let j = job(json!("32"));
+    let not_opted_in = BTreeSet::from(["kube-proxy".to_string()]);
+    let e = build(&PlanInput {
+        policy: &policy(vec![set]),
+        job: &j,
+        config_maps: &BTreeMap::new(),
+        not_opted_in: &not_opted_in,
+        id: "abc123",
+        why: "test",
+    })
+    .unwrap_err();
+    assert_eq!(e.reason(), "ConfigMapNotOptedIn");
+}
+
+#[test]
+fn jobs_controlled_by_another_controller_are_left_alone_unless_the_policy_allows() {
+    let mut j = job(json!("32"));
+    j["metadata"]["ownerReferences"] = json!([{
+        "apiVersion": "batch/v1", "kind": "CronJob", "name": "nightly",
+        "uid": "c1", "controller": true
+    }]);
+    let mut p = policy(vec![scale_batch(0.5, 1, None)]);
+    let e = build_for(&p, &j).unwrap_err();
+    assert_eq!(e.reason(), "ControlledByOwner");
+    assert!(e.to_string().contains("CronJob/nightly"), "{e}");
+    p.spec.allow_controlled_jobs = true;
+    assert!(build_for(&p, &j).is_ok());
+}

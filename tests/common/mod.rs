@@ -5,9 +5,10 @@
 #![allow(dead_code)] // each test binary uses a subset
 
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
-use k8s_openapi::api::core::v1::{Container, Namespace, PodSpec, PodTemplateSpec};
+use k8s_openapi::api::core::v1::{Container, Namespace, Pod, PodSpec, PodTemplateSpec};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::wait::{await_condition, conditions};
 use kube::{Client, ResourceExt};
@@ -318,13 +319,91 @@ pub async fn apply_report(client: &Client, ns: &str, report: &MemoryReport) {
         .unwrap_or_else(|e| panic!("applying MemoryReport {name}: {e}"));
 }
 
-/// RFC 3339 timestamp `offset` seconds after a fixed base. Whole seconds keep
-/// every timestamp the same width, as a sidecar's are: the roll-up takes the
-/// lexicographic maximum of `sampledAt`.
+/// RFC 3339 timestamp `offset` seconds after a base an hour before this
+/// process started (the operator ignores reports dated in the future, so the
+/// base must lie in the past). Whole seconds keep every timestamp the same
+/// width, as a sidecar's are.
 pub fn at(offset: u64) -> String {
-    jiff::Timestamp::from_second(1_800_000_000 + offset as i64)
+    static BASE: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
+    let base = *BASE.get_or_init(|| jiff::Timestamp::now().as_second() - 3600);
+    jiff::Timestamp::from_second(base + offset as i64)
         .unwrap()
         .to_string()
+}
+
+/// The pods the Job controller made for the current Job `job` (by its uid),
+/// sorted by name; waits until there are at least `n`.
+pub async fn job_pods(client: &Client, ns: &str, job: &str, n: usize) -> Vec<Pod> {
+    let jobs: Api<Job> = Api::namespaced(client.clone(), ns);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    eventually(&format!("{n} pod(s) of Job {job}"), || async {
+        let uid = jobs
+            .get_opt(job)
+            .await
+            .map_err(|e| e.to_string())?
+            .and_then(|j| j.uid())
+            .ok_or("no such Job")?;
+        let mut list: Vec<Pod> = pods
+            .list(&ListParams::default().labels(&format!("controller-uid={uid}")))
+            .await
+            .map_err(|e| e.to_string())?
+            .items
+            .into_iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .collect();
+        list.sort_by_key(|p| p.name_any());
+        if list.len() >= n {
+            Ok(list)
+        } else {
+            Err(format!("{} pod(s)", list.len()))
+        }
+    })
+    .await
+}
+
+/// The report the sidecar of `pod` writes: named after the pod, owned by it.
+pub fn pod_report(
+    pod: &Pod,
+    job: &str,
+    rank: u32,
+    sampled_at: &str,
+    gpus: Vec<GpuReport>,
+) -> MemoryReport {
+    let mut r = report(job, rank, sampled_at, gpus);
+    let name = pod.name_any();
+    r.metadata.name = Some(name.clone());
+    r.spec.pod_name = name.clone();
+    r.metadata.owner_references = Some(vec![OwnerReference {
+        api_version: "v1".into(),
+        kind: "Pod".into(),
+        name,
+        uid: pod.uid().unwrap_or_default(),
+        ..Default::default()
+    }]);
+    r
+}
+
+/// The genuine report of rank `rank` of Job `job`: the rank-th of its pods
+/// (by name) reporting, as its sidecar would.
+pub async fn rank_report(
+    client: &Client,
+    ns: &str,
+    job: &str,
+    rank: u32,
+    sampled_at: &str,
+    gpus: Vec<GpuReport>,
+) -> MemoryReport {
+    // All of the Job's pods first: ranks follow name order, which must not
+    // shift as late pods appear.
+    let parallelism = Api::<Job>::namespaced(client.clone(), ns)
+        .get(job)
+        .await
+        .ok()
+        .and_then(|j| j.spec?.parallelism)
+        .unwrap_or(1)
+        .max(rank as i32 + 1) as usize;
+    let pods = job_pods(client, ns, job, parallelism).await;
+    pod_report(&pods[rank as usize], job, rank, sampled_at, gpus)
 }
 
 /// Events with `reason` regarding the object `name`, counting repeats of a series.

@@ -5,7 +5,7 @@
 //! process that can be killed.
 #![allow(dead_code)]
 
-use crate::common::{apply_report, at, eventually, gpu, report, TIMEOUT};
+use crate::common::{apply_report, at, eventually, gpu, rank_report, TIMEOUT};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
@@ -36,18 +36,28 @@ pub fn init_logs() {
 }
 
 pub fn start_remediation(client: &Client, ns: &str) -> RunningRemediation {
-    init_logs();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let opts = Options {
         lease_namespace: Some(ns.into()),
         leader_identity: Some("in-process-test".into()),
         ..Default::default()
     };
+    start_remediation_with(client, ns, opts, Metrics::unregistered())
+}
+
+/// The remediation controller in-process with these options and metrics.
+pub fn start_remediation_with(
+    client: &Client,
+    ns: &str,
+    opts: Options,
+    metrics: std::sync::Arc<Metrics>,
+) -> RunningRemediation {
+    init_logs();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(remediation::run(
         client.clone(),
         ns.into(),
         opts,
-        Metrics::unregistered(),
+        metrics,
         async move {
             let _ = stopped.await;
         },
@@ -369,18 +379,15 @@ pub fn shrink_policy(dry_run: bool) -> serde_json::Value {
 
 /// What the sim sidecar of rank 0 writes when its GPU is about to run out.
 pub async fn critical_report(client: &Client, ns: &str, job: &str, offset_ms: u64) {
-    let r = report(
-        job,
-        0,
-        &at(offset_ms),
-        vec![gpu(0, 79, 79, RiskLevel::Critical, Some(5.0))],
-    );
+    let gpus = vec![gpu(0, 79, 79, RiskLevel::Critical, Some(5.0))];
+    let r = rank_report(client, ns, job, 0, &at(offset_ms), gpus).await;
     apply_report(client, ns, &r).await;
 }
 
 /// A healthy rank: the operator writes the profile's first status from it.
 pub async fn low_report(client: &Client, ns: &str, job: &str) {
-    let r = report(job, 0, &at(0), vec![gpu(0, 30, 31, RiskLevel::Low, None)]);
+    let gpus = vec![gpu(0, 30, 31, RiskLevel::Low, None)];
+    let r = rank_report(client, ns, job, 0, &at(0), gpus).await;
     apply_report(client, ns, &r).await;
 }
 

@@ -51,3 +51,18 @@ app.kubernetes.io/part-of: memprof
 {{- define "memprof.webhookSecret" -}}
 {{- printf "%s-webhook-tls" (include "memprof.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}
+
+{{/*
+The webhook's namespaceSelector: the values', narrowed to rbac.namespaces in a
+namespaced install (by the kubernetes.io/metadata.name label, set on every
+namespace since Kubernetes 1.21).
+*/}}
+{{- define "memprof.webhookNamespaceSelector" -}}
+{{- $sel := deepCopy .Values.webhook.namespaceSelector -}}
+{{- if .Values.rbac.namespaces -}}
+{{- $exprs := get $sel "matchExpressions" | default list -}}
+{{- $exprs = append $exprs (dict "key" "kubernetes.io/metadata.name" "operator" "In" "values" .Values.rbac.namespaces) -}}
+{{- $_ := set $sel "matchExpressions" $exprs -}}
+{{- end -}}
+{{- toYaml $sel -}}
+{{- end }}

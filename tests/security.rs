@@ -1,0 +1,561 @@
+//! Attacks a namespace tenant can make on memprof, each against the real
+//! local control plane. A tenant is an impersonated user with the built-in
+//! `edit` ClusterRole bound in their namespace only (what a team gets on a
+//! shared cluster), or a pod's service account holding the reporter Role.
+//! Each test is named after the attack it proves closed (docs/security.md).
+
+mod common;
+mod remediation_support;
+
+use common::*;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::rbac::v1::RoleBinding;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use memprof::api::{MemoryProfile, RiskLevel};
+use memprof::remediation::triggers::record_id;
+use memprof::remediation::{Metrics, Options};
+use remediation_support::job as job_of;
+use remediation_support::*;
+use serde_json::json;
+use std::time::Duration;
+
+/// A client acting as `user` in `groups` (the test's admin impersonates it).
+async fn as_user(user: &str, groups: &[&str]) -> Client {
+    let mut cfg = kube::Config::infer().await.expect("kubeconfig");
+    cfg.auth_info.impersonate = Some(user.into());
+    cfg.auth_info.impersonate_groups = Some(groups.iter().map(|g| g.to_string()).collect());
+    Client::try_from(cfg).expect("impersonating client")
+}
+
+/// A Role named `name` in `ns` with these rules, bound to `user`.
+async fn grant(admin: &Client, ns: &str, name: &str, user: &str, rules: serde_json::Value) {
+    let role: k8s_openapi::api::rbac::v1::Role = serde_json::from_value(json!({
+        "metadata": {"name": name}, "rules": rules}))
+    .unwrap();
+    Api::<k8s_openapi::api::rbac::v1::Role>::namespaced(admin.clone(), ns)
+        .create(&PostParams::default(), &role)
+        .await
+        .expect("creating a Role");
+    let rb: RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+    }))
+    .unwrap();
+    Api::<RoleBinding>::namespaced(admin.clone(), ns)
+        .create(&PostParams::default(), &rb)
+        .await
+        .expect("binding a Role");
+}
+
+/// A tenant with what the built-in `edit` grants, in `ns` only. (The local
+/// control plane runs no clusterrole-aggregation controller, so its `edit`
+/// ClusterRole is empty: the Role spells out `edit`'s rules on the kinds
+/// these attacks use.)
+async fn tenant(admin: &Client, ns: &str) -> Client {
+    let user = format!("tenant-{ns}");
+    let all = [
+        "create",
+        "delete",
+        "deletecollection",
+        "get",
+        "list",
+        "patch",
+        "update",
+        "watch",
+    ];
+    let rules = json!([
+        {"apiGroups": [""], "resources": ["configmaps", "pods", "secrets", "serviceaccounts"], "verbs": all},
+        {"apiGroups": ["batch"], "resources": ["jobs", "cronjobs"], "verbs": all},
+    ]);
+    grant(admin, ns, "tenant-edit", &user, rules).await;
+    let client = as_user(&user, &["system:authenticated"]).await;
+    // RBAC changes reach the authorizer's cache a moment later.
+    let jobs: Api<Job> = Api::namespaced(client.clone(), ns);
+    eventually("the tenant's edit binding in effect", || async {
+        jobs.list(&Default::default())
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    })
+    .await;
+    client
+}
+
+/// The remediation controller keeping its plans in `plan_ns` (the operator's own namespace).
+fn remediation_with_plans_in(
+    client: &Client,
+    ns: &str,
+    plan_ns: &str,
+) -> (RunningRemediation, std::sync::Arc<Metrics>) {
+    let metrics = Metrics::unregistered();
+    let opts = Options {
+        lease_namespace: Some(ns.into()),
+        leader_identity: Some("in-process-test".into()),
+        plan_namespace: Some(plan_ns.into()),
+        ..Default::default()
+    };
+    (
+        start_remediation_with(client, ns, opts, metrics.clone()),
+        metrics,
+    )
+}
+
+/// The remediation id the operator will use for the first `risk>=critical`
+/// decision of `policy` on `job`: deterministic, so a tenant can compute it too.
+async fn first_id(client: &Client, ns: &str, policy: &str, job: &Job) -> String {
+    let p = Api::<memprof::api::RemediationPolicy>::namespaced(client.clone(), ns)
+        .get(policy)
+        .await
+        .unwrap();
+    record_id(
+        &p.uid().unwrap(),
+        p.metadata.generation.unwrap_or_default(),
+        &job.uid().unwrap(),
+        "risk>=critical",
+        0,
+    )
+}
+
+/// A plan that, executed with the operator's rights, would create a Job in
+/// another namespace under that namespace's service account.
+fn evil_plan(id: &str, victim_ns: &str) -> String {
+    json!({
+        "id": id, "policy": "shrink", "namespace": victim_ns, "job": "pwned",
+        "jobUid": "00000000-0000-0000-0000-000000000000", "why": "tenant",
+        "steps": [{"kind": "recreate", "changes": [], "manifest": {
+            "apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": "pwned", "namespace": victim_ns,
+                         "annotations": {"memprof.dev/remediation": id}},
+            "spec": {"template": {"spec": {
+                "restartPolicy": "Never", "serviceAccountName": "default",
+                "containers": [{"name": "x", "image": "busybox"}]}}}}}],
+    })
+    .to_string()
+}
+
+fn plan_config_map(id: &str, json: &str) -> ConfigMap {
+    serde_json::from_value(json!({
+        "metadata": {"name": format!("memprof-remediation-{id}")},
+        "data": {"plan.json": json},
+    }))
+    .unwrap()
+}
+
+async fn job_exists(client: &Client, ns: &str, name: &str) -> bool {
+    Api::<Job>::namespaced(client.clone(), ns)
+        .get_opt(name)
+        .await
+        .unwrap()
+        .is_some()
+}
+
+#[tokio::test]
+async fn tenant_planted_plan_config_map_is_never_executed() {
+    let Some(admin) = cluster().await else {
+        return;
+    };
+    let tenant_ns = TestNamespace::create(&admin).await;
+    let operator_ns = TestNamespace::create(&admin).await;
+    let victim_ns = TestNamespace::create(&admin).await;
+    let (ns, plans) = (tenant_ns.name.as_str(), operator_ns.name.as_str());
+    let tenant = tenant(&admin, ns).await;
+
+    let operator = start_operator(&admin, ns);
+    let (remediation, _) = remediation_with_plans_in(&admin, ns, plans);
+    // (On a real cluster the chart's memprof-edit lets `edit` write policies;
+    // the local server has no chart, so the admin writes this one.)
+    apply_policy(&admin, ns, "shrink", shrink_policy(false))
+        .await
+        .unwrap();
+    let job = training_job(&tenant, ns, "train", Some("32")).await;
+    low_report(&admin, ns, "train").await;
+    profile_with_status(&admin, ns, "train").await;
+
+    // The attack: pre-create the plan ConfigMap the operator would use, in
+    // the tenant's namespace, with a plan aimed at another namespace.
+    let id = first_id(&admin, ns, "shrink", &job).await;
+    Api::<ConfigMap>::namespaced(tenant.clone(), ns)
+        .create(
+            &PostParams::default(),
+            &plan_config_map(&id, &evil_plan(&id, &victim_ns.name)),
+        )
+        .await
+        .expect("edit lets the tenant write ConfigMaps in its namespace");
+    // The operator's namespace is out of the tenant's reach.
+    let denied = Api::<ConfigMap>::namespaced(tenant.clone(), plans)
+        .create(&PostParams::default(), &plan_config_map(&id, "{}"))
+        .await;
+    assert!(
+        matches!(denied, Err(kube::Error::Api(ref s)) if s.code == 403),
+        "{denied:?}"
+    );
+
+    critical_report(&admin, ns, "train", 100).await;
+    let new = eventually(
+        "the tenant's own Job recreated with BATCH_SIZE 24",
+        || async {
+            match job_of(&admin, ns, "train").await {
+                Some(j)
+                    if j.uid() != job.uid()
+                        && env_of(&j, "BATCH_SIZE").as_deref() == Some("24") =>
+                {
+                    Ok(j)
+                }
+                other => Err(format!("{:?}", other.map(|j| j.uid()))),
+            }
+        },
+    )
+    .await;
+    assert_eq!(new.namespace().as_deref(), Some(ns));
+    assert!(
+        !job_exists(&admin, &victim_ns.name, "pwned").await,
+        "nothing was created in another namespace"
+    );
+    let recs = records(&admin, ns, "train").await;
+    assert_eq!(recs.len(), 1, "{recs:?}");
+    assert_eq!(
+        (recs[0].id.as_str(), recs[0].phase.as_str()),
+        (id.as_str(), "Done")
+    );
+    remediation.stop().await;
+    operator.stop().await;
+}
+
+#[tokio::test]
+async fn plan_changed_after_recording_is_refused_not_executed() {
+    let Some(admin) = cluster().await else {
+        return;
+    };
+    let tenant_ns = TestNamespace::create(&admin).await;
+    let operator_ns = TestNamespace::create(&admin).await;
+    let victim_ns = TestNamespace::create(&admin).await;
+    let (ns, plans) = (tenant_ns.name.as_str(), operator_ns.name.as_str());
+
+    let operator = start_operator(&admin, ns);
+    let (remediation, metrics) = remediation_with_plans_in(&admin, ns, plans);
+    apply_policy(&admin, ns, "shrink", shrink_policy(false))
+        .await
+        .unwrap();
+    let job = training_job(&admin, ns, "train", Some("32")).await;
+    low_report(&admin, ns, "train").await;
+    profile_with_status(&admin, ns, "train").await;
+
+    // Whoever could write the plan namespace: the plan there is still only
+    // carried out if it is the one the record names (digest, ns, Job, uid).
+    let id = first_id(&admin, ns, "shrink", &job).await;
+    Api::<ConfigMap>::namespaced(admin.clone(), plans)
+        .create(
+            &PostParams::default(),
+            &plan_config_map(&id, &evil_plan(&id, &victim_ns.name)),
+        )
+        .await
+        .unwrap();
+    critical_report(&admin, ns, "train", 100).await;
+
+    let rec = eventually("the remediation refused and recorded as Failed", || async {
+        let recs = records(&admin, ns, "train").await;
+        match recs.first() {
+            Some(r) if r.phase == "Failed" => Ok(r.clone()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    let message = rec.message.unwrap_or_default();
+    assert!(message.contains("refused the saved plan"), "{message}");
+    assert!(message.contains("digest"), "{message}");
+    assert_eq!(metrics.plans_refused.get(), 1);
+    assert!(!job_exists(&admin, &victim_ns.name, "pwned").await);
+    let still = job_of(&admin, ns, "train").await.unwrap();
+    assert_eq!(still.uid(), job.uid(), "the tenant's Job was not touched");
+    assert_eq!(
+        count_events(&admin, ns, "RemediationFailed", "train").await,
+        1
+    );
+    remediation.stop().await;
+    operator.stop().await;
+}
+
+/// A pod's service account with the reporter Role (what the operator grants).
+async fn pod_identity(admin: &Client, ns: &str) -> Client {
+    memprof::webhook::ensure_reporter_rbac(admin, ns, "default")
+        .await
+        .expect("reporter RBAC");
+    let sa = format!("system:serviceaccount:{ns}:default");
+    let group = format!("system:serviceaccounts:{ns}");
+    as_user(
+        &sa,
+        &["system:serviceaccounts", &group, "system:authenticated"],
+    )
+    .await
+}
+
+#[tokio::test]
+async fn forged_report_for_another_job_is_named_and_never_acted_on() {
+    let Some(admin) = cluster().await else {
+        return;
+    };
+    let ns = TestNamespace::create(&admin).await;
+    let ns = ns.name.as_str();
+    let operator = start_operator(&admin, ns);
+    let remediation = start_remediation(&admin, ns);
+    apply_policy(&admin, ns, "shrink", shrink_policy(false))
+        .await
+        .unwrap();
+    let victim = training_job(&admin, ns, "victim", Some("32")).await;
+    let attacker = create_job(&admin, ns, "attacker", 1, true).await;
+    low_report(&admin, ns, "victim").await;
+    profile_with_status(&admin, ns, "victim").await;
+    let pod = pod_identity(&admin, ns).await;
+
+    // 1. A critical report with an OOM count, labelled for the victim, named
+    //    after nothing (the reporter Role allows any name).
+    let mut forged = report(
+        "victim",
+        0,
+        &at(200),
+        vec![gpu(0, 79, 79, RiskLevel::Critical, Some(5.0))],
+    );
+    forged.metadata.name = Some("victim-forged".into());
+    forged.spec.pod_name = "victim-forged".into();
+    forged.spec.allocator = Some(memprof::api::AllocatorStats {
+        num_ooms: 3,
+        ..Default::default()
+    });
+    apply_report(&pod, ns, &forged).await;
+    // 2. The attacker's own genuine pod claims the victim's Job.
+    let apods = job_pods(&admin, ns, "attacker", 1).await;
+    let claimed = pod_report(
+        &apods[0],
+        "victim",
+        1,
+        &at(201),
+        vec![gpu(1, 79, 79, RiskLevel::Critical, Some(5.0))],
+    );
+    apply_report(&pod, ns, &claimed).await;
+    // 3. The victim's own pod, but dated a day ahead (would never go stale).
+    let vpods = job_pods(&admin, ns, "victim", 1).await;
+    let future = jiff::Timestamp::now() + jiff::SignedDuration::from_hours(24);
+    let mut ahead = pod_report(
+        &vpods[0],
+        "victim",
+        0,
+        &future.round(jiff::Unit::Second).unwrap().to_string(),
+        vec![gpu(0, 79, 79, RiskLevel::Critical, Some(5.0))],
+    );
+    ahead.metadata.name = Some(vpods[0].name_any());
+    apply_report(&pod, ns, &ahead).await;
+
+    let profiles: Api<MemoryProfile> = Api::namespaced(admin.clone(), ns);
+    let st = eventually("all three named in ReportsValid", || async {
+        let st = profiles.get("victim").await.unwrap().status.unwrap();
+        let cond = st.conditions.iter().find(|c| c.type_ == "ReportsValid");
+        match cond {
+            Some(c)
+                if c.message.contains("victim-forged")
+                    && c.message.contains(&apods[0].name_any())
+                    && c.message.contains("in the future") =>
+            {
+                Ok(st.clone())
+            }
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    assert_ne!(st.risk, RiskLevel::Critical, "{st:?}");
+    stays(
+        "the victim's Job untouched, no OOM recorded",
+        Duration::from_secs(4),
+        || async {
+            let j = job_of(&admin, ns, "victim").await.unwrap();
+            let st = profiles.get("victim").await.unwrap().status.unwrap();
+            (j.uid() == victim.uid() && st.ooms.is_empty() && st.remediations.is_empty())
+                .then_some(())
+                .ok_or(format!("{:?} {:?}", st.ooms, st.remediations))
+        },
+    )
+    .await;
+    assert!(job_of(&admin, ns, "attacker").await.unwrap().uid() == attacker.uid());
+    remediation.stop().await;
+    operator.stop().await;
+}
+
+#[tokio::test]
+async fn config_map_not_opted_in_is_never_written() {
+    let Some(admin) = cluster().await else {
+        return;
+    };
+    let ns = TestNamespace::create(&admin).await;
+    let ns = ns.name.as_str();
+    let operator = start_operator(&admin, ns);
+    let remediation = start_remediation(&admin, ns);
+    let cms: Api<ConfigMap> = Api::namespaced(admin.clone(), ns);
+    let cm: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "someone-elses"}, "data": {"batch": "64"}}))
+    .unwrap();
+    cms.create(&PostParams::default(), &cm).await.unwrap();
+    let spec = json!({
+        "triggers": [{"riskAtLeast": {"level": "critical"}}],
+        "actions": [{"setConfigMapKey": {"configMap": "someone-elses", "key": "batch", "value": "8"}}],
+    });
+    apply_policy(&admin, ns, "cm", spec).await.unwrap();
+    training_job(&admin, ns, "train", Some("32")).await;
+    low_report(&admin, ns, "train").await;
+    profile_with_status(&admin, ns, "train").await;
+    critical_report(&admin, ns, "train", 100).await;
+    let rec = eventually("the remediation skipped", || async {
+        match records(&admin, ns, "train").await.first() {
+            Some(r) if r.phase == "Skipped" => Ok(r.clone()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    assert!(
+        rec.message
+            .as_deref()
+            .unwrap_or_default()
+            .contains("ConfigMapNotOptedIn"),
+        "{rec:?}"
+    );
+    let data = cms.get("someone-elses").await.unwrap().data.unwrap();
+    assert_eq!(data["batch"], "64");
+    remediation.stop().await;
+    operator.stop().await;
+}
+
+#[tokio::test]
+async fn job_that_cannot_be_created_again_is_recorded_with_a_way_back() {
+    let Some(admin) = cluster().await else {
+        return;
+    };
+    let tenant_ns = TestNamespace::create(&admin).await;
+    let operator_ns = TestNamespace::create(&admin).await;
+    let (ns, plans) = (tenant_ns.name.as_str(), operator_ns.name.as_str());
+    let operator = start_operator(&admin, ns);
+    // The remediation controller runs as an identity that may delete Jobs
+    // but not create them: the API server refuses the new Job (403) after
+    // the old one is gone, which retrying cannot fix.
+    let user = format!("remediation-{ns}");
+    let read = ["get", "list", "watch"];
+    grant(&admin, ns, "remediation", &user, json!([
+        {"apiGroups": ["memprof.dev"], "resources": ["memoryprofiles", "memoryreports", "remediationpolicies"], "verbs": read},
+        {"apiGroups": ["memprof.dev"], "resources": ["memoryprofiles/status", "remediationpolicies/status"], "verbs": ["get", "patch", "update"]},
+        {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch", "delete", "patch"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "delete", "deletecollection"]},
+        {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update", "patch"]},
+    ])).await;
+    grant(
+        &admin,
+        plans,
+        "remediation-plans",
+        &user,
+        json!([
+            {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create", "delete"]},
+        ]),
+    )
+    .await;
+    let limited = as_user(&user, &["system:authenticated"]).await;
+    let probe: Api<Job> = Api::namespaced(limited.clone(), ns);
+    eventually("the remediation's Role in effect", || async {
+        probe
+            .list(&Default::default())
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    })
+    .await;
+    let (remediation, _) = remediation_with_plans_in(&limited, ns, plans);
+    apply_policy(&admin, ns, "shrink", shrink_policy(false))
+        .await
+        .unwrap();
+    let job = training_job(&admin, ns, "train", Some("32")).await;
+    low_report(&admin, ns, "train").await;
+    profile_with_status(&admin, ns, "train").await;
+    critical_report(&admin, ns, "train", 100).await;
+    let rec = eventually("the remediation recorded as Failed", || async {
+        match records(&admin, ns, "train").await.first() {
+            Some(r) if r.phase == "Failed" => Ok(r.clone()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    let message = rec.message.clone().unwrap_or_default();
+    assert!(
+        message.contains("restore it with: kubectl get configmap"),
+        "{message}"
+    );
+    assert!(rec.job_deleted, "it counts: the Job was deleted");
+    assert!(job_of(&admin, ns, "train").await.is_none());
+    assert_eq!(
+        count_events(&admin, ns, "RemediationFailed", "train").await,
+        1
+    );
+    // The way back: the saved manifest, kept in the operator's namespace.
+    let cm = Api::<ConfigMap>::namespaced(admin.clone(), plans)
+        .get(&format!("memprof-remediation-{}", rec.id))
+        .await
+        .expect("the plan is kept");
+    let manifest: Job = serde_json::from_str(&cm.data.unwrap()["job.json"]).unwrap();
+    Api::<Job>::namespaced(admin.clone(), ns)
+        .create(&PostParams::default(), &manifest)
+        .await
+        .expect("the saved manifest creates the Job again");
+    let restored = job_of(&admin, ns, "train").await.unwrap();
+    assert_ne!(restored.uid(), job.uid());
+    assert_eq!(env_of(&restored, "BATCH_SIZE").as_deref(), Some("24"));
+    remediation.stop().await;
+    operator.stop().await;
+}
+
+#[tokio::test]
+async fn foreign_finalizer_holding_the_old_job_is_announced_and_waited_out() {
+    let Some(admin) = cluster().await else {
+        return;
+    };
+    let ns = TestNamespace::create(&admin).await;
+    let ns = ns.name.as_str();
+    let operator = start_operator(&admin, ns);
+    let remediation = start_remediation(&admin, ns);
+    apply_policy(&admin, ns, "shrink", shrink_policy(false))
+        .await
+        .unwrap();
+    let old = training_job(&admin, ns, "train", Some("32")).await;
+    let jobs: Api<Job> = Api::namespaced(admin.clone(), ns);
+    let hold = json!({"metadata": {"finalizers": ["example.com/hold"]}});
+    jobs.patch("train", &PatchParams::default(), &Patch::Merge(&hold))
+        .await
+        .unwrap();
+    low_report(&admin, ns, "train").await;
+    profile_with_status(&admin, ns, "train").await;
+    critical_report(&admin, ns, "train", 100).await;
+
+    eventually_within(
+        Duration::from_secs(90),
+        "a RemediationWaiting Event naming the finalizer",
+        || async {
+            let n = count_events(&admin, ns, "RemediationWaiting", "train").await;
+            (n >= 1).then_some(()).ok_or(format!("{n} events"))
+        },
+    )
+    .await;
+    let held = jobs.get("train").await.unwrap();
+    assert_eq!(held.uid(), old.uid(), "still the old Job, being deleted");
+    assert!(held.metadata.deletion_timestamp.is_some());
+    // The owner of the finalizer lets go: the Job watch wakes the remediation.
+    let release = json!({"metadata": {"finalizers": null}});
+    jobs.patch("train", &PatchParams::default(), &Patch::Merge(&release))
+        .await
+        .unwrap();
+    eventually("the Job recreated", || async {
+        match job_of(&admin, ns, "train").await {
+            Some(j) if j.uid() != old.uid() => Ok(()),
+            other => Err(format!("{:?}", other.map(|j| j.uid()))),
+        }
+    })
+    .await;
+    remediation.stop().await;
+    operator.stop().await;
+}
