@@ -35,9 +35,16 @@ enum Command {
         #[arg(long, default_value_t = 10.0)]
         estimate_every: f64,
     },
-    /// Profile this machine's GPUs without Kubernetes (runs `memprof-sidecar --standalone`).
+    /// Profile this machine's GPUs without Kubernetes (runs `memprof-sidecar --standalone`);
+    /// with `-- COMMAND`, runs the command next to it with the in-process agent
+    /// pushing to it, until the command exits.
     Profile {
-        /// Arguments passed on to `memprof-sidecar --standalone`, e.g. `--duration 60 --output report.json`.
+        /// The agent tree to start in a Python command with no code change
+        /// (the image's /opt/memprof/agent, or a checkout's agent/python).
+        #[arg(long)]
+        agent_path: Option<std::path::PathBuf>,
+        /// Flags for `memprof-sidecar --standalone` (e.g. `--output report.json`),
+        /// then optionally `--` and the command to run, e.g. `-- python train.py`.
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
@@ -103,19 +110,9 @@ async fn main() -> anyhow::Result<()> {
                 }
             }
         }
-        Command::Profile { args } => {
-            let exe = std::env::current_exe()?.with_file_name("memprof-sidecar");
-            let status = std::process::Command::new(&exe)
-                .arg("--standalone")
-                .args(&args)
-                .status()
-                .with_context(|| {
-                    format!(
-                        "cannot run {}: install memprof-sidecar next to memprof",
-                        exe.display()
-                    )
-                })?;
-            std::process::exit(status.code().unwrap_or(1));
+        Command::Profile { agent_path, args } => {
+            let code = memprof::cli::profile::run(&args, agent_path.as_deref()).await?;
+            std::process::exit(code);
         }
         Command::Report { job, namespace } => {
             let client = kube::Client::try_default()

@@ -4,4 +4,5 @@
 pub mod analyze;
 pub mod install_agent;
 pub mod policy;
+pub mod profile;
 pub mod report;

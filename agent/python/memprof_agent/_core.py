@@ -186,7 +186,9 @@ class Agent:
         if not self.want_history or self.history_on:
             return
         torch = tr.loaded_torch()
-        if torch is None:
+        # Only once CUDA is up: turning recording on might initialize CUDA
+        # from here (a context on a device the trainer may never use).
+        if torch is None or not tr.cuda_ready(torch):
             return
         try:
             self.history_on = tr.record_history(torch, self.history_entries)
