@@ -95,11 +95,13 @@ pub fn assess(series: &GpuSeries, th: &Thresholds) -> Assessment {
         }
     }
 
-    // A leak: memory held between steps keeps growing, linearly enough.
+    // A leak: memory held between steps keeps growing, linearly enough, and
+    // in rises that recur (see `keeps_rising`).
     if let Some(fit) = theil_sen(&lower) {
         a.leak_suspected = fit.slope > th.leak_bytes_per_second
             && fit.r2 >= 0.8
-            && fit.span >= th.trust_span_seconds.min(th.fit_window_seconds / 2.0);
+            && fit.span >= th.trust_span_seconds.min(th.fit_window_seconds / 2.0)
+            && keeps_rising(&lower, th);
     }
 
     let buckets: Vec<_> = series
@@ -166,6 +168,37 @@ pub fn assess(series: &GpuSeries, th: &Thresholds) -> Assessment {
     }
     a.confidence = a.confidence.clamp(0.0, 1.0);
     a
+}
+
+/// Rises of the lower envelope that make a leak, not a change of workload.
+pub const MIN_LEAK_RISES: usize = 3;
+
+/// Whether the lower envelope rises again and again, and still does. Through
+/// NVML a leak and a workload that grew (a larger batch, longer sequences)
+/// both raise the floor in the allocator's segment-sized steps; what tells
+/// them apart is that a leak does not stop: at least [`MIN_LEAK_RISES`] rises
+/// in the window, the last one no longer ago than twice the usual gap
+/// between rises (and at least the trust span). A batch that grew twice, then
+/// trains on, is not called a leak; a ramp of three or more steps is, until
+/// it has been flat for twice its step interval (NVML alone cannot tell
+/// better: docs/analysis.md).
+fn keeps_rising(lower: &[(f64, f64)], th: &Thresholds) -> bool {
+    let min_rise = 0.5 * th.leak_bytes_per_second * th.bucket_seconds;
+    let rises: Vec<f64> = lower
+        .windows(2)
+        .filter(|w| w[1].1 - w[0].1 >= min_rise)
+        .map(|w| w[1].0)
+        .collect();
+    let (Some(last_rise), Some(now)) = (rises.last(), lower.last().map(|p| p.0)) else {
+        return false;
+    };
+    if rises.len() < MIN_LEAK_RISES {
+        return false;
+    }
+    let mut gaps: Vec<f64> = rises.windows(2).map(|w| w[1] - w[0]).collect();
+    gaps.sort_by(f64::total_cmp);
+    let usual_gap = gaps[gaps.len() / 2];
+    now - last_rise <= (2.0 * usual_gap).max(th.trust_span_seconds)
 }
 
 #[cfg(test)]
@@ -274,6 +307,39 @@ mod tests {
         // High at least a minute before the OOM, critical before it.
         let first_high = all.iter().position(|a| a.risk >= RiskLevel::High).unwrap() as f64;
         assert!(truth_oom - first_high >= 60.0, "first high at {first_high}");
+    }
+
+    /// What NVML sees when the batch size grows twice (no leak): the
+    /// allocator's reserved memory in two steps, then flat. Before the
+    /// recurring-rises rule this was a leak for two minutes.
+    #[test]
+    fn a_batch_that_grew_twice_is_not_a_leak_but_a_ramp_that_goes_on_is() {
+        let th = Thresholds::default();
+        let (_, all) = run(&th, 900.0, 10.0, |t| match t {
+            t if t < 120.0 => 30.0 * GB,
+            t if t < 240.0 => 42.0 * GB,
+            _ => 54.0 * GB,
+        });
+        assert!(
+            all.iter().all(|a| !a.leak_suspected),
+            "two steps called a leak"
+        );
+        // A leak seen through the allocator: a 4 GB step every 40 s.
+        let (_, all) = run(&th, 400.0, 10.0, |t| {
+            30.0 * GB + 4.0 * GB * (t / 40.0).floor()
+        });
+        let first = all
+            .iter()
+            .position(|a| a.leak_suspected)
+            .expect("a staircase leak");
+        assert!(first <= 130, "flagged after {first} s");
+        assert!(all[first..].iter().all(|a| a.leak_suspected));
+        // A ramp of four steps, then flat: a leak while it rises, not for long after.
+        let (_, all) = run(&th, 600.0, 10.0, |t| {
+            30.0 * GB + 4.0 * GB * (t / 40.0).floor().min(4.0)
+        });
+        assert!(all[150].leak_suspected);
+        assert!(all[160 + 100..].iter().all(|a| !a.leak_suspected));
     }
 
     #[test]
