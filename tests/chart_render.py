@@ -241,6 +241,49 @@ def check_least_privilege() -> None:
     )
 
 
+def check_report_policy() -> None:
+    """The ValidatingAdmissionPolicy, evaluated with a CEL interpreter on the
+    requests a sidecar (and a forger) would make: the local server is 1.20
+    and cannot run it."""
+    try:
+        import celpy
+    except ImportError:
+        check("cel-python installed (tests/requirements.txt)", False)
+        return
+    docs = render({"reportPolicy": {"enabled": True}})
+    vap = one(docs, "ValidatingAdmissionPolicy")
+    binding = one(docs, "ValidatingAdmissionPolicyBinding")
+    if not check("reportPolicy: policy and binding rendered", vap is not None and binding is not None):
+        return
+    check("reportPolicy: binding denies", binding["spec"]["validationActions"] == ["Deny"]
+          and binding["spec"]["policyName"] == vap["metadata"]["name"])
+    check("reportPolicy: off renders nothing", one(render({"reportPolicy": {"enabled": False}}), "ValidatingAdmissionPolicy") is None)
+    env = celpy.Environment()
+
+    def run(expr: str, act: dict):
+        return env.program(env.compile(expr)).evaluate({k: celpy.json_to_cel(v) for k, v in act.items()})
+
+    def admitted(user: str, extra: dict, name: str, pod_name: str, owner_uid: str | None) -> bool:
+        request = {"userInfo": {"username": user, "extra": extra}}
+        obj = {"metadata": {"name": name}, "spec": {"podName": pod_name}}
+        if owner_uid:
+            obj["metadata"]["ownerReferences"] = [{"kind": "Pod", "uid": owner_uid, "name": pod_name}]
+        act = {"request": request, "object": obj}
+        if not all(bool(run(c["expression"], act)) for c in vap["spec"]["matchConditions"]):
+            return True  # the policy does not apply
+        act["variables"] = {v["name"]: str(run(v["expression"], act)) for v in vap["spec"]["variables"]}
+        return all(bool(run(v["expression"], act)) for v in vap["spec"]["validations"])
+
+    sa = "system:serviceaccount:ml:default"
+    bound = {"authentication.kubernetes.io/pod-name": ["train-0"], "authentication.kubernetes.io/pod-uid": ["u0"]}
+    check("reportPolicy: a sidecar writes its own pod's report", admitted(sa, bound, "train-0", "train-0", "u0"))
+    check("reportPolicy: not another pod's report", not admitted(sa, bound, "train-1", "train-1", "u1"))
+    check("reportPolicy: not its own name describing another pod", not admitted(sa, bound, "train-0", "train-1", "u0"))
+    check("reportPolicy: not owned by another pod", not admitted(sa, bound, "train-0", "train-0", "u9"))
+    check("reportPolicy: not without a pod-bound token", not admitted(sa, {}, "train-0", "train-0", "u0"))
+    check("reportPolicy: people and controllers are not sidecars", admitted("alice", {}, "x", "y", None))
+
+
 def check_webhook(case: str, docs: list[dict], cert_manager: bool) -> None:
     mwc = one(docs, "MutatingWebhookConfiguration")
     if not check(f"{case}: MutatingWebhookConfiguration", mwc is not None):
@@ -385,6 +428,7 @@ def offline() -> list[tuple[str, list[dict]]]:
     rendered.append(("serviceMonitor", docs))
     check_network_policy()
     check_least_privilege()
+    check_report_policy()
     rendered.append(("namespaced", render({"rbac": {"namespaces": ["team-a"]}})))
     for bad in ({"gpuAccess": "all"}, {"webhook": {"certMode": "vault"}}, {"sidecar": {"interval": "fast"}}):
         try:

@@ -42,3 +42,52 @@ fn every_crd_field_has_a_description_for_kubectl_explain() {
         );
     }
 }
+
+#[test]
+fn every_string_and_list_a_report_or_profile_carries_is_bounded() {
+    // A tenant's pod writes MemoryReports and the operator copies parts of
+    // them into MemoryProfiles: an unbounded string (a 1 MiB `sampledAt`)
+    // would block every status write. Every string needs maxLength (or an
+    // enum, which bounds it too), every list maxItems.
+    fn walk(path: &str, v: &serde_json::Value, unbounded: &mut Vec<String>) {
+        let exempt =
+            matches!(path, ".apiVersion" | ".kind" | ".metadata") || path.starts_with(".metadata");
+        match v.get("type").and_then(|t| t.as_str()) {
+            Some("string")
+                if !exempt && v.get("maxLength").is_none() && v.get("enum").is_none() =>
+            {
+                unbounded.push(path.to_string())
+            }
+            Some("array") if v.get("maxItems").is_none() => unbounded.push(format!("{path}[]")),
+            _ => {}
+        }
+        if let Some(props) = v.get("properties").and_then(|p| p.as_object()) {
+            for (name, sub) in props {
+                walk(&format!("{path}.{name}"), sub, unbounded);
+            }
+        }
+        if let Some(items) = v.get("items") {
+            walk(&format!("{path}[]"), items, unbounded);
+        }
+        for key in ["anyOf", "oneOf", "allOf"] {
+            for sub in v.get(key).and_then(|s| s.as_array()).into_iter().flatten() {
+                walk(path, sub, unbounded);
+            }
+        }
+    }
+    for crd in memprof::api::crds() {
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        let schema = serde_json::to_value(&crd.spec.versions[0].schema).unwrap();
+        let mut unbounded = vec![];
+        walk("", &schema["openAPIV3Schema"], &mut unbounded);
+        // A policy is written by the namespace's users about their own Jobs and
+        // never copied into a profile; its label selector is Kubernetes' own type.
+        unbounded.retain(|p| {
+            !(name.starts_with("remediationpolicies") && p.starts_with(".spec.selector"))
+        });
+        assert!(
+            unbounded.is_empty(),
+            "{name}: unbounded fields: {unbounded:#?}"
+        );
+    }
+}

@@ -100,7 +100,7 @@ pub struct Condition {
     #[serde(rename = "type")]
     pub type_: String,
     /// `True`, `False` or `Unknown`.
-    #[schemars(regex(pattern = r"^(True|False|Unknown)$"))]
+    #[schemars(regex(pattern = r"^(True|False|Unknown)$"), length(max = 7))]
     pub status: String,
     /// One CamelCase word saying why.
     #[schemars(length(max = 64))]

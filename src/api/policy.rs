@@ -286,7 +286,7 @@ pub struct RemediationPolicyStatus {
     #[serde(default)]
     pub matched_count: u32,
     /// Names of matched Jobs (at most 16).
-    #[schemars(length(max = 16))]
+    #[schemars(length(max = 16), inner(length(max = 253)))]
     #[serde(default)]
     pub matched_jobs: Vec<String>,
     /// Remediations performed or pending (not dry-run, not skipped) on the matched Jobs.
@@ -319,6 +319,7 @@ pub struct PolicyAction {
     #[schemars(length(max = 32))]
     pub phase: String,
     /// When it was decided (RFC 3339).
+    #[schemars(length(max = 64))]
     pub time: String,
     /// Why, or what went wrong.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -328,7 +328,7 @@ pub struct OomBlock {
     /// Block size, bytes.
     pub size_bytes: u64,
     /// Where it was allocated, innermost trainer frame first, as `file:line function` (at most 4).
-    #[schemars(length(max = 4))]
+    #[schemars(length(max = 4), inner(length(max = 256)))]
     #[serde(default)]
     pub frames: Vec<String>,
 }
