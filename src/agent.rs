@@ -210,7 +210,7 @@ pub struct OomSnapshot {
     pub blocks: Vec<Block>,
 }
 
-/// One live allocator block.
+/// One live allocator block, or the live blocks of one allocation site.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct Block {
@@ -222,6 +222,10 @@ pub struct Block {
     /// Allocator state, e.g. `active_allocated`.
     #[serde(default)]
     pub state: String,
+    /// With stack frames, live blocks allocated at the same place are summed
+    /// into one entry (`sizeBytes` is their total): how many they are.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count: Option<u64>,
     /// Where it was allocated, innermost first (empty without history recording).
     #[serde(default)]
     pub frames: Vec<Frame>,
@@ -587,6 +591,7 @@ mod tests {
         };
         let block = Block {
             size_bytes: G,
+            count: Some(u64::MAX),
             requested_bytes: Some(G),
             state: "s".repeat(MAX_NAME),
             frames: vec![frame; MAX_FRAMES],

@@ -487,6 +487,7 @@ fn oom_summary(t: f64, o: &crate::agent::OomSnapshot) -> OomSnapshotSummary {
             .take(MAX_REPORT_BLOCKS)
             .map(|b| OomBlock {
                 size_bytes: b.size_bytes,
+                count: b.count,
                 frames: b
                     .frames
                     .iter()

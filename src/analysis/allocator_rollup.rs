@@ -109,6 +109,7 @@ mod tests {
             blocks: vec![
                 OomBlock {
                     size_bytes: size,
+                    count: None,
                     frames: vec!["train.py:42 leak".into(); 4],
                 };
                 8

@@ -321,12 +321,15 @@ pub struct OomSnapshotSummary {
     pub blocks: Vec<OomBlock>,
 }
 
-/// One live block at an OOM.
+/// One live block at an OOM, or the live blocks of one allocation site.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct OomBlock {
-    /// Block size, bytes.
+    /// Block size, bytes; with `count`, the total of the blocks allocated at these frames.
     pub size_bytes: u64,
+    /// How many live blocks were allocated at these frames, when more than one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count: Option<u64>,
     /// Where it was allocated, innermost trainer frame first, as `file:line function` (at most 4).
     #[schemars(length(max = 4), inner(length(max = 256)))]
     #[serde(default)]

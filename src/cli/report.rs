@@ -140,7 +140,8 @@ fn render_allocator(out: &mut String, a: &AllocatorRollup) {
             } else {
                 b.frames.join(" <- ")
             };
-            let _ = writeln!(out, "    {:>9}  {at}", format_bytes(b.size_bytes));
+            let blocks = b.count.map_or(String::new(), |n| format!(" in {n} blocks"));
+            let _ = writeln!(out, "    {:>9}{blocks}  {at}", format_bytes(b.size_bytes));
         }
         if o.snapshot.source != "history" {
             let _ = writeln!(
@@ -185,6 +186,7 @@ mod tests {
                         source: "history".into(),
                         blocks: vec![OomBlock {
                             size_bytes: 6 << 30,
+                            count: Some(1500),
                             frames: vec!["train.py:42 leak".into(), "train.py:99 main".into()],
                         }],
                         ..Default::default()
@@ -199,7 +201,7 @@ mod tests {
             "advice: rank 1: fragmentation: set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
             "slowest rank: 0 at 2.50 steps/s",
             "CUDA OOM at 2026-11-22T10:00:10Z in pod train-0 (rank 0), asked for 2.0GiB",
-            "6.0GiB  train.py:42 leak <- train.py:99 main",
+            "6.0GiB in 1500 blocks  train.py:42 leak <- train.py:99 main",
         ] {
             assert!(text.contains(want), "{want:?} not in:\n{text}");
         }

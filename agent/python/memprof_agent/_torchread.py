@@ -229,21 +229,44 @@ def oom_snapshot(torch, device, requested, message):
         for b in seg.get("blocks", []):
             if not str(b.get("state", "")).startswith("active"):
                 continue
-            frames = b.get("frames") or []
+            frames = _user_frames(b.get("frames") or [])
             with_frames = with_frames or bool(frames)
             blocks.append((int(b.get("size", 0)), b, frames))
-    blocks.sort(key=lambda x: -x[0])
     snap["source"] = "history" if with_frames else "segments"
-    for size, b, frames in blocks[:MAX_BLOCKS]:
-        entry = {
-            "sizeBytes": size,
-            "state": truncate(b.get("state", ""), MAX_NAME),
-            "frames": _user_frames(frames),
-        }
-        if b.get("requested_size") is not None:
-            entry["requestedBytes"] = int(b["requested_size"])
-        snap["blocks"].append(entry)
+    snap["blocks"] = _largest(blocks, by_site=with_frames)
     return snap
+
+
+def _largest(blocks, by_site):
+    """The top blocks, largest first. With stack frames, blocks allocated at
+    the same place are summed: a leak is usually thousands of small tensors
+    from one line, which no single block would show."""
+    groups = {}
+    for size, b, frames in blocks:
+        key = (frames[0]["filename"], frames[0]["line"], frames[0]["name"]) if (by_site and frames) else id(b)
+        g = groups.get(key)
+        if g is None:
+            groups[key] = g = {"sizeBytes": 0, "count": 0, "largest": -1}
+        g["sizeBytes"] += size
+        g["count"] += 1
+        if size > g["largest"]:
+            g["largest"] = size
+            g["state"] = tr_state(b)
+            g["frames"] = frames
+            g["requested"] = b.get("requested_size")
+    out = []
+    for g in sorted(groups.values(), key=lambda g: -g["sizeBytes"])[:MAX_BLOCKS]:
+        entry = {"sizeBytes": g["sizeBytes"], "state": g["state"], "frames": g["frames"]}
+        if g["count"] > 1:
+            entry["count"] = g["count"]
+        elif g["requested"] is not None:
+            entry["requestedBytes"] = int(g["requested"])
+        out.append(entry)
+    return out
+
+
+def tr_state(b):
+    return truncate(b.get("state", ""), MAX_NAME)
 
 
 def is_cuda_oom(exc):

@@ -272,3 +272,27 @@ def test_an_agent_only_sidecar_reports_risk_and_time_to_oom_from_pushes(workdir)
         assert abs(report["allocator"]["stepsPerSecond"] - 2.0) < 1e-6
     finally:
         s.stop()
+
+
+def test_the_oom_snapshot_sums_the_blocks_of_one_allocation_site(fake, misbehaving):
+    """A leak is thousands of small tensors from one line: no single block
+    shows it, their sum does."""
+    def frames(line, name):
+        return [{"filename": "/site-packages/torch/_tensor.py", "line": 1, "name": "ones"},
+                {"filename": "train.py", "line": line, "name": name}]
+
+    fake.snapshot = {"segments": [{"device": 0, "blocks": (
+        [{"size": 2 * GiB, "state": "active_allocated", "frames": frames(10, "load_weights")}]
+        + [{"size": 20 << 20, "state": "active_allocated", "frames": frames(174, "main")} for _ in range(300)]
+        + [{"size": 20 << 20, "state": "inactive", "frames": frames(174, "main")} for _ in range(50)]
+    )}]}
+    server = misbehaving("status:500")
+    memprof_agent.start(interval=60, url=server.url)
+    with pytest.raises(fake_torch.OutOfMemoryError):
+        with memprof_agent.oom_guard():
+            raise fake.oom()
+    blocks = agent().summary.oom["blocks"]
+    assert blocks[0] == {"sizeBytes": 300 * (20 << 20), "count": 300, "state": "active_allocated",
+                         "frames": [{"filename": "train.py", "line": 174, "name": "main"}]}
+    assert blocks[1]["sizeBytes"] == 2 * GiB and "count" not in blocks[1]
+    assert len(blocks) == 2
