@@ -9,8 +9,9 @@
 //! 1. it is its pod's own: `metadata.name == spec.podName`;
 //! 2. that pod exists and is controlled by the Job the report claims (uid);
 //! 3. the report is owned by that pod (the sidecar sets the ownerReference);
-//! 4. its `sampledAt` parses and is not in the future (more than `MAX_SKEW`);
-//! and then, among reports that pass:
+//! 4. its `sampledAt` parses and is not in the future (more than `MAX_SKEW`).
+//!
+//! Then, among reports that pass:
 //! 5. one per rank: a retried pod's leftover report (an earlier pod of the
 //!    same rank) is superseded by the newest pod's;
 //! 6. at most `report_limit(parallelism)` of them (the newest first), so a

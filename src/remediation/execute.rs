@@ -439,27 +439,6 @@ async fn run_steps(ctx: &Context, ns: &str, name: &str, plan: &Plan) -> Result<R
     Ok(Ran::Finished(out))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_held_deletion_is_polled_ever_less_often() {
-        let delays: Vec<u64> = (1..=12).map(|n| wait_delay(n).as_secs()).collect();
-        assert_eq!(delays, [1, 2, 4, 8, 16, 32, 64, 128, 256, 300, 300, 300]);
-    }
-
-    #[test]
-    fn only_errors_retrying_cannot_fix_are_terminal() {
-        for code in [400, 403, 404, 422] {
-            assert!(terminal_code(code), "{code}");
-        }
-        for code in [409, 429, 500, 503] {
-            assert!(!terminal_code(code), "{code}");
-        }
-    }
-}
-
 /// Whether a tenant opted a ConfigMap in to `setConfigMapKey` (label
 /// `memprof.dev/remediable: "true"`): the operator writes no other.
 pub(super) fn remediable(cm: &ConfigMap) -> bool {
@@ -751,4 +730,25 @@ async fn delete_old_pods(ctx: &Context, ns: &str, name: &str, plan: &Plan) -> Re
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_held_deletion_is_polled_ever_less_often() {
+        let delays: Vec<u64> = (1..=12).map(|n| wait_delay(n).as_secs()).collect();
+        assert_eq!(delays, [1, 2, 4, 8, 16, 32, 64, 128, 256, 300, 300, 300]);
+    }
+
+    #[test]
+    fn only_errors_retrying_cannot_fix_are_terminal() {
+        for code in [400, 403, 404, 422] {
+            assert!(terminal_code(code), "{code}");
+        }
+        for code in [409, 429, 500, 503] {
+            assert!(!terminal_code(code), "{code}");
+        }
+    }
 }
