@@ -23,8 +23,8 @@ pub(super) struct Shared {
     pub builder: auto::Builder<TokioExecutor>,
     /// Body bytes all requests may buffer together, one permit per byte.
     pub budget: Arc<Semaphore>,
-    /// Reviews parsed at the same time.
-    pub reviews: Semaphore,
+    /// Large reviews parsed at the same time.
+    pub large_reviews: Semaphore,
 }
 
 impl Shared {
@@ -37,7 +37,7 @@ impl Shared {
             config,
             builder: limits.builder(),
             budget: Arc::new(Semaphore::new(limits.body_budget_bytes as usize)),
-            reviews: Semaphore::new(limits.max_concurrent_reviews as usize),
+            large_reviews: Semaphore::new(limits.max_concurrent_reviews as usize),
             limits,
             metrics,
         }
@@ -68,26 +68,38 @@ pub(super) struct Buffered {
     _charge: OwnedSemaphorePermit,
 }
 
-/// Reads `body` up to `limit` bytes, charging every byte to `budget` before
-/// buffering it (and waiting while the budget is spent). A declared length
-/// over `limit` fails before anything is read; an undeclared (chunked) one
-/// fails at the frame that crosses it, so at most `limit` plus one frame
-/// (≤ 16 KiB: the HTTP/2 frame size, or hyper's HTTP/1 read buffer) is ever held.
+/// The caps a body is read under.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct BodyCaps {
+    /// Larger bodies fail.
+    pub limit: u32,
+    /// Bytes not charged to the budget.
+    pub free: u32,
+}
+
+/// Reads `body` up to `caps.limit` bytes, charging every byte past
+/// `caps.free` to `budget` before buffering it (and waiting while the
+/// budget is spent). A declared length over the limit fails before anything
+/// is read; an undeclared (chunked) one fails at the frame that crosses it,
+/// so at most the limit plus one frame (≤ 16 KiB: the HTTP/2 frame size, or
+/// hyper's HTTP/1 read buffer) is ever held.
 pub(super) async fn read_body<B>(
     body: B,
-    limit: u32,
+    caps: BodyCaps,
     budget: &Arc<Semaphore>,
 ) -> Result<Buffered, BodyError>
 where
     B: Body<Data = Bytes>,
     B::Error: std::fmt::Display,
 {
+    let BodyCaps { limit, free } = caps;
     let declared = body.size_hint().exact();
     if declared.is_some_and(|n| n > u64::from(limit)) {
         return Err(BodyError::TooLarge { limit });
     }
     let declared = declared.unwrap_or(0) as usize;
-    let mut charge = charge_more(budget, declared).await;
+    let billable = |len: usize| len.saturating_sub(free as usize);
+    let mut charge = charge_more(budget, billable(declared)).await;
     let mut buf = BytesMut::with_capacity(declared);
     let mut body = std::pin::pin!(body);
     while let Some(frame) = body.frame().await {
@@ -100,8 +112,8 @@ where
         if len > limit as usize {
             return Err(BodyError::TooLarge { limit });
         }
-        if len > charge.num_permits() {
-            charge.merge(charge_more(budget, len - charge.num_permits()).await);
+        if billable(len) > charge.num_permits() {
+            charge.merge(charge_more(budget, billable(len) - charge.num_permits()).await);
         }
         buf.extend_from_slice(&data);
     }
@@ -167,7 +179,11 @@ where
     B: Body<Data = Bytes>,
     B::Error: std::fmt::Display,
 {
-    let body = match read_body(body, shared.limits.max_body_bytes, &shared.budget).await {
+    let caps = BodyCaps {
+        limit: shared.limits.max_body_bytes,
+        free: shared.limits.small_body_bytes,
+    };
+    let body = match read_body(body, caps, &shared.budget).await {
         Ok(body) => body,
         Err(e @ BodyError::TooLarge { .. }) => {
             shared.metrics.rejected("body_too_large");
@@ -180,7 +196,12 @@ where
         }
     };
     let review = {
-        let _slot = shared.reviews.acquire().await;
+        // Small reviews parse at once: their number and size are bounded.
+        let large = body.bytes.len() > shared.limits.small_body_bytes as usize;
+        let _slot = match large {
+            true => Some(shared.large_reviews.acquire().await),
+            false => None,
+        };
         admit_review(&body.bytes, &shared.config)
     };
     drop(body);
@@ -202,13 +223,16 @@ mod tests {
     use http_body_util::StreamBody;
     use hyper::body::Frame;
 
-    type Chunks = mpsc::Sender<Result<Frame<Bytes>, Infallible>>;
+    type Chunk = Result<Frame<Bytes>, Infallible>;
+    type Chunks = mpsc::Sender<Chunk>;
+
+    /// `limit`, every byte charged.
+    fn caps(limit: u32) -> BodyCaps {
+        BodyCaps { limit, free: 0 }
+    }
 
     /// A body without a declared length whose chunks the test sends.
-    fn chunked() -> (
-        Chunks,
-        StreamBody<mpsc::Receiver<Result<Frame<Bytes>, Infallible>>>,
-    ) {
+    fn chunked() -> (Chunks, StreamBody<mpsc::Receiver<Chunk>>) {
         let (tx, rx) = mpsc::channel(16);
         (tx, StreamBody::new(rx))
     }
@@ -225,7 +249,11 @@ mod tests {
         let (mut tx, body) = chunked();
         let read = tokio::spawn({
             let budget = budget.clone();
-            async move { read_body(body, 1000, &budget).await.map(|b| b.bytes.len()) }
+            async move {
+                read_body(body, caps(1000), &budget)
+                    .await
+                    .map(|b| b.bytes.len())
+            }
         });
         send(&mut tx, 600).await;
         send(&mut tx, 600).await;
@@ -243,9 +271,9 @@ mod tests {
     async fn a_declared_length_over_the_cap_fails_before_reading() {
         let budget = Arc::new(Semaphore::new(1 << 20));
         let body = Full::new(Bytes::from(vec![0u8; 1001]));
-        let out = read_body(body, 1000, &budget).now_or_never().unwrap();
+        let out = read_body(body, caps(1000), &budget).now_or_never().unwrap();
         assert!(matches!(out, Err(BodyError::TooLarge { .. })));
-        let out = read_body(Full::new(Bytes::from(vec![0u8; 1000])), 1000, &budget)
+        let out = read_body(Full::new(Bytes::from(vec![0u8; 1000])), caps(1000), &budget)
             .await
             .unwrap();
         assert_eq!(out.bytes.len(), 1000);
@@ -264,13 +292,22 @@ mod tests {
         let (mut tx_a, body_a) = chunked();
         let a = tokio::spawn({
             let budget = budget.clone();
-            async move { read_body(body_a, 1000, &budget).await.map(|b| b.bytes) }
+            async move {
+                read_body(body_a, caps(1000), &budget)
+                    .await
+                    .map(|b| b.bytes)
+            }
         });
         send(&mut tx_a, 800).await;
-        while budget.available_permits() > 200 {
-            tokio::task::yield_now().await;
-        }
-        let b = read_body(Full::new(Bytes::from(vec![0u8; 400])), 1000, &budget);
+        let charged = async {
+            while budget.available_permits() > 200 {
+                tokio::task::yield_now().await;
+            }
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(20), charged)
+            .await
+            .expect("A's 800 bytes are charged to the budget");
+        let b = read_body(Full::new(Bytes::from(vec![0u8; 400])), caps(1000), &budget);
         let mut b = std::pin::pin!(b);
         assert!(
             (&mut b).now_or_never().is_none(),
@@ -280,5 +317,27 @@ mod tests {
         let a = a.await.unwrap().unwrap();
         assert_eq!(a.len(), 800);
         assert_eq!(b.await.unwrap().bytes.len(), 400);
+    }
+
+    #[tokio::test]
+    async fn small_bodies_do_not_wait_for_a_spent_budget() {
+        let budget = Arc::new(Semaphore::new(1000));
+        let held = budget.clone().acquire_many_owned(1000).await.unwrap();
+        let caps = BodyCaps {
+            limit: 2000,
+            free: 500,
+        };
+        let small = read_body(Full::new(Bytes::from(vec![0u8; 500])), caps, &budget);
+        let small = small.now_or_never().expect("the free part needs no budget");
+        assert_eq!(small.unwrap().bytes.len(), 500);
+        let large = read_body(Full::new(Bytes::from(vec![0u8; 501])), caps, &budget);
+        let mut large = std::pin::pin!(large);
+        assert!(
+            (&mut large).now_or_never().is_none(),
+            "one byte past the free part waits"
+        );
+        drop(held);
+        assert_eq!(large.await.unwrap().bytes.len(), 501);
+        assert_eq!(budget.available_permits(), 1000);
     }
 }

@@ -60,12 +60,18 @@ pub struct ServerLimits {
     /// Largest request body; larger ones get 413, checked as the body
     /// arrives (a chunked body without `Content-Length` too).
     pub max_body_bytes: u32,
-    /// Body bytes buffered by all requests together. A request that would
-    /// exceed it stops reading (flow control pushes back on the client)
-    /// until others finish, or until its deadline.
+    /// The first bytes of every body, read without waiting for the body
+    /// budget or a review slot. Every request can hold this much at once
+    /// (connections × streams is bounded), so no client can make the API
+    /// server's ordinary reviews (a few KiB) wait behind large ones.
+    pub small_body_bytes: u32,
+    /// Body bytes beyond [`Self::small_body_bytes`] buffered by all requests
+    /// together. A request that would exceed it stops reading (flow control
+    /// pushes back on the client) until others finish, or its deadline.
     pub body_budget_bytes: u32,
-    /// AdmissionReviews parsed at the same time. Parsing builds a JSON tree
-    /// many times the size of the body, so this bounds that amplification.
+    /// Reviews larger than [`Self::small_body_bytes`] parsed at the same
+    /// time. Parsing builds a JSON tree many times the size of the body
+    /// (docs/security.md measures it), so this bounds that amplification.
     pub max_concurrent_reviews: u32,
     /// HTTP/2 per-stream flow-control window: DATA a client may send ahead.
     pub h2_stream_window: u32,
@@ -95,7 +101,9 @@ impl Default for ServerLimits {
             // server refuses request bodies over 3 MiB (--max-request-bytes'
             // default), so no object it admits needs a larger review.
             max_body_bytes: 3 * MIB,
-            // Five largest reviews at once, thousands of ordinary (~4 KiB) ones.
+            // A 16-rank Job with two 20-variable containers is a 4 KiB review.
+            small_body_bytes: 32 * KIB,
+            // Five of the largest reviews at once.
             body_budget_bytes: 16 * MIB,
             max_concurrent_reviews: 1,
             h2_stream_window: 64 * KIB,
@@ -115,8 +123,8 @@ impl ServerLimits {
         if self.max_streams == 0 || self.max_concurrent_reviews == 0 {
             return invalid("max_streams and max_concurrent_reviews must be at least 1");
         }
-        if self.body_budget_bytes < self.max_body_bytes {
-            return invalid("body_budget_bytes must be at least max_body_bytes");
+        if self.body_budget_bytes < self.max_body_bytes.saturating_sub(self.small_body_bytes) {
+            return invalid("body_budget_bytes must hold one body of max_body_bytes");
         }
         // RFC 9113 6.5.2: windows may not exceed 2^31-1; frames are >= 16 KiB.
         if self.h2_stream_window >= 1 << 31 || self.h2_connection_window >= 1 << 31 {
@@ -125,14 +133,15 @@ impl ServerLimits {
         Ok(())
     }
 
-    /// Bytes one connection can make the server buffer besides request
-    /// bodies (which [`Self::body_budget_bytes`] bounds for all connections
-    /// together): TLS, and the HTTP/1 read buffer or the HTTP/2 connection
-    /// window plus each stream's header list.
+    /// Bytes one connection can make the server buffer outside the body
+    /// budget: TLS, and either the HTTP/1 read buffer and one request's
+    /// small body, or the HTTP/2 connection window and, per stream, a header
+    /// list and a small body.
     pub fn connection_buffer_bound(&self) -> u64 {
-        let h1 = u64::from(self.max_header_bytes.max(H1_MIN_BUF));
-        let h2 = u64::from(self.h2_connection_window)
-            + u64::from(self.max_streams) * u64::from(self.max_header_bytes);
+        let per_request = u64::from(self.max_header_bytes) + u64::from(self.small_body_bytes);
+        let h1 =
+            u64::from(self.max_header_bytes.max(H1_MIN_BUF)) + u64::from(self.small_body_bytes);
+        let h2 = u64::from(self.h2_connection_window) + u64::from(self.max_streams) * per_request;
         TLS_BUFFER_ESTIMATE + h1.max(h2)
     }
 
@@ -253,12 +262,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn defaults_are_valid_and_bound_buffers_below_64_mib() {
+    fn defaults_are_valid_and_bound_buffers_to_60_mib() {
         let limits = ServerLimits::default();
         limits.validate().unwrap();
-        // 64 connections x (64 KiB TLS + 256 KiB window + 8 x 16 KiB headers) + 16 MiB.
-        assert_eq!(limits.connection_buffer_bound(), 448 * 1024);
-        assert_eq!(limits.buffered_bytes_bound(), 44 * 1024 * 1024);
+        // 64 connections x (64 KiB TLS + 256 KiB window + 8 x (16 KiB
+        // headers + 32 KiB small body)) + 16 MiB budget.
+        assert_eq!(limits.connection_buffer_bound(), 704 * 1024);
+        assert_eq!(limits.buffered_bytes_bound(), 60 * 1024 * 1024);
     }
 
     #[test]
@@ -269,7 +279,7 @@ mod tests {
                 ..Default::default()
             },
             ServerLimits {
-                body_budget_bytes: 1024,
+                body_budget_bytes: 1024 * 1024,
                 ..Default::default()
             },
             ServerLimits {
