@@ -1,0 +1,36 @@
+#!/usr/bin/env python3
+"""Polls a sidecar's GET /v1/report once a second and writes one compact JSON
+line per poll (time, the first GPU's risk/TTO/leak, the allocator section's
+verdicts), until STOPFILE exists. For bench/gpu/agent.sh.
+
+    agent_poll.py PORT OUT.jsonl STOPFILE
+"""
+import json
+import os
+import sys
+import time
+import urllib.request
+
+port, out, stop = sys.argv[1], sys.argv[2], sys.argv[3]
+with open(out, "w") as f:
+    while not os.path.exists(stop):
+        t = time.time()
+        try:
+            with urllib.request.urlopen("http://127.0.0.1:%s/v1/report" % port, timeout=2) as r:
+                rep = json.load(r)
+            g = (rep.get("gpus") or [{}])[0]
+            a = rep.get("allocator") or {}
+            line = {
+                "t": t, "risk": g.get("risk"), "tto": g.get("timeToOomSeconds"), "leak": g.get("leakSuspected"),
+                "source": g.get("source"), "assessedFrom": g.get("assessedFrom"), "used": g.get("usedBytes"),
+                "growth": a.get("growth"), "allocated": a.get("allocatedBytes"), "reserved": a.get("reservedBytes"),
+                "limit": a.get("limitBytes"), "fragmentation": a.get("fragmentation"),
+                "split": a.get("inactiveSplitFraction"), "retries": a.get("allocRetries"),
+                "recentRetries": a.get("recentAllocRetries"), "advice": a.get("advice"),
+                "stepsPerSecond": a.get("stepsPerSecond"), "numOoms": a.get("numOoms"), "oom": a.get("oom"),
+            }
+        except Exception as exc:  # no report yet, or the sidecar is gone
+            line = {"t": t, "error": str(exc)[:200]}
+        f.write(json.dumps(line) + "\n")
+        f.flush()
+        time.sleep(max(0.0, 1.0 - (time.time() - t)))
