@@ -3,9 +3,9 @@
 
   grow   the model of train.py with a sequence length that grows every
          --grow-every seconds: the allocator's cache grows, nothing leaks;
-  frag   no model: an allocation pattern of alternating tensor sizes in a
-         few GB of headroom, which splits cached blocks and makes the
-         allocator free its cache and retry (run it with and without
+  frag   no model: tensors of alternating sizes under an allocator limit of
+         --headroom-gb, which splits cached blocks and makes the allocator
+         free its cache and retry (run it with and without
          PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True);
   ab     the model of train.py, steady, with the agent stopped and started
          in alternating windows of --window seconds (the one scenario that
@@ -39,7 +39,7 @@ def parse():
     p.add_argument("--seq", type=int, default=256, help="grow: first sequence length")
     p.add_argument("--seq-step", type=int, default=128)
     p.add_argument("--grow-every", type=float, default=10)
-    p.add_argument("--headroom-gb", type=float, default=8, help="frag: free memory left after a ballast")
+    p.add_argument("--headroom-gb", type=float, default=8, help="frag: the allocator's memory limit")
     p.add_argument("--window", type=float, default=10, help="ab: seconds per window")
     p.add_argument("--summary-json", default="")
     return p.parse_args()
@@ -74,30 +74,33 @@ def grow(a, dev):
 
 
 def frag(a, dev):
-    """30 MB blocks cached, 20 MB tensors carved out of them (10 MB inactive
-    split remainders), then 35 MB tensors that fit no cached block: the
-    allocator must free cached segments and retry."""
-    free, _ = torch.cuda.mem_get_info()
-    ballast = torch.empty(int(free - a.headroom_gb * 1e9), dtype=torch.uint8, device=dev)
-    n = int(a.headroom_gb * 1e9 * 0.9 / (30 * MB))
+    """Tensors of a new size each round (20, 28, 36, 24, 32 MB), every other
+    one kept into the next round, within a --headroom-gb allocator limit
+    (set_per_process_memory_fraction): cached blocks of the wrong size are
+    split or useless, so the allocator keeps freeing its cache and retrying."""
+    total = torch.cuda.get_device_properties(dev).total_memory
+    torch.cuda.set_per_process_memory_fraction(a.headroom_gb * 1e9 / total, dev)
+    budget = a.headroom_gb * 1e9 * 0.8
+    sizes = [20, 28, 36, 24, 32]
+    kept = []
     start, rounds, ooms = time.time(), 0, 0
     while time.time() - start < a.duration:
+        size = sizes[rounds % len(sizes)] * MB
         try:
-            big = [torch.empty(30 * MB, dtype=torch.uint8, device=dev) for _ in range(n)]
-            del big
-            small = [torch.empty(20 * MB, dtype=torch.uint8, device=dev) for _ in range(2 * n // 3)]
-            time.sleep(0.4)  # held: what a push sees
-            odd = [torch.empty(35 * MB, dtype=torch.uint8, device=dev) for _ in range(n // 6)]
-            time.sleep(0.4)
-            del small, odd
+            new = [torch.empty(size, dtype=torch.uint8, device=dev) for _ in range(int(budget / 2 / size))]
+            kept = new[::2]
+            del new
+            time.sleep(0.5)  # held: what a push sees
         except torch.OutOfMemoryError:
             ooms += 1
+            kept = []
             time.sleep(0.1)
         rounds += 1
     stats = torch.cuda.memory_stats()
-    del ballast
     return {"start": start, "rounds": rounds, "oomsCaught": ooms,
             "numAllocRetries": stats.get("num_alloc_retries"),
+            "inactiveSplitBytes": stats.get("inactive_split_bytes.all.current"),
+            "reservedBytes": stats.get("reserved_bytes.all.current"),
             "allocConf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")}
 
 

@@ -18,7 +18,7 @@
 //! Pure: time comes with the pushes (the agent's clock, seconds since the
 //! epoch), so every rule is unit-tested on plain values.
 
-use super::{assess, theil_sen, Assessment, GpuSeries, Sample, Thresholds};
+use super::{assess, least_squares_slope, theil_sen, Assessment, GpuSeries, Sample, Thresholds};
 use crate::agent::{DeviceStats, Push};
 use crate::api::{
     format_bytes, truncate_utf8, AgentEvent, AllocatorStats, MemoryGrowth, OomBlock,
@@ -45,6 +45,52 @@ const RECENT_SECONDS: f64 = 60.0;
 /// Points of (time, counter) history kept.
 const MAX_POINTS: usize = 256;
 
+/// How the agent's series are bucketed and trusted. Allocated memory is
+/// smooth (no segment staircase) and each push carries the exact peak of its
+/// interval, so the risk series is bucketed finer and trusted sooner than
+/// NVML's: on a real H100, with NVML's 10 s buckets and a minute of trust,
+/// a 1 GB/s leak went from 0 to the OOM in 46 s with the estimate updated
+/// every 10 s and 132 % late at half its life (docs/gpu-results.md). The
+/// floor (allocated memory between steps, for the leak call) is sampled at
+/// push instants, so it is read on two horizons: a short one for fast leaks
+/// (which must be very linear) and the user's for slow ones. Horizons,
+/// fractions and the leak rate stay the user's.
+#[derive(Clone, Debug)]
+pub struct AgentThresholds {
+    /// For allocated (risk, time to OOM) and reserved (cache) memory.
+    pub fast: Thresholds,
+    /// The floor on a short horizon: fast leaks, called before their OOM.
+    pub floor_short: Thresholds,
+    /// The floor and the phases on the user's horizon: slow leaks.
+    pub floor_long: Thresholds,
+}
+
+/// r² the short horizon's floor needs: fewer points, so a straighter line.
+const SHORT_FLOOR_R2: f64 = 0.9;
+/// r² the long horizon's floor needs (as NVML's lower envelope).
+const LONG_FLOOR_R2: f64 = 0.8;
+
+impl AgentThresholds {
+    /// The agent's bucketing from the user's thresholds.
+    pub fn from(th: &Thresholds) -> Self {
+        AgentThresholds {
+            fast: Thresholds {
+                bucket_seconds: 2.0,
+                fit_window_seconds: 30.0,
+                trust_span_seconds: 15.0,
+                ..th.clone()
+            },
+            floor_short: Thresholds {
+                bucket_seconds: 3.0,
+                fit_window_seconds: 30.0,
+                trust_span_seconds: 12.0,
+                ..th.clone()
+            },
+            floor_long: th.clone(),
+        }
+    }
+}
+
 /// One device's allocator history.
 #[derive(Clone, Debug)]
 pub struct AgentDevice {
@@ -61,6 +107,10 @@ pub struct AgentDevice {
     used: GpuSeries,
     /// Reserved bytes against total.
     reserved: GpuSeries,
+    /// Allocated bytes at push instants (the floor between steps), short horizon.
+    floor_short: GpuSeries,
+    /// The same on the user's horizon.
+    floor_long: GpuSeries,
     /// Allocated bytes per phase, sampled at pushes.
     phases: Vec<(String, GpuSeries)>,
     retries: VecDeque<(f64, u64)>,
@@ -90,14 +140,16 @@ pub struct AllocatorAssessment {
 }
 
 impl AgentDevice {
-    fn new(index: u32, th: &Thresholds) -> Self {
+    fn new(index: u32, th: &AgentThresholds) -> Self {
         AgentDevice {
             index,
             uuid: None,
             name: None,
-            allocated: GpuSeries::new(th),
-            used: GpuSeries::new(th),
-            reserved: GpuSeries::new(th),
+            allocated: GpuSeries::new(&th.fast),
+            used: GpuSeries::new(&th.fast),
+            reserved: GpuSeries::new(&th.fast),
+            floor_short: GpuSeries::new(&th.floor_short),
+            floor_long: GpuSeries::new(&th.floor_long),
             phases: Vec::new(),
             retries: VecDeque::new(),
             peak_allocated: 0,
@@ -106,7 +158,7 @@ impl AgentDevice {
     }
 
     /// Adds one push's numbers for this device at time `t`.
-    fn observe(&mut self, t: f64, phase: Option<&str>, d: &DeviceStats, th: &Thresholds) {
+    fn observe(&mut self, t: f64, phase: Option<&str>, d: &DeviceStats, th: &AgentThresholds) {
         if d.uuid.is_some() {
             self.uuid.clone_from(&d.uuid);
         }
@@ -136,13 +188,21 @@ impl AgentDevice {
                 used: d.reserved_bytes,
                 total,
             });
+            let at_push = Sample {
+                t,
+                used: d.allocated_bytes.min(limit),
+                total: limit,
+            };
+            self.floor_short.push(at_push);
+            self.floor_long.push(at_push);
         }
         if let Some(name) = phase {
             let known = self.phases.iter().position(|(n, _)| n == name);
             let at = match known {
                 Some(i) => Some(i),
                 None if self.phases.len() < MAX_PHASES => {
-                    self.phases.push((name.to_string(), GpuSeries::new(th)));
+                    self.phases
+                        .push((name.to_string(), GpuSeries::new(&th.floor_long)));
                     Some(self.phases.len() - 1)
                 }
                 None => None,
@@ -170,18 +230,23 @@ impl AgentDevice {
     }
 
     /// Assesses this device.
-    pub fn assess(&self, th: &Thresholds) -> AllocatorAssessment {
+    pub fn assess(&self, ath: &AgentThresholds) -> AllocatorAssessment {
+        let th = &ath.fast;
         let risk = assess(&self.allocated, th);
         let idle = IDLE_FRACTION * self.allocated.last().map_or(0, |s| s.total) as f64;
-        let floor = growth_of_floor(&self.allocated, idle, th);
-        let phases_grow = self
-            .phases
-            .iter()
-            .filter_map(|(_, s)| growth_of_floor(s, idle, th))
-            .collect::<Vec<_>>();
-        // A leak lifts the floor, and every phase with it; longer sequences
-        // lift a phase's memory but not the floor between steps.
-        let leak = floor.is_some_and(|f| f.leaks) && phases_grow.iter().all(|p| p.leaks);
+        let short = growth_of_floor(&self.floor_short, idle, &ath.floor_short, SHORT_FLOOR_R2);
+        let long = growth_of_floor(&self.floor_long, idle, &ath.floor_long, LONG_FLOOR_R2);
+        // A leak lifts every point of the step, so every phase's memory
+        // rises too; longer sequences lift the forward phase, not the floor.
+        let every_phase_rises = self.phases.iter().all(|(_, s)| {
+            phase_slope(s, idle, &ath.floor_long)
+                .is_none_or(|slope| slope > ath.floor_long.leak_bytes_per_second / 2.0)
+        });
+        let leak =
+            (short.is_some_and(|f| f.leaks) || long.is_some_and(|f| f.leaks)) && every_phase_rises;
+        let floor = long
+            .filter(|l| l.leaks || !short.is_some_and(|s| s.leaks))
+            .or(short);
         let reserved = assess(&self.reserved, th);
         let reserved_growth =
             (self.reserved.observed_span() > 0.0).then_some(reserved.growth_bytes_per_second);
@@ -223,7 +288,9 @@ struct FloorGrowth {
 /// not yet started (or restarted): as in [`assess`], not a trend.
 const IDLE_FRACTION: f64 = 0.02;
 
-fn growth_of_floor(series: &GpuSeries, idle_below: f64, th: &Thresholds) -> Option<FloorGrowth> {
+/// The lower envelope after the last idle bucket (a trainer starting is
+/// not a trend, as in [`assess`]).
+fn active_lower(series: &GpuSeries, idle_below: f64, th: &Thresholds) -> Vec<(f64, f64)> {
     let (_, mut lower) = series.envelopes(th.fit_window_seconds);
     let active_from = series
         .buckets()
@@ -231,13 +298,32 @@ fn growth_of_floor(series: &GpuSeries, idle_below: f64, th: &Thresholds) -> Opti
         .find(|b| b.min as f64 <= idle_below)
         .map_or(f64::NEG_INFINITY, |b| b.start + series.bucket_seconds());
     lower.retain(|p| p.0 > active_from);
-    let fit = theil_sen(&lower)?;
+    lower
+}
+
+fn growth_of_floor(
+    series: &GpuSeries,
+    idle_below: f64,
+    th: &Thresholds,
+    min_r2: f64,
+) -> Option<FloorGrowth> {
+    let fit = theil_sen(&active_lower(series, idle_below, th))?;
     Some(FloorGrowth {
         slope: fit.slope,
         leaks: fit.slope > th.leak_bytes_per_second
-            && fit.r2 >= 0.8
+            && fit.r2 >= min_r2
             && fit.span >= th.trust_span_seconds.min(th.fit_window_seconds / 2.0),
     })
+}
+
+/// Least-squares slope of a phase's lower envelope (it responds to a rise
+/// that began late in the window, where a median of slopes would not).
+fn phase_slope(series: &GpuSeries, idle_below: f64, th: &Thresholds) -> Option<f64> {
+    let lower = active_lower(series, idle_below, th);
+    if lower.len() < 3 {
+        return None;
+    }
+    least_squares_slope(&lower)
 }
 
 fn push_point(points: &mut VecDeque<(f64, u64)>, p: (f64, u64)) {
@@ -320,7 +406,7 @@ pub fn advice(
 /// process-wide markers (steps, events, the newest OOM).
 #[derive(Clone, Debug)]
 pub struct AgentState {
-    thresholds: Thresholds,
+    thresholds: AgentThresholds,
     devices: Vec<AgentDevice>,
     steps: VecDeque<(f64, u64)>,
     events: VecDeque<AgentEvent>,
@@ -335,7 +421,7 @@ impl AgentState {
     /// No pushes yet.
     pub fn new(th: &Thresholds) -> Self {
         AgentState {
-            thresholds: th.clone(),
+            thresholds: AgentThresholds::from(th),
             devices: Vec::new(),
             steps: VecDeque::new(),
             events: VecDeque::new(),

@@ -313,3 +313,87 @@ fn no_device_numbers_means_no_stats() {
     assert!(s.stats(&s.assess()).is_none());
     assert_eq!(s.last_push(), Some(T0));
 }
+
+/// The shape of the 1 GB/s leak recorded on an H100 (docs/gpu-results.md):
+/// a 7 GB floor, steps peaking 15 GB above it, 1 GB/s kept from t = 0 until
+/// the peak meets the limit 46 s later. With NVML's bucketing the estimate
+/// at half the leak's life was 132 % late; the agent's finer series must be
+/// within 10 %, critical well before the OOM, and call it a leak.
+#[test]
+fn a_1_gb_per_s_leak_is_predicted_within_10_percent_at_half_its_life() {
+    let th = Thresholds::default();
+    let mut s = AgentState::new(&th);
+    let rate = 1e9;
+    let ctx = 500_000_000.0;
+    let limit = TOTAL as f64 - ctx;
+    let oom = (limit - 22.0 * GB) / rate; // peak = 7 + 15 GB + leak
+    let mut at_half = None;
+    let mut first_critical = None;
+    let mut first_leak = None;
+    for i in -60..(oom as i64) {
+        let t = i as f64;
+        let leak = rate * t.max(0.0);
+        let floor = 7.0 * GB + leak;
+        s.observe(&push(
+            t + 100.0,
+            Some((i + 60) as u64 * 22),
+            None,
+            at(floor, floor + 15.0 * GB, (floor + 15.0 * GB).max(34.0 * GB)),
+        ));
+        let a = s.assess().remove(0);
+        if i >= 0 && first_critical.is_none() && a.risk.risk >= RiskLevel::Critical {
+            first_critical = Some(t);
+        }
+        if i >= 0 && first_leak.is_none() && a.growth == MemoryGrowth::Leak {
+            first_leak = Some(t);
+        }
+        if i == (oom / 2.0) as i64 {
+            at_half = Some((t, a.risk.time_to_oom_seconds));
+        }
+    }
+    let (t, tto) = at_half.unwrap();
+    let tto = tto.expect("an estimate at half the leak's life");
+    let truth = oom - t;
+    assert!((tto - truth).abs() <= 0.1 * truth, "tto {tto} vs {truth}");
+    let critical = first_critical.expect("critical before the OOM");
+    assert!(
+        oom - critical >= 15.0,
+        "critical {critical} s into a {oom} s leak"
+    );
+    let called = first_leak.expect("called a leak before the OOM");
+    assert!(called <= 25.0, "called a leak {called} s into it");
+}
+
+/// Pushes land at random points of a step: the value at a push is the
+/// floor plus some of the activations. Steady training read that way is
+/// never a leak, on either horizon.
+#[test]
+fn noisy_steady_training_is_never_a_leak() {
+    let mut seed: u64 = 7;
+    let mut noise = move || {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let u = (seed >> 33) as f64 / (1u64 << 31) as f64;
+        if u < 0.3 {
+            0.0
+        } else {
+            u
+        }
+    };
+    let th = Thresholds::default();
+    let mut s = AgentState::new(&th);
+    for i in 0..=900 {
+        let t = i as f64;
+        let now = 7.0 * GB + 15.0 * GB * noise();
+        s.observe(&push(
+            t,
+            Some(i as u64 * 20),
+            None,
+            at(now, 22.0 * GB, 34.0 * GB),
+        ));
+        let a = s.assess().remove(0);
+        assert_ne!(a.growth, MemoryGrowth::Leak, "t={t}: {a:?}");
+        assert!(a.risk.risk <= RiskLevel::Low, "t={t}: {a:?}");
+    }
+}
