@@ -97,26 +97,6 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
-
-    /// Reading or writing the leader-election Lease failed.
-    #[error(
-        "leader election Lease {name}: {source}; check the operator's RBAC \
-         (coordination.k8s.io leases: get, create, update) and --leader-election-namespace"
-    )]
-    Lease {
-        /// Name of the Lease.
-        name: String,
-        /// What the API server said.
-        #[source]
-        source: kube::Error,
-    },
-
-    /// Another replica took over (or the API server was unreachable for too long).
-    #[error(
-        "lost leadership (the Lease was not renewed in time): exiting so this replica \
-         restarts as a standby"
-    )]
-    LeadershipLost,
 }
 
 impl Error {
@@ -130,7 +110,6 @@ impl Error {
             Error::DeleteProfile { .. } => "delete_profile",
             Error::WriteStatus { .. } => "write_status",
             Error::AnnotateJob { .. } => "annotate_job",
-            Error::Lease { .. } | Error::LeadershipLost => "leader_election",
         }
     }
 }
