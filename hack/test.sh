@@ -23,7 +23,7 @@ log "agent tests (pytest; a real memprof-sidecar, a fake torch: no GPU needed)"
 cargo build --workspace --bins
 python3 -m pip install --quiet --disable-pip-version-check pytest
 MEMPROF_SIDECAR_BIN="$PWD/target/debug/memprof-sidecar" MEMPROF_BIN="$PWD/target/debug/memprof" \
-    python3 -m pytest -q agent/python/tests
+    python3 -m pytest -q -p no:cacheprovider agent/python/tests
 
 if ! bash hack/local-cluster.sh status >/dev/null 2>&1; then
     log "starting the local control plane (the first run builds kube-apiserver: ~10 min)"
