@@ -23,3 +23,7 @@ echo "== remediation: triggering report -> recreated Job"
 target/release/examples/remediation_latency 10
 echo "== admission webhook: mutate and HTTPS round trip"
 cargo bench -p memprof --bench admission
+echo "== admission webhook under a hostile client: server RSS, legitimate latency (limits on, then off)"
+cargo build --release --example webhook_hostile
+target/release/examples/webhook_hostile --limits default
+target/release/examples/webhook_hostile --limits off
