@@ -281,8 +281,19 @@ fn agent_only_gpu(d: &AgentDevice, aa: &AllocatorAssessment) -> Option<GpuReport
     let last = used.last()?;
     let mut g = GpuReport {
         index: d.index,
-        uuid: d.uuid.clone().unwrap_or_default(),
-        model: d.name.clone().unwrap_or_default(),
+        // Both are required strings, and an API server of 1.20 reads "" in a
+        // required field as null and refuses the whole report: name what
+        // the agent left out.
+        uuid: d
+            .uuid
+            .clone()
+            .filter(|u| !u.is_empty())
+            .unwrap_or_else(|| format!("cuda:{}", d.index)),
+        model: d
+            .name
+            .clone()
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(|| "unknown (agent)".into()),
         total_bytes: last.total,
         used_bytes: last.used,
         peak_bytes: used.peak(),
