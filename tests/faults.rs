@@ -490,6 +490,13 @@ async fn a_task_that_fails_to_start_is_logged_counted_unready_and_retried_until_
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(metric(op.port, failures).await, settled, "no failure since");
     assert!(op.alive());
+    // The webhook server's limits are counted where Prometheus scrapes.
+    for name in [
+        "memprof_webhook_connections_open",
+        "memprof_webhook_connections_rejected_total",
+    ] {
+        assert!(metric(op.port, name).await.is_some(), "{name} exported");
+    }
 }
 
 /// A kubeconfig for service account `sa` of `ns` (its token), on the shared cluster.

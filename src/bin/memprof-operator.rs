@@ -86,6 +86,7 @@ async fn main() -> anyhow::Result<()> {
     let mut registry = Registry::with_prefix("memprof");
     let metrics = Metrics::register(&mut registry);
     let remediation_metrics = memprof::remediation::Metrics::register(&mut registry);
+    let webhook_metrics = memprof::webhook::server::ServerMetrics::register(&mut registry);
     // Bound here, not in the task: a wrong --metrics-addr is a mistake to exit on.
     let listener = tokio::net::TcpListener::bind(cli.metrics_addr)
         .await
@@ -116,7 +117,10 @@ async fn main() -> anyhow::Result<()> {
             ),
         ),
         // The webhook serves on every replica: admission must not wait for an election.
-        spawn("webhook", webhook_task(&client, &cli, &shutdown)),
+        spawn(
+            "webhook",
+            webhook_task(&client, &cli, webhook_metrics, &shutdown),
+        ),
         spawn(
             "operator",
             operator_task(&client, &cli, &metrics, &shutdown),
@@ -185,14 +189,20 @@ async fn serve_metrics(
         .map_err(|e| format!("the metrics server panicked: {e}"))
 }
 
-fn webhook_task(client: &kube::Client, cli: &Cli, shutdown: &Stop) -> Start {
+fn webhook_task(
+    client: &kube::Client,
+    cli: &Cli,
+    metrics: Arc<memprof::webhook::server::ServerMetrics>,
+    shutdown: &Stop,
+) -> Start {
     let (client, opts, shutdown) = (client.clone(), cli.webhook.clone(), shutdown.clone());
     Box::new(move |ready| {
         let (client, opts, shutdown) = (client.clone(), opts.clone(), shutdown.clone());
+        let metrics = metrics.clone();
         async move {
             // Its start (certificate, API server version) retries by itself.
             ready.set();
-            memprof::webhook::run(client, opts, shutdown)
+            memprof::webhook::run(client, opts, metrics, shutdown)
                 .await
                 .map_err(|e| format!("admission webhook (pods are not injected meanwhile): {e}"))
         }

@@ -6,7 +6,7 @@ use super::config::{
     parse_image_pattern, parse_interval, GpuAccess, InjectionConfig, ServiceAccountTokenMode,
     SidecarMode, DEFAULT_IMAGE,
 };
-use super::server::{serve, ServerError, TlsCert};
+use super::server::{ServerError, TlsCert};
 use jiff::SignedDuration;
 use kube::Client;
 use std::future::Future;
@@ -317,6 +317,7 @@ where
 pub async fn run(
     client: Client,
     opts: WebhookOptions,
+    metrics: Arc<super::server::ServerMetrics>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), Error> {
     if opts.port == 0 {
@@ -368,7 +369,8 @@ pub async fn run(
             }
         })
     };
-    let served = serve(listener, tls, config, shutdown).await;
+    let limits = super::server::ServerLimits::default();
+    let served = super::server::serve_with(listener, tls, config, limits, metrics, shutdown).await;
     refresher.abort();
     Ok(served?)
 }
