@@ -152,6 +152,18 @@ async fn job_exists(client: &Client, ns: &str, name: &str) -> bool {
         .is_some()
 }
 
+/// The shrink policy (admin-written) and a profiled Job `train` of `creator`
+/// with `BATCH_SIZE=32`, whose profile has its first status.
+async fn shrinkable_train(admin: &Client, creator: &Client, ns: &str) -> Job {
+    apply_policy(admin, ns, "shrink", shrink_policy(false))
+        .await
+        .unwrap();
+    let job = training_job(creator, ns, "train", Some("32")).await;
+    low_report(admin, ns, "train").await;
+    profile_with_status(admin, ns, "train").await;
+    job
+}
+
 #[tokio::test]
 async fn tenant_planted_plan_config_map_is_never_executed() {
     let Some(admin) = cluster().await else {
@@ -167,12 +179,7 @@ async fn tenant_planted_plan_config_map_is_never_executed() {
     let (remediation, _) = remediation_with_plans_in(&admin, ns, plans);
     // (On a real cluster the chart's memprof-edit lets `edit` write policies;
     // the local server has no chart, so the admin writes this one.)
-    apply_policy(&admin, ns, "shrink", shrink_policy(false))
-        .await
-        .unwrap();
-    let job = training_job(&tenant, ns, "train", Some("32")).await;
-    low_report(&admin, ns, "train").await;
-    profile_with_status(&admin, ns, "train").await;
+    let job = shrinkable_train(&admin, &tenant, ns).await;
 
     // The attack: pre-create the plan ConfigMap the operator would use, in
     // the tenant's namespace, with a plan aimed at another namespace.
@@ -236,12 +243,7 @@ async fn plan_changed_after_recording_is_refused_not_executed() {
 
     let operator = start_operator(&admin, ns);
     let (remediation, metrics) = remediation_with_plans_in(&admin, ns, plans);
-    apply_policy(&admin, ns, "shrink", shrink_policy(false))
-        .await
-        .unwrap();
-    let job = training_job(&admin, ns, "train", Some("32")).await;
-    low_report(&admin, ns, "train").await;
-    profile_with_status(&admin, ns, "train").await;
+    let job = shrinkable_train(&admin, &admin, ns).await;
 
     // Whoever could write the plan namespace: the plan there is still only
     // carried out if it is the one the record names (digest, ns, Job, uid).
@@ -468,12 +470,7 @@ async fn job_that_cannot_be_created_again_is_recorded_with_a_way_back() {
     })
     .await;
     let (remediation, _) = remediation_with_plans_in(&limited, ns, plans);
-    apply_policy(&admin, ns, "shrink", shrink_policy(false))
-        .await
-        .unwrap();
-    let job = training_job(&admin, ns, "train", Some("32")).await;
-    low_report(&admin, ns, "train").await;
-    profile_with_status(&admin, ns, "train").await;
+    let job = shrinkable_train(&admin, &admin, ns).await;
     critical_report(&admin, ns, "train", 100).await;
     let rec = eventually("the remediation recorded as Failed", || async {
         match records(&admin, ns, "train").await.first() {
