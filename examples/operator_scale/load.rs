@@ -1,0 +1,213 @@
+//! The load: MemoryReports as the sidecar writes them (server-side apply,
+//! field manager `memprof-sidecar`, labels `memprof.dev/job` and
+//! `memprof.dev/profile`, an ownerReference to the pod), in bursts or paced.
+
+use crate::setup::{job_name, RankPod};
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::{Api, Patch, PatchParams};
+use kube::ResourceExt;
+use memprof::api::*;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+const GIB: u64 = 1 << 30;
+
+/// Distinct `sampledAt` values, one whole second apart, all in the past.
+///
+/// Each write carries the next one, so the profile's `lastReportTime` (the
+/// newest `sampledAt` it counted) says which write it reflects. Whole
+/// seconds keep every value the same width. They end before now because the
+/// operator refuses reports from the future (`trust.rs`).
+pub struct Clock {
+    base: i64,
+    next: i64,
+}
+
+impl Clock {
+    /// A clock for `writes` writes, ending a minute before now.
+    pub fn for_writes(writes: usize) -> Clock {
+        let now = jiff::Timestamp::now().as_second();
+        Clock {
+            base: now - 60 - writes as i64,
+            next: 0,
+        }
+    }
+
+    fn tick(&mut self) -> i64 {
+        self.next += 1;
+        self.base + self.next
+    }
+}
+
+/// One completed write: which Job, the `sampledAt` it carried, the
+/// resourceVersion the API server gave it, and when its response arrived.
+#[derive(Clone, Debug)]
+pub struct Write {
+    pub job: usize,
+    pub sampled_at: String,
+    pub rv: u64,
+    pub done: Instant,
+    /// The write's round trip, ms (the API server's queueing shows here).
+    pub rtt_ms: f64,
+}
+
+/// How a round shapes a rank's numbers.
+#[derive(Clone, Copy, Debug)]
+pub struct Shape {
+    pub gpus_per_rank: u32,
+    pub round: u32,
+}
+
+/// The report of `pod` at `second`: one rank per pod, `gpus_per_rank` GPUs,
+/// each with a full timeline as a real sidecar sends (the operator drops it
+/// on the way into its cache, but the API server and the watch carry it).
+/// Rank 7 of every Job leaks, so every profile has a high risk and a TTO.
+pub fn report(pod: &RankPod, second: i64, shape: Shape) -> MemoryReport {
+    let used_gib = 20 + (pod.rank as u64 + shape.round as u64) % 50;
+    let gpus = (0..shape.gpus_per_rank)
+        .map(|index| gpu(pod, index, second, used_gib))
+        .collect::<Vec<_>>();
+    let worst = gpus.iter().map(|g| g.risk).max().unwrap_or_default();
+    let job = job_name(pod.job);
+    let mut r = MemoryReport::new(
+        &pod.name,
+        MemoryReportSpec {
+            pod_name: pod.name.clone(),
+            node_name: Some(format!("node-{}", pod.rank / 8)),
+            job_name: Some(job.clone()),
+            rank: Some(pod.rank),
+            sampled_at: jiff::Timestamp::from_second(second)
+                .expect("a second near now")
+                .to_string(),
+            interval_ms: 1000,
+            summary: ReportSummary {
+                gpu_count: shape.gpus_per_rank,
+                risk: worst,
+                used: format_bytes(used_gib * GIB),
+                peak: format_bytes(used_gib * GIB),
+                source: DataSource::Sim,
+                ..Default::default()
+            },
+            gpus,
+            ..Default::default()
+        },
+    );
+    // What the sidecar's writer sets (sidecar/src/writer.rs `build`).
+    r.metadata.labels = Some(BTreeMap::from([
+        (LABEL_JOB.to_string(), job.clone()),
+        (LABEL_PROFILE.to_string(), job),
+    ]));
+    r.metadata.owner_references = Some(vec![OwnerReference {
+        api_version: "v1".into(),
+        kind: "Pod".into(),
+        name: pod.name.clone(),
+        uid: pod.uid.clone(),
+        ..Default::default()
+    }]);
+    r
+}
+
+fn gpu(pod: &RankPod, index: u32, second: i64, used_gib: u64) -> GpuReport {
+    let leaking = pod.rank == 7;
+    GpuReport {
+        index,
+        uuid: format!("GPU-bench-{:03}-{:05}-{index}", pod.job, pod.rank),
+        model: "NVIDIA H100 80GB HBM3".into(),
+        total_bytes: 80 * GIB,
+        used_bytes: used_gib * GIB,
+        peak_bytes: used_gib * GIB,
+        growth_bytes_per_second: if leaking { 1e8 } else { 0.0 },
+        time_to_oom_seconds: leaking.then_some(400.0),
+        risk: if leaking {
+            RiskLevel::High
+        } else {
+            RiskLevel::Low
+        },
+        confidence: 0.9,
+        source: DataSource::Sim,
+        // The minute before the sample, never after it.
+        timeline: (0..MAX_TIMELINE_POINTS as i64)
+            .map(|i| TimelinePoint {
+                t: second - (MAX_TIMELINE_POINTS as i64 - 1 - i) * 10,
+                max: used_gib * GIB,
+                min: used_gib * GIB / 2,
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+/// The order of one round: rank-major across Jobs, so that every Job is
+/// written "at once" rather than one Job after another.
+pub fn round_order(pods: &[RankPod]) -> Vec<&RankPod> {
+    let mut order: Vec<&RankPod> = pods.iter().collect();
+    order.sort_by_key(|p| (p.rank, p.job));
+    order
+}
+
+async fn write(api: &Api<MemoryReport>, r: MemoryReport, job: usize) -> anyhow::Result<Write> {
+    let params = PatchParams::apply(SIDECAR_MANAGER).force();
+    let started = Instant::now();
+    let written = api.patch(&r.name_any(), &params, &Patch::Apply(&r)).await?;
+    let done = Instant::now();
+    // On this API server (etcd 3) resourceVersions are etcd revisions: integers
+    // that grow in the order the operator's single report watch delivers them.
+    let rv = written
+        .resource_version()
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("report {} has no numeric resourceVersion", r.name_any()))?;
+    Ok(Write {
+        job,
+        sampled_at: r.spec.sampled_at,
+        rv,
+        done,
+        rtt_ms: done.duration_since(started).as_secs_f64() * 1000.0,
+    })
+}
+
+/// Writes one report per pod in `order`, `lanes` at a time, as fast as the
+/// API server takes them.
+pub async fn burst(
+    api: &Api<MemoryReport>,
+    order: &[&RankPod],
+    clock: &mut Clock,
+    shape: Shape,
+    lanes: usize,
+) -> anyhow::Result<Vec<Write>> {
+    let reports: Vec<(MemoryReport, usize)> = order
+        .iter()
+        .map(|p| (report(p, clock.tick(), shape), p.job))
+        .collect();
+    futures::stream::iter(reports)
+        .map(|(r, job)| write(api, r, job))
+        .buffer_unordered(lanes)
+        .try_collect()
+        .await
+}
+
+/// Writes one report per pod in `order`, started `rate` per second whatever
+/// the API server's latency (up to 64 in flight), as a fleet of sidecars would.
+pub async fn paced(
+    api: &Api<MemoryReport>,
+    order: &[&RankPod],
+    clock: &mut Clock,
+    shape: Shape,
+    rate: f64,
+) -> anyhow::Result<Vec<Write>> {
+    let start = tokio::time::Instant::now();
+    let scheduled: Vec<(Duration, &RankPod, i64)> = order
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (Duration::from_secs_f64(i as f64 / rate), *p, clock.tick()))
+        .collect();
+    futures::stream::iter(scheduled)
+        .then(|(at, pod, second)| async move {
+            tokio::time::sleep_until(start + at).await;
+            (report(pod, second, shape), pod.job)
+        })
+        .map(|(r, job)| write(api, r, job))
+        .buffer_unordered(64)
+        .try_collect()
+        .await
+}
