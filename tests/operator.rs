@@ -225,6 +225,59 @@ async fn reports_roll_up_into_status_annotations_and_one_event_per_transition() 
 }
 
 #[tokio::test]
+async fn namespaced_install_leaves_jobs_outside_its_namespaces_alone() {
+    let Some(client) = cluster().await else {
+        return;
+    };
+    let ns = TestNamespace::create(&client).await;
+    // Watching this namespace, but allowed to act only elsewhere (what the
+    // chart's rbac.namespaces renders as --allowed-namespaces).
+    let opts = memprof::operator::Options {
+        allowed_namespaces: vec!["team-elsewhere".into()],
+        ..memprof::operator::Options::for_namespace(&ns.name)
+    };
+    let op = start_operator_with(&client, opts);
+    create_job(&client, &ns.name, "outside", 1, true).await;
+    let profiles: Api<MemoryProfile> = Api::namespaced(client.clone(), &ns.name);
+    let jobs: Api<Job> = Api::namespaced(client.clone(), &ns.name);
+    memprof_stays_away(&profiles, &jobs, "outside").await;
+    op.stop().await;
+
+    // The same Job in an allowed namespace is profiled.
+    let opts = memprof::operator::Options {
+        allowed_namespaces: vec![ns.name.clone()],
+        ..memprof::operator::Options::for_namespace(&ns.name)
+    };
+    let op = start_operator_with(&client, opts);
+    eventually("the Job profiled once its namespace is allowed", || async {
+        profiles
+            .get_opt("outside")
+            .await
+            .map_err(|e| e.to_string())?
+            .map(|_| ())
+            .ok_or_else(|| "no profile".to_string())
+    })
+    .await;
+    op.stop().await;
+}
+
+/// No profile and no memprof annotation on Job `name` for a few seconds.
+async fn memprof_stays_away(profiles: &Api<MemoryProfile>, jobs: &Api<Job>, name: &str) {
+    for _ in 0..12 {
+        assert!(
+            profiles.get_opt(name).await.unwrap().is_none(),
+            "no profile"
+        );
+        let job = jobs.get(name).await.unwrap();
+        assert!(
+            !job.annotations().contains_key(ANNOTATION_OOM_RISK),
+            "no annotation"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+}
+
+#[tokio::test]
 async fn job_without_the_annotation_is_ignored() {
     let Some(client) = cluster().await else {
         return;

@@ -136,9 +136,13 @@ pub struct RunningOperator {
 }
 
 pub fn start_operator(client: &Client, namespace: &str) -> RunningOperator {
+    start_operator_with(client, Options::for_namespace(namespace))
+}
+
+/// The operator in-process with these options.
+pub fn start_operator_with(client: &Client, opts: Options) -> RunningOperator {
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let metrics = Metrics::unregistered();
-    let opts = Options::for_namespace(namespace);
     let (c, m) = (client.clone(), metrics.clone());
     let task = tokio::spawn(async move {
         operator::run(c, &opts, m, async move {
