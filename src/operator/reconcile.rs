@@ -448,6 +448,33 @@ mod tests {
     use crate::api::{DataSource, GpuReport};
     use k8s_openapi::api::batch::v1::JobSpec;
 
+    #[test]
+    fn the_cached_job_keeps_only_what_the_operator_reads() {
+        let mut job: Job = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "train", "uid": "u1", "labels": {"team": "ml"},
+                "annotations": {
+                    "memprof.dev/enabled": "true",
+                    "kubectl.kubernetes.io/last-applied-configuration": "x".repeat(100_000),
+                },
+                "managedFields": [{"manager": "kubectl"}]},
+            "spec": {"parallelism": 4, "template": {"spec": {
+                "serviceAccountName": "trainer",
+                "containers": [{"name": "t", "image": "busybox", "args": ["y".repeat(100_000)]}]}}},
+            "status": {"active": 4},
+        }))
+        .unwrap();
+        slim_job(&mut job);
+        assert!(profiling_enabled(&job));
+        assert_eq!(expected_ranks(&job), 4);
+        assert_eq!(job.labels()["team"], "ml");
+        assert_eq!(job.annotations().len(), 1, "only memprof.dev/* annotations");
+        let spec = job.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+        assert_eq!(spec.service_account_name.as_deref(), Some("trainer"));
+        assert!(spec.containers.is_empty());
+        assert!(job.metadata.managed_fields.is_none() && job.status.is_none());
+        assert!(serde_json::to_string(&job).unwrap().len() < 1024);
+    }
+
     const G: u64 = 1 << 30;
 
     fn report(rank: u32, peak_gib: u64, risk: RiskLevel, tto: Option<f64>) -> MemoryReportSpec {
