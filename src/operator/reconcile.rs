@@ -449,6 +449,37 @@ mod tests {
     use k8s_openapi::api::batch::v1::JobSpec;
 
     #[test]
+    fn reports_left_out_by_screening_are_named_and_counted_in_conditions() {
+        let screening = Screening {
+            refused: vec![Rejected {
+                name: "forged".into(),
+                why: "pod forged does not exist".into(),
+            }],
+            superseded: 2,
+            over_limit: 0,
+        };
+        let st = desired_status(&[], Some(4), None, "t", &screening).status;
+        let cond = |t: &str| st.conditions.iter().find(|c| c.type_ == t).unwrap().clone();
+        let valid = cond(CONDITION_REPORTS_VALID);
+        assert!(!valid.is_true() && valid.message.contains("forged (pod forged does not exist)"));
+        let counted = cond(CONDITION_REPORTS_COUNTED);
+        assert_eq!(
+            (counted.status.as_str(), counted.reason.as_str()),
+            ("False", "Superseded")
+        );
+        assert!(
+            counted.message.starts_with("2 report(s)"),
+            "{}",
+            counted.message
+        );
+        let all = desired_status(&[], Some(4), None, "t", &Screening::default()).status;
+        assert!(all
+            .conditions
+            .iter()
+            .all(|c| c.type_ != CONDITION_REPORTS_COUNTED || c.is_true()));
+    }
+
+    #[test]
     fn the_cached_job_keeps_only_what_the_operator_reads() {
         let mut job: Job = serde_json::from_value(serde_json::json!({
             "metadata": {"name": "train", "uid": "u1", "labels": {"team": "ml"},
