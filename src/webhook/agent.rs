@@ -22,13 +22,11 @@
 //! object inadmissible: names or paths already taken leave the pod alone
 //! with a warning, and an init container that cannot copy still exits 0.
 
-use super::sidecar::NONROOT_UID;
 use crate::cli::install_agent::DEFAULT_SOURCE;
 use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, PatchOperation};
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, EmptyDirVolumeSource, EnvVar, PodSpec, SeccompProfile,
-    SecurityContext, Volume, VolumeMount,
+    Container, EmptyDirVolumeSource, EnvVar, PodSpec, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde_json::{json, Value};
@@ -204,34 +202,16 @@ fn install_container(sidecar: &Container, cfg: &AgentConfig) -> Container {
         // Init containers' requests count as a maximum, not a sum: the
         // sidecar's never raise what the pod asks for.
         resources: sidecar.resources.clone(),
-        security_context: Some(restricted()),
+        // Pod Security `restricted`, as the sidecar outside podResources mode.
+        security_context: Some(super::sidecar::security_context(
+            super::config::GpuAccess::Envvar,
+        )),
         volume_mounts: Some(vec![VolumeMount {
             name: VOLUME.into(),
             mount_path: MOUNT_PATH.into(),
             ..Default::default()
         }]),
         termination_message_policy: Some("FallbackToLogsOnError".into()),
-        ..Default::default()
-    }
-}
-
-/// Pod Security `restricted`, whatever the GPU access mode: an emptyDir is
-/// writable by any uid.
-fn restricted() -> SecurityContext {
-    SecurityContext {
-        read_only_root_filesystem: Some(true),
-        run_as_non_root: Some(true),
-        run_as_user: Some(NONROOT_UID),
-        run_as_group: Some(NONROOT_UID),
-        allow_privilege_escalation: Some(false),
-        capabilities: Some(Capabilities {
-            drop: Some(vec!["ALL".into()]),
-            ..Default::default()
-        }),
-        seccomp_profile: Some(SeccompProfile {
-            type_: "RuntimeDefault".into(),
-            ..Default::default()
-        }),
         ..Default::default()
     }
 }

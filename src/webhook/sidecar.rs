@@ -218,7 +218,7 @@ fn resources(cfg: &InjectionConfig) -> ResourceRequirements {
 /// its PodResources socket `0755 root`, and connecting to a Unix socket needs
 /// write permission on it. That mode needs the `privileged` level anyway
 /// (hostPath), so root costs no further admission.
-fn security_context(gpu: GpuAccess) -> SecurityContext {
+pub(super) fn security_context(gpu: GpuAccess) -> SecurityContext {
     let root = gpu == GpuAccess::PodResources;
     SecurityContext {
         read_only_root_filesystem: Some(true),
