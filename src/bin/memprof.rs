@@ -56,6 +56,17 @@ enum Command {
         #[arg(short, long, default_value = "default")]
         namespace: String,
     },
+    /// Watch this box's GPUs for a predicted OOM (`--monitor`, `--fail-on critical`).
+    Oom(memprof::cli::oom::Args),
+    /// Run a training command over a grid of settings (`--vary BATCH_SIZE=8,16,32`),
+    /// one process per configuration, and print the largest safe value.
+    Sweep(memprof::cli::sweep::Args),
+    /// Profiled jobs by risk, then time to OOM (like `kubectl top`).
+    Top(memprof::cli::top::Args),
+    /// Draw a Job's per-rank timelines and per-GPU peaks (SVG, or text on a terminal).
+    Plot(memprof::cli::plot::Args),
+    /// Two sweep results, reports or Jobs side by side: what grew, where.
+    Compare(memprof::cli::compare::Args),
     /// Remediation policies: which match a Job and what they would do now.
     Policy {
         #[command(subcommand)]
@@ -131,6 +142,11 @@ async fn main() -> anyhow::Result<()> {
             }
         }
         Command::Policy { command } => memprof::cli::policy::run(command).await?,
+        Command::Oom(args) => std::process::exit(memprof::cli::oom::run(args).await?),
+        Command::Sweep(args) => std::process::exit(memprof::cli::sweep::run(args).await?),
+        Command::Top(args) => std::process::exit(memprof::cli::top::run(args).await?),
+        Command::Plot(args) => std::process::exit(memprof::cli::plot::run(args).await?),
+        Command::Compare(args) => std::process::exit(memprof::cli::compare::run(args).await?),
         Command::InstallAgent {
             dir,
             from,

@@ -1,8 +1,14 @@
-//! Subcommands of the `memprof` CLI that are library code (so they are tested):
-//! offline trace analysis and the cluster report.
+//! Subcommands of the `memprof` CLI that are library code (so they are tested).
+//! Each module owns its flags (`Args`) and its `run`; `src/bin/memprof.rs`
+//! only dispatches.
 
 pub mod analyze;
+pub mod compare;
 pub mod install_agent;
+pub mod oom;
+pub mod plot;
 pub mod policy;
 pub mod profile;
 pub mod report;
+pub mod sweep;
+pub mod top;

@@ -1,0 +1,15 @@
+//! `memprof oom`: watch this box for a predicted OOM.
+//! (skeleton: the subcommand is wired; its owner fills this module in.)
+
+/// Flags of `memprof oom`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Everything after the subcommand, until the module defines its flags.
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    pub rest: Vec<String>,
+}
+
+/// Runs the subcommand; returns the process exit code.
+pub async fn run(_args: Args) -> anyhow::Result<i32> {
+    anyhow::bail!("memprof oom is not built yet")
+}
