@@ -1,5 +1,8 @@
 //! `memprof sweep`: runs a training command over a grid of settings, one process per configuration, and fits a memory model.
-//! (skeleton: the subcommand is wired; its owner fills this module in.)
+
+pub mod grid;
+pub mod model;
+pub mod record;
 
 /// Flags of `memprof sweep`.
 #[derive(Debug, clap::Args)]
