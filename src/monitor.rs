@@ -260,6 +260,7 @@ impl Monitor {
             },
             gpus,
             allocator: self.agent.stats(&self.agent_assessments),
+            breakdown: None,
             conditions,
         }
     }

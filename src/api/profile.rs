@@ -93,6 +93,10 @@ pub struct MemoryProfileStatus {
     /// What the in-process agents' allocator numbers add, when an agent runs in some rank.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allocator: Option<AllocatorRollup>,
+    /// What holds the memory of the rank with the largest static + activation
+    /// bytes (its agent's `memprof_agent.breakdown`), with `pod` and `rank` set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub breakdown: Option<super::MemoryBreakdown>,
     /// Max over mean of per-GPU peak memory across the job (1 = perfectly balanced).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1.0))]
@@ -134,6 +138,73 @@ pub struct MemoryProfileStatus {
     #[schemars(length(max = 8))]
     #[serde(default)]
     pub conditions: Vec<Condition>,
+    /// The largest batch size that fits under the headroom target, computed
+    /// from measurement (see `analysis::batchfit` and docs/remediation.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_recommendation: Option<BatchRecommendation>,
+}
+
+/// The largest safe batch size of the job and the evidence it rests on.
+/// Written by the roll-up; `scaleBatch` with `mode: fit` applies it.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct BatchRecommendation {
+    /// Env var holding the batch size (annotation `memprof.dev/batch-env`, default `BATCH_SIZE`).
+    #[schemars(length(min = 1, max = 128))]
+    pub env_var: String,
+    /// The Job's batch size now (its env var's literal value), when it sets one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current: Option<u64>,
+    /// Largest batch whose predicted peak stays under the headroom target; null when none fits or the evidence is too thin.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recommended: Option<u64>,
+    /// The next value up (recommended + 1), predicted to cross the target.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_up: Option<u64>,
+    /// Predicted peak at `recommended`, bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub predicted_peak_bytes: Option<u64>,
+    /// Predicted peak at `nextUp`, bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub predicted_next_up_bytes: Option<u64>,
+    /// Memory of the fullest GPU, bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit_bytes: Option<u64>,
+    /// Fraction of `limitBytes` kept free (0.1: predicted peaks stay under 90 %).
+    #[schemars(range(min = 0.0, max = 0.9))]
+    pub headroom_fraction: f64,
+    /// Memory that does not grow with the batch (weights, gradients, optimizer state, CUDA context), bytes; may be negative for a fit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub static_bytes: Option<i64>,
+    /// Memory each sample of the batch adds, bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub per_sample_bytes: Option<u64>,
+    /// Root mean square of the fit's residuals, bytes (two batch sizes: 0, an exact line).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub residual_bytes: Option<u64>,
+    /// `agentBreakdown`, `twoBatchSizes` or `insufficient`.
+    #[schemars(length(min = 1, max = 32))]
+    pub method: String,
+    /// Why this value, or what evidence is missing.
+    #[schemars(length(min = 1, max = 512))]
+    pub reason: String,
+    /// Peaks observed at each batch size, across the Job's recreations by memprof
+    /// (at most 8, least recently seen dropped first).
+    #[schemars(length(max = 8))]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub observations: Vec<BatchObservation>,
+}
+
+/// The highest GPU peak seen while the Job ran with one batch size.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct BatchObservation {
+    /// Batch size.
+    pub batch: u64,
+    /// Highest peak of the fullest GPU, bytes.
+    pub peak_bytes: u64,
+    /// That GPU's memory, bytes.
+    pub total_bytes: u64,
 }
 
 /// Where a GPU is: rank, pod, node and GPU.
