@@ -5,7 +5,9 @@
 pub mod analyze;
 pub mod compare;
 pub mod install_agent;
+pub mod kube;
 pub mod oom;
+pub mod output;
 pub mod plot;
 pub mod policy;
 pub mod profile;

@@ -1,0 +1,146 @@
+//! `-o/--output` as kubectl spells it (contract C-5), and the plain tables
+//! kubectl prints: upper-case headers, columns padded to their widest cell,
+//! three spaces between columns, no borders.
+
+use serde::Serialize;
+use std::io::IsTerminal;
+
+/// Output format of a command (`-o table|wide|json|yaml`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// Columns for a person.
+    #[default]
+    Table,
+    /// The table with more columns.
+    Wide,
+    /// The objects as JSON.
+    Json,
+    /// The objects as YAML.
+    Yaml,
+}
+
+impl Format {
+    /// Whether this format prints objects rather than a table.
+    pub fn is_structured(self) -> bool {
+        matches!(self, Format::Json | Format::Yaml)
+    }
+}
+
+/// The `-o/--output` flag, to flatten into a command's `Args`.
+#[derive(Clone, Copy, Debug, Default, clap::Args)]
+pub struct OutputArgs {
+    /// Output format.
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = Format::Table)]
+    pub format: Format,
+}
+
+/// Serializes `value` as JSON (pretty, trailing newline) or YAML.
+/// Table formats are the caller's; they get JSON here.
+pub fn structured<T: Serialize>(value: &T, format: Format) -> String {
+    match format {
+        Format::Yaml => serde_yaml::to_string(value).unwrap_or_else(|e| format!("# {e}\n")),
+        _ => {
+            let mut s = serde_json::to_string_pretty(value).unwrap_or_else(|e| format!("\"{e}\""));
+            s.push('\n');
+            s
+        }
+    }
+}
+
+/// A kubectl-style table.
+#[derive(Clone, Debug, Default)]
+pub struct Table {
+    headers: Vec<String>,
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    /// A table with these column headers.
+    pub fn new<I: IntoIterator<Item = S>, S: Into<String>>(headers: I) -> Self {
+        Table {
+            headers: headers.into_iter().map(Into::into).collect(),
+            rows: Vec::new(),
+        }
+    }
+
+    /// Appends a row (missing cells print empty).
+    pub fn row<I: IntoIterator<Item = S>, S: Into<String>>(&mut self, cells: I) {
+        self.rows.push(cells.into_iter().map(Into::into).collect());
+    }
+
+    /// Whether no row was added.
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    /// Renders the table; widths count characters, so sparklines align.
+    pub fn render(&self) -> String {
+        let cols = self.headers.len();
+        let mut widths: Vec<usize> = self.headers.iter().map(|h| h.chars().count()).collect();
+        for r in &self.rows {
+            for (i, c) in r.iter().enumerate().take(cols) {
+                widths[i] = widths[i].max(c.chars().count());
+            }
+        }
+        let mut out = String::new();
+        for line in std::iter::once(&self.headers).chain(&self.rows) {
+            let mut text = String::new();
+            for (i, w) in widths.iter().enumerate() {
+                let cell = line.get(i).map_or("", String::as_str);
+                text.push_str(cell);
+                if i + 1 < cols {
+                    let pad = w - cell.chars().count() + 3;
+                    text.extend(std::iter::repeat_n(' ', pad));
+                }
+            }
+            out.push_str(text.trim_end());
+            out.push('\n');
+        }
+        out
+    }
+}
+
+/// Whether stdout is a terminal (live redraws and text charts only then).
+pub fn stdout_is_terminal() -> bool {
+    std::io::stdout().is_terminal()
+}
+
+/// `kubectl`-style age: `45s`, `12m`, `3h`, `5d`.
+pub fn age(seconds: i64) -> String {
+    let s = seconds.max(0);
+    match s {
+        0..=119 => format!("{s}s"),
+        120..=7199 => format!("{}m", s / 60),
+        7200..=172_799 => format!("{}h", s / 3600),
+        _ => format!("{}d", s / 86_400),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn columns_pad_to_the_widest_cell_with_three_spaces_like_kubectl() {
+        let mut t = Table::new(["NAME", "RISK"]);
+        t.row(["train", "critical"]);
+        t.row(["a", "low"]);
+        assert_eq!(t.render(), "NAME    RISK\ntrain   critical\na       low\n");
+    }
+
+    #[test]
+    fn sparklines_count_as_one_column_per_character() {
+        let mut t = Table::new(["S", "X"]);
+        t.row(["▁▂█", "1"]);
+        assert_eq!(t.render(), "S     X\n▁▂█   1\n");
+    }
+
+    #[test]
+    fn json_and_yaml_are_parseable() {
+        let v = serde_json::json!({"a": [1, 2]});
+        let j: serde_json::Value = serde_json::from_str(&structured(&v, Format::Json)).unwrap();
+        assert_eq!(j, v);
+        let y: serde_json::Value = serde_yaml::from_str(&structured(&v, Format::Yaml)).unwrap();
+        assert_eq!(y, v);
+    }
+}
