@@ -9,6 +9,11 @@
         ...
     memprof_agent.record("eval", note="epoch 3")
 
+    memprof_agent.watch(model, optimizer)     # breakdown at step 2, activations over step 3
+    memprof_agent.breakdown(model, optimizer) # or now, as a dict
+    with memprof_agent.trace_modules(model):  # opt-in, costs time per step
+        ...
+
 Standard library only at import; torch is used when the trainer has
 imported it. Nothing here raises into training code, and the markers
 (step, phase, record) call no torch API. See README.md and docs/agent.md.
@@ -19,12 +24,19 @@ import os
 import threading
 import time
 
+from . import _breakdown
 from . import _core
+from . import _phases
+from . import _summary
 from . import _torchread
+from . import _watch
 from ._core import MARKERS, truthy
 from ._transport import log
 
-__all__ = ["start", "stop", "step", "phase", "record", "oom_guard", "report", "running"]
+__all__ = [
+    "start", "stop", "step", "phase", "record", "oom_guard", "report", "running",
+    "breakdown", "watch", "last_breakdown", "trace_modules",
+]
 __version__ = "0.1.0"
 
 _agent = None
@@ -54,6 +66,7 @@ def start(interval=None, url=None, output=None, record_history=None):
                 log.info("memprof-agent: disabled by MEMPROF_AGENT_DISABLE")
                 return False
             env = os.environ
+            MARKERS.configure(env)
             try:
                 seconds = _core.parse_interval(interval if interval is not None else env.get("MEMPROF_AGENT_INTERVAL"))
             except (TypeError, ValueError) as exc:
@@ -97,13 +110,127 @@ def running():
     return _agent is not None and _agent.alive()
 
 
-def step(n=None):
-    """Marks the current training step (n, or the previous step + 1). Cheap:
-    writes one Python field."""
+def step(n=None, tokens=None, samples=None):
+    """Marks the start of a training step (n, or the previous step + 1);
+    tokens= and samples= are what this step processes (for the summary's
+    throughput and the breakdown's batch size). Cheap: a few Python field
+    writes and a clock read, no torch call.
+
+    With MEMPROF_AGENT_MAX_STEPS=N, the (N+1)-th call ends the run after N
+    steps: final push, summary, then SystemExit(0) from here."""
+    m = MARKERS
     try:
-        MARKERS.step = n if n is not None else (MARKERS.step or 0) + 1
+        m.step = n if n is not None else (m.step or 0) + 1
+        m.calls += 1
+        m.clock.append((time.monotonic(), m.calls, tokens, samples))
+        if samples is not None:
+            m.samples = samples
     except Exception:
         pass
+    if m.budget is not None and m.calls > m.budget:
+        _budget_exit()
+
+
+def _budget_exit():
+    """The step budget is spent: the final push first, then the summary
+    (Agent.finish), then SystemExit(0) for the trainer to unwind."""
+    steps = MARKERS.budget
+    MARKERS.budget = None  # once
+    try:
+        if _agent is not None and _agent.alive():
+            _agent.finish(steps)
+        elif MARKERS.summary_path:
+            _summary.write(MARKERS.summary_path, _summary.build(None, MARKERS.clock, steps, _watch.CARRIED.for_push()))
+        log.info("memprof-agent: step budget of %d steps spent (MEMPROF_AGENT_MAX_STEPS); exiting", steps)
+    except Exception:
+        pass
+    raise SystemExit(0)
+
+
+def breakdown(model, optimizer=None, batch_size=None):
+    """What holds the memory now, as a dict (docs/agent.md "Breakdown"):
+    parameters, gradients, optimizer state, per-sample gradients, by module
+    type, NaN/Inf and "large" flags, and the activations' peak when watch()
+    measured it for this model. Runs one norm per parameter on the device
+    (once; not for every step). Pushes carry the latest breakdown. Never
+    raises: a failure leaves what could be computed and a note."""
+    try:
+        torch = _torchread.loaded_torch()
+        step_no = MARKERS.step if isinstance(MARKERS.step, int) and not isinstance(MARKERS.step, bool) else None
+        batch = batch_size if batch_size is not None else MARKERS.samples
+        result = _breakdown.compute(torch, model, optimizer, batch_size=batch, step=step_no)
+        w = _watched[0]
+        if w is not None and w.model() is model and w.result is not None:
+            for key in ("activationsPeakBytes", "optimizerStepPeakBytes"):
+                result[key] = w.result.get(key)
+        _watch.CARRIED.breakdown = result
+        return _watch.CARRIED.current()
+    except Exception as exc:
+        log.warning("memprof-agent: breakdown failed (%r)", exc)
+        out = _breakdown.empty(batch_size=batch_size)
+        out["notes"].append("breakdown: %r" % (exc,))
+        return out
+
+
+_watched = [None]
+
+
+def watch(model, optimizer=None, batch_size=None):
+    """Takes the breakdown automatically: at the second optimizer step (the
+    optimizer then has its state, the gradients exist), the activations'
+    peak over the third; every push after carries it. Stores weak
+    references and two optimizer step hooks, removed after the third step
+    (without an optimizer: a forward pre-hook on the model, the third and
+    fourth forward). Returns True when armed. Never raises."""
+    try:
+        previous = _watched[0]
+        if previous is not None:
+            previous.finish()
+        _watched[0] = _watch.Watch(_torchread.loaded_torch(), model, optimizer, batch_size, MARKERS)
+        return True
+    except Exception as exc:
+        log.warning("memprof-agent: watch() failed (%r); no automatic breakdown", exc)
+        return False
+
+
+def last_breakdown():
+    """The breakdown the pushes carry (watch() or the latest breakdown()),
+    or None."""
+    try:
+        return _watch.CARRIED.current()
+    except Exception:
+        return None
+
+
+class _NoTrace:
+    modules, left_out, optimizer_step_peak = [], 0, None
+
+    def phases(self):
+        return []
+
+    def remove(self):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def trace_modules(model, optimizer=None):
+    """Opt-in: what each top-level module (at most 32) adds to the allocated
+    bytes in forward and in backward, and the optimizer step's own peak
+    (optimizer=, or the one given to watch()). Costs allocator reads at
+    every module boundary of every step (docs/agent.md). Returns a handle:
+    .remove() (or use it as a context manager), .phases(). Never raises."""
+    try:
+        if optimizer is None and _watched[0] is not None and _watched[0].optimizer is not None:
+            optimizer = _watched[0].optimizer()
+        return _phases.Trace(_torchread.loaded_torch(), model, optimizer)
+    except Exception as exc:
+        log.warning("memprof-agent: trace_modules() failed (%r); not tracing", exc)
+        return _NoTrace()
 
 
 class phase(contextlib.ContextDecorator):

@@ -11,7 +11,9 @@ import sys
 import threading
 import time
 
+from . import _summary
 from . import _torchread as tr
+from . import _watch
 from ._transport import OOM_CAP, SAMPLE_CAP, Transport, encode, log
 
 DEFAULT_URL = "http://127.0.0.1:9464/v1/agent"
@@ -19,6 +21,8 @@ DEFAULT_INTERVAL = 1.0
 DEFAULT_HISTORY_ENTRIES = 100000
 MAX_EVENTS_PER_PUSH = 32
 MAX_EVENTS_KEPT = 256
+# step() keeps the time of its newest calls for the summary's step time.
+MAX_STEP_TIMES = 4096
 MAX_NOTE = 256
 PUSH_TIMEOUT = 1.0
 OOM_TIMEOUT = 2.0
@@ -29,7 +33,9 @@ OOM_DEDUP_SECONDS = 10.0
 
 class Markers:
     """What step(), phase() and record() write: plain fields, no torch call,
-    no lock (the GIL makes each write atomic; the daemon thread only reads)."""
+    no lock (the GIL makes each write atomic; the daemon thread only reads).
+    step() also appends (time, call, tokens, samples) to a bounded deque,
+    for the summary's step time and throughput."""
 
     def __init__(self):
         self.step = None
@@ -37,12 +43,23 @@ class Markers:
         self.pending = collections.deque(maxlen=MAX_EVENTS_PER_PUSH)
         self.kept = collections.deque(maxlen=MAX_EVENTS_KEPT)
         self.recorded = 0
+        self.calls = 0
+        self.clock = collections.deque(maxlen=MAX_STEP_TIMES)
+        self.samples = None
+        self.budget = None
+        self.summary_path = None
+
+    def configure(self, env):
+        """The step budget and the summary file from the environment."""
+        self.budget = _summary.parse_budget(env.get("MEMPROF_AGENT_MAX_STEPS"))
+        self.summary_path = env.get("MEMPROF_AGENT_SUMMARY") or None
 
     def phase(self):
         return self.phases[-1] if self.phases else None
 
 
 MARKERS = Markers()
+MARKERS.configure(os.environ)
 
 
 def truthy(value):
@@ -135,6 +152,7 @@ class Agent:
         self._recorded_at_push = 0
         self._thread = None
         self._hooks = None
+        self.finished = False
 
     # --- life cycle -------------------------------------------------------
 
@@ -170,15 +188,27 @@ class Agent:
 
     def at_exit(self):
         try:
-            if os.getpid() != self.pid:
+            if os.getpid() != self.pid or self.finished:
                 return
-            self._stop.set()
-            if self._thread is not None:
-                self._thread.join(timeout=PUSH_TIMEOUT + 1.0)
-            self.tick(kind="final")
-            self.write_output()
+            self.finish(MARKERS.calls if MARKERS.calls else None)
         except Exception:
             pass
+
+    def finish(self, steps):
+        """The last push, the report and the summary, once (interpreter exit
+        or the step budget, whichever comes first)."""
+        self.finished = True
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=PUSH_TIMEOUT + 1.0)
+        self.tick(kind="final")
+        self.write_output()
+        self.write_summary(steps)
+
+    def write_summary(self, steps):
+        path = MARKERS.summary_path
+        if path:
+            _summary.write(path, _summary.build(self, MARKERS.clock, steps, _watch.CARRIED.for_push()))
 
     # --- pushes -----------------------------------------------------------
 
@@ -221,6 +251,9 @@ class Agent:
             if tr.cuda_ready(torch):
                 devices = tr.read_devices(torch, self.devices, reset_peaks=reset_peaks)
         push["devices"] = devices
+        breakdown = _watch.CARRIED.for_push()
+        if breakdown is not None:
+            push["breakdown"] = breakdown
         self._take_events(push)
         return push
 
@@ -245,7 +278,8 @@ class Agent:
                 self._hooks.observing = attach_observer(self._hooks)
             push = self.build(kind)
             self.summary.observe(push)
-            if self.transport.ready():
+            # The final push is tried even while backing off: it is the last.
+            if kind == "final" or self.transport.ready():
                 self.transport.send(encode(push, SAMPLE_CAP), PUSH_TIMEOUT)
             else:
                 self.transport.dropped += 1
@@ -273,6 +307,7 @@ class Agent:
             self.summary.oom = push["oom"]
             self.transport.send(encode(push, OOM_CAP), OOM_TIMEOUT)
             self.write_output()
+            self.write_summary(MARKERS.calls if MARKERS.calls else None)
         finally:
             if got:
                 self._lock.release()

@@ -117,7 +117,8 @@ def read_devices(torch, cache, reset_peaks=True):
                 entry[field] = int(value)
         entry.setdefault("allocatedBytes", 0)
         entry.setdefault("reservedBytes", 0)
-        if reset_peaks:
+        PEAKS.merge_into(index, entry)
+        if reset_peaks and not PEAKS.held:
             try:
                 torch.cuda.reset_peak_memory_stats(index)
             except Exception:
@@ -132,6 +133,78 @@ def read_devices(torch, cache, reset_peaks=True):
         _make_consistent(entry)
         out.append(entry)
     return out
+
+
+class PeakCarry:
+    """Peaks the training thread read just before it reset the allocator's
+    peak statistics itself (watch() and trace_modules() measure a step or
+    the optimizer step that way). The next push takes the larger of its own
+    peak and the carried one, so those resets never hide a peak from the
+    sidecar. While `held` > 0 a measurement is running and pushes do not
+    reset the peaks (their peaks then cover more than the interval, never
+    less)."""
+
+    def __init__(self):
+        self.allocated = {}
+        self.reserved = {}
+        self.held = 0
+
+    def carry(self, index, allocated, reserved):
+        self.allocated[index] = max(self.allocated.get(index, 0), int(allocated))
+        self.reserved[index] = max(self.reserved.get(index, 0), int(reserved))
+
+    def merge_into(self, index, entry):
+        allocated = self.allocated.pop(index, None)
+        reserved = self.reserved.pop(index, None)
+        if allocated is not None:
+            entry["peakAllocatedBytes"] = max(entry.get("peakAllocatedBytes", 0), allocated)
+        if reserved is not None:
+            entry["peakReservedBytes"] = max(entry.get("peakReservedBytes", 0), reserved)
+
+
+PEAKS = PeakCarry()
+
+
+def nested_stats(torch, index):
+    """The allocator's statistics as torch keeps them (nested dicts):
+    cheaper than memory_stats(), which flattens them in Python, and than
+    memory_allocated(), which calls memory_stats()."""
+    read = getattr(torch.cuda, "memory_stats_as_nested_dict", None)
+    if read is not None:
+        return read(index)
+    flat = torch.cuda.memory_stats(index)
+    return {
+        "allocated_bytes": {"all": {"current": flat.get("allocated_bytes.all.current", 0),
+                                    "peak": flat.get("allocated_bytes.all.peak", 0)}},
+        "reserved_bytes": {"all": {"current": flat.get("reserved_bytes.all.current", 0),
+                                   "peak": flat.get("reserved_bytes.all.peak", 0)}},
+    }
+
+
+def allocated_now(torch, index):
+    """Bytes allocated on device `index` now (one allocator read)."""
+    return int(nested_stats(torch, index)["allocated_bytes"]["all"]["current"])
+
+
+def peak_and_reset(torch, index):
+    """(allocated now, allocated peak) since the last reset, then a reset of
+    the peaks, the peaks handed to the next push (PeakCarry)."""
+    stats = nested_stats(torch, index)
+    allocated = stats["allocated_bytes"]["all"]
+    reserved = stats["reserved_bytes"]["all"]
+    PEAKS.carry(index, allocated["peak"], reserved["peak"])
+    torch.cuda.reset_peak_memory_stats(index)
+    return int(allocated["current"]), int(allocated["peak"])
+
+
+def cuda_indices(tensors):
+    """CUDA ordinals the given tensors live on (a model's parameters)."""
+    out = set()
+    for t in tensors:
+        device = getattr(t, "device", None)
+        if getattr(device, "type", None) == "cuda" and getattr(device, "index", None) is not None:
+            out.add(int(device.index))
+    return sorted(out)
 
 
 def _make_consistent(entry):

@@ -121,8 +121,10 @@ def fake():
 def clean_agent():
     memprof_agent.stop()
     memprof_agent._core.MARKERS.__init__()
+    memprof_agent._watch.reset()
     yield
     memprof_agent.stop()
+    memprof_agent._watch.reset()
 
 
 def closed_port():

@@ -4,8 +4,13 @@ agent's tests only: they must run without a GPU or torch. It records every
 call, so a test can prove that the markers call no torch API.
 
 Not a model of PyTorch's behaviour beyond the documented shapes of
-memory_stats() and memory._snapshot() (../shared/AGENT-FACTS.md)."""
+memory_stats() and memory._snapshot() (../shared/AGENT-FACTS.md), and, for
+the breakdown, the nn.Module / Parameter / optimizer surface it reads
+(named_modules, named_parameters(recurse=False), numel, element_size,
+data_ptr, .grad, optimizer.state, step hooks, forward/backward hooks),
+with the same names and signatures as torch's."""
 
+import math
 import sys
 import types
 
@@ -74,6 +79,23 @@ class FakeTorch:
         self.log("reset_peak_memory_stats")
         self.peak_allocated = self.allocated
 
+    def memory_stats_as_nested_dict(self, device=None):
+        self.log("memory_stats_as_nested_dict")
+        if self.raise_in_stats is not None:
+            raise self.raise_in_stats
+        return {
+            "allocated_bytes": {"all": {"current": self.allocated, "peak": max(self.peak_allocated, self.allocated)}},
+            "reserved_bytes": {"all": {"current": self.reserved, "peak": self.reserved}},
+        }
+
+    def alloc(self, n):
+        """What an allocation does to the statistics (tests drive it)."""
+        self.allocated += int(n)
+        self.peak_allocated = max(self.peak_allocated, self.allocated)
+
+    def free(self, n):
+        self.allocated -= int(n)
+
     def mem_get_info(self, device=None):
         self.log("mem_get_info")
         return (self.total - self.reserved - GiB, self.total)
@@ -132,6 +154,358 @@ def leak_snapshot(fake, leak_file="train.py"):
     }
 
 
+# --- tensors, modules, optimizers: the surface memprof_agent.breakdown,
+# watch and trace_modules read, with real torch's names and signatures.
+
+
+class DType:
+    def __init__(self, name, itemsize, floating=True):
+        self.name, self.itemsize, self.is_floating_point = name, itemsize, floating
+
+    def __repr__(self):
+        return "torch." + self.name
+
+
+float32 = DType("float32", 4)
+bfloat16 = DType("bfloat16", 2)
+float16 = DType("float16", 2)
+int8 = DType("int8", 1, floating=False)
+
+
+class Device:
+    def __init__(self, type_, index=None):
+        self.type, self.index = type_, index
+
+    def __str__(self):
+        return self.type if self.index is None else "%s:%d" % (self.type, self.index)
+
+    def __repr__(self):
+        return "device(%r)" % str(self)
+
+
+CUDA0 = Device("cuda", 0)
+CPU = Device("cpu")
+_next_ptr = [1 << 20]
+
+
+class Tensor:
+    """Every element equals `fill`, except one element `special` when set
+    (a NaN, an infinity, an outlier): enough to give norms and isnan/isinf
+    real answers without holding the elements."""
+
+    def __init__(self, *shape, dtype=float32, device=CUDA0, fill=0.02, special=None, ptr=None):
+        self.shape = tuple(shape)
+        self.dtype, self.device, self.fill, self.special = dtype, device, fill, special
+        self.requires_grad = False
+        self.grad = None
+        if ptr is None:
+            ptr = _next_ptr[0]
+            _next_ptr[0] += max(1, self.numel() * dtype.itemsize) + 512
+        self._ptr = ptr
+
+    def numel(self):
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    def element_size(self):
+        return self.dtype.itemsize
+
+    def data_ptr(self):
+        return 0 if self.device.type == "meta" else self._ptr
+
+    def dim(self):
+        return len(self.shape)
+
+    def is_floating_point(self):
+        return self.dtype.is_floating_point
+
+    def detach(self):
+        return self
+
+    def view_as_same(self):
+        """Another tensor object on the same memory (a tied weight's view)."""
+        return Tensor(*self.shape, dtype=self.dtype, device=self.device, fill=self.fill, special=self.special, ptr=self._ptr)
+
+    def _values(self):
+        n = self.numel()
+        if self.special is None:
+            return [(self.fill, n)]
+        return [(self.fill, n - 1), (self.special, 1)]
+
+
+class Scalar:
+    def __init__(self, value):
+        self.value = value
+
+    def float(self):
+        return self
+
+    def item(self):
+        return self.value
+
+    def any(self):
+        return self
+
+
+class Parameter(Tensor):
+    def __init__(self, data=None, requires_grad=True, **kw):
+        if data is not None:
+            super().__init__(*data.shape, dtype=data.dtype, device=data.device, fill=data.fill, special=data.special)
+        else:
+            super().__init__(**kw)
+        self.requires_grad = requires_grad
+
+
+def param(*shape, requires_grad=True, **kw):
+    p = Parameter(Tensor(*shape, **kw), requires_grad=requires_grad)
+    return p
+
+
+def vector_norm(t):
+    total = 0.0
+    for v, n in t._values():
+        if v != v:
+            return Scalar(float("nan"))
+        total += v * v * n
+    norm = math.sqrt(total)
+    if t.dtype is float16 and norm > 65504.0:
+        norm = float("inf")  # torch returns the norm in the tensor's dtype
+    return Scalar(norm)
+
+
+def stack(scalars):
+    return types.SimpleNamespace(tolist=lambda: [s.value for s in scalars])
+
+
+def isnan(t):
+    return Scalar(any(v != v for v, _ in t._values()))
+
+
+def isinf(t):
+    return Scalar(any(v in (float("inf"), float("-inf")) for v, _ in t._values()))
+
+
+class _Handle:
+    def __init__(self, hooks, fn):
+        self.hooks, self.fn = hooks, fn
+
+    def remove(self):
+        if self.fn in self.hooks:
+            self.hooks.remove(self.fn)
+
+
+class _NoGrad:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+# The modules whose forward ran since the last backward(), for run_backward().
+TAPE = []
+
+
+class Module:
+    """nn.Module's registration, traversal and hooks. forward() calls the
+    children in order and allocates `fwd_bytes` on the fake device (set
+    by tests); run_backward() allocates `bwd_bytes` per module, innermost
+    last-called first, with the full backward hooks around each."""
+
+    fwd_bytes = 0
+    bwd_bytes = 0
+    device = None
+
+    def __init__(self):
+        object.__setattr__(self, "_modules", {})
+        object.__setattr__(self, "_parameters", {})
+        self._fpre, self._fpost, self._bpre, self._bpost = [], [], [], []
+
+    def __setattr__(self, name, value):
+        if isinstance(value, Module):
+            self._modules[name] = value
+        elif isinstance(value, Parameter):
+            self._parameters[name] = value
+        object.__setattr__(self, name, value)
+
+    def named_children(self):
+        return list(self._modules.items())
+
+    def named_modules(self, prefix=""):
+        seen, out = set(), []
+
+        def walk(m, path):
+            if id(m) in seen:
+                return
+            seen.add(id(m))
+            out.append((path, m))
+            for n, c in m._modules.items():
+                walk(c, "%s.%s" % (path, n) if path else n)
+
+        walk(self, prefix)
+        return out
+
+    def named_parameters(self, prefix="", recurse=True):
+        if not recurse:
+            return [("%s.%s" % (prefix, n) if prefix else n, p) for n, p in self._parameters.items() if p is not None]
+        seen, out = set(), []
+        for path, m in self.named_modules(prefix):
+            for n, p in m._parameters.items():
+                if p is not None and id(p) not in seen:
+                    seen.add(id(p))
+                    out.append(("%s.%s" % (path, n) if path else n, p))
+        return out
+
+    def parameters(self):
+        return [p for _, p in self.named_parameters()]
+
+    def register_forward_pre_hook(self, fn):
+        self._fpre.append(fn)
+        return _Handle(self._fpre, fn)
+
+    def register_forward_hook(self, fn):
+        self._fpost.append(fn)
+        return _Handle(self._fpost, fn)
+
+    def register_full_backward_pre_hook(self, fn):
+        self._bpre.append(fn)
+        return _Handle(self._bpre, fn)
+
+    def register_full_backward_hook(self, fn):
+        self._bpost.append(fn)
+        return _Handle(self._bpost, fn)
+
+    def forward(self, x):
+        for _, c in self._modules.items():
+            if not isinstance(c, (ModuleDict, ModuleList)) or isinstance(c, Sequential):
+                x = c(x)
+            else:
+                for _, e in c._modules.items():
+                    x = e(x)
+        return x
+
+    def __call__(self, x):
+        for fn in list(self._fpre):
+            fn(self, (x,))
+        TAPE.append(self)
+        if STATE[0] is not None and self.fwd_bytes:
+            STATE[0].alloc(self.fwd_bytes)
+        out = self.forward(x)
+        for fn in list(self._fpost):
+            fn(self, (x,), out)
+        return out
+
+
+class Linear(Module):
+    def __init__(self, i, o, bias=True, **kw):
+        super().__init__()
+        self.in_features, self.out_features = i, o
+        self.weight = param(o, i, **kw)
+        if bias:
+            self.bias = param(o, fill=0.0, **{k: v for k, v in kw.items() if k != "fill"})
+
+
+class Embedding(Module):
+    def __init__(self, n, d, **kw):
+        super().__init__()
+        self.weight = param(n, d, **dict({"fill": 1.0}, **kw))
+
+
+class LayerNorm(Module):
+    def __init__(self, d, **kw):
+        super().__init__()
+        self.weight = param(d, fill=1.0, **kw)
+        self.bias = param(d, fill=0.0, **kw)
+
+
+class ModuleList(Module):
+    def __init__(self, items=()):
+        super().__init__()
+        for i, m in enumerate(items):
+            setattr(self, str(i), m)
+
+
+class Sequential(ModuleList):
+    pass
+
+
+class ModuleDict(Module):
+    def __init__(self, items=None):
+        super().__init__()
+        for k, m in (items or {}).items():
+            setattr(self, k, m)
+
+
+class MultiheadAttention(Module):
+    def __init__(self, d, **kw):
+        super().__init__()
+        self.in_proj_weight = param(3 * d, d, **kw)
+        self.in_proj_bias = param(3 * d, fill=0.0, **kw)
+        self.out_proj = Linear(d, d, **kw)
+
+
+def run_backward():
+    """What loss.backward() does to the hooks: full backward pre-hook, the
+    module's gradients (bwd_bytes), full backward hook, last called first."""
+    tape = TAPE[:]
+    del TAPE[:]
+    for m in reversed(tape):
+        for fn in list(m._bpre):
+            fn(m, (None,))
+        if STATE[0] is not None and m.bwd_bytes:
+            STATE[0].alloc(m.bwd_bytes)
+        for fn in list(m._bpost):
+            fn(m, (None,), (None,))
+
+
+class AdamW:
+    """An optimizer with torch's step-hook API and Adam's state: step (a
+    CPU scalar, as torch keeps it unless fused/capturable), exp_avg and
+    exp_avg_sq shaped like the parameter, made at the first step. Each
+    step allocates `step_bytes` temporarily (foreach kernels' scratch)."""
+
+    def __init__(self, params, step_bytes=0):
+        self.param_groups = [{"params": list(params)}]
+        self.state = {}
+        self.step_bytes = step_bytes
+        self._pre, self._post = [], []
+
+    def register_step_pre_hook(self, fn):
+        self._pre.append(fn)
+        return _Handle(self._pre, fn)
+
+    def register_step_post_hook(self, fn):
+        self._post.append(fn)
+        return _Handle(self._post, fn)
+
+    def step(self):
+        for fn in list(self._pre):
+            fn(self, (), {})
+        fake = STATE[0]
+        if fake is not None and self.step_bytes:
+            fake.alloc(self.step_bytes)
+            fake.free(self.step_bytes)
+        for p in self.param_groups[0]["params"]:
+            if p.grad is None or p in self.state:
+                continue
+            like = dict(dtype=p.dtype, device=p.device, fill=0.0)
+            self.state[p] = {"step": Tensor(dtype=float32, device=CPU, fill=1.0),
+                             "exp_avg": Tensor(*p.shape, **like), "exp_avg_sq": Tensor(*p.shape, **like)}
+        for fn in list(self._post):
+            fn(self, (), {})
+
+
+def make_grads(model):
+    for p in model.parameters():
+        if p.requires_grad:
+            p.grad = Tensor(*p.shape, dtype=p.dtype, device=p.device)
+
+
+STATE = [None]
+
+
 def install():
     """Puts a fake `torch` into sys.modules; returns its state."""
     fake = FakeTorch()
@@ -141,7 +515,7 @@ def install():
     cuda = types.ModuleType("torch.cuda")
     for name in (
         "is_available", "is_initialized", "device_count", "current_device", "memory_stats",
-        "reset_peak_memory_stats", "mem_get_info", "get_device_properties",
+        "reset_peak_memory_stats", "mem_get_info", "get_device_properties", "memory_stats_as_nested_dict",
     ):
         setattr(cuda, name, getattr(fake, name))
     cuda.OutOfMemoryError = OutOfMemoryError
@@ -155,10 +529,23 @@ def install():
     dist.is_available = lambda: True
     dist.is_initialized = lambda: False
     torch.cuda, torch._C, torch.distributed = cuda, c, dist
-    sys.modules.update({"torch": torch, "torch.cuda": cuda, "torch.cuda.memory": memory, "torch._C": c, "torch.distributed": dist})
+    nn = types.ModuleType("torch.nn")
+    for cls in (Module, Parameter, Linear, Embedding, LayerNorm, ModuleList, Sequential, ModuleDict, MultiheadAttention):
+        setattr(nn, cls.__name__, cls)
+    linalg = types.ModuleType("torch.linalg")
+    linalg.vector_norm = vector_norm
+    torch.nn, torch.linalg, torch.Tensor = nn, linalg, Tensor
+    torch.is_tensor = lambda x: isinstance(x, Tensor)
+    torch.stack, torch.isnan, torch.isinf, torch.no_grad = stack, isnan, isinf, _NoGrad
+    torch.float32, torch.bfloat16, torch.float16 = float32, bfloat16, float16
+    STATE[0] = fake
+    del TAPE[:]
+    sys.modules.update({"torch": torch, "torch.cuda": cuda, "torch.cuda.memory": memory, "torch._C": c,
+                        "torch.distributed": dist, "torch.nn": nn, "torch.linalg": linalg})
     return fake
 
 
 def uninstall():
-    for name in ("torch", "torch.cuda", "torch.cuda.memory", "torch._C", "torch.distributed"):
+    STATE[0] = None
+    for name in ("torch", "torch.cuda", "torch.cuda.memory", "torch._C", "torch.distributed", "torch.nn", "torch.linalg"):
         sys.modules.pop(name, None)

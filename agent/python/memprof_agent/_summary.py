@@ -1,0 +1,101 @@
+"""The summary file (MEMPROF_AGENT_SUMMARY, docs/agent.md "Summary file"):
+one JSON object per trainer process, written atomically at interpreter
+exit, at the step budget and right before a CUDA OOM propagates; what
+`memprof sweep` reads per configuration. And the step budget
+(MEMPROF_AGENT_MAX_STEPS)."""
+
+import json
+import os
+
+from ._transport import log
+
+WARMUP_STEPS = 2
+
+
+def parse_budget(text):
+    """Steps from MEMPROF_AGENT_MAX_STEPS: None when unset or empty; an
+    invalid value is said once and ignored (the run is not cut short by a
+    typo)."""
+    if text is None or str(text).strip() == "":
+        return None
+    try:
+        n = int(str(text).strip())
+        if n < 1:
+            raise ValueError
+        return n
+    except ValueError:
+        log.warning("memprof-agent: MEMPROF_AGENT_MAX_STEPS=%r is not a whole number >= 1; no step budget", text)
+        return None
+
+
+def _quantile(sorted_values, q):
+    if not sorted_values:
+        return None
+    pos = q * (len(sorted_values) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def step_rates(clock):
+    """From the step() calls [(monotonic time, call number, tokens,
+    samples)]: the seconds between consecutive calls, leaving out the
+    intervals begun by the first WARMUP_STEPS calls; the tokens and samples
+    given to a call belong to the interval it begins (step() is called at
+    the start of a step). Returns (stepSeconds or None, tokens/s, samples/s)."""
+    calls = list(clock)
+    intervals = []
+    tokens = samples = 0
+    tokens_known = samples_known = True
+    for (t0, n0, tok, smp), (t1, n1, _, _) in zip(calls, calls[1:]):
+        if n0 <= WARMUP_STEPS or n1 != n0 + 1:
+            continue
+        intervals.append(t1 - t0)
+        tokens_known = tokens_known and tok is not None
+        samples_known = samples_known and smp is not None
+        tokens += tok or 0
+        samples += smp or 0
+    if not intervals:
+        return None, None, None
+    ordered = sorted(intervals)
+    seconds = {"median": _quantile(ordered, 0.5), "p90": _quantile(ordered, 0.9), "n": len(ordered)}
+    total = sum(intervals)
+    per_s = (lambda x, known: float(x) / total if known and total > 0 else None)
+    return seconds, per_s(tokens, tokens_known), per_s(samples, samples_known)
+
+
+def build(agent, clock, steps, breakdown):
+    """The C-1 object. `agent` may be None (the budget fired in a process
+    whose agent does not run): the allocator numbers are then null."""
+    devices = agent.summary.devices if agent is not None else {}
+    oom = agent.summary.oom if agent is not None else None
+    totals = [d.get("last", {}).get("totalBytes") for d in devices.values()]
+    seconds, tokens, samples = step_rates(clock)
+    return {
+        "version": 1,
+        "pid": os.getpid(),
+        "steps": steps,
+        "oom": oom is not None,
+        "oomMessage": oom.get("message") if oom else None,
+        "peakAllocatedBytes": sum(d["peakAllocatedBytes"] for d in devices.values()) if devices else None,
+        "peakReservedBytes": sum(d["peakReservedBytes"] for d in devices.values()) if devices else None,
+        "deviceTotalBytes": sum(totals) if totals and all(t is not None for t in totals) else None,
+        "nvmlPeakUsedBytes": None,
+        "stepSeconds": seconds,
+        "tokensPerSecond": tokens,
+        "samplesPerSecond": samples,
+        "breakdown": breakdown,
+    }
+
+
+def write(path, summary):
+    """Atomically (tmp + rename); never raises, says a failure once."""
+    try:
+        tmp = "%s.tmp.%d" % (path, os.getpid())
+        with open(tmp, "w") as f:
+            json.dump(summary, f, indent=1)
+        os.replace(tmp, path)
+        return True
+    except Exception as exc:
+        log.warning("memprof-agent: cannot write the summary %s (%r)", path, exc)
+        return False
