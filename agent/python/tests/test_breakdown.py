@@ -150,6 +150,13 @@ def test_module_types_are_recognised_from_structure_not_names(fake):
     assert {t["layers.1.ff.%s" % n] for n in ("gate_proj", "up_proj", "down_proj")} == {"mlp"}
     assert t["layers.0.input_norm"] == t["norm"] == "norm"  # weight-only 1-D leaves
     assert t["lm_head"] == "other"  # one Linear outside any block: neither attention nor an MLP stack
+    # Outside any ModuleList: an attention module's own parameters (sinks)
+    # are attention; a stack of Linears is an MLP.
+    root = ft.Module()
+    root.mixer, root.ff = Mixer(), FeedForward()
+    root.mixer.sinks = ft.param(8)
+    t = types_of(root)
+    assert t["mixer"] == t["mixer.q_proj"] == "attention" and t["ff.up_proj"] == "mlp"
 
 
 def test_a_block_with_attention_and_mlp_in_one_module_is_split(fake):
@@ -286,6 +293,7 @@ def test_a_failure_leaves_what_could_be_computed_and_a_note_logged_once(fake, ca
     for _ in range(2):
         b = memprof_agent.breakdown(model, opt)
     assert b["parametersBytes"] == exact(model)[0] > 0 and b["optimizerBytes"] == 0
+    assert b["staticBytes"] == b["parametersBytes"] and len(b["byModuleType"]) == 5
     assert any("state went away" in n for n in b["notes"])
     said = [r for r in caplog.records if "state went away" in r.getMessage()]
     assert len(said) == 1
