@@ -10,7 +10,6 @@ is complete. watch() stores weak references and registers two hooks; they
 are removed after the third optimizer step, so nothing runs per step after
 that. Everything here runs on the training thread and catches everything."""
 
-import threading
 import weakref
 
 from . import _breakdown as bd
