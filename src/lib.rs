@@ -12,6 +12,7 @@ pub mod api;
 pub mod cli;
 pub mod monitor;
 pub mod operator;
+pub mod plot;
 pub mod remediation;
 pub mod sampler;
 pub mod webhook;

@@ -1,0 +1,294 @@
+use super::axis::{nice_step, Axis};
+use super::*;
+
+const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+
+/// Parses `svg` as XML (panics with the parser's message when malformed)
+/// and returns every text node, joined.
+fn texts(svg: &str) -> String {
+    let doc = roxmltree::Document::parse(svg).unwrap_or_else(|e| panic!("{e}\n{svg}"));
+    assert_eq!(doc.root_element().tag_name().name(), "svg");
+    doc.descendants()
+        .filter(|n| n.is_text())
+        .filter_map(|n| n.text())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn memory_chart() -> LineChart {
+    let ramp = |k: f64| {
+        (0..600)
+            .map(|i| (i as f64, (20.0 + k * i as f64 / 60.0) * GIB))
+            .collect()
+    };
+    LineChart {
+        title: "GPU memory <train & eval>".into(),
+        x_label: "time".into(),
+        x_unit: Unit::Seconds,
+        y_label: "used memory".into(),
+        y_unit: Unit::Bytes,
+        series: vec![
+            Series::new("GPU 0", ramp(2.0), Style::Line),
+            Series::new("GPU 1", ramp(5.0), Style::Points),
+            Series::new(
+                "trend",
+                vec![(0.0, 20.0 * GIB), (900.0, 80.0 * GIB)],
+                Style::Dashed,
+            ),
+        ],
+        hlines: vec![HLine {
+            y: 80.0 * GIB,
+            label: "total".into(),
+        }],
+        marks: vec![
+            Mark {
+                x: 300.0,
+                label: "high".into(),
+            },
+            Mark {
+                x: 590.0,
+                label: "OOM".into(),
+            },
+        ],
+    }
+}
+
+#[test]
+fn line_chart_svg_is_well_formed_with_title_axes_legend_total_and_marks() {
+    let t = texts(&memory_chart().to_svg());
+    for want in [
+        "GPU memory <train & eval>",
+        "GPU 0",
+        "GPU 1",
+        "trend",
+        "used memory (GiB)",
+        "time (min)",
+        "total 80 GiB",
+        "high",
+        "OOM",
+    ] {
+        assert!(t.contains(want), "{want:?} missing from {t}");
+    }
+}
+
+#[test]
+fn svg_names_only_a_generic_font_family() {
+    let svg = memory_chart().to_svg();
+    assert!(svg.contains(r#"font-family="sans-serif""#));
+    assert_eq!(svg.matches("font-family").count(), 1);
+}
+
+#[test]
+fn hostile_text_is_escaped() {
+    let mut c = memory_chart();
+    c.series[0].name = r#"</text><script>"x"'</script>"#.into();
+    c.hlines[0].label = "a\u{1}b".into();
+    let t = texts(&c.to_svg());
+    assert!(t.contains(r#"</text><script>"x"'</script>"#));
+    assert!(!c.to_svg().contains("<script>"));
+}
+
+#[test]
+fn degenerate_inputs_never_panic_and_stay_well_formed() {
+    let nan = f64::NAN;
+    let cases = [
+        vec![],
+        vec![Series::new("empty", vec![], Style::Line)],
+        vec![Series::new("one", vec![(5.0, 3.0)], Style::Line)],
+        vec![Series::new(
+            "flat",
+            vec![(0.0, 0.0), (0.0, 0.0)],
+            Style::Dashed,
+        )],
+        vec![Series::new(
+            "nan",
+            vec![(nan, 1.0), (1.0, nan), (f64::INFINITY, 2.0)],
+            Style::Points,
+        )],
+        vec![Series::new(
+            "mixed",
+            vec![(0.0, 1.0), (nan, nan), (2.0, 3.0)],
+            Style::Line,
+        )],
+    ];
+    for series in cases {
+        for unit in [Unit::Bytes, Unit::Seconds, Unit::Percent, Unit::Plain] {
+            let c = LineChart {
+                title: "t".into(),
+                y_unit: unit,
+                x_unit: unit,
+                series: series.clone(),
+                hlines: vec![HLine {
+                    y: nan,
+                    label: "nan line".into(),
+                }],
+                marks: vec![Mark {
+                    x: nan,
+                    label: "nan mark".into(),
+                }],
+                ..Default::default()
+            };
+            texts(&c.to_svg());
+            c.to_text(40, 12);
+            c.to_text(0, 0);
+        }
+    }
+    let bars = StackedBars {
+        categories: vec!["a".into()],
+        layers: vec![("x".into(), vec![nan, 1.0])],
+        ..Default::default()
+    };
+    texts(&bars.to_svg());
+    bars.to_text(0, 0);
+    texts(&StackedBars::default().to_svg());
+    let heat = Heatmap {
+        cols: vec!["c".into()],
+        rows: vec!["r".into(), "s".into()],
+        values: vec![vec![Some(nan)]],
+        ..Default::default()
+    };
+    texts(&heat.to_svg());
+    heat.to_text(0, 0);
+    texts(&Heatmap::default().to_svg());
+    Heatmap::default().to_text(80, 20);
+}
+
+#[test]
+fn empty_chart_says_no_data() {
+    let c = LineChart {
+        title: "nothing".into(),
+        ..Default::default()
+    };
+    assert!(texts(&c.to_svg()).contains("no data"));
+}
+
+#[test]
+fn long_traces_are_thinned_per_pixel_column() {
+    let many: Vec<(f64, f64)> = (0..100_000).map(|i| (i as f64, (i % 7) as f64)).collect();
+    let c = LineChart {
+        series: vec![Series::new("s", many, Style::Line)],
+        ..Default::default()
+    };
+    let svg = c.to_svg();
+    assert!(svg.len() < 100_000, "{} bytes", svg.len());
+}
+
+#[test]
+fn ticks_are_nice_and_units_follow_the_range() {
+    assert_eq!(nice_step(10.0, 5), 2.0);
+    assert_eq!(nice_step(80.0, 6), 20.0);
+    assert_eq!(nice_step(0.9, 4), 0.25);
+    let a = Axis::new(0.0, 80.0 * GIB, Unit::Bytes, 6);
+    assert_eq!(a.unit_name, "GiB");
+    assert_eq!(a.label(a.ticks[1]), "20");
+    let a = Axis::new(0.0, 600.0, Unit::Seconds, 6);
+    assert_eq!((a.unit_name, a.label(a.ticks[1]).as_str()), ("min", "2"));
+    let a = Axis::new(0.0, 30.0, Unit::Seconds, 6);
+    assert_eq!(a.title("time"), "time (s)");
+    let a = Axis::new(0.0, 300.0 * 1024.0 * 1024.0, Unit::Bytes, 6);
+    assert_eq!(a.unit_name, "MiB");
+    assert_eq!(format_value(61.26 * GIB, Unit::Bytes), "61.3 GiB");
+    assert_eq!(format_value(90.0, Unit::Seconds), "90 s");
+    assert_eq!(format_value(f64::NAN, Unit::Bytes), "-");
+}
+
+#[test]
+fn text_chart_fits_its_box_and_keys_every_series() {
+    let t = memory_chart().to_text(72, 20);
+    let lines: Vec<&str> = t.lines().collect();
+    assert!(lines.len() <= 20, "{t}");
+    assert!(lines.iter().all(|l| l.chars().count() <= 72), "{t}");
+    for want in [
+        "A: GPU 0",
+        "B: GPU 1",
+        "C: trend",
+        "total 80 GiB",
+        "used memory (GiB)",
+        "time (min)",
+    ] {
+        assert!(t.contains(want), "{want:?} missing from\n{t}");
+    }
+    assert!(
+        t.chars().any(|c| ('\u{2801}'..='\u{28ff}').contains(&c)),
+        "{t}"
+    );
+}
+
+#[test]
+fn stacked_bars_show_every_layer_category_and_limit() {
+    let c = StackedBars {
+        title: "Memory by configuration".into(),
+        x_label: "batch size".into(),
+        y_label: "peak memory".into(),
+        y_unit: Unit::Bytes,
+        categories: vec!["8".into(), "16".into(), "32".into()],
+        layers: vec![
+            ("parameters".into(), vec![4.0 * GIB; 3]),
+            (
+                "activations".into(),
+                vec![8.0 * GIB, 16.0 * GIB, 32.0 * GIB],
+            ),
+        ],
+        hlines: vec![HLine {
+            y: 40.0 * GIB,
+            label: "device limit".into(),
+        }],
+    };
+    let t = texts(&c.to_svg());
+    for want in [
+        "parameters",
+        "activations",
+        "16",
+        "batch size",
+        "peak memory (GiB)",
+        "device limit",
+    ] {
+        assert!(t.contains(want), "{want:?} missing from {t}");
+    }
+    let text = c.to_text(60, 10);
+    assert!(
+        text.contains("█ parameters") && text.contains("▓ activations"),
+        "{text}"
+    );
+    assert!(text.contains("36 GiB"), "{text}");
+}
+
+#[test]
+fn heatmap_shows_rows_columns_and_scale() {
+    let c = Heatmap {
+        title: "Peak per GPU".into(),
+        x_label: "GPU".into(),
+        y_label: "node".into(),
+        cols: (0..8).map(|i| format!("gpu{i}")).collect(),
+        rows: vec!["node-a".into(), "node-b".into()],
+        values: vec![
+            (0..8).map(|i| Some((40 + i) as f64 * GIB)).collect(),
+            vec![Some(70.0 * GIB), None],
+        ],
+        unit: Unit::Bytes,
+    };
+    let t = texts(&c.to_svg());
+    for want in [
+        "Peak per GPU",
+        "gpu7",
+        "node-b",
+        "70 GiB",
+        "missing",
+        "40 GiB",
+    ] {
+        assert!(t.contains(want), "{want:?} missing from {t}");
+    }
+    let text = c.to_text(120, 10);
+    assert!(text.contains("node-a") && text.contains("47 GiB"), "{text}");
+    let narrow = c.to_text(30, 10);
+    assert!(narrow.lines().all(|l| l.chars().count() <= 30), "{narrow}");
+}
+
+#[test]
+fn sparkline_scales_between_min_and_max() {
+    assert_eq!(sparkline(&[]), "");
+    assert_eq!(sparkline(&[1.0, 8.0]), "▁█");
+    assert_eq!(sparkline(&[3.0, 3.0]), "▁▁");
+    assert_eq!(sparkline(&[0.0, f64::NAN, 7.0]), "▁ █");
+    assert_eq!(sparkline(&[f64::NAN]), " ");
+}
