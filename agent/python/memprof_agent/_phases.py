@@ -72,7 +72,7 @@ class Trace:
             self._hook(name, m)
         if optimizer is not None and hasattr(optimizer, "register_step_pre_hook"):
             self._optimizer_id = id(optimizer)
-            _watch.subscribe(torch, optimizer, self._on_step)
+            _watch.subscribe(torch, optimizer, self._on_step, model)
         _watch.CARRIED.trace = weakref.ref(self)
 
     def _hook(self, name, m):

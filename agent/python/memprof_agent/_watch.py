@@ -56,14 +56,17 @@ class StepMeter:
     end; the peaks read before each reset are handed to the next push
     (tr.PEAKS), and pushes do not reset them while a meter runs."""
 
-    def __init__(self, torch, optimizer):
+    def __init__(self, torch, optimizer, model=None):
         self.torch = torch
         self.optimizer = weakref.ref(optimizer)
+        self.model = weakref.ref(model) if model is not None else None
         self.indices = None  # found at the first step: the model may move to the GPU after watch()
         self.listeners = []
         self.steps = 0
         self.before = None
         self.held = False
+        self.running = False
+        self.closing = False
         self.handles = [
             optimizer.register_step_pre_hook(self._pre),
             optimizer.register_step_post_hook(self._post),
@@ -90,6 +93,9 @@ class StepMeter:
         return now, peak
 
     def _pre(self, optimizer, args, kwargs):
+        if self.closing:
+            return None
+        self.running = True
         try:
             self.steps += 1
             now, peak = self._reset()
@@ -98,9 +104,14 @@ class StepMeter:
                 fn("pre", self.steps, peak)
         except Exception as exc:
             _say_once("meter", "memprof-agent: measuring the optimizer step failed (%r); not measured", exc)
+        finally:
+            self.running = False
         return None
 
     def _post(self, optimizer, args, kwargs):
+        if self.closing:
+            return
+        self.running = True
         try:
             _, peak = self._reset()
             above = None if peak is None or self.before is None else max(0, peak - self.before)
@@ -108,27 +119,50 @@ class StepMeter:
                 fn("post", self.steps, above)
         except Exception as exc:
             _say_once("meter", "memprof-agent: measuring the optimizer step failed (%r); not measured", exc)
+        finally:
+            self.running = False
 
     def remove(self):
+        """Stops measuring. The hooks go now when called outside
+        optimizer.step(); from inside one of its hooks (watch() finishing
+        at step 3) they go at the model's next forward: torch iterates the
+        optimizer's hook dicts live, and removing an entry there makes
+        optimizer.step() raise. Until then they return at once."""
+        self.closing = True
+        model = self.model() if self.model is not None else None
+        if not self.running or model is None:
+            self._remove_hooks()
+        else:
+            once = []
+
+            def remove_then_forget(module, args):
+                self._remove_hooks()
+                for h in once:
+                    h.remove()  # safe: torch copies the forward pre-hooks before calling them
+
+            once.append(model.register_forward_pre_hook(remove_then_forget))
+        if self.held:
+            tr.PEAKS.held = max(0, tr.PEAKS.held - 1)
+            self.held = False
+
+
+    def _remove_hooks(self):
         for h in self.handles:
             try:
                 h.remove()
             except Exception:
                 pass
         self.handles = []
-        if self.held:
-            tr.PEAKS.held = max(0, tr.PEAKS.held - 1)
-            self.held = False
 
 
 _meters = {}
 
 
-def subscribe(torch, optimizer, fn):
+def subscribe(torch, optimizer, fn, model=None):
     """Adds fn(event, step, bytes) to the optimizer's meter (made on first use)."""
     meter = _meters.get(id(optimizer))
-    if meter is None or not meter.handles:
-        meter = _meters[id(optimizer)] = StepMeter(torch, optimizer)
+    if meter is None or meter.closing:
+        meter = _meters[id(optimizer)] = StepMeter(torch, optimizer, model)
     meter.listeners.append(fn)
     return meter
 
@@ -195,7 +229,7 @@ class Watch:
         self.handle = None
         self.held = False
         if optimizer is not None and hasattr(optimizer, "register_step_pre_hook"):
-            subscribe(torch, optimizer, self.on_step)
+            subscribe(torch, optimizer, self.on_step, model)
         else:
             self.handle = model.register_forward_pre_hook(self.on_forward)
 

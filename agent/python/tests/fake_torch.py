@@ -10,6 +10,7 @@ the breakdown, the nn.Module / Parameter / optimizer surface it reads
 data_ptr, .grad, optimizer.state, step hooks, forward/backward hooks),
 with the same names and signatures as torch's."""
 
+import collections
 import math
 import sys
 import types
@@ -296,6 +297,20 @@ class _Handle:
             self.hooks.remove(self.fn)
 
 
+class _DictHandle:
+    """torch.utils.hooks.RemovableHandle over an OrderedDict of hooks."""
+
+    _next = [0]
+
+    def __init__(self, hooks, fn):
+        self.hooks, self.id = hooks, self._next[0]
+        self._next[0] += 1
+        hooks[self.id] = fn
+
+    def remove(self):
+        self.hooks.pop(self.id, None)
+
+
 class _NoGrad:
     def __enter__(self):
         return self
@@ -470,18 +485,18 @@ class AdamW:
         self.param_groups = [{"params": list(params)}]
         self.state = {}
         self.step_bytes = step_bytes
-        self._pre, self._post = [], []
+        self._pre, self._post = collections.OrderedDict(), collections.OrderedDict()
 
     def register_step_pre_hook(self, fn):
-        self._pre.append(fn)
-        return _Handle(self._pre, fn)
+        return _DictHandle(self._pre, fn)
 
     def register_step_post_hook(self, fn):
-        self._post.append(fn)
-        return _Handle(self._post, fn)
+        return _DictHandle(self._post, fn)
 
     def step(self):
-        for fn in list(self._pre):
+        # torch iterates its hook dicts live (Optimizer.profile_hook_step):
+        # a hook removed from inside a hook raises here, as it does there.
+        for fn in self._pre.values():
             fn(self, (), {})
         fake = STATE[0]
         if fake is not None and self.step_bytes:
@@ -493,7 +508,7 @@ class AdamW:
             like = dict(dtype=p.dtype, device=p.device, fill=0.0)
             self.state[p] = {"step": Tensor(dtype=float32, device=CPU, fill=1.0),
                              "exp_avg": Tensor(*p.shape, **like), "exp_avg_sq": Tensor(*p.shape, **like)}
-        for fn in list(self._post):
+        for fn in self._post.values():
             fn(self, (), {})
 
 
