@@ -179,9 +179,10 @@ def watch(model, optimizer=None, batch_size=None):
     """Takes the breakdown automatically: at the second optimizer step (the
     optimizer then has its state, the gradients exist), the activations'
     peak over the third; every push after carries it. Stores weak
-    references and two optimizer step hooks, removed after the third step
-    (without an optimizer: a forward pre-hook on the model, the third and
-    fourth forward). Returns True when armed. Never raises."""
+    references and two optimizer step hooks, removed at the first forward
+    after the third step (without an optimizer: a forward pre-hook on the
+    model, the third and fourth forward). Returns True when armed. Never
+    raises."""
     try:
         previous = _watched[0]
         if previous is not None:

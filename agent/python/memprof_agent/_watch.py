@@ -7,8 +7,8 @@ Why optimizer hooks and not step(): step() must stay a field write (it is
 called every step), while an optimizer step pre-hook is called exactly when
 the gradients and the optimizer state exist, which is when the static part
 is complete. watch() stores weak references and registers two hooks; they
-are removed after the third optimizer step, so nothing runs per step after
-that. Everything here runs on the training thread and catches everything."""
+are removed at the first forward after the third optimizer step, so nothing
+runs per step after that. Everything here runs on the training thread and catches everything."""
 
 import weakref
 
