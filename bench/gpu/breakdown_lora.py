@@ -184,7 +184,7 @@ def run_config(label, name, r):
     x = torch.randint(0, VOCAB, (BATCH, SEQ + 1), device="cuda")
     memprof_agent.watch(model, opt, batch_size=BATCH)
     t0 = time.time()
-    exact = explicit = None
+    exact = explicit = watched = None
     for step in range(1, 7):
         memprof_agent.step(step, tokens=BATCH * SEQ, samples=BATCH)
         if step == 6:  # this script's own activation peak, the agent's hooks long gone
@@ -195,13 +195,13 @@ def run_config(label, name, r):
             torch.cuda.synchronize()
             peak6 = torch.cuda.max_memory_allocated()
         if step == 4:  # gradients and optimizer state exist: count both ways at one moment
+            watched = dict(memprof_agent.last_breakdown() or {})  # watch()'s, from steps 2-3
             exact = exact_bytes(model, opt)
             t = time.perf_counter()
             explicit = memprof_agent.breakdown(model, opt, batch_size=BATCH)
             explicit_ms = (time.perf_counter() - t) * 1e3
         opt.step()
         opt.zero_grad(set_to_none=True)
-    watched = memprof_agent.last_breakdown()
     # Step 6's peak: gradients are made during its backward (set_to_none
     # freed them), as in the agent's window over step 3.
     act_exact = peak6 - exact["staticBytes"]
