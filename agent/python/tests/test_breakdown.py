@@ -300,6 +300,7 @@ def test_a_failure_leaves_what_could_be_computed_and_a_note_logged_once(fake, ca
     # Not even a model that is no model raises.
     out = memprof_agent.breakdown(object())
     assert out["totalParameters"] == 0 and out["notes"]
+    assert memprof_agent.watch(object(), object()) is False
 
 
 # --- watch(): automatic, then nothing per step -------------------------------------

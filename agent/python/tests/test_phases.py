@@ -101,7 +101,11 @@ def test_trace_modules_never_raises(fake):
     handle = memprof_agent.trace_modules(object())
     assert handle.phases() == [] and handle.remove() is None
     model = Net()
-    with memprof_agent.trace_modules(model):
+    opt = ft.AdamW(model.parameters())
+    with memprof_agent.trace_modules(model, opt):
         fake.raise_in_stats = RuntimeError("CUDA error")
-        model(None)  # the hooks' reads fail; the forward goes on
+        model(None)  # the hooks' reads fail; forward, backward and the optimizer step go on
         ft.run_backward()
+        ft.make_grads(model)
+        opt.step()
+    assert len(opt.state) == len(opt.param_groups[0]["params"])

@@ -133,3 +133,16 @@ def test_step_rates_leave_out_the_warm_up_and_use_the_trainers_counts():
     # A step that did not say its tokens makes tokens/s unknown, not wrong.
     clock[3] = (7.0, 4, None, 2)
     assert memprof_agent._summary.step_rates(clock)[1] is None
+
+
+def test_without_a_running_agent_the_budget_still_writes_the_summary_and_exits(workdir, monkeypatch):
+    monkeypatch.setenv("MEMPROF_AGENT_MAX_STEPS", "2")
+    monkeypatch.setenv("MEMPROF_AGENT_SUMMARY", str(workdir / "s.json"))
+    memprof_agent._core.MARKERS.configure(os.environ)  # what importing memprof_agent does
+    assert not memprof_agent.running()
+    memprof_agent.step(0)
+    memprof_agent.step(1)
+    with pytest.raises(SystemExit):
+        memprof_agent.step(2)
+    s = json.loads((workdir / "s.json").read_text())
+    assert s["steps"] == 2 and s["peakAllocatedBytes"] is None and s["oom"] is False
