@@ -127,12 +127,13 @@ class StepMeter:
         optimizer.step(); from inside one of its hooks (watch() finishing
         at step 3) they go at the model's next forward: torch iterates the
         optimizer's hook dicts live, and removing an entry there makes
-        optimizer.step() raise. Until then they return at once."""
+        optimizer.step() raise. Until then (for good, without a model)
+        they return at once."""
         self.closing = True
         model = self.model() if self.model is not None else None
-        if not self.running or model is None:
+        if not self.running:
             self._remove_hooks()
-        else:
+        elif model is not None:
             once = []
 
             def remove_then_forget(module, args):
@@ -144,7 +145,6 @@ class StepMeter:
         if self.held:
             tr.PEAKS.held = max(0, tr.PEAKS.held - 1)
             self.held = False
-
 
     def _remove_hooks(self):
         for h in self.handles:
