@@ -433,13 +433,22 @@ PUSH_FIELDS = (
 
 def for_push(b):
     """The C-2 object of a breakdown dict: its fields only, non-negative,
-    bounded (the sidecar refuses more)."""
+    bounded and consistent. The sidecar refuses a push whose breakdown is
+    not, and with it the allocator's numbers: a partial breakdown (a stage
+    failed) must still pass."""
     out = {k: b.get(k) for k in PUSH_FIELDS}
+    for k in ("totalParameters", "trainableParameters", "parametersBytes", "gradientsBytes", "optimizerBytes", "staticBytes"):
+        v = out[k]
+        out[k] = max(0, v) if isinstance(v, int) and not isinstance(v, bool) else 0
+    out["trainableParameters"] = min(out["trainableParameters"], out["totalParameters"])
     for k in ("step", "perSampleGradientsBytes", "activationsPeakBytes", "batchSize", "optimizerStepPeakBytes"):
         v = out[k]
         out[k] = None if not isinstance(v, int) or isinstance(v, bool) else max(0, v)
-    out["byModuleType"] = list(out["byModuleType"] or [])[: len(TYPES)]
-    out["flags"] = list(out["flags"] or [])[:MAX_FLAGS]
+    parts = out["parametersBytes"] + out["gradientsBytes"] + out["optimizerBytes"] + (out["perSampleGradientsBytes"] or 0)
+    out["staticBytes"] = max(out["staticBytes"], parts)
+    seen = set()
+    out["byModuleType"] = [e for e in (out["byModuleType"] or []) if e.get("type") in TYPES and not (e["type"] in seen or seen.add(e["type"]))]
+    out["flags"] = [f for f in (out["flags"] or []) if f.get("kind") in ("nan", "inf", "large")][:MAX_FLAGS]
     if out["phases"] is not None:
         out["phases"] = [
             {"module": tr.truncate(p["module"], MAX_PARAMETER_NAME, keep_end=True),

@@ -388,3 +388,22 @@ def test_the_breakdown_rides_in_pushes_the_sidecar_accepts(sidecar, fake):
     assert "breakdown" in a.build("sample")
     assert wait_until(lambda: sidecar.agent_pushes() >= before + 3, timeout=10)
     assert a.transport.failures == 0
+
+
+def test_a_partial_breakdown_still_makes_a_push_the_sidecar_accepts(sidecar, fake):
+    """A stage that failed must not cost the push: the sidecar refuses a
+    push whose breakdown is inconsistent, and the allocator's numbers with it."""
+    from memprof_agent import _breakdown, _watch
+
+    partial = dict(_breakdown.empty(step=-3), totalParameters=10, trainableParameters=99, parametersBytes=4000,
+                   gradientsBytes=-1, activationsPeakBytes=-5,
+                   byModuleType=[{"type": "mlp", "parameters": 1, "parametersBytes": 4, "gradientsBytes": 0, "optimizerBytes": 0}] * 2,
+                   flags=[{"kind": "odd", "parameter": "x", "note": ""}])
+    b = _breakdown.for_push(partial)
+    assert b["trainableParameters"] == 10 and b["staticBytes"] == 4000 and b["gradientsBytes"] == 0
+    assert len(b["byModuleType"]) == 1 and b["flags"] == [] and b["activationsPeakBytes"] == 0 and b["step"] == 0
+    _watch.CARRIED.breakdown = partial
+    assert memprof_agent.start(interval=0.05, url=sidecar.url)
+    before = sidecar.agent_pushes()
+    assert wait_until(lambda: sidecar.agent_pushes() >= before + 3, timeout=10)
+    assert memprof_agent._agent.transport.failures == 0
