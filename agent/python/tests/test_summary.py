@@ -146,3 +146,12 @@ def test_without_a_running_agent_the_budget_still_writes_the_summary_and_exits(w
         memprof_agent.step(2)
     s = json.loads((workdir / "s.json").read_text())
     assert s["steps"] == 2 and s["peakAllocatedBytes"] is None and s["oom"] is False
+
+
+def test_the_final_push_is_tried_even_while_backing_off(fake):
+    memprof_agent.start(interval=60, url="http://127.0.0.1:%d/v1/agent" % closed_port())
+    t = memprof_agent._agent.transport
+    t.send(b"{}", 0.5)  # no sidecar: backing off now
+    assert not t.ready() and t.attempts == 1
+    memprof_agent._agent.at_exit()
+    assert t.attempts == 2
