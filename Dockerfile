@@ -1,29 +1,33 @@
-# syntax=docker/dockerfile:1
-# One image: the operator (ENTRYPOINT), the sidecar the webhook injects
-# (command /usr/local/bin/memprof-sidecar) and the Python agent with the
-# `memprof` CLI that copies it into pods annotated memprof.dev/agent: "python"
-# (`memprof install-agent`, run by an init container: this image has no
-# shell), so a release is one image to mirror and to pin.
-
-FROM rust:1-bookworm AS builder
-WORKDIR /src
-COPY . .
-# Cache mounts keep the registry and target dir between builds (BuildKit).
-RUN --mount=type=cache,target=/usr/local/cargo/registry \
-    --mount=type=cache,target=/src/target \
-    cargo build --release --locked --workspace \
-        --bin memprof-operator --bin memprof-sidecar --bin memprof \
- && install -D -m 0755 target/release/memprof-operator /out/memprof-operator \
- && install -D -m 0755 target/release/memprof-sidecar /out/memprof-sidecar \
- && install -D -m 0755 target/release/memprof /out/memprof
-
-# glibc (not static musl): NVML is loaded with dlopen from the driver's
-# libnvidia-ml.so.1, which the NVIDIA container runtime mounts in.
-FROM gcr.io/distroless/cc-debian12:nonroot
-COPY --from=builder /out/ /usr/local/bin/
-# The agent tree at --agent-path's default (src/cli/install_agent.rs):
-# bootstrap/ goes first on the trainers' PYTHONPATH, lib/ last.
-COPY agent/python/bootstrap/sitecustomize.py agent/python/bootstrap/_memprof_bootstrap.py /opt/memprof/agent/bootstrap/
-COPY agent/python/memprof_agent/ /opt/memprof/agent/lib/memprof_agent/
+# The memprof image: one image to mirror and to pin. It holds
+#   /usr/local/bin/memprof-operator  the ENTRYPOINT (the chart passes flags only)
+#   /usr/local/bin/memprof-sidecar   the sidecar the webhook injects (its `command`)
+#   /usr/local/bin/memprof           the CLI; `memprof install-agent` is the init
+#                                    container that copies the Python agent
+#   /opt/memprof/agent               that agent tree (install-agent's default --from)
+# and, beside them, only the shared libraries those binaries link (ldd), the
+# CA bundle, /etc/passwd with uid 65532, and /tmp. No shell, no package
+# manager. NVML (libnvidia-ml.so.1) is not here: the sidecar loads it at run
+# time from the driver, which the NVIDIA container toolkit mounts in.
+#
+# This file names no base image and no registry: `make image` (hack/image.sh)
+# compiles the release binaries here, stages their root filesystem under
+# rootfs/ in a build context, and builds this file with buildah into an OCI
+# archive. With Docker instead:
+#   bash hack/image.sh --stage target/image/context
+#   docker build -f Dockerfile -t memprof:0.1.0 target/image/context
+FROM scratch
+ARG VERSION=unknown
+ARG REVISION=unknown
+ARG CREATED=1970-01-01T00:00:00Z
+ARG SOURCE=""
+COPY rootfs/ /
+LABEL org.opencontainers.image.title="memprof" \
+      org.opencontainers.image.description="GPU memory profiling and OOM prevention for training Jobs: operator, sidecar, CLI and Python agent" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.created="${CREATED}" \
+      org.opencontainers.image.source="${SOURCE}" \
+      org.opencontainers.image.licenses="Apache-2.0"
+# Numeric, so that runAsNonRoot can check it without reading /etc/passwd.
 USER 65532:65532
 ENTRYPOINT ["/usr/local/bin/memprof-operator"]

@@ -1,7 +1,7 @@
 # memprof — run `make demo` to see it work, `make test` to prove it.
 CARGO ?= cargo
 
-.PHONY: all build release demo test unit lint fmt crds check-crds cluster-up cluster-down bench clean
+.PHONY: all build release image test-image demo test unit lint fmt crds check-crds cluster-up cluster-down bench clean
 
 all: build
 
@@ -10,6 +10,15 @@ build:
 
 release:
 	$(CARGO) build --release --workspace --bins
+
+## The one image (operator, sidecar, CLI, Python agent) as an OCI archive,
+## target/image/memprof-<version>.oci.tar, built with buildah (docs/install.md).
+image:
+	bash hack/image.sh
+
+## Builds the image and runs its binaries inside it.
+test-image:
+	bash tests/image.sh
 
 ## The demo: local control plane, operator, a 4-rank Job with simulated GPUs.
 demo:
