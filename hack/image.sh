@@ -143,8 +143,9 @@ stage_libraries() {
     log "libraries: ${libs[*]}"
 }
 
-# The CA bundle: rustls-native-certs reads it when a kubeconfig names no CA
-# (in a pod, the service account's ca.crt is used instead).
+# The CA bundle: kube's TLS falls back to the system roots (rustls platform
+# verifier) when a kubeconfig names no CA; in a pod, the service account's
+# ca.crt is used instead.
 stage_ca_bundle() {
     local rootfs=$1 bundle=/etc/ssl/certs/ca-certificates.crt
     if [ ! -f "$bundle" ]; then

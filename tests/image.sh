@@ -4,8 +4,11 @@
 # INSIDE it (chroot isolation: only the image's own files and libraries):
 # every binary's --version, and `memprof install-agent` as the webhook's init
 # container runs it, which must find the agent tree at its default source and
-# write as the image's non-root user. Everything buildah makes lives under a
-# private storage root in a temporary directory, removed at exit.
+# write as the image's non-root user. Then the push docs/install.md shows:
+# skopeo copies the archive to a real registry on loopback (Debian's
+# docker-registry, unpacked into the temporary directory), buildah pulls it
+# back and runs it. Everything buildah, skopeo and the registry make lives
+# under a temporary directory, removed at exit; the registry is stopped by PID.
 # Arguments go to hack/image.sh (--no-build: the release binaries built).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,8 +16,15 @@ cd "$(dirname "$0")/.."
 log() { printf '[test-image] %s\n' "$*" >&2; }
 
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/memprof-test-image.XXXXXX")
+# skopeo and buildah unpack archives and layers under TMPDIR.
+export TMPDIR=$TMP
 bh() { buildah --root "$TMP/root" --runroot "$TMP/run" --storage-driver vfs "$@"; }
+REGISTRY_PID=""
 cleanup() {
+    if [ -n "$REGISTRY_PID" ]; then
+        kill "$REGISTRY_PID" 2>/dev/null || true
+        wait "$REGISTRY_PID" 2>/dev/null || true
+    fi
     bh umount --all >/dev/null 2>&1 || true
     bh rm --all >/dev/null 2>&1 || true
     bh rmi --all --force >/dev/null 2>&1 || true
@@ -35,6 +45,55 @@ check() { # NAME EXPECTED ACTUAL
 
 # In the container, as the image's user, with nothing from this machine.
 inside() { bh run --isolation chroot "$CTR" -- "$@" 2>&1 || true; }
+
+die() { log "error: $*"; exit 1; }
+
+# apt-get install PACKAGE when its COMMAND is missing (root only).
+need() {
+    command -v "$1" >/dev/null && return
+    [ "$(id -u)" = 0 ] || die "$1 is not installed: apt-get install $2"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$2" >/dev/null 2>&1 || {
+        DEBIAN_FRONTEND=noninteractive apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$2" >/dev/null
+    }
+}
+
+# The distribution registry, from Debian's docker-registry package: the one
+# installed, or the package unpacked under $TMP (nothing installed, no service).
+registry_binary() {
+    if command -v docker-registry >/dev/null; then command -v docker-registry; return; fi
+    (cd "$TMP" && { apt-get download docker-registry >/dev/null 2>&1 ||
+        { apt-get update -qq && apt-get download docker-registry >/dev/null; }; }) ||
+        die "cannot download Debian's docker-registry package"
+    dpkg -x "$TMP"/docker-registry_*.deb "$TMP/registry-pkg"
+    printf '%s\n' "$TMP/registry-pkg/usr/bin/docker-registry"
+}
+
+# Starts a registry on a free loopback port (storage under $TMP), pushes the
+# archive to it as docs/install.md does; sets REF.
+push_and_pull() {
+    local reg port i
+    need skopeo skopeo
+    reg=$(registry_binary)
+    port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    printf 'version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: %s\nhttp:\n  addr: 127.0.0.1:%s\n' \
+        "$TMP/registry" "$port" >"$TMP/registry.yml"
+    "$reg" serve "$TMP/registry.yml" >"$TMP/registry.log" 2>&1 &
+    REGISTRY_PID=$!
+    for i in $(seq 100); do
+        python3 -c "import socket; socket.create_connection(('127.0.0.1', $port), 0.2)" 2>/dev/null && break
+        [ "$i" = 100 ] && die "the registry did not listen: $(cat "$TMP/registry.log")"
+        sleep 0.1
+    done
+    REF=127.0.0.1:$port/memprof/memprof:$VERSION
+    skopeo copy --quiet --dest-tls-verify=false "oci-archive:$TMP/memprof.oci.tar" "docker://$REF"
+}
+
+# The manifest digest the archive's index names.
+archive_digest() {
+    tar -xOf "$TMP/memprof.oci.tar" index.json |
+        python3 -c 'import json, sys; print(json.load(sys.stdin)["manifests"][0]["digest"])'
+}
 
 VERSION=$(cargo pkgid -p memprof)
 VERSION=${VERSION##*[#@]}
@@ -74,7 +133,17 @@ log "contents"
 check "no shell" "absent" "$([ -e "$MNT/bin/sh" ] || [ -L "$MNT/bin/sh" ] && echo present || echo absent)"
 check "no NVML bundled (the NVIDIA container toolkit mounts the host's)" "" \
     "$(find "$MNT" -name 'libnvidia-ml*' | sed "s|^$MNT||")"
-check "binaries in /usr/local/bin" "memprof memprof-operator memprof-sidecar" "$(ls "$MNT/usr/local/bin" | tr '\n' ' ' | sed 's/ $//')"
+check "binaries in /usr/local/bin" "memprof memprof-operator memprof-sidecar" "$(find "$MNT/usr/local/bin" -mindepth 1 -printf '%f\n' | sort | tr '\n' ' ' | sed 's/ $//')"
+
+bh umount "$CTR" >/dev/null
+
+log "push to a registry with skopeo, pull back with buildah"
+push_and_pull
+PULLED=$(bh from --quiet --tls-verify=false "docker://$REF")
+check "the registry serves the archive's manifest" "$(archive_digest)" \
+    "$(skopeo inspect --tls-verify=false --format '{{.Digest}}' "docker://$REF")"
+check "pulled image: memprof-sidecar --version" "memprof-sidecar $VERSION" \
+    "$(bh run --isolation chroot "$PULLED" -- /usr/local/bin/memprof-sidecar --version 2>&1 || true)"
 
 printf 'image: %d passed, %d failed\n' "$passed" "$failed"
 [ "$failed" = 0 ]
