@@ -3,9 +3,8 @@
 #![forbid(unsafe_code)]
 
 use anyhow::Context;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use memprof::analysis::Thresholds;
-use memprof::api::MemoryProfile;
 use std::io::Write;
 
 #[derive(Parser)]
@@ -48,14 +47,9 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
-    /// Show what memprof concluded about a job (its MemoryProfile), or about every profiled job.
-    Report {
-        /// Job name; all profiles of the namespace when left out.
-        job: Option<String>,
-        /// Namespace.
-        #[arg(short, long, default_value = "default")]
-        namespace: String,
-    },
+    /// Show what memprof concluded about a job (its MemoryProfile and per-rank reports),
+    /// or about every profiled job in scope.
+    Report(memprof::cli::report::Args),
     /// Watch this box's GPUs for a predicted OOM (`--monitor`, `--fail-on critical`).
     Oom(memprof::cli::oom::Args),
     /// Run a training command over a grid of settings (`--vary BATCH_SIZE=8,16,32`),
@@ -84,11 +78,43 @@ enum Command {
         #[arg(long)]
         best_effort: bool,
     },
+    /// Print a shell completion script (`source <(memprof completion bash)`; for
+    /// `kubectl memprof <TAB>` put `kubectl_complete-memprof` on the PATH).
+    Completion {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: memprof::cli::completion::Shell,
+    },
+    /// Completion candidates in Cobra's protocol (what `kubectl_complete-memprof` calls).
+    #[command(name = "__complete", hide = true)]
+    Complete {
+        /// The words typed after `memprof`, the last one being completed.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        words: Vec<String>,
+    },
 }
 
-#[tokio::main(flavor = "current_thread")]
-async fn main() -> anyhow::Result<()> {
-    match Cli::parse().command {
+/// Errors print as `error: <message>: <cause>…` and exit 1: never the
+/// Debug form, which dumps a backtrace when RUST_BACKTRACE is set.
+fn main() -> std::process::ExitCode {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build();
+    let result = match runtime {
+        Ok(rt) => rt.block_on(run(Cli::parse())),
+        Err(e) => Err(e.into()),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
         Command::Crd => print!("{}", memprof::api::crds_yaml()),
         Command::Analyze {
             trace,
@@ -125,26 +151,20 @@ async fn main() -> anyhow::Result<()> {
             let code = memprof::cli::profile::run(&args, agent_path.as_deref()).await?;
             std::process::exit(code);
         }
-        Command::Report { job, namespace } => {
-            let client = kube::Client::try_default()
-                .await
-                .context("no Kubernetes configuration: set KUBECONFIG or run in a cluster")?;
-            let api: kube::Api<MemoryProfile> = kube::Api::namespaced(client, &namespace);
-            let profiles = match job {
-                Some(j) => vec![api.get(&j).await.with_context(|| format!("no MemoryProfile {namespace}/{j}: is the Job annotated memprof.dev/enabled=true and the operator running?"))?],
-                None => api.list(&Default::default()).await.context("cannot list MemoryProfiles (CRD not installed? run `kubectl apply -f crds/`)")?.items,
-            };
-            if profiles.is_empty() {
-                println!("no MemoryProfiles in namespace {namespace}");
-            }
-            for p in &profiles {
-                print!("{}", memprof::cli::report::render(p));
-            }
-        }
+        Command::Report(args) => std::process::exit(memprof::cli::report::run(args).await?),
         Command::Policy { command } => memprof::cli::policy::run(command).await?,
         Command::Oom(args) => std::process::exit(memprof::cli::oom::run(args).await?),
         Command::Sweep(args) => std::process::exit(memprof::cli::sweep::run(args).await?),
         Command::Top(args) => std::process::exit(memprof::cli::top::run(args).await?),
+        Command::Completion { shell } => {
+            let mut cmd = Cli::command();
+            let script = memprof::cli::completion::script(shell, &mut cmd, "memprof");
+            memprof::cli::output::print(&script);
+        }
+        Command::Complete { words } => {
+            let answer = memprof::cli::completion::complete(&Cli::command(), &words).await;
+            memprof::cli::output::print(&answer);
+        }
         Command::Plot(args) => std::process::exit(memprof::cli::plot::run(args).await?),
         Command::Compare(args) => std::process::exit(memprof::cli::compare::run(args).await?),
         Command::InstallAgent {

@@ -131,7 +131,7 @@ impl Scope {
 }
 
 /// The flags every cluster command takes, as kubectl spells them.
-#[derive(Clone, Debug, Default, clap::Args)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, clap::Args)]
 pub struct KubeArgs {
     /// Path to the kubeconfig file (default: $KUBECONFIG, then ~/.kube/config, then in-cluster).
     #[arg(long, value_name = "FILE")]

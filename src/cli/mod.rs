@@ -4,6 +4,7 @@
 
 pub mod analyze;
 pub mod compare;
+pub mod completion;
 pub mod install_agent;
 pub mod kube;
 pub mod oom;

@@ -2,8 +2,11 @@
 //! kubectl prints: upper-case headers, columns padded to their widest cell,
 //! three spaces between columns, no borders.
 
+use super::kube::CliError;
 use serde::Serialize;
-use std::io::IsTerminal;
+use std::future::Future;
+use std::io::{IsTerminal, Write};
+use std::time::Duration;
 
 /// Output format of a command (`-o table|wide|json|yaml`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -114,6 +117,63 @@ pub fn age(seconds: i64) -> String {
         7200..=172_799 => format!("{}h", s / 3600),
         _ => format!("{}d", s / 86_400),
     }
+}
+
+/// `--watch`, as `kubectl get -w` and `watch(1)` users expect.
+#[derive(Clone, Copy, Debug, clap::Args)]
+pub struct WatchArgs {
+    /// Redraw every --interval seconds until interrupted (on a terminal the screen is
+    /// redrawn in place; otherwise each frame follows the previous one after a blank line).
+    #[arg(short = 'w', long)]
+    pub watch: bool,
+    /// Seconds between redraws with --watch.
+    #[arg(long, default_value_t = 2.0, value_name = "SECONDS")]
+    pub interval: f64,
+    /// Stop after this many frames (0: until interrupted); for scripts and tests.
+    #[arg(long, default_value_t = 0, hide = true)]
+    pub watch_count: u64,
+}
+
+/// Prints `frame()` once, or with `--watch` again every interval until
+/// Ctrl-C (or `--watch-count` frames). A closed stdout (`| head`) ends it quietly.
+pub async fn watch<F, Fut>(w: WatchArgs, mut frame: F) -> Result<(), CliError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<String, CliError>>,
+{
+    let redraw_in_place = w.watch && stdout_is_terminal();
+    let interval = Duration::from_secs_f64(w.interval.clamp(0.05, 3600.0));
+    let mut frames = 0u64;
+    loop {
+        let text = frame().await?;
+        frames += 1;
+        let mut out = std::io::stdout().lock();
+        let prefix = match (redraw_in_place, frames) {
+            (true, _) => "\x1b[H\x1b[2J",
+            (false, 1) => "",
+            (false, _) => "\n",
+        };
+        if write!(out, "{prefix}{text}")
+            .and_then(|()| out.flush())
+            .is_err()
+        {
+            return Ok(());
+        }
+        drop(out);
+        if !w.watch || (w.watch_count > 0 && frames >= w.watch_count) {
+            return Ok(());
+        }
+        tokio::select! {
+            () = tokio::time::sleep(interval) => {}
+            _ = tokio::signal::ctrl_c() => return Ok(()),
+        }
+    }
+}
+
+/// Writes `text` to stdout; a closed pipe is not an error.
+pub fn print(text: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(text.as_bytes()).and_then(|()| out.flush());
 }
 
 #[cfg(test)]

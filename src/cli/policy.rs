@@ -24,11 +24,10 @@ use std::fmt::Write;
 pub enum Command {
     /// Which policies match a Job, each trigger's evaluation now, and what the actions would do.
     Explain {
-        /// Job name.
+        /// Job name, or NAMESPACE/JOB.
         job: String,
-        /// Namespace.
-        #[arg(short, long, default_value = "default")]
-        namespace: String,
+        #[command(flatten)]
+        kube: crate::cli::kube::KubeArgs,
     },
 }
 
@@ -178,6 +177,7 @@ pub fn render_explain(input: &ExplainInput<'_>) -> String {
             not_opted_in: input.not_opted_in,
             id: "preview",
             why: &why,
+            batch_fit: status.batch_recommendation.as_ref(),
         });
         let verb = match (v.acts(), p.spec.dry_run) {
             (true, false) => "acts now",
@@ -198,10 +198,11 @@ pub fn render_explain(input: &ExplainInput<'_>) -> String {
 
 /// Fetches what `explain` needs and prints it.
 pub async fn run(command: Command) -> anyhow::Result<()> {
-    let Command::Explain { job, namespace } = command;
-    let client = kube::Client::try_default()
-        .await
-        .context("no Kubernetes configuration: set KUBECONFIG or run in a cluster")?;
+    let Command::Explain { job, kube } = command;
+    let (client, scope) = kube.connect().await?;
+    let ns = crate::cli::kube::single_namespace(&scope, "memprof policy explain")?;
+    let (namespace, job) = crate::cli::kube::split_ref(&job, &ns);
+    let (namespace, job) = (namespace.to_string(), job.to_string());
     let jobs: Api<DynamicObject> =
         Api::namespaced_with(client.clone(), &namespace, &ApiResource::erase::<Job>(&()));
     let job_json = jobs
@@ -210,17 +211,16 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
         .with_context(|| format!("cannot read Job {namespace}/{job}"))?
         .map(|j| serde_json::to_value(j).unwrap_or_default());
     let profiles: Api<MemoryProfile> = Api::namespaced(client.clone(), &namespace);
+    let map_err = |e, verb, resource| crate::cli::kube::map_error(e, verb, resource, &scope);
     let profile = profiles
         .get_opt(&job)
         .await
-        .context("cannot read MemoryProfiles (CRD not installed? run `kubectl apply -f crds/`)")?;
+        .map_err(|e| map_err(e, "get", "memoryprofiles"))?;
     let policies: Api<RemediationPolicy> = Api::namespaced(client.clone(), &namespace);
     let policies = policies
         .list(&Default::default())
         .await
-        .context(
-            "cannot list RemediationPolicies (CRD not installed? run `kubectl apply -f crds/`)",
-        )?
+        .map_err(|e| map_err(e, "list", "remediationpolicies"))?
         .items;
     let cms: Api<ConfigMap> = Api::namespaced(client, &namespace);
     let mut config_maps = BTreeMap::new();

@@ -1,8 +1,138 @@
 //! `memprof report [JOB]` (also `kubectl memprof report`): what the operator
 //! concluded about a job, from its MemoryProfile, in words.
 
-use crate::api::{format_bytes, format_duration, AllocatorRollup, MemoryGrowth, MemoryProfile};
+use crate::api::{
+    format_bytes, format_duration, AllocatorRollup, MemoryGrowth, MemoryProfile, MemoryReport,
+};
+use crate::cli::kube::{self as k, CliError, KubeArgs, Scope};
+use crate::cli::output::{self, Format, OutputArgs, Table, WatchArgs};
+use kube::ResourceExt;
 use std::fmt::Write;
+
+/// Flags of `memprof report`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Job name, or NAMESPACE/JOB; every profile in scope when left out.
+    pub job: Option<String>,
+    #[command(flatten)]
+    pub kube: KubeArgs,
+    #[command(flatten)]
+    pub output: OutputArgs,
+    #[command(flatten)]
+    pub watch: WatchArgs,
+}
+
+/// Fetches and prints (with `--watch`, again and again); returns the exit code.
+pub async fn run(args: Args) -> Result<i32, CliError> {
+    let (client, scope) = args.kube.connect().await?;
+    let format = args.output.format;
+    output::watch(args.watch, || async {
+        match &args.job {
+            Some(job) => {
+                let ns = k::single_namespace(&scope, "memprof report JOB")?;
+                let (ns, job) = k::split_ref(job, &ns);
+                let profile = k::get_profile(&client, ns, job).await?;
+                let reports = k::job_reports(&client, ns, &profile.spec.job_name).await?;
+                Ok(render_job(&profile, &reports, format))
+            }
+            None => {
+                let profiles = k::list_profiles(&client, &scope).await?;
+                Ok(render_all(&profiles, &scope, format))
+            }
+        }
+    })
+    .await?;
+    Ok(0)
+}
+
+/// One Job: the profile in words and its ranks' table, or both as a List object.
+pub fn render_job(p: &MemoryProfile, reports: &[MemoryReport], format: Format) -> String {
+    if format.is_structured() {
+        let mut items = vec![object(p)];
+        items.extend(reports.iter().map(object));
+        return output::structured(&list(items), format);
+    }
+    let mut out = render(p);
+    out.push_str(&render_ranks(reports, format == Format::Wide));
+    out
+}
+
+/// Every profile in scope, each in words (or all of them as a List object).
+pub fn render_all(profiles: &[MemoryProfile], scope: &Scope, format: Format) -> String {
+    if format.is_structured() {
+        return output::structured(&list(profiles.iter().map(object).collect()), format);
+    }
+    if profiles.is_empty() {
+        return format!("No MemoryProfiles found in {}.\n", scope.describe());
+    }
+    profiles.iter().map(render).collect::<Vec<_>>().join("\n")
+}
+
+/// A kubectl `List` of objects.
+fn list(items: Vec<serde_json::Value>) -> serde_json::Value {
+    serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items})
+}
+
+/// The object as kubectl prints it: without managedFields.
+fn object<K: kube::Resource + serde::Serialize + Clone>(o: &K) -> serde_json::Value {
+    let mut o = o.clone();
+    o.meta_mut().managed_fields = None;
+    serde_json::to_value(&o).unwrap_or_default()
+}
+
+/// One row per GPU of each rank, with the GPU's recent memory as a sparkline
+/// (the report's 60-point timeline, highest use per point).
+pub fn render_ranks(reports: &[MemoryReport], wide: bool) -> String {
+    if reports.is_empty() {
+        return "  no MemoryReports for this Job yet\n".to_string();
+    }
+    let mut headers = vec![
+        "RANK", "POD", "NODE", "GPU", "USED", "PEAK", "TOTAL", "RISK", "TTO", "RECENT",
+    ];
+    if wide {
+        headers.extend(["GROWTH", "UTIL", "UUID", "SAMPLED"]);
+    }
+    let mut table = Table::new(headers);
+    for r in reports {
+        for g in &r.spec.gpus {
+            let line: Vec<f64> = g.timeline.iter().map(|p| p.max as f64).collect();
+            let mut row = vec![
+                r.spec.rank.map_or("-".into(), |x| x.to_string()),
+                r.spec.pod_name.clone(),
+                r.spec.node_name.clone().unwrap_or_else(|| "-".into()),
+                g.index.to_string(),
+                format_bytes(g.used_bytes),
+                format_bytes(g.peak_bytes),
+                format_bytes(g.total_bytes),
+                g.risk.to_string(),
+                g.time_to_oom_seconds.map_or("-".into(), format_duration),
+                crate::plot::sparkline(&line),
+            ];
+            if wide {
+                row.extend([
+                    format!("{:.1}MB/s", g.growth_bytes_per_second / 1e6),
+                    g.utilization_percent
+                        .map_or("-".into(), |u| format!("{u}%")),
+                    g.uuid.clone(),
+                    r.spec.sampled_at.clone(),
+                ]);
+            }
+            table.row(row);
+        }
+        if r.spec.gpus.is_empty() {
+            table.row([
+                r.spec.rank.map_or("-".into(), |x| x.to_string()),
+                r.name_any(),
+                r.spec.node_name.clone().unwrap_or_else(|| "-".into()),
+                "-".into(),
+                "no GPU visible".to_string(),
+            ]);
+        }
+    }
+    let mut out = String::from("\nranks:\n");
+    out.push_str(&table.render());
+    out
+}
 
 /// Renders one profile for a terminal.
 pub fn render(p: &MemoryProfile) -> String {
