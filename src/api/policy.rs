@@ -225,6 +225,37 @@ pub struct ScaleBatchAction {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 63))]
     pub container: Option<String>,
+    /// `factor` (the default): new = old × factor. `fit`: the largest batch
+    /// whose predicted peak stays under the headroom target, from the
+    /// MemoryProfile's `batchRecommendation` (still at least `minimum`, rounded
+    /// down to `roundTo`); with too little evidence it falls back to `factor` and says so.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<ScaleMode>,
+    /// With `mode: fit`: percent of the GPU's memory to keep free (default 10).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 90))]
+    pub headroom_percent: Option<u32>,
+}
+
+/// How `scaleBatch` picks the new value.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub enum ScaleMode {
+    /// new = old × factor.
+    #[default]
+    Factor,
+    /// The largest batch that fits, computed from measurement.
+    Fit,
+}
+
+impl ScaleBatchAction {
+    /// Fraction of the GPU's memory a `fit` keeps free.
+    pub fn headroom_fraction(&self) -> f64 {
+        self.headroom_percent
+            .map_or(crate::analysis::batchfit::DEFAULT_HEADROOM_FRACTION, |p| {
+                f64::from(p.min(90)) / 100.0
+            })
+    }
 }
 
 /// Write one key of a ConfigMap in the Job's namespace: set exactly one of `value` and `scale`.

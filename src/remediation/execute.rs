@@ -144,6 +144,11 @@ pub(super) async fn plan_for(
             None => {}
         }
     }
+    // `scaleBatch` `mode: fit` reads the roll-up's recommendation (status: only the operator writes it).
+    let profile = ctx.profiles.get(&ObjectRef::new(name).within(ns));
+    let batch_fit = profile
+        .as_ref()
+        .and_then(|p| p.status.as_ref()?.batch_recommendation.as_ref());
     Ok(Some(plan::build(&PlanInput {
         policy,
         job: &job,
@@ -151,6 +156,7 @@ pub(super) async fn plan_for(
         not_opted_in: &not_opted_in,
         id,
         why,
+        batch_fit,
     })))
 }
 

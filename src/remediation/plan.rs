@@ -8,10 +8,11 @@
 //! version does not know, and the recreated Job must be the user's Job with
 //! one env value changed, nothing less.
 
+use crate::analysis::batchfit;
 use crate::api::{
-    truncate_utf8, RemediationPolicy, ScaleValue, ANNOTATION_BOTTLENECK, ANNOTATION_IMBALANCE,
-    ANNOTATION_OOM_RISK, ANNOTATION_ORIGINAL_PREFIX, ANNOTATION_REMEDIATION,
-    ANNOTATION_TIME_TO_OOM,
+    truncate_utf8, BatchRecommendation, RemediationPolicy, ScaleBatchAction, ScaleMode, ScaleValue,
+    ANNOTATION_BOTTLENECK, ANNOTATION_IMBALANCE, ANNOTATION_OOM_RISK, ANNOTATION_ORIGINAL_PREFIX,
+    ANNOTATION_REMEDIATION, ANNOTATION_TIME_TO_OOM,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -38,6 +39,10 @@ const SERVER_METADATA: [&str; 8] = [
 ];
 /// Default reason of an `event` action.
 pub const DEFAULT_EVENT_REASON: &str = "RemediationTriggered";
+/// Event reason of a `scaleBatch` `mode: fit` that set the computed batch.
+pub const REASON_BATCH_FIT: &str = "BatchFitApplied";
+/// Event reason of a `scaleBatch` `mode: fit` that fell back to its factor.
+pub const REASON_BATCH_FIT_FALLBACK: &str = "BatchFitFallback";
 
 /// One env var change in one container.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
@@ -51,6 +56,9 @@ pub struct EnvChange {
     pub from: u64,
     /// Value after.
     pub to: u64,
+    /// How `to` was chosen, when not by the plain factor (`mode: fit`, or its fallback).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 /// One concrete step of a plan.
@@ -138,7 +146,12 @@ impl Plan {
                 Step::Recreate { changes, .. } => {
                     let mut seen = Vec::new();
                     for c in changes {
-                        let s = format!("scaleBatch {} {}->{}", c.env, c.from, c.to);
+                        let note = c
+                            .note
+                            .as_ref()
+                            .map(|n| format!(" ({n})"))
+                            .unwrap_or_default();
+                        let s = format!("scaleBatch {} {}->{}{note}", c.env, c.from, c.to);
                         if !seen.contains(&s) {
                             seen.push(s);
                         }
@@ -267,6 +280,8 @@ pub struct PlanInput<'a> {
     pub id: &'a str,
     /// Which trigger fired, and why.
     pub why: &'a str,
+    /// The Job's MemoryProfile `batchRecommendation`, for `scaleBatch` `mode: fit`.
+    pub batch_fit: Option<&'a BatchRecommendation>,
 }
 
 /// `value × factor`, rounded down to a multiple of `round_to`, at least `minimum`.
@@ -315,6 +330,7 @@ pub fn build(input: &PlanInput<'_>) -> Result<Plan, PlanError> {
     let mut changes = Vec::new();
     let mut annotations = BTreeMap::new();
     let mut suspend = false;
+    let mut fit_events = Vec::new();
     for action in &input.policy.spec.actions {
         if let Some(a) = &action.annotate {
             annotations.insert(a.key.clone(), a.value.clone());
@@ -335,12 +351,9 @@ pub fn build(input: &PlanInput<'_>) -> Result<Plan, PlanError> {
                 message,
             });
         } else if let Some(s) = &action.scale_batch {
-            let scale = ScaleValue {
-                factor: s.factor,
-                minimum: s.minimum,
-                round_to: s.round_to,
-            };
-            changes.extend(env_changes(job, &s.env, s.container.as_deref(), &scale)?);
+            let (mut scaled, event) = scale_batch(job, s, input.batch_fit)?;
+            changes.append(&mut scaled);
+            fit_events.extend(event);
         } else if let Some(c) = &action.set_config_map_key {
             if input.not_opted_in.contains(&c.config_map) {
                 return Err(PlanError::ConfigMapNotOptedIn {
@@ -398,7 +411,81 @@ pub fn build(input: &PlanInput<'_>) -> Result<Plan, PlanError> {
         let manifest = recreated_job(job, &changes, input.id, &annotations, suspend);
         plan.steps.push(Step::Recreate { changes, manifest });
     }
+    // After the recreation, so that the Event lands on the new Job.
+    plan.steps.extend(fit_events);
     Ok(plan)
+}
+
+/// The env changes of one `scaleBatch` action, and for `mode: fit` the
+/// Event saying what the fit did (or why it fell back to the factor).
+fn scale_batch(
+    job: &Value,
+    s: &ScaleBatchAction,
+    fit: Option<&BatchRecommendation>,
+) -> Result<(Vec<EnvChange>, Option<Step>), PlanError> {
+    let scale = ScaleValue {
+        factor: s.factor,
+        minimum: s.minimum,
+        round_to: s.round_to,
+    };
+    let by_factor = env_changes(job, &s.env, s.container.as_deref(), &scale, None)?;
+    if s.mode != Some(ScaleMode::Fit) {
+        return Ok((by_factor, None));
+    }
+    let computed = batchfit::policy_value(
+        fit,
+        &s.env,
+        s.headroom_fraction(),
+        u64::from(s.minimum),
+        s.round_to.map(u64::from),
+    );
+    let from = by_factor.iter().map(|c| c.from).max().unwrap_or(0);
+    // `note` goes into the summary (and so the record); `why` into the Event.
+    let (changes, reason, note, why) = match computed {
+        Ok(f) if f.value < from => {
+            let changes = env_changes(job, &s.env, s.container.as_deref(), &scale, Some(f.value))?;
+            (changes, REASON_BATCH_FIT, f.note.clone(), f.note)
+        }
+        Ok(f) => (
+            by_factor,
+            REASON_BATCH_FIT_FALLBACK,
+            format!("fit says {from} fits, factor {}", s.factor),
+            format!(
+                "the fit says {} {from} fits (computed {}: {}), yet the policy fired: the evidence \
+                 and the trigger disagree, so the factor {} is used",
+                s.env, f.value, f.note, s.factor
+            ),
+        ),
+        Err(why) => {
+            let what = if why.starts_with("too little evidence") {
+                "too little evidence"
+            } else {
+                "no usable recommendation"
+            };
+            (
+                by_factor,
+                REASON_BATCH_FIT_FALLBACK,
+                format!("fit: {what}, factor {}", s.factor),
+                format!("{why}; so the factor {} is used", s.factor),
+            )
+        }
+    };
+    let changes = changes
+        .into_iter()
+        .map(|c| EnvChange {
+            note: Some(note.clone()),
+            ..c
+        })
+        .collect();
+    let mut message = format!("scaleBatch {} mode fit: {why}", s.env);
+    truncate_utf8(&mut message, 1024);
+    Ok((
+        changes,
+        Some(Step::Event {
+            reason: reason.into(),
+            message,
+        }),
+    ))
 }
 
 /// `Kind/name` of the controller that owns a Job, if one does.
@@ -422,6 +509,7 @@ fn env_changes(
     env: &str,
     container: Option<&str>,
     scale: &ScaleValue,
+    fixed: Option<u64>,
 ) -> Result<Vec<EnvChange>, PlanError> {
     let containers = job["spec"]["template"]["spec"]["containers"]
         .as_array()
@@ -457,7 +545,7 @@ fn env_changes(
             container: name.into(),
             value: raw.into(),
         })?;
-        let to = scale_value(scale, from);
+        let to = fixed.unwrap_or_else(|| scale_value(scale, from));
         if to >= from {
             at_minimum = Some(from);
             continue;
@@ -467,6 +555,7 @@ fn env_changes(
             env: env.into(),
             from,
             to,
+            note: None,
         });
     }
     if changes.is_empty() {

@@ -53,7 +53,7 @@ fn scale_batch(factor: f64, minimum: u32, round_to: Option<u32>) -> RemediationA
             factor,
             minimum,
             round_to,
-            container: None,
+            ..Default::default()
         }),
         ..Default::default()
     }
@@ -71,6 +71,7 @@ fn build_for(p: &RemediationPolicy, j: &Value) -> Result<Plan, PlanError> {
         not_opted_in: &BTreeSet::new(),
         id: "abc123",
         why: "risk critical >= critical for 0s",
+        batch_fit: None,
     })
 }
 
@@ -241,6 +242,7 @@ fn config_maps_not_opted_in_are_never_written() {
         not_opted_in: &not_opted_in,
         id: "abc123",
         why: "test",
+        batch_fit: None,
     })
     .unwrap_err();
     assert_eq!(e.reason(), "ConfigMapNotOptedIn");
@@ -259,4 +261,131 @@ fn jobs_controlled_by_another_controller_are_left_alone_unless_the_policy_allows
     assert!(e.to_string().contains("CronJob/nightly"), "{e}");
     p.spec.allow_controlled_jobs = true;
     assert!(build_for(&p, &j).is_ok());
+}
+
+fn fit_policy(minimum: u32, round_to: Option<u32>) -> RemediationPolicy {
+    let mut a = scale_batch(0.75, minimum, round_to);
+    a.scale_batch.as_mut().unwrap().mode = Some(crate::api::ScaleMode::Fit);
+    policy(vec![a])
+}
+
+/// 66.5 GiB + 0.2 GiB/sample seen at batches 48 and 64 on an 80 GiB GPU.
+fn two_batches() -> crate::api::BatchRecommendation {
+    use crate::analysis::batchfit::{observe, recommend, Evidence};
+    const G: f64 = (1u64 << 30) as f64;
+    let seen = observe(&[], Some(64), (79.3 * G) as u64, 80 << 30);
+    let seen = observe(&seen, Some(48), (76.1 * G) as u64, 80 << 30);
+    recommend(&Evidence {
+        env_var: "BATCH_SIZE",
+        current: Some(64),
+        limit_bytes: Some(80 << 30),
+        headroom_fraction: 0.1,
+        breakdown: None,
+        observations: &seen,
+    })
+}
+
+fn build_fit(
+    p: &RemediationPolicy,
+    j: &Value,
+    fit: Option<&crate::api::BatchRecommendation>,
+) -> Plan {
+    build(&PlanInput {
+        policy: p,
+        job: j,
+        config_maps: &BTreeMap::new(),
+        not_opted_in: &BTreeSet::new(),
+        id: "abc123",
+        why: "test",
+        batch_fit: fit,
+    })
+    .unwrap()
+}
+
+#[test]
+fn mode_fit_sets_the_computed_batch_with_minimum_and_round_to() {
+    let rec = two_batches();
+    let j = job(json!("64"));
+    // (72 - 66.5) / 0.2 = 27.5: 27; the factor would give 48.
+    let plan = build_fit(&fit_policy(4, None), &j, Some(&rec));
+    let (changes, manifest) = plan.recreate().unwrap();
+    assert_eq!((changes[0].from, changes[0].to), (64, 27));
+    assert_eq!(
+        manifest["spec"]["template"]["spec"]["containers"][0]["env"][1]["value"],
+        "27"
+    );
+    assert!(
+        plan.summary().starts_with("scaleBatch BATCH_SIZE 64->27 (fit twoBatchSizes: 66.5GiB + 205MiB/sample, ≤72.0GiB → 27)"),
+        "{}",
+        plan.summary()
+    );
+    assert!(
+        matches!(plan.steps.last(), Some(Step::Event { reason, .. }) if reason == REASON_BATCH_FIT)
+    );
+    let plan = build_fit(&fit_policy(4, Some(8)), &j, Some(&rec));
+    assert_eq!(plan.recreate().unwrap().0[0].to, 24, "rounded down to 8");
+    let plan = build_fit(&fit_policy(32, Some(8)), &j, Some(&rec));
+    assert_eq!(plan.recreate().unwrap().0[0].to, 32, "never below minimum");
+}
+
+#[test]
+fn mode_fit_without_evidence_falls_back_to_the_factor_and_says_so() {
+    let mut thin = two_batches();
+    thin.observations.truncate(1);
+    let thin = crate::analysis::batchfit::recommend(&crate::analysis::batchfit::Evidence {
+        env_var: "BATCH_SIZE",
+        current: Some(64),
+        limit_bytes: Some(80 << 30),
+        headroom_fraction: 0.1,
+        breakdown: None,
+        observations: &thin.observations,
+    });
+    let j = job(json!("64"));
+    for fit in [None, Some(&thin)] {
+        let plan = build_fit(&fit_policy(4, None), &j, fit);
+        assert_eq!(plan.recreate().unwrap().0[0].to, 48, "64 × 0.75");
+        let summary = plan.summary();
+        assert!(
+            summary.starts_with("scaleBatch BATCH_SIZE 64->48 (fit: "),
+            "{summary}"
+        );
+        assert!(summary.contains(", factor 0.75)"), "{summary}");
+        let Some(Step::Event { reason, message }) = plan.steps.last() else {
+            panic!("no Event: {:?}", plan.steps);
+        };
+        assert_eq!(reason, REASON_BATCH_FIT_FALLBACK);
+        assert!(message.contains("factor 0.75"), "{message}");
+    }
+    let plan = build_fit(&fit_policy(4, None), &j, Some(&thin));
+    assert!(plan
+        .summary()
+        .starts_with("scaleBatch BATCH_SIZE 64->48 (fit: too little evidence, factor 0.75)"));
+    let Some(Step::Event { message, .. }) = plan.steps.last() else {
+        unreachable!()
+    };
+    assert!(
+        message.contains("1 batch size(s) observed, at least 2 needed"),
+        "{message}"
+    );
+    // A fit at or above the current value contradicts the trigger: factor.
+    let plan = build_fit(
+        &fit_policy(4, None),
+        &job(json!("16")),
+        Some(&two_batches()),
+    );
+    assert_eq!(plan.recreate().unwrap().0[0].to, 12);
+    assert!(
+        plan.summary().contains("(fit says 16 fits, factor 0.75)"),
+        "{}",
+        plan.summary()
+    );
+}
+
+#[test]
+fn the_factor_mode_plan_is_unchanged_by_a_recommendation() {
+    let rec = two_batches();
+    let p = policy(vec![scale_batch(0.75, 4, None)]);
+    let plan = build_fit(&p, &job(json!("64")), Some(&rec));
+    assert_eq!(plan.summary(), "scaleBatch BATCH_SIZE 64->48");
+    assert_eq!(plan.steps.len(), 1);
 }
