@@ -97,6 +97,14 @@ pub struct Args {
     /// Analysis thresholds as JSON (fields of `Thresholds`, camelCase), e.g. `{"highTtoSeconds":900}`.
     #[arg(long, env = "MEMPROF_THRESHOLDS")]
     pub thresholds: Option<String>,
+    /// Log as JSON lines (for log collectors) instead of text; the injection
+    /// sets it from the chart's `sidecar.logFormat`.
+    #[arg(long, env = "MEMPROF_LOG_JSON", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub log_json: bool,
+    /// Print the metric families this binary registers (no samples) and exit:
+    /// what the chart's dashboard and alert tests check their queries against.
+    #[arg(long, hide = true)]
+    pub print_metrics: bool,
 }
 
 /// The injection validates intervals with the same parser, so what it
@@ -107,14 +115,22 @@ fn parse_interval(s: &str) -> Result<Duration, String> {
 
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
-    tracing_subscriber::fmt()
+    if args.print_metrics {
+        print!("{}", metrics::describe());
+        return std::process::ExitCode::SUCCESS;
+    }
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
         // Colours only for a person at a terminal, never in a pod's log.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    if args.log_json {
+        logs.json().init();
+    } else {
+        logs.init();
+    }
     // One worker thread: the sidecar must stay small next to the trainer.
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()

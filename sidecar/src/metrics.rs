@@ -8,11 +8,38 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 use std::sync::atomic::AtomicU64;
 
-/// Label of per-GPU metrics.
+/// Labels of per-GPU metrics. `gpu`, `UUID` and `modelName` are spelled as
+/// dcgm-exporter spells them, so a query can join the two on `UUID` (see
+/// docs/observability.md). Cardinality stays that of the GPU index: a GPU's
+/// UUID and model never change, and a sidecar sees only its pod's GPUs.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[allow(non_snake_case)]
 pub struct GpuLabel {
     /// GPU index.
     pub gpu: String,
+    /// GPU UUID (`GPU-…`), empty when the backend does not know it.
+    pub UUID: String,
+    /// Product name, e.g. `NVIDIA H100 80GB HBM3`.
+    pub modelName: String,
+}
+
+/// Longest model name exported: NVML names are short; this only bounds a
+/// label an agent or a trace file could make arbitrarily long.
+const MAX_MODEL_NAME: usize = 64;
+
+impl GpuLabel {
+    /// The labels of one GPU.
+    pub fn of(info: &memprof::sampler::GpuInfo) -> Self {
+        let mut model = info.model.clone();
+        memprof::api::truncate_utf8(&mut model, MAX_MODEL_NAME);
+        let mut uuid = info.uuid.clone();
+        memprof::api::truncate_utf8(&mut uuid, MAX_MODEL_NAME);
+        GpuLabel {
+            gpu: info.index.to_string(),
+            UUID: uuid,
+            modelName: model,
+        }
+    }
 }
 
 /// Label of write metrics.
@@ -185,4 +212,69 @@ pub fn render(registry: &Registry) -> String {
     // Writing to a String cannot fail.
     let _ = prometheus_client::encoding::text::encode(&mut out, registry);
     out
+}
+
+/// The registry's metric families (`# HELP`/`# TYPE` lines, no samples):
+/// what `memprof-sidecar --print-metrics` prints, so the chart's dashboard
+/// and alerts are checked against the names this binary really registers.
+pub fn describe() -> String {
+    let mut registry = Registry::default();
+    let m = Metrics::new(&mut registry);
+    // A family without a child is not encoded at all: give each one a
+    // child, then keep only the descriptors.
+    let gpu = GpuLabel {
+        gpu: String::new(),
+        UUID: String::new(),
+        modelName: String::new(),
+    };
+    for family in [&m.gpu_used, &m.gpu_peak, &m.gpu_total, &m.gpu_time_to_oom] {
+        let _ = family.get_or_create(&gpu);
+    }
+    let _ = m.gpu_risk.get_or_create(&gpu);
+    m.written("");
+    m.write_failed("");
+    render(&registry)
+        .lines()
+        .filter(|l| l.starts_with("# HELP ") || l.starts_with("# TYPE "))
+        .map(|l| format!("{l}\n"))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn per_gpu_series_carry_the_labels_dcgm_exporter_joins_on() {
+        let mut registry = Registry::default();
+        let m = Metrics::new(&mut registry);
+        let info = memprof::sampler::GpuInfo {
+            index: 3,
+            uuid: "GPU-0b1c".into(),
+            model: format!("NVIDIA H100 80GB HBM3{}", "x".repeat(200)),
+            total_bytes: 80,
+        };
+        let l = GpuLabel::of(&info);
+        assert_eq!(l.modelName.len(), MAX_MODEL_NAME, "bounded");
+        m.gpu_used.get_or_create(&l).set(42.0);
+        let text = render(&registry);
+        let want = format!(
+            "memprof_gpu_used_bytes{{gpu=\"3\",UUID=\"GPU-0b1c\",modelName=\"{}\"}} 42.0",
+            l.modelName
+        );
+        assert!(text.contains(&want), "{text}");
+    }
+
+    #[test]
+    fn describe_names_every_family_without_samples() {
+        let text = describe();
+        for name in [
+            "# TYPE memprof_gpu_used_bytes gauge",
+            "# TYPE memprof_sidecar_samples counter",
+            "# TYPE memprof_sampler_duration_seconds histogram",
+        ] {
+            assert!(text.contains(name), "{name} in {text}");
+        }
+        assert!(!text.contains("memprof_gpu_used_bytes{"), "{text}");
+    }
 }

@@ -353,9 +353,7 @@ fn export_gauges(metrics: &Metrics, m: &Monitor) {
         .zip(m.series())
         .zip(m.assessments())
     {
-        let l = GpuLabel {
-            gpu: info.index.to_string(),
-        };
+        let l = GpuLabel::of(info);
         if let Some(last) = s.last() {
             metrics.gpu_used.get_or_create(&l).set(last.used as f64);
             metrics.gpu_total.get_or_create(&l).set(last.total as f64);

@@ -25,6 +25,11 @@ struct Cli {
     #[arg(long, env = "MEMPROF_LOG_JSON", default_value_t = false)]
     log_json: bool,
 
+    /// Print the metric families this binary registers (no samples) and exit:
+    /// what the chart's dashboard and alert tests check their queries against.
+    #[arg(long, hide = true)]
+    print_metrics: bool,
+
     #[command(flatten)]
     operator: Options,
 
@@ -64,6 +69,31 @@ fn init_logs(json: bool) {
     }
 }
 
+/// The families `main` registers, each labelled one given a child (a family
+/// without children is not encoded), as `# HELP`/`# TYPE` lines.
+fn describe_metrics() -> String {
+    let mut registry = Registry::with_prefix("memprof");
+    let metrics = Metrics::register(&mut registry);
+    let remediation = memprof::remediation::Metrics::register(&mut registry);
+    let webhook = memprof::webhook::server::ServerMetrics::register(&mut registry);
+    metrics.touch_families();
+    let _ = remediation
+        .records
+        .get_or_create(&memprof::remediation::PhaseLabels {
+            phase: String::new(),
+        });
+    let _ = remediation
+        .reconcile_errors
+        .get_or_create(&memprof::remediation::StepLabels { step: "" });
+    let _ = webhook
+        .connections_closed
+        .get_or_create(&memprof::webhook::server::CloseLabels { reason: "" });
+    let _ = webhook
+        .requests_rejected
+        .get_or_create(&memprof::webhook::server::RejectLabels { reason: "" });
+    operator::metrics::descriptors(&operator::metrics::encode(&registry))
+}
+
 /// Every long-lived task runs under `operator::supervise`: one that ends
 /// before shutdown is logged, counted
 /// (`memprof_operator_task_failures_total{task}`), makes `/readyz` answer
@@ -72,6 +102,10 @@ fn init_logs(json: bool) {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    if cli.print_metrics {
+        print!("{}", describe_metrics());
+        return Ok(());
+    }
     init_logs(cli.log_json);
 
     // No client-wide read timeout: kube's client reads watch streams through

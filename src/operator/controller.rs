@@ -279,6 +279,8 @@ pub async fn run(
         state: Mutex::default(),
         caches_ready,
     });
+    // Per-Job gauges (memprof_job_*) from this cache, while this run lasts.
+    let _job_gauges = ctx.metrics.jobs.publish(ctx.profiles.clone());
     info!(namespace = %if ns.is_empty() { "*" } else { ns }, "memprof operator started");
     Controller::for_stream(job_stream, jobs)
         .owns_stream(profile_stream)

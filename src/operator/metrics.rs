@@ -8,11 +8,17 @@
 //! (see `tasks.rs`).
 
 use super::tasks::Health;
+use crate::api::{MemoryProfile, MemoryProfileStatus};
+use kube::runtime::reflector::Store;
+use prometheus_client::collector::Collector;
 use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 use std::future::Future;
 use std::sync::Arc;
@@ -65,6 +71,8 @@ pub struct Metrics {
     pub leader: Gauge,
     /// Long-lived tasks of the operator that ended (failed or returned), by task.
     pub task_failures: Family<TaskLabels, Counter>,
+    /// Per-Job gauges, read from the profile cache at scrape time.
+    pub jobs: Arc<JobGauges>,
 }
 
 impl Metrics {
@@ -84,6 +92,7 @@ impl Metrics {
             reports_seen: Counter::default(),
             leader: Gauge::default(),
             task_failures: Family::default(),
+            jobs: Arc::default(),
         };
         registry.register("reconciles", "Reconciles started", m.reconciles.clone());
         registry.register(
@@ -132,12 +141,175 @@ impl Metrics {
             "Long-lived operator tasks that ended (each is retried with backoff), by task",
             m.task_failures.clone(),
         );
+        registry.register_collector(Box::new(m.jobs.clone()));
         Arc::new(m)
+    }
+
+    /// Gives every labelled family a child so that an encoding names it
+    /// (a family without children is not encoded): for [`descriptors`].
+    pub fn touch_families(&self) {
+        let _ = self
+            .reconcile_errors
+            .get_or_create(&StepLabels { step: "" });
+        let _ = self.events.get_or_create(&ReasonLabels { reason: "" });
+        let _ = self.task_failures.get_or_create(&TaskLabels { task: "" });
     }
 
     /// Metrics registered nowhere: for tests and embedders that do not export them.
     pub fn unregistered() -> Arc<Self> {
         Self::register(&mut Registry::default())
+    }
+}
+
+/// Labels of the per-Job gauges: the Job's namespace and name. A scrape
+/// config must keep them (`honorLabels: true`, as the chart's
+/// ServiceMonitor sets), or Prometheus renames `namespace` to
+/// `exported_namespace` in favour of the operator pod's own.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct JobLabels {
+    /// Namespace of the Job.
+    pub namespace: String,
+    /// Name of the Job (and of its MemoryProfile).
+    pub job: String,
+}
+
+/// Per-Job gauges (`memprof_job_*`), computed at each scrape from the
+/// MemoryProfiles in the operator's watch cache. Reading the cache rather
+/// than setting gauges during reconciles means a deleted profile's series
+/// disappear with it (no stale series for Jobs long gone), and only the
+/// replica that reconciles (the leader, which has a cache) exports them.
+#[derive(Default)]
+pub struct JobGauges {
+    profiles: std::sync::RwLock<Option<Store<MemoryProfile>>>,
+}
+
+impl std::fmt::Debug for JobGauges {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JobGauges").finish_non_exhaustive()
+    }
+}
+
+/// While alive, [`JobGauges`] exports the profiles of one cache; dropped
+/// when the controller stops (leadership lost), the series go with it.
+#[must_use = "the per-Job gauges stop when this is dropped"]
+pub struct Published(Arc<JobGauges>);
+
+impl Drop for Published {
+    fn drop(&mut self) {
+        *self.0.profiles.write().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+}
+
+impl JobGauges {
+    /// Exports the profiles in `store` until the returned guard is dropped.
+    pub fn publish(self: &Arc<Self>, store: Store<MemoryProfile>) -> Published {
+        *self.profiles.write().unwrap_or_else(|e| e.into_inner()) = Some(store);
+        Published(self.clone())
+    }
+}
+
+/// One per-Job gauge: name (after the registry's prefix), help, and its value
+/// for a status (`None`: no series for that Job).
+type JobGauge = (
+    &'static str,
+    &'static str,
+    fn(&MemoryProfileStatus) -> Option<f64>,
+);
+
+const JOB_GAUGES: [JobGauge; 9] = [
+    (
+        "job_risk_level",
+        "Job OOM risk (worst rank): 0 none, 1 low, 2 medium, 3 high, 4 critical",
+        |s| Some(f64::from(s.risk as u8)),
+    ),
+    (
+        "job_time_to_oom_seconds",
+        "Smallest predicted time to OOM over the Job's ranks (absent when none is predicted)",
+        |s| s.time_to_oom_seconds,
+    ),
+    (
+        "job_imbalance_ratio",
+        "Max/mean of per-GPU peak memory across the Job's GPUs (absent with fewer than 2 GPUs)",
+        |s| s.imbalance,
+    ),
+    (
+        "job_peak_used_bytes",
+        "Largest peak GPU memory in use over the Job's GPUs",
+        |s| Some(s.peak_used_bytes as f64),
+    ),
+    (
+        "job_ranks_reporting",
+        "Ranks of the Job with a valid MemoryReport",
+        |s| Some(f64::from(s.ranks_reporting)),
+    ),
+    (
+        "job_gpu_ooms",
+        "GPU OOMs recorded in the Job's MemoryProfile (its bounded history)",
+        |s| Some(s.ooms.len() as f64),
+    ),
+    (
+        "job_last_gpu_oom_timestamp_seconds",
+        "Unix time of the newest GPU OOM recorded for the Job (absent when none)",
+        |s| {
+            s.ooms
+                .iter()
+                .filter_map(|o| o.time.parse::<jiff::Timestamp>().ok())
+                .max()
+                .map(|t| t.as_millisecond() as f64 / 1000.0)
+        },
+    ),
+    (
+        "job_remediations",
+        "Finished remediations that changed the Job, over its whole life (all policies)",
+        |s| {
+            Some(
+                s.remediation_totals
+                    .iter()
+                    .map(|t| f64::from(t.count))
+                    .sum(),
+            )
+        },
+    ),
+    (
+        "job_remediations_failed",
+        "Remediation records of the Job in phase Failed (its bounded history)",
+        |s| {
+            Some(
+                s.remediations
+                    .iter()
+                    .filter(|r| r.phase == "Failed")
+                    .count() as f64,
+            )
+        },
+    ),
+];
+
+impl Collector for JobGauges {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let profiles = match &*self.profiles.read().unwrap_or_else(|e| e.into_inner()) {
+            Some(store) => store.state(),
+            None => Vec::new(),
+        };
+        let rows: Vec<(JobLabels, &MemoryProfileStatus)> = profiles
+            .iter()
+            .filter_map(|p| {
+                let labels = JobLabels {
+                    namespace: p.metadata.namespace.clone()?,
+                    job: p.metadata.name.clone()?,
+                };
+                Some((labels, p.status.as_ref()?))
+            })
+            .collect();
+        // Descriptors even without profiles: `--print-metrics` names them.
+        for (name, help, value) in JOB_GAUGES {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            for (labels, status) in &rows {
+                if let Some(v) = value(status) {
+                    ConstGauge::new(v).encode(family.encode_family(labels)?)?;
+                }
+            }
+        }
+        Ok(())
     }
 }
 
@@ -147,6 +319,17 @@ pub fn encode(registry: &Registry) -> String {
     // Writing into a String cannot fail.
     let _ = prometheus_client::encoding::text::encode(&mut body, registry);
     body
+}
+
+/// Only the `# HELP` and `# TYPE` lines of an encoding: the metric
+/// families a binary registers, for `memprof-operator --print-metrics`
+/// (the chart's dashboard and alert tests check their queries against it).
+pub fn descriptors(encoded: &str) -> String {
+    encoded
+        .lines()
+        .filter(|l| l.starts_with("# HELP ") || l.starts_with("# TYPE "))
+        .map(|l| format!("{l}\n"))
+        .collect()
 }
 
 /// Serves `GET /metrics`, `GET /healthz` and `GET /readyz` (from `health`)
@@ -209,6 +392,79 @@ mod tests {
         let mut out = String::new();
         s.read_to_string(&mut out).await.unwrap();
         out
+    }
+
+    fn profile(ns: &str, name: &str, risk: crate::api::RiskLevel) -> MemoryProfile {
+        let mut p = MemoryProfile::new(name, Default::default());
+        p.metadata.namespace = Some(ns.into());
+        p.metadata.uid = Some(format!("{ns}-{name}"));
+        p.status = Some(MemoryProfileStatus {
+            risk,
+            time_to_oom_seconds: Some(90.5),
+            peak_used_bytes: 1 << 30,
+            ooms: vec![crate::api::OomRecord {
+                time: "2026-11-22T10:00:00Z".into(),
+                ..Default::default()
+            }],
+            remediations: vec![crate::api::RemediationRecord {
+                phase: "Failed".into(),
+                ..Default::default()
+            }],
+            remediation_totals: vec![crate::api::RemediationTotal {
+                count: 2,
+                ..Default::default()
+            }],
+            ..Default::default()
+        });
+        p
+    }
+
+    #[test]
+    fn job_gauges_follow_the_profile_cache_and_leave_no_stale_series() {
+        use kube::runtime::watcher::Event;
+        let mut registry = Registry::with_prefix("memprof");
+        let m = Metrics::register(&mut registry);
+        let (store, mut writer) = kube::runtime::reflector::store::<MemoryProfile>();
+        let train = profile("team-a", "train", crate::api::RiskLevel::High);
+        writer.apply_watcher_event(&Event::Apply(train.clone()));
+        writer.apply_watcher_event(&Event::Apply(profile(
+            "team-b",
+            "eval",
+            crate::api::RiskLevel::Low,
+        )));
+        let published = m.jobs.publish(store);
+        let body = encode(&registry);
+        for want in [
+            "memprof_job_risk_level{namespace=\"team-a\",job=\"train\"} 3.0",
+            "memprof_job_risk_level{namespace=\"team-b\",job=\"eval\"} 1.0",
+            "memprof_job_time_to_oom_seconds{namespace=\"team-a\",job=\"train\"} 90.5",
+            "memprof_job_peak_used_bytes{namespace=\"team-a\",job=\"train\"} 1073741824.0",
+            "memprof_job_last_gpu_oom_timestamp_seconds{namespace=\"team-a\",job=\"train\"} 1795341600.0",
+            "memprof_job_remediations{namespace=\"team-a\",job=\"train\"} 2.0",
+            "memprof_job_remediations_failed{namespace=\"team-a\",job=\"train\"} 1.0",
+        ] {
+            assert!(body.contains(want), "{want} in {body}");
+        }
+        assert!(
+            !body.contains("memprof_job_imbalance_ratio{"),
+            "absent when None"
+        );
+
+        // The profile is deleted: its series go with it at the next scrape.
+        writer.apply_watcher_event(&Event::Delete(train));
+        let body = encode(&registry);
+        assert!(!body.contains("job=\"train\""), "{body}");
+        assert!(body.contains("job=\"eval\""), "{body}");
+
+        // Leadership lost (the controller stops): no per-Job series at all,
+        // but the families are still described.
+        drop(published);
+        let body = encode(&registry);
+        assert!(!body.contains("job=\""), "{body}");
+        assert!(
+            body.contains("# TYPE memprof_job_risk_level gauge"),
+            "{body}"
+        );
     }
 
     #[tokio::test]
