@@ -219,16 +219,18 @@ class _NoTrace:
         return False
 
 
-def trace_modules(model, optimizer=None):
-    """Opt-in: what each top-level module (at most 32) adds to the allocated
-    bytes in forward and in backward, and the optimizer step's own peak
-    (optimizer=, or the one given to watch()). Costs allocator reads at
-    every module boundary of every step (docs/agent.md). Returns a handle:
-    .remove() (or use it as a context manager), .phases(). Never raises."""
+def trace_modules(model, optimizer=None, backward=True):
+    """Opt-in: for each top-level module (at most 32), the bytes its forward
+    leaves allocated and the peak its backward adds above its start, and
+    the optimizer step's own peak (optimizer=, or the one given to watch()).
+    backward=False hooks forwards only (cheaper; no full backward hooks).
+    Costs allocator reads at every module boundary of every step
+    (docs/agent.md). Returns a handle: .remove() (or use it as a context
+    manager), .phases(). Never raises."""
     try:
         if optimizer is None and _watched[0] is not None and _watched[0].optimizer is not None:
             optimizer = _watched[0].optimizer()
-        return _phases.Trace(_torchread.loaded_torch(), model, optimizer)
+        return _phases.Trace(_torchread.loaded_torch(), model, optimizer, backward=backward)
     except Exception as exc:
         log.warning("memprof-agent: trace_modules() failed (%r); not tracing", exc)
         return _NoTrace()

@@ -174,14 +174,26 @@ def classify(model):
             child_path = "%s.%s" % (path, name) if path else name
             child_adapter = adapter or name in LORA_NAMES or (base is not None and child is not base)
             stack.append((child_path, child, att or name in picked, block or is_container, child_adapter))
+    vocab = _embedding_shapes(modules.values())
     out = {}
     for path, module in modules.items():
         if _own_params(module):
-            out[path] = _type_of(path, module, modules, attention, in_block, lora)
+            out[path] = _type_of(path, module, modules, attention, in_block, lora, vocab)
     return out
 
 
-def _type_of(path, module, modules, attention, in_block, lora):
+def _embedding_shapes(modules):
+    """The weight shapes (num_embeddings x dim) of the model's embeddings."""
+    out = set()
+    for m in modules:
+        if is_embedding(m):
+            shape = tuple(getattr(getattr(m, "weight", None), "shape", ()) or ())
+            if len(shape) == 2:
+                out.add(shape)
+    return out
+
+
+def _type_of(path, module, modules, attention, in_block, lora, vocab):
     if path in lora:
         return "lora"
     if is_embedding(module):
@@ -193,7 +205,10 @@ def _type_of(path, module, modules, attention, in_block, lora):
     node = path
     if path.endswith("base_layer") and "." in path:
         node = path.rsplit(".", 1)[0]  # a peft wrapper stands where the layer stood
-    if weight_shape(module) is not None:
+    shape = weight_shape(module)
+    if shape is not None:
+        if node not in in_block and (shape in vocab or shape[::-1] in vocab):
+            return "embedding"  # the output head: an embedding's shape, outside the blocks
         if node in in_block:
             return "mlp"
         parent = modules.get(node.rsplit(".", 1)[0] if "." in node else "")

@@ -119,6 +119,7 @@ def read_devices(torch, cache, reset_peaks=True):
         entry.setdefault("reservedBytes", 0)
         PEAKS.merge_into(index, entry)
         if reset_peaks and not PEAKS.held:
+            _hand_to_windows(index, entry.get("peakAllocatedBytes", 0))
             try:
                 torch.cuda.reset_peak_memory_stats(index)
             except Exception:
@@ -166,9 +167,80 @@ PEAKS = PeakCarry()
 
 
 def nested_stats(torch, index):
-    """The allocator's statistics as torch keeps them (nested dicts):
-    cheaper than memory_stats(), which flattens them in Python, and than
-    memory_allocated(), which calls memory_stats()."""
+    """The allocator's statistics as torch keeps them (nested dicts), by the
+    cheapest call there is (fast_reads): cheaper than memory_stats(), which
+    flattens them in Python, and than memory_allocated(), which calls
+    memory_stats()."""
+    return fast_reads(torch).stats(index)
+
+
+class FastReads:
+    """torch._C._cuda_memoryStats / _cuda_resetPeakMemoryStats: what
+    torch.cuda.memory_stats_as_nested_dict / reset_peak_memory_stats call,
+    without their Python argument handling (trace_modules reads at every
+    module boundary). Private API: used only if the first call returns the
+    expected shape; otherwise the public functions, for good."""
+
+    def __init__(self, torch):
+        self.torch = torch
+        c = getattr(torch, "_C", None)
+        self.private_stats = getattr(c, "_cuda_memoryStats", None)
+        self.private_reset = getattr(c, "_cuda_resetPeakMemoryStats", None)
+        self.stats_checked = self.reset_checked = False
+
+    def stats(self, index):
+        if self.private_stats is not None:
+            try:
+                s = self.private_stats(index)
+                if not self.stats_checked:
+                    _check_shape(s)
+                    self.stats_checked = True
+                return s
+            except Exception:
+                if self.stats_checked:
+                    raise  # it worked before: a real failure (a CUDA error)
+                self.private_stats = None
+        return _public_nested_stats(self.torch, index)
+
+    def reset(self, index):
+        if self.private_reset is not None:
+            try:
+                self.private_reset(index)
+                self.reset_checked = True
+                return
+            except Exception:
+                if self.reset_checked:
+                    raise
+                self.private_reset = None
+        self.torch.cuda.reset_peak_memory_stats(index)
+
+    def name(self):
+        """Which call stats() uses now (bench/gpu/breakdown_lora.py prints it)."""
+        if self.private_stats is not None:
+            return "torch._C._cuda_memoryStats"
+        if getattr(self.torch.cuda, "memory_stats_as_nested_dict", None) is not None:
+            return "torch.cuda.memory_stats_as_nested_dict"
+        return "torch.cuda.memory_stats"
+
+
+def _check_shape(s):
+    for key in ("allocated_bytes", "reserved_bytes"):
+        int(s[key]["all"]["current"])
+        int(s[key]["all"]["peak"])
+
+
+_FAST = [None]
+
+
+def fast_reads(torch):
+    """The FastReads of this torch module (made once)."""
+    f = _FAST[0]
+    if f is None or f.torch is not torch:
+        f = _FAST[0] = FastReads(torch)
+    return f
+
+
+def _public_nested_stats(torch, index):
     read = getattr(torch.cuda, "memory_stats_as_nested_dict", None)
     if read is not None:
         return read(index)
@@ -186,15 +258,63 @@ def allocated_now(torch, index):
     return int(nested_stats(torch, index)["allocated_bytes"]["all"]["current"])
 
 
-def peak_and_reset(torch, index):
+def allocated_now_and_peak(torch, index):
+    """(allocated now, allocated peak since the last reset): one read."""
+    a = nested_stats(torch, index)["allocated_bytes"]["all"]
+    return int(a["current"]), int(a["peak"])
+
+
+class PeakWindow:
+    """One measurement's view of the allocator's peak: every reset of the
+    peak statistics by anyone (peak_and_reset) first hands the peak it read
+    to every open window, so measurements that reset the peaks inside
+    another's interval (trace_modules inside watch()'s step window) never
+    shorten it."""
+
+    def __init__(self):
+        self.seen = {}
+
+    def observe(self, index, peak):
+        self.seen[index] = max(self.seen.get(index, 0), int(peak))
+
+
+OPEN_WINDOWS = []
+
+
+def open_window():
+    w = PeakWindow()
+    OPEN_WINDOWS.append(w)
+    return w
+
+
+def close_window(w):
+    try:
+        OPEN_WINDOWS.remove(w)
+    except ValueError:
+        pass
+
+
+def _hand_to_windows(index, peak):
+    for w in list(OPEN_WINDOWS):
+        w.observe(index, peak)
+
+
+def peak_and_reset(torch, index, window=None):
     """(allocated now, allocated peak) since the last reset, then a reset of
-    the peaks, the peaks handed to the next push (PeakCarry)."""
-    stats = nested_stats(torch, index)
+    the peaks, the peaks handed to the next push (PeakCarry) and to every
+    open window. With `window`: the peak is the largest since that
+    window's previous peak_and_reset, whoever reset in between."""
+    fast = fast_reads(torch)
+    stats = fast.stats(index)
     allocated = stats["allocated_bytes"]["all"]
     reserved = stats["reserved_bytes"]["all"]
-    PEAKS.carry(index, allocated["peak"], reserved["peak"])
-    torch.cuda.reset_peak_memory_stats(index)
-    return int(allocated["current"]), int(allocated["peak"])
+    peak = int(allocated["peak"])
+    PEAKS.carry(index, peak, reserved["peak"])
+    _hand_to_windows(index, peak)
+    fast.reset(index)
+    if window is not None:
+        peak = max(peak, window.seen.pop(index, 0))
+    return int(allocated["current"]), peak
 
 
 def cuda_indices(tensors):

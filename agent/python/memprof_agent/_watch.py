@@ -65,6 +65,7 @@ class StepMeter:
         self.steps = 0
         self.before = None
         self.held = False
+        self.window = None  # peaks others' resets read inside our intervals (tr.PeakWindow)
         self.running = False
         self.closing = False
         self.handles = [
@@ -79,6 +80,7 @@ class StepMeter:
         if self.indices and not self.held:
             tr.PEAKS.held += 1
             self.held = True
+            self.window = tr.open_window()
 
     def _reset(self):
         """(allocated now, peak since the last reset), summed over devices."""
@@ -88,7 +90,7 @@ class StepMeter:
             return None, None
         now = peak = 0
         for i in self.indices:
-            a, p = tr.peak_and_reset(self.torch, i)
+            a, p = tr.peak_and_reset(self.torch, i, self.window)
             now, peak = now + a, peak + p
         return now, peak
 
@@ -145,6 +147,9 @@ class StepMeter:
         if self.held:
             tr.PEAKS.held = max(0, tr.PEAKS.held - 1)
             self.held = False
+        if self.window is not None:
+            tr.close_window(self.window)
+            self.window = None
 
     def _remove_hooks(self):
         for h in self.handles:
@@ -185,6 +190,7 @@ def reset():
     _meters.clear()
     CARRIED.__init__()
     tr.PEAKS.__init__()
+    del tr.OPEN_WINDOWS[:]
     import memprof_agent
 
     memprof_agent._watched[0] = None
@@ -228,6 +234,7 @@ class Watch:
         self.forwards = 0
         self.handle = None
         self.held = False
+        self.window = None
         if optimizer is not None and hasattr(optimizer, "register_step_pre_hook"):
             subscribe(torch, optimizer, self.on_step, model)
         else:
@@ -259,12 +266,13 @@ class Watch:
                 if self.indices:
                     tr.PEAKS.held += 1
                     self.held = True
+                    self.window = tr.open_window()
                     for i in self.indices:
-                        tr.peak_and_reset(self.torch, i)
+                        tr.peak_and_reset(self.torch, i, self.window)
             elif self.forwards == 4:
                 peak = None
                 if self.indices:
-                    peak = sum(tr.peak_and_reset(self.torch, i)[1] for i in self.indices)
+                    peak = sum(tr.peak_and_reset(self.torch, i, self.window)[1] for i in self.indices)
                 self.set_activations(peak)
                 self.finish()
         except Exception as exc:
@@ -307,5 +315,8 @@ class Watch:
         if self.held:
             tr.PEAKS.held = max(0, tr.PEAKS.held - 1)
             self.held = False
+        if self.window is not None:
+            tr.close_window(self.window)
+            self.window = None
         if self.optimizer_id is not None:
             unsubscribe(self.optimizer_id, self.on_step)

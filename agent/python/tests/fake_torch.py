@@ -82,6 +82,20 @@ class FakeTorch:
 
     def memory_stats_as_nested_dict(self, device=None):
         self.log("memory_stats_as_nested_dict")
+        return self._nested()
+
+    def _cuda_memoryStats(self, device):
+        """torch._C's: what memory_stats_as_nested_dict calls (device: an int)."""
+        self.log("_cuda_memoryStats")
+        if not isinstance(device, int):
+            raise TypeError("invalid argument to memory_allocated")
+        return self._nested()
+
+    def _cuda_resetPeakMemoryStats(self, device):
+        self.log("_cuda_resetPeakMemoryStats")
+        self.peak_allocated = self.allocated
+
+    def _nested(self):
         if self.raise_in_stats is not None:
             raise self.raise_in_stats
         return {
@@ -326,11 +340,16 @@ TAPE = []
 class Module:
     """nn.Module's registration, traversal and hooks. forward() calls the
     children in order and allocates `fwd_bytes` on the fake device (set
-    by tests); run_backward() allocates `bwd_bytes` per module, innermost
-    last-called first, with the full backward hooks around each."""
+    by tests); run_backward() runs each module's backward, last called
+    first: `bwd_temp` bytes allocated and freed again (its peak), then
+    `bwd_bytes` (net; negative: it frees), inside the full backward hooks;
+    with `inputs_need_grad` False the hooks both fire first, as torch does
+    for a module none of whose inputs requires a gradient."""
 
     fwd_bytes = 0
     bwd_bytes = 0
+    bwd_temp = 0
+    inputs_need_grad = True
     device = None
 
     def __init__(self):
@@ -461,18 +480,30 @@ class MultiheadAttention(Module):
         self.out_proj = Linear(d, d, **kw)
 
 
+GRAD = object()  # a gradient (the hooks only look at whether it is None)
+
+
 def run_backward():
     """What loss.backward() does to the hooks: full backward pre-hook, the
-    module's gradients (bwd_bytes), full backward hook, last called first."""
+    module's backward (bwd_temp, bwd_bytes), full backward hook with the
+    input gradients (all None when no input needs one: then torch calls it
+    right after the pre-hook, before the module's backward), last called first."""
     tape = TAPE[:]
     del TAPE[:]
     for m in reversed(tape):
         for fn in list(m._bpre):
-            fn(m, (None,))
-        if STATE[0] is not None and m.bwd_bytes:
-            STATE[0].alloc(m.bwd_bytes)
-        for fn in list(m._bpost):
-            fn(m, (None,), (None,))
+            fn(m, (GRAD,))
+        if not m.inputs_need_grad:
+            for fn in list(m._bpost):
+                fn(m, (None,), (GRAD,))
+        fake = STATE[0]
+        if fake is not None:
+            fake.alloc(m.bwd_temp)
+            fake.free(m.bwd_temp)
+            fake.alloc(m.bwd_bytes)
+        if m.inputs_need_grad:
+            for fn in list(m._bpost):
+                fn(m, (GRAD,), (GRAD,))
 
 
 class AdamW:
@@ -540,6 +571,8 @@ def install():
     cuda.memory = memory
     c = types.ModuleType("torch._C")
     c._cuda_attach_out_of_memory_observer = fake.attach_observer
+    c._cuda_memoryStats = fake._cuda_memoryStats
+    c._cuda_resetPeakMemoryStats = fake._cuda_resetPeakMemoryStats
     dist = types.ModuleType("torch.distributed")
     dist.is_available = lambda: True
     dist.is_initialized = lambda: False

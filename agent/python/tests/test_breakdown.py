@@ -149,7 +149,7 @@ def test_module_types_are_recognised_from_structure_not_names(fake):
     assert {t["layers.0.mixer.%s" % n] for n in ("q_proj", "k_proj", "v_proj", "o_proj")} == {"attention"}
     assert {t["layers.1.ff.%s" % n] for n in ("gate_proj", "up_proj", "down_proj")} == {"mlp"}
     assert t["layers.0.input_norm"] == t["norm"] == "norm"  # weight-only 1-D leaves
-    assert t["lm_head"] == "other"  # one Linear outside any block: neither attention nor an MLP stack
+    assert t["lm_head"] == "embedding"  # the output head: an embedding's shape (vocab x dim), outside the blocks
     # Outside any ModuleList: an attention module's own parameters (sinks)
     # are attention; a stack of Linears is an MLP.
     root = ft.Module()
@@ -164,7 +164,26 @@ def test_a_block_with_attention_and_mlp_in_one_module_is_split(fake):
     assert t["blocks.0.qkv"] == t["blocks.0.proj"] == "attention"  # fused 3d x d beside its d x d output
     assert t["blocks.0.fc1"] == t["blocks.1.fc2"] == "mlp"
     assert t["blocks.0.ln1"] == t["ln"] == "norm"
-    assert t["tok"] == t["pos"] == "embedding" and t["head"] == "other"
+    assert t["tok"] == t["pos"] == t["head"] == "embedding"
+
+
+def test_an_output_head_counts_as_embedding_only_when_shaped_like_one_outside_the_blocks(fake):
+    model = LlamaLike()
+    model.extra = ft.Module()
+    model.extra.classifier = ft.Linear(D, 10)  # a head of another width: a lone Linear
+    conv1d = ft.Module()
+    conv1d.weight = ft.param(D, V)  # HF Conv1D keeps (in, out): dim x vocab
+    model.lm_head = conv1d
+    layer = getattr(model.layers, "0")
+    layer.vocab_proj = ft.Linear(D, V, bias=False)  # vocab-shaped but inside a block
+    t = types_of(model)
+    assert t["lm_head"] == "embedding" and t["extra.classifier"] == "other"
+    assert t["layers.0.vocab_proj"] == "mlp"
+    tied = LlamaLike()
+    tied.lm_head.weight = tied.embed.weight  # tied: one parameter, counted once, under the embedding
+    b = memprof_agent.breakdown(tied)
+    assert [e["type"] for e in b["byModuleType"] if e["type"] == "other"] == []
+    assert b["parametersBytes"] == exact(tied)[0]
 
 
 def test_multihead_attention_and_its_out_proj_are_attention(fake):
@@ -201,7 +220,7 @@ def test_bytes_match_an_independent_count_and_every_parameter_has_one_type(fake)
     lora = [p for n, p in model.named_parameters() if "lora_" in n]
     assert b["trainableParameters"] == sum(p.numel() for p in lora) > 0
     by = {e["type"]: e for e in b["byModuleType"]}
-    assert set(by) == {"attention", "mlp", "embedding", "norm", "lora", "other"}
+    assert set(by) == {"attention", "mlp", "embedding", "norm", "lora"}  # lm_head: embedding
     for key in ("parameters", "parametersBytes", "gradientsBytes", "optimizerBytes"):
         assert sum(e[key] for e in by.values()) == {"parameters": b["totalParameters"], "parametersBytes": pb,
                                                       "gradientsBytes": gb, "optimizerBytes": ob}[key]
@@ -293,7 +312,7 @@ def test_a_failure_leaves_what_could_be_computed_and_a_note_logged_once(fake, ca
     for _ in range(2):
         b = memprof_agent.breakdown(model, opt)
     assert b["parametersBytes"] == exact(model)[0] > 0 and b["optimizerBytes"] == 0
-    assert b["staticBytes"] == b["parametersBytes"] and len(b["byModuleType"]) == 5
+    assert b["staticBytes"] == b["parametersBytes"] and len(b["byModuleType"]) == 4
     assert any("state went away" in n for n in b["notes"])
     said = [r for r in caplog.records if "state went away" in r.getMessage()]
     assert len(said) == 1
@@ -360,7 +379,7 @@ def test_measuring_never_hides_a_peak_from_the_pushes(fake):
     train(model, opt, fake, 2, fwd=20 * GiB)  # the meter resets the peaks around each step
     push = memprof_agent._agent.build("sample")
     assert push["devices"][0]["peakAllocatedBytes"] >= 3 * GiB + 20 * GiB
-    assert "reset_peak_memory_stats" in fake.calls
+    assert "_cuda_resetPeakMemoryStats" in fake.calls
 
 
 def test_watch_without_an_optimizer_uses_the_forward_calls(fake):
