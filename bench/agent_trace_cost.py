@@ -10,7 +10,8 @@ the fake torch of agent/python/tests (no GPU, no torch needed):
 
 The fake model's step is Python only, so each number here is the agent's
 own Python work plus the fake allocator read (a Python function). On a GPU
-each allocator read is torch.cuda.memory_stats_as_nested_dict (a C++ call):
+each allocator read is torch._C._cuda_memoryStats (a C++ call; what
+torch.cuda.memory_stats_as_nested_dict calls, falling back to it):
 bench/gpu/breakdown_lora.py measures its cost and the real step overhead.
 The script prints the reads per step so the two can be combined.
 
@@ -76,8 +77,8 @@ def trace_cost(blocks, repeats):
         fake.calls.clear()
         run(model, opt, 1)
         reads = "%d allocator reads + %d peak resets" % (
-            fake.calls.count("memory_stats_as_nested_dict"), fake.calls.count("reset_peak_memory_stats"))
-        others = set(fake.calls) - {"memory_stats_as_nested_dict", "reset_peak_memory_stats"}
+            fake.calls.count("_cuda_memoryStats"), fake.calls.count("_cuda_resetPeakMemoryStats"))
+        others = set(fake.calls) - {"_cuda_memoryStats", "_cuda_resetPeakMemoryStats"}
         assert not others, others
         b.append(run(model, opt, STEPS))
         handle.remove()

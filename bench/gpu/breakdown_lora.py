@@ -9,10 +9,15 @@ compared with bytes counted here independently (numel * element_size of
 every parameter, gradient and optimizer state tensor on the GPU), per item
 (relative error; target within 5 %), and its module types with the types
 this script knows its own models have (by their names, which the agent does
-not use). Activations: the agent's peak over step 3 minus the static part,
-beside this script's own measurement at step 6. Then trace_modules() for 10
-steps against 10 steps without (median step time, A/B/A). The agent's
-daemon thread is not started (no sidecar here): watch() works without it.
+not use; the output head `head`, shaped like the token embedding, counts as
+embedding). Activations: the agent's peak over step 3 minus the static
+part, beside this script's own measurement at step 6. Then trace_modules()
+on the r=16 model, 10 steps each, median step time: without (A, before and
+after), forward hooks only (backward=False), the full trace, and the full
+trace with its allocator reads replaced by a constant (the hooks' own cost),
+so the overhead is split into hooks and reads; and the cost of one read of
+each kind, including the one trace_modules uses. The agent's daemon thread
+is not started (no sidecar here): watch() works without it.
 
     OUT=/some/dir python3 bench/gpu/breakdown_lora.py
 
@@ -35,6 +40,7 @@ import torch.nn.functional as F
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "agent", "python"))
 import memprof_agent  # noqa: E402
+from memprof_agent import _torchread as tr  # noqa: E402
 
 OUT = os.environ.get("OUT", ".")
 DEADLINE = time.time() + 170
@@ -126,7 +132,7 @@ def expected_type(name):
         return "attention"
     if ".mlp." in name or ".linear1." in name or ".linear2." in name:
         return "mlp"
-    if name.split(".")[-2] in ("tok", "pos", "emb"):
+    if name.split(".")[-2] in ("tok", "pos", "emb", "head"):
         return "embedding"
     if ".ln" in name or name.startswith("ln.") or ".norm" in name:
         return "norm"
@@ -255,39 +261,97 @@ def timed_steps(model, opt, x, n):
     return out
 
 
-def trace_overhead(model, opt, x):
+class ConstantReads:
+    """Stands in for the agent's allocator reads (tr.FastReads): the hooks
+    run, the allocator is not read."""
+
+    def __init__(self, torch_):
+        self.torch = torch_
+        self.fixed = {"allocated_bytes": {"all": {"current": 0, "peak": 0}},
+                      "reserved_bytes": {"all": {"current": 0, "peak": 0}}}
+
+    def stats(self, index):
+        return self.fixed
+
+    def reset(self, index):
+        pass
+
+    def name(self):
+        return "constant"
+
+
+def traced_steps(model, opt, x, n, **kw):
+    handle = memprof_agent.trace_modules(model, opt, **kw)
+    try:
+        return timed_steps(model, opt, x, n), handle
+    finally:
+        handle.remove()
+
+
+def trace_overhead(model, opt, x, read_us):
     timed_steps(model, opt, x, 3)  # warm
     a1 = timed_steps(model, opt, x, 10)
-    handle = memprof_agent.trace_modules(model, opt)
-    b = timed_steps(model, opt, x, 10)
+    fwd_only, _ = traced_steps(model, opt, x, 10, backward=False)
+    full, handle = traced_steps(model, opt, x, 10)
     phases, opt_peak = handle.phases(), handle.optimizer_step_peak
-    handle.remove()
+    real = tr.fast_reads(torch)
+    tr._FAST[0] = ConstantReads(torch)
+    try:
+        hooks_only, _ = traced_steps(model, opt, x, 10)
+    finally:
+        tr._FAST[0] = real
     a2 = timed_steps(model, opt, x, 10)
     without = statistics.median(a1 + a2)
-    with_ = statistics.median(b)
-    print("\n== trace_modules: %d modules traced (%d left out)" % (len(handle.modules), handle.left_out))
-    print("median step: without %.2f ms (A %.2f, A' %.2f), with %.2f ms: overhead %.2f ms (%.1f %%)" % (
-        without * 1e3, statistics.median(a1) * 1e3, statistics.median(a2) * 1e3, with_ * 1e3,
-        (with_ - without) * 1e3, 100 * (with_ - without) / without))
-    print("%-30s %12s %12s" % ("module", "forward MB", "backward MB"))
+    ms = lambda v: statistics.median(v) * 1e3
+    over = lambda v: ms(v) - without * 1e3
+    n = len(handle.modules)
+    reads = 4 * n + 2  # per step: 2 per module in forward, 2 in backward (+1 reset), 2 (+2 resets) around the optimizer step
+    print("\n== trace_modules: %d modules traced (%d left out); reads through %s" % (n, handle.left_out, real.name()))
+    print("median step: without %.2f ms (A %.2f, A' %.2f)" % (without * 1e3, ms(a1), ms(a2)))
+    print("  forward hooks only (backward=False): %.2f ms, overhead %.2f ms (%.1f %%)" % (ms(fwd_only), over(fwd_only), 100 * over(fwd_only) / (without * 1e3)))
+    print("  full trace:                          %.2f ms, overhead %.2f ms (%.1f %%)" % (ms(full), over(full), 100 * over(full) / (without * 1e3)))
+    print("  full trace, reads replaced by a constant (hooks' own cost): %.2f ms, overhead %.2f ms" % (ms(hooks_only), over(hooks_only)))
+    print("  reads: ~%d per step x %.1f us = %.2f ms (+ %d peak resets)" % (reads, read_us, reads * read_us / 1e3, n + 2))
+    print("%-30s %12s %16s %16s" % ("module", "forward MB", "bwd peak+ MB", "bwd net MB"))
     for p in phases:
-        print("%-30s %12.1f %12.1f" % (p["module"][-30:], p["forwardBytes"] / MB, p["backwardBytes"] / MB))
+        net = p.get("backwardNetBytes")
+        print("%-30s %12.1f %16.1f %16s" % (p["module"][-30:], p["forwardBytes"] / MB, p["backwardBytes"] / MB,
+                                            "-" if net is None else "%.1f" % (net / MB)))
     print("optimizer step peak: %s" % (None if opt_peak is None else "%.1f MB" % (opt_peak / MB)))
-    return {"withoutMs": without * 1e3, "withMs": with_ * 1e3, "overheadMs": (with_ - without) * 1e3,
-            "stepsEach": 10, "modules": len(handle.modules), "phases": phases, "optimizerStepPeakBytes": opt_peak}
+    return {"withoutMs": without * 1e3, "withMs": ms(full), "overheadMs": over(full),
+            "forwardOnlyMs": ms(fwd_only), "forwardOnlyOverheadMs": over(fwd_only),
+            "hooksOnlyMs": ms(hooks_only), "hooksOnlyOverheadMs": over(hooks_only),
+            "readsPerStep": reads, "read": real.name(),
+            "stepsEach": 10, "modules": n, "phases": phases, "optimizerStepPeakBytes": opt_peak}
 
 
 def stats_read_cost():
-    """What one allocator read in trace_modules' hooks costs (2,000 calls)."""
+    """What one allocator read costs (2,000 calls each), trace_modules' own
+    read (tr.allocated_now through tr.FastReads) among them."""
     out = {}
-    for name, fn in (("memory_stats_as_nested_dict", lambda: torch.cuda.memory_stats_as_nested_dict(0)),
-                     ("memory_allocated", lambda: torch.cuda.memory_allocated(0))):
-        fn()
+    dev = torch.cuda.current_device()
+    calls = (("memory_stats_as_nested_dict", lambda: torch.cuda.memory_stats_as_nested_dict(dev)),
+             ("memory_allocated", lambda: torch.cuda.memory_allocated(dev)),
+             ("_C._cuda_memoryStats", lambda: torch._C._cuda_memoryStats(dev)),
+             ("reset_peak_memory_stats", lambda: torch.cuda.reset_peak_memory_stats(dev)),
+             ("trace_modules read (tr.allocated_now)", lambda: tr.allocated_now(torch, dev)),
+             ("trace_modules backward start (tr.peak_and_reset)", lambda: tr.peak_and_reset(torch, dev)))
+    for name, fn in calls:
+        try:
+            fn()
+        except Exception as exc:
+            out[name + "Us"] = None
+            print("%s: %r" % (name, exc))
+            continue
         t = time.perf_counter()
         for _ in range(2000):
             fn()
         out[name + "Us"] = (time.perf_counter() - t) / 2000 * 1e6
-    print("\nallocator read: %s" % ", ".join("%s %.1f us" % kv for kv in out.items()))
+    tr.PEAKS.__init__()  # forget the peaks carried by the loop above (no push here)
+    out["traceRead"] = tr.fast_reads(torch).name()
+    print("\nallocator read, us per call: %s" % ", ".join(
+        "%s %s" % (k[:-2], "-" if v is None else "%.1f" % v) for k, v in out.items() if k.endswith("Us")))
+    print("trace_modules reads through: %s" % out["traceRead"])
     return out
 
 
@@ -320,9 +384,9 @@ def main():
         gc.collect()
         torch.cuda.empty_cache()
     try:
-        report["statsReadCost"] = stats_read_cost()
+        report["statsReadCost"] = cost = stats_read_cost()
         if kept is not None and time.time() < DEADLINE:
-            report["trace"] = trace_overhead(*kept)
+            report["trace"] = trace_overhead(*kept, cost.get("trace_modules read (tr.allocated_now)Us") or 0.0)
     except Exception:
         print("\n== trace_modules FAILED:\n%s" % traceback.format_exc())
         report["errors"].append("trace: %s" % traceback.format_exc()[-2000:])
