@@ -20,6 +20,7 @@ backward start; the peak read there goes to the pushes (tr.PEAKS) and to
 every other open measurement (tr.PeakWindow: watch()'s step window, the
 optimizer step meter), so none of them loses a peak."""
 
+import threading
 import weakref
 
 from . import _torchread as tr
@@ -76,6 +77,7 @@ class Trace:
         self._before_f = {}
         self._open_b = {}  # name -> [(allocated at start, PeakWindow)]
         self._pending = None  # (name, start, window): a backward torch ended before it ran
+        self._backward_thread = None  # the autograd engine's thread, seen by the backward hooks
         self.optimizer_step_peak = None
         self.handles = []
         self.index = None
@@ -121,9 +123,12 @@ class Trace:
     # --- forward: net --------------------------------------------------------
 
     def _enter_f(self, name):
-        self._drop_pending()
-        for _, w in self._open_b.pop(name, []):  # a backward that never ended (aborted)
-            tr.close_window(w)
+        if threading.get_ident() != self._backward_thread:
+            # A new step's forward (not a checkpointed module's recomputation,
+            # which runs inside backward, on the engine's thread).
+            self._drop_pending()
+            for _, w in self._open_b.pop(name, []):  # a backward that never ended (aborted)
+                tr.close_window(w)
         idx = self._device()
         self._before_f.setdefault(name, []).append(None if idx is None else tr.allocated_now(self.torch, idx))
 
@@ -139,6 +144,7 @@ class Trace:
     # --- backward: peak above the start ----------------------------------
 
     def _enter_b(self, name):
+        self._backward_thread = threading.get_ident()
         self._settle_pending()
         idx = self._device()
         if idx is None:
@@ -147,6 +153,7 @@ class Trace:
         self._open_b.setdefault(name, []).append((start, tr.open_window()))
 
     def _leave_b(self, name, grad_in):
+        self._backward_thread = threading.get_ident()
         stack = self._open_b.get(name)
         if not stack:
             return

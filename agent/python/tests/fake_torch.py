@@ -13,6 +13,7 @@ with the same names and signatures as torch's."""
 import collections
 import math
 import sys
+import threading
 import types
 
 GiB = 1 << 30
@@ -350,6 +351,7 @@ class Module:
     bwd_bytes = 0
     bwd_temp = 0
     inputs_need_grad = True
+    recompute = False  # checkpointed: its forward runs again inside its backward
     device = None
 
     def __init__(self):
@@ -484,18 +486,40 @@ GRAD = object()  # a gradient (the hooks only look at whether it is None)
 
 
 def run_backward():
-    """What loss.backward() does to the hooks: full backward pre-hook, the
-    module's backward (bwd_temp, bwd_bytes), full backward hook with the
+    """What loss.backward() does to the hooks, on another thread (torch's
+    engine runs CUDA backward on a thread of its own; the caller waits):
+    full backward pre-hook, the module's backward (its forward again first
+    when `recompute`; bwd_temp, bwd_bytes), full backward hook with the
     input gradients (all None when no input needs one: then torch calls it
     right after the pre-hook, before the module's backward), last called first."""
     tape = TAPE[:]
     del TAPE[:]
+    failed = []
+
+    def engine():
+        try:
+            _backward(tape)
+        except BaseException as exc:
+            failed.append(exc)
+
+    t = threading.Thread(target=engine)
+    t.start()
+    t.join()
+    if failed:
+        raise failed[0]
+
+
+def _backward(tape):
     for m in reversed(tape):
         for fn in list(m._bpre):
             fn(m, (GRAD,))
         if not m.inputs_need_grad:
             for fn in list(m._bpost):
                 fn(m, (None,), (GRAD,))
+        if m.recompute:
+            n = len(TAPE)
+            m(None)
+            del TAPE[n:]
         fake = STATE[0]
         if fake is not None:
             fake.alloc(m.bwd_temp)

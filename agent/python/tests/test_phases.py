@@ -233,3 +233,20 @@ def test_each_read_is_torch_C_memory_stats_with_the_public_call_as_fallback(fake
     assert set(fake.calls) == {"memory_stats_as_nested_dict", "reset_peak_memory_stats"}
     assert handle.phases()[1]["backwardBytes"] == 3 * MiB
     assert memprof_agent._torchread.fast_reads(torch).name() == "torch.cuda.memory_stats_as_nested_dict"
+
+
+def test_a_checkpointed_module_recomputing_its_forward_inside_backward_keeps_its_window(fake):
+    """Activation checkpointing runs the module's forward again inside its
+    backward (on the engine's thread): that forward is no new step."""
+    model = Net()
+    first, second = getattr(model.blocks, "0"), getattr(model.blocks, "1")
+    for m in (first, second):
+        m.recompute, m.bwd_temp = True, 20 * MiB
+    first.inputs_need_grad = False  # and its window is still open when it recomputes
+    with memprof_agent.trace_modules(model) as handle:
+        model(None)
+        ft.run_backward()
+        phases = {p["module"]: p for p in handle.phases()}
+    # start, +10 MiB recomputed activations, +20 MiB gradient buffers at the peak
+    assert phases["blocks.1"]["backwardBytes"] == phases["blocks.0"]["backwardBytes"] == 30 * MiB
+    assert phases["blocks.1"]["backwardNetBytes"] == 10 * MiB + 3 * MiB
