@@ -485,15 +485,19 @@ class MultiheadAttention(Module):
 GRAD = object()  # a gradient (the hooks only look at whether it is None)
 
 
-def run_backward():
+def run_backward(on_thread=True):
     """What loss.backward() does to the hooks, on another thread (torch's
-    engine runs CUDA backward on a thread of its own; the caller waits):
+    engine runs CUDA backward on a thread of its own; the caller waits;
+    on_thread=False: on the caller's, for bench/agent_trace_cost.py, where
+    starting a thread per step would swamp what it measures):
     full backward pre-hook, the module's backward (its forward again first
     when `recompute`; bwd_temp, bwd_bytes), full backward hook with the
     input gradients (all None when no input needs one: then torch calls it
     right after the pre-hook, before the module's backward), last called first."""
     tape = TAPE[:]
     del TAPE[:]
+    if not on_thread:
+        return _backward(tape)
     failed = []
 
     def engine():
