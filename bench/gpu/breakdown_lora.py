@@ -16,7 +16,9 @@ on the r=16 model, 10 steps each, median step time: without (A, before and
 after), forward hooks only (backward=False), the full trace, and the full
 trace with its allocator reads replaced by a constant (the hooks' own cost),
 so the overhead is split into hooks and reads; and the cost of one read of
-each kind, including the one trace_modules uses. The agent's daemon thread
+each kind, including the one trace_modules uses. Then trace_modules' table
+for the full fine-tune too (3 steps; there every input needs a gradient but
+the embedding's). The agent's daemon thread
 is not started (no sidecar here): watch() works without it.
 
     OUT=/some/dir python3 bench/gpu/breakdown_lora.py
@@ -312,17 +314,29 @@ def trace_overhead(model, opt, x, read_us):
     print("  full trace:                          %.2f ms, overhead %.2f ms (%.1f %%)" % (ms(full), over(full), 100 * over(full) / (without * 1e3)))
     print("  full trace, reads replaced by a constant (hooks' own cost): %.2f ms, overhead %.2f ms" % (ms(hooks_only), over(hooks_only)))
     print("  reads: ~%d per step x %.1f us = %.2f ms (+ %d peak resets)" % (reads, read_us, reads * read_us / 1e3, n + 2))
+    print_phases(phases, opt_peak)
+    return {"withoutMs": without * 1e3, "withMs": ms(full), "overheadMs": over(full),
+            "forwardOnlyMs": ms(fwd_only), "forwardOnlyOverheadMs": over(fwd_only),
+            "hooksOnlyMs": ms(hooks_only), "hooksOnlyOverheadMs": over(hooks_only),
+            "readsPerStep": reads, "read": real.name(),
+            "stepsEach": 10, "modules": n, "phases": phases, "optimizerStepPeakBytes": opt_peak}
+
+
+def print_phases(phases, opt_peak):
     print("%-30s %12s %16s %16s" % ("module", "forward MB", "bwd peak+ MB", "bwd net MB"))
     for p in phases:
         net = p.get("backwardNetBytes")
         print("%-30s %12.1f %16.1f %16s" % (p["module"][-30:], p["forwardBytes"] / MB, p["backwardBytes"] / MB,
                                             "-" if net is None else "%.1f" % (net / MB)))
     print("optimizer step peak: %s" % (None if opt_peak is None else "%.1f MB" % (opt_peak / MB)))
-    return {"withoutMs": without * 1e3, "withMs": ms(full), "overheadMs": over(full),
-            "forwardOnlyMs": ms(fwd_only), "forwardOnlyOverheadMs": over(fwd_only),
-            "hooksOnlyMs": ms(hooks_only), "hooksOnlyOverheadMs": over(hooks_only),
-            "readsPerStep": reads, "read": real.name(),
-            "stepsEach": 10, "modules": n, "phases": phases, "optimizerStepPeakBytes": opt_peak}
+
+
+def trace_table(label, model, opt, x):
+    """trace_modules' numbers for a second model (3 traced steps, no timing)."""
+    steps, handle = traced_steps(model, opt, x, 3)
+    print("\n== trace_modules on %s: %d modules" % (label, len(handle.modules)))
+    print_phases(handle.phases(), handle.optimizer_step_peak)
+    return {"label": label, "phases": handle.phases(), "optimizerStepPeakBytes": handle.optimizer_step_peak}
 
 
 def stats_read_cost():
@@ -364,7 +378,7 @@ def main():
     except Exception as exc:
         report["errors"].append("peft: %r" % exc)
     print("torch %s, peft %s, %s" % (torch.__version__, report.get("peft"), report["device"]))
-    kept = None
+    kept = encoder = None
     for label, name, r in (("gpt lora r=8", "gpt", 8), ("gpt lora r=16", "gpt", 16), ("gpt lora r=32", "gpt", 32),
                            ("encoder full fine-tune", "encoder", 0)):
         if time.time() > DEADLINE:
@@ -376,6 +390,8 @@ def main():
             report["configs"].append(res)
             if r == 16:
                 kept = (model, opt, x)
+            elif name == "encoder":
+                encoder = (model, opt, x)
             else:
                 del model, opt, x
         except Exception:
@@ -387,6 +403,8 @@ def main():
         report["statsReadCost"] = cost = stats_read_cost()
         if kept is not None and time.time() < DEADLINE:
             report["trace"] = trace_overhead(*kept, cost.get("trace_modules read (tr.allocated_now)Us") or 0.0)
+        if encoder is not None and time.time() < DEADLINE:
+            report["traceEncoder"] = trace_table("encoder full fine-tune", *encoder)
     except Exception:
         print("\n== trace_modules FAILED:\n%s" % traceback.format_exc())
         report["errors"].append("trace: %s" % traceback.format_exc()[-2000:])
