@@ -7,7 +7,8 @@ use super::reconcile::slim_job;
 use super::reconcile::{
     annotations_outdated, desired_status, expected_ranks, job_annotations, newly_rejected,
     profile_for_job, profile_is_stale, profile_outdated, profiling_enabled, rejected_in,
-    rejection_event, risk_event, EventPlan, NamedReport, Screening, JOB_ANNOTATIONS,
+    rejection_event, risk_event, with_batch_fit, EventPlan, NamedReport, Screening,
+    JOB_ANNOTATIONS,
 };
 use super::trust::{screen, PodFacts};
 use super::{Error, Metrics, Options, Result};
@@ -466,13 +467,14 @@ async fn reconcile_job(job: &Job, ctx: &Context, st: &mut JobState) -> Result<Ac
         })
         .collect();
     let previous = profile.status.as_ref();
-    let desired = desired_status(
+    let mut desired = desired_status(
         &named,
         Some(expected_ranks(job)),
         previous,
         &now(),
         &Screening::of(&screened),
     );
+    with_batch_fit(&mut desired.status, job, previous);
     let annotations = job_annotations(&desired.status);
     let current = match &st.annotations {
         Some((rv, applied)) if *rv > resource_version(&job.metadata) => applied,

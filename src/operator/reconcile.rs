@@ -4,7 +4,7 @@
 //! decision is unit-tested on plain values; `controller.rs` only fetches from
 //! the watch caches and applies what this module returns.
 
-use crate::analysis::{rollup, validate_report, RollupInput};
+use crate::analysis::{batchfit, rollup, validate_report, RollupInput};
 use crate::api::{
     set_condition, truncate_utf8, Condition, GpuLocation, MemoryProfile, MemoryProfileSpec,
     MemoryProfileStatus, MemoryReportSpec, RiskLevel, ANNOTATION_BOTTLENECK, ANNOTATION_ENABLED,
@@ -43,30 +43,115 @@ pub fn profiling_enabled(job: &Job) -> bool {
 }
 
 /// What the operator reads of a Job, and nothing more: its memprof
-/// annotations, parallelism and the pod template's service account. A
-/// tenant's Job can carry up to 1.5 MiB (a huge template, a
+/// annotations, parallelism, the pod template's service account and the
+/// literal values of the batch-size env var (for the batch fit: see
+/// [`batch_env`]). A tenant's Job can carry up to 1.5 MiB (a huge template, a
 /// last-applied-configuration annotation); the cache keeps none of it.
 pub fn slim_job(job: &mut Job) {
     job.metadata.managed_fields = None;
     if let Some(a) = job.metadata.annotations.as_mut() {
         a.retain(|k, _| k.starts_with("memprof.dev/"));
     }
+    let env = batch_env(job);
     if let Some(spec) = job.spec.as_mut() {
-        let sa = spec
-            .template
-            .spec
-            .as_ref()
-            .and_then(|p| p.service_account_name.clone());
+        let pod = spec.template.spec.take().unwrap_or_default();
         spec.template = Default::default();
-        if let Some(sa) = sa {
+        let containers = slim_containers(pod.containers, &env);
+        if pod.service_account_name.is_some() || !containers.is_empty() {
             spec.template.spec = Some(k8s_openapi::api::core::v1::PodSpec {
-                service_account_name: Some(sa),
+                service_account_name: pod.service_account_name,
+                containers,
                 ..Default::default()
             });
         }
         spec.selector = None;
     }
     job.status = None;
+}
+
+/// Containers reduced to their name and the literal values of env `env`
+/// (bounded: a value longer than 32 bytes is no batch size); containers without it are dropped.
+fn slim_containers(
+    containers: Vec<k8s_openapi::api::core::v1::Container>,
+    env: &str,
+) -> Vec<k8s_openapi::api::core::v1::Container> {
+    containers
+        .into_iter()
+        .filter_map(|c| {
+            let var = c
+                .env?
+                .into_iter()
+                .find(|v| v.name == env && v.value.as_ref().is_some_and(|x| x.len() <= 32))?;
+            Some(k8s_openapi::api::core::v1::Container {
+                name: c.name,
+                env: Some(vec![k8s_openapi::api::core::v1::EnvVar {
+                    name: var.name,
+                    value: var.value,
+                    value_from: None,
+                }]),
+                ..Default::default()
+            })
+        })
+        .collect()
+}
+
+/// The env var holding a Job's batch size: annotation `memprof.dev/batch-env`, else `BATCH_SIZE`.
+pub fn batch_env(job: &Job) -> String {
+    job.annotations()
+        .get(batchfit::ANNOTATION_BATCH_ENV)
+        .filter(|v| !v.is_empty() && v.len() <= 128)
+        .cloned()
+        .unwrap_or_else(|| batchfit::DEFAULT_BATCH_ENV.to_string())
+}
+
+/// The Job's batch size: the literal integer its first container setting [`batch_env`] has.
+pub fn batch_of(job: &Job) -> Option<u64> {
+    let env = batch_env(job);
+    job.spec
+        .as_ref()?
+        .template
+        .spec
+        .as_ref()?
+        .containers
+        .iter()
+        .filter_map(|c| c.env.as_ref()?.iter().find(|v| v.name == env))
+        .find_map(|v| v.value.as_deref()?.trim().parse().ok())
+}
+
+/// Adds the batch recommendation to a rolled-up `status`: the peak of the
+/// fullest GPU is remembered for the Job's current batch (next to those of
+/// earlier batches, carried over from `previous` across memprof's
+/// recreations of the Job), then the fit of `analysis::batchfit` runs.
+pub fn with_batch_fit(
+    status: &mut MemoryProfileStatus,
+    job: &Job,
+    previous: Option<&MemoryProfileStatus>,
+) {
+    let env = batch_env(job);
+    let current = batch_of(job);
+    let fullest = status
+        .top_ranks
+        .iter()
+        .filter(|r| r.total_bytes > 0)
+        .max_by(|a, b| {
+            (a.peak_bytes as f64 / a.total_bytes as f64)
+                .total_cmp(&(b.peak_bytes as f64 / b.total_bytes as f64))
+        });
+    let (peak, total) = fullest.map_or((0, 0), |r| (r.peak_bytes, r.total_bytes));
+    let before = previous
+        .and_then(|p| p.batch_recommendation.as_ref())
+        .map(|r| r.observations.as_slice())
+        .unwrap_or_default();
+    let observations = batchfit::observe(before, current, peak, total);
+    let breakdown = status.breakdown.as_ref().map(batchfit::AgentBreakdown::of);
+    status.batch_recommendation = Some(batchfit::recommend(&batchfit::Evidence {
+        env_var: &env,
+        current,
+        limit_bytes: (total > 0).then_some(total),
+        headroom_fraction: batchfit::DEFAULT_HEADROOM_FRACTION,
+        breakdown,
+        observations: &observations,
+    }));
 }
 
 /// Ranks a Job expects to report: its parallelism (the API server defaults it to 1).
@@ -490,7 +575,14 @@ mod tests {
                 "managedFields": [{"manager": "kubectl"}]},
             "spec": {"parallelism": 4, "template": {"spec": {
                 "serviceAccountName": "trainer",
-                "containers": [{"name": "t", "image": "busybox", "args": ["y".repeat(100_000)]}]}}},
+                "containers": [
+                    {"name": "t", "image": "busybox", "args": ["y".repeat(100_000)],
+                     "env": [{"name": "SECRET", "value": "z".repeat(100_000)},
+                             {"name": "BATCH_SIZE", "value": "64"}]},
+                    {"name": "u", "image": "busybox",
+                     "env": [{"name": "BATCH_SIZE", "valueFrom": {"fieldRef": {"fieldPath": "x"}}}]},
+                    {"name": "sidecar", "image": "busybox"},
+                ]}}},
             "status": {"active": 4},
         }))
         .unwrap();
@@ -501,9 +593,80 @@ mod tests {
         assert_eq!(job.annotations().len(), 1, "only memprof.dev/* annotations");
         let spec = job.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
         assert_eq!(spec.service_account_name.as_deref(), Some("trainer"));
-        assert!(spec.containers.is_empty());
+        // Of the containers, only the batch env var's literal value (the batch fit reads it).
+        let kept = serde_json::to_value(&spec.containers).unwrap();
+        assert_eq!(
+            kept,
+            serde_json::json!([{"name": "t", "env": [{"name": "BATCH_SIZE", "value": "64"}]}])
+        );
+        assert_eq!(batch_of(&job), Some(64));
         assert!(job.metadata.managed_fields.is_none() && job.status.is_none());
         assert!(serde_json::to_string(&job).unwrap().len() < 1024);
+    }
+
+    #[test]
+    fn the_batch_env_is_named_by_annotation_and_peaks_survive_a_new_batch() {
+        let mut j = job(&[(batchfit::ANNOTATION_BATCH_ENV, "MICRO_BATCH")], Some(1));
+        j.spec.as_mut().unwrap().template.spec = Some(
+            serde_json::from_value(serde_json::json!({
+                "containers": [{"name": "t", "env": [
+                    {"name": "BATCH_SIZE", "value": "8"}, {"name": "MICRO_BATCH", "value": "48"}]}]
+            }))
+            .unwrap(),
+        );
+        slim_job(&mut j);
+        assert_eq!(
+            (batch_env(&j).as_str(), batch_of(&j)),
+            ("MICRO_BATCH", Some(48))
+        );
+
+        // The profile remembers batch 64's peak from before memprof recreated the Job at 48.
+        let previous = MemoryProfileStatus {
+            batch_recommendation: Some(crate::api::BatchRecommendation {
+                observations: batchfit::observe(&[], Some(64), 79 * G, 80 * G),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let specs = vec![("r0".to_string(), report(0, 76, RiskLevel::High, None))];
+        let mut st = desired_status(
+            &named(&specs),
+            Some(1),
+            Some(&previous),
+            "t",
+            &Screening::default(),
+        )
+        .status;
+        with_batch_fit(&mut st, &j, Some(&previous));
+        let rec = st.batch_recommendation.unwrap();
+        assert_eq!(
+            rec.observations
+                .iter()
+                .map(|o| (o.batch, o.peak_bytes / G))
+                .collect::<Vec<_>>(),
+            vec![(64, 79), (48, 76)]
+        );
+        assert_eq!(
+            rec.method,
+            batchfit::METHOD_TWO_BATCH_SIZES,
+            "{}",
+            rec.reason
+        );
+        assert_eq!(
+            (rec.env_var.as_str(), rec.current),
+            ("MICRO_BATCH", Some(48))
+        );
+        // 3 GiB over 16 samples: 0.1875 GiB/sample, static 76 - 48 × 0.1875 = 67 GiB;
+        // (72 - 67) / 0.1875 = 26.67.
+        assert_eq!(rec.recommended, Some(26));
+        // Without the earlier peak there is one batch size only: too little evidence.
+        let mut alone =
+            desired_status(&named(&specs), Some(1), None, "t", &Screening::default()).status;
+        with_batch_fit(&mut alone, &j, None);
+        assert_eq!(
+            alone.batch_recommendation.unwrap().method,
+            batchfit::METHOD_INSUFFICIENT
+        );
     }
 
     const G: u64 = 1 << 30;

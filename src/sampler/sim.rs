@@ -16,7 +16,17 @@
 //!   "3": { baseGiB: 45 }
 //!   "1": { spikeAtSeconds: 300, spikeGiB: 20, spikeSeconds: 30 }
 //!   "0": { oomAtSeconds: 600 }
+//! batch:                # optional: memory follows the trainer's batch size
+//!   env: BATCH_SIZE     # read from the sidecar's own environment
+//!   staticGiB: 30       # becomes every rank's baseGiB
+//!   perSampleGiB: 0.5   # × the batch becomes every rank's amplitudeGiB
 //! ```
+//!
+//! With `batch`, the simulated peak is `staticGiB + perSampleGiB × batch`, so
+//! a Job recreated with a smaller batch really needs less memory: what the
+//! batch fit (`analysis::batchfit`, `scaleBatch` `mode: fit`) is tested on.
+//! The sim reports NVML-like readings only, never a breakdown: the fit then
+//! rests on peaks observed at two batch sizes, as it would without the agent.
 
 use super::{Error, GpuInfo, GpuReading, Sampler};
 use crate::api::DataSource;
@@ -45,6 +55,26 @@ pub struct Scenario {
     /// Per-rank overrides, keyed by rank number.
     #[serde(default)]
     pub ranks: BTreeMap<String, PatternOverride>,
+    /// Memory that follows the batch size (base and amplitude of every rank).
+    #[serde(default)]
+    pub batch: Option<BatchModel>,
+}
+
+/// Memory as a function of the batch size: `static + perSample × batch`.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct BatchModel {
+    /// Env var holding the batch size, read from the sidecar's environment.
+    #[serde(default = "default_batch_env")]
+    pub env: String,
+    /// Memory that does not grow with the batch, GiB (the pattern's base).
+    pub static_gi_b: f64,
+    /// Activations per sample, GiB (× the batch: the pattern's amplitude).
+    pub per_sample_gi_b: f64,
+}
+
+fn default_batch_env() -> String {
+    "BATCH_SIZE".into()
 }
 
 fn default_total() -> f64 {
@@ -77,6 +107,9 @@ pub struct Pattern {
     /// Time at which memory is driven to the total (an OOM), seconds; the
     /// process then dies and its memory is freed.
     pub oom_at_seconds: Option<f64>,
+    /// Fraction of each step spent at the activations' peak (0: a sawtooth
+    /// that only approaches it). Lets a sampler see the true peak.
+    pub hold_fraction: f64,
 }
 
 impl Default for Pattern {
@@ -91,6 +124,7 @@ impl Default for Pattern {
             spike_gi_b: 0.0,
             spike_seconds: 0.0,
             oom_at_seconds: None,
+            hold_fraction: 0.0,
         }
     }
 }
@@ -108,6 +142,7 @@ pub struct PatternOverride {
     spike_gi_b: Option<f64>,
     spike_seconds: Option<f64>,
     oom_at_seconds: Option<f64>,
+    hold_fraction: Option<f64>,
 }
 
 impl Scenario {
@@ -137,6 +172,15 @@ impl Scenario {
         if self.gpus_per_rank == 0 || self.gpus_per_rank > 16 {
             return Err("gpusPerRank must be between 1 and 16".into());
         }
+        if let Some(b) = &self.batch {
+            let ok = |v: f64| v.is_finite() && v >= 0.0;
+            if !ok(b.static_gi_b) || !ok(b.per_sample_gi_b) || b.env.is_empty() {
+                return Err(
+                    "batch needs a non-empty env and non-negative staticGiB and perSampleGiB"
+                        .into(),
+                );
+            }
+        }
         for key in self.ranks.keys() {
             key.parse::<u32>()
                 .map_err(|_| format!("ranks key {key:?} is not a rank number"))?;
@@ -145,6 +189,9 @@ impl Scenario {
             let p = self.pattern(rank.unwrap_or(0));
             if p.period_seconds <= 0.0 {
                 return Err("periodSeconds must be positive".into());
+            }
+            if !(0.0..1.0).contains(&p.hold_fraction) {
+                return Err("holdFraction must be at least 0 and below 1".into());
             }
             if p.base_gi_b < 0.0
                 || p.amplitude_gi_b < 0.0
@@ -173,7 +220,8 @@ impl Scenario {
                 noise_gi_b,
                 leak_mi_b_per_second,
                 spike_gi_b,
-                spike_seconds
+                spike_seconds,
+                hold_fraction
             );
             if o.spike_at_seconds.is_some() {
                 p.spike_at_seconds = o.spike_at_seconds;
@@ -181,6 +229,17 @@ impl Scenario {
             if o.oom_at_seconds.is_some() {
                 p.oom_at_seconds = o.oom_at_seconds;
             }
+        }
+        p
+    }
+
+    /// The pattern of `rank` when the trainer runs at `batch`: with a
+    /// `batch` model, base and amplitude follow it; otherwise as [`Self::pattern`].
+    pub fn pattern_at_batch(&self, rank: u32, batch: Option<u64>) -> Pattern {
+        let mut p = self.pattern(rank);
+        if let (Some(m), Some(b)) = (&self.batch, batch) {
+            p.base_gi_b = m.static_gi_b;
+            p.amplitude_gi_b = m.per_sample_gi_b * b as f64;
         }
         p
     }
@@ -195,7 +254,7 @@ impl Pattern {
                 return if t < oom + 1.0 { total } else { 0.0 };
             }
         }
-        let phase = (t / self.period_seconds).fract();
+        let phase = ((t / self.period_seconds).fract() / (1.0 - self.hold_fraction)).min(1.0);
         let mut used = self.base_gi_b * GIB
             + self.amplitude_gi_b * GIB * phase
             + self.leak_mi_b_per_second * MIB * t;
@@ -230,7 +289,12 @@ impl SimSampler {
                 total_bytes: total,
             })
             .collect();
-        let pattern = scenario.pattern(rank);
+        // The batch is read where the trainer's is: the process environment.
+        let batch = scenario
+            .batch
+            .as_ref()
+            .and_then(|b| std::env::var(&b.env).ok()?.trim().parse().ok());
+        let pattern = scenario.pattern_at_batch(rank, batch);
         let rng = SplitMix64(scenario.seed ^ (u64::from(rank) << 32));
         SimSampler {
             scenario,
@@ -346,6 +410,33 @@ ranks:
         let p0 = s.pattern(0);
         assert_eq!(p0.used_at(100.5, total), total);
         assert_eq!(p0.used_at(102.0, total), 0.0);
+    }
+
+    #[test]
+    fn memory_follows_the_batch_and_holds_its_peak() {
+        let s = Scenario::parse(
+            "batch: { staticGiB: 66.5, perSampleGiB: 0.2 }\ndefault: { holdFraction: 0.5, noiseGiB: 0 }\nranks: { \"1\": { baseGiB: 1 } }",
+        )
+        .unwrap();
+        assert_eq!(s.batch.as_ref().unwrap().env, "BATCH_SIZE");
+        let total = 80.0 * GIB;
+        for rank in [0, 1] {
+            let p = s.pattern_at_batch(rank, Some(64));
+            // Half a step (1 s of 2) at the peak, the first half rising to it.
+            assert_eq!(p.used_at(1.0, total), (66.5 + 0.2 * 64.0) * GIB);
+            assert_eq!(p.used_at(1.9, total), (66.5 + 0.2 * 64.0) * GIB);
+            assert_eq!(p.used_at(0.5, total), (66.5 + 0.1 * 64.0) * GIB);
+        }
+        let at48 = s.pattern_at_batch(0, Some(48));
+        assert!((at48.used_at(1.5, total) - (66.5 + 0.2 * 48.0) * GIB).abs() < 1.0);
+        // No batch in the environment: the pattern as written.
+        assert_eq!(s.pattern_at_batch(1, None).base_gi_b, 1.0);
+        assert!(Scenario::parse("batch: { staticGiB: -1, perSampleGiB: 1 }")
+            .unwrap_err()
+            .contains("batch needs"));
+        assert!(Scenario::parse("default: { holdFraction: 1 }")
+            .unwrap_err()
+            .contains("holdFraction"));
     }
 
     #[test]
