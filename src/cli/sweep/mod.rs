@@ -7,6 +7,7 @@
 //! docs/sweep.md describes the output.
 
 pub mod grid;
+pub mod html;
 pub mod model;
 pub mod output;
 pub mod record;
@@ -58,6 +59,10 @@ pub struct Args {
     /// Write a self-contained HTML report (plots and table) here.
     #[arg(long)]
     pub html: Option<PathBuf>,
+    /// A line shown at the top of the HTML report and kept in the JSON
+    /// (e.g. the machine and model).
+    #[arg(long)]
+    pub note: Option<String>,
     /// Keep each run's stdout, stderr and summary in this directory
     /// (default: a temporary directory, removed at the end).
     #[arg(long)]
@@ -254,6 +259,7 @@ fn conclude(
         limit_bytes: args.limit_bytes,
         nvml: args.nvml,
         interrupted,
+        note: args.note.clone(),
         runs,
         models,
     }
@@ -285,6 +291,9 @@ fn write_outputs(args: &Args, r: &SweepResult) -> Result<(), SweepError> {
     }
     if let Some(p) = &args.csv {
         write(p, record::to_csv(&r.variables, &r.runs))?;
+    }
+    if let Some(p) = &args.html {
+        write(p, html::render(r))?;
     }
     Ok(())
 }

@@ -370,12 +370,19 @@ fn recommend(var: &str, m: &mut Model, observed: &[Observed], total: f64) {
 
 /// The tested values, then further values up the same ladder (doubling for
 /// powers of two, else the last step) while they still fit, plus one more.
+/// A powers-of-two grid with gaps (8, 32) gets the missing rungs (16).
 pub fn extend(grid: &[f64], fits: impl Fn(f64) -> bool) -> Vec<f64> {
-    let mut ladder = grid.to_vec();
     let doubling = grid.len() < 2
         || grid
             .iter()
             .all(|x| *x >= 1.0 && x.fract() == 0.0 && (*x as u64).is_power_of_two());
+    let mut ladder = grid.to_vec();
+    if doubling && grid.len() >= 2 {
+        let (lo, hi) = (grid[0], grid[grid.len() - 1]);
+        ladder = std::iter::successors(Some(lo), |x| Some(x * 2.0))
+            .take_while(|x| *x <= hi)
+            .collect();
+    }
     for _ in 0..64 {
         let Some(&top) = ladder.last() else { break };
         if !fits(top) {

@@ -116,6 +116,11 @@ fn above_the_grid_the_ladder_doubles_and_says_it_extrapolates() {
         vec![100.0, 200.0, 300.0, 400.0, 500.0]
     );
     assert_eq!(extend(&[8.0], |x| x <= 16.0), vec![8.0, 16.0, 32.0]);
+    // Gaps in a powers-of-two grid are filled.
+    assert_eq!(
+        extend(&[2.0, 8.0, 32.0], |x| x < 8.0),
+        vec![2.0, 4.0, 8.0, 16.0, 32.0]
+    );
     assert_eq!(extend(&[0.0, 0.0], |_| true), vec![0.0, 0.0]);
 }
 

@@ -37,6 +37,9 @@ pub struct SweepResult {
     pub nvml: bool,
     /// Whether the sweep was interrupted before the last configuration.
     pub interrupted: bool,
+    /// `--note`: a line for the reader (what machine, what model).
+    #[serde(default)]
+    pub note: Option<String>,
     /// One record per configuration run, in grid order.
     pub runs: Vec<RunRecord>,
     /// One model per swept variable and combination of the others.
@@ -190,6 +193,7 @@ mod tests {
             limit_bytes: None,
             nvml: false,
             interrupted: false,
+            note: None,
             runs: vec![rec("8", Status::Ok, Some(5))],
             models: vec![],
         };
