@@ -254,3 +254,115 @@ fn rasterise(png: &Path, svg: &str) -> Result<(), CliError> {
         ))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{
+        GpuReport, MemoryProfileSpec, MemoryProfileStatus, MemoryReportSpec, OomRecord,
+        TimelinePoint,
+    };
+
+    const GIB: u64 = 1 << 30;
+
+    fn report(rank: u32, gpus: &[(u32, u64)], t0: i64) -> MemoryReport {
+        let gpus = gpus
+            .iter()
+            .map(|&(index, peak)| GpuReport {
+                index,
+                total_bytes: 80 * GIB,
+                peak_bytes: peak * GIB,
+                timeline: (0..3)
+                    .map(|i| TimelinePoint {
+                        t: t0 + 10 * i,
+                        max: (peak - 2 + i as u64) * GIB,
+                        min: 0,
+                    })
+                    .collect(),
+                ..Default::default()
+            })
+            .collect();
+        MemoryReport::new(
+            &format!("train-{rank}"),
+            MemoryReportSpec {
+                pod_name: format!("train-{rank}"),
+                node_name: Some(format!("node-{rank}")),
+                rank: Some(rank),
+                gpus,
+                ..Default::default()
+            },
+        )
+    }
+
+    fn profile() -> MemoryProfile {
+        let mut p = MemoryProfile::new(
+            "train",
+            MemoryProfileSpec {
+                job_name: "train".into(),
+                expected_ranks: Some(2),
+            },
+        );
+        p.status = Some(MemoryProfileStatus {
+            ooms: vec![OomRecord {
+                time: "2026-11-22T10:00:20Z".into(),
+                pod: "train-1".into(),
+                rank: Some(1),
+                ..Default::default()
+            }],
+            ..Default::default()
+        });
+        p
+    }
+
+    #[test]
+    fn one_series_per_rank_from_its_fullest_gpu_with_total_and_oom_marks() {
+        let t0 = "2026-11-22T10:00:00Z"
+            .parse::<jiff::Timestamp>()
+            .unwrap()
+            .as_second();
+        let reports = [
+            report(0, &[(0, 40), (1, 50)], t0),
+            report(1, &[(0, 70)], t0),
+        ];
+        let c = timeline(&profile(), &reports);
+        let names: Vec<&str> = c.series.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["rank 0", "rank 1"]);
+        // rank 0: the higher of its two GPUs at each point.
+        assert_eq!(
+            c.series[0].points,
+            [
+                (0.0, 48.0 * GIB as f64),
+                (10.0, 49.0 * GIB as f64),
+                (20.0, 50.0 * GIB as f64)
+            ]
+        );
+        assert_eq!(c.hlines[0].y, 80.0 * GIB as f64);
+        assert_eq!(
+            (c.marks[0].x, c.marks[0].label.as_str()),
+            (20.0, "OOM rank 1")
+        );
+    }
+
+    #[test]
+    fn heatmap_has_a_row_per_rank_and_node_and_a_column_per_gpu_index() {
+        let reports = [report(0, &[(0, 40), (1, 50)], 0), report(1, &[(0, 70)], 0)];
+        let h = heatmap(&profile(), &reports);
+        assert_eq!(h.rows, ["rank 0 on node-0", "rank 1 on node-1"]);
+        assert_eq!(h.cols, ["GPU 0", "GPU 1"]);
+        assert_eq!(h.values[1], [Some(70.0 * GIB as f64), None]);
+    }
+
+    #[test]
+    fn both_charts_stack_into_one_well_formed_svg() {
+        let reports = [report(0, &[(0, 40)], 0), report(1, &[(0, 70)], 0)];
+        let p = profile();
+        let svg = svg_document(&timeline(&p, &reports), &heatmap(&p, &reports), Chart::All);
+        let doc = roxmltree::Document::parse(&svg).unwrap();
+        let root = doc.root_element();
+        let inner: Vec<_> = root.children().filter(|n| n.has_tag_name("svg")).collect();
+        assert_eq!(inner.len(), 2);
+        assert_eq!(inner[1].attribute("y"), Some("450"));
+        let height: f64 = root.attribute("height").unwrap().parse().unwrap();
+        assert!(height > 450.0, "{height}");
+    }
+}

@@ -1,0 +1,574 @@
+//! The `memprof` binary's cluster commands against the real local control
+//! plane: profiles rolled up by the in-process operator from reports written
+//! as the sidecars write them; every subcommand and output format; the
+//! kubeconfig context's namespace; `-A`; errors; `kubectl memprof` through
+//! kubectl's own plugin and completion mechanisms.
+
+mod common;
+
+use common::*;
+use k8s_openapi::api::batch::v1::{Job, JobSpec};
+use k8s_openapi::api::core::v1::{Container, EnvVar, PodSpec, PodTemplateSpec};
+use kube::api::{Api, PostParams};
+use kube::Client;
+use memprof::api::{GpuReport, MemoryProfile, RiskLevel, TimelinePoint, ANNOTATION_ENABLED};
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+const BIN: &str = env!("CARGO_BIN_EXE_memprof");
+
+/// Runs `memprof ARGS` with extra env; waits for it.
+async fn memprof(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = tokio::process::Command::new(BIN);
+    cmd.args(args).kill_on_drop(true);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    tokio::time::timeout(TIMEOUT, cmd.output())
+        .await
+        .unwrap_or_else(|_| panic!("memprof {args:?} did not finish within {TIMEOUT:?}"))
+        .expect("running memprof")
+}
+
+/// `memprof ARGS` must succeed; its stdout.
+async fn ok(args: &[&str]) -> String {
+    let out = memprof(args, &[]).await;
+    let (stdout, stderr) = texts(&out);
+    assert!(
+        out.status.success(),
+        "memprof {args:?} failed: {stderr}\n{stdout}"
+    );
+    stdout
+}
+
+fn texts(out: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A Job with `BATCH_SIZE` in its trainer's env, profiled.
+async fn create_job_with_batch(client: &Client, ns: &str, name: &str, ranks: i32, batch: &str) {
+    let mut job = Job {
+        spec: Some(JobSpec {
+            parallelism: Some(ranks),
+            completions: Some(ranks),
+            template: PodTemplateSpec {
+                spec: Some(PodSpec {
+                    restart_policy: Some("Never".into()),
+                    containers: vec![Container {
+                        name: "trainer".into(),
+                        image: Some("busybox".into()),
+                        env: Some(vec![EnvVar {
+                            name: "BATCH_SIZE".into(),
+                            value: Some(batch.into()),
+                            ..Default::default()
+                        }]),
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    job.metadata.name = Some(name.into());
+    job.metadata.annotations = Some(BTreeMap::from([(
+        ANNOTATION_ENABLED.to_string(),
+        "true".to_string(),
+    )]));
+    Api::<Job>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &job)
+        .await
+        .unwrap_or_else(|e| panic!("creating Job {name}: {e}"));
+}
+
+/// A GPU with a 60-point timeline climbing from `from_gib` to its peak.
+fn gpu_with_timeline(
+    rank: u32,
+    from_gib: u64,
+    peak_gib: u64,
+    risk: RiskLevel,
+    tto: Option<f64>,
+) -> GpuReport {
+    let mut g = gpu(rank, peak_gib, peak_gib, risk, tto);
+    let t0 = jiff::Timestamp::now().as_second() - 3600;
+    g.timeline = (0..60u64)
+        .map(|i| {
+            let used = from_gib * GIB + (peak_gib - from_gib) * GIB * i / 59;
+            TimelinePoint {
+                t: t0 + 5 * i as i64,
+                max: used,
+                min: used - GIB / 2,
+            }
+        })
+        .collect();
+    g
+}
+
+/// Job `train` (2 ranks, batch 32, rank 1 leaking to critical) and Job
+/// `calm` (1 rank, batch 16, low), rolled up by the operator.
+async fn two_jobs(client: &Client, ns: &str) {
+    create_job_with_batch(client, ns, "train", 2, "32").await;
+    create_job_with_batch(client, ns, "calm", 1, "16").await;
+    let reports = [
+        (
+            "train",
+            0,
+            gpu_with_timeline(0, 30, 40, RiskLevel::Low, None),
+        ),
+        (
+            "train",
+            1,
+            gpu_with_timeline(1, 40, 70, RiskLevel::Critical, Some(90.0)),
+        ),
+        (
+            "calm",
+            0,
+            gpu_with_timeline(0, 20, 20, RiskLevel::Low, None),
+        ),
+    ];
+    for (job, rank, g) in reports {
+        let r = rank_report(client, ns, job, rank, &at(u64::from(rank)), vec![g]).await;
+        apply_report(client, ns, &r).await;
+    }
+    let profiles: Api<MemoryProfile> = Api::namespaced(client.clone(), ns);
+    for (job, ranks) in [("train", 2), ("calm", 1)] {
+        eventually(&format!("{job} rolled up"), || async {
+            let p = profiles.get_opt(job).await.map_err(|e| e.to_string())?;
+            match p.and_then(|p| p.status) {
+                Some(st) if st.ranks_reporting == ranks => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        })
+        .await;
+    }
+}
+
+fn json(text: &str) -> Value {
+    serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}):\n{text}"))
+}
+
+fn yaml(text: &str) -> Value {
+    serde_yaml::from_str(text).unwrap_or_else(|e| panic!("not YAML ({e}):\n{text}"))
+}
+
+#[tokio::test]
+async fn every_cluster_command_in_every_format_against_real_profiles() {
+    let Some(client) = cluster().await else {
+        return;
+    };
+    let ns = TestNamespace::create(&client).await;
+    let _op = start_operator(&client, &ns.name);
+    two_jobs(&client, &ns.name).await;
+    let n = ns.name.as_str();
+
+    // top: worst first, kubectl columns; wide adds columns; json/yaml parse.
+    let top = ok(&["top", "-n", n]).await;
+    let lines: Vec<&str> = top.lines().collect();
+    assert!(
+        lines[0].starts_with(
+            "JOB     RISK       TTO     PEAK            NOW%   IMBALANCE   RANKS   LEAK"
+        ),
+        "{top}"
+    );
+    assert!(
+        lines[1].starts_with("train   critical   1m30s   70.0GiB (88%)"),
+        "{top}"
+    );
+    assert!(lines[2].starts_with("calm    low"), "{top}");
+    assert!(ok(&["top", "-n", n, "-o", "wide"])
+        .await
+        .contains("BOTTLENECK"));
+    let rows = json(&ok(&["top", "-n", n, "-o", "json"]).await);
+    assert_eq!(rows[0]["job"], "train");
+    assert_eq!(rows[0]["risk"], "critical");
+    assert_eq!(rows[0]["peakUsedBytes"], 70 * GIB);
+    assert_eq!(rows[1]["job"], "calm");
+    assert_eq!(yaml(&ok(&["top", "-n", n, "-o", "yaml"]).await), rows);
+    // --watch, not on a terminal: whole tables one after the other, no escapes.
+    let watched = ok(&[
+        "top",
+        "-n",
+        n,
+        "--watch",
+        "--interval",
+        "0.1",
+        "--watch-count",
+        "2",
+    ])
+    .await;
+    assert_eq!(watched.matches("JOB ").count(), 2, "{watched}");
+    assert!(!watched.contains('\x1b'), "{watched:?}");
+
+    // report JOB: the profile in words, one row per rank with its sparkline.
+    let report = ok(&["report", "train", "-n", n]).await;
+    assert!(
+        report.contains(&format!("MemoryProfile {n}/train (job train)")),
+        "{report}"
+    );
+    assert!(report.contains("risk: critical"), "{report}");
+    let rank1 = report
+        .lines()
+        .find(|l| l.starts_with("1 ") && l.contains("node-1"))
+        .unwrap_or_else(|| panic!("no rank 1 row:\n{report}"));
+    assert!(
+        rank1.contains("70.0GiB") && rank1.contains("critical"),
+        "{rank1}"
+    );
+    assert!(
+        rank1.ends_with('█') && rank1.contains('▁'),
+        "a rising sparkline: {rank1}"
+    );
+    assert!(ok(&["report", "train", "-n", n, "-o", "wide"])
+        .await
+        .contains("GPU-sim-0001"));
+    let list = json(&ok(&["report", "train", "-n", n, "-o", "json"]).await);
+    assert_eq!(list["kind"], "List");
+    let kinds: Vec<&str> = list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, ["MemoryProfile", "MemoryReport", "MemoryReport"]);
+    assert_eq!(list["items"][0]["status"]["risk"], "critical");
+    assert_eq!(
+        list["items"][2]["spec"]["gpus"][0]["timeline"]
+            .as_array()
+            .unwrap()
+            .len(),
+        60
+    );
+    assert!(list["items"][0]["metadata"].get("managedFields").is_none());
+    assert_eq!(
+        yaml(&ok(&["report", "train", "-n", n, "-o", "yaml"]).await),
+        list
+    );
+    let all = ok(&["report", "-n", n]).await;
+    assert!(
+        all.contains("/calm (job calm)") && all.contains("/train (job train)"),
+        "{all}"
+    );
+    let all = json(&ok(&["report", "-n", n, "-o", "json"]).await);
+    assert_eq!(all["items"].as_array().unwrap().len(), 2);
+    let also = ok(&["report", &format!("{n}/calm"), "-n", "default"]).await;
+    assert!(
+        also.contains("risk: low"),
+        "NAMESPACE/JOB overrides -n: {also}"
+    );
+
+    // plot: SVG that parses, with each rank's series and the axis labels.
+    let dir = TempDir::new();
+    let svg_path = dir.0.join("train.svg");
+    let svg_arg = svg_path.to_str().unwrap();
+    ok(&["plot", "train", "-n", n, "--out", svg_arg]).await;
+    let svg = std::fs::read_to_string(&svg_path).unwrap();
+    // MEMPROF_KEEP_PLOTS=DIR keeps the picture (how docs/plots/ was made).
+    if let Some(keep) = std::env::var_os("MEMPROF_KEEP_PLOTS") {
+        std::fs::write(Path::new(&keep).join("kubectl-memprof-plot.svg"), &svg).unwrap();
+    }
+    let doc = roxmltree::Document::parse(&svg).unwrap_or_else(|e| panic!("bad SVG ({e})"));
+    let text: Vec<&str> = doc
+        .descendants()
+        .filter(|n| n.is_text())
+        .filter_map(|n| n.text())
+        .collect();
+    for want in [
+        "rank 0",
+        "rank 1",
+        "GPU memory total",
+        "GPU 0",
+        "rank 1 on node-1",
+    ] {
+        assert!(
+            text.contains(&want),
+            "{want:?} not among the SVG's texts {text:?}"
+        );
+    }
+    for want in [
+        "time since first sample",
+        "used memory",
+        "GPU memory of Job train by rank",
+        "Peak GPU memory of Job train per GPU",
+    ] {
+        assert!(
+            text.iter().any(|t| t.contains(want)),
+            "{want:?} not in {text:?}"
+        );
+    }
+    let chart = ok(&[
+        "plot", "train", "-n", n, "--chart", "timeline", "--width", "60",
+    ])
+    .await;
+    assert!(
+        chart.contains("rank 1") && chart.lines().count() > 10,
+        "{chart}"
+    );
+
+    // compare: side by side, batch size from the Jobs' env.
+    let cmp = ok(&["compare", "calm", "train", "-n", n]).await;
+    assert!(
+        cmp.lines().next().unwrap().contains(&format!("{n}/calm")),
+        "{cmp}"
+    );
+    assert!(cmp.contains("BATCH SIZE   16"), "{cmp}");
+    assert!(
+        cmp.lines()
+            .any(|l| l.starts_with("BATCH SIZE") && l.contains("32")),
+        "{cmp}"
+    );
+    assert!(
+        cmp.lines()
+            .any(|l| l.starts_with("PEAK") && l.ends_with("+250%")),
+        "{cmp}"
+    );
+    let cmp = json(&ok(&["compare", "calm", "train", "-n", n, "-o", "json"]).await);
+    assert_eq!(cmp["b"]["batchSize"], "32");
+    assert_eq!(cmp["b"]["risk"], "critical");
+    yaml(&ok(&["compare", "calm", "train", "-n", n, "-o", "yaml"]).await);
+
+    // policy explain takes the same flags.
+    let explain = ok(&["policy", "explain", "train", "-n", n]).await;
+    assert!(explain.contains(&format!("Job {n}/train")), "{explain}");
+}
+
+/// A temporary directory removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new() -> Self {
+        let p = std::env::temp_dir().join(format!("memprof-cli-test-{}", random_suffix()));
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The test cluster's kubeconfig with every context's namespace set to `ns`
+/// (and, with `server`, pointed elsewhere).
+fn kubeconfig_copy(dir: &Path, ns: &str, server: Option<&str>) -> PathBuf {
+    let src = std::env::var("KUBECONFIG").expect("KUBECONFIG is set for cluster tests");
+    let mut kc: serde_yaml::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(src).unwrap()).unwrap();
+    for ctx in kc["contexts"].as_sequence_mut().unwrap() {
+        ctx["context"]["namespace"] = ns.into();
+    }
+    if let Some(server) = server {
+        for c in kc["clusters"].as_sequence_mut().unwrap() {
+            c["cluster"]["server"] = server.into();
+        }
+    }
+    let path = dir.join("kubeconfig");
+    std::fs::write(&path, serde_yaml::to_string(&kc).unwrap()).unwrap();
+    path
+}
+
+#[tokio::test]
+async fn the_kubeconfig_contexts_namespace_is_where_commands_look() {
+    let Some(client) = cluster().await else {
+        return;
+    };
+    let ns = TestNamespace::create(&client).await;
+    let _op = start_operator(&client, &ns.name);
+    two_jobs(&client, &ns.name).await;
+    let dir = TempDir::new();
+    let kc = kubeconfig_copy(&dir.0, &ns.name, None);
+    let kc = kc.to_str().unwrap();
+
+    // Through $KUBECONFIG, as kubectl: no -n anywhere.
+    let env = [("KUBECONFIG", kc)];
+    let out = memprof(&["report", "train"], &env).await;
+    let (stdout, stderr) = texts(&out);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stdout.contains(&format!("MemoryProfile {}/train", ns.name)),
+        "{stdout}"
+    );
+    let out = memprof(&["top", "-o", "json"], &env).await;
+    let rows = json(&texts(&out).0);
+    assert_eq!(rows.as_array().unwrap().len(), 2, "{rows}");
+    assert_eq!(rows[0]["namespace"], ns.name.as_str());
+    // Through --kubeconfig and --context.
+    let top = ok(&["top", "--kubeconfig", kc, "--context", "memprof-local"]).await;
+    assert!(top.contains("train") && top.contains("calm"), "{top}");
+    // -n still wins over the context.
+    let other = ok(&["top", "--kubeconfig", kc, "-n", "default"]).await;
+    assert!(!other.contains("train   critical"), "{other}");
+    // A context that is not there is named, with those that are.
+    let out = memprof(&["top", "--kubeconfig", kc, "--context", "nope"], &[]).await;
+    let (_, stderr) = texts(&out);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("context \"nope\" is not in the kubeconfig; contexts there: memprof-local"),
+        "{stderr}"
+    );
+}
+
+#[tokio::test]
+async fn all_namespaces_lists_jobs_of_every_namespace() {
+    let Some(client) = cluster().await else {
+        return;
+    };
+    let (a, b) = (
+        TestNamespace::create(&client).await,
+        TestNamespace::create(&client).await,
+    );
+    let _op_a = start_operator(&client, &a.name);
+    let _op_b = start_operator(&client, &b.name);
+    two_jobs(&client, &a.name).await;
+    two_jobs(&client, &b.name).await;
+    let top = ok(&["top", "-A"]).await;
+    let header: Vec<&str> = top.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(header[..3], ["NAMESPACE", "JOB", "RISK"], "{top}");
+    for ns in [&a.name, &b.name] {
+        for job in ["train", "calm"] {
+            assert!(
+                top.lines()
+                    .any(|l| l.starts_with(ns.as_str()) && l.contains(&format!(" {job} "))),
+                "{ns}/{job} not in:\n{top}"
+            );
+        }
+    }
+    let rows = json(&ok(&["top", "--all-namespaces", "-o", "json"]).await);
+    let ours = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["namespace"] == a.name.as_str() || r["namespace"] == b.name.as_str())
+        .count();
+    assert_eq!(ours, 4);
+    let report = ok(&["report", "-A"]).await;
+    assert!(
+        report.contains(&format!("{}/train", a.name))
+            && report.contains(&format!("{}/train", b.name))
+    );
+    // One Job and -A do not go together.
+    let out = memprof(&["report", "train", "-A"], &[]).await;
+    assert!(texts(&out)
+        .1
+        .contains("use -n NAMESPACE (or NAMESPACE/JOB), not -A"));
+}
+
+#[tokio::test]
+async fn errors_say_what_exists_and_what_to_do_without_a_backtrace() {
+    let Some(client) = cluster().await else {
+        return;
+    };
+    let ns = TestNamespace::create(&client).await;
+    let _op = start_operator(&client, &ns.name);
+    two_jobs(&client, &ns.name).await;
+    let n = ns.name.as_str();
+    for args in [
+        vec!["report", "trian", "-n", n],
+        vec!["plot", "trian", "-n", n],
+        vec!["compare", "train", "trian", "-n", n],
+    ] {
+        let out = memprof(&args, &[("RUST_BACKTRACE", "1")]).await;
+        let (_, stderr) = texts(&out);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert_eq!(
+            stderr,
+            format!(
+                "error: no MemoryProfile {n}/trian; MemoryProfiles in namespace {n}: calm, train\n"
+            ),
+            "{args:?}"
+        );
+    }
+    let empty = TestNamespace::create(&client).await;
+    let out = memprof(&["report", "x", "-n", &empty.name], &[]).await;
+    assert!(texts(&out).1.contains(&format!(
+        "there are no MemoryProfiles in namespace {}",
+        empty.name
+    )));
+    let top = ok(&["top", "-n", &empty.name]).await;
+    assert_eq!(
+        top,
+        format!("No MemoryProfiles found in namespace {}.\n", empty.name)
+    );
+
+    // Nothing listening: the server is named, no Rust error dump.
+    let dir = TempDir::new();
+    let kc = kubeconfig_copy(&dir.0, "default", Some("https://127.0.0.1:1"));
+    let out = memprof(
+        &["top", "--kubeconfig", kc.to_str().unwrap()],
+        &[("RUST_BACKTRACE", "1")],
+    )
+    .await;
+    let (_, stderr) = texts(&out);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr.starts_with("error: no cluster reachable"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("stack backtrace"), "{stderr}");
+}
+
+#[tokio::test]
+async fn kubectl_runs_the_plugin_and_completes_it() {
+    let Some(client) = cluster().await else {
+        return;
+    };
+    let ns = TestNamespace::create(&client).await;
+    let _op = start_operator(&client, &ns.name);
+    two_jobs(&client, &ns.name).await;
+    // Installed as kubectl's plugin: the binary as kubectl-memprof, the helper beside it.
+    let dir = TempDir::new();
+    std::fs::copy(BIN, dir.0.join("kubectl-memprof")).unwrap();
+    let helper = Path::new(env!("CARGO_MANIFEST_DIR")).join("hack/kubectl_complete-memprof");
+    std::fs::copy(&helper, dir.0.join("kubectl_complete-memprof")).unwrap();
+    let path = format!(
+        "{}:{}",
+        dir.0.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let kubectl = |args: Vec<&str>| {
+        let path = path.clone();
+        let args: Vec<String> = args.into_iter().map(String::from).collect();
+        async move {
+            let mut cmd = tokio::process::Command::new("kubectl");
+            cmd.args(&args).env("PATH", path).kill_on_drop(true);
+            let out = tokio::time::timeout(TIMEOUT, cmd.output())
+                .await
+                .unwrap()
+                .unwrap();
+            let (stdout, stderr) = texts(&out);
+            assert!(out.status.success(), "kubectl {args:?}: {stderr}");
+            stdout
+        }
+    };
+    let version = format!("memprof {}\n", env!("CARGO_PKG_VERSION"));
+    assert_eq!(ok(&["--version"]).await, version);
+    assert_eq!(kubectl(vec!["memprof", "--version"]).await, version);
+    let top = kubectl(vec!["memprof", "top", "-n", &ns.name]).await;
+    assert!(top.contains("train   critical"), "{top}");
+    // kubectl ≥ 1.26 asks kubectl_complete-memprof, which asks memprof __complete.
+    let subs = kubectl(vec!["__complete", "memprof", "re"]).await;
+    assert!(subs.lines().any(|l| l.starts_with("report\t")), "{subs}");
+    assert!(subs.trim_end().ends_with(":4"), "{subs}");
+    let jobs = kubectl(vec!["__complete", "memprof", "report", "-n", &ns.name, "t"]).await;
+    assert!(jobs.lines().any(|l| l.starts_with("train")), "{jobs}");
+    assert!(!jobs.contains("calm"), "{jobs}");
+    let formats = kubectl(vec!["__complete", "memprof", "top", "-o", ""]).await;
+    for f in ["table", "wide", "json", "yaml"] {
+        assert!(formats.lines().any(|l| l.starts_with(f)), "{formats}");
+    }
+    // The shells' own scripts.
+    for shell in ["bash", "zsh", "fish"] {
+        let script = ok(&["completion", shell]).await;
+        assert!(
+            script.contains("memprof") && script.contains("report"),
+            "{shell}: {script}"
+        );
+    }
+}
