@@ -15,6 +15,9 @@
 
 use serde::{Deserialize, Serialize};
 
+mod breakdown;
+pub use breakdown::{Breakdown, Flag, ModulePhase, ModuleTypeBytes};
+
 /// The push format version this sidecar speaks.
 pub const VERSION: u32 = 1;
 /// Largest body accepted, bytes. A periodic push stays well under 64 KiB;
@@ -39,6 +42,16 @@ pub const MAX_FRAME_TEXT: usize = 256;
 pub const MAX_MESSAGE: usize = 1024;
 /// Longest device UUID, bytes.
 pub const MAX_UUID: usize = 96;
+/// At most this many `breakdown.byModuleType` entries (one per module type).
+pub const MAX_MODULE_TYPES: usize = 6;
+/// At most this many `breakdown.flags`.
+pub const MAX_FLAGS: usize = 16;
+/// At most this many `breakdown.phases` (top-level modules traced).
+pub const MAX_MODULE_PHASES: usize = 32;
+/// Longest parameter name of a flag, or module name of a phase, bytes.
+pub const MAX_PARAMETER_NAME: usize = 128;
+/// Longest flag note, bytes.
+pub const MAX_FLAG_NOTE: usize = 256;
 
 /// Why a push was pushed.
 #[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
@@ -100,6 +113,9 @@ pub struct Push {
     /// What held the memory at a CUDA OOM (only in `kind: oom` pushes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub oom: Option<OomSnapshot>,
+    /// What holds the memory (`memprof_agent.breakdown`), when measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub breakdown: Option<Breakdown>,
 }
 
 /// One device's allocator statistics (`torch.cuda.memory_stats(i)`, read
@@ -302,6 +318,12 @@ pub enum Error {
     /// An `oom` push without its snapshot, or a snapshot on another kind.
     #[error("an oom snapshot belongs in a push of kind oom, and every oom push carries one")]
     OomMismatch,
+    /// A breakdown whose numbers cannot all be true.
+    #[error("breakdown: {why}; send the numbers memprof_agent.breakdown measured (docs/agent.md)")]
+    Breakdown {
+        /// Which field and which invariant.
+        why: String,
+    },
 }
 
 /// Parses and validates a push body.
@@ -373,6 +395,9 @@ pub fn validate(p: &Push) -> Result<(), Error> {
     }
     if let Some(oom) = &p.oom {
         validate_oom(oom)?;
+    }
+    if let Some(b) = &p.breakdown {
+        breakdown::validate(b)?;
     }
     Ok(())
 }
@@ -579,6 +604,46 @@ mod tests {
         assert!(matches!(validate(&p), Err(Error::TooMany { .. })));
     }
 
+    /// A breakdown with every list and string at its bound.
+    fn largest_breakdown() -> Breakdown {
+        Breakdown {
+            step: Some(u64::MAX),
+            total_parameters: u64::MAX,
+            trainable_parameters: u64::MAX,
+            static_bytes: u64::MAX,
+            activations_peak_bytes: Some(u64::MAX),
+            batch_size: Some(u64::MAX),
+            by_module_type: crate::api::ModuleType::ALL
+                .iter()
+                .map(|t| ModuleTypeBytes {
+                    type_: t.as_str().into(),
+                    parameters: u64::MAX,
+                    parameters_bytes: u64::MAX,
+                    gradients_bytes: u64::MAX,
+                    optimizer_bytes: u64::MAX,
+                })
+                .collect(),
+            flags: vec![
+                Flag {
+                    kind: "large".into(),
+                    parameter: "p".repeat(MAX_PARAMETER_NAME),
+                    note: "n".repeat(MAX_FLAG_NOTE),
+                };
+                MAX_FLAGS
+            ],
+            phases: Some(vec![
+                ModulePhase {
+                    module: "m".repeat(MAX_PARAMETER_NAME),
+                    forward_bytes: u64::MAX,
+                    backward_bytes: u64::MAX,
+                };
+                MAX_MODULE_PHASES
+            ]),
+            optimizer_step_peak_bytes: Some(u64::MAX),
+            ..Default::default()
+        }
+    }
+
     #[test]
     fn an_oom_push_carries_a_bounded_snapshot() {
         let mut p = push();
@@ -621,6 +686,7 @@ mod tests {
             MAX_EVENTS
         ];
         p.phase = Some("p".repeat(MAX_NAME));
+        p.breakdown = Some(largest_breakdown());
         assert!(validate(&p).is_ok());
         // The largest valid push fits the body cap.
         let size = serde_json::to_vec(&p).unwrap().len() as u64;

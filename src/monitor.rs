@@ -39,6 +39,8 @@ pub struct Monitor {
     utilization: Vec<Option<u32>>,
     assessments: Vec<Assessment>,
     agent: AgentState,
+    /// The newest breakdown of each trainer process.
+    breakdowns: crate::analysis::breakdown::Latest,
     agent_assessments: Vec<AllocatorAssessment>,
     /// Sample time at which the newest agent push arrived.
     agent_received: Option<f64>,
@@ -60,6 +62,7 @@ impl Monitor {
             utilization: vec![None; n],
             assessments: vec![Assessment::default(); n],
             agent: AgentState::new(&thresholds),
+            breakdowns: Default::default(),
             agent_assessments: Vec::new(),
             agent_received: None,
             worst: RiskLevel::None,
@@ -129,6 +132,7 @@ impl Monitor {
     /// numbers count from the next [`Monitor::analyse`].
     pub fn agent_push(&mut self, push: crate::agent::Push) {
         self.agent.observe(&push);
+        self.breakdowns.observe(&push);
         self.agent_received = Some(self.last_t);
     }
 
@@ -260,7 +264,7 @@ impl Monitor {
             },
             gpus,
             allocator: self.agent.stats(&self.agent_assessments),
-            breakdown: None,
+            breakdown: self.breakdowns.report(),
             conditions,
         }
     }

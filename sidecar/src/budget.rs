@@ -6,8 +6,10 @@
 //! envelope of the last buckets and the peak, not the instantaneous sample:
 //! periodic training swings by tens of percent every step, and writing on
 //! every swing would break the budget of ≤ 1 write per rank per 30 s.
+//! The agent's memory breakdown counts as a move when it appears or really
+//! changes (`memprof::analysis::breakdown::moved`), not when it is re-measured.
 
-use memprof::api::RiskLevel;
+use memprof::api::{MemoryBreakdown, RiskLevel};
 
 /// Write-budget settings.
 #[derive(Clone, Debug, PartialEq)]
@@ -39,6 +41,8 @@ pub struct Snapshot {
     pub risk: RiskLevel,
     /// Per GPU: (envelope level, peak, total), bytes.
     pub gpus: Vec<(u64, u64, u64)>,
+    /// The agent's memory breakdown the report carries.
+    pub breakdown: Option<MemoryBreakdown>,
 }
 
 /// Why a report is written.
@@ -52,6 +56,8 @@ pub enum Reason {
     RiskLowered,
     /// Memory moved by more than the change fraction.
     MemoryMoved,
+    /// The agent's memory breakdown appeared or changed.
+    BreakdownChanged,
     /// Nothing changed for a heartbeat.
     Heartbeat,
 }
@@ -64,6 +70,7 @@ impl Reason {
             Reason::RiskRaised => "risk_raised",
             Reason::RiskLowered => "risk_lowered",
             Reason::MemoryMoved => "memory_moved",
+            Reason::BreakdownChanged => "breakdown_changed",
             Reason::Heartbeat => "heartbeat",
         }
     }
@@ -96,6 +103,14 @@ impl Budget {
         if moved {
             return Some(Reason::MemoryMoved);
         }
+        let breakdown = memprof::analysis::breakdown::moved(
+            last.breakdown.as_ref(),
+            now.breakdown.as_ref(),
+            self.change_fraction,
+        );
+        if breakdown {
+            return Some(Reason::BreakdownChanged);
+        }
         (since >= self.heartbeat).then_some(Reason::Heartbeat)
     }
 }
@@ -111,6 +126,7 @@ mod tests {
             t,
             risk,
             gpus: vec![(level_gib * G, level_gib * G, 80 * G)],
+            breakdown: None,
         }
     }
 
@@ -160,6 +176,7 @@ mod tests {
                 t: i as f64 / 10.0,
                 risk: RiskLevel::Low,
                 gpus: vec![(40 * G + (i % 7) * G / 100, 41 * G, 80 * G)],
+                breakdown: None,
             };
             if b.decide(last.as_ref(), &now).is_some() {
                 writes += 1;
@@ -168,5 +185,47 @@ mod tests {
         }
         assert!(writes <= 3600 / 30, "{writes} writes in an hour");
         assert!(writes >= 59, "heartbeats must still go out: {writes}");
+    }
+
+    #[test]
+    fn a_breakdown_writes_when_it_appears_or_changes_never_when_re_measured() {
+        let b = Budget::default();
+        let breakdown = |activations_gib: u64, step: u64| MemoryBreakdown {
+            step: Some(step),
+            static_bytes: 10 * G,
+            activations_peak_bytes: Some(activations_gib * G),
+            ..Default::default()
+        };
+        let with = |t: f64, bd: Option<MemoryBreakdown>| Snapshot {
+            breakdown: bd,
+            ..snap(t, RiskLevel::Low, 40)
+        };
+        let last = with(0.0, None);
+        // It appears: written at the next allowed moment, not at once.
+        assert_eq!(
+            b.decide(Some(&last), &with(2.0, Some(breakdown(20, 1)))),
+            None
+        );
+        assert_eq!(
+            b.decide(Some(&last), &with(5.0, Some(breakdown(20, 1)))),
+            Some(Reason::BreakdownChanged)
+        );
+        // Re-measured at later steps with the same numbers: only the heartbeat.
+        let last = with(5.0, Some(breakdown(20, 1)));
+        for t in [10.0, 30.0, 64.0] {
+            assert_eq!(
+                b.decide(Some(&last), &with(t, Some(breakdown(20, t as u64)))),
+                None
+            );
+        }
+        assert_eq!(
+            b.decide(Some(&last), &with(65.0, Some(breakdown(20, 65)))),
+            Some(Reason::Heartbeat)
+        );
+        // Activations grew by a third: a change.
+        assert_eq!(
+            b.decide(Some(&last), &with(10.0, Some(breakdown(30, 9)))),
+            Some(Reason::BreakdownChanged)
+        );
     }
 }

@@ -260,7 +260,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 transition(&args, &report, last_risk, t - t0);
                 last_risk = risk;
             }
-            let snap = snapshot(&monitor, started.elapsed().as_secs_f64());
+            let snap = snapshot(
+                &monitor,
+                started.elapsed().as_secs_f64(),
+                report.breakdown.clone(),
+            );
             if !args.standalone {
                 if let Some(reason) = budget.decide(last_written.as_ref(), &snap) {
                     write_tx.send_replace(Some((reason, report.clone())));
@@ -328,8 +332,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
 }
 
 /// What the write budget looks at: per GPU the upper envelope of the last
-/// two buckets (stable across a training step), the peak and the total.
-fn snapshot(m: &Monitor, t: f64) -> Snapshot {
+/// two buckets (stable across a training step), the peak and the total; the
+/// agent's breakdown.
+fn snapshot(m: &Monitor, t: f64, breakdown: Option<memprof::api::MemoryBreakdown>) -> Snapshot {
     let gpus = m
         .series()
         .iter()
@@ -342,6 +347,7 @@ fn snapshot(m: &Monitor, t: f64) -> Snapshot {
         t,
         risk: m.worst_risk(),
         gpus,
+        breakdown,
     }
 }
 

@@ -10,6 +10,7 @@
 
 pub mod allocator;
 mod allocator_rollup;
+pub mod breakdown;
 pub mod batchfit;
 mod fit;
 mod risk;

@@ -4,6 +4,7 @@
 
 pub mod analyze;
 pub mod compare;
+pub mod compare_files;
 pub mod completion;
 pub mod install_agent;
 pub mod kube;

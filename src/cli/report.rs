@@ -194,6 +194,9 @@ pub fn render(p: &MemoryProfile) -> String {
     if let Some(a) = &st.allocator {
         render_allocator(&mut out, a);
     }
+    if let Some(b) = &st.breakdown {
+        crate::cli::breakdown::render_breakdown(&mut out, b);
+    }
     if !st.top_ranks.is_empty() {
         let _ = writeln!(out, "  closest to OOM:");
         for r in &st.top_ranks {
