@@ -3,6 +3,7 @@
 //! only dispatches.
 
 pub mod analyze;
+pub mod breakdown;
 pub mod compare;
 pub mod compare_files;
 pub mod completion;
