@@ -415,48 +415,44 @@ fn signed_bytes(v: f64) -> String {
     }
 }
 
-/// The recommendation for `memprof report`.
+/// The recommendation for `memprof report` (indented as the report's other lines).
 pub fn render(rec: &BatchRecommendation) -> String {
     let mut out = String::new();
     let current = rec
         .current
         .map_or_else(|| "-".to_string(), |c| c.to_string());
+    let _ = write!(out, "  batch size: {} = {current} now; ", rec.env_var);
     match rec.recommended {
         Some(r) => {
             let _ = write!(
                 out,
-                "Batch size: {} = {current} now; largest safe {r} (predicted peak {})",
-                rec.env_var,
+                "largest safe {r} (predicted peak {})",
                 format_bytes(rec.predicted_peak_bytes.unwrap_or(0)),
             );
             if let (Some(n), Some(p)) = (rec.next_up, rec.predicted_next_up_bytes) {
-                let _ = write!(out, "; {n} predicted at {}", format_bytes(p));
+                let _ = write!(out, ", {n} predicted at {}", format_bytes(p));
             }
             let _ = writeln!(out);
         }
         None => {
-            let _ = writeln!(
-                out,
-                "Batch size: {} = {current} now; no recommendation",
-                rec.env_var
-            );
+            let _ = writeln!(out, "no recommendation");
         }
     }
-    let _ = writeln!(out, "  {} — {}", rec.method, rec.reason);
+    let _ = writeln!(out, "    {}: {}", rec.method, rec.reason);
     if !rec.observations.is_empty() {
         let seen: Vec<String> = rec
             .observations
             .iter()
             .map(|o| {
                 format!(
-                    "{}→{}{}",
+                    "{} -> {}{}",
                     o.batch,
                     format_bytes(o.peak_bytes),
-                    if censored(o) { " (at ceiling)" } else { "" }
+                    if censored(o) { " (at the ceiling)" } else { "" }
                 )
             })
             .collect();
-        let _ = writeln!(out, "  peaks seen: {}", seen.join(", "));
+        let _ = writeln!(out, "    peaks seen: {}", seen.join(", "));
     }
     out
 }

@@ -273,11 +273,30 @@ fn report_and_explain_show_the_arithmetic() {
     ];
     let rec = recommend(&evidence(&seen, Some(48)));
     let text = render(&rec);
-    assert!(text.starts_with("Batch size: BATCH_SIZE = 48 now; largest safe 27 (predicted peak 71.9GiB); 28 predicted at 72.1GiB"), "{text}");
     assert!(
-        text.contains("peaks seen: 48→76.1GiB, 64→79.3GiB"),
+        text.starts_with(
+            "  batch size: BATCH_SIZE = 48 now; largest safe 27 (predicted peak 71.9GiB), 28 predicted at 72.1GiB\n    twoBatchSizes: NVML peaks at 2 batch sizes"
+        ),
         "{text}"
     );
+    assert!(
+        text.contains("    peaks seen: 48 -> 76.1GiB, 64 -> 79.3GiB"),
+        "{text}"
+    );
+    // `memprof report` shows it.
+    let mut p = crate::api::MemoryProfile::new(
+        "train",
+        crate::api::MemoryProfileSpec {
+            job_name: "train".into(),
+            expected_ranks: None,
+        },
+    );
+    p.status = Some(crate::api::MemoryProfileStatus {
+        batch_recommendation: Some(rec.clone()),
+        ..Default::default()
+    });
+    let report = crate::cli::report::render(&p);
+    assert!(report.contains(&text), "{report}");
     let lines = explain_lines(&rec, 0.1).join("\n");
     assert!(
         lines.contains("static 66.5GiB, per-sample 205MiB, residual 0B"),

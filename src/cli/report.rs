@@ -197,6 +197,9 @@ pub fn render(p: &MemoryProfile) -> String {
     if let Some(b) = &st.breakdown {
         crate::cli::breakdown::render_breakdown(&mut out, b);
     }
+    if let Some(r) = &st.batch_recommendation {
+        out.push_str(&crate::analysis::batchfit::render(r));
+    }
     if !st.top_ranks.is_empty() {
         let _ = writeln!(out, "  closest to OOM:");
         for r in &st.top_ranks {
