@@ -138,10 +138,31 @@ pub struct MemoryProfileStatus {
     #[schemars(length(max = 8))]
     #[serde(default)]
     pub conditions: Vec<Condition>,
+    /// The analysis thresholds the Job's sidecars use, and where they come
+    /// from (see docs/observability.md, "Thresholds").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thresholds: Option<ThresholdsInEffect>,
     /// The largest batch size that fits under the headroom target, computed
     /// from measurement (see `analysis::batchfit` and docs/remediation.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub batch_recommendation: Option<BatchRecommendation>,
+}
+
+/// The analysis thresholds in effect for a Job.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ThresholdsInEffect {
+    /// `default` (built in), `chart` (the cluster-wide `--default-thresholds`)
+    /// or `annotation` (the Job's `memprof.dev/thresholds`).
+    #[schemars(length(max = 16))]
+    pub source: String,
+    /// Every threshold by its camelCase name (`highTtoSeconds`, ...).
+    #[schemars(length(max = 32))]
+    pub values: std::collections::BTreeMap<String, f64>,
+    /// Why the Job's annotation was ignored, when it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 512))]
+    pub message: Option<String>,
 }
 
 /// The largest safe batch size of the job and the evidence it rests on.

@@ -101,7 +101,10 @@ fn describe_metrics() -> String {
 /// signal (or a bad flag at start).
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+    let mut cli = Cli::parse();
+    // Checked by the flag's parser; the roll-up shows them in each status.
+    cli.operator.default_thresholds =
+        memprof::operator::thresholds::parse_cluster(&cli.webhook.default_thresholds)?;
     if cli.print_metrics {
         print!("{}", describe_metrics());
         return Ok(());

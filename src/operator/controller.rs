@@ -10,6 +10,7 @@ use super::reconcile::{
     rejection_event, risk_event, with_batch_fit, EventPlan, NamedReport, Screening,
     JOB_ANNOTATIONS,
 };
+use super::thresholds;
 use super::trust::{screen, PodFacts};
 use super::{Error, Metrics, Options, Result};
 use crate::api::{MemoryProfile, MemoryReport, LABEL_JOB, OPERATOR_MANAGER};
@@ -475,6 +476,10 @@ async fn reconcile_job(job: &Job, ctx: &Context, st: &mut JobState) -> Result<Ac
         &Screening::of(&screened),
     );
     with_batch_fit(&mut desired.status, job, previous);
+    let annotated = job.annotations().get(thresholds::ANNOTATION_THRESHOLDS);
+    let in_effect =
+        thresholds::resolve(&ctx.opts.default_thresholds, annotated.map(String::as_str));
+    desired.status.thresholds = Some(in_effect.status());
     let annotations = job_annotations(&desired.status);
     let current = match &st.annotations {
         Some((rv, applied)) if *rv > resource_version(&job.metadata) => applied,
@@ -521,6 +526,22 @@ async fn reconcile_job(job: &Job, ctx: &Context, st: &mut JobState) -> Result<Ac
         let previous_risk = previous.map(|s| s.risk).unwrap_or_default();
         if let Some(plan) = risk_event(previous_risk, &desired.status) {
             info!(risk = %desired.status.risk, was = %previous_risk, "risk changed");
+            publish(
+                ctx,
+                &plan,
+                &reference(job),
+                Some(reference(profile.as_ref())),
+            )
+            .await;
+        }
+        let was = previous.and_then(|s| s.thresholds.as_ref());
+        if let Some(plan) = desired
+            .status
+            .thresholds
+            .as_ref()
+            .and_then(|t| thresholds::invalid_event(was, t))
+        {
+            warn!(note = %plan.note, "invalid memprof.dev/thresholds");
             publish(
                 ctx,
                 &plan,

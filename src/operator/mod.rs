@@ -51,6 +51,7 @@ pub mod leader;
 pub mod metrics;
 pub mod reconcile;
 pub mod tasks;
+pub mod thresholds;
 pub mod trust;
 
 pub use controller::{check_crds, run};
@@ -83,6 +84,11 @@ pub struct Options {
     /// where the chart grants write verbs; empty: every namespace watched.
     #[arg(long, env = "MEMPROF_ALLOWED_NAMESPACES", value_delimiter = ',', num_args = 0..)]
     pub allowed_namespaces: Vec<String>,
+
+    /// Cluster-wide threshold overrides (the binary copies them from
+    /// `--default-thresholds`), shown in each profile's status.
+    #[arg(skip)]
+    pub default_thresholds: serde_json::Map<String, serde_json::Value>,
 }
 
 impl Default for Options {
@@ -93,6 +99,7 @@ impl Default for Options {
             concurrency: 8,
             instance: None,
             allowed_namespaces: Vec::new(),
+            default_thresholds: serde_json::Map::new(),
         }
     }
 }

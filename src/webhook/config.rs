@@ -96,6 +96,13 @@ pub struct InjectionConfig {
     pub allow_image_override: bool,
     /// Images the annotation may name when allowed (see [`image_allowed`]).
     pub allowed_images: Vec<String>,
+    /// Cluster-wide threshold overrides (`--default-thresholds`), already
+    /// valid; a Job's `memprof.dev/thresholds` goes over them.
+    pub thresholds: serde_json::Map<String, serde_json::Value>,
+    /// The sidecar logs JSON lines (`MEMPROF_LOG_JSON=true`).
+    pub log_json: bool,
+    /// Replaces the sidecar's built-in securityContext (`--sidecar-security-context`).
+    pub security_context: Option<k8s_openapi::api::core::v1::SecurityContext>,
 }
 
 impl Default for InjectionConfig {
@@ -116,6 +123,9 @@ impl Default for InjectionConfig {
             service_account_token: ServiceAccountTokenMode::Project,
             allow_image_override: false,
             allowed_images: vec![],
+            thresholds: serde_json::Map::new(),
+            log_json: false,
+            security_context: None,
         }
     }
 }

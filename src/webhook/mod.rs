@@ -40,6 +40,9 @@ pub const SIDECAR_CONTAINER: &str = "memprof-sidecar";
 pub const LABEL_INJECT: &str = "memprof.dev/inject";
 /// Pod-template annotation the webhook sets once it has injected the sidecar.
 pub const ANNOTATION_INJECTED: &str = "memprof.dev/injected";
+/// Pod-template label (`"true"`) the webhook sets with the sidecar: what the
+/// chart's PodMonitor selects, since a PodMonitor selects on labels only.
+pub const LABEL_INJECTED: &str = "memprof.dev/injected";
 /// Job/Pod annotation: sidecar image override.
 pub const ANNOTATION_SIDECAR_IMAGE: &str = "memprof.dev/sidecar-image";
 /// Job/Pod annotation: sampling interval override (`1s`, `100ms`, `2m`).
@@ -83,4 +86,8 @@ pub mod env {
     pub const NVIDIA_VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
     /// Read by the NVIDIA container runtime: which driver parts to mount.
     pub const NVIDIA_DRIVER_CAPABILITIES: &str = "NVIDIA_DRIVER_CAPABILITIES";
+    /// Analysis threshold overrides, JSON of camelCase fields.
+    pub const THRESHOLDS: &str = "MEMPROF_THRESHOLDS";
+    /// `true`: the sidecar logs JSON lines.
+    pub const LOG_JSON: &str = "MEMPROF_LOG_JSON";
 }

@@ -23,7 +23,7 @@ use super::config::{parse_interval, InjectionConfig};
 use super::sidecar::{self, Overrides, SidecarContext};
 use super::{
     ANNOTATION_INJECTED, ANNOTATION_INTERVAL, ANNOTATION_PORT, ANNOTATION_SIDECAR_IMAGE,
-    ANNOTATION_TERMINATION_MESSAGE, LABEL_INJECT, SIDECAR_CONTAINER,
+    ANNOTATION_TERMINATION_MESSAGE, LABEL_INJECT, LABEL_INJECTED, SIDECAR_CONTAINER,
 };
 use crate::api::ANNOTATION_ENABLED;
 use json_patch::jsonptr::PointerBuf;
@@ -141,7 +141,7 @@ fn annotation<'a>(view: &View<'a>, key: &str) -> Option<&'a str> {
         .map(String::as_str)
 }
 
-fn overrides(view: &View<'_>, warnings: &mut Vec<String>) -> Overrides {
+fn overrides(view: &View<'_>, cfg: &InjectionConfig, warnings: &mut Vec<String>) -> Overrides {
     let mut ov = Overrides::default();
     if let Some(image) = annotation(view, ANNOTATION_SIDECAR_IMAGE) {
         if image.is_empty() || image.contains(char::is_whitespace) {
@@ -158,6 +158,14 @@ fn overrides(view: &View<'_>, warnings: &mut Vec<String>) -> Overrides {
             Err(e) => warnings.push(format!("memprof: ignoring {ANNOTATION_INTERVAL}: {e}")),
         }
     }
+    let thresholds = crate::operator::thresholds::resolve(
+        &cfg.thresholds,
+        annotation(view, crate::operator::thresholds::ANNOTATION_THRESHOLDS),
+    );
+    if let Some(e) = &thresholds.error {
+        warnings.push(format!("memprof: {e}; the cluster-wide thresholds apply"));
+    }
+    ov.thresholds = thresholds.env();
     if let Some(s) = annotation(view, ANNOTATION_PORT) {
         match s.parse::<u16>() {
             Ok(p) if p > 0 => ov.port = Some(p),
@@ -248,7 +256,7 @@ pub fn injection_patch(
     }
 
     let mut warnings = vec![];
-    let ov = overrides(&view, &mut warnings);
+    let ov = overrides(&view, cfg, &mut warnings);
     // GPU tenancy and the sidecar image (docs/security.md): the sidecar learns
     // the pod's GPU request from its spec, and build() ignores an image
     // override the operator does not allow, with a warning.
@@ -271,20 +279,31 @@ pub fn injection_patch(
 
     let p = view.prefix;
     let mut ops = vec![];
-    // Mark the template, creating metadata/annotations when absent.
+    // Mark the template, creating metadata/labels/annotations when absent.
+    // The label is for the chart's PodMonitor (it selects on labels only).
     let injected = json!({ ANNOTATION_INJECTED: "true" });
+    let labelled = json!({ LABEL_INJECTED: "true" });
     match view.template_meta_or_pod() {
         None => ops.push(add(
             ptr(p, &["metadata"]),
-            json!({ "annotations": injected }),
+            json!({ "labels": labelled, "annotations": injected }),
         )),
-        Some(m) if m.annotations.is_none() => {
-            ops.push(add(ptr(p, &["metadata", "annotations"]), injected))
+        Some(m) => {
+            ops.push(match m.labels {
+                None => add(ptr(p, &["metadata", "labels"]), labelled),
+                Some(_) => add(
+                    ptr(p, &["metadata", "labels", LABEL_INJECTED]),
+                    json!("true"),
+                ),
+            });
+            ops.push(match m.annotations {
+                None => add(ptr(p, &["metadata", "annotations"]), injected),
+                Some(_) => add(
+                    ptr(p, &["metadata", "annotations", ANNOTATION_INJECTED]),
+                    json!("true"),
+                ),
+            });
         }
-        Some(_) => ops.push(add(
-            ptr(p, &["metadata", "annotations", ANNOTATION_INJECTED]),
-            json!("true"),
-        )),
     }
 
     if annotation(&view, ANNOTATION_TERMINATION_MESSAGE) != Some("keep") {

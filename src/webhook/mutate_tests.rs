@@ -588,3 +588,70 @@ fn malformed_requests_are_allowed_with_a_warning() {
     let out = response(&admit_review(b"garbage", &cfg()));
     assert_eq!(out["allowed"], true);
 }
+
+#[test]
+fn injected_pods_are_labelled_for_the_pod_monitor_whatever_metadata_they_had() {
+    let (out, _) = mutated(Target::Job, &job(), &cfg());
+    let labels = &out["spec"]["template"]["metadata"]["labels"];
+    assert_eq!(
+        (&labels["app"], &labels["memprof.dev/injected"]),
+        (&json!("train"), &json!("true"))
+    );
+    let mut bare = job();
+    bare["spec"]["template"]
+        .as_object_mut()
+        .unwrap()
+        .remove("metadata");
+    let (out, _) = mutated(Target::Job, &bare, &cfg());
+    let meta = &out["spec"]["template"]["metadata"];
+    assert_eq!(meta["labels"]["memprof.dev/injected"], "true");
+    assert_eq!(meta["annotations"]["memprof.dev/injected"], "true");
+    let (out, _) = mutated(Target::Pod, &pod(), &cfg());
+    assert_eq!(out["metadata"]["labels"]["memprof.dev/injected"], "true");
+    assert_eq!(sidecar(&out)["ports"][0]["name"], "memprof-metrics");
+}
+
+#[test]
+fn thresholds_log_format_and_security_context_reach_the_sidecar() {
+    let cluster = InjectionConfig {
+        thresholds: crate::operator::thresholds::parse_cluster(r#"{"highTtoSeconds":900}"#)
+            .unwrap(),
+        log_json: true,
+        security_context: Some(serde_json::from_value(json!({"runAsUser": 1234})).unwrap()),
+        ..cfg()
+    };
+    let (out, warnings) = mutated(Target::Job, &job(), &cluster);
+    assert!(warnings.is_empty(), "{warnings:?}");
+    let c = sidecar(&out);
+    assert_eq!(
+        env_value(c, "MEMPROF_THRESHOLDS").as_deref(),
+        Some(r#"{"highTtoSeconds":900}"#)
+    );
+    assert_eq!(env_value(c, "MEMPROF_LOG_JSON").as_deref(), Some("true"));
+    assert_eq!(c["securityContext"], json!({"runAsUser": 1234}));
+
+    let mut j = job();
+    j["metadata"]["annotations"]["memprof.dev/thresholds"] = json!(r#"{"criticalTtoSeconds":300}"#);
+    let (out, _) = mutated(Target::Job, &j, &cluster);
+    let t: crate::analysis::Thresholds =
+        serde_json::from_str(&env_value(sidecar(&out), "MEMPROF_THRESHOLDS").unwrap()).unwrap();
+    assert_eq!((t.critical_tto_seconds, t.high_tto_seconds), (300.0, 900.0));
+
+    j["metadata"]["annotations"]["memprof.dev/thresholds"] = json!(r#"{"highTtoSeconds":5}"#);
+    let (out, warnings) = mutated(Target::Job, &j, &cluster);
+    assert!(
+        warnings
+            .iter()
+            .any(|w| w.contains("memprof.dev/thresholds") && w.contains("highTtoSeconds")),
+        "{warnings:?}"
+    );
+    assert_eq!(
+        env_value(sidecar(&out), "MEMPROF_THRESHOLDS").as_deref(),
+        Some(r#"{"highTtoSeconds":900}"#),
+        "the cluster-wide thresholds apply"
+    );
+    let (out, _) = mutated(Target::Job, &job(), &cfg());
+    assert!(env(sidecar(&out), "MEMPROF_THRESHOLDS").is_none());
+    assert!(env(sidecar(&out), "MEMPROF_LOG_JSON").is_none());
+    assert_eq!(sidecar(&out)["securityContext"]["runAsUser"], 65532);
+}

@@ -211,6 +211,39 @@ pub struct WebhookOptions {
     /// Pods with automountServiceAccountToken=false: project a token into the sidecar, or respect.
     #[arg(long = "sidecar-service-account-token", env = "MEMPROF_SIDECAR_SERVICE_ACCOUNT_TOKEN", value_enum, default_value_t = ServiceAccountTokenMode::Project)]
     pub sidecar_token: ServiceAccountTokenMode,
+    /// Cluster-wide analysis thresholds for every Job's sidecars, JSON of
+    /// camelCase fields over the built-in ones (`{"highTtoSeconds":900}`);
+    /// a Job's `memprof.dev/thresholds` goes over them.
+    #[arg(long = "default-thresholds", env = "MEMPROF_DEFAULT_THRESHOLDS", default_value = "", value_parser = parse_thresholds)]
+    pub default_thresholds: String,
+    /// The sidecars log JSON lines (`MEMPROF_LOG_JSON=true`) instead of text.
+    #[arg(long = "sidecar-log-json", env = "MEMPROF_SIDECAR_LOG_JSON", default_value_t = false, action = clap::ArgAction::Set)]
+    pub sidecar_log_json: bool,
+    /// The sidecar's securityContext as JSON, replacing the built-in one
+    /// (restricted; uid 0 without capabilities in podResources mode). Empty: built-in.
+    #[arg(long = "sidecar-security-context", env = "MEMPROF_SIDECAR_SECURITY_CONTEXT", default_value = "", value_parser = parse_security_context)]
+    pub sidecar_security_context: String,
+}
+
+fn parse_thresholds(s: &str) -> Result<String, String> {
+    crate::operator::thresholds::parse_cluster(s)
+        .map(|_| s.to_string())
+        .map_err(|e| e.to_string())
+}
+
+fn security_context(
+    s: &str,
+) -> Result<Option<k8s_openapi::api::core::v1::SecurityContext>, String> {
+    if s.trim().is_empty() {
+        return Ok(None);
+    }
+    serde_json::from_str(s).map(Some).map_err(|e| {
+        format!("not a JSON securityContext ({e}); see `kubectl explain pod.spec.containers.securityContext`")
+    })
+}
+
+fn parse_security_context(s: &str) -> Result<String, String> {
+    security_context(s).map(|_| s.to_string())
 }
 
 fn non_empty(s: &str) -> Option<String> {
@@ -247,6 +280,11 @@ impl WebhookOptions {
                 .iter()
                 .filter_map(|p| non_empty(p))
                 .collect(),
+            // Both checked by their flags' parsers.
+            thresholds: crate::operator::thresholds::parse_cluster(&self.default_thresholds)
+                .unwrap_or_default(),
+            log_json: self.sidecar_log_json,
+            security_context: security_context(&self.sidecar_security_context).unwrap_or_default(),
         }
     }
 
@@ -407,6 +445,9 @@ mod tests {
             "--sidecar-memory-limit=",
             "--sidecar-mode=legacy",
             "--webhook-extra-names=127.0.0.1,localhost",
+            "--default-thresholds={\"highTtoSeconds\":900}",
+            "--sidecar-log-json=true",
+            "--sidecar-security-context={\"runAsUser\":1000}",
         ])
         .unwrap()
         .webhook;
@@ -420,6 +461,18 @@ mod tests {
         assert!(!cfg.allow_image_override && cfg.allowed_images.is_empty());
         assert!(Cli::try_parse_from(["x", "--sidecar-interval=fast"]).is_err());
         assert!(Cli::try_parse_from(["x", "--gpu-access=all"]).is_err());
+        assert_eq!(cfg.thresholds["highTtoSeconds"], 900);
+        assert!(cfg.log_json);
+        let sc = cfg.security_context.unwrap();
+        assert_eq!(sc.run_as_user, Some(1000));
+        assert!(Cli::try_parse_from(["x", "--default-thresholds={\"highTtoSeconds\":1}"]).is_err());
+        assert!(Cli::try_parse_from(["x", "--sidecar-security-context=root"]).is_err());
+        let empty =
+            Cli::try_parse_from(["x", "--default-thresholds=", "--sidecar-security-context="])
+                .unwrap()
+                .webhook
+                .injection_config(true);
+        assert!(empty.thresholds.is_empty() && empty.security_context.is_none());
     }
 
     #[test]

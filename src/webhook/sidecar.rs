@@ -54,6 +54,9 @@ pub struct Overrides {
     pub interval: Option<Duration>,
     /// `memprof.dev/port`.
     pub port: Option<u16>,
+    /// `MEMPROF_THRESHOLDS`: the cluster-wide thresholds with the Job's
+    /// `memprof.dev/thresholds` over them (`None`: nothing overridden).
+    pub thresholds: Option<String>,
 }
 
 /// The sidecar plus the pod volumes it mounts.
@@ -325,6 +328,12 @@ pub fn build(
     if !cfg.native_sidecar {
         envs.push(plain(env::EXIT_WHEN_ALONE, "true"));
     }
+    if let Some(t) = &ov.thresholds {
+        envs.push(plain(env::THRESHOLDS, t.clone()));
+    }
+    if cfg.log_json {
+        envs.push(plain(env::LOG_JSON, "true"));
+    }
 
     let mut mounts = vec![];
     let mut volumes = vec![];
@@ -389,7 +398,11 @@ pub fn build(
             ..Default::default()
         }]),
         resources: Some(resources(cfg)),
-        security_context: Some(security_context(cfg.gpu_access)),
+        security_context: Some(
+            cfg.security_context
+                .clone()
+                .unwrap_or_else(|| security_context(cfg.gpu_access)),
+        ),
         volume_mounts: (!mounts.is_empty()).then_some(mounts),
         // Native sidecar: an init container that keeps running beside the
         // trainers and is stopped after them, so the Job completes.

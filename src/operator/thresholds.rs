@@ -1,0 +1,315 @@
+//! Where the analysis thresholds come from, and which ones a Job gets.
+//!
+//! The thresholds ([`Thresholds`]) are used by the **sidecars**: each one
+//! assesses its pod's GPUs (risk, time to OOM, leak) with them, and the
+//! operator's roll-up only takes the worst of what the ranks report. So a
+//! Job's thresholds travel to its sidecars as `MEMPROF_THRESHOLDS` (set by
+//! the injection), and the operator shows in the MemoryProfile status which
+//! ones are in effect and where they come from:
+//!
+//! 1. `default`: the built-in [`Thresholds::default`];
+//! 2. `chart`: the cluster-wide overrides (`--default-thresholds`, the chart's
+//!    `thresholds` value), over the built-in ones;
+//! 3. `annotation`: the Job's `memprof.dev/thresholds` (JSON of camelCase
+//!    fields), over the cluster-wide ones. Invalid: ignored (the cluster-wide
+//!    thresholds apply), with a Warning Event `InvalidThresholds` on the Job
+//!    and an admission warning.
+//!
+//! Pure: parsing, merging and the Event's words; no client.
+
+use crate::analysis::Thresholds;
+use crate::api::{truncate_utf8, ThresholdsInEffect};
+use serde_json::{Map, Value};
+use std::collections::BTreeMap;
+
+/// Job annotation: per-Job thresholds, JSON of camelCase [`Thresholds`] fields.
+pub const ANNOTATION_THRESHOLDS: &str = "memprof.dev/thresholds";
+/// Longest annotation value read (a full set of fields is ~400 bytes).
+const MAX_ANNOTATION: usize = 4096;
+/// Reason of the Warning Event for an invalid annotation.
+pub const REASON_INVALID: &str = "InvalidThresholds";
+
+/// Why a set of thresholds was refused. The message says what to do.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum ThresholdsError {
+    /// Not a JSON object.
+    #[error("{origin} is not a JSON object of threshold fields ({why}); write e.g. {{\"highTtoSeconds\": 900}}")]
+    NotJson {
+        /// Where it came from (annotation or flag).
+        origin: &'static str,
+        /// What the parser said.
+        why: String,
+    },
+    /// A key that is not a threshold (a typo would otherwise be silently ignored).
+    #[error("{origin}: unknown field {field:?}; known fields: {known}")]
+    UnknownField {
+        /// Where it came from.
+        origin: &'static str,
+        /// The key.
+        field: String,
+        /// The valid keys.
+        known: String,
+    },
+    /// A value that is not a number.
+    #[error("{origin}: field {field:?} must be a number")]
+    NotNumber {
+        /// Where it came from.
+        origin: &'static str,
+        /// The key.
+        field: String,
+    },
+    /// The merged thresholds do not make sense together.
+    #[error("{origin}: {source}; fix that field")]
+    Invalid {
+        /// Where it came from.
+        origin: &'static str,
+        /// What `Thresholds::validate` found.
+        source: crate::analysis::Error,
+    },
+    /// Too long to be thresholds.
+    #[error("{origin} is longer than {MAX_ANNOTATION} bytes")]
+    TooLong {
+        /// Where it came from.
+        origin: &'static str,
+    },
+}
+
+/// Where the thresholds in effect come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// Built-in defaults.
+    Default,
+    /// The cluster-wide `--default-thresholds` (chart value `thresholds`).
+    Chart,
+    /// The Job's `memprof.dev/thresholds` annotation.
+    Annotation,
+}
+
+impl Source {
+    /// The spelling in the MemoryProfile status.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::Default => "default",
+            Source::Chart => "chart",
+            Source::Annotation => "annotation",
+        }
+    }
+}
+
+fn known_fields() -> Map<String, Value> {
+    match serde_json::to_value(Thresholds::default()) {
+        Ok(Value::Object(m)) => m,
+        _ => Map::new(),
+    }
+}
+
+/// Parses overrides (a partial JSON object of camelCase fields) and checks
+/// them over `base`; returns the overrides, as given, once valid.
+pub fn parse_overrides(
+    origin: &'static str,
+    text: &str,
+    base: &Thresholds,
+) -> Result<Map<String, Value>, ThresholdsError> {
+    if text.len() > MAX_ANNOTATION {
+        return Err(ThresholdsError::TooLong { origin });
+    }
+    let overrides: Map<String, Value> =
+        serde_json::from_str(text).map_err(|e| ThresholdsError::NotJson {
+            origin,
+            why: e.to_string(),
+        })?;
+    let known = known_fields();
+    for (field, value) in &overrides {
+        if !known.contains_key(field) {
+            let names: Vec<&str> = known.keys().map(String::as_str).collect();
+            return Err(ThresholdsError::UnknownField {
+                origin,
+                field: field.clone(),
+                known: names.join(", "),
+            });
+        }
+        if !value.is_number() {
+            return Err(ThresholdsError::NotNumber {
+                origin,
+                field: field.clone(),
+            });
+        }
+    }
+    apply(base, &overrides)
+        .validate()
+        .map_err(|source| ThresholdsError::Invalid { origin, source })?;
+    Ok(overrides)
+}
+
+/// `base` with `overrides` (already checked by [`parse_overrides`]) applied.
+pub fn apply(base: &Thresholds, overrides: &Map<String, Value>) -> Thresholds {
+    let mut merged = match serde_json::to_value(base) {
+        Ok(Value::Object(m)) => m,
+        _ => Map::new(),
+    };
+    merged.extend(overrides.clone());
+    serde_json::from_value(Value::Object(merged)).unwrap_or_else(|_| base.clone())
+}
+
+/// The cluster-wide overrides, as `--default-thresholds` gives them (empty: none).
+pub fn parse_cluster(text: &str) -> Result<Map<String, Value>, ThresholdsError> {
+    if text.trim().is_empty() {
+        return Ok(Map::new());
+    }
+    parse_overrides("--default-thresholds", text, &Thresholds::default())
+}
+
+/// What a Job gets: the overrides to hand its sidecars (cluster-wide, then
+/// the annotation's), their source, and the annotation's error if it was
+/// refused (then only the cluster-wide overrides apply).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Resolved {
+    /// Overrides over the built-in defaults (what `MEMPROF_THRESHOLDS` carries).
+    pub overrides: Map<String, Value>,
+    /// Where the thresholds come from.
+    pub source: Source,
+    /// Why the annotation was ignored.
+    pub error: Option<String>,
+}
+
+impl Resolved {
+    /// The thresholds in effect.
+    pub fn thresholds(&self) -> Thresholds {
+        apply(&Thresholds::default(), &self.overrides)
+    }
+
+    /// `MEMPROF_THRESHOLDS` for the sidecar; `None` when nothing is overridden.
+    pub fn env(&self) -> Option<String> {
+        (!self.overrides.is_empty()).then(|| Value::Object(self.overrides.clone()).to_string())
+    }
+
+    /// The MemoryProfile status field.
+    pub fn status(&self) -> ThresholdsInEffect {
+        let values: BTreeMap<String, f64> = match serde_json::to_value(self.thresholds()) {
+            Ok(Value::Object(m)) => m
+                .into_iter()
+                .filter_map(|(k, v)| Some((k, v.as_f64()?)))
+                .collect(),
+            _ => BTreeMap::new(),
+        };
+        let message = self.error.as_ref().map(|e| {
+            let mut m = format!(
+                "{ANNOTATION_THRESHOLDS} ignored: {e}; the cluster-wide thresholds apply until it is fixed"
+            );
+            truncate_utf8(&mut m, 512);
+            m
+        });
+        ThresholdsInEffect {
+            source: self.source.as_str().into(),
+            values,
+            message,
+        }
+    }
+}
+
+/// The thresholds of a Job with the annotation value `annotation`, over the
+/// cluster-wide overrides `cluster` (already valid).
+pub fn resolve(cluster: &Map<String, Value>, annotation: Option<&str>) -> Resolved {
+    let cluster_source = if cluster.is_empty() {
+        Source::Default
+    } else {
+        Source::Chart
+    };
+    let base = apply(&Thresholds::default(), cluster);
+    let fallback = |error| Resolved {
+        overrides: cluster.clone(),
+        source: cluster_source,
+        error,
+    };
+    let Some(text) = annotation else {
+        return fallback(None);
+    };
+    match parse_overrides("annotation memprof.dev/thresholds", text, &base) {
+        Ok(own) => {
+            let mut overrides = cluster.clone();
+            overrides.extend(own);
+            Resolved {
+                overrides,
+                source: Source::Annotation,
+                error: None,
+            }
+        }
+        Err(e) => fallback(Some(e.to_string())),
+    }
+}
+
+/// The Warning Event for a refused annotation, when its message is new
+/// (not already recorded in the previous status).
+pub fn invalid_event(
+    previous: Option<&ThresholdsInEffect>,
+    now: &ThresholdsInEffect,
+) -> Option<super::reconcile::EventPlan> {
+    let message = now.message.as_ref()?;
+    if previous.and_then(|p| p.message.as_ref()) == Some(message) {
+        return None;
+    }
+    Some(super::reconcile::EventPlan {
+        reason: REASON_INVALID,
+        warning: true,
+        note: message.clone(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_annotation_overrides_the_cluster_which_overrides_the_defaults() {
+        let none = resolve(&Map::new(), None);
+        assert_eq!(none.source, Source::Default);
+        assert_eq!(none.env(), None);
+        assert_eq!(none.thresholds(), Thresholds::default());
+
+        let cluster =
+            parse_cluster(r#"{"highTtoSeconds": 900, "mediumTtoSeconds": 3600}"#).unwrap();
+        let chart = resolve(&cluster, None);
+        assert_eq!(chart.source, Source::Chart);
+        assert_eq!(chart.thresholds().high_tto_seconds, 900.0);
+
+        let job = resolve(&cluster, Some(r#"{"criticalTtoSeconds": 300}"#));
+        assert_eq!(job.source, Source::Annotation);
+        let t = job.thresholds();
+        assert_eq!((t.critical_tto_seconds, t.high_tto_seconds), (300.0, 900.0));
+        let st = job.status();
+        assert_eq!(st.source, "annotation");
+        assert_eq!(st.values["criticalTtoSeconds"], 300.0);
+        assert_eq!(st.message, None);
+        let env: Thresholds = serde_json::from_str(&job.env().unwrap()).unwrap();
+        assert_eq!(env, t, "the sidecar parses what the injection sets");
+    }
+
+    #[test]
+    fn an_invalid_annotation_is_refused_with_the_field_and_what_to_do() {
+        let cluster = parse_cluster(r#"{"highTtoSeconds": 900}"#).unwrap();
+        for (text, says) in [
+            (r#"{"highTtoSeconds": 10}"#, "critical <= high <= medium"),
+            (
+                r#"{"highTTOSeconds": 10}"#,
+                "unknown field \"highTTOSeconds\"",
+            ),
+            (
+                r#"{"minConfidence": "high"}"#,
+                "\"minConfidence\" must be a number",
+            ),
+            ("900", "not a JSON object"),
+        ] {
+            let r = resolve(&cluster, Some(text));
+            assert_eq!(r.source, Source::Chart, "{text}");
+            assert_eq!(r.thresholds().high_tto_seconds, 900.0);
+            let st = r.status();
+            let msg = st.message.clone().unwrap();
+            assert!(msg.contains(says) && msg.contains("cluster-wide"), "{msg}");
+            let ev = invalid_event(None, &st).unwrap();
+            assert_eq!((ev.reason, ev.warning), ("InvalidThresholds", true));
+            assert_eq!(invalid_event(Some(&st), &st), None, "announced once");
+        }
+        assert!(parse_cluster(r#"{"bucketSeconds": -1}"#).is_err());
+        assert_eq!(parse_cluster("").unwrap(), Map::new());
+    }
+}
