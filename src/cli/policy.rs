@@ -192,8 +192,30 @@ pub fn render_explain(input: &ExplainInput<'_>) -> String {
                 let _ = writeln!(out, "  cannot apply to this Job ({}): {e}", e.reason());
             }
         }
+        explain_batch_fit(&mut out, p, status);
     }
     out
+}
+
+/// The arithmetic behind each `scaleBatch` `mode: fit` of the policy.
+fn explain_batch_fit(out: &mut String, p: &RemediationPolicy, status: &MemoryProfileStatus) {
+    let fits = p
+        .spec
+        .actions
+        .iter()
+        .filter_map(|a| a.scale_batch.as_ref())
+        .filter(|s| s.mode == Some(crate::api::ScaleMode::Fit));
+    for s in fits {
+        let lines = match &status.batch_recommendation {
+            Some(rec) => crate::analysis::batchfit::explain_lines(rec, s.headroom_fraction()),
+            None => vec![
+                "batch fit: no batchRecommendation in the profile yet (no report rolled up): the factor applies".into(),
+            ],
+        };
+        for l in lines {
+            let _ = writeln!(out, "  {l}");
+        }
+    }
 }
 
 /// Fetches what `explain` needs and prints it.
@@ -324,6 +346,58 @@ mod tests {
         );
         assert!(
             out.contains("RemediationPolicy other\n  selector team=web: does not match"),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn explains_the_batch_fit_arithmetic() {
+        use crate::analysis::batchfit::{observe, recommend, Evidence};
+        let g = |x: f64| (x * (1u64 << 30) as f64) as u64;
+        let seen = observe(&[], Some(64), g(79.3), g(80.0));
+        let seen = observe(&seen, Some(48), g(76.1), g(80.0));
+        let rec = recommend(&Evidence {
+            env_var: "BATCH_SIZE",
+            current: Some(32),
+            limit_bytes: Some(g(80.0)),
+            headroom_fraction: 0.1,
+            breakdown: None,
+            observations: &seen,
+        });
+        let status = MemoryProfileStatus {
+            risk: RiskLevel::Critical,
+            batch_recommendation: Some(rec),
+            ..Default::default()
+        };
+        let mut p = policy("shrink", "ml", 0);
+        let sb = p.spec.actions[0].scale_batch.as_mut().unwrap();
+        sb.mode = Some(crate::api::ScaleMode::Fit);
+        sb.minimum = 4;
+        let out = render(&status, &[p]);
+        assert!(
+            out.contains("acts now: scaleBatch BATCH_SIZE 32->27 (fit twoBatchSizes: "),
+            "{out}"
+        );
+        assert!(
+            out.contains("  batch fit (twoBatchSizes): peak = static + per-sample × batch\n    static 66.5GiB, per-sample 205MiB, residual 0B\n    limit 80.0GiB, headroom 10% → target 72.0GiB\n    → recommended BATCH_SIZE = 27 (predicted 71.9GiB); next up 28 predicted 72.1GiB"),
+            "{out}"
+        );
+        // Too little evidence: said, and the factor is what would happen.
+        let thin = MemoryProfileStatus {
+            risk: RiskLevel::Critical,
+            ..Default::default()
+        };
+        let mut p = policy("shrink", "ml", 0);
+        p.spec.actions[0].scale_batch.as_mut().unwrap().mode = Some(crate::api::ScaleMode::Fit);
+        let out = render(&thin, &[p]);
+        assert!(
+            out.contains(
+                "scaleBatch BATCH_SIZE 32->24 (fit: no usable recommendation, factor 0.75)"
+            ),
+            "{out}"
+        );
+        assert!(
+            out.contains("batch fit: no batchRecommendation in the profile yet"),
             "{out}"
         );
     }
