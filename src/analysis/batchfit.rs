@@ -229,7 +229,13 @@ fn model_of(e: &Evidence<'_>) -> Result<(LinearModel, &'static str, String), Str
         );
         return Ok((m, METHOD_TWO_BATCH_SIZES, why));
     }
-    let fit_gap = fit.err().unwrap_or_default();
+    let mut fit_gap = fit.err().unwrap_or_default();
+    if e.current.is_none() && usable.is_empty() {
+        fit_gap = format!(
+            "the Job sets no literal integer env {} (name its batch variable with annotation {ANNOTATION_BATCH_ENV})",
+            e.env_var
+        );
+    }
     let Some(b) = e.breakdown else {
         return Err(format!(
             "{fit_gap}{censored_note} and no agent breakdown: run the in-process agent \

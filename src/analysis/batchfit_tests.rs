@@ -187,6 +187,15 @@ fn no_device_or_non_finite_numbers_are_insufficient_not_a_panic() {
     let rec = recommend(&evidence(&[], None));
     assert_eq!(rec.method, METHOD_INSUFFICIENT);
     assert!(rec.reason.contains("device's memory is unknown"));
+    let mut e = evidence(&[], None);
+    e.limit_bytes = Some(H200);
+    let rec = recommend(&e);
+    assert!(
+        rec.reason
+            .contains("the Job sets no literal integer env BATCH_SIZE (name its batch variable with annotation memprof.dev/batch-env)"),
+        "{}",
+        rec.reason
+    );
     let seen = [obs(8, 10.0 * GB, H200), obs(16, 20.0 * GB, H200)];
     let mut e = evidence(&seen, Some(16));
     e.headroom_fraction = f64::NAN;
