@@ -322,7 +322,7 @@ fn recommend(var: &str, m: &mut Model, observed: &[Observed], total: f64) {
     grid.sort_by(f64::total_cmp);
     grid.dedup();
     let ladder = extend(&grid, |x| peak(x) <= limit);
-    let mut safe = ladder.iter().copied().filter(|x| peak(*x) <= limit).last();
+    let mut safe = ladder.iter().rev().copied().find(|x| peak(*x) <= limit);
     if let Some(&first_oom) = m.oom_values.first() {
         if safe.is_some_and(|s| s >= first_oom) {
             m.overridden_by_oom_at = Some(first_oom);
@@ -334,9 +334,9 @@ fn recommend(var: &str, m: &mut Model, observed: &[Observed], total: f64) {
             ));
             safe = ladder
                 .iter()
+                .rev()
                 .copied()
-                .filter(|x| *x < first_oom && peak(*x) <= limit)
-                .last();
+                .find(|x| *x < first_oom && peak(*x) <= limit);
         }
     }
     let next = match safe {
