@@ -1,12 +1,196 @@
 //! `memprof analyze TRACE.csv`: the sidecar's analysis, offline, as fast as it
-//! can, printing each risk transition and time-to-OOM estimate as a JSON line.
-//! For post-mortems and for tuning thresholds on recorded traces.
+//! can: each risk transition, time-to-OOM estimates and a summary per GPU,
+//! as tables for a person or JSON lines (`-o json`, one object per line, the
+//! shape scripts rely on), and `--plot` draws one GPU's envelope, fitted
+//! trend and predicted OOM. For post-mortems and for tuning thresholds on
+//! recorded traces.
+
+pub mod plot;
 
 use crate::analysis::{assess, Assessment, GpuSeries, Sample, Thresholds};
-use crate::api::RiskLevel;
+use crate::api::{format_bytes, format_duration, RiskLevel};
+use crate::cli::output::{Format, OutputArgs, Table};
 use crate::sampler::trace::TraceRow;
+use anyhow::Context as _;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
+use std::io::Write as _;
+use std::path::PathBuf;
+
+/// Flags of `memprof analyze`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The trace file (CSV `t_s,gpu,used_bytes,total_bytes`, as `--trace-out` writes).
+    pub trace: String,
+    /// Analysis thresholds as JSON (camelCase fields of the analysis thresholds).
+    #[arg(long)]
+    pub thresholds: Option<String>,
+    /// Trace seconds between two `estimate` lines (0: none; JSON/YAML only).
+    #[arg(long, default_value_t = 10.0)]
+    pub estimate_every: f64,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub output: OutputArgs,
+    /// Draw the envelope, the fitted trend and the predicted OOM crossing of
+    /// one GPU as SVG into this file.
+    #[arg(long, value_name = "FILE")]
+    pub plot: Option<PathBuf>,
+    /// The GPU to draw (default: the one that reached the worst risk).
+    #[arg(long, value_name = "INDEX")]
+    pub gpu: Option<u32>,
+}
+
+/// Runs the subcommand; returns the process exit code.
+pub async fn run(args: Args) -> anyhow::Result<i32> {
+    let thresholds: Thresholds = match &args.thresholds {
+        Some(j) => serde_json::from_str(j)
+            .context("--thresholds is not valid JSON of analysis thresholds")?,
+        None => Thresholds::default(),
+    };
+    thresholds.validate()?;
+    let rows = crate::sampler::trace::read_trace(&args.trace)?;
+    let opts = Options {
+        thresholds: thresholds.clone(),
+        estimate_every: args.estimate_every,
+        ..Default::default()
+    };
+    let mut lines = vec![];
+    analyze(&rows, &opts, |l| lines.push(l));
+    let text = render(&lines, args.output.format, &args.trace, &rows);
+    write_stdout(&text)?;
+    if let Some(path) = &args.plot {
+        let gpu =
+            plot::pick_gpu(&rows, &lines, args.gpu).context("the trace has no GPU to draw")?;
+        let name = std::path::Path::new(&args.trace)
+            .file_name()
+            .map_or(args.trace.clone(), |n| n.to_string_lossy().into_owned());
+        let chart = plot::chart(&rows, &lines, &thresholds, gpu, &name);
+        std::fs::write(path, chart.to_svg())
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        if !args.output.format.is_structured() {
+            write_stdout(&format!(
+                "plot of GPU {gpu} written to {}\n",
+                path.display()
+            ))?;
+        }
+    }
+    Ok(0)
+}
+
+/// Writes to stdout; a closed pipe (`| head`) is not an error.
+fn write_stdout(text: &str) -> anyhow::Result<()> {
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(()),
+    }
+}
+
+/// The lines in the format asked: JSON lines, a YAML stream, or tables.
+pub fn render(lines: &[Value], format: Format, trace: &str, rows: &[TraceRow]) -> String {
+    match format {
+        Format::Json => lines.iter().map(|l| format!("{l}\n")).collect(),
+        Format::Yaml => lines
+            .iter()
+            .map(|l| format!("---\n{}", crate::cli::output::structured(l, Format::Yaml)))
+            .collect(),
+        Format::Table | Format::Wide => tables(lines, format == Format::Wide, trace, rows),
+    }
+}
+
+fn bytes(v: &Value) -> String {
+    v.as_u64().map_or("-".into(), format_bytes)
+}
+
+fn seconds(v: &Value) -> String {
+    v.as_f64().map_or("-".into(), format_duration)
+}
+
+/// Transitions, then the summary per GPU; `wide` adds each transition's reason.
+fn tables(lines: &[Value], wide: bool, trace: &str, rows: &[TraceRow]) -> String {
+    let span = rows.last().map_or(0.0, |r| r.t) - rows.first().map_or(0.0, |r| r.t);
+    let gpus = lines.iter().filter(|l| l["event"] == "summary").count();
+    let mut out = format!(
+        "{trace}: {gpus} GPU(s), {} samples over {}\n\n",
+        rows.len(),
+        format_duration(span)
+    );
+    let mut head = vec![
+        "T",
+        "GPU",
+        "FROM",
+        "TO",
+        "USED",
+        "TOTAL",
+        "GROWTH",
+        "TTO",
+        "CONFIDENCE",
+    ];
+    if wide {
+        head.push("REASON");
+    }
+    let mut t = Table::new(head);
+    for l in lines.iter().filter(|l| l["event"] == "risk") {
+        let growth = l["growthBytesPerSecond"].as_f64().unwrap_or(0.0);
+        let mut row = vec![
+            seconds(&l["t"]),
+            l["gpu"].to_string(),
+            l["from"].as_str().unwrap_or("-").to_string(),
+            l["risk"].as_str().unwrap_or("-").to_string(),
+            bytes(&l["usedBytes"]),
+            bytes(&l["totalBytes"]),
+            format!(
+                "{}{}/s",
+                if growth < 0.0 { "-" } else { "+" },
+                format_bytes(growth.abs() as u64)
+            ),
+            seconds(&l["timeToOomSeconds"]),
+            l["confidence"]
+                .as_f64()
+                .map_or("-".into(), |c| format!("{c:.2}")),
+        ];
+        if wide {
+            row.push(l["reason"].as_str().unwrap_or("").to_string());
+        }
+        t.row(row);
+    }
+    out.push_str("RISK TRANSITIONS\n");
+    out.push_str(&if t.is_empty() {
+        "none\n".into()
+    } else {
+        t.render()
+    });
+    let mut s = Table::new([
+        "GPU",
+        "SAMPLES",
+        "PEAK",
+        "FINAL RISK",
+        "FIRST HIGH",
+        "FIRST CRITICAL",
+        "CEILING AT",
+        "WARNING BEFORE CEILING",
+    ]);
+    for l in lines.iter().filter(|l| l["event"] == "summary") {
+        let first = |k: &str| l["firstAt"][k].as_f64();
+        let warned = match (first("high").or(first("critical")), l["ceilingAt"].as_f64()) {
+            (Some(w), Some(c)) if c >= w => format_duration(c - w),
+            (_, Some(_)) => "none".into(),
+            _ => "-".into(),
+        };
+        s.row([
+            l["gpu"].to_string(),
+            l["samples"].to_string(),
+            bytes(&l["peakBytes"]),
+            l["finalRisk"].as_str().unwrap_or("-").to_string(),
+            first("high").map_or("-".into(), format_duration),
+            first("critical").map_or("-".into(), format_duration),
+            seconds(&l["ceilingAt"]),
+            warned,
+        ]);
+    }
+    out.push_str("\nSUMMARY\n");
+    out.push_str(&s.render());
+    out
+}
 
 /// Options of an offline analysis.
 #[derive(Clone, Debug)]

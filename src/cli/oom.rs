@@ -1,15 +1,157 @@
-//! `memprof oom`: watch this box for a predicted OOM.
-//! (skeleton: the subcommand is wired; its owner fills this module in.)
+//! `memprof oom --monitor`: watches this machine's GPUs (through
+//! `memprof-sidecar --standalone`, as `memprof profile` does), prints each
+//! risk transition, and exits with status 3 as soon as the risk reaches
+//! `--fail-on`: a guard to put in front of, or next to, a training run.
+//!
+//! Exit status: 0 when the watch ended (`--duration`, Ctrl-C) below
+//! `--fail-on`; 3 when the risk reached it; 1 on an error (the sidecar
+//! could not start); 2 on bad flags.
+
+use crate::api::RiskLevel;
+use crate::cli::profile::sidecar::{self, Sidecar};
+use crate::cli::profile::{summary, Backend, ProfileError};
+use std::path::PathBuf;
+
+/// Exit status when the risk reached `--fail-on`.
+pub const REACHED: i32 = 3;
+
+/// Risk levels `--fail-on` accepts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum FailOn {
+    /// Medium or worse.
+    Warning,
+    /// High or worse.
+    High,
+    /// Critical.
+    Critical,
+}
+
+impl FailOn {
+    /// The lowest risk that counts as reached.
+    pub fn level(self) -> RiskLevel {
+        match self {
+            FailOn::Warning => RiskLevel::Medium,
+            FailOn::High => RiskLevel::High,
+            FailOn::Critical => RiskLevel::Critical,
+        }
+    }
+}
 
 /// Flags of `memprof oom`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Everything after the subcommand, until the module defines its flags.
-    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-    pub rest: Vec<String>,
+    /// Watch the GPUs and print risk transitions (the only mode so far).
+    #[arg(long)]
+    pub monitor: bool,
+    /// Exit with status 3 once the risk reaches this level
+    /// (warning = medium or worse). Without it, only print.
+    #[arg(long, value_enum)]
+    pub fail_on: Option<FailOn>,
+    /// Stop after this many seconds (0: until interrupted).
+    #[arg(long, default_value_t = 0.0, value_name = "SECONDS")]
+    pub duration: f64,
+    /// Sampling interval, 10ms to 60s (e.g. `500ms`, `1s`).
+    #[arg(long, default_value = "1s")]
+    pub interval: String,
+    /// GPUs to watch, comma-separated NVML indices or UUIDs (default: all).
+    #[arg(long, value_delimiter = ',', value_name = "GPU,...")]
+    pub devices: Vec<String>,
+    /// Where samples come from.
+    #[arg(long, value_enum, default_value_t = Backend::Nvml)]
+    pub backend: Backend,
+    /// Scenario file for `--backend sim`.
+    #[arg(long, value_name = "FILE")]
+    pub scenario: Option<PathBuf>,
+    /// CSV trace for `--backend trace`.
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<PathBuf>,
+    /// Speed of simulated or replayed time relative to the wall clock.
+    #[arg(long, default_value_t = 1.0)]
+    pub speed: f64,
+    /// Analysis thresholds as JSON (camelCase fields).
+    #[arg(long)]
+    pub thresholds: Option<String>,
 }
 
 /// Runs the subcommand; returns the process exit code.
-pub async fn run(_args: Args) -> anyhow::Result<i32> {
-    anyhow::bail!("memprof oom is not built yet")
+pub async fn run(args: Args) -> anyhow::Result<i32> {
+    if !args.monitor {
+        anyhow::bail!("say what to do: `memprof oom --monitor [--fail-on critical]`");
+    }
+    Ok(monitor(args).await?)
+}
+
+/// Watches until the duration ends, Ctrl-C, or the risk reaches `--fail-on`.
+async fn monitor(args: Args) -> Result<i32, ProfileError> {
+    let profile = crate::cli::profile::Args {
+        devices: args.devices,
+        duration: args.duration,
+        interval: args.interval,
+        backend: args.backend,
+        scenario: args.scenario,
+        trace: args.trace,
+        speed: args.speed,
+        thresholds: args.thresholds,
+        ..Default::default()
+    };
+    profile.check()?;
+    let dir = std::env::temp_dir();
+    let pid = std::process::id();
+    let (trace, output) = (
+        dir.join(format!("memprof-oom-{pid}-trace.csv")),
+        dir.join(format!("memprof-oom-{pid}-report.json")),
+    );
+    let flags = profile.sidecar_flags(&trace, &output);
+    let addr = sidecar::free_loopback()?;
+    let mut side = Sidecar::start(&sidecar::sidecar_exe()?, &flags, &addr).await?;
+    let fail_on = args.fail_on.map(FailOn::level);
+    println!(
+        "memprof oom: watching (interval {}{}); Ctrl-C to stop",
+        profile.interval,
+        fail_on.map_or(String::new(), |l| format!(
+            ", exits {REACHED} at risk {l} or worse"
+        ))
+    );
+    let mut announced_source = false;
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+    let code = loop {
+        tokio::select! {
+            t = side.transitions.recv() => match t {
+                Some(t) => {
+                    if !announced_source {
+                        announced_source = true;
+                        if let Some(r) = side.report().await {
+                            println!("source {}", summary::source_words(r.summary.source));
+                        }
+                    }
+                    println!("{}", summary::transition_line(&t));
+                    if fail_on.is_some_and(|l| t.to >= l) {
+                        println!("risk {} reached --fail-on: exiting {REACHED}", t.to);
+                        break REACHED;
+                    }
+                }
+                // Its output closed: it stopped (--duration).
+                None => break 0,
+            },
+            _ = &mut ctrl_c => break 0,
+        }
+    };
+    side.stop().await;
+    for p in [trace, output] {
+        let _ = std::fs::remove_file(p);
+    }
+    Ok(code)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fail_on_names_the_lowest_level_that_counts() {
+        assert_eq!(FailOn::Warning.level(), RiskLevel::Medium);
+        assert!(RiskLevel::Critical >= FailOn::High.level());
+        assert!(RiskLevel::Medium < FailOn::Critical.level());
+    }
 }

@@ -1,14 +1,28 @@
-//! `memprof profile [SIDECAR FLAGS] [-- COMMAND...]`: this box's GPUs without
-//! Kubernetes. Runs `memprof-sidecar --standalone`; with a command, runs it
-//! next to the sidecar with the in-process agent pointed at it (and, when an
-//! agent tree is found, started with no code change, as the webhook does in
-//! a pod), then stops the sidecar once the command exits, so `--output`
-//! holds the whole run. Exits with the command's status.
+//! `memprof profile [FLAGS] [-- COMMAND...]`: this box's GPUs without
+//! Kubernetes. Runs `memprof-sidecar --standalone` (its samples, analysis
+//! and report, nothing re-implemented here), shows a status line per GPU
+//! while it runs, then a summary table, and draws `--plot`. With a command,
+//! runs it next to the sidecar with the in-process agent pointed at it (and,
+//! when an agent tree is found, started with no code change, as the webhook
+//! does in a pod), then stops the sidecar once the command exits, so
+//! `--output` holds the whole run. Exits with the command's status.
+//!
+//! Where the numbers come from: the sidecar's risk transitions (its standard
+//! output), its latest report (`GET /v1/report`, polled each second: the
+//! status lines and the utilization average/max), its final report
+//! (`--output`, a temporary file when not asked for: the table) and its
+//! `--trace-out` CSV (every sample: the sample counts and the plot).
 
+pub mod sidecar;
+pub mod summary;
+
+use crate::api::MemoryReportSpec;
 use crate::cli::install_agent::{DEFAULT_SOURCE, HOOK};
+use sidecar::{Sidecar, Transition};
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 use std::time::{Duration, Instant};
+use summary::{Devices, Tracker};
 
 /// Why `memprof profile` could not run.
 #[derive(Debug, thiserror::Error)]
@@ -40,28 +54,20 @@ pub enum ProfileError {
     /// No free loopback port.
     #[error("cannot pick a loopback port for the sidecar: {0}")]
     Port(std::io::Error),
-}
-
-/// The sidecar's flags and the command, split at `--`. The sidecar takes
-/// flags only, so arguments that start with a word are all the command:
-/// clap drops a `--` that comes first (`memprof profile -- python x.py`).
-pub fn split_args(args: &[String]) -> (Vec<String>, Vec<String>) {
-    match args.iter().position(|a| a == "--") {
-        Some(i) => (args[..i].to_vec(), args[i + 1..].to_vec()),
-        None if args.first().is_some_and(|a| !a.starts_with('-')) => (vec![], args.to_vec()),
-        None => (args.to_vec(), vec![]),
-    }
-}
-
-/// The value of `--listen` among the sidecar's flags, if given.
-pub fn listen_flag(args: &[String]) -> Option<String> {
-    args.iter().enumerate().find_map(|(i, a)| {
-        a.strip_prefix("--listen=").map(str::to_string).or_else(|| {
-            (a == "--listen")
-                .then(|| args.get(i + 1).cloned())
-                .flatten()
-        })
-    })
+    /// A flag is wrong.
+    #[error("{0}")]
+    Usage(String),
+    /// The sidecar wrote no final report.
+    #[error("memprof-sidecar wrote no final report: its messages above say why (bad --scenario or --trace?)")]
+    NoReport,
+    /// A file could not be written.
+    #[error("cannot write {path}: {source}")]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
 }
 
 /// Where an agent tree's startup hook and package are.
@@ -97,81 +103,389 @@ pub fn python_path(tree: &AgentTree, own: Option<&str>) -> String {
     parts.join(":")
 }
 
-/// Runs the sidecar alone (no command), or the sidecar and the command.
+/// Which samples the sidecar takes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Backend {
+    /// Real GPUs through NVML.
+    #[default]
+    Nvml,
+    /// A simulation scenario (`--scenario`): shown as simulated, never as hardware.
+    Sim,
+    /// Replay of a recorded CSV trace (`--trace`).
+    Trace,
+}
+
+impl Backend {
+    fn flag(self) -> &'static str {
+        match self {
+            Backend::Nvml => "nvml",
+            Backend::Sim => "sim",
+            Backend::Trace => "trace",
+        }
+    }
+}
+
+/// Flags of `memprof profile`.
+#[derive(Clone, Debug, Default, clap::Args)]
+pub struct Args {
+    /// GPUs to profile, comma-separated NVML indices or UUIDs (default: all this
+    /// machine's GPUs).
+    #[arg(long, value_delimiter = ',', value_name = "GPU,...")]
+    pub devices: Vec<String>,
+    /// Stop after this many seconds (0: until interrupted, or until the command exits).
+    #[arg(long, default_value_t = 0.0, value_name = "SECONDS")]
+    pub duration: f64,
+    /// Sampling interval, 10ms to 60s (e.g. `100ms`, `1s`).
+    #[arg(long, default_value = "1s")]
+    pub interval: String,
+    /// Write the final report (the sidecar's MemoryReport spec) as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    /// Draw every GPU's used memory over time, total memory and risk
+    /// transitions as SVG into this file.
+    #[arg(long, value_name = "FILE")]
+    pub plot: Option<PathBuf>,
+    /// Keep every sample as a CSV trace (what `memprof analyze` reads).
+    #[arg(long, value_name = "FILE")]
+    pub trace_out: Option<PathBuf>,
+    /// Where samples come from.
+    #[arg(long, value_enum, default_value_t = Backend::Nvml)]
+    pub backend: Backend,
+    /// Scenario file for `--backend sim` (see the README).
+    #[arg(long, value_name = "FILE")]
+    pub scenario: Option<PathBuf>,
+    /// CSV trace for `--backend trace`.
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<PathBuf>,
+    /// Speed of simulated or replayed time relative to the wall clock.
+    #[arg(long, default_value_t = 1.0)]
+    pub speed: f64,
+    /// Analysis thresholds as JSON (camelCase fields), e.g. `{"highTtoSeconds":900}`.
+    #[arg(long)]
+    pub thresholds: Option<String>,
+    /// Address of the sidecar's endpoints (default: a free loopback port).
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<String>,
+    /// The agent tree to start in a Python command with no code change
+    /// (the image's /opt/memprof/agent, or a checkout's agent/python).
+    #[arg(long, value_name = "DIR")]
+    pub agent_path: Option<PathBuf>,
+    /// The command to profile, after `--` (e.g. `-- python train.py`).
+    #[arg(
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "COMMAND"
+    )]
+    pub command: Vec<String>,
+}
+
+/// `memprof profile` parsed on its own, for callers that hold its raw arguments.
+#[derive(clap::Parser)]
+#[command(name = "memprof profile")]
+struct Raw {
+    #[command(flatten)]
+    args: Args,
+}
+
+impl Args {
+    /// The flags of `memprof-sidecar --standalone` these ask for (without
+    /// `--listen`).
+    pub fn sidecar_flags(&self, trace_out: &Path, output: &Path) -> Vec<String> {
+        let mut f: Vec<String> = vec![
+            "--backend".into(),
+            self.backend.flag().into(),
+            "--interval".into(),
+            self.interval.clone(),
+            "--speed".into(),
+            self.speed.to_string(),
+            "--trace-out".into(),
+            trace_out.display().to_string(),
+            "--output".into(),
+            output.display().to_string(),
+        ];
+        let mut add = |k: &str, v: Option<String>| {
+            if let Some(v) = v {
+                f.extend([k.to_string(), v]);
+            }
+        };
+        add(
+            "--scenario",
+            self.scenario.as_ref().map(|p| p.display().to_string()),
+        );
+        add(
+            "--trace",
+            self.trace.as_ref().map(|p| p.display().to_string()),
+        );
+        add("--thresholds", self.thresholds.clone());
+        add(
+            "--duration",
+            (self.duration > 0.0).then(|| self.duration.to_string()),
+        );
+        add(
+            "--gpus",
+            (!self.devices.is_empty()).then(|| self.devices.join(",")),
+        );
+        f
+    }
+
+    /// Refuses flags the sidecar would refuse later, with what to write instead.
+    pub fn check(&self) -> Result<(), ProfileError> {
+        let usage = |m: String| Err(ProfileError::Usage(m));
+        if let Err(e) = crate::webhook::parse_interval(&self.interval) {
+            return usage(format!("--interval: {e}"));
+        }
+        if !(self.duration >= 0.0 && self.duration.is_finite()) {
+            return usage("--duration must be 0 or more seconds".into());
+        }
+        match self.backend {
+            Backend::Sim if self.scenario.is_none() => {
+                usage("--backend sim needs --scenario FILE (e.g. hack/scenarios/demo.yaml)".into())
+            }
+            Backend::Trace if self.trace.is_none() => {
+                usage("--backend trace needs --trace FILE".into())
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Runs `memprof profile` from its raw arguments (what follows the
+/// subcommand), with `--agent-path` as already parsed.
 pub async fn run(args: &[String], agent_path: Option<&Path>) -> Result<i32, ProfileError> {
-    let exe = std::env::current_exe()
-        .map_err(|source| ProfileError::Sidecar {
-            path: "memprof-sidecar".into(),
-            source,
-        })?
-        .with_file_name("memprof-sidecar");
-    let (mut sidecar_args, command) = split_args(args);
-    if command.is_empty() {
-        let status = start(&exe, &sidecar_args)?.wait().await;
-        return Ok(exit_code(status.ok()));
+    use clap::Parser as _;
+    let argv = std::iter::once("memprof profile".to_string()).chain(args.iter().cloned());
+    let mut a = match Raw::try_parse_from(argv) {
+        Ok(r) => r.args,
+        Err(e) => {
+            let _ = e.print();
+            return Ok(e.exit_code());
+        }
+    };
+    if a.agent_path.is_none() {
+        a.agent_path = agent_path.map(Path::to_path_buf);
     }
-    let addr = match listen_flag(&sidecar_args) {
-        Some(a) => a,
-        None => {
-            let a = free_loopback().map_err(ProfileError::Port)?;
-            sidecar_args.extend(["--listen".to_string(), a.clone()]);
-            a
-        }
-    };
-    let mut sidecar = start(&exe, &sidecar_args)?;
-    wait_listening(&addr, &mut sidecar).await?;
-    let status = run_command(&command, &addr, agent_path).await;
-    // One sampling interval for the sidecar to take the trainer's last push.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    stop(&mut sidecar).await;
-    status
+    profile(a).await
 }
 
-fn start(exe: &Path, args: &[String]) -> Result<tokio::process::Child, ProfileError> {
-    tokio::process::Command::new(exe)
-        .arg("--standalone")
-        .args(args)
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|source| ProfileError::Sidecar {
-            path: exe.to_path_buf(),
-            source,
-        })
+/// Runs `memprof profile` from its parsed flags; returns the exit code.
+pub async fn run_args(args: Args) -> anyhow::Result<i32> {
+    Ok(profile(args).await?)
 }
 
-fn free_loopback() -> std::io::Result<String> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(l.local_addr()?.to_string())
+/// Files the run writes and removes unless the user named them.
+struct Files {
+    trace: PathBuf,
+    output: PathBuf,
+    remove: Vec<PathBuf>,
 }
 
-async fn wait_listening(
-    addr: &str,
-    sidecar: &mut tokio::process::Child,
-) -> Result<(), ProfileError> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let not_listening = |why: String| ProfileError::NotListening {
-        addr: addr.to_string(),
-        why,
-    };
-    loop {
-        if tokio::net::TcpStream::connect(addr).await.is_ok() {
-            return Ok(());
+impl Files {
+    fn new(a: &Args) -> Files {
+        let tmp = |what: &str| {
+            std::env::temp_dir().join(format!("memprof-profile-{}-{what}", std::process::id()))
+        };
+        let mut remove = vec![];
+        let mut pick = |given: &Option<PathBuf>, what: &str| {
+            given.clone().unwrap_or_else(|| {
+                let p = tmp(what);
+                remove.push(p.clone());
+                p
+            })
+        };
+        let trace = pick(&a.trace_out, "trace.csv");
+        let output = pick(&a.output, "report.json");
+        Files {
+            trace,
+            output,
+            remove,
         }
-        if let Ok(Some(status)) = sidecar.try_wait() {
-            return Err(not_listening(format!("it exited: {status}")));
-        }
-        if Instant::now() >= deadline {
-            return Err(not_listening("timed out".into()));
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
-async fn run_command(
+impl Drop for Files {
+    fn drop(&mut self) {
+        for p in &self.remove {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+/// Profiles: starts the sidecar (and the command), shows progress, then the
+/// summary, and draws `--plot`. Returns the command's exit status (0 without one).
+pub async fn profile(a: Args) -> Result<i32, ProfileError> {
+    a.check()?;
+    let exe = sidecar::sidecar_exe()?;
+    let files = Files::new(&a);
+    let addr = match &a.listen {
+        Some(l) => l.clone(),
+        None => sidecar::free_loopback()?,
+    };
+    let started = Instant::now();
+    let mut side =
+        Sidecar::start(&exe, &a.sidecar_flags(&files.trace, &files.output), &addr).await?;
+    let mut command = match a.command.is_empty() {
+        true => None,
+        false => Some(start_command(&a.command, &addr, a.agent_path.as_deref())?),
+    };
+    let devices = Devices(a.devices.clone());
+    let (tracker, transitions, code) = watch(&mut side, command.as_mut(), &devices).await;
+    // The trainer's last push needs one sampling interval to be taken.
+    if command.is_some() {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+    }
+    side.stop().await;
+    let rows =
+        crate::sampler::trace::read_trace(&files.trace.display().to_string()).unwrap_or_default();
+    let report: Option<MemoryReportSpec> = std::fs::read(&files.output)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok());
+    let Some(report) = report else {
+        return Err(ProfileError::NoReport);
+    };
+    let seconds = rows.last().map_or(started.elapsed().as_secs_f64(), |r| r.t);
+    let counts = summary::sample_counts(&rows);
+    println!();
+    print!(
+        "{}",
+        summary::summary(&report, &tracker, &counts, &transitions, &devices, seconds)
+    );
+    if let Some(path) = &a.plot {
+        let chart = summary::timeline(&rows, &transitions, &devices, Some(&report));
+        std::fs::write(path, chart.to_svg()).map_err(|source| ProfileError::Write {
+            path: path.clone(),
+            source,
+        })?;
+        println!("plot written to {}", path.display());
+    }
+    Ok(code)
+}
+
+/// Polls the sidecar about once a second until the command exits (or,
+/// without one, the sidecar stops or Ctrl-C), drawing progress.
+async fn watch(
+    side: &mut Sidecar,
+    mut command: Option<&mut tokio::process::Child>,
+    devices: &Devices,
+) -> (Tracker, Vec<Transition>, i32) {
+    let mut tracker = Tracker::default();
+    let mut transitions = vec![];
+    let mut screen = Screen::new(crate::cli::output::stdout_is_terminal());
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+    let mut interrupted = false;
+    let code = loop {
+        let tick = tokio::time::sleep(Duration::from_secs(1));
+        let mut ended = None;
+        tokio::select! {
+            _ = tick => {}
+            _ = &mut ctrl_c, if !interrupted => {
+                // With a command, Ctrl-C reached it too: wait for it to end.
+                interrupted = true;
+                if command.is_none() { ended = Some(130); }
+            }
+            status = async { command.as_mut().unwrap().wait().await }, if command.is_some() => {
+                ended = Some(exit_code(status.ok()));
+            }
+        }
+        let mut new = vec![];
+        while let Ok(t) = side.transitions.try_recv() {
+            new.push(t);
+        }
+        let report = side.report().await;
+        if let Some(r) = &report {
+            tracker.observe(r);
+        }
+        screen.draw(&new, report.as_ref(), &tracker, devices);
+        transitions.extend(new);
+        if let Some(code) = ended {
+            break code;
+        }
+        if command.is_none() && side.exited().is_some() {
+            break 0;
+        }
+    };
+    // Transitions printed after the last poll.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    while let Ok(t) = side.transitions.try_recv() {
+        transitions.push(t);
+    }
+    (
+        tracker,
+        transitions,
+        if interrupted && command.is_none() {
+            0
+        } else {
+            code
+        },
+    )
+}
+
+/// The live display: on a terminal the status lines are redrawn in place
+/// (transitions scroll above them); otherwise plain lines, status every 10 s.
+struct Screen {
+    terminal: bool,
+    drawn: usize,
+    last_plain: Option<Instant>,
+}
+
+impl Screen {
+    fn new(terminal: bool) -> Self {
+        Screen {
+            terminal,
+            drawn: 0,
+            last_plain: None,
+        }
+    }
+
+    fn draw(
+        &mut self,
+        new: &[Transition],
+        report: Option<&MemoryReportSpec>,
+        tracker: &Tracker,
+        devices: &Devices,
+    ) {
+        use std::io::Write as _;
+        let mut out = String::new();
+        if self.terminal && self.drawn > 0 {
+            // Up over the status block, and clear it.
+            out.push_str(&format!("\x1b[{}A\x1b[J", self.drawn));
+        }
+        for t in new {
+            out.push_str(&summary::transition_line(t));
+            out.push('\n');
+        }
+        let lines = report.map_or(vec![], |r| {
+            let mut l = vec![format!(
+                "source {}",
+                summary::source_words(r.summary.source)
+            )];
+            l.extend(summary::status_lines(r, tracker, devices));
+            l
+        });
+        let due = self
+            .last_plain
+            .is_none_or(|t| t.elapsed() >= Duration::from_secs(10));
+        if self.terminal || (due && !lines.is_empty()) {
+            for l in &lines {
+                out.push_str(l);
+                out.push('\n');
+            }
+            self.drawn = lines.len();
+            if !self.terminal {
+                self.last_plain = Some(Instant::now());
+            }
+        }
+        let mut stdout = std::io::stdout().lock();
+        let _ = stdout.write_all(out.as_bytes());
+        let _ = stdout.flush();
+    }
+}
+
+fn start_command(
     command: &[String],
     addr: &str,
     agent_path: Option<&Path>,
-) -> Result<i32, ProfileError> {
+) -> Result<tokio::process::Child, ProfileError> {
     let mut cmd = tokio::process::Command::new(&command[0]);
     cmd.args(&command[1..])
         .env("MEMPROF_AGENT_URL", format!("http://{addr}/v1/agent"));
@@ -186,19 +500,10 @@ async fn run_command(
             agent_path.map_or(DEFAULT_SOURCE.into(), |p| p.display().to_string())
         ),
     }
-    let mut child = cmd.spawn().map_err(|source| ProfileError::Command {
+    cmd.spawn().map_err(|source| ProfileError::Command {
         command: command.join(" "),
         source,
-    })?;
-    // Ctrl-C reaches the command from the terminal; wait for it to end
-    // rather than leave it and the sidecar behind.
-    let status = loop {
-        tokio::select! {
-            status = child.wait() => break status.ok(),
-            _ = tokio::signal::ctrl_c() => continue,
-        }
-    };
-    Ok(exit_code(status))
+    })
 }
 
 fn exit_code(status: Option<ExitStatus>) -> i32 {
@@ -209,51 +514,58 @@ fn exit_code(status: Option<ExitStatus>) -> i32 {
     }
 }
 
-/// Asks the sidecar to stop (SIGTERM, so it writes `--output`), by PID;
-/// kills it after 10 s.
-async fn stop(sidecar: &mut tokio::process::Child) {
-    if let Some(pid) = sidecar.id() {
-        let _ = tokio::process::Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status()
-            .await;
-    }
-    if tokio::time::timeout(Duration::from_secs(10), sidecar.wait())
-        .await
-        .is_err()
-    {
-        let _ = sidecar.kill().await;
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn strings(v: &[&str]) -> Vec<String> {
-        v.iter().map(|s| s.to_string()).collect()
+    fn parse(v: &[&str]) -> Args {
+        use clap::Parser as _;
+        Raw::try_parse_from(std::iter::once("p").chain(v.iter().copied()))
+            .expect("valid flags")
+            .args
     }
 
     #[test]
-    fn flags_and_command_split_at_the_double_dash() {
-        let (flags, cmd) = split_args(&strings(&[
-            "--output", "r.json", "--", "python", "train.py", "--", "x",
-        ]));
-        assert_eq!(flags, strings(&["--output", "r.json"]));
-        assert_eq!(cmd, strings(&["python", "train.py", "--", "x"]));
-        let (flags, cmd) = split_args(&strings(&["--duration", "60"]));
-        assert_eq!((flags.len(), cmd.len()), (2, 0));
-        let (flags, cmd) = split_args(&strings(&["python", "train.py"]));
-        assert_eq!((flags.len(), cmd), (0, strings(&["python", "train.py"])));
-        assert_eq!(
-            listen_flag(&strings(&["--listen", "127.0.0.1:9"])).as_deref(),
-            Some("127.0.0.1:9")
+    fn flags_map_to_the_sidecars_and_the_command_follows_the_double_dash() {
+        let a = parse(&[
+            "--devices",
+            "0,GPU-x",
+            "--duration",
+            "30",
+            "--backend",
+            "sim",
+            "--scenario",
+            "s.yaml",
+            "--",
+            "python",
+            "train.py",
+            "--",
+            "x",
+        ]);
+        assert_eq!(a.command, ["python", "train.py", "--", "x"]);
+        let f = a.sidecar_flags(Path::new("t.csv"), Path::new("r.json"));
+        let has = |k: &str, v: &str| f.windows(2).any(|w| w[0] == k && w[1] == v);
+        assert!(
+            has("--gpus", "0,GPU-x") && has("--duration", "30") && has("--backend", "sim"),
+            "{f:?}"
         );
-        assert_eq!(
-            listen_flag(&strings(&["--listen=127.0.0.1:8"])).as_deref(),
-            Some("127.0.0.1:8")
+        assert!(
+            has("--trace-out", "t.csv") && has("--output", "r.json") && has("--scenario", "s.yaml"),
+            "{f:?}"
         );
-        assert_eq!(listen_flag(&strings(&["--output", "x"])), None);
+        let a = parse(&["python", "train.py"]);
+        assert_eq!(a.command, ["python", "train.py"]);
+        assert!(!a
+            .sidecar_flags(Path::new("t"), Path::new("o"))
+            .contains(&"--duration".to_string()));
+        assert!(
+            parse(&["--backend", "sim"]).check().is_err(),
+            "sim needs a scenario"
+        );
+        assert!(
+            parse(&["--interval", "5"]).check().is_err(),
+            "an interval needs a unit"
+        );
     }
 
     #[test]

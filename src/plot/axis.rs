@@ -135,7 +135,8 @@ impl Axis {
     }
 }
 
-/// A step of 1, 2, 2.5 or 5 × 10^k that cuts `range` into about `target` parts.
+/// A step of 1, 2, 2.5 or 5 × 10^k that cuts `range` into about `target`
+/// parts (or somewhat more).
 pub fn nice_step(range: f64, target: usize) -> f64 {
     let raw = range / target as f64;
     if !(raw.is_finite() && raw > 0.0) {
@@ -143,9 +144,11 @@ pub fn nice_step(range: f64, target: usize) -> f64 {
     }
     let mag = 10f64.powf(raw.log10().floor());
     let norm = raw / mag;
+    // The step may be a little finer than asked (up to 1/0.7 more ticks):
+    // rounding up instead would turn 0..82 into 0..100 in steps of 20.
     let nice = [1.0, 2.0, 2.5, 5.0, 10.0]
         .into_iter()
-        .find(|n| *n >= norm - 1e-9)
+        .find(|n| *n >= 0.7 * norm - 1e-9)
         .unwrap_or(10.0);
     nice * mag
 }

@@ -7,6 +7,7 @@
 //! title, axis labels with units and a legend. All text is XML-escaped.
 
 mod axis;
+mod heat;
 mod svg;
 #[cfg(test)]
 mod tests;
@@ -160,7 +161,7 @@ impl StackedBars {
 impl Heatmap {
     /// The chart as a standalone SVG document (its size follows the grid).
     pub fn to_svg(&self) -> String {
-        svg::heatmap(self)
+        heat::heatmap(self)
     }
     /// The grid as shaded cells, `cols` characters wide at most (`rows`
     /// caps the number of lines).

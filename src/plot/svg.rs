@@ -2,7 +2,7 @@
 //! elements, and no plotting crate would spare us the layout decisions.
 
 use super::axis::{extent, format_value, Axis, Unit};
-use super::{escape_xml as esc, finite, Heatmap, LineChart, StackedBars, Style};
+use super::{escape_xml as esc, finite, LineChart, StackedBars, Style};
 use std::fmt::Write as _;
 
 /// Series colours (Tableau 10 without its red, which marks events).
@@ -14,7 +14,7 @@ const MARK: &str = "#d62728";
 const HLINE: &str = "#333333";
 const GRID: &str = "#e6e6e6";
 /// Width of a character of the 12 px labels, for layout.
-const CHAR_W: f64 = 6.8;
+pub(super) const CHAR_W: f64 = 6.8;
 
 fn color(i: usize) -> &'static str {
     PALETTE[i % PALETTE.len()]
@@ -22,11 +22,11 @@ fn color(i: usize) -> &'static str {
 
 /// The plot area inside the margins.
 #[derive(Clone, Copy)]
-struct Area {
-    left: f64,
-    top: f64,
-    right: f64,
-    bottom: f64,
+pub(super) struct Area {
+    pub left: f64,
+    pub top: f64,
+    pub right: f64,
+    pub bottom: f64,
 }
 
 impl Area {
@@ -38,7 +38,7 @@ impl Area {
     }
 }
 
-fn open(out: &mut String, w: f64, h: f64, title: &str) {
+pub(super) fn open(out: &mut String, w: f64, h: f64, title: &str) {
     let _ = write!(
         out,
         r##"<svg xmlns="http://www.w3.org/2000/svg" width="{w:.0}" height="{h:.0}" viewBox="0 0 {w:.0} {h:.0}" font-family="sans-serif" font-size="12"><title>{t}</title><rect width="100%" height="100%" fill="#ffffff"/><text x="{cx:.1}" y="26" text-anchor="middle" font-size="17" font-weight="bold">{t}</text>"##,
@@ -47,7 +47,7 @@ fn open(out: &mut String, w: f64, h: f64, title: &str) {
     );
 }
 
-fn text(out: &mut String, x: f64, y: f64, anchor: &str, extra: &str, s: &str) {
+pub(super) fn text(out: &mut String, x: f64, y: f64, anchor: &str, extra: &str, s: &str) {
     let _ = write!(
         out,
         r#"<text x="{x:.1}" y="{y:.1}" text-anchor="{anchor}"{extra}>{}</text>"#,
@@ -55,7 +55,7 @@ fn text(out: &mut String, x: f64, y: f64, anchor: &str, extra: &str, s: &str) {
     );
 }
 
-fn line(out: &mut String, (x1, y1): (f64, f64), (x2, y2): (f64, f64), style: &str) {
+pub(super) fn line(out: &mut String, (x1, y1): (f64, f64), (x2, y2): (f64, f64), style: &str) {
     let _ = write!(
         out,
         r#"<line x1="{x1:.1}" y1="{y1:.1}" x2="{x2:.1}" y2="{y2:.1}" {style}/>"#
@@ -240,6 +240,49 @@ fn path(out: &mut String, pts: &[(f64, f64)], style: &str) {
     let _ = write!(out, r#"<path d="{d}" fill="none" {style}/>"#);
 }
 
+/// Height of a row of mark labels.
+const MARK_ROW: f64 = 13.0;
+
+/// Where each mark's label goes: its row in the band above the plot (the
+/// first row where it overlaps no label already placed, at most 5 rows)
+/// and its anchor (labels near the right edge end at their mark). None for
+/// a mark with no finite position.
+fn mark_places(
+    marks: &[super::Mark],
+    x: &Axis,
+    left: f64,
+    right: f64,
+) -> Vec<Option<(usize, &'static str)>> {
+    let mut order: Vec<usize> = (0..marks.len())
+        .filter(|&i| marks[i].x.is_finite())
+        .collect();
+    order.sort_by(|&i, &j| marks[i].x.total_cmp(&marks[j].x));
+    let mut ends: Vec<f64> = vec![];
+    let mut places = vec![None; marks.len()];
+    for i in order {
+        let px = left + x.frac(marks[i].x) * (right - left);
+        let w = marks[i].label.chars().count() as f64 * 6.3 + 8.0;
+        let (from, anchor) = if px + w > right {
+            (px - w, "end")
+        } else {
+            (px, "start")
+        };
+        let row = match ends.iter().position(|e| *e < from) {
+            Some(r) => r,
+            None if ends.len() < 5 => {
+                ends.push(f64::NEG_INFINITY);
+                ends.len() - 1
+            }
+            None => (0..ends.len())
+                .min_by(|&a, &b| ends[a].total_cmp(&ends[b]))
+                .unwrap_or(0),
+        };
+        ends[row] = from + w;
+        places[i] = Some((row, anchor));
+    }
+    places
+}
+
 pub fn line_chart(c: &LineChart, w: f64, h: f64) -> String {
     let xs = c
         .series
@@ -261,7 +304,7 @@ pub fn line_chart(c: &LineChart, w: f64, h: f64) -> String {
         y0.min(0.0)
     };
     let x = Axis::new(x0, x1, c.x_unit, 8);
-    let y = Axis::new(y0, y1 * 1.02, c.y_unit, 6);
+    let y = Axis::new(y0, y1 + (y1 - y0) * 0.02, c.y_unit, 8);
 
     let mut entries: Vec<Entry> = c
         .series
@@ -283,10 +326,13 @@ pub fn line_chart(c: &LineChart, w: f64, h: f64) -> String {
         kind: Swatch::Dashed,
     }));
     let rows = legend_rows(&entries, w - 100.0);
+    let (left, right) = (78.0, w - 24.0);
+    let places = mark_places(&c.marks, &x, left, right);
+    let bands = places.iter().flatten().map(|p| p.0 + 1).max().unwrap_or(0);
     let a = Area {
-        left: 78.0,
-        top: 46.0,
-        right: w - 24.0,
+        left,
+        top: 46.0 + bands as f64 * MARK_ROW,
+        right,
         bottom: h - 56.0 - rows as f64 * 18.0,
     };
 
@@ -358,24 +404,30 @@ pub fn line_chart(c: &LineChart, w: f64, h: f64) -> String {
             }
         }
     }
-    for (i, m) in c.marks.iter().enumerate() {
-        if !m.x.is_finite() {
-            continue;
+    for (m, place) in c.marks.iter().zip(&places) {
+        if place.is_some() {
+            let px = a.px(&x, m.x);
+            line(
+                &mut out,
+                (px, a.top),
+                (px, a.bottom),
+                &format!(r#"stroke="{MARK}" stroke-width="1.3" stroke-dasharray="4 3""#),
+            );
         }
+    }
+    out.push_str("</g>");
+    // Labels in a band above the plot, so they cover neither data nor lines.
+    for (m, place) in c.marks.iter().zip(&places) {
+        let Some((row, anchor)) = place else { continue };
         let px = a.px(&x, m.x);
+        let tx = if *anchor == "end" { px - 3.0 } else { px + 3.0 };
+        let ty = 46.0 + (*row as f64 + 1.0) * MARK_ROW - 3.0;
         line(
             &mut out,
+            (px, ty - 9.0),
             (px, a.top),
-            (px, a.bottom),
-            &format!(r#"stroke="{MARK}" stroke-width="1.3" stroke-dasharray="4 3""#),
+            &format!(r#"stroke="{MARK}" stroke-width="1" stroke-opacity="0.5""#),
         );
-        // Staggered in three rows, so transitions close in time stay legible.
-        let ty = a.top + 14.0 + (i % 3) as f64 * 14.0;
-        let (tx, anchor) = if px > a.left + 0.75 * (a.right - a.left) {
-            (px - 3.0, "end")
-        } else {
-            (px + 3.0, "start")
-        };
         text(
             &mut out,
             tx,
@@ -385,7 +437,6 @@ pub fn line_chart(c: &LineChart, w: f64, h: f64) -> String {
             &m.label,
         );
     }
-    out.push_str("</g>");
     legend(&mut out, &entries, a.left, a.bottom + 56.0, w - 100.0);
     out.push_str("</svg>\n");
     out
@@ -400,7 +451,7 @@ pub fn stacked_bars(c: &StackedBars, w: f64, h: f64) -> String {
         .collect();
     let top =
         extent(totals.iter().copied().chain(c.hlines.iter().map(|l| l.y))).map_or(1.0, |e| e.1);
-    let y = Axis::new(0.0, top * 1.02, c.y_unit, 6);
+    let y = Axis::new(0.0, top * 1.02, c.y_unit, 8);
     let slot_guess = (w - 102.0) / n.max(1) as f64;
     let longest = c
         .categories
@@ -508,205 +559,4 @@ pub fn stacked_bars(c: &StackedBars, w: f64, h: f64) -> String {
     );
     out.push_str("</svg>\n");
     out
-}
-
-/// Viridis at five stops, for a sequential colour scale readable in grey.
-const VIRIDIS: [(f64, f64, f64); 5] = [
-    (68.0, 1.0, 84.0),
-    (59.0, 82.0, 139.0),
-    (33.0, 145.0, 140.0),
-    (94.0, 201.0, 98.0),
-    (253.0, 231.0, 37.0),
-];
-
-/// The colour of `f` in 0..1, and whether text on it should be white.
-pub fn viridis(f: f64) -> (String, bool) {
-    let f = if f.is_finite() {
-        f.clamp(0.0, 1.0)
-    } else {
-        0.0
-    };
-    let pos = f * 4.0;
-    let i = (pos.floor() as usize).min(3);
-    let t = pos - i as f64;
-    let (a, b) = (VIRIDIS[i], VIRIDIS[i + 1]);
-    let mix = |p: f64, q: f64| (p + (q - p) * t).round() as u8;
-    (
-        format!(
-            "#{:02x}{:02x}{:02x}",
-            mix(a.0, b.0),
-            mix(a.1, b.1),
-            mix(a.2, b.2)
-        ),
-        f < 0.55,
-    )
-}
-
-/// Every `k`-th label, so that about `room / size` of them fit.
-fn label_every(n: usize, size: f64, room: f64) -> usize {
-    if size >= room {
-        1
-    } else {
-        ((room / size).ceil() as usize).clamp(1, n.max(1))
-    }
-}
-
-pub fn heatmap(c: &Heatmap) -> String {
-    let (nr, nc) = (c.rows.len(), c.cols.len());
-    let cell = |r: usize, k: usize| {
-        c.values
-            .get(r)
-            .and_then(|row| row.get(k).copied().flatten())
-            .filter(|v| v.is_finite())
-    };
-    let all = (0..nr).flat_map(|r| (0..nc).filter_map(move |k| cell(r, k)));
-    let (lo, hi) = extent(all).unwrap_or((0.0, 1.0));
-    let cw = (640.0 / nc.max(1) as f64).clamp(3.0, 90.0);
-    let ch = (400.0 / nr.max(1) as f64).clamp(3.0, 34.0);
-    let row_chars = c.rows.iter().map(|s| s.chars().count()).max().unwrap_or(0) as f64;
-    let col_chars = c.cols.iter().map(|s| s.chars().count()).max().unwrap_or(0) as f64;
-    let rotate = col_chars * CHAR_W > cw;
-    let col_h = if rotate {
-        (col_chars * CHAR_W * 0.6).min(110.0)
-    } else {
-        0.0
-    };
-    let left = 40.0 + (row_chars * CHAR_W).min(160.0);
-    let a = Area {
-        left,
-        top: 46.0,
-        right: left + cw * nc as f64,
-        bottom: 46.0 + ch * nr as f64,
-    };
-    let w = (a.right + 130.0).max(420.0);
-    let h = (a.bottom + col_h + 76.0).max(a.top + 230.0);
-    let mut out = String::new();
-    open(&mut out, w, h, &c.title);
-    let show_values = cw >= 44.0 && ch >= 16.0;
-    for r in 0..nr {
-        for k in 0..nc {
-            let (x0, y0) = (a.left + cw * k as f64, a.top + ch * r as f64);
-            let v = cell(r, k);
-            let (fill, white) = match v {
-                Some(v) if hi > lo => viridis((v - lo) / (hi - lo)),
-                Some(_) => viridis(1.0),
-                None => ("#eeeeee".to_string(), false),
-            };
-            let tip = format!(
-                "{} / {}: {}",
-                c.rows[r],
-                c.cols[k],
-                v.map_or("missing".into(), |v| format_value(v, c.unit))
-            );
-            let _ = write!(
-                out,
-                r##"<rect x="{x0:.1}" y="{y0:.1}" width="{cw:.1}" height="{ch:.1}" fill="{fill}" stroke="#ffffff" stroke-width="{}"><title>{}</title></rect>"##,
-                if cw > 8.0 && ch > 8.0 { 1 } else { 0 },
-                esc(&tip)
-            );
-            if show_values {
-                let label = v.map_or("–".into(), |v| format_value(v, c.unit));
-                let fill = if white { "#ffffff" } else { "#000000" };
-                text(
-                    &mut out,
-                    x0 + cw / 2.0,
-                    y0 + ch / 2.0 + 4.0,
-                    "middle",
-                    &format!(r#" fill="{fill}" font-size="10""#),
-                    &label,
-                );
-            }
-        }
-    }
-    let every = label_every(nr, ch, 13.0);
-    for (r, name) in c.rows.iter().enumerate().step_by(every) {
-        text(
-            &mut out,
-            a.left - 5.0,
-            a.top + ch * (r as f64 + 0.5) + 4.0,
-            "end",
-            "",
-            name,
-        );
-    }
-    let need = if rotate {
-        13.0
-    } else {
-        col_chars * CHAR_W + 4.0
-    };
-    let every = label_every(nc, cw, need);
-    for (k, name) in c.cols.iter().enumerate().step_by(every) {
-        let cx = a.left + cw * (k as f64 + 0.5);
-        let ty = a.bottom + 14.0;
-        if rotate {
-            text(
-                &mut out,
-                cx,
-                ty,
-                "end",
-                &format!(r#" transform="rotate(-35 {cx:.1} {ty:.1})""#),
-                name,
-            );
-        } else {
-            text(&mut out, cx, ty, "middle", "", name);
-        }
-    }
-    text(
-        &mut out,
-        (a.left + a.right) / 2.0,
-        a.bottom + col_h + 34.0,
-        "middle",
-        r#" font-size="13""#,
-        &c.x_label,
-    );
-    let cy = (a.top + a.bottom) / 2.0;
-    text(
-        &mut out,
-        14.0,
-        cy,
-        "middle",
-        &format!(r#" transform="rotate(-90 14 {cy:.1})" font-size="13""#),
-        &c.y_label,
-    );
-    colour_bar(&mut out, a.right + 24.0, a.top, lo, hi, c.unit);
-    out.push_str("</svg>\n");
-    out
-}
-
-/// The legend of a heatmap: the colour scale from `lo` (bottom) to `hi`
-/// (top), and the swatch of a missing cell.
-fn colour_bar(out: &mut String, x: f64, top: f64, lo: f64, hi: f64, unit: Unit) {
-    out.push_str(r#"<defs><linearGradient id="scale" x1="0" y1="1" x2="0" y2="0">"#);
-    for k in 0..=4 {
-        let f = k as f64 / 4.0;
-        let _ = write!(out, r#"<stop offset="{f}" stop-color="{}"/>"#, viridis(f).0);
-    }
-    out.push_str("</linearGradient></defs>");
-    let hgt = 150.0;
-    let _ = write!(
-        out,
-        r##"<rect x="{x:.1}" y="{top:.1}" width="16" height="{hgt}" fill="url(#scale)" stroke="#888888"/>"##
-    );
-    text(
-        out,
-        x + 22.0,
-        top + 10.0,
-        "start",
-        "",
-        &format_value(hi, unit),
-    );
-    text(
-        out,
-        x + 22.0,
-        top + hgt,
-        "start",
-        "",
-        &format_value(lo, unit),
-    );
-    let my = top + hgt + 18.0;
-    let _ = write!(
-        out,
-        r##"<rect x="{x:.1}" y="{my:.1}" width="16" height="12" fill="#eeeeee" stroke="#888888"/>"##
-    );
-    text(out, x + 22.0, my + 10.0, "start", "", "missing");
 }

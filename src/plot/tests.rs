@@ -176,12 +176,17 @@ fn long_traces_are_thinned_per_pixel_column() {
 #[test]
 fn ticks_are_nice_and_units_follow_the_range() {
     assert_eq!(nice_step(10.0, 5), 2.0);
-    assert_eq!(nice_step(80.0, 6), 20.0);
-    assert_eq!(nice_step(0.9, 4), 0.25);
-    let a = Axis::new(0.0, 80.0 * GIB, Unit::Bytes, 6);
+    assert_eq!(nice_step(80.0, 4), 20.0);
+    assert_eq!(
+        nice_step(82.0, 8),
+        10.0,
+        "not 20, which would run the axis to 100"
+    );
+    assert_eq!(nice_step(0.9, 4), 0.2);
+    let a = Axis::new(0.0, 80.0 * GIB, Unit::Bytes, 4);
     assert_eq!(a.unit_name, "GiB");
     assert_eq!(a.label(a.ticks[1]), "20");
-    let a = Axis::new(0.0, 600.0, Unit::Seconds, 6);
+    let a = Axis::new(0.0, 600.0, Unit::Seconds, 5);
     assert_eq!((a.unit_name, a.label(a.ticks[1]).as_str()), ("min", "2"));
     let a = Axis::new(0.0, 30.0, Unit::Seconds, 6);
     assert_eq!(a.title("time"), "time (s)");
@@ -291,4 +296,55 @@ fn sparkline_scales_between_min_and_max() {
     assert_eq!(sparkline(&[3.0, 3.0]), "▁▁");
     assert_eq!(sparkline(&[0.0, f64::NAN, 7.0]), "▁ █");
     assert_eq!(sparkline(&[f64::NAN]), " ");
+}
+
+/// Writes one chart of each kind into `MEMPROF_PLOT_GALLERY` (a directory),
+/// to look at after a change: `MEMPROF_PLOT_GALLERY=/tmp/g cargo test -p
+/// memprof --lib plot::tests::gallery -- --ignored`.
+#[test]
+#[ignore = "writes files; run by hand to look at the charts"]
+fn gallery() {
+    let dir = std::env::var("MEMPROF_PLOT_GALLERY").expect("MEMPROF_PLOT_GALLERY");
+    let write = |name: &str, s: String| std::fs::write(format!("{dir}/{name}"), s).unwrap();
+    write("line.svg", memory_chart().to_svg());
+    write("line.txt", memory_chart().to_text(100, 28));
+    let bars = StackedBars {
+        title: "Peak memory by batch size".into(),
+        x_label: "BATCH_SIZE".into(),
+        y_label: "peak memory".into(),
+        y_unit: Unit::Bytes,
+        categories: ["8", "16", "32", "64"].map(String::from).to_vec(),
+        layers: vec![
+            ("parameters".into(), vec![14.0 * GIB; 4]),
+            ("gradients".into(), vec![1.0 * GIB; 4]),
+            ("optimizer".into(), vec![2.0 * GIB; 4]),
+            (
+                "activations".into(),
+                vec![7.0 * GIB, 14.0 * GIB, 28.0 * GIB, 56.0 * GIB],
+            ),
+        ],
+        hlines: vec![HLine {
+            y: 79.1 * GIB,
+            label: "device total".into(),
+        }],
+    };
+    write("bars.svg", bars.to_svg());
+    write("bars.txt", bars.to_text(80, 20));
+    let heat = Heatmap {
+        title: "Peak memory per GPU".into(),
+        x_label: "GPU index".into(),
+        y_label: "node".into(),
+        cols: (0..8).map(|i| i.to_string()).collect(),
+        rows: (0..4).map(|i| format!("gpu-node-{i}")).collect(),
+        values: (0..4)
+            .map(|r| {
+                (0..8)
+                    .map(|k| (r * 8 + k != 13).then(|| (50 + (r * 7 + k * 3) % 29) as f64 * GIB))
+                    .collect()
+            })
+            .collect(),
+        unit: Unit::Bytes,
+    };
+    write("heat.svg", heat.to_svg());
+    write("heat.txt", heat.to_text(100, 20));
 }

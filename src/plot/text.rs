@@ -145,7 +145,12 @@ pub fn line_chart(c: &LineChart, cols: usize, rows: usize) -> String {
     legend.extend(c.marks.iter().map(|m| format!("│ {}", m.label)));
     let legend = wrap(&legend, cols);
     let plot_rows = rows.saturating_sub(5 + legend.len()).max(3);
-    let y = Axis::new(y0, y1 * 1.02, c.y_unit, (plot_rows / 3).clamp(2, 6));
+    let y = Axis::new(
+        y0,
+        y1 + (y1 - y0) * 0.02,
+        c.y_unit,
+        (plot_rows / 3).clamp(2, 6),
+    );
     let label_w = y.ticks.iter().map(|t| y.label(*t).len()).max().unwrap_or(1);
     let plot_cols = cols.saturating_sub(label_w + 1).max(8);
     let x = Axis::new(x0, x1, c.x_unit, (plot_cols / 12).clamp(2, 8));
