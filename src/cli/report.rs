@@ -200,6 +200,9 @@ pub fn render(p: &MemoryProfile) -> String {
     if let Some(r) = &st.batch_recommendation {
         out.push_str(&crate::analysis::batchfit::render(r));
     }
+    if let Some(t) = &st.thresholds {
+        out.push_str(&crate::operator::thresholds::render(t));
+    }
     if !st.top_ranks.is_empty() {
         let _ = writeln!(out, "  closest to OOM:");
         for r in &st.top_ranks {

@@ -255,9 +255,52 @@ pub fn invalid_event(
     })
 }
 
+/// The `memprof report` lines for the thresholds in effect: the source,
+/// the values that differ from the built-in ones (all of them would be
+/// noise), and why an annotation was ignored.
+pub fn render(t: &ThresholdsInEffect) -> String {
+    let defaults: BTreeMap<String, f64> = match serde_json::to_value(Thresholds::default()) {
+        Ok(Value::Object(m)) => m
+            .into_iter()
+            .filter_map(|(k, v)| Some((k, v.as_f64()?)))
+            .collect(),
+        _ => BTreeMap::new(),
+    };
+    let changed: Vec<String> = t
+        .values
+        .iter()
+        .filter(|(k, v)| defaults.get(*k) != Some(*v))
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    let values = if changed.is_empty() {
+        "built-in values".to_string()
+    } else {
+        changed.join(" ")
+    };
+    let mut out = format!("  thresholds ({}): {values}\n", t.source);
+    if let Some(m) = &t.message {
+        out.push_str(&format!("  warning: {m}\n"));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn report_lines_name_the_source_the_changed_values_and_a_refusal() {
+        let cluster = parse_cluster(r#"{"highTtoSeconds": 900}"#).unwrap();
+        let ok = render(&resolve(&cluster, Some(r#"{"criticalTtoSeconds": 300}"#)).status());
+        assert_eq!(
+            ok,
+            "  thresholds (annotation): criticalTtoSeconds=300 highTtoSeconds=900\n"
+        );
+        let bad = render(&resolve(&cluster, Some("{")).status());
+        assert!(bad.starts_with("  thresholds (chart): highTtoSeconds=900\n  warning: memprof.dev/thresholds ignored"), "{bad}");
+        let none = render(&resolve(&Map::new(), None).status());
+        assert_eq!(none, "  thresholds (default): built-in values\n");
+    }
 
     #[test]
     fn the_annotation_overrides_the_cluster_which_overrides_the_defaults() {
