@@ -17,7 +17,9 @@
   enabled; the PodMonitor selects the label the webhook puts on injected
   pods and scrapes the port the webhook names;
 - `additionalProperties: false` rejects an unknown key, through Helm's own
-  schema validation (helm-python-sdk).
+  schema validation (helm-python-sdk);
+- logFormat, thresholds and securityContext values reach the operator's
+  flags, and the sidecar logs JSON lines with `MEMPROF_LOG_JSON=true`.
 
 Prints one line per check and `N passed, N failed`; exits non-zero on any failure.
 """
@@ -295,6 +297,25 @@ def main() -> int:
     plain = next(d for d in render({}) if d["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     check("defaults: text logs, built-in sidecar securityContext, no thresholds",
           "--log-json" not in plain and "--sidecar-security-context=" in plain and "--default-thresholds={}" in plain, str(plain))
+
+    # 9. JSON logs: the sidecar honours MEMPROF_LOG_JSON, as the injection sets it.
+    def sidecar_log(extra_env: dict) -> list[str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MEMPROF_")}
+        env.update(extra_env)
+        run = subprocess.run([binary("memprof-sidecar"), "--standalone", "--backend", "sim", "--duration", "0.5",
+                              "--listen", "127.0.0.1:0"], capture_output=True, text=True, timeout=60, env=env)
+        return [l for l in run.stderr.splitlines() if l.strip()]
+
+    def all_json(lines: list[str]) -> bool:
+        try:
+            return bool(lines) and all(isinstance(json.loads(l), dict) and "level" in json.loads(l) for l in lines)
+        except ValueError:
+            return False
+
+    lines = sidecar_log({"MEMPROF_LOG_JSON": "true"})
+    check("sidecar with MEMPROF_LOG_JSON=true logs JSON lines", all_json(lines), "\n".join(lines[:3]))
+    lines = sidecar_log({})
+    check("sidecar logs text by default", bool(lines) and not all_json(lines), "\n".join(lines[:3]))
 
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0
