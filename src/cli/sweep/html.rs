@@ -138,8 +138,8 @@ fn group_name(m: &Model) -> String {
 /// Peak against `var`: observed points and the fitted line per group, the
 /// device total and the limit, a mark at each OOM.
 fn peak_chart(r: &SweepResult, var: &str, ms: &[&Model]) -> LineChart {
-    let mut fits = vec![];
-    let mut dots = vec![];
+    // Each group's line then its dots, so they sit together in the legend.
+    let mut series = vec![];
     let mut ooms: Vec<(f64, Vec<String>)> = vec![];
     for m in ms.iter().take(MAX_GROUPS) {
         let g = group_name(m);
@@ -148,11 +148,6 @@ fn peak_chart(r: &SweepResult, var: &str, ms: &[&Model]) -> LineChart {
         } else {
             format!(" ({g})")
         };
-        dots.push(Series::new(
-            format!("observed{suffix}"),
-            m.points.clone(),
-            Style::Points,
-        ));
         if let Some(f) = &m.fit {
             let xs = m
                 .points
@@ -162,7 +157,7 @@ fn peak_chart(r: &SweepResult, var: &str, ms: &[&Model]) -> LineChart {
                 .chain(m.next_up);
             let lo = xs.clone().fold(f64::INFINITY, f64::min).min(0.0);
             let hi = xs.fold(f64::NEG_INFINITY, f64::max);
-            fits.push(Series::new(
+            series.push(Series::new(
                 format!(
                     "fit: {} + {} × {var}{suffix}",
                     format_bytes(f.static_bytes.max(0.0) as u64),
@@ -172,6 +167,11 @@ fn peak_chart(r: &SweepResult, var: &str, ms: &[&Model]) -> LineChart {
                 Style::Dashed,
             ));
         }
+        series.push(Series::new(
+            format!("observed{suffix}"),
+            m.points.clone(),
+            Style::Points,
+        ));
         for &x in &m.oom_values {
             match ooms.iter_mut().find(|(o, _)| *o == x) {
                 Some((_, gs)) => gs.push(g.clone()),
@@ -196,15 +196,13 @@ fn peak_chart(r: &SweepResult, var: &str, ms: &[&Model]) -> LineChart {
         .filter_map(|m| m.device_total_bytes)
         .fold(None, |a: Option<f64>, t| Some(a.map_or(t, |a| a.max(t))));
     let hlines = total.map_or(vec![], |t| limit_lines(t, r.headroom, true));
-    // Lines first, so the observed dots are drawn on top of them.
-    fits.extend(dots);
     LineChart {
         title: format!("Peak {} vs {var}", metric_word(r.metric)),
         x_label: var.to_string(),
         x_unit: Unit::Plain,
         y_label: "peak memory".into(),
         y_unit: Unit::Bytes,
-        series: fits,
+        series,
         hlines,
         marks,
     }
