@@ -36,7 +36,8 @@ pub fn from_push(p: &Push, b: &Breakdown) -> MemoryBreakdown {
     MemoryBreakdown {
         pod: None,
         rank: p.rank,
-        pid: Some(p.pid),
+        // 0 is what a push without a pid deserializes to.
+        pid: (p.pid != 0).then_some(p.pid),
         time: Some(rfc3339(p.time)),
         step: b.step,
         total_parameters: b.total_parameters,
@@ -265,6 +266,8 @@ mod tests {
         assert_eq!(b.flags[0].kind, FlagKind::Inf);
         assert_eq!(weight(&b), 150 * M);
         assert!(b.phases.is_empty());
+        let b = from_push(&push(0, None, 0.5, None), &breakdown(1, None));
+        assert_eq!((b.pid, b.rank), (None, None));
     }
 
     #[test]
