@@ -4,7 +4,8 @@
 # INSIDE it (chroot isolation: only the image's own files and libraries):
 # every binary's --version, and `memprof install-agent` as the webhook's init
 # container runs it, which must find the agent tree at its default source and
-# write as the image's non-root user. Then the push docs/install.md shows:
+# write as the image's non-root user; `memprof top` inside it against the
+# local control plane when it is up. Then the push docs/install.md shows:
 # skopeo copies the archive to a real registry on loopback (Debian's
 # docker-registry, unpacked into the temporary directory), buildah pulls it
 # back and runs it. Everything buildah, skopeo and the registry make lives
@@ -16,7 +17,10 @@ cd "$(dirname "$0")/.."
 log() { printf '[test-image] %s\n' "$*" >&2; }
 
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/memprof-test-image.XXXXXX")
-# skopeo and buildah unpack archives and layers under TMPDIR.
+# skopeo and buildah unpack archives and layers under TMPDIR; the local
+# control plane's state dir is found from the caller's.
+cluster() { TMPDIR=$CALLER_TMPDIR bash hack/local-cluster.sh "$@"; }
+CALLER_TMPDIR=${TMPDIR:-/tmp}
 export TMPDIR=$TMP
 bh() { buildah --root "$TMP/root" --runroot "$TMP/run" --storage-driver vfs "$@"; }
 REGISTRY_PID=""
@@ -134,6 +138,21 @@ check "no shell" "absent" "$([ -e "$MNT/bin/sh" ] || [ -L "$MNT/bin/sh" ] && ech
 check "no NVML bundled (the NVIDIA container toolkit mounts the host's)" "" \
     "$(find "$MNT" -name 'libnvidia-ml*' | sed "s|^$MNT||")"
 check "binaries in /usr/local/bin" "memprof memprof-operator memprof-sidecar" "$(find "$MNT/usr/local/bin" -mindepth 1 -printf '%f\n' | sort | tr '\n' ' ' | sed 's/ $//')"
+
+log "the CLI in the image against the real local API server (TLS, the image's libraries)"
+if cluster status >/dev/null 2>&1; then
+    eval "$(cluster env)"
+    # Readable by the image's uid 65532; $TMP itself is 0700.
+    install -m 0644 "$KUBECONFIG" "$TMP/kubeconfig"
+    out=$(bh run --isolation chroot -v "$TMP/kubeconfig:/etc/kubeconfig:ro" -e KUBECONFIG=/etc/kubeconfig \
+        "$CTR" -- /usr/local/bin/memprof top -A -o json 2>&1 || true)
+    check "memprof top -A -o json answers a JSON list" "list" \
+        "$(python3 -c 'import json, sys; print(type(json.loads(sys.stdin.read())).__name__)' <<<"$out" 2>/dev/null || echo "$out")"
+elif [ "${MEMPROF_REQUIRE_CLUSTER:-0}" = 1 ]; then
+    check "the local control plane is up (MEMPROF_REQUIRE_CLUSTER=1)" "up" "down"
+else
+    log "skipped: no local control plane (make cluster-up)"
+fi
 
 bh umount "$CTR" >/dev/null
 
