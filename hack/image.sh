@@ -168,12 +168,15 @@ stage_etc() {
 }
 
 # The agent tree as install-agent expects it: bootstrap/ (the startup hook)
-# and lib/memprof_agent/; no bytecode.
+# and lib/memprof_agent/, whole; no bytecode; readable by any uid.
 stage_agent() {
-    local rootfs=$1 src=agent/python
-    install -d -m 0755 "$rootfs$AGENT_DIR/bootstrap" "$rootfs$AGENT_DIR/lib/memprof_agent"
-    install -m 0644 "$src/bootstrap/sitecustomize.py" "$src/bootstrap/_memprof_bootstrap.py" "$rootfs$AGENT_DIR/bootstrap/"
-    install -m 0644 "$src"/memprof_agent/*.py "$rootfs$AGENT_DIR/lib/memprof_agent/"
+    local rootfs=$1 src=agent/python dst=$1$AGENT_DIR
+    install -d -m 0755 "$dst/lib"
+    cp -R "$src/bootstrap" "$dst/bootstrap"
+    cp -R "$src/memprof_agent" "$dst/lib/memprof_agent"
+    find "$dst" \( -name __pycache__ -o -name '*.pyc' \) -prune -exec rm -rf {} +
+    find "$dst" -type d -exec chmod 0755 {} +
+    find "$dst" -type f -exec chmod 0644 {} +
 }
 
 stage_context() {

@@ -126,7 +126,7 @@ for bin in memprof-operator memprof-sidecar memprof; do
 done
 
 log "agent install, as the webhook's init container runs it (default --from)"
-agent_files=$(find agent/python/bootstrap agent/python/memprof_agent -maxdepth 1 -name '*.py' | wc -l)
+agent_files=$(find agent/python/bootstrap agent/python/memprof_agent -type f ! -name '*.pyc' ! -path '*/__pycache__/*' | wc -l)
 check "memprof install-agent copies the agent tree" \
     "installed the memprof agent ($agent_files files) into /tmp/agent" "$(inside /usr/local/bin/memprof install-agent /tmp/agent)"
 check "the hook is in the copy" "yes" "$([ -f "$MNT/tmp/agent/bootstrap/sitecustomize.py" ] && echo yes || echo no)"
