@@ -368,12 +368,23 @@ mod tests {
 
     #[test]
     fn ties_go_to_the_first_report_and_the_size_is_bounded() {
+        // Every list and string at the CRD's bounds.
         let mut big = api(100, Some(100));
-        big.flags = vec![big.flags[0].clone(); MAX_FLAGS];
-        big.phases = vec![ModulePhase::default(); MAX_PHASES];
+        let flag = ParameterFlag {
+            kind: FlagKind::Large,
+            parameter: "p".repeat(128),
+            note: "n".repeat(256),
+        };
+        big.flags = vec![flag; MAX_FLAGS];
+        let phase = ModulePhase {
+            module: "m".repeat(128),
+            forward_bytes: u64::MAX,
+            backward_bytes: u64::MAX,
+        };
+        big.phases = vec![phase; MAX_PHASES];
         let specs: Vec<_> = (0..2048).map(|r| report(r, Some(big.clone()))).collect();
         let b = rollup(&specs).unwrap();
         assert_eq!(b.rank, Some(0));
-        assert!(serde_json::to_vec(&b).unwrap().len() < 8 * 1024);
+        assert!(serde_json::to_vec(&b).unwrap().len() < 16 * 1024);
     }
 }
