@@ -343,6 +343,15 @@ fn no_usable_run_exits_1_and_bad_flags_say_what_to_write() {
         .output()
         .unwrap();
     assert_ne!(out.status.code(), Some(0));
+    let nvml = Command::new(MEMPROF)
+        .args(["sweep", "--metric", "nvml", "--", "true"])
+        .output()
+        .unwrap();
+    assert!(
+        text(&nvml.stderr).contains("--metric nvml needs --nvml"),
+        "{}",
+        text(&nvml.stderr)
+    );
     assert!(
         text(&out.stderr).contains("expected VAR=v1,v2"),
         "{}",

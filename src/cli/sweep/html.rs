@@ -406,3 +406,65 @@ fn table(out: &mut String, r: &SweepResult) {
     }
     out.push_str("</tbody></table>\n");
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::sweep::model::{models, Target};
+
+    fn result(runs: Vec<RunRecord>) -> SweepResult {
+        let variables = vec!["B".to_string()];
+        let target = Target {
+            metric: Metric::Reserved,
+            headroom: 0.1,
+            limit_override: None,
+        };
+        SweepResult {
+            kind: crate::cli::sweep::output::KIND.into(),
+            version: 1,
+            started_at: "2026-11-22T20:00:00Z".into(),
+            command: vec!["python".into(), "<train>.py".into()],
+            models: models(&variables, &runs, target),
+            variables,
+            step_budget: Some(5),
+            timeout_seconds: 60.0,
+            metric: Metric::Reserved,
+            headroom: 0.1,
+            limit_bytes: None,
+            nvml: false,
+            interrupted: false,
+            note: Some("a <fake> run".into()),
+            runs,
+        }
+    }
+
+    fn run(b: &str, status: Status, peak: Option<u64>) -> RunRecord {
+        RunRecord {
+            values: [("B".to_string(), b.to_string())].into(),
+            status: Some(status),
+            peak_reserved_bytes: peak,
+            device_total_bytes: Some(16_000_000_000),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn without_a_breakdown_the_figure_says_so_and_text_is_escaped() {
+        let r = result(vec![
+            run("1", Status::Ok, Some(3_000_000_000)),
+            run("2", Status::Ok, Some(4_000_000_000)),
+            run("32", Status::Oom, None),
+        ]);
+        let doc = render(&r);
+        assert!(doc.contains("<figure id=\"plot-breakdown\">"));
+        assert!(
+            doc.contains("No run&apos;s summary carried a breakdown"),
+            "{doc}"
+        );
+        assert!(doc.contains("a &lt;fake&gt; run"));
+        assert!(doc.contains("<code>python &lt;train&gt;.py</code>"));
+        assert!(doc.contains("<tr class=\"oom\">"));
+        assert!(!doc.contains("<script"));
+        assert_eq!(doc.matches("<svg").count(), 3, "peak, breakdown, trade-off");
+    }
+}

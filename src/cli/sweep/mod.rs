@@ -145,6 +145,11 @@ fn plan_grid(args: &Args) -> Result<Vec<Config>, SweepError> {
             args.headroom
         )));
     }
+    if args.metric == Metric::Nvml && !args.nvml {
+        return Err(SweepError::Flag(
+            "--metric nvml needs --nvml (the sidecar measures the NVML peak)".into(),
+        ));
+    }
     if !(args.timeout > 0.0 && args.timeout.is_finite()) {
         return Err(SweepError::Flag(format!(
             "--timeout {} must be a positive number of seconds",

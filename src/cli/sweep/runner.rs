@@ -62,7 +62,7 @@ pub struct Outcome {
     pub nvml_note: Option<String>,
 }
 
-/// Seconds a run gets after SIGTERM (to write its summary) before SIGKILL.
+/// Seconds a run gets after SIGTERM before SIGKILL.
 const TERM_GRACE: Duration = Duration::from_secs(5);
 
 /// Bytes of stderr kept for the record.
@@ -212,8 +212,8 @@ fn closed_loopback() -> Option<String> {
     Some(l.local_addr().ok()?.to_string())
 }
 
-/// SIGTERM to the group (the agent writes its summary on the way out),
-/// then SIGKILL after the grace period; returns the exit code.
+/// SIGTERM to the group (a trainer that handles it can clean up), then
+/// SIGKILL after the grace period; returns the exit code.
 async fn terminate(child: &mut tokio::process::Child, pgid: Option<u32>) -> i32 {
     signal_group(pgid, "TERM").await;
     match tokio::time::timeout(TERM_GRACE, child.wait()).await {
