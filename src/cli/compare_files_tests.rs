@@ -137,7 +137,10 @@ fn two_sweeps_say_what_grew_per_configuration_and_what_started_to_oom() {
         t.lines()
             .any(|l| l.starts_with("BATCH_SIZE=8 ") && l.contains("step time"))
     };
-    assert!(!unchanged(&text), "unchanged items only with -o wide: {text}");
+    assert!(
+        !unchanged(&text),
+        "unchanged items only with -o wide: {text}"
+    );
     assert!(unchanged(&render(&c, Format::Wide)));
     let json: Value = serde_json::from_str(&render(&c, Format::Json)).unwrap();
     assert_eq!(json["kind"], "sweep");
