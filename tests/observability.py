@@ -87,7 +87,7 @@ def binary(name: str) -> str:
     env = "MEMPROF_" + name.replace("memprof-", "").upper() + "_BIN"
     path = os.environ.get(env, str(ROOT / "target" / "debug" / name))
     if not Path(path).exists():
-        subprocess.run(["cargo", "build", "--quiet", "--bin", name], cwd=ROOT, check=True)
+        subprocess.run(["cargo", "build", "--quiet", "--workspace", "--bin", name], cwd=ROOT, check=True)
     return path
 
 
