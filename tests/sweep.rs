@@ -461,3 +461,41 @@ fn the_html_report_parses_and_holds_every_plot_and_the_table() {
     );
     assert!(!doc.contains("id=\"plot\""));
 }
+
+#[test]
+fn compare_reads_two_sweeps_and_says_what_grew() {
+    let dir = TempDir::new("compare");
+    let (a, b) = (dir.path("a.json"), dir.path("b.json"));
+    for (path, per_sample) in [(&a, "1000000000"), (&b, "1500000000")] {
+        let out = sweep(
+            &[
+                "--vary",
+                "BATCH_SIZE=1,2,8",
+                "--steps",
+                "2",
+                "--json",
+                path.to_str().unwrap(),
+            ],
+            &[("FAKE_PER_SAMPLE", per_sample)],
+        );
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    }
+    let c = memprof::cli::compare_files::compare_paths(&a, &b).expect("two sweep results compare");
+    assert_eq!(c.kind, "sweep");
+    // 8 × 0.5 GB more activations: 10.1 GB → 14.1 GB reserved.
+    assert_eq!(
+        c.grew[0],
+        "BATCH_SIZE=8: peak reserved grew 3.7GiB (+39.6%)"
+    );
+    let act = c
+        .rows
+        .iter()
+        .find(|r| r.scope == "BATCH_SIZE=8" && r.item == "breakdown activationsPeakBytes")
+        .unwrap();
+    assert_eq!(act.delta, Some(4e9));
+    let per_unit = c.rows.iter().find(|r| r.item == "per unit").unwrap();
+    assert!((per_unit.delta.unwrap() - 5e8).abs() < 1.0, "{per_unit:?}");
+    let err =
+        memprof::cli::compare_files::compare_paths(&a, &dir.path("missing.json")).unwrap_err();
+    assert!(err.to_string().starts_with("cannot read"), "{err}");
+}
