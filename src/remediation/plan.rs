@@ -8,11 +8,10 @@
 //! version does not know, and the recreated Job must be the user's Job with
 //! one env value changed, nothing less.
 
-use crate::analysis::batchfit;
 use crate::api::{
-    truncate_utf8, BatchRecommendation, RemediationPolicy, ScaleBatchAction, ScaleMode, ScaleValue,
-    ANNOTATION_BOTTLENECK, ANNOTATION_IMBALANCE, ANNOTATION_OOM_RISK, ANNOTATION_ORIGINAL_PREFIX,
-    ANNOTATION_REMEDIATION, ANNOTATION_TIME_TO_OOM,
+    truncate_utf8, BatchRecommendation, RemediationPolicy, ScaleValue, ANNOTATION_BOTTLENECK,
+    ANNOTATION_IMBALANCE, ANNOTATION_OOM_RISK, ANNOTATION_ORIGINAL_PREFIX, ANNOTATION_REMEDIATION,
+    ANNOTATION_TIME_TO_OOM,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -416,78 +415,6 @@ pub fn build(input: &PlanInput<'_>) -> Result<Plan, PlanError> {
     Ok(plan)
 }
 
-/// The env changes of one `scaleBatch` action, and for `mode: fit` the
-/// Event saying what the fit did (or why it fell back to the factor).
-fn scale_batch(
-    job: &Value,
-    s: &ScaleBatchAction,
-    fit: Option<&BatchRecommendation>,
-) -> Result<(Vec<EnvChange>, Option<Step>), PlanError> {
-    let scale = ScaleValue {
-        factor: s.factor,
-        minimum: s.minimum,
-        round_to: s.round_to,
-    };
-    let by_factor = env_changes(job, &s.env, s.container.as_deref(), &scale, None)?;
-    if s.mode != Some(ScaleMode::Fit) {
-        return Ok((by_factor, None));
-    }
-    let computed = batchfit::policy_value(
-        fit,
-        &s.env,
-        s.headroom_fraction(),
-        u64::from(s.minimum),
-        s.round_to.map(u64::from),
-    );
-    let from = by_factor.iter().map(|c| c.from).max().unwrap_or(0);
-    // `note` goes into the summary (and so the record); `why` into the Event.
-    let (changes, reason, note, why) = match computed {
-        Ok(f) if f.value < from => {
-            let changes = env_changes(job, &s.env, s.container.as_deref(), &scale, Some(f.value))?;
-            (changes, REASON_BATCH_FIT, f.note.clone(), f.note)
-        }
-        Ok(f) => (
-            by_factor,
-            REASON_BATCH_FIT_FALLBACK,
-            format!("fit says {from} fits, factor {}", s.factor),
-            format!(
-                "the fit says {} {from} fits (computed {}: {}), yet the policy fired: the evidence \
-                 and the trigger disagree, so the factor {} is used",
-                s.env, f.value, f.note, s.factor
-            ),
-        ),
-        Err(why) => {
-            let what = if why.starts_with("too little evidence") {
-                "too little evidence"
-            } else {
-                "no usable recommendation"
-            };
-            (
-                by_factor,
-                REASON_BATCH_FIT_FALLBACK,
-                format!("fit: {what}, factor {}", s.factor),
-                format!("{why}; so the factor {} is used", s.factor),
-            )
-        }
-    };
-    let changes = changes
-        .into_iter()
-        .map(|c| EnvChange {
-            note: Some(note.clone()),
-            ..c
-        })
-        .collect();
-    let mut message = format!("scaleBatch {} mode fit: {why}", s.env);
-    truncate_utf8(&mut message, 1024);
-    Ok((
-        changes,
-        Some(Step::Event {
-            reason: reason.into(),
-            message,
-        }),
-    ))
-}
-
 /// `Kind/name` of the controller that owns a Job, if one does.
 fn controller_of(job: &Value) -> Option<String> {
     job["metadata"]["ownerReferences"]
@@ -679,6 +606,10 @@ pub fn recreated_job(
     }
     new
 }
+
+#[path = "plan_fit.rs"]
+mod fit;
+use fit::scale_batch;
 
 #[cfg(test)]
 #[path = "plan_tests.rs"]
