@@ -4,7 +4,7 @@
 //! decision is unit-tested on plain values; `controller.rs` only fetches from
 //! the watch caches and applies what this module returns.
 
-use crate::analysis::{batchfit, rollup, validate_report, RollupInput};
+use crate::analysis::{rollup, validate_report, RollupInput};
 use crate::api::{
     set_condition, truncate_utf8, Condition, GpuLocation, MemoryProfile, MemoryProfileSpec,
     MemoryProfileStatus, MemoryReportSpec, RiskLevel, ANNOTATION_BOTTLENECK, ANNOTATION_ENABLED,
@@ -34,6 +34,11 @@ const MAX_NAMED_REJECTIONS: usize = 8;
 /// Prefix of the list of rejected reports in the `ReportsValid` message; what
 /// follows it is parsed back after a restart (see [`rejected_in`]).
 const REJECTED_PREFIX: &str = "fix the sidecar or agent that wrote them: ";
+
+#[path = "reconcile_batch.rs"]
+mod batch;
+use batch::slim_containers;
+pub use batch::{batch_env, batch_of, with_batch_fit};
 
 /// Whether a Job asked to be profiled (`memprof.dev/enabled: "true"`).
 pub fn profiling_enabled(job: &Job) -> bool {
@@ -67,91 +72,6 @@ pub fn slim_job(job: &mut Job) {
         spec.selector = None;
     }
     job.status = None;
-}
-
-/// Containers reduced to their name and the literal values of env `env`
-/// (bounded: a value longer than 32 bytes is no batch size); containers without it are dropped.
-fn slim_containers(
-    containers: Vec<k8s_openapi::api::core::v1::Container>,
-    env: &str,
-) -> Vec<k8s_openapi::api::core::v1::Container> {
-    containers
-        .into_iter()
-        .filter_map(|c| {
-            let var = c
-                .env?
-                .into_iter()
-                .find(|v| v.name == env && v.value.as_ref().is_some_and(|x| x.len() <= 32))?;
-            Some(k8s_openapi::api::core::v1::Container {
-                name: c.name,
-                env: Some(vec![k8s_openapi::api::core::v1::EnvVar {
-                    name: var.name,
-                    value: var.value,
-                    value_from: None,
-                }]),
-                ..Default::default()
-            })
-        })
-        .collect()
-}
-
-/// The env var holding a Job's batch size: annotation `memprof.dev/batch-env`, else `BATCH_SIZE`.
-pub fn batch_env(job: &Job) -> String {
-    job.annotations()
-        .get(batchfit::ANNOTATION_BATCH_ENV)
-        .filter(|v| !v.is_empty() && v.len() <= 128)
-        .cloned()
-        .unwrap_or_else(|| batchfit::DEFAULT_BATCH_ENV.to_string())
-}
-
-/// The Job's batch size: the literal integer its first container setting [`batch_env`] has.
-pub fn batch_of(job: &Job) -> Option<u64> {
-    let env = batch_env(job);
-    job.spec
-        .as_ref()?
-        .template
-        .spec
-        .as_ref()?
-        .containers
-        .iter()
-        .filter_map(|c| c.env.as_ref()?.iter().find(|v| v.name == env))
-        .find_map(|v| v.value.as_deref()?.trim().parse().ok())
-}
-
-/// Adds the batch recommendation to a rolled-up `status`: the peak of the
-/// fullest GPU is remembered for the Job's current batch (next to those of
-/// earlier batches, carried over from `previous` across memprof's
-/// recreations of the Job), then the fit of `analysis::batchfit` runs.
-pub fn with_batch_fit(
-    status: &mut MemoryProfileStatus,
-    job: &Job,
-    previous: Option<&MemoryProfileStatus>,
-) {
-    let env = batch_env(job);
-    let current = batch_of(job);
-    let fullest = status
-        .top_ranks
-        .iter()
-        .filter(|r| r.total_bytes > 0)
-        .max_by(|a, b| {
-            (a.peak_bytes as f64 / a.total_bytes as f64)
-                .total_cmp(&(b.peak_bytes as f64 / b.total_bytes as f64))
-        });
-    let (peak, total) = fullest.map_or((0, 0), |r| (r.peak_bytes, r.total_bytes));
-    let before = previous
-        .and_then(|p| p.batch_recommendation.as_ref())
-        .map(|r| r.observations.as_slice())
-        .unwrap_or_default();
-    let observations = batchfit::observe(before, current, peak, total);
-    let breakdown = status.breakdown.as_ref().map(batchfit::AgentBreakdown::of);
-    status.batch_recommendation = Some(batchfit::recommend(&batchfit::Evidence {
-        env_var: &env,
-        current,
-        limit_bytes: (total > 0).then_some(total),
-        headroom_fraction: batchfit::DEFAULT_HEADROOM_FRACTION,
-        breakdown,
-        observations: &observations,
-    }));
 }
 
 /// Ranks a Job expects to report: its parallelism (the API server defaults it to 1).
@@ -606,6 +526,7 @@ mod tests {
 
     #[test]
     fn the_batch_env_is_named_by_annotation_and_peaks_survive_a_new_batch() {
+        use crate::analysis::batchfit;
         let mut j = job(&[(batchfit::ANNOTATION_BATCH_ENV, "MICRO_BATCH")], Some(1));
         j.spec.as_mut().unwrap().template.spec = Some(
             serde_json::from_value(serde_json::json!({

@@ -1,0 +1,93 @@
+//! The batch fit's part of the roll-up: which env var holds a Job's batch
+//! size, its value in the slim cached Job, and the `batchRecommendation`
+//! (the peak per batch size remembered across memprof's recreations).
+
+use crate::analysis::batchfit;
+use crate::api::MemoryProfileStatus;
+use k8s_openapi::api::batch::v1::Job;
+use kube::ResourceExt;
+
+/// Containers reduced to their name and the literal values of env `env`
+/// (bounded: a value longer than 32 bytes is no batch size); containers without it are dropped.
+pub(super) fn slim_containers(
+    containers: Vec<k8s_openapi::api::core::v1::Container>,
+    env: &str,
+) -> Vec<k8s_openapi::api::core::v1::Container> {
+    containers
+        .into_iter()
+        .filter_map(|c| {
+            let var = c
+                .env?
+                .into_iter()
+                .find(|v| v.name == env && v.value.as_ref().is_some_and(|x| x.len() <= 32))?;
+            Some(k8s_openapi::api::core::v1::Container {
+                name: c.name,
+                env: Some(vec![k8s_openapi::api::core::v1::EnvVar {
+                    name: var.name,
+                    value: var.value,
+                    value_from: None,
+                }]),
+                ..Default::default()
+            })
+        })
+        .collect()
+}
+
+/// The env var holding a Job's batch size: annotation `memprof.dev/batch-env`, else `BATCH_SIZE`.
+pub fn batch_env(job: &Job) -> String {
+    job.annotations()
+        .get(batchfit::ANNOTATION_BATCH_ENV)
+        .filter(|v| !v.is_empty() && v.len() <= 128)
+        .cloned()
+        .unwrap_or_else(|| batchfit::DEFAULT_BATCH_ENV.to_string())
+}
+
+/// The Job's batch size: the literal integer its first container setting [`batch_env`] has.
+pub fn batch_of(job: &Job) -> Option<u64> {
+    let env = batch_env(job);
+    job.spec
+        .as_ref()?
+        .template
+        .spec
+        .as_ref()?
+        .containers
+        .iter()
+        .filter_map(|c| c.env.as_ref()?.iter().find(|v| v.name == env))
+        .find_map(|v| v.value.as_deref()?.trim().parse().ok())
+}
+
+/// Adds the batch recommendation to a rolled-up `status`: the peak of the
+/// fullest GPU is remembered for the Job's current batch (next to those of
+/// earlier batches, carried over from `previous` across memprof's
+/// recreations of the Job), then the fit of `analysis::batchfit` runs.
+pub fn with_batch_fit(
+    status: &mut MemoryProfileStatus,
+    job: &Job,
+    previous: Option<&MemoryProfileStatus>,
+) {
+    let env = batch_env(job);
+    let current = batch_of(job);
+    let fullest = status
+        .top_ranks
+        .iter()
+        .filter(|r| r.total_bytes > 0)
+        .max_by(|a, b| {
+            (a.peak_bytes as f64 / a.total_bytes as f64)
+                .total_cmp(&(b.peak_bytes as f64 / b.total_bytes as f64))
+        });
+    let (peak, total) = fullest.map_or((0, 0), |r| (r.peak_bytes, r.total_bytes));
+    let before = previous
+        .and_then(|p| p.batch_recommendation.as_ref())
+        .map(|r| r.observations.as_slice())
+        .unwrap_or_default();
+    let observations = batchfit::observe(before, current, peak, total);
+    let breakdown = status.breakdown.as_ref().map(batchfit::AgentBreakdown::of);
+    status.batch_recommendation = Some(batchfit::recommend(&batchfit::Evidence {
+        env_var: &env,
+        current,
+        limit_bytes: (total > 0).then_some(total),
+        headroom_fraction: batchfit::DEFAULT_HEADROOM_FRACTION,
+        breakdown,
+        observations: &observations,
+    }));
+}
