@@ -221,9 +221,21 @@ async fn every_cluster_command_in_every_format_against_real_profiles() {
         rank1.contains("70.0GiB") && rank1.contains("critical"),
         "{rank1}"
     );
+    // Sparklines scale from 0 to the GPU's total: rank 1 climbs 40 -> 70 of
+    // 80 GiB (▅ to ▇), rank 0 30 -> 40 GiB (▄ to ▅).
+    let spark = |row: &str| row.split_whitespace().last().unwrap().to_string();
+    let rank0 = report
+        .lines()
+        .find(|l| l.starts_with("0 ") && l.contains("node-0"))
+        .unwrap_or_else(|| panic!("no rank 0 row:\n{report}"));
+    assert_eq!(spark(rank1).chars().count(), 60, "{rank1}");
     assert!(
-        rank1.ends_with('█') && rank1.contains('▁'),
-        "a rising sparkline: {rank1}"
+        spark(rank1).starts_with('▅') && spark(rank1).ends_with('▇'),
+        "{rank1}"
+    );
+    assert!(
+        spark(rank0).starts_with('▄') && spark(rank0).ends_with('▅'),
+        "{rank0}"
     );
     assert!(ok(&["report", "train", "-n", n, "-o", "wide"])
         .await
@@ -269,9 +281,15 @@ async fn every_cluster_command_in_every_format_against_real_profiles() {
     let svg_arg = svg_path.to_str().unwrap();
     ok(&["plot", "train", "-n", n, "--out", svg_arg]).await;
     let svg = std::fs::read_to_string(&svg_path).unwrap();
-    // MEMPROF_KEEP_PLOTS=DIR keeps the picture (how docs/plots/ was made).
-    if let Some(keep) = std::env::var_os("MEMPROF_KEEP_PLOTS") {
-        std::fs::write(Path::new(&keep).join("kubectl-memprof-plot.svg"), &svg).unwrap();
+    // MEMPROF_CLI_SAMPLES=DIR keeps the picture and the tables (how
+    // docs/plots/ and the outputs in docs/cli.md were made).
+    if let Some(keep) = std::env::var_os("MEMPROF_CLI_SAMPLES") {
+        let keep = Path::new(&keep);
+        std::fs::write(keep.join("kubectl-memprof-plot.svg"), &svg).unwrap();
+        std::fs::write(keep.join("top.txt"), &top).unwrap();
+        std::fs::write(keep.join("report.txt"), &report).unwrap();
+        let cmp = ok(&["compare", "calm", "train", "-n", n]).await;
+        std::fs::write(keep.join("compare.txt"), cmp).unwrap();
     }
     let doc = roxmltree::Document::parse(&svg).unwrap_or_else(|e| panic!("bad SVG ({e})"));
     let text: Vec<&str> = doc
@@ -508,7 +526,7 @@ async fn errors_say_what_exists_and_what_to_do_without_a_backtrace() {
     let (_, stderr) = texts(&out);
     assert_eq!(out.status.code(), Some(1));
     assert!(
-        stderr.starts_with("error: no cluster reachable"),
+        stderr.starts_with("error: no cluster reachable at https://127.0.0.1:1/"),
         "{stderr}"
     );
     assert!(!stderr.contains("stack backtrace"), "{stderr}");

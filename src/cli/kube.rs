@@ -153,8 +153,18 @@ impl KubeArgs {
     pub async fn connect(&self) -> Result<(Client, Scope), CliError> {
         let config = self.config().await?;
         let scope = self.scope(&config.default_namespace);
+        let server = config.cluster_url.to_string();
         let client = Client::try_from(config).map_err(|e| CliError::NoConfig(e.to_string()))?;
-        Ok((client, scope))
+        // One cheap request first, so a cluster that is not there is named as such.
+        match client.apiserver_version().await {
+            Err(e @ (kube::Error::HyperError(_) | kube::Error::Service(_))) => {
+                Err(CliError::Unreachable {
+                    server,
+                    reason: error_chain(&e),
+                })
+            }
+            _ => Ok((client, scope)),
+        }
     }
 
     /// The scope given the context's default namespace (pure, for tests).

@@ -167,7 +167,7 @@ pub fn heatmap(p: &MemoryProfile, reports: &[MemoryReport]) -> Heatmap {
         .collect();
     Heatmap {
         title: format!("Peak GPU memory of Job {} per GPU", p.spec.job_name),
-        x_label: "GPU index on the node".into(),
+        x_label: "GPU index".into(),
         y_label: "rank and node".into(),
         cols: (0..width).map(|i| format!("GPU {i}")).collect(),
         rows,

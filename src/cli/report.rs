@@ -95,7 +95,11 @@ pub fn render_ranks(reports: &[MemoryReport], wide: bool) -> String {
     let mut table = Table::new(headers);
     for r in reports {
         for g in &r.spec.gpus {
-            let line: Vec<f64> = g.timeline.iter().map(|p| p.max as f64).collect();
+            // Scaled from 0 to the GPU's total, not to the line's own range:
+            // ranks then compare at a glance (30→40 GiB is not 40→70 GiB).
+            let mut line = vec![0.0, g.total_bytes as f64];
+            line.extend(g.timeline.iter().map(|p| p.max as f64));
+            let spark: String = crate::plot::sparkline(&line).chars().skip(2).collect();
             let mut row = vec![
                 r.spec.rank.map_or("-".into(), |x| x.to_string()),
                 r.spec.pod_name.clone(),
@@ -106,7 +110,7 @@ pub fn render_ranks(reports: &[MemoryReport], wide: bool) -> String {
                 format_bytes(g.total_bytes),
                 g.risk.to_string(),
                 g.time_to_oom_seconds.map_or("-".into(), format_duration),
-                crate::plot::sparkline(&line),
+                spark,
             ];
             if wide {
                 row.extend([
