@@ -530,8 +530,8 @@ pub struct ModulePhase {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     #[schemars(length(max = 128))]
     pub module: String,
-    /// Bytes it adds in forward.
+    /// Bytes its forward leaves allocated (after minus before, at least 0).
     pub forward_bytes: u64,
-    /// Bytes it adds in backward.
+    /// Peak bytes its backward adds above the allocated bytes at its start.
     pub backward_bytes: u64,
 }

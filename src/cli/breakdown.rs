@@ -143,7 +143,7 @@ fn phases(out: &mut String, b: &MemoryBreakdown) {
     if !b.phases.is_empty() {
         let _ = writeln!(
             out,
-            "    by top-level module (added in forward / backward):"
+            "    by top-level module (kept after forward / backward peak above its start):"
         );
         for p in &b.phases {
             let _ = writeln!(
