@@ -13,6 +13,7 @@ use std::time::Duration;
 /// Rolls MemoryReports up into one MemoryProfile per annotated Job.
 #[derive(Debug, Parser)]
 #[command(
+    name = "memprof-operator",
     version,
     about = "Rolls MemoryReports up into one MemoryProfile per annotated Job"
 )]
@@ -340,4 +341,15 @@ async fn remediate(
     memprof::remediation::check(&client, &namespace).await?;
     ready.set();
     memprof::remediation::run(client, namespace, opts, metrics, shutdown).await
+}
+
+#[cfg(test)]
+mod name_tests {
+    use clap::CommandFactory;
+
+    /// `memprof-operator --version` names this binary, not the package.
+    #[test]
+    fn version_names_the_operator_binary() {
+        assert_eq!(super::Cli::command().get_name(), "memprof-operator");
+    }
 }
