@@ -590,3 +590,28 @@ async fn kubectl_runs_the_plugin_and_completes_it() {
         );
     }
 }
+
+#[tokio::test]
+async fn two_files_are_compared_as_files_without_a_cluster() {
+    let dir = TempDir::new();
+    let (a, b) = (dir.0.join("a.json"), dir.0.join("b.json"));
+    for (path, peak) in [(&a, 40), (&b, 60)] {
+        let r = report(
+            "train",
+            0,
+            &at(0),
+            vec![gpu(0, peak, peak, RiskLevel::Low, None)],
+        );
+        std::fs::write(path, serde_json::to_string(&r).unwrap()).unwrap();
+    }
+    let (a, b) = (a.to_str().unwrap(), b.to_str().unwrap());
+    // No cluster at all: the files alone decide.
+    let nowhere = dir.0.join("no-kubeconfig");
+    let env = [("KUBECONFIG", nowhere.to_str().unwrap())];
+    let out = memprof(&["compare", a, b], &env).await;
+    let (stdout, stderr) = texts(&out);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stdout.contains("60.0GiB"), "{stdout}");
+    let out = memprof(&["compare", a, b, "-o", "json"], &env).await;
+    json(&texts(&out).0);
+}

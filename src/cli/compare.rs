@@ -27,13 +27,9 @@ pub struct Args {
 
 /// Runs the subcommand; returns the process exit code.
 pub async fn run(args: Args) -> anyhow::Result<i32> {
-    if Path::new(&args.a).is_file() && Path::new(&args.b).is_file() {
-        return Err(CliError::Usage(format!(
-            "{} and {} are files: comparing sweep results or reports is not built yet (memprof compare_files); \
-             to compare Jobs name them as JOB or NAMESPACE/JOB",
-            args.a, args.b
-        ))
-        .into());
+    let (a, b) = (Path::new(&args.a), Path::new(&args.b));
+    if a.is_file() && b.is_file() {
+        return crate::cli::compare_files::run(a, b, args.output.format).await;
     }
     Ok(run_jobs(args).await?)
 }
