@@ -143,8 +143,21 @@ pub fn transition_line(t: &Transition) -> String {
     )
 }
 
-/// What to do about a GPU, in one sentence.
-pub fn advice(g: &GpuReport) -> String {
+/// The worst risk each GPU reached during the run, from the transitions.
+pub fn worst_risks(transitions: &[Transition]) -> BTreeMap<u32, RiskLevel> {
+    let mut m: BTreeMap<u32, RiskLevel> = BTreeMap::new();
+    for t in transitions {
+        if let Some(g) = t.gpu {
+            let e = m.entry(g).or_default();
+            *e = (*e).max(t.to);
+        }
+    }
+    m
+}
+
+/// What to do about a GPU, in one sentence, from its final state, its peak
+/// and the worst risk it reached.
+pub fn advice(g: &GpuReport, worst: RiskLevel) -> String {
     let fill = g.peak_bytes as f64 / g.total_bytes.max(1) as f64;
     match g.risk {
         RiskLevel::Critical => "OOM imminent: stop or shrink the batch now".into(),
@@ -153,9 +166,17 @@ pub fn advice(g: &GpuReport) -> String {
             growth(g),
             tto(g)
         ),
+        _ if fill >= 0.99 => format!(
+            "memory reached the ceiling ({} of {}): likely an OOM; smaller batch, or find what grew",
+            format_bytes(g.peak_bytes),
+            format_bytes(g.total_bytes)
+        ),
         _ if g.leak_suspected => {
             "memory between steps keeps growing: look for tensors kept across steps".into()
         }
+        _ if worst >= RiskLevel::High => format!(
+            "the risk reached {worst} during the run: look at the plot (--plot) for when"
+        ),
         RiskLevel::High | RiskLevel::Medium => {
             "little headroom: a longer sequence or larger batch may not fit".into()
         }
@@ -203,8 +224,14 @@ pub fn summary(
         "GPU", "MODEL", "USED", "FREE", "TOTAL", "PEAK", "UTIL AVG", "UTIL MAX", "SAMPLES", "RISK",
         "GROWTH", "TTO",
     ]);
+    let worst = worst_risks(transitions);
+    let worst_of = |g: &GpuReport| worst.get(&g.index).copied().unwrap_or_default().max(g.risk);
     for g in &shown {
         let (avg, max) = tr.utilization(g.index);
+        let risk = match worst_of(g) {
+            w if w > g.risk => format!("{} (was {w})", g.risk),
+            _ => g.risk.to_string(),
+        };
         t.row([
             g.index.to_string(),
             g.model.clone(),
@@ -219,14 +246,14 @@ pub fn summary(
             avg.map_or("-".into(), |a| format!("{a:.0}%")),
             max.map_or("-".into(), |m| format!("{m}%")),
             samples.get(&g.index).copied().unwrap_or(0).to_string(),
-            g.risk.to_string(),
+            risk,
             growth(g),
             tto(g),
         ]);
     }
     out.push_str(&t.render());
     for g in &shown {
-        out.push_str(&format!("GPU {}: {}\n", g.index, advice(g)));
+        out.push_str(&format!("GPU {}: {}\n", g.index, advice(g, worst_of(g))));
     }
     out
 }
@@ -390,6 +417,42 @@ mod tests {
             only_one.contains("1 GPU(s)") && !only_one.contains("GPU 0:"),
             "{only_one}"
         );
+    }
+
+    #[test]
+    fn a_gpu_that_hit_the_ceiling_and_emptied_is_not_called_ok() {
+        let mut g = gpu(0, RiskLevel::Low);
+        (g.used_bytes, g.peak_bytes, g.time_to_oom_seconds) = (0, 80 * GIB, None);
+        assert!(
+            advice(&g, RiskLevel::Critical).contains("likely an OOM"),
+            "{}",
+            advice(&g, RiskLevel::Critical)
+        );
+        g.peak_bytes = 60 * GIB;
+        assert!(advice(&g, RiskLevel::High).contains("reached high"));
+        assert_eq!(advice(&g, RiskLevel::Low), "ok");
+        let r = MemoryReportSpec {
+            gpus: vec![g],
+            ..Default::default()
+        };
+        let t = Transition {
+            elapsed_seconds: 1.0,
+            from: RiskLevel::Low,
+            to: RiskLevel::High,
+            gpu: Some(0),
+            used_bytes: None,
+            growth_bytes_per_second: None,
+            time_to_oom_seconds: None,
+        };
+        let s = summary(
+            &r,
+            &Tracker::default(),
+            &BTreeMap::new(),
+            &[t],
+            &Devices::default(),
+            1.0,
+        );
+        assert!(s.contains("low (was high)"), "{s}");
     }
 
     #[test]
