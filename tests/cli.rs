@@ -328,6 +328,10 @@ async fn every_cluster_command_in_every_format_against_real_profiles() {
         chart.contains("rank 1") && chart.lines().count() > 10,
         "{chart}"
     );
+    if let Some(keep) = std::env::var_os("MEMPROF_CLI_SAMPLES") {
+        let text = ok(&["plot", "train", "-n", n]).await;
+        std::fs::write(Path::new(&keep).join("plot.txt"), text).unwrap();
+    }
 
     // compare: side by side, batch size from the Jobs' env.
     let cmp = ok(&["compare", "calm", "train", "-n", n]).await;
