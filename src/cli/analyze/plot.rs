@@ -249,6 +249,9 @@ mod tests {
             let c = chart(&rows, &lines, &Thresholds::default(), gpu, name);
             std::fs::write(format!("{dir}/analyze-{name}.svg"), c.to_svg()).unwrap();
             std::fs::write(format!("{dir}/analyze-{name}.txt"), c.to_text(100, 30)).unwrap();
+            let table =
+                crate::cli::analyze::render(&lines, crate::cli::output::Format::Table, name, &rows);
+            std::fs::write(format!("{dir}/analyze-{name}.table"), table).unwrap();
         }
     }
 }
