@@ -2,10 +2,7 @@
 //! `kubectl memprof` (install it as `kubectl-memprof` on the PATH).
 #![forbid(unsafe_code)]
 
-use anyhow::Context;
 use clap::{CommandFactory, Parser, Subcommand};
-use memprof::analysis::Thresholds;
-use std::io::Write;
 
 #[derive(Parser)]
 #[command(
@@ -22,31 +19,13 @@ struct Cli {
 enum Command {
     /// Print every memprof CRD as one YAML stream (what crds/ holds).
     Crd,
-    /// Run the analysis offline over a recorded trace (CSV `t_s,gpu,used_bytes,total_bytes`),
-    /// printing risk transitions and time-to-OOM estimates as JSON lines.
-    Analyze {
-        /// The trace file.
-        trace: String,
-        /// Analysis thresholds as JSON (camelCase fields of the analysis thresholds).
-        #[arg(long)]
-        thresholds: Option<String>,
-        /// Trace seconds between two `estimate` lines (0: none).
-        #[arg(long, default_value_t = 10.0)]
-        estimate_every: f64,
-    },
-    /// Profile this machine's GPUs without Kubernetes (runs `memprof-sidecar --standalone`);
-    /// with `-- COMMAND`, runs the command next to it with the in-process agent
-    /// pushing to it, until the command exits.
-    Profile {
-        /// The agent tree to start in a Python command with no code change
-        /// (the image's /opt/memprof/agent, or a checkout's agent/python).
-        #[arg(long)]
-        agent_path: Option<std::path::PathBuf>,
-        /// Flags for `memprof-sidecar --standalone` (e.g. `--output report.json`),
-        /// then optionally `--` and the command to run, e.g. `-- python train.py`.
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-        args: Vec<String>,
-    },
+    /// Run the analysis offline over a recorded trace (CSV `t_s,gpu,used_bytes,total_bytes`):
+    /// a table on a terminal, JSON lines with `-o json`, `--plot` draws the prediction.
+    Analyze(memprof::cli::analyze::Args),
+    /// Profile this machine's GPUs without Kubernetes: live status per GPU, then a
+    /// summary table; with `-- COMMAND`, runs the command next to it with the
+    /// in-process agent pushing to it, until the command exits.
+    Profile(memprof::cli::profile::Args),
     /// Show what memprof concluded about a job (its MemoryProfile and per-rank reports),
     /// or about every profiled job in scope.
     Report(memprof::cli::report::Args),
@@ -116,41 +95,8 @@ fn main() -> std::process::ExitCode {
 async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Crd => print!("{}", memprof::api::crds_yaml()),
-        Command::Analyze {
-            trace,
-            thresholds,
-            estimate_every,
-        } => {
-            let thresholds: Thresholds = match thresholds {
-                Some(j) => serde_json::from_str(&j)
-                    .context("--thresholds is not valid JSON of analysis thresholds")?,
-                None => Thresholds::default(),
-            };
-            thresholds.validate()?;
-            let rows = memprof::sampler::trace::read_trace(&trace)?;
-            let opts = memprof::cli::analyze::Options {
-                thresholds,
-                estimate_every,
-                ..Default::default()
-            };
-            let stdout = std::io::stdout();
-            let mut out = std::io::BufWriter::new(stdout.lock());
-            let mut failed = None;
-            memprof::cli::analyze::analyze(&rows, &opts, |line| {
-                if failed.is_none() {
-                    failed = writeln!(out, "{line}").err();
-                }
-            });
-            if let Some(e) = failed {
-                if e.kind() != std::io::ErrorKind::BrokenPipe {
-                    return Err(e.into());
-                }
-            }
-        }
-        Command::Profile { agent_path, args } => {
-            let code = memprof::cli::profile::run(&args, agent_path.as_deref()).await?;
-            std::process::exit(code);
-        }
+        Command::Analyze(args) => std::process::exit(memprof::cli::analyze::run(args).await?),
+        Command::Profile(args) => std::process::exit(memprof::cli::profile::run_args(args).await?),
         Command::Report(args) => std::process::exit(memprof::cli::report::run(args).await?),
         Command::Policy { command } => memprof::cli::policy::run(command).await?,
         Command::Oom(args) => std::process::exit(memprof::cli::oom::run(args).await?),
