@@ -65,7 +65,9 @@ pub fn need(root: &Command, words: &[String], partial: &str) -> Need {
     while i < words.len() {
         let w = &words[i];
         if let Some(arg) = flag(cur, w) {
-            if takes_value(arg) && !w.contains('=') {
+            if let Some((_, v)) = w.split_once('=') {
+                note_kube_flag(&mut need.kube, arg.get_id().as_str(), v);
+            } else if takes_value(arg) {
                 if let Some(v) = words.get(i + 1) {
                     note_kube_flag(&mut need.kube, arg.get_id().as_str(), v);
                 }
@@ -217,6 +219,8 @@ mod tests {
         let n = need(&root, &words(&["report", "-n", "ml"]), "");
         assert!(n.jobs && n.candidates.is_empty(), "{n:?}");
         assert_eq!(n.kube.namespace.as_deref(), Some("ml"));
+        let n = need(&root, &words(&["report", "--namespace=team"]), "");
+        assert_eq!(n.kube.namespace.as_deref(), Some("team"));
         let n = need(&root, &words(&["report"]), "--w");
         assert_eq!(n.candidates[0].0, "--watch");
         let n = need(&root, &words(&["top", "-o"]), "");
