@@ -323,6 +323,34 @@ mod tests {
     }
 
     #[test]
+    fn json_is_the_same_lines_and_a_table_is_for_people() {
+        let rows = leak_trace();
+        let mut lines = vec![];
+        analyze(&rows, &Options::default(), |l| lines.push(l));
+        let json = render(&lines, Format::Json, "t.csv", &rows);
+        // Exactly the lines `analyze` emits, one per line, as before `-o`.
+        let want: Vec<String> = lines.iter().map(Value::to_string).collect();
+        assert_eq!(json.lines().collect::<Vec<_>>(), want);
+        let table = render(&lines, Format::Table, "t.csv", &rows);
+        assert!(
+            table.starts_with("t.csv: 1 GPU(s), 6000 samples over 10m0s"),
+            "{table}"
+        );
+        for want in [
+            "RISK TRANSITIONS",
+            "critical",
+            "SUMMARY",
+            "WARNING BEFORE CEILING",
+        ] {
+            assert!(table.contains(want), "{want:?} missing from\n{table}");
+        }
+        assert!(!table.contains("REASON"));
+        assert!(render(&lines, Format::Wide, "t.csv", &rows).contains("REASON"));
+        let yaml = render(&lines, Format::Yaml, "t.csv", &rows);
+        assert_eq!(yaml.matches("---").count(), lines.len());
+    }
+
+    #[test]
     fn prints_transitions_estimates_and_a_summary() {
         let mut lines = vec![];
         analyze(&leak_trace(), &Options::default(), |l| lines.push(l));
