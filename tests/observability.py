@@ -10,6 +10,12 @@
   `memprof-sidecar --print-metrics`: the families they register, so
   counters' `_total` and histograms' `_bucket`/`_sum`/`_count` are derived
   from each family's type, never from a hand list); a bogus name is caught;
+- the operator's memprof_job_* gauges are labelled `namespace` and
+  `job_name` (the `# LABELS` lines of its `--print-metrics`), and no
+  dashboard query, legend, variable, alert (expression or annotation) or
+  example in docs/observability.md that names memprof_job_* groups,
+  filters or prints a bare `job` label: that is Prometheus's scrape job,
+  which a `job` label from the operator would replace under honorLabels;
 - each alert has a summary, a description and a runbook_url whose anchor
   is a heading of docs/observability.md;
 - the metrics list of docs/observability.md is the registries' list;
@@ -96,6 +102,24 @@ def families(text: str) -> dict[str, str]:
     return dict(re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M))
 
 
+def labels_of(text: str) -> dict[str, list[str]]:
+    """`# LABELS name a,b` lines of `memprof-operator --print-metrics`: family -> label names."""
+    return {m.group(1): m.group(2).split(",") for m in re.finditer(r"^# LABELS (\S+) (\S+)$", text, re.M)}
+
+
+def bare_job_uses(text: str) -> list[str]:
+    """Where a PromQL expression, Grafana query/legend or alert template uses
+    a label called exactly `job` (not `job_name`, not the variable `$job`)."""
+    uses = []
+    for m in re.finditer(r"\b(by|without|on|ignoring|group_left|group_right)\s*\(([^)]*)\)", text):
+        if "job" in [l.strip() for l in m.group(2).split(",")]:
+            uses.append(m.group(0))
+    uses += [m.group(0) for m in re.finditer(r"(?<![\w$.])job\s*(?:=~|!~|!=|=)", text)]
+    uses += [m.group(0) for m in re.finditer(r"label_values\([^)]*,\s*job\s*\)", text)]
+    uses += [m.group(0) for m in re.finditer(r"\{\{\s*job\s*\}\}|\$labels\.job\b", text)]
+    return uses
+
+
 def series_names(fams: dict[str, str]) -> set[str]:
     """Sample names a scrape of these families can show."""
     out = set()
@@ -174,8 +198,12 @@ def doc_anchors(text: str) -> set[str]:
 def main() -> int:
     # 1. The registries of the real binaries.
     op = families(subprocess.run([binary("memprof-operator"), "--print-metrics"], capture_output=True, text=True, check=True).stdout)
+    op_labels = labels_of(subprocess.run([binary("memprof-operator"), "--print-metrics"], capture_output=True, text=True, check=True).stdout)
     sc = families(subprocess.run([binary("memprof-sidecar"), "--print-metrics"], capture_output=True, text=True, check=True).stdout)
     check("operator registry lists memprof_job_* gauges", {"memprof_job_risk_level", "memprof_job_time_to_oom_seconds"} <= set(op), str(sorted(op)))
+    job_fams = sorted(f for f in op if f.startswith("memprof_job_"))
+    wrong = {f: op_labels.get(f) for f in job_fams if op_labels.get(f) != ["namespace", "job_name"]}
+    check("every memprof_job_* gauge is labelled namespace,job_name (never job)", bool(job_fams) and not wrong, str(wrong))
     check("sidecar registry lists per-GPU gauges", {"memprof_gpu_used_bytes", "memprof_gpu_total_bytes"} <= set(sc), str(sorted(sc)))
     exported = series_names(op) | series_names(sc)
     check("counters are exported with _total, histograms with _bucket",
@@ -195,6 +223,17 @@ def main() -> int:
     check("every dashboard metric exists in the registries", not bad, "; ".join(bad))
     bogus = unknown_names([("bogus", 'sum(rate(memprof_gpu_used_bytez{job=~"$job"}[5m])) by (job)')], exported)
     check("a dashboard naming a metric that does not exist is caught", bogus == ["bogus: memprof_gpu_used_bytez"], str(bogus))
+    job_queries = [(where, expr) for where, expr in queries if "memprof_job_" in expr]
+    legends = [(f"panel {p.get('title')!r} legend", t.get("legendFormat", "")) for p in dash.get("panels", [])
+               for t in p.get("targets", []) if "memprof_job_" in t.get("expr", "")]
+    bad = [f"{where}: {u}" for where, text in job_queries + legends for u in bare_job_uses(text)]
+    check("no dashboard query, variable or legend of memprof_job_* uses a bare job label",
+          len(job_queries) >= 5 and not bad, "; ".join(bad))
+    old = bare_job_uses('max by (namespace, job) (memprof_job_risk_level{namespace=~"$namespace", job=~"$job"}) '
+                        'label_values(memprof_job_risk_level, job) {{namespace}}/{{job}} {{ $labels.job }}')
+    check("a bare job label is caught (by, matcher, label_values, legend, alert template)", len(old) == 5, str(old))
+    check("job_name and $job are not taken for a bare job label",
+          not bare_job_uses('max by (namespace, job_name) (x{job_name=~"$job"}) {{job_name}} {{ $labels.job_name }}'))
     dcgm = unknown_names([("dcgm", "memprof_gpu_used_bytes * on(UUID) group_left(modelName) DCGM_FI_DEV_FB_USED")], exported)
     check("a metric of another exporter is caught too", dcgm == ["dcgm: DCGM_FI_DEV_FB_USED"], str(dcgm))
 
@@ -233,7 +272,7 @@ def main() -> int:
     else:
         check("PodMonitor, webhook label and port found", False, f"{bool(pm)} {label} {port}")
     sm = next((d for d in on if d["kind"] == "ServiceMonitor"), None)
-    check("ServiceMonitor keeps the per-Job namespace/job labels (honorLabels)",
+    check("ServiceMonitor keeps the per-Job namespace label (honorLabels)",
           sm is not None and all(e.get("honorLabels") for e in sm["spec"]["endpoints"]))
 
     # 5. The alerts.
@@ -245,8 +284,17 @@ def main() -> int:
           {"MemprofOOMPredicted", "MemprofGPUOOMObserved", "MemprofRemediationFailed", "MemprofOperatorTaskFailing"} <= names, str(names))
     bad = unknown_names([(f"alert {r['alert']}", r["expr"]) for r in rules], exported)
     check("every alert metric exists in the registries", not bad, "; ".join(bad))
+    job_rules = [r for r in rules if "memprof_job_" in r["expr"]]
+    bad = [f"{r['alert']}: {u}" for r in job_rules
+           for u in bare_job_uses(r["expr"] + "\n" + "\n".join(r.get("annotations", {}).values()))]
+    check("no alert on memprof_job_* groups by or prints a bare job label",
+          len(job_rules) >= 4 and not bad, "; ".join(bad))
     doc = DOC.read_text() if DOC.exists() else ""
     anchors = doc_anchors(doc)
+    examples = re.findall(r"```promql\n(.*?)```", doc, re.S) + re.findall(r"^\| Memprof\w+ \| `([^`]*)`", doc, re.M)
+    bad = [u for e in examples if "memprof_job_" in e for u in bare_job_uses(e)]
+    check("no example or alert in docs/observability.md uses a bare job label with memprof_job_*",
+          any("memprof_job_" in e for e in examples) and not bad, "; ".join(bad))
     for r in rules:
         a = r.get("annotations", {})
         url = a.get("runbook_url", "")

@@ -153,6 +153,9 @@ impl Metrics {
             .get_or_create(&StepLabels { step: "" });
         let _ = self.events.get_or_create(&ReasonLabels { reason: "" });
         let _ = self.task_failures.get_or_create(&TaskLabels { task: "" });
+        self.jobs
+            .described
+            .store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Metrics registered nowhere: for tests and embedders that do not export them.
@@ -161,16 +164,20 @@ impl Metrics {
     }
 }
 
-/// Labels of the per-Job gauges: the Job's namespace and name. A scrape
-/// config must keep them (`honorLabels: true`, as the chart's
-/// ServiceMonitor sets), or Prometheus renames `namespace` to
+/// Labels of the per-Job gauges: the Job's namespace and name. The name is
+/// `job_name`, not `job`: Prometheus sets `job` on every series to the
+/// scrape job, and with `honorLabels` a `job` label here would replace it
+/// (kube-state-metrics says `job_name` for the same reason, and the
+/// chart's PodMonitor puts `job_name` on the sidecars' series, so the two
+/// join). A scrape config must keep `namespace` (`honorLabels: true`, as
+/// the chart's ServiceMonitor sets), or Prometheus renames it to
 /// `exported_namespace` in favour of the operator pod's own.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct JobLabels {
     /// Namespace of the Job.
     pub namespace: String,
     /// Name of the Job (and of its MemoryProfile).
-    pub job: String,
+    pub job_name: String,
 }
 
 /// Per-Job gauges (`memprof_job_*`), computed at each scrape from the
@@ -181,6 +188,9 @@ pub struct JobLabels {
 #[derive(Default)]
 pub struct JobGauges {
     profiles: std::sync::RwLock<Option<Store<MemoryProfile>>>,
+    /// Set by [`Metrics::touch_families`]: every gauge gets one child with
+    /// empty labels, so that [`descriptors`] can name the labels.
+    described: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for JobGauges {
@@ -295,14 +305,18 @@ impl Collector for JobGauges {
             .filter_map(|p| {
                 let labels = JobLabels {
                     namespace: p.metadata.namespace.clone()?,
-                    job: p.metadata.name.clone()?,
+                    job_name: p.metadata.name.clone()?,
                 };
                 Some((labels, p.status.as_ref()?))
             })
             .collect();
         // Descriptors even without profiles: `--print-metrics` names them.
+        let described = self.described.load(std::sync::atomic::Ordering::Relaxed);
         for (name, help, value) in JOB_GAUGES {
             let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            if described {
+                ConstGauge::new(0.0).encode(family.encode_family(&JobLabels::default())?)?;
+            }
             for (labels, status) in &rows {
                 if let Some(v) = value(status) {
                     ConstGauge::new(v).encode(family.encode_family(labels)?)?;
@@ -321,15 +335,61 @@ pub fn encode(registry: &Registry) -> String {
     body
 }
 
-/// Only the `# HELP` and `# TYPE` lines of an encoding: the metric
-/// families a binary registers, for `memprof-operator --print-metrics`
+/// The `# HELP` and `# TYPE` lines of an encoding, and for each family
+/// whose first sample has labels (other than a histogram's `le`) a line
+/// `# LABELS <family> <name>,<name>`: the metric families a binary
+/// registers and their label names, for `memprof-operator --print-metrics`
 /// (the chart's dashboard and alert tests check their queries against it).
+/// No samples.
 pub fn descriptors(encoded: &str) -> String {
-    encoded
-        .lines()
-        .filter(|l| l.starts_with("# HELP ") || l.starts_with("# TYPE "))
-        .map(|l| format!("{l}\n"))
-        .collect()
+    let mut out = String::new();
+    // The family whose labels are not named yet: its first sample names them.
+    let mut pending: Option<&str> = None;
+    for line in encoded.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            pending = rest.split(' ').next();
+        }
+        if line.starts_with("# HELP ") || line.starts_with("# TYPE ") {
+            out.push_str(line);
+            out.push('\n');
+        } else if !line.starts_with('#') {
+            let names = label_names(line);
+            match pending.take() {
+                Some(family) if !names.is_empty() => {
+                    out.push_str(&format!("# LABELS {family} {}\n", names.join(",")));
+                }
+                _ => {}
+            }
+        }
+    }
+    out
+}
+
+/// Label names of one sample line (`name{a="x",b="y"} 1`), without `le`.
+fn label_names(sample: &str) -> Vec<&str> {
+    let Some((_, mut rest)) = sample.split_once('{') else {
+        return Vec::new();
+    };
+    let mut names = Vec::new();
+    // Each label is `name="value"`; a value escapes `"` and `\` with `\`.
+    while let Some((name, after)) = rest.split_once("=\"") {
+        let name = name.trim_start_matches(',');
+        if name != "le" {
+            names.push(name);
+        }
+        let mut escaped = false;
+        let end = after.char_indices().find(|&(_, c)| {
+            let closes = c == '"' && !escaped;
+            escaped = c == '\\' && !escaped;
+            closes
+        });
+        let Some((end, _)) = end else { break };
+        rest = &after[end + 1..];
+        if rest.starts_with('}') {
+            break;
+        }
+    }
+    names
 }
 
 /// Serves `GET /metrics`, `GET /healthz` and `GET /readyz` (from `health`)
@@ -435,13 +495,13 @@ mod tests {
         let published = m.jobs.publish(store);
         let body = encode(&registry);
         for want in [
-            "memprof_job_risk_level{namespace=\"team-a\",job=\"train\"} 3.0",
-            "memprof_job_risk_level{namespace=\"team-b\",job=\"eval\"} 1.0",
-            "memprof_job_time_to_oom_seconds{namespace=\"team-a\",job=\"train\"} 90.5",
-            "memprof_job_peak_used_bytes{namespace=\"team-a\",job=\"train\"} 1073741824.0",
-            "memprof_job_last_gpu_oom_timestamp_seconds{namespace=\"team-a\",job=\"train\"} 1795341600.0",
-            "memprof_job_remediations{namespace=\"team-a\",job=\"train\"} 2.0",
-            "memprof_job_remediations_failed{namespace=\"team-a\",job=\"train\"} 1.0",
+            "memprof_job_risk_level{namespace=\"team-a\",job_name=\"train\"} 3.0",
+            "memprof_job_risk_level{namespace=\"team-b\",job_name=\"eval\"} 1.0",
+            "memprof_job_time_to_oom_seconds{namespace=\"team-a\",job_name=\"train\"} 90.5",
+            "memprof_job_peak_used_bytes{namespace=\"team-a\",job_name=\"train\"} 1073741824.0",
+            "memprof_job_last_gpu_oom_timestamp_seconds{namespace=\"team-a\",job_name=\"train\"} 1795341600.0",
+            "memprof_job_remediations{namespace=\"team-a\",job_name=\"train\"} 2.0",
+            "memprof_job_remediations_failed{namespace=\"team-a\",job_name=\"train\"} 1.0",
         ] {
             assert!(body.contains(want), "{want} in {body}");
         }
@@ -453,18 +513,44 @@ mod tests {
         // The profile is deleted: its series go with it at the next scrape.
         writer.apply_watcher_event(&Event::Delete(train));
         let body = encode(&registry);
-        assert!(!body.contains("job=\"train\""), "{body}");
-        assert!(body.contains("job=\"eval\""), "{body}");
+        assert!(!body.contains("job_name=\"train\""), "{body}");
+        assert!(body.contains("job_name=\"eval\""), "{body}");
 
         // Leadership lost (the controller stops): no per-Job series at all,
         // but the families are still described.
         drop(published);
         let body = encode(&registry);
-        assert!(!body.contains("job=\""), "{body}");
+        assert!(!body.contains("job_name=\""), "{body}");
         assert!(
             body.contains("# TYPE memprof_job_risk_level gauge"),
             "{body}"
         );
+    }
+
+    #[test]
+    fn descriptors_name_the_families_and_their_labels_without_samples() {
+        let mut registry = Registry::with_prefix("memprof");
+        let m = Metrics::register(&mut registry);
+        m.touch_families();
+        let text = descriptors(&encode(&registry));
+        for want in [
+            "# TYPE memprof_job_risk_level gauge\n",
+            // `job_name`, never `job`: Prometheus's own `job` label stays the scrape job's.
+            "# LABELS memprof_job_risk_level namespace,job_name\n",
+            "# LABELS memprof_job_remediations_failed namespace,job_name\n",
+            "# LABELS memprof_events reason\n",
+        ] {
+            assert!(text.contains(want), "{want} in {text}");
+        }
+        assert!(
+            !text.contains("memprof_reconcile_duration_seconds le"),
+            "{text}"
+        );
+        assert!(
+            text.lines().all(|l| l.starts_with('#')),
+            "no samples: {text}"
+        );
+        assert_eq!(label_names(r#"x{a="q\"},b=\\",b="",le="1"} 1"#), ["a", "b"]);
     }
 
     #[tokio::test]
