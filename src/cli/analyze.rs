@@ -48,6 +48,16 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         None => Thresholds::default(),
     };
     thresholds.validate()?;
+    if let Some(p) = args
+        .plot
+        .as_deref()
+        .filter(|p| !crate::cli::profile::is_svg(p))
+    {
+        anyhow::bail!(
+            "--plot {}: name a .svg file (rasterise it with `rsvg-convert -o F.png F.svg`)",
+            p.display()
+        );
+    }
     let rows = crate::sampler::trace::read_trace(&args.trace)?;
     let opts = Options {
         thresholds: thresholds.clone(),

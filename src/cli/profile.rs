@@ -179,14 +179,6 @@ pub struct Args {
     pub command: Vec<String>,
 }
 
-/// `memprof profile` parsed on its own, for callers that hold its raw arguments.
-#[derive(clap::Parser)]
-#[command(name = "memprof profile")]
-struct Raw {
-    #[command(flatten)]
-    args: Args,
-}
-
 impl Args {
     /// The flags of `memprof-sidecar --standalone` these ask for (without
     /// `--listen`).
@@ -234,6 +226,12 @@ impl Args {
         if let Err(e) = crate::webhook::parse_interval(&self.interval) {
             return usage(format!("--interval: {e}"));
         }
+        if let Some(p) = self.plot.as_deref().filter(|p| !is_svg(p)) {
+            return usage(format!(
+                "--plot {}: name a .svg file (rasterise it with `rsvg-convert -o F.png F.svg`)",
+                p.display()
+            ));
+        }
         if !(self.duration >= 0.0 && self.duration.is_finite()) {
             return usage("--duration must be 0 or more seconds".into());
         }
@@ -249,22 +247,10 @@ impl Args {
     }
 }
 
-/// Runs `memprof profile` from its raw arguments (what follows the
-/// subcommand), with `--agent-path` as already parsed.
-pub async fn run(args: &[String], agent_path: Option<&Path>) -> Result<i32, ProfileError> {
-    use clap::Parser as _;
-    let argv = std::iter::once("memprof profile".to_string()).chain(args.iter().cloned());
-    let mut a = match Raw::try_parse_from(argv) {
-        Ok(r) => r.args,
-        Err(e) => {
-            let _ = e.print();
-            return Ok(e.exit_code());
-        }
-    };
-    if a.agent_path.is_none() {
-        a.agent_path = agent_path.map(Path::to_path_buf);
-    }
-    profile(a).await
+/// Whether `path` names an SVG file (the only format the plots are written in).
+pub fn is_svg(path: &Path) -> bool {
+    path.extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("svg"))
 }
 
 /// Runs `memprof profile` from its parsed flags; returns the exit code.
@@ -517,6 +503,14 @@ fn exit_code(status: Option<ExitStatus>) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `memprof profile` parsed on its own.
+    #[derive(clap::Parser)]
+    #[command(name = "memprof profile")]
+    struct Raw {
+        #[command(flatten)]
+        args: Args,
+    }
 
     fn parse(v: &[&str]) -> Args {
         use clap::Parser as _;
