@@ -23,8 +23,25 @@ pub enum Style {
     Line,
     /// A dashed line (fits, predictions).
     Dashed,
-    /// Dots only (raw samples).
+    /// Small dots only (raw samples: thousands of them).
     Points,
+    /// Large dots (a handful of runs, each worth seeing).
+    Markers,
+    /// Large crosses (runs that failed, e.g. an OOM at its observed peak).
+    Crosses,
+}
+
+impl Style {
+    /// Whether the series is drawn as separate points (no line).
+    pub fn is_points(self) -> bool {
+        matches!(self, Style::Points | Style::Markers | Style::Crosses)
+    }
+}
+
+/// The colour of the `i`-th series when none is given (cycling), for a
+/// caller that wants two series in one colour (a fit and its dots).
+pub fn palette(i: usize) -> &'static str {
+    svg::PALETTE[i % svg::PALETTE.len()]
 }
 
 /// One named series of `(x, y)` points. Non-finite points are skipped.
@@ -36,6 +53,9 @@ pub struct Series {
     pub points: Vec<(f64, f64)>,
     /// How to draw it.
     pub style: Style,
+    /// An SVG colour (`#1f77b4`, see [`palette`]); None: the next colour of
+    /// the palette by the series' position.
+    pub color: Option<String>,
 }
 
 impl Series {
@@ -45,7 +65,13 @@ impl Series {
             name: name.into(),
             points,
             style,
+            color: None,
         }
+    }
+    /// The same series drawn in `color` (an SVG colour).
+    pub fn with_color(mut self, color: impl Into<String>) -> Self {
+        self.color = Some(color.into());
+        self
     }
 }
 
@@ -127,6 +153,16 @@ pub struct Heatmap {
     pub unit: Unit,
 }
 
+/// Drawing options of a [`LineChart`] beyond its data (kept out of the
+/// chart so that adding one changes no caller).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LineOptions {
+    /// Highest y shown: a line running past it (a fit extrapolated far out)
+    /// is clipped at the frame instead of squeezing the data into the bottom
+    /// of the chart. Ignored when it is not above the lowest value shown.
+    pub y_max: Option<f64>,
+}
+
 impl LineChart {
     /// The chart as a standalone SVG document, 800 × 450.
     pub fn to_svg(&self) -> String {
@@ -134,7 +170,11 @@ impl LineChart {
     }
     /// The chart as SVG at a given size in pixels.
     pub fn to_svg_sized(&self, width: f64, height: f64) -> String {
-        svg::line_chart(self, width, height)
+        svg::line_chart(self, width, height, &LineOptions::default())
+    }
+    /// The chart as SVG at a given size with drawing options.
+    pub fn to_svg_with(&self, width: f64, height: f64, opts: &LineOptions) -> String {
+        svg::line_chart(self, width, height, opts)
     }
     /// The chart drawn with braille dots in `cols` × `rows` characters.
     pub fn to_text(&self, cols: usize, rows: usize) -> String {

@@ -2,7 +2,7 @@
 //! elements, and no plotting crate would spare us the layout decisions.
 
 use super::axis::{extent, format_value, Axis, Unit};
-use super::{escape_xml as esc, finite, LineChart, StackedBars, Style};
+use super::{escape_xml as esc, finite, LineChart, LineOptions, StackedBars, Style};
 use std::fmt::Write as _;
 
 /// Series colours (Tableau 10 without its red, which marks events).
@@ -122,7 +122,7 @@ fn frame(out: &mut String, a: Area) {
 /// A legend entry: a swatch (line, dashes, dot or box) and its name.
 struct Entry {
     name: String,
-    color: &'static str,
+    color: String,
     kind: Swatch,
 }
 
@@ -131,6 +131,7 @@ enum Swatch {
     Line,
     Dashed,
     Dot,
+    Cross,
     Box,
 }
 
@@ -162,7 +163,7 @@ fn legend(out: &mut String, entries: &[Entry], left: f64, top: f64, width: f64) 
             y += 18.0;
         }
         let sx = left + x;
-        let c = e.color;
+        let c = &e.color;
         match e.kind {
             Swatch::Line => line(
                 out,
@@ -184,6 +185,7 @@ fn legend(out: &mut String, entries: &[Entry], left: f64, top: f64, width: f64) 
                     y - 4.0
                 );
             }
+            Swatch::Cross => cross(out, (sx + 13.0, y - 4.0), 4.0, c),
             Swatch::Box => {
                 let _ = write!(
                     out,
@@ -196,6 +198,86 @@ fn legend(out: &mut String, entries: &[Entry], left: f64, top: f64, width: f64) 
         text(out, sx + 32.0, y, "start", "", &e.name);
         x += w;
     }
+}
+
+/// An "x" of half-width `r` centred on `(cx, cy)`.
+fn cross(out: &mut String, (cx, cy): (f64, f64), r: f64, color: &str) {
+    let style = format!(r#"stroke="{color}" stroke-width="2.5" stroke-linecap="round""#);
+    line(out, (cx - r, cy - r), (cx + r, cy + r), &style);
+    line(out, (cx - r, cy + r), (cx + r, cy - r), &style);
+}
+
+/// Radius of a [`Style::Markers`] dot and half-width of a cross, pixels.
+pub(super) const MARKER_R: f64 = 5.0;
+
+/// Baselines of the labels of horizontal lines at pixel heights `pys`
+/// (11 px text, right-aligned at one x, so any vertical overlap is a
+/// collision): each sits just above its line; one that would overlap the
+/// label above it goes under its own line, or lower still.
+pub(super) fn hline_label_baselines(pys: &[f64]) -> Vec<f64> {
+    let mut order: Vec<usize> = (0..pys.len()).collect();
+    order.sort_by(|&i, &j| pys[i].total_cmp(&pys[j]));
+    let mut out = vec![0.0; pys.len()];
+    let mut prev_bottom = f64::NEG_INFINITY;
+    for i in order {
+        let above = pys[i] - 4.0;
+        let base = if above - LABEL_ASCENT < prev_bottom + 1.0 {
+            (pys[i] + 4.0 + LABEL_ASCENT).max(prev_bottom + 1.0 + LABEL_ASCENT)
+        } else {
+            above
+        };
+        out[i] = base;
+        prev_bottom = base + LABEL_DESCENT;
+    }
+    out
+}
+
+/// Extent of an 11 px label above and below its baseline.
+pub(super) const LABEL_ASCENT: f64 = 10.0;
+pub(super) const LABEL_DESCENT: f64 = 3.0;
+
+/// The labelled horizontal lines, labels kept apart.
+fn hlines(out: &mut String, a: Area, y: &Axis, lines: &[super::HLine], unit: Unit) {
+    let pys: Vec<f64> = lines.iter().map(|l| a.py(y, l.y)).collect();
+    let bases = hline_label_baselines(&pys);
+    for ((l, py), base) in lines.iter().zip(pys).zip(bases) {
+        line(
+            out,
+            (a.left, py),
+            (a.right, py),
+            &format!(r#"stroke="{HLINE}" stroke-width="1.5" stroke-dasharray="8 4""#),
+        );
+        let label = format!("{} {}", l.label, format_value(l.y, unit));
+        text(
+            out,
+            a.right - 4.0,
+            base,
+            "end",
+            r#" font-size="11""#,
+            &label,
+        );
+    }
+}
+
+/// Stands for the clip path's id until the chart is complete; control
+/// characters never survive escaping, so no user text can contain it.
+const CLIP_ID: &str = "\u{1}clip";
+
+/// A 64-bit FNV-1a hash: the clip id follows the chart's content, so two
+/// different charts in one HTML page never share one, and the same chart
+/// always gets the same id (reproducible files).
+fn fnv1a(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// `lo..hi` widened by `frac` of its length on each side (not below 0 when
+/// it started at or above 0), so markers stay off the frame.
+fn pad(lo: f64, hi: f64, frac: f64) -> (f64, f64) {
+    let p = (hi - lo).abs().max(hi.abs() * 0.05) * frac;
+    let new_lo = if lo >= 0.0 { (lo - p).max(0.0) } else { lo - p };
+    (new_lo, hi + p)
 }
 
 /// Keeps, per pixel column, the first, lowest, highest and last point: the
@@ -283,7 +365,7 @@ fn mark_places(
     places
 }
 
-pub fn line_chart(c: &LineChart, w: f64, h: f64) -> String {
+pub fn line_chart(c: &LineChart, w: f64, h: f64, opts: &LineOptions) -> String {
     let xs = c
         .series
         .iter()
@@ -295,14 +377,26 @@ pub fn line_chart(c: &LineChart, w: f64, h: f64) -> String {
         .flat_map(|s| finite(&s.points).map(|p| p.1))
         .chain(c.hlines.iter().map(|l| l.y));
     let has_data = c.series.iter().any(|s| finite(&s.points).next().is_some());
-    let (x0, x1) = extent(xs).unwrap_or((0.0, 1.0));
-    let (y0, y1) = extent(ys).unwrap_or((0.0, 1.0));
+    let (mut x0, mut x1) = extent(xs).unwrap_or((0.0, 1.0));
+    let (y0, mut y1) = extent(ys).unwrap_or((0.0, 1.0));
     // Memory, time and percentages are read from zero.
-    let y0 = if c.y_unit == Unit::Plain {
+    let mut y0 = if c.y_unit == Unit::Plain {
         y0
     } else {
         y0.min(0.0)
     };
+    if let Some(m) = opts.y_max.filter(|m| m.is_finite() && *m > y0) {
+        y1 = y1.min(m);
+    }
+    // Big markers on the frame would be cut in half; line charts keep their
+    // tight x range (time from the first to the last sample).
+    if c.series.iter().any(|s| {
+        matches!(s.style, Style::Markers | Style::Crosses)
+            || (s.style == Style::Points && c.series.iter().all(|t| t.style.is_points()))
+    }) {
+        (x0, x1) = pad(x0, x1, 0.04);
+        (y0, y1) = pad(y0, y1, 0.04);
+    }
     let x = Axis::new(x0, x1, c.x_unit, 8);
     let y = Axis::new(y0, y1 + (y1 - y0) * 0.02, c.y_unit, 8);
 
@@ -312,17 +406,18 @@ pub fn line_chart(c: &LineChart, w: f64, h: f64) -> String {
         .enumerate()
         .map(|(i, s)| Entry {
             name: s.name.clone(),
-            color: color(i),
+            color: series_color(s, i),
             kind: match s.style {
                 Style::Line => Swatch::Line,
                 Style::Dashed => Swatch::Dashed,
-                Style::Points => Swatch::Dot,
+                Style::Points | Style::Markers => Swatch::Dot,
+                Style::Crosses => Swatch::Cross,
             },
         })
         .collect();
     entries.extend(c.hlines.iter().map(|l| Entry {
         name: l.label.clone(),
-        color: HLINE,
+        color: HLINE.into(),
         kind: Swatch::Dashed,
     }));
     let rows = legend_rows(&entries, w - 100.0);
@@ -340,7 +435,7 @@ pub fn line_chart(c: &LineChart, w: f64, h: f64) -> String {
     open(&mut out, w, h, &c.title);
     let _ = write!(
         out,
-        r#"<defs><clipPath id="plot"><rect x="{:.1}" y="{:.1}" width="{:.1}" height="{:.1}"/></clipPath></defs>"#,
+        r#"<defs><clipPath id="{CLIP_ID}"><rect x="{:.1}" y="{:.1}" width="{:.1}" height="{:.1}"/></clipPath></defs>"#,
         a.left,
         a.top,
         a.right - a.left,
@@ -359,30 +454,13 @@ pub fn line_chart(c: &LineChart, w: f64, h: f64) -> String {
             "no data",
         );
     }
-    out.push_str(r#"<g clip-path="url(#plot)">"#);
-    for l in &c.hlines {
-        let py = a.py(&y, l.y);
-        line(
-            &mut out,
-            (a.left, py),
-            (a.right, py),
-            &format!(r#"stroke="{HLINE}" stroke-width="1.5" stroke-dasharray="8 4""#),
-        );
-        let label = format!("{} {}", l.label, format_value(l.y, c.y_unit));
-        text(
-            &mut out,
-            a.right - 4.0,
-            py - 4.0,
-            "end",
-            r#" font-size="11""#,
-            &label,
-        );
-    }
+    let _ = write!(out, r#"<g clip-path="url(#{CLIP_ID})">"#);
+    hlines(&mut out, a, &y, &c.hlines, c.y_unit);
     for (i, s) in c.series.iter().enumerate() {
         let pts: Vec<(f64, f64)> = finite(&s.points)
             .map(|(px, py)| (a.px(&x, px), a.py(&y, py)))
             .collect();
-        let col = color(i);
+        let col = series_color(s, i);
         match s.style {
             Style::Line => path(
                 &mut out,
@@ -400,6 +478,19 @@ pub fn line_chart(c: &LineChart, w: f64, h: f64) -> String {
                         out,
                         r#"<circle cx="{px:.1}" cy="{py:.1}" r="1.6" fill="{col}"/>"#
                     );
+                }
+            }
+            Style::Markers => {
+                for (px, py) in decimate(&pts) {
+                    let _ = write!(
+                        out,
+                        r##"<circle cx="{px:.1}" cy="{py:.1}" r="{MARKER_R}" fill="{col}" stroke="#ffffff" stroke-width="1"/>"##
+                    );
+                }
+            }
+            Style::Crosses => {
+                for p in decimate(&pts) {
+                    cross(&mut out, p, MARKER_R, &col);
                 }
             }
         }
@@ -439,7 +530,12 @@ pub fn line_chart(c: &LineChart, w: f64, h: f64) -> String {
     }
     legend(&mut out, &entries, a.left, a.bottom + 56.0, w - 100.0);
     out.push_str("</svg>\n");
-    out
+    let id = format!("plot-{:016x}", fnv1a(&out));
+    out.replace(CLIP_ID, &id)
+}
+
+fn series_color(s: &super::Series, i: usize) -> String {
+    s.color.clone().unwrap_or_else(|| color(i).to_string())
 }
 
 pub fn stacked_bars(c: &StackedBars, w: f64, h: f64) -> String {
@@ -471,13 +567,13 @@ pub fn stacked_bars(c: &StackedBars, w: f64, h: f64) -> String {
         .enumerate()
         .map(|(i, (name, _))| Entry {
             name: name.clone(),
-            color: color(i),
+            color: color(i).into(),
             kind: Swatch::Box,
         })
         .collect();
     entries.extend(c.hlines.iter().map(|l| Entry {
         name: l.label.clone(),
-        color: HLINE,
+        color: HLINE.into(),
         kind: Swatch::Dashed,
     }));
     let rows = legend_rows(&entries, w - 100.0);
@@ -523,24 +619,7 @@ pub fn stacked_bars(c: &StackedBars, w: f64, h: f64) -> String {
             text(&mut out, cx, a.bottom + 16.0, "middle", "", cat);
         }
     }
-    for l in &c.hlines {
-        let py = a.py(&y, l.y);
-        line(
-            &mut out,
-            (a.left, py),
-            (a.right, py),
-            &format!(r#"stroke="{HLINE}" stroke-width="1.5" stroke-dasharray="8 4""#),
-        );
-        let label = format!("{} {}", l.label, format_value(l.y, c.y_unit));
-        text(
-            &mut out,
-            a.right - 4.0,
-            py - 4.0,
-            "end",
-            r#" font-size="11""#,
-            &label,
-        );
-    }
+    hlines(&mut out, a, &y, &c.hlines, c.y_unit);
     let cx = (a.left + a.right) / 2.0;
     text(
         &mut out,

@@ -348,3 +348,207 @@ fn gallery() {
     write("heat.svg", heat.to_svg());
     write("heat.txt", heat.to_text(100, 20));
 }
+
+/// The plot frame of a line chart: (left, top, right, bottom).
+fn frame_of(svg: &str) -> (f64, f64, f64, f64) {
+    let doc = roxmltree::Document::parse(svg).unwrap();
+    let r = doc
+        .descendants()
+        .find(|n| n.has_tag_name("rect") && n.attribute("stroke") == Some("#888888"))
+        .expect("frame");
+    let f = |k: &str| r.attribute(k).unwrap().parse::<f64>().unwrap();
+    (f("x"), f("y"), f("x") + f("width"), f("y") + f("height"))
+}
+
+fn few_runs(style: Style) -> LineChart {
+    LineChart {
+        title: "Memory vs step time".into(),
+        x_label: "median step time".into(),
+        x_unit: Unit::Seconds,
+        y_label: "peak".into(),
+        y_unit: Unit::Bytes,
+        series: vec![Series::new(
+            "runs",
+            vec![(0.2, 10.0 * GIB), (0.3, 20.0 * GIB), (0.4, 40.0 * GIB)],
+            style,
+        )],
+        ..Default::default()
+    }
+}
+
+#[test]
+fn each_chart_clips_to_its_own_id_so_charts_share_a_page() {
+    let a = memory_chart().to_svg();
+    let mut other = memory_chart();
+    other.title = "another chart".into();
+    let b = other.to_svg();
+    let id = |svg: &str| {
+        let doc = roxmltree::Document::parse(svg).unwrap();
+        let clip = doc
+            .descendants()
+            .find(|n| n.has_tag_name("clipPath"))
+            .and_then(|n| n.attribute("id"))
+            .unwrap()
+            .to_string();
+        let users: Vec<String> = doc
+            .descendants()
+            .filter_map(|n| n.attribute("clip-path"))
+            .map(String::from)
+            .collect();
+        assert_eq!(users, vec![format!("url(#{clip})")], "{svg}");
+        clip
+    };
+    assert_ne!(id(&a), id(&b));
+    assert_ne!(id(&a), "plot");
+    assert_eq!(a, memory_chart().to_svg(), "the same chart, the same file");
+}
+
+#[test]
+fn markers_are_big_dots_points_stay_small() {
+    let radii = |svg: &str| -> Vec<String> {
+        let doc = roxmltree::Document::parse(svg).unwrap();
+        doc.descendants()
+            .filter(|n| n.has_tag_name("circle") && n.attribute("r") != Some("3.5"))
+            .map(|n| n.attribute("r").unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(radii(&few_runs(Style::Markers).to_svg()), ["5"; 3]);
+    assert_eq!(radii(&few_runs(Style::Points).to_svg()), ["1.6"; 3]);
+    let crosses = few_runs(Style::Crosses).to_svg();
+    assert!(radii(&crosses).is_empty());
+    // Two strokes per cross, plus the legend's.
+    assert!(crosses.matches("stroke-linecap=\"round\"").count() >= 6);
+}
+
+#[test]
+fn a_series_given_a_colour_is_drawn_and_keyed_in_it() {
+    let mut c = few_runs(Style::Markers);
+    c.series.push(
+        Series::new(
+            "fit",
+            vec![(0.2, 10.0 * GIB), (0.4, 40.0 * GIB)],
+            Style::Dashed,
+        )
+        .with_color(palette(0)),
+    );
+    let svg = c.to_svg();
+    // Both series (and their legend swatches) in the first palette colour,
+    // none in the second, which the fit would get by position.
+    assert!(svg.matches(palette(0)).count() >= 5, "{svg}");
+    assert!(!svg.contains(palette(1)), "{svg}");
+}
+
+#[test]
+fn y_max_caps_the_axis_and_the_line_is_clipped() {
+    let c = LineChart {
+        title: "Peak reserved vs BATCH_SIZE".into(),
+        x_label: "BATCH_SIZE".into(),
+        y_label: "peak memory".into(),
+        y_unit: Unit::Bytes,
+        series: vec![Series::new(
+            "fit",
+            vec![(0.0, 10.0 * GIB), (64.0, 350.0 * GIB)],
+            Style::Dashed,
+        )],
+        hlines: vec![HLine {
+            y: 79.2 * GIB,
+            label: "device total".into(),
+        }],
+        ..Default::default()
+    };
+    let capped = c.to_svg_with(
+        800.0,
+        450.0,
+        &LineOptions {
+            y_max: Some(99.0 * GIB),
+        },
+    );
+    let ticks = |svg: &str| texts(svg).lines().any(|l| l == "300");
+    assert!(ticks(&c.to_svg()), "uncapped reaches 350 GiB");
+    assert!(!ticks(&capped), "{capped}");
+    assert!(texts(&capped).lines().any(|l| l == "100"));
+    assert!(capped.contains("clip-path"));
+}
+
+#[test]
+fn close_hline_labels_never_overlap() {
+    let c = LineChart {
+        title: "two close limits".into(),
+        y_unit: Unit::Bytes,
+        series: vec![Series::new(
+            "x",
+            vec![(0.0, 10.0 * GIB), (9.0, 350.0 * GIB)],
+            Style::Line,
+        )],
+        hlines: vec![
+            HLine {
+                y: 79.2 * GIB,
+                label: "device total".into(),
+            },
+            HLine {
+                y: 71.3 * GIB,
+                label: "limit (10% headroom)".into(),
+            },
+        ],
+        ..Default::default()
+    };
+    let svg = c.to_svg();
+    let doc = roxmltree::Document::parse(&svg).unwrap();
+    let y_of = |label: &str| {
+        doc.descendants()
+            .find(|n| n.has_tag_name("text") && n.text().is_some_and(|t| t.starts_with(label)))
+            .and_then(|n| n.attribute("y"))
+            .unwrap()
+            .parse::<f64>()
+            .unwrap()
+    };
+    // Right-aligned at one x: boxes overlap unless their heights do not.
+    let h = super::svg::LABEL_ASCENT + super::svg::LABEL_DESCENT;
+    let (a, b) = (y_of("device total"), y_of("limit (10%"));
+    assert!((a - b).abs() >= h, "{a} {b}\n{svg}");
+    // The same for any spacing, including equal lines.
+    for gap in [0.0, 2.0, 5.0, 9.0, 14.0, 30.0] {
+        let pys = [100.0 + gap, 100.0, 100.0 + gap / 2.0];
+        let mut bases = super::svg::hline_label_baselines(&pys);
+        bases.sort_by(f64::total_cmp);
+        assert!(
+            bases.windows(2).all(|w| w[1] - w[0] >= h),
+            "{gap}: {bases:?}"
+        );
+    }
+    // Far-apart lines keep their labels just above them.
+    assert_eq!(
+        super::svg::hline_label_baselines(&[50.0, 200.0]),
+        vec![46.0, 196.0]
+    );
+}
+
+#[test]
+fn markers_stay_off_the_frame_lines_keep_a_tight_x_range() {
+    let svg = few_runs(Style::Markers).to_svg();
+    let (left, top, right, bottom) = frame_of(&svg);
+    let doc = roxmltree::Document::parse(&svg).unwrap();
+    for c in doc
+        .descendants()
+        .filter(|n| n.has_tag_name("circle") && n.attribute("r") == Some("5"))
+    {
+        let cx: f64 = c.attribute("cx").unwrap().parse().unwrap();
+        let cy: f64 = c.attribute("cy").unwrap().parse().unwrap();
+        assert!(cx - 5.0 > left && cx + 5.0 < right, "{cx} {left} {right}");
+        assert!(cy - 5.0 > top && cy + 5.0 < bottom, "{cy} {top} {bottom}");
+    }
+    let line = few_runs(Style::Line).to_svg();
+    let (left, _, right, _) = frame_of(&line);
+    let d = roxmltree::Document::parse(&line)
+        .unwrap()
+        .descendants()
+        .find(|n| n.has_tag_name("path"))
+        .and_then(|n| n.attribute("d").map(String::from))
+        .unwrap();
+    let xs: Vec<f64> = d
+        .split(['M', 'L'])
+        .filter_map(|p| p.trim().split(',').next()?.parse().ok())
+        .collect();
+    assert!((xs[0] - left).abs() < 0.11, "{d}");
+    assert!((xs[xs.len() - 1] - right).abs() < 0.11, "{d}");
+}

@@ -161,7 +161,7 @@ pub fn line_chart(c: &LineChart, cols: usize, rows: usize) -> String {
     for s in &c.series {
         let pts: Vec<(i64, i64)> = finite(&s.points).map(|(a, b)| (dx(a), dy(b))).collect();
         match s.style {
-            Style::Points => pts.iter().for_each(|&(a, b)| cv.dot(a, b)),
+            st if st.is_points() => pts.iter().for_each(|&(a, b)| cv.dot(a, b)),
             style => {
                 if let [only] = pts[..] {
                     cv.dot(only.0, only.1);

@@ -8,7 +8,10 @@ use crate::api::format_bytes;
 use crate::cli::sweep::model::{Metric, Model};
 use crate::cli::sweep::output::SweepResult;
 use crate::cli::sweep::record::{parts, RunRecord, Status};
-use crate::plot::{escape_xml as esc, HLine, LineChart, Mark, Series, StackedBars, Style, Unit};
+use crate::plot::{
+    escape_xml as esc, palette, HLine, LineChart, LineOptions, Mark, Series, StackedBars, Style,
+    Unit,
+};
 use std::fmt::Write as _;
 
 /// Most groups (combinations of the other variables) drawn in one peak chart.
@@ -45,7 +48,7 @@ pub fn render(r: &SweepResult) -> String {
                 &mut out,
                 &id,
                 n,
-                &peak_chart(r, var, &ms).to_svg(),
+                &peak_chart(r, var, &ms).to_svg_with(800.0, 450.0, &peak_options(&ms)),
                 &peak_caption(&ms),
             );
         }
@@ -106,14 +109,6 @@ fn recommendations(out: &mut String, r: &SweepResult) {
 }
 
 fn figure(out: &mut String, id: &str, n: usize, svg: &str, caption: &str) {
-    // Every chart's SVG names its clip path "plot": made unique per figure,
-    // or each chart in one document would clip to the first one's area.
-    let svg = svg
-        .replace("id=\"plot\"", &format!("id=\"{id}-clip\""))
-        .replace("url(#plot)", &format!("url(#{id}-clip)"))
-        // The plot's dots are sized for thousands of samples; a sweep has a
-        // handful of runs, each worth seeing.
-        .replace("r=\"1.6\"", "r=\"5\"");
     let _ = writeln!(
         out,
         "<figure id=\"{}\">{svg}<figcaption>Figure {n}. {}</figcaption></figure>",
@@ -141,7 +136,10 @@ fn peak_chart(r: &SweepResult, var: &str, ms: &[&Model]) -> LineChart {
     // Each group's line then its dots, so they sit together in the legend.
     let mut series = vec![];
     let mut ooms: Vec<(f64, Vec<String>)> = vec![];
-    for m in ms.iter().take(MAX_GROUPS) {
+    let mut oom_peaks = vec![];
+    for (k, m) in ms.iter().take(MAX_GROUPS).enumerate() {
+        // A group's line and dots share a colour.
+        let col = palette(k);
         let g = group_name(m);
         let suffix = if g.is_empty() {
             String::new()
@@ -157,27 +155,39 @@ fn peak_chart(r: &SweepResult, var: &str, ms: &[&Model]) -> LineChart {
                 .chain(m.next_up);
             let lo = xs.clone().fold(f64::INFINITY, f64::min).min(0.0);
             let hi = xs.fold(f64::NEG_INFINITY, f64::max);
-            series.push(Series::new(
-                format!(
-                    "fit: {} + {} × {var}{suffix}",
-                    format_bytes(f.static_bytes.max(0.0) as u64),
-                    format_bytes(f.per_unit_bytes.max(0.0) as u64)
-                ),
-                vec![(lo, f.predict(lo)), (hi, f.predict(hi))],
-                Style::Dashed,
-            ));
+            series.push(
+                Series::new(
+                    format!(
+                        "fit: {} + {} × {var}{suffix}",
+                        format_bytes(f.static_bytes.max(0.0) as u64),
+                        format_bytes(f.per_unit_bytes.max(0.0) as u64)
+                    ),
+                    vec![(lo, f.predict(lo)), (hi, f.predict(hi))],
+                    Style::Dashed,
+                )
+                .with_color(col),
+            );
         }
-        series.push(Series::new(
-            format!("observed{suffix}"),
-            m.points.clone(),
-            Style::Points,
-        ));
+        series.push(
+            Series::new(
+                format!("observed{suffix}"),
+                m.points.clone(),
+                Style::Markers,
+            )
+            .with_color(col),
+        );
+        oom_peaks.extend(oom_points(r, var, m));
         for &x in &m.oom_values {
             match ooms.iter_mut().find(|(o, _)| *o == x) {
                 Some((_, gs)) => gs.push(g.clone()),
                 None => ooms.push((x, vec![g.clone()])),
             }
         }
+    }
+    if !oom_peaks.is_empty() {
+        series.push(
+            Series::new("OOM (observed peak)", oom_peaks, Style::Crosses).with_color(OOM_COLOR),
+        );
     }
     let marks = ooms
         .into_iter()
@@ -208,6 +218,36 @@ fn peak_chart(r: &SweepResult, var: &str, ms: &[&Model]) -> LineChart {
     }
 }
 
+/// Red, as the OOM marks.
+const OOM_COLOR: &str = "#d62728";
+
+/// `(value, observed peak)` of the runs of group `m` that hit an OOM and
+/// reported a peak before dying.
+fn oom_points(r: &SweepResult, var: &str, m: &Model) -> Vec<(f64, f64)> {
+    r.runs
+        .iter()
+        .filter(|x| x.status == Some(Status::Oom))
+        .filter(|x| m.fixed.iter().all(|(k, v)| x.values.get(k) == Some(v)))
+        .filter_map(|x| {
+            let v: f64 = x.values.get(var)?.parse().ok()?;
+            Some((v, r.metric.of(x)? as f64))
+        })
+        .collect()
+}
+
+/// The y axis stops at 1.25 × the device total: a fit extrapolated to the
+/// largest value tried would otherwise squeeze the measured region (under
+/// the device total) into the bottom of the chart; the line is clipped.
+fn peak_options(ms: &[&Model]) -> LineOptions {
+    let total = ms
+        .iter()
+        .filter_map(|m| m.device_total_bytes)
+        .reduce(f64::max);
+    LineOptions {
+        y_max: total.map(|t| t * 1.25),
+    }
+}
+
 /// The device total (optionally) and the headroom target; the plot adds
 /// each line's value to its label.
 fn limit_lines(total: f64, headroom: f64, with_total: bool) -> Vec<HLine> {
@@ -226,7 +266,7 @@ fn limit_lines(total: f64, headroom: f64, with_total: bool) -> Vec<HLine> {
 }
 
 fn peak_caption(ms: &[&Model]) -> String {
-    let mut c = "Dots: runs that ended ok; dashed: the least-squares line; red marks: runs that hit a CUDA OOM.".to_string();
+    let mut c = "Dots: runs that ended ok; dashed: the least-squares line (same colour as its dots, cut off above 1.25 × the device total); red crosses: the observed peak of runs that hit a CUDA OOM, when they reported one; red marks: every value whose run hit an OOM.".to_string();
     if ms.len() > MAX_GROUPS {
         let _ = write!(
             c,
@@ -326,13 +366,13 @@ fn tradeoff_chart(r: &SweepResult) -> LineChart {
         .collect();
     let series = if pts.len() <= MAX_NAMED {
         pts.into_iter()
-            .map(|(l, p)| Series::new(l, vec![p], Style::Points))
+            .map(|(l, p)| Series::new(l, vec![p], Style::Markers))
             .collect()
     } else {
         vec![Series::new(
             "runs",
             pts.into_iter().map(|(_, p)| p).collect(),
-            Style::Points,
+            Style::Markers,
         )]
     };
     let total = r.runs.iter().filter_map(|x| x.device_total_bytes).max();
@@ -466,5 +506,35 @@ mod tests {
         assert!(doc.contains("<tr class=\"oom\">"));
         assert!(!doc.contains("<script"));
         assert_eq!(doc.matches("<svg").count(), 3, "peak, breakdown, trade-off");
+    }
+
+    #[test]
+    fn a_group_fit_and_dots_share_a_colour_ooms_are_crossed_and_the_axis_is_capped() {
+        let mut oom = run("64", Status::Oom, Some(15_000_000_000));
+        oom.device_total_bytes = Some(16_000_000_000);
+        let r = result(vec![
+            run("1", Status::Ok, Some(3_000_000_000)),
+            run("2", Status::Ok, Some(4_000_000_000)),
+            oom,
+        ]);
+        let c = peak_chart(&r, "B", &r.models.iter().collect::<Vec<_>>());
+        let colours: Vec<Option<&str>> = c.series.iter().map(|s| s.color.as_deref()).collect();
+        assert_eq!(colours[0], colours[1], "fit and dots of one group");
+        assert_eq!(c.series[1].style, Style::Markers);
+        let crosses = c.series.last().unwrap();
+        assert_eq!(crosses.style, Style::Crosses);
+        assert_eq!(crosses.points, vec![(64.0, 15e9)]);
+        let y_max = peak_options(&r.models.iter().collect::<Vec<_>>()).y_max;
+        assert_eq!(y_max, Some(16e9 * 1.25));
+        // Three charts, three clip paths, no two alike.
+        let doc = render(&r);
+        let mut ids: Vec<&str> = doc
+            .split("<clipPath id=\"")
+            .skip(1)
+            .map(|s| &s[..s.find('"').unwrap()])
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        assert_eq!(ids.len(), doc.matches("<clipPath").count());
     }
 }
