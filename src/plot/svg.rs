@@ -248,12 +248,13 @@ fn hlines(out: &mut String, a: Area, y: &Axis, lines: &[super::HLine], unit: Uni
             &format!(r#"stroke="{HLINE}" stroke-width="1.5" stroke-dasharray="8 4""#),
         );
         let label = format!("{} {}", l.label, format_value(l.y, unit));
+        // A white halo keeps the label readable over marks and data.
         text(
             out,
             a.right - 4.0,
             base,
             "end",
-            r#" font-size="11""#,
+            r##" font-size="11" stroke="#ffffff" stroke-width="3" paint-order="stroke""##,
             &label,
         );
     }
