@@ -346,6 +346,57 @@ fn gallery() {
         unit: Unit::Bytes,
     };
     write("heat.svg", heat.to_svg());
+    // A sweep's peak chart: few runs as markers, a fit in their colour
+    // running far past the device, OOM crosses, two close limit lines.
+    let total = 79.2 * GIB;
+    let sweep = LineChart {
+        title: "Peak reserved vs BATCH_SIZE".into(),
+        x_label: "BATCH_SIZE".into(),
+        y_label: "peak memory".into(),
+        y_unit: Unit::Bytes,
+        series: vec![
+            Series::new(
+                "fit",
+                vec![(0.0, 2.1 * GIB), (64.0, 340.0 * GIB)],
+                Style::Dashed,
+            )
+            .with_color(palette(0)),
+            Series::new(
+                "observed",
+                vec![(2.0, 12.7 * GIB), (4.0, 23.2 * GIB), (8.0, 44.3 * GIB)],
+                Style::Markers,
+            )
+            .with_color(palette(0)),
+            Series::new(
+                "OOM (observed peak)",
+                vec![(16.0, 78.4 * GIB), (32.0, 78.0 * GIB), (64.0, 77.9 * GIB)],
+                Style::Crosses,
+            )
+            .with_color("#d62728"),
+        ],
+        hlines: vec![
+            HLine {
+                y: total,
+                label: "device total".into(),
+            },
+            HLine {
+                y: total * 0.97,
+                label: "limit (3% headroom)".into(),
+            },
+        ],
+        marks: [16.0, 32.0, 64.0]
+            .map(|x| Mark {
+                x,
+                label: "OOM".into(),
+            })
+            .to_vec(),
+        ..Default::default()
+    };
+    let capped = LineOptions {
+        y_max: Some(total * 1.25),
+    };
+    write("sweep.svg", sweep.to_svg_with(800.0, 450.0, &capped));
+    write("scatter.svg", few_runs(Style::Markers).to_svg());
     write("heat.txt", heat.to_text(100, 20));
 }
 
