@@ -185,7 +185,14 @@ impl KubeArgs {
             Some(path) => Some(Kubeconfig::read_from(path).map_err(|e| {
                 CliError::NoConfig(format!("cannot read kubeconfig {}: {e}", path.display()))
             })?),
-            None => Kubeconfig::read().ok(),
+            None => match std::env::var_os("KUBECONFIG") {
+                // A kubeconfig the user named but we cannot read is an
+                // error to show, not a reason to try the in-cluster config.
+                Some(v) if std::env::split_paths(&v).any(|p| !p.as_os_str().is_empty()) => {
+                    Some(read_kubeconfig_env(&v)?)
+                }
+                _ => Kubeconfig::read().ok(),
+            },
         };
         match kubeconfig {
             Some(kc) => {
@@ -203,6 +210,28 @@ impl KubeArgs {
             )),
         }
     }
+}
+
+/// The kubeconfig files named by a `KUBECONFIG` value (a path list),
+/// merged as kubectl merges them; the error names the file that failed and
+/// the OS error (permission denied, no such file).
+fn read_kubeconfig_env(value: &std::ffi::OsStr) -> Result<Kubeconfig, CliError> {
+    let paths = std::env::split_paths(value).filter(|p| !p.as_os_str().is_empty());
+    paths
+        .into_iter()
+        .try_fold(Kubeconfig::default(), |merged, path| {
+            let named = |e: &dyn std::fmt::Display| {
+                CliError::NoConfig(format!(
+                    "cannot read kubeconfig {} (named by KUBECONFIG): {e}",
+                    path.display()
+                ))
+            };
+            let kc = Kubeconfig::read_from(&path).map_err(|e| match e {
+                kube::config::KubeconfigError::ReadConfig(io, _) => named(&io),
+                e => named(&error_chain(&e)),
+            })?;
+            merged.merge(kc).map_err(|e| named(&e))
+        })
 }
 
 fn check_context(kc: &Kubeconfig, context: Option<&str>) -> Result<(), CliError> {
@@ -361,6 +390,25 @@ mod tests {
         );
         assert!(text.contains("kubectl apply -f crds/"), "{text}");
         assert!(text.contains("install the chart"), "{text}");
+    }
+
+    #[test]
+    fn an_unreadable_kubeconfig_from_the_env_is_named_with_the_os_error() {
+        let dir = std::env::temp_dir().join(format!("memprof-kube-{}", std::process::id()));
+        let missing = dir.join("no-such-kubeconfig");
+        let err = read_kubeconfig_env(missing.as_os_str())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(&missing.display().to_string()), "{err}");
+        assert!(err.contains("KUBECONFIG"), "{err}");
+        assert!(err.contains("No such file or directory"), "{err}");
+        // A directory: read fails with the OS's words too.
+        let tmp = std::env::temp_dir();
+        let err = read_kubeconfig_env(tmp.as_os_str())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(&tmp.display().to_string()), "{err}");
+        assert!(err.contains("os error"), "{err}");
     }
 
     #[test]
