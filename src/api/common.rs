@@ -79,6 +79,9 @@ pub enum DataSource {
     Agent,
     /// The simulated backend (demos and tests): not a measurement of hardware.
     Sim,
+    /// A recorded trace replayed (`--backend trace`): what some backend
+    /// measured earlier, not live.
+    Trace,
 }
 
 impl std::fmt::Display for DataSource {
@@ -87,6 +90,7 @@ impl std::fmt::Display for DataSource {
             DataSource::Nvml => "nvml",
             DataSource::Agent => "agent",
             DataSource::Sim => "sim",
+            DataSource::Trace => "trace",
         })
     }
 }

@@ -156,8 +156,8 @@ impl TraceSampler {
 
 impl Sampler for TraceSampler {
     fn source(&self) -> DataSource {
-        // A trace replays what some backend recorded; as a source it is simulated input.
-        DataSource::Sim
+        // Recorded numbers, replayed: neither live nor simulated.
+        DataSource::Trace
     }
 
     fn gpus(&self) -> &[GpuInfo] {
@@ -191,6 +191,13 @@ mod tests {
 
     const TRACE: &str =
         "t_s,gpu,used_bytes,total_bytes\n0,0,10,100\n0,1,20,100\n1.5,0,30,100\n3,1,40,100\n";
+
+    #[test]
+    fn a_replayed_trace_says_it_is_a_recorded_trace() {
+        let s = TraceSampler::new(parse_trace(TRACE).unwrap());
+        assert_eq!(s.source(), DataSource::Trace);
+        assert_eq!(s.source().to_string(), "trace");
+    }
 
     #[test]
     fn parses_and_replays_in_time() {

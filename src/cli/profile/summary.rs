@@ -103,6 +103,7 @@ pub fn source_words(source: DataSource) -> &'static str {
         DataSource::Sim => "sim (simulated, not hardware)",
         DataSource::Agent => "agent (the trainer's allocator)",
         DataSource::Nvml => "nvml",
+        DataSource::Trace => "trace (a recorded trace, replayed)",
     }
 }
 
@@ -297,7 +298,7 @@ pub fn timeline(
         r.and_then(|r| r.gpus.iter().find(|g| g.index == i))
             .map_or(String::new(), |g| format!(" ({})", g.model))
     };
-    let simulated = r.is_some_and(|r| r.summary.source == DataSource::Sim);
+    let source = r.map(|r| r.summary.source);
     let hlines = totals
         .iter()
         .map(|(total, gpus)| HLine {
@@ -313,7 +314,11 @@ pub fn timeline(
     LineChart {
         title: format!(
             "GPU memory used while profiling{}",
-            if simulated { " (simulated data)" } else { "" }
+            match source {
+                Some(DataSource::Sim) => " (simulated data)",
+                Some(DataSource::Trace) => " (recorded trace)",
+                _ => "",
+            }
         ),
         x_label: "time since start".into(),
         x_unit: Unit::Seconds,
@@ -483,5 +488,10 @@ mod tests {
         assert!(c.title.contains("simulated"));
         assert_eq!(c.hlines[0].label, "total memory");
         assert_eq!(c.marks[0].label, "GPU 1 high");
+        // A replayed trace is recorded data, not a simulation.
+        let mut traced = report();
+        traced.summary.source = DataSource::Trace;
+        let c = timeline(&rows, &tr, &Devices::default(), Some(&traced));
+        assert!(c.title.ends_with("(recorded trace)"), "{}", c.title);
     }
 }
