@@ -8,6 +8,7 @@
 
 mod axis;
 mod heat;
+mod labels;
 mod svg;
 #[cfg(test)]
 mod tests;

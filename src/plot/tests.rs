@@ -554,13 +554,13 @@ fn close_hline_labels_never_overlap() {
             .unwrap()
     };
     // Right-aligned at one x: boxes overlap unless their heights do not.
-    let h = super::svg::LABEL_ASCENT + super::svg::LABEL_DESCENT;
+    let h = super::labels::LABEL_ASCENT + super::labels::LABEL_DESCENT;
     let (a, b) = (y_of("device total"), y_of("limit (10%"));
     assert!((a - b).abs() >= h, "{a} {b}\n{svg}");
     // The same for any spacing, including equal lines.
     for gap in [0.0, 2.0, 5.0, 9.0, 14.0, 30.0] {
         let pys = [100.0 + gap, 100.0, 100.0 + gap / 2.0];
-        let mut bases = super::svg::hline_label_baselines(&pys);
+        let mut bases = super::labels::hline_label_baselines(&pys);
         bases.sort_by(f64::total_cmp);
         assert!(
             bases.windows(2).all(|w| w[1] - w[0] >= h),
@@ -569,7 +569,7 @@ fn close_hline_labels_never_overlap() {
     }
     // Far-apart lines keep their labels just above them.
     assert_eq!(
-        super::svg::hline_label_baselines(&[50.0, 200.0]),
+        super::labels::hline_label_baselines(&[50.0, 200.0]),
         vec![46.0, 196.0]
     );
 }
