@@ -519,6 +519,7 @@ mod tests {
         ]);
         let c = peak_chart(&r, "B", &r.models.iter().collect::<Vec<_>>());
         let colours: Vec<Option<&str>> = c.series.iter().map(|s| s.color.as_deref()).collect();
+        assert!(colours[0].is_some());
         assert_eq!(colours[0], colours[1], "fit and dots of one group");
         assert_eq!(c.series[1].style, Style::Markers);
         let crosses = c.series.last().unwrap();
