@@ -38,8 +38,14 @@ log "trainer: leak ${LEAK_MBPS:-1000} MB/s after 8 s, ${HEADROOM_GB:-16} GB head
   --step-log "$OUT/train_steps.csv" --summary-json "$OUT/train_summary.json" \
   >"$OUT/train.log" 2>&1 &
 TRAIN=$!
-# Let CUDA come up so the profile sees the job from its first sample on.
-sleep 3
+# Let the trainer come up (imports, CUDA context: ~12 s on an H100 box) so
+# the 30 s window holds its steps, its leak and its OOM: wait for its first
+# logged step, at most 60 s.
+for _ in $(seq 120); do
+  [ -s "$OUT/train_steps.csv" ] && [ "$(wc -l <"$OUT/train_steps.csv")" -ge 2 ] && break
+  kill -0 "$TRAIN" 2>/dev/null || break
+  sleep 0.5
+done
 
 log "memprof profile --duration 30"
 "$BIN/memprof" profile --duration 30 --interval 200ms --thresholds "$THRESHOLDS" \
