@@ -10,8 +10,8 @@
 
 pub mod allocator;
 mod allocator_rollup;
-pub mod breakdown;
 pub mod batchfit;
+pub mod breakdown;
 mod fit;
 mod risk;
 mod rollup;
