@@ -14,7 +14,7 @@ import time
 from . import _summary
 from . import _torchread as tr
 from . import _watch
-from ._transport import OOM_CAP, SAMPLE_CAP, Transport, encode, log
+from ._transport import OOM_CAP, SAMPLE_CAP, Transport, encode
 
 DEFAULT_URL = "http://127.0.0.1:9464/v1/agent"
 DEFAULT_INTERVAL = 1.0
