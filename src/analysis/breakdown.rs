@@ -18,12 +18,12 @@ use crate::api::{
 
 /// Trainer processes per pod whose breakdown is kept (a node has at most 16 GPUs).
 pub const MAX_PROCESSES: usize = 16;
-/// Module types kept (one per [`ModuleType`]).
-pub const MAX_MODULE_TYPES: usize = 6;
-/// Flags kept.
-pub const MAX_FLAGS: usize = 16;
-/// Module phases kept.
-pub const MAX_PHASES: usize = 32;
+/// Module types kept (one per [`ModuleType`]): the push's bound.
+pub const MAX_MODULE_TYPES: usize = crate::agent::MAX_MODULE_TYPES;
+/// Flags kept: the push's bound.
+pub const MAX_FLAGS: usize = crate::agent::MAX_FLAGS;
+/// Module phases kept: the push's bound.
+pub const MAX_PHASES: usize = crate::agent::MAX_MODULE_PHASES;
 
 /// What a breakdown weighs: static plus activation bytes (what must fit).
 pub fn weight(b: &MemoryBreakdown) -> u64 {
@@ -157,18 +157,19 @@ pub fn moved(last: Option<&MemoryBreakdown>, now: Option<&MemoryBreakdown>, frac
         (Some(l), Some(n)) => (l, n),
         _ => return true,
     };
-    let shape = |b: &MemoryBreakdown| {
+    fn shape(b: &MemoryBreakdown) -> impl PartialEq + '_ {
         (
             b.pid,
             b.rank,
             b.total_parameters,
             b.trainable_parameters,
             b.batch_size,
-            b.flags.clone(),
+            // Borrowed: this runs at every analysis (each second), not only on pushes.
+            &b.flags,
             b.phases.len(),
             b.per_sample_gradients_bytes.is_some(),
         )
-    };
+    }
     if shape(last) != shape(now) {
         return true;
     }
@@ -386,5 +387,16 @@ mod tests {
         let b = rollup(&specs).unwrap();
         assert_eq!(b.rank, Some(0));
         assert!(serde_json::to_vec(&b).unwrap().len() < 16 * 1024);
+    }
+
+    #[test]
+    fn the_crd_bounds_are_the_push_bounds() {
+        // The schema's literals (src/api/report.rs) must say what is kept.
+        let schema = serde_json::to_value(schemars::schema_for!(MemoryBreakdown)).unwrap();
+        let max = |field: &str| schema["properties"][field]["maxItems"].as_u64();
+        assert_eq!(max("byModuleType"), Some(MAX_MODULE_TYPES as u64));
+        assert_eq!(max("flags"), Some(MAX_FLAGS as u64));
+        assert_eq!(max("phases"), Some(MAX_PHASES as u64));
+        assert_eq!(ModuleType::ALL.len(), MAX_MODULE_TYPES);
     }
 }
