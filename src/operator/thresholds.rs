@@ -28,6 +28,20 @@ pub const ANNOTATION_THRESHOLDS: &str = "memprof.dev/thresholds";
 const MAX_ANNOTATION: usize = 4096;
 /// Reason of the Warning Event for an invalid annotation.
 pub const REASON_INVALID: &str = "InvalidThresholds";
+/// Longest piece of the tenant's text (a key, the parser's words, which
+/// quote the value) an error repeats: the error goes into admission
+/// warnings, the status and an Event, and must keep its advice.
+const MAX_QUOTED: usize = 96;
+
+/// `s` cut to [`MAX_QUOTED`] bytes, marked with `...` when cut.
+fn quoted(s: &str) -> String {
+    let mut out = s.to_string();
+    if out.len() > MAX_QUOTED {
+        truncate_utf8(&mut out, MAX_QUOTED);
+        out.push_str("...");
+    }
+    out
+}
 
 /// Why a set of thresholds was refused. The message says what to do.
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -116,7 +130,7 @@ pub fn parse_overrides(
     let overrides: Map<String, Value> =
         serde_json::from_str(text).map_err(|e| ThresholdsError::NotJson {
             origin,
-            why: e.to_string(),
+            why: quoted(&e.to_string()),
         })?;
     let known = known_fields();
     for (field, value) in &overrides {
@@ -124,7 +138,7 @@ pub fn parse_overrides(
             let names: Vec<&str> = known.keys().map(String::as_str).collect();
             return Err(ThresholdsError::UnknownField {
                 origin,
-                field: field.clone(),
+                field: quoted(field),
                 known: names.join(", "),
             });
         }
@@ -354,5 +368,20 @@ mod tests {
         }
         assert!(parse_cluster(r#"{"bucketSeconds": -1}"#).is_err());
         assert_eq!(parse_cluster("").unwrap(), Map::new());
+    }
+
+    #[test]
+    fn a_long_annotation_is_not_repeated_in_the_error_which_keeps_its_advice() {
+        // Under MAX_ANNOTATION, so parsed: a long unknown key, and a long
+        // JSON string (the parser's message quotes the value).
+        let key = format!(r#"{{"{}": 1}}"#, "k".repeat(4000));
+        let string = format!(r#""{}""#, "s".repeat(4000));
+        for (text, advice) in [(key, "known fields: "), (string, "write e.g.")] {
+            let e = resolve(&Map::new(), Some(&text)).error.unwrap();
+            assert!(e.len() < 600, "{} bytes: {e}", e.len());
+            assert!(e.contains(advice), "{e}");
+            let st = resolve(&Map::new(), Some(&text)).status();
+            assert!(st.message.unwrap().ends_with("until it is fixed"));
+        }
     }
 }
