@@ -7,19 +7,24 @@ use crate::api::MemoryProfileStatus;
 use k8s_openapi::api::batch::v1::Job;
 use kube::ResourceExt;
 
-/// Containers reduced to their name and the literal values of env `env`
-/// (bounded: a value longer than 32 bytes is no batch size); containers without it are dropped.
+/// The first container whose env `env` holds a literal batch size (what
+/// [`batch_of`] reads), reduced to its name and that var; the others are
+/// dropped, so a Job of many containers costs the cache one (bounded: a
+/// value longer than 32 bytes is no batch size).
 pub(super) fn slim_containers(
     containers: Vec<k8s_openapi::api::core::v1::Container>,
     env: &str,
 ) -> Vec<k8s_openapi::api::core::v1::Container> {
+    let literal = |v: &k8s_openapi::api::core::v1::EnvVar| {
+        v.name == env
+            && v.value
+                .as_ref()
+                .is_some_and(|x| x.len() <= 32 && x.trim().parse::<u64>().is_ok())
+    };
     containers
         .into_iter()
         .filter_map(|c| {
-            let var = c
-                .env?
-                .into_iter()
-                .find(|v| v.name == env && v.value.as_ref().is_some_and(|x| x.len() <= 32))?;
+            let var = c.env?.into_iter().find(literal)?;
             Some(k8s_openapi::api::core::v1::Container {
                 name: c.name,
                 env: Some(vec![k8s_openapi::api::core::v1::EnvVar {
@@ -30,6 +35,7 @@ pub(super) fn slim_containers(
                 ..Default::default()
             })
         })
+        .take(1)
         .collect()
 }
 
@@ -90,4 +96,31 @@ pub fn with_batch_fit(
         breakdown,
         observations: &observations,
     }));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::slim_job;
+    use super::*;
+
+    #[test]
+    fn the_slim_job_keeps_one_container_however_many_set_the_batch_env() {
+        // 2,000 containers, each with the batch var: the first literal number wins.
+        let mut containers = vec![serde_json::json!({"name": "bad", "env": [
+            {"name": "BATCH_SIZE", "value": "-3"}]})];
+        containers.extend((0..2000).map(|i| {
+            serde_json::json!({"name": format!("c{i}"), "env": [
+                {"name": "BATCH_SIZE", "value": format!("{}", 16 + i)}]})
+        }));
+        let mut job: Job = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "j", "namespace": "ns"},
+            "spec": {"template": {"spec": {"containers": containers}}},
+        }))
+        .unwrap();
+        assert_eq!(batch_of(&job), Some(16));
+        slim_job(&mut job);
+        assert_eq!(batch_of(&job), Some(16));
+        let size = serde_json::to_string(&job).unwrap().len();
+        assert!(size < 512, "{size} bytes");
+    }
 }
