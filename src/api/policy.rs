@@ -400,3 +400,20 @@ impl RemediationPolicy {
         p
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fit_keeps_free_the_policys_headroom_percent_else_ten_and_at_most_ninety() {
+        let s = |p| ScaleBatchAction {
+            headroom_percent: p,
+            ..Default::default()
+        };
+        assert_eq!(s(None).headroom_fraction(), 0.10);
+        assert_eq!(s(Some(20)).headroom_fraction(), 0.20);
+        assert_eq!(s(Some(0)).headroom_fraction(), 0.0);
+        assert_eq!(s(Some(95)).headroom_fraction(), 0.90);
+    }
+}
