@@ -9,8 +9,7 @@
 
 use crate::api::RiskLevel;
 use crate::cli::profile::sidecar::{self, Sidecar};
-use crate::cli::profile::{summary, Backend, ProfileError};
-use std::path::PathBuf;
+use crate::cli::profile::{summary, ProfileError, SampleArgs};
 
 /// Exit status when the risk reached `--fail-on`.
 pub const REACHED: i32 = 3;
@@ -47,30 +46,8 @@ pub struct Args {
     /// (warning = medium or worse). Without it, only print.
     #[arg(long, value_enum)]
     pub fail_on: Option<FailOn>,
-    /// Stop after this many seconds (0: until interrupted).
-    #[arg(long, default_value_t = 0.0, value_name = "SECONDS")]
-    pub duration: f64,
-    /// Sampling interval, 10ms to 60s (e.g. `500ms`, `1s`).
-    #[arg(long, default_value = "1s")]
-    pub interval: String,
-    /// GPUs to watch, comma-separated NVML indices or UUIDs (default: all).
-    #[arg(long, value_delimiter = ',', value_name = "GPU,...")]
-    pub devices: Vec<String>,
-    /// Where samples come from.
-    #[arg(long, value_enum, default_value_t = Backend::Nvml)]
-    pub backend: Backend,
-    /// Scenario file for `--backend sim`.
-    #[arg(long, value_name = "FILE")]
-    pub scenario: Option<PathBuf>,
-    /// CSV trace for `--backend trace`.
-    #[arg(long, value_name = "FILE")]
-    pub trace: Option<PathBuf>,
-    /// Speed of simulated or replayed time relative to the wall clock.
-    #[arg(long, default_value_t = 1.0)]
-    pub speed: f64,
-    /// Analysis thresholds as JSON (camelCase fields).
-    #[arg(long)]
-    pub thresholds: Option<String>,
+    #[command(flatten)]
+    pub sample: SampleArgs,
 }
 
 /// Runs the subcommand; returns the process exit code.
@@ -83,17 +60,7 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
 
 /// Watches until the duration ends, Ctrl-C, or the risk reaches `--fail-on`.
 async fn monitor(args: Args) -> Result<i32, ProfileError> {
-    let profile = crate::cli::profile::Args {
-        devices: args.devices,
-        duration: args.duration,
-        interval: args.interval,
-        backend: args.backend,
-        scenario: args.scenario,
-        trace: args.trace,
-        speed: args.speed,
-        thresholds: args.thresholds,
-        ..Default::default()
-    };
+    let profile = args.sample;
     profile.check()?;
     let dir = std::env::temp_dir();
     let pid = std::process::id();
@@ -147,11 +114,45 @@ async fn monitor(args: Args) -> Result<i32, ProfileError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     #[test]
     fn fail_on_names_the_lowest_level_that_counts() {
         assert_eq!(FailOn::Warning.level(), RiskLevel::Medium);
         assert!(RiskLevel::Critical >= FailOn::High.level());
         assert!(RiskLevel::Medium < FailOn::Critical.level());
+    }
+
+    #[test]
+    fn the_sampling_flags_are_profiles_and_reach_the_sidecar() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            a: Args,
+        }
+        let a = <Cli as clap::Parser>::try_parse_from([
+            "oom",
+            "--monitor",
+            "--devices",
+            "0",
+            "--backend",
+            "trace",
+            "--trace",
+            "t.csv",
+            "--interval",
+            "500ms",
+        ])
+        .unwrap()
+        .a;
+        a.sample.check().unwrap();
+        let f = a
+            .sample
+            .sidecar_flags(Path::new("o.csv"), Path::new("r.json"));
+        let has = |k: &str, v: &str| f.windows(2).any(|w| w[0] == k && w[1] == v);
+        assert!(
+            has("--gpus", "0") && has("--trace", "t.csv") && has("--interval", "500ms"),
+            "{f:?}"
+        );
+        assert!(has("--speed", "1"), "--speed defaults to 1: {f:?}");
     }
 }

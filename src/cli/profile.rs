@@ -125,10 +125,11 @@ impl Backend {
     }
 }
 
-/// Flags of `memprof profile`.
+/// Where samples come from and how they are taken: the flags `memprof
+/// profile` and `memprof oom` share (both run a standalone sidecar with them).
 #[derive(Clone, Debug, Default, clap::Args)]
-pub struct Args {
-    /// GPUs to profile, comma-separated NVML indices or UUIDs (default: all this
+pub struct SampleArgs {
+    /// GPUs to watch, comma-separated NVML indices or UUIDs (default: all this
     /// machine's GPUs).
     #[arg(long, value_delimiter = ',', value_name = "GPU,...")]
     pub devices: Vec<String>,
@@ -138,16 +139,6 @@ pub struct Args {
     /// Sampling interval, 10ms to 60s (e.g. `100ms`, `1s`).
     #[arg(long, default_value = "1s")]
     pub interval: String,
-    /// Write the final report (the sidecar's MemoryReport spec) as JSON to this file.
-    #[arg(long, value_name = "FILE")]
-    pub output: Option<PathBuf>,
-    /// Draw every GPU's used memory over time, total memory and risk
-    /// transitions as SVG into this file.
-    #[arg(long, value_name = "FILE")]
-    pub plot: Option<PathBuf>,
-    /// Keep every sample as a CSV trace (what `memprof analyze` reads).
-    #[arg(long, value_name = "FILE")]
-    pub trace_out: Option<PathBuf>,
     /// Where samples come from.
     #[arg(long, value_enum, default_value_t = Backend::Nvml)]
     pub backend: Backend,
@@ -163,6 +154,23 @@ pub struct Args {
     /// Analysis thresholds as JSON (camelCase fields), e.g. `{"highTtoSeconds":900}`.
     #[arg(long)]
     pub thresholds: Option<String>,
+}
+
+/// Flags of `memprof profile`.
+#[derive(Clone, Debug, Default, clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    pub sample: SampleArgs,
+    /// Write the final report (the sidecar's MemoryReport spec) as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    /// Draw every GPU's used memory over time, total memory and risk
+    /// transitions as SVG into this file.
+    #[arg(long, value_name = "FILE")]
+    pub plot: Option<PathBuf>,
+    /// Keep every sample as a CSV trace (what `memprof analyze` reads).
+    #[arg(long, value_name = "FILE")]
+    pub trace_out: Option<PathBuf>,
     /// Address of the sidecar's endpoints (default: a free loopback port).
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<String>,
@@ -179,7 +187,7 @@ pub struct Args {
     pub command: Vec<String>,
 }
 
-impl Args {
+impl SampleArgs {
     /// The flags of `memprof-sidecar --standalone` these ask for (without
     /// `--listen`).
     pub fn sidecar_flags(&self, trace_out: &Path, output: &Path) -> Vec<String> {
@@ -226,12 +234,6 @@ impl Args {
         if let Err(e) = crate::webhook::parse_interval(&self.interval) {
             return usage(format!("--interval: {e}"));
         }
-        if let Some(p) = self.plot.as_deref().filter(|p| !is_svg(p)) {
-            return usage(format!(
-                "--plot {}: name a .svg file (rasterise it with `rsvg-convert -o F.png F.svg`)",
-                p.display()
-            ));
-        }
         if !(self.duration >= 0.0 && self.duration.is_finite()) {
             return usage("--duration must be 0 or more seconds".into());
         }
@@ -243,6 +245,20 @@ impl Args {
                 usage("--backend trace needs --trace FILE".into())
             }
             _ => Ok(()),
+        }
+    }
+}
+
+impl Args {
+    /// The sampling flags' checks, then `--plot`'s.
+    pub fn check(&self) -> Result<(), ProfileError> {
+        self.sample.check()?;
+        match self.plot.as_deref().filter(|p| !is_svg(p)) {
+            Some(p) => Err(ProfileError::Usage(format!(
+                "--plot {}: name a .svg file (rasterise it with `rsvg-convert -o F.png F.svg`)",
+                p.display()
+            ))),
+            None => Ok(()),
         }
     }
 }
@@ -307,13 +323,17 @@ pub async fn profile(a: Args) -> Result<i32, ProfileError> {
         None => sidecar::free_loopback()?,
     };
     let started = Instant::now();
-    let mut side =
-        Sidecar::start(&exe, &a.sidecar_flags(&files.trace, &files.output), &addr).await?;
+    let mut side = Sidecar::start(
+        &exe,
+        &a.sample.sidecar_flags(&files.trace, &files.output),
+        &addr,
+    )
+    .await?;
     let mut command = match a.command.is_empty() {
         true => None,
         false => Some(start_command(&a.command, &addr, a.agent_path.as_deref())?),
     };
-    let devices = Devices(a.devices.clone());
+    let devices = Devices(a.sample.devices.clone());
     let (tracker, transitions, code) = watch(&mut side, command.as_mut(), &devices).await;
     // The trainer's last push needs one sampling interval to be taken.
     if command.is_some() {
@@ -537,7 +557,9 @@ mod tests {
             "x",
         ]);
         assert_eq!(a.command, ["python", "train.py", "--", "x"]);
-        let f = a.sidecar_flags(Path::new("t.csv"), Path::new("r.json"));
+        let f = a
+            .sample
+            .sidecar_flags(Path::new("t.csv"), Path::new("r.json"));
         let has = |k: &str, v: &str| f.windows(2).any(|w| w[0] == k && w[1] == v);
         assert!(
             has("--gpus", "0,GPU-x") && has("--duration", "30") && has("--backend", "sim"),
@@ -550,6 +572,7 @@ mod tests {
         let a = parse(&["python", "train.py"]);
         assert_eq!(a.command, ["python", "train.py"]);
         assert!(!a
+            .sample
             .sidecar_flags(Path::new("t"), Path::new("o"))
             .contains(&"--duration".to_string()));
         assert!(
