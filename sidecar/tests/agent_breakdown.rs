@@ -4,54 +4,14 @@
 //! trainer process and writes the heaviest into the pod's MemoryReport; the
 //! operator rolls it up into the Job's MemoryProfile with the pod and rank.
 
+mod agent_common;
 #[path = "../../tests/common/mod.rs"]
 mod common;
 
+use agent_common::push;
 use kube::api::Api;
 use kube::ResourceExt;
 use memprof::api::{FlagKind, MemoryProfile, MemoryReport, ModuleType};
-use std::process::{Child, Command, Stdio};
-
-/// A sidecar process, killed (by PID, through its handle) when dropped.
-struct Sidecar(Child);
-
-impl Drop for Sidecar {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// Posts one agent push; returns the status code and the body.
-async fn push(port: u16, body: &serde_json::Value) -> (u16, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let body = body.to_string();
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .unwrap();
-    let req = format!(
-        "POST /v1/agent HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    s.write_all(req.as_bytes()).await.unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.unwrap();
-    let code = out
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    (code, out)
-}
 
 const MIB: u64 = 1 << 20;
 
@@ -99,30 +59,8 @@ async fn a_pushed_breakdown_ends_in_the_report_and_the_profile() {
         .await
         .remove(0);
 
-    let port = free_port();
-    let _sidecar = Sidecar(
-        Command::new(env!("CARGO_BIN_EXE_memprof-sidecar"))
-            .args(["--backend", "nvml", "--interval", "100ms"])
-            .args(["--listen", &format!("127.0.0.1:{port}")])
-            .env("POD_NAME", pod.name_any())
-            .env("POD_UID", pod.uid().unwrap())
-            .env("POD_NAMESPACE", &ns.name)
-            .env("NODE_NAME", "node-a")
-            .env("MEMPROF_JOB_NAME", "train")
-            .env("RANK", "0")
-            .env("MEMPROF_HEARTBEAT_SECONDS", "5")
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("memprof-sidecar starts"),
-    );
-    common::eventually("the sidecar listens", || async {
-        tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .map(|_| ())
-            .map_err(|e| e.to_string())
-    })
-    .await;
+    let (_sidecar, port) =
+        agent_common::start(&pod.name_any(), &pod.uid().unwrap(), &ns.name).await;
 
     // An impossible breakdown is refused with the field named.
     let t0 = jiff::Timestamp::now().as_second() as f64 - 30.0;

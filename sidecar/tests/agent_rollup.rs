@@ -3,52 +3,14 @@
 //! pushes are all it has, and the operator rolls its report up into the
 //! Job's MemoryProfile with a risk, a time to OOM and the allocator's verdict.
 
+mod agent_common;
 #[path = "../../tests/common/mod.rs"]
 mod common;
 
+use agent_common::push;
 use kube::api::Api;
 use kube::ResourceExt;
 use memprof::api::{DataSource, MemoryProfile, MemoryReport, RiskLevel};
-use std::process::{Child, Command, Stdio};
-
-/// A sidecar process, killed (by PID, through its handle) when dropped.
-struct Sidecar(Child);
-
-impl Drop for Sidecar {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// Posts one agent push (the JSON of docs/agent.md) and returns the status code.
-async fn push(port: u16, body: &serde_json::Value) -> u16 {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let body = body.to_string();
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .unwrap();
-    let req = format!(
-        "POST /v1/agent HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    s.write_all(req.as_bytes()).await.unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.unwrap();
-    out.split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0)
-}
 
 #[tokio::test]
 async fn an_agent_only_pod_rolls_up_with_risk_and_time_to_oom() {
@@ -62,30 +24,8 @@ async fn an_agent_only_pod_rolls_up_with_risk_and_time_to_oom() {
         .await
         .remove(0);
 
-    let port = free_port();
-    let _sidecar = Sidecar(
-        Command::new(env!("CARGO_BIN_EXE_memprof-sidecar"))
-            .args(["--backend", "nvml", "--interval", "100ms"])
-            .args(["--listen", &format!("127.0.0.1:{port}")])
-            .env("POD_NAME", pod.name_any())
-            .env("POD_UID", pod.uid().unwrap())
-            .env("POD_NAMESPACE", &ns.name)
-            .env("NODE_NAME", "node-a")
-            .env("MEMPROF_JOB_NAME", "train")
-            .env("RANK", "0")
-            .env("MEMPROF_HEARTBEAT_SECONDS", "5")
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("memprof-sidecar starts"),
-    );
-    common::eventually("the sidecar listens", || async {
-        tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .map(|_| ())
-            .map_err(|e| e.to_string())
-    })
-    .await;
+    let (_sidecar, port) =
+        agent_common::start(&pod.name_any(), &pod.uid().unwrap(), &ns.name).await;
 
     // 200 s of a 100 MB/s leak, as the agent would push it once a second,
     // dated in the recent past (the operator ignores reports from the future).
@@ -100,7 +40,7 @@ async fn an_agent_only_pod_rolls_up_with_risk_and_time_to_oom() {
                          "freeBytes": 80_000_000_000u64 - reserved - 500_000_000,
                          "totalBytes": 80_000_000_000u64}],
         });
-        assert_eq!(push(port, &body).await, 204, "push {i}");
+        assert_eq!(push(port, &body).await.0, 204, "push {i}");
     }
 
     let reports: Api<MemoryReport> = Api::namespaced(client.clone(), &ns.name);
