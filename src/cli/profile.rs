@@ -79,6 +79,11 @@ pub struct AgentTree {
     pub lib: PathBuf,
 }
 
+/// The agent tree at `--agent-path`, else the image's default place.
+pub fn agent_tree(agent_path: Option<&Path>) -> Option<AgentTree> {
+    find_tree(agent_path.unwrap_or(Path::new(DEFAULT_SOURCE)))
+}
+
 /// The agent tree at `dir`: the image's layout (`bootstrap/`, `lib/`) or a
 /// source checkout's `agent/python` (`bootstrap/`, `memprof_agent/`).
 pub fn find_tree(dir: &Path) -> Option<AgentTree> {
@@ -495,7 +500,7 @@ fn start_command(
     let mut cmd = tokio::process::Command::new(&command[0]);
     cmd.args(&command[1..])
         .env("MEMPROF_AGENT_URL", format!("http://{addr}/v1/agent"));
-    let tree = find_tree(agent_path.unwrap_or(Path::new(DEFAULT_SOURCE)));
+    let tree = agent_tree(agent_path);
     match &tree {
         Some(tree) => {
             let own = std::env::var("PYTHONPATH").ok();

@@ -117,7 +117,7 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         command,
         steps: (args.steps > 0).then_some(args.steps),
         timeout: Duration::from_secs_f64(args.timeout),
-        tree: runner::agent_tree(args.agent_path.as_deref()),
+        tree: crate::cli::profile::agent_tree(args.agent_path.as_deref()),
         agent_path: args.agent_path.clone(),
         nvml: args.nvml,
         memprof_exe: std::env::current_exe()?,

@@ -4,7 +4,7 @@
 //! agent's summary in a per-configuration file, a timeout; optionally
 //! through `memprof profile`, whose standalone sidecar records the NVML peak.
 
-use crate::cli::profile::{find_tree, python_path, AgentTree};
+use crate::cli::profile::{python_path, AgentTree};
 use crate::cli::sweep::grid::Config;
 use crate::cli::sweep::record::{AgentSummary, Exit};
 use std::path::{Path, PathBuf};
@@ -67,12 +67,6 @@ const TERM_GRACE: Duration = Duration::from_secs(5);
 
 /// Bytes of stderr kept for the record.
 const TAIL_BYTES: u64 = 16 * 1024;
-
-/// The agent tree at `--agent-path`, else the image's default place.
-pub fn agent_tree(agent_path: Option<&Path>) -> Option<AgentTree> {
-    let dir = agent_path.unwrap_or(Path::new(crate::cli::install_agent::DEFAULT_SOURCE));
-    find_tree(dir)
-}
 
 /// Runs configuration `index`; `cancel` resolving (Ctrl-C) kills it.
 pub async fn run_one(
@@ -174,7 +168,7 @@ fn command(
         c.args(&plan.command[1..]);
         // No sidecar: the agent's pushes go to a loopback port nobody
         // listens on (refused at once), never to another sidecar on 9464.
-        if let Some(addr) = closed_loopback() {
+        if let Ok(addr) = crate::cli::profile::sidecar::free_loopback() {
             c.env("MEMPROF_AGENT_URL", format!("http://{addr}/v1/agent"));
         }
         if let Some(tree) = &plan.tree {
@@ -205,11 +199,6 @@ fn command(
         .process_group(0)
         .kill_on_drop(true);
     Ok(cmd)
-}
-
-fn closed_loopback() -> Option<String> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").ok()?;
-    Some(l.local_addr().ok()?.to_string())
 }
 
 /// SIGTERM to the group (a trainer that handles it can clean up), then
