@@ -543,13 +543,9 @@ fn cell(v: &Value, unit: Unit) -> String {
     match (v, unit) {
         (Value::Null, _) => "-".into(),
         (Value::String(s), _) => s.clone(),
-        (v, Unit::Bytes) => v.as_f64().map_or("-".into(), |x| {
-            if x < 0.0 {
-                format!("-{}", format_bytes((-x) as u64))
-            } else {
-                format_bytes(x as u64)
-            }
-        }),
+        (v, Unit::Bytes) => v
+            .as_f64()
+            .map_or("-".into(), crate::cli::sweep::model::signed_bytes),
         (v, Unit::Seconds) => v.as_f64().map_or("-".into(), |x| format!("{x:.3}s")),
         (v, Unit::PerSecond) => v.as_f64().map_or("-".into(), |x| format!("{x:.0}/s")),
         (v, _) => v.as_f64().map_or(v.to_string(), |x| {

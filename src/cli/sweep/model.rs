@@ -445,7 +445,8 @@ pub fn num(x: f64) -> String {
     }
 }
 
-fn signed_bytes(b: f64) -> String {
+/// Bytes for humans with a sign: `-1.5GiB`.
+pub fn signed_bytes(b: f64) -> String {
     if b < 0.0 {
         format!("-{}", format_bytes((-b) as u64))
     } else {
