@@ -12,7 +12,8 @@ pub struct SampleArgs {
     /// machine's GPUs).
     #[arg(long, value_delimiter = ',', value_name = "GPU,...")]
     pub devices: Vec<String>,
-    /// Stop after this many seconds (0: until interrupted, or until the command exits).
+    /// Stop after this many seconds (0: until interrupted; `profile` also stops
+    /// when its command exits).
     #[arg(long, default_value_t = 0.0, value_name = "SECONDS")]
     pub duration: f64,
     /// Sampling interval, 10ms to 60s (e.g. `100ms`, `1s`).
