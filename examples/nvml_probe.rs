@@ -13,7 +13,7 @@
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use memprof::analysis::Thresholds;
+use memprof::api::thresholds::Thresholds;
 use memprof::monitor::{Identity, Monitor};
 use memprof::sampler::discovery::{self, DiscoveryOptions};
 use memprof::sampler::nvml::NvmlSampler;

@@ -6,7 +6,6 @@
 //! and wire these together.
 #![forbid(unsafe_code)]
 
-pub mod agent;
 pub mod analysis;
 pub mod api;
 pub mod cli;

@@ -11,7 +11,8 @@
 //! reported from its numbers alone (`source: agent`).
 
 use crate::analysis::allocator::{AgentDevice, AgentState, AllocatorAssessment};
-use crate::analysis::{assess, Assessment, GpuSeries, Sample, Thresholds};
+use crate::analysis::{assess, Assessment, GpuSeries, Sample};
+use crate::api::thresholds::Thresholds;
 use crate::api::{
     format_bytes, format_duration, Condition, DataSource, GpuReport, MemoryReportSpec,
     ReportSummary, RiskLevel, TimelinePoint, MAX_TIMELINE_POINTS,
@@ -130,7 +131,7 @@ impl Monitor {
 
     /// Takes one push of the in-process agent (already validated). Its
     /// numbers count from the next [`Monitor::analyse`].
-    pub fn agent_push(&mut self, push: crate::agent::Push) {
+    pub fn agent_push(&mut self, push: crate::api::agent::Push) {
         self.agent.observe(&push);
         self.breakdowns.observe(&push);
         self.agent_received = Some(self.last_t);
@@ -388,14 +389,14 @@ mod tests {
     const TOTAL: u64 = 80_000_000_000;
 
     /// A push of one device leaking `rate` bytes/s from 30 GB at time `t`.
-    fn leak_push(uuid: &str, t: f64, rate: f64) -> crate::agent::Push {
+    fn leak_push(uuid: &str, t: f64, rate: f64) -> crate::api::agent::Push {
         let allocated = (30.0 * GB + rate * t) as u64;
         let reserved = allocated + 2_000_000_000;
-        crate::agent::Push {
+        crate::api::agent::Push {
             version: 1,
             time: 1.8e9 + t,
             step: Some(t as u64),
-            devices: vec![crate::agent::DeviceStats {
+            devices: vec![crate::api::agent::DeviceStats {
                 uuid: Some(uuid.into()),
                 allocated_bytes: allocated,
                 reserved_bytes: reserved,

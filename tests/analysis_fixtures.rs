@@ -8,7 +8,8 @@
 //! the sidecar's analysis once per trace second, as the sidecar analyses once
 //! per second. No cluster, no GPU. Results: docs/gpu-results.md.
 
-use memprof::analysis::{assess, Assessment, GpuSeries, Sample, Thresholds};
+use memprof::analysis::{assess, Assessment, GpuSeries, Sample};
+use memprof::api::thresholds::Thresholds;
 use memprof::api::RiskLevel;
 use memprof::sampler::trace::{parse_trace, TraceRow};
 use std::collections::BTreeMap;

@@ -121,7 +121,7 @@ async fn annotated_job_gets_a_profile_owned_by_the_job() {
     // The Job's sidecars (service account `default`) may write their reports, and only that.
     let roles: Api<k8s_openapi::api::rbac::v1::Role> = Api::namespaced(client.clone(), &ns.name);
     let role = roles
-        .get(memprof::webhook::REPORTER_ROLE)
+        .get(memprof::operator::REPORTER_ROLE)
         .await
         .expect("the reporter Role exists");
     let rules = role.rules.unwrap_or_default();
@@ -134,7 +134,7 @@ async fn annotated_job_gets_a_profile_owned_by_the_job() {
     let bindings: Api<k8s_openapi::api::rbac::v1::RoleBinding> =
         Api::namespaced(client.clone(), &ns.name);
     let binding = bindings
-        .get(&memprof::webhook::binding_name("default"))
+        .get(&memprof::operator::binding_name("default"))
         .await
         .expect("the reporter RoleBinding exists");
     let subject = &binding.subjects.unwrap_or_default()[0];

@@ -282,7 +282,7 @@ async fn plan_changed_after_recording_is_refused_not_executed() {
 
 /// A pod's service account with the reporter Role (what the operator grants).
 async fn pod_identity(admin: &Client, ns: &str) -> Client {
-    memprof::webhook::ensure_reporter_rbac(admin, ns, "default")
+    memprof::operator::ensure_reporter_rbac(admin, ns, "default")
         .await
         .expect("reporter RBAC");
     let sa = format!("system:serviceaccount:{ns}:default");

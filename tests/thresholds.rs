@@ -9,8 +9,8 @@ mod common;
 use common::*;
 use k8s_openapi::api::batch::v1::Job;
 use kube::api::{Api, Patch, PatchParams};
+use memprof::api::thresholds::{parse_cluster, ANNOTATION_THRESHOLDS};
 use memprof::api::{MemoryProfile, ThresholdsInEffect};
-use memprof::operator::thresholds::{parse_cluster, ANNOTATION_THRESHOLDS};
 use memprof::operator::Options;
 
 async fn wait_thresholds(

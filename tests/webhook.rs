@@ -441,10 +441,10 @@ async fn serving_cert_secret_and_ca_bundle() {
 async fn reporter_rbac_is_applied_idempotently() {
     with_temp_ns(|client, ns| async move {
         for _ in 0..2 {
-            webhook::ensure_reporter_rbac(&client, &ns, "")
+            memprof::operator::ensure_reporter_rbac(&client, &ns, "")
                 .await
                 .unwrap();
-            webhook::ensure_reporter_rbac(&client, &ns, "trainer")
+            memprof::operator::ensure_reporter_rbac(&client, &ns, "trainer")
                 .await
                 .unwrap();
         }

@@ -57,7 +57,7 @@ pub struct AgentNamed {
 
 impl AgentNamed {
     /// At most as many UUIDs as a node has GPUs (the push's own bound).
-    const MAX: usize = memprof::agent::MAX_DEVICES;
+    const MAX: usize = memprof::api::agent::MAX_DEVICES;
 
     fn new(opts: DiscoveryOptions) -> Self {
         AgentNamed {
@@ -68,7 +68,7 @@ impl AgentNamed {
     }
 
     /// Adds a push's UUIDs to those known; true when one is new.
-    pub fn add(&mut self, push: &memprof::agent::Push) -> bool {
+    pub fn add(&mut self, push: &memprof::api::agent::Push) -> bool {
         let before = self.uuids.len();
         for uuid in push.devices.iter().filter_map(|d| d.uuid.as_deref()) {
             let known = self.uuids.iter().any(|u| u.eq_ignore_ascii_case(uuid));
@@ -81,7 +81,10 @@ impl AgentNamed {
 
     /// A sampler over the GPUs the agent named so far, when a push named a
     /// new one and NVML samples other GPUs than before; its `GpuVisible`.
-    pub fn learn(&mut self, push: &memprof::agent::Push) -> Option<(Box<dyn Sampler>, Condition)> {
+    pub fn learn(
+        &mut self,
+        push: &memprof::api::agent::Push,
+    ) -> Option<(Box<dyn Sampler>, Condition)> {
         if !self.add(push) {
             return None;
         }
@@ -157,7 +160,7 @@ async fn open_nvml(args: &crate::Args) -> Opened {
         }
     };
     if let Some(list) = &args.gpus {
-        opts.gpus = discovery::split_list(list);
+        opts.gpus = memprof::api::env::split_list(list);
     }
     // Standalone profiles a machine: what NVML sees is the user's. A sidecar
     // writing a pod's report is shown every GPU of the node.
@@ -179,7 +182,7 @@ async fn open_nvml(args: &crate::Args) -> Opened {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use memprof::agent::{DeviceStats, Push};
+    use memprof::api::agent::{DeviceStats, Push};
 
     fn push(uuids: &[Option<&str>]) -> Push {
         Push {

@@ -110,7 +110,7 @@ pub struct Args {
 /// The injection validates intervals with the same parser, so what it
 /// writes into a pod is always something the sidecar accepts.
 fn parse_interval(s: &str) -> Result<Duration, String> {
-    memprof::webhook::parse_interval(s)
+    memprof::api::interval::parse_interval(s)
 }
 
 fn main() -> std::process::ExitCode {

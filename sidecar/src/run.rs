@@ -4,7 +4,7 @@ use crate::budget::{Budget, Reason, Snapshot};
 use crate::metrics::{GpuLabel, Metrics};
 use crate::{gpus, identity, server, writer, Args};
 use anyhow::Context;
-use memprof::analysis::Thresholds;
+use memprof::api::thresholds::Thresholds;
 use memprof::api::{Condition, MemoryReportSpec, RiskLevel};
 use memprof::monitor::Monitor;
 use prometheus_client::registry::Registry;

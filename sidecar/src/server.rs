@@ -1,10 +1,10 @@
 //! The sidecar's local HTTP endpoints: `/healthz`, `/metrics`, `/v1/report`
 //! (the latest report as JSON) and `POST /v1/agent` (pushes of the in-process
-//! agent, format in docs/agent.md and `memprof::agent`). The agent endpoint
+//! agent, format in docs/agent.md and `memprof::api::agent`). The agent endpoint
 //! only takes loopback peers: it feeds the analysis, and nothing outside the
 //! pod has business writing there.
 
-use memprof::agent::Push;
+use memprof::api::agent::Push;
 use memprof::api::MemoryReportSpec;
 use prometheus_client::registry::Registry;
 use std::collections::VecDeque;
@@ -15,7 +15,7 @@ use warp::http::StatusCode;
 use warp::Filter;
 
 /// Largest agent push accepted, bytes.
-pub const MAX_AGENT_BODY: u64 = memprof::agent::MAX_BODY_BYTES;
+pub const MAX_AGENT_BODY: u64 = memprof::api::agent::MAX_BODY_BYTES;
 
 /// Agent pushes not yet taken by the sampling loop. A queue, not a latest
 /// value: every push is a sample of the agent's series (and an OOM push must
@@ -72,7 +72,7 @@ pub fn agent_push(shared: &Shared, peer: Option<SocketAddr>, body: &[u8]) -> (St
             "the agent endpoint only accepts loopback peers\n".into(),
         );
     }
-    match memprof::agent::parse(body) {
+    match memprof::api::agent::parse(body) {
         Ok(push) => {
             shared.metrics.agent_pushes.inc();
             shared.agent.put(push);

@@ -18,8 +18,9 @@
 //! Pure: time comes with the pushes (the agent's clock, seconds since the
 //! epoch), so every rule is unit-tested on plain values.
 
-use super::{assess, least_squares_slope, theil_sen, Assessment, GpuSeries, Sample, Thresholds};
-use crate::agent::{DeviceStats, Push};
+use super::{assess, least_squares_slope, theil_sen, Assessment, GpuSeries, Sample};
+use crate::api::agent::{DeviceStats, Push};
+use crate::api::thresholds::Thresholds;
 use crate::api::{
     format_bytes, truncate_utf8, AgentEvent, AllocatorStats, MemoryGrowth, OomBlock,
     OomSnapshotSummary, PhasePeak,
@@ -445,7 +446,7 @@ impl AgentState {
         for d in &p.devices {
             let at = match self.devices.iter().position(|x| x.index == d.index) {
                 Some(i) => i,
-                None if self.devices.len() < crate::agent::MAX_DEVICES => {
+                None if self.devices.len() < crate::api::agent::MAX_DEVICES => {
                     self.devices
                         .push(AgentDevice::new(d.index, &self.thresholds));
                     self.devices.len() - 1
@@ -553,13 +554,13 @@ fn rfc3339(t: f64) -> String {
 }
 
 /// The report's bounded view of an OOM snapshot.
-fn oom_summary(t: f64, o: &crate::agent::OomSnapshot) -> OomSnapshotSummary {
+fn oom_summary(t: f64, o: &crate::api::agent::OomSnapshot) -> OomSnapshotSummary {
     let mut message = o.message.clone();
     truncate_utf8(&mut message, 512);
     let source = match o.source {
-        crate::agent::SnapshotSource::History => "history",
-        crate::agent::SnapshotSource::Segments => "segments",
-        crate::agent::SnapshotSource::None => "none",
+        crate::api::agent::SnapshotSource::History => "history",
+        crate::api::agent::SnapshotSource::Segments => "segments",
+        crate::api::agent::SnapshotSource::None => "none",
     };
     OomSnapshotSummary {
         time: rfc3339(t),

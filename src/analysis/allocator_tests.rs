@@ -1,7 +1,7 @@
 //! Every allocator rule on plain values: pushes built in code, no clock.
 
 use super::*;
-use crate::agent::{Block, DeviceStats, Frame, OomSnapshot, Push, PushKind, SnapshotSource};
+use crate::api::agent::{Block, DeviceStats, Frame, OomSnapshot, Push, PushKind, SnapshotSource};
 use crate::api::RiskLevel;
 
 const GB: f64 = 1e9;
@@ -263,7 +263,7 @@ fn the_oom_snapshot_and_events_are_bounded_in_the_report() {
     let mut p = push(1.0, Some(9), Some("forward"), training(1.0));
     p.kind = PushKind::Oom;
     p.events = (0..20)
-        .map(|i| crate::agent::Event {
+        .map(|i| crate::api::agent::Event {
             t: T0 + i as f64,
             name: format!("e{i}"),
             ..Default::default()

@@ -23,11 +23,10 @@
 //! limit × (1 − headroom)`; `headroom` defaults to [`DEFAULT_HEADROOM_FRACTION`]
 //! (keep 10 % of the device free). Pure: no I/O, no clock.
 
-use crate::api::{format_bytes, BatchObservation, BatchRecommendation, MemoryBreakdown};
+use crate::api::{
+    format_bytes, BatchObservation, BatchRecommendation, MemoryBreakdown, DEFAULT_HEADROOM_FRACTION,
+};
 use std::fmt::Write;
-
-/// Fraction of the device kept free by default: predicted peaks stay under 90 %.
-pub const DEFAULT_HEADROOM_FRACTION: f64 = 0.10;
 /// Largest headroom a policy may ask for (the CRD's bound).
 pub const MAX_HEADROOM_FRACTION: f64 = 0.9;
 /// Batch sizes remembered per profile.

@@ -10,7 +10,7 @@
 //!
 //! Pure: time comes with the pushes.
 
-use crate::agent::{Breakdown, Push};
+use crate::api::agent::{Breakdown, Push};
 use crate::api::{
     FlagKind, MemoryBreakdown, MemoryReportSpec, ModulePhase, ModuleType, ModuleTypeBytes,
     ParameterFlag,
@@ -19,11 +19,11 @@ use crate::api::{
 /// Trainer processes per pod whose breakdown is kept (a node has at most 16 GPUs).
 pub const MAX_PROCESSES: usize = 16;
 /// Module types kept (one per [`ModuleType`]): the push's bound.
-pub const MAX_MODULE_TYPES: usize = crate::agent::MAX_MODULE_TYPES;
+pub const MAX_MODULE_TYPES: usize = crate::api::agent::MAX_MODULE_TYPES;
 /// Flags kept: the push's bound.
-pub const MAX_FLAGS: usize = crate::agent::MAX_FLAGS;
+pub const MAX_FLAGS: usize = crate::api::agent::MAX_FLAGS;
 /// Module phases kept: the push's bound.
-pub const MAX_PHASES: usize = crate::agent::MAX_MODULE_PHASES;
+pub const MAX_PHASES: usize = crate::api::agent::MAX_MODULE_PHASES;
 
 /// What a breakdown weighs: static plus activation bytes (what must fit).
 pub fn weight(b: &MemoryBreakdown) -> u64 {
@@ -233,12 +233,12 @@ mod tests {
             static_bytes: static_mib * M,
             activations_peak_bytes: act_mib.map(|a| a * M),
             batch_size: Some(8),
-            by_module_type: vec![crate::agent::ModuleTypeBytes {
+            by_module_type: vec![crate::api::agent::ModuleTypeBytes {
                 type_: "lora".into(),
                 parameters: 10,
                 ..Default::default()
             }],
-            flags: vec![crate::agent::Flag {
+            flags: vec![crate::api::agent::Flag {
                 kind: "inf".into(),
                 parameter: "w".into(),
                 note: String::new(),

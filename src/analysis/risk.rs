@@ -1,6 +1,7 @@
 //! From a GPU's history to a risk level with a confidence.
 
-use super::{least_squares_slope, theil_sen, GpuSeries, Thresholds};
+use super::{least_squares_slope, theil_sen, GpuSeries};
+use crate::api::thresholds::Thresholds;
 use crate::api::RiskLevel;
 
 /// What the analysis concluded about one GPU.

@@ -1,6 +1,6 @@
 //! A GPU's recent memory history, bucketed into envelopes with bounded memory.
 
-use super::Thresholds;
+use crate::api::thresholds::Thresholds;
 use std::collections::VecDeque;
 
 /// One observation of one GPU.

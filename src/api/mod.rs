@@ -2,10 +2,14 @@
 //! operator and the CLI exchange. Every field carries a doc comment because
 //! it becomes the `kubectl explain` text of the generated CRD.
 
+pub mod agent;
 mod common;
+pub mod env;
+pub mod interval;
 mod policy;
 mod profile;
 mod report;
+pub mod thresholds;
 
 pub use common::*;
 pub use policy::*;
@@ -37,6 +41,16 @@ pub const LABEL_JOB: &str = "memprof.dev/job";
 pub const SIDECAR_MANAGER: &str = "memprof-sidecar";
 /// Field manager of the operator's server-side applies.
 pub const OPERATOR_MANAGER: &str = "memprof-operator";
+
+/// The NVIDIA device plugin's resource name.
+pub const DEFAULT_GPU_RESOURCE: &str = "nvidia.com/gpu";
+/// Where the memprof image carries the Python agent tree (the Dockerfile
+/// copies it there): what `memprof install-agent` copies from and the
+/// webhook's `--agent-path` default.
+pub const DEFAULT_AGENT_SOURCE: &str = "/opt/memprof/agent";
+/// Fraction of the device a batch-size recommendation keeps free by default
+/// (predicted peaks stay under 90 %), when the policy names no headroom.
+pub const DEFAULT_HEADROOM_FRACTION: f64 = 0.10;
 
 /// Upper bound on the GPUs one MemoryReport carries (a node has at most 16).
 pub const MAX_GPUS_PER_REPORT: usize = 16;

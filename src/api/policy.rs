@@ -252,7 +252,7 @@ impl ScaleBatchAction {
     /// Fraction of the GPU's memory a `fit` keeps free.
     pub fn headroom_fraction(&self) -> f64 {
         self.headroom_percent
-            .map_or(crate::analysis::batchfit::DEFAULT_HEADROOM_FRACTION, |p| {
+            .map_or(super::DEFAULT_HEADROOM_FRACTION, |p| {
                 f64::from(p.min(90)) / 100.0
             })
     }

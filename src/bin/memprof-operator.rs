@@ -105,7 +105,7 @@ async fn main() -> anyhow::Result<()> {
     let mut cli = Cli::parse();
     // Checked by the flag's parser; the roll-up shows them in each status.
     cli.operator.default_thresholds =
-        memprof::operator::thresholds::parse_cluster(&cli.webhook.default_thresholds)?;
+        memprof::api::thresholds::parse_cluster(&cli.webhook.default_thresholds)?;
     if cli.print_metrics {
         print!("{}", describe_metrics());
         return Ok(());

@@ -51,7 +51,7 @@ enum Command {
         /// Target directory (the pod's shared volume).
         dir: std::path::PathBuf,
         /// The agent tree to copy.
-        #[arg(long, default_value = memprof::cli::install_agent::DEFAULT_SOURCE)]
+        #[arg(long, default_value = memprof::api::DEFAULT_AGENT_SOURCE)]
         from: std::path::PathBuf,
         /// On failure say why and exit 0: the pod then starts without the agent.
         #[arg(long)]

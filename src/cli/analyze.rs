@@ -7,7 +7,8 @@
 
 pub mod plot;
 
-use crate::analysis::{assess, Assessment, GpuSeries, Sample, Thresholds};
+use crate::analysis::{assess, Assessment, GpuSeries, Sample};
+use crate::api::thresholds::Thresholds;
 use crate::api::{format_bytes, format_duration, RiskLevel};
 use crate::cli::output::{Format, OutputArgs, Table};
 use crate::sampler::trace::TraceRow;

@@ -171,13 +171,14 @@ fn count(n: u64) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::api::{FlagKind, ModulePhase, ModuleType, ModuleTypeBytes, ParameterFlag};
 
     const M: u64 = 1 << 20;
 
-    fn lora() -> MemoryBreakdown {
+    /// A LoRA fine-tune's breakdown, also shown by `memprof report`'s tests.
+    pub(crate) fn lora() -> MemoryBreakdown {
         MemoryBreakdown {
             pod: Some("train-2".into()),
             rank: Some(2),
@@ -267,27 +268,5 @@ mod tests {
             "{out}"
         );
         assert!(!out.contains("by module type") && !out.contains("optimizer step"));
-    }
-
-    #[test]
-    fn memprof_report_shows_the_profiles_breakdown() {
-        let mut p = crate::api::MemoryProfile::new(
-            "train",
-            crate::api::MemoryProfileSpec {
-                job_name: "train".into(),
-                expected_ranks: Some(4),
-            },
-        );
-        p.status = Some(crate::api::MemoryProfileStatus {
-            breakdown: Some(lora()),
-            ..Default::default()
-        });
-        let text = crate::cli::report::render(&p);
-        assert!(
-            text.contains("memory breakdown (rank 2, pod train-2, step 3, batch 16)"),
-            "{text}"
-        );
-        p.status = Some(Default::default());
-        assert!(!crate::cli::report::render(&p).contains("memory breakdown"));
     }
 }

@@ -1,6 +1,6 @@
 //! `memprof install-agent DIR`: what the init container that the webhook adds
 //! for `memprof.dev/agent: "python"` runs. It copies the Python agent tree
-//! that the memprof image carries ([`DEFAULT_SOURCE`]: `bootstrap/` with the
+//! that the memprof image carries ([`DEFAULT_AGENT_SOURCE`]: `bootstrap/` with the
 //! startup hook, `lib/memprof_agent/`) into the pod's shared volume, from
 //! which the trainer containers read it (see `src/webhook/agent.rs`).
 //!
@@ -8,13 +8,12 @@
 //! shell, no coreutils), and the copy must set permissions any trainer uid
 //! can read, whatever the umask.
 
+use crate::api::DEFAULT_AGENT_SOURCE;
 use std::fs;
 use std::io;
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 
-/// Where the memprof image carries the agent (the Dockerfile copies it there).
-pub const DEFAULT_SOURCE: &str = "/opt/memprof/agent";
 /// The file whose presence says a directory is an agent tree.
 pub const HOOK: &str = "bootstrap/sitecustomize.py";
 
@@ -22,7 +21,7 @@ pub const HOOK: &str = "bootstrap/sitecustomize.py";
 #[derive(Debug, thiserror::Error)]
 pub enum InstallError {
     /// The source is not an agent tree.
-    #[error("{0} holds no {HOOK}: not an agent tree; the memprof image carries it at {DEFAULT_SOURCE} (set --from for another place)")]
+    #[error("{0} holds no {HOOK}: not an agent tree; the memprof image carries it at {DEFAULT_AGENT_SOURCE} (set --from for another place)")]
     NotAnAgent(PathBuf),
     /// Reading the source failed.
     #[error("cannot read {path}: {source}")]

@@ -2,7 +2,6 @@
 //! kubectl prints: upper-case headers, columns padded to their widest cell,
 //! three spaces between columns, no borders.
 
-use super::kube::CliError;
 use serde::Serialize;
 use std::future::Future;
 use std::io::{IsTerminal, Write};
@@ -136,10 +135,10 @@ pub struct WatchArgs {
 
 /// Prints `frame()` once, or with `--watch` again every interval until
 /// Ctrl-C (or `--watch-count` frames). A closed stdout (`| head`) ends it quietly.
-pub async fn watch<F, Fut>(w: WatchArgs, mut frame: F) -> Result<(), CliError>
+pub async fn watch<F, Fut, E>(w: WatchArgs, mut frame: F) -> Result<(), E>
 where
     F: FnMut() -> Fut,
-    Fut: Future<Output = Result<String, CliError>>,
+    Fut: Future<Output = Result<String, E>>,
 {
     let redraw_in_place = w.watch && stdout_is_terminal();
     let interval = Duration::from_secs_f64(w.interval.clamp(0.05, 3600.0));

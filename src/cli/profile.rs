@@ -18,7 +18,8 @@ pub mod sidecar;
 pub mod summary;
 
 use crate::api::MemoryReportSpec;
-use crate::cli::install_agent::{DEFAULT_SOURCE, HOOK};
+use crate::api::DEFAULT_AGENT_SOURCE;
+use crate::cli::install_agent::HOOK;
 pub use sample::SampleArgs;
 use sidecar::{Sidecar, Transition};
 use std::path::{Path, PathBuf};
@@ -83,7 +84,7 @@ pub struct AgentTree {
 
 /// The agent tree at `--agent-path`, else the image's default place.
 pub fn agent_tree(agent_path: Option<&Path>) -> Option<AgentTree> {
-    find_tree(agent_path.unwrap_or(Path::new(DEFAULT_SOURCE)))
+    find_tree(agent_path.unwrap_or(Path::new(DEFAULT_AGENT_SOURCE)))
 }
 
 /// The agent tree at `dir`: the image's layout (`bootstrap/`, `lib/`) or a
@@ -417,7 +418,7 @@ fn start_command(
         }
         None => eprintln!(
             "memprof: no agent tree at {} (--agent-path): the command's own memprof_agent.start(), if any, pushes to the sidecar",
-            agent_path.map_or(DEFAULT_SOURCE.into(), |p| p.display().to_string())
+            agent_path.map_or(DEFAULT_AGENT_SOURCE.into(), |p| p.display().to_string())
         ),
     }
     cmd.spawn().map_err(|source| ProfileError::Command {

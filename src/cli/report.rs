@@ -205,7 +205,7 @@ pub fn render(p: &MemoryProfile) -> String {
         out.push_str(&crate::analysis::batchfit::render(r));
     }
     if let Some(t) = &st.thresholds {
-        out.push_str(&crate::operator::thresholds::render(t));
+        out.push_str(&crate::api::thresholds::render(t));
     }
     if !st.top_ranks.is_empty() {
         let _ = writeln!(out, "  closest to OOM:");
@@ -349,5 +349,68 @@ mod tests {
             assert!(text.contains(want), "{want:?} not in:\n{text}");
         }
         assert!(!text.contains("MEMPROF_AGENT_RECORD_HISTORY"));
+    }
+
+    #[test]
+    fn memprof_report_shows_the_profiles_breakdown() {
+        let mut p = crate::api::MemoryProfile::new(
+            "train",
+            crate::api::MemoryProfileSpec {
+                job_name: "train".into(),
+                expected_ranks: Some(4),
+            },
+        );
+        p.status = Some(crate::api::MemoryProfileStatus {
+            breakdown: Some(crate::cli::breakdown::tests::lora()),
+            ..Default::default()
+        });
+        let text = render(&p);
+        assert!(
+            text.contains("memory breakdown (rank 2, pod train-2, step 3, batch 16)"),
+            "{text}"
+        );
+        p.status = Some(Default::default());
+        assert!(!render(&p).contains("memory breakdown"));
+    }
+
+    #[test]
+    fn the_batch_recommendation_is_shown_as_batchfit_renders_it() {
+        use crate::analysis::batchfit::{recommend, Evidence};
+        use crate::api::{BatchObservation, DEFAULT_HEADROOM_FRACTION};
+        const GIB: u64 = 1 << 30;
+        let obs = |batch, gib: f64| BatchObservation {
+            batch,
+            peak_bytes: (gib * GIB as f64) as u64,
+            total_bytes: 80 * GIB,
+        };
+        let seen = [obs(48, 76.1), obs(64, 79.3)];
+        let rec = recommend(&Evidence {
+            env_var: "BATCH_SIZE",
+            current: Some(48),
+            limit_bytes: Some(80 * GIB),
+            headroom_fraction: DEFAULT_HEADROOM_FRACTION,
+            breakdown: None,
+            observations: &seen,
+        });
+        let mut p = MemoryProfile::new(
+            "train",
+            crate::api::MemoryProfileSpec {
+                job_name: "train".into(),
+                expected_ranks: None,
+            },
+        );
+        p.status = Some(MemoryProfileStatus {
+            batch_recommendation: Some(rec.clone()),
+            ..Default::default()
+        });
+        let report = render(&p);
+        assert!(
+            report.contains(&crate::analysis::batchfit::render(&rec)),
+            "{report}"
+        );
+        assert!(
+            report.contains("batch size: BATCH_SIZE = 48 now; largest safe 27"),
+            "{report}"
+        );
     }
 }

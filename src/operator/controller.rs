@@ -13,6 +13,7 @@ use super::reconcile::{
 use super::thresholds;
 use super::trust::{screen, PodFacts};
 use super::{Error, Metrics, Options, Result};
+use crate::api::thresholds::{resolve as resolve_thresholds, ANNOTATION_THRESHOLDS};
 use crate::api::{MemoryProfile, MemoryReport, LABEL_JOB, OPERATOR_MANAGER};
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
@@ -410,8 +411,7 @@ async fn reconcile_job(job: &Job, ctx: &Context, st: &mut JobState) -> Result<Ac
                 .and_then(|s| s.template.spec.as_ref())
                 .and_then(|p| p.service_account_name.as_deref())
                 .unwrap_or("default");
-            if let Err(e) = crate::webhook::ensure_reporter_rbac(&ctx.client, &namespace, sa).await
-            {
+            if let Err(e) = super::rbac::ensure_reporter_rbac(&ctx.client, &namespace, sa).await {
                 warn!(error = %e, service_account = sa, "cannot grant the sidecars leave to write MemoryReports");
             }
             profiles
@@ -476,9 +476,8 @@ async fn reconcile_job(job: &Job, ctx: &Context, st: &mut JobState) -> Result<Ac
         &Screening::of(&screened),
     );
     with_batch_fit(&mut desired.status, job, previous);
-    let annotated = job.annotations().get(thresholds::ANNOTATION_THRESHOLDS);
-    let in_effect =
-        thresholds::resolve(&ctx.opts.default_thresholds, annotated.map(String::as_str));
+    let annotated = job.annotations().get(ANNOTATION_THRESHOLDS);
+    let in_effect = resolve_thresholds(&ctx.opts.default_thresholds, annotated.map(String::as_str));
     desired.status.thresholds = Some(in_effect.status());
     let annotations = job_annotations(&desired.status);
     let current = match &st.annotations {

@@ -7,7 +7,7 @@
 //! tasks and their errors, while a supervised task is starting or failed
 //! (see `tasks.rs`).
 
-use super::tasks::Health;
+use super::tasks::{Health, TaskLabels};
 use crate::api::{MemoryProfile, MemoryProfileStatus};
 use kube::runtime::reflector::Store;
 use prometheus_client::collector::Collector;
@@ -36,13 +36,6 @@ pub struct StepLabels {
 pub struct ReasonLabels {
     /// `RiskRaised`, `RiskLowered`, `ReportRejected`.
     pub reason: &'static str,
-}
-
-/// Label of `memprof_operator_task_failures_total`: the task that ended.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct TaskLabels {
-    /// `operator`, `remediation`, `webhook`, `metrics`.
-    pub task: &'static str,
 }
 
 /// The operator's counters and histograms.

@@ -49,6 +49,7 @@ mod controller;
 mod error;
 pub mod leader;
 pub mod metrics;
+pub mod rbac;
 pub mod reconcile;
 pub mod tasks;
 pub mod thresholds;
@@ -58,6 +59,7 @@ pub use controller::{check_crds, run};
 pub use error::{Error, Result};
 pub use leader::{Elector, LeaderOptions};
 pub use metrics::{serve, Metrics};
+pub use rbac::{binding_name, ensure_reporter_rbac, RbacError, REPORTER_ROLE};
 pub use tasks::{supervise, Health, Ready};
 
 /// What the operator needs to know besides the client (flags of

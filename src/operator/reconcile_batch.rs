@@ -92,7 +92,7 @@ pub fn with_batch_fit(
         env_var: &env,
         current,
         limit_bytes: (total > 0).then_some(total),
-        headroom_fraction: batchfit::DEFAULT_HEADROOM_FRACTION,
+        headroom_fraction: crate::api::DEFAULT_HEADROOM_FRACTION,
         breakdown,
         observations: &observations,
     }));

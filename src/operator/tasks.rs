@@ -11,8 +11,8 @@
 //! shows as unready until a retry gets past it.
 
 use super::leader::Stop;
-use super::metrics::TaskLabels;
 use futures::FutureExt;
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use std::collections::BTreeMap;
@@ -22,6 +22,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
 use tracing::{error, info};
+
+/// Label of `memprof_operator_task_failures_total`: the task that ended.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TaskLabels {
+    /// `operator`, `remediation`, `webhook`, `metrics`.
+    pub task: &'static str,
+}
 
 /// First delay before a failed task is started again.
 const FIRST_BACKOFF: Duration = Duration::from_secs(1);

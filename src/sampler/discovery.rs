@@ -24,7 +24,8 @@
 //! for the sidecar.
 
 use super::nvml::{self, NvmlGpu, NvmlSampler};
-use crate::api::Condition;
+use crate::api::env::{self, split_list};
+use crate::api::{Condition, DEFAULT_GPU_RESOURCE};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -32,13 +33,6 @@ use std::time::Duration;
 pub const CONDITION_TYPE: &str = "GpuVisible";
 /// Where the kubelet serves the PodResources API.
 pub const DEFAULT_POD_RESOURCES_SOCKET: &str = "/var/lib/kubelet/pod-resources/kubelet.sock";
-/// The NVIDIA device plugin's resource name.
-pub const DEFAULT_GPU_RESOURCE: &str = "nvidia.com/gpu";
-/// GPU UUIDs (or NVML indices) to sample, comma-separated. The injection
-/// writes it from the trainers' own `NVIDIA_VISIBLE_DEVICES` when they set one.
-pub const ENV_GPUS: &str = "MEMPROF_GPUS";
-/// How many GPUs the pod requested (`nvidia.com/gpu`), written by the injection.
-pub const ENV_REQUESTED_GPUS: &str = "MEMPROF_REQUESTED_GPUS";
 /// Set by the kubelet in every container of every pod: tells a process
 /// started by hand on a machine from one started in a pod.
 const ENV_IN_KUBERNETES: &str = "KUBERNETES_SERVICE_HOST";
@@ -171,7 +165,7 @@ impl DiscoveryOptions {
     pub fn from_vars(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
         let var = |k: &str| lookup(k).filter(|v| !v.trim().is_empty());
         let mut o = DiscoveryOptions::default();
-        if let Some(v) = var(ENV_GPUS) {
+        if let Some(v) = var(env::GPUS) {
             o.gpus = split_list(&v);
         }
         if let Some(v) = var("MEMPROF_GPU_DISCOVERY") {
@@ -186,12 +180,11 @@ impl DiscoveryOptions {
         if let Some(v) = var("MEMPROF_GPU_RESOURCES") {
             o.resource_names = split_list(&v);
         }
-        if let Some(v) = var(ENV_REQUESTED_GPUS) {
-            o.requested_gpus = Some(
-                v.trim()
-                    .parse()
-                    .map_err(|_| format!("{ENV_REQUESTED_GPUS}={v:?} is not a number of GPUs"))?,
-            );
+        if let Some(v) = var(env::REQUESTED_GPUS) {
+            o.requested_gpus =
+                Some(v.trim().parse().map_err(|_| {
+                    format!("{}={v:?} is not a number of GPUs", env::REQUESTED_GPUS)
+                })?);
         }
         o.whole_machine = var(ENV_IN_KUBERNETES).is_none();
         Ok(o)
@@ -207,15 +200,6 @@ impl DiscoveryOptions {
             _ => false,
         }
     }
-}
-
-/// Splits a comma-separated list, dropping blanks.
-pub fn split_list(s: &str) -> Vec<String> {
-    s.split(',')
-        .map(str::trim)
-        .filter(|x| !x.is_empty())
-        .map(String::from)
-        .collect()
 }
 
 /// The outcome of discovery.
@@ -525,8 +509,9 @@ fn all_if_the_pods(opts: &DiscoveryOptions, all: &[NvmlGpu]) -> Discovery {
              says which are its own"
         ),
         None => format!(
-            "NVML sees {n} GPU(s) and nothing says which are this pod's ({ENV_REQUESTED_GPUS} \
-             is not set)"
+            "NVML sees {n} GPU(s) and nothing says which are this pod's ({} \
+             is not set)",
+            env::REQUESTED_GPUS
         ),
     };
     Discovery::not_visible(

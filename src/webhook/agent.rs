@@ -22,7 +22,7 @@
 //! object inadmissible: names or paths already taken leave the pod alone
 //! with a warning, and an init container that cannot copy still exits 0.
 
-use crate::cli::install_agent::DEFAULT_SOURCE;
+use super::config::AgentConfig;
 use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, PatchOperation};
 use k8s_openapi::api::core::v1::{
@@ -54,25 +54,6 @@ pub const PYTHONPATH: &str = "PYTHONPATH";
 pub const AGENT_URL: &str = "MEMPROF_AGENT_URL";
 /// The volume's size limit: the agent is a few hundred KiB of Python.
 const VOLUME_SIZE_LIMIT: &str = "32Mi";
-
-/// Operator settings of the agent injection (`--agent-image`, `--agent-path`).
-#[derive(Clone, Debug, PartialEq)]
-pub struct AgentConfig {
-    /// Image of the init container; `None`: the sidecar's image, which
-    /// carries the agent (no further image to pull or to allow).
-    pub image: Option<String>,
-    /// Where that image carries the agent tree.
-    pub source_dir: String,
-}
-
-impl Default for AgentConfig {
-    fn default() -> Self {
-        AgentConfig {
-            image: None,
-            source_dir: DEFAULT_SOURCE.into(),
-        }
-    }
-}
 
 /// What the webhook knows when it adds the agent.
 pub struct Request<'a> {

@@ -1,6 +1,7 @@
 //! What the webhook injects: plain values, built once from the operator's
 //! flags ([`super::WebhookOptions`]) and shared read-only by every admission.
 
+use crate::api::DEFAULT_AGENT_SOURCE;
 use std::time::Duration;
 
 /// How the sidecar gets to see the GPUs of its pod (see DESIGN.md, "GPU visibility").
@@ -84,7 +85,7 @@ pub struct InjectionConfig {
     /// GPU access mode.
     pub gpu_access: GpuAccess,
     /// The in-process agent's injection (`memprof.dev/agent`).
-    pub agent: super::agent::AgentConfig,
+    pub agent: AgentConfig,
     /// Native or legacy sidecar, already resolved against the server version.
     pub native_sidecar: bool,
     /// Token handling for pods without an automounted service-account token.
@@ -187,59 +188,28 @@ pub fn parse_image_pattern(s: &str) -> Result<String, String> {
     Ok(s.to_string())
 }
 
-/// Shortest interval accepted: NVML queries take ~1 ms per GPU, so faster
-/// sampling only burns the node's CPU.
-pub const MIN_INTERVAL: Duration = Duration::from_millis(10);
-/// Longest interval accepted (the MemoryReport's `intervalMs` schema bound).
-pub const MAX_INTERVAL: Duration = Duration::from_secs(60);
+/// Operator settings of the agent injection (`--agent-image`, `--agent-path`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct AgentConfig {
+    /// Image of the init container; `None`: the sidecar's image, which
+    /// carries the agent (no further image to pull or to allow).
+    pub image: Option<String>,
+    /// Where that image carries the agent tree.
+    pub source_dir: String,
+}
 
-/// Parses `100ms`, `1s`, `1.5s`, `2m`, `1h` (one number, one unit) within
-/// [`MIN_INTERVAL`]..=[`MAX_INTERVAL`].
-pub fn parse_interval(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .ok_or_else(|| format!("interval {s:?} has no unit: write e.g. `500ms`, `1s` or `2m`"))?;
-    let (num, unit) = s.split_at(split);
-    let value: f64 = num
-        .parse()
-        .map_err(|_| format!("interval {s:?} does not start with a number"))?;
-    let millis_per_unit = match unit {
-        "ms" => 1.0,
-        "s" => 1_000.0,
-        "m" => 60_000.0,
-        "h" => 3_600_000.0,
-        _ => return Err(format!("interval {s:?}: unit must be one of ms, s, m, h")),
-    };
-    let d = Duration::from_millis((value * millis_per_unit).round() as u64);
-    if !(MIN_INTERVAL..=MAX_INTERVAL).contains(&d) {
-        return Err(format!(
-            "interval {s:?} is outside {}ms..{}s",
-            MIN_INTERVAL.as_millis(),
-            MAX_INTERVAL.as_secs()
-        ));
+impl Default for AgentConfig {
+    fn default() -> Self {
+        AgentConfig {
+            image: None,
+            source_dir: DEFAULT_AGENT_SOURCE.into(),
+        }
     }
-    Ok(d)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn intervals() {
-        assert_eq!(parse_interval("100ms"), Ok(Duration::from_millis(100)));
-        assert_eq!(parse_interval("1s"), Ok(Duration::from_secs(1)));
-        assert_eq!(parse_interval("1.5s"), Ok(Duration::from_millis(1500)));
-        assert_eq!(parse_interval("1m"), Ok(Duration::from_secs(60)));
-        // The sidecar's own bound: a longer interval would stop it at start-up.
-        assert!(parse_interval("2m").unwrap_err().contains("10ms..60s"));
-        assert!(parse_interval("1").is_err());
-        assert!(parse_interval("s").is_err());
-        assert!(parse_interval("1d").is_err());
-        assert!(parse_interval("1ms").is_err());
-        assert!(parse_interval("2h").is_err());
-    }
 
     #[test]
     fn images_match_exactly_or_by_a_prefix_ending_in_a_star() {

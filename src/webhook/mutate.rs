@@ -19,12 +19,13 @@
 //! container failed (how a CUDA OOM is recognised). Set the annotation
 //! `memprof.dev/termination-message-policy: keep` to opt out.
 
-use super::config::{parse_interval, InjectionConfig};
+use super::config::InjectionConfig;
 use super::sidecar::{self, Overrides, SidecarContext};
 use super::{
     ANNOTATION_INJECTED, ANNOTATION_INTERVAL, ANNOTATION_PORT, ANNOTATION_SIDECAR_IMAGE,
     ANNOTATION_TERMINATION_MESSAGE, LABEL_INJECT, LABEL_INJECTED, SIDECAR_CONTAINER,
 };
+use crate::api::interval::parse_interval;
 use crate::api::ANNOTATION_ENABLED;
 use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, Patch, PatchOperation};
@@ -158,9 +159,9 @@ fn overrides(view: &View<'_>, cfg: &InjectionConfig, warnings: &mut Vec<String>)
             Err(e) => warnings.push(format!("memprof: ignoring {ANNOTATION_INTERVAL}: {e}")),
         }
     }
-    let thresholds = crate::operator::thresholds::resolve(
+    let thresholds = crate::api::thresholds::resolve(
         &cfg.thresholds,
-        annotation(view, crate::operator::thresholds::ANNOTATION_THRESHOLDS),
+        annotation(view, crate::api::thresholds::ANNOTATION_THRESHOLDS),
     );
     if let Some(e) = &thresholds.error {
         warnings.push(format!("memprof: {e}; the cluster-wide thresholds apply"));

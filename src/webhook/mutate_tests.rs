@@ -614,8 +614,7 @@ fn injected_pods_are_labelled_for_the_pod_monitor_whatever_metadata_they_had() {
 #[test]
 fn thresholds_log_format_and_security_context_reach_the_sidecar() {
     let cluster = InjectionConfig {
-        thresholds: crate::operator::thresholds::parse_cluster(r#"{"highTtoSeconds":900}"#)
-            .unwrap(),
+        thresholds: crate::api::thresholds::parse_cluster(r#"{"highTtoSeconds":900}"#).unwrap(),
         log_json: true,
         security_context: Some(serde_json::from_value(json!({"runAsUser": 1234})).unwrap()),
         ..cfg()
@@ -633,7 +632,7 @@ fn thresholds_log_format_and_security_context_reach_the_sidecar() {
     let mut j = job();
     j["metadata"]["annotations"]["memprof.dev/thresholds"] = json!(r#"{"criticalTtoSeconds":300}"#);
     let (out, _) = mutated(Target::Job, &j, &cluster);
-    let t: crate::analysis::Thresholds =
+    let t: crate::api::thresholds::Thresholds =
         serde_json::from_str(&env_value(sidecar(&out), "MEMPROF_THRESHOLDS").unwrap()).unwrap();
     assert_eq!((t.critical_tto_seconds, t.high_tto_seconds), (300.0, 900.0));
 

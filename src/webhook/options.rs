@@ -3,10 +3,11 @@
 
 use super::certs::{self, CertConfig, CertError};
 use super::config::{
-    parse_image_pattern, parse_interval, GpuAccess, InjectionConfig, ServiceAccountTokenMode,
-    SidecarMode, DEFAULT_IMAGE,
+    parse_image_pattern, GpuAccess, InjectionConfig, ServiceAccountTokenMode, SidecarMode,
+    DEFAULT_IMAGE,
 };
 use super::server::{ServerError, TlsCert};
+use crate::api::interval::parse_interval;
 use jiff::SignedDuration;
 use kube::Client;
 use std::future::Future;
@@ -200,7 +201,7 @@ pub struct WebhookOptions {
     #[arg(long = "agent-image", env = "MEMPROF_AGENT_IMAGE", default_value = "")]
     pub agent_image: String,
     /// Where that image carries the agent tree (bootstrap/, lib/).
-    #[arg(long = "agent-path", env = "MEMPROF_AGENT_PATH", default_value = crate::cli::install_agent::DEFAULT_SOURCE)]
+    #[arg(long = "agent-path", env = "MEMPROF_AGENT_PATH", default_value = crate::api::DEFAULT_AGENT_SOURCE)]
     pub agent_path: String,
     /// How the sidecar sees GPUs: envvar, podResources or agentOnly.
     #[arg(long = "gpu-access", env = "MEMPROF_GPU_ACCESS", value_enum, default_value_t = GpuAccess::Envvar)]
@@ -226,7 +227,7 @@ pub struct WebhookOptions {
 }
 
 fn parse_thresholds(s: &str) -> Result<String, String> {
-    crate::operator::thresholds::parse_cluster(s)
+    crate::api::thresholds::parse_cluster(s)
         .map(|_| s.to_string())
         .map_err(|e| e.to_string())
 }
@@ -268,7 +269,7 @@ impl WebhookOptions {
             cpu_limit: non_empty(&self.sidecar_cpu_limit),
             memory_limit: non_empty(&self.sidecar_memory_limit),
             gpu_access: self.gpu_access,
-            agent: super::agent::AgentConfig {
+            agent: super::config::AgentConfig {
                 image: non_empty(&self.agent_image),
                 source_dir: self.agent_path.clone(),
             },
@@ -281,7 +282,7 @@ impl WebhookOptions {
                 .filter_map(|p| non_empty(p))
                 .collect(),
             // Both checked by their flags' parsers.
-            thresholds: crate::operator::thresholds::parse_cluster(&self.default_thresholds)
+            thresholds: crate::api::thresholds::parse_cluster(&self.default_thresholds)
                 .unwrap_or_default(),
             log_json: self.sidecar_log_json,
             security_context: security_context(&self.sidecar_security_context).unwrap_or_default(),

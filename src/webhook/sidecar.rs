@@ -3,8 +3,8 @@
 //! Pure: no client, no I/O.
 
 use super::config::{image_allowed, GpuAccess, InjectionConfig, ServiceAccountTokenMode};
-use super::{env, ANNOTATION_COMPLETION_INDEX, ANNOTATION_SIDECAR_IMAGE, SIDECAR_CONTAINER};
-use crate::sampler::discovery::{DEFAULT_GPU_RESOURCE, ENV_GPUS, ENV_REQUESTED_GPUS};
+use super::{ANNOTATION_COMPLETION_INDEX, ANNOTATION_SIDECAR_IMAGE, SIDECAR_CONTAINER};
+use crate::api::{env, DEFAULT_GPU_RESOURCE};
 use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMapProjection, Container, ContainerPort, DownwardAPIProjection,
     DownwardAPIVolumeFile, EnvVar, EnvVarSource, HostPathVolumeSource, KeyToPath,
@@ -113,7 +113,7 @@ fn named_gpus(value: &str) -> Option<Vec<String>> {
     if v.is_empty() || ["all", "none", "void"].contains(&v.to_ascii_lowercase().as_str()) {
         return None;
     }
-    Some(crate::sampler::discovery::split_list(v))
+    Some(env::split_list(v))
 }
 
 impl PodGpus {
@@ -344,7 +344,7 @@ pub fn build(
             envs.push(plain(env::NVIDIA_DRIVER_CAPABILITIES, "utility"));
             // With every GPU of the node visible, the sidecar reports them all
             // only when they are no more than the pod requested.
-            envs.push(plain(ENV_REQUESTED_GPUS, gpus.requested.to_string()));
+            envs.push(plain(env::REQUESTED_GPUS, gpus.requested.to_string()));
         }
         GpuAccess::AgentOnly => {
             // `void` tells the NVIDIA runtime to expose nothing, even where the
@@ -355,7 +355,7 @@ pub fn build(
     }
     if cfg.gpu_access == GpuAccess::Envvar && !gpus.named.is_empty() {
         // The trainers chose their GPUs themselves: the same ones are theirs.
-        envs.push(plain(ENV_GPUS, gpus.named.join(",")));
+        envs.push(plain(env::GPUS, gpus.named.join(",")));
     }
     if cfg.gpu_access == GpuAccess::PodResources {
         envs.push(plain(env::GPU_DISCOVERY, "podResources"));
@@ -522,24 +522,24 @@ mod tests {
         };
         let cfg = InjectionConfig::default();
         let p = build(&cfg, &Overrides::default(), &ctx, &gpus);
-        assert_eq!(env_of(&p, ENV_REQUESTED_GPUS).as_deref(), Some("2"));
-        assert_eq!(env_of(&p, ENV_GPUS).as_deref(), Some("GPU-aaaa"));
+        assert_eq!(env_of(&p, env::REQUESTED_GPUS).as_deref(), Some("2"));
+        assert_eq!(env_of(&p, env::GPUS).as_deref(), Some("GPU-aaaa"));
 
         let cfg = InjectionConfig {
             gpu_access: GpuAccess::PodResources,
             ..Default::default()
         };
         let p = build(&cfg, &Overrides::default(), &ctx, &gpus);
-        assert_eq!(env_of(&p, ENV_REQUESTED_GPUS).as_deref(), Some("2"));
-        assert_eq!(env_of(&p, ENV_GPUS), None, "the kubelet's answer decides");
+        assert_eq!(env_of(&p, env::REQUESTED_GPUS).as_deref(), Some("2"));
+        assert_eq!(env_of(&p, env::GPUS), None, "the kubelet's answer decides");
 
         let cfg = InjectionConfig {
             gpu_access: GpuAccess::AgentOnly,
             ..Default::default()
         };
         let p = build(&cfg, &Overrides::default(), &ctx, &gpus);
-        assert_eq!(env_of(&p, ENV_REQUESTED_GPUS), None);
-        assert_eq!(env_of(&p, ENV_GPUS), None);
+        assert_eq!(env_of(&p, env::REQUESTED_GPUS), None);
+        assert_eq!(env_of(&p, env::GPUS), None);
     }
 
     #[test]

@@ -5,8 +5,8 @@
 //! it crosses total memory (the predicted OOM), and the risk transitions.
 
 use crate::analysis::theil_sen;
-use crate::analysis::Thresholds;
 use crate::api::format_duration;
+use crate::api::thresholds::Thresholds;
 use crate::plot::{HLine, LineChart, Mark, Series, Style, Unit};
 use crate::sampler::trace::TraceRow;
 use serde_json::Value;

@@ -80,7 +80,7 @@ impl SampleArgs {
     /// Refuses flags the sidecar would refuse later, with what to write instead.
     pub fn check(&self) -> Result<(), ProfileError> {
         let usage = |m: String| Err(ProfileError::Usage(m));
-        if let Err(e) = crate::webhook::parse_interval(&self.interval) {
+        if let Err(e) = crate::api::interval::parse_interval(&self.interval) {
             return usage(format!("--interval: {e}"));
         }
         if !(self.duration >= 0.0 && self.duration.is_finite()) {

@@ -124,7 +124,7 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         dir: dir.clone(),
     };
     if plan.tree.is_none() {
-        eprintln!("memprof sweep: no agent tree at {} (--agent-path): only a command that starts memprof_agent itself writes a summary", args.agent_path.as_deref().map_or(crate::cli::install_agent::DEFAULT_SOURCE.into(), |p| p.display().to_string()));
+        eprintln!("memprof sweep: no agent tree at {} (--agent-path): only a command that starts memprof_agent itself writes a summary", args.agent_path.as_deref().map_or(crate::api::DEFAULT_AGENT_SOURCE.into(), |p| p.display().to_string()));
     }
     let started_at = jiff::Timestamp::now().to_string();
     let (runs, interrupted) = run_all(&plan, &configs).await;

@@ -1,6 +1,6 @@
 //! The `breakdown` of a push (`memprof_agent.breakdown`): what holds the
 //! trainer's memory. Types and their checks; the rest of the push is in
-//! [`crate::agent`].
+//! [`crate::api::agent`].
 //!
 //! Why checked: the profile's batch recommendation builds on `staticBytes`
 //! and `activationsPeakBytes`, so numbers that cannot all be true (a static
