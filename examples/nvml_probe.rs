@@ -14,6 +14,7 @@
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use memprof::api::thresholds::Thresholds;
+use memprof::api::trace::TraceWriter;
 use memprof::monitor::{Identity, Monitor};
 use memprof::sampler::discovery::{self, DiscoveryOptions};
 use memprof::sampler::nvml::NvmlSampler;
@@ -221,11 +222,8 @@ async fn monitor(
                 })
                 .transpose()
         };
-    let mut trace_w = create(&trace)?;
+    let mut trace_w = create(&trace)?.map(TraceWriter::new).transpose()?;
     let mut events_w = create(&events)?;
-    if let Some(w) = trace_w.as_mut() {
-        writeln!(w, "t_s,gpu,used_bytes,total_bytes")?;
-    }
     let interval = Duration::from_secs_f64(1.0 / hz);
     let start = Instant::now();
     let mut next = start;
@@ -243,7 +241,7 @@ async fn monitor(
         if let Some(w) = trace_w.as_mut() {
             for (g, s) in m.sampler().gpus().iter().zip(m.series()) {
                 if let Some(last) = s.last() {
-                    writeln!(w, "{:.3},{},{},{}", t, g.index, last.used, last.total)?;
+                    w.write(t, g.index, last.used, last.total)?;
                 }
             }
         }

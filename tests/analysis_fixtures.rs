@@ -10,8 +10,8 @@
 
 use memprof::analysis::{assess, Assessment, GpuSeries, Sample};
 use memprof::api::thresholds::Thresholds;
+use memprof::api::trace::{parse_trace, TraceRow};
 use memprof::api::RiskLevel;
-use memprof::sampler::trace::{parse_trace, TraceRow};
 use std::collections::BTreeMap;
 
 struct Fixture {

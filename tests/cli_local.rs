@@ -132,7 +132,7 @@ fn profile_prints_a_summary_and_writes_the_report_the_trace_and_the_plot() {
     let r: MemoryReportSpec =
         serde_json::from_slice(&std::fs::read(&report).expect("--output written")).unwrap();
     assert_eq!((r.gpus.len(), r.summary.source), (1, DataSource::Sim));
-    let rows = memprof::sampler::trace::read_trace(&s(&trace)).expect("--trace-out written");
+    let rows = memprof::api::trace::read_trace(&s(&trace)).expect("--trace-out written");
     assert!(rows.len() >= 20, "{} samples", rows.len());
     let t = svg_texts(&plot);
     for want in [

@@ -113,7 +113,7 @@ pub async fn open(args: &crate::Args, rank: u32) -> Opened {
         },
         Backend::Trace => match &args.trace {
             None => Err("--backend trace needs --trace FILE".into()),
-            Some(path) => trace::read_trace(path).map_err(|e| e.to_string()).map(|rows| {
+            Some(path) => memprof::api::trace::read_trace(path).map_err(|e| e.to_string()).map(|rows| {
                 let s = trace::TraceSampler::new(rows);
                 let c = Condition::new(GPU_VISIBLE, true, "Replayed", format!("{} GPU(s) replayed from trace {path}", s.gpus().len()));
                 (Box::new(s) as Box<dyn Sampler>, c)

@@ -5,10 +5,10 @@ use crate::metrics::{GpuLabel, Metrics};
 use crate::{gpus, identity, server, writer, Args};
 use anyhow::Context;
 use memprof::api::thresholds::Thresholds;
+use memprof::api::trace::TraceWriter;
 use memprof::api::{Condition, MemoryReportSpec, RiskLevel};
 use memprof::monitor::Monitor;
 use prometheus_client::registry::Registry;
-use std::io::Write;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -163,11 +163,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
 
     let mut trace_out = match &args.trace_out {
         Some(p) => {
-            let mut f = std::io::BufWriter::new(
-                std::fs::File::create(p).with_context(|| format!("cannot create {p}"))?,
-            );
-            writeln!(f, "t_s,gpu,used_bytes,total_bytes")?;
-            Some(f)
+            let f = std::fs::File::create(p).with_context(|| format!("cannot create {p}"))?;
+            Some(TraceWriter::new(f).with_context(|| format!("cannot write {p}"))?)
         }
         None => None,
     };
@@ -221,14 +218,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         if let Some(f) = trace_out.as_mut() {
             for (i, s) in monitor.series().iter().enumerate() {
                 if let Some(last) = s.last() {
-                    let _ = writeln!(
-                        f,
-                        "{:.3},{},{},{}",
-                        t - t0,
-                        monitor.sampler().gpus()[i].index,
-                        last.used,
-                        last.total
-                    );
+                    let gpu = monitor.sampler().gpus()[i].index;
+                    let _ = f.write(t - t0, gpu, last.used, last.total);
                 }
             }
         }

@@ -12,25 +12,29 @@ pub const MIN_INTERVAL: Duration = Duration::from_millis(10);
 /// Longest interval accepted (the MemoryReport's `intervalMs` schema bound).
 pub const MAX_INTERVAL: Duration = Duration::from_secs(60);
 
-/// Parses `100ms`, `1s`, `1.5s`, `2m`, `1h` (one number, one unit) within
-/// [`MIN_INTERVAL`]..=[`MAX_INTERVAL`].
+/// Parses `100ms`, `1s`, `1.5s`, `2m`, `1h` within
+/// [`MIN_INTERVAL`]..=[`MAX_INTERVAL`], rounded to whole milliseconds.
+/// jiff's "friendly" duration format does the parsing (so `1m30s` and
+/// `1 sec` read too); the checks before it keep the advice of each error.
 pub fn parse_interval(s: &str) -> Result<Duration, String> {
     let s = s.trim();
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .ok_or_else(|| format!("interval {s:?} has no unit: write e.g. `500ms`, `1s` or `2m`"))?;
-    let (num, unit) = s.split_at(split);
-    let value: f64 = num
+    if !s.contains(|c: char| c.is_alphabetic()) {
+        return Err(format!(
+            "interval {s:?} has no unit: write e.g. `500ms`, `1s` or `2m`"
+        ));
+    }
+    if !s.starts_with(|c: char| c.is_ascii_digit() || c == '.') {
+        return Err(format!("interval {s:?} does not start with a number"));
+    }
+    // jiff wants a digit on both sides of a decimal point; `.5s` and `1.s`
+    // have always been accepted here.
+    let number_end = s.find(|c: char| !(c.is_ascii_digit() || c == '.'));
+    let (number, unit) = s.split_at(number_end.unwrap_or(s.len()));
+    let normal = format!("0{}{unit}", number.trim_end_matches('.'));
+    let parsed: jiff::SignedDuration = normal
         .parse()
-        .map_err(|_| format!("interval {s:?} does not start with a number"))?;
-    let millis_per_unit = match unit {
-        "ms" => 1.0,
-        "s" => 1_000.0,
-        "m" => 60_000.0,
-        "h" => 3_600_000.0,
-        _ => return Err(format!("interval {s:?}: unit must be one of ms, s, m, h")),
-    };
-    let d = Duration::from_millis((value * millis_per_unit).round() as u64);
+        .map_err(|_| format!("interval {s:?}: unit must be one of ms, s, m, h"))?;
+    let d = Duration::from_millis((parsed.as_secs_f64() * 1_000.0).round() as u64);
     if !(MIN_INTERVAL..=MAX_INTERVAL).contains(&d) {
         return Err(format!(
             "interval {s:?} is outside {}ms..{}s",
@@ -58,5 +62,21 @@ mod tests {
         assert!(parse_interval("1d").is_err());
         assert!(parse_interval("1ms").is_err());
         assert!(parse_interval("2h").is_err());
+        // The words of each refusal, as before jiff parsed them.
+        assert!(parse_interval("1").unwrap_err().contains("has no unit"));
+        assert!(parse_interval("-1s")
+            .unwrap_err()
+            .contains("does not start with a number"));
+        assert!(parse_interval("1d").unwrap_err().contains("ms, s, m, h"));
+        assert!(parse_interval("1x").unwrap_err().contains("ms, s, m, h"));
+        assert!(parse_interval("1ms")
+            .unwrap_err()
+            .contains("outside 10ms..60s"));
+        // Rounded to whole milliseconds, as `MEMPROF_INTERVAL` is written.
+        assert_eq!(parse_interval("0.0105s"), Ok(Duration::from_millis(11)));
+        assert_eq!(parse_interval(" 250ms "), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_interval("0.5m"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_interval("1.s"), Ok(Duration::from_secs(1)));
+        assert_eq!(parse_interval(".5s"), Ok(Duration::from_millis(500)));
     }
 }

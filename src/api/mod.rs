@@ -10,6 +10,7 @@ mod policy;
 mod profile;
 mod report;
 pub mod thresholds;
+pub mod trace;
 
 pub use common::*;
 pub use policy::*;

@@ -9,9 +9,9 @@ pub mod plot;
 
 use crate::analysis::{assess, Assessment, GpuSeries, Sample};
 use crate::api::thresholds::Thresholds;
+use crate::api::trace::TraceRow;
 use crate::api::{format_bytes, format_duration, RiskLevel};
 use crate::cli::output::{Format, OutputArgs, Table};
-use crate::sampler::trace::TraceRow;
 use anyhow::Context as _;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -59,7 +59,7 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
             p.display()
         );
     }
-    let rows = crate::sampler::trace::read_trace(&args.trace)?;
+    let rows = crate::api::trace::read_trace(&args.trace)?;
     let opts = Options {
         thresholds: thresholds.clone(),
         estimate_every: args.estimate_every,

@@ -256,7 +256,7 @@ pub async fn profile(a: Args) -> Result<i32, ProfileError> {
     }
     side.stop().await;
     let rows =
-        crate::sampler::trace::read_trace(&files.trace.display().to_string()).unwrap_or_default();
+        crate::api::trace::read_trace(&files.trace.display().to_string()).unwrap_or_default();
     let report: Option<MemoryReportSpec> = std::fs::read(&files.output)
         .ok()
         .and_then(|b| serde_json::from_slice(&b).ok());

@@ -40,7 +40,7 @@ pub struct GpuReading {
 /// Errors of samplers. Messages say what to do.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// A scenario or trace file could not be read.
+    /// A scenario file could not be read.
     #[error("cannot read {path}: {source}")]
     Read {
         /// File path.
@@ -54,16 +54,6 @@ pub enum Error {
         /// File path.
         path: String,
         /// What is wrong and how to fix it.
-        why: String,
-    },
-    /// A trace file is not valid.
-    #[error("invalid trace {path} line {line}: {why} (expected columns t_s,gpu,used_bytes,total_bytes[,allocated_bytes,reserved_bytes])")]
-    Trace {
-        /// File path.
-        path: String,
-        /// 1-based line number.
-        line: usize,
-        /// What is wrong.
         why: String,
     },
     /// The GPU backend failed.

@@ -7,8 +7,8 @@
 use crate::analysis::theil_sen;
 use crate::api::format_duration;
 use crate::api::thresholds::Thresholds;
+use crate::api::trace::TraceRow;
 use crate::plot::{HLine, LineChart, Mark, Series, Style, Unit};
-use crate::sampler::trace::TraceRow;
 use serde_json::Value;
 use std::collections::BTreeMap;
 
@@ -168,7 +168,7 @@ mod tests {
             "{}/tests/fixtures/traces/{name}",
             env!("CARGO_MANIFEST_DIR")
         );
-        crate::sampler::trace::read_trace(&path).expect("fixture")
+        crate::api::trace::read_trace(&path).expect("fixture")
     }
 
     fn lines(rows: &[TraceRow]) -> Vec<Value> {

@@ -3,12 +3,12 @@
 //! sidecar's reports, transitions and trace.
 
 use super::sidecar::Transition;
+use crate::api::trace::TraceRow;
 use crate::api::{
     format_bytes, format_duration, DataSource, GpuReport, MemoryReportSpec, RiskLevel,
 };
 use crate::cli::output::Table;
 use crate::plot::{self, HLine, LineChart, Mark, Series, Style, Unit};
-use crate::sampler::trace::TraceRow;
 use std::collections::{BTreeMap, VecDeque};
 
 /// The GPUs to show: `--devices` entries, each an index or a UUID; empty: all.
