@@ -1,17 +1,14 @@
 //! memprof: GPU memory profiling and OOM prevention for training jobs on Kubernetes.
 //!
-//! The library holds everything the three binaries share: the API types
-//! ([`api`]), the pure analysis ([`analysis`]), the GPU samplers ([`sampler`])
-//! and the operator's reconcile logic ([`operator`]). Binaries only parse flags
-//! and wire these together.
+//! The work lives in role crates (`crates/`, see the README's "How it fits
+//! together"); this facade re-exports them under their old paths so that
+//! tests/, examples/ and bench/ say `memprof::api::…`, `memprof::operator::…`.
+//! Nothing in a role crate depends on it. The sidecar (`memprof-sidecar`) is
+//! not re-exported: its tests and examples live in `crates/sidecar`.
 #![forbid(unsafe_code)]
 
-pub mod analysis;
-pub mod api;
-pub mod cli;
-pub mod monitor;
-pub mod operator;
-pub mod plot;
-pub mod remediation;
-pub mod sampler;
-pub mod webhook;
+pub use memprof_analysis as analysis;
+pub use memprof_api as api;
+pub use memprof_cli as cli;
+pub use memprof_controller::{operator, remediation};
+pub use memprof_webhook as webhook;

@@ -480,7 +480,8 @@ fn compare_reads_two_sweeps_and_says_what_grew() {
         );
         assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     }
-    let c = memprof::cli::compare_files::compare_paths(&a, &b).expect("two sweep results compare");
+    let c = memprof::cli::local::compare_files::compare_paths(&a, &b)
+        .expect("two sweep results compare");
     assert_eq!(c.kind, "sweep");
     // 8 × 0.5 GB more activations: 10.1 GB → 14.1 GB reserved.
     assert_eq!(
@@ -495,7 +496,7 @@ fn compare_reads_two_sweeps_and_says_what_grew() {
     assert_eq!(act.delta, Some(4e9));
     let per_unit = c.rows.iter().find(|r| r.item == "per unit").unwrap();
     assert!((per_unit.delta.unwrap() - 5e8).abs() < 1.0, "{per_unit:?}");
-    let err =
-        memprof::cli::compare_files::compare_paths(&a, &dir.path("missing.json")).unwrap_err();
+    let err = memprof::cli::local::compare_files::compare_paths(&a, &dir.path("missing.json"))
+        .unwrap_err();
     assert!(err.to_string().starts_with("cannot read"), "{err}");
 }

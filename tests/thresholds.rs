@@ -74,7 +74,7 @@ async fn thresholds_in_effect_show_their_source_and_an_invalid_annotation_warns_
     assert_eq!(t.values["criticalTtoSeconds"], 300.0);
     assert_eq!(t.values["highTtoSeconds"], 900.0);
     // `memprof report` shows them.
-    let shown = memprof::cli::report::render(&profiles.get("train").await.unwrap());
+    let shown = memprof::cli::kube::report::render(&profiles.get("train").await.unwrap());
     assert!(
         shown.contains("thresholds (annotation): criticalTtoSeconds=300 highTtoSeconds=900"),
         "{shown}"

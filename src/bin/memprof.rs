@@ -21,29 +21,29 @@ enum Command {
     Crd,
     /// Run the analysis offline over a recorded trace (CSV `t_s,gpu,used_bytes,total_bytes`):
     /// a table on a terminal, JSON lines with `-o json`, `--plot` draws the prediction.
-    Analyze(memprof::cli::analyze::Args),
+    Analyze(memprof::cli::local::analyze::Args),
     /// Profile this machine's GPUs without Kubernetes: live status per GPU, then a
     /// summary table; with `-- COMMAND`, runs the command next to it with the
     /// in-process agent pushing to it, until the command exits.
-    Profile(memprof::cli::profile::Args),
+    Profile(memprof::cli::local::profile::Args),
     /// Show what memprof concluded about a job (its MemoryProfile and per-rank reports),
     /// or about every profiled job in scope.
-    Report(memprof::cli::report::Args),
+    Report(memprof::cli::kube::report::Args),
     /// Watch this box's GPUs for a predicted OOM (`--monitor`, `--fail-on critical`).
-    Oom(memprof::cli::oom::Args),
+    Oom(memprof::cli::local::oom::Args),
     /// Run a training command over a grid of settings (`--vary BATCH_SIZE=8,16,32`),
     /// one process per configuration, and print the largest safe value.
-    Sweep(memprof::cli::sweep::Args),
+    Sweep(memprof::cli::local::sweep::Args),
     /// Profiled jobs by risk, then time to OOM (like `kubectl top`).
-    Top(memprof::cli::top::Args),
+    Top(memprof::cli::kube::top::Args),
     /// Draw a Job's per-rank timelines and per-GPU peaks (SVG, or text on a terminal).
-    Plot(memprof::cli::plot::Args),
+    Plot(memprof::cli::kube::plot::Args),
     /// Two sweep results, reports or Jobs side by side: what grew, where.
-    Compare(memprof::cli::compare::Args),
+    Compare(memprof::cli::kube::compare::Args),
     /// Remediation policies: which match a Job and what they would do now.
     Policy {
         #[command(subcommand)]
-        command: memprof::cli::policy::Command,
+        command: memprof::cli::kube::policy::Command,
     },
     /// Copy the Python agent and its startup hook into DIR (what the init
     /// container added for `memprof.dev/agent: "python"` runs).
@@ -62,7 +62,7 @@ enum Command {
     Completion {
         /// The shell.
         #[arg(value_enum)]
-        shell: memprof::cli::completion::Shell,
+        shell: memprof::cli::kube::completion::Shell,
     },
     /// Completion candidates in Cobra's protocol (what `kubectl_complete-memprof` calls).
     #[command(name = "__complete", hide = true)]
@@ -95,29 +95,33 @@ fn main() -> std::process::ExitCode {
 async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Crd => print!("{}", memprof::api::crds_yaml()),
-        Command::Analyze(args) => std::process::exit(memprof::cli::analyze::run(args).await?),
-        Command::Profile(args) => std::process::exit(memprof::cli::profile::run_args(args).await?),
-        Command::Report(args) => std::process::exit(memprof::cli::report::run(args).await?),
-        Command::Policy { command } => memprof::cli::policy::run(command).await?,
-        Command::Oom(args) => std::process::exit(memprof::cli::oom::run(args).await?),
-        Command::Sweep(args) => std::process::exit(memprof::cli::sweep::run(args).await?),
-        Command::Top(args) => std::process::exit(memprof::cli::top::run(args).await?),
+        Command::Analyze(args) => {
+            std::process::exit(memprof::cli::local::analyze::run(args).await?)
+        }
+        Command::Profile(args) => {
+            std::process::exit(memprof::cli::local::profile::run_args(args).await?)
+        }
+        Command::Report(args) => std::process::exit(memprof::cli::kube::report::run(args).await?),
+        Command::Policy { command } => memprof::cli::kube::policy::run(command).await?,
+        Command::Oom(args) => std::process::exit(memprof::cli::local::oom::run(args).await?),
+        Command::Sweep(args) => std::process::exit(memprof::cli::local::sweep::run(args).await?),
+        Command::Top(args) => std::process::exit(memprof::cli::kube::top::run(args).await?),
         Command::Completion { shell } => {
             let mut cmd = Cli::command();
-            let script = memprof::cli::completion::script(shell, &mut cmd, "memprof");
+            let script = memprof::cli::kube::completion::script(shell, &mut cmd, "memprof");
             memprof::cli::output::print(&script);
         }
         Command::Complete { words } => {
-            let answer = memprof::cli::completion::complete(&Cli::command(), &words).await;
+            let answer = memprof::cli::kube::completion::complete(&Cli::command(), &words).await;
             memprof::cli::output::print(&answer);
         }
-        Command::Plot(args) => std::process::exit(memprof::cli::plot::run(args).await?),
-        Command::Compare(args) => std::process::exit(memprof::cli::compare::run(args).await?),
+        Command::Plot(args) => std::process::exit(memprof::cli::kube::plot::run(args).await?),
+        Command::Compare(args) => std::process::exit(memprof::cli::compare(args).await?),
         Command::InstallAgent {
             dir,
             from,
             best_effort,
-        } => match memprof::cli::install_agent::install(&from, &dir) {
+        } => match memprof::cli::local::install_agent::install(&from, &dir) {
             Ok(n) => println!(
                 "installed the memprof agent ({n} files) into {}",
                 dir.display()

@@ -423,3 +423,19 @@ pub async fn count_events(client: &Client, ns: &str, reason: &str, regarding: &s
         .map(|e| e.series.as_ref().map_or(1, |s| s.count))
         .sum()
 }
+
+/// `memprof-sidecar`, a binary of another package of the workspace:
+/// `MEMPROF_SIDECAR_BIN`, else next to `memprof` (hack/test.sh builds the
+/// workspace first).
+pub fn sidecar_binary() -> std::path::PathBuf {
+    if let Ok(p) = std::env::var("MEMPROF_SIDECAR_BIN") {
+        return p.into();
+    }
+    let p = std::path::Path::new(env!("CARGO_BIN_EXE_memprof")).with_file_name("memprof-sidecar");
+    assert!(
+        p.exists(),
+        "{} is missing: run `cargo build -p memprof-sidecar` first (or set MEMPROF_SIDECAR_BIN)",
+        p.display()
+    );
+    p
+}

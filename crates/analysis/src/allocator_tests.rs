@@ -1,0 +1,399 @@
+//! Every allocator rule on plain values: pushes built in code, no clock.
+
+use super::*;
+use memprof_api::agent::{Block, DeviceStats, Frame, OomSnapshot, Push, PushKind, SnapshotSource};
+use memprof_api::RiskLevel;
+
+const GB: f64 = 1e9;
+const TOTAL: u64 = 80_000_000_000;
+const T0: f64 = 1.8e9;
+
+/// What the allocator holds at one push.
+#[derive(Clone, Copy)]
+struct At {
+    allocated: f64,
+    peak: f64,
+    reserved: f64,
+    /// Memory of other processes on the device.
+    others: f64,
+    retries: u64,
+    split: f64,
+}
+
+fn at(allocated: f64, peak: f64, reserved: f64) -> At {
+    At {
+        allocated,
+        peak,
+        reserved,
+        others: 0.0,
+        retries: 0,
+        split: 0.0,
+    }
+}
+
+fn push(t: f64, step: Option<u64>, phase: Option<&str>, a: At) -> Push {
+    let reserved = a.reserved.max(a.peak) as u64;
+    let ctx = 500_000_000.0;
+    Push {
+        version: 1,
+        time: T0 + t,
+        step,
+        phase: phase.map(str::to_string),
+        devices: vec![DeviceStats {
+            index: 0,
+            uuid: Some("GPU-a".into()),
+            allocated_bytes: a.allocated as u64,
+            reserved_bytes: reserved,
+            inactive_split_bytes: Some(a.split as u64),
+            peak_allocated_bytes: Some(a.peak.max(a.allocated) as u64),
+            alloc_retries: a.retries,
+            free_bytes: Some(TOTAL.saturating_sub((reserved as f64 + a.others + ctx) as u64)),
+            total_bytes: Some(TOTAL),
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+}
+
+/// Pushes at 1 Hz for `secs`, 2 steps per second; assessments every second.
+fn run(secs: usize, f: impl Fn(f64) -> At) -> (AgentState, Vec<AllocatorAssessment>) {
+    let th = Thresholds::default();
+    let mut s = AgentState::new(&th);
+    let mut out = vec![];
+    for i in 0..=secs {
+        let t = i as f64;
+        s.observe(&push(t, Some(2 * i as u64), None, f(t)));
+        out.push(s.assess().remove(0));
+    }
+    (s, out)
+}
+
+/// 30 GB of weights and optimizer state; activations up to +15 GB within a step.
+fn training(_t: f64) -> At {
+    at(30.0 * GB, 45.0 * GB, 48.0 * GB)
+}
+
+#[test]
+fn steady_training_is_neither_leak_nor_cache_and_stays_low() {
+    let (_, all) = run(600, training);
+    for a in &all {
+        assert_eq!(a.growth, MemoryGrowth::None, "{a:?}");
+        assert!(a.risk.risk <= RiskLevel::Low, "{a:?}");
+    }
+    assert!(all.last().unwrap().risk.confidence > 0.9);
+}
+
+#[test]
+fn a_leak_is_called_a_leak_and_its_oom_predicted_against_the_allocator_limit() {
+    let rate = 100e6;
+    // Allocated grows 100 MB/s; the allocator reserves whole 2 GB segments ahead of it.
+    let leak = |t: f64| {
+        let floor = 30.0 * GB + rate * t;
+        let reserved = ((floor + 15.0 * GB) / (2.0 * GB)).ceil() * 2.0 * GB;
+        at(floor, floor + 15.0 * GB, reserved)
+    };
+    // The real OOM: the peak (floor + 15 GB) reaches free + reserved = total - context.
+    let limit = TOTAL as f64 - 500_000_000.0;
+    let truth = (limit - 45.0 * GB) / rate;
+    let (_, all) = run(300, leak);
+    let first_leak = all
+        .iter()
+        .position(|a| a.growth == MemoryGrowth::Leak)
+        .unwrap();
+    assert!(first_leak <= 75, "called a leak after {first_leak} s");
+    assert!(all[first_leak..].iter().all(|a| a.risk.leak_suspected));
+    // Half the leak's life: time to OOM within 10 % of the truth.
+    let half = (truth / 2.0) as usize;
+    let a = &all[half];
+    let tto = a.risk.time_to_oom_seconds.unwrap();
+    let remaining = truth - half as f64;
+    assert!(
+        (tto - remaining).abs() <= 0.1 * remaining,
+        "tto {tto} vs {remaining}"
+    );
+    assert!(a.allocated_growth.unwrap() > 0.9 * rate);
+}
+
+#[test]
+fn reserved_growing_with_a_flat_floor_is_cache_not_a_leak() {
+    // Longer sequences: each step's activations grow, reserved follows in
+    // segments, and memory between steps is the same 30 GB.
+    let (_, all) = run(600, |t| {
+        let act = 5.0 * GB + 40e6 * t;
+        at(
+            30.0 * GB,
+            30.0 * GB + act,
+            ((30.0 * GB + act) / (2.0 * GB)).ceil() * 2.0 * GB,
+        )
+    });
+    assert!(all
+        .iter()
+        .all(|a| a.growth != MemoryGrowth::Leak && !a.risk.leak_suspected));
+    assert!(all[200..].iter().any(|a| a.growth == MemoryGrowth::Cache));
+}
+
+#[test]
+fn with_phases_a_leak_lifts_every_phase_and_longer_sequences_only_one() {
+    let th = Thresholds::default();
+    let phases = ["forward", "backward", "optimizer"];
+    let mut leak = AgentState::new(&th);
+    let mut seq = AgentState::new(&th);
+    for i in 0..=400usize {
+        let t = i as f64;
+        let phase = phases[i % 3];
+        // Leak: every phase's memory rises with time.
+        let base = 30.0 * GB + 100e6 * t;
+        let extra = if phase == "forward" {
+            10.0 * GB
+        } else {
+            2.0 * GB
+        };
+        leak.observe(&push(
+            t,
+            Some(i as u64),
+            Some(phase),
+            at(base + extra, base + extra, 75.0 * GB),
+        ));
+        // Longer sequences: forward's activations rise, the optimizer's memory does not.
+        let extra = if phase == "forward" {
+            5.0 * GB + 30e6 * t
+        } else {
+            0.0
+        };
+        seq.observe(&push(
+            t,
+            Some(i as u64),
+            Some(phase),
+            at(30.0 * GB + extra, 30.0 * GB + extra, 60.0 * GB),
+        ));
+    }
+    assert_eq!(leak.assess()[0].growth, MemoryGrowth::Leak);
+    assert_ne!(seq.assess()[0].growth, MemoryGrowth::Leak);
+    let stats = seq.stats(&seq.assess()).unwrap();
+    assert_eq!(stats.phase_peaks[0].phase, "forward");
+    assert_eq!(stats.phase_peaks.len(), 3);
+    assert!(stats.phase_peaks[0].allocated_bytes > stats.phase_peaks[2].allocated_bytes);
+}
+
+#[test]
+fn the_limit_is_free_plus_reserved_not_the_gpu_total() {
+    // 20 GB belong to another process: the trainer's OOM comes 20 GB earlier
+    // than NVML's ceiling.
+    let rate = 100e6;
+    let (_, all) = run(150, |t| At {
+        others: 20.0 * GB,
+        ..at(
+            30.0 * GB + rate * t,
+            30.0 * GB + rate * t,
+            40.0 * GB + rate * t,
+        )
+    });
+    let a = all.last().unwrap();
+    let limit = TOTAL as f64 - 20.0 * GB - 500_000_000.0;
+    let truth = (limit - (30.0 * GB + rate * 150.0)) / rate;
+    let tto = a.risk.time_to_oom_seconds.unwrap();
+    assert!((tto - truth).abs() <= 0.1 * truth, "tto {tto} vs {truth}");
+}
+
+#[test]
+fn fragmentation_advice_needs_fragmented_memory_and_climbing_retries() {
+    let frag = |retries: u64| At {
+        retries,
+        split: 6.0 * GB,
+        ..at(30.0 * GB, 30.0 * GB, 50.0 * GB)
+    };
+    // Fragmented, retries climbing: the concrete advice.
+    let (s, all) = run(120, |t| frag(t as u64 / 10));
+    let a = all.last().unwrap();
+    assert_eq!(a.recent_retries, Some(6));
+    let advice = a.advice.as_deref().unwrap();
+    assert!(
+        advice.contains("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"),
+        "{advice}"
+    );
+    assert!(advice.contains("max_split_size_mb"), "{advice}");
+    assert_eq!(a.fragmentation, Some(0.4));
+    assert_eq!(
+        s.stats(&all[all.len() - 1..]).unwrap().advice.as_deref(),
+        Some(advice)
+    );
+    // Fragmented but no retry for a minute: cache that is never missed costs nothing.
+    let (_, all) = run(120, |t| frag((t as u64).min(30) / 10));
+    assert_eq!(all.last().unwrap().advice, None);
+    // Retries without fragmentation: pressure, not fragmentation.
+    let (_, all) = run(120, |t| At {
+        retries: t as u64 / 10,
+        ..at(47.0 * GB, 47.0 * GB, 48.0 * GB)
+    });
+    let advice = all.last().unwrap().advice.clone().unwrap();
+    assert!(
+        advice.starts_with("memory pressure") && !advice.contains("expandable"),
+        "{advice}"
+    );
+}
+
+#[test]
+fn a_restarted_process_starts_its_counters_again() {
+    let (_, all) = run(30, |t| At {
+        retries: if t < 20.0 { 50 } else { 1 },
+        ..training(t)
+    });
+    assert_eq!(all.last().unwrap().recent_retries, Some(0));
+}
+
+#[test]
+fn the_step_rate_comes_from_the_step_markers() {
+    let (s, _) = run(120, training);
+    let rate = s.steps_per_second().unwrap();
+    assert!((rate - 2.0).abs() < 1e-9, "{rate}");
+    assert!(AgentState::new(&Thresholds::default())
+        .steps_per_second()
+        .is_none());
+}
+
+#[test]
+fn the_oom_snapshot_and_events_are_bounded_in_the_report() {
+    let th = Thresholds::default();
+    let mut s = AgentState::new(&th);
+    let frame = Frame {
+        filename: "train.py".into(),
+        line: 42,
+        name: "leak".repeat(100),
+    };
+    let mut p = push(1.0, Some(9), Some("forward"), training(1.0));
+    p.kind = PushKind::Oom;
+    p.events = (0..20)
+        .map(|i| memprof_api::agent::Event {
+            t: T0 + i as f64,
+            name: format!("e{i}"),
+            ..Default::default()
+        })
+        .collect();
+    p.oom = Some(OomSnapshot {
+        device: Some(0),
+        requested_bytes: Some(2 << 30),
+        message: "CUDA out of memory. ".repeat(100),
+        source: SnapshotSource::History,
+        blocks: vec![
+            Block {
+                size_bytes: 6 << 30,
+                frames: vec![frame; 8],
+                ..Default::default()
+            };
+            16
+        ],
+    });
+    s.observe(&p);
+    let stats = s.stats(&s.assess()).unwrap();
+    let oom = stats.oom.as_ref().unwrap();
+    assert_eq!((oom.blocks.len(), oom.blocks[0].frames.len()), (8, 4));
+    assert!(oom.blocks[0].frames[0].starts_with("train.py:42 leakleak"));
+    assert!(oom.blocks[0].frames[0].len() <= 256 && oom.message.len() <= 512);
+    assert_eq!(oom.source, "history");
+    assert_eq!(stats.events.len(), 8);
+    assert_eq!(stats.events[7].name, "e19");
+    assert!(
+        stats.events[0].time.starts_with("2027-01-15T"),
+        "{}",
+        stats.events[0].time
+    );
+    assert!(serde_json::to_vec(&stats).unwrap().len() < 12 * 1024);
+}
+
+#[test]
+fn no_device_numbers_means_no_stats() {
+    let th = Thresholds::default();
+    let mut s = AgentState::new(&th);
+    s.observe(&Push {
+        version: 1,
+        time: T0,
+        step: Some(1),
+        ..Default::default()
+    });
+    assert!(s.stats(&s.assess()).is_none());
+    assert_eq!(s.last_push(), Some(T0));
+}
+
+/// The shape of the 1 GB/s leak recorded on an H100 (docs/gpu-results.md):
+/// a 7 GB floor, steps peaking 15 GB above it, 1 GB/s kept from t = 0 until
+/// the peak meets the limit 46 s later. With NVML's bucketing the estimate
+/// at half the leak's life was 132 % late; the agent's finer series must be
+/// within 10 %, critical well before the OOM, and call it a leak.
+#[test]
+fn a_1_gb_per_s_leak_is_predicted_within_10_percent_at_half_its_life() {
+    let th = Thresholds::default();
+    let mut s = AgentState::new(&th);
+    let rate = 1e9;
+    let ctx = 500_000_000.0;
+    let limit = TOTAL as f64 - ctx;
+    let oom = (limit - 22.0 * GB) / rate; // peak = 7 + 15 GB + leak
+    let mut at_half = None;
+    let mut first_critical = None;
+    let mut first_leak = None;
+    for i in -60..(oom as i64) {
+        let t = i as f64;
+        let leak = rate * t.max(0.0);
+        let floor = 7.0 * GB + leak;
+        s.observe(&push(
+            t + 100.0,
+            Some((i + 60) as u64 * 22),
+            None,
+            at(floor, floor + 15.0 * GB, (floor + 15.0 * GB).max(34.0 * GB)),
+        ));
+        let a = s.assess().remove(0);
+        if i >= 0 && first_critical.is_none() && a.risk.risk >= RiskLevel::Critical {
+            first_critical = Some(t);
+        }
+        if i >= 0 && first_leak.is_none() && a.growth == MemoryGrowth::Leak {
+            first_leak = Some(t);
+        }
+        if i == (oom / 2.0) as i64 {
+            at_half = Some((t, a.risk.time_to_oom_seconds));
+        }
+    }
+    let (t, tto) = at_half.unwrap();
+    let tto = tto.expect("an estimate at half the leak's life");
+    let truth = oom - t;
+    assert!((tto - truth).abs() <= 0.1 * truth, "tto {tto} vs {truth}");
+    let critical = first_critical.expect("critical before the OOM");
+    assert!(
+        oom - critical >= 15.0,
+        "critical {critical} s into a {oom} s leak"
+    );
+    let called = first_leak.expect("called a leak before the OOM");
+    assert!(called <= 25.0, "called a leak {called} s into it");
+}
+
+/// Pushes land at random points of a step: the value at a push is the
+/// floor plus some of the activations. Steady training read that way is
+/// never a leak, on either horizon.
+#[test]
+fn noisy_steady_training_is_never_a_leak() {
+    let mut seed: u64 = 7;
+    let mut noise = move || {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let u = (seed >> 33) as f64 / (1u64 << 31) as f64;
+        if u < 0.3 {
+            0.0
+        } else {
+            u
+        }
+    };
+    let th = Thresholds::default();
+    let mut s = AgentState::new(&th);
+    for i in 0..=900 {
+        let t = i as f64;
+        let now = 7.0 * GB + 15.0 * GB * noise();
+        s.observe(&push(
+            t,
+            Some(i as u64 * 20),
+            None,
+            at(now, 22.0 * GB, 34.0 * GB),
+        ));
+        let a = s.assess().remove(0);
+        assert_ne!(a.growth, MemoryGrowth::Leak, "t={t}: {a:?}");
+        assert!(a.risk.risk <= RiskLevel::Low, "t={t}: {a:?}");
+    }
+}

@@ -1,0 +1,277 @@
+//! Job roll-up: from every rank's report to one bounded profile status.
+
+use memprof_api::{
+    format_bytes, format_duration, GpuLocation, GpuReport, MemoryProfileStatus, MemoryReportSpec,
+    RankSummary, RiskLevel, MAX_TOP_RANKS,
+};
+use std::cmp::Ordering;
+
+/// One report as the roll-up sees it.
+#[derive(Clone, Debug)]
+pub struct RollupInput<'a> {
+    /// The report's spec.
+    pub spec: &'a MemoryReportSpec,
+}
+
+/// Why a report cannot be used. The API server's schema already rejects
+/// negative numbers and unknown enums; these are the cross-field checks a
+/// schema on a 1.20 server cannot express.
+pub fn validate_report(spec: &MemoryReportSpec) -> Result<(), String> {
+    for g in &spec.gpus {
+        if g.total_bytes == 0 {
+            return Err(format!("gpu {}: totalBytes is 0", g.index));
+        }
+        if g.used_bytes > g.total_bytes {
+            return Err(format!(
+                "gpu {}: usedBytes {} exceeds totalBytes {}",
+                g.index, g.used_bytes, g.total_bytes
+            ));
+        }
+        if g.peak_bytes > g.total_bytes {
+            return Err(format!(
+                "gpu {}: peakBytes {} exceeds totalBytes {}",
+                g.index, g.peak_bytes, g.total_bytes
+            ));
+        }
+        if !g.growth_bytes_per_second.is_finite() || !g.confidence.is_finite() {
+            return Err(format!(
+                "gpu {}: growth and confidence must be finite numbers",
+                g.index
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Orders GPUs from closest to OOM to farthest: risk, then time to OOM, then fullness.
+fn severity(a: &GpuReport, b: &GpuReport) -> Ordering {
+    let tto = |g: &GpuReport| g.time_to_oom_seconds.unwrap_or(f64::INFINITY);
+    let frac = |g: &GpuReport| g.peak_bytes as f64 / g.total_bytes.max(1) as f64;
+    b.risk
+        .cmp(&a.risk)
+        .then(tto(a).total_cmp(&tto(b)))
+        .then(frac(b).total_cmp(&frac(a)))
+}
+
+fn location(spec: &MemoryReportSpec, g: &GpuReport) -> GpuLocation {
+    GpuLocation {
+        rank: spec.rank,
+        pod: spec.pod_name.clone(),
+        node: spec.node_name.clone(),
+        gpu_index: g.index,
+        gpu_uuid: g.uuid.clone(),
+    }
+}
+
+/// Rolls valid reports up into the analysis part of a profile status
+/// (ranks, peaks, risk, time to OOM, leak, imbalance, bottleneck, top ranks).
+/// Fields the operator owns otherwise (OOMs, remediations, conditions) are left
+/// empty for the caller to carry over. The result's size does not depend on
+/// the number of reports.
+pub fn rollup(reports: &[RollupInput<'_>], expected_ranks: Option<u32>) -> MemoryProfileStatus {
+    let mut st = MemoryProfileStatus {
+        ranks_expected: expected_ranks,
+        ..Default::default()
+    };
+    st.ranks_reporting = reports.len() as u32;
+    st.ranks = match expected_ranks {
+        Some(e) => format!("{}/{}", reports.len(), e),
+        None => reports.len().to_string(),
+    };
+
+    let mut peaks = Vec::new();
+    let mut worst_per_rank: Vec<(&MemoryReportSpec, &GpuReport)> =
+        Vec::with_capacity(reports.len());
+    let mut leak_ranks = Vec::new();
+    let mut newest: Option<jiff::Timestamp> = None;
+    for r in reports {
+        let spec = r.spec;
+        // Compared as instants, not strings: RFC 3339 text with fractional
+        // seconds of different lengths does not sort by time.
+        let at = spec.sampled_at.parse::<jiff::Timestamp>().ok();
+        if at.is_some() && at > newest {
+            newest = at;
+            st.last_report_time = Some(spec.sampled_at.clone());
+        }
+        for g in &spec.gpus {
+            st.gpu_count += 1;
+            peaks.push(g.peak_bytes as f64);
+            let peak_pct = 100.0 * g.peak_bytes as f64 / g.total_bytes.max(1) as f64;
+            if peak_pct > st.peak_percent || st.peak == "-" {
+                st.peak_percent = peak_pct.min(100.0);
+                st.peak_used_bytes = g.peak_bytes;
+                st.peak = format!("{} ({:.0}%)", format_bytes(g.peak_bytes), peak_pct);
+            }
+            let cur_pct = 100.0 * g.used_bytes as f64 / g.total_bytes.max(1) as f64;
+            if cur_pct > st.current_percent || st.current_used_bytes == 0 {
+                st.current_percent = cur_pct.min(100.0);
+                st.current_used_bytes = g.used_bytes;
+            }
+            if let Some(f) = g.fragmentation {
+                st.fragmentation = Some(st.fragmentation.unwrap_or(0.0).max(f));
+            }
+            if g.leak_suspected {
+                st.leak_suspected = true;
+                if let Some(rank) = spec.rank {
+                    if !leak_ranks.contains(&rank) {
+                        leak_ranks.push(rank);
+                    }
+                }
+            }
+        }
+        if let Some(worst) = spec.gpus.iter().min_by(|a, b| severity(a, b)) {
+            worst_per_rank.push((spec, worst));
+        }
+    }
+    leak_ranks.sort_unstable();
+    leak_ranks.truncate(8);
+    st.leak_ranks = leak_ranks;
+    st.allocator = super::allocator_rollup::rollup(reports.iter().map(|r| r.spec));
+    st.breakdown = super::breakdown::rollup(reports.iter().map(|r| r.spec));
+
+    worst_per_rank.sort_by(|a, b| severity(a.1, b.1));
+    if let Some((spec, g)) = worst_per_rank.first() {
+        st.risk = g.risk;
+        st.confidence = g.confidence.clamp(0.0, 1.0);
+        st.bottleneck = Some(location(spec, g));
+    }
+    st.time_to_oom_seconds = worst_per_rank
+        .iter()
+        .filter_map(|(_, g)| g.time_to_oom_seconds)
+        .min_by(|a, b| a.total_cmp(b));
+    // A time to OOM is shown only when it matters: at medium risk or above.
+    if st.risk >= RiskLevel::Medium {
+        st.time_to_oom = st.time_to_oom_seconds.map(format_duration);
+    }
+    st.top_ranks = worst_per_rank
+        .iter()
+        .take(MAX_TOP_RANKS)
+        .map(|(spec, g)| RankSummary {
+            location: location(spec, g),
+            risk: g.risk,
+            peak_bytes: g.peak_bytes,
+            total_bytes: g.total_bytes,
+            time_to_oom_seconds: g.time_to_oom_seconds,
+            growth_bytes_per_second: g.growth_bytes_per_second,
+        })
+        .collect();
+
+    let mean = peaks.iter().sum::<f64>() / peaks.len().max(1) as f64;
+    if mean > 0.0 {
+        let max = peaks.iter().cloned().fold(0.0, f64::max);
+        let imbalance = ((max / mean) * 100.0).round() / 100.0;
+        st.imbalance = Some(imbalance.max(1.0));
+        st.imbalance_display = Some(format!("{:.2}", imbalance.max(1.0)));
+    }
+    st
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use memprof_api::DataSource;
+
+    const G: u64 = 1 << 30;
+
+    fn report(rank: u32, peak_gib: u64, risk: RiskLevel, tto: Option<f64>) -> MemoryReportSpec {
+        MemoryReportSpec {
+            pod_name: format!("train-{rank}"),
+            node_name: Some(format!("node-{}", rank / 2)),
+            rank: Some(rank),
+            sampled_at: format!("2026-11-22T10:00:0{rank}Z"),
+            interval_ms: 1000,
+            gpus: vec![GpuReport {
+                index: 0,
+                uuid: format!("GPU-{rank}"),
+                total_bytes: 80 * G,
+                used_bytes: peak_gib * G,
+                peak_bytes: peak_gib * G,
+                risk,
+                time_to_oom_seconds: tto,
+                confidence: 0.9,
+                source: DataSource::Sim,
+                leak_suspected: tto.is_some(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn rolls_up_worst_risk_smallest_tto_imbalance_and_bottleneck() {
+        let specs = [
+            report(0, 40, RiskLevel::Low, None),
+            report(1, 40, RiskLevel::Low, None),
+            report(2, 60, RiskLevel::Medium, None),
+            report(3, 50, RiskLevel::High, Some(300.0)),
+        ];
+        let inputs: Vec<_> = specs.iter().map(|spec| RollupInput { spec }).collect();
+        let st = rollup(&inputs, Some(4));
+        assert_eq!(st.ranks, "4/4");
+        assert_eq!(st.gpu_count, 4);
+        assert_eq!(st.risk, RiskLevel::High);
+        assert_eq!(st.time_to_oom_seconds, Some(300.0));
+        assert_eq!(st.time_to_oom.as_deref(), Some("5m0s"));
+        assert_eq!(st.imbalance, Some(1.26)); // 60 / 47.5
+        let b = st.bottleneck.unwrap();
+        assert_eq!(
+            (b.rank, b.pod.as_str(), b.node.as_deref()),
+            (Some(3), "train-3", Some("node-1"))
+        );
+        assert_eq!(st.peak_used_bytes, 60 * G);
+        assert_eq!(st.top_ranks[0].location.rank, Some(3));
+        assert_eq!(st.top_ranks[1].location.rank, Some(2));
+        assert_eq!(st.leak_ranks, vec![3]);
+        assert_eq!(st.last_report_time.as_deref(), Some("2026-11-22T10:00:03Z"));
+    }
+
+    #[test]
+    fn the_newest_report_time_is_compared_as_an_instant_not_as_text() {
+        let mut a = report(0, 40, RiskLevel::Low, None);
+        let mut b = report(1, 40, RiskLevel::Low, None);
+        // As text "…00.1Z" sorts after "…00.101Z", though it is earlier.
+        a.sampled_at = "2026-11-22T10:00:00.1Z".into();
+        b.sampled_at = "2026-11-22T10:00:00.101Z".into();
+        let st = rollup(&[RollupInput { spec: &a }, RollupInput { spec: &b }], None);
+        assert_eq!(
+            st.last_report_time.as_deref(),
+            Some("2026-11-22T10:00:00.101Z")
+        );
+    }
+
+    #[test]
+    fn status_size_is_bounded_whatever_the_rank_count() {
+        let specs: Vec<_> = (0..2048)
+            .map(|r| {
+                report(
+                    r,
+                    10 + (r % 60) as u64,
+                    RiskLevel::Medium,
+                    Some(1000.0 + r as f64),
+                )
+            })
+            .collect();
+        let inputs: Vec<_> = specs.iter().map(|spec| RollupInput { spec }).collect();
+        let st = rollup(&inputs, Some(2048));
+        assert_eq!(st.top_ranks.len(), MAX_TOP_RANKS);
+        assert_eq!(st.leak_ranks.len(), 8);
+        assert!(serde_json::to_vec(&st).unwrap().len() < 16 * 1024);
+    }
+
+    #[test]
+    fn no_reports_gives_no_risk_and_no_imbalance() {
+        let st = rollup(&[], Some(4));
+        assert_eq!(st.risk, RiskLevel::None);
+        assert_eq!(st.ranks, "0/4");
+        assert!(st.imbalance.is_none());
+        assert!(st.bottleneck.is_none());
+    }
+
+    #[test]
+    fn impossible_values_are_named() {
+        let mut r = report(0, 40, RiskLevel::Low, None);
+        assert!(validate_report(&r).is_ok());
+        r.gpus[0].used_bytes = 81 * G;
+        assert!(validate_report(&r).unwrap_err().contains("usedBytes"));
+    }
+}

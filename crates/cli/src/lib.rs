@@ -1,0 +1,30 @@
+//! `memprof-cli`: the subcommands of the `memprof` CLI that are library code
+//! (so they are tested). Each module owns its flags (`Args`) and its `run`;
+//! `src/bin/memprof.rs` only dispatches.
+//!
+//! - [`kube`]: the kubectl plugin, commands that read the cluster (`top`,
+//!   `report`, `plot`, `compare` of two Jobs, `policy`, shell completion);
+//! - [`local`]: the local lab, commands on this machine's GPUs and files
+//!   (`profile`, `oom`, `analyze`, `sweep`, `install-agent`, `compare` of
+//!   two result files);
+//! - [`output`]: `-o` formats and kubectl-style tables, shared by both;
+//! - [`plot`]: SVG and text charts, shared by both.
+//!
+//! Depends on `memprof-api`, `memprof-analysis` and `memprof-controller`
+//! (`policy explain` shows the controller's own trigger and plan arithmetic).
+#![forbid(unsafe_code)]
+
+pub mod kube;
+pub mod local;
+pub mod output;
+pub mod plot;
+
+/// `memprof compare A B`: two result files (sweep or profile summaries) are
+/// compared locally, anything else names two Jobs in the cluster.
+pub async fn compare(args: crate::kube::compare::Args) -> anyhow::Result<i32> {
+    let (a, b) = (std::path::Path::new(&args.a), std::path::Path::new(&args.b));
+    if a.is_file() && b.is_file() {
+        return crate::local::compare_files::run(a, b, args.output.format).await;
+    }
+    Ok(crate::kube::compare::run(args).await?)
+}

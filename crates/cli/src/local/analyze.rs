@@ -1,0 +1,388 @@
+//! `memprof analyze TRACE.csv`: the sidecar's analysis, offline, as fast as it
+//! can: each risk transition, time-to-OOM estimates and a summary per GPU,
+//! as tables for a person or JSON lines (`-o json`, one object per line, the
+//! shape scripts rely on), and `--plot` draws one GPU's envelope, fitted
+//! trend and predicted OOM. For post-mortems and for tuning thresholds on
+//! recorded traces.
+
+pub mod plot;
+
+use crate::output::{Format, OutputArgs, Table};
+use anyhow::Context as _;
+use memprof_analysis::{assess, Assessment, GpuSeries, Sample};
+use memprof_api::thresholds::Thresholds;
+use memprof_api::trace::TraceRow;
+use memprof_api::{format_bytes, format_duration, RiskLevel};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::io::Write as _;
+use std::path::PathBuf;
+
+/// Flags of `memprof analyze`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The trace file (CSV `t_s,gpu,used_bytes,total_bytes`, as `--trace-out` writes).
+    pub trace: String,
+    /// Analysis thresholds as JSON (camelCase fields of the analysis thresholds).
+    #[arg(long)]
+    pub thresholds: Option<String>,
+    /// Trace seconds between two `estimate` lines (0: none; JSON/YAML only).
+    #[arg(long, default_value_t = 10.0)]
+    pub estimate_every: f64,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub output: OutputArgs,
+    /// Draw the envelope, the fitted trend and the predicted OOM crossing of
+    /// one GPU as SVG into this file.
+    #[arg(long, value_name = "FILE")]
+    pub plot: Option<PathBuf>,
+    /// The GPU to draw (default: the one that reached the worst risk).
+    #[arg(long, value_name = "INDEX")]
+    pub gpu: Option<u32>,
+}
+
+/// Runs the subcommand; returns the process exit code.
+pub async fn run(args: Args) -> anyhow::Result<i32> {
+    let thresholds: Thresholds = match &args.thresholds {
+        Some(j) => serde_json::from_str(j)
+            .context("--thresholds is not valid JSON of analysis thresholds")?,
+        None => Thresholds::default(),
+    };
+    thresholds.validate()?;
+    if let Some(p) = args
+        .plot
+        .as_deref()
+        .filter(|p| !crate::local::profile::is_svg(p))
+    {
+        anyhow::bail!(
+            "--plot {}: name a .svg file (rasterise it with `rsvg-convert -o F.png F.svg`)",
+            p.display()
+        );
+    }
+    let rows = memprof_api::trace::read_trace(&args.trace)?;
+    let opts = Options {
+        thresholds: thresholds.clone(),
+        estimate_every: args.estimate_every,
+        ..Default::default()
+    };
+    let mut lines = vec![];
+    analyze(&rows, &opts, |l| lines.push(l));
+    let text = render(&lines, args.output.format, &args.trace, &rows);
+    write_stdout(&text)?;
+    if let Some(path) = &args.plot {
+        let gpu =
+            plot::pick_gpu(&rows, &lines, args.gpu).context("the trace has no GPU to draw")?;
+        let name = std::path::Path::new(&args.trace)
+            .file_name()
+            .map_or(args.trace.clone(), |n| n.to_string_lossy().into_owned());
+        let chart = plot::chart(&rows, &lines, &thresholds, gpu, &name);
+        std::fs::write(path, chart.to_svg())
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        if !args.output.format.is_structured() {
+            write_stdout(&format!(
+                "plot of GPU {gpu} written to {}\n",
+                path.display()
+            ))?;
+        }
+    }
+    Ok(0)
+}
+
+/// Writes to stdout; a closed pipe (`| head`) is not an error.
+fn write_stdout(text: &str) -> anyhow::Result<()> {
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(()),
+    }
+}
+
+/// The lines in the format asked: JSON lines, a YAML stream, or tables.
+pub fn render(lines: &[Value], format: Format, trace: &str, rows: &[TraceRow]) -> String {
+    match format {
+        Format::Json => lines.iter().map(|l| format!("{l}\n")).collect(),
+        Format::Yaml => lines
+            .iter()
+            .map(|l| format!("---\n{}", crate::output::structured(l, Format::Yaml)))
+            .collect(),
+        Format::Table | Format::Wide => tables(lines, format == Format::Wide, trace, rows),
+    }
+}
+
+fn bytes(v: &Value) -> String {
+    v.as_u64().map_or("-".into(), format_bytes)
+}
+
+fn seconds(v: &Value) -> String {
+    v.as_f64().map_or("-".into(), format_duration)
+}
+
+/// Transitions, then the summary per GPU; `wide` adds each transition's reason.
+fn tables(lines: &[Value], wide: bool, trace: &str, rows: &[TraceRow]) -> String {
+    let span = rows.last().map_or(0.0, |r| r.t) - rows.first().map_or(0.0, |r| r.t);
+    let gpus = lines.iter().filter(|l| l["event"] == "summary").count();
+    let mut out = format!(
+        "{trace}: {gpus} GPU(s), {} samples over {}\n\n",
+        rows.len(),
+        format_duration(span)
+    );
+    let mut head = vec![
+        "T",
+        "GPU",
+        "FROM",
+        "TO",
+        "USED",
+        "TOTAL",
+        "GROWTH",
+        "TTO",
+        "CONFIDENCE",
+    ];
+    if wide {
+        head.push("REASON");
+    }
+    let mut t = Table::new(head);
+    for l in lines.iter().filter(|l| l["event"] == "risk") {
+        let growth = l["growthBytesPerSecond"].as_f64().unwrap_or(0.0);
+        let mut row = vec![
+            seconds(&l["t"]),
+            l["gpu"].to_string(),
+            l["from"].as_str().unwrap_or("-").to_string(),
+            l["risk"].as_str().unwrap_or("-").to_string(),
+            bytes(&l["usedBytes"]),
+            bytes(&l["totalBytes"]),
+            format!(
+                "{}{}/s",
+                if growth < 0.0 { "-" } else { "+" },
+                format_bytes(growth.abs() as u64)
+            ),
+            seconds(&l["timeToOomSeconds"]),
+            l["confidence"]
+                .as_f64()
+                .map_or("-".into(), |c| format!("{c:.2}")),
+        ];
+        if wide {
+            row.push(l["reason"].as_str().unwrap_or("").to_string());
+        }
+        t.row(row);
+    }
+    out.push_str("RISK TRANSITIONS\n");
+    out.push_str(&if t.is_empty() {
+        "none\n".into()
+    } else {
+        t.render()
+    });
+    let mut s = Table::new([
+        "GPU",
+        "SAMPLES",
+        "PEAK",
+        "FINAL RISK",
+        "FIRST HIGH",
+        "FIRST CRITICAL",
+        "CEILING AT",
+        "WARNING BEFORE CEILING",
+    ]);
+    for l in lines.iter().filter(|l| l["event"] == "summary") {
+        let first = |k: &str| l["firstAt"][k].as_f64();
+        let warned = match (first("high").or(first("critical")), l["ceilingAt"].as_f64()) {
+            (Some(w), Some(c)) if c >= w => format_duration(c - w),
+            (_, Some(_)) => "none".into(),
+            _ => "-".into(),
+        };
+        s.row([
+            l["gpu"].to_string(),
+            l["samples"].to_string(),
+            bytes(&l["peakBytes"]),
+            l["finalRisk"].as_str().unwrap_or("-").to_string(),
+            first("high").map_or("-".into(), format_duration),
+            first("critical").map_or("-".into(), format_duration),
+            seconds(&l["ceilingAt"]),
+            warned,
+        ]);
+    }
+    out.push_str("\nSUMMARY\n");
+    out.push_str(&s.render());
+    out
+}
+
+/// Options of an offline analysis.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Analysis thresholds.
+    pub thresholds: Thresholds,
+    /// Trace seconds between two analyses (the sidecar analyses every second).
+    pub analyse_every: f64,
+    /// Trace seconds between two `estimate` lines (0: none).
+    pub estimate_every: f64,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            thresholds: Thresholds::default(),
+            analyse_every: 1.0,
+            estimate_every: 10.0,
+        }
+    }
+}
+
+struct Gpu {
+    series: GpuSeries,
+    risk: RiskLevel,
+    next_analysis: f64,
+    next_estimate: f64,
+    first_at: BTreeMap<RiskLevel, f64>,
+    ceiling_at: Option<f64>,
+    last: Option<Assessment>,
+}
+
+fn line(event: &str, t: f64, gpu: u32, a: &Assessment) -> Value {
+    json!({
+        "event": event,
+        "t": (t * 1000.0).round() / 1000.0,
+        "gpu": gpu,
+        "risk": a.risk,
+        "confidence": (a.confidence * 1000.0).round() / 1000.0,
+        "usedBytes": a.used,
+        "totalBytes": a.total,
+        "growthBytesPerSecond": a.growth_bytes_per_second.round(),
+        "timeToOomSeconds": a.time_to_oom_seconds.map(|x| (x * 10.0).round() / 10.0),
+        "leakSuspected": a.leak_suspected,
+        "spikeDetected": a.spike_detected,
+        "reason": a.reason,
+    })
+}
+
+/// Analyses `rows`, calling `emit` with each JSON line: `risk` on every
+/// transition (with `from`), `estimate` every `estimate_every` seconds while a
+/// time to OOM exists, and one `summary` per GPU at the end (peak, first time
+/// at each risk level, first time within 1% of the ceiling).
+pub fn analyze(rows: &[TraceRow], opts: &Options, mut emit: impl FnMut(Value)) {
+    let mut gpus: BTreeMap<u32, Gpu> = BTreeMap::new();
+    for r in rows {
+        let g = gpus.entry(r.gpu).or_insert_with(|| Gpu {
+            series: GpuSeries::new(&opts.thresholds),
+            risk: RiskLevel::None,
+            next_analysis: r.t,
+            next_estimate: r.t,
+            first_at: BTreeMap::new(),
+            ceiling_at: None,
+            last: None,
+        });
+        g.series.push(Sample {
+            t: r.t,
+            used: r.used_bytes,
+            total: r.total_bytes,
+        });
+        if g.ceiling_at.is_none() && r.used_bytes as f64 >= 0.99 * r.total_bytes as f64 {
+            g.ceiling_at = Some(r.t);
+        }
+        if r.t < g.next_analysis {
+            continue;
+        }
+        g.next_analysis = r.t + opts.analyse_every;
+        let a = assess(&g.series, &opts.thresholds);
+        if a.risk != g.risk {
+            let mut l = line("risk", r.t, r.gpu, &a);
+            l["from"] = json!(g.risk);
+            emit(l);
+            g.risk = a.risk;
+            g.first_at.entry(a.risk).or_insert(r.t);
+        }
+        if opts.estimate_every > 0.0 && r.t >= g.next_estimate && a.time_to_oom_seconds.is_some() {
+            g.next_estimate = r.t + opts.estimate_every;
+            emit(line("estimate", r.t, r.gpu, &a));
+        }
+        g.last = Some(a);
+    }
+    for (index, g) in gpus {
+        let first: BTreeMap<String, f64> = g
+            .first_at
+            .iter()
+            .map(|(k, v)| (k.to_string(), *v))
+            .collect();
+        emit(json!({
+            "event": "summary",
+            "gpu": index,
+            "samples": g.series.sample_count(),
+            "peakBytes": g.series.peak(),
+            "finalRisk": g.last.as_ref().map(|a| a.risk),
+            "firstAt": first,
+            "ceilingAt": g.ceiling_at,
+        }));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn leak_trace() -> Vec<TraceRow> {
+        let total = 80_000_000_000u64;
+        (0..6000)
+            .map(|i| {
+                let t = i as f64 * 0.1;
+                let used = (30e9 + 100e6 * t + 10e9 * ((t % 2.0) / 2.0)).min(total as f64) as u64;
+                TraceRow {
+                    t,
+                    gpu: 0,
+                    used_bytes: used,
+                    total_bytes: total,
+                    allocated_bytes: None,
+                    reserved_bytes: None,
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn json_is_the_same_lines_and_a_table_is_for_people() {
+        let rows = leak_trace();
+        let mut lines = vec![];
+        analyze(&rows, &Options::default(), |l| lines.push(l));
+        let json = render(&lines, Format::Json, "t.csv", &rows);
+        // Exactly the lines `analyze` emits, one per line, as before `-o`.
+        let want: Vec<String> = lines.iter().map(Value::to_string).collect();
+        assert_eq!(json.lines().collect::<Vec<_>>(), want);
+        let table = render(&lines, Format::Table, "t.csv", &rows);
+        assert!(
+            table.starts_with("t.csv: 1 GPU(s), 6000 samples over 10m0s"),
+            "{table}"
+        );
+        for want in [
+            "RISK TRANSITIONS",
+            "critical",
+            "SUMMARY",
+            "WARNING BEFORE CEILING",
+        ] {
+            assert!(table.contains(want), "{want:?} missing from\n{table}");
+        }
+        assert!(!table.contains("REASON"));
+        assert!(render(&lines, Format::Wide, "t.csv", &rows).contains("REASON"));
+        let yaml = render(&lines, Format::Yaml, "t.csv", &rows);
+        assert_eq!(yaml.matches("---").count(), lines.len());
+    }
+
+    #[test]
+    fn prints_transitions_estimates_and_a_summary() {
+        let mut lines = vec![];
+        analyze(&leak_trace(), &Options::default(), |l| lines.push(l));
+        let risks: Vec<_> = lines
+            .iter()
+            .filter(|l| l["event"] == "risk")
+            .map(|l| l["risk"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(risks.first().map(String::as_str), Some("low"));
+        assert!(
+            risks.contains(&"high".to_string()) && risks.contains(&"critical".to_string()),
+            "{risks:?}"
+        );
+        assert!(lines.iter().any(|l| l["event"] == "estimate"));
+        let summary = lines.last().unwrap();
+        assert_eq!(summary["event"], "summary");
+        let ceiling = summary["ceilingAt"].as_f64().unwrap();
+        let high = summary["firstAt"]["high"].as_f64().unwrap();
+        assert!(
+            ceiling - high >= 60.0,
+            "high at {high}, ceiling at {ceiling}"
+        );
+    }
+}

@@ -1,0 +1,9 @@
+//! The local lab: commands on this machine's GPUs and on files, no cluster
+//! needed (`profile` and `oom` start a standalone `memprof-sidecar` process).
+
+pub mod analyze;
+pub mod compare_files;
+pub mod install_agent;
+pub mod oom;
+pub mod profile;
+pub mod sweep;

@@ -1,0 +1,525 @@
+//! `memprof profile [FLAGS] [-- COMMAND...]`: this box's GPUs without
+//! Kubernetes. Runs `memprof-sidecar --standalone` (its samples, analysis
+//! and report, nothing re-implemented here), shows a status line per GPU
+//! while it runs, then a summary table, and draws `--plot`. With a command,
+//! runs it next to the sidecar with the in-process agent pointed at it (and,
+//! when an agent tree is found, started with no code change, as the webhook
+//! does in a pod), then stops the sidecar once the command exits, so
+//! `--output` holds the whole run. Exits with the command's status.
+//!
+//! Where the numbers come from: the sidecar's risk transitions (its standard
+//! output), its latest report (`GET /v1/report`, polled each second: the
+//! status lines and the utilization average/max), its final report
+//! (`--output`, a temporary file when not asked for: the table) and its
+//! `--trace-out` CSV (every sample: the sample counts and the plot).
+
+pub mod sample;
+pub mod sidecar;
+pub mod summary;
+
+use crate::local::install_agent::HOOK;
+use memprof_api::MemoryReportSpec;
+use memprof_api::DEFAULT_AGENT_SOURCE;
+pub use sample::SampleArgs;
+use sidecar::{Sidecar, Transition};
+use std::path::{Path, PathBuf};
+use std::process::ExitStatus;
+use std::time::{Duration, Instant};
+use summary::{Devices, Tracker};
+
+/// Why `memprof profile` could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum ProfileError {
+    /// The sidecar binary is missing or could not start.
+    #[error("cannot run {path}: {source}; install memprof-sidecar next to memprof")]
+    Sidecar {
+        /// Binary path.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The sidecar exited or did not listen in time.
+    #[error("memprof-sidecar did not start listening on {addr} within 10 s ({why}); run it alone with the same flags to see its error")]
+    NotListening {
+        /// Its address.
+        addr: String,
+        /// What happened.
+        why: String,
+    },
+    /// The command could not start.
+    #[error("cannot run {command:?}: {source}")]
+    Command {
+        /// The command.
+        command: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// No free loopback port.
+    #[error("cannot pick a loopback port for the sidecar: {0}")]
+    Port(std::io::Error),
+    /// A flag is wrong.
+    #[error("{0}")]
+    Usage(String),
+    /// The sidecar wrote no final report.
+    #[error("memprof-sidecar wrote no final report: its messages above say why (bad --scenario or --trace?)")]
+    NoReport,
+    /// A file could not be written.
+    #[error("cannot write {path}: {source}")]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+/// Where an agent tree's startup hook and package are.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AgentTree {
+    /// Directory with `sitecustomize.py` (first on `PYTHONPATH`).
+    pub bootstrap: PathBuf,
+    /// Directory with `memprof_agent/` (last on `PYTHONPATH`).
+    pub lib: PathBuf,
+}
+
+/// The agent tree at `--agent-path`, else the image's default place.
+pub fn agent_tree(agent_path: Option<&Path>) -> Option<AgentTree> {
+    find_tree(agent_path.unwrap_or(Path::new(DEFAULT_AGENT_SOURCE)))
+}
+
+/// The agent tree at `dir`: the image's layout (`bootstrap/`, `lib/`) or a
+/// source checkout's `agent/python` (`bootstrap/`, `memprof_agent/`).
+pub fn find_tree(dir: &Path) -> Option<AgentTree> {
+    if !dir.join(HOOK).is_file() {
+        return None;
+    }
+    let lib = [dir.join("lib"), dir.to_path_buf()]
+        .into_iter()
+        .find(|l| l.join("memprof_agent").join("__init__.py").is_file())?;
+    Some(AgentTree {
+        bootstrap: dir.join("bootstrap"),
+        lib,
+    })
+}
+
+/// `PYTHONPATH` for the command: the hook first, the user's own path kept,
+/// the package last (the user's own memprof_agent, if any, wins).
+pub fn python_path(tree: &AgentTree, own: Option<&str>) -> String {
+    let mut parts = vec![tree.bootstrap.display().to_string()];
+    parts.extend(own.filter(|o| !o.is_empty()).map(str::to_string));
+    parts.push(tree.lib.display().to_string());
+    parts.join(":")
+}
+
+/// Which samples the sidecar takes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Backend {
+    /// Real GPUs through NVML.
+    #[default]
+    Nvml,
+    /// A simulation scenario (`--scenario`): shown as simulated, never as hardware.
+    Sim,
+    /// Replay of a recorded CSV trace (`--trace`).
+    Trace,
+}
+
+impl Backend {
+    fn flag(self) -> &'static str {
+        match self {
+            Backend::Nvml => "nvml",
+            Backend::Sim => "sim",
+            Backend::Trace => "trace",
+        }
+    }
+}
+
+/// Flags of `memprof profile`.
+#[derive(Clone, Debug, Default, clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    pub sample: SampleArgs,
+    /// Write the final report (the sidecar's MemoryReport spec) as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    /// Draw every GPU's used memory over time, total memory and risk
+    /// transitions as SVG into this file.
+    #[arg(long, value_name = "FILE")]
+    pub plot: Option<PathBuf>,
+    /// Keep every sample as a CSV trace (what `memprof analyze` reads).
+    #[arg(long, value_name = "FILE")]
+    pub trace_out: Option<PathBuf>,
+    /// Address of the sidecar's endpoints (default: a free loopback port).
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<String>,
+    /// The agent tree to start in a Python command with no code change
+    /// (the image's /opt/memprof/agent, or a checkout's agent/python).
+    #[arg(long, value_name = "DIR")]
+    pub agent_path: Option<PathBuf>,
+    /// The command to profile, after `--` (e.g. `-- python train.py`).
+    #[arg(
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "COMMAND"
+    )]
+    pub command: Vec<String>,
+}
+
+impl Args {
+    /// The sampling flags' checks, then `--plot`'s.
+    pub fn check(&self) -> Result<(), ProfileError> {
+        self.sample.check()?;
+        match self.plot.as_deref().filter(|p| !is_svg(p)) {
+            Some(p) => Err(ProfileError::Usage(format!(
+                "--plot {}: name a .svg file (rasterise it with `rsvg-convert -o F.png F.svg`)",
+                p.display()
+            ))),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Whether `path` names an SVG file (the only format the plots are written in).
+pub fn is_svg(path: &Path) -> bool {
+    path.extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("svg"))
+}
+
+/// Runs `memprof profile` from its parsed flags; returns the exit code.
+pub async fn run_args(args: Args) -> anyhow::Result<i32> {
+    Ok(profile(args).await?)
+}
+
+/// Files the run writes and removes unless the user named them.
+struct Files {
+    trace: PathBuf,
+    output: PathBuf,
+    remove: Vec<PathBuf>,
+}
+
+impl Files {
+    fn new(a: &Args) -> Files {
+        let tmp = |what: &str| {
+            std::env::temp_dir().join(format!("memprof-profile-{}-{what}", std::process::id()))
+        };
+        let mut remove = vec![];
+        let mut pick = |given: &Option<PathBuf>, what: &str| {
+            given.clone().unwrap_or_else(|| {
+                let p = tmp(what);
+                remove.push(p.clone());
+                p
+            })
+        };
+        let trace = pick(&a.trace_out, "trace.csv");
+        let output = pick(&a.output, "report.json");
+        Files {
+            trace,
+            output,
+            remove,
+        }
+    }
+}
+
+impl Drop for Files {
+    fn drop(&mut self) {
+        for p in &self.remove {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+/// Profiles: starts the sidecar (and the command), shows progress, then the
+/// summary, and draws `--plot`. Returns the command's exit status (0 without one).
+pub async fn profile(a: Args) -> Result<i32, ProfileError> {
+    a.check()?;
+    let exe = sidecar::sidecar_exe()?;
+    let files = Files::new(&a);
+    let addr = match &a.listen {
+        Some(l) => l.clone(),
+        None => sidecar::free_loopback()?,
+    };
+    let started = Instant::now();
+    let mut side = Sidecar::start(
+        &exe,
+        &a.sample.sidecar_flags(&files.trace, &files.output),
+        &addr,
+    )
+    .await?;
+    let mut command = match a.command.is_empty() {
+        true => None,
+        false => Some(start_command(&a.command, &addr, a.agent_path.as_deref())?),
+    };
+    let devices = Devices(a.sample.devices.clone());
+    let (tracker, transitions, code) = watch(&mut side, command.as_mut(), &devices).await;
+    // The trainer's last push needs one sampling interval to be taken.
+    if command.is_some() {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+    }
+    side.stop().await;
+    let rows =
+        memprof_api::trace::read_trace(&files.trace.display().to_string()).unwrap_or_default();
+    let report: Option<MemoryReportSpec> = std::fs::read(&files.output)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok());
+    let Some(report) = report else {
+        return Err(ProfileError::NoReport);
+    };
+    let seconds = rows.last().map_or(started.elapsed().as_secs_f64(), |r| r.t);
+    let counts = summary::sample_counts(&rows);
+    println!();
+    print!(
+        "{}",
+        summary::summary(&report, &tracker, &counts, &transitions, &devices, seconds)
+    );
+    if let Some(path) = &a.plot {
+        let chart = summary::timeline(&rows, &transitions, &devices, Some(&report));
+        std::fs::write(path, chart.to_svg()).map_err(|source| ProfileError::Write {
+            path: path.clone(),
+            source,
+        })?;
+        println!("plot written to {}", path.display());
+    }
+    Ok(code)
+}
+
+/// Polls the sidecar about once a second until the command exits (or,
+/// without one, the sidecar stops or Ctrl-C), drawing progress.
+async fn watch(
+    side: &mut Sidecar,
+    mut command: Option<&mut tokio::process::Child>,
+    devices: &Devices,
+) -> (Tracker, Vec<Transition>, i32) {
+    let mut tracker = Tracker::default();
+    let mut transitions = vec![];
+    let mut screen = Screen::new(crate::output::stdout_is_terminal());
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+    let mut interrupted = false;
+    let code = loop {
+        let tick = tokio::time::sleep(Duration::from_secs(1));
+        let mut ended = None;
+        tokio::select! {
+            _ = tick => {}
+            _ = &mut ctrl_c, if !interrupted => {
+                // With a command, Ctrl-C reached it too: wait for it to end.
+                interrupted = true;
+                if command.is_none() { ended = Some(130); }
+            }
+            status = async { command.as_mut().unwrap().wait().await }, if command.is_some() => {
+                ended = Some(exit_code(status.ok()));
+            }
+        }
+        let mut new = vec![];
+        while let Ok(t) = side.transitions.try_recv() {
+            new.push(t);
+        }
+        let report = side.report().await;
+        if let Some(r) = &report {
+            tracker.observe(r);
+        }
+        screen.draw(&new, report.as_ref(), &tracker, devices);
+        transitions.extend(new);
+        if let Some(code) = ended {
+            break code;
+        }
+        if command.is_none() && side.exited().is_some() {
+            break 0;
+        }
+    };
+    // Transitions printed after the last poll.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    while let Ok(t) = side.transitions.try_recv() {
+        transitions.push(t);
+    }
+    (
+        tracker,
+        transitions,
+        if interrupted && command.is_none() {
+            0
+        } else {
+            code
+        },
+    )
+}
+
+/// The live display: on a terminal the status lines are redrawn in place
+/// (transitions scroll above them); otherwise plain lines, status every 10 s.
+struct Screen {
+    terminal: bool,
+    drawn: usize,
+    last_plain: Option<Instant>,
+}
+
+impl Screen {
+    fn new(terminal: bool) -> Self {
+        Screen {
+            terminal,
+            drawn: 0,
+            last_plain: None,
+        }
+    }
+
+    fn draw(
+        &mut self,
+        new: &[Transition],
+        report: Option<&MemoryReportSpec>,
+        tracker: &Tracker,
+        devices: &Devices,
+    ) {
+        use std::io::Write as _;
+        let mut out = String::new();
+        if self.terminal && self.drawn > 0 {
+            // Up over the status block, and clear it.
+            out.push_str(&format!("\x1b[{}A\x1b[J", self.drawn));
+        }
+        for t in new {
+            out.push_str(&summary::transition_line(t));
+            out.push('\n');
+        }
+        let lines = report.map_or(vec![], |r| {
+            let mut l = vec![format!(
+                "source {}",
+                summary::source_words(r.summary.source)
+            )];
+            l.extend(summary::status_lines(r, tracker, devices));
+            l
+        });
+        let due = self
+            .last_plain
+            .is_none_or(|t| t.elapsed() >= Duration::from_secs(10));
+        if self.terminal || (due && !lines.is_empty()) {
+            for l in &lines {
+                out.push_str(l);
+                out.push('\n');
+            }
+            self.drawn = lines.len();
+            if !self.terminal {
+                self.last_plain = Some(Instant::now());
+            }
+        }
+        let mut stdout = std::io::stdout().lock();
+        let _ = stdout.write_all(out.as_bytes());
+        let _ = stdout.flush();
+    }
+}
+
+fn start_command(
+    command: &[String],
+    addr: &str,
+    agent_path: Option<&Path>,
+) -> Result<tokio::process::Child, ProfileError> {
+    let mut cmd = tokio::process::Command::new(&command[0]);
+    cmd.args(&command[1..])
+        .env("MEMPROF_AGENT_URL", format!("http://{addr}/v1/agent"));
+    let tree = agent_tree(agent_path);
+    match &tree {
+        Some(tree) => {
+            let own = std::env::var("PYTHONPATH").ok();
+            cmd.env("PYTHONPATH", python_path(tree, own.as_deref()));
+        }
+        None => eprintln!(
+            "memprof: no agent tree at {} (--agent-path): the command's own memprof_agent.start(), if any, pushes to the sidecar",
+            agent_path.map_or(DEFAULT_AGENT_SOURCE.into(), |p| p.display().to_string())
+        ),
+    }
+    cmd.spawn().map_err(|source| ProfileError::Command {
+        command: command.join(" "),
+        source,
+    })
+}
+
+fn exit_code(status: Option<ExitStatus>) -> i32 {
+    use std::os::unix::process::ExitStatusExt as _;
+    match status {
+        Some(s) => s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(0)),
+        None => 1,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `memprof profile` parsed on its own.
+    #[derive(clap::Parser)]
+    #[command(name = "memprof profile")]
+    struct Raw {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    fn parse(v: &[&str]) -> Args {
+        use clap::Parser as _;
+        Raw::try_parse_from(std::iter::once("p").chain(v.iter().copied()))
+            .expect("valid flags")
+            .args
+    }
+
+    #[test]
+    fn flags_map_to_the_sidecars_and_the_command_follows_the_double_dash() {
+        let a = parse(&[
+            "--devices",
+            "0,GPU-x",
+            "--duration",
+            "30",
+            "--backend",
+            "sim",
+            "--scenario",
+            "s.yaml",
+            "--",
+            "python",
+            "train.py",
+            "--",
+            "x",
+        ]);
+        assert_eq!(a.command, ["python", "train.py", "--", "x"]);
+        let f = a
+            .sample
+            .sidecar_flags(Path::new("t.csv"), Path::new("r.json"));
+        let has = |k: &str, v: &str| f.windows(2).any(|w| w[0] == k && w[1] == v);
+        assert!(
+            has("--gpus", "0,GPU-x") && has("--duration", "30") && has("--backend", "sim"),
+            "{f:?}"
+        );
+        assert!(
+            has("--trace-out", "t.csv") && has("--output", "r.json") && has("--scenario", "s.yaml"),
+            "{f:?}"
+        );
+        let a = parse(&["python", "train.py"]);
+        assert_eq!(a.command, ["python", "train.py"]);
+        assert!(!a
+            .sample
+            .sidecar_flags(Path::new("t"), Path::new("o"))
+            .contains(&"--duration".to_string()));
+        assert!(
+            parse(&["--backend", "sim"]).check().is_err(),
+            "sim needs a scenario"
+        );
+        assert!(
+            parse(&["--interval", "5"]).check().is_err(),
+            "an interval needs a unit"
+        );
+    }
+
+    #[test]
+    fn the_hook_goes_first_the_users_path_stays_and_the_package_goes_last() {
+        let tree = AgentTree {
+            bootstrap: "/a/bootstrap".into(),
+            lib: "/a/lib".into(),
+        };
+        assert_eq!(
+            python_path(&tree, Some("/mine")),
+            "/a/bootstrap:/mine:/a/lib"
+        );
+        assert_eq!(python_path(&tree, Some("")), "/a/bootstrap:/a/lib");
+        assert_eq!(python_path(&tree, None), "/a/bootstrap:/a/lib");
+    }
+
+    #[test]
+    fn a_source_checkout_is_an_agent_tree() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let checkout = root.join("agent/python");
+        let tree = find_tree(&checkout).expect("agent/python is a tree");
+        assert_eq!(tree.lib, checkout);
+        assert!(find_tree(&root).is_none());
+    }
+}

@@ -1,0 +1,598 @@
+//! Prometheus metrics (prefix `memprof_`) and the `/metrics`, `/healthz`
+//! and `/readyz` server. The server takes a bound listener and a shutdown
+//! future so tests bind `127.0.0.1:0` and stop it deterministically.
+//!
+//! `/healthz` (liveness) is 200 while the process serves: restarting it
+//! would not help a task that cannot start. `/readyz` is 503, naming the
+//! tasks and their errors, while a supervised task is starting or failed
+//! (see `tasks.rs`).
+
+use super::tasks::{Health, TaskLabels};
+use kube::runtime::reflector::Store;
+use memprof_api::{MemoryProfile, MemoryProfileStatus};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
+use std::future::Future;
+use std::sync::Arc;
+use warp::Filter;
+
+/// Label of `memprof_reconcile_errors_total`: the step that failed.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StepLabels {
+    /// [`crate::operator::Error::step`].
+    pub step: &'static str,
+}
+
+/// Label of `memprof_events_total`: the Event's reason.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    /// `RiskRaised`, `RiskLowered`, `ReportRejected`.
+    pub reason: &'static str,
+}
+
+/// The operator's counters and histograms.
+#[derive(Debug)]
+pub struct Metrics {
+    /// Reconciles started.
+    pub reconciles: Counter,
+    /// Reconciles that failed, by step.
+    pub reconcile_errors: Family<StepLabels, Counter>,
+    /// Reconcile wall time, seconds.
+    pub reconcile_duration: Histogram,
+    /// MemoryProfile status writes (server-side applies of the status subresource).
+    pub status_writes: Counter,
+    /// Status writes the API server refused because the profile changed meanwhile.
+    pub status_conflicts: Counter,
+    /// Patches of the `memprof.dev/*` annotations on Jobs.
+    pub annotation_patches: Counter,
+    /// Kubernetes Events published, by reason.
+    pub events: Family<ReasonLabels, Counter>,
+    /// Events that could not be published.
+    pub event_errors: Counter,
+    /// MemoryReport watch events (created, updated or deleted reports).
+    pub reports_seen: Counter,
+    /// 1 while this replica holds the operator's Lease and reconciles (always
+    /// 1 while reconciling without leader election).
+    pub leader: Gauge,
+    /// Long-lived tasks of the operator that ended (failed or returned), by task.
+    pub task_failures: Family<TaskLabels, Counter>,
+    /// Per-Job gauges, read from the profile cache at scrape time.
+    pub jobs: Arc<JobGauges>,
+}
+
+impl Metrics {
+    /// Creates the metrics and registers them in `registry` (whose prefix,
+    /// if any, is prepended; the binary uses `memprof`).
+    pub fn register(registry: &mut Registry) -> Arc<Self> {
+        let m = Metrics {
+            reconciles: Counter::default(),
+            reconcile_errors: Family::default(),
+            // 1 ms to ~4 s: a reconcile is an in-memory roll-up plus at most three writes.
+            reconcile_duration: Histogram::new(exponential_buckets(0.001, 2.0, 13)),
+            status_writes: Counter::default(),
+            status_conflicts: Counter::default(),
+            annotation_patches: Counter::default(),
+            events: Family::default(),
+            event_errors: Counter::default(),
+            reports_seen: Counter::default(),
+            leader: Gauge::default(),
+            task_failures: Family::default(),
+            jobs: Arc::default(),
+        };
+        registry.register("reconciles", "Reconciles started", m.reconciles.clone());
+        registry.register(
+            "reconcile_errors",
+            "Reconciles that failed, by step",
+            m.reconcile_errors.clone(),
+        );
+        registry.register(
+            "reconcile_duration_seconds",
+            "Reconcile wall time",
+            m.reconcile_duration.clone(),
+        );
+        registry.register(
+            "status_writes",
+            "MemoryProfile status writes",
+            m.status_writes.clone(),
+        );
+        registry.register(
+            "status_conflicts",
+            "Status writes refused because the profile changed meanwhile (retried)",
+            m.status_conflicts.clone(),
+        );
+        registry.register(
+            "annotation_patches",
+            "Patches of memprof.dev annotations on Jobs",
+            m.annotation_patches.clone(),
+        );
+        registry.register("events", "Kubernetes Events published", m.events.clone());
+        registry.register(
+            "event_errors",
+            "Kubernetes Events that could not be published",
+            m.event_errors.clone(),
+        );
+        registry.register(
+            "reports_seen",
+            "MemoryReport watch events",
+            m.reports_seen.clone(),
+        );
+        registry.register(
+            "leader",
+            "1 while this replica holds the operator Lease and reconciles",
+            m.leader.clone(),
+        );
+        registry.register(
+            "operator_task_failures",
+            "Long-lived operator tasks that ended (each is retried with backoff), by task",
+            m.task_failures.clone(),
+        );
+        registry.register_collector(Box::new(m.jobs.clone()));
+        Arc::new(m)
+    }
+
+    /// Gives every labelled family a child so that an encoding names it
+    /// (a family without children is not encoded): for [`descriptors`].
+    pub fn touch_families(&self) {
+        let _ = self
+            .reconcile_errors
+            .get_or_create(&StepLabels { step: "" });
+        let _ = self.events.get_or_create(&ReasonLabels { reason: "" });
+        let _ = self.task_failures.get_or_create(&TaskLabels { task: "" });
+        self.jobs
+            .described
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Metrics registered nowhere: for tests and embedders that do not export them.
+    pub fn unregistered() -> Arc<Self> {
+        Self::register(&mut Registry::default())
+    }
+}
+
+/// Labels of the per-Job gauges: the Job's namespace and name. The name is
+/// `job_name`, not `job`: Prometheus sets `job` on every series to the
+/// scrape job, and with `honorLabels` a `job` label here would replace it
+/// (kube-state-metrics says `job_name` for the same reason, and the
+/// chart's PodMonitor puts `job_name` on the sidecars' series, so the two
+/// join). A scrape config must keep `namespace` (`honorLabels: true`, as
+/// the chart's ServiceMonitor sets), or Prometheus renames it to
+/// `exported_namespace` in favour of the operator pod's own.
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct JobLabels {
+    /// Namespace of the Job.
+    pub namespace: String,
+    /// Name of the Job (and of its MemoryProfile).
+    pub job_name: String,
+}
+
+/// Per-Job gauges (`memprof_job_*`), computed at each scrape from the
+/// MemoryProfiles in the operator's watch cache. Reading the cache rather
+/// than setting gauges during reconciles means a deleted profile's series
+/// disappear with it (no stale series for Jobs long gone), and only the
+/// replica that reconciles (the leader, which has a cache) exports them.
+#[derive(Default)]
+pub struct JobGauges {
+    profiles: std::sync::RwLock<Option<Store<MemoryProfile>>>,
+    /// Set by [`Metrics::touch_families`]: every gauge gets one child with
+    /// empty labels, so that [`descriptors`] can name the labels.
+    described: std::sync::atomic::AtomicBool,
+}
+
+impl std::fmt::Debug for JobGauges {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JobGauges").finish_non_exhaustive()
+    }
+}
+
+/// While alive, [`JobGauges`] exports the profiles of one cache; dropped
+/// when the controller stops (leadership lost), the series go with it.
+#[must_use = "the per-Job gauges stop when this is dropped"]
+pub struct Published(Arc<JobGauges>);
+
+impl Drop for Published {
+    fn drop(&mut self) {
+        *self.0.profiles.write().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+}
+
+impl JobGauges {
+    /// Exports the profiles in `store` until the returned guard is dropped.
+    pub fn publish(self: &Arc<Self>, store: Store<MemoryProfile>) -> Published {
+        *self.profiles.write().unwrap_or_else(|e| e.into_inner()) = Some(store);
+        Published(self.clone())
+    }
+}
+
+/// One per-Job gauge: name (after the registry's prefix), help, and its value
+/// for a status (`None`: no series for that Job).
+type JobGauge = (
+    &'static str,
+    &'static str,
+    fn(&MemoryProfileStatus) -> Option<f64>,
+);
+
+const JOB_GAUGES: [JobGauge; 9] = [
+    (
+        "job_risk_level",
+        "Job OOM risk (worst rank): 0 none, 1 low, 2 medium, 3 high, 4 critical",
+        |s| Some(f64::from(s.risk as u8)),
+    ),
+    (
+        "job_time_to_oom_seconds",
+        "Smallest predicted time to OOM over the Job's ranks (absent when none is predicted)",
+        |s| s.time_to_oom_seconds,
+    ),
+    (
+        "job_imbalance_ratio",
+        "Max/mean of per-GPU peak memory across the Job's GPUs (absent with fewer than 2 GPUs)",
+        |s| s.imbalance,
+    ),
+    (
+        "job_peak_used_bytes",
+        "Largest peak GPU memory in use over the Job's GPUs",
+        |s| Some(s.peak_used_bytes as f64),
+    ),
+    (
+        "job_ranks_reporting",
+        "Ranks of the Job with a valid MemoryReport",
+        |s| Some(f64::from(s.ranks_reporting)),
+    ),
+    (
+        "job_gpu_ooms",
+        "GPU OOMs recorded in the Job's MemoryProfile (its bounded history)",
+        |s| Some(s.ooms.len() as f64),
+    ),
+    (
+        "job_last_gpu_oom_timestamp_seconds",
+        "Unix time of the newest GPU OOM recorded for the Job (absent when none)",
+        |s| {
+            s.ooms
+                .iter()
+                .filter_map(|o| o.time.parse::<jiff::Timestamp>().ok())
+                .max()
+                .map(|t| t.as_millisecond() as f64 / 1000.0)
+        },
+    ),
+    (
+        "job_remediations",
+        "Finished remediations that changed the Job, over its whole life (all policies)",
+        |s| {
+            Some(
+                s.remediation_totals
+                    .iter()
+                    .map(|t| f64::from(t.count))
+                    .sum(),
+            )
+        },
+    ),
+    (
+        "job_remediations_failed",
+        "Remediation records of the Job in phase Failed (its bounded history)",
+        |s| {
+            Some(
+                s.remediations
+                    .iter()
+                    .filter(|r| r.phase == "Failed")
+                    .count() as f64,
+            )
+        },
+    ),
+];
+
+impl Collector for JobGauges {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let profiles = match &*self.profiles.read().unwrap_or_else(|e| e.into_inner()) {
+            Some(store) => store.state(),
+            None => Vec::new(),
+        };
+        let rows: Vec<(JobLabels, &MemoryProfileStatus)> = profiles
+            .iter()
+            .filter_map(|p| {
+                let labels = JobLabels {
+                    namespace: p.metadata.namespace.clone()?,
+                    job_name: p.metadata.name.clone()?,
+                };
+                Some((labels, p.status.as_ref()?))
+            })
+            .collect();
+        // Descriptors even without profiles: `--print-metrics` names them.
+        let described = self.described.load(std::sync::atomic::Ordering::Relaxed);
+        for (name, help, value) in JOB_GAUGES {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            if described {
+                ConstGauge::new(0.0).encode(family.encode_family(&JobLabels::default())?)?;
+            }
+            for (labels, status) in &rows {
+                if let Some(v) = value(status) {
+                    ConstGauge::new(v).encode(family.encode_family(labels)?)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The registry as Prometheus text (OpenMetrics).
+pub fn encode(registry: &Registry) -> String {
+    let mut body = String::new();
+    // Writing into a String cannot fail.
+    let _ = prometheus_client::encoding::text::encode(&mut body, registry);
+    body
+}
+
+/// The `# HELP` and `# TYPE` lines of an encoding, and for each family
+/// whose first sample has labels (other than a histogram's `le`) a line
+/// `# LABELS <family> <name>,<name>`: the metric families a binary
+/// registers and their label names, for `memprof-operator --print-metrics`
+/// (the chart's dashboard and alert tests check their queries against it).
+/// No samples.
+pub fn descriptors(encoded: &str) -> String {
+    let mut out = String::new();
+    // The family whose labels are not named yet: its first sample names them.
+    let mut pending: Option<&str> = None;
+    for line in encoded.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            pending = rest.split(' ').next();
+        }
+        if line.starts_with("# HELP ") || line.starts_with("# TYPE ") {
+            out.push_str(line);
+            out.push('\n');
+        } else if !line.starts_with('#') {
+            let names = label_names(line);
+            match pending.take() {
+                Some(family) if !names.is_empty() => {
+                    out.push_str(&format!("# LABELS {family} {}\n", names.join(",")));
+                }
+                _ => {}
+            }
+        }
+    }
+    out
+}
+
+/// Label names of one sample line (`name{a="x",b="y"} 1`), without `le`.
+fn label_names(sample: &str) -> Vec<&str> {
+    let Some((_, mut rest)) = sample.split_once('{') else {
+        return Vec::new();
+    };
+    let mut names = Vec::new();
+    // Each label is `name="value"`; a value escapes `"` and `\` with `\`.
+    while let Some((name, after)) = rest.split_once("=\"") {
+        let name = name.trim_start_matches(',');
+        if name != "le" {
+            names.push(name);
+        }
+        let mut escaped = false;
+        let end = after.char_indices().find(|&(_, c)| {
+            let closes = c == '"' && !escaped;
+            escaped = c == '\\' && !escaped;
+            closes
+        });
+        let Some((end, _)) = end else { break };
+        rest = &after[end + 1..];
+        if rest.starts_with('}') {
+            break;
+        }
+    }
+    names
+}
+
+/// Serves `GET /metrics`, `GET /healthz` and `GET /readyz` (from `health`)
+/// on `listener` until `shutdown` resolves.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    registry: Arc<Registry>,
+    health: Arc<Health>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) {
+    let metrics = warp::path("metrics")
+        .and(warp::path::end())
+        .and(warp::get())
+        .map(move || {
+            // Owned values only: a reply borrowing `&str` makes the server
+            // future not `Send` for every lifetime, so it could not be spawned.
+            let mut reply = warp::reply::Response::new(encode(&registry).into());
+            reply.headers_mut().insert(
+                warp::http::header::CONTENT_TYPE,
+                warp::http::HeaderValue::from_static(
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                ),
+            );
+            reply
+        });
+    let healthz = warp::path("healthz")
+        .and(warp::path::end())
+        .and(warp::get())
+        .map(|| warp::reply::Response::new("ok".into()));
+    let readyz = warp::path("readyz")
+        .and(warp::path::end())
+        .and(warp::get())
+        .map(move || match health.readiness() {
+            Ok(()) => warp::reply::Response::new("ok".into()),
+            Err(not_ready) => {
+                let mut reply = warp::reply::Response::new(format!("{not_ready}\n").into());
+                *reply.status_mut() = warp::http::StatusCode::SERVICE_UNAVAILABLE;
+                reply
+            }
+        });
+    // Boxed: erases the `&'static str` path types, which otherwise make the
+    // server future fail the `Send` check of `tokio::spawn` (a rustc HRTB limitation).
+    let routes = metrics.or(healthz).unify().or(readyz).unify().boxed();
+    warp::serve(routes)
+        .incoming(listener)
+        .graceful(shutdown)
+        .run()
+        .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    async fn get(addr: std::net::SocketAddr, path: &str) -> String {
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let req = format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
+        s.write_all(req.as_bytes()).await.unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.unwrap();
+        out
+    }
+
+    fn profile(ns: &str, name: &str, risk: memprof_api::RiskLevel) -> MemoryProfile {
+        let mut p = MemoryProfile::new(name, Default::default());
+        p.metadata.namespace = Some(ns.into());
+        p.metadata.uid = Some(format!("{ns}-{name}"));
+        p.status = Some(MemoryProfileStatus {
+            risk,
+            time_to_oom_seconds: Some(90.5),
+            peak_used_bytes: 1 << 30,
+            ooms: vec![memprof_api::OomRecord {
+                time: "2026-11-22T10:00:00Z".into(),
+                ..Default::default()
+            }],
+            remediations: vec![memprof_api::RemediationRecord {
+                phase: "Failed".into(),
+                ..Default::default()
+            }],
+            remediation_totals: vec![memprof_api::RemediationTotal {
+                count: 2,
+                ..Default::default()
+            }],
+            ..Default::default()
+        });
+        p
+    }
+
+    #[test]
+    fn job_gauges_follow_the_profile_cache_and_leave_no_stale_series() {
+        use kube::runtime::watcher::Event;
+        let mut registry = Registry::with_prefix("memprof");
+        let m = Metrics::register(&mut registry);
+        let (store, mut writer) = kube::runtime::reflector::store::<MemoryProfile>();
+        let train = profile("team-a", "train", memprof_api::RiskLevel::High);
+        writer.apply_watcher_event(&Event::Apply(train.clone()));
+        writer.apply_watcher_event(&Event::Apply(profile(
+            "team-b",
+            "eval",
+            memprof_api::RiskLevel::Low,
+        )));
+        let published = m.jobs.publish(store);
+        let body = encode(&registry);
+        for want in [
+            "memprof_job_risk_level{namespace=\"team-a\",job_name=\"train\"} 3.0",
+            "memprof_job_risk_level{namespace=\"team-b\",job_name=\"eval\"} 1.0",
+            "memprof_job_time_to_oom_seconds{namespace=\"team-a\",job_name=\"train\"} 90.5",
+            "memprof_job_peak_used_bytes{namespace=\"team-a\",job_name=\"train\"} 1073741824.0",
+            "memprof_job_last_gpu_oom_timestamp_seconds{namespace=\"team-a\",job_name=\"train\"} 1795341600.0",
+            "memprof_job_remediations{namespace=\"team-a\",job_name=\"train\"} 2.0",
+            "memprof_job_remediations_failed{namespace=\"team-a\",job_name=\"train\"} 1.0",
+        ] {
+            assert!(body.contains(want), "{want} in {body}");
+        }
+        assert!(
+            !body.contains("memprof_job_imbalance_ratio{"),
+            "absent when None"
+        );
+
+        // The profile is deleted: its series go with it at the next scrape.
+        writer.apply_watcher_event(&Event::Delete(train));
+        let body = encode(&registry);
+        assert!(!body.contains("job_name=\"train\""), "{body}");
+        assert!(body.contains("job_name=\"eval\""), "{body}");
+
+        // Leadership lost (the controller stops): no per-Job series at all,
+        // but the families are still described.
+        drop(published);
+        let body = encode(&registry);
+        assert!(!body.contains("job_name=\""), "{body}");
+        assert!(
+            body.contains("# TYPE memprof_job_risk_level gauge"),
+            "{body}"
+        );
+    }
+
+    #[test]
+    fn descriptors_name_the_families_and_their_labels_without_samples() {
+        let mut registry = Registry::with_prefix("memprof");
+        let m = Metrics::register(&mut registry);
+        m.touch_families();
+        let text = descriptors(&encode(&registry));
+        for want in [
+            "# TYPE memprof_job_risk_level gauge\n",
+            // `job_name`, never `job`: Prometheus's own `job` label stays the scrape job's.
+            "# LABELS memprof_job_risk_level namespace,job_name\n",
+            "# LABELS memprof_job_remediations_failed namespace,job_name\n",
+            "# LABELS memprof_events reason\n",
+        ] {
+            assert!(text.contains(want), "{want} in {text}");
+        }
+        assert!(
+            !text.contains("memprof_reconcile_duration_seconds le"),
+            "{text}"
+        );
+        assert!(
+            text.lines().all(|l| l.starts_with('#')),
+            "no samples: {text}"
+        );
+        assert_eq!(label_names(r#"x{a="q\"},b=\\",b="",le="1"} 1"#), ["a", "b"]);
+    }
+
+    #[tokio::test]
+    async fn serves_prefixed_metrics_and_healthz() {
+        let mut registry = Registry::with_prefix("memprof");
+        let m = Metrics::register(&mut registry);
+        m.status_writes.inc();
+        m.events
+            .get_or_create(&ReasonLabels {
+                reason: "RiskRaised",
+            })
+            .inc();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let health = Health::new();
+        let server = tokio::spawn(serve(listener, Arc::new(registry), health.clone(), async {
+            let _ = rx.await;
+        }));
+        let body = get(addr, "/metrics").await;
+        assert!(body.contains("memprof_status_writes_total 1"), "{body}");
+        assert!(body.contains("memprof_events_total{reason=\"RiskRaised\"} 1"));
+        assert!(body.contains("memprof_reconcile_duration_seconds_bucket"));
+        assert!(get(addr, "/healthz").await.ends_with("ok"));
+        assert!(get(addr, "/readyz").await.ends_with("ok"), "no task yet");
+        let ready = health.clone();
+        tokio::spawn(super::super::tasks::supervise(
+            "remediation",
+            health.clone(),
+            m.task_failures.clone(),
+            futures::FutureExt::shared(futures::FutureExt::boxed(std::future::pending())),
+            |_ready| async { Err::<(), _>("CRD remediationpolicies.memprof.dev not installed") },
+        ));
+        while ready.readiness().is_ok() {
+            tokio::task::yield_now().await;
+        }
+        let body = get(addr, "/readyz").await;
+        assert!(body.starts_with("HTTP/1.1 503"), "{body}");
+        assert!(
+            body.contains("remediation: failed, retrying in 1s: CRD"),
+            "{body}"
+        );
+        assert!(get(addr, "/healthz").await.ends_with("ok"), "still alive");
+        let body = get(addr, "/metrics").await;
+        assert!(
+            body.contains("memprof_operator_task_failures_total{task=\"remediation\"} 1"),
+            "{body}"
+        );
+        tx.send(()).unwrap();
+        server.await.unwrap();
+    }
+}

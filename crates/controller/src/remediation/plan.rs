@@ -1,0 +1,616 @@
+//! Pure planning: from a policy that fired and the Job as the API server
+//! returned it, the concrete steps to carry out, with every value computed
+//! up front (`BATCH_SIZE 32 -> 24`, not "× 0.75"), so that carrying out a
+//! plan twice (after a crash) gives the same result as once.
+//!
+//! Jobs are handled as JSON (`serde_json::Value`), not as typed `Job`s: a
+//! typed round trip would silently drop any field the client's k8s-openapi
+//! version does not know, and the recreated Job must be the user's Job with
+//! one env value changed, nothing less.
+
+use memprof_api::{
+    truncate_utf8, BatchRecommendation, RemediationPolicy, ScaleValue, ANNOTATION_BOTTLENECK,
+    ANNOTATION_IMBALANCE, ANNOTATION_OOM_RISK, ANNOTATION_ORIGINAL_PREFIX, ANNOTATION_REMEDIATION,
+    ANNOTATION_TIME_TO_OOM,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Labels the API server and the Job controller derive from a Job's uid and
+/// name; a recreated Job gets fresh ones.
+const SERVER_LABELS: [&str; 4] = [
+    "controller-uid",
+    "batch.kubernetes.io/controller-uid",
+    "job-name",
+    "batch.kubernetes.io/job-name",
+];
+/// Metadata the API server sets; creating an object with them fails or lies.
+const SERVER_METADATA: [&str; 8] = [
+    "uid",
+    "resourceVersion",
+    "creationTimestamp",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+    "generation",
+    "managedFields",
+    "selfLink",
+];
+/// Default reason of an `event` action.
+pub const DEFAULT_EVENT_REASON: &str = "RemediationTriggered";
+/// Event reason of a `scaleBatch` `mode: fit` that set the computed batch.
+pub const REASON_BATCH_FIT: &str = "BatchFitApplied";
+/// Event reason of a `scaleBatch` `mode: fit` that fell back to its factor.
+pub const REASON_BATCH_FIT_FALLBACK: &str = "BatchFitFallback";
+
+/// One env var change in one container.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct EnvChange {
+    /// Container name.
+    pub container: String,
+    /// Env var name.
+    pub env: String,
+    /// Value before.
+    pub from: u64,
+    /// Value after.
+    pub to: u64,
+    /// How `to` was chosen, when not by the plain factor (`mode: fit`, or its fallback).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+/// One concrete step of a plan.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(tag = "kind", rename_all = "camelCase")]
+pub enum Step {
+    /// Set a Job annotation (merged into the manifest when the Job is recreated).
+    Annotate {
+        /// Key.
+        key: String,
+        /// Value.
+        value: String,
+    },
+    /// Publish an Event on the Job.
+    Event {
+        /// CamelCase reason.
+        reason: String,
+        /// Message.
+        message: String,
+    },
+    /// Write one ConfigMap key.
+    #[serde(rename_all = "camelCase")]
+    SetConfigMapKey {
+        /// ConfigMap name.
+        config_map: String,
+        /// Key.
+        key: String,
+        /// Value before, if the key existed.
+        from: Option<String>,
+        /// Value to write.
+        to: String,
+    },
+    /// Set `spec.suspend: true` (folded into the manifest when the Job is recreated).
+    Suspend,
+    /// Delete the Job and create `manifest` in its place.
+    Recreate {
+        /// The env changes baked into `manifest`.
+        changes: Vec<EnvChange>,
+        /// The Job to create: the old one, patched, server-set fields stripped.
+        manifest: Value,
+    },
+}
+
+/// Everything a remediation will do, decided once. Stored in a ConfigMap
+/// before the first step so that a restarted controller finishes this plan
+/// rather than planning again from a Job it may already have changed.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Plan {
+    /// Remediation id (also the record's id).
+    pub id: String,
+    /// Policy name.
+    pub policy: String,
+    /// Namespace of the Job.
+    pub namespace: String,
+    /// Job name (also the MemoryProfile's name).
+    pub job: String,
+    /// uid of the Job the plan was made for.
+    pub job_uid: String,
+    /// Trigger that fired, and why.
+    pub why: String,
+    /// Steps, in order.
+    pub steps: Vec<Step>,
+}
+
+impl Plan {
+    /// The plan for humans and for the record's `action` (at most 256 bytes),
+    /// e.g. `scaleBatch BATCH_SIZE 32->24`.
+    pub fn summary(&self) -> String {
+        let mut parts = Vec::new();
+        for s in &self.steps {
+            parts.push(match s {
+                Step::Annotate { key, value } => format!("annotate {key}={value}"),
+                Step::Event { reason, .. } => format!("event {reason}"),
+                Step::SetConfigMapKey {
+                    config_map,
+                    key,
+                    from,
+                    to,
+                } => format!(
+                    "setConfigMapKey {config_map}/{key} {}->{to}",
+                    from.as_deref().unwrap_or("<unset>")
+                ),
+                Step::Suspend => "suspend".into(),
+                Step::Recreate { changes, .. } => {
+                    let mut seen = Vec::new();
+                    for c in changes {
+                        let note = c
+                            .note
+                            .as_ref()
+                            .map(|n| format!(" ({n})"))
+                            .unwrap_or_default();
+                        let s = format!("scaleBatch {} {}->{}{note}", c.env, c.from, c.to);
+                        if !seen.contains(&s) {
+                            seen.push(s);
+                        }
+                    }
+                    seen.join("; ")
+                }
+            });
+        }
+        let mut s = parts.join("; ");
+        truncate_utf8(&mut s, 256);
+        s
+    }
+
+    /// The recreation step, if the plan has one.
+    pub fn recreate(&self) -> Option<(&[EnvChange], &Value)> {
+        self.steps.iter().find_map(|s| match s {
+            Step::Recreate { changes, manifest } => Some((changes.as_slice(), manifest)),
+            _ => None,
+        })
+    }
+}
+
+/// Why a policy's actions cannot apply to a Job. Permanent for that Job (its
+/// pod template is immutable), so it is recorded once, not retried.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum PlanError {
+    /// No container sets the env var.
+    #[error("no container{} of the Job sets env {env}: nothing to scale", container.as_ref().map(|c| format!(" named {c}")).unwrap_or_default())]
+    NoSuchEnv {
+        /// Env var.
+        env: String,
+        /// The container the action names, if any.
+        container: Option<String>,
+    },
+    /// The env var comes from `valueFrom`, not a literal.
+    #[error("env {env} of container {container} is set with valueFrom, not a literal value: memprof cannot change it")]
+    NotLiteral {
+        /// Env var.
+        env: String,
+        /// Container.
+        container: String,
+    },
+    /// The env var's value is not a non-negative integer.
+    #[error("env {env} of container {container} is {value:?}, not an integer: nothing to scale")]
+    NotANumber {
+        /// Env var.
+        env: String,
+        /// Container.
+        container: String,
+        /// The value found.
+        value: String,
+    },
+    /// Scaling would not lower the value.
+    #[error("{what} is {value}, already at the minimum {minimum}: nothing left to scale down")]
+    AtMinimum {
+        /// `env BATCH_SIZE` or `ConfigMap cm key k`.
+        what: String,
+        /// Current value.
+        value: u64,
+        /// The action's minimum.
+        minimum: u64,
+    },
+    /// The ConfigMap to write does not exist.
+    #[error("ConfigMap {name} does not exist in the Job's namespace: create it or fix the policy")]
+    ConfigMapMissing {
+        /// ConfigMap name.
+        name: String,
+    },
+    /// The ConfigMap exists but its owner did not opt it in.
+    #[error("ConfigMap {name} is not labelled memprof.dev/remediable=true: memprof writes only ConfigMaps their owners opted in")]
+    ConfigMapNotOptedIn {
+        /// ConfigMap name.
+        name: String,
+    },
+    /// The ConfigMap key to scale is missing or not an integer.
+    #[error("ConfigMap {name} key {key} is {value:?}, not an integer: nothing to scale")]
+    ConfigMapNotANumber {
+        /// ConfigMap name.
+        name: String,
+        /// Key.
+        key: String,
+        /// The value found (empty when the key is missing).
+        value: String,
+    },
+    /// Another controller owns the Job, and the policy does not allow acting on such Jobs.
+    #[error("the Job is controlled by {owner}, which would fight a change: set allowControlledJobs in the policy to act anyway")]
+    ControlledJob {
+        /// `Kind/name` of the owner.
+        owner: String,
+    },
+    /// The Job lacks a field every stored Job has.
+    #[error("the Job has no {0}: cannot recreate it")]
+    MalformedJob(&'static str),
+}
+
+impl PlanError {
+    /// CamelCase reason for Events and conditions.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            PlanError::NoSuchEnv { .. } => "NoSuchEnv",
+            PlanError::NotLiteral { .. } => "EnvNotLiteral",
+            PlanError::NotANumber { .. } => "EnvNotANumber",
+            PlanError::AtMinimum { .. } => "AtMinimum",
+            PlanError::ConfigMapMissing { .. } => "ConfigMapMissing",
+            PlanError::ConfigMapNotOptedIn { .. } => "ConfigMapNotOptedIn",
+            PlanError::ConfigMapNotANumber { .. } => "ConfigMapNotANumber",
+            PlanError::ControlledJob { .. } => "ControlledByOwner",
+            PlanError::MalformedJob(_) => "MalformedJob",
+        }
+    }
+}
+
+/// What a plan is built from.
+#[derive(Clone, Debug)]
+pub struct PlanInput<'a> {
+    /// The policy that fired.
+    pub policy: &'a RemediationPolicy,
+    /// The Job, as the API server returned it.
+    pub job: &'a Value,
+    /// Data of the ConfigMaps the policy's `setConfigMapKey` actions name (missing ones absent).
+    pub config_maps: &'a BTreeMap<String, BTreeMap<String, String>>,
+    /// ConfigMaps the actions name that exist but are not labelled
+    /// `memprof.dev/remediable: "true"`: the operator must not write them.
+    pub not_opted_in: &'a BTreeSet<String>,
+    /// Remediation id.
+    pub id: &'a str,
+    /// Which trigger fired, and why.
+    pub why: &'a str,
+    /// The Job's MemoryProfile `batchRecommendation`, for `scaleBatch` `mode: fit`.
+    pub batch_fit: Option<&'a BatchRecommendation>,
+}
+
+/// `value × factor`, rounded down to a multiple of `round_to`, at least `minimum`.
+pub fn scale(value: u64, factor: f64, minimum: u64, round_to: Option<u64>) -> u64 {
+    let mut v = (value as f64 * factor).floor().max(0.0) as u64;
+    if let Some(r) = round_to.filter(|r| *r > 1) {
+        v -= v % r;
+    }
+    v.max(minimum)
+}
+
+fn scale_value(s: &ScaleValue, value: u64) -> u64 {
+    scale(
+        value,
+        s.factor,
+        u64::from(s.minimum),
+        s.round_to.map(u64::from),
+    )
+}
+
+/// Builds the plan for `input.policy`'s actions on `input.job`.
+pub fn build(input: &PlanInput<'_>) -> Result<Plan, PlanError> {
+    let job = input.job;
+    let meta = |f: &'static str| {
+        job["metadata"][f]
+            .as_str()
+            .map(str::to_string)
+            .ok_or(PlanError::MalformedJob(match f {
+                "name" => "metadata.name",
+                "namespace" => "metadata.namespace",
+                _ => "metadata.uid",
+            }))
+    };
+    if let Some(owner) = controller_of(job).filter(|_| !input.policy.spec.allow_controlled_jobs) {
+        return Err(PlanError::ControlledJob { owner });
+    }
+    let mut plan = Plan {
+        id: input.id.to_string(),
+        policy: input.policy.metadata.name.clone().unwrap_or_default(),
+        namespace: meta("namespace")?,
+        job: meta("name")?,
+        job_uid: meta("uid")?,
+        why: input.why.to_string(),
+        steps: Vec::new(),
+    };
+    let mut changes = Vec::new();
+    let mut annotations = BTreeMap::new();
+    let mut suspend = false;
+    let mut fit_events = Vec::new();
+    for action in &input.policy.spec.actions {
+        if let Some(a) = &action.annotate {
+            annotations.insert(a.key.clone(), a.value.clone());
+            plan.steps.push(Step::Annotate {
+                key: a.key.clone(),
+                value: a.value.clone(),
+            });
+        } else if let Some(e) = &action.event {
+            let mut message = e.message.clone().unwrap_or_else(|| {
+                format!("RemediationPolicy {} fired: {}", plan.policy, plan.why)
+            });
+            truncate_utf8(&mut message, 1024);
+            plan.steps.push(Step::Event {
+                reason: e
+                    .reason
+                    .clone()
+                    .unwrap_or_else(|| DEFAULT_EVENT_REASON.into()),
+                message,
+            });
+        } else if let Some(s) = &action.scale_batch {
+            let (mut scaled, event) = scale_batch(job, s, input.batch_fit)?;
+            changes.append(&mut scaled);
+            fit_events.extend(event);
+        } else if let Some(c) = &action.set_config_map_key {
+            if input.not_opted_in.contains(&c.config_map) {
+                return Err(PlanError::ConfigMapNotOptedIn {
+                    name: c.config_map.clone(),
+                });
+            }
+            let data = input.config_maps.get(&c.config_map).ok_or_else(|| {
+                PlanError::ConfigMapMissing {
+                    name: c.config_map.clone(),
+                }
+            })?;
+            let from = data.get(&c.key).cloned();
+            let to = match (&c.value, &c.scale) {
+                (Some(v), _) => v.clone(),
+                (None, Some(s)) => {
+                    let raw = from.clone().unwrap_or_default();
+                    let old: u64 =
+                        raw.trim()
+                            .parse()
+                            .map_err(|_| PlanError::ConfigMapNotANumber {
+                                name: c.config_map.clone(),
+                                key: c.key.clone(),
+                                value: raw.clone(),
+                            })?;
+                    let new = scale_value(s, old);
+                    if new >= old {
+                        return Err(PlanError::AtMinimum {
+                            what: format!("ConfigMap {} key {}", c.config_map, c.key),
+                            value: old,
+                            minimum: u64::from(s.minimum),
+                        });
+                    }
+                    new.to_string()
+                }
+                // The schema's oneOf makes this unreachable on a server; a
+                // policy built in code still gets a clear answer.
+                (None, None) => from.clone().unwrap_or_default(),
+            };
+            plan.steps.push(Step::SetConfigMapKey {
+                config_map: c.config_map.clone(),
+                key: c.key.clone(),
+                from,
+                to,
+            });
+        } else if action.suspend == Some(true) {
+            suspend = true;
+            plan.steps.push(Step::Suspend);
+        }
+    }
+    if !changes.is_empty() {
+        // The recreated Job carries the annotations and the suspension, so
+        // the separate steps would only touch the old Job about to go.
+        plan.steps
+            .retain(|s| !matches!(s, Step::Annotate { .. } | Step::Suspend));
+        let manifest = recreated_job(job, &changes, input.id, &annotations, suspend);
+        plan.steps.push(Step::Recreate { changes, manifest });
+    }
+    // After the recreation, so that the Event lands on the new Job.
+    plan.steps.extend(fit_events);
+    Ok(plan)
+}
+
+/// `Kind/name` of the controller that owns a Job, if one does.
+fn controller_of(job: &Value) -> Option<String> {
+    job["metadata"]["ownerReferences"]
+        .as_array()?
+        .iter()
+        .find(|o| o["controller"] == true)
+        .map(|o| {
+            format!(
+                "{}/{}",
+                o["kind"].as_str().unwrap_or("?"),
+                o["name"].as_str().unwrap_or("?")
+            )
+        })
+}
+
+/// The env changes one `scaleBatch` action makes.
+fn env_changes(
+    job: &Value,
+    env: &str,
+    container: Option<&str>,
+    scale: &ScaleValue,
+    fixed: Option<u64>,
+) -> Result<Vec<EnvChange>, PlanError> {
+    let containers = job["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .ok_or(PlanError::MalformedJob("spec.template.spec.containers"))?;
+    let mut changes = Vec::new();
+    let mut at_minimum = None;
+    for c in containers {
+        let name = c["name"].as_str().unwrap_or_default();
+        if container.is_some_and(|want| want != name) {
+            continue;
+        }
+        let Some(var) = c["env"]
+            .as_array()
+            .and_then(|vars| vars.iter().find(|v| v["name"] == env))
+        else {
+            continue;
+        };
+        let raw = match (
+            var.get("value").and_then(Value::as_str),
+            var.get("valueFrom"),
+        ) {
+            (Some(v), _) => v,
+            (None, Some(_)) => {
+                return Err(PlanError::NotLiteral {
+                    env: env.into(),
+                    container: name.into(),
+                })
+            }
+            (None, None) => "",
+        };
+        let from: u64 = raw.trim().parse().map_err(|_| PlanError::NotANumber {
+            env: env.into(),
+            container: name.into(),
+            value: raw.into(),
+        })?;
+        let to = fixed.unwrap_or_else(|| scale_value(scale, from));
+        if to >= from {
+            at_minimum = Some(from);
+            continue;
+        }
+        changes.push(EnvChange {
+            container: name.into(),
+            env: env.into(),
+            from,
+            to,
+            note: None,
+        });
+    }
+    if changes.is_empty() {
+        return Err(match at_minimum {
+            Some(value) => PlanError::AtMinimum {
+                what: format!("env {env}"),
+                value,
+                minimum: u64::from(scale.minimum),
+            },
+            None => PlanError::NoSuchEnv {
+                env: env.into(),
+                container: container.map(str::to_string),
+            },
+        });
+    }
+    Ok(changes)
+}
+
+/// The annotation keeping an env var's value from before the first remediation.
+pub fn original_annotation(env: &str) -> String {
+    let mut name: String = env
+        .to_lowercase()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    // The name part of a key is at most 63 characters and ends alphanumeric.
+    name.truncate(63 - "original-".len());
+    while name.ends_with(|c: char| !c.is_ascii_alphanumeric()) {
+        name.pop();
+    }
+    format!("{ANNOTATION_ORIGINAL_PREFIX}{name}")
+}
+
+/// The Job to create in place of `job`: same spec with the env changes,
+/// server-set fields stripped, the remediation recorded in annotations.
+pub fn recreated_job(
+    job: &Value,
+    changes: &[EnvChange],
+    id: &str,
+    extra_annotations: &BTreeMap<String, String>,
+    suspend: bool,
+) -> Value {
+    let mut new = job.clone();
+    if let Some(obj) = new.as_object_mut() {
+        obj.remove("status");
+    }
+    let old_uid = job["metadata"]["uid"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let meta = &mut new["metadata"];
+    if let Some(m) = meta.as_object_mut() {
+        for f in SERVER_METADATA {
+            m.remove(f);
+        }
+    }
+    if let Some(fins) = meta["finalizers"].as_array_mut() {
+        // Deletion finalizers belong to the old Job's deletion, not the new Job.
+        fins.retain(|f| f != "orphan" && f != "foregroundDeletion");
+    }
+    if let Some(labels) = meta["labels"].as_object_mut() {
+        labels.retain(|k, v| !(k.ends_with("controller-uid") && v == old_uid.as_str()));
+    }
+    let annotations = meta.as_object_mut().map(|m| {
+        m.entry("annotations")
+            .or_insert_with(|| Value::Object(Default::default()))
+    });
+    if let Some(Value::Object(a)) = annotations {
+        // The operator's verdict annotations describe the old run; it writes fresh ones.
+        for k in [
+            ANNOTATION_OOM_RISK,
+            ANNOTATION_TIME_TO_OOM,
+            ANNOTATION_IMBALANCE,
+            ANNOTATION_BOTTLENECK,
+        ] {
+            a.remove(k);
+        }
+        a.insert(ANNOTATION_REMEDIATION.into(), id.into());
+        for c in changes {
+            // Keep the first original across repeated remediations.
+            a.entry(original_annotation(&c.env))
+                .or_insert_with(|| c.from.to_string().into());
+        }
+        for (k, v) in extra_annotations {
+            a.insert(k.clone(), v.clone().into());
+        }
+    }
+
+    let spec = &mut new["spec"];
+    let manual = spec["manualSelector"] == Value::Bool(true);
+    if !manual {
+        // The API server generates selector and template labels from the new uid.
+        if let Some(s) = spec.as_object_mut() {
+            s.remove("selector");
+        }
+        if let Some(labels) = spec["template"]["metadata"]["labels"].as_object_mut() {
+            labels.retain(|k, _| !SERVER_LABELS.contains(&k.as_str()));
+        }
+    }
+    if suspend {
+        spec["suspend"] = Value::Bool(true);
+    }
+    if let Some(containers) = spec["template"]["spec"]["containers"].as_array_mut() {
+        for c in containers {
+            let name = c["name"].as_str().unwrap_or_default().to_string();
+            let Some(vars) = c["env"].as_array_mut() else {
+                continue;
+            };
+            for change in changes.iter().filter(|ch| ch.container == name) {
+                for v in vars.iter_mut().filter(|v| v["name"] == change.env.as_str()) {
+                    v["value"] = change.to.to_string().into();
+                }
+            }
+        }
+    }
+    new
+}
+
+#[path = "plan_fit.rs"]
+mod fit;
+use fit::scale_batch;
+
+#[cfg(test)]
+#[path = "plan_tests.rs"]
+mod tests;

@@ -1,0 +1,80 @@
+//! `scaleBatch` with `mode: fit`: the batch computed by `analysis::batchfit`
+//! from the profile's `batchRecommendation`, or the factor when the
+//! evidence is too thin, said in the change's note and an Event.
+
+use super::{env_changes, EnvChange, PlanError, Step, REASON_BATCH_FIT, REASON_BATCH_FIT_FALLBACK};
+use memprof_analysis::batchfit;
+use memprof_api::{truncate_utf8, BatchRecommendation, ScaleBatchAction, ScaleMode, ScaleValue};
+use serde_json::Value;
+
+/// The env changes of one `scaleBatch` action, and for `mode: fit` the
+/// Event saying what the fit did (or why it fell back to the factor).
+pub(super) fn scale_batch(
+    job: &Value,
+    s: &ScaleBatchAction,
+    fit: Option<&BatchRecommendation>,
+) -> Result<(Vec<EnvChange>, Option<Step>), PlanError> {
+    let scale = ScaleValue {
+        factor: s.factor,
+        minimum: s.minimum,
+        round_to: s.round_to,
+    };
+    let by_factor = env_changes(job, &s.env, s.container.as_deref(), &scale, None)?;
+    if s.mode != Some(ScaleMode::Fit) {
+        return Ok((by_factor, None));
+    }
+    let computed = batchfit::policy_value(
+        fit,
+        &s.env,
+        s.headroom_fraction(),
+        u64::from(s.minimum),
+        s.round_to.map(u64::from),
+    );
+    let from = by_factor.iter().map(|c| c.from).max().unwrap_or(0);
+    // `note` goes into the summary (and so the record); `why` into the Event.
+    let (changes, reason, note, why) = match computed {
+        Ok(f) if f.value < from => {
+            let changes = env_changes(job, &s.env, s.container.as_deref(), &scale, Some(f.value))?;
+            (changes, REASON_BATCH_FIT, f.note.clone(), f.note)
+        }
+        Ok(f) => (
+            by_factor,
+            REASON_BATCH_FIT_FALLBACK,
+            format!("fit says {from} fits, factor {}", s.factor),
+            format!(
+                "the fit says {} {from} fits (computed {}: {}), yet the policy fired: the evidence \
+                 and the trigger disagree, so the factor {} is used",
+                s.env, f.value, f.note, s.factor
+            ),
+        ),
+        Err(why) => {
+            let what = if why.starts_with("too little evidence") {
+                "too little evidence"
+            } else {
+                "no usable recommendation"
+            };
+            (
+                by_factor,
+                REASON_BATCH_FIT_FALLBACK,
+                format!("fit: {what}, factor {}", s.factor),
+                format!("{why}; so the factor {} is used", s.factor),
+            )
+        }
+    };
+    let changes = changes
+        .into_iter()
+        .map(|c| EnvChange {
+            note: Some(note.clone()),
+            ..c
+        })
+        .collect();
+    let mut message = format!("scaleBatch {} mode fit: {why}", s.env);
+    truncate_utf8(&mut message, 1024);
+    Ok((
+        changes,
+        Some(Step::Event {
+            reason: reason.into(),
+            message,
+        }),
+    ))
+}

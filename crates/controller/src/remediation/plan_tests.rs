@@ -1,0 +1,391 @@
+//! Unit tests of `plan.rs`: plans from plain JSON Jobs and policies.
+
+use super::*;
+use memprof_api::{
+    AnnotateAction, RemediationAction, RemediationPolicySpec, ScaleBatchAction,
+    SetConfigMapKeyAction,
+};
+use serde_json::json;
+
+fn job(batch: Value) -> Value {
+    json!({
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {
+            "name": "train", "namespace": "ml", "uid": "old-uid", "resourceVersion": "42",
+            "creationTimestamp": "2026-01-01T00:00:00Z", "generation": 1,
+            "managedFields": [{"manager": "kubectl"}],
+            "labels": {"team": "ml", "controller-uid": "old-uid"},
+            "annotations": {"memprof.dev/enabled": "true", "memprof.dev/oom-risk": "critical"},
+            "ownerReferences": [{"apiVersion": "batch/v1", "kind": "CronJob", "name": "nightly", "uid": "cj"}],
+        },
+        "spec": {
+            "parallelism": 2, "backoffLimit": 0,
+            "selector": {"matchLabels": {"controller-uid": "old-uid"}},
+            "template": {
+                "metadata": {"labels": {"app": "train", "controller-uid": "old-uid", "job-name": "train"}},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [
+                        {"name": "trainer", "image": "t", "env": [{"name": "LR", "value": "0.1"}, {"name": "BATCH_SIZE", "value": batch}]},
+                        {"name": "memprof-sidecar", "image": "s"},
+                    ],
+                },
+            },
+        },
+        "status": {"active": 2},
+    })
+}
+
+fn policy(actions: Vec<RemediationAction>) -> RemediationPolicy {
+    RemediationPolicy::new(
+        "shrink",
+        RemediationPolicySpec {
+            actions,
+            ..Default::default()
+        },
+    )
+}
+
+fn scale_batch(factor: f64, minimum: u32, round_to: Option<u32>) -> RemediationAction {
+    RemediationAction {
+        scale_batch: Some(ScaleBatchAction {
+            env: "BATCH_SIZE".into(),
+            factor,
+            minimum,
+            round_to,
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn build_for(p: &RemediationPolicy, j: &Value) -> Result<Plan, PlanError> {
+    let cms = BTreeMap::from([(
+        "train-config".to_string(),
+        BTreeMap::from([("batch".to_string(), "64".to_string())]),
+    )]);
+    build(&PlanInput {
+        policy: p,
+        job: j,
+        config_maps: &cms,
+        not_opted_in: &BTreeSet::new(),
+        id: "abc123",
+        why: "risk critical >= critical for 0s",
+        batch_fit: None,
+    })
+}
+
+#[test]
+fn scaling_rounds_down_and_respects_the_minimum() {
+    assert_eq!(scale(32, 0.75, 1, None), 24);
+    assert_eq!(scale(30, 0.75, 1, Some(8)), 16);
+    assert_eq!(scale(3, 0.5, 2, None), 2);
+    assert_eq!(scale(1, 0.5, 1, Some(8)), 1);
+}
+
+#[test]
+fn scale_batch_recreates_the_job_with_server_fields_stripped() {
+    let p = policy(vec![
+        RemediationAction {
+            annotate: Some(AnnotateAction {
+                key: "example.com/shrunk".into(),
+                value: "yes".into(),
+            }),
+            ..Default::default()
+        },
+        scale_batch(0.75, 1, None),
+    ]);
+    let plan = build_for(&p, &job(json!("32"))).unwrap();
+    assert_eq!(plan.summary(), "scaleBatch BATCH_SIZE 32->24");
+    assert_eq!(
+        (plan.job.as_str(), plan.job_uid.as_str()),
+        ("train", "old-uid")
+    );
+    let (changes, m) = plan.recreate().unwrap();
+    assert_eq!(changes.len(), 1);
+    let meta = &m["metadata"];
+    for f in [
+        "uid",
+        "resourceVersion",
+        "creationTimestamp",
+        "generation",
+        "managedFields",
+    ] {
+        assert!(meta.get(f).is_none(), "{f} kept");
+    }
+    assert!(m.get("status").is_none());
+    assert!(m["spec"].get("selector").is_none());
+    assert_eq!(meta["labels"], json!({"team": "ml"}));
+    assert_eq!(
+        m["spec"]["template"]["metadata"]["labels"],
+        json!({"app": "train"})
+    );
+    assert_eq!(meta["ownerReferences"][0]["name"], "nightly");
+    let a = &meta["annotations"];
+    assert_eq!(a["memprof.dev/remediation"], "abc123");
+    assert_eq!(a["memprof.dev/original-batch_size"], "32");
+    assert_eq!(a["example.com/shrunk"], "yes");
+    assert_eq!(a["memprof.dev/enabled"], "true");
+    assert!(a.get("memprof.dev/oom-risk").is_none());
+    let env = &m["spec"]["template"]["spec"]["containers"][0]["env"];
+    assert_eq!(
+        env,
+        &json!([{"name": "LR", "value": "0.1"}, {"name": "BATCH_SIZE", "value": "24"}])
+    );
+    assert_eq!(m["spec"]["parallelism"], 2);
+
+    // A second remediation keeps the first original.
+    let mut again = m.clone();
+    again["metadata"]["uid"] = "new-uid".into();
+    let plan = build_for(&p, &again).unwrap();
+    let (_, m2) = plan.recreate().unwrap();
+    assert_eq!(
+        m2["metadata"]["annotations"]["memprof.dev/original-batch_size"],
+        "32"
+    );
+    assert_eq!(
+        m2["spec"]["template"]["spec"]["containers"][0]["env"][1]["value"],
+        "18"
+    );
+}
+
+#[test]
+fn impossible_scaling_says_exactly_why() {
+    let p = policy(vec![scale_batch(0.75, 16, None)]);
+    let e = build_for(&p, &job(json!("sixteen"))).unwrap_err();
+    assert_eq!(e.reason(), "EnvNotANumber");
+    assert!(e.to_string().contains("\"sixteen\", not an integer"), "{e}");
+    let e = build_for(&p, &job(json!("16"))).unwrap_err();
+    assert_eq!(e.reason(), "AtMinimum");
+    assert!(e
+        .to_string()
+        .contains("env BATCH_SIZE is 16, already at the minimum 16"));
+    let mut no_env = job(json!("32"));
+    no_env["spec"]["template"]["spec"]["containers"][0]["env"] = json!([]);
+    let e = build_for(&p, &no_env).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "no container of the Job sets env BATCH_SIZE: nothing to scale"
+    );
+    let mut from = job(json!("32"));
+    from["spec"]["template"]["spec"]["containers"][0]["env"][1] =
+        json!({"name": "BATCH_SIZE", "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}});
+    assert_eq!(build_for(&p, &from).unwrap_err().reason(), "EnvNotLiteral");
+}
+
+#[test]
+fn manual_selectors_are_kept() {
+    let mut j = job(json!("32"));
+    j["spec"]["manualSelector"] = true.into();
+    let plan = build_for(&policy(vec![scale_batch(0.5, 1, None)]), &j).unwrap();
+    let (_, m) = plan.recreate().unwrap();
+    assert_eq!(m["spec"]["selector"], j["spec"]["selector"]);
+    assert_eq!(
+        m["spec"]["template"]["metadata"]["labels"]["controller-uid"],
+        "old-uid"
+    );
+}
+
+#[test]
+fn config_map_keys_get_absolute_values() {
+    let set = |value: Option<&str>, factor: Option<f64>, cm: &str| RemediationAction {
+        set_config_map_key: Some(SetConfigMapKeyAction {
+            config_map: cm.into(),
+            key: "batch".into(),
+            value: value.map(str::to_string),
+            scale: factor.map(|factor| ScaleValue {
+                factor,
+                minimum: 1,
+                round_to: Some(8),
+            }),
+        }),
+        ..Default::default()
+    };
+    let j = job(json!("32"));
+    let plan = build_for(&policy(vec![set(None, Some(0.7), "train-config")]), &j).unwrap();
+    assert_eq!(plan.summary(), "setConfigMapKey train-config/batch 64->40");
+    assert!(plan.recreate().is_none());
+    let plan = build_for(&policy(vec![set(Some("8"), None, "train-config")]), &j).unwrap();
+    assert_eq!(plan.summary(), "setConfigMapKey train-config/batch 64->8");
+    let e = build_for(&policy(vec![set(Some("8"), None, "nope")]), &j).unwrap_err();
+    assert_eq!(e.reason(), "ConfigMapMissing");
+}
+
+#[test]
+fn original_annotation_names_are_valid_keys() {
+    assert_eq!(
+        original_annotation("BATCH_SIZE"),
+        "memprof.dev/original-batch_size"
+    );
+    let long = original_annotation(&format!("{}_", "X".repeat(100)));
+    let name = long.split('/').nth(1).unwrap();
+    assert!(name.len() <= 63 && name.ends_with('x'), "{name}");
+}
+
+#[test]
+fn config_maps_not_opted_in_are_never_written() {
+    let set = RemediationAction {
+        set_config_map_key: Some(SetConfigMapKeyAction {
+            config_map: "kube-proxy".into(),
+            key: "batch".into(),
+            value: Some("8".into()),
+            scale: None,
+        }),
+        ..Default::default()
+    };
+    let j = job(json!("32"));
+    let not_opted_in = BTreeSet::from(["kube-proxy".to_string()]);
+    let e = build(&PlanInput {
+        policy: &policy(vec![set]),
+        job: &j,
+        config_maps: &BTreeMap::new(),
+        not_opted_in: &not_opted_in,
+        id: "abc123",
+        why: "test",
+        batch_fit: None,
+    })
+    .unwrap_err();
+    assert_eq!(e.reason(), "ConfigMapNotOptedIn");
+}
+
+#[test]
+fn jobs_controlled_by_another_controller_are_left_alone_unless_the_policy_allows() {
+    let mut j = job(json!("32"));
+    j["metadata"]["ownerReferences"] = json!([{
+        "apiVersion": "batch/v1", "kind": "CronJob", "name": "nightly",
+        "uid": "c1", "controller": true
+    }]);
+    let mut p = policy(vec![scale_batch(0.5, 1, None)]);
+    let e = build_for(&p, &j).unwrap_err();
+    assert_eq!(e.reason(), "ControlledByOwner");
+    assert!(e.to_string().contains("CronJob/nightly"), "{e}");
+    p.spec.allow_controlled_jobs = true;
+    assert!(build_for(&p, &j).is_ok());
+}
+
+fn fit_policy(minimum: u32, round_to: Option<u32>) -> RemediationPolicy {
+    let mut a = scale_batch(0.75, minimum, round_to);
+    a.scale_batch.as_mut().unwrap().mode = Some(memprof_api::ScaleMode::Fit);
+    policy(vec![a])
+}
+
+/// 66.5 GiB + 0.2 GiB/sample seen at batches 48 and 64 on an 80 GiB GPU.
+fn two_batches() -> memprof_api::BatchRecommendation {
+    use memprof_analysis::batchfit::{observe, recommend, Evidence};
+    const G: f64 = (1u64 << 30) as f64;
+    let seen = observe(&[], Some(64), (79.3 * G) as u64, 80 << 30);
+    let seen = observe(&seen, Some(48), (76.1 * G) as u64, 80 << 30);
+    recommend(&Evidence {
+        env_var: "BATCH_SIZE",
+        current: Some(64),
+        limit_bytes: Some(80 << 30),
+        headroom_fraction: 0.1,
+        breakdown: None,
+        observations: &seen,
+    })
+}
+
+fn build_fit(
+    p: &RemediationPolicy,
+    j: &Value,
+    fit: Option<&memprof_api::BatchRecommendation>,
+) -> Plan {
+    build(&PlanInput {
+        policy: p,
+        job: j,
+        config_maps: &BTreeMap::new(),
+        not_opted_in: &BTreeSet::new(),
+        id: "abc123",
+        why: "test",
+        batch_fit: fit,
+    })
+    .unwrap()
+}
+
+#[test]
+fn mode_fit_sets_the_computed_batch_with_minimum_and_round_to() {
+    let rec = two_batches();
+    let j = job(json!("64"));
+    // (72 - 66.5) / 0.2 = 27.5: 27; the factor would give 48.
+    let plan = build_fit(&fit_policy(4, None), &j, Some(&rec));
+    let (changes, manifest) = plan.recreate().unwrap();
+    assert_eq!((changes[0].from, changes[0].to), (64, 27));
+    assert_eq!(
+        manifest["spec"]["template"]["spec"]["containers"][0]["env"][1]["value"],
+        "27"
+    );
+    assert!(
+        plan.summary().starts_with("scaleBatch BATCH_SIZE 64->27 (fit twoBatchSizes: 66.5GiB + 205MiB/sample, ≤72.0GiB → 27)"),
+        "{}",
+        plan.summary()
+    );
+    assert!(
+        matches!(plan.steps.last(), Some(Step::Event { reason, .. }) if reason == REASON_BATCH_FIT)
+    );
+    let plan = build_fit(&fit_policy(4, Some(8)), &j, Some(&rec));
+    assert_eq!(plan.recreate().unwrap().0[0].to, 24, "rounded down to 8");
+    let plan = build_fit(&fit_policy(32, Some(8)), &j, Some(&rec));
+    assert_eq!(plan.recreate().unwrap().0[0].to, 32, "never below minimum");
+}
+
+#[test]
+fn mode_fit_without_evidence_falls_back_to_the_factor_and_says_so() {
+    let mut thin = two_batches();
+    thin.observations.truncate(1);
+    let thin = memprof_analysis::batchfit::recommend(&memprof_analysis::batchfit::Evidence {
+        env_var: "BATCH_SIZE",
+        current: Some(64),
+        limit_bytes: Some(80 << 30),
+        headroom_fraction: 0.1,
+        breakdown: None,
+        observations: &thin.observations,
+    });
+    let j = job(json!("64"));
+    for fit in [None, Some(&thin)] {
+        let plan = build_fit(&fit_policy(4, None), &j, fit);
+        assert_eq!(plan.recreate().unwrap().0[0].to, 48, "64 × 0.75");
+        let summary = plan.summary();
+        assert!(
+            summary.starts_with("scaleBatch BATCH_SIZE 64->48 (fit: "),
+            "{summary}"
+        );
+        assert!(summary.contains(", factor 0.75)"), "{summary}");
+        let Some(Step::Event { reason, message }) = plan.steps.last() else {
+            panic!("no Event: {:?}", plan.steps);
+        };
+        assert_eq!(reason, REASON_BATCH_FIT_FALLBACK);
+        assert!(message.contains("factor 0.75"), "{message}");
+    }
+    let plan = build_fit(&fit_policy(4, None), &j, Some(&thin));
+    assert!(plan
+        .summary()
+        .starts_with("scaleBatch BATCH_SIZE 64->48 (fit: too little evidence, factor 0.75)"));
+    let Some(Step::Event { message, .. }) = plan.steps.last() else {
+        unreachable!()
+    };
+    assert!(
+        message.contains("1 batch size(s) observed, at least 2 needed"),
+        "{message}"
+    );
+    // A fit at or above the current value contradicts the trigger: factor.
+    let plan = build_fit(
+        &fit_policy(4, None),
+        &job(json!("16")),
+        Some(&two_batches()),
+    );
+    assert_eq!(plan.recreate().unwrap().0[0].to, 12);
+    assert!(
+        plan.summary().contains("(fit says 16 fits, factor 0.75)"),
+        "{}",
+        plan.summary()
+    );
+}
+
+#[test]
+fn the_factor_mode_plan_is_unchanged_by_a_recommendation() {
+    let rec = two_batches();
+    let p = policy(vec![scale_batch(0.75, 4, None)]);
+    let plan = build_fit(&p, &job(json!("64")), Some(&rec));
+    assert_eq!(plan.summary(), "scaleBatch BATCH_SIZE 64->48");
+    assert_eq!(plan.steps.len(), 1);
+}

@@ -1,0 +1,280 @@
+//! Prometheus metrics of the sidecar, all prefixed `memprof_`.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
+
+/// Labels of per-GPU metrics. `gpu`, `UUID` and `modelName` are spelled as
+/// dcgm-exporter spells them, so a query can join the two on `UUID` (see
+/// docs/observability.md). Cardinality stays that of the GPU index: a GPU's
+/// UUID and model never change, and a sidecar sees only its pod's GPUs.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[allow(non_snake_case)]
+pub struct GpuLabel {
+    /// GPU index.
+    pub gpu: String,
+    /// GPU UUID (`GPU-…`), empty when the backend does not know it.
+    pub UUID: String,
+    /// Product name, e.g. `NVIDIA H100 80GB HBM3`.
+    pub modelName: String,
+}
+
+/// Longest model name exported: NVML names are short; this only bounds a
+/// label an agent or a trace file could make arbitrarily long.
+const MAX_MODEL_NAME: usize = 64;
+
+impl GpuLabel {
+    /// The labels of one GPU.
+    pub fn of(info: &crate::sampler::GpuInfo) -> Self {
+        let mut model = info.model.clone();
+        memprof_api::truncate_utf8(&mut model, MAX_MODEL_NAME);
+        let mut uuid = info.uuid.clone();
+        memprof_api::truncate_utf8(&mut uuid, MAX_MODEL_NAME);
+        GpuLabel {
+            gpu: info.index.to_string(),
+            UUID: uuid,
+            modelName: model,
+        }
+    }
+}
+
+/// Label of write metrics.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    /// Why (writes) or what failed (errors).
+    pub reason: String,
+}
+
+/// Every metric the sidecar exports.
+#[derive(Clone)]
+pub struct Metrics {
+    /// Time to sample all GPUs once.
+    pub sampler_duration: Histogram,
+    /// Samples taken.
+    pub samples: Counter,
+    /// Samples that failed.
+    pub sample_errors: Counter,
+    /// MemoryReport writes that succeeded, by reason.
+    pub report_writes: Family<ReasonLabel, Counter>,
+    /// MemoryReport writes that failed, by kind.
+    pub report_write_errors: Family<ReasonLabel, Counter>,
+    /// Pushes received from the in-process agent.
+    pub agent_pushes: Counter,
+    /// Failures to listen for the endpoints (port taken, address not allowed).
+    pub listen_errors: Counter,
+    /// 1 when GPUs are visible to the sidecar, 0 when not (then no GPU numbers are data).
+    pub gpu_visible: Gauge,
+    /// Used memory, bytes.
+    pub gpu_used: Family<GpuLabel, Gauge<f64, AtomicU64>>,
+    /// Peak memory, bytes.
+    pub gpu_peak: Family<GpuLabel, Gauge<f64, AtomicU64>>,
+    /// Total memory, bytes.
+    pub gpu_total: Family<GpuLabel, Gauge<f64, AtomicU64>>,
+    /// Risk level: 0 none, 1 low, 2 medium, 3 high, 4 critical.
+    pub gpu_risk: Family<GpuLabel, Gauge>,
+    /// Predicted seconds to OOM (absent when memory is not growing).
+    pub gpu_time_to_oom: Family<GpuLabel, Gauge<f64, AtomicU64>>,
+}
+
+impl Metrics {
+    /// Creates the metrics and registers them.
+    pub fn new(registry: &mut Registry) -> Self {
+        let m = Metrics {
+            sampler_duration: Histogram::new(exponential_buckets(1e-6, 2.0, 24)),
+            samples: Counter::default(),
+            sample_errors: Counter::default(),
+            report_writes: Family::default(),
+            report_write_errors: Family::default(),
+            agent_pushes: Counter::default(),
+            listen_errors: Counter::default(),
+            gpu_visible: Gauge::default(),
+            gpu_used: Family::default(),
+            gpu_peak: Family::default(),
+            gpu_total: Family::default(),
+            gpu_risk: Family::default(),
+            gpu_time_to_oom: Family::default(),
+        };
+        let r = registry;
+        r.register(
+            "memprof_sampler_duration_seconds",
+            "Time to sample all GPUs once",
+            m.sampler_duration.clone(),
+        );
+        r.register(
+            "memprof_sidecar_samples",
+            "Samples taken",
+            m.samples.clone(),
+        );
+        r.register(
+            "memprof_sidecar_sample_errors",
+            "Samples that failed",
+            m.sample_errors.clone(),
+        );
+        r.register(
+            "memprof_sidecar_report_writes",
+            "MemoryReport writes, by reason",
+            m.report_writes.clone(),
+        );
+        r.register(
+            "memprof_sidecar_report_write_errors",
+            "Failed MemoryReport writes, by kind",
+            m.report_write_errors.clone(),
+        );
+        r.register(
+            "memprof_sidecar_agent_pushes",
+            "Pushes from the in-process agent",
+            m.agent_pushes.clone(),
+        );
+        r.register(
+            "memprof_sidecar_listen_errors",
+            "Failures to listen for the endpoints (sampling and reports go on)",
+            m.listen_errors.clone(),
+        );
+        r.register(
+            "memprof_gpu_visible",
+            "1 when the pod's GPUs are visible to the sidecar",
+            m.gpu_visible.clone(),
+        );
+        r.register(
+            "memprof_gpu_used_bytes",
+            "GPU memory in use",
+            m.gpu_used.clone(),
+        );
+        r.register(
+            "memprof_gpu_peak_bytes",
+            "Peak GPU memory in use",
+            m.gpu_peak.clone(),
+        );
+        r.register(
+            "memprof_gpu_total_bytes",
+            "Total GPU memory",
+            m.gpu_total.clone(),
+        );
+        r.register(
+            "memprof_gpu_risk_level",
+            "OOM risk: 0 none, 1 low, 2 medium, 3 high, 4 critical",
+            m.gpu_risk.clone(),
+        );
+        r.register(
+            "memprof_gpu_time_to_oom_seconds",
+            "Predicted seconds to OOM",
+            m.gpu_time_to_oom.clone(),
+        );
+        m
+    }
+
+    /// Counts a successful write.
+    pub fn written(&self, reason: &str) {
+        self.report_writes
+            .get_or_create(&ReasonLabel {
+                reason: reason.to_string(),
+            })
+            .inc();
+    }
+
+    /// Counts a failed write.
+    pub fn write_failed(&self, kind: &str) {
+        self.report_write_errors
+            .get_or_create(&ReasonLabel {
+                reason: kind.to_string(),
+            })
+            .inc();
+    }
+
+    /// Total successful writes, all reasons.
+    pub fn writes_total(&self) -> u64 {
+        [
+            "first",
+            "risk_raised",
+            "risk_lowered",
+            "memory_moved",
+            "heartbeat",
+        ]
+        .iter()
+        .map(|r| {
+            self.report_writes
+                .get_or_create(&ReasonLabel {
+                    reason: r.to_string(),
+                })
+                .get()
+        })
+        .sum()
+    }
+}
+
+/// Renders the registry in the Prometheus text format.
+pub fn render(registry: &Registry) -> String {
+    let mut out = String::new();
+    // Writing to a String cannot fail.
+    let _ = prometheus_client::encoding::text::encode(&mut out, registry);
+    out
+}
+
+/// The registry's metric families (`# HELP`/`# TYPE` lines, no samples):
+/// what `memprof-sidecar --print-metrics` prints, so the chart's dashboard
+/// and alerts are checked against the names this binary really registers.
+pub fn describe() -> String {
+    let mut registry = Registry::default();
+    let m = Metrics::new(&mut registry);
+    // A family without a child is not encoded at all: give each one a
+    // child, then keep only the descriptors.
+    let gpu = GpuLabel {
+        gpu: String::new(),
+        UUID: String::new(),
+        modelName: String::new(),
+    };
+    for family in [&m.gpu_used, &m.gpu_peak, &m.gpu_total, &m.gpu_time_to_oom] {
+        let _ = family.get_or_create(&gpu);
+    }
+    let _ = m.gpu_risk.get_or_create(&gpu);
+    m.written("");
+    m.write_failed("");
+    render(&registry)
+        .lines()
+        .filter(|l| l.starts_with("# HELP ") || l.starts_with("# TYPE "))
+        .map(|l| format!("{l}\n"))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn per_gpu_series_carry_the_labels_dcgm_exporter_joins_on() {
+        let mut registry = Registry::default();
+        let m = Metrics::new(&mut registry);
+        let info = crate::sampler::GpuInfo {
+            index: 3,
+            uuid: "GPU-0b1c".into(),
+            model: format!("NVIDIA H100 80GB HBM3{}", "x".repeat(200)),
+            total_bytes: 80,
+        };
+        let l = GpuLabel::of(&info);
+        assert_eq!(l.modelName.len(), MAX_MODEL_NAME, "bounded");
+        m.gpu_used.get_or_create(&l).set(42.0);
+        let text = render(&registry);
+        let want = format!(
+            "memprof_gpu_used_bytes{{gpu=\"3\",UUID=\"GPU-0b1c\",modelName=\"{}\"}} 42.0",
+            l.modelName
+        );
+        assert!(text.contains(&want), "{text}");
+    }
+
+    #[test]
+    fn describe_names_every_family_without_samples() {
+        let text = describe();
+        for name in [
+            "# TYPE memprof_gpu_used_bytes gauge",
+            "# TYPE memprof_sidecar_samples counter",
+            "# TYPE memprof_sampler_duration_seconds histogram",
+        ] {
+            assert!(text.contains(name), "{name} in {text}");
+        }
+        assert!(!text.contains("memprof_gpu_used_bytes{"), "{text}");
+    }
+}

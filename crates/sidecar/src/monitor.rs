@@ -1,0 +1,483 @@
+//! The sampling → analysis half of a sidecar, without any I/O of its own:
+//! a [`Monitor`] owns a [`Sampler`] and one [`GpuSeries`] per GPU, plus what
+//! the in-process agent pushed ([`AgentState`]), and turns them into a
+//! [`MemoryReportSpec`]. The sidecar, its standalone mode and the CLI all
+//! drive one, so what runs on a GPU box is what runs in a pod.
+//!
+//! NVML and the agent together: a GPU both see (same UUID) keeps NVML's
+//! used/peak/timeline, and takes its risk, growth, time to OOM, leak flag and
+//! fragmentation from the allocator (`assessedFrom: agent`) while the agent's
+//! pushes are fresh; GPUs only the agent sees (`agentOnly` pods) are
+//! reported from its numbers alone (`source: agent`).
+
+use crate::sampler::{self, Sampler};
+use memprof_analysis::allocator::{AgentDevice, AgentState, AllocatorAssessment};
+use memprof_analysis::{assess, Assessment, GpuSeries, Sample};
+use memprof_api::thresholds::Thresholds;
+use memprof_api::{
+    format_bytes, format_duration, Condition, DataSource, GpuReport, MemoryReportSpec,
+    ReportSummary, RiskLevel, TimelinePoint, MAX_TIMELINE_POINTS,
+};
+
+/// Who the report is about.
+#[derive(Clone, Debug, Default)]
+pub struct Identity {
+    /// Pod name.
+    pub pod_name: String,
+    /// Node name.
+    pub node_name: Option<String>,
+    /// Job name.
+    pub job_name: Option<String>,
+    /// Rank.
+    pub rank: Option<u32>,
+}
+
+/// Samples GPUs and keeps their analysed history.
+pub struct Monitor {
+    sampler: Box<dyn Sampler>,
+    thresholds: Thresholds,
+    series: Vec<GpuSeries>,
+    utilization: Vec<Option<u32>>,
+    assessments: Vec<Assessment>,
+    agent: AgentState,
+    /// The newest breakdown of each trainer process.
+    breakdowns: memprof_analysis::breakdown::Latest,
+    agent_assessments: Vec<AllocatorAssessment>,
+    /// Sample time at which the newest agent push arrived.
+    agent_received: Option<f64>,
+    worst: RiskLevel,
+    last_t: f64,
+}
+
+/// The agent's assessment replaces NVML's for a GPU while its newest push
+/// is at most this old (sample time, seconds): a trainer that stopped
+/// pushing leaves the GPU to NVML again.
+pub const AGENT_FRESH_SECONDS: f64 = 30.0;
+
+impl Monitor {
+    /// A monitor over `sampler`'s GPUs.
+    pub fn new(sampler: Box<dyn Sampler>, thresholds: Thresholds) -> Self {
+        let n = sampler.gpus().len();
+        Monitor {
+            series: (0..n).map(|_| GpuSeries::new(&thresholds)).collect(),
+            utilization: vec![None; n],
+            assessments: vec![Assessment::default(); n],
+            agent: AgentState::new(&thresholds),
+            breakdowns: Default::default(),
+            agent_assessments: Vec::new(),
+            agent_received: None,
+            worst: RiskLevel::None,
+            sampler,
+            thresholds,
+            last_t: 0.0,
+        }
+    }
+
+    /// Takes one sample of every GPU at time `t` (seconds). Cheap: the
+    /// analysis runs separately, in [`Monitor::analyse`].
+    pub fn sample(&mut self, t: f64) -> Result<(), sampler::Error> {
+        let readings = self.sampler.sample(t)?;
+        for (i, r) in readings.iter().enumerate().take(self.series.len()) {
+            self.series[i].push(Sample {
+                t,
+                used: r.used_bytes,
+                total: r.total_bytes,
+            });
+            self.utilization[i] = r.utilization_percent;
+        }
+        self.last_t = t;
+        Ok(())
+    }
+
+    /// Re-assesses every GPU, NVML's and the agent's; returns the worst risk.
+    pub fn analyse(&mut self) -> RiskLevel {
+        for (i, s) in self.series.iter().enumerate() {
+            self.assessments[i] = assess(s, &self.thresholds);
+        }
+        self.agent_assessments = self.agent.assess();
+        self.worst = self
+            .gpu_reports()
+            .iter()
+            .map(|g| g.risk)
+            .max()
+            .unwrap_or_default();
+        self.worst
+    }
+
+    /// The worst risk of the last analysis.
+    pub fn worst_risk(&self) -> RiskLevel {
+        self.worst
+    }
+
+    /// The assessments of the last analysis, one per GPU.
+    pub fn assessments(&self) -> &[Assessment] {
+        &self.assessments
+    }
+
+    /// The history of every GPU.
+    pub fn series(&self) -> &[GpuSeries] {
+        &self.series
+    }
+
+    /// The sampler.
+    pub fn sampler(&self) -> &dyn Sampler {
+        self.sampler.as_ref()
+    }
+
+    /// Processes computing on the GPUs, when the backend can tell.
+    pub fn active_processes(&mut self) -> Option<usize> {
+        self.sampler.active_processes()
+    }
+
+    /// Takes one push of the in-process agent (already validated). Its
+    /// numbers count from the next [`Monitor::analyse`].
+    pub fn agent_push(&mut self, push: memprof_api::agent::Push) {
+        self.agent.observe(&push);
+        self.breakdowns.observe(&push);
+        self.agent_received = Some(self.last_t);
+    }
+
+    /// What the agent pushed so far.
+    pub fn agent(&self) -> &AgentState {
+        &self.agent
+    }
+
+    fn agent_fresh(&self) -> bool {
+        self.agent_received
+            .is_some_and(|at| self.last_t - at <= AGENT_FRESH_SECONDS)
+    }
+
+    /// One entry per GPU: the sampler's (with the allocator's assessment
+    /// where the agent sees the same GPU), then the GPUs only the agent sees.
+    fn gpu_reports(&self) -> Vec<GpuReport> {
+        let source = self.sampler.source();
+        let fresh = self.agent_fresh();
+        let agent = self.agent.devices();
+        let matched = |uuid: &str| {
+            agent
+                .iter()
+                .zip(&self.agent_assessments)
+                .find(|(d, _)| d.uuid.as_deref() == Some(uuid))
+        };
+        let mut gpus: Vec<GpuReport> = self
+            .sampler
+            .gpus()
+            .iter()
+            .zip(&self.series)
+            .zip(&self.assessments)
+            .zip(&self.utilization)
+            .map(|(((info, series), a), util)| {
+                let mut g = GpuReport {
+                    index: info.index,
+                    uuid: info.uuid.clone(),
+                    model: info.model.clone(),
+                    total_bytes: series.last().map_or(info.total_bytes, |s| s.total),
+                    used_bytes: series.last().map_or(0, |s| s.used),
+                    peak_bytes: series.peak(),
+                    utilization_percent: *util,
+                    growth_bytes_per_second: finite(a.growth_bytes_per_second),
+                    time_to_oom_seconds: a.time_to_oom_seconds.filter(|t| t.is_finite()),
+                    risk: a.risk,
+                    confidence: finite(a.confidence),
+                    leak_suspected: a.leak_suspected,
+                    spike_detected: a.spike_detected,
+                    fragmentation: None,
+                    source,
+                    assessed_from: None,
+                    timeline: timeline(series),
+                };
+                if let Some((_, aa)) = matched(&info.uuid) {
+                    g.fragmentation = aa.fragmentation;
+                    if fresh && aa.risk.risk > RiskLevel::None {
+                        take_assessment(&mut g, &aa.risk);
+                        g.assessed_from = Some(DataSource::Agent);
+                    }
+                }
+                g
+            })
+            .collect();
+        let nvml_uuids: Vec<&str> = self
+            .sampler
+            .gpus()
+            .iter()
+            .map(|g| g.uuid.as_str())
+            .collect();
+        for (d, aa) in agent.iter().zip(&self.agent_assessments) {
+            if d.uuid.as_deref().is_some_and(|u| nvml_uuids.contains(&u)) {
+                continue;
+            }
+            if let Some(g) = agent_only_gpu(d, aa) {
+                gpus.push(g);
+            }
+        }
+        gpus.truncate(memprof_api::MAX_GPUS_PER_REPORT);
+        gpus
+    }
+
+    /// The report as of the last sample and analysis. `conditions` come from
+    /// the caller (GPU discovery knows why GPUs are or are not visible).
+    pub fn report(
+        &self,
+        id: &Identity,
+        sampled_at: String,
+        interval_ms: u64,
+        conditions: Vec<Condition>,
+    ) -> MemoryReportSpec {
+        let gpus = self.gpu_reports();
+        // Numbers from the agent alone when no sampler GPU is there (agentOnly).
+        let source = if self.sampler.gpus().is_empty() && !gpus.is_empty() {
+            DataSource::Agent
+        } else {
+            self.sampler.source()
+        };
+        let fullest = gpus.iter().max_by(|a, b| {
+            frac(a.used_bytes, a.total_bytes).total_cmp(&frac(b.used_bytes, b.total_bytes))
+        });
+        let peakiest = gpus.iter().max_by(|a, b| {
+            frac(a.peak_bytes, a.total_bytes).total_cmp(&frac(b.peak_bytes, b.total_bytes))
+        });
+        let human = |used: u64, total: u64| {
+            format!("{} ({:.0}%)", format_bytes(used), 100.0 * frac(used, total))
+        };
+        let risk = gpus.iter().map(|g| g.risk).max().unwrap_or_default();
+        let tto = gpus
+            .iter()
+            .filter_map(|g| g.time_to_oom_seconds)
+            .min_by(|a, b| a.total_cmp(b));
+        MemoryReportSpec {
+            pod_name: id.pod_name.clone(),
+            node_name: id.node_name.clone(),
+            job_name: id.job_name.clone(),
+            rank: id.rank,
+            sampled_at,
+            interval_ms: interval_ms.max(1),
+            summary: ReportSummary {
+                gpu_count: gpus.len() as u32,
+                risk,
+                time_to_oom: if risk >= RiskLevel::Medium {
+                    tto.map(format_duration)
+                } else {
+                    None
+                },
+                used: fullest.map_or("-".into(), |g| human(g.used_bytes, g.total_bytes)),
+                peak: peakiest.map_or("-".into(), |g| human(g.peak_bytes, g.total_bytes)),
+                source,
+            },
+            gpus,
+            allocator: self.agent.stats(&self.agent_assessments),
+            breakdown: self.breakdowns.report(),
+            conditions,
+        }
+    }
+}
+
+/// Risk, growth, time to OOM and leak flag from another assessment.
+fn take_assessment(g: &mut GpuReport, a: &Assessment) {
+    g.growth_bytes_per_second = finite(a.growth_bytes_per_second);
+    g.time_to_oom_seconds = a.time_to_oom_seconds.filter(|t| t.is_finite());
+    g.risk = a.risk;
+    g.confidence = finite(a.confidence);
+    g.leak_suspected = a.leak_suspected;
+}
+
+/// A GPU only the agent sees: memory in use is the device's (total − free,
+/// what NVML would show), the assessment the allocator's.
+fn agent_only_gpu(d: &AgentDevice, aa: &AllocatorAssessment) -> Option<GpuReport> {
+    let used = d.used_series();
+    let last = used.last()?;
+    let mut g = GpuReport {
+        index: d.index,
+        // Both are required strings, and an API server of 1.20 reads "" in a
+        // required field as null and refuses the whole report: name what
+        // the agent left out.
+        uuid: d
+            .uuid
+            .clone()
+            .filter(|u| !u.is_empty())
+            .unwrap_or_else(|| format!("cuda:{}", d.index)),
+        model: d
+            .name
+            .clone()
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(|| "unknown (agent)".into()),
+        total_bytes: last.total,
+        used_bytes: last.used,
+        peak_bytes: used.peak(),
+        spike_detected: aa.risk.spike_detected,
+        fragmentation: aa.fragmentation,
+        source: DataSource::Agent,
+        timeline: timeline(used),
+        ..Default::default()
+    };
+    take_assessment(&mut g, &aa.risk);
+    Some(g)
+}
+
+fn finite(v: f64) -> f64 {
+    if v.is_finite() {
+        v
+    } else {
+        0.0
+    }
+}
+
+fn frac(used: u64, total: u64) -> f64 {
+    used as f64 / total.max(1) as f64
+}
+
+/// The newest buckets of a series as timeline points, merged pairwise until
+/// they fit the report's bound.
+fn timeline(series: &GpuSeries) -> Vec<TimelinePoint> {
+    let mut points: Vec<TimelinePoint> = series
+        .buckets()
+        .map(|b| TimelinePoint {
+            t: b.start as i64,
+            max: b.max,
+            min: b.min,
+        })
+        .collect();
+    while points.len() > MAX_TIMELINE_POINTS {
+        points = points
+            .chunks(2)
+            .map(|c| TimelinePoint {
+                t: c[0].t,
+                max: c.iter().map(|p| p.max).max().unwrap_or(0),
+                min: c.iter().map(|p| p.min).min().unwrap_or(0),
+            })
+            .collect();
+    }
+    points
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sampler::sim::{Scenario, SimSampler};
+
+    fn leaking_monitor() -> Monitor {
+        let s = Scenario::parse("default: { leakMiBPerSecond: 50, noiseGiB: 0 }").unwrap();
+        Monitor::new(Box::new(SimSampler::new(s, 0)), Thresholds::default())
+    }
+
+    #[test]
+    fn a_report_carries_analysis_and_a_bounded_timeline() {
+        let mut m = leaking_monitor();
+        for i in 0..600 {
+            m.sample(1_000_000.0 + i as f64 * 0.5).unwrap();
+        }
+        m.analyse();
+        let id = Identity {
+            pod_name: "train-0".into(),
+            rank: Some(0),
+            ..Default::default()
+        };
+        let r = m.report(&id, "2026-11-22T10:00:00Z".into(), 500, vec![]);
+        assert_eq!(r.gpus.len(), 1);
+        let g = &r.gpus[0];
+        assert!(g.risk >= RiskLevel::High, "{g:?}");
+        assert!(g.leak_suspected);
+        assert!(g.peak_bytes >= g.used_bytes);
+        assert!(g.timeline.len() <= MAX_TIMELINE_POINTS && g.timeline.len() > 10);
+        assert_eq!(r.summary.source, memprof_api::DataSource::Sim);
+        assert!(r.summary.time_to_oom.is_some());
+        assert!(memprof_analysis::validate_report(&r).is_ok());
+        // Bounded size whatever the run length.
+        assert!(serde_json::to_vec(&r).unwrap().len() < 8 * 1024);
+    }
+
+    const GB: f64 = 1e9;
+    const TOTAL: u64 = 80_000_000_000;
+
+    /// A push of one device leaking `rate` bytes/s from 30 GB at time `t`.
+    fn leak_push(uuid: &str, t: f64, rate: f64) -> memprof_api::agent::Push {
+        let allocated = (30.0 * GB + rate * t) as u64;
+        let reserved = allocated + 2_000_000_000;
+        memprof_api::agent::Push {
+            version: 1,
+            time: 1.8e9 + t,
+            step: Some(t as u64),
+            devices: vec![memprof_api::agent::DeviceStats {
+                uuid: Some(uuid.into()),
+                allocated_bytes: allocated,
+                reserved_bytes: reserved,
+                inactive_split_bytes: Some(1_000_000_000),
+                free_bytes: Some(TOTAL - reserved - 500_000_000),
+                total_bytes: Some(TOTAL),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    /// No GPU visible to the sampler: what an `agentOnly` pod runs.
+    struct NoGpus;
+    impl Sampler for NoGpus {
+        fn source(&self) -> DataSource {
+            DataSource::Nvml
+        }
+        fn gpus(&self) -> &[crate::sampler::GpuInfo] {
+            &[]
+        }
+        fn sample(&mut self, _t: f64) -> Result<Vec<crate::sampler::GpuReading>, sampler::Error> {
+            Ok(vec![])
+        }
+    }
+
+    #[test]
+    fn an_agent_only_pod_gets_risk_tto_peak_and_timeline_from_the_agent() {
+        let mut m = Monitor::new(Box::new(NoGpus), Thresholds::default());
+        for i in 0..=200 {
+            let t = i as f64;
+            m.sample(t).unwrap();
+            m.agent_push(leak_push("GPU-a", t, 100e6));
+        }
+        m.analyse();
+        let r = m.report(&Identity::default(), String::new(), 1000, vec![]);
+        assert_eq!(r.summary.source, DataSource::Agent);
+        assert_eq!(r.gpus.len(), 1);
+        let g = &r.gpus[0];
+        assert_eq!((g.source, g.uuid.as_str()), (DataSource::Agent, "GPU-a"));
+        assert!(g.risk >= RiskLevel::High && g.leak_suspected, "{g:?}");
+        assert!(g.time_to_oom_seconds.is_some() && r.summary.time_to_oom.is_some());
+        assert!(g.peak_bytes >= g.used_bytes && g.used_bytes > 50_000_000_000);
+        assert!(g.timeline.len() > 10);
+        let a = r.allocator.as_ref().unwrap();
+        assert_eq!(a.growth, memprof_api::MemoryGrowth::Leak);
+        assert!(a.steps_per_second.is_some());
+        assert_eq!(m.worst_risk(), g.risk);
+        assert!(memprof_analysis::validate_report(&r).is_ok());
+    }
+
+    #[test]
+    fn nvml_and_agent_together_keep_nvml_numbers_and_take_the_allocator_assessment() {
+        let s = Scenario::parse("default: { baseGiB: 30, amplitudeGiB: 0, noiseGiB: 0 }").unwrap();
+        let mut m = Monitor::new(Box::new(SimSampler::new(s, 0)), Thresholds::default());
+        let uuid = m.sampler().gpus()[0].uuid.clone();
+        for i in 0..=200 {
+            let t = i as f64;
+            m.sample(t).unwrap();
+            m.agent_push(leak_push(&uuid, t, 100e6));
+        }
+        m.analyse();
+        let r = m.report(&Identity::default(), String::new(), 1000, vec![]);
+        assert_eq!(r.gpus.len(), 1, "one GPU, seen by both");
+        let g = &r.gpus[0];
+        // NVML (here sim) saw a flat 30 GiB; the allocator sees the leak.
+        assert_eq!(g.source, DataSource::Sim);
+        assert_eq!(g.assessed_from, Some(DataSource::Agent));
+        assert!(g.leak_suspected && g.risk >= RiskLevel::High, "{g:?}");
+        assert_eq!(g.used_bytes, 30 << 30);
+        assert!(g.fragmentation.is_some());
+
+        // The trainer stops pushing: NVML's own assessment again.
+        for i in 201..=260 {
+            m.sample(i as f64).unwrap();
+        }
+        m.analyse();
+        let g = &m
+            .report(&Identity::default(), String::new(), 1000, vec![])
+            .gpus[0];
+        assert_eq!(g.assessed_from, None);
+        assert!(!g.leak_suspected && g.risk <= RiskLevel::Low, "{g:?}");
+    }
+}

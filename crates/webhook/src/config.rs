@@ -1,0 +1,259 @@
+//! What the webhook injects: plain values, built once from the operator's
+//! flags ([`super::WebhookOptions`]) and shared read-only by every admission.
+
+use memprof_api::DEFAULT_AGENT_SOURCE;
+use std::time::Duration;
+
+/// How the sidecar gets to see the GPUs of its pod (see DESIGN.md, "GPU visibility").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum GpuAccess {
+    /// `NVIDIA_VISIBLE_DEVICES=all`: the NVIDIA container runtime exposes every
+    /// GPU of the node to the sidecar, which reports all of them (or the UUIDs it
+    /// is told). Works with the device plugin's env-var strategy.
+    #[default]
+    #[value(name = "envvar")]
+    Envvar,
+    /// As `envvar`, plus the kubelet PodResources socket (read-only hostPath), so
+    /// the sidecar reports only the GPUs allocated to its pod's other containers.
+    #[value(name = "podResources")]
+    PodResources,
+    /// No NVML at all: the in-process Python agent pushes what CUDA sees.
+    #[value(name = "agentOnly")]
+    AgentOnly,
+}
+
+impl GpuAccess {
+    /// The spelling used in flags, Helm values and the sidecar's env.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GpuAccess::Envvar => "envvar",
+            GpuAccess::PodResources => "podResources",
+            GpuAccess::AgentOnly => "agentOnly",
+        }
+    }
+}
+
+/// Native (init container with `restartPolicy: Always`) or legacy (regular
+/// container) sidecar.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum SidecarMode {
+    /// Native when the API server is 1.29 or newer.
+    #[default]
+    Auto,
+    /// Always native. Needs every kubelet at 1.29+ (or 1.28 with the
+    /// `SidecarContainers` gate): an older kubelet would run the sidecar as a
+    /// plain init container that never finishes, and the pod would never start.
+    Native,
+    /// Always a regular container that exits when it is alone.
+    Legacy,
+}
+
+/// What to do when the pod turns off `automountServiceAccountToken`: the
+/// sidecar needs a token to write its MemoryReport.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum ServiceAccountTokenMode {
+    /// Mount a projected token (plus the cluster CA and namespace) into the
+    /// sidecar only; the trainer containers still get no token.
+    #[default]
+    Project,
+    /// Leave the pod as it is (the sidecar then cannot write and says so).
+    Respect,
+}
+
+/// Everything one admission needs to build the sidecar.
+#[derive(Clone, Debug, PartialEq)]
+pub struct InjectionConfig {
+    /// Sidecar image (the memprof image; the sidecar binary is its `command`).
+    pub image: String,
+    /// Command that starts the sidecar inside `image`.
+    pub command: Vec<String>,
+    /// `imagePullPolicy` of the sidecar.
+    pub pull_policy: String,
+    /// Port of the sidecar's metrics / agent endpoint.
+    pub port: u16,
+    /// Sampling interval.
+    pub interval: Duration,
+    /// Resource requests (`cpu`, `memory`), Kubernetes quantities.
+    pub cpu_request: Option<String>,
+    /// Memory request of the sidecar.
+    pub memory_request: Option<String>,
+    /// CPU limit; `None` by default because a throttled sampler only gets late,
+    /// while a memory limit protects the trainer's node.
+    pub cpu_limit: Option<String>,
+    /// Memory limit of the sidecar.
+    pub memory_limit: Option<String>,
+    /// GPU access mode.
+    pub gpu_access: GpuAccess,
+    /// The in-process agent's injection (`memprof.dev/agent`).
+    pub agent: AgentConfig,
+    /// Native or legacy sidecar, already resolved against the server version.
+    pub native_sidecar: bool,
+    /// Token handling for pods without an automounted service-account token.
+    pub service_account_token: ServiceAccountTokenMode,
+    /// Whether the annotation `memprof.dev/sidecar-image` may pick the image.
+    /// Off by default: the sidecar gets every GPU of the node (and, with
+    /// `podResources`, the kubelet's socket and uid 0), so whoever picks its
+    /// image runs code with that access.
+    pub allow_image_override: bool,
+    /// Images the annotation may name when allowed (see [`image_allowed`]).
+    pub allowed_images: Vec<String>,
+    /// Cluster-wide threshold overrides (`--default-thresholds`), already
+    /// valid; a Job's `memprof.dev/thresholds` goes over them.
+    pub thresholds: serde_json::Map<String, serde_json::Value>,
+    /// The sidecar logs JSON lines (`MEMPROF_LOG_JSON=true`).
+    pub log_json: bool,
+    /// Replaces the sidecar's built-in securityContext (`--sidecar-security-context`).
+    pub security_context: Option<k8s_openapi::api::core::v1::SecurityContext>,
+}
+
+impl Default for InjectionConfig {
+    fn default() -> Self {
+        InjectionConfig {
+            image: default_image(),
+            command: vec!["/usr/local/bin/memprof-sidecar".into()],
+            pull_policy: "IfNotPresent".into(),
+            port: 9464,
+            interval: Duration::from_secs(1),
+            cpu_request: Some("50m".into()),
+            memory_request: Some("64Mi".into()),
+            cpu_limit: None,
+            memory_limit: Some("128Mi".into()),
+            gpu_access: GpuAccess::Envvar,
+            agent: Default::default(),
+            native_sidecar: false,
+            service_account_token: ServiceAccountTokenMode::Project,
+            allow_image_override: false,
+            allowed_images: vec![],
+            thresholds: serde_json::Map::new(),
+            log_json: false,
+            security_context: None,
+        }
+    }
+}
+
+/// The image built from this repository's Dockerfile at this crate's version
+/// (it holds both binaries; the sidecar is started by `command`).
+pub const DEFAULT_IMAGE: &str = concat!("ghcr.io/memprof/memprof:", env!("CARGO_PKG_VERSION"));
+
+fn default_image() -> String {
+    DEFAULT_IMAGE.to_string()
+}
+
+impl SidecarMode {
+    /// Native or not, for an API server reporting `major`.`minor` (as in
+    /// `/version`, where cloud builds say `"29+"`).
+    pub fn resolve(self, major: &str, minor: &str) -> bool {
+        match self {
+            SidecarMode::Native => true,
+            SidecarMode::Legacy => false,
+            SidecarMode::Auto => {
+                let num = |s: &str| -> u32 {
+                    s.chars()
+                        .take_while(char::is_ascii_digit)
+                        .collect::<String>()
+                        .parse()
+                        .unwrap_or(0)
+                };
+                let (major, minor) = (num(major), num(minor));
+                major > 1 || (major == 1 && minor >= 29)
+            }
+        }
+    }
+}
+
+/// Whether `image` matches one of `patterns`: an exact reference
+/// (`registry.example.com/memprof:0.2.0`), or a prefix ending in `*`
+/// (`registry.example.com/memprof/*`; `*` alone matches any image). A prefix
+/// is plain text: end it at a `/`, `:` or `@`, or `registry.example.com/memprof*`
+/// also matches `registry.example.com/memprof-other`. No pattern, no image.
+pub fn image_allowed(patterns: &[String], image: &str) -> bool {
+    patterns.iter().any(|p| match p.strip_suffix('*') {
+        Some(prefix) => image.starts_with(prefix),
+        None => p == image,
+    })
+}
+
+/// Checks one `--allowed-sidecar-images` entry: `*` only at the end, no
+/// whitespace (empty entries are dropped later).
+pub fn parse_image_pattern(s: &str) -> Result<String, String> {
+    let s = s.trim();
+    if s.contains(char::is_whitespace) {
+        return Err(format!("image pattern {s:?} contains whitespace"));
+    }
+    if s.trim_end_matches('*').contains('*') || s.ends_with("**") {
+        return Err(format!(
+            "image pattern {s:?}: `*` may only end a prefix, e.g. `registry.example.com/memprof/*`"
+        ));
+    }
+    Ok(s.to_string())
+}
+
+/// Operator settings of the agent injection (`--agent-image`, `--agent-path`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct AgentConfig {
+    /// Image of the init container; `None`: the sidecar's image, which
+    /// carries the agent (no further image to pull or to allow).
+    pub image: Option<String>,
+    /// Where that image carries the agent tree.
+    pub source_dir: String,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        AgentConfig {
+            image: None,
+            source_dir: DEFAULT_AGENT_SOURCE.into(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn images_match_exactly_or_by_a_prefix_ending_in_a_star() {
+        let patterns: Vec<String> = [
+            "registry.example.com/memprof/*",
+            "ghcr.io/memprof/memprof:0.2.0",
+        ]
+        .map(String::from)
+        .to_vec();
+        assert!(image_allowed(
+            &patterns,
+            "registry.example.com/memprof/sidecar:dev"
+        ));
+        assert!(image_allowed(&patterns, "ghcr.io/memprof/memprof:0.2.0"));
+        assert!(!image_allowed(
+            &patterns,
+            "ghcr.io/memprof/memprof:0.2.0-evil"
+        ));
+        assert!(!image_allowed(
+            &patterns,
+            "registry.example.com/memprof-other/x"
+        ));
+        assert!(!image_allowed(&patterns, "docker.io/attacker/miner"));
+        assert!(
+            !image_allowed(&[], "ghcr.io/memprof/memprof:0.2.0"),
+            "none allowed"
+        );
+        assert!(image_allowed(&["*".to_string()], "anything"));
+
+        assert_eq!(parse_image_pattern(" a/* "), Ok("a/*".into()));
+        assert!(parse_image_pattern("a/*/b")
+            .unwrap_err()
+            .contains("may only end"));
+        assert!(parse_image_pattern("a/**").is_err());
+        assert!(parse_image_pattern("a b").is_err());
+    }
+
+    #[test]
+    fn native_sidecar_from_version() {
+        assert!(!SidecarMode::Auto.resolve("1", "20"));
+        assert!(!SidecarMode::Auto.resolve("1", "28"));
+        assert!(SidecarMode::Auto.resolve("1", "29"));
+        assert!(SidecarMode::Auto.resolve("1", "30+"));
+        assert!(SidecarMode::Native.resolve("1", "20"));
+        assert!(!SidecarMode::Legacy.resolve("1", "31"));
+    }
+}

@@ -1,0 +1,497 @@
+//! The admission decision and the JSON patch that injects the sidecar.
+//!
+//! Pure functions on plain values: [`injection_patch`] takes the object as
+//! JSON and returns RFC 6902 operations, [`admit_review`] answers a whole
+//! AdmissionReview body. Nothing here may fail a request: anything
+//! unexpected becomes "allowed, no patch" plus a warning the user sees in
+//! `kubectl`.
+//!
+//! The patch is a list of explicit `add` operations rather than a diff of the
+//! re-serialised object: the API server may hold fields this crate's
+//! k8s-openapi version does not know (or knows under newer defaults), and a
+//! diff of two typed round trips would be correct only by accident.
+//!
+//! `terminationMessagePolicy`: the API server applies defaults *before*
+//! mutating admission, so a container the user left alone arrives with
+//! `File`, indistinguishable from an explicit `File`. Both are replaced by
+//! `FallbackToLogsOnError`, which still reports the termination-log file when
+//! the trainer writes one and only adds the log tail when it does not and the
+//! container failed (how a CUDA OOM is recognised). Set the annotation
+//! `memprof.dev/termination-message-policy: keep` to opt out.
+
+use super::config::InjectionConfig;
+use super::sidecar::{self, Overrides, SidecarContext};
+use super::{
+    ANNOTATION_INJECTED, ANNOTATION_INTERVAL, ANNOTATION_PORT, ANNOTATION_SIDECAR_IMAGE,
+    ANNOTATION_TERMINATION_MESSAGE, LABEL_INJECT, LABEL_INJECTED, SIDECAR_CONTAINER,
+};
+use json_patch::jsonptr::PointerBuf;
+use json_patch::{AddOperation, Patch, PatchOperation};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Pod, PodSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::core::GroupVersionKind;
+use memprof_api::interval::parse_interval;
+use memprof_api::ANNOTATION_ENABLED;
+use serde::Deserialize as _;
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+
+/// Why an object that asked for injection could not be read. Never fails the
+/// admission: it becomes a warning.
+#[derive(Debug, thiserror::Error)]
+pub enum MutateError {
+    /// The request carried no object (a CREATE always does).
+    #[error("the admission request has no object; nothing to inject into")]
+    NoObject,
+    /// The object is not a valid Job or Pod.
+    #[error(
+        "could not read the {kind}: {source}; check the manifest against `kubectl explain {kind}`"
+    )]
+    Decode {
+        /// `Job` or `Pod`.
+        kind: &'static str,
+        /// What serde found wrong.
+        source: serde_json::Error,
+    },
+    /// A Job without `spec.template.spec`.
+    #[error("the Job has no spec.template.spec; the API server should have rejected it")]
+    NoPodSpec,
+    /// The AdmissionReview itself could not be parsed.
+    #[error("malformed AdmissionReview ({0}); is the webhook registered with admissionReviewVersions [v1]?")]
+    Review(serde_json::Error),
+}
+
+/// The two kinds the webhook mutates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// `batch/v1` Job with `memprof.dev/enabled: "true"`: the pod template is patched.
+    Job,
+    /// `v1` Pod labelled `memprof.dev/inject=true`: the pod itself is patched.
+    Pod,
+}
+
+impl Target {
+    /// The target for a request's kind, if it is one the webhook mutates.
+    pub fn of(kind: &GroupVersionKind) -> Option<Target> {
+        match (
+            kind.group.as_str(),
+            kind.version.as_str(),
+            kind.kind.as_str(),
+        ) {
+            ("batch", "v1", "Job") => Some(Target::Job),
+            ("", "v1", "Pod") => Some(Target::Pod),
+            _ => None,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Target::Job => "Job",
+            Target::Pod => "Pod",
+        }
+    }
+}
+
+/// The outcome of looking at one object.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Injection {
+    /// Operations to apply; `None` when the object is left as it is.
+    pub patch: Option<Patch>,
+    /// Messages for the user (bad overrides, port clashes), returned as
+    /// admission warnings.
+    pub warnings: Vec<String>,
+}
+
+/// The pod-template view of a Job or a Pod, and where it sits in the object.
+struct View<'a> {
+    /// JSON-pointer tokens from the object root to the pod template (or pod).
+    prefix: &'static [&'static str],
+    /// The object's own metadata (where overrides are read first).
+    meta: &'a ObjectMeta,
+    /// The template's metadata (`None` when absent from a Job's template).
+    template_meta: Option<&'a ObjectMeta>,
+    spec: &'a PodSpec,
+    ctx: SidecarContext,
+}
+
+fn is_true(map: &Option<BTreeMap<String, String>>, key: &str) -> bool {
+    map.as_ref()
+        .and_then(|m| m.get(key))
+        .is_some_and(|v| v == "true")
+}
+
+fn ptr(prefix: &[&str], rest: &[&str]) -> PointerBuf {
+    PointerBuf::from_tokens(prefix.iter().chain(rest).copied())
+}
+
+fn add(path: PointerBuf, value: Value) -> PatchOperation {
+    PatchOperation::Add(AddOperation { path, value })
+}
+
+fn to_json<T: serde::Serialize>(v: &T) -> Value {
+    serde_json::to_value(v).expect("k8s-openapi types always serialise")
+}
+
+/// Reads an annotation from the object first, then from its pod template.
+fn annotation<'a>(view: &View<'a>, key: &str) -> Option<&'a str> {
+    [Some(view.meta), view.template_meta]
+        .into_iter()
+        .flatten()
+        .find_map(|m| m.annotations.as_ref()?.get(key))
+        .map(String::as_str)
+}
+
+fn overrides(view: &View<'_>, cfg: &InjectionConfig, warnings: &mut Vec<String>) -> Overrides {
+    let mut ov = Overrides::default();
+    if let Some(image) = annotation(view, ANNOTATION_SIDECAR_IMAGE) {
+        if image.is_empty() || image.contains(char::is_whitespace) {
+            warnings.push(format!(
+                "memprof: ignoring {ANNOTATION_SIDECAR_IMAGE}={image:?}: not an image reference"
+            ));
+        } else {
+            ov.image = Some(image.to_string());
+        }
+    }
+    if let Some(s) = annotation(view, ANNOTATION_INTERVAL) {
+        match parse_interval(s) {
+            Ok(d) => ov.interval = Some(d),
+            Err(e) => warnings.push(format!("memprof: ignoring {ANNOTATION_INTERVAL}: {e}")),
+        }
+    }
+    let thresholds = memprof_api::thresholds::resolve(
+        &cfg.thresholds,
+        annotation(view, memprof_api::thresholds::ANNOTATION_THRESHOLDS),
+    );
+    if let Some(e) = &thresholds.error {
+        warnings.push(format!("memprof: {e}; the cluster-wide thresholds apply"));
+    }
+    ov.thresholds = thresholds.env();
+    if let Some(s) = annotation(view, ANNOTATION_PORT) {
+        match s.parse::<u16>() {
+            Ok(p) if p > 0 => ov.port = Some(p),
+            _ => warnings.push(format!(
+                "memprof: ignoring {ANNOTATION_PORT}={s:?}: want a port number 1-65535"
+            )),
+        }
+    }
+    ov
+}
+
+fn view_of<'a>(
+    target: Target,
+    job: &'a Option<Job>,
+    pod: &'a Option<Pod>,
+) -> Result<Option<View<'a>>, MutateError> {
+    Ok(match target {
+        Target::Job => {
+            let job = job.as_ref().expect("decoded for Target::Job");
+            if !is_true(&job.metadata.annotations, ANNOTATION_ENABLED) {
+                return Ok(None);
+            }
+            let spec = job.spec.as_ref().ok_or(MutateError::NoPodSpec)?;
+            let pod_spec = spec.template.spec.as_ref().ok_or(MutateError::NoPodSpec)?;
+            Some(View {
+                prefix: &["spec", "template"],
+                meta: &job.metadata,
+                template_meta: spec.template.metadata.as_ref(),
+                spec: pod_spec,
+                ctx: SidecarContext {
+                    job_name: job.metadata.name.clone().filter(|n| !n.is_empty()),
+                    is_job: true,
+                    parallelism: spec.parallelism,
+                    indexed: spec.completion_mode.as_deref() == Some("Indexed"),
+                    token_not_mounted: pod_spec.automount_service_account_token == Some(false),
+                },
+            })
+        }
+        Target::Pod => {
+            let pod = pod.as_ref().expect("decoded for Target::Pod");
+            if !is_true(&pod.metadata.labels, LABEL_INJECT) {
+                return Ok(None);
+            }
+            let spec = pod.spec.as_ref().ok_or(MutateError::NoPodSpec)?;
+            Some(View {
+                prefix: &[],
+                meta: &pod.metadata,
+                template_meta: None,
+                spec,
+                ctx: SidecarContext {
+                    token_not_mounted: spec.automount_service_account_token == Some(false),
+                    ..Default::default()
+                },
+            })
+        }
+    })
+}
+
+/// The JSON patch that injects the sidecar into `object` (a Job or a Pod as
+/// sent by the API server), or no patch when the object did not ask for it
+/// or already has a `memprof-sidecar` container.
+pub fn injection_patch(
+    target: Target,
+    object: &Value,
+    cfg: &InjectionConfig,
+) -> Result<Injection, MutateError> {
+    let decode = |source| MutateError::Decode {
+        kind: target.name(),
+        source,
+    };
+    let (mut job, mut pod) = (None, None);
+    match target {
+        Target::Job => job = Some(Job::deserialize(object).map_err(decode)?),
+        Target::Pod => pod = Some(Pod::deserialize(object).map_err(decode)?),
+    }
+    let Some(view) = view_of(target, &job, &pod)? else {
+        return Ok(Injection::default());
+    };
+    let spec = view.spec;
+    let init = spec.init_containers.as_deref().unwrap_or_default();
+    if spec
+        .containers
+        .iter()
+        .chain(init)
+        .any(|c| c.name == SIDECAR_CONTAINER)
+    {
+        return Ok(Injection::default());
+    }
+
+    let mut warnings = vec![];
+    let ov = overrides(&view, cfg, &mut warnings);
+    // GPU tenancy and the sidecar image (docs/security.md): the sidecar learns
+    // the pod's GPU request from its spec, and build() ignores an image
+    // override the operator does not allow, with a warning.
+    let parts = sidecar::build(cfg, &ov, &view.ctx, &sidecar::PodGpus::of(spec));
+    warnings.extend(parts.warnings.iter().cloned());
+    let port = ov.port.unwrap_or(cfg.port);
+    if let Some(c) = spec.containers.iter().find(|c| {
+        c.ports
+            .iter()
+            .flatten()
+            .any(|p| p.container_port == i32::from(port))
+    }) {
+        // Containers of a pod share one network namespace: the sidecar could
+        // not bind. Injecting anyway keeps GPU sampling; only the endpoint fails.
+        warnings.push(format!(
+            "memprof: container {:?} also uses port {port}; set {ANNOTATION_PORT} to a free port",
+            c.name
+        ));
+    }
+
+    let p = view.prefix;
+    let mut ops = vec![];
+    // Mark the template, creating metadata/labels/annotations when absent.
+    // The label is for the chart's PodMonitor (it selects on labels only).
+    let injected = json!({ ANNOTATION_INJECTED: "true" });
+    let labelled = json!({ LABEL_INJECTED: "true" });
+    match view.template_meta_or_pod() {
+        None => ops.push(add(
+            ptr(p, &["metadata"]),
+            json!({ "labels": labelled, "annotations": injected }),
+        )),
+        Some(m) => {
+            ops.push(match m.labels {
+                None => add(ptr(p, &["metadata", "labels"]), labelled),
+                Some(_) => add(
+                    ptr(p, &["metadata", "labels", LABEL_INJECTED]),
+                    json!("true"),
+                ),
+            });
+            ops.push(match m.annotations {
+                None => add(ptr(p, &["metadata", "annotations"]), injected),
+                Some(_) => add(
+                    ptr(p, &["metadata", "annotations", ANNOTATION_INJECTED]),
+                    json!("true"),
+                ),
+            });
+        }
+    }
+
+    if annotation(&view, ANNOTATION_TERMINATION_MESSAGE) != Some("keep") {
+        for (i, c) in spec.containers.iter().enumerate() {
+            if matches!(c.termination_message_policy.as_deref(), None | Some("File")) {
+                ops.push(add(
+                    ptr(
+                        p,
+                        &[
+                            "spec",
+                            "containers",
+                            &i.to_string(),
+                            "terminationMessagePolicy",
+                        ],
+                    ),
+                    json!("FallbackToLogsOnError"),
+                ));
+            }
+        }
+    }
+
+    let existing: Vec<&str> = spec
+        .volumes
+        .iter()
+        .flatten()
+        .map(|v| v.name.as_str())
+        .collect();
+    let new_volumes: Vec<Value> = parts
+        .volumes
+        .iter()
+        .filter(|v| !existing.contains(&v.name.as_str()))
+        .map(to_json)
+        .collect();
+    if !new_volumes.is_empty() {
+        if spec.volumes.is_none() {
+            ops.push(add(ptr(p, &["spec", "volumes"]), Value::Array(new_volumes)));
+        } else {
+            for v in new_volumes {
+                ops.push(add(ptr(p, &["spec", "volumes", "-"]), v));
+            }
+        }
+    }
+
+    let container = to_json(&parts.container);
+    match (cfg.native_sidecar, spec.init_containers.is_some()) {
+        // Appended after the user's init containers: those (data download,
+        // rendezvous) run undisturbed, and the sidecar is up before the trainers.
+        (true, true) => ops.push(add(ptr(p, &["spec", "initContainers", "-"]), container)),
+        (true, false) => ops.push(add(ptr(p, &["spec", "initContainers"]), json!([container]))),
+        (false, _) => ops.push(add(ptr(p, &["spec", "containers", "-"]), container)),
+    }
+    // After the sidecar's operations, which may create the arrays it appends to.
+    let agent = super::agent::Request {
+        value: annotation(&view, super::agent::ANNOTATION_AGENT),
+        prefix: p,
+        spec,
+        sidecar: &parts.container,
+        port,
+    };
+    super::agent::inject(&agent, &cfg.agent, &mut ops, &mut warnings);
+    Ok(Injection {
+        patch: Some(Patch(ops)),
+        warnings,
+    })
+}
+
+impl View<'_> {
+    /// The metadata that gets the `injected` mark: the template's for a Job,
+    /// the pod's own for a Pod.
+    fn template_meta_or_pod(&self) -> Option<&ObjectMeta> {
+        if self.prefix.is_empty() {
+            Some(self.meta)
+        } else {
+            self.template_meta
+        }
+    }
+}
+
+/// The parts of an `admission.k8s.io/v1` AdmissionReview the webhook reads.
+/// Not kube's `AdmissionReview<DynamicObject>`: its `#[serde(flatten)]`
+/// fields make serde buffer the whole object, and the object would then be
+/// converted twice more before it reaches the typed Job; this parses once.
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WireReview {
+    api_version: Option<String>,
+    request: Option<WireRequest>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WireRequest {
+    uid: String,
+    kind: GroupVersionKind,
+    operation: String,
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    namespace: Option<String>,
+    #[serde(default)]
+    object: Option<Value>,
+}
+
+const REVIEW_API_VERSION: &str = "admission.k8s.io/v1";
+
+/// The patch and warnings for one request. Never fails: what cannot be read
+/// becomes a warning.
+fn decide(req: &WireRequest, cfg: &InjectionConfig) -> (Option<Patch>, Vec<String>) {
+    let Some(target) = Target::of(&req.kind) else {
+        return (None, vec![]);
+    };
+    if req.operation != "CREATE" {
+        return (None, vec![]);
+    }
+    let result = req
+        .object
+        .as_ref()
+        .ok_or(MutateError::NoObject)
+        .and_then(|obj| injection_patch(target, obj, cfg));
+    match result {
+        Ok(Injection { patch, warnings }) => {
+            if patch.is_some() {
+                tracing::info!(
+                    kind = target.name(),
+                    namespace = req.namespace.as_deref().unwrap_or(""),
+                    name = %req.name,
+                    "injected memprof-sidecar"
+                );
+            }
+            (patch, warnings)
+        }
+        Err(e) => {
+            tracing::warn!(kind = target.name(), name = %req.name, error = %e, "not injected");
+            (None, vec![format!("memprof: sidecar not injected: {e}")])
+        }
+    }
+}
+
+/// Answers a raw AdmissionReview body: the JSON `POST /mutate` returns.
+/// Always allows. A body that is not a review still gets an allowing answer
+/// (with the request's uid when one can be found), so the object is admitted.
+///
+/// `patch` is written as base64, as Go encodes `[]byte` (kube's
+/// `AdmissionResponse` writes a JSON array of numbers, 2-3x larger).
+pub fn admit_review(body: &[u8], cfg: &InjectionConfig) -> Value {
+    use base64::Engine as _;
+    let (api_version, uid, patch, warnings) = match serde_json::from_slice::<WireReview>(body) {
+        Ok(WireReview {
+            api_version,
+            request: Some(req),
+        }) => {
+            let (patch, warnings) = decide(&req, cfg);
+            (api_version, req.uid, patch, warnings)
+        }
+        parsed => {
+            let e = match parsed {
+                Err(e) => MutateError::Review(e),
+                Ok(_) => MutateError::Review(serde::de::Error::missing_field("request")),
+            };
+            tracing::warn!(error = %e, "malformed admission review");
+            let v = serde_json::from_slice::<Value>(body).ok();
+            let field = |p: &str| v.as_ref()?.pointer(p)?.as_str().map(str::to_string);
+            let (api_version, uid) = (field("/apiVersion"), field("/request/uid"));
+            (
+                api_version,
+                uid.unwrap_or_default(),
+                None,
+                vec![format!("memprof: {e}")],
+            )
+        }
+    };
+    let mut response = json!({ "uid": uid, "allowed": true });
+    if let Some(patch) = patch {
+        let bytes = serde_json::to_vec(&patch).expect("a JSON patch always serialises");
+        response["patchType"] = json!("JSONPatch");
+        response["patch"] = json!(base64::engine::general_purpose::STANDARD.encode(bytes));
+    }
+    if !warnings.is_empty() {
+        response["warnings"] = json!(warnings);
+    }
+    json!({
+        "apiVersion": api_version.unwrap_or_else(|| REVIEW_API_VERSION.into()),
+        "kind": "AdmissionReview",
+        "response": response,
+    })
+}
+
+#[cfg(test)]
+#[path = "mutate_tests.rs"]
+mod tests;

@@ -1,0 +1,508 @@
+//! The operator's webhook flags and [`run`], which wires certificates, the
+//! server and the periodic refresh together.
+
+use super::certs::{self, CertConfig, CertError};
+use super::config::{
+    parse_image_pattern, GpuAccess, InjectionConfig, ServiceAccountTokenMode, SidecarMode,
+    DEFAULT_IMAGE,
+};
+use super::server::{ServerError, TlsCert};
+use jiff::SignedDuration;
+use kube::Client;
+use memprof_api::interval::parse_interval;
+use std::future::Future;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How often the serving certificate is checked for renewal and the
+/// `caBundle` for drift (one GET of each; cheap for the API server).
+const REFRESH_EVERY: Duration = Duration::from_secs(300);
+/// How often files mode re-reads the mounted certificate (the kubelet
+/// updates a mounted Secret within about a minute).
+const RELOAD_FILES_EVERY: Duration = Duration::from_secs(60);
+
+/// Errors that stop the webhook.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The listening port is taken or not allowed.
+    #[error(
+        "cannot listen on {addr}: {source}; choose another --webhook-port (0 disables the webhook)"
+    )]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// Certificates could not be set up.
+    #[error(transparent)]
+    Cert(#[from] CertError),
+    /// The TLS configuration is unusable.
+    #[error(transparent)]
+    Server(#[from] ServerError),
+}
+
+/// Where the serving certificate comes from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum CertMode {
+    /// Self-signed, kept in a Secret, renewed, and `caBundle` patched by the operator.
+    #[default]
+    #[value(name = "self")]
+    SelfSigned,
+    /// Read `tls.crt`/`tls.key` from `--webhook-cert-dir` (cert-manager).
+    #[value(name = "files")]
+    Files,
+}
+
+/// Webhook and injection flags of `memprof-operator` (`#[command(flatten)]`).
+/// The Helm chart passes them under the same names.
+#[derive(Clone, Debug, clap::Args)]
+pub struct WebhookOptions {
+    /// HTTPS port of the admission webhook; 0 disables it.
+    #[arg(
+        long = "webhook-port",
+        env = "MEMPROF_WEBHOOK_PORT",
+        default_value_t = 8443
+    )]
+    pub port: u16,
+    /// Address the webhook listens on.
+    #[arg(
+        long = "webhook-bind-address",
+        env = "MEMPROF_WEBHOOK_BIND_ADDRESS",
+        default_value = "0.0.0.0"
+    )]
+    pub bind_address: IpAddr,
+    /// `self`: self-signed certificate in a Secret; `files`: read from --webhook-cert-dir.
+    #[arg(long = "webhook-cert-mode", env = "MEMPROF_WEBHOOK_CERT_MODE", value_enum, default_value_t = CertMode::SelfSigned)]
+    pub cert_mode: CertMode,
+    /// Directory with tls.crt and tls.key (files mode).
+    #[arg(
+        long = "webhook-cert-dir",
+        env = "MEMPROF_WEBHOOK_CERT_DIR",
+        default_value = "/etc/memprof/webhook-certs"
+    )]
+    pub cert_dir: PathBuf,
+    /// Namespace of the operator: where the Secret and the Service live.
+    #[arg(
+        id = "webhook_namespace",
+        long = "webhook-namespace",
+        env = "MEMPROF_POD_NAMESPACE",
+        default_value = "memprof-system"
+    )]
+    pub namespace: String,
+    /// Secret holding the self-signed certificate.
+    #[arg(
+        long = "webhook-secret-name",
+        env = "MEMPROF_WEBHOOK_SECRET_NAME",
+        default_value = "memprof-webhook-tls"
+    )]
+    pub secret_name: String,
+    /// Service in front of the webhook (its DNS names go into the certificate).
+    #[arg(
+        long = "webhook-service-name",
+        env = "MEMPROF_WEBHOOK_SERVICE_NAME",
+        default_value = "memprof-webhook"
+    )]
+    pub service_name: String,
+    /// MutatingWebhookConfiguration whose caBundle is kept up to date (self mode; empty: do not patch).
+    #[arg(
+        long = "webhook-config-name",
+        env = "MEMPROF_WEBHOOK_CONFIG_NAME",
+        default_value = "memprof"
+    )]
+    pub config_name: String,
+    /// More names for the certificate, comma-separated (e.g. `127.0.0.1,localhost`).
+    #[arg(
+        long = "webhook-extra-names",
+        env = "MEMPROF_WEBHOOK_EXTRA_NAMES",
+        value_delimiter = ',',
+        default_value = ""
+    )]
+    pub extra_names: Vec<String>,
+    /// Sidecar image (the memprof image).
+    #[arg(long = "sidecar-image", env = "MEMPROF_SIDECAR_IMAGE", default_value = DEFAULT_IMAGE)]
+    pub sidecar_image: String,
+    /// Let a Job pick the sidecar image with the annotation `memprof.dev/sidecar-image`,
+    /// among --allowed-sidecar-images. Off by default: the sidecar sees every GPU
+    /// of the node (and, with --gpu-access=podResources, the kubelet's socket).
+    #[arg(
+        long = "allow-sidecar-image-override",
+        env = "MEMPROF_ALLOW_SIDECAR_IMAGE_OVERRIDE",
+        default_value_t = false,
+        action = clap::ArgAction::Set
+    )]
+    pub allow_image_override: bool,
+    /// Images the annotation may name, comma-separated: exact references, or
+    /// prefixes ending in `*` (`registry.example.com/memprof/*`); `*` allows any.
+    #[arg(
+        long = "allowed-sidecar-images",
+        env = "MEMPROF_ALLOWED_SIDECAR_IMAGES",
+        value_delimiter = ',',
+        default_value = "",
+        value_parser = parse_image_pattern
+    )]
+    pub allowed_images: Vec<String>,
+    /// Command starting the sidecar in its image.
+    #[arg(
+        long = "sidecar-command",
+        env = "MEMPROF_SIDECAR_COMMAND",
+        default_value = "/usr/local/bin/memprof-sidecar"
+    )]
+    pub sidecar_command: String,
+    /// imagePullPolicy of the sidecar.
+    #[arg(
+        long = "sidecar-image-pull-policy",
+        env = "MEMPROF_SIDECAR_IMAGE_PULL_POLICY",
+        default_value = "IfNotPresent"
+    )]
+    pub sidecar_pull_policy: String,
+    /// Port of the sidecar's metrics / agent endpoint.
+    #[arg(
+        long = "sidecar-port",
+        env = "MEMPROF_SIDECAR_PORT",
+        default_value_t = 9464
+    )]
+    pub sidecar_port: u16,
+    /// Sampling interval (`100ms`, `1s`, `2m`).
+    #[arg(long = "sidecar-interval", env = "MEMPROF_SIDECAR_INTERVAL", default_value = "1s", value_parser = parse_interval)]
+    pub sidecar_interval: Duration,
+    /// CPU request of the sidecar (empty: none).
+    #[arg(
+        long = "sidecar-cpu-request",
+        env = "MEMPROF_SIDECAR_CPU_REQUEST",
+        default_value = "50m"
+    )]
+    pub sidecar_cpu_request: String,
+    /// Memory request of the sidecar (empty: none).
+    #[arg(
+        long = "sidecar-memory-request",
+        env = "MEMPROF_SIDECAR_MEMORY_REQUEST",
+        default_value = "64Mi"
+    )]
+    pub sidecar_memory_request: String,
+    /// CPU limit of the sidecar (empty: none).
+    #[arg(
+        long = "sidecar-cpu-limit",
+        env = "MEMPROF_SIDECAR_CPU_LIMIT",
+        default_value = ""
+    )]
+    pub sidecar_cpu_limit: String,
+    /// Memory limit of the sidecar (empty: none).
+    #[arg(
+        long = "sidecar-memory-limit",
+        env = "MEMPROF_SIDECAR_MEMORY_LIMIT",
+        default_value = "128Mi"
+    )]
+    pub sidecar_memory_limit: String,
+    /// Image of the init container that copies the Python agent into pods
+    /// annotated memprof.dev/agent=python (empty: the sidecar's image).
+    #[arg(long = "agent-image", env = "MEMPROF_AGENT_IMAGE", default_value = "")]
+    pub agent_image: String,
+    /// Where that image carries the agent tree (bootstrap/, lib/).
+    #[arg(long = "agent-path", env = "MEMPROF_AGENT_PATH", default_value = memprof_api::DEFAULT_AGENT_SOURCE)]
+    pub agent_path: String,
+    /// How the sidecar sees GPUs: envvar, podResources or agentOnly.
+    #[arg(long = "gpu-access", env = "MEMPROF_GPU_ACCESS", value_enum, default_value_t = GpuAccess::Envvar)]
+    pub gpu_access: GpuAccess,
+    /// auto (native sidecar on 1.29+ API servers), native or legacy.
+    #[arg(long = "sidecar-mode", env = "MEMPROF_SIDECAR_MODE", value_enum, default_value_t = SidecarMode::Auto)]
+    pub sidecar_mode: SidecarMode,
+    /// Pods with automountServiceAccountToken=false: project a token into the sidecar, or respect.
+    #[arg(long = "sidecar-service-account-token", env = "MEMPROF_SIDECAR_SERVICE_ACCOUNT_TOKEN", value_enum, default_value_t = ServiceAccountTokenMode::Project)]
+    pub sidecar_token: ServiceAccountTokenMode,
+    /// Cluster-wide analysis thresholds for every Job's sidecars, JSON of
+    /// camelCase fields over the built-in ones (`{"highTtoSeconds":900}`);
+    /// a Job's `memprof.dev/thresholds` goes over them.
+    #[arg(long = "default-thresholds", env = "MEMPROF_DEFAULT_THRESHOLDS", default_value = "", value_parser = parse_thresholds)]
+    pub default_thresholds: String,
+    /// The sidecars log JSON lines (`MEMPROF_LOG_JSON=true`) instead of text.
+    #[arg(long = "sidecar-log-json", env = "MEMPROF_SIDECAR_LOG_JSON", default_value_t = false, action = clap::ArgAction::Set)]
+    pub sidecar_log_json: bool,
+    /// The sidecar's securityContext as JSON, replacing the built-in one
+    /// (restricted; uid 0 without capabilities in podResources mode). Empty: built-in.
+    #[arg(long = "sidecar-security-context", env = "MEMPROF_SIDECAR_SECURITY_CONTEXT", default_value = "", value_parser = parse_security_context)]
+    pub sidecar_security_context: String,
+}
+
+fn parse_thresholds(s: &str) -> Result<String, String> {
+    memprof_api::thresholds::parse_cluster(s)
+        .map(|_| s.to_string())
+        .map_err(|e| e.to_string())
+}
+
+fn security_context(
+    s: &str,
+) -> Result<Option<k8s_openapi::api::core::v1::SecurityContext>, String> {
+    if s.trim().is_empty() {
+        return Ok(None);
+    }
+    serde_json::from_str(s).map(Some).map_err(|e| {
+        format!("not a JSON securityContext ({e}); see `kubectl explain pod.spec.containers.securityContext`")
+    })
+}
+
+fn parse_security_context(s: &str) -> Result<String, String> {
+    security_context(s).map(|_| s.to_string())
+}
+
+fn non_empty(s: &str) -> Option<String> {
+    (!s.trim().is_empty()).then(|| s.trim().to_string())
+}
+
+impl WebhookOptions {
+    /// The injection settings, with the sidecar kind already resolved.
+    pub fn injection_config(&self, native_sidecar: bool) -> InjectionConfig {
+        InjectionConfig {
+            image: self.sidecar_image.clone(),
+            command: self
+                .sidecar_command
+                .split_whitespace()
+                .map(str::to_string)
+                .collect(),
+            pull_policy: self.sidecar_pull_policy.clone(),
+            port: self.sidecar_port,
+            interval: self.sidecar_interval,
+            cpu_request: non_empty(&self.sidecar_cpu_request),
+            memory_request: non_empty(&self.sidecar_memory_request),
+            cpu_limit: non_empty(&self.sidecar_cpu_limit),
+            memory_limit: non_empty(&self.sidecar_memory_limit),
+            gpu_access: self.gpu_access,
+            agent: super::config::AgentConfig {
+                image: non_empty(&self.agent_image),
+                source_dir: self.agent_path.clone(),
+            },
+            native_sidecar,
+            service_account_token: self.sidecar_token,
+            allow_image_override: self.allow_image_override,
+            allowed_images: self
+                .allowed_images
+                .iter()
+                .filter_map(|p| non_empty(p))
+                .collect(),
+            // Both checked by their flags' parsers.
+            thresholds: memprof_api::thresholds::parse_cluster(&self.default_thresholds)
+                .unwrap_or_default(),
+            log_json: self.sidecar_log_json,
+            security_context: security_context(&self.sidecar_security_context).unwrap_or_default(),
+        }
+    }
+
+    /// Where the certificate lives and what it is for.
+    pub fn cert_config(&self) -> CertConfig {
+        CertConfig {
+            namespace: self.namespace.clone(),
+            secret_name: self.secret_name.clone(),
+            service_name: self.service_name.clone(),
+            extra_names: self
+                .extra_names
+                .iter()
+                .filter_map(|n| non_empty(n))
+                .collect(),
+            webhook_config_name: non_empty(&self.config_name),
+            validity: SignedDuration::from_hours(24 * 365),
+            renew_before: SignedDuration::from_hours(24 * 30),
+        }
+    }
+}
+
+/// One pass of the certificate work: returns (cert, key) PEM to serve.
+async fn fetch_cert(
+    client: &Client,
+    opts: &WebhookOptions,
+) -> Result<(Vec<u8>, Vec<u8>), CertError> {
+    match opts.cert_mode {
+        CertMode::Files => certs::load_files(&opts.cert_dir),
+        CertMode::SelfSigned => {
+            let cfg = opts.cert_config();
+            let bundle = certs::ensure_serving_cert(client, &cfg).await?;
+            if let Some(name) = &cfg.webhook_config_name {
+                certs::patch_ca_bundle(client, name, &bundle.ca_pem).await?;
+            }
+            Ok((bundle.cert_pem.into_bytes(), bundle.key_pem.into_bytes()))
+        }
+    }
+}
+
+/// Retries `f` with backoff (1 s doubling to 30 s) until it succeeds: the
+/// webhook is not worth crashing the operator for, and a missing RBAC rule
+/// or Secret mount is logged with what to do.
+async fn retry<T, E, F, Fut>(what: &str, mut f: F) -> T
+where
+    E: std::fmt::Display,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+{
+    let mut delay = Duration::from_secs(1);
+    loop {
+        match f().await {
+            Ok(v) => return v,
+            Err(e) => {
+                tracing::error!(error = %e, retry_in = ?delay, "{what}");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(30));
+            }
+        }
+    }
+}
+
+/// Serves the admission webhook until `shutdown` completes: resolves native
+/// vs legacy sidecars from the API server's version, sets up the serving
+/// certificate, serves `POST /mutate`, and keeps the certificate (and, in
+/// self mode, the `caBundle`) fresh. With `--webhook-port 0` it only waits for
+/// `shutdown`. Run it on every replica, not only the leader: the Service
+/// sends admissions to all of them.
+pub async fn run(
+    client: Client,
+    opts: WebhookOptions,
+    metrics: Arc<super::server::ServerMetrics>,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), Error> {
+    if opts.port == 0 {
+        tracing::info!("admission webhook disabled (--webhook-port 0)");
+        shutdown.await;
+        return Ok(());
+    }
+    let addr = SocketAddr::new(opts.bind_address, opts.port);
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| Error::Bind { addr, source })?;
+    let mut shutdown = std::pin::pin!(shutdown);
+
+    let native = tokio::select! {
+        v = retry("cannot read the API server version", || client.apiserver_version())
+            => opts.sidecar_mode.resolve(&v.major, &v.minor),
+        () = &mut shutdown => return Ok(()),
+    };
+    let config = Arc::new(opts.injection_config(native));
+    tracing::info!(native_sidecar = native, gpu_access = config.gpu_access.as_str(), image = %config.image, "injection configured");
+
+    let (cert, key) = tokio::select! {
+        pem = retry("webhook certificate not ready", || fetch_cert(&client, &opts)) => pem,
+        () = &mut shutdown => return Ok(()),
+    };
+    let tls = TlsCert::from_pem(&cert, &key)?;
+
+    let refresher = {
+        let (tls, client, opts) = (tls.clone(), client.clone(), opts.clone());
+        let every = match opts.cert_mode {
+            CertMode::Files => RELOAD_FILES_EVERY,
+            CertMode::SelfSigned => REFRESH_EVERY,
+        };
+        tokio::spawn(async move {
+            let mut last = (cert, key);
+            loop {
+                tokio::time::sleep(every).await;
+                match fetch_cert(&client, &opts).await {
+                    Ok(pem) if pem != last => match tls.reload(&pem.0, &pem.1) {
+                        Ok(()) => {
+                            tracing::info!("webhook serving certificate reloaded");
+                            last = pem;
+                        }
+                        Err(e) => tracing::error!(error = %e, "keeping the previous certificate"),
+                    },
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(error = %e, "certificate refresh failed; will retry"),
+                }
+            }
+        })
+    };
+    let limits = super::server::ServerLimits::default();
+    let served = super::server::serve_with(listener, tls, config, limits, metrics, shutdown).await;
+    refresher.abort();
+    Ok(served?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        webhook: WebhookOptions,
+    }
+
+    #[test]
+    fn flags_have_defaults_and_parse() {
+        use clap::CommandFactory as _;
+        Cli::command().debug_assert();
+        let o = Cli::try_parse_from(["memprof-operator"]).unwrap().webhook;
+        assert_eq!(o.port, 8443);
+        assert_eq!(o.cert_mode, CertMode::SelfSigned);
+        let cfg = o.injection_config(false);
+        assert_eq!(cfg, InjectionConfig::default());
+        assert_eq!(o.cert_config(), CertConfig::default());
+
+        // As the Helm chart passes them.
+        let o = Cli::try_parse_from([
+            "memprof-operator",
+            "--webhook-cert-mode=files",
+            "--gpu-access=podResources",
+            "--sidecar-interval=250ms",
+            "--sidecar-cpu-limit=",
+            "--sidecar-memory-limit=",
+            "--sidecar-mode=legacy",
+            "--webhook-extra-names=127.0.0.1,localhost",
+            "--default-thresholds={\"highTtoSeconds\":900}",
+            "--sidecar-log-json=true",
+            "--sidecar-security-context={\"runAsUser\":1000}",
+        ])
+        .unwrap()
+        .webhook;
+        assert_eq!(o.cert_mode, CertMode::Files);
+        let cfg = o.injection_config(o.sidecar_mode.resolve("1", "31"));
+        assert_eq!(cfg.gpu_access, GpuAccess::PodResources);
+        assert_eq!(cfg.interval, Duration::from_millis(250));
+        assert_eq!((cfg.cpu_limit, cfg.memory_limit), (None, None));
+        assert!(!cfg.native_sidecar);
+        assert_eq!(o.cert_config().extra_names, ["127.0.0.1", "localhost"]);
+        assert!(!cfg.allow_image_override && cfg.allowed_images.is_empty());
+        assert!(Cli::try_parse_from(["x", "--sidecar-interval=fast"]).is_err());
+        assert!(Cli::try_parse_from(["x", "--gpu-access=all"]).is_err());
+        assert_eq!(cfg.thresholds["highTtoSeconds"], 900);
+        assert!(cfg.log_json);
+        let sc = cfg.security_context.unwrap();
+        assert_eq!(sc.run_as_user, Some(1000));
+        assert!(Cli::try_parse_from(["x", "--default-thresholds={\"highTtoSeconds\":1}"]).is_err());
+        assert!(Cli::try_parse_from(["x", "--sidecar-security-context=root"]).is_err());
+        let empty =
+            Cli::try_parse_from(["x", "--default-thresholds=", "--sidecar-security-context="])
+                .unwrap()
+                .webhook
+                .injection_config(true);
+        assert!(empty.thresholds.is_empty() && empty.security_context.is_none());
+    }
+
+    #[test]
+    fn sidecar_image_overrides_are_off_unless_allowed_with_a_list() {
+        let cfg = |args: &[&str]| {
+            let argv = ["memprof-operator"].iter().chain(args).copied();
+            Cli::try_parse_from(argv)
+                .map(|c| c.webhook.injection_config(true))
+                .map_err(|e| e.to_string())
+        };
+        let off = cfg(&[]).unwrap();
+        assert!(!off.allow_image_override);
+        // As the chart passes them.
+        let on = cfg(&[
+            "--allow-sidecar-image-override=true",
+            "--allowed-sidecar-images=registry.example.com/memprof/*, ghcr.io/memprof/memprof:0.2.0",
+        ])
+        .unwrap();
+        assert!(on.allow_image_override);
+        assert_eq!(
+            on.allowed_images,
+            [
+                "registry.example.com/memprof/*",
+                "ghcr.io/memprof/memprof:0.2.0"
+            ]
+        );
+        let empty = cfg(&["--allowed-sidecar-images="]).unwrap();
+        assert!(empty.allowed_images.is_empty());
+        let bad = cfg(&["--allowed-sidecar-images=a/*/b"]).unwrap_err();
+        assert!(bad.contains("may only end"), "{bad}");
+    }
+}

@@ -1,0 +1,76 @@
+//! An agent-only pod end to end against the real local control plane: the
+//! sidecar sees no GPU through NVML (no driver here), the in-process agent's
+//! pushes are all it has, and the operator rolls its report up into the
+//! Job's MemoryProfile with a risk, a time to OOM and the allocator's verdict.
+
+mod agent_common;
+mod common;
+
+use agent_common::push;
+use kube::api::Api;
+use kube::ResourceExt;
+use memprof::api::{DataSource, MemoryProfile, MemoryReport, RiskLevel};
+
+#[tokio::test]
+async fn an_agent_only_pod_rolls_up_with_risk_and_time_to_oom() {
+    let Some(client) = common::cluster().await else {
+        return;
+    };
+    let ns = common::TestNamespace::create(&client).await;
+    let operator = common::start_operator(&client, &ns.name);
+    common::create_job(&client, &ns.name, "train", 1, true).await;
+    let pod = common::job_pods(&client, &ns.name, "train", 1)
+        .await
+        .remove(0);
+
+    let (_sidecar, port) =
+        agent_common::start(&pod.name_any(), &pod.uid().unwrap(), &ns.name).await;
+
+    // 200 s of a 100 MB/s leak, as the agent would push it once a second,
+    // dated in the recent past (the operator ignores reports from the future).
+    let t0 = jiff::Timestamp::now().as_second() as f64 - 210.0;
+    for i in 0..=200u64 {
+        let allocated = 30_000_000_000u64 + 100_000_000 * i;
+        let reserved = allocated + 2_000_000_000;
+        let body = serde_json::json!({
+            "version": 1, "time": t0 + i as f64, "step": 2 * i,
+            "devices": [{"index": 0, "uuid": "GPU-agent-only", "allocatedBytes": allocated,
+                         "reservedBytes": reserved, "peakAllocatedBytes": allocated,
+                         "freeBytes": 80_000_000_000u64 - reserved - 500_000_000,
+                         "totalBytes": 80_000_000_000u64}],
+        });
+        assert_eq!(push(port, &body).await.0, 204, "push {i}");
+    }
+
+    let reports: Api<MemoryReport> = Api::namespaced(client.clone(), &ns.name);
+    let report = common::eventually("the agent-only report", || async {
+        match reports
+            .get_opt(&pod.name_any())
+            .await
+            .map_err(|e| e.to_string())?
+        {
+            Some(r) if r.spec.summary.risk >= RiskLevel::High => Ok(r),
+            other => Err(format!("{:?}", other.map(|r| r.spec.summary))),
+        }
+    })
+    .await;
+    assert_eq!(report.spec.summary.source, DataSource::Agent);
+
+    let profiles: Api<MemoryProfile> = Api::namespaced(client.clone(), &ns.name);
+    let st = common::eventually("the profile rolled up from the agent", || async {
+        let p = profiles.get("train").await.map_err(|e| e.to_string())?;
+        match p.status {
+            Some(st) if st.risk >= RiskLevel::High && st.time_to_oom_seconds.is_some() => Ok(st),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    assert_eq!(st.ranks_reporting, 1, "{st:?}");
+    assert!(st.leak_suspected, "{st:?}");
+    let allocator = serde_json::to_value(&st).unwrap()["allocator"].clone();
+    assert!(
+        !allocator.is_null(),
+        "the allocator roll-up is in the status: {st:?}"
+    );
+    operator.stop().await;
+}
