@@ -34,11 +34,13 @@ unit:
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	python3 hack/archcheck_test.py -q
+	python3 hack/archcheck.py
 
 fmt:
 	$(CARGO) fmt --all
 
-## CRDs are generated from src/api; never edit crds/ by hand.
+## CRDs are generated from crates/api/src/; never edit crds/ by hand.
 crds:
 	$(CARGO) run --quiet --bin memprof -- crd > crds/memprof.yaml
 	cp crds/memprof.yaml charts/memprof/crds/memprof.yaml 2>/dev/null || true

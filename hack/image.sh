@@ -26,8 +26,8 @@ die() { log "error: $*"; exit 1; }
 
 BINARIES=(memprof-operator memprof-sidecar memprof)
 TARGET_DIR=${CARGO_TARGET_DIR:-target}
-# Where `memprof install-agent` copies from by default (src/cli/install_agent.rs
-# DEFAULT_SOURCE; the chart's agent.path).
+# Where `memprof install-agent` copies from by default (memprof_api::DEFAULT_AGENT_SOURCE
+# in crates/api/src/lib.rs; the chart's agent.path).
 AGENT_DIR=/opt/memprof/agent
 UID_GID=65532
 

@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 
 const LEASE_SECONDS: u64 = 6;
 /// Renew deadline, stop-by and lease of the operator's Lease (6 s) and of
-/// remediation's (15 s, fixed): see `Timing` in src/operator/leader.rs.
+/// remediation's (15 s, fixed): see `Timing` in crates/controller/src/operator/leader.rs.
 const STOP_BY: [Duration; 2] = [Duration::from_secs(5), Duration::from_millis(12_500)];
 /// How late a poll may see a gauge change (polls are 100 ms apart, each scrape takes a few ms).
 const POLL_SLACK: Duration = Duration::from_millis(500);

@@ -261,7 +261,7 @@ def main() -> int:
 
     # 4. The PodMonitor matches what the webhook does.
     pm = next((d for d in on if d["kind"] == "PodMonitor"), None)
-    webhook = (ROOT / "src/webhook/mod.rs").read_text() + (ROOT / "src/webhook/sidecar.rs").read_text()
+    webhook = (ROOT / "crates/webhook/src/lib.rs").read_text() + (ROOT / "crates/webhook/src/sidecar.rs").read_text()
     label = re.search(r'pub const LABEL_INJECTED: &str = "([^"]+)"', webhook)
     port = re.search(r'pub const PORT_NAME: &str = "([^"]+)"', webhook)
     if pm and label and port:

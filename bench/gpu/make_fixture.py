@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Turns one scenario of a run.sh output folder into a small regression
-fixture for tests/analysis_fixtures.rs:
+fixture for crates/sidecar/tests/analysis_fixtures.rs:
 
   make_fixture.py OUTDIR NAME DEST.csv [--every 2] [--device "NVIDIA H100 80GB HBM3"]
 

@@ -13,7 +13,8 @@
 #   leak:RATE,HEADROOM,MAXDUR      RATE MB/s kept until the CUDA OOM, HEADROOM GB left free
 #   ddp:DUR,BATCHES                torchrun over every GPU, per-rank batch sizes (e.g. 8/24)
 #
-# The monitor is `nvml_probe monitor` (examples/nvml_probe.rs: the library's
+# The monitor is `nvml_probe monitor` (crates/sidecar/examples/nvml_probe.rs, built with
+# `cargo build --release -p memprof-sidecar --example nvml_probe`: the library's
 # Monitor over NvmlSampler, as the sidecar runs it); MONITOR=sidecar uses
 # `memprof-sidecar --standalone --backend nvml` instead.
 set -u

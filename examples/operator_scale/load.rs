@@ -93,7 +93,7 @@ pub fn report(pod: &RankPod, second: i64, shape: Shape) -> MemoryReport {
             ..Default::default()
         },
     );
-    // What the sidecar's writer sets (sidecar/src/writer.rs `build`).
+    // What the sidecar's writer sets (crates/sidecar/src/writer.rs `build`).
     r.metadata.labels = Some(BTreeMap::from([
         (LABEL_JOB.to_string(), job.clone()),
         (LABEL_PROFILE.to_string(), job),

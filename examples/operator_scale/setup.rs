@@ -2,7 +2,7 @@
 //! operator as a child process, the Jobs, and one real pod per rank.
 //!
 //! Why the benchmark creates the pods itself: the operator counts a report
-//! only when its pod exists and is controlled by the Job (`src/operator/trust.rs`),
+//! only when its pod exists and is controlled by the Job (`crates/controller/src/operator/trust.rs`),
 //! so every rank needs a real pod. The local Job controller would make them,
 //! but at kube-controller-manager's default 20 requests/s: ~100 s for 2,048
 //! pods, ~160 s for 3,200, during which it is busy for everyone else's tests

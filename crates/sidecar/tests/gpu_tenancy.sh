@@ -7,7 +7,7 @@
 # standalone run reports every GPU. Prints each case's GpuVisible condition
 # and GPUs, and `N failed` (exit status 1 when N > 0).
 #
-#   SIDECAR=target/release/memprof-sidecar bash sidecar/tests/gpu_tenancy.sh
+#   SIDECAR=target/release/memprof-sidecar bash crates/sidecar/tests/gpu_tenancy.sh
 #
 # Uses loopback ports 19461-19464; stops every sidecar it starts (by PID) and
 # removes its temporary directory.

@@ -2,7 +2,7 @@
 //! for `memprof.dev/agent: "python"` runs. It copies the Python agent tree
 //! that the memprof image carries ([`DEFAULT_AGENT_SOURCE`]: `bootstrap/` with the
 //! startup hook, `lib/memprof_agent/`) into the pod's shared volume, from
-//! which the trainer containers read it (see `src/webhook/agent.rs`).
+//! which the trainer containers read it (see `crates/webhook/src/agent.rs`).
 //!
 //! A subcommand of this binary rather than `cp`: the image is distroless (no
 //! shell, no coreutils), and the copy must set permissions any trainer uid

@@ -1,0 +1,311 @@
+#!/usr/bin/env python3
+"""hack/archcheck.py -- the architecture rules the compiler does not check.
+
+Cargo already refuses an upward import between crates (crates/*: see the
+README's "How it fits together"). Inside each crate this script builds
+
+- the file graph: file A -> file B when A names an item of B's module through
+  `crate::...`, `super::...`, `self::...` or a child module's name; and
+- the folder graph: the same edges between the folders the files are in
+  (a module's root file `x.rs` next to `x/` counts as part of `x/`; a folder
+  and its subfolders are one unit, so only folders apart from each other are
+  compared),
+
+and fails, listing every file cycle (files that reach each other) and every
+pair of folders that import each other. Not edges: a module's root file
+declaring its children (`mod x;`) and re-exporting them (`pub use x::...`),
+which is wiring; a submodule naming its ancestors' own items (`super::Style`),
+since a module and its submodules are one unit whose root file is its facade
+(the parent's imports of its children do count); and anything in a crate's
+entry file (lib.rs, main.rs), which only wires the folders together.
+
+Stdlib only; run from the repository root (`make lint` runs it).
+"""
+
+import os
+import re
+import sys
+
+# Cycles being dissolved elsewhere; each entry names why it is tolerated.
+ALLOWED_FILE_CYCLES = {
+    # being rewritten (issue 16): one controller, one status writer.
+    frozenset(
+        {
+            "crates/controller/src/remediation/controller.rs",
+            "crates/controller/src/remediation/execute.rs",
+            "crates/controller/src/remediation/status.rs",
+        }
+    ),
+}
+
+MOD_DECL = re.compile(r'^\s*(?:#\[path\s*=\s*"([^"]+)"\]\s*)?(?:pub(?:\([^)]*\))?\s+)?mod\s+(\w+)\s*;', re.M)
+PATH_ATTR_MOD = re.compile(r'#\[path\s*=\s*"([^"]+)"\]\s*(?:#\[[^\]]*\]\s*)*(?:pub(?:\([^)]*\))?\s+)?mod\s+(\w+)\s*;')
+INLINE_MOD = re.compile(r'\bmod\s+(\w+)\s*\{')
+PATH_REF = re.compile(r'(?<![\w:])(crate|super|self|[a-z_][a-z0-9_]*)((?:::[A-Za-z_][A-Za-z0-9_]*)+|::\{)')
+PUB_USE = re.compile(r'^\s*pub(?:\([^)]*\))?\s+use\s+[^;]*;', re.M)
+
+
+def strip_comments_and_strings(text):
+    """Blanks out comments and string literals, keeping offsets and newlines."""
+    out = []
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if text.startswith("//", i):
+            j = text.find("\n", i)
+            j = n if j < 0 else j
+            out.append(" " * (j - i))
+            i = j
+        elif text.startswith("/*", i):
+            j = text.find("*/", i + 2)
+            j = n if j < 0 else j + 2
+            out.append(re.sub(r"[^\n]", " ", text[i:j]))
+            i = j
+        elif c == "r" and re.match(r'r#*"', text[i:i + 10]) and (i == 0 or not (text[i - 1].isalnum() or text[i - 1] == "_")):
+            m = re.match(r'r(#*)"', text[i:])
+            end = '"' + m.group(1)
+            j = text.find(end, i + len(m.group(0)))
+            j = n if j < 0 else j + len(end)
+            out.append(re.sub(r"[^\n]", " ", text[i:j]))
+            i = j
+        elif c == '"':
+            j = i + 1
+            while j < n and text[j] != '"':
+                j += 2 if text[j] == "\\" else 1
+            j = min(j + 1, n)
+            out.append(re.sub(r"[^\n]", " ", text[i:j]))
+            i = j
+        elif c == "'" and re.match(r"'(\\.|[^\\'])'", text[i:i + 4]):
+            m = re.match(r"'(\\.|[^\\'])'", text[i:])
+            out.append(" " * len(m.group(0)))
+            i += len(m.group(0))
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+class Module:
+    def __init__(self, path, file, folder):
+        self.path = path  # tuple of names from the crate root
+        self.file = file
+        self.folder = folder  # directory holding this module's children
+        self.children = {}
+
+
+def child_file(folder, name, attr):
+    if attr:
+        return os.path.normpath(os.path.join(folder, attr))
+    for cand in (os.path.join(folder, name + ".rs"), os.path.join(folder, name, "mod.rs")):
+        if os.path.exists(cand):
+            return cand
+    return None
+
+
+def inline_spans(code):
+    """(start, end, name) of every inline `mod name { ... }` in a file."""
+    spans = []
+    for m in INLINE_MOD.finditer(code):
+        depth, i = 0, m.end() - 1
+        while i < len(code):
+            if code[i] == "{":
+                depth += 1
+            elif code[i] == "}":
+                depth -= 1
+                if depth == 0:
+                    break
+            i += 1
+        spans.append((m.start(), i, m.group(1)))
+    return spans
+
+
+def load_tree(entry, modules, files):
+    """Walks `mod` declarations from a crate entry file."""
+    root = Module((), entry, os.path.dirname(entry))
+    stack = [root]
+    while stack:
+        mod = stack.pop()
+        modules[mod.path] = mod
+        text = open(mod.file, encoding="utf-8").read()
+        code = strip_comments_and_strings(text)
+        files[mod.file] = (mod, code)
+        attrs = {m.group(2): m.group(1) for m in PATH_ATTR_MOD.finditer(text)}
+        spans = inline_spans(code)
+        for m in MOD_DECL.finditer(code):
+            if any(s < m.start() < e for s, e, _ in spans):
+                inner = [n for s, e, n in spans if s < m.start() < e]
+                folder = os.path.join(mod.folder, *inner)
+            else:
+                folder = mod.folder
+            name = m.group(2)
+            # `#[path]` is relative to the declaring file's directory.
+            f = child_file(os.path.dirname(mod.file) if attrs.get(name) else folder, name, attrs.get(name))
+            if f is None:
+                continue
+            child_folder = os.path.dirname(f) if f.endswith("mod.rs") else os.path.join(os.path.dirname(f), name)
+            if attrs.get(name):
+                child_folder = os.path.dirname(f)
+            child = Module(mod.path + (name,), f, child_folder)
+            mod.children[name] = child
+            stack.append(child)
+    return root
+
+
+def resolve(modules, names):
+    """The deepest module named by a prefix of `names`."""
+    best = None
+    for k in range(1, len(names) + 1):
+        m = modules.get(tuple(names[:k]))
+        if m is None:
+            break
+        best = m
+    return best
+
+
+def module_at(mod, spans, pos):
+    """The module path at an offset, counting inline modules."""
+    path = list(mod.path)
+    for s, e, name in spans:
+        if s < pos < e:
+            path.append(name)
+    return path
+
+
+def refs(mod, code, modules):
+    """Files this module's file names items of."""
+    spans = inline_spans(code)
+    wiring = [(m.start(), m.end()) for m in PUB_USE.finditer(code)]
+    out = set()
+    for m in PATH_REF.finditer(code):
+        head, rest = m.group(1), m.group(2)
+        tail = [p for p in rest.split("::") if p and p != "{"]
+        here = module_at(mod, spans, m.start())
+        if head == "crate":
+            names = tail
+        elif head in ("super", "self"):
+            base = here if head == "self" else here[:-1]
+            while tail and tail[0] == "super":
+                base, tail = base[:-1], tail[1:]
+            names = base + tail
+        elif tuple(here) + (head,) in modules:
+            names = here + [head] + tail
+        else:
+            continue
+        target = resolve(modules, names)
+        if target is None or target.file == mod.file:
+            continue
+        is_child = target.path[: len(mod.path)] == mod.path and len(target.path) > len(mod.path)
+        if is_child and any(s <= m.start() < e for s, e in wiring):
+            continue  # a re-export of a descendant: wiring
+        if mod.path[: len(target.path)] == target.path:
+            continue  # an ancestor's own items: a submodule is part of its parent
+        out.add(target.file)
+    return out
+
+
+def folder_of(file, tree_files):
+    base = file[:-3] if file.endswith(".rs") else file
+    if file.endswith("mod.rs") or os.path.isdir(base):
+        return os.path.dirname(file) if file.endswith("mod.rs") else base
+    return os.path.dirname(file)
+
+
+def enclosing(folder, src):
+    """`folder` and every folder above it, up to the crate's src/."""
+    out = [folder]
+    while folder != src and folder.startswith(src + "/"):
+        folder = os.path.dirname(folder)
+        out.append(folder)
+    return out
+
+
+def sccs(graph):
+    """Tarjan's strongly connected components of size > 1."""
+    index, low, on, stack, out, counter = {}, {}, set(), [], [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = set()
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.add(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(comp)
+
+    sys.setrecursionlimit(10000)
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def crate_entries():
+    entries = []
+    crates = sorted(os.listdir("crates")) if os.path.isdir("crates") else []
+    for d in ["."] + [os.path.join("crates", c) for c in crates]:
+        for e in ("src/lib.rs", "src/main.rs"):
+            p = os.path.normpath(os.path.join(d, e))
+            if os.path.exists(p):
+                entries.append(p)
+    return entries
+
+
+def check():
+    problems, n_files, n_edges = [], 0, 0
+    for entry in crate_entries():
+        modules, files = {}, {}
+        load_tree(entry, modules, files)
+        graph = {}
+        for f, (mod, code) in files.items():
+            if f == entry:
+                continue  # the entry file only wires folders together
+            graph[f] = refs(mod, code, modules)
+        n_files += len(files)
+        n_edges += sum(len(v) for v in graph.values())
+        for comp in sccs(graph):
+            if any(comp <= allowed for allowed in ALLOWED_FILE_CYCLES):
+                continue
+            problems.append("file cycle: " + " <-> ".join(sorted(comp)))
+        src = os.path.dirname(entry)
+        folders = {}
+        for f, targets in graph.items():
+            for t in targets:
+                # An import from x/y/ is also one from x/, into z/ also into its parents.
+                for a in enclosing(folder_of(f, files), src):
+                    for b in enclosing(folder_of(t, files), src):
+                        folders.setdefault(a, set()).add(b)
+        for a in sorted(folders):
+            for b in sorted(folders[a]):
+                # A folder and its subfolders are one unit (a module and
+                # its submodules): only folders apart from each other count.
+                nested = b.startswith(a + "/") or a.startswith(b + "/")
+                if a < b and not nested and a != b and a in folders.get(b, ()):
+                    problems.append(f"folders import each other: {a}/ <-> {b}/")
+    return problems, n_files, n_edges
+
+
+def main():
+    os.chdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    problems, n_files, n_edges = check()
+    for p in problems:
+        print(p)
+    print(f"archcheck: {n_files} files, {n_edges} file edges, {len(problems)} problem(s)"
+          f" ({len(ALLOWED_FILE_CYCLES)} allowed cycle(s))")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+#!/usr/bin/env python3
+"""Tests of hack/archcheck.py on small made-up crates (stdlib unittest)."""
+
+import os
+import sys
+import tempfile
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import archcheck  # noqa: E402
+
+
+def crate(root, files):
+    for path, text in files.items():
+        p = os.path.join(root, path)
+        os.makedirs(os.path.dirname(p), exist_ok=True)
+        with open(p, "w", encoding="utf-8") as f:
+            f.write(text)
+
+
+class ArchcheckTest(unittest.TestCase):
+    def run_on(self, files):
+        with tempfile.TemporaryDirectory() as d:
+            crate(d, files)
+            cwd = os.getcwd()
+            os.chdir(d)
+            try:
+                return archcheck.check()[0]
+            finally:
+                os.chdir(cwd)
+
+    def test_a_clean_crate_passes(self):
+        problems = self.run_on({
+            "src/lib.rs": "pub mod a;\npub mod b;\n",
+            "src/a/mod.rs": "mod x;\nmod y;\npub use x::X;\npub struct Shared;\n",
+            # Children name their parent's items; the parent uses its children.
+            "src/a/x.rs": "use super::Shared;\nuse super::y::Y;\npub struct X;\n",
+            "src/a/y.rs": "pub struct Y(super::Shared);\n#[cfg(test)]\nmod tests { use super::*; }\n",
+            "src/b.rs": "use crate::a::X;\n// crate::b::nothing in a comment\n",
+        })
+        self.assertEqual(problems, [])
+
+    def test_a_file_cycle_between_siblings_is_reported(self):
+        problems = self.run_on({
+            "src/lib.rs": "pub mod a;\n",
+            "src/a/mod.rs": "mod x;\nmod y;\n",
+            "src/a/x.rs": "use super::y::Y;\npub struct X;\n",
+            "src/a/y.rs": "pub struct Y;\nfn f() { let _ = crate::a::x::X; }\n",
+        })
+        self.assertEqual(problems, ["file cycle: src/a/x.rs <-> src/a/y.rs"])
+
+    def test_folders_importing_each_other_are_reported_through_subfolders(self):
+        problems = self.run_on({
+            "src/lib.rs": "pub mod a;\npub mod b;\n",
+            "src/a/mod.rs": "pub mod deep;\npub const A: u8 = 1;\n",
+            "src/a/deep/mod.rs": "pub fn f() -> u8 { crate::b::B }\n",
+            "src/b/mod.rs": "pub const B: u8 = crate::a::A;\n",
+        })
+        self.assertIn("folders import each other: src/a/ <-> src/b/", problems)
+
+    def test_the_allow_list_covers_the_remediation_cycle_only(self):
+        remediation = "crates/controller/src/remediation"
+        files = {
+            "crates/controller/src/lib.rs": "pub mod remediation;\n",
+            f"{remediation}/mod.rs": "mod controller;\nmod execute;\nmod status;\n",
+            f"{remediation}/controller.rs": "use super::execute::E;\npub struct C;\n",
+            f"{remediation}/execute.rs": "use super::status::S;\npub struct E;\n",
+            f"{remediation}/status.rs": "use super::controller::C;\npub struct S;\n",
+        }
+        self.assertEqual(self.run_on(files), [])
+        files[f"{remediation}/mod.rs"] += "mod other;\n"
+        files[f"{remediation}/other.rs"] = "use super::controller::C;\npub struct O;\n"
+        files[f"{remediation}/status.rs"] += "use super::other::O;\n"
+        self.assertEqual(len(self.run_on(files)), 1)
+
+
+if __name__ == "__main__":
+    unittest.main()
