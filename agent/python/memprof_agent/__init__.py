@@ -9,6 +9,7 @@
         ...
     memprof_agent.record("eval", note="epoch 3")
 
+    memprof_agent.on_risk("critical", cb)     # cb(event) at the next step() once the risk is critical
     memprof_agent.watch(model, optimizer)     # breakdown at step 2, activations over step 3
     memprof_agent.breakdown(model, optimizer) # or now, as a dict
     with memprof_agent.trace_modules(model):  # opt-in, costs time per step
@@ -26,16 +27,21 @@ import time
 
 from . import _breakdown
 from . import _core
+from . import _history
 from . import _phases
 from . import _summary
 from . import _torchread
+from . import _transport
 from . import _watch
-from ._core import MARKERS, truthy
+from ._core import MARKERS, RISK, truthy
+from ._remedy import MicroBatchLoop
+from ._risk import RiskEvent
 from ._transport import log
 
 __all__ = [
     "start", "stop", "step", "phase", "record", "oom_guard", "report", "running",
     "breakdown", "watch", "last_breakdown", "trace_modules",
+    "on_risk", "safe_point", "risk", "RiskEvent", "MicroBatchLoop",
 ]
 __version__ = "0.1.0"
 
@@ -43,17 +49,21 @@ _agent = None
 _start_lock = threading.Lock()
 
 
-def start(interval=None, url=None, output=None, record_history=None):
+def start(interval=None, url=None, output=None, record_history=None, socket=None):
     """Starts the agent once per process; later calls return the running one.
 
     interval: seconds between pushes (MEMPROF_AGENT_INTERVAL, default 1).
-    url: the sidecar's endpoint (MEMPROF_AGENT_URL, default
-        http://127.0.0.1:9464/v1/agent).
+    socket: the sidecar's Unix socket (MEMPROF_AGENT_SOCKET; default
+        /var/run/memprof/agent.sock when it exists, else no sidecar).
+    url: an http:// loopback URL instead, for old sidecars and tests
+        (MEMPROF_AGENT_URL; unauthenticated: docs/agent.md "Transport").
     output: write a JSON report to this file at exit and after an OOM
         (MEMPROF_AGENT_OUTPUT), for use without a sidecar.
-    record_history: record allocation stack frames so an OOM snapshot names
-        the allocating code (MEMPROF_AGENT_RECORD_HISTORY=1); costs time on
-        every allocation, measure before leaving it on.
+    record_history: record allocation stack frames from the start so an OOM
+        snapshot names the allocating code (MEMPROF_AGENT_RECORD_HISTORY=1);
+        costs time on every allocation. Without it, recording starts when
+        the sidecar's verdict reaches high (MEMPROF_AGENT_HISTORY_AT_HIGH=0
+        turns that off).
 
     Returns True when the agent runs, False when disabled or it could not
     start (the reason is logged once). Never raises."""
@@ -74,16 +84,16 @@ def start(interval=None, url=None, output=None, record_history=None):
                 seconds = _core.DEFAULT_INTERVAL
             if record_history is None:
                 record_history = truthy(env.get("MEMPROF_AGENT_RECORD_HISTORY"))
-            try:
-                entries = int(env.get("MEMPROF_AGENT_HISTORY_ENTRIES", _core.DEFAULT_HISTORY_ENTRIES))
-            except ValueError:
-                entries = _core.DEFAULT_HISTORY_ENTRIES
+            entries = _env_int(env, "MEMPROF_AGENT_HISTORY_ENTRIES", _core.DEFAULT_HISTORY_ENTRIES)
             agent = _core.Agent(
                 interval=seconds,
-                url=url or env.get("MEMPROF_AGENT_URL") or _core.DEFAULT_URL,
+                target=_transport.resolve_target(socket, url, env),
                 output=output or env.get("MEMPROF_AGENT_OUTPUT") or None,
                 record_history=bool(record_history),
                 history_entries=entries,
+                history_at_high=truthy(env.get("MEMPROF_AGENT_HISTORY_AT_HIGH", "1")),
+                history_entries_at_high=_env_int(env, "MEMPROF_AGENT_HISTORY_ENTRIES_AT_HIGH",
+                                                 _history.DEFAULT_ENTRIES_AT_HIGH),
             )
             agent.start()
             _agent = agent
@@ -91,6 +101,14 @@ def start(interval=None, url=None, output=None, record_history=None):
     except Exception as exc:
         log.warning("memprof-agent: not started (%r); training runs without it", exc)
         return False
+
+
+def _env_int(env, name, default):
+    try:
+        value = int(env.get(name, default))
+        return value if value > 0 else default
+    except ValueError:
+        return default
 
 
 def stop():
@@ -117,7 +135,10 @@ def step(n=None, tokens=None, samples=None):
     writes and a clock read, no torch call.
 
     With MEMPROF_AGENT_MAX_STEPS=N, the (N+1)-th call ends the run after N
-    steps: final push, summary, then SystemExit(0) from here."""
+    steps: final push, summary, then SystemExit(0) from here.
+
+    It is also a safe point: on_risk callbacks queued since the previous
+    one run here, in this thread (nothing queued: one length check)."""
     m = MARKERS
     try:
         m.step = n if n is not None else (m.step or 0) + 1
@@ -125,6 +146,8 @@ def step(n=None, tokens=None, samples=None):
         m.clock.append((time.monotonic(), m.calls, tokens, samples))
         if samples is not None:
             m.samples = samples
+        if RISK.pending:
+            RISK.run_pending()
     except Exception:
         pass
     if m.budget is not None and m.calls > m.budget:
@@ -263,15 +286,18 @@ def record(name, note="", memory=False):
     """Records an event on the timeline (the seed's GPUMemoryProfiler.record).
     Cheap by default: a tuple appended to two bounded deques. memory=True also
     reads the current device's allocated/reserved bytes (one memory_stats()
-    call, ~76 µs: not for every step)."""
+    call, ~76 µs: not for every step).
+
+    record("checkpoint", note="step=N") tells memprof the trainer saved a
+    checkpoint (the operator may wait for one before a restart): such
+    events are never dropped by the per-push bound and are sent again until
+    a push carrying them is accepted."""
     try:
         allocated = reserved = None
         if memory:
             allocated, reserved = _current_memory()
         event = (time.time(), str(name), str(note) if note else "", MARKERS.step, MARKERS.phase(), allocated, reserved)
-        MARKERS.pending.append(event)
-        MARKERS.kept.append(event)
-        MARKERS.recorded += 1
+        MARKERS.add(event)
     except Exception:
         pass
 
@@ -302,6 +328,44 @@ class oom_guard(contextlib.ContextDecorator):
         except Exception:
             pass
         return False
+
+
+def on_risk(level, callback, rearm_after=60.0, on_agent_thread=False):
+    """Runs callback(event) once per escalation of the risk to `level`
+    ("low", "medium", "high", "critical") or above: the sidecar's verdict
+    in a push's answer, or an operator's notifyTrainer directive. It runs
+    in the training thread at the next safe point (step(), safe_point(),
+    or a memprof helper), never inside a step. It fires again only after
+    the verdict stayed below `level` for `rearm_after` seconds.
+
+    The callback gets a RiskEvent (level, threshold, previous, source,
+    reason, tto, leak, directive, step) and may return a short text saying
+    what it did, or (text, ok) when it could not act (sent to the operator
+    in the directive's ack). An
+    exception in it is logged once and never reaches training.
+    on_agent_thread=True runs it on the agent's thread right away instead:
+    only for callbacks that touch nothing of the training (an alert).
+
+    Returns a handle with .remove(). Raises ValueError for a level it does
+    not know (at registration only)."""
+    return RISK.add(level, callback, rearm_after=rearm_after, on_agent_thread=on_agent_thread)
+
+
+def safe_point():
+    """Runs the on_risk callbacks queued since the previous safe point, in
+    this thread; returns how many ran. For loops that do not call step();
+    cheap when nothing is queued. Never raises."""
+    try:
+        return RISK.run_pending()
+    except Exception:
+        return 0
+
+
+def risk():
+    """The sidecar's latest verdict as a dict (risk, ttoSeconds, leak,
+    source, at), or None before the first one."""
+    v = RISK.verdict
+    return v.as_dict() if v is not None else None
 
 
 def report():
