@@ -215,19 +215,23 @@ def read_bounded(resp, cap, deadline):
     except ValueError:
         return None
     chunks, size = [], 0
-    while size <= cap:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return None
-        sock = getattr(getattr(resp, "fp", None), "raw", None)
-        sock = getattr(sock, "_sock", None)
-        if sock is not None:
-            sock.settimeout(left)
-        chunk = resp.read(min(4096, cap + 1 - size))
-        if not chunk:
-            break
-        chunks.append(chunk)
-        size += len(chunk)
+    try:
+        while size <= cap:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            sock = getattr(getattr(getattr(resp, "fp", None), "raw", None), "_sock", None)
+            if sock is not None:
+                sock.settimeout(left)
+            # read1: at most one read from the socket, so a slow sender meets
+            # the deadline between reads instead of filling a 4 KiB buffer.
+            chunk = resp.read1(min(4096, cap + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except (OSError, http.client.HTTPException):
+        return None  # the push was taken (its status said so); the answer is lost
     if size > cap:
         return None
     return b"".join(chunks)

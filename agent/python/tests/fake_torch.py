@@ -31,6 +31,7 @@ class FakeTorch:
         self.allocated = 3 * GiB
         self.reserved = 4 * GiB
         self.peak_allocated = 5 * GiB
+        self.peak_reserved = 0  # the reserved peak is at least the current reserved
         self.total = 80 * GiB
         self.num_ooms = 0
         self.retries = 0
@@ -71,7 +72,7 @@ class FakeTorch:
             "inactive_split_bytes.all.current": 64 << 20,
             "requested_bytes.all.current": self.allocated - 1000,
             "allocated_bytes.all.peak": max(self.peak_allocated, self.allocated),
-            "reserved_bytes.all.peak": self.reserved,
+            "reserved_bytes.all.peak": max(self.peak_reserved, self.reserved),
             "segment.all.current": 12,
             "num_alloc_retries": self.retries,
             "num_ooms": self.num_ooms,
@@ -80,6 +81,7 @@ class FakeTorch:
     def reset_peak_memory_stats(self, device=None):
         self.log("reset_peak_memory_stats")
         self.peak_allocated = self.allocated
+        self.peak_reserved = self.reserved
 
     def memory_stats_as_nested_dict(self, device=None):
         self.log("memory_stats_as_nested_dict")
@@ -95,13 +97,14 @@ class FakeTorch:
     def _cuda_resetPeakMemoryStats(self, device):
         self.log("_cuda_resetPeakMemoryStats")
         self.peak_allocated = self.allocated
+        self.peak_reserved = self.reserved
 
     def _nested(self):
         if self.raise_in_stats is not None:
             raise self.raise_in_stats
         return {
             "allocated_bytes": {"all": {"current": self.allocated, "peak": max(self.peak_allocated, self.allocated)}},
-            "reserved_bytes": {"all": {"current": self.reserved, "peak": self.reserved}},
+            "reserved_bytes": {"all": {"current": self.reserved, "peak": max(self.peak_reserved, self.reserved)}},
         }
 
     def alloc(self, n):
