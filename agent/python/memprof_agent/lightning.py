@@ -16,6 +16,10 @@ on_before_backward / on_after_backward hooks, gradient scaler) with its
 share of the loss divided by accumulate_grad_batches, as Lightning divides
 the returned loss; the last part's loss is returned for Lightning to
 backpropagate. The optimizer step, clipping and schedule are Lightning's.
+Lightning zeroes the gradients after training_step returns, before its
+backward, on the first batch of each accumulation window: on such a batch
+the split step zeroes them itself before its first backward, and
+Lightning's zeroing (LightningModule.optimizer_zero_grad) is skipped once.
 
 Limits, said once and acknowledged as not done: manual optimization (the
 module calls backward itself: use memprof_agent.MicroBatchLoop there);
@@ -62,6 +66,8 @@ class MemprofCallback(_Base):
         self.split = _remedy.Split()
         self.trainer = self.module = None
         self._original = None
+        self._original_zero_grad = None
+        self._zeroed = False
         self._save_wanted = False
         self.saved = []
         self.handles = []
@@ -76,12 +82,15 @@ class MemprofCallback(_Base):
         self.trainer, self.module = trainer, pl_module
         self._original = pl_module.training_step
         pl_module.training_step = self.training_step
+        self._original_zero_grad = pl_module.optimizer_zero_grad
+        pl_module.optimizer_zero_grad = self.optimizer_zero_grad
         self.split.accumulation = getattr(trainer, "accumulate_grad_batches", 1)
 
     def teardown(self, trainer, pl_module, stage):
         if self.module is pl_module and self._original is not None:
             pl_module.training_step = self._original
-            self.module = self._original = None
+            pl_module.optimizer_zero_grad = self._original_zero_grad
+            self.module = self._original = self._original_zero_grad = None
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         RISK.run_pending()
@@ -137,6 +146,12 @@ class MemprofCallback(_Base):
 
     # --- the split training step -------------------------------------------
 
+    def optimizer_zero_grad(self, epoch, batch_idx, optimizer):
+        if self._zeroed:  # the split step zeroed before its own backward
+            self._zeroed = False
+            return None
+        return self._original_zero_grad(epoch, batch_idx, optimizer)
+
     def training_step(self, batch, batch_idx, *args, **kwargs):
         k = self.split.factor
         n = _remedy.batch_len(batch)
@@ -148,6 +163,10 @@ class MemprofCallback(_Base):
         accumulation = max(1, trainer.accumulate_grad_batches)
         parts = _remedy.split_batch(batch, k)
         shares = _remedy.weights(parts, self.count)
+        if batch_idx % accumulation == 0:
+            # Lightning would zero after this returns, erasing these parts' gradients.
+            self._original_zero_grad(trainer.current_epoch, batch_idx, trainer.optimizers[0])
+            self._zeroed = True
         for part, share in zip(parts[:-1], shares[:-1]):
             out = self._original(part, batch_idx, *args, **kwargs)
             loss = out["loss"] if isinstance(out, dict) else out
