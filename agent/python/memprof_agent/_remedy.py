@@ -230,7 +230,7 @@ class MicroBatchLoop:
 
     def _on_high(self, event):
         if self.checkpoint_fn is None:
-            return "no checkpoint function given to MicroBatchLoop"
+            return "no checkpoint function given to MicroBatchLoop", False
         self._checkpoint_wanted = True
         if self.in_window == 0:
             return self._checkpoint()

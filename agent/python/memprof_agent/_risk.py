@@ -207,7 +207,7 @@ class Risk:
                 if h in self.handlers:
                     self._run(h, cause)
                 elif not h.internal:
-                    self._result(cause, "callback removed before it could run", False)
+                    self._result(cause, "callback removed before it could run", False, h.rank)
                 n += 1
         finally:
             self._running = False
@@ -233,15 +233,19 @@ class Risk:
         if not h.internal:
             self.actions.append({"time": time.time(), "level": h.level, "source": cause.source,
                                  "step": step if isinstance(step, int) else None, "action": _cut(action), "ok": ok})
-            self._result(cause, action, ok)
+            self._result(cause, action, ok, h.rank)
 
-    def _result(self, cause, action, ok):
+    def _result(self, cause, action, ok, rank=0):
+        """A callback's result; the directive's ack once all are in. Its
+        `ok`: every callback at the highest level that ran succeeded (a
+        critical directive is answered by the split, not the checkpoint)."""
         with self._lock:
-            cause.results.append((action, ok))
+            cause.results.append((action, ok, rank))
             if cause.directive is None or len(cause.results) < cause.waiting:
                 return
-            text = "; ".join(a for a, _ in cause.results)
-            self._finish_directive(cause.directive, text, all(o for _, o in cause.results))
+            top = max(r for _, _, r in cause.results)
+            text = "; ".join(a for a, _, _ in cause.results)
+            self._finish_directive(cause.directive, text, all(o for _, o, r in cause.results if r == top))
 
     # --- acks -----------------------------------------------------------
 

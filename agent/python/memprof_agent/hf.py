@@ -96,7 +96,7 @@ class MemprofCallback(_Base):
         if not self.checkpoint_enabled:
             return "checkpoint on high turned off", False
         self._save_wanted = True
-        return "checkpoint requested at the end of this optimizer step", True
+        return "checkpoint at the end of this step", True
 
     def _on_critical(self, event):
         if not self.split_enabled:
@@ -107,10 +107,10 @@ class MemprofCallback(_Base):
         t = self.trainer
         if t is None:
             return "the callback is not attached to a Trainer (use MemprofCallback.install(trainer))"
-        kind = str(getattr(getattr(t, "accelerator", None), "distributed_type", "NO")).upper()
+        kind = str(getattr(getattr(t, "accelerator", None), "distributed_type", "NO")).upper().rsplit(".", 1)[-1]
         world = getattr(getattr(t, "args", None), "world_size", 1) or 1
         if "DEEPSPEED" in kind:
-            return "DeepSpeed counts micro-steps itself; a split would break its accumulation"
+            return "DeepSpeed counts micro-steps itself"
         if world > 1 and any(u in kind for u in _UNSAFE):
             return "%s with %d processes runs collectives in every forward" % (kind, world)
         return None

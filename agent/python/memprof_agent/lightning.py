@@ -119,9 +119,9 @@ class MemprofCallback(_Base):
         if self.trainer is None:
             return "the callback is not attached to a Trainer yet", False
         if self._world() > 1:
-            return "Trainer.save_checkpoint is collective: not taken by one rank alone (%d processes)" % self._world(), False
+            return "no checkpoint: save_checkpoint is collective (%d processes)" % self._world(), False
         self._save_wanted = True
-        return "checkpoint requested at the next optimizer-step boundary", True
+        return "checkpoint at the next step boundary", True
 
     def _save(self, trainer):
         root = self.dirpath or os.path.join(trainer.default_root_dir, "memprof")
@@ -139,9 +139,9 @@ class MemprofCallback(_Base):
         if self.module is None:
             return "the callback has not seen the LightningModule yet (fit not started)"
         if not getattr(self.module, "automatic_optimization", True):
-            return "manual optimization: split inside training_step with memprof_agent.MicroBatchLoop"
+            return "manual optimization: use MicroBatchLoop in training_step"
         if self._world() > 1:
-            return "%d processes: the DDP forward wraps training_step, parts cannot skip the gradient sync" % self._world()
+            return "%d processes: parts cannot skip the DDP gradient sync" % self._world()
         return None
 
     # --- the split training step -------------------------------------------
@@ -170,7 +170,7 @@ class MemprofCallback(_Base):
         for part, share in zip(parts[:-1], shares[:-1]):
             out = self._original(part, batch_idx, *args, **kwargs)
             loss = out["loss"] if isinstance(out, dict) else out
-            trainer.strategy.backward(loss * share / accumulation, None)
+            trainer.strategy.backward(loss * (share / accumulation), None)
         out = self._original(parts[-1], batch_idx, *args, **kwargs)
         if isinstance(out, dict):
             return dict(out, loss=out["loss"] * shares[-1])
