@@ -7,7 +7,6 @@ import atexit
 import collections
 import json
 import os
-import sys
 import threading
 import time
 
