@@ -384,6 +384,8 @@ def _after_fork_in_child():
     # pushes nor writes the report. Its markers stay harmless field writes.
     global _agent
     _agent = None
+    RISK.pending.clear()
+    RISK.acks.clear()
 
 
 if hasattr(os, "register_at_fork"):

@@ -214,7 +214,7 @@ class MicroBatchLoop:
         self._checkpoint_wanted = False
         self.handles = []
         if register:
-            self.handles = [RISK.add("high", self._on_high), RISK.add("critical", self._on_critical)]
+            self.handles = [RISK.add("high", self._on_high, weak=True), RISK.add("critical", self._on_critical, weak=True)]
 
     @property
     def factor(self):

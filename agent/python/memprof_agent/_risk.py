@@ -22,6 +22,7 @@ import collections
 import logging
 import threading
 import time
+import weakref
 
 from ._reply import LEVELS, RANK
 
@@ -52,16 +53,25 @@ class RiskEvent:
 
 
 class Handle:
-    """One on_risk registration; remove() unregisters it."""
+    """One on_risk registration; remove() unregisters it. A helper's bound
+    method is held weakly: a helper nobody holds any more stops answering."""
 
-    def __init__(self, state, level, fn, rearm_after, on_agent_thread, internal):
-        self.state, self.level, self.rank, self.fn = state, level, RANK[level], fn
+    def __init__(self, state, level, fn, rearm_after, on_agent_thread, internal, weak=False):
+        self.state, self.level, self.rank = state, level, RANK[level]
+        self._fn = weakref.WeakMethod(fn) if weak else (lambda: fn)
         self.rearm_after = float(rearm_after)
         self.on_agent_thread, self.internal = on_agent_thread, internal
         self.armed = True
         self.below_since = None
         self.last = None  # (action, ok) of the latest run
         self.runs = 0
+
+    @property
+    def fn(self):
+        return self._fn()
+
+    def alive(self):
+        return self.fn is not None
 
     def name(self):
         return getattr(self.fn, "__qualname__", None) or repr(self.fn)
@@ -101,14 +111,14 @@ class Risk:
 
     # --- registration -------------------------------------------------
 
-    def add(self, level, fn, rearm_after=DEFAULT_REARM_SECONDS, on_agent_thread=False, internal=False):
+    def add(self, level, fn, rearm_after=DEFAULT_REARM_SECONDS, on_agent_thread=False, internal=False, weak=False):
         if level not in RANK or level == "none":
             raise ValueError("on_risk level must be one of %s, not %r" % (", ".join(LEVELS[1:]), level))
         if not callable(fn):
             raise ValueError("on_risk callback must be callable, not %r" % (fn,))
-        h = Handle(self, level, fn, rearm_after, on_agent_thread, internal)
+        h = Handle(self, level, fn, rearm_after, on_agent_thread, internal, weak)
         with self._lock:
-            self.handlers.append(h)
+            self.handlers[:] = [x for x in self.handlers if x.alive()] + [h]
         return h
 
     def remove(self, handle):
@@ -166,6 +176,7 @@ class Risk:
 
     def _escalate(self, rank, cause):
         due = []
+        self.handlers[:] = [h for h in self.handlers if h.alive()]
         for h in self.handlers:
             if rank >= h.rank:
                 h.below_since = None
@@ -204,7 +215,7 @@ class Risk:
         try:
             while self.pending:
                 h, cause = self.pending.popleft()
-                if h in self.handlers:
+                if h in self.handlers and h.alive():
                     self._run(h, cause)
                 elif not h.internal:
                     self._result(cause, "callback removed before it could run", False, h.rank)

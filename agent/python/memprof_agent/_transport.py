@@ -125,7 +125,6 @@ class Transport:
         self.sent = 0
         self.attempts = 0
         self.dropped = 0
-        self.replies = 0
         self._next_try = 0.0
 
     def say_once(self, key, message, *args):
@@ -191,10 +190,7 @@ class Transport:
         self.failures = 0
         self._next_try = 0.0
         self.sent += 1
-        reply = _reply.parse(text if status == 200 else None)
-        if reply.verdict is not None or reply.directives:
-            self.replies += 1
-        return reply
+        return _reply.parse(text if status == 200 else None)
 
     def _failed(self, key, message, *args):
         self.failures += 1

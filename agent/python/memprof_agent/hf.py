@@ -60,7 +60,7 @@ class MemprofCallback(_Base):
         self._original = None
         self.handles = []
         if register:
-            self.handles = [RISK.add("high", self._on_high), RISK.add("critical", self._on_critical)]
+            self.handles = [RISK.add("high", self._on_high, weak=True), RISK.add("critical", self._on_critical, weak=True)]
         if trainer is not None:
             self.attach(trainer)
 

@@ -72,7 +72,7 @@ class MemprofCallback(_Base):
         self.saved = []
         self.handles = []
         if register:
-            self.handles = [RISK.add("high", self._on_high), RISK.add("critical", self._on_critical)]
+            self.handles = [RISK.add("high", self._on_high, weak=True), RISK.add("critical", self._on_critical, weak=True)]
 
     # --- Lightning hooks ---------------------------------------------------
 

@@ -270,3 +270,15 @@ def test_a_named_tuple_batch_keeps_its_type():
     B = collections.namedtuple("B", "x y")
     cut = _remedy.split_batch(B(T(range(4)), T(range(4))), 2)
     assert type(cut[0]) is B and cut[1].y.values == [2, 3]
+
+
+def test_a_helper_nobody_holds_stops_answering():
+    import gc
+
+    loop = _remedy.MicroBatchLoop(accumulation=1)
+    assert len(RISK.handlers) == 2
+    del loop
+    gc.collect()
+    RISK.directive(_reply.Directive("d", "notifyTrainer", "critical", ""))
+    assert RISK.take_acks() == [{"id": "d", "action": "no on_risk callback at critical or below", "ok": False}]
+    assert RISK.handlers == []
