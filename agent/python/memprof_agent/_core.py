@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 
+from . import _extras
 from . import _summary
 from . import _torchread as tr
 from . import _watch
@@ -254,6 +255,7 @@ class Agent:
         breakdown = _watch.CARRIED.for_push()
         if breakdown is not None:
             push["breakdown"] = breakdown
+        _extras.extend(push, torch, kind)  # issue 19's fields (agent-seed's hook; agent-rt's extension point replaces it)
         self._take_events(push)
         return push
 
@@ -355,6 +357,7 @@ def _event_json(e):
     if allocated is not None:
         out["allocatedBytes"] = allocated
         out["reservedBytes"] = reserved
+    out.update(getattr(e, "extra", None) or {})  # _timeline.Event: max*, elapsed, detail (agent-seed's hook)
     return out
 
 

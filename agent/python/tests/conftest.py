@@ -122,6 +122,7 @@ def clean_agent():
     memprof_agent.stop()
     memprof_agent._core.MARKERS.__init__()
     memprof_agent._watch.reset()
+    memprof_agent._reset_seed_parts()
     yield
     memprof_agent.stop()
     memprof_agent._watch.reset()
