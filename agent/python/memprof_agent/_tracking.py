@@ -127,11 +127,13 @@ def own_objects(roots):
     return out
 
 
-def take(torch, step=None, label=None, lookup=None, exclude=()):
+def take(torch, step=None, label=None, lookup=None, exclude=(), collect=True):
     """Walks the live objects once (leaving out `exclude`: the tracker's
     own state); returns a Sample."""
     t0 = time.perf_counter()
     s = Sample(step, label)
+    if collect:
+        gc.collect()  # garbage in reference cycles is not live: it must not read as growth
     objs = gc.get_objects()
     by_type = collections.Counter(map(type, objs))
     ours = [o for o in own_objects(exclude) if gc.is_tracked(o)]
