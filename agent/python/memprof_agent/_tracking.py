@@ -173,9 +173,9 @@ def take(torch, step=None, label=None, lookup=None, exclude=(), collect=True):
 
 def _group(key):
     device, dtype, shape, site = key.split(SEP)
-    return {"device": device, "dtype": dtype,
-            "shape": None if shape == "*" else ([int(d) for d in shape.split("x") if d.isdigit()] if shape else []),
-            "site": site or None}
+    return {"device": tr.truncate(device, tr.MAX_NAME), "dtype": tr.truncate(dtype, tr.MAX_NAME),
+            "shape": None if shape == "*" else [int(d) for d in shape.split("x") if d.isdigit()][:MAX_DIMS],
+            "site": tr.truncate(site, MAX_SITE, keep_end=True) or None}
 
 
 def compare(prev, cur, top=MAX_TOP):
