@@ -83,7 +83,9 @@ def _join(mount, root, path):
     the root: the part of the path above it is not in the mount)."""
     if root != "/" and (path == root or path.startswith(root.rstrip("/") + "/")):
         path = path[len(root.rstrip("/")):]
-    return os.path.join(mount, path.lstrip("/")).rstrip("/") or "/"
+    joined = os.path.normpath(os.path.join(mount, path.lstrip("/")))
+    # A path from another cgroup namespace ("/../..") must not leave the mount.
+    return joined if joined == mount or joined.startswith(mount.rstrip("/") + "/") else mount
 
 
 class HostReader:

@@ -103,18 +103,25 @@ class Sizes:
         self.prev = None  # (monotonic time, cumulative request counts per pool)
         self.said = False
 
-    def field(self, torch, kind, now=None):
+    def field(self, torch, kind, now=None, devices=None):
         """The `sizes` of the push: a new reading when one is due (never in
         an OOM push: the OOM path takes its own snapshot), else the latest."""
         if self.mode == "off" or torch is None or not tr.cuda_ready(torch):
             return self.last
         now = time.monotonic() if now is None else now
         if kind != "oom" and now >= self.next_at:
-            self.read(torch, now)
+            self.read(torch, now, devices)
         return self.last
 
-    def read(self, torch, now):
-        index = int(torch.cuda.current_device())
+    def read(self, torch, now, devices=None):
+        """One reading of the device holding the most memory among the
+        push's devices: the daemon thread's current CUDA device is its own
+        (0), not necessarily the trainer's."""
+        held = [d for d in devices or () if isinstance(d.get("index"), int)]
+        if held:
+            index = max(held, key=lambda d: (d.get("reservedBytes", 0), -d["index"]))["index"]
+        else:
+            index = int(torch.cuda.current_device())
         stats = torch.cuda.memory_stats(index)
         out = {"device": index, "at": time.time(), "source": "stats", "buckets": pool_buckets(stats, "current"),
                "inactiveSplits": _stat(stats, "inactive_split.all.current")}
@@ -164,4 +171,4 @@ def configure(env):
 
 
 def push_field(push, torch, kind):
-    return SIZES[0].field(torch, kind)
+    return SIZES[0].field(torch, kind, devices=push.get("devices"))

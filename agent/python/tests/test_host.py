@@ -94,3 +94,12 @@ def test_every_push_carries_host(fake, tmp_path):
     host = push["host"]
     assert host["rssBytes"] == push["rssBytes"] > 0
     assert host["limitBytes"] == 8 * GiB and host["cgroupUsageBytes"] == 3 * GiB
+
+
+def test_a_path_from_another_cgroup_namespace_stays_inside_the_mount(tmp_path):
+    v2_tree(tmp_path, cgroup="/kubepods/pod1/ctr", mount_root="/kubepods/pod1/ctr", ctr_limit=str(5 * GiB))
+    write(tmp_path, "/proc/self/cgroup", "0::/../elsewhere\n")
+    write(tmp_path, "/sys/fs/elsewhere/memory.current", "1\n")  # outside the cgroup mount: never read
+    write(tmp_path, "/sys/fs/elsewhere/memory.max", "1\n")
+    r = _host.HostReader(str(tmp_path))
+    assert r.read(1)["limitBytes"] == 5 * GiB and r.dir == "/sys/fs/cgroup"

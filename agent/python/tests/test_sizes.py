@@ -99,3 +99,10 @@ def test_off_and_before_cuda(fake, monkeypatch):
     monkeypatch.setenv("MEMPROF_AGENT_SIZES", "stats")
     _sizes.configure(__import__("os").environ)
     assert _sizes.SIZES[0].mode == "stats" and not _sizes.SIZES[0].snapshots
+
+
+def test_the_device_holding_the_most_memory_not_the_daemon_threads_current_one(fake):
+    fake.snapshot = {"segments": [{"device": 0, "blocks": [block(MiB)]}, {"device": 1, "blocks": [block(4 * GiB)] * 3}]}
+    pushed = [{"index": 0, "reservedBytes": GiB}, {"index": 1, "reservedBytes": 20 * GiB}]
+    out = _sizes.Sizes().field(__import__("torch"), "sample", now=1.0, devices=pushed)
+    assert out["device"] == 1 and out["buckets"] == [[4 * GiB, 3]]
