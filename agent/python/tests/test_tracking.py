@@ -156,3 +156,22 @@ def test_the_environment_turns_it_on_and_the_report_prints_at_exit(workdir):
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "what grew from step 4 to step 6" in proc.stderr and "16x16" in proc.stderr, proc.stderr
+
+
+def test_garbage_in_reference_cycles_is_not_growth(fake):
+    import gc
+
+    memprof_agent.track(every=1)
+    gc.disable()  # the collector would otherwise run at its own time: only the sample's collect() may free them
+    try:
+        memprof_agent.step()
+        for _ in range(20):
+            b = Batch()
+            b.me, b.t = b, ft.Tensor(5, 5)  # unreachable after the loop, but only a collection frees a cycle
+        del b
+        memprof_agent.step()
+    finally:
+        gc.enable()
+    r = memprof_agent._tracking.TRACKER.result
+    assert not any(g["shape"] == [5, 5] for g in r["tensors"])
+    assert not any(o["type"] == "test_tracking.Batch" for o in r["objects"])
