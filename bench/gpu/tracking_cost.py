@@ -80,10 +80,10 @@ def phase(model, opt, x, steps, leak=False):
     """Median step time (ms) and the samples taken, as (ms, [sample seconds])."""
     times, samples = [], []
     for _ in range(steps):
+        before = _tracking.TRACKER.samples[-1] if _tracking.TRACKER.samples else None
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        memprof_agent.step()
-        before = _tracking.TRACKER.samples[-1] if _tracking.TRACKER.samples else None
+        memprof_agent.step()  # takes the sample when one is due
         train_step(model, opt, x)
         if leak:
             leak_one()
