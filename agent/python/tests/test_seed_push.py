@@ -2,6 +2,7 @@
 the periodic push's cap and a real memprof-sidecar takes it."""
 
 import json
+import sys
 
 from conftest import fake_torch as ft, memprof_agent
 from memprof_agent import _grads, _sizes, _tracking
@@ -14,7 +15,7 @@ def at_bounds(fake):
     """Every list of host/grads/sizes/tracking full, every string at its
     longest, 32 events with notes and details."""
     long = "n" * 300
-    w = _grads.GradWatch(__import__("sys").modules["torch"], ft.Linear(2, 2), ft.AdamW([]), every=1)
+    w = _grads.GradWatch(sys.modules["torch"], ft.Linear(2, 2), ft.AdamW([]), every=1)
     names = ["p" * 200 + str(i) for i in range(40)]
     w._publish([(n, None) for n in names], names, [(float(i), n) for i, n in enumerate(names)], names, {}, None, 1)
     _grads.WATCHED[0] = w

@@ -4,11 +4,17 @@ allocator's snapshot, else pool counts from memory_stats(); requests per
 pool since the previous reading; at most every 10 s, cost-bounded."""
 
 import logging
+import os
+import sys
 
 from conftest import closed_port, memprof_agent
 from memprof_agent import _sizes
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+
+
+def torch():
+    return sys.modules["torch"]  # the fake, installed by the fixture
 
 
 def block(size, requested=None, state="active_allocated"):
@@ -32,7 +38,7 @@ def test_bucket_is_the_smallest_power_of_two_at_least_the_size():
 def test_the_snapshot_histogram_of_live_requests_and_free_blocks(fake):
     snapshot(fake)
     s = _sizes.Sizes()
-    out = s.field(__import__("torch"), "sample", now=100.0)
+    out = s.field(torch(), "sample", now=100.0)
     assert out["source"] == "snapshot" and out["device"] == 0 and out["blocks"] == 312
     assert out["buckets"] == [[512, 300], [2 * MiB, 10], [64 * MiB, 1], [GiB, 1]]
     assert out["freeBuckets"] == [[4 * MiB, 1], [32 * MiB, 1]]
@@ -40,16 +46,15 @@ def test_the_snapshot_histogram_of_live_requests_and_free_blocks(fake):
 
 
 def test_requests_per_pool_since_the_previous_reading_at_most_every_10_s(fake):
-    torch = __import__("torch")
     s = _sizes.Sizes("stats")
     fake.request(4 * KiB, 1000)
-    first = s.field(torch, "sample", now=100.0)
+    first = s.field(torch(), "sample", now=100.0)
     assert first["source"] == "stats" and first["buckets"] == [[MiB, 1000], [1 << 40, 0]]
     fake.request(256, 500)
     fake.request(8 * MiB, 7)
-    assert s.field(torch, "sample", now=105.0) is first  # not due: the latest reading again
+    assert s.field(torch(), "sample", now=105.0) is first  # not due: the latest reading again
     fake.calls.clear()
-    second = s.field(torch, "sample", now=110.0)
+    second = s.field(torch(), "sample", now=110.0)
     assert fake.calls.count("memory_stats") == 1 and "_snapshot" not in fake.calls
     assert second["requests"] == [[MiB, 500], [1 << 40, 7]] and second["seconds"] == 10.0
     assert second["buckets"] == [[MiB, 1500], [1 << 40, 7]]
@@ -60,22 +65,21 @@ def test_pool_counts_split_at_max_split_size_when_set(fake):
     fake.request(100 * MiB, 3)
     fake.request(300 * MiB, 2)
     fake.inactive_splits = 9
-    out = _sizes.Sizes("stats").field(__import__("torch"), "sample", now=1.0)
+    out = _sizes.Sizes("stats").field(torch(), "sample", now=1.0)
     assert out["buckets"] == [[MiB, 0], [200 * MiB, 3], [1 << 40, 2]] and out["inactiveSplits"] == 9
 
 
 def test_a_slow_snapshot_waits_longer_and_a_very_slow_one_ends_snapshots(fake, caplog, monkeypatch):
     caplog.set_level(logging.WARNING, logger="memprof_agent")
-    torch = __import__("torch")
     snapshot(fake)
     clock = iter([0.0, 0.2, 10.0, 10.4])
     monkeypatch.setattr(_sizes.time, "perf_counter", lambda: next(clock))
     s = _sizes.Sizes()
-    s.field(torch, "sample", now=0.0)
+    s.field(torch(), "sample", now=0.0)
     assert s.next_at == 100 * 0.2  # 200 ms: the next reading in 20 s, not 10
-    out = s.field(torch, "sample", now=20.0)
+    out = s.field(torch(), "sample", now=20.0)
     assert out["source"] == "snapshot" and not s.snapshots  # 400 ms: over the limit, said once
-    assert s.field(torch, "sample", now=61.0)["source"] == "stats"
+    assert s.field(torch(), "sample", now=61.0)["source"] == "stats"
     assert len([r for r in caplog.records if "snapshot took 400 ms" in r.getMessage()]) == 1
 
 
@@ -91,18 +95,17 @@ def test_the_push_carries_sizes_and_an_oom_push_takes_no_snapshot_for_it(fake):
 
 
 def test_off_and_before_cuda(fake, monkeypatch):
-    torch = __import__("torch")
-    assert _sizes.Sizes("off").field(torch, "sample") is None
+    assert _sizes.Sizes("off").field(torch(), "sample") is None
     fake.initialized = False
-    assert _sizes.Sizes().field(torch, "sample") is None
+    assert _sizes.Sizes().field(torch(), "sample") is None
     assert "memory_stats" not in fake.calls and "_snapshot" not in fake.calls
     monkeypatch.setenv("MEMPROF_AGENT_SIZES", "stats")
-    _sizes.configure(__import__("os").environ)
+    _sizes.configure(os.environ)
     assert _sizes.SIZES[0].mode == "stats" and not _sizes.SIZES[0].snapshots
 
 
 def test_the_device_holding_the_most_memory_not_the_daemon_threads_current_one(fake):
     fake.snapshot = {"segments": [{"device": 0, "blocks": [block(MiB)]}, {"device": 1, "blocks": [block(4 * GiB)] * 3}]}
     pushed = [{"index": 0, "reservedBytes": GiB}, {"index": 1, "reservedBytes": 20 * GiB}]
-    out = _sizes.Sizes().field(__import__("torch"), "sample", now=1.0, devices=pushed)
+    out = _sizes.Sizes().field(torch(), "sample", now=1.0, devices=pushed)
     assert out["device"] == 1 and out["buckets"] == [[4 * GiB, 3]]

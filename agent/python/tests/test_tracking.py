@@ -125,16 +125,11 @@ def test_tracking_sample_and_off_by_default(fake):
     fake.calls.clear()
     for n in range(300):
         memprof_agent.step(n)
-    assert memprof_agent._tracking.TRACKER.samples == collections_deque_empty() and fake.calls == []
+    assert not memprof_agent._tracking.TRACKER.samples and fake.calls == []
     assert memprof_agent.tracking_sample() is None
     leak(2)
     r = memprof_agent.tracking_sample()
     assert r["tensors"][0]["count"] == 2 and r["toStep"] == 299
-
-
-def collections_deque_empty():
-    import collections
-    return collections.deque(maxlen=2)
 
 
 def test_the_environment_turns_it_on_and_the_report_prints_at_exit(workdir):
