@@ -14,23 +14,36 @@
     memprof_agent.breakdown(model, optimizer) # or now, as a dict
     with memprof_agent.trace_modules(model):  # opt-in, costs time per step
         ...
+    memprof_agent.watch_gradients(model, optimizer, every=50)  # NaN/Inf, large, vanishing
+    memprof_agent.track(every=100)            # opt-in: what grows between samples
+    memprof_agent.record_detailed("loaded", tensors={"x": x}, model=model)
+    memprof_agent.print_timeline(); memprof_agent.export_timeline("t.json")
 
 Standard library only at import; torch is used when the trainer has
 imported it. Nothing here raises into training code, and the markers
-(step, phase, record) call no torch API. See README.md and docs/agent.md.
+step and phase call no torch API (record reads the allocator once). See
+README.md and docs/agent.md.
 """
 
+import atexit
 import contextlib
 import os
+import sys
 import threading
 import time
 
 from . import _breakdown
 from . import _core
+from . import _extras  # registers the issue-19 push fields (host, grads, sizes, tracking)
+from . import _grads
 from . import _history
+from . import _host
 from . import _phases
+from . import _sizes
 from . import _summary
+from . import _timeline
 from . import _torchread
+from . import _tracking
 from . import _transport
 from . import _watch
 from ._core import MARKERS, RISK, truthy
@@ -42,6 +55,8 @@ __all__ = [
     "start", "stop", "step", "phase", "record", "oom_guard", "report", "running",
     "breakdown", "watch", "last_breakdown", "trace_modules",
     "on_risk", "safe_point", "risk", "RiskEvent", "MicroBatchLoop",
+    "record_detailed", "timeline", "print_timeline", "export_timeline",
+    "watch_gradients", "last_gradients", "track", "tracking_sample", "tracking_report",
 ]
 __version__ = "0.1.0"
 
@@ -77,6 +92,7 @@ def start(interval=None, url=None, output=None, record_history=None, socket=None
                 return False
             env = os.environ
             MARKERS.configure(env)
+            _configure_seed_parts(env)
             try:
                 seconds = _core.parse_interval(interval if interval is not None else env.get("MEMPROF_AGENT_INTERVAL"))
             except (TypeError, ValueError) as exc:
@@ -138,7 +154,9 @@ def step(n=None, tokens=None, samples=None):
     steps: final push, summary, then SystemExit(0) from here.
 
     It is also a safe point: on_risk callbacks queued since the previous
-    one run here, in this thread (nothing queued: one length check)."""
+    one run here, in this thread (nothing queued: one length check). With
+    track(every=N), every N-th call takes a tracking sample here (a walk of
+    the live objects; off: one field check)."""
     m = MARKERS
     try:
         m.step = n if n is not None else (m.step or 0) + 1
@@ -146,8 +164,16 @@ def step(n=None, tokens=None, samples=None):
         m.clock.append((time.monotonic(), m.calls, tokens, samples))
         if samples is not None:
             m.samples = samples
+    except Exception:
+        pass
+    try:
         if RISK.pending:
             RISK.run_pending()
+    except Exception:
+        pass
+    try:
+        if _tracking.TRACKER.every:  # opt-in: track(); 0 when off
+            _tracking.TRACKER.at_step(m.calls, m.step)
     except Exception:
         pass
     if m.budget is not None and m.calls > m.budget:
@@ -282,35 +308,143 @@ class phase(contextlib.ContextDecorator):
         return False
 
 
-def record(name, note="", memory=False):
-    """Records an event on the timeline (the seed's GPUMemoryProfiler.record).
-    Cheap by default: a tuple appended to two bounded deques. memory=True also
-    reads the current device's allocated/reserved bytes (one memory_stats()
-    call, ~76 µs: not for every step).
+def record(name, note="", memory=True, since=None):
+    """Records an event on the timeline (seed 002's GPUMemoryProfiler.record):
+    the current device's allocated, reserved, max allocated and max
+    reserved bytes (one allocator read, ~25 us: call it at stage
+    boundaries, not in inner loops; memory=False reads nothing) and the
+    seconds since the agent was imported. since="name": also the change
+    since the latest earlier event of that name. Returns the event as a
+    dict (None if it could not be recorded).
 
     record("checkpoint", note="step=N") tells memprof the trainer saved a
     checkpoint (the operator may wait for one before a restart): such
     events are never dropped by the per-push bound and are sent again until
     a push carrying them is accepted."""
     try:
-        allocated = reserved = None
-        if memory:
-            allocated, reserved = _current_memory()
-        event = (time.time(), str(name), str(note) if note else "", MARKERS.step, MARKERS.phase(), allocated, reserved)
-        MARKERS.add(event)
+        return _timeline.record(name, note, memory=memory, since=since, agent=_agent)
     except Exception:
-        pass
+        return None
 
 
-def _current_memory():
-    torch = _torchread.loaded_torch()
-    if torch is None or not _torchread.cuda_ready(torch):
-        return None, None
+def record_detailed(name, note="", tensors=None, model=None, since=None):
+    """record() plus the shapes, dtypes, devices and bytes of `tensors` (a
+    dict of name -> tensor, a list, or one tensor; at most 64) and the
+    parameter counts of `model` (an nn.Module: total, trainable, bytes; or
+    seed 002's dict {"total_params", "trainable_params"}). No device work."""
     try:
-        stats = torch.cuda.memory_stats()
-        return int(stats.get("allocated_bytes.all.current", 0)), int(stats.get("reserved_bytes.all.current", 0))
+        return _timeline.record(name, note, since=since, tensors=tensors, model=model, agent=_agent)
     except Exception:
-        return None, None
+        return None
+
+
+def timeline():
+    """The recorded events (the newest 4096), oldest first, as dicts."""
+    try:
+        return [dict(r) for r in _timeline.TIMELINE.records]
+    except Exception:
+        return []
+
+
+def print_timeline(file=None):
+    """Prints the timeline as a table (stdout by default); returns the text."""
+    try:
+        text = _timeline.format_timeline()
+        print(text, file=file if file is not None else sys.stdout)
+        return text
+    except Exception:
+        return ""
+
+
+def export_timeline(path):
+    """Writes the timeline as JSON keyed by event name; returns the path,
+    or None when it could not be written (said once in the log)."""
+    try:
+        return _timeline.export(path)
+    except Exception as exc:
+        log.warning("memprof-agent: cannot export the timeline to %s (%r)", path, exc)
+        return None
+
+
+def watch_gradients(model, optimizer=None, every=50, factor=10.0, eps=1e-10):
+    """Opt-in: checks the gradients every `every` optimizer steps (at its
+    step pre-hook), or, without an optimizer, at the end of every
+    `every`-th backward pass: NaN/Inf, a parameter's gradient norm above
+    `factor` x its running median (large), below `eps` (vanishing), and the
+    global norm; pushes carry the latest check (`grads`). One fused norm
+    and one device-to-host copy per device per check. Replaces an earlier
+    watch. Returns True when armed. Never raises."""
+    try:
+        _grads.watch(_torchread.loaded_torch(), model, optimizer, every=every, factor=factor, eps=eps, markers=MARKERS)
+        return True
+    except Exception as exc:
+        log.warning("memprof-agent: watch_gradients() failed (%r); gradients not checked", exc)
+        return False
+
+
+def last_gradients():
+    """The latest gradient check as a dict (with the flagged parameters'
+    norms), or None."""
+    w = _grads.WATCHED[0]
+    return dict(w.detail) if w is not None and w.detail is not None else None
+
+
+def track(enabled=True, every=100, sites=None):
+    """Opt-in reference tracking: every `every`-th step() call walks the
+    live objects (gc) and groups tensors by device, dtype, shape and
+    allocating site, Python objects by type; pushes carry the top growers
+    between the last two samples (`tracking`). sites: look up allocating
+    sites in the allocator's snapshot (default: when the agent records
+    allocation history). track(False) stops. Returns True."""
+    try:
+        _tracking.TRACKER.configure(enabled, every, sites)
+        return True
+    except Exception:
+        return False
+
+
+def tracking_sample():
+    """Takes a tracking sample now (a point of the caller's choosing);
+    returns the comparison with the previous sample, or None."""
+    step_no = MARKERS.step if isinstance(MARKERS.step, int) else None
+    return _tracking.TRACKER.sample(step=step_no)
+
+
+def tracking_report():
+    """What grew between the last two tracking samples, as text for the
+    terminal."""
+    try:
+        return _tracking.report()
+    except Exception as exc:
+        return "memprof tracking: no report (%r)" % (exc,)
+
+
+def _configure_seed_parts(env):
+    """The environment of issue 19's parts, read at start()."""
+    _sizes.configure(env)
+    if _tracking.configure_from_env(env):
+        atexit.register(_tracking.print_at_exit)
+
+
+def _history_on():
+    return _agent is not None and _agent.history.on
+
+
+def _reset_seed_parts():
+    """Forgets the timeline, the gradient watch, tracking and the size
+    histogram's state (tests)."""
+    _timeline.reset()
+    _grads.unwatch()
+    _tracking.TRACKER.__init__()
+    _tracking.TRACKER.history_on = _history_on
+    _sizes.SIZES[0] = _sizes.Sizes()
+    _host.READER[0] = _host.HostReader()
+    _extras._said.clear()
+
+
+_tracking.TRACKER.history_on = _history_on
+if _timeline.at_exit_wanted():
+    atexit.register(_timeline.print_at_exit)
 
 
 class oom_guard(contextlib.ContextDecorator):

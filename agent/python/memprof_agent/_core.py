@@ -88,17 +88,21 @@ MARKERS.configure(os.environ)
 # (_risk.py); module-level so that on_risk() works before start().
 RISK = _risk.Risk(MARKERS)
 
-# Extra push fields: functions (kind, torch) -> dict or None, called on the
-# agent's thread for every push (kind "sample", "final" or "oom"; torch None
-# until the trainer imported it); their keys are added to the push unless
-# already there. A contributor that raises is skipped (said once).
+# Extra push fields: (function (kind, torch) -> dict or None, with_push),
+# called on the agent's thread for every push (kind "sample", "final" or
+# "oom"; torch None until the trainer imported it); their keys are added to
+# the push unless already there. A contributor that raises is skipped (said
+# once). _extras (host, grads, sizes, tracking) is one of them.
 PUSH_CONTRIBUTORS = []
 
 
-def add_push_contributor(fn):
-    """Registers `fn` (see PUSH_CONTRIBUTORS) once; returns it."""
-    if fn not in PUSH_CONTRIBUTORS:
-        PUSH_CONTRIBUTORS.append(fn)
+def add_push_contributor(fn, with_push=False):
+    """Registers `fn` (see PUSH_CONTRIBUTORS) once; returns it.
+    with_push=True: called as fn(kind, torch, push), `push` being the push
+    built so far (devices, rssBytes, breakdown; not yet events, acks or
+    sites), to be read, not changed."""
+    if all(f is not fn for f, _ in PUSH_CONTRIBUTORS):
+        PUSH_CONTRIBUTORS.append((fn, bool(with_push)))
     return fn
 
 
@@ -319,14 +323,14 @@ class Agent:
         breakdown = _watch.CARRIED.for_push()
         if breakdown is not None:
             push["breakdown"] = breakdown
-        for contribute in list(PUSH_CONTRIBUTORS):
-            self._contribute(contribute, push, kind, torch)
+        for contribute, with_push in list(PUSH_CONTRIBUTORS):
+            self._contribute(contribute, with_push, push, kind, torch)
         self._take_events(push)
         return push
 
-    def _contribute(self, fn, push, kind, torch):
+    def _contribute(self, fn, with_push, push, kind, torch):
         try:
-            extra = fn(kind, torch)
+            extra = fn(kind, torch, push) if with_push else fn(kind, torch)
             for key, value in (extra or {}).items():
                 push.setdefault(key, value)
         except Exception as exc:
@@ -451,6 +455,7 @@ def _event_json(e):
     if allocated is not None:
         out["allocatedBytes"] = allocated
         out["reservedBytes"] = reserved
+    out.update(getattr(e, "extra", None) or {})  # _timeline.Event: max*, elapsed, detail
     return out
 
 

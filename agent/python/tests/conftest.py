@@ -128,10 +128,14 @@ def clean_agent(monkeypatch):
     memprof_agent._core.MARKERS.__init__()
     memprof_agent._core.RISK.__init__(memprof_agent._core.MARKERS)
     memprof_agent._watch.reset()
+    memprof_agent._reset_seed_parts()
+    contributors = list(memprof_agent._core.PUSH_CONTRIBUTORS)
     yield
     memprof_agent.stop()
     memprof_agent._core.RISK.__init__(memprof_agent._core.MARKERS)
     memprof_agent._watch.reset()
+    memprof_agent._reset_seed_parts()
+    memprof_agent._core.PUSH_CONTRIBUTORS[:] = contributors
 
 
 def closed_port():
