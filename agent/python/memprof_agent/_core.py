@@ -276,12 +276,15 @@ class Agent:
         self.history.at_risk("risk %s (%s)" % (event.level, event.source))
 
     def _at_critical(self, event):
-        """Allocation sites now if history was already on; else in two
-        intervals (at least 1 s), so that blocks allocated since carry frames."""
-        was_on = self.history.on
+        """Allocation sites once recording has run for two intervals (at
+        least 1 s), so that blocks allocated since carry frames: now if it
+        has, else when it will have. Not "was it on before this callback":
+        a verdict that jumps to critical runs the high callback first, which
+        turns recording on a moment earlier."""
         self.history.at_risk("risk %s (%s)" % (event.level, event.source))
         self.sites_level = event.level
-        self.sites_due = time.monotonic() + (0.0 if was_on else max(2 * self.interval, 1.0))
+        now, since = time.monotonic(), self.history.since
+        self.sites_due = now if since is None else max(now, since + max(2 * self.interval, 1.0))
 
     def _take_sites(self):
         if self.sites_due is None or time.monotonic() < self.sites_due:

@@ -32,6 +32,7 @@ class History:
         self.entries_at_high = entries_at_high
         self.say_once = say_once
         self.on = False
+        self.since = None  # monotonic time recording began
         self.entries = None
         self.why = None
         self.failed = False
@@ -52,6 +53,7 @@ class History:
         try:
             self.on = tr.record_history(torch, entries)
             self.entries, self.why = entries, why
+            self.since = time.monotonic() if self.on else None
         except Exception as exc:
             self.failed = True
             self.say_once("history", "memprof-agent: cannot record allocator history (%r); OOM snapshots will have no stack frames", exc)

@@ -3,6 +3,7 @@ high and a snapshot of allocation sites goes out at critical; an OOM push
 carries the allocator's state from before the exception unwound (preOom)."""
 
 import json
+import time
 
 import pytest
 
@@ -138,17 +139,34 @@ def test_history_at_high_can_be_turned_off(fake, unix_sidecar, monkeypatch):
 
 
 def test_sites_wait_for_frames_when_recording_just_started(fake, unix_sidecar):
-    """Straight to critical: recording starts now, and the snapshot is taken
-    two intervals later, when what the run allocates since carries frames."""
+    """Straight to critical: recording starts now (the high callback runs
+    first and turns it on), and the snapshot is taken two intervals (at
+    least 1 s) later, when what the run allocates since carries frames."""
     sites_snapshot(fake)
     server = unix_sidecar()
     server.verdict("critical")
     memprof_agent.start(interval=0.3, socket=server.path)
     assert wait_until(lambda: fake.history is not None, timeout=3)
+    on_at = time.time()
     # Not by counting _snapshot calls: the size histogram takes its own.
     assert agent().summary.sites is None and not any("sites" in p for p in server.pushes)
     assert wait_until(lambda: any("sites" in p for p in server.pushes), timeout=5)
+    first = next(p for p in server.pushes if "sites" in p)
+    assert first["time"] - on_at >= max(2 * 0.3, 1.0) - 0.1, "taken before recording had run for two intervals"
     assert memprof_agent.report()["sites"]["source"] == "history"
+
+
+def test_sites_go_out_at_once_when_recording_ran_long_enough(fake, unix_sidecar):
+    sites_snapshot(fake)
+    server = unix_sidecar()
+    memprof_agent.start(interval=0.05, socket=server.path, record_history=True)
+    assert wait_until(lambda: agent().history.on)
+    agent().history.since -= 10.0  # as if recording had run for 10 s
+    server.verdict("critical")
+    at = time.time()
+    assert wait_until(lambda: any("sites" in p for p in server.pushes), timeout=5)
+    first = next(p for p in server.pushes if "sites" in p)
+    assert first["time"] - at < 0.5, "no wait: frames were there already"
 
 
 # --- preOom: the state before the exception unwound ----------------------
