@@ -117,6 +117,16 @@ def fake():
     fake_torch.uninstall()
 
 
+@pytest.fixture
+def real_torch():
+    """The installed torch (the test is skipped without one), whatever fake
+    came and went before (fake_torch.real)."""
+    t = fake_torch.real()
+    if t is None:
+        pytest.skip("torch is not installed")
+    return t
+
+
 @pytest.fixture(autouse=True)
 def clean_agent(monkeypatch):
     # No test may find a sidecar it did not start: the environment's, or a

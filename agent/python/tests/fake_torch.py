@@ -681,8 +681,19 @@ def backward_grads(model, fill=0.02, special=None):
 STATE = [None]
 
 
+NAMES = ("torch", "torch.cuda", "torch.cuda.memory", "torch._C", "torch.distributed", "torch.nn", "torch.linalg", "torch.autograd")
+# The installed torch's modules the fake replaced, kept for real(): once
+# torch is imported, importing it again after uninstall() took it out of
+# sys.modules aborts the interpreter (its C extension initializes once).
+_REAL = {}
+
+
 def install():
     """Puts a fake `torch` into sys.modules; returns its state."""
+    for name in NAMES:
+        m = sys.modules.get(name)
+        if m is not None and not getattr(m, "_memprof_fake", False):
+            _REAL[name] = m
     fake = FakeTorch()
     torch = types.ModuleType("torch")
     torch.__version__ = "2.11.0+fake"
@@ -722,12 +733,28 @@ def install():
     torch.float32, torch.bfloat16, torch.float16 = float32, bfloat16, float16
     STATE[0] = fake
     del TAPE[:]
-    sys.modules.update({"torch": torch, "torch.cuda": cuda, "torch.cuda.memory": memory, "torch._C": c,
-                        "torch.distributed": dist, "torch.nn": nn, "torch.linalg": linalg, "torch.autograd": autograd})
+    modules = {"torch": torch, "torch.cuda": cuda, "torch.cuda.memory": memory, "torch._C": c,
+               "torch.distributed": dist, "torch.nn": nn, "torch.linalg": linalg, "torch.autograd": autograd}
+    for m in modules.values():
+        m._memprof_fake = True
+    sys.modules.update(modules)
     return fake
 
 
 def uninstall():
     STATE[0] = None
-    for name in ("torch", "torch.cuda", "torch.cuda.memory", "torch._C", "torch.distributed", "torch.nn", "torch.linalg", "torch.autograd"):
+    for name in NAMES:
         sys.modules.pop(name, None)
+
+
+def real():
+    """The installed torch, or None: imported once, or put back from what
+    install() replaced."""
+    if "torch" in _REAL:
+        sys.modules.update(_REAL)
+        return _REAL["torch"]
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch

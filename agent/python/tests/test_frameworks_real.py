@@ -3,7 +3,7 @@ every optimizer step's gradient (final weights equal to an unsplit run's,
 float64), the checkpoint on high is taken and recorded. Runs where torch,
 transformers and lightning are installed (the GPU machine; a venv with
 torch 2.11, transformers 5.17, lightning 2.6.6 here); elsewhere each test
-is skipped by importorskip, the fake-framework tests (test_remedy.py)
+is skipped, the fake-framework tests (test_remedy.py)
 covering the same logic."""
 
 import sys
@@ -16,10 +16,9 @@ _reply = memprof_agent._reply
 
 
 @pytest.fixture
-def torch():
-    t = pytest.importorskip("torch")
-    t.manual_seed(0)
-    return t
+def torch(real_torch):
+    real_torch.manual_seed(0)
+    return real_torch
 
 
 def critical(level="critical"):

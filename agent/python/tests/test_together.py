@@ -6,8 +6,6 @@ torch API with everything armed."""
 
 import logging
 
-import pytest
-
 from conftest import closed_port, fake_torch as ft, memprof_agent, wait_until
 
 _core = memprof_agent._core
@@ -131,11 +129,11 @@ def test_step_and_phase_call_no_torch_api_with_every_part_armed(fake):
     assert fake.calls == []
 
 
-def test_with_real_torch_on_cpu_both_halves_fill_one_push():
+def test_with_real_torch_on_cpu_both_halves_fill_one_push(real_torch):
     """Real torch (skipped where it is not installed): the helper's split
     and checkpoint, a gradient check flagging an injected inf, tracking
     seeing what a loop keeps, and the timeline, in the same push."""
-    torch = pytest.importorskip("torch")
+    torch = real_torch
     start()
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)
