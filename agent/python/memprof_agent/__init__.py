@@ -9,33 +9,54 @@
         ...
     memprof_agent.record("eval", note="epoch 3")
 
+    memprof_agent.on_risk("critical", cb)     # cb(event) at the next step() once the risk is critical
     memprof_agent.watch(model, optimizer)     # breakdown at step 2, activations over step 3
     memprof_agent.breakdown(model, optimizer) # or now, as a dict
     with memprof_agent.trace_modules(model):  # opt-in, costs time per step
         ...
+    memprof_agent.watch_gradients(model, optimizer, every=50)  # NaN/Inf, large, vanishing
+    memprof_agent.track(every=100)            # opt-in: what grows between samples
+    memprof_agent.record_detailed("loaded", tensors={"x": x}, model=model)
+    memprof_agent.print_timeline(); memprof_agent.export_timeline("t.json")
 
 Standard library only at import; torch is used when the trainer has
 imported it. Nothing here raises into training code, and the markers
-(step, phase, record) call no torch API. See README.md and docs/agent.md.
+step and phase call no torch API (record reads the allocator once). See
+README.md and docs/agent.md.
 """
 
+import atexit
 import contextlib
 import os
+import sys
 import threading
 import time
 
 from . import _breakdown
 from . import _core
+from . import _extras  # registers the issue-19 push fields (host, grads, sizes, tracking)
+from . import _grads
+from . import _history
+from . import _host
 from . import _phases
+from . import _sizes
 from . import _summary
+from . import _timeline
 from . import _torchread
+from . import _tracking
+from . import _transport
 from . import _watch
-from ._core import MARKERS, truthy
+from ._core import MARKERS, RISK, truthy
+from ._remedy import MicroBatchLoop
+from ._risk import RiskEvent
 from ._transport import log
 
 __all__ = [
     "start", "stop", "step", "phase", "record", "oom_guard", "report", "running",
     "breakdown", "watch", "last_breakdown", "trace_modules",
+    "on_risk", "safe_point", "risk", "RiskEvent", "MicroBatchLoop",
+    "record_detailed", "timeline", "print_timeline", "export_timeline",
+    "watch_gradients", "last_gradients", "track", "tracking_sample", "tracking_report",
 ]
 __version__ = "0.1.0"
 
@@ -43,17 +64,21 @@ _agent = None
 _start_lock = threading.Lock()
 
 
-def start(interval=None, url=None, output=None, record_history=None):
+def start(interval=None, url=None, output=None, record_history=None, socket=None):
     """Starts the agent once per process; later calls return the running one.
 
     interval: seconds between pushes (MEMPROF_AGENT_INTERVAL, default 1).
-    url: the sidecar's endpoint (MEMPROF_AGENT_URL, default
-        http://127.0.0.1:9464/v1/agent).
+    socket: the sidecar's Unix socket (MEMPROF_AGENT_SOCKET; default
+        /var/run/memprof/agent.sock when it exists, else no sidecar).
+    url: an http:// loopback URL instead, for old sidecars and tests
+        (MEMPROF_AGENT_URL; unauthenticated: docs/agent.md "Transport").
     output: write a JSON report to this file at exit and after an OOM
         (MEMPROF_AGENT_OUTPUT), for use without a sidecar.
-    record_history: record allocation stack frames so an OOM snapshot names
-        the allocating code (MEMPROF_AGENT_RECORD_HISTORY=1); costs time on
-        every allocation, measure before leaving it on.
+    record_history: record allocation stack frames from the start so an OOM
+        snapshot names the allocating code (MEMPROF_AGENT_RECORD_HISTORY=1);
+        costs time on every allocation. Without it, recording starts when
+        the sidecar's verdict reaches high (MEMPROF_AGENT_HISTORY_AT_HIGH=0
+        turns that off).
 
     Returns True when the agent runs, False when disabled or it could not
     start (the reason is logged once). Never raises."""
@@ -67,6 +92,7 @@ def start(interval=None, url=None, output=None, record_history=None):
                 return False
             env = os.environ
             MARKERS.configure(env)
+            _configure_seed_parts(env)
             try:
                 seconds = _core.parse_interval(interval if interval is not None else env.get("MEMPROF_AGENT_INTERVAL"))
             except (TypeError, ValueError) as exc:
@@ -74,16 +100,16 @@ def start(interval=None, url=None, output=None, record_history=None):
                 seconds = _core.DEFAULT_INTERVAL
             if record_history is None:
                 record_history = truthy(env.get("MEMPROF_AGENT_RECORD_HISTORY"))
-            try:
-                entries = int(env.get("MEMPROF_AGENT_HISTORY_ENTRIES", _core.DEFAULT_HISTORY_ENTRIES))
-            except ValueError:
-                entries = _core.DEFAULT_HISTORY_ENTRIES
+            entries = _env_int(env, "MEMPROF_AGENT_HISTORY_ENTRIES", _core.DEFAULT_HISTORY_ENTRIES)
             agent = _core.Agent(
                 interval=seconds,
-                url=url or env.get("MEMPROF_AGENT_URL") or _core.DEFAULT_URL,
+                target=_transport.resolve_target(socket, url, env),
                 output=output or env.get("MEMPROF_AGENT_OUTPUT") or None,
                 record_history=bool(record_history),
                 history_entries=entries,
+                history_at_high=truthy(env.get("MEMPROF_AGENT_HISTORY_AT_HIGH", "1")),
+                history_entries_at_high=_env_int(env, "MEMPROF_AGENT_HISTORY_ENTRIES_AT_HIGH",
+                                                 _history.DEFAULT_ENTRIES_AT_HIGH),
             )
             agent.start()
             _agent = agent
@@ -91,6 +117,14 @@ def start(interval=None, url=None, output=None, record_history=None):
     except Exception as exc:
         log.warning("memprof-agent: not started (%r); training runs without it", exc)
         return False
+
+
+def _env_int(env, name, default):
+    try:
+        value = int(env.get(name, default))
+        return value if value > 0 else default
+    except ValueError:
+        return default
 
 
 def stop():
@@ -117,7 +151,12 @@ def step(n=None, tokens=None, samples=None):
     writes and a clock read, no torch call.
 
     With MEMPROF_AGENT_MAX_STEPS=N, the (N+1)-th call ends the run after N
-    steps: final push, summary, then SystemExit(0) from here."""
+    steps: final push, summary, then SystemExit(0) from here.
+
+    It is also a safe point: on_risk callbacks queued since the previous
+    one run here, in this thread (nothing queued: one length check). With
+    track(every=N), every N-th call takes a tracking sample here (a walk of
+    the live objects; off: one field check)."""
     m = MARKERS
     try:
         m.step = n if n is not None else (m.step or 0) + 1
@@ -125,6 +164,16 @@ def step(n=None, tokens=None, samples=None):
         m.clock.append((time.monotonic(), m.calls, tokens, samples))
         if samples is not None:
             m.samples = samples
+    except Exception:
+        pass
+    try:
+        if RISK.pending:
+            RISK.run_pending()
+    except Exception:
+        pass
+    try:
+        if _tracking.TRACKER.every:  # opt-in: track(); 0 when off
+            _tracking.TRACKER.at_step(m.calls, m.step)
     except Exception:
         pass
     if m.budget is not None and m.calls > m.budget:
@@ -259,32 +308,143 @@ class phase(contextlib.ContextDecorator):
         return False
 
 
-def record(name, note="", memory=False):
-    """Records an event on the timeline (the seed's GPUMemoryProfiler.record).
-    Cheap by default: a tuple appended to two bounded deques. memory=True also
-    reads the current device's allocated/reserved bytes (one memory_stats()
-    call, ~76 µs: not for every step)."""
+def record(name, note="", memory=True, since=None):
+    """Records an event on the timeline (seed 002's GPUMemoryProfiler.record):
+    the current device's allocated, reserved, max allocated and max
+    reserved bytes (one allocator read, ~25 us: call it at stage
+    boundaries, not in inner loops; memory=False reads nothing) and the
+    seconds since the agent was imported. since="name": also the change
+    since the latest earlier event of that name. Returns the event as a
+    dict (None if it could not be recorded).
+
+    record("checkpoint", note="step=N") tells memprof the trainer saved a
+    checkpoint (the operator may wait for one before a restart): such
+    events are never dropped by the per-push bound and are sent again until
+    a push carrying them is accepted."""
     try:
-        allocated = reserved = None
-        if memory:
-            allocated, reserved = _current_memory()
-        event = (time.time(), str(name), str(note) if note else "", MARKERS.step, MARKERS.phase(), allocated, reserved)
-        MARKERS.pending.append(event)
-        MARKERS.kept.append(event)
-        MARKERS.recorded += 1
+        return _timeline.record(name, note, memory=memory, since=since, agent=_agent)
     except Exception:
-        pass
+        return None
 
 
-def _current_memory():
-    torch = _torchread.loaded_torch()
-    if torch is None or not _torchread.cuda_ready(torch):
-        return None, None
+def record_detailed(name, note="", tensors=None, model=None, since=None):
+    """record() plus the shapes, dtypes, devices and bytes of `tensors` (a
+    dict of name -> tensor, a list, or one tensor; at most 64) and the
+    parameter counts of `model` (an nn.Module: total, trainable, bytes; or
+    seed 002's dict {"total_params", "trainable_params"}). No device work."""
     try:
-        stats = torch.cuda.memory_stats()
-        return int(stats.get("allocated_bytes.all.current", 0)), int(stats.get("reserved_bytes.all.current", 0))
+        return _timeline.record(name, note, since=since, tensors=tensors, model=model, agent=_agent)
     except Exception:
-        return None, None
+        return None
+
+
+def timeline():
+    """The recorded events (the newest 4096), oldest first, as dicts."""
+    try:
+        return [dict(r) for r in _timeline.TIMELINE.records]
+    except Exception:
+        return []
+
+
+def print_timeline(file=None):
+    """Prints the timeline as a table (stdout by default); returns the text."""
+    try:
+        text = _timeline.format_timeline()
+        print(text, file=file if file is not None else sys.stdout)
+        return text
+    except Exception:
+        return ""
+
+
+def export_timeline(path):
+    """Writes the timeline as JSON keyed by event name; returns the path,
+    or None when it could not be written (said once in the log)."""
+    try:
+        return _timeline.export(path)
+    except Exception as exc:
+        log.warning("memprof-agent: cannot export the timeline to %s (%r)", path, exc)
+        return None
+
+
+def watch_gradients(model, optimizer=None, every=50, factor=10.0, eps=1e-10):
+    """Opt-in: checks the gradients every `every` optimizer steps (at its
+    step pre-hook), or, without an optimizer, at the end of every
+    `every`-th backward pass: NaN/Inf, a parameter's gradient norm above
+    `factor` x its running median (large), below `eps` (vanishing), and the
+    global norm; pushes carry the latest check (`grads`). One fused norm
+    and one device-to-host copy per device per check. Replaces an earlier
+    watch. Returns True when armed. Never raises."""
+    try:
+        _grads.watch(_torchread.loaded_torch(), model, optimizer, every=every, factor=factor, eps=eps, markers=MARKERS)
+        return True
+    except Exception as exc:
+        log.warning("memprof-agent: watch_gradients() failed (%r); gradients not checked", exc)
+        return False
+
+
+def last_gradients():
+    """The latest gradient check as a dict (with the flagged parameters'
+    norms), or None."""
+    w = _grads.WATCHED[0]
+    return dict(w.detail) if w is not None and w.detail is not None else None
+
+
+def track(enabled=True, every=100, sites=None):
+    """Opt-in reference tracking: every `every`-th step() call walks the
+    live objects (gc) and groups tensors by device, dtype, shape and
+    allocating site, Python objects by type; pushes carry the top growers
+    between the last two samples (`tracking`). sites: look up allocating
+    sites in the allocator's snapshot (default: when the agent records
+    allocation history). track(False) stops. Returns True."""
+    try:
+        _tracking.TRACKER.configure(enabled, every, sites)
+        return True
+    except Exception:
+        return False
+
+
+def tracking_sample():
+    """Takes a tracking sample now (a point of the caller's choosing);
+    returns the comparison with the previous sample, or None."""
+    step_no = MARKERS.step if isinstance(MARKERS.step, int) else None
+    return _tracking.TRACKER.sample(step=step_no)
+
+
+def tracking_report():
+    """What grew between the last two tracking samples, as text for the
+    terminal."""
+    try:
+        return _tracking.report()
+    except Exception as exc:
+        return "memprof tracking: no report (%r)" % (exc,)
+
+
+def _configure_seed_parts(env):
+    """The environment of issue 19's parts, read at start()."""
+    _sizes.configure(env)
+    if _tracking.configure_from_env(env):
+        atexit.register(_tracking.print_at_exit)
+
+
+def _history_on():
+    return _agent is not None and _agent.history.on
+
+
+def _reset_seed_parts():
+    """Forgets the timeline, the gradient watch, tracking and the size
+    histogram's state (tests)."""
+    _timeline.reset()
+    _grads.unwatch()
+    _tracking.TRACKER.__init__()
+    _tracking.TRACKER.history_on = _history_on
+    _sizes.SIZES[0] = _sizes.Sizes()
+    _host.READER[0] = _host.HostReader()
+    _extras._said.clear()
+
+
+_tracking.TRACKER.history_on = _history_on
+if _timeline.at_exit_wanted():
+    atexit.register(_timeline.print_at_exit)
 
 
 class oom_guard(contextlib.ContextDecorator):
@@ -304,6 +464,44 @@ class oom_guard(contextlib.ContextDecorator):
         return False
 
 
+def on_risk(level, callback, rearm_after=60.0, on_agent_thread=False):
+    """Runs callback(event) once per escalation of the risk to `level`
+    ("low", "medium", "high", "critical") or above: the sidecar's verdict
+    in a push's answer, or an operator's notifyTrainer directive. It runs
+    in the training thread at the next safe point (step(), safe_point(),
+    or a memprof helper), never inside a step. It fires again only after
+    the verdict stayed below `level` for `rearm_after` seconds.
+
+    The callback gets a RiskEvent (level, threshold, previous, source,
+    reason, tto, leak, directive, step) and may return a short text saying
+    what it did, or (text, ok) when it could not act (sent to the operator
+    in the directive's ack). An
+    exception in it is logged once and never reaches training.
+    on_agent_thread=True runs it on the agent's thread right away instead:
+    only for callbacks that touch nothing of the training (an alert).
+
+    Returns a handle with .remove(). Raises ValueError for a level it does
+    not know (at registration only)."""
+    return RISK.add(level, callback, rearm_after=rearm_after, on_agent_thread=on_agent_thread)
+
+
+def safe_point():
+    """Runs the on_risk callbacks queued since the previous safe point, in
+    this thread; returns how many ran. For loops that do not call step();
+    cheap when nothing is queued. Never raises."""
+    try:
+        return RISK.run_pending()
+    except Exception:
+        return 0
+
+
+def risk():
+    """The sidecar's latest verdict as a dict (risk, ttoSeconds, leak,
+    source, at), or None before the first one."""
+    v = RISK.verdict
+    return v.as_dict() if v is not None else None
+
+
 def report():
     """The standalone report as a dict (what MEMPROF_AGENT_OUTPUT gets), or
     None when the agent does not run."""
@@ -320,6 +518,8 @@ def _after_fork_in_child():
     # pushes nor writes the report. Its markers stay harmless field writes.
     global _agent
     _agent = None
+    RISK.pending.clear()
+    RISK.acks.clear()
 
 
 if hasattr(os, "register_at_fork"):

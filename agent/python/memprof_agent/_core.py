@@ -7,28 +7,31 @@ import atexit
 import collections
 import json
 import os
-import sys
 import threading
 import time
 
+from . import _history
+from . import _oom
+from . import _risk
 from . import _summary
 from . import _torchread as tr
 from . import _watch
 from ._transport import OOM_CAP, SAMPLE_CAP, Transport, encode
 
-DEFAULT_URL = "http://127.0.0.1:9464/v1/agent"
 DEFAULT_INTERVAL = 1.0
 DEFAULT_HISTORY_ENTRIES = 100000
 MAX_EVENTS_PER_PUSH = 32
 MAX_EVENTS_KEPT = 256
+# Checkpoint events are kept apart from the others and re-sent until a push
+# carrying them is accepted (the operator's restart decision reads them);
+# more than this many unsent within one outage keeps the newest.
+MAX_CHECKPOINTS_UNSENT = 16
+CHECKPOINT_EVENT = "checkpoint"
 # step() keeps the time of its newest calls for the summary's step time.
 MAX_STEP_TIMES = 4096
 MAX_NOTE = 256
 PUSH_TIMEOUT = 1.0
 OOM_TIMEOUT = 2.0
-# After an OOM push, the exception hook and oom_guard do not push the same
-# OOM again (the observer fires first, then the exception unwinds).
-OOM_DEDUP_SECONDS = 10.0
 
 
 class Markers:
@@ -41,6 +44,8 @@ class Markers:
         self.step = None
         self.phases = []
         self.pending = collections.deque(maxlen=MAX_EVENTS_PER_PUSH)
+        self.checkpoints = collections.deque(maxlen=MAX_CHECKPOINTS_UNSENT)
+        self.checkpoints_evicted = 0
         self.kept = collections.deque(maxlen=MAX_EVENTS_KEPT)
         self.recorded = 0
         self.calls = 0
@@ -57,9 +62,48 @@ class Markers:
     def phase(self):
         return self.phases[-1] if self.phases else None
 
+    def add(self, event):
+        """One record() event (a tuple whose second item is its name):
+        checkpoints to their own queue, never bounded away by other events."""
+        if event[1] == CHECKPOINT_EVENT:
+            if len(self.checkpoints) == self.checkpoints.maxlen:
+                self.checkpoints_evicted += 1
+            self.checkpoints.append(event)
+        else:
+            self.pending.append(event)
+            self.recorded += 1
+        self.kept.append(event)
+
+    def checkpoints_sent(self, events):
+        for e in events:
+            try:
+                self.checkpoints.remove(e)
+            except ValueError:
+                pass
+
 
 MARKERS = Markers()
 MARKERS.configure(os.environ)
+# The verdict, the trainer's on_risk callbacks and the directive acks
+# (_risk.py); module-level so that on_risk() works before start().
+RISK = _risk.Risk(MARKERS)
+
+# Extra push fields: (function (kind, torch) -> dict or None, with_push),
+# called on the agent's thread for every push (kind "sample", "final" or
+# "oom"; torch None until the trainer imported it); their keys are added to
+# the push unless already there. A contributor that raises is skipped (said
+# once). _extras (host, grads, sizes, tracking) is one of them.
+PUSH_CONTRIBUTORS = []
+
+
+def add_push_contributor(fn, with_push=False):
+    """Registers `fn` (see PUSH_CONTRIBUTORS) once; returns it.
+    with_push=True: called as fn(kind, torch, push), `push` being the push
+    built so far (devices, rssBytes, breakdown; not yet events, acks or
+    sites), to be read, not changed."""
+    if all(f is not fn for f, _ in PUSH_CONTRIBUTORS):
+        PUSH_CONTRIBUTORS.append((fn, bool(with_push)))
+    return fn
 
 
 def truthy(value):
@@ -93,6 +137,7 @@ class Summary:
         self.last_step = None
         self.last_push = None
         self.oom = None
+        self.sites = None
 
     def observe(self, push):
         self.last_push = push
@@ -129,38 +174,50 @@ class Summary:
             "devices": [dict(index=i, **s) for i, s in sorted(self.devices.items())],
             "events": list(events),
             "oom": self.oom,
+            "sites": self.sites,
+            "risk": RISK.snapshot(),
             "lastPush": self.last_push,
         }
 
 
 class Agent:
-    """One per process: a daemon thread pushing every `interval` seconds."""
+    """One per process: a daemon thread pushing every `interval` seconds
+    to `target` (a _transport.Target or a URL)."""
 
-    def __init__(self, interval, url, output, record_history, history_entries):
+    def __init__(self, interval, target, output, record_history, history_entries,
+                 history_at_high=True, history_entries_at_high=_history.DEFAULT_ENTRIES_AT_HIGH):
         self.interval = interval
         self.output = output
-        self.want_history = record_history
-        self.history_entries = history_entries
-        self.history_on = False
-        self.transport = Transport(url, interval)
+        self.transport = Transport(target, interval)
+        self.history = _history.History(record_history, history_entries, history_at_high,
+                                        history_entries_at_high, self.transport.say_once)
         self.summary = Summary()
         self.devices = tr.DeviceCache()
         self.pid = os.getpid()
         self.last_oom_push = None
+        self.sites_due = None  # monotonic time at which to take the sites snapshot
+        self.sites_outbox = None  # taken, not yet accepted by the sidecar
         self._stop = threading.Event()
         self._lock = threading.Lock()
-        self._recorded_at_push = 0
+        self._accounted = 0
+        self.checkpoints_in_push = []
+        self.sites_level = None
         self._thread = None
         self._hooks = None
+        self._internal = []
         self.finished = False
 
     # --- life cycle -------------------------------------------------------
 
     def start(self):
-        self._maybe_record_history()
+        self.history.start_if_asked()
+        self._internal = [
+            RISK.add("high", self._at_high, on_agent_thread=True, internal=True),
+            RISK.add("critical", self._at_critical, on_agent_thread=True, internal=True),
+        ]
         self._thread = threading.Thread(target=self._run, name="memprof-agent", daemon=True)
         self._thread.start()
-        self._hooks = install_hooks(self)
+        self._hooks = _oom.install_hooks(self)
         atexit.register(self.at_exit)
 
     def stop(self):
@@ -170,6 +227,9 @@ class Agent:
         if self._hooks is not None:
             self._hooks.remove()
             self._hooks = None
+        for h in self._internal:
+            h.remove()
+        self._internal = []
         try:
             atexit.unregister(self.at_exit)
         except Exception:
@@ -210,21 +270,33 @@ class Agent:
         if path:
             _summary.write(path, _summary.build(self, MARKERS.clock, steps, _watch.CARRIED.for_push()))
 
-    # --- pushes -----------------------------------------------------------
+    # --- risk: what the agent itself does at high and critical -------------
 
-    def _maybe_record_history(self):
-        if not self.want_history or self.history_on:
+    def _at_high(self, event):
+        self.history.at_risk("risk %s (%s)" % (event.level, event.source))
+
+    def _at_critical(self, event):
+        """Allocation sites once recording has run for two intervals (at
+        least 1 s), so that blocks allocated since carry frames: now if it
+        has, else when it will have. Not "was it on before this callback":
+        a verdict that jumps to critical runs the high callback first, which
+        turns recording on a moment earlier."""
+        self.history.at_risk("risk %s (%s)" % (event.level, event.source))
+        self.sites_level = event.level
+        now, since = time.monotonic(), self.history.since
+        self.sites_due = now if since is None else max(now, since + max(2 * self.interval, 1.0))
+
+    def _take_sites(self):
+        if self.sites_due is None or time.monotonic() < self.sites_due:
             return
         torch = tr.loaded_torch()
-        # Only once CUDA is up: turning recording on might initialize CUDA
-        # from here (a context on a device the trainer may never use).
         if torch is None or not tr.cuda_ready(torch):
             return
-        try:
-            self.history_on = tr.record_history(torch, self.history_entries)
-        except Exception as exc:
-            self.want_history = False
-            self.transport.say_once("history", "memprof-agent: cannot record allocator history (%r); OOM snapshots will have no stack frames", exc)
+        self.sites_due = None
+        sites = _history.allocation_sites(torch, self.sites_level, self.history)
+        self.sites_outbox = self.summary.sites = sites
+
+    # --- pushes -----------------------------------------------------------
 
     def build(self, kind, reset_peaks=True):
         """A push of the current numbers (docs/agent.md)."""
@@ -254,17 +326,35 @@ class Agent:
         breakdown = _watch.CARRIED.for_push()
         if breakdown is not None:
             push["breakdown"] = breakdown
+        for contribute, with_push in list(PUSH_CONTRIBUTORS):
+            self._contribute(contribute, with_push, push, kind, torch)
         self._take_events(push)
         return push
 
+    def _contribute(self, fn, with_push, push, kind, torch):
+        try:
+            extra = fn(kind, torch, push) if with_push else fn(kind, torch)
+            for key, value in (extra or {}).items():
+                push.setdefault(key, value)
+        except Exception as exc:
+            name = getattr(fn, "__qualname__", repr(fn))
+            self.transport.say_once("contrib-" + name, "memprof-agent: push field contributor %s failed (%r); left out", name, exc)
+
     def _take_events(self, push):
+        """Every unsent checkpoint first (they stay queued until a push
+        carrying them is accepted), then other events up to the bound."""
+        checkpoints = list(MARKERS.checkpoints)
         events = []
-        while MARKERS.pending and len(events) < MAX_EVENTS_PER_PUSH:
+        while MARKERS.pending and len(events) < MAX_EVENTS_PER_PUSH - len(checkpoints):
             events.append(MARKERS.pending.popleft())
-        recorded = MARKERS.recorded
-        dropped = recorded - self._recorded_at_push - len(events)
-        self._recorded_at_push = recorded
-        push["events"] = [_event_json(e) for e in events]
+        # Events recorded so far are taken, still pending, or were pushed
+        # out of the bounded queue (dropped).
+        accounted = MARKERS.recorded - len(MARKERS.pending)
+        dropped = accounted - self._accounted - len(events) + MARKERS.checkpoints_evicted
+        self._accounted = accounted
+        MARKERS.checkpoints_evicted = 0
+        push["events"] = [_event_json(e) for e in sorted(checkpoints + events, key=lambda e: e[0])]
+        self.checkpoints_in_push = checkpoints
         if dropped > 0:
             push["droppedEvents"] = dropped
 
@@ -273,44 +363,57 @@ class Agent:
         if not self._lock.acquire(timeout=OOM_TIMEOUT):
             return
         try:
-            self._maybe_record_history()
+            self.history.start_if_asked()
             if self._hooks is not None and not self._hooks.observing:
-                self._hooks.observing = attach_observer(self._hooks)
+                self._hooks.observing = _oom.attach_observer(self._hooks)
+            self._take_sites()
             push = self.build(kind)
             self.summary.observe(push)
             # The final push is tried even while backing off: it is the last.
             if kind == "final" or self.transport.ready():
-                self.transport.send(encode(push, SAMPLE_CAP), PUSH_TIMEOUT)
+                self.send(push, SAMPLE_CAP, PUSH_TIMEOUT)
             else:
                 self.transport.dropped += 1
         finally:
             self._lock.release()
 
+    def send(self, push, cap, timeout):
+        """Sends a push with the acks and the sites snapshot that wait for
+        one; acts on the answer. What a refused push carried waits for the
+        next one (acks, checkpoints, sites)."""
+        acks = RISK.take_acks()
+        if acks:
+            push["acks"] = acks
+        sites = self.sites_outbox
+        if sites is not None:
+            push["sites"] = sites
+            cap = max(cap, OOM_CAP)  # once per escalation; frames are the bulk
+        checkpoints = self.checkpoints_in_push
+        reply = self.transport.send(encode(push, cap), timeout)
+        if not reply:
+            RISK.give_back(acks)
+            return None
+        MARKERS.checkpoints_sent(checkpoints)
+        if sites is not None and self.sites_outbox is sites:
+            self.sites_outbox = None
+        try:
+            self._act_on(reply)
+        except Exception as exc:  # a callback on this thread, torch: never the push's business
+            self.transport.say_once("reply", "memprof-agent: acting on the sidecar's answer failed (%r)", exc)
+        return reply
+
+    def _act_on(self, reply):
+        if getattr(reply, "history", False):
+            self.history.at_risk("the sidecar asked")
+        verdict = getattr(reply, "verdict", None)
+        if verdict is not None:
+            RISK.observe(verdict)
+        for d in getattr(reply, "directives", ()):
+            RISK.directive(d)
+
     def on_oom(self, device, requested, message, from_observer=False):
         """One synchronous push with the snapshot, before the OOM propagates."""
-        now = time.monotonic()
-        if not from_observer and self.last_oom_push is not None and now - self.last_oom_push < OOM_DEDUP_SECONDS:
-            return
-        self.last_oom_push = now
-        # Waits at most briefly for a push in flight; the OOM push goes anyway.
-        got = self._lock.acquire(timeout=PUSH_TIMEOUT)
-        try:
-            torch = tr.loaded_torch()
-            push = self.build("oom", reset_peaks=False)
-            if requested is None and message:
-                requested = tr.requested_from_message(message)
-            if torch is not None:
-                push["oom"] = tr.oom_snapshot(torch, device, requested, message)
-            else:
-                push["oom"] = {"message": tr.truncate(message or "", tr.MAX_MESSAGE), "source": "none", "blocks": []}
-            self.summary.observe(push)
-            self.summary.oom = push["oom"]
-            self.transport.send(encode(push, OOM_CAP), OOM_TIMEOUT)
-            self.write_output()
-            self.write_summary(MARKERS.calls if MARKERS.calls else None)
-        finally:
-            if got:
-                self._lock.release()
+        _oom.push(self, device, requested, message, from_observer)
 
     def write_output(self):
         if not self.output:
@@ -355,6 +458,7 @@ def _event_json(e):
     if allocated is not None:
         out["allocatedBytes"] = allocated
         out["reservedBytes"] = reserved
+    out.update(getattr(e, "extra", None) or {})  # _timeline.Event: max*, elapsed, detail
     return out
 
 
@@ -365,76 +469,3 @@ def _rss_bytes():
         return pages * os.sysconf("SC_PAGE_SIZE")
     except Exception:
         return None
-
-
-class Hooks:
-    """sys.excepthook, threading.excepthook and the allocator's OOM
-    observer, chained to what was there before."""
-
-    def __init__(self, agent):
-        self.agent = agent
-        self.prev_sys = sys.excepthook
-        self.prev_thread = getattr(threading, "excepthook", None)
-        self.active = True
-        self.observing = False
-
-    def remove(self):
-        self.active = False
-        if sys.excepthook is self.sys_hook:
-            sys.excepthook = self.prev_sys
-        if self.prev_thread is not None and threading.excepthook is self.thread_hook:
-            threading.excepthook = self.prev_thread
-
-    def _maybe_push(self, exc):
-        try:
-            if self.active and self.agent.alive() and tr.is_cuda_oom(exc):
-                self.agent.on_oom(None, None, str(exc))
-        except Exception:
-            pass
-
-    def sys_hook(self, exc_type, exc, tb):
-        self._maybe_push(exc)
-        self.prev_sys(exc_type, exc, tb)
-
-    def thread_hook(self, args):
-        self._maybe_push(args.exc_value)
-        self.prev_thread(args)
-
-    def observer(self, device, alloc, device_alloc, device_free):
-        """Called by the allocator before it raises (its lock released)."""
-        try:
-            if self.active and self.agent.alive():
-                message = (
-                    "CUDA out of memory on device %s: tried to allocate %d bytes "
-                    "(device total %d, free %d)" % (device, alloc, device_alloc, device_free)
-                )
-                self.agent.on_oom(device, alloc, message, from_observer=True)
-        except Exception:
-            pass
-
-
-def install_hooks(agent):
-    hooks = Hooks(agent)
-    sys.excepthook = hooks.sys_hook
-    if hooks.prev_thread is not None:
-        threading.excepthook = hooks.thread_hook
-    hooks.observing = attach_observer(hooks)
-    return hooks
-
-
-def attach_observer(hooks):
-    """The allocator's OOM observer is private API: used when present,
-    otherwise the exception hooks and oom_guard() catch the OOM. Attached
-    once torch is imported and CUDA is up (it cannot be detached: a stopped
-    agent's observer does nothing)."""
-    torch = tr.loaded_torch()
-    if torch is None or not tr.cuda_ready(torch):
-        return False
-    attach = getattr(getattr(torch, "_C", None), "_cuda_attach_out_of_memory_observer", None)
-    if attach is None:
-        return False
-    try:
-        attach(hooks.observer)
-        return True
-    except Exception:
-        return False

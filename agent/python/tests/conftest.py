@@ -117,14 +117,35 @@ def fake():
     fake_torch.uninstall()
 
 
+@pytest.fixture
+def real_torch():
+    """The installed torch (the test is skipped without one), whatever fake
+    came and went before (fake_torch.real)."""
+    t = fake_torch.real()
+    if t is None:
+        pytest.skip("torch is not installed")
+    return t
+
+
 @pytest.fixture(autouse=True)
-def clean_agent():
+def clean_agent(monkeypatch):
+    # No test may find a sidecar it did not start: the environment's, or a
+    # default socket on this machine.
+    for name in ("MEMPROF_AGENT_SOCKET", "MEMPROF_AGENT_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(memprof_agent._transport, "DEFAULT_SOCKET", "/nonexistent/memprof-test/agent.sock")
     memprof_agent.stop()
     memprof_agent._core.MARKERS.__init__()
+    memprof_agent._core.RISK.__init__(memprof_agent._core.MARKERS)
     memprof_agent._watch.reset()
+    memprof_agent._reset_seed_parts()
+    contributors = list(memprof_agent._core.PUSH_CONTRIBUTORS)
     yield
     memprof_agent.stop()
+    memprof_agent._core.RISK.__init__(memprof_agent._core.MARKERS)
     memprof_agent._watch.reset()
+    memprof_agent._reset_seed_parts()
+    memprof_agent._core.PUSH_CONTRIBUTORS[:] = contributors
 
 
 def closed_port():
@@ -207,4 +228,94 @@ def wait_until(predicate, timeout=5.0):
     return predicate()
 
 
-__all__ = ["Sidecar", "closed_port", "wait_until", "fake_torch", "memprof_agent", "http"]
+class UnixSidecar:
+    """A stand-in for the sidecar's agent endpoint over AF_UNIX, speaking
+    contracts A and B (docs/agent.md): it records every push (its JSON)
+    and answers with what `answer(push)` returns: (status, body bytes or
+    None). Default: 204 without a body (today's sidecar). Used until the
+    real sidecar serves the socket; the real-sidecar tests stay over
+    MEMPROF_AGENT_URL."""
+
+    def __init__(self, path):
+        import socketserver
+
+        self.path = str(path)
+        self.pushes = []
+        self.raw = []
+        self.answer = lambda push: (204, None)
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self):
+                length = int(self.headers.get("Content-Length", "0"))
+                if length > 256 * 1024:
+                    self._reply(413, b"too large")
+                    return
+                body = self.rfile.read(length)
+                outer.raw.append((self.path, self.headers.get("Host"), body))
+                push = json.loads(body)
+                outer.pushes.append(push)
+                status, out = outer.answer(push)
+                self._reply(status, out)
+
+            def _reply(self, status, out):
+                self.send_response(status)
+                if out is not None:
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(out)))
+                else:
+                    self.send_header("Content-Length", "0")
+                self.end_headers()
+                if out:
+                    self.wfile.write(out)
+
+            def log_message(self, *args):
+                pass
+
+            def address_string(self):
+                return "unix"
+
+        class Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+            daemon_threads = True
+
+        self.server = Server(self.path, Handler)
+        self._thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self._thread.start()
+
+    def verdict(self, risk, tto=None, leak=False, directives=(), history=False):
+        """Answers every push with this verdict (contract B)."""
+        body = json.dumps({"accepted": True,
+                           "verdict": {"risk": risk, "ttoSeconds": tto, "leak": leak, "source": "agent", "at": time.time()},
+                           "directives": list(directives), "history": history}).encode()
+        self.answer = lambda push: (200, body)
+
+    def wait_pushes(self, n, timeout=10.0):
+        assert wait_until(lambda: len(self.pushes) >= n, timeout), "only %d pushes" % len(self.pushes)
+        return self.pushes
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
+
+
+@pytest.fixture
+def unix_sidecar(workdir):
+    servers = []
+
+    def make(name="agent.sock"):
+        s = UnixSidecar(workdir / name)
+        servers.append(s)
+        return s
+
+    yield make
+    for s in servers:
+        s.close()
+
+
+__all__ = ["Sidecar", "UnixSidecar", "closed_port", "wait_until", "fake_torch", "memprof_agent", "http"]

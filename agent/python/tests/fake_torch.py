@@ -31,6 +31,7 @@ class FakeTorch:
         self.allocated = 3 * GiB
         self.reserved = 4 * GiB
         self.peak_allocated = 5 * GiB
+        self.peak_reserved = 0  # the reserved peak is at least the current reserved
         self.total = 80 * GiB
         self.num_ooms = 0
         self.retries = 0
@@ -39,6 +40,14 @@ class FakeTorch:
         self.observers = []
         self.history = None
         self.snapshot = {"segments": []}
+        # memory_stats()' pool counters (torch's keys: allocation.{small,large}_pool.*,
+        # oversize_allocations.*, inactive_split.*, max_split_size; -1: not set,
+        # SIZE_MAX as torch's int64 shows it).
+        self.pool_current = {"small_pool": 0, "large_pool": 0}
+        self.pool_allocated = {"small_pool": 0, "large_pool": 0}
+        self.oversize = (0, 0)
+        self.inactive_splits = 0
+        self.max_split_size = -1
 
     def log(self, name):
         self.calls.append(name)
@@ -71,15 +80,35 @@ class FakeTorch:
             "inactive_split_bytes.all.current": 64 << 20,
             "requested_bytes.all.current": self.allocated - 1000,
             "allocated_bytes.all.peak": max(self.peak_allocated, self.allocated),
-            "reserved_bytes.all.peak": self.reserved,
+            "reserved_bytes.all.peak": max(self.peak_reserved, self.reserved),
             "segment.all.current": 12,
             "num_alloc_retries": self.retries,
             "num_ooms": self.num_ooms,
+            "max_split_size": self.max_split_size,
+            "allocation.all.current": sum(self.pool_current.values()),
+            "allocation.small_pool.current": self.pool_current["small_pool"],
+            "allocation.large_pool.current": self.pool_current["large_pool"],
+            "allocation.all.allocated": sum(self.pool_allocated.values()),
+            "allocation.small_pool.allocated": self.pool_allocated["small_pool"],
+            "allocation.large_pool.allocated": self.pool_allocated["large_pool"],
+            "oversize_allocations.current": self.oversize[0],
+            "oversize_allocations.allocated": self.oversize[1],
+            "inactive_split.all.current": self.inactive_splits,
         }
+
+    def request(self, size, n=1):
+        """n allocation requests of `size` bytes kept live: the pool
+        counters as the caching allocator moves them (<= 1 MiB: small pool)."""
+        pool = "small_pool" if size <= (1 << 20) else "large_pool"
+        self.pool_current[pool] += n
+        self.pool_allocated[pool] += n
+        if pool == "large_pool" and 0 < self.max_split_size < size:
+            self.oversize = (self.oversize[0] + n, self.oversize[1] + n)
 
     def reset_peak_memory_stats(self, device=None):
         self.log("reset_peak_memory_stats")
         self.peak_allocated = self.allocated
+        self.peak_reserved = self.reserved
 
     def memory_stats_as_nested_dict(self, device=None):
         self.log("memory_stats_as_nested_dict")
@@ -95,13 +124,14 @@ class FakeTorch:
     def _cuda_resetPeakMemoryStats(self, device):
         self.log("_cuda_resetPeakMemoryStats")
         self.peak_allocated = self.allocated
+        self.peak_reserved = self.reserved
 
     def _nested(self):
         if self.raise_in_stats is not None:
             raise self.raise_in_stats
         return {
             "allocated_bytes": {"all": {"current": self.allocated, "peak": max(self.peak_allocated, self.allocated)}},
-            "reserved_bytes": {"all": {"current": self.reserved, "peak": self.reserved}},
+            "reserved_bytes": {"all": {"current": self.reserved, "peak": max(self.peak_reserved, self.reserved)}},
         }
 
     def alloc(self, n):
@@ -214,10 +244,20 @@ class Tensor:
         self.dtype, self.device, self.fill, self.special = dtype, device, fill, special
         self.requires_grad = False
         self.grad = None
+        self._post_accumulate = []
         if ptr is None:
             ptr = _next_ptr[0]
             _next_ptr[0] += max(1, self.numel() * dtype.itemsize) + 512
         self._ptr = ptr
+
+    is_sparse = False
+
+    def register_post_accumulate_grad_hook(self, fn):
+        """torch >= 2.1: fn(param) after its .grad was accumulated in backward."""
+        if not self.requires_grad:
+            raise RuntimeError("cannot register a hook on a tensor that doesn't require gradient")
+        self._post_accumulate.append(fn)
+        return _Handle(self._post_accumulate, fn)
 
     def numel(self):
         n = 1
@@ -279,20 +319,35 @@ def param(*shape, requires_grad=True, **kw):
     return p
 
 
-def vector_norm(t):
+def vector_norm(t, ord=2, dim=None, keepdim=False, dtype=None):
     total = 0.0
     for v, n in t._values():
         if v != v:
             return Scalar(float("nan"))
+        if v in (float("inf"), float("-inf")):
+            return Scalar(float("inf"))
         total += v * v * n
     norm = math.sqrt(total)
-    if t.dtype is float16 and norm > 65504.0:
-        norm = float("inf")  # torch returns the norm in the tensor's dtype
+    if (dtype or t.dtype) is float16 and norm > 65504.0:
+        norm = float("inf")  # torch returns the norm in the tensor's dtype (or `dtype`)
     return Scalar(norm)
 
 
+def _foreach_norm(tensors, ord=2, dtype=None):
+    """torch._foreach_norm(Tensor[] self, Scalar ord=2, ScalarType? dtype=None):
+    one 0-dim norm per tensor (one fused kernel on a GPU)."""
+    if STATE[0] is not None:
+        STATE[0].log("_foreach_norm")
+    return [vector_norm(t, ord, dtype=dtype) for t in tensors]
+
+
 def stack(scalars):
-    return types.SimpleNamespace(tolist=lambda: [s.value for s in scalars])
+    def tolist():
+        if STATE[0] is not None:
+            STATE[0].log("tolist")  # the device-to-host copy: a sync
+        return [s.value for s in scalars]
+
+    return types.SimpleNamespace(tolist=tolist)
 
 
 def isnan(t):
@@ -301,6 +356,14 @@ def isnan(t):
 
 def isinf(t):
     return Scalar(any(v in (float("inf"), float("-inf")) for v, _ in t._values()))
+
+
+def isfinite(t):
+    class _All:
+        def all(self):
+            return Scalar(all(v == v and v not in (float("inf"), float("-inf")) for v, _ in t._values()))
+
+    return _All()
 
 
 class _Handle:
@@ -571,17 +634,66 @@ class AdamW:
             fn(self, (), {})
 
 
-def make_grads(model):
-    for p in model.parameters():
+def make_grads(model, fill=0.02, special=None):
+    """The gradients a backward pass leaves: every trainable parameter's
+    .grad (all elements `fill`; special={name: value} puts one element of
+    that parameter's gradient at value: a NaN, an infinity, an outlier)."""
+    special = special or {}
+    for name, p in model.named_parameters():
         if p.requires_grad:
-            p.grad = Tensor(*p.shape, dtype=p.dtype, device=p.device)
+            p.grad = Tensor(*p.shape, dtype=p.dtype, device=p.device, fill=fill, special=special.get(name))
+
+
+class _Engine:
+    """torch.autograd.Variable._execution_engine: queue_callback(fn) runs fn
+    when the current backward pass ends, and only works inside one."""
+
+    def __init__(self):
+        self.callbacks = None
+
+    def queue_callback(self, fn):
+        if self.callbacks is None:
+            raise RuntimeError("Final callbacks can only be installed during backward pass.")
+        self.callbacks.append(fn)
+
+
+ENGINE = _Engine()
+
+
+def backward_grads(model, fill=0.02, special=None):
+    """A backward pass as the engine runs it for the parameters: each
+    trainable parameter's gradient accumulated (make_grads), its
+    post-accumulate-grad hooks called, then the queued final callbacks."""
+    ENGINE.callbacks = []
+    try:
+        make_grads(model, fill=fill, special=special)
+        for _, p in model.named_parameters():
+            if p.requires_grad:
+                for fn in list(p._post_accumulate):
+                    fn(p)
+        callbacks = ENGINE.callbacks
+    finally:
+        ENGINE.callbacks = None
+    for fn in callbacks:
+        fn()
 
 
 STATE = [None]
 
 
+NAMES = ("torch", "torch.cuda", "torch.cuda.memory", "torch._C", "torch.distributed", "torch.nn", "torch.linalg", "torch.autograd")
+# The installed torch's modules the fake replaced, kept for real(): once
+# torch is imported, importing it again after uninstall() took it out of
+# sys.modules aborts the interpreter (its C extension initializes once).
+_REAL = {}
+
+
 def install():
     """Puts a fake `torch` into sys.modules; returns its state."""
+    for name in NAMES:
+        m = sys.modules.get(name)
+        if m is not None and not getattr(m, "_memprof_fake", False):
+            _REAL[name] = m
     fake = FakeTorch()
     torch = types.ModuleType("torch")
     torch.__version__ = "2.11.0+fake"
@@ -613,15 +725,36 @@ def install():
     torch.nn, torch.linalg, torch.Tensor = nn, linalg, Tensor
     torch.is_tensor = lambda x: isinstance(x, Tensor)
     torch.stack, torch.isnan, torch.isinf, torch.no_grad = stack, isnan, isinf, _NoGrad
+    torch.isfinite, torch._foreach_norm = isfinite, _foreach_norm
+    autograd = types.ModuleType("torch.autograd")
+    autograd.Variable = type("Variable", (), {"_execution_engine": ENGINE})
+    torch.autograd = autograd
+    ENGINE.callbacks = None
     torch.float32, torch.bfloat16, torch.float16 = float32, bfloat16, float16
     STATE[0] = fake
     del TAPE[:]
-    sys.modules.update({"torch": torch, "torch.cuda": cuda, "torch.cuda.memory": memory, "torch._C": c,
-                        "torch.distributed": dist, "torch.nn": nn, "torch.linalg": linalg})
+    modules = {"torch": torch, "torch.cuda": cuda, "torch.cuda.memory": memory, "torch._C": c,
+               "torch.distributed": dist, "torch.nn": nn, "torch.linalg": linalg, "torch.autograd": autograd}
+    for m in modules.values():
+        m._memprof_fake = True
+    sys.modules.update(modules)
     return fake
 
 
 def uninstall():
     STATE[0] = None
-    for name in ("torch", "torch.cuda", "torch.cuda.memory", "torch._C", "torch.distributed", "torch.nn", "torch.linalg"):
+    for name in NAMES:
         sys.modules.pop(name, None)
+
+
+def real():
+    """The installed torch, or None: imported once, or put back from what
+    install() replaced."""
+    if "torch" in _REAL:
+        sys.modules.update(_REAL)
+        return _REAL["torch"]
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch
