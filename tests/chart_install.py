@@ -136,9 +136,35 @@ def check_crd_upgrade() -> None:
         finally:
             kubectl("delete", "-f", "-", "--wait=false", stdin=yaml.safe_dump_all(new))
 
+def check_documented_install() -> None:
+    """docs/install.md's one install block: its `--set` values render, and
+    the Deployment runs the image it pushed."""
+    text = (cr.ROOT / "docs" / "install.md").read_text()
+    section = text.split("\n## Install\n", 1)[-1].split("\n## ", 1)[0]
+    block = next((b for b in re.findall(r"```sh\n(.*?)```", section, re.S) if "helm install" in b), "")
+    env = {"REGISTRY": "registry.example.com/memprof", "TAG": "v0.1.0-3-gabcdef"}
+    sets = [a.replace('"', "") for a in re.findall(r"--set ([^\s]+)", block)]
+    sets = [re.sub(r"\$(\w+)", lambda m: env[m.group(1)], a) for a in sets]
+    values: dict = {}
+    for a in sets:
+        values = cr.merged(values, helm_python.parse_set_string(a))
+    try:
+        dep = one(render(values, base={}), "Deployment")
+    except helm_python.HelmError as e:
+        dep, err = None, str(e)
+    else:
+        err = ""
+    image = dep["spec"]["template"]["spec"]["containers"][0]["image"] if dep else err
+    pushed = re.search(r'docker://"?\$REGISTRY/memprof:\$TAG', block)
+    check("docs/install.md's install block installs the image it pushes",
+          bool(pushed) and "make image" in block and image == "registry.example.com/memprof/memprof:v0.1.0-3-gabcdef",
+          f"{sets} -> {image}")
+
+
 def main() -> int:
     check_refusals()
     check_install_notes()
+    check_documented_install()
     if os.environ.get("KUBECONFIG"):
         if kubectl("version").returncode != 0:
             check("cluster reachable (KUBECONFIG is set)", False, kubectl("version").stderr.strip()[-300:])

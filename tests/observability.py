@@ -164,6 +164,27 @@ def metric_names(expr: str) -> set[str]:
     return names
 
 
+# Labels Prometheus puts on the sidecars' series from the PodMonitor's
+# target (namespace, pod, container) and its relabelings (job_name, node).
+SIDECAR_TARGET_LABELS = {"namespace", "pod", "container", "job_name", "node", "instance"}
+
+
+def foreign_labels(expr: str, op: dict[str, str], op_labels: dict[str, list[str]], sc: dict[str, str]) -> list[str]:
+    """Labels of by/on clauses that no series of `expr` carries: an operator
+    family's are its `# LABELS`, a sidecar family's the target's (the
+    sidecar's own labels are not listed by its --print-metrics)."""
+    names = metric_names(expr)
+    base = {n: re.sub(r"_(total|bucket|sum|count)$", "", n) for n in names}
+    carried: set[str] = set()
+    for n, fam in base.items():
+        if fam in op:
+            carried |= set(op_labels.get(fam, []))
+        elif fam in sc:
+            carried |= SIDECAR_TARGET_LABELS
+    used = {l.strip() for m in re.finditer(r"\b(?:by|on)\s*\(([^)]*)\)", expr) for l in m.group(1).split(",") if l.strip()}
+    return [f"{l} not on {', '.join(sorted(names))}" for l in sorted(used - carried)]
+
+
 def dashboard_queries(dash: dict) -> list[tuple[str, str]]:
     out = []
     for p in dash.get("panels", []):
@@ -287,6 +308,12 @@ def main() -> int:
           {"MemprofOOMPredicted", "MemprofGPUOOMObserved", "MemprofRemediationFailed", "MemprofOperatorTaskFailing"} <= names, str(names))
     bad = unknown_names([(f"alert {r['alert']}", r["expr"]) for r in rules], exported)
     check("every alert metric exists in the registries", not bad, "; ".join(bad))
+    bad = [f"{r['alert']}: {b}" for r in rules for b in foreign_labels(r["expr"], op, op_labels, sc)]
+    check("every label an alert groups or joins on is the series' own (--print-metrics' LABELS) or, "
+          "for the sidecars', one the PodMonitor's target adds", not bad, "; ".join(bad))
+    check("a grouping label the operator does not export is caught",
+          foreign_labels("max by (namespace, job) (memprof_job_risk_level)", op, op_labels, sc)
+          == ["job not on memprof_job_risk_level"])
     job_rules = [r for r in rules if "memprof_job_" in r["expr"]]
     bad = [f"{r['alert']}: {u}" for r in job_rules
            for u in bare_job_uses(r["expr"] + "\n" + "\n".join(r.get("annotations", {}).values()))]
