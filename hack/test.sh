@@ -44,8 +44,23 @@ cargo test --workspace --test "*" -- --test-threads=4
 log "fault tests: frozen and restarted API servers"
 cargo test -p memprof --test faults -- --ignored --test-threads=1
 
+# promtool for tests/alert_rules.py (`promtool test rules`): Debian's
+# prometheus package, unpacked under target/ rather than installed, so that
+# no Prometheus server is set up as a service on this machine.
+if [ -z "${PROMTOOL:-}" ] && ! command -v promtool >/dev/null; then
+    PROMTOOL=$PWD/target/promtool/usr/bin/promtool
+    if [ ! -x "$PROMTOOL" ]; then
+        log "fetching promtool (Debian package prometheus) into target/promtool"
+        deb=$(mktemp -d)
+        (cd "$deb" && { apt-get download prometheus >/dev/null 2>&1 ||
+            { apt-get update -qq && apt-get download prometheus >/dev/null; }; })
+        dpkg -x "$deb"/prometheus_*.deb target/promtool && rm -rf "$deb"
+    fi
+    export PROMTOOL
+fi
+
 if ls tests/*.py >/dev/null 2>&1; then
-    log "chart tests (rendered by Helm's own code)"
+    log "chart tests (rendered by Helm's own code) and alert tests (promtool test rules)"
     python3 -m pip install --quiet --disable-pip-version-check -r tests/requirements.txt
     for t in tests/*.py; do python3 "$t"; done
 fi

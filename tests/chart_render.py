@@ -33,6 +33,9 @@ except ImportError:  # pragma: no cover - the message is the point
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "memprof"
 RELEASE, NAMESPACE = "memprof", "memprof-system"
+# The chart has no default image (none is published): every render names one.
+IMAGE = "registry.example.com/memprof/memprof"
+BASE = {"image": {"repository": IMAGE}}
 LABELS = [
     "app.kubernetes.io/name",
     "app.kubernetes.io/instance",
@@ -54,9 +57,16 @@ def check(name: str, ok: bool, detail: str = "") -> bool:
     return ok
 
 
-def render(values: dict, namespace: str = NAMESPACE) -> list[dict]:
+def merged(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = merged(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def render(values: dict, namespace: str = NAMESPACE, base: dict = BASE) -> list[dict]:
     chart = helm_python.Chart.load(str(CHART))
-    out = chart.render(values, name=RELEASE, namespace=namespace)
+    out = chart.render(merged(base, values), name=RELEASE, namespace=namespace)
     docs = []
     for path, text in sorted(out.items()):
         if path.endswith("NOTES.txt"):
@@ -66,7 +76,7 @@ def render(values: dict, namespace: str = NAMESPACE) -> list[dict]:
 
 
 def notes(values: dict) -> str:
-    out = helm_python.Chart.load(str(CHART)).render(values, name=RELEASE, namespace=NAMESPACE)
+    out = helm_python.Chart.load(str(CHART)).render(merged(BASE, values), name=RELEASE, namespace=NAMESPACE)
     return next(v for k, v in out.items() if k.endswith("NOTES.txt"))
 
 
@@ -386,9 +396,9 @@ def check_network_policy() -> None:
 
 
 def offline() -> list[tuple[str, list[dict]]]:
-    report = helm_python.lint(str(CHART))
+    report = helm_python.lint(str(CHART), values=BASE)
     check("helm lint", not report["errors"], "; ".join(report["errors"]))
-    report = helm_python.lint(str(CHART), strict=True, kube_version="v1.30.0")
+    report = helm_python.lint(str(CHART), values=BASE, strict=True, kube_version="v1.30.0")
     check("helm lint --strict (1.30)", not report["errors"], "; ".join(report["errors"]))
 
     chart_crds = (CHART / "crds" / "memprof.yaml").read_text()
@@ -417,7 +427,7 @@ def offline() -> list[tuple[str, list[dict]]]:
         "webhook disabled: no configuration, --webhook-port=0",
         one(docs, "MutatingWebhookConfiguration") is None and operator_args(docs)["webhook-port"] == "0",
     )
-    docs = render({"serviceMonitor": {"enabled": True}})
+    docs = render({"monitoring": {"serviceMonitor": {"enabled": True}}})
     sm = one(docs, "ServiceMonitor")
     metrics = one(docs, "Service", f"{RELEASE}-metrics")
     check(
@@ -470,7 +480,7 @@ def dry_run(rendered: list[tuple[str, list[dict]]]) -> None:
             values = {
                 "default": {},
                 "certManager": {"webhook": {"certMode": "certManager"}},
-                "serviceMonitor": {"serviceMonitor": {"enabled": True}},
+                "serviceMonitor": {"monitoring": {"serviceMonitor": {"enabled": True}}},
                 # The write Roles go into the listed namespaces: list one that exists.
                 "namespaced": {"rbac": {"namespaces": [ns]}},
             }.get(case)

@@ -52,9 +52,11 @@ ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "memprof"
 DASHBOARD = CHART / "dashboards" / "memprof.json"
 DOC = ROOT / "docs" / "observability.md"
+# The chart has no default image (none is published): every render names one.
+BASE = {"image": {"repository": "registry.example.com/memprof/memprof"}}
 ALL_ON = {
-    "serviceMonitor": {"enabled": True},
     "monitoring": {
+        "serviceMonitor": {"enabled": True},
         "podMonitor": {"enabled": True},
         "prometheusRule": {"enabled": True},
         "dashboard": {"enabled": True},
@@ -76,7 +78,7 @@ def check(name: str, ok: bool, detail: str = "") -> bool:
 
 
 def render(values: dict) -> list[dict]:
-    out = helm_python.Chart.load(str(CHART)).render(values, name="memprof", namespace="memprof-system")
+    out = helm_python.Chart.load(str(CHART)).render({**BASE, **values}, name="memprof", namespace="memprof-system")
     docs = []
     for path, text in sorted(out.items()):
         if not path.endswith("NOTES.txt"):
@@ -160,6 +162,27 @@ def metric_names(expr: str) -> set[str]:
     for m in re.finditer(r"label_values\(\s*([a-zA-Z_:][\w:]*)?[^,)]*,\s*(\w+)\s*\)", expr):
         names.discard(m.group(2))
     return names
+
+
+# Labels Prometheus puts on the sidecars' series from the PodMonitor's
+# target (namespace, pod, container) and its relabelings (job_name, node).
+SIDECAR_TARGET_LABELS = {"namespace", "pod", "container", "job_name", "node", "instance"}
+
+
+def foreign_labels(expr: str, op: dict[str, str], op_labels: dict[str, list[str]], sc: dict[str, str]) -> list[str]:
+    """Labels of by/on clauses that no series of `expr` carries: an operator
+    family's are its `# LABELS`, a sidecar family's the target's (the
+    sidecar's own labels are not listed by its --print-metrics)."""
+    names = metric_names(expr)
+    base = {n: re.sub(r"_(total|bucket|sum|count)$", "", n) for n in names}
+    carried: set[str] = set()
+    for n, fam in base.items():
+        if fam in op:
+            carried |= set(op_labels.get(fam, []))
+        elif fam in sc:
+            carried |= SIDECAR_TARGET_LABELS
+    used = {l.strip() for m in re.finditer(r"\b(?:by|on)\s*\(([^)]*)\)", expr) for l in m.group(1).split(",") if l.strip()}
+    return [f"{l} not on {', '.join(sorted(names))}" for l in sorted(used - carried)]
 
 
 def dashboard_queries(dash: dict) -> list[tuple[str, str]]:
@@ -284,6 +307,12 @@ def main() -> int:
           {"MemprofOOMPredicted", "MemprofGPUOOMObserved", "MemprofRemediationFailed", "MemprofOperatorTaskFailing"} <= names, str(names))
     bad = unknown_names([(f"alert {r['alert']}", r["expr"]) for r in rules], exported)
     check("every alert metric exists in the registries", not bad, "; ".join(bad))
+    bad = [f"{r['alert']}: {b}" for r in rules for b in foreign_labels(r["expr"], op, op_labels, sc)]
+    check("every label an alert groups or joins on is the series' own (--print-metrics' LABELS) or, "
+          "for the sidecars', one the PodMonitor's target adds", not bad, "; ".join(bad))
+    check("a grouping label the operator does not export is caught",
+          foreign_labels("max by (namespace, job) (memprof_job_risk_level)", op, op_labels, sc)
+          == ["job not on memprof_job_risk_level"])
     job_rules = [r for r in rules if "memprof_job_" in r["expr"]]
     bad = [f"{r['alert']}: {u}" for r in job_rules
            for u in bare_job_uses(r["expr"] + "\n" + "\n".join(r.get("annotations", {}).values()))]
@@ -295,6 +324,11 @@ def main() -> int:
     bad = [u for e in examples if "memprof_job_" in e for u in bare_job_uses(e)]
     check("no example or alert in docs/observability.md uses a bare job label with memprof_job_*",
           any("memprof_job_" in e for e in examples) and not bad, "; ".join(bad))
+    table = dict(re.findall(r"^\| (Memprof\w+) \| `([^`]*)`", doc, re.M))
+    rendered = {r["alert"]: " ".join(r["expr"].split()).replace("( ", "(").replace(" )", ")") for r in rules}
+    differ = {a: (e, table.get(a)) for a, e in rendered.items() if table.get(a) != e}
+    check("the alert table of docs/observability.md shows every rendered expression, as rendered",
+          not differ and set(table) == set(rendered), str(differ or set(table) ^ set(rendered)))
     for r in rules:
         a = r.get("annotations", {})
         url = a.get("runbook_url", "")
@@ -305,7 +339,7 @@ def main() -> int:
     fast = render({"monitoring": {"prometheusRule": {"enabled": True, "oomPredictedMinutes": 5}, "docsUrl": "https://docs.example.com/memprof/"}})
     rule = next(d for d in fast if d["kind"] == "PrometheusRule")
     predicted = next(r for g in rule["spec"]["groups"] for r in g["rules"] if r["alert"] == "MemprofOOMPredicted")
-    check("OOM-predicted horizon configurable (minutes -> seconds)", predicted["expr"].endswith("< 300"), predicted["expr"])
+    check("OOM-predicted horizon configurable (minutes -> seconds)", "<= 300\n" in predicted["expr"], predicted["expr"])
     check("runbook_url follows monitoring.docsUrl",
           predicted["annotations"]["runbook_url"] == "https://docs.example.com/memprof/observability.md#memprofoompredicted",
           predicted["annotations"]["runbook_url"])
