@@ -197,6 +197,7 @@ prewarm() {
     --upstream-file "$W/$n.upstream" >"$W/$n.proxy.err" 2>&1 &
   PROXY[i]=$!
   PIDS+=("$!")
+  TRAINER[i]=""
   if ! wait_file "$W/$n.proxyport" 20 "${PROXY[i]}"; then
     log "$n: the push proxy did not start: $(tail -c 300 "$W/$n.proxy.err")"
     return 1
@@ -261,6 +262,12 @@ run_one() {
     echo "$n,,,,skipped,,$cap," >>"$OUT/schedule.csv"
     [ -n "${TRAINER[i]:-}" ] && stop_pid "${TRAINER[i]}" 3 && wait "${TRAINER[i]}" 2>/dev/null
     [ -n "${PROXY[i]:-}" ] && stop_pid "${PROXY[i]}" 3 && wait "${PROXY[i]}" 2>/dev/null
+    [ "$next" -lt "${#NAME[@]}" ] && prewarm "$next"
+    return
+  fi
+  if [ -z "${TRAINER[i]:-}" ]; then
+    log "$n: not run: its trainer could not be started"
+    echo "$n,,,,not-started,,$cap," >>"$OUT/schedule.csv"
     [ "$next" -lt "${#NAME[@]}" ] && prewarm "$next"
     return
   fi
@@ -354,6 +361,10 @@ main() {
 if [ "$MODE" = --plan ]; then
   plan
   exit $?
+fi
+if [ -e "$OUT.tar.gz" ] || { [ -d "$OUT" ] && [ -n "$(ls -A "$OUT")" ]; }; then
+  echo "$OUT or $OUT.tar.gz exists: choose a new OUTDIR (a recording is never mixed with an older one)" >&2
+  exit 2
 fi
 mkdir -p "$OUT"
 exec 3> >(tee "$OUT/record.log")

@@ -105,7 +105,7 @@ def nvml_series(memprof, trace):
     """(t, estimate) per line of `memprof analyze -o json --estimate-every 1`."""
     try:
         res = subprocess.run([memprof, "analyze", "-o", "json", "--estimate-every", "1", trace],
-                             capture_output=True, text=True, timeout=120)
+                             capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return None, str(exc)
     if res.returncode != 0:
