@@ -129,7 +129,7 @@ class Record:
                       "peakEvery": a.peak_every},
             "batchSchedule": a.schedule, "processStart": T_PROCESS, "importedAt": T_IMPORTED,
             "torchVersion": torch.__version__, "cudaVersion": getattr(getattr(torch, "version", None), "cuda", None),
-            "start": None, "cudaReadyAt": None, "warmupDoneAt": None, "ballastAt": None,
+            "start": None, "device": None, "cudaReadyAt": None, "warmupDoneAt": None, "ballastAt": None,
             "ballastBytes": 0, "headroomBytes": None, "freeAfterWarmupBytes": None,
             "leakKind": "eval-graph" if a.keep_eval_graph else ("paced" if a.leak_mbps else None),
             "leakFrom": None, "leakMBps": a.leak_mbps, "leakMeasuredMBps": None, "keptBytes": 0,
@@ -201,6 +201,7 @@ class Trainer:
         self.dev = torch.device("cuda", 0)
         torch.cuda.set_device(self.dev)
         rec.s["cudaReadyAt"] = time.time()
+        rec.s["device"] = torch.cuda.get_device_properties(0).name
         max_len = max(2 * a.seq if a.peak_every else a.seq, a.eval_seq)
         self.model = GPT(a.vocab, a.d_model, a.layers, a.heads, max_len).to(self.dev)
         rec.s["model"]["params"] = sum(p.numel() for p in self.model.parameters())
