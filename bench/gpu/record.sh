@@ -1,0 +1,379 @@
+#!/usr/bin/env bash
+# The recording campaign of issue 17: real PyTorch trainers on one GPU, each
+# beside the real release sidecar, recorded so that memprof's leak flag and
+# time to OOM can be tuned (SET=dev) and then judged on data they were not
+# tuned on (SET=heldout).
+#
+#   bench/gpu/record.sh OUTDIR SET           # SET: dev | heldout (| selftest, see below)
+#   bench/gpu/record.sh OUTDIR SET --plan    # the schedule and its time budget; runs nothing
+#
+# Run from the repository root with the release binaries in .gpu/ (SIDECAR
+# defaults to .gpu/memprof-sidecar; .gpu/memprof, when present, replays each
+# NVML trace for the NVML-only baseline in check.txt). Everything ends up in
+# ONE archive, OUTDIR.tar.gz; the folder is removed once the archive is
+# verified (RECORD_KEEP_DIR=1 keeps it). Put OUTDIR in the folder the files
+# come back from: only the archive is left there.
+#
+# Per scenario, one trainer process (bench/gpu/scenarios.py, train.py's GPT;
+# one process each, so no allocator pool pollutes another) and beside it:
+#  - the sidecar: `memprof-sidecar --standalone --backend nvml --interval 1s
+#    --trace-out NAME.trace.csv --output NAME.report.json` (stdout: its risk
+#    transitions, NAME.events.jsonl; stderr: NAME.sidecar.log);
+#  - the in-process agent, started as agent.sh does (PYTHONPATH bootstrap, no
+#    code change, history off), pushing through push_log_proxy.py, which keeps
+#    every push in NAME.pushes.jsonl and forwards it to the sidecar's real
+#    POST /v1/agent;
+#  - report_poll.py: GET /v1/report once a second into NAME.polls.jsonl.
+# The trainer writes NAME.steps.csv (t,step,step_ms,allocated,reserved,
+# max_reserved,dev_used,batch,kept,phase) and NAME.summary.json (the leak's
+# exact start `leakFrom`, `leakMBps`, `leakMeasuredMBps`, the real `oomAt`,
+# the ballast, eval passes, empty_cache calls, batch changes); its stdout and
+# stderr (the OOM's traceback) go to NAME.trainer.log.
+#
+# Time budget (the whole set must stay under 8 minutes on one H100): the
+# next scenario's trainer is started while the current one runs and waits,
+# torch imported, for its go (so only the first pays for the import); each
+# scenario has a hard cap from its go (SIGTERM, then SIGKILL 3 s later: the
+# summary is still written on SIGTERM), and the set a deadline, DEADLINE_S
+# (default 470 s from the start): a scenario that would end after it is
+# shortened through its go file, or skipped when less than MIN_S (default
+# 40 s) is left, and schedule.csv says so. Expected wall time, from --plan:
+# about 462 s (7.7 min) for either set: the `expect` column below, plus
+# about 2.5 s between scenarios (measured in the rehearsal) and ~10 s for
+# the first import, then ~3 s for check.txt and the archive. The brief's
+# minimums (lives >= 30 s, 90/80/60 s runs) leave little slack in 8 minutes:
+# a slow start eats into the last scenario: the fixed-length, no-leak
+# steadyeval runs last so that a slow set shortens it first (DEADLINE_S=540
+# lifts that where 9 minutes are allowed).
+#
+# Scenarios (each set has all of them; "truth": oom = a leak to a real CUDA
+# OOM, leak = a leak with no OOM, none = no leak):
+#  leakN       paced leak of N MB/s, visible to the agent, with a ballast so
+#              that it lives about --life s (>= 30 s) before the OOM;
+#  emptycache  paced leak, torch.cuda.empty_cache() every few seconds, to the OOM;
+#  fullgpu     ballast to 92-94 % of the GPU first, then a modest leak to the OOM;
+#  valloss     eval losses kept as tensors with their graphs (no torch.no_grad()),
+#              to the OOM;
+#  growbatch   batch size grows 4x in steps, no leak, >= 80 s;
+#  slowleak    20-40 MB/s, no OOM, >= 90 s;
+#  steadyeval  steady training with a periodic eval pass (no_grad), no leak, >= 60 s.
+# Times in seconds from the trainer's go; rates in MB/s (1e6 B); --life is the
+# target from the leak's start to the OOM (scenarios.py sizes the ballast for
+# it; the real OOM time is what the summary records).
+#
+# The dev set: train.py's model (d 1024, 8 layers, 16 heads, seq 1024, vocab
+# 32000, a 2x sequence every 10 steps where peak-every is 10), seeds 21-29,
+# leaks start 6 s after the go.
+#| set      name        truth expect cap  arguments
+#| dev      leak2000    oom   39     62   --seed 21 --batch-schedule 4 --peak-every 10 --leak-mbps 2000 --leak-at 6 --life 33 --duration 58
+#| dev      leak500     oom   39     62   --seed 22 --batch-schedule 8 --peak-every 10 --leak-mbps 500 --leak-at 6 --life 33 --duration 58
+#| dev      leak100     oom   41     66   --seed 23 --batch-schedule 6 --peak-every 0 --leak-mbps 100 --leak-at 6 --life 35 --duration 62
+#| dev      emptycache  oom   26     50   --seed 24 --batch-schedule 8 --peak-every 10 --leak-mbps 450 --leak-at 6 --empty-cache-every 3 --life 20 --duration 46
+#| dev      fullgpu     oom   28     50   --seed 25 --batch-schedule 8 --peak-every 0 --fill-pct 93 --leak-mbps 250 --leak-at 6 --duration 46
+#| dev      valloss     oom   26     50   --seed 26 --batch-schedule 8 --peak-every 0 --eval-every 3 --eval-batches 2 --eval-batch 4 --keep-eval-graph --leak-at 6 --life 20 --duration 46
+#| dev      growbatch   none  80     86   --seed 27 --batch-schedule 0:4,20:8,40:12,60:16 --peak-every 10 --duration 80
+#| dev      slowleak    leak  90     96   --seed 28 --batch-schedule 12 --peak-every 10 --leak-mbps 30 --leak-at 5 --duration 90
+#| dev      steadyeval  none  60     66   --seed 29 --batch-schedule 12 --peak-every 0 --eval-every 12 --eval-batches 6 --eval-batch 48 --duration 60
+#
+# The held-out set: a larger model on a larger vocabulary (d 1280, 10 layers,
+# 10 heads, seq 768, vocab 50304, a 2x sequence every 8 or 12 steps), other
+# batch sizes, rates (1.7/0.65/0.13 GB/s; 320 and 200 MB/s; 22 MB/s),
+# headrooms (94 % full; a 30 GB-headroom slow leak), cadences (empty_cache
+# every 5 s, eval every 4 s / 9 s at 2x the sequence), seeds 101-109, leaks
+# 6 s after the go (a paced leak starts no earlier than the ballast).
+#| heldout  leak1700    oom   39     64   --seed 101 --d-model 1280 --layers 10 --heads 10 --seq 768 --vocab 50304 --batch-schedule 3 --peak-every 8 --leak-mbps 1700 --leak-at 6 --life 33 --duration 60
+#| heldout  leak650     oom   39     62   --seed 102 --d-model 1280 --layers 10 --heads 10 --seq 768 --vocab 50304 --batch-schedule 6 --peak-every 8 --leak-mbps 650 --leak-at 6 --life 33 --duration 58
+#| heldout  leak130     oom   40     66   --seed 103 --d-model 1280 --layers 10 --heads 10 --seq 768 --vocab 50304 --batch-schedule 4 --peak-every 0 --leak-mbps 130 --leak-at 6 --life 34 --duration 62
+#| heldout  emptycache  oom   26     50   --seed 104 --d-model 1280 --layers 10 --heads 10 --seq 768 --vocab 50304 --batch-schedule 6 --peak-every 8 --leak-mbps 320 --leak-at 6 --empty-cache-every 5 --life 20 --duration 46
+#| heldout  fullgpu     oom   30     52   --seed 105 --d-model 1280 --layers 10 --heads 10 --seq 768 --vocab 50304 --batch-schedule 4 --peak-every 0 --fill-pct 94 --leak-mbps 200 --leak-at 6 --duration 48
+#| heldout  valloss     oom   26     50   --seed 106 --d-model 1280 --layers 10 --heads 10 --seq 768 --vocab 50304 --batch-schedule 4 --peak-every 8 --eval-every 4 --eval-batches 3 --eval-batch 2 --keep-eval-graph --leak-at 6 --life 20 --duration 46
+#| heldout  growbatch   none  80     86   --seed 107 --d-model 1280 --layers 10 --heads 10 --seq 768 --vocab 50304 --batch-schedule 0:2,16:3,32:4,48:6,64:8 --peak-every 8 --duration 80
+#| heldout  slowleak    leak  90     96   --seed 108 --d-model 1280 --layers 10 --heads 10 --seq 768 --vocab 50304 --batch-schedule 6 --peak-every 12 --leak-mbps 22 --leak-at 4 --headroom-gb 30 --duration 90
+#| heldout  steadyeval  none  60     66   --seed 109 --d-model 1280 --layers 10 --heads 10 --seq 768 --vocab 50304 --batch-schedule 6 --peak-every 8 --eval-every 9 --eval-batches 5 --eval-batch 12 --eval-seq 1536 --duration 60
+#
+# The selftest set rehearses the whole campaign on a machine without a GPU
+# (`python3 -m pytest -q bench/gpu/selftest`: a stand-in torch, the sim
+# backend); small model, short runs, the same code paths.
+#| selftest leak2000    oom   14     30   --seed 1 --d-model 256 --layers 2 --heads 4 --seq 256 --batch-schedule 4 --peak-every 4 --leak-mbps 2000 --leak-at 3 --life 8 --duration 26
+#| selftest emptycache  oom   12     30   --seed 2 --d-model 256 --layers 2 --heads 4 --seq 256 --batch-schedule 4 --peak-every 4 --leak-mbps 3000 --leak-at 3 --empty-cache-every 2 --life 6 --duration 26
+#| selftest fullgpu     oom   12     30   --seed 3 --d-model 256 --layers 2 --heads 4 --seq 256 --batch-schedule 4 --peak-every 0 --fill-pct 94 --leak-mbps 600 --leak-at 3 --duration 26
+#| selftest valloss     oom   12     30   --seed 4 --d-model 256 --layers 2 --heads 4 --seq 256 --batch-schedule 4 --peak-every 0 --eval-every 1 --eval-batches 2 --eval-batch 64 --keep-eval-graph --leak-at 3 --life 6 --duration 26
+#| selftest growbatch   none  10     16   --seed 5 --d-model 256 --layers 2 --heads 4 --seq 256 --batch-schedule 0:2,4:4,8:8 --peak-every 4 --duration 10
+#| selftest slowleak    leak  10     16   --seed 7 --d-model 256 --layers 2 --heads 4 --seq 256 --batch-schedule 4 --peak-every 8 --leak-mbps 30 --leak-at 2 --headroom-gb 30 --duration 10
+#| selftest steadyeval  none  10     16   --seed 6 --d-model 256 --layers 2 --heads 4 --seq 256 --batch-schedule 4 --peak-every 0 --eval-every 3 --eval-batches 2 --eval-batch 8 --duration 10
+#
+# Env: SIDECAR (default .gpu/memprof-sidecar), MEMPROF (default .gpu/memprof,
+# optional), PY (python3), DEADLINE_S (470), MIN_S (40), TAIL_S (1.5: the
+# sidecar keeps sampling and is polled this long after the trainer exits, so
+# the post-OOM verdict is recorded), RECORD_KEEP_DIR. Test hooks (selftest
+# only): SIDECAR_BACKEND (default `--backend nvml`), EXTRA_PYTHONPATH.
+set -u
+HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+SIDECAR=${SIDECAR:-$ROOT/.gpu/memprof-sidecar}
+MEMPROF=${MEMPROF:-$ROOT/.gpu/memprof}
+PY=${PY:-python3}
+DEADLINE_S=${DEADLINE_S:-470}
+MIN_S=${MIN_S:-40}
+TAIL_S=${TAIL_S:-1.5}
+GAP_S=2.5      # between two scenarios (trainer exit, tail, sidecar restart): for --plan
+FIRST_S=10     # the first trainer's import of torch: for --plan
+SIDECAR_BACKEND=${SIDECAR_BACKEND:---backend nvml}
+BOOT="$ROOT/agent/python/bootstrap:$ROOT/agent/python${EXTRA_PYTHONPATH:+:$EXTRA_PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+unset MEMPROF_AGENT_RECORD_HISTORY MEMPROF_AGENT_OUTPUT MEMPROF_AGENT_SUMMARY MEMPROF_AGENT_MAX_STEPS MEMPROF_AGENT_DISABLE
+
+usage() {
+  echo "usage: $0 OUTDIR dev|heldout|selftest [--plan]" >&2
+  exit 2
+}
+OUT=${1:-}
+SET=${2:-}
+MODE=${3:-run}
+[ -n "$OUT" ] && [ -n "$SET" ] || usage
+case $MODE in run | --plan) ;; *) usage ;; esac
+mapfile -t ROWS < <(grep -E "^#\| +$SET +" "$0" | sed -E 's/^#\| +//')
+[ "${#ROWS[@]}" -gt 0 ] || { echo "no scenarios for set '$SET' (dev, heldout or selftest)" >&2; usage; }
+
+now() { date +%s.%N; }
+T0=$(now)
+el() { awk -v a="$(now)" -v b="$T0" 'BEGIN{printf "%.1f", a - b}'; }
+log() { echo "[$(date +%T) +$(el)s] $*"; }
+field() { # ROW INDEX: the INDEX-th (1-based) whitespace field of a table row; 6 = the arguments
+  if [ "$2" -ge 6 ]; then echo "$1" | awk '{for (i = 1; i <= 5; i++) $i = ""; sub(/^ +/, ""); print}'; else echo "$1" | awk -v i="$2" '{print $i}'; fi
+}
+ms() { date +%s%3N; }
+
+declare -a NAME TRUTH EXPECT CAP ARGS TRAINER PROXY
+for i in "${!ROWS[@]}"; do
+  NAME[i]=$(field "${ROWS[i]}" 2)
+  TRUTH[i]=$(field "${ROWS[i]}" 3)
+  EXPECT[i]=$(field "${ROWS[i]}" 4)
+  CAP[i]=$(field "${ROWS[i]}" 5)
+  ARGS[i]=$(field "${ROWS[i]}" 6)
+done
+
+# The schedule, its expected wall time against the deadline, and every
+# row's arguments checked by scenarios.py itself (no torch needed).
+plan() {
+  local i total=$FIRST_S caps=$FIRST_S bad=0
+  printf '%-11s %-5s %6s %5s  %s\n' name truth expect cap arguments
+  for i in "${!NAME[@]}"; do
+    printf '%-11s %-5s %6s %5s  %s\n' "${NAME[i]}" "${TRUTH[i]}" "${EXPECT[i]}" "${CAP[i]}" "${ARGS[i]}"
+    total=$(awk -v a="$total" -v b="${EXPECT[i]}" -v g="$GAP_S" 'BEGIN{print a + b + g}')
+    caps=$(awk -v a="$caps" -v b="${CAP[i]}" -v g="$GAP_S" 'BEGIN{print a + b + g}')
+    # shellcheck disable=SC2086 # the arguments are a list of options
+    $PY "$HERE/scenarios.py" --name "${NAME[i]}" ${ARGS[i]} --parse-only >/dev/null || bad=1
+  done
+  echo "expected wall time: ${total} s (first import ${FIRST_S} s, ${GAP_S} s between scenarios)," \
+    "deadline ${DEADLINE_S} s; with every scenario at its cap: ${caps} s (the deadline shortens the last ones)"
+  return $bad
+}
+
+wait_file() { # FILE SECONDS [PID]: until FILE is non-empty; fails early if PID is gone
+  local k
+  for ((k = 0; k < $2 * 20; k++)); do
+    [ -s "$1" ] && return 0
+    [ -n "${3:-}" ] && ! kill -0 "$3" 2>/dev/null && return 1
+    sleep 0.05
+  done
+  return 1
+}
+
+stop_pid() { # PID SECONDS: SIGTERM, then SIGKILL after SECONDS (the caller reaps it)
+  local k
+  kill -TERM "$1" 2>/dev/null || return 0
+  for ((k = 0; k < $2 * 10; k++)); do
+    kill -0 "$1" 2>/dev/null || return 0
+    sleep 0.1
+  done
+  kill -KILL "$1" 2>/dev/null
+}
+
+# prewarm I: the proxy, then the trainer, which imports torch and waits for its go.
+prewarm() {
+  local i=$1 n=${NAME[$1]}
+  $PY "$HERE/push_log_proxy.py" --log "$OUT/$n.pushes.jsonl" --port-file "$W/$n.proxyport" \
+    --upstream-file "$W/$n.upstream" >"$W/$n.proxy.err" 2>&1 &
+  PROXY[i]=$!
+  PIDS+=("$!")
+  TRAINER[i]=""
+  if ! wait_file "$W/$n.proxyport" 20 "${PROXY[i]}"; then
+    log "$n: the push proxy did not start: $(tail -c 300 "$W/$n.proxy.err")"
+    return 1
+  fi
+  # shellcheck disable=SC2086 # the arguments are a list of options
+  env PYTHONPATH="$BOOT" MEMPROF_AGENT_URL="http://127.0.0.1:$(cat "$W/$n.proxyport")/v1/agent" \
+    $PY "$HERE/scenarios.py" --name "$n" ${ARGS[i]} --go-file "$W/$n.go" --ready-file "$W/$n.ready" \
+    --step-log "$OUT/$n.steps.csv" --summary-json "$OUT/$n.summary.json" >"$OUT/$n.trainer.log" 2>&1 &
+  TRAINER[i]=$!
+  PIDS+=("$!")
+}
+
+# start_sidecar NAME: sets SC_PID and POLL_PID; tells the proxy where to forward.
+start_sidecar() {
+  local n=$1 port="" k
+  # shellcheck disable=SC2086 # SIDECAR_BACKEND is a list of options
+  RUST_LOG=${RUST_LOG:-info} NO_COLOR=1 "$SIDECAR" --standalone $SIDECAR_BACKEND --interval 1s \
+    --listen 127.0.0.1:0 --trace-out "$OUT/$n.trace.csv" --output "$OUT/$n.report.json" \
+    >"$OUT/$n.events.jsonl" 2>"$OUT/$n.sidecar.log" &
+  SC_PID=$!
+  PIDS+=("$!")
+  for ((k = 0; k < 200; k++)); do
+    port=$(grep -o 'addr=127\.0\.0\.1:[0-9]*' "$OUT/$n.sidecar.log" 2>/dev/null | head -1 | cut -d: -f2)
+    [ -n "$port" ] && break
+    kill -0 "$SC_PID" 2>/dev/null || break
+    sleep 0.05
+  done
+  if [ -z "$port" ]; then
+    log "$n: the sidecar did not start: $(tail -c 400 "$OUT/$n.sidecar.log")"
+    return 1
+  fi
+  $PY "$HERE/report_poll.py" "$port" "$OUT/$n.polls.jsonl" "$W/$n.pollstop" >"$W/$n.poll.err" 2>&1 &
+  POLL_PID=$!
+  PIDS+=("$!")
+  echo "127.0.0.1:$port" >"$W/$n.upstream.tmp" && mv "$W/$n.upstream.tmp" "$W/$n.upstream"
+}
+
+# wait_trainer PID GO_MS CAP_S: sets RC and KILLED (1 when stopped at its cap).
+wait_trainer() {
+  local pid=$1 limit=$(($2 + $3 * 1000))
+  KILLED=0
+  while kill -0 "$pid" 2>/dev/null; do
+    if [ "$(ms)" -ge "$limit" ]; then
+      log "trainer $pid over its cap of $3 s: SIGTERM, SIGKILL in 3 s"
+      KILLED=1
+      stop_pid "$pid" 3
+      break
+    fi
+    sleep 0.1
+  done
+  wait "$pid" 2>/dev/null
+  RC=$?
+}
+
+# run_one I: the scenario's go, its trainer to the end or its cap, the tail,
+# then its sidecar, poller and proxy stopped; starts the next one's trainer.
+run_one() {
+  local i=$1 n=${NAME[$1]} cap=${CAP[$1]} short="" left go end exitkind next=$(($1 + 1))
+  left=$(((DEADLINE_S * 1000 - ($(ms) - T0_MS)) / 1000 - 5))
+  if [ "$left" -lt "$MIN_S" ]; then
+    log "$n: skipped: ${left} s left before the deadline (${DEADLINE_S} s), under MIN_S=${MIN_S}"
+    echo "$n,,,,skipped,,$cap," >>"$OUT/schedule.csv"
+    [ -n "${TRAINER[i]:-}" ] && stop_pid "${TRAINER[i]}" 3 && wait "${TRAINER[i]}" 2>/dev/null
+    [ -n "${PROXY[i]:-}" ] && stop_pid "${PROXY[i]}" 3 && wait "${PROXY[i]}" 2>/dev/null
+    [ "$next" -lt "${#NAME[@]}" ] && prewarm "$next"
+    return
+  fi
+  if [ -z "${TRAINER[i]:-}" ]; then
+    log "$n: not run: its trainer could not be started"
+    echo "$n,,,,not-started,,$cap," >>"$OUT/schedule.csv"
+    [ "$next" -lt "${#NAME[@]}" ] && prewarm "$next"
+    return
+  fi
+  if [ "$left" -lt "$cap" ]; then
+    cap=$left
+    short=$((left - 4))
+  fi
+  if ! wait_file "$W/$n.ready" 240 "${TRAINER[i]:-}"; then
+    log "$n: the trainer is not ready (exited?): $(tail -c 400 "$OUT/$n.trainer.log")"
+  fi
+  start_sidecar "$n" || SC_PID=""
+  echo "${short:+duration=$short}" >"$W/$n.go.tmp" && mv "$W/$n.go.tmp" "$W/$n.go"
+  go=$(ms)
+  log "$n: go (${TRUTH[i]}, expect ~${EXPECT[i]} s, cap ${cap} s${short:+, shortened to ${short} s by the deadline})"
+  [ "$next" -lt "${#NAME[@]}" ] && prewarm "$next"
+  wait_trainer "${TRAINER[i]}" "$go" "$cap"
+  end=$(ms)
+  exitkind=$(grep -o '"exit": "[a-z]*"' "$OUT/$n.summary.json" 2>/dev/null | cut -d'"' -f4)
+  log "$n: end: trainer exit ${RC} (${exitkind:-no summary}) after $(((end - go) / 1000)).$(((end - go) % 1000 / 100)) s$([ "$KILLED" = 1 ] && echo ", killed at its cap")"
+  sleep "$TAIL_S"
+  touch "$W/$n.pollstop"
+  if [ -n "$SC_PID" ]; then
+    stop_pid "$SC_PID" 5
+    wait "$SC_PID" 2>/dev/null
+    wait "$POLL_PID" 2>/dev/null
+  fi
+  stop_pid "${PROXY[i]}" 3
+  wait "${PROXY[i]}" 2>/dev/null
+  echo "$n,$(awk -v g="$go" 'BEGIN{printf "%.3f", g / 1000}'),$(awk -v e="$end" 'BEGIN{printf "%.3f", e / 1000}'),$RC,${exitkind:-none},$KILLED,$cap,$short" >>"$OUT/schedule.csv"
+}
+
+cleanup() { # every process this script started and that still runs, by PID
+  local p
+  for p in "${PIDS[@]+"${PIDS[@]}"}"; do
+    kill -0 "$p" 2>/dev/null && kill -KILL "$p" 2>/dev/null
+  done
+}
+
+device_info() {
+  {
+    echo "set=$SET deadline_s=$DEADLINE_S started=$(date -u +%FT%TZ)"
+    command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+    "$SIDECAR" --version
+    git -C "$ROOT" rev-parse HEAD 2>/dev/null
+    git -C "$ROOT" status --porcelain -- bench agent 2>/dev/null | head -20
+  } >"$OUT/device.txt" 2>&1
+}
+
+# archive: ONE file, OUTDIR.tar.gz, checked before the folder goes.
+archive() {
+  local base parent
+  base=$(basename "$OUT")
+  parent=$(dirname "$OUT")
+  if tar -czf "$OUT.tar.gz" -C "$parent" --exclude "$base/.run" "$base" &&
+    tar -tzf "$OUT.tar.gz" | grep -q "^$base/schedule.csv$"; then
+    echo "archive: $OUT.tar.gz ($(du -k "$OUT.tar.gz" | cut -f1) KiB, $(tar -tzf "$OUT.tar.gz" | wc -l) entries)"
+    [ "${RECORD_KEEP_DIR:-0}" = 1 ] || rm -rf "$OUT"
+  else
+    echo "archive: FAILED; the folder $OUT is kept" >&2
+    return 1
+  fi
+}
+
+main() {
+  mkdir -p "$OUT"
+  W="$OUT/.run"
+  mkdir -p "$W"
+  rm -f "$W"/* "$OUT/schedule.csv"
+  T0_MS=$(ms)
+  PIDS=()
+  trap cleanup EXIT
+  trap 'exit 130' INT TERM
+  [ -x "$SIDECAR" ] || { echo "no sidecar binary at $SIDECAR (set SIDECAR)" >&2; exit 2; }
+  printf '%s\n' "${ROWS[@]}" >"$OUT/plan.txt"
+  echo "name,go,end,rc,exit,killed,cap_s,shortened_to_s" >"$OUT/schedule.csv"
+  log "record $SET into $OUT: ${#NAME[@]} scenarios, deadline ${DEADLINE_S} s"
+  prewarm 0
+  device_info
+  local i
+  for i in "${!NAME[@]}"; do
+    run_one "$i"
+  done
+  log "all scenarios done"
+  local mp=()
+  [ -x "$MEMPROF" ] && mp=(--memprof "$MEMPROF")
+  $PY "$HERE/scenarios_check.py" "$OUT" "${mp[@]}" --json "$OUT/check.json" >"$OUT/check.txt" 2>&1
+  cat "$OUT/check.txt"
+  log "set $SET recorded in $(el) s"
+}
+
+if [ "$MODE" = --plan ]; then
+  plan
+  exit $?
+fi
+if [ -e "$OUT.tar.gz" ] || { [ -d "$OUT" ] && [ -n "$(ls -A "$OUT")" ]; }; then
+  echo "$OUT or $OUT.tar.gz exists: choose a new OUTDIR (a recording is never mixed with an older one)" >&2
+  exit 2
+fi
+mkdir -p "$OUT"
+exec 3> >(tee "$OUT/record.log")
+TEE_PID=$!
+main >&3 2>&1 3>&-
+cleanup
+exec 3>&-
+for ((k = 0; k < 50; k++)); do # the log's last lines, into the archive
+  kill -0 "$TEE_PID" 2>/dev/null || break
+  sleep 0.1
+done
+archive

@@ -1,0 +1,269 @@
+"""Self-tests of the recording campaign (bench/gpu/record.sh) on a machine
+without a GPU: the push proxy against a real memprof-sidecar (sim backend),
+the two sets' plans against the time budget, scenarios.py's arithmetic, and
+whole rehearsals of record.sh with a stand-in torch (selftest/torch) and the
+sim backend, one of them against a short deadline.
+
+    SIDECAR=path/to/memprof-sidecar [MEMPROF=path/to/memprof] python3 -m pytest -q bench/gpu/selftest
+
+SIDECAR defaults to target/debug/memprof-sidecar (cargo build -p memprof-sidecar).
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+import tarfile
+import time
+import types
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+GPU = HERE.parent
+ROOT = GPU.parents[1]
+sys.path.insert(0, str(GPU))
+import scenarios  # noqa: E402  (no torch needed until load_torch())
+
+FILES = ("trace.csv", "events.jsonl", "sidecar.log", "report.json", "polls.jsonl", "pushes.jsonl",
+         "steps.csv", "summary.json", "trainer.log")
+STEP_COLUMNS = "t,step,step_ms,allocated,reserved,max_reserved,dev_used,batch,kept,phase"
+
+
+def sidecar_bin():
+    path = os.environ.get("SIDECAR") or str(ROOT / "target" / "debug" / "memprof-sidecar")
+    if not os.access(path, os.X_OK):
+        pytest.fail("no memprof-sidecar at %s: cargo build -p memprof-sidecar, or set SIDECAR" % path)
+    return path
+
+
+def sim_scenario(tmp):
+    p = Path(tmp) / "sim.yaml"
+    p.write_text("totalGiB: 80\ndefault: { baseGiB: 10, amplitudeGiB: 2, periodSeconds: 1, noiseGiB: 0.05 }\n")
+    return p
+
+
+def wait_for(pred, timeout=10.0):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.05)
+    raise AssertionError("timed out")
+
+
+@pytest.fixture
+def sidecar(tmp_path):
+    log = tmp_path / "sidecar.log"
+    proc = subprocess.Popen([sidecar_bin(), "--standalone", "--backend", "sim", "--scenario", str(sim_scenario(tmp_path)),
+                             "--listen", "127.0.0.1:0", "--interval", "200ms"],
+                            stdout=subprocess.DEVNULL, stderr=open(log, "w"), env=dict(os.environ, RUST_LOG="info", NO_COLOR="1"))
+    port = wait_for(lambda: (re.findall(r"addr=127\.0\.0\.1:(\d+)", log.read_text()) or [None])[0])
+    yield types.SimpleNamespace(proc=proc, port=int(port))
+    proc.terminate()
+    proc.wait(10)
+
+
+@pytest.fixture
+def proxy(tmp_path):
+    files = types.SimpleNamespace(log=tmp_path / "p.pushes.jsonl", port=tmp_path / "p.port", upstream=tmp_path / "p.upstream")
+    proc = subprocess.Popen([sys.executable, str(GPU / "push_log_proxy.py"), "--log", str(files.log),
+                             "--port-file", str(files.port), "--upstream-file", str(files.upstream)])
+    files.url = "http://127.0.0.1:%s/v1/agent" % wait_for(lambda: files.port.exists() and files.port.read_text().strip())
+    files.proc = proc
+    yield files
+    proc.terminate()
+    proc.wait(10)
+
+
+def post(url, body):
+    req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"}, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def push(allocated):
+    return json.dumps({"version": 1, "kind": "sample", "time": time.time(), "pid": 7, "step": 1, "events": [],
+                       "devices": [{"index": 0, "uuid": "GPU-sim-0000-00", "allocatedBytes": allocated,
+                                    "reservedBytes": 9_000_000_000, "freeBytes": 60_000_000_000,
+                                    "totalBytes": 85_899_345_920}]}).encode()
+
+
+def lines(path):
+    return [json.loads(x) for x in Path(path).read_text().splitlines()]
+
+
+def test_proxy_holds_pushes_until_the_sidecar_is_known_then_forwards_them(sidecar, proxy):
+    assert post(proxy.url, push(1_000_000_000)) == (204, "")
+    proxy.upstream.write_text("127.0.0.1:%d\n" % sidecar.port)
+    assert post(proxy.url, push(5_432_100_000))[0] == 204
+    held, sent = lines(proxy.log)
+    assert held["forwarded"] is False and held["status"] == 204
+    assert held["push"]["devices"][0]["allocatedBytes"] == 1_000_000_000
+    assert sent["forwarded"] is True and sent["status"] == 204 and sent["t"] >= held["t"]
+    # The real sidecar took it: its report carries the forwarded numbers.
+    def allocator():
+        with urllib.request.urlopen("http://127.0.0.1:%d/v1/report" % sidecar.port, timeout=5) as r:
+            return (json.load(r).get("allocator") or {}).get("allocatedBytes")
+    assert wait_for(lambda: allocator() == 5_432_100_000)
+
+
+def test_proxy_relays_the_sidecars_refusal_and_its_absence(sidecar, proxy):
+    proxy.upstream.write_text("127.0.0.1:%d\n" % sidecar.port)
+    status, text = post(proxy.url, b"{not json")
+    assert status == 400 and "invalid agent payload" in text
+    sidecar.proc.terminate()
+    sidecar.proc.wait(10)
+    assert post(proxy.url, push(1))[0] == 502
+    refused, absent = lines(proxy.log)
+    assert refused["raw"] == "{not json" and refused["status"] == 400 and refused["forwarded"] is True
+    assert absent["status"] == 502 and absent["forwarded"] is False and absent["error"]
+
+
+def plan(set_name):
+    res = subprocess.run(["bash", str(GPU / "record.sh"), "/nonexistent/x", set_name, "--plan"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    rows = {ln.split()[0]: ln.split() for ln in res.stdout.splitlines()[1:] if ln and not ln.startswith("expected")}
+    expected = float(re.search(r"expected wall time: ([\d.]+) s", res.stdout).group(1))
+    return rows, expected
+
+
+def test_both_sets_fit_the_deadline_cover_every_scenario_and_differ():
+    dev, t_dev = plan("dev")
+    held, t_held = plan("heldout")
+    want = {"leak2000", "leak500", "leak100", "emptycache", "fullgpu", "valloss", "growbatch", "slowleak", "steadyeval"}
+    assert set(dev) == want
+    assert len([n for n in held if re.fullmatch(r"leak\d+", n)]) == 3
+    assert len(held) == 9 and {"emptycache", "fullgpu", "valloss", "growbatch", "slowleak", "steadyeval"} <= set(held)
+    assert t_dev < 470 and t_held < 470  # DEADLINE_S: under 8 minutes with the archive
+    opt = lambda row, flag: row[row.index(flag) + 1] if flag in row else None  # noqa: E731
+    assert not {opt(r, "--seed") for r in dev.values()} & {opt(r, "--seed") for r in held.values()}
+    for name in dev:
+        if name in held:
+            assert dev[name][4:] != held[name][4:], name
+    rates = lambda rows: sorted(float(opt(r, "--leak-mbps")) for r in rows.values() if opt(r, "--leak-mbps"))  # noqa: E731
+    assert not set(rates(dev)) & set(rates(held))
+    for rows in (dev, held):
+        ag = sorted(float(opt(r, "--leak-mbps")) for n, r in rows.items() if re.fullmatch(r"leak\d+", n))
+        assert 80 <= ag[0] <= 150 and 350 <= ag[1] <= 700 and 1500 <= ag[2] <= 2500, ag
+        assert all(float(opt(r, "--life")) >= 30 for n, r in rows.items() if re.fullmatch(r"leak\d+", n))
+        assert float(opt(rows["slowleak"], "--duration")) >= 90 and 20 <= float(opt(rows["slowleak"], "--leak-mbps")) <= 40
+        assert float(opt(rows["growbatch"], "--duration")) >= 80 and float(opt(rows["steadyeval"], "--duration")) >= 60
+        sched = scenarios.parse_schedule(opt(rows["growbatch"], "--batch-schedule"))
+        assert sched[-1][1] == 4 * sched[0][1]
+        assert float(opt(rows["fullgpu"], "--fill-pct")) >= 90 and "--keep-eval-graph" in rows["valloss"]
+        assert "--empty-cache-every" in rows["emptycache"]
+
+
+def test_schedule_and_headroom_arithmetic():
+    assert scenarios.parse_schedule("8") == [(0.0, 8)]
+    assert scenarios.parse_schedule("20:8,0:4") == [(0.0, 4), (20.0, 8)]
+    assert scenarios.batch_at([(0.0, 4), (20.0, 8)], 19.9) == 4 and scenarios.batch_at([(0.0, 4), (20.0, 8)], 20) == 8
+    with pytest.raises(SystemExit):
+        scenarios.parse_schedule("5:4")
+    a = scenarios.parse(["--name", "x", "--leak-mbps", "500", "--life", "30", "--batch-schedule", "4",
+                         "--seq", "1024", "--vocab", "32000", "--peak-every", "10"])
+    room = scenarios.Trainer.headroom_for(types.SimpleNamespace(a=a), 70e9, 85e9, None)
+    assert room == 500e6 * 30 + 0.5 * 4 * 2048 * 32000 * 4  # the leak's bytes + half the longest step's logits
+    a = scenarios.parse(["--name", "x", "--fill-pct", "92"])
+    assert scenarios.Trainer.headroom_for(types.SimpleNamespace(a=a), 70e9, 85e9, None) == pytest.approx(85e9 * 0.08)
+    a = scenarios.parse(["--name", "x", "--keep-eval-graph", "--eval-every", "4", "--life", "20"])
+    assert a.eval_at == a.leak_at
+    assert scenarios.Trainer.headroom_for(types.SimpleNamespace(a=a), 70e9, 85e9, 2e9) == 4.5 * 2e9
+    assert scenarios.Trainer.headroom_for(types.SimpleNamespace(a=scenarios.parse(["--name", "x"])), 1, 2, None) is None
+    with pytest.raises(SystemExit):
+        scenarios.parse(["--name", "x", "--life", "30"])  # no leak to time
+
+
+def rehearse(tmp_path, **env):
+    out = tmp_path / "set"
+    e = dict(os.environ, SIDECAR=sidecar_bin(), EXTRA_PYTHONPATH=str(HERE), FAKE_TORCH_SYNC_S="0.03",
+             SIDECAR_BACKEND="--backend sim --scenario %s" % sim_scenario(tmp_path), **env)
+    e.setdefault("MEMPROF", os.environ.get("MEMPROF", str(ROOT / "target" / "debug" / "memprof")))
+    t0 = time.time()
+    res = subprocess.run(["bash", str(GPU / "record.sh"), str(out), "selftest"], capture_output=True, text=True,
+                         timeout=400, env=e)
+    wall = time.time() - t0
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert not out.exists(), "the folder goes once the archive is verified"
+    with tarfile.open(str(out) + ".tar.gz") as tar:
+        tar.extractall(tmp_path / "x")
+    return tmp_path / "x" / "set", res.stdout, wall
+
+
+def test_rehearsal_records_every_file_and_the_truth(tmp_path):
+    d, stdout, wall = rehearse(tmp_path)
+    plan = {ln.split()[1]: ln.split()[2] for ln in (d / "plan.txt").read_text().splitlines()}
+    rows = (d / "schedule.csv").read_text().splitlines()
+    assert rows[0] == "name,go,end,rc,exit,killed,cap_s,shortened_to_s" and len(rows) == 1 + len(plan)
+    for n, truth in plan.items():
+        for f in FILES:
+            assert (d / ("%s.%s" % (n, f))).stat().st_size > 0, (n, f)
+        s = json.loads((d / ("%s.summary.json" % n)).read_text())
+        steps = (d / ("%s.steps.csv" % n)).read_text().splitlines()
+        assert steps[0] == STEP_COLUMNS and len(steps) > 50
+        pushes = lines(d / ("%s.pushes.jsonl" % n))
+        sent = [p for p in pushes if p["forwarded"]]
+        assert sent and all(p["status"] == 204 for p in sent), n
+        assert any(p["push"].get("devices") for p in sent)
+        assert not any(p["push"].get("devices") for p in pushes if not p["forwarded"]), "held pushes come before CUDA"
+        polls = [p for p in lines(d / ("%s.polls.jsonl" % n)) if "report" in p]
+        assert any((p["report"]["gpus"][0].get("assessedFrom") == "agent") for p in polls), n
+        assert "timeline" not in json.dumps(polls)
+        if truth == "oom":
+            assert s["exit"] == "oom" and s["oomAt"] > s["leakFrom"] > s["start"], n
+            assert "OutOfMemoryError" in (d / ("%s.trainer.log" % n)).read_text()
+            assert any(p["push"].get("kind") == "oom" for p in sent), "the agent's OOM push reached the sidecar"
+        elif truth == "leak":
+            assert s["exit"] == "duration" and s["oomAt"] is None and s["leakFrom"] and s["keptBytes"] > 0
+        else:
+            assert s["exit"] == "duration" and s["leakFrom"] is None and s["keptBytes"] == 0
+    # Started ahead of their turn: the later trainers' first pushes were held.
+    assert any(not p["forwarded"] for p in lines(d / "steadyeval.pushes.jsonl"))
+    s = {n: json.loads((d / ("%s.summary.json" % n)).read_text()) for n in plan}
+    assert s["leak2000"]["leakMeasuredMBps"] == pytest.approx(2000, rel=0.05)
+    assert 6 < s["leak2000"]["oomAt"] - s["leak2000"]["leakFrom"] < 10  # --life 8, the stand-in's own limit
+    assert s["emptycache"]["emptyCacheAt"] and s["growbatch"]["batchChanges"][-1][1] == 8
+    assert s["fullgpu"]["headroomBytes"] == pytest.approx(0.06 * s["fullgpu"]["totalBytes"], rel=0.1)
+    assert s["valloss"]["probePassBytes"] > 0 and all(p[2] > 0 for p in s["valloss"]["evalPasses"])
+    assert all(p[2] < 1e6 for p in s["steadyeval"]["evalPasses"]), "no_grad eval keeps nothing"
+    check = json.loads((d / "check.json").read_text())
+    assert [r["name"] for r in check["scenarios"]] == list(plan)
+    assert check["live"]["leaksFlagged"].endswith("/5") and "leakFlag" in check["scenarios"][0]["live"]
+    assert "times in s" in stdout and "archive:" in stdout
+    assert wall < 150
+
+
+def test_a_set_never_runs_past_its_deadline(tmp_path):
+    d, stdout, wall = rehearse(tmp_path, DEADLINE_S="40", MIN_S="12")
+    rows = [r.split(",") for r in (d / "schedule.csv").read_text().splitlines()[1:]]
+    assert any(r[4] == "skipped" for r in rows), rows
+    ran = [r for r in rows if r[4] != "skipped"]
+    assert float(ran[-1][2]) - float(ran[0][1]) < 40
+    assert wall < 40 + 20  # the check and the archive after the deadline
+    shortened = [r for r in ran if r[7]]
+    assert shortened, "the second scenario starts with less than its cap left"
+    for r in shortened:
+        name = r[0]
+        s = json.loads((d / ("%s.summary.json" % name)).read_text())
+        assert s["end"] - s["start"] <= float(r[7]) + 2
+
+
+def test_the_go_file_shortens_a_run(tmp_path):
+    go = tmp_path / "go"
+    a = scenarios.parse(["--name", "x", "--duration", "60", "--go-file", str(go), "--go-timeout", "5"])
+    go.write_text("duration=17\n")
+    scenarios.wait_for_go(a)
+    assert a.duration == 17
+    go.write_text("\n")  # no deadline near: the table's duration stands
+    a = scenarios.parse(["--name", "x", "--duration", "60", "--go-file", str(go)])
+    scenarios.wait_for_go(a)
+    assert a.duration == 60
