@@ -2,8 +2,10 @@
 //! plain tables kubectl prints ([`Table`], in [`table`]).
 
 pub mod table;
+pub mod term;
 
 pub use table::{terminal_width, Table};
+pub use term::{home_and_clear, redraw_over, Progress};
 
 use serde::Serialize;
 use std::future::Future;
@@ -98,9 +100,9 @@ where
         frames += 1;
         let mut out = std::io::stdout().lock();
         let prefix = match (redraw_in_place, frames) {
-            (true, _) => "\x1b[H\x1b[2J",
-            (false, 1) => "",
-            (false, _) => "\n",
+            (true, _) => home_and_clear(),
+            (false, 1) => String::new(),
+            (false, _) => "\n".to_string(),
         };
         if write!(out, "{prefix}{text}")
             .and_then(|()| out.flush())
