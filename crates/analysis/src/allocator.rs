@@ -543,6 +543,7 @@ impl AgentState {
             rss_bytes: self.rss,
             events: self.events.iter().cloned().collect(),
             oom: self.oom.clone(),
+            verdict_before_oom: None,
         })
     }
 }

@@ -250,6 +250,13 @@ pub struct AllocatorStats {
     /// What held the memory at the newest CUDA OOM the agent saw.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub oom: Option<OomSnapshotSummary>,
+    /// Set after a CUDA OOM (RFC 3339 time of the OOM): growth, fragmentation,
+    /// advice and the GPU's risk are the verdict from just before it, read
+    /// before the exception unwound; what the allocator showed after the
+    /// unwinding (the failing step's tensors freed) is not evidence.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub verdict_before_oom: Option<String>,
 }
 
 /// What grows in the allocator.
