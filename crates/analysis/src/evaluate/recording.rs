@@ -279,7 +279,7 @@ mod tests {
     fn a_record_sh_scenario_is_read_in_the_sidecars_clock() {
         let files = |name: &str| -> Option<String> {
             Some(match name {
-                "plan.txt" => "leak1 oom 39 62 --x\nflat none 10 20 --y\n".into(),
+                "plan.txt" => "dev leak1 oom 39 62 --x\ndev flat none 10 20 --y\n".into(),
                 "schedule.csv" => "name,go,end\nleak1,100.0,140.0\nflat,,,,skipped\n".into(),
                 "leak1.summary.json" => r#"{"start": 100.5, "leakFrom": 106.0, "oomAt": 139.0, "end": 139.0, "totalBytes": 1000, "leakMeasuredMBps": 2.0}"#.into(),
                 "leak1.sidecar.log" => "1970-01-01T00:01:40.000Z  INFO x: all GPUs\n1970-01-01T00:01:40.250Z  INFO memprof_sidecar::run: risk changed from=none to=low\n".into(),
