@@ -21,6 +21,7 @@ pub mod hysteresis;
 mod risk;
 mod rollup;
 mod series;
+pub mod staircase;
 pub mod tracker;
 
 pub use fit::{least_squares_slope, theil_sen, LinearFit};
