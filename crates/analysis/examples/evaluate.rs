@@ -21,6 +21,38 @@ fn main() {
             recs.push(recording::read_fixture(&name, &text).unwrap());
         }
     }
+    if let Ok(name) = std::env::var("DUMP") {
+        use memprof_analysis::evaluate::replay::{replay, Mode};
+        for r in recs.iter().filter(|r| r.name == name) {
+            let origin = r.truth.leak_from.unwrap_or(r.truth.start);
+            for x in replay(r, &Thresholds::default(), Mode::Agent).readings {
+                println!(
+                    "{:.1} leak={} risk={} tto={:?} agent={}",
+                    x.t - origin,
+                    x.leak,
+                    x.risk,
+                    x.tto.map(|t| (t * 10.0).round() / 10.0),
+                    x.from_agent
+                );
+            }
+        }
+        for r in recs.iter().filter(|r| r.name == name) {
+            let origin = r.truth.leak_from.unwrap_or(r.truth.start);
+            let mut st = memprof_analysis::allocator::AgentState::new(&Thresholds::default());
+            for (_, p) in &r.pushes {
+                st.observe(p);
+                let a = st.assess();
+                if let Some(a) = a.first() {
+                    let d = &st.devices()[0];
+                    println!("A {:.1} risk={} tto={:?} g={:.0}MB/s used={:.1} total={:.1} ceil={:?} growth={:?}", p.time - origin, a.risk.risk, a.risk.time_to_oom_seconds.map(|x| (x*10.0).round()/10.0), a.risk.growth_bytes_per_second/1e6, a.risk.used as f64/1e9, a.risk.total as f64/1e9, d.ceiling().map(|c| (c/1e8).round()/10.0), a.growth);
+                }
+            }
+        }
+        return;
+    }
     let e = evaluate(&recs, &Thresholds::default());
     print!("{}", render(&e));
 }
+
+#[allow(dead_code)]
+fn dump() {}

@@ -139,7 +139,7 @@ fn sustained(s: &Staircase) -> Sustained {
     }
 }
 
-fn by_level(fraction: f64, th: &Thresholds) -> RiskLevel {
+pub(crate) fn by_level(fraction: f64, th: &Thresholds) -> RiskLevel {
     if fraction >= th.critical_fraction {
         RiskLevel::Critical
     } else if fraction >= th.high_fraction {
