@@ -23,10 +23,11 @@
 //! epoch), so every rule is unit-tested on plain values.
 
 mod advice;
+pub mod fragment;
 pub mod pace;
 mod state;
 
-pub use advice::{advice, fragmentation, FRAGMENTATION_HIGH, SPLIT_HIGH};
+pub use advice::{advice, fragmentation, Facts, FRAGMENTATION_HIGH, SPLIT_HIGH};
 pub use state::AgentState;
 
 use super::{assess, least_squares_slope, theil_sen, Assessment, GpuSeries, Sample};
@@ -114,6 +115,7 @@ pub struct AgentDevice {
     /// Free + reserved at the last push that told free memory.
     limit: Option<f64>,
     leak: FlagGate,
+    trend: fragment::Trend,
     peak_allocated: u64,
     last: DeviceStats,
 }
@@ -154,6 +156,7 @@ impl AgentDevice {
             segments: VecDeque::new(),
             limit: None,
             leak: FlagGate::default(),
+            trend: fragment::Trend::default(),
             peak_allocated: 0,
             last: DeviceStats::default(),
         }
@@ -201,6 +204,7 @@ impl AgentDevice {
             });
         }
         self.observe_phase(t, phase, d, th);
+        self.trend.push(t, d);
         push_point(&mut self.retries, (t, d.alloc_retries));
         self.last = d.clone();
         let raw = self.short_leak(&th.fast);
@@ -332,8 +336,18 @@ impl AgentDevice {
         a
     }
 
-    /// Assesses this device.
-    pub fn assess(&self, ath: &AgentThresholds) -> AllocatorAssessment {
+    /// The cache over the run.
+    pub fn fragmentation_trend(&self) -> &[memprof_api::FragmentationPoint] {
+        self.trend.points()
+    }
+
+    /// Assesses this device; `sizes` is the allocation-size pattern the
+    /// agent read of it, if any.
+    pub fn assess(
+        &self,
+        ath: &AgentThresholds,
+        sizes: Option<&memprof_api::AllocationSizes>,
+    ) -> AllocatorAssessment {
         let th = &ath.fast;
         let mut risk = self.risk(th);
         let idle = IDLE_FRACTION * self.limit.unwrap_or(0.0);
@@ -358,7 +372,15 @@ impl AgentDevice {
         let pace = (risk.growth_bytes_per_second > 0.0).then_some(risk.growth_bytes_per_second);
         let (fragmentation, split_fraction) = fragmentation(&self.last);
         let recent_retries = recent_increase(&self.retries);
-        let advice = advice(fragmentation, split_fraction, recent_retries, &self.last);
+        let advice = advice(&Facts {
+            growth,
+            pace,
+            fragmentation,
+            split: split_fraction,
+            recent_retries,
+            device: &self.last,
+            sizes,
+        });
         risk.leak_suspected = leak;
         AllocatorAssessment {
             risk,

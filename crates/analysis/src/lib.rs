@@ -17,6 +17,7 @@ pub mod batchfit;
 pub mod breakdown;
 pub mod evaluate;
 mod fit;
+pub mod host;
 pub mod hysteresis;
 mod risk;
 mod rollup;

@@ -257,6 +257,113 @@ pub struct AllocatorStats {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 64))]
     pub verdict_before_oom: Option<String>,
+    /// Fragmentation over the run, oldest first: at most 30 points, each the
+    /// largest cache of an interval (points are merged pairwise as the run
+    /// grows, so the whole run fits).
+    #[schemars(length(max = 30))]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fragmentation_trend: Vec<FragmentationPoint>,
+    /// The allocation-size pattern the agent last read (`sizes`), when it pushes one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocation_sizes: Option<AllocationSizes>,
+    /// The trainer's host memory (process RSS, its container's cgroup):
+    /// growth, leak, time to the container's limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<HostMemory>,
+}
+
+/// The allocator's cache over one interval of the run.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct FragmentationPoint {
+    /// Start of the interval, seconds since the Unix epoch.
+    #[schemars(range(min = 0))]
+    pub t: i64,
+    /// Reserved bytes when the cache (reserved − allocated) was largest in the interval.
+    pub reserved_bytes: u64,
+    /// Allocated bytes at that moment.
+    pub allocated_bytes: u64,
+    /// The most bytes in inactive split blocks within the interval.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inactive_split_bytes: Option<u64>,
+    /// Allocation retries (cumulative) at the end of the interval.
+    #[serde(default)]
+    pub alloc_retries: u64,
+}
+
+/// Live allocations by size: how many fall in each power-of-two bucket.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SizeBucket {
+    /// Upper bound of the bucket (inclusive), bytes.
+    pub upper_bytes: u64,
+    /// Allocations (or free blocks) in it.
+    pub count: u64,
+}
+
+/// The allocation-size pattern (seed 000's `fragment`): what sizes the
+/// trainer allocates, what the cache holds free, and what that means.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct AllocationSizes {
+    /// `snapshot` (live blocks by requested size) or `stats` (pool counts:
+    /// up to 1 MiB and above).
+    #[schemars(length(max = 16))]
+    pub source: String,
+    /// When the agent read it (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub time: Option<String>,
+    /// Live allocations by size, ascending (at most 32).
+    #[schemars(length(max = 32))]
+    #[serde(default)]
+    pub buckets: Vec<SizeBucket>,
+    /// `snapshot` only: free cached blocks by size, ascending (at most 32).
+    #[schemars(length(max = 32))]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub free_buckets: Vec<SizeBucket>,
+    /// The pattern in words (e.g. `mixed sizes: live allocations spread over
+    /// 9 size classes from 4 KiB to 2 GiB`).
+    #[schemars(length(max = 256))]
+    pub pattern: String,
+    /// The size class holding the most live bytes (its upper bound), bytes:
+    /// what `max_split_size_mb` should stay above.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dominant_bytes: Option<u64>,
+}
+
+/// The trainer's host memory as the agent reads it, and what it means.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct HostMemory {
+    /// Resident set size of the trainer process, bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rss_bytes: Option<u64>,
+    /// The container's memory limit (cgroup), bytes; absent when unlimited or unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit_bytes: Option<u64>,
+    /// The container's working set (cgroup usage minus inactive file pages), bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub working_set_bytes: Option<u64>,
+    /// The container's usage (page cache included), bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage_bytes: Option<u64>,
+    /// Sustained growth of the memory that must fit under the limit
+    /// (working set, else usage, else RSS), bytes per second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub growth_bytes_per_second: Option<f64>,
+    /// It keeps growing faster than the host leak threshold.
+    #[serde(default)]
+    pub leak_suspected: bool,
+    /// At that pace, seconds until the container reaches its limit (and is
+    /// OOMKilled), when there is a limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0))]
+    pub time_to_limit_seconds: Option<f64>,
+    /// What to do, when something is to be done.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 512))]
+    pub advice: Option<String>,
 }
 
 /// What grows in the allocator.

@@ -16,8 +16,10 @@ use super::{
     push_point, recent_rate, AgentDevice, AgentThresholds, AllocatorAssessment, MAX_REPORT_BLOCKS,
     MAX_REPORT_EVENTS, MAX_REPORT_FRAMES,
 };
-use memprof_api::agent::{DeviceStats, Push, PushKind};
+use crate::host::HostState;
+use memprof_api::agent::{DeviceStats, Host, Push, PushKind};
 use memprof_api::thresholds::Thresholds;
+use memprof_api::AllocationSizes;
 use memprof_api::{
     truncate_utf8, AgentEvent, AllocatorStats, OomBlock, OomSnapshotSummary, PhasePeak,
 };
@@ -42,6 +44,10 @@ pub struct AgentState {
     frozen: Option<Frozen>,
     /// OOM pushes seen, and the highest `numOoms` counter pushed.
     ooms: (u64, u64),
+    /// The newest allocation-size reading, as the report shows it, and its device.
+    sizes: Option<(u32, AllocationSizes)>,
+    /// The host memory of the process and its container.
+    host: HostState,
 }
 
 /// The assessment from just before an OOM.
@@ -67,6 +73,8 @@ impl AgentState {
             pid: None,
             frozen: None,
             ooms: (0, 0),
+            sizes: None,
+            host: HostState::new(th),
         }
     }
 
@@ -86,6 +94,8 @@ impl AgentState {
             self.steps.clear();
             let th = self.thresholds.clone();
             self.devices.iter_mut().for_each(|d| d.restart(&th));
+            self.host.restart();
+            self.sizes = None;
         }
         self.last_push = Some(p.time);
         self.rss = p
@@ -98,6 +108,7 @@ impl AgentState {
             self.ooms.1 = self.ooms.1.max(d.num_ooms);
         }
         self.observe_events(p);
+        self.observe_host(p);
         if self.frozen.is_some() {
             // The process after its OOM: the verdict stays the one from before.
             return;
@@ -107,6 +118,7 @@ impl AgentState {
         if let Some(step) = p.step {
             push_point(&mut self.steps, (p.time, step));
         }
+        self.observe_sizes(p);
         let (t, devices): (f64, &[DeviceStats]) = match (&p.pre_oom, p.kind) {
             (Some(pre), PushKind::Oom) => (pre.time, &pre.devices),
             _ => (p.time, &p.devices),
@@ -133,6 +145,34 @@ impl AgentState {
             None => return,
         };
         self.devices[at].observe(t, phase, d, &self.thresholds);
+    }
+
+    /// Host memory is not what a CUDA OOM frees: read before and after it.
+    fn observe_host(&mut self, p: &Push) {
+        let host = p.host.clone().or_else(|| {
+            p.rss_bytes.map(|rss| Host {
+                rss_bytes: Some(rss),
+                ..Default::default()
+            })
+        });
+        if let Some(h) = host {
+            self.host.observe(p.time, &h);
+        }
+    }
+
+    /// A `sizes` reading, once per reading (pushes repeat the latest).
+    fn observe_sizes(&mut self, p: &Push) {
+        let Some(s) = &p.sizes else { return };
+        let time = s.at.map(rfc3339);
+        if self
+            .sizes
+            .as_ref()
+            .is_some_and(|(_, r)| r.time == time && time.is_some())
+        {
+            return;
+        }
+        let device = s.device.unwrap_or(0);
+        self.sizes = Some((device, super::fragment::report(s, time)));
     }
 
     fn observe_events(&mut self, p: &Push) {
@@ -165,14 +205,23 @@ impl AgentState {
         &self.devices
     }
 
-    /// Assesses every device, in the order of [`AgentState::devices`].
+    /// The allocation-size pattern of `device`, when the newest reading is of it.
+    fn sizes_of(&self, device: u32) -> Option<&AllocationSizes> {
+        self.sizes
+            .as_ref()
+            .filter(|(d, _)| *d == device)
+            .map(|(_, s)| s)
+    }
+
+    /// Assesses every device, in the order of [`AgentState::devices`]
+    /// (after an OOM: as they were just before it).
     pub fn assess(&self) -> Vec<AllocatorAssessment> {
         if let Some(f) = &self.frozen {
             return f.assessments.clone();
         }
         self.devices
             .iter()
-            .map(|d| d.assess(&self.thresholds))
+            .map(|d| d.assess(&self.thresholds, self.sizes_of(d.index)))
             .collect()
     }
 
@@ -227,6 +276,9 @@ impl AgentState {
             events: self.events.iter().cloned().collect(),
             oom: self.oom.clone(),
             verdict_before_oom: self.frozen.as_ref().map(|f| rfc3339(f.at)),
+            fragmentation_trend: dev.fragmentation_trend().to_vec(),
+            allocation_sizes: self.sizes.as_ref().map(|(_, s)| s.clone()),
+            host: self.host.report(),
         })
     }
 }
