@@ -23,6 +23,7 @@
 //! epoch), so every rule is unit-tested on plain values.
 
 mod advice;
+pub mod carried;
 pub mod fragment;
 pub mod pace;
 mod state;

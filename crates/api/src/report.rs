@@ -270,6 +270,118 @@ pub struct AllocatorStats {
     /// growth, leak, time to the container's limit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host: Option<HostMemory>,
+    /// The trainer's latest gradient check (`memprof_agent.watch_gradients`), when on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gradients: Option<GradientCheck>,
+    /// What grew between the reference tracker's last two samples
+    /// (`memprof_agent.track`), when on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracking: Option<TrackedGrowth>,
+}
+
+/// The latest gradient check: NaN/Inf, unusually large and vanishing
+/// gradients. The lists name at most 4 parameters each; the counts say how
+/// many there were.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct GradientCheck {
+    /// Step of the check.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<u64>,
+    /// Gradients checked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checked: Option<u64>,
+    /// Parameters whose gradient holds NaN or Inf (at most 4).
+    #[schemars(length(max = 4), inner(length(max = 128)))]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub non_finite: Vec<String>,
+    /// How many there were.
+    #[serde(default)]
+    pub non_finite_count: u64,
+    /// Parameters whose gradient norm jumped above its history, largest first (at most 4).
+    #[schemars(length(max = 4), inner(length(max = 128)))]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub large: Vec<String>,
+    /// How many there were.
+    #[serde(default)]
+    pub large_count: u64,
+    /// Parameters whose gradient is all but zero (at most 4).
+    #[schemars(length(max = 4), inner(length(max = 128)))]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub vanishing: Vec<String>,
+    /// How many there were.
+    #[serde(default)]
+    pub vanishing_count: u64,
+    /// Global L2 norm of the checked gradients; absent when one is not finite.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub global_norm: Option<f64>,
+    /// Median of the previous checks' global norms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub global_norm_median: Option<f64>,
+    /// The first step with a non-finite gradient.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_non_finite_step: Option<u64>,
+}
+
+/// What grew between two samples of the reference tracker: the largest
+/// tensor groups and Python object types (at most 8 each).
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct TrackedGrowth {
+    /// Step of the older sample.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_step: Option<u64>,
+    /// Step of the newer sample.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to_step: Option<u64>,
+    /// Seconds between them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seconds: Option<f64>,
+    /// Live tensors at the newer sample.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub live_tensors: Option<u64>,
+    /// Their bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub live_tensor_bytes: Option<u64>,
+    /// Tensor groups that grew, largest byte growth first (at most 8).
+    #[schemars(length(max = 8))]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tensors: Vec<TensorGrowth>,
+    /// Python object types that grew (at most 8).
+    #[schemars(length(max = 8))]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub objects: Vec<ObjectGrowth>,
+}
+
+/// One group of live tensors that grew.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct TensorGrowth {
+    /// `device dtype shape`, e.g. `cuda:0 torch.float32 [1024, 1024]`.
+    #[schemars(length(max = 160))]
+    pub group: String,
+    /// Where they were allocated, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 128))]
+    pub site: Option<String>,
+    /// Growth of their count.
+    pub count: i64,
+    /// Growth of their bytes.
+    pub bytes: i64,
+}
+
+/// One Python object type that grew.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ObjectGrowth {
+    /// `module.QualName`.
+    #[serde(rename = "type")]
+    #[schemars(length(max = 64))]
+    pub type_: String,
+    /// Growth of the count.
+    pub count: i64,
+    /// Count at the newer sample.
+    pub live: u64,
 }
 
 /// The allocator's cache over one interval of the run.

@@ -48,6 +48,9 @@ pub struct AgentState {
     sizes: Option<(u32, AllocationSizes)>,
     /// The host memory of the process and its container.
     host: HostState,
+    /// The newest gradient check and tracker growth, as the report carries them.
+    gradients: Option<memprof_api::GradientCheck>,
+    tracking: Option<memprof_api::TrackedGrowth>,
 }
 
 /// The assessment from just before an OOM.
@@ -75,6 +78,8 @@ impl AgentState {
             ooms: (0, 0),
             sizes: None,
             host: HostState::new(th),
+            gradients: None,
+            tracking: None,
         }
     }
 
@@ -96,6 +101,8 @@ impl AgentState {
             self.devices.iter_mut().for_each(|d| d.restart(&th));
             self.host.restart();
             self.sizes = None;
+            self.gradients = None;
+            self.tracking = None;
         }
         self.last_push = Some(p.time);
         self.rss = p
@@ -109,6 +116,13 @@ impl AgentState {
         }
         self.observe_events(p);
         self.observe_host(p);
+        // Neither is what an OOM's unwinding changes.
+        if let Some(g) = &p.grads {
+            self.gradients = Some(super::carried::gradients(g));
+        }
+        if let Some(t) = &p.tracking {
+            self.tracking = Some(super::carried::tracking(t));
+        }
         if self.frozen.is_some() {
             // The process after its OOM: the verdict stays the one from before.
             return;
@@ -279,6 +293,8 @@ impl AgentState {
             fragmentation_trend: dev.fragmentation_trend().to_vec(),
             allocation_sizes: self.sizes.as_ref().map(|(_, s)| s.clone()),
             host: self.host.report(),
+            gradients: self.gradients.clone(),
+            tracking: self.tracking.clone(),
         })
     }
 }
