@@ -99,7 +99,12 @@ pub fn render(e: &Evaluation) -> String {
             if let Some(a) = &j.after_oom {
                 out.push_str(&format!(
                     "{:<22} {:<5}   after the OOM: growth={:?} fragmentation={} advice={} kept from before the OOM={}\n",
-                    "", "", a.growth, cell(a.fragmentation.map(|f| (f * 1000.0).round() / 1000.0)), a.advice, a.kept_from_before
+                    "",
+                    "",
+                    a.growth,
+                    a.fragmentation.map_or("-".into(), |f| format!("{f:.3}")),
+                    a.advice,
+                    a.kept_from_before
                 ));
             }
         }
