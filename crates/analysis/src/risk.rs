@@ -175,6 +175,42 @@ pub(crate) fn by_trend(tto: Option<f64>, confidence: f64, th: &Thresholds) -> Ri
     }
 }
 
+/// Growth, time to OOM, leak and sustained growth into `a`; returns the
+/// trend's confidence and the highest level it may reach. A regular run of
+/// rises after the start is sustained growth; the start's own climb
+/// (loading weights looks the same) is not, and without a run the envelope's
+/// trend may warn but not alarm.
+fn growth(
+    series: &GpuSeries,
+    th: &Thresholds,
+    upper: &[(f64, f64)],
+    (total, level): (f64, f64),
+    a: &mut Assessment,
+) -> (f64, RiskLevel) {
+    let now = series.last().map_or(0.0, |s| s.t);
+    let stairs = series
+        .rises()
+        .staircase(now, 2)
+        .filter(|s| !s.rises.iter().all(|r| r.start));
+    match &stairs {
+        Some(s) => {
+            a.growth_bytes_per_second = s.rate();
+            let tto = (s.oom_at(total) - now).max(0.0);
+            a.time_to_oom_seconds = Some(tto);
+            a.leak_suspected = staircase_leaks(s, th);
+            a.sustained = Some(sustained(s));
+            (pace_confidence(s, tto, th), RiskLevel::Critical)
+        }
+        None => {
+            let (growth, tto, c) =
+                envelope_trend(upper, series, th, total - level).unwrap_or((0.0, None, 0.0));
+            a.growth_bytes_per_second = growth;
+            a.time_to_oom_seconds = tto;
+            (c, RiskLevel::Medium)
+        }
+    }
+}
+
 /// Assesses one GPU's history against the thresholds.
 pub fn assess(series: &GpuSeries, th: &Thresholds) -> Assessment {
     let Some(last) = series.last() else {
@@ -197,30 +233,7 @@ pub fn assess(series: &GpuSeries, th: &Thresholds) -> Assessment {
         spike_detected: spiked(series, th, active_from, total),
         ..Default::default()
     };
-    // A regular run of rises after the start is sustained growth; the
-    // start's own climb (loading weights looks the same) is not.
-    let stairs = series
-        .rises()
-        .staircase(last.t, 2)
-        .filter(|s| !s.rises.iter().all(|r| r.start));
-    let (confidence, cap) = match &stairs {
-        Some(s) => {
-            a.growth_bytes_per_second = s.rate();
-            let tto = (s.oom_at(total) - last.t).max(0.0);
-            a.time_to_oom_seconds = Some(tto);
-            a.leak_suspected = staircase_leaks(s, th);
-            a.sustained = Some(sustained(s));
-            (pace_confidence(s, tto, th), RiskLevel::Critical)
-        }
-        None => {
-            let (growth, tto, c) =
-                envelope_trend(&upper, series, th, total - level).unwrap_or((0.0, None, 0.0));
-            a.growth_bytes_per_second = growth;
-            a.time_to_oom_seconds = tto;
-            // Without sustained growth a trend may warn, never alarm.
-            (c, RiskLevel::Medium)
-        }
-    };
+    let (confidence, cap) = growth(series, th, &upper, (total, level), &mut a);
     let trend_risk = by_trend(a.time_to_oom_seconds, confidence, th).min(cap);
     let level_risk = by_level(level / total, th);
     let span_factor = (series.observed_span() / th.trust_span_seconds).min(1.0);

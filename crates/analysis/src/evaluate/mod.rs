@@ -75,54 +75,62 @@ pub fn render(e: &Evaluation) -> String {
     ));
     for (mode, list) in [("nvml", &e.nvml), ("agent", &e.agent)] {
         for j in list {
-            let tto = j.tto_at_half.as_ref().map_or("-".into(), |t| {
-                format!(
-                    "{:.1} vs {:.1} ({:+.1}%)",
-                    t.estimate, t.truth, t.error_percent
-                )
-            });
-            out.push_str(&format!(
-                "{:<22} {:<5} {:<5} {:>6} {:>5} {:>6} {:>8} {:>6} {:>6} {:>5} {:<9} {}\n",
-                j.name,
-                mode,
-                j.truth,
-                cell(j.life),
-                cell(j.visible),
-                cell(j.leak_flag),
-                cell(j.leak_flag_after_visible),
-                cell(j.high),
-                cell(j.critical),
-                j.false_flags,
-                j.worst.to_string(),
-                tto
-            ));
-            if let Some(a) = &j.after_oom {
-                out.push_str(&format!(
-                    "{:<22} {:<5}   after the OOM: growth={:?} fragmentation={} advice={} kept from before the OOM={}\n",
-                    "",
-                    "",
-                    a.growth,
-                    a.fragmentation.map_or("-".into(), |f| format!("{f:.3}")),
-                    a.advice,
-                    a.kept_from_before
-                ));
-            }
+            out.push_str(&row(mode, j));
         }
     }
     for (mode, t) in [("nvml", &e.nvml_totals), ("agent", &e.agent_totals)] {
+        out.push_str(&totals_line(mode, t));
+    }
+    out
+}
+
+fn row(mode: &str, j: &Judged) -> String {
+    let tto = j.tto_at_half.as_ref().map_or("-".into(), |t| {
+        format!(
+            "{:.1} vs {:.1} ({:+.1}%)",
+            t.estimate, t.truth, t.error_percent
+        )
+    });
+    let mut out = format!(
+        "{:<22} {:<5} {:<5} {:>6} {:>5} {:>6} {:>8} {:>6} {:>6} {:>5} {:<9} {}\n",
+        j.name,
+        mode,
+        j.truth,
+        cell(j.life),
+        cell(j.visible),
+        cell(j.leak_flag),
+        cell(j.leak_flag_after_visible),
+        cell(j.high),
+        cell(j.critical),
+        j.false_flags,
+        j.worst.to_string(),
+        tto
+    );
+    if let Some(a) = &j.after_oom {
         out.push_str(&format!(
-            "{mode}: leak flag precision {} recall {} ({} true, {} scenario(s) with false flags, {} leaks); \
-             flag within 15 s of visible {}/{}; TTO within 20 % at half-life {}/{} (leaks living >= 30 s)\n",
-            t.precision.map_or("-".into(), |p| format!("{p:.2}")),
-            t.recall.map_or("-".into(), |r| format!("{r:.2}")),
-            t.true_flags,
-            t.false_flag_scenarios,
-            t.leaks,
-            t.flagged_within_15s_of_visible,
-            t.with_visibility,
-            t.tto_within_20_percent,
-            t.long_lived
+            "{:<28}   after the OOM: growth={:?} fragmentation={} advice={} kept from before the OOM={}\n",
+            "",
+            a.growth,
+            a.fragmentation.map_or("-".into(), |f| format!("{f:.3}")),
+            a.advice,
+            a.kept_from_before
         ));
     }
     out
+}
+
+fn totals_line(mode: &str, t: &Totals) -> String {
+    format!(
+        "{mode}: leak flag precision {} recall {} ({} true, {} scenario(s) with false flags, {} leaks); \
+         flag within 15 s of visible {}/{}; TTO within 20 % at half-life {}/{} (leaks living >= 30 s)\n",
+        t.precision.map_or("-".into(), |p| format!("{p:.2}")),
+        t.recall.map_or("-".into(), |r| format!("{r:.2}")),
+        t.true_flags,
+        t.false_flag_scenarios,
+        t.leaks,
+        t.flagged_within_15s_of_visible,
+        t.with_visibility,
+        t.tto_within_20_percent,
+        t.long_lived
+    )
 }
