@@ -11,6 +11,12 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+mod analysis;
+pub use analysis::{
+    AllocationSizes, FragmentationPoint, GradientCheck, HostMemory, ObjectGrowth, SizeBucket,
+    TensorGrowth, TrackedGrowth,
+};
+
 /// What one pod's sidecar saw of the pod's GPUs.
 #[derive(CustomResource, Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[kube(
@@ -250,6 +256,33 @@ pub struct AllocatorStats {
     /// What held the memory at the newest CUDA OOM the agent saw.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub oom: Option<OomSnapshotSummary>,
+    /// Set after a CUDA OOM (RFC 3339 time of the OOM): growth, fragmentation,
+    /// advice and the GPU's risk are the verdict from just before it, read
+    /// before the exception unwound; what the allocator showed after the
+    /// unwinding (the failing step's tensors freed) is not evidence.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub verdict_before_oom: Option<String>,
+    /// Fragmentation over the run, oldest first: at most 30 points, each the
+    /// largest cache of an interval (points are merged pairwise as the run
+    /// grows, so the whole run fits).
+    #[schemars(length(max = 30))]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fragmentation_trend: Vec<FragmentationPoint>,
+    /// The allocation-size pattern the agent last read (`sizes`), when it pushes one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocation_sizes: Option<AllocationSizes>,
+    /// The trainer's host memory (process RSS, its container's cgroup):
+    /// growth, leak, time to the container's limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<HostMemory>,
+    /// The trainer's latest gradient check (`memprof_agent.watch_gradients`), when on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gradients: Option<GradientCheck>,
+    /// What grew between the reference tracker's last two samples
+    /// (`memprof_agent.track`), when on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracking: Option<TrackedGrowth>,
 }
 
 /// What grows in the allocator.
