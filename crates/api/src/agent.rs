@@ -17,6 +17,11 @@ use serde::{Deserialize, Serialize};
 
 mod breakdown;
 pub use breakdown::{Breakdown, Flag, ModulePhase, ModuleTypeBytes};
+mod reply;
+pub use reply::{
+    Ack, Directive, DirectiveKind, PushReply, Verdict, MAX_ACKS, MAX_ACK_ACTION, MAX_DIRECTIVES,
+    MAX_DIRECTIVE_ID, MAX_DIRECTIVE_REASON,
+};
 
 /// The push format version this sidecar speaks.
 pub const VERSION: u32 = 1;
@@ -116,6 +121,9 @@ pub struct Push {
     /// What holds the memory (`memprof_agent.breakdown`), when measured.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub breakdown: Option<Breakdown>,
+    /// Acknowledgements of directives the sidecar relayed (contract B).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub acks: Vec<Ack>,
 }
 
 /// One device's allocator statistics (`torch.cuda.memory_stats(i)`, read
@@ -318,6 +326,12 @@ pub enum Error {
     /// An `oom` push without its snapshot, or a snapshot on another kind.
     #[error("an oom snapshot belongs in a push of kind oom, and every oom push carries one")]
     OomMismatch,
+    /// A string that must not be empty.
+    #[error("{what} is empty")]
+    Empty {
+        /// Which string.
+        what: String,
+    },
     /// A breakdown whose numbers cannot all be true.
     #[error("breakdown: {why}; send the numbers memprof_agent.breakdown measured (docs/agent.md)")]
     Breakdown {
@@ -399,6 +413,7 @@ pub fn validate(p: &Push) -> Result<(), Error> {
     if let Some(b) = &p.breakdown {
         breakdown::validate(b)?;
     }
+    reply::validate_acks(&p.acks)?;
     Ok(())
 }
 
@@ -687,6 +702,14 @@ mod tests {
         ];
         p.phase = Some("p".repeat(MAX_NAME));
         p.breakdown = Some(largest_breakdown());
+        p.acks = vec![
+            Ack {
+                id: "i".repeat(MAX_DIRECTIVE_ID),
+                action: "a".repeat(MAX_ACK_ACTION),
+                ok: true,
+            };
+            MAX_ACKS
+        ];
         assert!(validate(&p).is_ok());
         // The largest valid push fits the body cap.
         let size = serde_json::to_vec(&p).unwrap().len() as u64;

@@ -267,6 +267,9 @@ impl Monitor {
             allocator: self.agent.stats(&self.agent_assessments),
             breakdown: self.breakdowns.report(),
             conditions,
+            // The loop's own: its heartbeat and the trainers' acknowledgements.
+            heartbeat_seconds: None,
+            agent_acks: vec![],
         }
     }
 }
