@@ -105,7 +105,14 @@ impl Metrics {
             gpu_risk: Family::default(),
             gpu_time_to_oom: Family::default(),
         };
-        let r = registry;
+        m.register_sidecar(registry);
+        m.register_gpus(registry);
+        m
+    }
+
+    /// The sidecar's own families: sampling, writes, pushes, listeners.
+    fn register_sidecar(&self, r: &mut Registry) {
+        let m = self;
         r.register(
             "memprof_sampler_duration_seconds",
             "Time to sample all GPUs once",
@@ -138,9 +145,14 @@ impl Metrics {
         );
         r.register(
             "memprof_sidecar_listen_errors",
-            "Failures to listen for the endpoints (sampling and reports go on)",
+            "Failures to serve the endpoints or the agent socket (sampling and reports go on)",
             m.listen_errors.clone(),
         );
+    }
+
+    /// The per-GPU families (and whether GPUs are visible).
+    fn register_gpus(&self, r: &mut Registry) {
+        let m = self;
         r.register(
             "memprof_gpu_visible",
             "1 when the pod's GPUs are visible to the sidecar",
@@ -171,7 +183,6 @@ impl Metrics {
             "Predicted seconds to OOM",
             m.gpu_time_to_oom.clone(),
         );
-        m
     }
 
     /// Counts a successful write.

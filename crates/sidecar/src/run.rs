@@ -92,6 +92,30 @@ pub struct Decision {
     pub answer: PushReply,
 }
 
+/// The endpoints' view of the pipeline, and the pipeline's ends of it (the
+/// writer's is added when there is a writer).
+fn wire(registry: Registry, metrics: &Metrics) -> (Shared, Outputs, AgentInbox) {
+    let (report, report_rx) = watch::channel(None);
+    let (answer, answer_rx) = watch::channel(PushReply {
+        accepted: true,
+        ..Default::default()
+    });
+    let inbox = AgentInbox::default();
+    let shared = Shared {
+        registry: Arc::new(Mutex::new(registry)),
+        report: report_rx,
+        agent: inbox.clone(),
+        answer: answer_rx,
+        metrics: metrics.clone(),
+    };
+    let out = Outputs {
+        write: None,
+        report,
+        answer,
+    };
+    (shared, out, inbox)
+}
+
 /// Sample time: the wall clock, or a scenario's or trace's clock at `--speed`.
 struct Clock {
     started: Instant,
@@ -145,27 +169,13 @@ impl Sidecar {
             .gpu_visible
             .set(i64::from(opened.condition.is_true()));
         tracing::info!(pod = %setup.id.pod_name, rank = ?setup.rank, gpus = opened.sampler.gpus().len(), source = %opened.sampler.source(), "{}", opened.condition.message);
-        let (report, report_rx) = watch::channel(None);
-        let (answer, answer_rx) = watch::channel(PushReply {
-            accepted: true,
-            ..Default::default()
-        });
-        let inbox = AgentInbox::default();
-        let shared = Shared {
-            registry: Arc::new(Mutex::new(registry)),
-            report: report_rx,
-            agent: inbox.clone(),
-            answer: answer_rx,
-            metrics: metrics.clone(),
-        };
+        let (shared, mut out, inbox) = wire(registry, &metrics);
         let (endpoints, endpoint_conditions) = Endpoints::start(&args, shared).await;
-        let (write, writer) = if args.standalone {
-            (None, None)
-        } else {
+        let writer = (!args.standalone).then(|| {
             let (tx, rx) = watch::channel(None);
-            let task = crate::setup::start_writer(&args, &setup.id.pod_name, rx, metrics.clone());
-            (Some(tx), Some(task))
-        };
+            out.write = Some(tx);
+            crate::setup::start_writer(&args, &setup.id.pod_name, rx, metrics.clone())
+        });
         let mut conditions = vec![opened.condition];
         conditions.extend(endpoint_conditions);
         let sidecar = Sidecar {
@@ -181,11 +191,7 @@ impl Sidecar {
                 heartbeat: args.heartbeat_seconds,
                 ..Budget::default()
             },
-            out: Outputs {
-                write,
-                report,
-                answer,
-            },
+            out,
             trace_out,
             clock: Clock {
                 started: Instant::now(),
