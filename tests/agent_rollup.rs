@@ -23,7 +23,7 @@ async fn an_agent_only_pod_rolls_up_with_risk_and_time_to_oom() {
         .await
         .remove(0);
 
-    let (_sidecar, port) =
+    let sidecar =
         agent_common::start(&pod.name_any(), &pod.uid().unwrap(), &ns.name).await;
 
     // 200 s of a 100 MB/s leak, as the agent would push it once a second,
@@ -39,7 +39,7 @@ async fn an_agent_only_pod_rolls_up_with_risk_and_time_to_oom() {
                          "freeBytes": 80_000_000_000u64 - reserved - 500_000_000,
                          "totalBytes": 80_000_000_000u64}],
         });
-        assert_eq!(push(port, &body).await.0, 204, "push {i}");
+        assert_eq!(push(&sidecar, &body).await.0, 200, "push {i}");
     }
 
     let reports: Api<MemoryReport> = Api::namespaced(client.clone(), &ns.name);
