@@ -713,6 +713,7 @@ mod tests {
         assert!(validate(&p).is_ok());
         // The largest valid push fits the body cap.
         let size = serde_json::to_vec(&p).unwrap().len() as u64;
+        eprintln!("largest valid push: {size} bytes");
         assert!(size < MAX_BODY_BYTES, "{size}");
         p.oom.as_mut().unwrap().blocks[3]
             .frames
