@@ -23,6 +23,11 @@ pub use extras::{
     MAX_GRAD_NAME, MAX_GRAD_NAMES, MAX_SHAPE_DIMS, MAX_SITE, MAX_SIZE_BOUND, MAX_SIZE_BUCKETS,
     MAX_TAG, MAX_TRACKED,
 };
+mod reply;
+pub use reply::{
+    Ack, Directive, DirectiveKind, PushReply, Verdict, MAX_ACKS, MAX_ACK_ACTION, MAX_DIRECTIVES,
+    MAX_DIRECTIVE_ID, MAX_DIRECTIVE_REASON,
+};
 
 /// The push format version this sidecar speaks.
 pub const VERSION: u32 = 1;
@@ -137,6 +142,9 @@ pub struct Push {
     /// The allocator's state before an OOM exception unwound (only in `kind: oom` pushes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pre_oom: Option<PreOom>,
+    /// Acknowledgements of directives the sidecar relayed (contract B).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub acks: Vec<Ack>,
 }
 
 /// One device's allocator statistics (`torch.cuda.memory_stats(i)`, read
@@ -369,6 +377,12 @@ pub enum Error {
     /// An `oom` push without its snapshot, or a snapshot on another kind.
     #[error("an oom snapshot belongs in a push of kind oom, and every oom push carries one")]
     OomMismatch,
+    /// A string that must not be empty.
+    #[error("{what} is empty")]
+    Empty {
+        /// Which string.
+        what: String,
+    },
     /// A breakdown whose numbers cannot all be true.
     #[error("breakdown: {why}; send the numbers memprof_agent.breakdown measured (docs/agent.md)")]
     Breakdown {
@@ -494,6 +508,7 @@ fn validate_extras(p: &Push) -> Result<(), Error> {
         }
         extras::validate_pre_oom(pre)?;
     }
+    reply::validate_acks(&p.acks)?;
     Ok(())
 }
 

@@ -79,6 +79,43 @@ pub struct MemoryReportSpec {
     #[schemars(length(max = 8))]
     #[serde(default)]
     pub conditions: Vec<Condition>,
+    /// The sidecar's heartbeat: while it runs, it writes this report at
+    /// least this often (seconds, rounded up) even when nothing changes. A
+    /// report older than a few heartbeats is from a rank that stopped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 86_400))]
+    pub heartbeat_seconds: Option<u64>,
+    /// The newest acknowledgements of directives by the pod's trainer
+    /// processes (contract B), at most 16, oldest first, one per directive
+    /// id and process.
+    #[schemars(length(max = 16))]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub agent_acks: Vec<AgentAck>,
+}
+
+/// A trainer process's acknowledgement of a directive, as its agent pushed it.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentAck {
+    /// The directive's id.
+    #[schemars(length(min = 1, max = 64))]
+    pub id: String,
+    /// What the trainer did, in its own words.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(length(max = 128))]
+    pub action: String,
+    /// Whether it did what was asked.
+    pub ok: bool,
+    /// When the sidecar received it (RFC 3339).
+    #[schemars(length(max = 64))]
+    pub time: String,
+    /// The trainer process's id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+    /// The trainer process's rank, as its agent told it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(max = 1_000_000))]
+    pub rank: Option<u32>,
 }
 
 /// Pod-level roll-up of a report.

@@ -220,9 +220,18 @@ fn an_oom_push_carries_a_bounded_snapshot() {
     p.phase = Some("p".repeat(MAX_NAME));
     p.breakdown = Some(largest_breakdown());
     extras::tests::at_bounds(&mut p);
+    p.acks = vec![
+        Ack {
+            id: "i".repeat(MAX_DIRECTIVE_ID),
+            action: "a".repeat(MAX_ACK_ACTION),
+            ok: true,
+        };
+        MAX_ACKS
+    ];
     assert!(validate(&p).is_ok(), "{:?}", validate(&p));
     // The largest valid push fits the body cap.
     let size = serde_json::to_vec(&p).unwrap().len() as u64;
+    eprintln!("largest valid push: {size} bytes");
     assert!(size < MAX_BODY_BYTES, "{size}");
     p.oom.as_mut().unwrap().blocks[3]
         .frames
