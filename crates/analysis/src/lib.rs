@@ -27,5 +27,8 @@ pub mod tracker;
 
 pub use fit::{least_squares_slope, theil_sen, LinearFit};
 pub use risk::{assess, Assessment};
-pub use rollup::{rollup, validate_report, RollupInput};
+pub use rollup::{
+    report_limit, rollup, validate_report, JobRollup, ReportMeta, RollupInput, RollupLimits,
+    MAX_STALE_LISTED,
+};
 pub use series::{GpuSeries, Sample};
