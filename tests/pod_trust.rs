@@ -1,0 +1,285 @@
+//! Issue 15 items 1 and 2, as attacks against the real local control plane:
+//! whoever may create pods in a namespace tries to steer another user's Job
+//! through memprof (recreate it with a smaller batch) without any right on
+//! that Job. Each test is named after the attack it proves closed
+//! (docs/security.md, "Pod trust").
+
+mod common;
+mod remediation_support;
+mod tenant_support;
+
+use common::*;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams, PostParams};
+use kube::{Client, ResourceExt};
+use memprof::api::{MemoryProfile, RiskLevel};
+use remediation_support::job as job_of;
+use remediation_support::*;
+use serde_json::json;
+use std::time::Duration;
+use tenant_support::*;
+
+/// How long "nothing happens" is watched: the operator reacts to a counted
+/// critical report within about a second (the positive controls below).
+const QUIET: Duration = Duration::from_secs(8);
+
+/// A pod of `creator` that claims Job `job` as its controller, carries the
+/// Job's selector labels and a finalizer of its own (so the Job controller's
+/// deletion of the "excess" pod leaves it in place).
+async fn planted_pod(creator: &Client, ns: &str, name: &str, job: &Job) -> Pod {
+    let uid = job.uid().unwrap();
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {
+            "name": name,
+            "labels": {"controller-uid": uid, "job-name": job.name_any()},
+            "finalizers": ["example.com/keep"],
+            "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job",
+                                 "name": job.name_any(), "uid": uid, "controller": true}],
+        },
+        "spec": {"restartPolicy": "Never",
+                 "containers": [{"name": "trainer", "image": "busybox"}]},
+    }))
+    .unwrap();
+    Api::<Pod>::namespaced(creator.clone(), ns)
+        .create(&PostParams::default(), &pod)
+        .await
+        .expect("a pod creator may create this pod")
+}
+
+/// Removes the test's finalizers so the namespace can go.
+async fn release(admin: &Client, ns: &str, name: &str) {
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), ns);
+    let patch = json!({"metadata": {"finalizers": null}});
+    let _ = pods
+        .patch(
+            name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await;
+}
+
+/// The critical report `pod`'s sidecar would write for rank 0 of `job`.
+fn critical_of(pod: &Pod, job: &str, offset: u64) -> memprof::api::MemoryReport {
+    let gpus = vec![gpu(0, 79, 79, RiskLevel::Critical, Some(5.0))];
+    pod_report(pod, job, 0, &at(offset), gpus)
+}
+
+/// The Job stays the one it was, with `BATCH_SIZE=32`, and no remediation
+/// or OOM is recorded, for [`QUIET`].
+async fn untouched(admin: &Client, ns: &str, job: &Job) {
+    let profiles: Api<MemoryProfile> = Api::namespaced(admin.clone(), ns);
+    stays(
+        "the victim's Job untouched, no OOM or remediation recorded",
+        QUIET,
+        || async {
+            let j = job_of(admin, ns, &job.name_any()).await.ok_or("no Job")?;
+            let st = profiles
+                .get(&job.name_any())
+                .await
+                .map_err(|e| e.to_string())?
+                .status
+                .unwrap_or_default();
+            let same = j.uid() == job.uid() && env_of(&j, "BATCH_SIZE").as_deref() == Some("32");
+            (same && st.ooms.is_empty() && st.remediations.is_empty())
+                .then_some(())
+                .ok_or(format!(
+                    "Job {:?} BATCH_SIZE {:?}; ooms {:?}; remediations {:?}",
+                    j.uid(),
+                    env_of(&j, "BATCH_SIZE"),
+                    st.ooms,
+                    st.remediations
+                ))
+        },
+    )
+    .await;
+}
+
+/// The positive control: the Job's own pod reporting critical gets it
+/// recreated with `BATCH_SIZE=24` (so "untouched" above was not a dead pipeline).
+async fn genuine_report_still_remediates(admin: &Client, ns: &str, job: &Job, pod: &Pod) {
+    let reporter = pod_identity(admin, ns).await;
+    apply_report(&reporter, ns, &critical_of(pod, &job.name_any(), 300)).await;
+    eventually("the Job recreated with BATCH_SIZE 24", || async {
+        match job_of(admin, ns, &job.name_any()).await {
+            Some(j)
+                if j.uid() != job.uid() && env_of(&j, "BATCH_SIZE").as_deref() == Some("24") =>
+            {
+                Ok(())
+            }
+            other => Err(format!("{:?}", other.map(|j| j.uid()))),
+        }
+    })
+    .await;
+}
+
+/// The pods of Job `job` (by controller uid) as they are, oldest first.
+async fn pods_of(client: &Client, ns: &str, job: &Job, n: usize) -> Vec<Pod> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let uid = job.uid().unwrap();
+    eventually("the Job controller's pods", || async {
+        let lp = ListParams::default().labels(&format!("controller-uid={uid}"));
+        let mut list = pods.list(&lp).await.map_err(|e| e.to_string())?.items;
+        list.retain(|p| p.metadata.deletion_timestamp.is_none());
+        list.sort_by_key(|p| p.creation_timestamp());
+        match list.len() {
+            len if len >= n => Ok(list),
+            len => Err(format!("{len} pod(s)")),
+        }
+    })
+    .await
+}
+
+struct Setup {
+    admin: Client,
+    ns: TestNamespace,
+    operator: RunningOperator,
+    remediation: RunningRemediation,
+}
+
+impl Setup {
+    /// Operator and remediation on a fresh namespace, the shrink policy.
+    async fn start() -> Option<Setup> {
+        let admin = cluster().await?;
+        let ns = TestNamespace::create(&admin).await;
+        let operator = start_operator(&admin, &ns.name);
+        let remediation = start_remediation(&admin, &ns.name);
+        apply_policy(&admin, &ns.name, "shrink", shrink_policy(false))
+            .await
+            .unwrap();
+        Some(Setup {
+            admin,
+            ns,
+            operator,
+            remediation,
+        })
+    }
+
+    /// A profiled Job `train` (BATCH_SIZE 32) of the admin, its pod's first
+    /// (healthy) report written and rolled up.
+    async fn victim(&self) -> (Job, Pod) {
+        let ns = self.ns.name.as_str();
+        let job = training_job(&self.admin, ns, "train", Some("32")).await;
+        let pod = pods_of(&self.admin, ns, &job, 1).await.remove(0);
+        let reporter = pod_identity(&self.admin, ns).await;
+        let healthy = vec![gpu(0, 30, 31, RiskLevel::Low, None)];
+        apply_report(
+            &reporter,
+            ns,
+            &pod_report(&pod, "train", 0, &at(0), healthy),
+        )
+        .await;
+        profile_with_status(&self.admin, ns, "train").await;
+        (job, pod)
+    }
+
+    async fn stop(self) {
+        self.remediation.stop().await;
+        self.operator.stop().await;
+    }
+}
+
+#[tokio::test]
+async fn pod_planted_with_a_victims_controller_reference_never_steers_its_job() {
+    let Some(s) = Setup::start().await else {
+        return;
+    };
+    let ns = s.ns.name.clone();
+    let (job, genuine) = s.victim().await;
+    // The attacker may create pods, not Jobs; it reads the Job's uid.
+    let attacker = pod_creator(&s.admin, &ns).await;
+    let seen = Api::<Job>::namespaced(attacker.clone(), &ns)
+        .get("train")
+        .await
+        .unwrap();
+    let planted = planted_pod(&attacker, &ns, "train-planted", &seen).await;
+    let reporter = pod_identity(&s.admin, &ns).await;
+    apply_report(&reporter, &ns, &critical_of(&planted, "train", 200)).await;
+
+    untouched(&s.admin, &ns, &job).await;
+    let profiles: Api<MemoryProfile> = Api::namespaced(s.admin.clone(), &ns);
+    let st = profiles.get("train").await.unwrap().status.unwrap();
+    let valid = st.conditions.iter().find(|c| c.type_ == "ReportsValid");
+    assert!(
+        valid.is_some_and(|c| c.message.contains("train-planted")),
+        "the planted pod's report is named as refused: {valid:?}"
+    );
+    assert_ne!(st.risk, RiskLevel::Critical, "{st:?}");
+    genuine_report_still_remediates(&s.admin, &ns, &job, &genuine).await;
+    release(&s.admin, &ns, "train-planted").await;
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn pod_with_only_the_jobs_label_and_a_cuda_oom_exit_never_fires_a_policy() {
+    let Some(s) = Setup::start().await else {
+        return;
+    };
+    let ns = s.ns.name.clone();
+    let (job, _genuine) = s.victim().await;
+    // Only the label the OOM detection selected pods by: no owner, no report.
+    let attacker = pod_creator(&s.admin, &ns).await;
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "train-oom", "labels": {"job-name": "train"}},
+        "spec": {"restartPolicy": "Never",
+                 "containers": [{"name": "trainer", "image": "busybox"}]},
+    }))
+    .unwrap();
+    Api::<Pod>::namespaced(attacker.clone(), &ns)
+        .create(&PostParams::default(), &pod)
+        .await
+        .unwrap();
+    // Its container prints a CUDA OOM and exits 1 (the kubelet's report;
+    // there is no kubelet here, so the admin writes it).
+    let msg = "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB";
+    terminate_container(&s.admin, &ns, "train-oom", "trainer", 1, msg).await;
+
+    untouched(&s.admin, &ns, &job).await;
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn pods_created_while_the_webhook_is_off_never_steer_their_job() {
+    let Some(s) = Setup::start().await else {
+        return;
+    };
+    let ns = s.ns.name.clone();
+    // No webhook: the Job's pods carry no admission mark.
+    let (job, genuine) = s.victim().await;
+    let reporter = pod_identity(&s.admin, &ns).await;
+    apply_report(&reporter, &ns, &critical_of(&genuine, "train", 200)).await;
+    untouched(&s.admin, &ns, &job).await;
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn genuine_admission_mark_copied_onto_a_planted_pod_never_steers_its_job() {
+    let Some(s) = Setup::start().await else {
+        return;
+    };
+    let ns = s.ns.name.clone();
+    let (job, genuine) = s.victim().await;
+    // A tenant with `edit` reads the genuine pod, mark included, and copies
+    // every annotation onto a pod of its own claiming the Job.
+    let tenant = tenant(&s.admin, &ns).await;
+    let pods: Api<Pod> = Api::namespaced(tenant.clone(), &ns);
+    let original = pods.get(&genuine.name_any()).await.unwrap();
+    let mut planted = planted_pod(&tenant, &ns, "train-replayed", &job).await;
+    let patch = json!({"metadata": {"annotations": original.annotations()}});
+    planted = pods
+        .patch(
+            "train-replayed",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+        .unwrap_or(planted);
+    let reporter = pod_identity(&s.admin, &ns).await;
+    apply_report(&reporter, &ns, &critical_of(&planted, "train", 200)).await;
+
+    untouched(&s.admin, &ns, &job).await;
+    genuine_report_still_remediates(&s.admin, &ns, &job, &genuine).await;
+    release(&s.admin, &ns, "train-replayed").await;
+    s.stop().await;
+}
