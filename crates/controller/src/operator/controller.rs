@@ -457,6 +457,7 @@ async fn reconcile_job(job: &Job, ctx: &Context, st: &mut JobState) -> Result<Ac
         &facts,
         &uid,
         expected_ranks(job),
+        &ctx.opts.admission.ring(),
         jiff::Timestamp::now(),
     );
     let named: Vec<NamedReport<'_>> = screened

@@ -1,17 +1,30 @@
-//! Which MemoryReports count for a Job: pure screening, shared by the
-//! roll-up and remediation, so that no report a tenant could forge ever
+//! Which MemoryReports and pods count for a Job: pure screening, shared by
+//! the roll-up and remediation, so that nothing a tenant could forge ever
 //! steers the operator.
 //!
 //! Why: any pod of the service account the reporter Role is bound to (often
 //! `default`, so often every pod of the namespace) can write a MemoryReport
-//! with any `memprof.dev/job` label. Labels are claims; the pod's owner
-//! references are facts the Job controller set. A report counts only if
+//! with any `memprof.dev/job` label, and anyone who may create pods can
+//! create one that names any Job as its controller, with the Job's labels.
+//! Labels and owner references are claims. What the cluster vouches for is
+//! who created the pod: the webhook marks the pods the Job controller
+//! creates (`memprof_api::admission`), under a key only the operator holds.
+//!
+//! A pod is the Job's ([`admit`]) only if
+//! 1. its controller owner reference is the Job (by uid): the Job controller
+//!    still counts it (it drops the reference when it releases a pod);
+//! 2. it is not being deleted (a pod held by a finalizer after the Job
+//!    controller deleted it as excess never counts);
+//! 3. it carries an admission mark that verifies for (namespace, name, Job
+//!    uid) under the operator's key, issued when the pod was created.
+//!
+//! A report counts ([`check`]) only if
 //! 1. it is its pod's own: `metadata.name == spec.podName`;
-//! 2. that pod exists and is controlled by the Job the report claims (uid);
+//! 2. that pod exists and is the Job's (above);
 //! 3. the report is owned by that pod (the sidecar sets the ownerReference);
 //! 4. its `sampledAt` parses and is not in the future (more than `MAX_SKEW`).
 //!
-//! Then, among reports that pass:
+//! Then, among reports that pass ([`screen`]):
 //! 5. one per rank: a retried pod's leftover report (an earlier pod of the
 //!    same rank) is superseded by the newest pod's;
 //! 6. at most `report_limit(parallelism)` of them (the newest first), so a
@@ -19,9 +32,12 @@
 //!
 //! Rejected reports (1–4) are named in the `ReportsValid` condition and never
 //! acted on; superseded and excess ones (5–6) are counted in `ReportsCounted`.
+//! OOM evidence is read only from pods that pass [`admit`] ([`Admitted`]).
 
 use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use memprof_api::admission::{self, KeyRing, MarkError, Subject, ANNOTATION_ADMISSION};
 use memprof_api::MemoryReport;
 use std::collections::{BTreeMap, HashMap};
 
@@ -34,19 +50,28 @@ pub fn report_limit(parallelism: u32) -> usize {
     (parallelism as usize).saturating_mul(2).saturating_add(4)
 }
 
-/// What screening needs of a pod: its metadata.
-#[derive(Clone, Debug)]
+/// What screening needs of a pod: part of its metadata. Keep exactly these
+/// in a slimmed pod cache (the mark is one annotation, at most 96 bytes read).
+#[derive(Clone, Debug, Default)]
 pub struct PodFacts<'a> {
+    /// Namespace of the pod.
+    pub namespace: &'a str,
+    /// Name of the pod.
+    pub name: &'a str,
     /// uid of the pod.
     pub uid: &'a str,
     /// uid of the Job controlling it, if a Job does.
     pub job_uid: Option<&'a str>,
     /// When it was created.
     pub created: Option<Timestamp>,
+    /// It has a `deletionTimestamp`.
+    pub deleting: bool,
+    /// Its `memprof.dev/admission` annotation.
+    pub mark: Option<&'a str>,
 }
 
 impl<'a> PodFacts<'a> {
-    /// The facts of a pod's metadata.
+    /// The facts of a pod's metadata, keyed by its name.
     pub fn of(meta: &'a ObjectMeta) -> Option<(&'a str, PodFacts<'a>)> {
         let name = meta.name.as_deref()?;
         let job_uid = meta
@@ -55,15 +80,170 @@ impl<'a> PodFacts<'a> {
             .flatten()
             .find(|o| o.controller == Some(true) && o.kind == "Job" && o.api_version == "batch/v1")
             .map(|o| o.uid.as_str());
+        let mark = meta
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ANNOTATION_ADMISSION));
         Some((
             name,
             PodFacts {
+                namespace: meta.namespace.as_deref().unwrap_or_default(),
+                name,
                 uid: meta.uid.as_deref().unwrap_or_default(),
                 job_uid,
                 created: meta.creation_timestamp.as_ref().map(|t| t.0),
+                deleting: meta.deletion_timestamp.is_some(),
+                mark: mark.map(String::as_str),
             },
         ))
     }
+}
+
+/// Why a report or a pod does not count for a Job.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Rejection {
+    /// The report describes another pod than it is named after.
+    #[error("not its pod's own report: named {name:?} but describes pod {pod:?}")]
+    NotOwnReport {
+        /// `metadata.name`.
+        name: String,
+        /// `spec.podName`.
+        pod: String,
+    },
+    /// No such pod (in the cache).
+    #[error("pod {0} does not exist")]
+    NoSuchPod(String),
+    /// The pod's controller is not this Job (or none).
+    #[error("pod {0} is not controlled by this Job")]
+    NotControlled(String),
+    /// The pod is being deleted: the Job controller no longer counts it.
+    #[error("pod {0} is being deleted")]
+    Deleting(String),
+    /// The pod's admission mark is missing or does not verify.
+    #[error(transparent)]
+    NotAdmitted(#[from] MarkError),
+    /// The report is not owned by its pod.
+    #[error("not owned by pod {pod} (uid {uid})")]
+    NotOwnedByPod {
+        /// The pod.
+        pod: String,
+        /// Its uid.
+        uid: String,
+    },
+    /// `sampledAt` does not parse.
+    #[error("sampledAt is not an RFC 3339 time")]
+    BadTime,
+    /// `sampledAt` is later than now plus [`MAX_SKEW`].
+    #[error("sampledAt {0} is in the future")]
+    Future(Timestamp),
+}
+
+/// Whether `pod` is Job `job_uid`'s own (module docs, pod rules 1–3).
+/// Pure and O(1): at most two HMACs.
+pub fn admit(
+    pod: &PodFacts<'_>,
+    job_uid: &str,
+    keys: &KeyRing,
+    now: Timestamp,
+) -> Result<(), Rejection> {
+    if pod.job_uid != Some(job_uid) {
+        return Err(Rejection::NotControlled(pod.name.into()));
+    }
+    if pod.deleting {
+        return Err(Rejection::Deleting(pod.name.into()));
+    }
+    let subject = Subject {
+        namespace: pod.namespace,
+        pod: pod.name,
+        job_uid,
+    };
+    // The API server always sets creationTimestamp; without one no window holds.
+    let created = pod.created.unwrap_or(Timestamp::MIN);
+    admission::verify(keys, pod.mark, &subject, created, now)?;
+    Ok(())
+}
+
+/// Whether `report` counts for Job `job_uid`, `pod` being the facts of the
+/// pod it names (`None`: no such pod). Module docs, report rules 1–4. Pure, O(1).
+pub fn check(
+    report: &MemoryReport,
+    pod: Option<&PodFacts<'_>>,
+    job_uid: &str,
+    keys: &KeyRing,
+    now: Timestamp,
+) -> Result<(), Rejection> {
+    let name = report.metadata.name.as_deref().unwrap_or_default();
+    let pod_name = report.spec.pod_name.as_str();
+    if name != pod_name {
+        return Err(Rejection::NotOwnReport {
+            name: name.into(),
+            pod: pod_name.into(),
+        });
+    }
+    let facts = pod.ok_or_else(|| Rejection::NoSuchPod(pod_name.into()))?;
+    admit(facts, job_uid, keys, now)?;
+    let owned = report
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.kind == "Pod" && o.uid == facts.uid);
+    if !owned {
+        return Err(Rejection::NotOwnedByPod {
+            pod: pod_name.into(),
+            uid: facts.uid.into(),
+        });
+    }
+    let sampled: Timestamp = report
+        .spec
+        .sampled_at
+        .parse()
+        .map_err(|_| Rejection::BadTime)?;
+    if sampled > now + MAX_SKEW {
+        return Err(Rejection::Future(sampled));
+    }
+    Ok(())
+}
+
+/// A pod that passed [`admit`] for a Job: the only kind of pod whose
+/// container statuses are OOM evidence (`remediation::oom::detect`).
+#[derive(Clone, Copy, Debug)]
+pub struct Admitted<'p> {
+    pod: &'p Pod,
+    job_uid: &'p str,
+}
+
+impl<'p> Admitted<'p> {
+    /// The pod.
+    pub fn pod(&self) -> &'p Pod {
+        self.pod
+    }
+
+    /// uid of the Job it belongs to.
+    pub fn job_uid(&self) -> &'p str {
+        self.job_uid
+    }
+
+    /// A pod taken as admitted, for unit tests of what reads admitted pods.
+    #[cfg(test)]
+    pub(crate) fn assume(pod: &'p Pod, job_uid: &'p str) -> Admitted<'p> {
+        Admitted { pod, job_uid }
+    }
+}
+
+/// Those of `pods` that are Job `job_uid`'s own ([`admit`]).
+pub fn admitted<'p>(
+    pods: impl IntoIterator<Item = &'p Pod>,
+    job_uid: &'p str,
+    keys: &KeyRing,
+    now: Timestamp,
+) -> Vec<Admitted<'p>> {
+    pods.into_iter()
+        .filter(|p| {
+            PodFacts::of(&p.metadata).is_some_and(|(_, f)| admit(&f, job_uid, keys, now).is_ok())
+        })
+        .map(|pod| Admitted { pod, job_uid })
+        .collect()
 }
 
 /// A report left out, and why.
@@ -94,23 +274,24 @@ pub fn screen<'a>(
     pods: &HashMap<&str, PodFacts<'_>>,
     job_uid: &str,
     parallelism: u32,
+    keys: &KeyRing,
     now: Timestamp,
 ) -> Screened<'a> {
     let mut out = Screened::default();
-    let mut genuine = Vec::new();
-    for r in reports {
-        match check(r, pods, job_uid, now) {
-            Ok(facts) => genuine.push((*r, facts)),
-            Err(why) => out.refused.push(Refused {
-                name: r.metadata.name.clone().unwrap_or_default(),
-                why,
-            }),
-        }
-    }
     // Rule 5: newest pod per rank (then newest sample, then name, for determinism).
     let mut by_rank: BTreeMap<Option<u32>, Vec<(&MemoryReport, Key)>> = BTreeMap::new();
-    for (r, key) in genuine {
-        by_rank.entry(r.spec.rank).or_default().push((r, key));
+    for r in reports {
+        let pod = pods.get(r.spec.pod_name.as_str());
+        match check(r, pod, job_uid, keys, now) {
+            Ok(()) => by_rank
+                .entry(r.spec.rank)
+                .or_default()
+                .push((*r, key(r, pod))),
+            Err(why) => out.refused.push(Refused {
+                name: r.metadata.name.clone().unwrap_or_default(),
+                why: why.to_string(),
+            }),
+        }
     }
     let mut kept: Vec<(&MemoryReport, Key)> = Vec::new();
     for (rank, mut group) in by_rank {
@@ -138,62 +319,54 @@ pub fn screen<'a>(
 }
 
 /// Orders genuine reports: newer pod, then newer sample, then name.
-type Key = (Option<Timestamp>, Timestamp, String);
+type Key = (Option<Timestamp>, Option<Timestamp>, String);
 
-fn check(
-    r: &MemoryReport,
-    pods: &HashMap<&str, PodFacts<'_>>,
-    job_uid: &str,
-    now: Timestamp,
-) -> Result<Key, String> {
-    let name = r.metadata.name.as_deref().unwrap_or_default();
-    let pod = r.spec.pod_name.as_str();
-    if name != pod {
-        return Err(format!(
-            "not its pod's own report: named {name:?} but describes pod {pod:?}"
-        ));
-    }
-    let facts = pods
-        .get(pod)
-        .ok_or_else(|| format!("pod {pod} does not exist"))?;
-    if facts.job_uid != Some(job_uid) {
-        return Err(format!("pod {pod} is not controlled by this Job"));
-    }
-    let owned = r
-        .metadata
-        .owner_references
-        .iter()
-        .flatten()
-        .any(|o| o.kind == "Pod" && o.uid == facts.uid);
-    if !owned {
-        return Err(format!("not owned by pod {pod} (uid {})", facts.uid));
-    }
-    let sampled: Timestamp = r
-        .spec
-        .sampled_at
-        .parse()
-        .map_err(|_| "sampledAt is not an RFC 3339 time".to_string())?;
-    if sampled > now + MAX_SKEW {
-        return Err(format!("sampledAt {sampled} is in the future"));
-    }
-    Ok((facts.created, sampled, name.to_string()))
+fn key(r: &MemoryReport, pod: Option<&PodFacts<'_>>) -> Key {
+    (
+        pod.and_then(|p| p.created),
+        r.spec.sampled_at.parse().ok(),
+        r.metadata.name.clone().unwrap_or_default(),
+    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
+    use memprof_api::admission::Key;
     use memprof_api::MemoryReportSpec;
+    use std::sync::LazyLock;
 
     const JOB: &str = "job-uid";
+    const NS: &str = "team-a";
+    static KEY: LazyLock<Key> = LazyLock::new(Key::generate);
 
     fn ts(s: i64) -> Timestamp {
         Timestamp::from_second(1_800_000_000 + s).unwrap()
     }
 
+    fn ring() -> KeyRing {
+        KeyRing::new(KEY.clone())
+    }
+
+    /// A pod the Job controller created (marked by the webhook) at `created`.
     fn pod(name: &str, job_uid: &str, created: i64) -> ObjectMeta {
+        let subject = Subject {
+            namespace: NS,
+            pod: name,
+            job_uid,
+        };
+        let mark = admission::sign(&KEY, &subject, ts(created));
+        let mut meta = unmarked(name, job_uid, created);
+        meta.annotations = Some([(ANNOTATION_ADMISSION.to_string(), mark)].into());
+        meta
+    }
+
+    /// A pod that claims the Job, created by someone else (no mark).
+    fn unmarked(name: &str, job_uid: &str, created: i64) -> ObjectMeta {
         ObjectMeta {
             name: Some(name.into()),
+            namespace: Some(NS.into()),
             uid: Some(format!("{name}-uid")),
             creation_timestamp: Some(Time(ts(created))),
             owner_references: Some(vec![OwnerReference {
@@ -234,7 +407,7 @@ mod tests {
         parallelism: u32,
     ) -> Screened<'a> {
         let facts: HashMap<&str, PodFacts<'_>> = pods.iter().filter_map(PodFacts::of).collect();
-        screen(reports, &facts, JOB, parallelism, ts(100))
+        screen(reports, &facts, JOB, parallelism, &ring(), ts(100))
     }
 
     fn names(s: &Screened<'_>) -> Vec<String> {
@@ -242,6 +415,13 @@ mod tests {
             .iter()
             .map(|r| r.metadata.name.clone().unwrap())
             .collect()
+    }
+
+    fn refused_for(r: &MemoryReport, pods: &[ObjectMeta]) -> String {
+        let s = run(&[r], pods, 4);
+        assert!(s.counted.is_empty(), "{:?}", s.counted);
+        assert_eq!(s.refused.len(), 1);
+        s.refused[0].why.clone()
     }
 
     #[test]
@@ -274,15 +454,85 @@ mod tests {
             (&unowned, "not owned by pod"),
             (&future, "in the future"),
         ] {
-            let s = run(&[r], &pods, 4);
-            assert!(s.counted.is_empty(), "{why}");
-            assert_eq!(s.refused.len(), 1, "{why}");
-            assert!(s.refused[0].why.contains(why), "{}", s.refused[0].why);
+            let refused = refused_for(r, &pods);
+            assert!(refused.contains(why), "{refused}");
         }
         // Within the skew is fine.
         let near = report("train-0", Some(0), 100 + 59);
         let s = run(&[&near], &pods, 4);
         assert_eq!(s.counted.len(), 1);
+    }
+
+    #[test]
+    fn a_pod_claiming_the_job_without_its_controllers_mark_never_counts() {
+        let r = report("planted", Some(0), 90);
+        // Owner reference and everything else right, but no mark: issue 15 item 1.
+        let why = refused_for(&r, &[unmarked("planted", JOB, 0)]);
+        assert!(why.contains("has no memprof.dev/admission mark"), "{why}");
+        // A genuine pod's mark copied onto it.
+        let genuine = pod("train-0", JOB, 0);
+        let mut copied = unmarked("planted", JOB, 0);
+        copied.annotations = genuine.annotations.clone();
+        let why = refused_for(&r, &[copied]);
+        assert!(why.contains("not issued for this pod and Job"), "{why}");
+        // Marked with another key (another operator's, or a rotated-out one).
+        let mut foreign = unmarked("planted", JOB, 0);
+        let other = admission::sign(
+            &Key::generate(),
+            &Subject {
+                namespace: NS,
+                pod: "planted",
+                job_uid: JOB,
+            },
+            ts(0),
+        );
+        foreign.annotations = Some([(ANNOTATION_ADMISSION.to_string(), other)].into());
+        assert!(refused_for(&r, &[foreign]).contains("not issued for this pod and Job"));
+    }
+
+    #[test]
+    fn a_mark_replayed_on_a_later_pod_of_the_same_name_never_counts() {
+        let r = report("train-0", Some(0), 90);
+        // The mark of a pod created at 0, on a pod of that name created at 30.
+        let mut later = pod("train-0", JOB, 0);
+        later.creation_timestamp = Some(Time(ts(30)));
+        let why = refused_for(&r, &[later]);
+        assert!(why.contains("outside the window"), "{why}");
+    }
+
+    #[test]
+    fn a_pod_being_deleted_never_counts() {
+        let r = report("train-0", Some(0), 90);
+        let mut held = pod("train-0", JOB, 0);
+        held.deletion_timestamp = Some(Time(ts(50)));
+        assert!(refused_for(&r, &[held]).contains("is being deleted"));
+    }
+
+    #[test]
+    fn nothing_counts_before_the_key_is_loaded() {
+        let r = report("train-0", Some(0), 90);
+        let meta = pod("train-0", JOB, 0);
+        let facts = PodFacts::of(&meta).unwrap().1;
+        assert_eq!(check(&r, Some(&facts), JOB, &ring(), ts(100)), Ok(()));
+        let unloaded = check(&r, Some(&facts), JOB, &KeyRing::default(), ts(100));
+        assert!(matches!(unloaded, Err(Rejection::NotAdmitted(_))));
+    }
+
+    #[test]
+    fn only_admitted_pods_are_oom_evidence() {
+        let mk = |meta: ObjectMeta| Pod {
+            metadata: meta,
+            ..Default::default()
+        };
+        let pods = [
+            mk(pod("train-0", JOB, 0)),
+            mk(unmarked("planted", JOB, 0)),
+            mk(pod("other-0", "other-job", 0)),
+        ];
+        let ok = admitted(&pods, JOB, &ring(), ts(100));
+        let names: Vec<_> = ok.iter().map(|a| a.pod().metadata.name.clone()).collect();
+        assert_eq!(names, [Some("train-0".to_string())]);
+        assert_eq!(ok[0].job_uid(), JOB);
     }
 
     #[test]
