@@ -59,8 +59,9 @@ pub const MARK_LATE: SignedDuration = SignedDuration::from_secs(10);
 /// Earliest, for an API server whose clock is behind the operator's
 /// (`creationTimestamp` also drops the fraction of a second).
 pub const MARK_EARLY: SignedDuration = SignedDuration::from_secs(5);
-/// Longest mark read (a genuine one is 3 + 11 + 43 characters).
-const MAX_MARK_LEN: usize = 96;
+/// Longest mark read (a genuine one is 3 + 11 + 43 characters): what a
+/// cache keeps of the annotation.
+pub const MAX_MARK_LEN: usize = 96;
 const VERSION: &str = "v1";
 
 /// An HMAC key. Its bytes are never printed.
@@ -284,6 +285,13 @@ pub struct Keys(Arc<tokio::sync::watch::Sender<Arc<KeyRing>>>);
 impl Default for Keys {
     fn default() -> Self {
         Keys(Arc::new(tokio::sync::watch::Sender::new(Arc::default())))
+    }
+}
+
+/// Two handles are equal when they hold the same ring now.
+impl PartialEq for Keys {
+    fn eq(&self, other: &Keys) -> bool {
+        self.ring() == other.ring()
     }
 }
 

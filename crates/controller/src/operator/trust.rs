@@ -37,7 +37,9 @@
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use memprof_api::admission::{self, KeyRing, MarkError, Subject, ANNOTATION_ADMISSION};
+use memprof_api::admission::{
+    self, KeyRing, MarkError, Subject, ANNOTATION_ADMISSION, MAX_MARK_LEN,
+};
 use memprof_api::MemoryReport;
 use std::collections::{BTreeMap, HashMap};
 
@@ -99,6 +101,23 @@ impl<'a> PodFacts<'a> {
     }
 }
 
+/// Pod annotation of Indexed Jobs' pods (the rank OOM records carry).
+const COMPLETION_INDEX: &str = "batch.kubernetes.io/job-completion-index";
+
+/// Keeps of a cached pod's annotations only what screening and OOM
+/// detection read, bounded: the admission mark and the completion index.
+/// (Every other annotation is the pod creator's, of any size.)
+pub fn slim_pod_annotations(meta: &mut ObjectMeta) {
+    meta.managed_fields = None;
+    if let Some(a) = meta.annotations.as_mut() {
+        a.retain(|k, v| match k.as_str() {
+            ANNOTATION_ADMISSION => v.len() <= MAX_MARK_LEN,
+            COMPLETION_INDEX => v.len() <= 10,
+            _ => false,
+        });
+    }
+}
+
 /// Why a report or a pod does not count for a Job.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum Rejection {
@@ -149,9 +168,6 @@ pub fn admit(
     if pod.job_uid != Some(job_uid) {
         return Err(Rejection::NotControlled(pod.name.into()));
     }
-    if pod.deleting {
-        return Err(Rejection::Deleting(pod.name.into()));
-    }
     let subject = Subject {
         namespace: pod.namespace,
         pod: pod.name,
@@ -160,6 +176,11 @@ pub fn admit(
     // The API server always sets creationTimestamp; without one no window holds.
     let created = pod.created.unwrap_or(Timestamp::MIN);
     admission::verify(keys, pod.mark, &subject, created, now)?;
+    // After the mark: a forged pod the Job controller deleted as excess is
+    // named for what it is, not for being deleted.
+    if pod.deleting {
+        return Err(Rejection::Deleting(pod.name.into()));
+    }
     Ok(())
 }
 
@@ -533,6 +554,24 @@ mod tests {
         let names: Vec<_> = ok.iter().map(|a| a.pod().metadata.name.clone()).collect();
         assert_eq!(names, [Some("train-0".to_string())]);
         assert_eq!(ok[0].job_uid(), JOB);
+    }
+
+    #[test]
+    fn a_slimmed_pod_keeps_its_mark_and_nothing_else_of_its_creators_annotations() {
+        let mut meta = pod("train-0", JOB, 0);
+        let a = meta.annotations.as_mut().unwrap();
+        a.insert("tenant/blob".into(), "x".repeat(250_000));
+        a.insert(COMPLETION_INDEX.into(), "3".into());
+        slim_pod_annotations(&mut meta);
+        let a = meta.annotations.as_ref().unwrap();
+        assert_eq!(a.len(), 2, "{:?}", a.keys());
+        let facts = PodFacts::of(&meta).unwrap().1;
+        assert_eq!(admit(&facts, JOB, &ring(), ts(100)), Ok(()));
+        // An oversized "mark" is not kept (and would not verify).
+        let mut big = pod("train-0", JOB, 0);
+        big.annotations = Some([(ANNOTATION_ADMISSION.to_string(), "v".repeat(1 << 20))].into());
+        slim_pod_annotations(&mut big);
+        assert!(big.annotations.unwrap().is_empty());
     }
 
     #[test]

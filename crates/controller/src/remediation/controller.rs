@@ -171,7 +171,7 @@ pub async fn run_controller(
     )
     .default_backoff()
     .modify(|p| {
-        p.managed_fields_mut().clear();
+        trust::slim_pod_annotations(&mut p.metadata);
         p.spec = None;
     })
     .reflect(w)
