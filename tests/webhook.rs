@@ -320,3 +320,140 @@ async fn reporter_rbac_is_applied_idempotently() {
     })
     .await;
 }
+
+/// The identity the local kube-controller-manager (so its Job controller)
+/// creates pods as: it runs with the admin's kubeconfig.
+const LOCAL_JOB_CONTROLLER: &str = "memprof-admin";
+
+#[tokio::test]
+async fn the_job_controllers_pods_are_named_and_marked_by_the_webhook_and_no_one_elses() {
+    use memprof::api::admission::{
+        verify, Key, KeyRing, Keys, Subject, ANNOTATION_ADMISSION, MARK_LATE,
+    };
+    use memprof::webhook::MarkConfig;
+    with_temp_ns(|client, ns| async move {
+        let key = Key::generate();
+        let ring = KeyRing::new(key.clone());
+        let config = memprof::webhook::InjectionConfig {
+            marks: MarkConfig {
+                controllers: vec![LOCAL_JOB_CONTROLLER.into()],
+                keys: Keys::of(ring.clone()),
+            },
+            ..test_config(&client).await
+        };
+        let server = start_server_with(config).await;
+        register(&client, &ns, &server.url, &server.ca_pem).await;
+        wait_until_active(&client, &ns).await;
+        wait_for_default_token(&client, &ns).await;
+
+        let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
+        let created = jobs
+            .create(&PostParams::default(), &job("train", true))
+            .await
+            .unwrap();
+        let labels = created.metadata.labels.clone().unwrap_or_default();
+        assert_eq!(labels.get("memprof.dev/managed").map(String::as_str), Some("true"));
+        // The API server (1.20) accepts the name a mutating webhook gives a
+        // pod created with generateName, and keeps it.
+        let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let marked = loop {
+            let list = pods
+                .list(&ListParams::default().labels("job-name=train"))
+                .await
+                .unwrap();
+            if list.items.len() >= 2 {
+                break list.items;
+            }
+            assert!(Instant::now() < deadline, "the Job controller created no pods");
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        };
+        let job_uid = created.metadata.uid.clone().unwrap();
+        for pod in &marked {
+            let meta = &pod.metadata;
+            let name = meta.name.as_deref().unwrap();
+            assert_eq!(meta.generate_name.as_deref(), Some("train-"));
+            let suffix = name.strip_prefix("train-").unwrap();
+            assert_eq!(suffix.len(), 5, "{name}");
+            let mark = meta.annotations.as_ref().and_then(|a| a.get(ANNOTATION_ADMISSION));
+            let subject = Subject {
+                namespace: &ns,
+                pod: name,
+                job_uid: &job_uid,
+            };
+            let created = meta.creation_timestamp.as_ref().unwrap().0;
+            let now = jiff::Timestamp::now();
+            assert_eq!(
+                verify(&ring, mark.map(String::as_str), &subject, created, now),
+                Ok(()),
+                "{name}: {mark:?}"
+            );
+            // Issued at admission, just before the API server stamped the pod.
+            let issued: i64 = mark.unwrap().split('.').nth(1).unwrap().parse().unwrap();
+            assert!((created.as_second() - issued).abs() <= MARK_LATE.as_secs());
+        }
+
+        // Anyone else's pod, though it claims the Job and carries a genuine
+        // mark and the `managed` label, is admitted without a mark.
+        let tenant = format!("tenant-{ns}");
+        let mut impersonated = kube::Config::infer().await.unwrap();
+        impersonated.auth_info.impersonate = Some(tenant.clone());
+        impersonated.auth_info.impersonate_groups = Some(vec!["system:masters".into()]);
+        let as_tenant = Client::try_from(impersonated).unwrap();
+        let mut copy: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "copied", "labels": {"job-name": "train", "memprof.dev/managed": "true"},
+                         "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": "train",
+                                              "uid": job_uid, "controller": true}]},
+            "spec": {"containers": [{"name": "trainer", "image": "busybox"}]},
+        }))
+        .unwrap();
+        let genuine = marked[0].metadata.annotations.clone();
+        copy.metadata.annotations = genuine;
+        let admitted = Api::<Pod>::namespaced(as_tenant, &ns)
+            .create(&PostParams::default(), &copy)
+            .await
+            .unwrap();
+        let kept = admitted.metadata.annotations.unwrap_or_default();
+        assert!(!kept.contains_key(ANNOTATION_ADMISSION), "{kept:?}");
+        server.stop().await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn admission_key_secret_is_created_once_shared_and_rotated_on_request() {
+    use memprof::api::admission::ANNOTATION_ROTATE;
+    use memprof::webhook::keys::{ensure_keys, KeyConfig};
+    with_temp_ns(|client, ns| async move {
+        let cfg = KeyConfig {
+            namespace: ns.clone(),
+            secret_name: "memprof-admission-key".into(),
+            grace: jiff::SignedDuration::from_hours(1),
+        };
+        // Two replicas starting together end up with the same key.
+        let (a, b) = tokio::join!(ensure_keys(&client, &cfg), ensure_keys(&client, &cfg));
+        let (a, b) = (a.unwrap(), b.unwrap());
+        assert_eq!(a, b);
+        assert_eq!(ensure_keys(&client, &cfg).await.unwrap(), a);
+        // An administrator asks for a new key: the old one stays valid for the grace.
+        let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+        let ask = json!({"metadata": {"annotations": {ANNOTATION_ROTATE: "now"}}});
+        secrets
+            .patch(
+                &cfg.secret_name,
+                &Default::default(),
+                &kube::api::Patch::Merge(&ask),
+            )
+            .await
+            .unwrap();
+        let rotated = ensure_keys(&client, &cfg).await.unwrap();
+        assert_ne!(rotated.current(), a.current());
+        assert_eq!(rotated.previous().map(|p| &p.0), a.current());
+        assert_eq!(
+            ensure_keys(&client, &cfg).await.unwrap(),
+            rotated,
+            "once per request"
+        );
+    })
+    .await;
+}
