@@ -182,7 +182,7 @@ impl Setup {
         let admin = cluster().await?;
         let ns = TestNamespace::create(&admin).await;
         label_namespace(&admin, &ns.name).await;
-        let keys = Keys::of(admission_keys(&admin, &ns.name).await);
+        let keys = Keys::of(admission_keys(&ns.name).await);
         let config = memprof::webhook::InjectionConfig {
             marks: MarkConfig {
                 controllers: vec![LOCAL_JOB_CONTROLLER.into()],

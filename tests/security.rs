@@ -480,3 +480,71 @@ async fn foreign_finalizer_holding_the_old_job_is_announced_and_waited_out() {
     remediation.stop().await;
     operator.stop().await;
 }
+
+#[tokio::test]
+async fn job_planted_under_memprofs_remediation_id_is_not_taken_for_the_recreated_one() {
+    let Some(admin) = cluster().await else {
+        return;
+    };
+    let ns = TestNamespace::create(&admin).await;
+    let ns = ns.name.as_str();
+    apply_policy(&admin, ns, "shrink", shrink_policy(false))
+        .await
+        .unwrap();
+    training_job(&admin, ns, "train", Some("32")).await;
+    // The operator stops between deleting the old Job and creating the new one.
+    let mut crashing = spawn_operator(ns, Some("remediation-after-delete"));
+    low_report(&admin, ns, "train").await;
+    profile_with_status(&admin, ns, "train").await;
+    critical_report(&admin, ns, "train", 100).await;
+    eventually("the operator to stop at the failpoint", || {
+        let r = crashing.child.try_wait();
+        async move { r.map_err(|e| e.to_string())?.ok_or("running".to_string()) }
+    })
+    .await;
+    let id = records(&admin, ns, "train").await[0].id.clone();
+    eventually_within(GC_TIMEOUT, "the old Job gone", || async {
+        match job_of(&admin, ns, "train").await {
+            None => Ok(()),
+            Some(j) => Err(format!("{:?}", j.uid())),
+        }
+    })
+    .await;
+
+    // Someone who may create Jobs, not delete them, creates one in its
+    // place under the (computable) remediation id, with an image of theirs.
+    let creator = user_with(
+        &admin,
+        ns,
+        &format!("job-creator-{ns}"),
+        json!([{"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["create", "get", "list"]}]),
+    )
+    .await;
+    let planted: Job = serde_json::from_value(json!({
+        "metadata": {"name": "train", "labels": {"team": "ml"},
+                     "annotations": {"memprof.dev/remediation": id, "memprof.dev/enabled": "true"}},
+        "spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [
+            {"name": "trainer", "image": "attacker.example/miner",
+             "env": [{"name": "BATCH_SIZE", "value": "24"}]}]}}},
+    }))
+    .unwrap();
+    let planted = Api::<Job>::namespaced(creator, ns)
+        .create(&PostParams::default(), &planted)
+        .await
+        .expect("a Job creator may create Jobs");
+
+    drop(crashing);
+    let _restarted = spawn_operator(ns, None);
+    let rec = eventually("the remediation recorded as not done", || async {
+        match records(&admin, ns, "train").await.first() {
+            Some(r) if r.id == id && r.phase != "Pending" => Ok(r.clone()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    assert_eq!(rec.phase, "Failed", "{rec:?}");
+    let message = rec.message.unwrap_or_default();
+    assert!(message.contains("recreated by someone else"), "{message}");
+    let now = job_of(&admin, ns, "train").await.unwrap();
+    assert_eq!(now.uid(), planted.uid(), "left alone, not taken over");
+}

@@ -457,3 +457,16 @@ async fn admission_key_secret_is_created_once_shared_and_rotated_on_request() {
     })
     .await;
 }
+
+#[test]
+fn the_operator_refuses_to_serve_the_webhook_without_a_sidecar_image() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_memprof-operator"))
+        .args(["--metrics-addr", "127.0.0.1:0"])
+        .env_remove("MEMPROF_SIDECAR_IMAGE")
+        .env_remove("MEMPROF_WEBHOOK_PORT")
+        .output()
+        .expect("running memprof-operator");
+    assert!(!out.status.success(), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--sidecar-image"), "{stderr}");
+}

@@ -149,7 +149,7 @@ pub fn start_operator_with(client: &Client, opts: Options) -> RunningOperator {
     let (c, m) = (client.clone(), metrics.clone());
     let task = tokio::spawn(async move {
         if opts.admission.ring().current().is_none() {
-            let ring = admission_keys(&c, &opts.namespace).await;
+            let ring = admission_keys(&opts.namespace).await;
             opts.admission.set(ring);
         }
         operator::run(c, &opts, m, async move {
@@ -343,16 +343,18 @@ pub fn at(offset: u64) -> String {
 }
 
 /// The admission-mark key of `ns` (the Secret `memprof-admission-key` the
-/// operator binary reads with `--webhook-namespace ns`), created if missing.
-/// The tests' operators run in the namespace they watch, so it stands in for
-/// the operator's namespace.
-pub async fn admission_keys(client: &Client, ns: &str) -> KeyRing {
+/// operator binary reads with `--webhook-namespace ns`), created if missing,
+/// read with the test's admin credentials (whatever identity the controller
+/// under test runs as). The tests' operators run in the namespace they
+/// watch, so it stands in for the operator's namespace.
+pub async fn admission_keys(ns: &str) -> KeyRing {
+    let client = Client::try_default().await.expect("the test's kubeconfig");
     let cfg = memprof::webhook::keys::KeyConfig {
         namespace: if ns.is_empty() { "default" } else { ns }.to_string(),
         secret_name: memprof::api::admission::DEFAULT_KEY_SECRET.into(),
         grace: jiff::SignedDuration::from_hours(1),
     };
-    memprof::webhook::keys::ensure_keys(client, &cfg)
+    memprof::webhook::keys::ensure_keys(&client, &cfg)
         .await
         .unwrap_or_else(|e| panic!("the admission key of {ns}: {e}"))
 }
@@ -361,7 +363,7 @@ pub async fn admission_keys(client: &Client, ns: &str) -> KeyRing {
 /// tests' cluster has no webhook unless a test registers one): the mark
 /// under `ns`'s key, issued at the pod's creation. tests/pod_trust.rs runs
 /// the real webhook instead, and pods nobody marks.
-pub async fn mark_as_admitted(client: &Client, pod: &Pod) -> Pod {
+pub async fn mark_as_admitted(pod: &Pod) -> Pod {
     use memprof::api::admission::{sign, Subject, ANNOTATION_ADMISSION};
     let ns = pod.namespace().unwrap_or_default();
     let Some(job_uid) = pod
@@ -371,7 +373,7 @@ pub async fn mark_as_admitted(client: &Client, pod: &Pod) -> Pod {
     else {
         return pod.clone();
     };
-    let ring = admission_keys(client, &ns).await;
+    let ring = admission_keys(&ns).await;
     let subject = Subject {
         namespace: &ns,
         pod: &pod.name_any(),
@@ -383,7 +385,9 @@ pub async fn mark_as_admitted(client: &Client, pod: &Pod) -> Pod {
         return pod.clone();
     }
     let patch = serde_json::json!({"metadata": {"annotations": {ANNOTATION_ADMISSION: mark}}});
-    Api::<Pod>::namespaced(client.clone(), &ns)
+    // As the webhook would, whoever the test's `client` is.
+    let admin = Client::try_default().await.expect("the test's kubeconfig");
+    Api::<Pod>::namespaced(admin, &ns)
         .patch(
             &pod.name_any(),
             &PatchParams::default(),
@@ -424,7 +428,7 @@ pub async fn job_pods(client: &Client, ns: &str, job: &str, n: usize) -> Vec<Pod
     .await;
     let mut marked = Vec::with_capacity(pods.len());
     for p in &pods {
-        marked.push(mark_as_admitted(client, p).await);
+        marked.push(mark_as_admitted(p).await);
     }
     marked
 }

@@ -57,8 +57,7 @@ pub fn start_remediation_with(
     let task = tokio::spawn(async move {
         // The namespace's admission key, as the operator's (common::admission_keys).
         if opts.admission.ring().current().is_none() {
-            opts.admission
-                .set(crate::common::admission_keys(&client, &ns).await);
+            opts.admission.set(crate::common::admission_keys(&ns).await);
         }
         remediation::run(client, ns, opts, metrics, async move {
             let _ = stopped.await;
@@ -204,7 +203,7 @@ pub async fn first_pod(client: &Client, ns: &str, job: &str) -> Pod {
         }
     })
     .await;
-    crate::common::mark_as_admitted(client, &pod).await
+    crate::common::mark_as_admitted(&pod).await
 }
 
 /// Makes `container` of `pod` terminated with `exit_code` and `message`,
@@ -329,8 +328,7 @@ pub fn run_child_operator(ns: &str) {
     rt.block_on(async {
         let client = Client::try_default().await.unwrap();
         let opts = memprof::operator::Options::for_namespace(ns);
-        let keys =
-            memprof::api::admission::Keys::of(crate::common::admission_keys(&client, ns).await);
+        let keys = memprof::api::admission::Keys::of(crate::common::admission_keys(ns).await);
         let opts = memprof::operator::Options {
             admission: keys.clone(),
             ..opts

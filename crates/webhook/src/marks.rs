@@ -101,6 +101,25 @@ fn controller_job(pod: &Pod) -> Option<&str> {
         .map(|o| o.uid.as_str())
 }
 
+/// The pod's name: its own, or one made from `generateName` here (added to
+/// `ops`), so that the mark can bind it.
+fn bound_name(pod: &Pod, ops: &mut Vec<PatchOperation>) -> Option<String> {
+    if let Some(n) = pod.metadata.name.as_deref().filter(|n| !n.is_empty()) {
+        return Some(n.to_string());
+    }
+    let prefix = pod
+        .metadata
+        .generate_name
+        .as_deref()
+        .filter(|g| !g.is_empty())?;
+    let name = generate_name(prefix);
+    ops.push(PatchOperation::Add(AddOperation {
+        path: ptr(&["metadata", "name"]),
+        value: Value::String(name.clone()),
+    }));
+    Some(name)
+}
+
 /// Appends to `ops` what marks `pod` (see the module docs), after the
 /// injection's operations (which may have created the annotation map).
 pub fn mark_pod(
@@ -134,24 +153,8 @@ pub fn mark_pod(
         }
         return;
     };
-    let name = match pod.metadata.name.as_deref().filter(|n| !n.is_empty()) {
-        Some(n) => n.to_string(),
-        None => {
-            let Some(prefix) = pod
-                .metadata
-                .generate_name
-                .as_deref()
-                .filter(|g| !g.is_empty())
-            else {
-                return; // The API server refuses a pod with neither.
-            };
-            let name = generate_name(prefix);
-            ops.push(PatchOperation::Add(AddOperation {
-                path: ptr(&["metadata", "name"]),
-                value: Value::String(name.clone()),
-            }));
-            name
-        }
+    let Some(name) = bound_name(pod, ops) else {
+        return; // The API server refuses a pod with neither name nor generateName.
     };
     let subject = Subject {
         namespace: creation.namespace,

@@ -281,48 +281,7 @@ pub fn injection_patch(
 
     let p = view.prefix;
     let mut ops = vec![];
-    // Mark the template, creating metadata/labels/annotations when absent.
-    // `injected` is for the chart's PodMonitor (it selects on labels only);
-    // `managed` for the operator's watches and the pod webhook's selector
-    // (a filter, not proof: memprof_api::admission).
-    let injected = json!({ ANNOTATION_INJECTED: "true" });
-    let labelled = json!({ LABEL_INJECTED: "true", LABEL_MANAGED: "true" });
-    if !p.is_empty() {
-        // The Job itself carries `managed` too.
-        ops.push(match view.meta.labels {
-            None => add(
-                ptr(&[], &["metadata", "labels"]),
-                json!({ LABEL_MANAGED: "true" }),
-            ),
-            Some(_) => add(
-                ptr(&[], &["metadata", "labels", LABEL_MANAGED]),
-                json!("true"),
-            ),
-        });
-    }
-    match view.template_meta_or_pod() {
-        None => ops.push(add(
-            ptr(p, &["metadata"]),
-            json!({ "labels": labelled, "annotations": injected }),
-        )),
-        Some(m) => {
-            match m.labels {
-                None => ops.push(add(ptr(p, &["metadata", "labels"]), labelled)),
-                Some(_) => {
-                    for key in [LABEL_INJECTED, LABEL_MANAGED] {
-                        ops.push(add(ptr(p, &["metadata", "labels", key]), json!("true")));
-                    }
-                }
-            }
-            ops.push(match m.annotations {
-                None => add(ptr(p, &["metadata", "annotations"]), injected),
-                Some(_) => add(
-                    ptr(p, &["metadata", "annotations", ANNOTATION_INJECTED]),
-                    json!("true"),
-                ),
-            });
-        }
-    }
+    label_and_annotate(&view, &mut ops);
 
     if annotation(&view, ANNOTATION_TERMINATION_MESSAGE) != Some("keep") {
         for (i, c) in spec.containers.iter().enumerate() {
@@ -386,6 +345,52 @@ pub fn injection_patch(
         patch: Some(Patch(ops)),
         warnings,
     })
+}
+
+/// Marks the template (or the pod), creating metadata/labels/annotations
+/// when absent. `injected` is for the chart's PodMonitor (it selects on
+/// labels only); `managed` for the operator's watches and the pod webhook's
+/// selector (a filter, not proof: `memprof_api::admission`).
+fn label_and_annotate(view: &View<'_>, ops: &mut Vec<PatchOperation>) {
+    let p = view.prefix;
+    let injected = json!({ ANNOTATION_INJECTED: "true" });
+    let labelled = json!({ LABEL_INJECTED: "true", LABEL_MANAGED: "true" });
+    if !p.is_empty() {
+        // The Job itself carries `managed` too.
+        ops.push(match view.meta.labels {
+            None => add(
+                ptr(&[], &["metadata", "labels"]),
+                json!({ LABEL_MANAGED: "true" }),
+            ),
+            Some(_) => add(
+                ptr(&[], &["metadata", "labels", LABEL_MANAGED]),
+                json!("true"),
+            ),
+        });
+    }
+    match view.template_meta_or_pod() {
+        None => ops.push(add(
+            ptr(p, &["metadata"]),
+            json!({ "labels": labelled, "annotations": injected }),
+        )),
+        Some(m) => {
+            match m.labels {
+                None => ops.push(add(ptr(p, &["metadata", "labels"]), labelled)),
+                Some(_) => {
+                    for key in [LABEL_INJECTED, LABEL_MANAGED] {
+                        ops.push(add(ptr(p, &["metadata", "labels", key]), json!("true")));
+                    }
+                }
+            }
+            ops.push(match m.annotations {
+                None => add(ptr(p, &["metadata", "annotations"]), injected),
+                Some(_) => add(
+                    ptr(p, &["metadata", "annotations", ANNOTATION_INJECTED]),
+                    json!("true"),
+                ),
+            });
+        }
+    }
 }
 
 impl View<'_> {

@@ -543,6 +543,25 @@ mod tests {
     }
 
     #[test]
+    fn the_webhook_is_refused_without_a_sidecar_image_naming_the_flag() {
+        let opts = |args: &[&str]| {
+            let argv = ["memprof-operator"].iter().chain(args).copied();
+            Cli::try_parse_from(argv).unwrap().webhook
+        };
+        let err = opts(&[]).check().unwrap_err().to_string();
+        assert!(
+            err.contains("--sidecar-image (MEMPROF_SIDECAR_IMAGE)"),
+            "{err}"
+        );
+        assert!(opts(&["--sidecar-image= "]).check().is_err());
+        assert!(opts(&["--sidecar-image=registry.example.com/memprof:1"])
+            .check()
+            .is_ok());
+        // Without the webhook no image is needed.
+        assert!(opts(&["--webhook-port=0"]).check().is_ok());
+    }
+
+    #[test]
     fn sidecar_image_overrides_are_off_unless_allowed_with_a_list() {
         let cfg = |args: &[&str]| {
             let argv = ["memprof-operator"].iter().chain(args).copied();
