@@ -199,6 +199,15 @@ fn rank_pod(ns: &str, name: &str, job_name: &str, job_uid: &str, key: &Key) -> P
         controller: Some(true),
         block_owner_deletion: Some(true),
     }]);
+    // Issued now, just before the create: the API server stamps the pod
+    // within the mark's window (docs/security.md, "Pod trust").
+    let subject = Subject {
+        namespace: ns,
+        pod: name,
+        job_uid,
+    };
+    let mark = sign(key, &subject, jiff::Timestamp::now());
+    pod.metadata.annotations = Some(BTreeMap::from([(ANNOTATION_ADMISSION.to_string(), mark)]));
     pod
 }
 
