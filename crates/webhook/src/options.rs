@@ -46,7 +46,9 @@ pub enum Error {
     Server(#[from] ServerError),
     /// The webhook is on but no sidecar image was given.
     #[error(
-        "the admission webhook needs the sidecar image: pass --sidecar-image (MEMPROF_SIDECAR_IMAGE),          the memprof image your nodes can pull (the Helm chart sets it from image.repository and          image.tag), or --webhook-port 0 to run without the webhook"
+        "the admission webhook needs the sidecar image: pass --sidecar-image (MEMPROF_SIDECAR_IMAGE), \
+         the memprof image your nodes can pull (the Helm chart sets it from image.repository and \
+         image.tag), or --webhook-port 0 to run without the webhook"
     )]
     NoSidecarImage,
 }
@@ -553,6 +555,7 @@ mod tests {
             err.contains("--sidecar-image (MEMPROF_SIDECAR_IMAGE)"),
             "{err}"
         );
+        assert!(!err.contains("  "), "one line, no runs of spaces: {err}");
         assert!(opts(&["--sidecar-image= "]).check().is_err());
         assert!(opts(&["--sidecar-image=registry.example.com/memprof:1"])
             .check()
