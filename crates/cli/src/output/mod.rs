@@ -1,9 +1,12 @@
 //! `-o/--output` as kubectl spells it (contract C-5), `--watch`, and the
 //! plain tables kubectl prints ([`Table`], in [`table`]).
 
+pub mod jsonpath;
+pub mod printer;
 pub mod table;
 pub mod term;
 
+pub use printer::{Output, PrintArgs, Printed};
 pub use table::{terminal_width, Table};
 pub use term::{home_and_clear, redraw_over, Progress};
 
