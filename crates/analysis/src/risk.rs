@@ -150,8 +150,8 @@ pub fn assess(series: &GpuSeries, th: &Thresholds) -> Assessment {
         a.risk = by_trend;
         a.confidence = trend_confidence;
         a.reason = format!(
-            "memory grows {:.1} MB/s, OOM predicted in {}",
-            a.growth_bytes_per_second / 1e6,
+            "memory grows {}, OOM predicted in {}",
+            memprof_api::format_rate(a.growth_bytes_per_second),
             memprof_api::format_duration(a.time_to_oom_seconds.unwrap_or(f64::INFINITY))
         );
     } else {

@@ -7,5 +7,6 @@ pub mod compare;
 pub mod completion;
 pub mod plot;
 pub mod policy;
+pub mod ranks;
 pub mod report;
 pub mod top;

@@ -44,8 +44,7 @@ pub async fn run(args: Args) -> Result<i32, CliError> {
     if let Some(path) = &args.out {
         crate::plot::check_image_path(path).map_err(|e| CliError::Usage(e.to_string()))?;
     }
-    let (client, scope) = args.kube.connect().await?;
-    let ns = k::single_namespace(&scope, "memprof plot JOB")?;
+    let (client, ns) = args.kube.connect().await?;
     let (ns, job) = k::split_ref(&args.job, &ns);
     let profile = k::get_profile(&client, ns, job).await?;
     let reports = k::job_reports(&client, ns, &profile.spec.job_name).await?;

@@ -1,11 +1,17 @@
 //! `memprof report [JOB]` (also `kubectl memprof report`): what the operator
-//! concluded about a job, from its MemoryProfile, in words.
+//! concluded about a job, from its MemoryProfile, in words; its ranks'
+//! reports as a table with each one's AGE; the stale ranks and a data source
+//! that is not a measurement named. kubectl's printing flags print the
+//! objects (`-o json`: a List of the profile and its reports).
 
-use crate::kube::client::{self as k, CliError, KubeArgs, Scope};
-use crate::output::{self, Format, OutputArgs, Table, WatchArgs};
+use crate::kube::client::{self as k, CliError, ListArgs, Scope};
+use crate::kube::ranks::{self, DEFAULT_STALE_AFTER_SECONDS};
+use crate::output::{self, printer, PrintArgs, Printed, Table, WatchArgs};
+use jiff::Timestamp;
 use kube::ResourceExt;
 use memprof_api::{
-    format_bytes, format_duration, AllocatorRollup, MemoryGrowth, MemoryProfile, MemoryReport,
+    format_bytes, format_duration, format_rate, AllocatorRollup, MemoryGrowth, MemoryProfile,
+    MemoryReport, LABEL_JOB,
 };
 use std::fmt::Write;
 
@@ -15,29 +21,49 @@ pub struct Args {
     /// Job name, or NAMESPACE/JOB; every profile in scope when left out.
     pub job: Option<String>,
     #[command(flatten)]
-    pub kube: KubeArgs,
+    pub list: ListArgs,
     #[command(flatten)]
-    pub output: OutputArgs,
+    pub print: PrintArgs,
     #[command(flatten)]
     pub watch: WatchArgs,
+    /// A rank whose last report is older than this many seconds is stale.
+    #[arg(long, value_name = "SECONDS", default_value_t = DEFAULT_STALE_AFTER_SECONDS)]
+    pub stale_after: u64,
+}
+
+/// Now and `--stale-after`: what ages are measured against.
+#[derive(Clone, Copy, Debug)]
+pub struct Clock {
+    /// Now.
+    pub now: Timestamp,
+    /// `--stale-after`, seconds.
+    pub stale_after: u64,
 }
 
 /// Fetches and prints (with `--watch`, again and again); returns the exit code.
 pub async fn run(args: Args) -> Result<i32, CliError> {
-    let (client, scope) = args.kube.connect().await?;
-    let format = args.output.format;
+    let (client, scope) = args.list.connect().await?;
+    let selector = args.list.selector.as_deref();
     output::watch(args.watch, || async {
+        let clock = Clock {
+            now: Timestamp::now(),
+            stale_after: args.stale_after,
+        };
         match &args.job {
             Some(job) => {
                 let ns = k::single_namespace(&scope, "memprof report JOB")?;
                 let (ns, job) = k::split_ref(job, &ns);
                 let profile = k::get_profile(&client, ns, job).await?;
                 let reports = k::job_reports(&client, ns, &profile.spec.job_name).await?;
-                Ok(render_job(&profile, &reports, format))
+                Ok(render_job(&profile, &reports, &args.print, clock))
             }
             None => {
-                let profiles = k::list_profiles(&client, &scope).await?;
-                Ok(render_all(&profiles, &scope, format))
+                let profiles = k::list_profiles(&client, &scope, selector).await?;
+                let reports = match args.print.is_table() && !profiles.is_empty() {
+                    true => k::list_reports(&client, &scope, None).await?,
+                    false => Vec::new(),
+                };
+                Ok(render_all(&profiles, &reports, &scope, &args.print, clock))
             }
         }
     })
@@ -45,55 +71,74 @@ pub async fn run(args: Args) -> Result<i32, CliError> {
     Ok(0)
 }
 
-/// One Job: the profile in words and its ranks' table, or both as a List object.
-pub fn render_job(p: &MemoryProfile, reports: &[MemoryReport], format: Format) -> String {
-    if format.is_structured() {
-        let mut items = vec![object(p)];
-        items.extend(reports.iter().map(object));
-        return output::structured(&list(items), format);
+/// One Job: the profile in words and its ranks' table, or the profile and
+/// its reports as a List (what `-o json` prints and jsonpath reads).
+pub fn render_job(
+    p: &MemoryProfile,
+    reports: &[MemoryReport],
+    print: &PrintArgs,
+    clock: Clock,
+) -> Printed {
+    if !print.is_table() {
+        let mut items = vec![printer::object(p)];
+        items.extend(reports.iter().map(printer::object));
+        return print.print(&items, Clone::clone, |_| Table::default(), "");
     }
-    let mut out = render(p);
-    out.push_str(&render_ranks(reports, format == Format::Wide));
-    out
+    let mut out = render_with(p, reports, clock);
+    out.push_str(&render_ranks(reports, print, clock.now));
+    out.into()
 }
 
-/// Every profile in scope, each in words (or all of them as a List object).
-pub fn render_all(profiles: &[MemoryProfile], scope: &Scope, format: Format) -> String {
-    if format.is_structured() {
-        return output::structured(&list(profiles.iter().map(object).collect()), format);
+/// Every profile in scope, each in words with its reports (or all of them
+/// as the printing flags ask).
+pub fn render_all(
+    profiles: &[MemoryProfile],
+    reports: &[MemoryReport],
+    scope: &Scope,
+    print: &PrintArgs,
+    clock: Clock,
+) -> Printed {
+    let none = format!("No MemoryProfiles found in {}.", scope.describe());
+    if !print.is_table() || profiles.is_empty() {
+        return print.print(profiles, printer::object, |_| Table::default(), &none);
     }
-    if profiles.is_empty() {
-        return format!("No MemoryProfiles found in {}.\n", scope.describe());
-    }
-    profiles.iter().map(render).collect::<Vec<_>>().join("\n")
+    let text = profiles
+        .iter()
+        .map(|p| render_with(p, &reports_of(p, reports), clock))
+        .collect::<Vec<_>>()
+        .join("\n");
+    text.into()
 }
 
-/// A kubectl `List` of objects.
-fn list(items: Vec<serde_json::Value>) -> serde_json::Value {
-    serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items})
+/// The reports of `p`'s Job among `reports` (same namespace, `memprof.dev/job`).
+fn reports_of(p: &MemoryProfile, reports: &[MemoryReport]) -> Vec<MemoryReport> {
+    let ns = p.namespace();
+    reports
+        .iter()
+        .filter(|r| r.namespace() == ns && r.labels().get(LABEL_JOB) == Some(&p.spec.job_name))
+        .cloned()
+        .collect()
 }
 
-/// The object as kubectl prints it: without managedFields.
-fn object<K: kube::Resource + serde::Serialize + Clone>(o: &K) -> serde_json::Value {
-    let mut o = o.clone();
-    o.meta_mut().managed_fields = None;
-    serde_json::to_value(&o).unwrap_or_default()
-}
-
-/// One row per GPU of each rank, with the GPU's recent memory as a sparkline
-/// (the report's 60-point timeline, highest use per point).
-pub fn render_ranks(reports: &[MemoryReport], wide: bool) -> String {
+/// One row per GPU of each rank, with the report's AGE and the GPU's recent
+/// memory as a sparkline (the report's 60-point timeline, highest use per
+/// point); `--no-headers` leaves the header out.
+pub fn render_ranks(reports: &[MemoryReport], print: &PrintArgs, now: Timestamp) -> String {
     if reports.is_empty() {
         return "  no MemoryReports for this Job yet\n".to_string();
     }
+    let wide = print.wide();
     let mut headers = vec![
-        "RANK", "POD", "NODE", "GPU", "USED", "PEAK", "TOTAL", "RISK", "TTO", "RECENT",
+        "RANK", "POD", "NODE", "GPU", "USED", "PEAK", "TOTAL", "RISK", "TTO", "AGE", "RECENT",
     ];
     if wide {
-        headers.extend(["GROWTH", "UTIL", "UUID", "SAMPLED"]);
+        headers.extend(["GROWTH", "UTIL", "SOURCE", "UUID", "SAMPLED"]);
     }
     let mut table = Table::new(headers);
     for r in reports {
+        let rank = r.spec.rank.map_or("-".into(), |x| x.to_string());
+        let node = r.spec.node_name.clone().unwrap_or_else(|| "-".into());
+        let age = ranks::age_seconds(r, now).map_or("-".into(), output::age);
         for g in &r.spec.gpus {
             // Scaled from 0 to the GPU's total, not to the line's own range:
             // ranks then compare at a glance (30→40 GiB is not 40→70 GiB).
@@ -101,22 +146,24 @@ pub fn render_ranks(reports: &[MemoryReport], wide: bool) -> String {
             line.extend(g.timeline.iter().map(|p| p.max as f64));
             let spark: String = crate::plot::sparkline(&line).chars().skip(2).collect();
             let mut row = vec![
-                r.spec.rank.map_or("-".into(), |x| x.to_string()),
+                rank.clone(),
                 r.spec.pod_name.clone(),
-                r.spec.node_name.clone().unwrap_or_else(|| "-".into()),
+                node.clone(),
                 g.index.to_string(),
                 format_bytes(g.used_bytes),
                 format_bytes(g.peak_bytes),
                 format_bytes(g.total_bytes),
                 g.risk.to_string(),
                 g.time_to_oom_seconds.map_or("-".into(), format_duration),
+                age.clone(),
                 spark,
             ];
             if wide {
                 row.extend([
-                    format!("{:.1}MB/s", g.growth_bytes_per_second / 1e6),
+                    format_rate(g.growth_bytes_per_second),
                     g.utilization_percent
                         .map_or("-".into(), |u| format!("{u}%")),
+                    g.source.to_string(),
                     g.uuid.clone(),
                     r.spec.sampled_at.clone(),
                 ]);
@@ -125,16 +172,36 @@ pub fn render_ranks(reports: &[MemoryReport], wide: bool) -> String {
         }
         if r.spec.gpus.is_empty() {
             table.row([
-                r.spec.rank.map_or("-".into(), |x| x.to_string()),
+                rank,
                 r.name_any(),
-                r.spec.node_name.clone().unwrap_or_else(|| "-".into()),
+                node,
                 "-".into(),
-                "no GPU visible".to_string(),
+                "no GPU visible".into(),
             ]);
         }
     }
     let mut out = String::from("\nranks:\n");
-    out.push_str(&table.render());
+    out.push_str(&table.no_headers(print.no_headers).render());
+    out
+}
+
+/// One profile for a terminal, with what its reports add: a data source
+/// that is not a measurement, and the ranks that stopped reporting.
+pub fn render_with(p: &MemoryProfile, reports: &[MemoryReport], clock: Clock) -> String {
+    let text = render(p);
+    let (first, rest) = text.split_once('\n').unwrap_or((&text, ""));
+    let mut out = format!("{first}\n");
+    if let Some(src) = ranks::not_measured(reports) {
+        let _ = writeln!(
+            out,
+            "  NOTE: {src}: these numbers are not a measurement of this Job's GPUs"
+        );
+    }
+    let age = ranks::job_age(reports, clock.now, clock.stale_after);
+    if let Some(line) = ranks::stale_line(&age, clock.stale_after) {
+        let _ = writeln!(out, "{line}");
+    }
+    out.push_str(rest);
     out
 }
 
@@ -216,11 +283,11 @@ pub fn render(p: &MemoryProfile) -> String {
                 .map_or("-".to_string(), format_duration);
             let _ = writeln!(
                 out,
-                "    rank {rank:>4}  {:<8}  peak {:>9} / {:<9}  growth {:>8.1} MB/s  TTO {tto}  ({})",
+                "    rank {rank:>4}  {:<8}  peak {:>9} / {:<9}  growth {:>11}  TTO {tto}  ({})",
                 r.risk.to_string(),
                 format_bytes(r.peak_bytes),
                 format_bytes(r.total_bytes),
-                r.growth_bytes_per_second / 1e6,
+                format_rate(r.growth_bytes_per_second),
                 r.location.pod
             );
         }
