@@ -77,7 +77,7 @@ async fn every_cluster_command_in_every_format_against_real_profiles() {
     assert!(report.contains("risk: critical"), "{report}");
     // The reports come from the simulated backend: the report says so.
     assert!(
-        report.contains("NOTE: data from the simulated backend (not a GPU): these numbers are not a measurement"),
+        report.contains("\n  NOTE: simulated data, not measured on a GPU\n"),
         "{report}"
     );
     assert!(!report.contains("stale ranks"), "fresh reports: {report}");
@@ -149,11 +149,41 @@ async fn every_cluster_command_in_every_format_against_real_profiles() {
     let svg_arg = svg_path.to_str().unwrap();
     ok(&["plot", "train", "-n", n, "--out", svg_arg]).await;
     let svg = std::fs::read_to_string(&svg_path).unwrap();
+    // PNG in-process (resvg), no rasteriser on the PATH needed.
+    let png_path = dir.0.join("train.png");
+    let out = memprof(
+        &[
+            "plot",
+            "train",
+            "-n",
+            n,
+            "--out",
+            png_path.to_str().unwrap(),
+        ],
+        &[("PATH", "/nonexistent")],
+    )
+    .await;
+    assert!(out.status.success(), "{}", texts(&out).1);
+    let png = std::fs::read(&png_path).unwrap();
+    assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"), "not a PNG");
+    // The IHDR width: the SVG's width at twice the scale.
+    let svg_width: f64 = roxmltree::Document::parse(&svg)
+        .unwrap()
+        .root_element()
+        .attribute("width")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(
+        u32::from_be_bytes(png[16..20].try_into().unwrap()),
+        2 * svg_width as u32
+    );
     // MEMPROF_CLI_SAMPLES=DIR keeps the picture and the tables (how
     // docs/plots/ and the outputs in docs/cli.md were made).
     if let Some(keep) = std::env::var_os("MEMPROF_CLI_SAMPLES") {
         let keep = Path::new(&keep);
         std::fs::write(keep.join("kubectl-memprof-plot.svg"), &svg).unwrap();
+        std::fs::write(keep.join("kubectl-memprof-plot.png"), &png).unwrap();
         std::fs::write(keep.join("top.txt"), &top).unwrap();
         std::fs::write(keep.join("report.txt"), &report).unwrap();
         let cmp = ok(&["compare", "calm", "train", "-n", n]).await;

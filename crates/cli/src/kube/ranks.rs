@@ -90,11 +90,11 @@ pub fn not_measured<'a>(reports: impl IntoIterator<Item = &'a MemoryReport>) -> 
     let words: Vec<&str> = seen
         .iter()
         .map(|s| match s {
-            DataSource::Sim => "the simulated backend (not a GPU)",
-            _ => "a replayed trace (recorded earlier, not live)",
+            DataSource::Sim => "simulated data, not measured on a GPU",
+            _ => "a replayed trace, not live",
         })
         .collect();
-    Some(format!("data from {}", words.join(" and ")))
+    Some(words.join("; "))
 }
 
 #[cfg(test)]
@@ -152,11 +152,12 @@ mod tests {
         let sim = report(Some(1), "", DataSource::Sim);
         assert_eq!(
             not_measured([&nvml, &sim]).as_deref(),
-            Some("data from the simulated backend (not a GPU)")
+            Some("simulated data, not measured on a GPU")
         );
         let trace = report(Some(2), "", DataSource::Trace);
-        assert!(not_measured([&trace, &sim])
-            .unwrap()
-            .contains("replayed trace (recorded earlier, not live) and the simulated"));
+        assert_eq!(
+            not_measured([&trace, &sim]).as_deref(),
+            Some("a replayed trace, not live; simulated data, not measured on a GPU")
+        );
     }
 }

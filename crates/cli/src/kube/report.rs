@@ -192,10 +192,7 @@ pub fn render_with(p: &MemoryProfile, reports: &[MemoryReport], clock: Clock) ->
     let (first, rest) = text.split_once('\n').unwrap_or((&text, ""));
     let mut out = format!("{first}\n");
     if let Some(src) = ranks::not_measured(reports) {
-        let _ = writeln!(
-            out,
-            "  NOTE: {src}: these numbers are not a measurement of this Job's GPUs"
-        );
+        let _ = writeln!(out, "  NOTE: {src}");
     }
     let age = ranks::job_age(reports, clock.now, clock.stale_after);
     if let Some(line) = ranks::stale_line(&age, clock.stale_after) {

@@ -1,7 +1,7 @@
 //! SVG of a heatmap: a grid of cells on a sequential colour scale
 //! (viridis, readable in grey), with its colour bar as the legend.
 
-use super::axis::{extent, format_value, Unit};
+use super::axis::{format_value, Unit};
 use super::svg::{open, text, Area, CHAR_W};
 use super::{escape_xml as esc, Heatmap};
 use std::fmt::Write as _;
@@ -55,8 +55,7 @@ pub fn heatmap(c: &Heatmap) -> String {
             .and_then(|row| row.get(k).copied().flatten())
             .filter(|v| v.is_finite())
     };
-    let all = (0..nr).flat_map(|r| (0..nc).filter_map(move |k| cell(r, k)));
-    let (lo, hi) = extent(all).unwrap_or((0.0, 1.0));
+    let (lo, hi) = c.range();
     let cw = (640.0 / nc.max(1) as f64).clamp(3.0, 90.0);
     let ch = (400.0 / nr.max(1) as f64).clamp(3.0, 34.0);
     let row_chars = c.rows.iter().map(|s| s.chars().count()).max().unwrap_or(0) as f64;
@@ -74,7 +73,10 @@ pub fn heatmap(c: &Heatmap) -> String {
         right: left + cw * nc as f64,
         bottom: 46.0 + ch * nr as f64,
     };
-    let w = (a.right + 130.0).max(420.0);
+    // Wide enough for the title (17 px bold: about 10.5 px a character),
+    // which a narrow grid of few GPUs would otherwise clip at both ends.
+    let title_w = c.title.chars().count() as f64 * 10.5 + 40.0;
+    let w = (a.right + 130.0).max(420.0).max(title_w);
     let h = (a.bottom + col_h + 76.0).max(a.top + 230.0);
     let mut out = String::new();
     open(&mut out, w, h, &c.title);

@@ -304,8 +304,7 @@ pub fn heatmap(c: &Heatmap, cols: usize, rows: usize) -> String {
             .filter(|v| v.is_finite())
     };
     let (nr, nc) = (c.rows.len(), c.cols.len());
-    let all = (0..nr).flat_map(|r| (0..nc).filter_map(move |k| cell(r, k)));
-    let (lo, hi) = extent(all).unwrap_or((0.0, 1.0));
+    let (lo, hi) = c.range();
     let name_w = c
         .rows
         .iter()
