@@ -53,6 +53,15 @@ enum Command {
     /// Two Jobs, sweep results or reports side by side: what grew, where
     #[command(after_help = COMPARE_EXAMPLES)]
     Compare(memprof::cli::kube::compare::Args),
+    /// Is the install working? One line per check, OK/WARN/FAIL, with what to do
+    ///
+    /// CRDs served; memprof webhooks registered with a caBundle; their
+    /// Service's endpoints; the operator's pods (an image that cannot be
+    /// pulled is named) and Deployment; the serving certificate as the API
+    /// server checks it; annotated Jobs the webhook never injected. Exits 1
+    /// on any FAIL.
+    #[command(after_help = DOCTOR_EXAMPLES)]
+    Doctor(memprof::cli::kube::doctor::Args),
     /// Remediation policies: which match a Job and what they would do now.
     Policy {
         #[command(subcommand)]
@@ -111,6 +120,12 @@ Examples:
   kubectl memprof plot train --out train.png  # or .svg
   kubectl memprof plot ml/train --chart heatmap --out peaks.svg";
 
+const DOCTOR_EXAMPLES: &str = "\
+Examples:
+  kubectl memprof doctor            # Jobs of the current namespace
+  kubectl memprof doctor -A         # annotated Jobs of every namespace
+  kubectl memprof doctor --webhook memprof";
+
 const COMPARE_EXAMPLES: &str = "\
 Examples:
   kubectl memprof compare train-bs16 train-bs32 -n ml
@@ -164,6 +179,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Oom(args) => std::process::exit(memprof::cli::local::oom::run(args).await?),
         Command::Sweep(args) => std::process::exit(memprof::cli::local::sweep::run(args).await?),
         Command::Top(args) => std::process::exit(memprof::cli::kube::top::run(args).await?),
+        Command::Doctor(args) => std::process::exit(memprof::cli::kube::doctor::run(args).await?),
         Command::Completion { shell } => {
             let mut cmd = command();
             let script = memprof::cli::kube::completion::script(shell, &mut cmd, "memprof");

@@ -5,6 +5,7 @@ pub mod breakdown;
 pub mod client;
 pub mod compare;
 pub mod completion;
+pub mod doctor;
 pub mod plot;
 pub mod policy;
 pub mod ranks;

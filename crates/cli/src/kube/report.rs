@@ -159,14 +159,7 @@ pub fn render_ranks(reports: &[MemoryReport], print: &PrintArgs, now: Timestamp)
                 spark,
             ];
             if wide {
-                row.extend([
-                    format_rate(g.growth_bytes_per_second),
-                    g.utilization_percent
-                        .map_or("-".into(), |u| format!("{u}%")),
-                    g.source.to_string(),
-                    g.uuid.clone(),
-                    r.spec.sampled_at.clone(),
-                ]);
+                row.extend(wide_cells(r, g));
             }
             table.row(row);
         }
@@ -183,6 +176,18 @@ pub fn render_ranks(reports: &[MemoryReport], print: &PrintArgs, now: Timestamp)
     let mut out = String::from("\nranks:\n");
     out.push_str(&table.no_headers(print.no_headers).render());
     out
+}
+
+/// GROWTH, UTIL, SOURCE, UUID, SAMPLED of one GPU (`-o wide`).
+fn wide_cells(r: &MemoryReport, g: &memprof_api::GpuReport) -> [String; 5] {
+    [
+        format_rate(g.growth_bytes_per_second),
+        g.utilization_percent
+            .map_or("-".into(), |u| format!("{u}%")),
+        g.source.to_string(),
+        g.uuid.clone(),
+        r.spec.sampled_at.clone(),
+    ]
 }
 
 /// One profile for a terminal, with what its reports add: a data source
