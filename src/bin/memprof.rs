@@ -62,6 +62,14 @@ enum Command {
     /// on any FAIL.
     #[command(after_help = DOCTOR_EXAMPLES)]
     Doctor(memprof::cli::kube::doctor::Args),
+    /// Which GPU access mode (gpuAccess) works on this node, and why
+    ///
+    /// Reads the node's GPU device nodes, the container runtime's config (is
+    /// the NVIDIA runtime wired in, CDI-only, does it accept
+    /// NVIDIA_VISIBLE_DEVICES), CDI specs and the kubelet PodResources socket.
+    /// Run it on the node, or `kubectl debug node/NAME -it --image=IMAGE --
+    /// memprof node-check --root /host`.
+    NodeCheck(memprof::cli::nodecheck::Args),
     /// Remediation policies: which match a Job and what they would do now.
     Policy {
         #[command(subcommand)]
@@ -179,6 +187,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Oom(args) => std::process::exit(memprof::cli::local::oom::run(args).await?),
         Command::Sweep(args) => std::process::exit(memprof::cli::local::sweep::run(args).await?),
         Command::Top(args) => std::process::exit(memprof::cli::kube::top::run(args).await?),
+        Command::NodeCheck(args) => std::process::exit(memprof::cli::nodecheck::run(&args)),
         Command::Doctor(args) => std::process::exit(memprof::cli::kube::doctor::run(args).await?),
         Command::Completion { shell } => {
             let mut cmd = command();

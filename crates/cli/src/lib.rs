@@ -17,6 +17,7 @@
 pub mod help;
 pub mod kube;
 pub mod local;
+pub mod nodecheck;
 pub mod output;
 pub mod plot;
 

@@ -1,0 +1,235 @@
+//! `memprof node-check`: which GPU access mode (`gpuAccess`: `envvar`,
+//! `podResources`, `agentOnly`, docs/install.md) works on this node, and why.
+//! Run on the node, or in `kubectl debug node/NAME` with `--root /host`. It
+//! reads files only (no driver, no runtime API): the GPU device nodes, the
+//! container runtimes' configuration (is the NVIDIA runtime wired in, does it
+//! accept `NVIDIA_VISIBLE_DEVICES` from unprivileged containers, is it in
+//! CDI-only mode), CDI specs, and the kubelet's PodResources socket. Every
+//! path is under `--root`, so tests build fake trees.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+/// Flags of `memprof node-check`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The node's root filesystem (`/host` in `kubectl debug node/NAME`).
+    #[arg(long, default_value = "/", value_name = "DIR")]
+    pub root: PathBuf,
+}
+
+/// What was found on the node.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Node {
+    /// `/dev/nvidia0`, `/dev/nvidia1`, …
+    pub gpus: Vec<String>,
+    /// Runtime configuration files that name the NVIDIA runtime.
+    pub runtime_configs: Vec<String>,
+    /// The NVIDIA container runtime's own config file, when present.
+    pub toolkit_config: Option<String>,
+    /// Its `mode` (`legacy`, `cdi`, `auto`), when set.
+    pub toolkit_mode: Option<String>,
+    /// `accept-nvidia-visible-devices-envvar-when-unprivileged` (default true).
+    pub accepts_envvar: bool,
+    /// CDI spec files that declare NVIDIA devices.
+    pub cdi_specs: Vec<String>,
+    /// The kubelet PodResources socket, when present.
+    pub pod_resources: Option<String>,
+}
+
+/// Where the runtimes keep their configuration (relative to the root).
+const RUNTIME_CONFIGS: &[&str] = &[
+    "etc/containerd/config.toml",
+    "etc/containerd/conf.d",
+    "etc/docker/daemon.json",
+    "etc/crio/crio.conf",
+    "etc/crio/crio.conf.d",
+    "etc/k0s/containerd.toml",
+    "var/lib/rancher/rke2/agent/etc/containerd/config.toml",
+    "var/lib/rancher/k3s/agent/etc/containerd/config.toml",
+];
+const TOOLKIT_CONFIG: &str = "etc/nvidia-container-runtime/config.toml";
+const CDI_DIRS: &[&str] = &["etc/cdi", "var/run/cdi"];
+const POD_RESOURCES: &str = "var/lib/kubelet/pod-resources/kubelet.sock";
+
+/// Reads what the node has under `root`.
+pub fn inspect(root: &Path) -> Node {
+    let shown = |p: &Path| format!("/{}", p.strip_prefix(root).unwrap_or(p).display());
+    let mut node = Node {
+        accepts_envvar: true,
+        ..Node::default()
+    };
+    node.gpus = files(&root.join("dev"))
+        .into_iter()
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(is_gpu_node)
+        })
+        .map(|p| shown(&p))
+        .collect();
+    node.gpus.sort();
+    for rel in RUNTIME_CONFIGS {
+        for f in files_or_file(&root.join(rel)) {
+            if read(&f).contains("nvidia") {
+                node.runtime_configs.push(shown(&f));
+            }
+        }
+    }
+    let toolkit = root.join(TOOLKIT_CONFIG);
+    if toolkit.is_file() {
+        let text = read(&toolkit);
+        node.toolkit_config = Some(shown(&toolkit));
+        node.toolkit_mode = toml_value(&text, "mode");
+        node.accepts_envvar = toml_value(
+            &text,
+            "accept-nvidia-visible-devices-envvar-when-unprivileged",
+        )
+        .is_none_or(|v| v != "false");
+    }
+    for dir in CDI_DIRS {
+        for f in files(&root.join(dir)) {
+            if read(&f).contains("nvidia.com/gpu") {
+                node.cdi_specs.push(shown(&f));
+            }
+        }
+    }
+    let sock = root.join(POD_RESOURCES);
+    node.pod_resources = sock.exists().then(|| shown(&sock));
+    node
+}
+
+/// `nvidia0`…: a GPU's device node (not `nvidiactl`, `nvidia-uvm`, …).
+fn is_gpu_node(name: &str) -> bool {
+    name.strip_prefix("nvidia")
+        .is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()))
+}
+
+fn files(dir: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(dir)
+        .map(|rd| rd.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default()
+}
+
+fn files_or_file(p: &Path) -> Vec<PathBuf> {
+    if p.is_dir() {
+        files(p)
+    } else if p.exists() {
+        vec![p.to_path_buf()]
+    } else {
+        vec![]
+    }
+}
+
+/// At most 1 MiB of a file as text (configs are small; a device is not).
+fn read(p: &Path) -> String {
+    use std::io::Read;
+    let mut s = String::new();
+    if let Ok(f) = std::fs::File::open(p) {
+        let _ = f.take(1 << 20).read_to_string(&mut s);
+    }
+    s
+}
+
+/// `key = "value"` or `key = value` on a line of its own (comments skipped):
+/// enough for the toolkit's flat settings, without a TOML parser.
+fn toml_value(text: &str, key: &str) -> Option<String> {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split_once('='))
+        .find(|(k, _)| k.trim() == key)
+        .map(|(_, v)| v.trim().trim_matches('"').to_string())
+}
+
+/// The mode to pick and the lines that say why.
+pub fn advise(n: &Node) -> (Option<&'static str>, String) {
+    let mut out = String::new();
+    let line = |out: &mut String, ok: bool, what: String| {
+        let _ = writeln!(out, "{}  {what}", if ok { "OK  " } else { "NO  " });
+    };
+    if n.gpus.is_empty() {
+        line(&mut out, false, "no NVIDIA GPU device nodes (/dev/nvidia0, …): nothing to profile on this node (run this on a GPU node; in `kubectl debug node/NAME` pass --root /host)".into());
+        return (None, out);
+    }
+    line(
+        &mut out,
+        true,
+        format!("{} GPU device node(s): {}", n.gpus.len(), n.gpus.join(" ")),
+    );
+    let wired = !n.runtime_configs.is_empty();
+    line(
+        &mut out,
+        wired,
+        if wired {
+            format!(
+                "the NVIDIA container runtime is configured in {}",
+                n.runtime_configs.join(", ")
+            )
+        } else {
+            "no runtime configuration names the NVIDIA runtime (containerd, Docker, CRI-O): drivers reach only containers that request nvidia.com/gpu (e.g. GKE COS)".into()
+        },
+    );
+    let cdi_only = n.toolkit_mode.as_deref() == Some("cdi");
+    if let Some(cfg) = &n.toolkit_config {
+        line(
+            &mut out,
+            !cdi_only,
+            format!(
+                "{cfg}: mode {}",
+                n.toolkit_mode.as_deref().unwrap_or("auto (default)")
+            ),
+        );
+        line(
+            &mut out,
+            n.accepts_envvar,
+            format!(
+                "{cfg}: NVIDIA_VISIBLE_DEVICES from unprivileged containers {}",
+                if n.accepts_envvar {
+                    "accepted"
+                } else {
+                    "refused (as on Bottlerocket)"
+                }
+            ),
+        );
+    }
+    if !n.cdi_specs.is_empty() {
+        let _ = writeln!(
+            out,
+            "INFO  CDI specs for nvidia.com/gpu: {}",
+            n.cdi_specs.join(", ")
+        );
+    }
+    let envvar = wired && !cdi_only && n.accepts_envvar;
+    line(
+        &mut out,
+        n.pod_resources.is_some(),
+        match &n.pod_resources {
+            Some(s) => format!("kubelet PodResources socket {s}"),
+            None => format!("no kubelet PodResources socket (/{POD_RESOURCES})"),
+        },
+    );
+    let (mode, why) = pick(envvar, n.pod_resources.is_some());
+    let _ = writeln!(out, "\npick: gpuAccess={mode}: {why}");
+    (Some(mode), out)
+}
+
+/// The mode for a node where `envvar` works or not, with a kubelet socket or not.
+fn pick(envvar: bool, socket: bool) -> (&'static str, &'static str) {
+    match (envvar, socket) {
+        (true, true) => ("envvar", "the runtime injects GPUs by NVIDIA_VISIBLE_DEVICES; pick podResources instead where several pods share this node's GPUs (time-slicing, MPS, several Jobs per node): it names each pod's own GPUs, but needs the `privileged` Pod Security level"),
+        (true, false) => ("envvar", "the runtime injects GPUs by NVIDIA_VISIBLE_DEVICES; podResources is not possible (no kubelet socket)"),
+        (false, _) => ("agentOnly", "the sidecar cannot get the GPUs through NVIDIA_VISIBLE_DEVICES here; the in-process agent reports what CUDA sees in the trainer (annotate Jobs memprof.dev/agent: python)"),
+    }
+}
+
+/// Inspects the node under `--root` and prints the advice; 1 without GPUs.
+pub fn run(args: &Args) -> i32 {
+    let (mode, text) = advise(&inspect(&args.root));
+    crate::output::print(&text);
+    i32::from(mode.is_none())
+}
+
+#[cfg(test)]
+#[path = "nodecheck_tests.rs"]
+mod tests;
