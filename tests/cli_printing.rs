@@ -8,7 +8,8 @@ mod common;
 
 use cli_support::*;
 use common::*;
-use memprof::api::RiskLevel;
+use kube::Api;
+use memprof::api::{MemoryProfile, RiskLevel};
 
 /// `kubectl ARGS` must succeed; its stdout.
 async fn kubectl(args: &[&str]) -> String {
@@ -230,6 +231,23 @@ async fn help_is_grouped_and_a_typo_suggests_the_closest_command() {
         .contains("Examples:\n  kubectl memprof top -A -o wide"));
 }
 
+/// The cell under `header` in `row` of a kubectl-style table: cells start
+/// where their header starts (left-aligned) and may hold spaces.
+fn cell(table: &str, row: usize, header: &str) -> String {
+    let lines: Vec<&str> = table.lines().collect();
+    let head = lines[0];
+    let start = head
+        .find(&format!("{header} "))
+        .or_else(|| head.ends_with(header).then(|| head.len() - header.len()))
+        .unwrap_or_else(|| panic!("no column {header}:\n{table}"));
+    let next = head[start + header.len()..]
+        .find(|c: char| c != ' ')
+        .map(|o| start + header.len() + o);
+    let line = lines[row];
+    let end = next.unwrap_or(line.len()).min(line.len());
+    line.get(start..end).unwrap_or("").trim().to_string()
+}
+
 #[tokio::test]
 async fn stale_ranks_are_named_with_their_age() {
     let Some(client) = cluster().await else {
@@ -245,37 +263,47 @@ async fn stale_ranks_are_named_with_their_age() {
         let r = rank_report(&client, n, "quiet", rank, &when, vec![g]).await;
         apply_report(&client, n, &r).await;
     }
-    eventually("quiet rolled up", || async {
-        let top = ok(&["top", "-n", n, "-o", "name"]).await;
-        if top.contains("quiet") {
-            Ok(())
-        } else {
-            Err(top)
+    // The operator's verdict (status.ranksStale, staleRanks) is what is shown.
+    let profiles: Api<MemoryProfile> = Api::namespaced(client.clone(), n);
+    eventually("quiet rolled up with rank 1 stale", || async {
+        let p = profiles.get_opt("quiet").await.map_err(|e| e.to_string())?;
+        match p.and_then(|p| p.status) {
+            Some(st) if st.ranks_stale == 1 && st.ranks_reporting == 1 => Ok(()),
+            other => Err(format!("{other:?}")),
         }
     })
     .await;
     let report = ok(&["report", "quiet", "-n", n]).await;
+    let line = report
+        .lines()
+        .find(|l| l.starts_with("  stale ranks: "))
+        .unwrap_or_else(|| panic!("no stale line:\n{report}"));
     assert!(
-        report.contains("stale ranks: 1 (no report for over 3m"),
+        line.starts_with("  stale ranks: rank 1 (pod quiet-"),
         "{report}"
     );
-    let age = |rank: &str| {
-        let row = report
+    assert!(line.contains("silent 10m, last risk low)"), "{report}");
+    let ranks_table = report.split("\nranks:\n").nth(1).expect("a ranks table");
+    let row_of = |rank: &str| {
+        ranks_table
             .lines()
-            .find(|l| l.starts_with(&format!("{rank} ")) && l.contains("quiet-"))
-            .unwrap_or_else(|| panic!("no rank {rank} row:\n{report}"));
-        row.split_whitespace().rev().nth(1).unwrap().to_string()
+            .position(|l| l.starts_with(&format!("{rank} ")))
+            .unwrap_or_else(|| panic!("no rank {rank} row:\n{report}"))
     };
-    assert_eq!(age("1"), "10m", "{report}");
-    assert!(age("0").ends_with('s'), "{report}");
+    assert_eq!(
+        cell(ranks_table, row_of("1"), "AGE"),
+        "10m (stale)",
+        "{report}"
+    );
+    let fresh = cell(ranks_table, row_of("0"), "AGE");
+    assert!(fresh.ends_with('s') && !fresh.contains("stale"), "{report}");
     let wide = ok(&["top", "-n", n, "-o", "wide"]).await;
-    let header: Vec<&str> = wide.lines().next().unwrap().split_whitespace().collect();
-    let row: Vec<&str> = wide.lines().nth(1).unwrap().split_whitespace().collect();
-    let col = |h: &str| header.iter().position(|x| *x == h).unwrap();
-    // PEAK's cell has a space in it ("20.0GiB (25%)"): one more word before AGE.
-    assert_eq!(row[col("AGE") + 1], "10m", "{wide}");
-    assert_eq!(row[col("STALE") + 1], "1", "{wide}");
-    // --stale-after moves the line.
+    assert_eq!(cell(&wide, 1, "RANKS"), "1/2 (1 stale)", "{wide}");
+    assert_eq!(cell(&wide, 1, "AGE"), "10m", "{wide}");
+    assert_eq!(cell(&wide, 1, "STALE"), "1", "{wide}");
+    // --stale-after: judged from the reports with the user's threshold.
     let lax = ok(&["report", "quiet", "-n", n, "--stale-after", "3600"]).await;
     assert!(!lax.contains("stale ranks"), "{lax}");
+    let strict = ok(&["top", "-n", n, "-o", "wide", "--stale-after", "0"]).await;
+    assert_eq!(cell(&strict, 1, "STALE"), "0,1", "{strict}");
 }

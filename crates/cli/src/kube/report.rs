@@ -5,7 +5,7 @@
 //! objects (`-o json`: a List of the profile and its reports).
 
 use crate::kube::client::{self as k, CliError, ListArgs, Scope};
-use crate::kube::ranks::{self, DEFAULT_STALE_AFTER_SECONDS};
+use crate::kube::ranks::{self, JobAge, StaleRule};
 use crate::output::{self, printer, PrintArgs, Printed, Table, WatchArgs};
 use jiff::Timestamp;
 use kube::ResourceExt;
@@ -26,9 +26,11 @@ pub struct Args {
     pub print: PrintArgs,
     #[command(flatten)]
     pub watch: WatchArgs,
-    /// A rank whose last report is older than this many seconds is stale.
-    #[arg(long, value_name = "SECONDS", default_value_t = DEFAULT_STALE_AFTER_SECONDS)]
-    pub stale_after: u64,
+    /// Call a rank stale when its last report is older than this many
+    /// seconds. Default: the operator's verdict (two of the sidecar's
+    /// heartbeats plus 30 s; 150 s by default).
+    #[arg(long, value_name = "SECONDS")]
+    pub stale_after: Option<u64>,
 }
 
 /// Now and `--stale-after`: what ages are measured against.
@@ -36,8 +38,8 @@ pub struct Args {
 pub struct Clock {
     /// Now.
     pub now: Timestamp,
-    /// `--stale-after`, seconds.
-    pub stale_after: u64,
+    /// `--stale-after`, or the operator's verdict.
+    pub rule: StaleRule,
 }
 
 /// Fetches and prints (with `--watch`, again and again); returns the exit code.
@@ -47,7 +49,7 @@ pub async fn run(args: Args) -> Result<i32, CliError> {
     output::watch(args.watch, || async {
         let clock = Clock {
             now: Timestamp::now(),
-            stale_after: args.stale_after,
+            rule: StaleRule::from_flag(args.stale_after),
         };
         match &args.job {
             Some(job) => {
@@ -84,8 +86,9 @@ pub fn render_job(
         items.extend(reports.iter().map(printer::object));
         return print.print(&items, Clone::clone, |_| Table::default(), "");
     }
-    let mut out = render_with(p, reports, clock);
-    out.push_str(&render_ranks(reports, print, clock.now));
+    let age = ranks::job_age_of(p.status.as_ref(), reports, clock.now, clock.rule);
+    let mut out = render_with(p, reports, &age);
+    out.push_str(&render_ranks(reports, print, clock.now, &age));
     out.into()
 }
 
@@ -104,7 +107,11 @@ pub fn render_all(
     }
     let text = profiles
         .iter()
-        .map(|p| render_with(p, &reports_of(p, reports), clock))
+        .map(|p| {
+            let mine = reports_of(p, reports);
+            let age = ranks::job_age_of(p.status.as_ref(), &mine, clock.now, clock.rule);
+            render_with(p, &mine, &age)
+        })
         .collect::<Vec<_>>()
         .join("\n");
     text.into()
@@ -120,10 +127,16 @@ fn reports_of(p: &MemoryProfile, reports: &[MemoryReport]) -> Vec<MemoryReport> 
         .collect()
 }
 
-/// One row per GPU of each rank, with the report's AGE and the GPU's recent
-/// memory as a sparkline (the report's 60-point timeline, highest use per
-/// point); `--no-headers` leaves the header out.
-pub fn render_ranks(reports: &[MemoryReport], print: &PrintArgs, now: Timestamp) -> String {
+/// One row per GPU of each rank, with the report's AGE (`(stale)` after it
+/// for a rank in `age.stale`) and the GPU's recent memory as a sparkline
+/// (the report's 60-point timeline, highest use per point); `--no-headers`
+/// leaves the header out.
+pub fn render_ranks(
+    reports: &[MemoryReport],
+    print: &PrintArgs,
+    now: Timestamp,
+    age: &JobAge,
+) -> String {
     if reports.is_empty() {
         return "  no MemoryReports for this Job yet\n".to_string();
     }
@@ -138,7 +151,10 @@ pub fn render_ranks(reports: &[MemoryReport], print: &PrintArgs, now: Timestamp)
     for r in reports {
         let rank = r.spec.rank.map_or("-".into(), |x| x.to_string());
         let node = r.spec.node_name.clone().unwrap_or_else(|| "-".into());
-        let age = ranks::age_seconds(r, now).map_or("-".into(), output::age);
+        let mut since = ranks::age_seconds(r, now).map_or("-".into(), output::age);
+        if age.is_stale_pod(&r.spec.pod_name) {
+            since.push_str(" (stale)");
+        }
         for g in &r.spec.gpus {
             // Scaled from 0 to the GPU's total, not to the line's own range:
             // ranks then compare at a glance (30→40 GiB is not 40→70 GiB).
@@ -155,7 +171,7 @@ pub fn render_ranks(reports: &[MemoryReport], print: &PrintArgs, now: Timestamp)
                 format_bytes(g.total_bytes),
                 g.risk.to_string(),
                 g.time_to_oom_seconds.map_or("-".into(), format_duration),
-                age.clone(),
+                since.clone(),
                 spark,
             ];
             if wide {
@@ -191,16 +207,15 @@ fn wide_cells(r: &MemoryReport, g: &memprof_api::GpuReport) -> [String; 5] {
 }
 
 /// One profile for a terminal, with what its reports add: a data source
-/// that is not a measurement, and the ranks that stopped reporting.
-pub fn render_with(p: &MemoryProfile, reports: &[MemoryReport], clock: Clock) -> String {
+/// that is not a measurement, and the ranks that stopped reporting (`age`).
+pub fn render_with(p: &MemoryProfile, reports: &[MemoryReport], age: &JobAge) -> String {
     let text = render(p);
     let (first, rest) = text.split_once('\n').unwrap_or((&text, ""));
     let mut out = format!("{first}\n");
     if let Some(src) = ranks::not_measured(reports) {
         let _ = writeln!(out, "  NOTE: {src}");
     }
-    let age = ranks::job_age(reports, clock.now, clock.stale_after);
-    if let Some(line) = ranks::stale_line(&age, clock.stale_after) {
+    if let Some(line) = ranks::stale_line(age) {
         let _ = writeln!(out, "{line}");
     }
     out.push_str(rest);
@@ -283,14 +298,17 @@ pub fn render(p: &MemoryProfile) -> String {
             let tto = r
                 .time_to_oom_seconds
                 .map_or("-".to_string(), format_duration);
-            let _ = writeln!(
+            let _ =
+                writeln!(
                 out,
-                "    rank {rank:>4}  {:<8}  peak {:>9} / {:<9}  growth {:>11}  TTO {tto}  ({})",
+                "    rank {rank:>4}  {:<8}  peak {:>9} / {:<9}  growth {:>11}  TTO {tto}  ({}{})",
                 r.risk.to_string(),
                 format_bytes(r.peak_bytes),
                 format_bytes(r.total_bytes),
                 format_rate(r.growth_bytes_per_second),
-                r.location.pod
+                r.location.pod,
+                // The operator keeps a silent rank's last numbers: say they are old.
+                if r.stale { ", stale: its last report" } else { "" }
             );
         }
     }

@@ -5,7 +5,7 @@
 //! fetches (again and again with `--watch`).
 
 use crate::kube::client::{self as k, CliError, ListArgs, Scope};
-use crate::kube::ranks::{self, DEFAULT_STALE_AFTER_SECONDS};
+use crate::kube::ranks::{self, StaleRule};
 use crate::output::{self, printer, PrintArgs, Printed, Table, WatchArgs};
 use jiff::Timestamp;
 use kube::ResourceExt;
@@ -22,10 +22,11 @@ pub struct Args {
     pub print: PrintArgs,
     #[command(flatten)]
     pub watch: WatchArgs,
-    /// A rank whose last report is older than this many seconds is stale
-    /// (`-o wide`: AGE and STALE columns).
-    #[arg(long, value_name = "SECONDS", default_value_t = DEFAULT_STALE_AFTER_SECONDS)]
-    pub stale_after: u64,
+    /// Call a rank stale when its last report is older than this many
+    /// seconds (`-o wide`: AGE and STALE columns). Default: the operator's
+    /// verdict (two of the sidecar's heartbeats plus 30 s; 150 s by default).
+    #[arg(long, value_name = "SECONDS")]
+    pub stale_after: Option<u64>,
 }
 
 /// Runs the subcommand; returns the process exit code.
@@ -34,8 +35,11 @@ pub async fn run(args: Args) -> Result<i32, CliError> {
     let selector = args.list.selector.as_deref();
     output::watch(args.watch, || async {
         let profiles = k::list_profiles(&client, &scope, selector).await?;
-        // Only the wide table reads the reports (their age): one more list.
-        let reports = if args.print.wide() {
+        let rule = StaleRule::from_flag(args.stale_after);
+        // AGE and STALE come from the operator's status; the reports are
+        // listed (one more call) only where it cannot say (see ranks.rs).
+        let statuses: Vec<_> = profiles.iter().map(|p| p.status.as_ref()).collect();
+        let reports = if args.print.wide() && ranks::needs_reports(&statuses, rule) {
             k::list_reports(&client, &scope, None).await?
         } else {
             Vec::new()
@@ -44,7 +48,7 @@ pub async fn run(args: Args) -> Result<i32, CliError> {
             scope: &scope,
             reports: &reports,
             now: Timestamp::now(),
-            stale_after: args.stale_after,
+            rule,
         };
         Ok(render(&profiles, &view, &args.print))
     })
@@ -57,12 +61,13 @@ pub async fn run(args: Args) -> Result<i32, CliError> {
 pub struct View<'a> {
     /// Where `top` looked (NAMESPACE column with `-A`).
     pub scope: &'a Scope,
-    /// The reports in scope (`-o wide` only; empty otherwise).
+    /// The reports in scope, where the statuses cannot give AGE and STALE
+    /// (see [`ranks::needs_reports`]); empty otherwise.
     pub reports: &'a [MemoryReport],
     /// Now, for ages.
     pub now: Timestamp,
-    /// `--stale-after`.
-    pub stale_after: u64,
+    /// `--stale-after`, or the operator's verdict.
+    pub rule: StaleRule,
 }
 
 /// The profiles worst first: highest risk, then soonest OOM, then by name.
@@ -155,8 +160,9 @@ fn cells_of(p: &MemoryProfile) -> [String; 8] {
     ]
 }
 
-/// GPUS, AGE (since the least recent rank's last report), STALE (the ranks
-/// silent for longer than `--stale-after`), BOTTLENECK, ACTION.
+/// GPUS, AGE (since the least recent rank's last report), STALE (the stale
+/// ranks, `+N` for those the status counted but did not list), BOTTLENECK,
+/// ACTION.
 fn wide_cells(p: &MemoryProfile, view: &View) -> [String; 5] {
     let st = p.status.clone().unwrap_or_default();
     let ns = p.namespace();
@@ -164,7 +170,7 @@ fn wide_cells(p: &MemoryProfile, view: &View) -> [String; 5] {
         .reports
         .iter()
         .filter(|r| r.namespace() == ns && r.labels().get(LABEL_JOB) == Some(&p.spec.job_name));
-    let age = ranks::job_age(mine, view.now, view.stale_after);
+    let age = ranks::job_age_of(p.status.as_ref(), mine, view.now, view.rule);
     let bottleneck = st.bottleneck.map(|b| {
         let rank = b.rank.map_or("-".to_string(), |r| r.to_string());
         format!("rank {rank} {}/GPU{}", b.pod, b.gpu_index)
@@ -172,11 +178,7 @@ fn wide_cells(p: &MemoryProfile, view: &View) -> [String; 5] {
     [
         st.gpu_count.to_string(),
         age.oldest_seconds.map_or("-".into(), output::age),
-        if age.stale.is_empty() {
-            "-".into()
-        } else {
-            age.stale.join(",")
-        },
+        age.stale_labels(),
         bottleneck.unwrap_or_else(|| "-".into()),
         st.last_action.unwrap_or_else(|| "-".into()),
     ]
@@ -216,7 +218,7 @@ mod tests {
             scope,
             reports,
             now: "2026-11-22T10:10:00Z".parse().unwrap(),
-            stale_after: DEFAULT_STALE_AFTER_SECONDS,
+            rule: StaleRule::Operator,
         }
     }
 
@@ -306,6 +308,33 @@ mod tests {
         assert_eq!(row[row.len() - 4..row.len() - 2], ["6m", "1"], "{wide}");
         // Not wide: no reports were read and no such columns.
         assert!(!text(&ps, &view(&ns, &[]), &[]).contains("STALE"));
+    }
+
+    #[test]
+    fn wide_reads_age_and_stale_ranks_from_the_operators_status() {
+        let mut p = profile("a", "soon", RiskLevel::Critical, Some(60.0));
+        let st = p.status.as_mut().unwrap();
+        st.ranks = "1/2 (1 stale)".into();
+        st.ranks_stale = 1;
+        st.oldest_report_time = Some("2026-11-22T10:02:00Z".into());
+        st.stale_ranks = vec![memprof_api::StaleRank {
+            rank: Some(1),
+            pod: "soon-1".into(),
+            last_report_time: "2026-11-22T10:02:00Z".into(),
+            risk: RiskLevel::Critical,
+            ..Default::default()
+        }];
+        let ns = Scope::Namespace("a".into());
+        // No reports at all: the status alone fills AGE and STALE.
+        let wide = text(&[p], &view(&ns, &[]), &["-o", "wide"]);
+        let row = wide.lines().nth(1).unwrap();
+        assert!(row.contains("1/2 (1 stale)"), "{wide}");
+        let cells: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(
+            cells[cells.len() - 4..cells.len() - 2],
+            ["8m", "1"],
+            "{wide}"
+        );
     }
 
     #[test]
