@@ -34,7 +34,10 @@ async fn every_cluster_command_in_every_format_against_real_profiles() {
     // The operator ages the 90 s prediction to now (the report is seconds old).
     let train: Vec<&str> = lines[1].split_whitespace().collect();
     assert_eq!(train[..2], ["train", "critical"], "{top}");
-    assert!(train[2].starts_with("1m") || train[2].ends_with('s'), "{top}");
+    assert!(
+        train[2].starts_with("1m") || train[2].ends_with('s'),
+        "{top}"
+    );
     assert_eq!(train[3..5], ["70.0GiB", "(88%)"], "{top}");
     assert!(lines[2].starts_with("calm    low"), "{top}");
     assert!(ok(&["top", "-n", n, "-o", "wide"])

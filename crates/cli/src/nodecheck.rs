@@ -7,8 +7,10 @@
 //! CDI-only mode), CDI specs, and the kubelet's PodResources socket. Every
 //! path is under `--root`, so tests build fake trees.
 
+use std::collections::VecDeque;
+use std::ffi::OsString;
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 
 /// Flags of `memprof node-check`.
 #[derive(Debug, clap::Args)]
@@ -49,37 +51,32 @@ const RUNTIME_CONFIGS: &[&str] = &[
     "var/lib/rancher/k3s/agent/etc/containerd/config.toml",
 ];
 const TOOLKIT_CONFIG: &str = "etc/nvidia-container-runtime/config.toml";
-const CDI_DIRS: &[&str] = &["etc/cdi", "var/run/cdi"];
+const CDI_DIRS: &[&str] = &["etc/cdi", "run/cdi", "var/run/cdi"];
 const POD_RESOURCES: &str = "var/lib/kubelet/pod-resources/kubelet.sock";
 
 /// Reads what the node has under `root`.
 pub fn inspect(root: &Path) -> Node {
-    let shown = |p: &Path| format!("/{}", p.strip_prefix(root).unwrap_or(p).display());
     let mut node = Node {
         accepts_envvar: true,
         ..Node::default()
     };
-    node.gpus = files(&root.join("dev"))
+    node.gpus = entries(root, "dev")
         .into_iter()
-        .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(is_gpu_node)
-        })
-        .map(|p| shown(&p))
+        .filter(|(shown, _)| shown.rsplit('/').next().is_some_and(is_gpu_node))
+        .map(|(shown, _)| shown)
         .collect();
     node.gpus.sort();
     for rel in RUNTIME_CONFIGS {
-        for f in files_or_file(&root.join(rel)) {
+        for (shown, f) in files_or_file(root, rel) {
             if read(&f).contains("nvidia") {
-                node.runtime_configs.push(shown(&f));
+                node.runtime_configs.push(shown);
             }
         }
     }
-    let toolkit = root.join(TOOLKIT_CONFIG);
+    let toolkit = resolve(root, TOOLKIT_CONFIG);
     if toolkit.is_file() {
         let text = read(&toolkit);
-        node.toolkit_config = Some(shown(&toolkit));
+        node.toolkit_config = Some(format!("/{TOOLKIT_CONFIG}"));
         node.toolkit_mode = toml_value(&text, "mode");
         node.accepts_envvar = toml_value(
             &text,
@@ -87,16 +84,64 @@ pub fn inspect(root: &Path) -> Node {
         )
         .is_none_or(|v| v != "false");
     }
+    // /var/run is often a link to /run: a spec seen through both is one spec.
+    let mut seen = Vec::new();
     for dir in CDI_DIRS {
-        for f in files(&root.join(dir)) {
-            if read(&f).contains("nvidia.com/gpu") {
-                node.cdi_specs.push(shown(&f));
+        for (shown, f) in entries(root, dir) {
+            let real = f.canonicalize().unwrap_or_else(|_| f.clone());
+            if !seen.contains(&real) && read(&f).contains("nvidia.com/gpu") {
+                node.cdi_specs.push(shown);
+                seen.push(real);
             }
         }
     }
-    let sock = root.join(POD_RESOURCES);
-    node.pod_resources = sock.exists().then(|| shown(&sock));
+    let sock = resolve(root, POD_RESOURCES);
+    node.pod_resources = sock.exists().then(|| format!("/{POD_RESOURCES}"));
     node
+}
+
+/// `rel` under `root`, with symlinks followed as on the node: an absolute
+/// target stays inside `root` (in `kubectl debug node`, `/host/var/run` →
+/// `/run` means `/host/run`, not the debug container's own `/run`), and
+/// `..` never leaves it.
+pub fn resolve(root: &Path, rel: &str) -> PathBuf {
+    let mut todo: VecDeque<OsString> = parts(Path::new(rel));
+    let mut cur = root.to_path_buf();
+    let mut hops = 0;
+    while let Some(part) = todo.pop_front() {
+        if part == ".." {
+            if cur != root {
+                cur.pop();
+            }
+            continue;
+        }
+        let next = cur.join(&part);
+        match std::fs::read_link(&next) {
+            // 40 links, as Linux's ELOOP: a loop is then read as a missing file.
+            Ok(target) if hops < 40 => {
+                hops += 1;
+                if target.is_absolute() {
+                    cur = root.to_path_buf();
+                }
+                for (i, p) in parts(&target).into_iter().enumerate() {
+                    todo.insert(i, p);
+                }
+            }
+            _ => cur = next,
+        }
+    }
+    cur
+}
+
+/// The normal components of `p` and `..`, without `/` and `.`.
+fn parts(p: &Path) -> VecDeque<OsString> {
+    p.components()
+        .filter_map(|c| match c {
+            Component::Normal(n) => Some(n.to_os_string()),
+            Component::ParentDir => Some(OsString::from("..")),
+            _ => None,
+        })
+        .collect()
 }
 
 /// `nvidia0`…: a GPU's device node (not `nvidiactl`, `nvidia-uvm`, …).
@@ -105,17 +150,30 @@ fn is_gpu_node(name: &str) -> bool {
         .is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()))
 }
 
-fn files(dir: &Path) -> Vec<PathBuf> {
-    std::fs::read_dir(dir)
-        .map(|rd| rd.flatten().map(|e| e.path()).collect())
-        .unwrap_or_default()
+/// The entries of directory `rel` under `root`: each as the node names it
+/// (`/etc/cdi/nvidia.yaml`) and where it is read (resolved under `root`).
+fn entries(root: &Path, rel: &str) -> Vec<(String, PathBuf)> {
+    let Ok(rd) = std::fs::read_dir(resolve(root, rel)) else {
+        return vec![];
+    };
+    let mut out: Vec<(String, PathBuf)> = rd
+        .flatten()
+        .map(|e| {
+            let name = format!("{rel}/{}", e.file_name().to_string_lossy());
+            (format!("/{name}"), resolve(root, &name))
+        })
+        .collect();
+    out.sort();
+    out
 }
 
-fn files_or_file(p: &Path) -> Vec<PathBuf> {
+/// `rel` under `root` if it is a file, its entries if a directory.
+fn files_or_file(root: &Path, rel: &str) -> Vec<(String, PathBuf)> {
+    let p = resolve(root, rel);
     if p.is_dir() {
-        files(p)
+        entries(root, rel)
     } else if p.exists() {
-        vec![p.to_path_buf()]
+        vec![(format!("/{rel}"), p)]
     } else {
         vec![]
     }

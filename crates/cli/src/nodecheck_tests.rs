@@ -109,3 +109,31 @@ fn no_nvidia_runtime_means_agent_only_and_no_gpu_means_nothing_to_profile() {
     assert!(text.contains("no NVIDIA GPU device nodes"), "{text}");
     assert!(!is_gpu_node("nvidia-uvm") && !is_gpu_node("nvidiactl") && is_gpu_node("nvidia12"));
 }
+
+#[test]
+fn absolute_links_resolve_inside_the_root_as_on_the_node() {
+    // As in `kubectl debug node`: /host/var/run -> /run must mean /host/run,
+    // and a config linked to an absolute path is read from the node's tree.
+    let t = Tree::new(&[
+        GPUS[0],
+        SOCKET,
+        ("run/cdi/nvidia.yaml", "kind: nvidia.com/gpu\n"),
+        ("opt/k8s/containerd.toml", CONTAINERD.1),
+    ]);
+    let link = |target: &str, at: &str| {
+        let at = t.0.join(at);
+        std::fs::create_dir_all(at.parent().unwrap()).unwrap();
+        std::os::unix::fs::symlink(target, at).unwrap();
+    };
+    link("/run", "var/run");
+    link("/opt/k8s/containerd.toml", "etc/containerd/config.toml");
+    link("../../../../outside", "etc/cdi");
+    assert_eq!(resolve(&t.0, "var/run/cdi"), t.0.join("run/cdi"));
+    // `..` stops at the root: the link cannot read the test machine's files.
+    assert_eq!(resolve(&t.0, "etc/cdi"), t.0.join("outside"));
+    let node = inspect(&t.0);
+    assert_eq!(node.runtime_configs, ["/etc/containerd/config.toml"]);
+    // Seen through /run/cdi and /var/run/cdi: one spec.
+    assert_eq!(node.cdi_specs, ["/run/cdi/nvidia.yaml"]);
+    assert_eq!(advise(&node).0, Some("envvar"));
+}

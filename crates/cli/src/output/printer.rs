@@ -192,10 +192,12 @@ impl TypedValueParser for OutputParser {
                 Kind::Table => vec![PossibleValue::new("table").help("Columns for a person")],
                 Kind::Wide => vec![PossibleValue::new("wide").help("The table with more columns")],
                 Kind::Json => {
-                    vec![PossibleValue::new("json").help("JSON (top, report: a v1 List of the objects)")]
+                    vec![PossibleValue::new("json")
+                        .help("JSON (top, report: a v1 List of the objects)")]
                 }
                 Kind::Yaml => {
-                    vec![PossibleValue::new("yaml").help("YAML (top, report: a v1 List of the objects)")]
+                    vec![PossibleValue::new("yaml")
+                        .help("YAML (top, report: a v1 List of the objects)")]
                 }
                 Kind::Name => {
                     vec![PossibleValue::new("name").help("kind.group/name of each object")]
