@@ -203,9 +203,6 @@ fn toml_value(text: &str, key: &str) -> Option<String> {
 /// The mode to pick and the lines that say why.
 pub fn advise(n: &Node) -> (Option<&'static str>, String) {
     let mut out = String::new();
-    let line = |out: &mut String, ok: bool, what: String| {
-        let _ = writeln!(out, "{}  {what}", if ok { "OK  " } else { "NO  " });
-    };
     if n.gpus.is_empty() {
         line(&mut out, false, "no NVIDIA GPU device nodes (/dev/nvidia0, …): nothing to profile on this node (run this on a GPU node; in `kubectl debug node/NAME` pass --root /host)".into());
         return (None, out);
@@ -215,9 +212,31 @@ pub fn advise(n: &Node) -> (Option<&'static str>, String) {
         true,
         format!("{} GPU device node(s): {}", n.gpus.len(), n.gpus.join(" ")),
     );
-    let wired = !n.runtime_configs.is_empty();
+    let envvar = runtime_lines(&mut out, n);
     line(
         &mut out,
+        n.pod_resources.is_some(),
+        match &n.pod_resources {
+            Some(s) => format!("kubelet PodResources socket {s}"),
+            None => format!("no kubelet PodResources socket (/{POD_RESOURCES})"),
+        },
+    );
+    let (mode, why) = pick(envvar, n.pod_resources.is_some());
+    let _ = writeln!(out, "\npick: gpuAccess={mode}: {why}");
+    (Some(mode), out)
+}
+
+/// One `OK`/`NO` line.
+fn line(out: &mut String, ok: bool, what: String) {
+    let _ = writeln!(out, "{}  {what}", if ok { "OK  " } else { "NO  " });
+}
+
+/// The runtime's lines (NVIDIA runtime wired in, toolkit mode, envvar
+/// acceptance, CDI specs); whether `NVIDIA_VISIBLE_DEVICES` works.
+fn runtime_lines(out: &mut String, n: &Node) -> bool {
+    let wired = !n.runtime_configs.is_empty();
+    line(
+        out,
         wired,
         if wired {
             format!(
@@ -230,25 +249,16 @@ pub fn advise(n: &Node) -> (Option<&'static str>, String) {
     );
     let cdi_only = n.toolkit_mode.as_deref() == Some("cdi");
     if let Some(cfg) = &n.toolkit_config {
+        let mode = n.toolkit_mode.as_deref().unwrap_or("auto (default)");
+        line(out, !cdi_only, format!("{cfg}: mode {mode}"));
+        let said = match n.accepts_envvar {
+            true => "accepted",
+            false => "refused (as on Bottlerocket)",
+        };
         line(
-            &mut out,
-            !cdi_only,
-            format!(
-                "{cfg}: mode {}",
-                n.toolkit_mode.as_deref().unwrap_or("auto (default)")
-            ),
-        );
-        line(
-            &mut out,
+            out,
             n.accepts_envvar,
-            format!(
-                "{cfg}: NVIDIA_VISIBLE_DEVICES from unprivileged containers {}",
-                if n.accepts_envvar {
-                    "accepted"
-                } else {
-                    "refused (as on Bottlerocket)"
-                }
-            ),
+            format!("{cfg}: NVIDIA_VISIBLE_DEVICES from unprivileged containers {said}"),
         );
     }
     if !n.cdi_specs.is_empty() {
@@ -258,18 +268,7 @@ pub fn advise(n: &Node) -> (Option<&'static str>, String) {
             n.cdi_specs.join(", ")
         );
     }
-    let envvar = wired && !cdi_only && n.accepts_envvar;
-    line(
-        &mut out,
-        n.pod_resources.is_some(),
-        match &n.pod_resources {
-            Some(s) => format!("kubelet PodResources socket {s}"),
-            None => format!("no kubelet PodResources socket (/{POD_RESOURCES})"),
-        },
-    );
-    let (mode, why) = pick(envvar, n.pod_resources.is_some());
-    let _ = writeln!(out, "\npick: gpuAccess={mode}: {why}");
-    (Some(mode), out)
+    wired && !cdi_only && n.accepts_envvar
 }
 
 /// The mode for a node where `envvar` works or not, with a kubelet socket or not.

@@ -11,7 +11,7 @@ use jiff::Timestamp;
 use kube::ResourceExt;
 use memprof_api::{
     format_bytes, format_duration, format_rate, AllocatorRollup, MemoryGrowth, MemoryProfile,
-    MemoryReport, LABEL_JOB,
+    MemoryProfileStatus, MemoryReport, LABEL_JOB,
 };
 use std::fmt::Write;
 
@@ -232,6 +232,15 @@ pub fn render(p: &MemoryProfile) -> String {
         let _ = writeln!(out, "  no status yet: no sidecar has reported (is the sidecar injected and allowed to write memoryreports?)");
         return out;
     };
+    render_summary(&mut out, st);
+    render_findings(&mut out, st);
+    render_closest(&mut out, st);
+    render_history(&mut out, st);
+    out
+}
+
+/// Ranks, risk, peak, imbalance, bottleneck.
+fn render_summary(out: &mut String, st: &MemoryProfileStatus) {
     let _ = writeln!(
         out,
         "  ranks reporting: {}   GPUs: {}",
@@ -265,6 +274,11 @@ pub fn render(p: &MemoryProfile) -> String {
             b.gpu_uuid
         );
     }
+}
+
+/// What the analysis found: leak, fragmentation, the agents' view, the
+/// breakdown, the batch recommendation, the thresholds used.
+fn render_findings(out: &mut String, st: &MemoryProfileStatus) {
     if st.leak_suspected {
         let _ = writeln!(
             out,
@@ -280,10 +294,10 @@ pub fn render(p: &MemoryProfile) -> String {
         );
     }
     if let Some(a) = &st.allocator {
-        render_allocator(&mut out, a);
+        render_allocator(out, a);
     }
     if let Some(b) = &st.breakdown {
-        crate::kube::breakdown::render_breakdown(&mut out, b);
+        crate::kube::breakdown::render_breakdown(out, b);
     }
     if let Some(r) = &st.batch_recommendation {
         out.push_str(&memprof_analysis::batchfit::render(r));
@@ -291,6 +305,10 @@ pub fn render(p: &MemoryProfile) -> String {
     if let Some(t) = &st.thresholds {
         out.push_str(&memprof_api::thresholds::render(t));
     }
+}
+
+/// The ranks closest to an OOM.
+fn render_closest(out: &mut String, st: &MemoryProfileStatus) {
     if !st.top_ranks.is_empty() {
         let _ = writeln!(out, "  closest to OOM:");
         for r in &st.top_ranks {
@@ -312,6 +330,10 @@ pub fn render(p: &MemoryProfile) -> String {
             );
         }
     }
+}
+
+/// OOMs seen, remediations taken, conditions.
+fn render_history(out: &mut String, st: &MemoryProfileStatus) {
     for o in &st.ooms {
         let _ = writeln!(out, "  OOM at {} in pod {}: {}", o.time, o.pod, o.evidence);
     }
@@ -329,7 +351,6 @@ pub fn render(p: &MemoryProfile) -> String {
             c.type_, c.status, c.reason, c.message
         );
     }
-    out
 }
 
 /// What the in-process agents said: leak or cache, advice, step rate, the OOM's blocks.
