@@ -128,6 +128,8 @@ async fn doctor_names_the_image_that_cannot_be_pulled_and_the_jobs_that_ran_unpr
     let out = memprof(&["doctor", "-n", n, "--webhook", n], &[]).await;
     let (stdout, stderr) = texts(&out);
     assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
+    // Shown with --nocapture: the example in docs/cli.md.
+    println!("{stdout}");
     for want in [
         "OK    CRD memoryprofiles.memprof.dev is served",
         &format!("OK    webhook jobs.memprof.dev of {n} calls service {n}/{svc}"),

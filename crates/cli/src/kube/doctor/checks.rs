@@ -73,9 +73,11 @@ pub fn render(checks: &[Check]) -> String {
     }
     let fails = checks.iter().filter(|c| c.level == Level::Fail).count();
     let warns = checks.iter().filter(|c| c.level == Level::Warn).count();
+    let plural = |n: usize, one: &str| format!("{n} {one}{}", if n == 1 { "" } else { "s" });
     out.push_str(&format!(
-        "\n{fails} failed, {warns} warnings, {} checks\n",
-        checks.len()
+        "\n{fails} failed, {}, {}\n",
+        plural(warns, "warning"),
+        plural(checks.len(), "check")
     ));
     out
 }
