@@ -171,7 +171,7 @@ fn profile_runs_a_command_beside_the_sidecar_and_exits_with_its_status() {
     ]);
     assert_eq!(out.status.code(), Some(7), "{}", text(&out.stderr));
     assert!(
-        text(&out.stdout).contains("memprof profile: 1 GPU(s)"),
+        text(&out.stdout).contains(", 1 GPU(s), source sim"),
         "{}",
         text(&out.stdout)
     );

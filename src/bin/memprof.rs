@@ -26,6 +26,10 @@ enum Command {
     /// summary table; with `-- COMMAND`, runs the command next to it with the
     /// in-process agent pushing to it, until the command exits.
     Profile(memprof::cli::local::profile::Args),
+    /// Roll the reports of a distributed run up without Kubernetes (the files
+    /// `memprof profile --output` wrote, one per rank): imbalance, bottleneck
+    /// rank/node/GPU and worst risk, as the operator rolls up a Job.
+    Rollup(memprof::cli::local::rollup::Args),
     /// Show what memprof concluded about a job (its MemoryProfile and per-rank reports),
     /// or about every profiled job in scope.
     Report(memprof::cli::kube::report::Args),
@@ -101,6 +105,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Profile(args) => {
             std::process::exit(memprof::cli::local::profile::run_args(args).await?)
         }
+        Command::Rollup(args) => std::process::exit(memprof::cli::local::rollup::run(args).await?),
         Command::Report(args) => std::process::exit(memprof::cli::kube::report::run(args).await?),
         Command::Policy { command } => memprof::cli::kube::policy::run(command).await?,
         Command::Oom(args) => std::process::exit(memprof::cli::local::oom::run(args).await?),

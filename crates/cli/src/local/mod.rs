@@ -6,4 +6,5 @@ pub mod compare_files;
 pub mod install_agent;
 pub mod oom;
 pub mod profile;
+pub mod rollup;
 pub mod sweep;

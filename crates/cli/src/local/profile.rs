@@ -16,6 +16,7 @@
 //! (`--output`, a temporary file when not asked for: the table) and its
 //! `--trace-out` CSV (every sample: the sample counts and the plot).
 
+pub mod launch;
 pub mod live;
 pub mod sample;
 pub mod sidecar;
@@ -141,7 +142,10 @@ impl Backend {
 pub struct Args {
     #[command(flatten)]
     pub sample: SampleArgs,
-    /// Write the final report (the sidecar's MemoryReport spec) as JSON to this file.
+    /// Write the final report (the sidecar's MemoryReport spec) as JSON to
+    /// this file (what `memprof rollup` reads). `{rank}`, `{local_rank}` and
+    /// `{host}` are filled in from the launch (torchrun's RANK, LOCAL_RANK),
+    /// here and in `--trace-out` and `--plot`.
     #[arg(long, value_name = "FILE")]
     pub output: Option<PathBuf>,
     /// Draw every GPU's used memory over time, total memory and risk
@@ -178,6 +182,28 @@ impl Args {
             ))),
             None => Ok(()),
         }
+    }
+}
+
+impl Args {
+    /// The flags as this process's launch fills them in: `{rank}`,
+    /// `{local_rank}` and `{host}` in file names, `--devices local-rank`, and
+    /// the report's name and node.
+    pub fn for_launch(mut self, l: &launch::Launch) -> Result<Args, ProfileError> {
+        for p in [&mut self.output, &mut self.trace_out, &mut self.plot]
+            .into_iter()
+            .flatten()
+        {
+            *p = l.expand(p)?;
+        }
+        self.sample.devices = l.devices(&self.sample.devices)?;
+        self.sample.identity = vec![
+            "--pod-name".into(),
+            l.report_name(),
+            "--node-name".into(),
+            l.host.clone(),
+        ];
+        Ok(self)
     }
 }
 
@@ -234,6 +260,8 @@ impl Drop for Files {
 /// summary, and draws `--plot`. Returns the command's exit status (0 without one).
 pub async fn profile(a: Args) -> Result<i32, ProfileError> {
     a.check()?;
+    let launch = launch::Launch::from_env();
+    let a = a.for_launch(&launch)?;
     let exe = sidecar::sidecar_exe()?;
     let files = Files::new(&a);
     let addr = match &a.listen {
@@ -301,6 +329,7 @@ fn finish(
             samples: &counts,
             transitions: &watched.transitions,
             seconds: rows.last().map_or(started.elapsed().as_secs_f64(), |r| r.t),
+            pid: watched.pid,
         })
     );
     if let Some(path) = &a.plot {

@@ -17,6 +17,8 @@ pub struct Watched {
     pub code: i32,
     /// Why nothing could be seen, when the watch stopped for that (no command).
     pub blind: Option<String>,
+    /// The command's process id (what its agent pushes as `pid`).
+    pub pid: Option<u32>,
 }
 
 /// How the loop was left.
@@ -37,6 +39,7 @@ pub async fn watch(side: &mut Sidecar, mut command: Option<&mut tokio::process::
     let mut screen = Screen::new(crate::output::stdout_is_terminal());
     let mut signals = Signals::new();
     let mut warned_blind = false;
+    let pid = command.as_deref().and_then(tokio::process::Child::id);
     let ended = loop {
         let mut ended = None;
         tokio::select! {
@@ -89,6 +92,7 @@ pub async fn watch(side: &mut Sidecar, mut command: Option<&mut tokio::process::
         transitions,
         code,
         blind,
+        pid,
     }
 }
 

@@ -204,6 +204,8 @@ pub struct Run<'a> {
     pub transitions: &'a [Transition],
     /// Seconds the profile ran.
     pub seconds: f64,
+    /// The command's process id, when there was a command.
+    pub pid: Option<u32>,
 }
 
 /// The summary printed at the end: a header, the table, advice per GPU,
@@ -212,7 +214,8 @@ pub struct Run<'a> {
 pub fn summary(run: &Run<'_>) -> String {
     let r = run.report;
     let mut out = format!(
-        "memprof profile: {} GPU(s), source {}, {:.0} s, {} risk transition(s)\n",
+        "memprof profile: {}, {} GPU(s), source {}, {:.0} s, {} risk transition(s)\n",
+        who(r, run.pid),
         r.gpus.len(),
         source_words(r.summary.source),
         run.seconds,
@@ -232,6 +235,23 @@ pub fn summary(run: &Run<'_>) -> String {
     crate::render::agent_sections(&mut out, &status);
     crate::render::details::render(&mut out, r);
     out
+}
+
+/// Whose run it was: the report's name (host, and `-rankN` under a
+/// launcher), its rank and node, the command's pid.
+fn who(r: &MemoryReportSpec, pid: Option<u32>) -> String {
+    let mut s = if r.pod_name.is_empty() {
+        "this machine".to_string()
+    } else {
+        r.pod_name.clone()
+    };
+    if let Some(rank) = r.rank {
+        s.push_str(&format!(" (rank {rank}"));
+        s.push_str(&pid.map_or(")".into(), |p| format!(", pid {p})")));
+    } else if let Some(p) = pid {
+        s.push_str(&format!(" (pid {p})"));
+    }
+    s
 }
 
 /// Why a report shows no GPU: its first condition's message.
@@ -401,6 +421,7 @@ mod tests {
             samples,
             transitions,
             seconds: 30.0,
+            pid: Some(42),
         })
     }
 
