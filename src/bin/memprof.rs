@@ -26,6 +26,10 @@ enum Command {
     /// summary table; with `-- COMMAND`, runs the command next to it with the
     /// in-process agent pushing to it, until the command exits.
     Profile(memprof::cli::local::profile::Args),
+    /// A live full-screen view of this box's GPUs (no cluster): memory, risk,
+    /// time to OOM, sparklines, the trainer's allocator numbers with
+    /// `-- COMMAND`; keys switch views (g GPUs, a agent, l log, q quit).
+    Watch(memprof::cli::local::watch::Args),
     /// Roll the reports of a distributed run up without Kubernetes (the files
     /// `memprof profile --output` wrote, one per rank): imbalance, bottleneck
     /// rank/node/GPU and worst risk, as the operator rolls up a Job.
@@ -105,6 +109,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Profile(args) => {
             std::process::exit(memprof::cli::local::profile::run_args(args).await?)
         }
+        Command::Watch(args) => std::process::exit(memprof::cli::local::watch::run(args).await?),
         Command::Rollup(args) => std::process::exit(memprof::cli::local::rollup::run(args).await?),
         Command::Report(args) => std::process::exit(memprof::cli::kube::report::run(args).await?),
         Command::Policy { command } => memprof::cli::kube::policy::run(command).await?,

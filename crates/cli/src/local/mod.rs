@@ -8,3 +8,4 @@ pub mod oom;
 pub mod profile;
 pub mod rollup;
 pub mod sweep;
+pub mod watch;

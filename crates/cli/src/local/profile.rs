@@ -353,7 +353,7 @@ fn finish(
     }
 }
 
-fn start_command(
+pub(crate) fn start_command(
     command: &[String],
     addr: &str,
     agent_path: Option<&Path>,
