@@ -48,12 +48,15 @@ pub async fn run(args: Args) -> Result<i32, ProfileError> {
     ];
     let flags = args.sample.sidecar_flags(&files[0], &files[1]);
     let addr = sidecar::free_loopback()?;
-    let mut side = Sidecar::start(&sidecar::sidecar_exe()?, &flags, &addr).await?;
+    // Removed (socket and all) when the watch ends.
+    let private = sidecar::PrivateDir::new("watch")?;
+    let mut side =
+        Sidecar::start(&sidecar::sidecar_exe()?, &flags, &addr, &private.socket()).await?;
     let mut command = match args.command.is_empty() {
         true => None,
         false => Some(profile::start_command(
             &args.command,
-            &addr,
+            &side.socket,
             args.agent_path.as_deref(),
         )?),
     };
@@ -94,7 +97,9 @@ async fn show(
     let result = loop {
         if last_poll.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
             last_poll = Some(Instant::now());
-            state.transitions.extend(std::iter::from_fn(|| side.transitions.try_recv().ok()));
+            state
+                .transitions
+                .extend(std::iter::from_fn(|| side.transitions.try_recv().ok()));
             if let Some(r) = side.report().await {
                 state.observe(r);
             }

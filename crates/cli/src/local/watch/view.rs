@@ -90,7 +90,8 @@ impl State {
 
 /// Draws the whole screen.
 pub fn draw(f: &mut Frame, s: &State) {
-    let [head, body] = Layout::vertical([Constraint::Length(2), Constraint::Min(0)]).areas(f.area());
+    let [head, body] =
+        Layout::vertical([Constraint::Length(2), Constraint::Min(0)]).areas(f.area());
     f.render_widget(header(s), head);
     match s.view {
         View::Gpus => gpus(f, body, s),
@@ -110,7 +111,10 @@ fn risk_style(r: RiskLevel) -> Style {
 }
 
 fn header(s: &State) -> Paragraph<'static> {
-    let mut first = vec![Span::styled("memprof watch", Style::new().add_modifier(Modifier::BOLD))];
+    let mut first = vec![Span::styled(
+        "memprof watch",
+        Style::new().add_modifier(Modifier::BOLD),
+    )];
     match &s.report {
         None => first.push(Span::raw("  waiting for the first report…")),
         Some(r) => {
@@ -120,7 +124,10 @@ fn header(s: &State) -> Paragraph<'static> {
                 r.gpus.len(),
                 s.elapsed
             )));
-            first.push(Span::styled(r.summary.risk.to_string(), risk_style(r.summary.risk)));
+            first.push(Span::styled(
+                r.summary.risk.to_string(),
+                risk_style(r.summary.risk),
+            ));
             if let Some(tto) = &r.summary.time_to_oom {
                 first.push(Span::raw(format!("  OOM in {tto}")));
             }
@@ -166,7 +173,10 @@ fn gpus(f: &mut Frame, area: Rect, s: &State) {
     .areas(area);
     f.render_widget(gpu_table(r, s.selected), table_area);
     if let Some(g) = r.gpus.get(s.selected) {
-        let data: Vec<u64> = s.history.get(&g.uuid).map_or(vec![], |h| h.iter().copied().collect());
+        let data: Vec<u64> = s
+            .history
+            .get(&g.uuid)
+            .map_or(vec![], |h| h.iter().copied().collect());
         // Newest samples at the right, as many as fit.
         let width = spark_area.width.saturating_sub(2) as usize;
         let shown = &data[data.len().saturating_sub(width)..];
@@ -204,7 +214,10 @@ fn gpu_row(r: &MemoryReportSpec, g: &GpuReport) -> Row<'static> {
             format_bytes(g.total_bytes)
         )),
         Span::raw(format_bytes(g.peak_bytes)),
-        Span::raw(g.utilization_percent.map_or("-".into(), |u| format!("{u}%"))),
+        Span::raw(
+            g.utilization_percent
+                .map_or("-".into(), |u| format!("{u}%")),
+        ),
         Span::styled(g.risk.to_string(), risk_style(g.risk)),
         Span::raw(g.time_to_oom_seconds.map_or("-".into(), format_duration)),
         Span::raw(crate::render::rate(g.growth_bytes_per_second)),
@@ -236,8 +249,10 @@ fn gpu_table(r: &MemoryReportSpec, selected: usize) -> Table<'static> {
         Constraint::Length(11),
         Constraint::Length(5),
     ];
-    let header = Row::new(["GPU", "MODEL", "USED", "PEAK", "UTIL", "RISK", "TTO", "GROWTH", ""])
-        .style(Style::new().add_modifier(Modifier::BOLD));
+    let header = Row::new([
+        "GPU", "MODEL", "USED", "PEAK", "UTIL", "RISK", "TTO", "GROWTH", "",
+    ])
+    .style(Style::new().add_modifier(Modifier::BOLD));
     Table::new(rows, widths)
         .header(header)
         .block(Block::bordered().title(" GPUs "))
@@ -270,7 +285,8 @@ fn agent_text(s: &State) -> String {
         return String::new();
     };
     if r.allocator.is_none() {
-        return "no agent data: run the trainer after `--` (memprof watch -- python train.py)".into();
+        return "no agent data: run the trainer after `--` (memprof watch -- python train.py)"
+            .into();
     }
     let status = memprof_analysis::rollup(&[memprof_analysis::RollupInput { spec: r }], None);
     let mut out = String::new();

@@ -35,7 +35,10 @@ fn report(step: u64) -> MemoryReportSpec {
             source: DataSource::Sim,
             ..Default::default()
         },
-        gpus: vec![gpu(0, 30 + step, RiskLevel::High), gpu(1, 20, RiskLevel::Low)],
+        gpus: vec![
+            gpu(0, 30 + step, RiskLevel::High),
+            gpu(1, 20, RiskLevel::Low),
+        ],
         allocator: Some(AllocatorStats {
             allocated_bytes: 12 * G,
             reserved_bytes: 14 * G,
@@ -102,7 +105,9 @@ fn the_gpu_view_has_a_row_per_gpu_the_risk_a_sparkline_and_the_trainer() {
         .take(3)
         .collect();
     assert!(
-        spark_rows.iter().any(|l| l.contains('█') || l.contains('▇') || l.contains('▆')),
+        spark_rows
+            .iter()
+            .any(|l| l.contains('█') || l.contains('▇') || l.contains('▆')),
         "no sparkline bars:\n{text}"
     );
 }
@@ -155,5 +160,8 @@ fn a_blind_machine_says_why_instead_of_drawing_zeros() {
         ..Default::default()
     });
     let text = screen(&s);
-    assert!(text.contains("no GPU visible: cannot load libnvidia-ml.so.1"), "{text}");
+    assert!(
+        text.contains("no GPU visible: cannot load libnvidia-ml.so.1"),
+        "{text}"
+    );
 }
