@@ -238,16 +238,17 @@ fn gpu_table(r: &MemoryReportSpec, selected: usize) -> Table<'static> {
             }
         })
         .collect();
+    // The model name takes what the fixed columns leave.
     let widths = [
-        Constraint::Length(15),
-        Constraint::Length(22),
-        Constraint::Length(34),
-        Constraint::Length(9),
-        Constraint::Length(5),
-        Constraint::Length(9),
+        Constraint::Length(14),
+        Constraint::Fill(1),
+        Constraint::Length(32),
+        Constraint::Length(8),
+        Constraint::Length(4),
+        Constraint::Length(8),
         Constraint::Length(7),
-        Constraint::Length(11),
-        Constraint::Length(5),
+        Constraint::Length(10),
+        Constraint::Length(4),
     ];
     let header = Row::new([
         "GPU", "MODEL", "USED", "PEAK", "UTIL", "RISK", "TTO", "GROWTH", "",

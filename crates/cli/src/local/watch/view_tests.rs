@@ -97,19 +97,25 @@ fn the_gpu_view_has_a_row_per_gpu_the_risk_a_sparkline_and_the_trainer() {
     ] {
         assert!(text.contains(want), "{want:?} not on screen:\n{text}");
     }
-    // The sparkline: bars of rising heights under the GPU 0 title.
-    let spark_rows: Vec<&str> = text
+    // The sparkline: GPU 0's used memory rose 30 → 49 GiB of 80, oldest at
+    // the left, so the first column is lower than the 20th and both are
+    // drawn to scale (0 to the GPU's total).
+    let box_rows: Vec<Vec<char>> = text
         .lines()
         .skip_while(|l| !l.contains("used memory"))
         .skip(1)
-        .take(3)
+        .take_while(|l| !l.starts_with('└'))
+        .map(|l| l.chars().collect())
         .collect();
-    assert!(
-        spark_rows
-            .iter()
-            .any(|l| l.contains('█') || l.contains('▇') || l.contains('▆')),
-        "no sparkline bars:\n{text}"
-    );
+    let height = |col: usize| {
+        let full = box_rows.iter().filter(|r| r.get(col) == Some(&'█')).count();
+        full as f64 / box_rows.len() as f64
+    };
+    let (first, last) = (height(1), height(20));
+    assert!(first < last, "no rising sparkline ({first} vs {last}):\n{text}");
+    assert!((0.25..0.40).contains(&first), "30 of 80 GiB drawn as {first}");
+    assert!((0.50..0.62).contains(&last), "49 of 80 GiB drawn as {last}");
+    assert_eq!(height(21), 0.0, "nothing drawn past the 20 samples");
 }
 
 #[test]
