@@ -75,11 +75,9 @@ async fn monitor(args: Args) -> Result<i32, ProfileError> {
     let private = sidecar::PrivateDir::new("oom")?;
     let mut side =
         Sidecar::start(&sidecar::sidecar_exe()?, &flags, &addr, &private.socket()).await?;
+    let files = [trace, output];
     if let Some(why) = blind(&side).await {
-        side.stop().await;
-        for p in [trace, output] {
-            let _ = std::fs::remove_file(p);
-        }
+        stop(&mut side, &files).await;
         eprintln!("{}", profile::blind_line(&why));
         return Ok(profile::BLIND);
     }
@@ -116,11 +114,16 @@ async fn monitor(args: Args) -> Result<i32, ProfileError> {
             _ = &mut ctrl_c => break 0,
         }
     };
+    stop(&mut side, &files).await;
+    Ok(code)
+}
+
+/// Stops the sidecar and removes its files (a guard keeps nothing).
+async fn stop(side: &mut Sidecar, files: &[std::path::PathBuf]) {
     side.stop().await;
-    for p in [trace, output] {
+    for p in files {
         let _ = std::fs::remove_file(p);
     }
-    Ok(code)
 }
 
 /// Why the sidecar sees nothing (no GPU; the guard runs no trainer, so no

@@ -2,7 +2,7 @@
 //! what a profile's status does not keep (the roll-up keeps the verdicts),
 //! shown under [`super::agent_sections`] where a report is at hand.
 
-use super::rate;
+use super::{analysis, rate};
 use memprof_api::{format_bytes, AllocatorStats, MemoryReportSpec};
 use std::fmt::Write;
 
@@ -16,10 +16,22 @@ pub fn render(out: &mut String, spec: &MemoryReportSpec) {
         None => "the trainer".to_string(),
     };
     let _ = writeln!(out, "  {who}'s allocator{}:", position(a));
+    analysis::verdict_before_oom(out, a);
     memory(out, a);
     fragmentation(out, a);
-    if let Some(rss) = a.rss_bytes {
-        let _ = writeln!(out, "    host memory (RSS): {}", format_bytes(rss));
+    analysis::fragment(out, a);
+    match (&a.host, a.rss_bytes) {
+        (Some(h), _) => analysis::host(out, h),
+        (None, Some(rss)) => {
+            let _ = writeln!(out, "    host memory (RSS): {}", format_bytes(rss));
+        }
+        (None, None) => {}
+    }
+    if let Some(g) = &a.gradients {
+        analysis::gradients(out, g);
+    }
+    if let Some(t) = &a.tracking {
+        analysis::tracking(out, t);
     }
     phases(out, a);
     events(out, a);

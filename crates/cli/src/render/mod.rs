@@ -7,10 +7,13 @@
 //!   rank, the newest OOM's largest blocks, the memory breakdown (what the
 //!   roll-up put in the status);
 //! - [`details`]: one trainer's allocator numbers from its report (phase
-//!   peaks, fragmentation, retries, host memory, recorded events), which a
-//!   profile's status does not keep.
+//!   peaks, fragmentation, retries, recorded events) and the sidecar's
+//!   analysis of it ([`analysis`]: the verdict kept from before an OOM, host
+//!   memory, gradients, tracked growth, fragmentation over the run and the
+//!   allocation-size pattern), which a profile's status does not keep.
 
 mod allocator;
+pub mod analysis;
 pub mod breakdown;
 pub mod details;
 

@@ -112,8 +112,14 @@ fn the_gpu_view_has_a_row_per_gpu_the_risk_a_sparkline_and_the_trainer() {
         full as f64 / box_rows.len() as f64
     };
     let (first, last) = (height(1), height(20));
-    assert!(first < last, "no rising sparkline ({first} vs {last}):\n{text}");
-    assert!((0.25..0.40).contains(&first), "30 of 80 GiB drawn as {first}");
+    assert!(
+        first < last,
+        "no rising sparkline ({first} vs {last}):\n{text}"
+    );
+    assert!(
+        (0.25..0.40).contains(&first),
+        "30 of 80 GiB drawn as {first}"
+    );
     assert!((0.50..0.62).contains(&last), "49 of 80 GiB drawn as {last}");
     assert_eq!(height(21), 0.0, "nothing drawn past the 20 samples");
 }
