@@ -3,13 +3,15 @@
 //! under `torchrun --no-python memprof profile --output
 //! 'out/{host}-rank{rank}.json' -- python train.py` on every node), or a
 //! JSON array of them. The reports are checked as the operator checks a
-//! pod's, rolled up by the operator's own roll-up (`memprof_analysis::rollup`:
+//! pod's, rolled up by the operator's own roll-up ([`JobRollup`]:
 //! worst risk, time to OOM, imbalance, bottleneck rank/node/GPU, leak ranks,
 //! the agents' verdicts) and shown as `memprof report` shows a Job.
 //!
 //! Exit status: 0; 1 when no file holds a usable report.
 
 use crate::output::{self, OutputArgs, Table};
+use jiff::Timestamp;
+use memprof_analysis::{JobRollup, RollupLimits};
 use memprof_api::{
     format_bytes, format_duration, MemoryProfile, MemoryProfileStatus, MemoryReportSpec,
 };
@@ -86,13 +88,40 @@ fn read(f: &Path) -> Result<Vec<MemoryReportSpec>, String> {
         .collect()
 }
 
-/// The roll-up of the loaded reports: the operator's.
+/// The roll-up of the loaded reports: the operator's own ([`JobRollup`],
+/// what it keeps per Job), judged at the newest report's time, so a rank
+/// whose file ends a few heartbeats before the others' is stale, as it would
+/// be on a cluster, while a run finished an hour ago is not all stale.
 pub fn status(loaded: &[Loaded], expected_ranks: Option<u32>) -> MemoryProfileStatus {
-    let inputs: Vec<_> = loaded
-        .iter()
-        .map(|l| memprof_analysis::RollupInput { spec: &l.spec })
-        .collect();
-    memprof_analysis::rollup(&inputs, expected_ranks)
+    status_of(
+        loaded
+            .iter()
+            .enumerate()
+            .map(|(i, l)| (format!("{}#{i}", l.file.display()), &l.spec)),
+        expected_ranks,
+    )
+}
+
+/// [`JobRollup`] over named reports, at the newest one's `sampledAt`.
+pub fn status_of<'a>(
+    reports: impl Iterator<Item = (String, &'a MemoryReportSpec)>,
+    expected_ranks: Option<u32>,
+) -> MemoryProfileStatus {
+    let mut rollup = JobRollup::new(expected_ranks, RollupLimits::default());
+    let mut now = Timestamp::UNIX_EPOCH;
+    for (name, spec) in reports {
+        if let Ok(t) = spec.sampled_at.parse::<Timestamp>() {
+            now = now.max(t);
+        }
+        rollup.upsert(&name, spec);
+    }
+    rollup.status(now)
+}
+
+/// One trainer's report rolled up as a Job of one rank (what `profile`'s
+/// summary and `watch` show through the shared renderer).
+pub fn status_of_one(spec: &MemoryReportSpec) -> MemoryProfileStatus {
+    status_of(std::iter::once(("local".to_string(), spec)), None)
 }
 
 /// Runs the subcommand; returns the exit code.
@@ -138,6 +167,17 @@ pub fn render(loaded: &[Loaded], st: &MemoryProfileStatus) -> String {
         loaded.len(),
         nodes.len().max(1)
     );
+    for r in &st.stale_ranks {
+        let _ = writeln!(
+            out,
+            "  stale: rank {} ({} on {}), last report {}, risk {} (still counted): it stopped reporting before the others",
+            r.rank.map_or("-".into(), |k| k.to_string()),
+            r.pod,
+            r.node.as_deref().unwrap_or("-"),
+            r.last_report_time,
+            r.risk
+        );
+    }
     let _ = write!(out, "\nranks:\n{}", ranks(loaded).render());
     out
 }
@@ -219,6 +259,32 @@ mod tests {
             assert!(text.contains(want), "{want:?} not in\n{text}");
         }
         assert!(!text.contains("MemoryProfile"), "{text}");
+    }
+
+    /// The operator's staleness, judged at the newest report: a rank whose
+    /// file ends 5 minutes before the others' stopped; ranks reporting 3/4.
+    #[test]
+    fn a_rank_that_stopped_before_the_others_is_stale_not_reporting() {
+        let mut loaded = vec![
+            rank(0, "a", 40, RiskLevel::Low),
+            rank(1, "a", 40, RiskLevel::Low),
+            rank(2, "b", 70, RiskLevel::Critical),
+            rank(3, "b", 20, RiskLevel::Low),
+        ];
+        loaded[2].spec.sampled_at = "2026-11-22T09:55:00Z".into();
+        let st = status(&loaded, Some(4));
+        assert_eq!((st.ranks_reporting, st.ranks_stale), (3, 1), "{st:?}");
+        assert_eq!(st.risk, RiskLevel::Critical, "a quiet rank's verdict stays");
+        let text = render(&loaded, &st);
+        assert!(
+            text.contains(
+                "stale: rank 2 (b-rank2 on b), last report 2026-11-22T09:55:00Z, risk critical"
+            ),
+            "{text}"
+        );
+        // All four from the same moment, an hour ago: none stale.
+        loaded[2].spec.sampled_at = "2026-11-22T10:00:00Z".into();
+        assert_eq!(status(&loaded, Some(4)).ranks_stale, 0);
     }
 
     #[test]

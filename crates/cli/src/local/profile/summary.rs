@@ -231,7 +231,7 @@ pub fn summary(run: &Run<'_>) -> String {
         let w = worst_of(r, g, &worst);
         out.push_str(&format!("GPU {}: {}\n", gpu_label(r, g), advice(g, w)));
     }
-    let status = memprof_analysis::rollup(&[memprof_analysis::RollupInput { spec: r }], None);
+    let status = crate::local::rollup::status_of_one(r);
     crate::render::agent_sections(&mut out, &status);
     crate::render::details::render(&mut out, r);
     out
