@@ -185,4 +185,22 @@ fn every_ranks_profile_rolls_up_to_the_bottleneck_rank_imbalance_and_worst_risk(
         st.imbalance
     );
     assert_eq!(st.bottleneck.unwrap().rank, Some(1));
+
+    // The same files, as `memprof fragment` reads them: each rank's
+    // allocator cache from its agent.
+    let frag = Command::new(MEMPROF)
+        .arg("fragment")
+        .args(&files)
+        .output()
+        .unwrap();
+    let words = text(&frag.stdout);
+    assert!(frag.status.success(), "{words}\n{}", text(&frag.stderr));
+    for r in 0..2 {
+        assert!(
+            words.contains(&format!("node-a-rank{r}.json: rank {r} (node-a-rank{r})\n")),
+            "{words}"
+        );
+    }
+    assert_eq!(words.matches("    fragmentation: ").count(), 2, "{words}");
+    assert_eq!(words.matches("    advice: ").count(), 2, "{words}");
 }

@@ -34,6 +34,9 @@ enum Command {
     /// `memprof profile --output` wrote, one per rank): imbalance, bottleneck
     /// rank/node/GPU and worst risk, as the operator rolls up a Job.
     Rollup(memprof::cli::local::rollup::Args),
+    /// How fragmented each trainer's allocator cache is, from `memprof profile
+    /// --output` reports: now, over the run, the allocation-size pattern, advice.
+    Fragment(memprof::cli::local::fragment::Args),
     /// Show what memprof concluded about a job (its MemoryProfile and per-rank reports),
     /// or about every profiled job in scope.
     Report(memprof::cli::kube::report::Args),
@@ -111,6 +114,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Watch(args) => std::process::exit(memprof::cli::local::watch::run(args).await?),
         Command::Rollup(args) => std::process::exit(memprof::cli::local::rollup::run(args).await?),
+        Command::Fragment(args) => {
+            std::process::exit(memprof::cli::local::fragment::run(args).await?)
+        }
         Command::Report(args) => std::process::exit(memprof::cli::kube::report::run(args).await?),
         Command::Policy { command } => memprof::cli::kube::policy::run(command).await?,
         Command::Oom(args) => std::process::exit(memprof::cli::local::oom::run(args).await?),

@@ -83,7 +83,7 @@ fn memory(out: &mut String, a: &AllocatorStats) {
     let _ = writeln!(out, "{line}");
 }
 
-fn fragmentation(out: &mut String, a: &AllocatorStats) {
+pub(crate) fn fragmentation(out: &mut String, a: &AllocatorStats) {
     let Some(f) = a.fragmentation else {
         return;
     };
