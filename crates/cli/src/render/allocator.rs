@@ -21,9 +21,16 @@ pub fn render(out: &mut String, a: &AllocatorRollup) {
     if let Some(advice) = &a.advice {
         let _ = writeln!(out, "  advice: {advice}");
     }
-    if let Some(sps) = a.slowest_steps_per_second {
-        let rank = a.slowest_rank.map_or("-".to_string(), |r| r.to_string());
-        let _ = writeln!(out, "  slowest rank: {rank} at {sps:.2} steps/s");
+    match a.slowest_steps_per_second {
+        // One trainer has no slowest rank, only a step rate.
+        Some(sps) if a.ranks_with_agent <= 1 => {
+            let _ = writeln!(out, "  step rate: {sps:.2} steps/s");
+        }
+        Some(sps) => {
+            let rank = a.slowest_rank.map_or("-".to_string(), |r| r.to_string());
+            let _ = writeln!(out, "  slowest rank: {rank} at {sps:.2} steps/s");
+        }
+        None => {}
     }
     if let Some(o) = &a.last_oom {
         let rank = o.rank.map_or("-".to_string(), |r| r.to_string());
@@ -50,5 +57,30 @@ pub fn render(out: &mut String, a: &AllocatorRollup) {
                 "    (no allocation stacks: set MEMPROF_AGENT_RECORD_HISTORY=1 in the trainer to name the code)"
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_trainer_has_a_step_rate_not_a_slowest_rank() {
+        let mut a = AllocatorRollup {
+            ranks_with_agent: 1,
+            slowest_steps_per_second: Some(9.9),
+            ..Default::default()
+        };
+        let mut one = String::new();
+        render(&mut one, &a);
+        assert!(one.contains("  step rate: 9.90 steps/s\n"), "{one}");
+        assert!(!one.contains("slowest"), "{one}");
+        (a.ranks_with_agent, a.slowest_rank) = (4, Some(3));
+        let mut four = String::new();
+        render(&mut four, &a);
+        assert!(
+            four.contains("  slowest rank: 3 at 9.90 steps/s\n"),
+            "{four}"
+        );
     }
 }

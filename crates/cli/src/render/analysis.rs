@@ -161,6 +161,15 @@ fn trend(out: &mut String, points: &[FragmentationPoint]) {
     let (Some(first), Some(last)) = (points.first(), points.last()) else {
         return;
     };
+    if points.len() == 1 {
+        // No trend in one interval: only its largest cache.
+        let _ = writeln!(
+            out,
+            "    fragmentation over the run: one interval so far, largest cache {:.0}% of reserved",
+            cache_share(first) * 100.0
+        );
+        return;
+    }
     // Drawn from 0 to 100 %, so a flat 60 % does not look like a climb.
     let mut line = vec![0.0, 1.0];
     line.extend(points.iter().map(cache_share));

@@ -129,6 +129,13 @@ fn the_trend_is_drawn_to_an_absolute_scale_and_healthy_gradients_say_so() {
     assert_eq!(spark[0], spark[1], "{flat}");
     assert!(!matches!(spark[0], '▁' | '▂'), "{flat}");
 
+    let mut one = String::new();
+    trend(&mut one, &[point(0, 10 * G, 4 * G, 0)]);
+    assert_eq!(
+        one,
+        "    fragmentation over the run: one interval so far, largest cache 60% of reserved\n"
+    );
+
     let mut g = String::new();
     gradients(
         &mut g,

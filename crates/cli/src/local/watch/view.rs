@@ -265,20 +265,47 @@ fn process(r: &MemoryReportSpec, pid: Option<u32>) -> Paragraph<'static> {
     let rank = r.rank.map_or(String::new(), |k| format!(", rank {k}"));
     let line = match &r.allocator {
         None => format!("{who}{rank}: no agent data (run a command after -- with the agent)"),
-        Some(a) => format!(
-            "{who}{rank}: allocated {}  reserved {}  peak allocated {}  fragmentation {}  step {}  {}  growth: {}",
-            format_bytes(a.allocated_bytes),
-            format_bytes(a.reserved_bytes),
-            a.peak_allocated_bytes.map_or("-".into(), format_bytes),
-            a.fragmentation.map_or("-".into(), |f| format!("{:.0}%", f * 100.0)),
-            a.step.map_or("-".into(), |s| s.to_string()),
-            a.steps_per_second.map_or(String::new(), |s| format!("{s:.1} steps/s")),
-            serde_json::to_value(a.growth).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default(),
-        ),
+        Some(a) => format!("{who}{rank}{}", allocator_words(a)),
     };
     Paragraph::new(line)
         .wrap(Wrap { trim: true })
         .block(Block::bordered().title(" processes "))
+}
+
+/// ` on cuda:0: growth: leak  allocated 12.0GiB  reserved …  host RSS 3.0GiB`.
+fn allocator_words(a: &memprof_api::AllocatorStats) -> String {
+    let on = a.device.map_or(String::new(), |d| format!(" on cuda:{d}"));
+    // The verdict first: it must not be the part a narrow terminal wraps.
+    let growth = serde_json::to_value(a.growth).ok();
+    let mut parts = vec![
+        format!(
+            "growth: {}",
+            growth.as_ref().and_then(|v| v.as_str()).unwrap_or("-")
+        ),
+        format!("allocated {}", format_bytes(a.allocated_bytes)),
+        format!("reserved {}", format_bytes(a.reserved_bytes)),
+    ];
+    if let Some(p) = a.peak_allocated_bytes {
+        parts.push(format!("peak allocated {}", format_bytes(p)));
+    }
+    if let Some(f) = a.fragmentation {
+        parts.push(format!("fragmentation {:.0}%", f * 100.0));
+    }
+    if let Some(step) = a.step {
+        parts.push(format!("step {step}"));
+    }
+    if let Some(sps) = a.steps_per_second {
+        parts.push(format!("{sps:.1} steps/s"));
+    }
+    if let Some(h) = &a.host {
+        let rss = h.rss_bytes.map_or("-".into(), format_bytes);
+        let leak = if h.leak_suspected { " (LEAK)" } else { "" };
+        parts.push(format!("host RSS {rss}{leak}"));
+    }
+    if a.gradients.as_ref().is_some_and(|g| g.non_finite_count > 0) {
+        parts.push("NaN/Inf gradients".into());
+    }
+    format!("{on}: {}", parts.join("  "))
 }
 
 fn agent_text(s: &State) -> String {

@@ -28,6 +28,9 @@ fn gpu(index: u32, used: u64, risk: RiskLevel) -> GpuReport {
 fn report(step: u64) -> MemoryReportSpec {
     MemoryReportSpec {
         pod_name: "node-a".into(),
+        // What the roll-up needs to count the report (the sidecar's always do).
+        sampled_at: "2026-11-22T10:00:00Z".into(),
+        interval_ms: 1000,
         summary: ReportSummary {
             gpu_count: 2,
             risk: RiskLevel::High,
@@ -45,6 +48,7 @@ fn report(step: u64) -> MemoryReportSpec {
             peak_allocated_bytes: Some(15 * G),
             fragmentation: Some(0.14),
             step: Some(step),
+            device: Some(0),
             growth: MemoryGrowth::Leak,
             ..Default::default()
         }),
@@ -91,7 +95,7 @@ fn the_gpu_view_has_a_row_per_gpu_the_risk_a_sparkline_and_the_trainer() {
         "+238MiB/s",
         "leak",
         "GPU 0 used memory, last 20 samples",
-        "pid 4242: allocated 12.0GiB  reserved 14.0GiB",
+        "pid 4242 on cuda:0: growth: leak  allocated 12.0GiB  reserved 14.0GiB",
         "fragmentation 14%",
         "growth: leak",
     ] {
