@@ -118,10 +118,27 @@ pub fn status_of<'a>(
     rollup.status(now)
 }
 
-/// One trainer's report rolled up as a Job of one rank (what `profile`'s
-/// summary and `watch` show through the shared renderer).
-pub fn status_of_one(spec: &MemoryReportSpec) -> MemoryProfileStatus {
-    status_of(std::iter::once(("local".to_string(), spec)), None)
+/// One trainer's report in words, as `profile`'s summary and `watch` show
+/// it: rolled up as a Job of one rank (the shared renderer of `memprof
+/// report`), then its own numbers. A report the operator's checks refuse
+/// is not rolled up, and that is said rather than left out in silence.
+pub fn agent_words(out: &mut String, spec: &MemoryReportSpec) {
+    if spec.allocator.is_none() {
+        return;
+    }
+    match memprof_analysis::validate_report(spec) {
+        Ok(()) => {
+            let status = status_of(std::iter::once(("local".to_string(), spec)), None);
+            crate::render::agent_sections(out, &status);
+        }
+        Err(why) => {
+            let _ = writeln!(
+                out,
+                "  (the agent's verdicts are not rolled up: the report fails the operator's checks: {why})"
+            );
+        }
+    }
+    crate::render::details::render(out, spec);
 }
 
 /// Runs the subcommand; returns the exit code.
@@ -285,6 +302,27 @@ mod tests {
         // All four from the same moment, an hour ago: none stale.
         loaded[2].spec.sampled_at = "2026-11-22T10:00:00Z".into();
         assert_eq!(status(&loaded, Some(4)).ranks_stale, 0);
+    }
+
+    #[test]
+    fn one_trainers_words_say_when_its_report_cannot_be_rolled_up() {
+        let mut l = rank(0, "a", 40, RiskLevel::Low);
+        l.spec.allocator = Some(memprof_api::AllocatorStats {
+            growth: memprof_api::MemoryGrowth::Leak,
+            ..Default::default()
+        });
+        let mut ok = String::new();
+        agent_words(&mut ok, &l.spec);
+        assert!(ok.contains("allocator (agent in 1 rank(s)): leak"), "{ok}");
+        assert!(ok.contains("rank 0's allocator"), "{ok}");
+        l.spec.sampled_at = "yesterday".into();
+        let mut refused = String::new();
+        agent_words(&mut refused, &l.spec);
+        assert!(
+            refused.contains("not rolled up: the report fails the operator's checks: sampledAt"),
+            "{refused}"
+        );
+        assert!(refused.contains("rank 0's allocator"), "{refused}");
     }
 
     #[test]

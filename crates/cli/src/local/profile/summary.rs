@@ -231,9 +231,7 @@ pub fn summary(run: &Run<'_>) -> String {
         let w = worst_of(r, g, &worst);
         out.push_str(&format!("GPU {}: {}\n", gpu_label(r, g), advice(g, w)));
     }
-    let status = crate::local::rollup::status_of_one(r);
-    crate::render::agent_sections(&mut out, &status);
-    crate::render::details::render(&mut out, r);
+    crate::local::rollup::agent_words(&mut out, r);
     out
 }
 
@@ -427,6 +425,8 @@ mod tests {
 
     fn report() -> MemoryReportSpec {
         MemoryReportSpec {
+            sampled_at: "2026-11-22T10:00:00Z".into(),
+            interval_ms: 1000,
             summary: ReportSummary {
                 source: DataSource::Sim,
                 ..Default::default()

@@ -316,10 +316,8 @@ fn agent_text(s: &State) -> String {
         return "no agent data: run the trainer after `--` (memprof watch -- python train.py)"
             .into();
     }
-    let status = crate::local::rollup::status_of_one(r);
     let mut out = String::new();
-    crate::render::agent_sections(&mut out, &status);
-    crate::render::details::render(&mut out, r);
+    crate::local::rollup::agent_words(&mut out, r);
     out
 }
 
