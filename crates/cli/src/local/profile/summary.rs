@@ -317,6 +317,22 @@ pub fn sample_counts(rows: &[TraceRow]) -> BTreeMap<u32, u64> {
     m
 }
 
+/// One line per distinct total memory, naming its GPUs when there are several.
+fn total_lines(totals: &BTreeMap<u64, Vec<u32>>) -> Vec<HLine> {
+    totals
+        .iter()
+        .map(|(total, gpus)| HLine {
+            y: *total as f64,
+            label: if totals.len() == 1 {
+                "total memory".into()
+            } else {
+                let names: Vec<String> = gpus.iter().map(|g| format!("GPU {g}")).collect();
+                format!("total of {}", names.join(", "))
+            },
+        })
+        .collect()
+}
+
 /// Used memory of every sampled GPU over time, total memory, risk transitions.
 pub fn timeline(
     rows: &[TraceRow],
@@ -340,18 +356,7 @@ pub fn timeline(
             .map_or(String::new(), |g| format!(" ({})", g.model))
     };
     let source = r.map(|r| r.summary.source);
-    let hlines = totals
-        .iter()
-        .map(|(total, gpus)| HLine {
-            y: *total as f64,
-            label: if totals.len() == 1 {
-                "total memory".into()
-            } else {
-                let names: Vec<String> = gpus.iter().map(|g| format!("GPU {g}")).collect();
-                format!("total of {}", names.join(", "))
-            },
-        })
-        .collect();
+    let hlines = total_lines(&totals);
     LineChart {
         title: format!(
             "GPU memory used while profiling{}",
