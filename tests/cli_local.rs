@@ -480,3 +480,68 @@ fn devices_are_chosen_at_the_source_so_no_other_gpu_reaches_report_trace_or_plot
     let t = svg_texts(&plot);
     assert!(t.contains("GPU 0") && !t.contains("GPU 2"), "{t}");
 }
+
+/// Seed 002's timeline end to end: a trainer (the fake torch) records
+/// events with the agent and exports them; `memprof timeline` shows them in
+/// time order with the change of allocated memory and draws them.
+#[test]
+fn the_agents_timeline_export_is_a_table_of_stages_and_a_picture() {
+    let dir = TempDir::new("timeline");
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let script = dir.path("t.py");
+    std::fs::write(
+        &script,
+        "import sys\nsys.path[:0] = sys.argv[1:3]\nimport fake_torch\nfake = fake_torch.install()\n\
+         import memprof_agent\nmemprof_agent.record('start', 'before the model')\n\
+         fake.alloc(400 << 20)\nmemprof_agent.record('model loaded')\n\
+         for step in range(2):\n    memprof_agent.step(step)\n    fake.alloc(300 << 20)\n\
+         \x20   memprof_agent.record('forward')\n    fake.free(250 << 20)\n    memprof_agent.record('optimizer')\n\
+         memprof_agent.export_timeline(sys.argv[3])\n",
+    )
+    .unwrap();
+    let export = dir.path("export.json");
+    let py = Command::new("python3")
+        .arg(&script)
+        .arg(root.join("agent/python/tests"))
+        .arg(root.join("agent/python"))
+        .arg(&export)
+        .env_remove("MEMPROF_AGENT_SOCKET")
+        .env_remove("MEMPROF_AGENT_URL")
+        .output()
+        .expect("python3 runs");
+    assert!(py.status.success(), "{}", text(&py.stderr));
+    let plot = dir.path("t.svg");
+    let s = |p: &Path| p.display().to_string();
+    let out = memprof(&["timeline", &s(&export), "--plot", &s(&plot)]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    let order: Vec<&str> = stdout
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().nth(1))
+        .take(6)
+        .collect();
+    assert_eq!(
+        order,
+        [
+            "start",
+            "model",
+            "forward",
+            "optimizer",
+            "forward",
+            "optimizer"
+        ],
+        "{stdout}"
+    );
+    for want in [
+        "before the model",
+        "+400MiB",
+        "+300MiB",
+        "-250MiB",
+        "6 events; largest increase +400MiB at model loaded",
+    ] {
+        assert!(stdout.contains(want), "{want:?} not in\n{stdout}");
+    }
+    let t = svg_texts(&plot);
+    assert!(t.contains("model loaded") && t.contains("allocated"), "{t}");
+}

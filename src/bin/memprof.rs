@@ -37,6 +37,9 @@ enum Command {
     /// How fragmented each trainer's allocator cache is, from `memprof profile
     /// --output` reports: now, over the run, the allocation-size pattern, advice.
     Fragment(memprof::cli::local::fragment::Args),
+    /// The trainer's recorded events (the agent's timeline export) as a table
+    /// of stages with the change of allocated memory, and `--plot`.
+    Timeline(memprof::cli::local::timeline::Args),
     /// Show what memprof concluded about a job (its MemoryProfile and per-rank reports),
     /// or about every profiled job in scope.
     Report(memprof::cli::kube::report::Args),
@@ -116,6 +119,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Rollup(args) => std::process::exit(memprof::cli::local::rollup::run(args).await?),
         Command::Fragment(args) => {
             std::process::exit(memprof::cli::local::fragment::run(args).await?)
+        }
+        Command::Timeline(args) => {
+            std::process::exit(memprof::cli::local::timeline::run(args).await?)
         }
         Command::Report(args) => std::process::exit(memprof::cli::kube::report::run(args).await?),
         Command::Policy { command } => memprof::cli::kube::policy::run(command).await?,

@@ -9,4 +9,5 @@ pub mod oom;
 pub mod profile;
 pub mod rollup;
 pub mod sweep;
+pub mod timeline;
 pub mod watch;
