@@ -549,3 +549,29 @@ fn the_agents_timeline_export_is_a_table_of_stages_and_a_picture() {
     let t = svg_texts(&plot);
     assert!(t.contains("model loaded") && t.contains("allocated"), "{t}");
 }
+
+/// `watch` draws a full screen: into a pipe it refuses at once and names
+/// the command that fits (no sidecar left behind, no escape codes in a log).
+#[test]
+fn watch_into_a_pipe_says_to_use_profile() {
+    let out = memprof_within(
+        &[
+            "watch",
+            "--backend",
+            "sim",
+            "--scenario",
+            "hack/scenarios/demo.yaml",
+        ],
+        Duration::from_secs(10),
+    )
+    .expect("watch into a pipe exits at once");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stdout.is_empty(), "{}", text(&out.stdout));
+    assert!(
+        text(&out.stderr).contains(
+            "memprof watch draws on a terminal; for logs or a pipe use `memprof profile`"
+        ),
+        "{}",
+        text(&out.stderr)
+    );
+}
