@@ -32,6 +32,26 @@ enum Command {
     /// command next to it with the in-process agent pushing to it, until the
     /// command exits.
     Profile(memprof::cli::local::profile::Args),
+    /// A live full-screen view of this box's GPUs, no cluster
+    ///
+    /// Memory, risk, time to OOM, sparklines, the trainer's allocator numbers
+    /// with `-- COMMAND`; keys switch views (g GPUs, a agent, l log, q quit).
+    Watch(memprof::cli::local::watch::Args),
+    /// Roll the reports of a distributed run up without Kubernetes
+    ///
+    /// The files `memprof profile --output` wrote, one per rank: imbalance,
+    /// bottleneck rank/node/GPU and worst risk, as the operator rolls up a Job.
+    Rollup(memprof::cli::local::rollup::Args),
+    /// How fragmented each trainer's allocator cache is
+    ///
+    /// From `memprof profile --output` reports: now, over the run, the
+    /// allocation-size pattern, advice.
+    Fragment(memprof::cli::local::fragment::Args),
+    /// The trainer's recorded events as a table of stages
+    ///
+    /// The agent's timeline export, with the change of allocated memory per
+    /// stage, and `--plot`.
+    Timeline(memprof::cli::local::timeline::Args),
     /// What memprof concluded about a Job, and its ranks
     ///
     /// The Job's MemoryProfile in words and one row per rank and GPU from its
@@ -181,6 +201,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Profile(args) => {
             std::process::exit(memprof::cli::local::profile::run_args(args).await?)
+        }
+        Command::Watch(args) => std::process::exit(memprof::cli::local::watch::run(args).await?),
+        Command::Rollup(args) => std::process::exit(memprof::cli::local::rollup::run(args).await?),
+        Command::Fragment(args) => {
+            std::process::exit(memprof::cli::local::fragment::run(args).await?)
+        }
+        Command::Timeline(args) => {
+            std::process::exit(memprof::cli::local::timeline::run(args).await?)
         }
         Command::Report(args) => std::process::exit(memprof::cli::kube::report::run(args).await?),
         Command::Policy { command } => memprof::cli::kube::policy::run(command).await?,

@@ -18,9 +18,13 @@ pub const GROUPS: &[(&str, &[&str])] = &[
         "Local commands (this machine's GPUs and files)",
         &[
             "profile",
+            "watch",
             "oom",
             "analyze",
             "sweep",
+            "rollup",
+            "fragment",
+            "timeline",
             "compare",
             "node-check",
         ],

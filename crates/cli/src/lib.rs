@@ -8,7 +8,8 @@
 //!   (`profile`, `oom`, `analyze`, `sweep`, `install-agent`, `compare` of
 //!   two result files);
 //! - [`output`]: `-o` formats and kubectl-style tables, shared by both;
-//! - [`plot`]: SVG and text charts, shared by both.
+//! - [`plot`]: SVG and text charts, shared by both;
+//! - [`render`]: verdicts in words (the agent's sections), shared by both.
 //!
 //! Depends on `memprof-api`, `memprof-analysis` and `memprof-controller`
 //! (`policy explain` shows the controller's own trigger and plan arithmetic).
@@ -20,6 +21,7 @@ pub mod local;
 pub mod nodecheck;
 pub mod output;
 pub mod plot;
+pub mod render;
 
 /// `memprof compare A B`: two result files (sweep or profile summaries) are
 /// compared locally, anything else names two Jobs in the cluster.

@@ -1,7 +1,7 @@
 //! Opens the sampler the flags ask for, and says whether GPUs are visible.
 
 use crate::sampler::discovery::{self, DiscoveryMethod, DiscoveryOptions};
-use crate::sampler::{self, sim, trace, GpuInfo, GpuReading, Sampler};
+use crate::sampler::{self, select, sim, trace, GpuInfo, GpuReading, Sampler};
 use memprof_api::Condition;
 
 /// Which backend to sample.
@@ -121,6 +121,7 @@ pub async fn open(args: &crate::Args, rank: u32) -> Opened {
         },
         Backend::Nvml => return open_nvml(args).await,
     };
+    let result = result.and_then(|(sampler, c)| select(sampler, c, args.gpus.as_deref()));
     let (sampler, condition) = match result {
         Ok(ok) => ok,
         Err(why) => {
@@ -136,6 +137,27 @@ pub async fn open(args: &crate::Args, rank: u32) -> Opened {
         condition,
         agent_named: None,
     }
+}
+
+/// `--gpus` on a simulated or replayed machine: only the listed GPUs are
+/// sampled (NVML's discovery applies the list itself).
+fn select(
+    sampler: Box<dyn Sampler>,
+    c: Condition,
+    gpus: Option<&str>,
+) -> Result<(Box<dyn Sampler>, Condition), String> {
+    let wanted = gpus.map(memprof_api::env::split_list).unwrap_or_default();
+    if wanted.is_empty() {
+        return Ok((sampler, c));
+    }
+    let s = select::Selected::new(sampler, &wanted)?;
+    let message = format!(
+        "{} (of which --gpus {} selected)",
+        c.message,
+        wanted.join(",")
+    );
+    let c = Condition::new(GPU_VISIBLE, true, &c.reason, message);
+    Ok((Box::new(s) as Box<dyn Sampler>, c))
 }
 
 /// GPU discovery in DESIGN.md's order (explicit UUIDs, kubelet PodResources,

@@ -1,7 +1,6 @@
 //! The kubectl plugin: commands that read MemoryProfiles and MemoryReports
 //! from the cluster ([`client`] connects and maps API errors to advice).
 
-pub mod breakdown;
 pub mod client;
 pub mod compare;
 pub mod completion;

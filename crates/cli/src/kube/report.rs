@@ -10,8 +10,8 @@ use crate::output::{self, printer, PrintArgs, Printed, Table, WatchArgs};
 use jiff::Timestamp;
 use kube::ResourceExt;
 use memprof_api::{
-    format_bytes, format_duration, format_rate, AllocatorRollup, MemoryGrowth, MemoryProfile,
-    MemoryProfileStatus, MemoryReport, LABEL_JOB,
+    format_bytes, format_duration, format_rate, MemoryProfile, MemoryProfileStatus, MemoryReport,
+    LABEL_JOB,
 };
 use std::fmt::Write;
 
@@ -293,12 +293,7 @@ fn render_findings(out: &mut String, st: &MemoryProfileStatus) {
             f * 100.0
         );
     }
-    if let Some(a) = &st.allocator {
-        render_allocator(out, a);
-    }
-    if let Some(b) = &st.breakdown {
-        crate::kube::breakdown::render_breakdown(out, b);
-    }
+    crate::render::agent_sections(out, st);
     if let Some(r) = &st.batch_recommendation {
         out.push_str(&memprof_analysis::batchfit::render(r));
     }
@@ -353,60 +348,13 @@ fn render_history(out: &mut String, st: &MemoryProfileStatus) {
     }
 }
 
-/// What the in-process agents said: leak or cache, advice, step rate, the OOM's blocks.
-fn render_allocator(out: &mut String, a: &AllocatorRollup) {
-    let growth = match a.growth {
-        MemoryGrowth::Leak => "leak: allocated memory between steps keeps growing".to_string(),
-        MemoryGrowth::Cache => format!(
-            "cache: reserved memory grows on ranks {:?}, allocated memory between steps is flat (not a leak)",
-            a.cache_ranks
-        ),
-        MemoryGrowth::None => "nothing grows".to_string(),
-    };
-    let _ = writeln!(
-        out,
-        "  allocator (agent in {} rank(s)): {growth}",
-        a.ranks_with_agent
-    );
-    if let Some(advice) = &a.advice {
-        let _ = writeln!(out, "  advice: {advice}");
-    }
-    if let Some(sps) = a.slowest_steps_per_second {
-        let rank = a.slowest_rank.map_or("-".to_string(), |r| r.to_string());
-        let _ = writeln!(out, "  slowest rank: {rank} at {sps:.2} steps/s");
-    }
-    if let Some(o) = &a.last_oom {
-        let rank = o.rank.map_or("-".to_string(), |r| r.to_string());
-        let asked = o.snapshot.requested_bytes.map_or(String::new(), |b| {
-            format!(", asked for {}", format_bytes(b))
-        });
-        let _ = writeln!(
-            out,
-            "  CUDA OOM at {} in pod {} (rank {rank}){asked}; largest live blocks:",
-            o.snapshot.time, o.pod
-        );
-        for b in &o.snapshot.blocks {
-            let at = if b.frames.is_empty() {
-                "-".to_string()
-            } else {
-                b.frames.join(" <- ")
-            };
-            let blocks = b.count.map_or(String::new(), |n| format!(" in {n} blocks"));
-            let _ = writeln!(out, "    {:>9}{blocks}  {at}", format_bytes(b.size_bytes));
-        }
-        if o.snapshot.source != "history" {
-            let _ = writeln!(
-                out,
-                "    (no allocation stacks: set MEMPROF_AGENT_RECORD_HISTORY=1 in the trainer to name the code)"
-            );
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use memprof_api::{AgentOomRecord, MemoryProfileStatus, OomBlock, OomSnapshotSummary};
+    use memprof_api::{
+        AgentOomRecord, AllocatorRollup, MemoryGrowth, MemoryProfileStatus, OomBlock,
+        OomSnapshotSummary,
+    };
 
     #[test]
     fn the_allocator_section_says_leak_or_cache_advice_and_what_held_the_memory() {
@@ -469,7 +417,7 @@ mod tests {
             },
         );
         p.status = Some(memprof_api::MemoryProfileStatus {
-            breakdown: Some(crate::kube::breakdown::tests::lora()),
+            breakdown: Some(crate::render::breakdown::tests::lora()),
             ..Default::default()
         });
         let text = render(&p);

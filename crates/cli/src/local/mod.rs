@@ -3,7 +3,11 @@
 
 pub mod analyze;
 pub mod compare_files;
+pub mod fragment;
 pub mod install_agent;
 pub mod oom;
 pub mod profile;
+pub mod rollup;
 pub mod sweep;
+pub mod timeline;
+pub mod watch;

@@ -4,11 +4,13 @@
 //! `--fail-on`: a guard to put in front of, or next to, a training run.
 //!
 //! Exit status: 0 when the watch ended (`--duration`, Ctrl-C) below
-//! `--fail-on`; 3 when the risk reached it; 1 on an error (the sidecar
-//! could not start); 2 on bad flags.
+//! `--fail-on`; 3 when the risk reached it; 4 when there is nothing to
+//! watch (no GPU visible: a guard that cannot see must not pass), with one
+//! line saying why; 1 on an error (the sidecar could not start); 2 on bad
+//! flags.
 
 use crate::local::profile::sidecar::{self, Sidecar};
-use crate::local::profile::{summary, ProfileError, SampleArgs};
+use crate::local::profile::{self, summary, ProfileError, SampleArgs};
 use memprof_api::RiskLevel;
 
 /// Exit status when the risk reached `--fail-on`.
@@ -73,6 +75,12 @@ async fn monitor(args: Args) -> Result<i32, ProfileError> {
     let private = sidecar::PrivateDir::new("oom")?;
     let mut side =
         Sidecar::start(&sidecar::sidecar_exe()?, &flags, &addr, &private.socket()).await?;
+    let files = [trace, output];
+    if let Some(why) = blind(&side).await {
+        stop(&mut side, &files).await;
+        eprintln!("{}", profile::blind_line(&why));
+        return Ok(profile::BLIND);
+    }
     let fail_on = args.fail_on.map(FailOn::level);
     println!(
         "memprof oom: watching (interval {}{}); Ctrl-C to stop",
@@ -106,11 +114,30 @@ async fn monitor(args: Args) -> Result<i32, ProfileError> {
             _ = &mut ctrl_c => break 0,
         }
     };
+    stop(&mut side, &files).await;
+    Ok(code)
+}
+
+/// Stops the sidecar and removes its files (a guard keeps nothing).
+async fn stop(side: &mut Sidecar, files: &[std::path::PathBuf]) {
     side.stop().await;
-    for p in [trace, output] {
+    for p in files {
         let _ = std::fs::remove_file(p);
     }
-    Ok(code)
+}
+
+/// Why the sidecar sees nothing (no GPU; the guard runs no trainer, so no
+/// agent can push), from its first report; None once it shows a GPU, or when
+/// no report came within 10 s (the transitions then decide, as before).
+async fn blind(side: &Sidecar) -> Option<String> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::time::Instant::now() < deadline {
+        if let Some(r) = side.report().await {
+            return crate::local::profile::live::nothing_seen(&r);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    None
 }
 
 #[cfg(test)]

@@ -6,7 +6,10 @@
 //! sidecar's socket (`MEMPROF_AGENT_SOCKET`, in a private directory removed
 //! at exit; and, when an agent tree is found, started with no code change,
 //! as the webhook does in a pod), then stops the sidecar once the command
-//! exits, so `--output` holds the whole run. Exits with the command's status.
+//! exits, so `--output` holds the whole run. Exits with the command's status,
+//! or [`BLIND`] (4) with one line saying why when there was nothing to watch:
+//! no GPU visible and no data from an agent (a machine without the NVIDIA
+//! driver, a `--devices` list that names no GPU).
 //!
 //! Where the numbers come from: the sidecar's risk transitions (its standard
 //! output), its latest report (`GET /v1/report` on its socket, polled each second: the
@@ -14,6 +17,8 @@
 //! (`--output`, a temporary file when not asked for: the table) and its
 //! `--trace-out` CSV (every sample: the sample counts and the plot).
 
+pub mod launch;
+pub mod live;
 pub mod sample;
 pub mod sidecar;
 pub mod summary;
@@ -22,11 +27,10 @@ use crate::local::install_agent::HOOK;
 use memprof_api::MemoryReportSpec;
 use memprof_api::DEFAULT_AGENT_SOURCE;
 pub use sample::SampleArgs;
-use sidecar::{Sidecar, Transition};
+use sidecar::Sidecar;
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 use std::time::{Duration, Instant};
-use summary::{Devices, Tracker};
 
 /// Why `memprof profile` could not run.
 #[derive(Debug, thiserror::Error)]
@@ -147,7 +151,10 @@ impl Backend {
 pub struct Args {
     #[command(flatten)]
     pub sample: SampleArgs,
-    /// Write the final report (the sidecar's MemoryReport spec) as JSON to this file.
+    /// Write the final report (the sidecar's MemoryReport spec) as JSON to
+    /// this file (what `memprof rollup` reads). `{rank}`, `{local_rank}` and
+    /// `{host}` are filled in from the launch (torchrun's RANK, LOCAL_RANK),
+    /// here and in `--trace-out` and `--plot`.
     #[arg(long, value_name = "FILE")]
     pub output: Option<PathBuf>,
     /// Draw every GPU's used memory over time, total memory and risk
@@ -185,6 +192,28 @@ impl Args {
             ))),
             None => Ok(()),
         }
+    }
+}
+
+impl Args {
+    /// The flags as this process's launch fills them in: `{rank}`,
+    /// `{local_rank}` and `{host}` in file names, `--devices local-rank`, and
+    /// the report's name and node.
+    pub fn for_launch(mut self, l: &launch::Launch) -> Result<Args, ProfileError> {
+        for p in [&mut self.output, &mut self.trace_out, &mut self.plot]
+            .into_iter()
+            .flatten()
+        {
+            *p = l.expand(p)?;
+        }
+        self.sample.devices = l.devices(&self.sample.devices)?;
+        self.sample.identity = vec![
+            "--pod-name".into(),
+            l.report_name(),
+            "--node-name".into(),
+            l.host.clone(),
+        ];
+        Ok(self)
     }
 }
 
@@ -241,6 +270,8 @@ impl Drop for Files {
 /// summary, and draws `--plot`. Returns the command's exit status (0 without one).
 pub async fn profile(a: Args) -> Result<i32, ProfileError> {
     a.check()?;
+    let launch = launch::Launch::from_env();
+    let a = a.for_launch(&launch)?;
     let exe = sidecar::sidecar_exe()?;
     let files = Files::new(&a);
     let addr = match &a.listen {
@@ -265,13 +296,38 @@ pub async fn profile(a: Args) -> Result<i32, ProfileError> {
             a.agent_path.as_deref(),
         )?),
     };
-    let devices = Devices(a.sample.devices.clone());
-    let (tracker, transitions, code) = watch(&mut side, command.as_mut(), &devices).await;
+    let watched = live::watch(&mut side, command.as_mut()).await;
     // The trainer's last push needs one sampling interval to be taken.
     if command.is_some() {
         tokio::time::sleep(Duration::from_millis(1500)).await;
     }
     side.stop().await;
+    if let Some(why) = &watched.blind {
+        eprintln!("{}", blind_line(why));
+        return Ok(BLIND);
+    }
+    finish(&a, &files, watched, started)
+}
+
+/// Exit status when nothing could be seen: no GPU and no agent data.
+pub const BLIND: i32 = 4;
+
+/// The one line said when a run sees nothing.
+pub fn blind_line(why: &str) -> String {
+    format!(
+        "memprof: no GPU and no agent data, nothing was watched: {why} \
+         (to try memprof without a GPU: --backend sim --scenario hack/scenarios/demo.yaml)"
+    )
+}
+
+/// After the sidecar stopped: the summary from its final report and trace,
+/// `--plot`; the command's status, or [`BLIND`] when the whole run saw nothing.
+fn finish(
+    a: &Args,
+    files: &Files,
+    watched: live::Watched,
+    started: Instant,
+) -> Result<i32, ProfileError> {
     let rows =
         memprof_api::trace::read_trace(&files.trace.display().to_string()).unwrap_or_default();
     let report: Option<MemoryReportSpec> = std::fs::read(&files.output)
@@ -280,146 +336,41 @@ pub async fn profile(a: Args) -> Result<i32, ProfileError> {
     let Some(report) = report else {
         return Err(ProfileError::NoReport);
     };
-    let seconds = rows.last().map_or(started.elapsed().as_secs_f64(), |r| r.t);
     let counts = summary::sample_counts(&rows);
     println!();
     print!(
         "{}",
-        summary::summary(&report, &tracker, &counts, &transitions, &devices, seconds)
+        summary::summary(&summary::Run {
+            report: &report,
+            tracker: &watched.tracker,
+            samples: &counts,
+            transitions: &watched.transitions,
+            seconds: rows.last().map_or(started.elapsed().as_secs_f64(), |r| r.t),
+            pid: watched.pid,
+        })
     );
     if let Some(path) = &a.plot {
-        let chart = summary::timeline(&rows, &transitions, &devices, Some(&report));
+        let chart = summary::timeline(&rows, &watched.transitions, Some(&report));
         std::fs::write(path, chart.to_svg()).map_err(|source| ProfileError::Write {
             path: path.clone(),
             source,
         })?;
         println!("plot written to {}", path.display());
     }
-    Ok(code)
-}
-
-/// Polls the sidecar about once a second until the command exits (or,
-/// without one, the sidecar stops or Ctrl-C), drawing progress.
-async fn watch(
-    side: &mut Sidecar,
-    mut command: Option<&mut tokio::process::Child>,
-    devices: &Devices,
-) -> (Tracker, Vec<Transition>, i32) {
-    let mut tracker = Tracker::default();
-    let mut transitions = vec![];
-    let mut screen = Screen::new(crate::output::stdout_is_terminal());
-    let ctrl_c = tokio::signal::ctrl_c();
-    tokio::pin!(ctrl_c);
-    let mut interrupted = false;
-    let code = loop {
-        let tick = tokio::time::sleep(Duration::from_secs(1));
-        let mut ended = None;
-        tokio::select! {
-            _ = tick => {}
-            _ = &mut ctrl_c, if !interrupted => {
-                // With a command, Ctrl-C reached it too: wait for it to end.
-                interrupted = true;
-                if command.is_none() { ended = Some(130); }
-            }
-            status = async { command.as_mut().unwrap().wait().await }, if command.is_some() => {
-                ended = Some(exit_code(status.ok()));
-            }
+    match live::nothing_seen(&report) {
+        Some(why) => {
+            eprintln!("{}", blind_line(&why));
+            Ok(if watched.code != 0 {
+                watched.code
+            } else {
+                BLIND
+            })
         }
-        let mut new = vec![];
-        while let Ok(t) = side.transitions.try_recv() {
-            new.push(t);
-        }
-        let report = side.report().await;
-        if let Some(r) = &report {
-            tracker.observe(r);
-        }
-        screen.draw(&new, report.as_ref(), &tracker, devices);
-        transitions.extend(new);
-        if let Some(code) = ended {
-            break code;
-        }
-        if command.is_none() && side.exited().is_some() {
-            break 0;
-        }
-    };
-    // Transitions printed after the last poll.
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    while let Ok(t) = side.transitions.try_recv() {
-        transitions.push(t);
-    }
-    (
-        tracker,
-        transitions,
-        if interrupted && command.is_none() {
-            0
-        } else {
-            code
-        },
-    )
-}
-
-/// The live display: on a terminal the status lines are redrawn in place
-/// (transitions scroll above them); otherwise plain lines, status every 10 s.
-struct Screen {
-    terminal: bool,
-    drawn: usize,
-    last_plain: Option<Instant>,
-}
-
-impl Screen {
-    fn new(terminal: bool) -> Self {
-        Screen {
-            terminal,
-            drawn: 0,
-            last_plain: None,
-        }
-    }
-
-    fn draw(
-        &mut self,
-        new: &[Transition],
-        report: Option<&MemoryReportSpec>,
-        tracker: &Tracker,
-        devices: &Devices,
-    ) {
-        use std::io::Write as _;
-        let mut out = String::new();
-        if self.terminal && self.drawn > 0 {
-            // Up over the status block, and clear it.
-            out.push_str(&format!("\x1b[{}A\x1b[J", self.drawn));
-        }
-        for t in new {
-            out.push_str(&summary::transition_line(t));
-            out.push('\n');
-        }
-        let lines = report.map_or(vec![], |r| {
-            let mut l = vec![format!(
-                "source {}",
-                summary::source_words(r.summary.source)
-            )];
-            l.extend(summary::status_lines(r, tracker, devices));
-            l
-        });
-        let due = self
-            .last_plain
-            .is_none_or(|t| t.elapsed() >= Duration::from_secs(10));
-        if self.terminal || (due && !lines.is_empty()) {
-            for l in &lines {
-                out.push_str(l);
-                out.push('\n');
-            }
-            self.drawn = lines.len();
-            if !self.terminal {
-                self.last_plain = Some(Instant::now());
-            }
-        }
-        let mut stdout = std::io::stdout().lock();
-        let _ = stdout.write_all(out.as_bytes());
-        let _ = stdout.flush();
+        None => Ok(watched.code),
     }
 }
 
-fn start_command(
+pub(crate) fn start_command(
     command: &[String],
     socket: &Path,
     agent_path: Option<&Path>,
@@ -447,7 +398,7 @@ fn start_command(
     })
 }
 
-fn exit_code(status: Option<ExitStatus>) -> i32 {
+pub(crate) fn exit_code(status: Option<ExitStatus>) -> i32 {
     use std::os::unix::process::ExitStatusExt as _;
     match status {
         Some(s) => s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(0)),

@@ -8,6 +8,7 @@
 
 pub mod discovery;
 pub mod nvml;
+pub mod select;
 pub mod sim;
 pub mod trace;
 

@@ -9,7 +9,8 @@ use std::path::{Path, PathBuf};
 #[derive(Clone, Debug, Default, clap::Args)]
 pub struct SampleArgs {
     /// GPUs to watch, comma-separated NVML indices or UUIDs (default: all this
-    /// machine's GPUs).
+    /// machine's GPUs); `local-rank` is this rank's GPU under torchrun
+    /// (`LOCAL_RANK`, through `CUDA_VISIBLE_DEVICES` when set).
     #[arg(long, value_delimiter = ',', value_name = "GPU,...")]
     pub devices: Vec<String>,
     /// Stop after this many seconds (0: until interrupted; `profile` also stops
@@ -34,6 +35,10 @@ pub struct SampleArgs {
     /// Analysis thresholds as JSON (camelCase fields), e.g. `{"highTtoSeconds":900}`.
     #[arg(long)]
     pub thresholds: Option<String>,
+    /// Who the report is about (`--pod-name`, `--node-name`), set by
+    /// `profile` from the launch ([`super::launch::Launch`]); not a flag.
+    #[arg(skip)]
+    pub identity: Vec<String>,
 }
 
 impl SampleArgs {
@@ -74,6 +79,7 @@ impl SampleArgs {
             "--gpus",
             (!self.devices.is_empty()).then(|| self.devices.join(",")),
         );
+        f.extend(self.identity.iter().cloned());
         f
     }
 

@@ -132,8 +132,10 @@ impl Sidecar {
     ) -> Result<Sidecar, ProfileError> {
         let mut cmd = tokio::process::Command::new(exe);
         // Its info logs would scroll the live display away; warnings stay.
+        // Not its "no GPU visible" error: the CLI says that itself, in one
+        // line with what to do (profile::blind_line).
         if std::env::var_os("RUST_LOG").is_none() {
-            cmd.env("RUST_LOG", "warn");
+            cmd.env("RUST_LOG", "warn,memprof_sidecar::gpus=off");
         }
         let mut child = cmd
             .arg("--standalone")

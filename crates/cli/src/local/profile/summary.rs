@@ -11,19 +11,21 @@ use memprof_api::{
 };
 use std::collections::{BTreeMap, VecDeque};
 
-/// The GPUs to show: `--devices` entries, each an index or a UUID; empty: all.
-#[derive(Clone, Debug, Default)]
-pub struct Devices(pub Vec<String>);
-
-impl Devices {
-    /// Whether the GPU with this index and UUID is shown.
-    pub fn keeps(&self, index: u32, uuid: &str) -> bool {
-        self.0.is_empty()
-            || self.0.iter().any(|d| {
-                d.trim().parse::<u32>().is_ok_and(|i| i == index)
-                    || d.trim().eq_ignore_ascii_case(uuid)
-            })
+/// How a GPU is named on screen: its index for the sampler's GPUs; a GPU
+/// only the trainer's agent sees (another source than the report's) by its
+/// CUDA ordinal, which is not an NVML index and may equal a sampled GPU's.
+pub fn gpu_label(r: &MemoryReportSpec, g: &GpuReport) -> String {
+    if is_sampled(r, g) {
+        g.index.to_string()
+    } else {
+        format!("cuda:{} (agent)", g.index)
     }
+}
+
+/// Whether `g` is one of the sampler's GPUs (its index is the sampler's,
+/// as in the trace and the risk transitions).
+pub fn is_sampled(r: &MemoryReportSpec, g: &GpuReport) -> bool {
+    g.source == r.summary.source
 }
 
 /// Utilization and recent memory of one GPU, from the reports polled.
@@ -35,10 +37,12 @@ struct Seen {
     recent: VecDeque<f64>,
 }
 
-/// What the CLI saw of the reports it polled (about once a second).
+/// What the CLI saw of the reports it polled (about once a second), per GPU
+/// UUID: an index alone is ambiguous when the agent's CUDA ordinal 0 and the
+/// sampler's GPU 0 are different GPUs.
 #[derive(Clone, Debug, Default)]
 pub struct Tracker {
-    gpus: BTreeMap<u32, Seen>,
+    gpus: BTreeMap<String, Seen>,
 }
 
 /// Used memory values kept per GPU for the status line's sparkline.
@@ -48,7 +52,7 @@ impl Tracker {
     /// Takes a polled report into account.
     pub fn observe(&mut self, r: &MemoryReportSpec) {
         for g in &r.gpus {
-            let s = self.gpus.entry(g.index).or_default();
+            let s = self.gpus.entry(g.uuid.clone()).or_default();
             if let Some(u) = g.utilization_percent {
                 s.util_sum += f64::from(u);
                 s.util_n += 1;
@@ -62,15 +66,16 @@ impl Tracker {
     }
 
     /// Mean and max utilization of a GPU over the polled reports, percent.
-    pub fn utilization(&self, index: u32) -> (Option<f64>, Option<u32>) {
-        match self.gpus.get(&index) {
+    pub fn utilization(&self, uuid: &str) -> (Option<f64>, Option<u32>) {
+        match self.gpus.get(uuid) {
             Some(s) if s.util_n > 0 => (Some(s.util_sum / f64::from(s.util_n)), s.util_max),
             _ => (None, None),
         }
     }
 
-    fn sparkline(&self, index: u32) -> String {
-        self.gpus.get(&index).map_or(String::new(), |s| {
+    /// The GPU's recent used memory as a sparkline.
+    pub fn sparkline(&self, uuid: &str) -> String {
+        self.gpus.get(uuid).map_or(String::new(), |s| {
             plot::sparkline(&s.recent.iter().copied().collect::<Vec<_>>())
         })
     }
@@ -85,12 +90,7 @@ fn percent(used: u64, total: u64) -> String {
 }
 
 fn growth(g: &GpuReport) -> String {
-    let v = g.growth_bytes_per_second;
-    if !v.is_finite() || v.abs() < 1.0 {
-        return "0/s".into();
-    }
-    let sign = if v > 0.0 { "+" } else { "-" };
-    format!("{sign}{}/s", format_bytes(v.abs() as u64))
+    crate::render::rate(g.growth_bytes_per_second)
 }
 
 fn tto(g: &GpuReport) -> String {
@@ -107,18 +107,17 @@ pub fn source_words(source: DataSource) -> &'static str {
     }
 }
 
-/// One status line per shown GPU, for the live display.
-pub fn status_lines(r: &MemoryReportSpec, tr: &Tracker, devices: &Devices) -> Vec<String> {
+/// One status line per GPU, for the live display.
+pub fn status_lines(r: &MemoryReportSpec, tr: &Tracker) -> Vec<String> {
     r.gpus
         .iter()
-        .filter(|g| devices.keeps(g.index, &g.uuid))
         .map(|g| {
             let util = g
                 .utilization_percent
                 .map_or("-".into(), |u| format!("{u}%"));
             format!(
                 "GPU {}  used {} / {} ({})  peak {}  util {}  risk {}  tto {}  {}",
-                g.index,
+                gpu_label(r, g),
                 format_bytes(g.used_bytes),
                 format_bytes(g.total_bytes),
                 percent(g.used_bytes, g.total_bytes),
@@ -126,7 +125,7 @@ pub fn status_lines(r: &MemoryReportSpec, tr: &Tracker, devices: &Devices) -> Ve
                 util,
                 g.risk,
                 tto(g),
-                tr.sparkline(g.index)
+                tr.sparkline(&g.uuid)
             )
         })
         .collect()
@@ -192,49 +191,103 @@ pub fn advice(g: &GpuReport, worst: RiskLevel) -> String {
     }
 }
 
-/// The summary printed at the end: a header, the table, advice per GPU.
-pub fn summary(
-    r: &MemoryReportSpec,
-    tr: &Tracker,
-    samples: &BTreeMap<u32, u64>,
-    transitions: &[Transition],
-    devices: &Devices,
-    seconds: f64,
-) -> String {
-    let shown: Vec<&GpuReport> = r
-        .gpus
-        .iter()
-        .filter(|g| devices.keeps(g.index, &g.uuid))
-        .collect();
+/// What the summary is made of: the sidecar's final report, what the CLI
+/// saw while polling, the trace's sample counts and the risk transitions.
+pub struct Run<'a> {
+    /// The final report.
+    pub report: &'a MemoryReportSpec,
+    /// Utilization and recent memory per GPU, as polled.
+    pub tracker: &'a Tracker,
+    /// Samples per sampled GPU (by index), from the trace.
+    pub samples: &'a BTreeMap<u32, u64>,
+    /// The risk transitions, in order.
+    pub transitions: &'a [Transition],
+    /// Seconds the profile ran.
+    pub seconds: f64,
+    /// The command's process id, when there was a command.
+    pub pid: Option<u32>,
+}
+
+/// The summary printed at the end: a header, the table, advice per GPU,
+/// then the agent's verdicts as `memprof report` shows them (one renderer,
+/// over the same roll-up the operator runs) and the trainer's details.
+pub fn summary(run: &Run<'_>) -> String {
+    let r = run.report;
     let mut out = format!(
-        "memprof profile: {} GPU(s), source {}, {:.0} s, {} risk transition(s)\n",
-        shown.len(),
+        "memprof profile: {}, {} GPU(s), source {}, {:.0} s, {} risk transition(s)\n",
+        who(r, run.pid),
+        r.gpus.len(),
         source_words(r.summary.source),
-        seconds,
-        transitions.len()
+        run.seconds,
+        run.transitions.len()
     );
-    if shown.is_empty() {
-        let why = r
-            .conditions
-            .first()
-            .map_or("no report condition".into(), |c| c.message.clone());
-        out.push_str(&format!("no GPU to show: {why}\n"));
+    if r.gpus.is_empty() {
+        out.push_str(&format!("no GPU to show: {}\n", blind_reason(r)));
         return out;
     }
+    out.push_str(&table(run).render());
+    let worst = worst_risks(run.transitions);
+    for g in &r.gpus {
+        let w = worst_of(r, g, &worst);
+        out.push_str(&format!("GPU {}: {}\n", gpu_label(r, g), advice(g, w)));
+    }
+    crate::local::rollup::agent_words(&mut out, r);
+    out
+}
+
+/// Whose run it was: the report's name (host, and `-rankN` under a
+/// launcher), its rank and node, the command's pid.
+fn who(r: &MemoryReportSpec, pid: Option<u32>) -> String {
+    let mut s = if r.pod_name.is_empty() {
+        "this machine".to_string()
+    } else {
+        r.pod_name.clone()
+    };
+    if let Some(rank) = r.rank {
+        s.push_str(&format!(" (rank {rank}"));
+        s.push_str(&pid.map_or(")".into(), |p| format!(", pid {p})")));
+    } else if let Some(p) = pid {
+        s.push_str(&format!(" (pid {p})"));
+    }
+    s
+}
+
+/// Why a report shows no GPU: its first condition's message.
+pub fn blind_reason(r: &MemoryReportSpec) -> String {
+    r.conditions
+        .first()
+        .map_or("no report condition".into(), |c| c.message.clone())
+}
+
+/// The worst risk `g` reached: its transitions' (sampled GPUs only: they
+/// name a sampler index) and its risk now.
+fn worst_of(r: &MemoryReportSpec, g: &GpuReport, worst: &BTreeMap<u32, RiskLevel>) -> RiskLevel {
+    let seen = match is_sampled(r, g) {
+        true => worst.get(&g.index).copied().unwrap_or_default(),
+        false => RiskLevel::None,
+    };
+    seen.max(g.risk)
+}
+
+fn table(run: &Run<'_>) -> Table {
+    let r = run.report;
     let mut t = Table::new([
         "GPU", "MODEL", "USED", "FREE", "TOTAL", "PEAK", "UTIL AVG", "UTIL MAX", "SAMPLES", "RISK",
         "GROWTH", "TTO",
     ]);
-    let worst = worst_risks(transitions);
-    let worst_of = |g: &GpuReport| worst.get(&g.index).copied().unwrap_or_default().max(g.risk);
-    for g in &shown {
-        let (avg, max) = tr.utilization(g.index);
-        let risk = match worst_of(g) {
+    let worst = worst_risks(run.transitions);
+    for g in &r.gpus {
+        let (avg, max) = run.tracker.utilization(&g.uuid);
+        let risk = match worst_of(r, g, &worst) {
             w if w > g.risk => format!("{} (was {w})", g.risk),
             _ => g.risk.to_string(),
         };
+        let samples = match is_sampled(r, g) {
+            true => run.samples.get(&g.index).copied().unwrap_or(0).to_string(),
+            false => "-".into(),
+        };
         t.row([
-            g.index.to_string(),
+            gpu_label(r, g),
             g.model.clone(),
             format_bytes(g.used_bytes),
             format_bytes(g.total_bytes.saturating_sub(g.used_bytes)),
@@ -246,17 +299,13 @@ pub fn summary(
             ),
             avg.map_or("-".into(), |a| format!("{a:.0}%")),
             max.map_or("-".into(), |m| format!("{m}%")),
-            samples.get(&g.index).copied().unwrap_or(0).to_string(),
+            samples,
             risk,
             growth(g),
             tto(g),
         ]);
     }
-    out.push_str(&t.render());
-    for g in &shown {
-        out.push_str(&format!("GPU {}: {}\n", g.index, advice(g, worst_of(g))));
-    }
-    out
+    t
 }
 
 /// Samples per GPU in a trace.
@@ -268,38 +317,9 @@ pub fn sample_counts(rows: &[TraceRow]) -> BTreeMap<u32, u64> {
     m
 }
 
-/// Used memory of every shown GPU over time, total memory, risk transitions.
-pub fn timeline(
-    rows: &[TraceRow],
-    transitions: &[Transition],
-    devices: &Devices,
-    r: Option<&MemoryReportSpec>,
-) -> LineChart {
-    let uuid = |i: u32| {
-        r.and_then(|r| r.gpus.iter().find(|g| g.index == i))
-            .map_or(String::new(), |g| g.uuid.clone())
-    };
-    let mut per_gpu: BTreeMap<u32, Vec<(f64, f64)>> = BTreeMap::new();
-    let mut totals: BTreeMap<u64, Vec<u32>> = BTreeMap::new();
-    for row in rows
-        .iter()
-        .filter(|row| devices.keeps(row.gpu, &uuid(row.gpu)))
-    {
-        per_gpu
-            .entry(row.gpu)
-            .or_default()
-            .push((row.t, row.used_bytes as f64));
-        let seen = totals.entry(row.total_bytes).or_default();
-        if !seen.contains(&row.gpu) {
-            seen.push(row.gpu);
-        }
-    }
-    let model = |i: u32| {
-        r.and_then(|r| r.gpus.iter().find(|g| g.index == i))
-            .map_or(String::new(), |g| format!(" ({})", g.model))
-    };
-    let source = r.map(|r| r.summary.source);
-    let hlines = totals
+/// One line per distinct total memory, naming its GPUs when there are several.
+fn total_lines(totals: &BTreeMap<u64, Vec<u32>>) -> Vec<HLine> {
+    totals
         .iter()
         .map(|(total, gpus)| HLine {
             y: *total as f64,
@@ -310,7 +330,33 @@ pub fn timeline(
                 format!("total of {}", names.join(", "))
             },
         })
-        .collect();
+        .collect()
+}
+
+/// Used memory of every sampled GPU over time, total memory, risk transitions.
+pub fn timeline(
+    rows: &[TraceRow],
+    transitions: &[Transition],
+    r: Option<&MemoryReportSpec>,
+) -> LineChart {
+    let mut per_gpu: BTreeMap<u32, Vec<(f64, f64)>> = BTreeMap::new();
+    let mut totals: BTreeMap<u64, Vec<u32>> = BTreeMap::new();
+    for row in rows {
+        per_gpu
+            .entry(row.gpu)
+            .or_default()
+            .push((row.t, row.used_bytes as f64));
+        let seen = totals.entry(row.total_bytes).or_default();
+        if !seen.contains(&row.gpu) {
+            seen.push(row.gpu);
+        }
+    }
+    let model = |i: u32| {
+        r.and_then(|r| r.gpus.iter().find(|g| g.index == i && is_sampled(r, g)))
+            .map_or(String::new(), |g| format!(" ({})", g.model))
+    };
+    let source = r.map(|r| r.summary.source);
+    let hlines = total_lines(&totals);
     LineChart {
         title: format!(
             "GPU memory used while profiling{}",
@@ -361,12 +407,31 @@ mod tests {
             growth_bytes_per_second: 100.0 * 1024.0 * 1024.0,
             time_to_oom_seconds: Some(200.0),
             risk,
+            source: DataSource::Sim,
             ..Default::default()
         }
     }
 
+    fn run<'a>(
+        report: &'a MemoryReportSpec,
+        tracker: &'a Tracker,
+        samples: &'a BTreeMap<u32, u64>,
+        transitions: &'a [Transition],
+    ) -> String {
+        summary(&Run {
+            report,
+            tracker,
+            samples,
+            transitions,
+            seconds: 30.0,
+            pid: Some(42),
+        })
+    }
+
     fn report() -> MemoryReportSpec {
         MemoryReportSpec {
+            sampled_at: "2026-11-22T10:00:00Z".into(),
+            interval_ms: 1000,
             summary: ReportSummary {
                 source: DataSource::Sim,
                 ..Default::default()
@@ -383,14 +448,7 @@ mod tests {
         let mut r = report();
         r.gpus[0].utilization_percent = Some(50);
         tr.observe(&r);
-        let s = summary(
-            &r,
-            &tr,
-            &BTreeMap::from([(0, 30), (1, 30)]),
-            &[],
-            &Devices::default(),
-            30.0,
-        );
+        let s = run(&r, &tr, &BTreeMap::from([(0, 30), (1, 30)]), &[]);
         for want in [
             "simulated",
             "USED",
@@ -410,18 +468,46 @@ mod tests {
         ] {
             assert!(s.contains(want), "{want:?} missing from\n{s}");
         }
-        let only_one = summary(
-            &r,
-            &tr,
-            &BTreeMap::new(),
-            &[],
-            &Devices(vec!["1".into()]),
-            1.0,
-        );
-        assert!(
-            only_one.contains("1 GPU(s)") && !only_one.contains("GPU 0:"),
-            "{only_one}"
-        );
+    }
+
+    /// The agent's CUDA ordinal 0 is not the simulated GPU 0: each keeps its
+    /// own utilization, the agent's is labelled as such, and the agent's
+    /// verdict is shown as `memprof report` shows it.
+    #[test]
+    fn the_agents_gpu_is_not_the_sampled_gpu_of_the_same_index() {
+        let mut r = report();
+        r.gpus.truncate(1);
+        let mut agent = gpu(0, RiskLevel::High);
+        (agent.uuid, agent.source, agent.utilization_percent) =
+            ("GPU-real".into(), DataSource::Agent, None);
+        r.gpus.push(agent);
+        r.allocator = Some(memprof_api::AllocatorStats {
+            growth: memprof_api::MemoryGrowth::Leak,
+            allocated_bytes: 3 * GIB,
+            reserved_bytes: 4 * GIB,
+            phase_peaks: vec![memprof_api::PhasePeak {
+                phase: "forward".into(),
+                allocated_bytes: 5 * GIB,
+            }],
+            ..Default::default()
+        });
+        let mut tr = Tracker::default();
+        tr.observe(&r);
+        assert_eq!(tr.utilization("GPU-0"), (Some(90.0), Some(90)));
+        assert_eq!(tr.utilization("GPU-real"), (None, None));
+        let s = run(&r, &tr, &BTreeMap::from([(0, 30)]), &[]);
+        let agent_row = s
+            .lines()
+            .find(|l| l.starts_with("cuda:0 (agent)"))
+            .unwrap_or_else(|| panic!("no agent row in\n{s}"));
+        assert!(!agent_row.contains("90%"), "{agent_row}");
+        for want in [
+            "GPU cuda:0 (agent): growing",
+            "allocator (agent in 1 rank(s)): leak: allocated memory between steps keeps growing",
+            "peak allocated by phase: forward 5.0GiB",
+        ] {
+            assert!(s.contains(want), "{want:?} missing from\n{s}");
+        }
     }
 
     #[test]
@@ -438,7 +524,7 @@ mod tests {
         assert_eq!(advice(&g, RiskLevel::Low), "ok");
         let r = MemoryReportSpec {
             gpus: vec![g],
-            ..Default::default()
+            ..report()
         };
         let t = Transition {
             elapsed_seconds: 1.0,
@@ -449,14 +535,7 @@ mod tests {
             growth_bytes_per_second: None,
             time_to_oom_seconds: None,
         };
-        let s = summary(
-            &r,
-            &Tracker::default(),
-            &BTreeMap::new(),
-            &[t],
-            &Devices::default(),
-            1.0,
-        );
+        let s = run(&r, &Tracker::default(), &BTreeMap::new(), &[t]);
         assert!(s.contains("low (was high)"), "{s}");
     }
 
@@ -483,7 +562,7 @@ mod tests {
             growth_bytes_per_second: None,
             time_to_oom_seconds: None,
         }];
-        let c = timeline(&rows, &tr, &Devices::default(), Some(&report()));
+        let c = timeline(&rows, &tr, Some(&report()));
         assert_eq!(c.series.len(), 2);
         assert!(c.title.contains("simulated"));
         assert_eq!(c.hlines[0].label, "total memory");
@@ -491,7 +570,7 @@ mod tests {
         // A replayed trace is recorded data, not a simulation.
         let mut traced = report();
         traced.summary.source = DataSource::Trace;
-        let c = timeline(&rows, &tr, &Devices::default(), Some(&traced));
+        let c = timeline(&rows, &tr, Some(&traced));
         assert!(c.title.ends_with("(recorded trace)"), "{}", c.title);
     }
 }

@@ -1,4 +1,5 @@
-//! The agent's memory breakdown in words, for `memprof report`: what holds
+//! The agent's memory breakdown in words, for `memprof report` and `memprof
+//! profile`'s summary (through [`super::agent_sections`]): what holds
 //! the memory of the job's heaviest rank (parameters, gradients, optimizer
 //! state, per-sample gradients, activations), by module type, and what the
 //! agent flagged.
