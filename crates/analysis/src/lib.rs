@@ -16,6 +16,8 @@ mod allocator_rollup;
 pub mod batchfit;
 pub mod breakdown;
 mod fit;
+pub mod memmodel;
+pub mod memsearch;
 mod risk;
 mod rollup;
 mod series;
