@@ -147,26 +147,7 @@ fn peak_chart(r: &SweepResult, var: &str, ms: &[&Model]) -> LineChart {
             format!(" ({g})")
         };
         if let Some(f) = &m.fit {
-            let xs = m
-                .points
-                .iter()
-                .map(|p| p.0)
-                .chain(m.oom_values.iter().copied())
-                .chain(m.next_up);
-            let lo = xs.clone().fold(f64::INFINITY, f64::min).min(0.0);
-            let hi = xs.fold(f64::NEG_INFINITY, f64::max);
-            series.push(
-                Series::new(
-                    format!(
-                        "fit: {} + {} × {var}{suffix}",
-                        format_bytes(f.static_bytes.max(0.0) as u64),
-                        format_bytes(f.per_unit_bytes.max(0.0) as u64)
-                    ),
-                    vec![(lo, f.predict(lo)), (hi, f.predict(hi))],
-                    Style::Dashed,
-                )
-                .with_color(col),
-            );
+            series.push(fit_series(f, var, &suffix, m).with_color(col));
         }
         series.push(
             Series::new(
@@ -216,6 +197,28 @@ fn peak_chart(r: &SweepResult, var: &str, ms: &[&Model]) -> LineChart {
         hlines,
         marks,
     }
+}
+
+/// The fitted curve, drawn over the data and the values the search tried,
+/// as a polyline (a quadratic is not a straight line).
+fn fit_series(f: &memprof_analysis::memmodel::Model, var: &str, suffix: &str, m: &Model) -> Series {
+    let xs = m
+        .points
+        .iter()
+        .map(|p| p.0)
+        .chain(m.oom_values.iter().copied())
+        .chain(m.predicted.map(|p| p.x));
+    let lo = xs.clone().fold(f64::INFINITY, f64::min).min(0.0);
+    let hi = xs.fold(f64::NEG_INFINITY, f64::max);
+    let pts = (0..=40)
+        .map(|i| lo + (hi - lo) * f64::from(i) / 40.0)
+        .map(|x| (x, f.curve.at(x)))
+        .collect();
+    Series::new(
+        format!("fit: {}{suffix}", f.curve.describe(var)),
+        pts,
+        Style::Dashed,
+    )
 }
 
 /// Red, as the OOM marks.
@@ -458,13 +461,14 @@ mod tests {
             metric: Metric::Reserved,
             headroom: 0.1,
             limit_override: None,
+            ..Default::default()
         };
         SweepResult {
             kind: crate::local::sweep::output::KIND.into(),
             version: 1,
             started_at: "2026-11-22T20:00:00Z".into(),
             command: vec!["python".into(), "<train>.py".into()],
-            models: models(&variables, &runs, target),
+            models: models(&variables, &runs, &target),
             variables,
             step_budget: Some(5),
             timeout_seconds: 60.0,
@@ -472,6 +476,7 @@ mod tests {
             headroom: 0.1,
             limit_bytes: None,
             nvml: false,
+            verify_runs: 0,
             interrupted: false,
             note: Some("a <fake> run".into()),
             runs,

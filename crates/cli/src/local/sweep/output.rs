@@ -9,13 +9,17 @@ use serde::{Deserialize, Serialize};
 /// `kind` of a sweep result file (how `memprof compare` recognises one).
 pub const KIND: &str = "memprofSweep";
 
+/// Format version: 2 since the models are the one memory model (curve,
+/// held-out predictions, support) with a verification search.
+pub const VERSION: u32 = 2;
+
 /// What `--json` writes.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct SweepResult {
     /// Always `memprofSweep`.
     pub kind: String,
-    /// Format version (1).
+    /// Format version ([`VERSION`]).
     pub version: u32,
     /// When the sweep started (RFC 3339).
     pub started_at: String,
@@ -35,6 +39,9 @@ pub struct SweepResult {
     pub limit_bytes: Option<u64>,
     /// Whether NVML peaks were measured (`--nvml`).
     pub nvml: bool,
+    /// Most verification runs per model (0: `--no-verify`).
+    #[serde(default)]
+    pub verify_runs: usize,
     /// Whether the sweep was interrupted before the last configuration.
     pub interrupted: bool,
     /// `--note`: a line for the reader (what machine, what model).
@@ -192,6 +199,7 @@ mod tests {
             headroom: 0.1,
             limit_bytes: None,
             nvml: false,
+            verify_runs: 4,
             interrupted: false,
             note: None,
             runs: vec![rec("8", Status::Ok, Some(5))],

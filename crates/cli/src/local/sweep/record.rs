@@ -164,6 +164,10 @@ pub struct RunRecord {
     pub note: Option<String>,
     /// The end of stderr for runs that did not end `ok`.
     pub stderr_tail: Option<String>,
+    /// Why this run was added after the grid (the verification's search);
+    /// null for the grid's own runs.
+    #[serde(default)]
+    pub trial: Option<String>,
 }
 
 /// Longest stderr tail kept in a record.
@@ -213,6 +217,7 @@ pub fn record(
         note,
         stderr_tail: (status != Status::Ok && !stderr_tail.is_empty())
             .then(|| tail(stderr_tail, STDERR_TAIL_BYTES).to_string()),
+        trial: None,
     }
 }
 
