@@ -36,12 +36,13 @@ use lsq::distinct_x;
 pub use lsq::least_squares;
 pub use support::Support;
 
-/// Allocator noise under which two peaks are the same (the caching
-/// allocator rounds to 2 MiB blocks and 20 MiB segments; real sweeps
-/// repeat within ~25 MiB), bytes.
-pub const NOISE_FLOOR_BYTES: f64 = 64.0 * 1024.0 * 1024.0;
-/// The noise floor also scales with the peak: 0.5 % of the largest one.
-pub const NOISE_FLOOR_FRACTION: f64 = 0.005;
+/// Noise under which two peaks are the same, bytes: the caching allocator
+/// rounds to 2 MiB blocks and 20 MiB buffers, the H100 LoRA sweeps repeat
+/// their reserved peaks within ~30 MiB, recorded tables round to 0.1 GiB,
+/// and an NVML peak sampled every 100 ms can miss a short spike.
+pub const NOISE_FLOOR_BYTES: f64 = 128.0 * 1024.0 * 1024.0;
+/// The noise floor also scales with the peak: 0.25 % of the largest one.
+pub const NOISE_FLOOR_FRACTION: f64 = 0.0025;
 /// A quadratic is chosen over the line only when its held-out error is
 /// below this fraction of the line's (a curve has one more way to fit noise).
 pub const OCCAM: f64 = 0.7;
@@ -423,6 +424,32 @@ fn finish(c: Candidate, pts: &[(f64, f64)], floor: f64, notes: Vec<String>) -> M
 }
 
 impl Model {
+    /// A model rebuilt from what a status kept of it (no held-out detail,
+    /// no notes): the curve, its margin and the ranges it was fitted on and
+    /// is backed over.
+    pub fn from_parts(
+        curve: Curve,
+        n: usize,
+        measured: (f64, f64),
+        margin: f64,
+        backed: (f64, f64),
+    ) -> Model {
+        Model {
+            curve,
+            n,
+            x_min: measured.0,
+            x_max: measured.1,
+            rms_residual_bytes: 0.0,
+            max_residual_bytes: 0.0,
+            held_out: vec![],
+            held_out_rms_bytes: None,
+            margin_bytes: margin,
+            support_min: backed.0.min(measured.0),
+            support_max: backed.1.max(measured.1),
+            notes: vec![],
+        }
+    }
+
     /// Where `x` stands, and the predicted peak with its margin; `measured`
     /// is the peak measured at `x`, if any.
     pub fn predict(&self, x: f64, measured: Option<f64>) -> Prediction {

@@ -256,7 +256,7 @@ fn a_slight_curve_under_the_noise_floor_keeps_the_line_and_a_clear_one_does_not(
             .map(|&x: &f64| (x, (30.0 + x + c2 * x * x) * GIB))
             .collect()
     };
-    let slight = fit(&law(0.005)).unwrap();
+    let slight = fit(&law(0.002)).unwrap();
     assert_eq!(slight.curve.family, Family::Linear, "{:?}", slight.notes);
     assert!(
         slight.notes[0].ends_with("the line does as well"),

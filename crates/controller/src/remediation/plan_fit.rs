@@ -1,6 +1,8 @@
 //! `scaleBatch` with `mode: fit`: the batch computed by `analysis::batchfit`
-//! from the profile's `batchRecommendation`, or the factor when the
-//! evidence is too thin, said in the change's note and an Event.
+//! from the profile's `batchRecommendation` (the one memory model), or the
+//! factor when the evidence is too thin or does not back the value (an
+//! extrapolation further than a held-out check covered is never acted on),
+//! said in the change's note and an Event.
 
 use super::{env_changes, EnvChange, PlanError, Step, REASON_BATCH_FIT, REASON_BATCH_FIT_FALLBACK};
 use memprof_analysis::batchfit;
@@ -23,14 +25,15 @@ pub(super) fn scale_batch(
     if s.mode != Some(ScaleMode::Fit) {
         return Ok((by_factor, None));
     }
+    let from = by_factor.iter().map(|c| c.from).max().unwrap_or(0);
     let computed = batchfit::policy_value(
         fit,
         &s.env,
         s.headroom_fraction(),
         u64::from(s.minimum),
         s.round_to.map(u64::from),
+        from,
     );
-    let from = by_factor.iter().map(|c| c.from).max().unwrap_or(0);
     // `note` goes into the summary (and so the record); `why` into the Event.
     let (changes, reason, note, why) = match computed {
         Ok(f) if f.value < from => {
@@ -50,6 +53,8 @@ pub(super) fn scale_batch(
         Err(why) => {
             let what = if why.starts_with("too little evidence") {
                 "too little evidence"
+            } else if why.starts_with("not backed") {
+                "not backed by the measured batches"
             } else {
                 "no usable recommendation"
             };
