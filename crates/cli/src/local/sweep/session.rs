@@ -6,13 +6,14 @@ use crate::local::sweep::grid::Config;
 use crate::local::sweep::output;
 use crate::local::sweep::record::{self, RunRecord};
 use crate::local::sweep::runner::{self, Plan, RunError};
-use std::io::Write as _;
+use crate::output::term::Progress;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 
 /// The runner of one sweep.
 pub struct Session<'a> {
     plan: &'a Plan,
     progress: Progress,
+    total: usize,
     sigint: Option<Signal>,
     /// Runs recorded so far (the next run's index).
     pub done: usize,
@@ -23,7 +24,8 @@ impl<'a> Session<'a> {
     pub fn new(plan: &'a Plan, total: usize) -> Self {
         Session {
             plan,
-            progress: Progress::new(total),
+            progress: Progress::new(total as u64, "memprof sweep"),
+            total,
             sigint: signal(SignalKind::interrupt()).ok(),
             done: 0,
         }
@@ -37,8 +39,15 @@ impl<'a> Session<'a> {
         trial: Option<String>,
     ) -> Result<Option<RunRecord>, RunError> {
         let i = self.done;
-        self.progress.total = self.progress.total.max(i + 1);
-        self.progress.starting(i, config, trial.is_some());
+        if i >= self.total {
+            self.total = i + 1;
+            self.progress.set_total(self.total as u64);
+        }
+        let label = match trial {
+            Some(_) => format!("{} (verifying)", config.label()),
+            None => config.label(),
+        };
+        self.progress.start(i as u64, &label);
         let sigint = &mut self.sigint;
         let cancel = async {
             match sigint.as_mut() {
@@ -71,7 +80,8 @@ impl<'a> Session<'a> {
             .then_some(outcome.nvml_note)
             .flatten();
         r.trial = trial;
-        self.progress.done(i, config, &r);
+        self.progress
+            .println(&output::run_line(i + 1, self.total, config, &r));
         self.done += 1;
         Ok(Some(r))
     }
@@ -79,58 +89,5 @@ impl<'a> Session<'a> {
     /// Clears the progress bar.
     pub fn finish(&mut self) {
         self.progress.finish();
-    }
-}
-
-/// Progress on stderr: a bar redrawn in place on a terminal, one line per
-/// finished run otherwise (logs, CI).
-struct Progress {
-    tty: bool,
-    total: usize,
-}
-
-impl Progress {
-    fn new(total: usize) -> Self {
-        Progress {
-            tty: std::io::IsTerminal::is_terminal(&std::io::stderr()),
-            total,
-        }
-    }
-
-    fn starting(&mut self, i: usize, config: &Config, trial: bool) {
-        let mut err = std::io::stderr().lock();
-        let what = if trial { "verifying" } else { "running" };
-        if self.tty {
-            let _ = write!(
-                err,
-                "\r\x1b[2K{}",
-                output::bar(i, self.total, &format!("{} ({what})", config.label()), 30)
-            );
-        } else {
-            let _ = writeln!(
-                err,
-                "memprof sweep: [{}/{}] {}: {what}",
-                i + 1,
-                self.total,
-                config.label()
-            );
-        }
-        let _ = err.flush();
-    }
-
-    fn done(&mut self, i: usize, config: &Config, r: &RunRecord) {
-        let line = output::run_line(i + 1, self.total, config, r);
-        let mut err = std::io::stderr().lock();
-        if self.tty {
-            let _ = writeln!(err, "\r\x1b[2K{line}");
-        } else {
-            let _ = writeln!(err, "memprof sweep: {line}");
-        }
-    }
-
-    fn finish(&mut self) {
-        if self.tty {
-            let _ = write!(std::io::stderr(), "\r\x1b[2K");
-        }
     }
 }
