@@ -158,7 +158,7 @@ mod tests {
         assert!(lines[0].starts_with("#    B    STATUS   RESERVED"), "{t}");
         assert!(lines[1].contains("ok       1.0GiB"), "{t}");
         assert!(lines[2].contains("oom      -"), "{t}");
-        assert!(lines[3].starts_with("0*  12"), "{t}");
+        assert!(lines[3].starts_with("0*   12"), "{t}");
         assert!(lines[4].starts_with("* run after the grid"), "{t}");
     }
 
