@@ -3,7 +3,7 @@
 
 use super::axis::{extent, format_value, Unit};
 use super::svg::{open, text, Area, CHAR_W};
-use super::{escape_xml as esc, Heatmap};
+use super::{escape_xml as esc, HeatOptions, Heatmap};
 use std::fmt::Write as _;
 
 /// Viridis at five stops, for a sequential colour scale readable in grey.
@@ -47,7 +47,7 @@ fn label_every(n: usize, size: f64, room: f64) -> usize {
     }
 }
 
-pub fn heatmap(c: &Heatmap) -> String {
+pub fn heatmap(c: &Heatmap, opts: &HeatOptions) -> String {
     let (nr, nc) = (c.rows.len(), c.cols.len());
     let cell = |r: usize, k: usize| {
         c.values
@@ -88,11 +88,18 @@ pub fn heatmap(c: &Heatmap) -> String {
                 Some(_) => viridis(1.0),
                 None => ("#eeeeee".to_string(), false),
             };
+            let word = opts
+                .labels
+                .get(r)
+                .and_then(|row| row.get(k).cloned().flatten());
+            let shown = word
+                .clone()
+                .unwrap_or_else(|| v.map_or("–".into(), |v| format_value(v, c.unit)));
             let tip = format!(
                 "{} / {}: {}",
                 c.rows[r],
                 c.cols[k],
-                v.map_or("missing".into(), |v| format_value(v, c.unit))
+                word.unwrap_or_else(|| v.map_or("missing".into(), |v| format_value(v, c.unit)))
             );
             let _ = write!(
                 out,
@@ -101,7 +108,7 @@ pub fn heatmap(c: &Heatmap) -> String {
                 esc(&tip)
             );
             if show_values {
-                let label = v.map_or("–".into(), |v| format_value(v, c.unit));
+                let label = shown;
                 let fill = if white { "#ffffff" } else { "#000000" };
                 text(
                     &mut out,

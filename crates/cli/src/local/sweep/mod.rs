@@ -10,9 +10,11 @@
 //! docs/sweep.md describes the output.
 
 pub mod grid;
+pub mod charts;
 pub mod html;
 pub mod model;
 pub mod output;
+pub mod pictures;
 pub mod record;
 pub mod runner;
 pub mod session;
@@ -84,6 +86,16 @@ pub struct Args {
     /// (default: a temporary directory, removed at the end).
     #[arg(long)]
     pub logs: Option<PathBuf>,
+    /// How often the agent pushes (`MEMPROF_AGENT_INTERVAL`): each run's
+    /// memory timeline has one point per push (`250ms`, `1s`; 10ms..60s).
+    #[arg(long, default_value = "250ms")]
+    pub agent_interval: String,
+    /// Write every chart as SVG and PNG into this directory: the peak per
+    /// swept variable, the memory timeline per configuration, the peak
+    /// heatmap over two variables, one step's forward/backward/optimizer
+    /// timeline, the breakdown and the memory/step-time trade-off.
+    #[arg(long)]
+    pub plot_dir: Option<PathBuf>,
     /// The agent tree started in the command with no code change (the
     /// image's /opt/memprof/agent, or a checkout's agent/python).
     #[arg(long)]
@@ -113,6 +125,9 @@ pub enum SweepError {
     /// A run could not be set up.
     #[error(transparent)]
     Run(#[from] runner::RunError),
+    /// A chart could not be written.
+    #[error(transparent)]
+    Image(#[from] crate::plot::ImageError),
     /// An output file could not be written.
     #[error("cannot write {path}: {source}; check the directory exists and is writable")]
     Write {
@@ -139,6 +154,7 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         nvml: args.nvml,
         memprof_exe: std::env::current_exe()?,
         dir: dir.clone(),
+        agent_interval: args.agent_interval.clone(),
     };
     if plan.tree.is_none() {
         eprintln!("memprof sweep: no agent tree at {} (--agent-path): only a command that starts memprof_agent itself writes a summary", args.agent_path.as_deref().map_or(memprof_api::DEFAULT_AGENT_SOURCE.into(), |p| p.display().to_string()));
@@ -224,6 +240,14 @@ fn plan_grid(args: &Args) -> Result<Vec<Config>, SweepError> {
             args.timeout
         )));
     }
+    let interval = memprof_api::interval::parse_interval(&args.agent_interval)
+        .map_err(|e| SweepError::Flag(format!("--agent-interval: {e}")))?;
+    if !(0.01..=60.0).contains(&interval.as_secs_f64()) {
+        return Err(SweepError::Flag(format!(
+            "--agent-interval {}: the agent pushes every 10ms to 60s",
+            args.agent_interval
+        )));
+    }
     let varies = args
         .vary
         .iter()
@@ -272,6 +296,7 @@ fn conclude(
         limit_bytes: args.limit_bytes,
         nvml: args.nvml,
         verify_runs: if args.no_verify { 0 } else { args.verify_runs },
+        agent_interval: args.agent_interval.clone(),
         interrupted,
         note: args.note.clone(),
         runs,
@@ -309,6 +334,32 @@ fn write_outputs(args: &Args, r: &SweepResult) -> Result<(), SweepError> {
     if let Some(p) = &args.html {
         write(p, html::render(r))?;
     }
+    if let Some(dir) = &args.plot_dir {
+        write_plots(dir, r)?;
+    }
+    Ok(())
+}
+
+/// Every chart as `NAME.svg` and `NAME.png` in `dir`; prints what it wrote.
+fn write_plots(dir: &Path, r: &SweepResult) -> Result<(), SweepError> {
+    std::fs::create_dir_all(dir).map_err(|source| SweepError::Dir {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    let mut names = vec![];
+    for f in charts::figures(r) {
+        for ext in ["svg", "png"] {
+            let path = dir.join(format!("{}.{ext}", f.file));
+            crate::plot::write_image(&path, &f.svg)?;
+        }
+        names.push(f.file);
+    }
+    eprintln!(
+        "memprof sweep: wrote {} chart(s) as SVG and PNG to {}: {}",
+        names.len(),
+        dir.display(),
+        names.join(", ")
+    );
     Ok(())
 }
 

@@ -42,6 +42,9 @@ pub struct SweepResult {
     /// Most verification runs per model (0: `--no-verify`).
     #[serde(default)]
     pub verify_runs: usize,
+    /// `--agent-interval`: how often the agent pushed (one timeline point each).
+    #[serde(default)]
+    pub agent_interval: String,
     /// Whether the sweep was interrupted before the last configuration.
     pub interrupted: bool,
     /// `--note`: a line for the reader (what machine, what model).
@@ -184,6 +187,7 @@ mod tests {
             limit_bytes: None,
             nvml: false,
             verify_runs: 4,
+            agent_interval: "250ms".into(),
             interrupted: false,
             note: None,
             runs: vec![rec("8", Status::Ok, Some(5))],
