@@ -479,11 +479,11 @@ async fn reconcile_job(job: &Job, ctx: &Context, st: &mut JobState) -> Result<Ac
     let annotated = job.annotations().get(ANNOTATION_THRESHOLDS);
     let in_effect = resolve_thresholds(&ctx.opts.default_thresholds, annotated.map(String::as_str));
     desired.status.thresholds = Some(in_effect.status());
-    let annotations = job_annotations(&desired.status);
     let current = match &st.annotations {
         Some((rv, applied)) if *rv > resource_version(&job.metadata) => applied,
         _ => job.annotations(),
     };
+    let annotations = job_annotations(&desired.status, current);
     let status_changed = previous != Some(&desired.status);
     let annotate = annotations_outdated(current, &annotations);
     if !status_changed && !annotate {
