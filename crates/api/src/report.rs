@@ -60,13 +60,13 @@ pub struct MemoryReportSpec {
     /// Sampling interval, in milliseconds.
     #[schemars(range(min = 1, max = 3_600_000))]
     pub interval_ms: u64,
-    /// Longest time the sidecar goes without writing this report, in seconds
-    /// (its heartbeat). The operator calls a rank stale when its report is
-    /// older than two heartbeats plus 30 s (60 s assumed when absent; at most
-    /// 600 s believed).
+    /// The sidecar's heartbeat: while it runs, it writes this report at
+    /// least this often (seconds, rounded up) even when nothing changes. The
+    /// operator calls a rank stale when its report is older than two
+    /// heartbeats plus 30 s (60 s assumed when absent; at most 600 s believed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 3600))]
-    pub heartbeat_seconds: Option<u32>,
+    #[schemars(range(min = 1, max = 86_400))]
+    pub heartbeat_seconds: Option<u64>,
     /// Roll-up of all GPUs of the pod (what `kubectl get memoryreports` shows).
     pub summary: ReportSummary,
     /// One entry per GPU visible to the pod. Empty when no GPU is visible;
@@ -86,12 +86,6 @@ pub struct MemoryReportSpec {
     #[schemars(length(max = 8))]
     #[serde(default)]
     pub conditions: Vec<Condition>,
-    /// The sidecar's heartbeat: while it runs, it writes this report at
-    /// least this often (seconds, rounded up) even when nothing changes. A
-    /// report older than a few heartbeats is from a rank that stopped.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 86_400))]
-    pub heartbeat_seconds: Option<u64>,
     /// The newest acknowledgements of directives by the pod's trainer
     /// processes (contract B), at most 16, oldest first, one per directive
     /// id and process.
