@@ -485,6 +485,7 @@ print(json.dumps({"errors": p.errors, "open": p.stack, "figures": p.figures, "sv
 fn the_html_report_parses_and_holds_every_plot_and_the_table() {
     let dir = TempDir::new("html");
     let h = dir.path("r.html");
+    let plots = dir.path("plots");
     let out = sweep(
         &[
             "--vary",
@@ -498,6 +499,8 @@ fn the_html_report_parses_and_holds_every_plot_and_the_table() {
             "--no-verify",
             "--html",
             h.to_str().unwrap(),
+            "--plot-dir",
+            plots.to_str().unwrap(),
         ],
         &[],
     );
@@ -510,16 +513,20 @@ fn the_html_report_parses_and_holds_every_plot_and_the_table() {
     let v: Value = serde_json::from_slice(&checked.stdout).unwrap();
     assert_eq!(v["errors"], serde_json::json!([]), "{v}");
     assert_eq!(v["open"], serde_json::json!([]), "{v}");
+    let figures = [
+        "peak-BATCH_SIZE",
+        "peak-SEQ_LEN",
+        "timeline",
+        "heatmap",
+        "step",
+        "breakdown",
+        "tradeoff",
+    ];
     assert_eq!(
         v["figures"],
-        serde_json::json!([
-            "plot-peak-BATCH_SIZE",
-            "plot-peak-SEQ_LEN",
-            "plot-breakdown",
-            "plot-tradeoff"
-        ])
+        serde_json::json!(figures.map(|f| format!("plot-{f}")))
     );
-    assert_eq!(v["svgs"], 4);
+    assert_eq!(v["svgs"], figures.len());
     assert_eq!(v["rows"], 1 + 8, "a header and one row per configuration");
     assert_eq!(v["scripts"], 0);
     assert_eq!(
@@ -541,13 +548,36 @@ fn the_html_report_parses_and_holds_every_plot_and_the_table() {
         doc.contains(">activations (peak)</text>"),
         "the breakdown is stacked"
     );
-    // One clip path per chart, so no chart clips to another's area.
+    // The timeline: one line per configuration that left one (the OOM runs
+    // write none), over steps; the heatmap writes OOM in the cells that hit
+    // one; the step chart is the largest run that ran.
+    for ok in ["BATCH_SIZE=4 SEQ_LEN=256", "BATCH_SIZE=1 SEQ_LEN=128"] {
+        assert!(doc.contains(&format!(">{ok}</text>")), "{ok}");
+    }
+    assert_eq!(
+        doc.matches(">OOM</text>").count(),
+        2,
+        "16 × 128 and 16 × 256"
+    );
+    assert!(doc.contains("One step, forward / backward / optimizer (BATCH_SIZE=4 SEQ_LEN=256)"));
+    // One clip path per line chart, so no chart clips to another's area.
     assert_eq!(
         doc.matches("<clipPath id=\"plot-").count(),
-        3,
-        "one per line chart"
+        5,
+        "peak ×2, timeline, step, trade-off"
     );
     assert!(!doc.contains("id=\"plot\""));
+
+    // --plot-dir: every figure as SVG and PNG.
+    for f in figures {
+        let svg = std::fs::read_to_string(plots.join(format!("{f}.svg"))).unwrap();
+        assert!(svg.trim_end().ends_with("</svg>"), "{f}");
+        let png = std::fs::read(plots.join(format!("{f}.png"))).unwrap();
+        assert!(
+            png.starts_with(b"\x89PNG\r\n\x1a\n") && png.len() > 2000,
+            "{f}"
+        );
+    }
 }
 
 #[test]

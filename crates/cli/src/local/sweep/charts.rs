@@ -9,9 +9,7 @@ use crate::local::sweep::model::{Metric, Model};
 use crate::local::sweep::output::SweepResult;
 use crate::local::sweep::pictures::{self, slug};
 use crate::local::sweep::record::{parts, RunRecord, Status};
-use crate::plot::{
-    palette, HLine, LineChart, LineOptions, Mark, Series, StackedBars, Style, Unit,
-};
+use crate::plot::{palette, HLine, LineChart, LineOptions, Mark, Series, StackedBars, Style, Unit};
 use std::fmt::Write as _;
 
 /// Most groups (combinations of the other variables) drawn in one peak chart.
@@ -51,7 +49,12 @@ pub fn figures(r: &SweepResult) -> Vec<Figure> {
         out.push(figure("plot-timeline", "timeline", c.to_svg(), caption));
     }
     if let Some((c, opts, caption)) = pictures::heatmap(r) {
-        out.push(figure("plot-heatmap", "heatmap", c.to_svg_with(&opts), caption));
+        out.push(figure(
+            "plot-heatmap",
+            "heatmap",
+            c.to_svg_with(&opts),
+            caption,
+        ));
     }
     if let Some((c, caption)) = pictures::step_chart(r) {
         out.push(figure("plot-step", "step", c.to_svg(), caption));
@@ -362,4 +365,3 @@ fn tradeoff_chart(r: &SweepResult) -> LineChart {
         marks: vec![],
     }
 }
-

@@ -123,7 +123,11 @@ fn row(r: &SweepResult, x: &RunRecord) -> Markup {
     .flatten()
     .collect::<Vec<_>>()
     .join("; ");
-    let class = if x.trial.is_some() { format!("{status} trial") } else { status.to_string() };
+    let class = if x.trial.is_some() {
+        format!("{status} trial")
+    } else {
+        status.to_string()
+    };
     html! {
         tr class=(class) {
             td { (x.index) @if x.trial.is_some() { "*" } }

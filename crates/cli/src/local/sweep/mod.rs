@@ -9,8 +9,8 @@
 //! (`verify.rs`), so that the value called safe is one that ran.
 //! docs/sweep.md describes the output.
 
-pub mod grid;
 pub mod charts;
+pub mod grid;
 pub mod html;
 pub mod model;
 pub mod output;

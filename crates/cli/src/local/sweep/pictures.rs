@@ -249,7 +249,10 @@ pub fn step_chart(r: &SweepResult) -> Option<(LineChart, String)> {
         order.join(", ")
     );
     let chart = LineChart {
-        title: format!("One step, forward / backward / optimizer ({})", config_label(run, &r.variables)),
+        title: format!(
+            "One step, forward / backward / optimizer ({})",
+            config_label(run, &r.variables)
+        ),
         x_label: "module boundary".into(),
         x_unit: Unit::Plain,
         y_label: "allocated".into(),
@@ -257,9 +260,18 @@ pub fn step_chart(r: &SweepResult) -> Option<(LineChart, String)> {
         series: vec![Series::new("allocated", pts, Style::Line)],
         hlines: limit_line(r),
         marks: vec![
-            Mark { x: 0.0, label: "forward".into() },
-            Mark { x: n, label: "backward".into() },
-            Mark { x: 2.0 * n, label: "optimizer".into() },
+            Mark {
+                x: 0.0,
+                label: "forward".into(),
+            },
+            Mark {
+                x: n,
+                label: "backward".into(),
+            },
+            Mark {
+                x: 2.0 * n,
+                label: "optimizer".into(),
+            },
         ],
     };
     Some((chart, caption))
@@ -268,6 +280,12 @@ pub fn step_chart(r: &SweepResult) -> Option<(LineChart, String)> {
 /// A value for a file name: `BATCH_SIZE-8`.
 pub fn slug(s: &str) -> String {
     s.chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '-' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '-'
+            }
+        })
         .collect()
 }
