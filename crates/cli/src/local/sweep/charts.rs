@@ -117,14 +117,17 @@ pub fn peak_chart(r: &SweepResult, var: &str, ms: &[&Model]) -> LineChart {
         if let Some(f) = &m.fit {
             series.push(fit_series(f, var, &suffix, m).with_color(col));
         }
-        series.push(
-            Series::new(
-                format!("observed{suffix}"),
-                m.points.clone(),
-                Style::Markers,
-            )
-            .with_color(col),
-        );
+        // The verification's runs apart from the grid's: a reader sees
+        // which values the search added.
+        let (trials, grid): (Vec<(f64, f64)>, Vec<(f64, f64)>) =
+            m.points.iter().partition(|p| m.trials.contains(&p.0));
+        series.push(Series::new(format!("observed{suffix}"), grid, Style::Markers).with_color(col));
+        if !trials.is_empty() {
+            series.push(
+                Series::new(format!("verification run{suffix}"), trials, Style::Markers)
+                    .with_color(TRIAL_COLOR),
+            );
+        }
         oom_peaks.extend(oom_points(r, var, m));
         for &x in &m.oom_values {
             match ooms.iter_mut().find(|(o, _)| *o == x) {
@@ -189,6 +192,9 @@ fn fit_series(f: &memprof_analysis::memmodel::Model, var: &str, suffix: &str, m:
     )
 }
 
+/// Black: the runs the verification search added.
+const TRIAL_COLOR: &str = "#222222";
+
 /// Red, as the OOM marks.
 const OOM_COLOR: &str = "#d62728";
 
@@ -237,7 +243,7 @@ fn limit_lines(total: f64, headroom: f64, with_total: bool) -> Vec<HLine> {
 }
 
 fn peak_caption(ms: &[&Model]) -> String {
-    let mut c = "Dots: runs that ended ok; dashed: the least-squares line (same colour as its dots, cut off above 1.25 × the device total); red crosses: the observed peak of runs that hit a CUDA OOM, when they reported one; red marks: every value whose run hit an OOM.".to_string();
+    let mut c = "Dots: runs of the grid that ended ok (black: runs the verification search added); dashed: the memory model (a line or a quadratic, chosen by how well it predicts held-out runs; same colour as its dots, cut off above 1.25 × the device total); red crosses: the observed peak of runs that hit a CUDA OOM, when they reported one; red marks: every value whose run hit an OOM.".to_string();
     if ms.len() > MAX_GROUPS {
         let _ = write!(
             c,

@@ -143,22 +143,35 @@ fn dedup<'a>(it: impl Iterator<Item = &'a String>) -> Vec<&'a String> {
     v
 }
 
-/// Runs grouped by the other variables' values, in order of first appearance.
+/// Runs grouped by the other variables' values, in order of first
+/// appearance. The groups are the grid's: a verification run joins the
+/// group whose values it shares and never starts one, so a run that
+/// searched BATCH_SIZE at SEQ_LEN=128 is not a SEQ_LEN model of its own at
+/// the batch it tried.
 fn groups<'a>(
     var: &str,
     variables: &[String],
     runs: &'a [RunRecord],
 ) -> Vec<(BTreeMap<String, String>, Vec<&'a RunRecord>)> {
-    let mut out: Vec<(BTreeMap<String, String>, Vec<&RunRecord>)> = vec![];
-    for r in runs.iter().filter(|r| r.values.contains_key(var)) {
-        let key: BTreeMap<String, String> = variables
+    let key = |r: &RunRecord| -> BTreeMap<String, String> {
+        variables
             .iter()
             .filter(|v| *v != var)
             .filter_map(|v| r.values.get(v).map(|x| (v.clone(), x.clone())))
-            .collect();
-        match out.iter_mut().find(|(k, _)| *k == key) {
-            Some((_, g)) => g.push(r),
-            None => out.push((key, vec![r])),
+            .collect()
+    };
+    let mut out: Vec<(BTreeMap<String, String>, Vec<&RunRecord>)> = vec![];
+    let with_var = || runs.iter().filter(|r| r.values.contains_key(var));
+    for r in with_var().filter(|r| r.trial.is_none()) {
+        let k = key(r);
+        if !out.iter().any(|(g, _)| *g == k) {
+            out.push((k, vec![]));
+        }
+    }
+    for r in with_var() {
+        let k = key(r);
+        if let Some((_, g)) = out.iter_mut().find(|(g, _)| *g == k) {
+            g.push(r);
         }
     }
     out

@@ -279,3 +279,40 @@ fn verification_runs_are_named_and_a_confirmed_prediction_is_verified() {
         "{text}"
     );
 }
+
+#[test]
+fn a_verification_run_joins_its_grid_group_and_starts_no_group_of_its_own() {
+    // A 2 × 2 grid; the search for BATCH_SIZE at SEQ_LEN=128 ran batch 12.
+    let cell = |b: &str, s: &str, peak: f64| {
+        run(
+            &[("BATCH_SIZE", b), ("SEQ_LEN", s)],
+            Status::Ok,
+            Some(peak * GB),
+            H100,
+        )
+    };
+    let mut runs = vec![
+        cell("1", "128", 3.0),
+        cell("1", "256", 4.0),
+        cell("2", "128", 4.0),
+        cell("2", "256", 6.0),
+    ];
+    let mut trial = cell("12", "128", 14.0);
+    trial.trial = Some("the model predicts …".into());
+    runs.push(trial);
+    let ms = models(&vars(&["BATCH_SIZE", "SEQ_LEN"]), &runs, &target());
+    let groups: Vec<String> = ms
+        .iter()
+        .map(|m| format!("{} {:?} {:?}", m.variable, m.fixed, m.trials))
+        .collect();
+    assert_eq!(
+        groups,
+        vec![
+            r#"BATCH_SIZE {"SEQ_LEN": "128"} [12.0]"#,
+            r#"BATCH_SIZE {"SEQ_LEN": "256"} []"#,
+            r#"SEQ_LEN {"BATCH_SIZE": "1"} []"#,
+            r#"SEQ_LEN {"BATCH_SIZE": "2"} []"#,
+        ],
+        "no SEQ_LEN model at BATCH_SIZE=12"
+    );
+}

@@ -10,10 +10,14 @@ use crate::plot::{HLine, HeatOptions, Heatmap, LineChart, Mark, Series, Style, U
 /// Most configurations drawn in one timeline chart (a line each).
 pub const MAX_TIMELINES: usize = 12;
 
-/// `BATCH_SIZE=8 SEQ_LEN=512`, the run's values in `--vary` order.
-pub fn config_label(r: &RunRecord, variables: &[String]) -> String {
-    let parts: Vec<String> = variables
+/// `BATCH_SIZE=8 SEQ_LEN=512`: the run's values in `--vary` order, of the
+/// variables that take more than one value in the sweep (a value every run
+/// shares says nothing in a legend); `run N` when none does.
+pub fn config_label(r: &RunRecord, sweep: &SweepResult) -> String {
+    let parts: Vec<String> = sweep
+        .variables
         .iter()
+        .filter(|v| values_of(sweep, v).len() > 1)
         .filter_map(|v| r.values.get(v).map(|x| format!("{v}={x}")))
         .collect();
     if parts.is_empty() {
@@ -24,7 +28,7 @@ pub fn config_label(r: &RunRecord, variables: &[String]) -> String {
 }
 
 /// x of each point: the step it was in, spread evenly over the points of
-/// that step (`3.0, 3.25, 3.5, …` for step 4); seconds when a point has no
+/// that step (`4.0, 4.25, 4.5, …` for step 4); seconds when a point has no
 /// step. Returns the positions and whether they are steps.
 fn positions(points: &[TimelinePoint]) -> (Vec<f64>, bool) {
     if points.iter().any(|p| p.step.is_none()) {
@@ -35,7 +39,7 @@ fn positions(points: &[TimelinePoint]) -> (Vec<f64>, bool) {
     while i < points.len() {
         let step = points[i].step;
         let n = points[i..].iter().take_while(|p| p.step == step).count();
-        let base = step.unwrap_or(1).saturating_sub(1) as f64;
+        let base = step.unwrap_or(0) as f64;
         out.extend((0..n).map(|k| base + k as f64 / n as f64));
         i += n;
     }
@@ -62,7 +66,7 @@ pub fn timeline_chart(r: &SweepResult) -> Option<(LineChart, String)> {
                 .zip(&x.timeline)
                 .map(|(p, t)| (p, t.allocated_bytes as f64))
                 .collect();
-            let mut name = config_label(x, &r.variables);
+            let mut name = config_label(x, r);
             if x.status == Some(Status::Oom) {
                 name.push_str(" (OOM)");
             }
@@ -124,42 +128,27 @@ fn values_of(r: &SweepResult, var: &str) -> Vec<String> {
     v
 }
 
-/// The peak over the first two swept variables (columns: the first, rows:
-/// the second, largest on top), `OOM` written where a run hit one; the
-/// other variables at their first value. None with fewer than two.
+/// The peak over the first two swept variables that take two values or
+/// more (columns: the first, rows: the second, largest on top), `OOM`
+/// written where a run hit one; the other varied variables at their first
+/// value. None without two such variables (one row is the peak chart).
 pub fn heatmap(r: &SweepResult) -> Option<(Heatmap, HeatOptions, String)> {
-    let [a, b, rest @ ..] = r.variables.as_slice() else {
+    let varied: Vec<&String> = r
+        .variables
+        .iter()
+        .filter(|v| values_of(r, v).len() > 1)
+        .collect();
+    let [a, b, more @ ..] = varied.as_slice() else {
         return None;
     };
-    let fixed: Vec<(String, String)> = rest
+    let fixed: Vec<(String, String)> = more
         .iter()
-        .filter_map(|v| values_of(r, v).first().map(|x| (v.clone(), x.clone())))
+        .filter_map(|v| values_of(r, v).first().map(|x| ((*v).clone(), x.clone())))
         .collect();
     let cols = values_of(r, a);
     let mut rows = values_of(r, b);
     rows.reverse();
-    let find = |ca: &str, rb: &str| {
-        r.runs.iter().rev().find(|x| {
-            x.values.get(a).map(String::as_str) == Some(ca)
-                && x.values.get(b).map(String::as_str) == Some(rb)
-                && fixed.iter().all(|(k, v)| x.values.get(k) == Some(v))
-        })
-    };
-    let mut values = vec![];
-    let mut labels = vec![];
-    for rb in &rows {
-        let (vs, ls): (Vec<Option<f64>>, Vec<Option<String>>) = cols
-            .iter()
-            .map(|ca| match find(ca, rb) {
-                Some(x) if x.status == Some(Status::Oom) => (None, Some("OOM".to_string())),
-                Some(x) if x.status == Some(Status::Ok) => (r.metric.of(x).map(|p| p as f64), None),
-                Some(x) => (None, x.status.map(|s| s.word().to_string())),
-                None => (None, None),
-            })
-            .unzip();
-        values.push(vs);
-        labels.push(ls);
-    }
+    let (values, labels) = cells(r, (a, &cols), (b, &rows), &fixed);
     let mut caption = format!(
         "Peak {} per {a} (columns) and {b} (rows); OOM where the run hit one, blank where none ran.",
         metric_word(r)
@@ -170,14 +159,48 @@ pub fn heatmap(r: &SweepResult) -> Option<(Heatmap, HeatOptions, String)> {
     }
     let chart = Heatmap {
         title: format!("Peak memory over {a} and {b}"),
-        x_label: a.clone(),
-        y_label: b.clone(),
+        x_label: (*a).clone(),
+        y_label: (*b).clone(),
         cols,
         rows,
         values,
         unit: Unit::Bytes,
     };
     Some((chart, HeatOptions { labels }, caption))
+}
+
+/// A heatmap's values and the words written instead of some, per row.
+type Cells = (Vec<Vec<Option<f64>>>, Vec<Vec<Option<String>>>);
+
+/// Each cell: the peak of a run that ran, `OOM` or the status word of one
+/// that did not, nothing where none ran (the last run at a cell counts).
+fn cells(
+    r: &SweepResult,
+    (a, cols): (&str, &[String]),
+    (b, rows): (&str, &[String]),
+    fixed: &[(String, String)],
+) -> Cells {
+    let find = |ca: &str, rb: &str| {
+        r.runs.iter().rev().find(|x| {
+            x.values.get(a).map(String::as_str) == Some(ca)
+                && x.values.get(b).map(String::as_str) == Some(rb)
+                && fixed.iter().all(|(k, v)| x.values.get(k) == Some(v))
+        })
+    };
+    rows.iter()
+        .map(|rb| {
+            cols.iter()
+                .map(|ca| match find(ca, rb) {
+                    Some(x) if x.status == Some(Status::Oom) => (None, Some("OOM".to_string())),
+                    Some(x) if x.status == Some(Status::Ok) => {
+                        (r.metric.of(x).map(|p| p as f64), None)
+                    }
+                    Some(x) => (None, x.status.map(|s| s.word().to_string())),
+                    None => (None, None),
+                })
+                .unzip()
+        })
+        .unzip()
 }
 
 fn metric_word(r: &SweepResult) -> &'static str {
@@ -244,14 +267,14 @@ pub fn step_chart(r: &SweepResult) -> Option<(LineChart, String)> {
     let order: Vec<&str> = phases.iter().map(|p| p.module.as_str()).collect();
     let caption = format!(
         "One training step of {} reconstructed from the agent's trace_modules() numbers (not sampled over time): from the static part ({}), each module's forward adds what it keeps, backward (modules in reverse) peaks at what each module's backward needs above its start and frees that module's activations, then the optimizer step's own peak. x: module boundaries in order ({}), not seconds.",
-        config_label(run, &r.variables),
+        config_label(run, r),
         memprof_api::format_bytes(base as u64),
         order.join(", ")
     );
     let chart = LineChart {
         title: format!(
             "One step, forward / backward / optimizer ({})",
-            config_label(run, &r.variables)
+            config_label(run, r)
         ),
         x_label: "module boundary".into(),
         x_unit: Unit::Plain,
@@ -289,3 +312,7 @@ pub fn slug(s: &str) -> String {
         })
         .collect()
 }
+
+#[cfg(test)]
+#[path = "pictures_tests.rs"]
+mod tests;
