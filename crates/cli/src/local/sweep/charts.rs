@@ -105,6 +105,7 @@ pub fn peak_chart(r: &SweepResult, var: &str, ms: &[&Model]) -> LineChart {
     let mut series = vec![];
     let mut ooms: Vec<(f64, Vec<String>)> = vec![];
     let mut oom_peaks = vec![];
+    let mut trial_points = vec![];
     for (k, m) in ms.iter().take(MAX_GROUPS).enumerate() {
         // A group's line and dots share a colour.
         let col = palette(k);
@@ -122,12 +123,7 @@ pub fn peak_chart(r: &SweepResult, var: &str, ms: &[&Model]) -> LineChart {
         let (trials, grid): (Vec<(f64, f64)>, Vec<(f64, f64)>) =
             m.points.iter().partition(|p| m.trials.contains(&p.0));
         series.push(Series::new(format!("observed{suffix}"), grid, Style::Markers).with_color(col));
-        if !trials.is_empty() {
-            series.push(
-                Series::new(format!("verification run{suffix}"), trials, Style::Markers)
-                    .with_color(TRIAL_COLOR),
-            );
-        }
+        trial_points.extend(trials);
         oom_peaks.extend(oom_points(r, var, m));
         for &x in &m.oom_values {
             match ooms.iter_mut().find(|(o, _)| *o == x) {
@@ -136,23 +132,18 @@ pub fn peak_chart(r: &SweepResult, var: &str, ms: &[&Model]) -> LineChart {
             }
         }
     }
+    if !trial_points.is_empty() {
+        // One legend entry for all groups: each sits on its group's curve.
+        series.push(
+            Series::new("verification runs", trial_points, Style::Markers).with_color(TRIAL_COLOR),
+        );
+    }
     if !oom_peaks.is_empty() {
         series.push(
             Series::new("OOM (observed peak)", oom_peaks, Style::Crosses).with_color(OOM_COLOR),
         );
     }
-    let marks = ooms
-        .into_iter()
-        .map(|(x, gs)| {
-            let gs: Vec<String> = gs.into_iter().filter(|g| !g.is_empty()).collect();
-            let label = if gs.is_empty() {
-                "OOM".to_string()
-            } else {
-                format!("OOM ({})", gs.join(", "))
-            };
-            Mark { x, label }
-        })
-        .collect();
+    let marks = oom_marks(ooms);
     let total = ms
         .iter()
         .filter_map(|m| m.device_total_bytes)
@@ -168,6 +159,21 @@ pub fn peak_chart(r: &SweepResult, var: &str, ms: &[&Model]) -> LineChart {
         hlines,
         marks,
     }
+}
+
+/// A red mark per value that OOMed, naming the groups it OOMed in.
+fn oom_marks(ooms: Vec<(f64, Vec<String>)>) -> Vec<Mark> {
+    ooms.into_iter()
+        .map(|(x, gs)| {
+            let gs: Vec<String> = gs.into_iter().filter(|g| !g.is_empty()).collect();
+            let label = if gs.is_empty() {
+                "OOM".to_string()
+            } else {
+                format!("OOM ({})", gs.join(", "))
+            };
+            Mark { x, label }
+        })
+        .collect()
 }
 
 /// The fitted curve, drawn over the data and the values the search tried,

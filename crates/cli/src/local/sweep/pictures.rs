@@ -111,8 +111,17 @@ fn limit_line(r: &SweepResult) -> Vec<HLine> {
 
 /// The values of `var` in the runs, in numeric order when they are numbers.
 fn values_of(r: &SweepResult, var: &str) -> Vec<String> {
+    values_in(r.runs.iter(), var)
+}
+
+/// The values of `var` in the grid's runs (no verification run).
+fn grid_values(r: &SweepResult, var: &str) -> Vec<String> {
+    values_in(r.runs.iter().filter(|x| x.trial.is_none()), var)
+}
+
+fn values_in<'a>(runs: impl Iterator<Item = &'a RunRecord>, var: &str) -> Vec<String> {
     let mut v: Vec<String> = vec![];
-    for x in &r.runs {
+    for x in runs {
         if let Some(s) = x.values.get(var) {
             if !v.contains(s) {
                 v.push(s.clone());
@@ -129,28 +138,28 @@ fn values_of(r: &SweepResult, var: &str) -> Vec<String> {
 }
 
 /// The peak over the first two swept variables that take two values or
-/// more (columns: the first, rows: the second, largest on top), `OOM`
+/// more in the grid (columns: the first, rows: the second, largest on top), `OOM`
 /// written where a run hit one; the other varied variables at their first
 /// value. None without two such variables (one row is the peak chart).
 pub fn heatmap(r: &SweepResult) -> Option<(Heatmap, HeatOptions, String)> {
     let varied: Vec<&String> = r
         .variables
         .iter()
-        .filter(|v| values_of(r, v).len() > 1)
+        .filter(|v| grid_values(r, v).len() > 1)
         .collect();
     let [a, b, more @ ..] = varied.as_slice() else {
         return None;
     };
     let fixed: Vec<(String, String)> = more
         .iter()
-        .filter_map(|v| values_of(r, v).first().map(|x| ((*v).clone(), x.clone())))
+        .filter_map(|v| grid_values(r, v).first().map(|x| ((*v).clone(), x.clone())))
         .collect();
-    let cols = values_of(r, a);
-    let mut rows = values_of(r, b);
+    let cols = grid_values(r, a);
+    let mut rows = grid_values(r, b);
     rows.reverse();
     let (values, labels) = cells(r, (a, &cols), (b, &rows), &fixed);
     let mut caption = format!(
-        "Peak {} per {a} (columns) and {b} (rows); OOM where the run hit one, blank where none ran.",
+        "Peak {} per {a} (columns) and {b} (rows); OOM where the run hit one; the grid's runs only (the verification runs are in the peak charts).",
         metric_word(r)
     );
     if !fixed.is_empty() {
@@ -172,8 +181,8 @@ pub fn heatmap(r: &SweepResult) -> Option<(Heatmap, HeatOptions, String)> {
 /// A heatmap's values and the words written instead of some, per row.
 type Cells = (Vec<Vec<Option<f64>>>, Vec<Vec<Option<String>>>);
 
-/// Each cell: the peak of a run that ran, `OOM` or the status word of one
-/// that did not, nothing where none ran (the last run at a cell counts).
+/// Each cell: the peak of the grid's run that ran, `OOM` or the status word
+/// of one that did not, nothing where none ran.
 fn cells(
     r: &SweepResult,
     (a, cols): (&str, &[String]),
@@ -181,7 +190,7 @@ fn cells(
     fixed: &[(String, String)],
 ) -> Cells {
     let find = |ca: &str, rb: &str| {
-        r.runs.iter().rev().find(|x| {
+        r.runs.iter().rev().filter(|x| x.trial.is_none()).find(|x| {
             x.values.get(a).map(String::as_str) == Some(ca)
                 && x.values.get(b).map(String::as_str) == Some(rb)
                 && fixed.iter().all(|(k, v)| x.values.get(k) == Some(v))

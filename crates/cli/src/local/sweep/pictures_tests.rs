@@ -92,6 +92,10 @@ fn the_heatmap_puts_the_first_variable_across_the_largest_second_on_top_and_writ
         run(&[("B", "1"), ("S", "256"), ("X", "a")], Status::Ok, 6),
         run(&[("B", "2"), ("S", "256"), ("X", "a")], Status::Oom, 15),
     ];
+    let mut trial = run(&[("B", "3"), ("S", "128"), ("X", "a")], Status::Ok, 5);
+    trial.trial = Some("the model predicts …".into());
+    let mut runs = runs;
+    runs.push(trial);
     let r = result(&["B", "S", "X"], runs);
     let (h, opts, caption) = heatmap(&r).unwrap();
     assert_eq!(
