@@ -9,8 +9,8 @@
 #   1. the recommended SEQ_LEN ran in the sweep, under the limit, and runs
 #      again for RECHECK_STEPS steps without an OOM;
 #   2. the next value on the search's step above it OOMs or runs over the
-#      limit (the bound the search ran, or a run made here when the model
-#      was sure enough of it to stop);
+#      limit (the sweep's own run, or one made here when the model was sure
+#      enough of it to stop the search);
 #   3. the recommendation is not an extrapolation: a run backs it;
 #   4. the model the sweep chose is not a line with a negative static part.
 # It also prints what a least-squares line through the grid would have
@@ -53,16 +53,17 @@ sweep --vary "SEQ_LEN=$GRID" --vary "BATCH_SIZE=$BATCH" --steps "$STEPS" \
   --plot-dir "$OUT/plots" --logs "$OUT/logs" \
   | tee "$OUT/sweep.txt"
 
-# The value called safe, and the next value on the search's step: the
-# bound the search ran, or (when the model was sure it does not fit and the
-# search stopped) one step up, which this script runs itself.
+# The value called safe, and the next value on the search's step above it:
+# run by the sweep (the bound), or, when the model was sure it does not fit
+# and the search stopped there, run here.
 read -r SAFE NEXT NEXT_RAN < <("$PY" - "$OUT/sweep.json" <<'PYEOF'
 import json, sys
 r = json.load(open(sys.argv[1]))
 m = [m for m in r["models"] if m["variable"] == "SEQ_LEN"]
 m = m[0] if m else {}
 safe, bound, step = m.get("largestSafe"), m.get("bound"), m.get("step")
-nxt = bound["x"] if bound else (safe + step if safe is not None and step else None)
+# One step above what ran (at most the bound, a tested value on the step).
+nxt = safe + step if safe is not None and step else (bound["x"] if bound else None)
 ran = nxt is not None and any(float(x["values"]["SEQ_LEN"]) == nxt for x in r["runs"])
 f = lambda x: "-" if x is None else str(int(x))
 print(f(safe), f(nxt), "yes" if ran else "no")
@@ -132,7 +133,7 @@ if safe is not None:
                    "not run" if rc is None else "%s after %s steps, peak reserved %s" % (
                        rc["status"], rc["steps"], "-" if peak(rc) is None else "%.2f GiB" % (peak(rc) / GiB))))
 step = m.get("step")
-nxt = bound["x"] if bound else (safe + step if safe is not None and step else None)
+nxt = safe + step if safe is not None and step else (bound["x"] if bound else None)
 tried = at(nxt) if nxt is not None else []
 path = os.path.join(out, "next.json")
 if not tried and os.path.exists(path):
