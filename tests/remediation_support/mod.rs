@@ -53,15 +53,17 @@ pub fn start_remediation_with(
 ) -> RunningRemediation {
     init_logs();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(remediation::run(
-        client.clone(),
-        ns.into(),
-        opts,
-        metrics,
-        async move {
+    let (client, ns) = (client.clone(), ns.to_string());
+    let task = tokio::spawn(async move {
+        // The namespace's admission key, as the operator's (common::admission_keys).
+        if opts.admission.ring().current().is_none() {
+            opts.admission.set(crate::common::admission_keys(&ns).await);
+        }
+        remediation::run(client, ns, opts, metrics, async move {
             let _ = stopped.await;
-        },
-    ));
+        })
+        .await
+    });
     RunningRemediation {
         stop: Some(stop),
         task: Some(task),
@@ -186,9 +188,10 @@ pub async fn profile_with_status(client: &Client, ns: &str, name: &str) -> Memor
 }
 
 /// Waits for the first pod the Job controller creates for `job`.
+/// (marked as admitted, `common::mark_as_admitted`).
 pub async fn first_pod(client: &Client, ns: &str, job: &str) -> Pod {
     let api = Api::<Pod>::namespaced(client.clone(), ns);
-    eventually("the Job's pod", || {
+    let pod = eventually("the Job's pod", || {
         let api = api.clone();
         async move {
             let lp = ListParams::default().labels(&format!("job-name={job}"));
@@ -199,7 +202,8 @@ pub async fn first_pod(client: &Client, ns: &str, job: &str) -> Pod {
                 .ok_or("no pod yet".to_string())
         }
     })
-    .await
+    .await;
+    crate::common::mark_as_admitted(&pod).await
 }
 
 /// Makes `container` of `pod` terminated with `exit_code` and `message`,
@@ -284,6 +288,8 @@ pub fn spawn_operator(ns: &str, failpoint: Option<&str>) -> OperatorProcess {
     let mut cmd = if operator_binary_remediates() {
         let mut c = Command::new(operator_binary());
         c.args(["--namespace", ns, "--metrics-addr", "127.0.0.1:0"]);
+        // No webhook; the admission key is the namespace's (common::admission_keys).
+        c.args(["--webhook-port", "0", "--webhook-namespace", ns]);
         c.args([
             "--remediation-lease-namespace",
             ns,
@@ -322,6 +328,11 @@ pub fn run_child_operator(ns: &str) {
     rt.block_on(async {
         let client = Client::try_default().await.unwrap();
         let opts = memprof::operator::Options::for_namespace(ns);
+        let keys = memprof::api::admission::Keys::of(crate::common::admission_keys(ns).await);
+        let opts = memprof::operator::Options {
+            admission: keys.clone(),
+            ..opts
+        };
         let rollup = tokio::spawn({
             let client = client.clone();
             async move {
@@ -337,6 +348,7 @@ pub fn run_child_operator(ns: &str) {
         let ropts = Options {
             lease_namespace: Some(ns.into()),
             leader_identity: Some("operator-under-test".into()),
+            admission: keys,
             ..Default::default()
         };
         remediation::run(

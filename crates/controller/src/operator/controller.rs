@@ -230,10 +230,7 @@ pub async fn run(
     };
     let pod_stream = watcher(pod_api, watcher::Config::default().labels(LABEL_JOB_NAME))
         .default_backoff()
-        .modify(|p| {
-            p.metadata.managed_fields = None;
-            p.metadata.annotations = None;
-        })
+        .modify(|p| super::trust::slim_pod_annotations(&mut p.metadata))
         .reflect(pods_writer)
         .touched_objects();
     let pod_to_job = |pod: PartialObjectMeta<Pod>| {
@@ -457,6 +454,7 @@ async fn reconcile_job(job: &Job, ctx: &Context, st: &mut JobState) -> Result<Ac
         &facts,
         &uid,
         expected_ranks(job),
+        &ctx.opts.admission.ring(),
         jiff::Timestamp::now(),
     );
     let named: Vec<NamedReport<'_>> = screened

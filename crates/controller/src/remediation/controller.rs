@@ -9,7 +9,7 @@ use super::store::Saved;
 use super::triggers::{self, push_record, RiskClock, PHASE_DRY_RUN, PHASE_PENDING, PHASE_SKIPPED};
 use super::{status, Error, Metrics, PhaseLabels, Result, StepLabels};
 use crate::operator::reconcile::{profiling_enabled, slim_job};
-use crate::operator::trust::{screen, PodFacts};
+use crate::operator::trust::{self, screen, PodFacts};
 use futures::future::{BoxFuture, Shared};
 use futures::{FutureExt, StreamExt};
 use jiff::Timestamp;
@@ -22,6 +22,7 @@ use kube::runtime::events::{EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Client, Resource, ResourceExt};
+use memprof_api::admission::Keys;
 use memprof_api::{
     truncate_utf8, MemoryProfile, MemoryProfileStatus, MemoryReport, RemediationPolicy,
     RemediationRecord, LABEL_JOB, MAX_HISTORY, REMEDIATION_MANAGER,
@@ -55,6 +56,8 @@ pub(super) struct Context {
     pub policies: Store<RemediationPolicy>,
     pub recorder: Recorder,
     pub metrics: Arc<Metrics>,
+    /// The admission key ring: which pods are the Jobs' own (`operator::trust`).
+    pub admission: Keys,
     /// Since when each profile's risk has been at each level (by profile uid).
     clocks: Mutex<HashMap<String, RiskClock>>,
     /// Events already published by this process (`id/step`): a retried plan does not repeat them.
@@ -126,6 +129,7 @@ pub async fn run_controller(
     client: Client,
     namespace: &str,
     plan_namespace: &str,
+    admission: Keys,
     metrics: Arc<Metrics>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
@@ -167,7 +171,7 @@ pub async fn run_controller(
     )
     .default_backoff()
     .modify(|p| {
-        p.managed_fields_mut().clear();
+        trust::slim_pod_annotations(&mut p.metadata);
         p.spec = None;
     })
     .reflect(w)
@@ -215,6 +219,7 @@ pub async fn run_controller(
         reports,
         policies,
         metrics,
+        admission,
         clocks: Mutex::default(),
         published: Mutex::default(),
         failures: Mutex::default(),
@@ -334,16 +339,19 @@ async fn reconcile_profile(profile: &MemoryProfile, ctx: &Context) -> Result<Act
         .filter_map(|p| PodFacts::of(&p.metadata))
         .collect();
     let claimed: Vec<&MemoryReport> = reports.iter().map(|r| r.as_ref()).collect();
+    let keys = ctx.admission.ring();
+    let job_uid = job.as_ref().and_then(|j| j.uid()).unwrap_or_default();
     let counted = match &job {
         Some(j) => {
-            let uid = j.uid().unwrap_or_default();
             let parallelism = crate::operator::reconcile::expected_ranks(j);
-            screen(&claimed, &facts, &uid, parallelism, now).counted
+            screen(&claimed, &facts, &job_uid, parallelism, &keys, now).counted
         }
         None => Vec::new(),
     };
     let report_specs: Vec<_> = counted.iter().map(|r| &r.spec).collect();
-    let new_ooms = oom::detect(&pod_refs, &report_specs, &st.ooms, now);
+    // OOM evidence only from the Job's own pods, screened like reports (issue 15 item 2).
+    let admitted = trust::admitted(pod_refs.iter().copied(), &job_uid, &keys, now);
+    let new_ooms = oom::detect(&admitted, &report_specs, &st.ooms, now);
     let mut with_ooms = st.clone();
     with_ooms.ooms = oom::merge(&st.ooms, &new_ooms, MAX_HISTORY);
 

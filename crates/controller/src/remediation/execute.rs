@@ -27,8 +27,7 @@ use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use memprof_api::{
-    truncate_utf8, RemediationPolicy, RemediationRecord, ANNOTATION_REMEDIATION, LABEL_REMEDIABLE,
-    REMEDIATION_MANAGER,
+    truncate_utf8, RemediationPolicy, RemediationRecord, LABEL_REMEDIABLE, REMEDIATION_MANAGER,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -655,7 +654,7 @@ async fn recreate(
                     return Ok(Recreated::Waiting { finalizers });
                 }
             }
-            Some(j) if j.annotations().get(ANNOTATION_REMEDIATION) == Some(id) => {
+            Some(j) if super::verify::created_from(j.annotations(), manifest) => {
                 delete_old_pods(ctx, ns, name, plan).await?;
                 return Ok(Recreated::Done {
                     uid: j.uid().unwrap_or_default(),

@@ -112,6 +112,11 @@ pub struct Options {
         env = "MEMPROF_REMEDIATION_PLAN_NAMESPACE"
     )]
     pub plan_namespace: Option<String>,
+
+    /// The operator's admission key ring: only pods marked under it are OOM
+    /// evidence or report writers (`operator::trust`). Filled by the binary.
+    #[arg(skip)]
+    pub admission: memprof_api::admission::Keys,
 }
 
 impl Default for Options {
@@ -123,6 +128,7 @@ impl Default for Options {
             lease_namespace: None,
             leader_identity: None,
             plan_namespace: None,
+            admission: Default::default(),
         }
     }
 }
@@ -311,7 +317,8 @@ pub async fn run(
     let plan_ns = opts.plan_namespace(&namespace);
     let shutdown = shutdown.boxed().shared();
     if !opts.leader_elect {
-        return run_controller(client, &namespace, &plan_ns, metrics, shutdown).await;
+        let keys = opts.admission.clone();
+        return run_controller(client, &namespace, &plan_ns, keys, metrics, shutdown).await;
     }
     let identity = opts
         .leader_identity
@@ -336,8 +343,8 @@ pub async fn run(
     let leader = metrics.leader.clone();
     crate::operator::leader::lead(elector, shutdown, leader, move |stop| {
         let (client, ns, plan_ns) = (client.clone(), namespace.clone(), plan_ns.clone());
-        let metrics = metrics.clone();
-        async move { run_controller(client, &ns, &plan_ns, metrics, stop).await }
+        let (metrics, keys) = (metrics.clone(), opts.admission.clone());
+        async move { run_controller(client, &ns, &plan_ns, keys, metrics, stop).await }
     })
     .await
 }
