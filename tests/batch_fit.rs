@@ -179,11 +179,13 @@ async fn mode_fit_acts_only_on_a_batch_the_evidence_backs() {
     drop(sidecar);
     assert_eq!(env_of(&third, "BATCH_SIZE").as_deref(), Some("36"));
     let recs = records(&client, ns, "train").await;
+    let profiles = Api::<MemoryProfile>::namespaced(client.clone(), ns);
     assert!(
         recs[1].action.starts_with(
             "scaleBatch BATCH_SIZE 48->36 (fit: not backed by the measured batches, factor 0.75)"
         ),
-        "{recs:?}"
+        "{recs:?}\n{:?}",
+        profiles.get("train").await.unwrap().status
     );
     eventually("two BatchFitFallback Events", || async {
         let n = count_events(&client, ns, "BatchFitFallback", "train").await;
@@ -200,7 +202,6 @@ async fn mode_fit_acts_only_on_a_batch_the_evidence_backs() {
     drop(sidecar);
     let fitted: u64 = env_of(&fourth, "BATCH_SIZE").unwrap().parse().unwrap();
 
-    let profiles = Api::<MemoryProfile>::namespaced(client.clone(), ns);
     let rec = profiles
         .get("train")
         .await
