@@ -120,7 +120,7 @@ pub fn peak_chart(r: &SweepResult, var: &str, ms: &[&Model]) -> LineChart {
         }
         // The verification's runs apart from the grid's: a reader sees
         // which values the search added.
-        let (trials, grid): (Vec<(f64, f64)>, Vec<(f64, f64)>) =
+        let (trials, grid): (Vec<_>, Vec<_>) =
             m.points.iter().partition(|p| m.trials.contains(&p.0));
         series.push(Series::new(format!("observed{suffix}"), grid, Style::Markers).with_color(col));
         trial_points.extend(trials);
