@@ -214,7 +214,7 @@ async fn mode_fit_acts_only_on_a_batch_the_evidence_backs() {
     assert_eq!(rec.observations.len(), 3, "{rec:?}");
     let target = 0.9 * TOTAL_GIB * (1u64 << 30) as f64;
     assert!(
-        fitted < 36 && fitted >= 24,
+        (24..36).contains(&fitted),
         "within one held-out step below 36: {fitted}"
     );
     assert!(
