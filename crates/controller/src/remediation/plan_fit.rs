@@ -40,30 +40,9 @@ pub(super) fn scale_batch(
             let changes = env_changes(job, &s.env, s.container.as_deref(), &scale, Some(f.value))?;
             (changes, REASON_BATCH_FIT, f.note.clone(), f.note)
         }
-        Ok(f) => (
-            by_factor,
-            REASON_BATCH_FIT_FALLBACK,
-            format!("fit says {from} fits, factor {}", s.factor),
-            format!(
-                "the fit says {} {from} fits (computed {}: {}), yet the policy fired: the evidence \
-                 and the trigger disagree, so the factor {} is used",
-                s.env, f.value, f.note, s.factor
-            ),
-        ),
-        Err(why) => {
-            let what = if why.starts_with("too little evidence") {
-                "too little evidence"
-            } else if why.starts_with("not backed") {
-                "not backed by the measured batches"
-            } else {
-                "no usable recommendation"
-            };
-            (
-                by_factor,
-                REASON_BATCH_FIT_FALLBACK,
-                format!("fit: {what}, factor {}", s.factor),
-                format!("{why}; so the factor {} is used", s.factor),
-            )
+        other => {
+            let (note, why) = fallback(s, from, other);
+            (by_factor, REASON_BATCH_FIT_FALLBACK, note, why)
         }
     };
     let changes = changes
@@ -82,4 +61,38 @@ pub(super) fn scale_batch(
             message,
         }),
     ))
+}
+
+/// The record's note and the Event's sentence when the factor is used: the
+/// fit says the current batch fits (it contradicts the trigger), or there
+/// is no value to act on (too little evidence, not backed, no usable
+/// recommendation).
+fn fallback(
+    s: &ScaleBatchAction,
+    from: u64,
+    computed: Result<batchfit::PolicyFit, String>,
+) -> (String, String) {
+    match computed {
+        Ok(f) => (
+            format!("fit says {from} fits, factor {}", s.factor),
+            format!(
+                "the fit says {} {from} fits (computed {}: {}), yet the policy fired: the evidence \
+                 and the trigger disagree, so the factor {} is used",
+                s.env, f.value, f.note, s.factor
+            ),
+        ),
+        Err(why) => {
+            let what = if why.starts_with("too little evidence") {
+                "too little evidence"
+            } else if why.starts_with("not backed") {
+                "not backed by the measured batches"
+            } else {
+                "no usable recommendation"
+            };
+            (
+                format!("fit: {what}, factor {}", s.factor),
+                format!("{why}; so the factor {} is used", s.factor),
+            )
+        }
+    }
 }
