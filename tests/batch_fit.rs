@@ -117,23 +117,26 @@ async fn recreated(client: &Client, ns: &str, old_uid: &str, old_batch: &str) ->
     .await
 }
 
-/// What the test expects of the fit, computed here from the two observed
-/// peaks: the line through them, and the largest batch under 90 % of the GPU.
-fn expected_from(rec: &BatchRecommendation) -> u64 {
-    let at = |b: u64| {
-        rec.observations
-            .iter()
-            .find(|o| o.batch == b)
-            .unwrap_or_else(|| panic!("no peak observed at batch {b}: {rec:?}"))
-    };
-    let (hi, lo) = (at(64), at(48));
-    let per_sample = (hi.peak_bytes as f64 - lo.peak_bytes as f64) / 16.0;
-    let fixed = lo.peak_bytes as f64 - 48.0 * per_sample;
-    ((0.9 * hi.total_bytes as f64 - fixed) / per_sample).floor() as u64
+/// The line through the observed peaks (least squares, computed here),
+/// and its prediction at `batch`, bytes.
+fn line_at(rec: &BatchRecommendation, batch: u64) -> f64 {
+    let pts: Vec<(f64, f64)> = rec
+        .observations
+        .iter()
+        .map(|o| (o.batch as f64, o.peak_bytes as f64))
+        .collect();
+    let n = pts.len() as f64;
+    let (mx, my) = (
+        pts.iter().map(|p| p.0).sum::<f64>() / n,
+        pts.iter().map(|p| p.1).sum::<f64>() / n,
+    );
+    let sxy: f64 = pts.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
+    let sxx: f64 = pts.iter().map(|p| (p.0 - mx).powi(2)).sum();
+    my + sxy / sxx * (batch as f64 - mx)
 }
 
 #[tokio::test]
-async fn mode_fit_recreates_the_job_with_the_computed_batch() {
+async fn mode_fit_acts_only_on_a_batch_the_evidence_backs() {
     let Some(client) = cluster().await else {
         return;
     };
@@ -143,7 +146,7 @@ async fn mode_fit_recreates_the_job_with_the_computed_batch() {
     let remediation = start_remediation(&client, ns);
     let policy = json!({
         "selector": {"matchLabels": {"team": "ml"}},
-        "triggers": [{"riskAtLeast": {"level": "high"}}],
+        "triggers": [{"riskAtLeast": {"level": "medium"}}],
         "actions": [{"scaleBatch": {"env": "BATCH_SIZE", "factor": 0.75, "minimum": 4, "mode": "fit"}}],
         "cooldownSeconds": 0,
         "maxRemediations": 3,
@@ -165,21 +168,40 @@ async fn mode_fit_recreates_the_job_with_the_computed_batch() {
             .starts_with("scaleBatch BATCH_SIZE 64->48 (fit: too little evidence, factor 0.75)"),
         "{recs:?}"
     );
-    eventually("the BatchFitFallback Event", || async {
-        let n = count_events(&client, ns, "BatchFitFallback", "train").await;
-        (n >= 1).then_some(()).ok_or(format!("{n} events"))
-    })
-    .await;
 
     // 2. At 48 it peaks at 76.1 GiB (95 %): high. Batch 64's peak survived
-    //    the recreation in the profile: two batch sizes, a fit.
+    //    the recreation: two batch sizes, a line through them that says 25
+    //    fits. 25 is 23 below the smallest batch measured, and two points
+    //    leave nothing to hold out: not backed, so the factor again.
     let pod = job_pods(&client, ns, "train", 1).await.remove(0);
     let sidecar = Sidecar::start(ns, &pod, "train", "48");
     let third = recreated(&client, ns, &second.uid().unwrap(), "48").await;
     drop(sidecar);
-    let fitted: u64 = env_of(&third, "BATCH_SIZE").unwrap().parse().unwrap();
-
+    assert_eq!(env_of(&third, "BATCH_SIZE").as_deref(), Some("36"));
+    let recs = records(&client, ns, "train").await;
     let profiles = Api::<MemoryProfile>::namespaced(client.clone(), ns);
+    assert!(
+        recs[1].action.starts_with(
+            "scaleBatch BATCH_SIZE 48->36 (fit: not backed by the measured batches, factor 0.75)"
+        ),
+        "{recs:?}\n{:?}",
+        profiles.get("train").await.unwrap().status
+    );
+    eventually("two BatchFitFallback Events", || async {
+        let n = count_events(&client, ns, "BatchFitFallback", "train").await;
+        (n >= 2).then_some(()).ok_or(format!("{n} events"))
+    })
+    .await;
+
+    // 3. At 36 it peaks at 73.7 GiB (92 %): medium. Three batch sizes: each
+    //    predicted from the other two, so the line is backed one step (12)
+    //    below 36, and the fit applies.
+    let pod = job_pods(&client, ns, "train", 1).await.remove(0);
+    let sidecar = Sidecar::start(ns, &pod, "train", "36");
+    let fourth = recreated(&client, ns, &third.uid().unwrap(), "36").await;
+    drop(sidecar);
+    let fitted: u64 = env_of(&fourth, "BATCH_SIZE").unwrap().parse().unwrap();
+
     let rec = profiles
         .get("train")
         .await
@@ -189,22 +211,28 @@ async fn mode_fit_recreates_the_job_with_the_computed_batch() {
         .batch_recommendation
         .expect("a batchRecommendation");
     assert_eq!(rec.method, "twoBatchSizes", "{rec:?}");
-    assert_eq!(
-        fitted,
-        expected_from(&rec),
-        "the line through the two peaks"
-    );
-    assert_eq!(rec.recommended, Some(fitted), "{rec:?}");
-    // And the line is the scenario's: (72 - 66.5) / 0.2 = 27.5.
-    let truth = ((0.9 * TOTAL_GIB - STATIC_GIB) / PER_SAMPLE_GIB).floor() as u64;
-    assert_eq!(fitted, truth);
-    assert_ne!(fitted, 36, "not the factor (48 × 0.75)");
-    let recs = records(&client, ns, "train").await;
-    assert_eq!(recs.len(), 2, "{recs:?}");
+    assert_eq!(rec.observations.len(), 3, "{rec:?}");
+    let target = 0.9 * TOTAL_GIB * (1u64 << 30) as f64;
     assert!(
-        recs[1].action.starts_with(&format!(
-            "scaleBatch BATCH_SIZE 48->{fitted} (fit twoBatchSizes: "
-        )),
+        (24..36).contains(&fitted),
+        "within one held-out step below 36: {fitted}"
+    );
+    assert!(
+        line_at(&rec, fitted) <= target,
+        "the line through the peaks fits {fitted}"
+    );
+    let truth = STATIC_GIB + PER_SAMPLE_GIB * fitted as f64;
+    assert!(
+        truth <= 0.9 * TOTAL_GIB,
+        "and so does the scenario: {truth} GiB"
+    );
+    assert_ne!(fitted, 27, "not the factor (36 × 0.75)");
+    let recs = records(&client, ns, "train").await;
+    assert_eq!(recs.len(), 3, "{recs:?}");
+    assert!(
+        recs[2].action.starts_with(&format!(
+            "scaleBatch BATCH_SIZE 36->{fitted} (fit twoBatchSizes: "
+        )) && recs[2].action.contains("extrapolated"),
         "{recs:?}"
     );
     remediation.stop().await;

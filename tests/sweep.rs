@@ -1,6 +1,7 @@
 //! `memprof sweep` end to end: the built binary against the fake trainer
 //! (tests/fixtures/fake_trainer.py, pure Python: a 16 GB "GPU" whose peak is
-//! 2 GB + 1 GB × BATCH_SIZE, reserved 100 MB above).
+//! 2 GB + 1 GB × BATCH_SIZE, reserved 100 MB above; with FAKE_ATTN, a term
+//! quadratic in SEQ_LEN as eager attention has).
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -89,7 +90,7 @@ fn an_oom_is_recorded_the_sweep_goes_on_and_the_largest_safe_batch_is_computed()
     assert_eq!(r["kind"], "memprofSweep");
     let runs = r["runs"].as_array().unwrap();
     let status: Vec<&str> = runs.iter().map(|x| x["status"].as_str().unwrap()).collect();
-    assert_eq!(status, ["ok", "ok", "oom", "ok", "ok"]);
+    assert_eq!(status, ["ok", "ok", "oom", "ok", "ok", "ok"]);
     assert_eq!(runs[2]["oom"], true);
     assert_eq!(runs[2]["exitCode"], 1);
     assert!(runs[2]["oomMessage"]
@@ -102,24 +103,45 @@ fn an_oom_is_recorded_the_sweep_goes_on_and_the_largest_safe_batch_is_computed()
     assert_eq!(runs[4]["nvmlPeakBytes"], Value::Null);
     assert!(runs[4]["stepSecondsMedian"].as_f64().unwrap() > 0.0);
     assert_eq!(runs[4]["breakdown"]["parametersBytes"], 500_000_000u64);
-    // reserved = 2.1 GB + 1 GB × batch; limit = 16 GB × 0.9 = 14.4 GB: the
-    // line reaches it at 12.3, so 8 is the largest safe grid value; 16 is next.
+    // reserved = 2.1 GB + 1 GB × batch; limit = 16 GB × 0.9 = 14.4 GB. The
+    // grid's largest that ran is 8; the line (held out: each batch predicted
+    // from the others within noise) backs one step of 4 past it, so the
+    // verification runs 12 (14.1 GB): it runs, and 13 is surely over.
     let m = &r["models"][0];
     assert_eq!(m["variable"], "BATCH_SIZE");
     assert_eq!(m["verdict"], "fitted");
     let close = |v: &Value, want: f64| (v.as_f64().unwrap() - want).abs() < want * 1e-9;
-    assert!(close(&m["fit"]["staticBytes"], 2.1e9), "{m}");
-    assert!(close(&m["fit"]["perUnitBytes"], 1e9), "{m}");
+    assert_eq!(m["fit"]["curve"]["family"], "linear", "{m}");
+    assert!(close(&m["fit"]["curve"]["staticBytes"], 2.1e9), "{m}");
+    assert!(close(&m["fit"]["curve"]["perUnitBytes"], 1e9), "{m}");
     assert!(close(&m["limitBytes"], 14.4e9), "{m}");
-    assert!(close(&m["modelBound"], 12.3), "{m}");
-    assert_eq!(m["largestSafe"], 8.0);
-    assert_eq!(m["largestSafeTested"], true);
-    assert_eq!(m["nextUp"], 16.0);
-    assert!(close(&m["nextUpPredictedBytes"], 18.1e9), "{m}");
-    assert_eq!(m["nextUpObserved"], "oom");
+    assert_eq!(m["step"], 1.0);
+    assert_eq!(runs.len(), 6, "the grid and one verification run");
+    assert_eq!(runs[5]["values"]["BATCH_SIZE"], "12");
+    assert_eq!(runs[5]["status"], "ok");
+    assert!(runs[5]["trial"]
+        .as_str()
+        .unwrap()
+        .starts_with("the model predicts"));
+    assert_eq!(m["trials"], serde_json::json!([12.0]));
+    assert_eq!(m["largestSafe"], 12.0);
+    assert_eq!(m["verified"], true);
+    assert_eq!(m["bound"]["x"], 16.0);
+    assert!(
+        m["search"]["why"]
+            .as_str()
+            .unwrap()
+            .starts_with("the model is sure the next value 13 does not fit"),
+        "{m}"
+    );
     assert_eq!(m["agrees"], true);
-    assert!(stdout.contains("largest safe BATCH_SIZE = 8"), "{stdout}");
-    assert!(stdout.contains("next up BATCH_SIZE = 16"), "{stdout}");
+    assert!(
+        stdout.contains(
+            "largest safe BATCH_SIZE = 12 (ran: peak 13.1GiB, verified by a run after the grid)"
+        ),
+        "{stdout}"
+    );
+    assert!(stdout.contains("BATCH_SIZE = 16 OOMed"), "{stdout}");
     // CSV: the documented header, one row per configuration.
     let csv = std::fs::read_to_string(&c).unwrap();
     let mut lines = csv.lines();
@@ -131,37 +153,18 @@ fn an_oom_is_recorded_the_sweep_goes_on_and_the_largest_safe_batch_is_computed()
          gradients_bytes,optimizer_bytes,activations_peak_bytes,static_bytes,note"
     );
     let rows: Vec<&str> = lines.collect();
-    assert_eq!(rows.len(), 5);
+    assert_eq!(rows.len(), 6);
     assert!(rows[2].starts_with("2,16,oom,1,true,false,"), "{}", rows[2]);
+    assert!(rows[5].starts_with("5,12,ok,0,false,false,"), "{}", rows[5]);
 }
 
 #[test]
-fn an_oom_below_the_models_recommendation_overrides_it() {
+fn an_oom_the_model_did_not_expect_bounds_the_search_and_is_a_disagreement() {
     let dir = TempDir::new("override");
     let j = dir.path("s.json");
-    // The "GPU" is 16 GB but this trainer OOMs from 6 GB on (fragmentation,
-    // say): the line says 8 fits, the OOM at 6 says it does not.
-    let out = sweep(
-        &[
-            "--vary",
-            "BATCH_SIZE=1,2,3,6,8",
-            "--steps",
-            "3",
-            "--json",
-            j.to_str().unwrap(),
-        ],
-        &[
-            ("FAKE_TOTAL", "7000000000"),
-            ("FAKE_PER_SAMPLE", "1000000000"),
-        ],
-    );
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    let r = json(&j);
-    let m = &r["models"][0];
-    // deviceTotalBytes says 7 GB: limit 6.3 GB, 3 → 5.1 GB fits, 6 → 8.1 GB.
-    assert_eq!(m["largestSafe"], 3.0, "{m}");
-    assert_eq!(m["nextUp"], 6.0, "{m}");
-    // With --limit-bytes 16GB the line allows 12; the OOM at 6 overrides it.
+    // The trainer OOMs from 6 on (its "GPU" is 7 GB) but --limit-bytes
+    // says 16 GB: the line allows 12, the OOM at 6 says it does not. The
+    // verification bisects below the OOM and runs 5 (7.0 GB: it fits).
     let out = sweep(
         &[
             "--vary",
@@ -175,13 +178,98 @@ fn an_oom_below_the_models_recommendation_overrides_it() {
         ],
         &[("FAKE_TOTAL", "7000000000")],
     );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let stdout = text(&out.stdout);
     let m = &json(&j)["models"][0];
-    assert_eq!(m["overriddenByOomAt"], 6.0, "{m}");
-    assert_eq!(m["largestSafe"], 3.0, "{m}");
+    assert_eq!(
+        m["bound"],
+        serde_json::json!({"kind": "oom", "x": 6.0}),
+        "{m}"
+    );
+    assert_eq!(m["trials"], serde_json::json!([5.0]), "{m}");
+    assert_eq!(m["largestSafe"], 5.0, "{m}");
     assert_eq!(m["agrees"], false, "{m}");
     assert!(
-        stdout.contains("observed OOM at BATCH_SIZE=6 overrides the model"),
+        stdout.contains("note: BATCH_SIZE=6 OOMed although the model predicted"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn a_quadratic_trainer_gets_a_verified_value_that_runs_not_a_line_extrapolated() {
+    // Issue 17 item 8, on the fake trainer: eager attention makes memory
+    // quadratic in SEQ_LEN: 2 GB + 50 MB × u + 6 MB × u², u = SEQ_LEN/128,
+    // on a 16 GB "GPU" (limit 14.4 GB). 5120 needs 13.6 GB and runs; 6144
+    // needs 18.2 GB and OOMs. A line through 1024..4096 called 6144 safe.
+    let env = [
+        ("BATCH_SIZE", "1"),
+        ("FAKE_PER_SAMPLE", "50000000"),
+        ("FAKE_ATTN", "6000000"),
+    ];
+    let dir = TempDir::new("quadratic");
+    let j = dir.path("s.json");
+    let args = |extra: &[&'static str]| {
+        let mut a = vec!["--vary", "SEQ_LEN=1024,2048,3072,4096", "--steps", "3"];
+        a.extend_from_slice(extra);
+        a
+    };
+    let mut verify = args(&["--json"]);
+    verify.push(j.to_str().unwrap());
+    let out = sweep(&verify, &env);
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
+    let r = json(&j);
+    let m = &r["models"][0];
+    assert_eq!(m["fit"]["curve"]["family"], "quadratic", "{m}");
+    assert!(
+        m["fit"]["notes"][0]
+            .as_str()
+            .unwrap()
+            .starts_with("linear refused: the residual grows at the top"),
+        "{m}"
+    );
+    // What memprof calls safe ran: 5120, run by the verification.
+    assert_eq!(m["largestSafe"], 5120.0, "{m}");
+    let runs = r["runs"].as_array().unwrap();
+    let safe_run = runs
+        .iter()
+        .find(|x| x["values"]["SEQ_LEN"] == "5120")
+        .expect("a run at the value called safe");
+    assert_eq!(safe_run["status"], "ok");
+    assert!(safe_run["trial"].is_string());
+    assert_eq!(m["verified"], true);
+    assert!(
+        m["search"]["why"]
+            .as_str()
+            .unwrap()
+            .starts_with("the model is sure the next value 6144 does not fit"),
+        "{m}"
+    );
+    assert!(!stdout.contains("6144 fits"), "{stdout}");
+    assert!(
+        stdout.contains("largest safe SEQ_LEN = 5120 (ran"),
+        "{stdout}"
+    );
+
+    // --no-verify: only what ran is safe; the prediction says how far it is.
+    let mut skip = args(&["--no-verify", "--json"]);
+    skip.push(j.to_str().unwrap());
+    let out = sweep(&skip, &env);
+    let stdout = text(&out.stdout);
+    let r = json(&j);
+    let m = &r["models"][0];
+    assert_eq!(
+        r["runs"].as_array().unwrap().len(),
+        4,
+        "no run past the grid"
+    );
+    assert_eq!(m["largestSafe"], 4096.0, "{m}");
+    assert_eq!(m["predicted"]["x"], 5120.0, "{m}");
+    assert_eq!(m["verified"], false);
+    assert!(
+        stdout.contains("the model predicts SEQ_LEN = 5120 fits")
+            && stdout.contains("extrapolated 1024 above the largest measured value 4096 (+25%)")
+            && stdout.contains("NOT verified"),
         "{stdout}"
     );
 }
@@ -397,6 +485,7 @@ print(json.dumps({"errors": p.errors, "open": p.stack, "figures": p.figures, "sv
 fn the_html_report_parses_and_holds_every_plot_and_the_table() {
     let dir = TempDir::new("html");
     let h = dir.path("r.html");
+    let plots = dir.path("plots");
     let out = sweep(
         &[
             "--vary",
@@ -407,8 +496,11 @@ fn the_html_report_parses_and_holds_every_plot_and_the_table() {
             "3",
             "--note",
             "fake trainer on CPU",
+            "--no-verify",
             "--html",
             h.to_str().unwrap(),
+            "--plot-dir",
+            plots.to_str().unwrap(),
         ],
         &[],
     );
@@ -421,16 +513,20 @@ fn the_html_report_parses_and_holds_every_plot_and_the_table() {
     let v: Value = serde_json::from_slice(&checked.stdout).unwrap();
     assert_eq!(v["errors"], serde_json::json!([]), "{v}");
     assert_eq!(v["open"], serde_json::json!([]), "{v}");
+    let figures = [
+        "peak-BATCH_SIZE",
+        "peak-SEQ_LEN",
+        "timeline",
+        "heatmap",
+        "step",
+        "breakdown",
+        "tradeoff",
+    ];
     assert_eq!(
         v["figures"],
-        serde_json::json!([
-            "plot-peak-BATCH_SIZE",
-            "plot-peak-SEQ_LEN",
-            "plot-breakdown",
-            "plot-tradeoff"
-        ])
+        serde_json::json!(figures.map(|f| format!("plot-{f}")))
     );
-    assert_eq!(v["svgs"], 4);
+    assert_eq!(v["svgs"], figures.len());
     assert_eq!(v["rows"], 1 + 8, "a header and one row per configuration");
     assert_eq!(v["scripts"], 0);
     assert_eq!(
@@ -441,7 +537,7 @@ fn the_html_report_parses_and_holds_every_plot_and_the_table() {
     let doc = std::fs::read_to_string(&h).unwrap();
     assert!(doc.contains("fake trainer on CPU"));
     assert!(
-        doc.contains("largest safe BATCH_SIZE = 8"),
+        doc.contains("largest safe BATCH_SIZE = 4 (ran"),
         "the recommendation is in the report"
     );
     assert!(
@@ -452,13 +548,36 @@ fn the_html_report_parses_and_holds_every_plot_and_the_table() {
         doc.contains(">activations (peak)</text>"),
         "the breakdown is stacked"
     );
-    // One clip path per chart, so no chart clips to another's area.
+    // The timeline: one line per configuration that left one (the OOM runs
+    // write none), over steps; the heatmap writes OOM in the cells that hit
+    // one; the step chart is the largest run that ran.
+    for ok in ["BATCH_SIZE=4 SEQ_LEN=256", "BATCH_SIZE=1 SEQ_LEN=128"] {
+        assert!(doc.contains(&format!(">{ok}</text>")), "{ok}");
+    }
+    assert_eq!(
+        doc.matches(">OOM</text>").count(),
+        2,
+        "16 × 128 and 16 × 256"
+    );
+    assert!(doc.contains("One step, forward / backward / optimizer (BATCH_SIZE=4 SEQ_LEN=256)"));
+    // One clip path per line chart, so no chart clips to another's area.
     assert_eq!(
         doc.matches("<clipPath id=\"plot-").count(),
-        3,
-        "one per line chart"
+        5,
+        "peak ×2, timeline, step, trade-off"
     );
     assert!(!doc.contains("id=\"plot\""));
+
+    // --plot-dir: every figure as SVG and PNG.
+    for f in figures {
+        let svg = std::fs::read_to_string(plots.join(format!("{f}.svg"))).unwrap();
+        assert!(svg.trim_end().ends_with("</svg>"), "{f}");
+        let png = std::fs::read(plots.join(format!("{f}.png"))).unwrap();
+        assert!(
+            png.starts_with(b"\x89PNG\r\n\x1a\n") && png.len() > 2000,
+            "{f}"
+        );
+    }
 }
 
 #[test]
@@ -472,6 +591,7 @@ fn compare_reads_two_sweeps_and_says_what_grew() {
                 "BATCH_SIZE=1,2,8",
                 "--steps",
                 "2",
+                "--no-verify",
                 "--json",
                 path.to_str().unwrap(),
             ],

@@ -3,10 +3,11 @@
 # (bench/gpu/sweep_trainer.py: Llama-shaped decoder, ~0.95B parameters in
 # bf16, peft LoRA r=16 on every projection, sequence 2048) over batch sizes
 # that straddle the GPU's memory, each in its own process with the agent
-# auto-enabled and a standalone sidecar for the NVML peak. Then it re-runs
+# auto-enabled and a standalone sidecar for the NVML peak; the sweep's own
+# verification runs search between what ran and what OOMed. Then it re-runs
 # the recommended largest safe batch for more steps (must not OOM) and the
-# predicted next value up (should OOM, or land within the stated error of
-# its prediction), and prints both outcomes.
+# next value up (one step of the search's grid above it: should OOM, or
+# land within the stated error of its prediction), and prints both.
 #
 #   OUT=/some/dir bash bench/gpu/sweep_lora.sh
 #
@@ -43,13 +44,18 @@ sweep --vary "BATCH_SIZE=$GRID" --vary "SEQ_LEN=$SEQ" --steps "$STEPS" \
   --json "$OUT/sweep.json" --csv "$OUT/sweep.csv" --html "$OUT/sweep.html" --logs "$OUT/logs" \
   | tee "$OUT/sweep.txt"
 
-# The recommendation and the next value up, from the sweep's model.
+# The recommendation (the largest batch that ran under the limit, the
+# sweep's verification included) and the next value up: one step of the
+# search's grid above it (the bound the search ran into when nothing ran).
 read -r SAFE NEXT < <("$PY" - "$OUT/sweep.json" <<'PYEOF'
 import json, sys
 m = [m for m in json.load(open(sys.argv[1]))["models"] if m["variable"] == "BATCH_SIZE"]
 m = m[0] if m else {}
+safe, bound, step = m.get("largestSafe"), m.get("bound"), m.get("step")
+# One step above what ran (at most the bound, a tested value on the step).
+nxt = safe + step if safe is not None and step else (bound["x"] if bound else None)
 f = lambda x: "-" if x is None else str(int(x))
-print(f(m.get("largestSafe")), f(m.get("nextUp")))
+print(f(safe), f(nxt))
 PYEOF
 )
 log "recommended largest safe BATCH_SIZE=$SAFE, next up $NEXT"
@@ -74,11 +80,13 @@ GiB = 2**30
 sweep = json.load(open(os.path.join(out, "sweep.json")))
 m = [m for m in sweep["models"] if m["variable"] == "BATCH_SIZE"][0]
 fit = m["fit"]
-pred = lambda b: fit["staticBytes"] + fit["perUnitBytes"] * b
-err = max(fit["maxResidualBytes"], 0.05 * m["limitBytes"])
-print("model: peak reserved = %.2f GiB + %.3f GiB x BATCH_SIZE (%d runs, R2 %s, max residual %.2f GiB)"
-      % (fit["staticBytes"] / GiB, fit["perUnitBytes"] / GiB, fit["n"], fit["r2"], fit["maxResidualBytes"] / GiB))
-print("device total %.1f GiB, limit (%.0f%% headroom) %.1f GiB; stated error: max(max residual, 5%% of the limit) = %.2f GiB"
+c = fit["curve"]
+pred = lambda b: c["staticBytes"] + c["perUnitBytes"] * b + c.get("perUnitSquaredBytes", 0) * b * b
+err = max(fit["marginBytes"], 0.05 * m["limitBytes"])
+print("model: peak reserved = %.2f GiB + %.3f GiB x BATCH_SIZE + %.4f GiB x BATCH_SIZE^2 (%s, %d runs, max residual %.2f GiB, margin %.2f GiB)"
+      % (c["staticBytes"] / GiB, c["perUnitBytes"] / GiB, c.get("perUnitSquaredBytes", 0) / GiB, c["family"], fit["n"],
+         fit["maxResidualBytes"] / GiB, fit["marginBytes"] / GiB))
+print("device total %.1f GiB, limit (%.0f%% headroom) %.1f GiB; stated error: max(the model's margin, 5%% of the limit) = %.2f GiB"
       % (m["deviceTotalBytes"] / GiB, 100 * m["headroom"], m["limitBytes"] / GiB, err / GiB))
 ok = True
 for name, want in (("recheck-safe.json", "safe"), ("recheck-next.json", "next")):

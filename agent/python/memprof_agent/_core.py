@@ -138,9 +138,11 @@ class Summary:
         self.last_push = None
         self.oom = None
         self.sites = None
+        self.timeline = _summary.Timeline()
 
     def observe(self, push):
         self.last_push = push
+        self.timeline.add(push)
         step = push.get("step")
         if step is not None:
             point = (push["time"], step)

@@ -10,6 +10,45 @@ import os
 from ._transport import log
 
 WARMUP_STEPS = 2
+# Timeline points kept in the summary; past this every other one is dropped
+# and only every second push is kept from then on, so a long run keeps its
+# whole shape at a coarser grain.
+MAX_TIMELINE = 512
+
+
+class Timeline:
+    """Memory over the run, one point per push (the push already read the
+    allocator: no extra torch call): seconds since the first push, the step
+    and phase then, allocated and reserved bytes summed over the process's
+    devices. Bounded by MAX_TIMELINE (halved when full)."""
+
+    def __init__(self, limit=MAX_TIMELINE):
+        self.limit = max(2, int(limit))
+        self.points = []
+        self.origin = None
+        self.every = 1
+        self.seen = 0
+
+    def add(self, push):
+        devices = push.get("devices") or []
+        if not devices:
+            return
+        self.seen += 1
+        if (self.seen - 1) % self.every:
+            return
+        t = push.get("time", 0.0)
+        if self.origin is None:
+            self.origin = t
+        self.points.append({
+            "t": round(t - self.origin, 3),
+            "step": push.get("step"),
+            "phase": push.get("phase"),
+            "allocatedBytes": sum(int(d.get("allocatedBytes", 0)) for d in devices),
+            "reservedBytes": sum(int(d.get("reservedBytes", 0)) for d in devices),
+        })
+        if len(self.points) >= self.limit:
+            self.points = self.points[::2]
+            self.every *= 2
 
 
 def parse_budget(text):
@@ -85,6 +124,7 @@ def build(agent, clock, steps, breakdown):
         "tokensPerSecond": tokens,
         "samplesPerSecond": samples,
         "breakdown": breakdown,
+        "timeline": list(agent.summary.timeline.points) if agent is not None else [],
     }
 
 

@@ -155,3 +155,30 @@ def test_the_final_push_is_tried_even_while_backing_off(fake):
     assert not t.ready() and t.attempts == 1
     memprof_agent._agent.at_exit()
     assert t.attempts == 2
+
+
+def test_the_summary_carries_memory_over_the_run_bounded_by_halving():
+    t = memprof_agent._summary.Timeline(limit=8)
+    for n in range(40):
+        t.add({"time": 100.0 + n, "step": n // 2, "phase": "forward",
+               "devices": [{"allocatedBytes": n * GiB, "reservedBytes": (n + 1) * GiB},
+                           {"allocatedBytes": 1, "reservedBytes": 2}]})
+    t.add({"time": 200.0, "devices": []})  # before CUDA: nothing to say
+    assert 4 <= len(t.points) < 8
+    first, last = t.points[0], t.points[-1]
+    assert first == {"t": 0.0, "step": 0, "phase": "forward",
+                     "allocatedBytes": 1, "reservedBytes": GiB + 2}
+    # The whole run is kept, at a coarser grain: the last point is late in it.
+    assert last["t"] >= 30 and last["allocatedBytes"] == int(last["t"]) * GiB + 1
+    assert [p["t"] for p in t.points] == sorted(p["t"] for p in t.points)
+
+
+def test_the_summary_file_has_the_timeline(workdir):
+    out = workdir / "summary.json"
+    proc = run_trainer({"MEMPROF_AGENT_URL": "http://127.0.0.1:%d/v1/agent" % closed_port(),
+                        "MEMPROF_AGENT_SUMMARY": str(out), "MEMPROF_AGENT_MAX_STEPS": "40"})
+    assert proc.returncode == 0, proc.stderr
+    points = json.loads(out.read_text())["timeline"]
+    assert len(points) >= 5, points
+    assert points[0]["t"] == 0.0 and all(p["allocatedBytes"] >= 0 for p in points)
+    assert max(p["step"] or 0 for p in points) >= 10

@@ -1,32 +1,41 @@
-//! The largest batch size that fits, computed from measurement.
+//! The largest batch size that fits, computed from measurement with the one
+//! memory model of [`crate::memmodel`] (shared with `memprof sweep` and
+//! `memprof policy explain`).
 //!
-//! Training memory at batch `b` is modelled as `peak = static + perSample × b`:
-//! weights, gradients, optimizer state and the CUDA context do not grow with
-//! the batch, activations do (linearly, for a fixed sequence length). The
-//! model comes from one of two kinds of evidence, in this order:
+//! The model comes from one of two kinds of evidence, in this order:
 //!
 //! 1. `twoBatchSizes`: NVML peaks observed while the Job ran at two or more
-//!    batch sizes (kept across memprof's recreations of the Job), fitted by
-//!    least squares; the residual says how well the line fits. Measured end
-//!    to end, allocator cache and CUDA context included, so it comes first.
-//! 2. `agentBreakdown`: the in-process agent's split of one step into static
-//!    bytes and activations at a known batch: `perSample = activations /
-//!    batch`. When an NVML peak at the current batch is known, the static
-//!    part is anchored to it (`static = peak − perSample × current`), so
-//!    what the allocator view misses (context, cache) still counts.
+//!    batch sizes (kept across memprof's recreations of the Job). Measured
+//!    end to end, allocator cache and CUDA context included, so it comes
+//!    first.
+//! 2. `agentBreakdown`: the in-process agent's split of one step into
+//!    static bytes and activations at a known batch: two points, the static
+//!    part at batch 0 and the peak at the measured batch. When an NVML peak
+//!    at the current batch is known, the static part is anchored to it
+//!    (`static = peak − perSample × current`), so what the allocator view
+//!    misses (context, cache) still counts.
 //!
 //! Anything else is `insufficient`, with a reason naming what is missing.
 //! A peak at ≥ 99.5 % of the device is censored (the run hit the ceiling:
-//! the true peak is unknown) and never fitted.
+//! the true peak is unknown): never fitted, and no batch at or above it is
+//! recommended.
 //!
-//! The recommendation is the largest `b ≥ 1` with `static + perSample × b ≤
-//! limit × (1 − headroom)`; `headroom` defaults to [`DEFAULT_HEADROOM_FRACTION`]
-//! (keep 10 % of the device free). Pure: no I/O, no clock.
+//! The recommendation is the largest `b ≥ 1` whose predicted peak plus the
+//! model's margin stays at or under `limit × (1 − headroom)` AND that the
+//! evidence backs: a measured batch, one between measured batches, or one at
+//! most a held-out step beyond them. What the curve alone would allow beyond
+//! that is shown (`unbacked`) and never acted on. `headroom` defaults to
+//! [`DEFAULT_HEADROOM_FRACTION`]. Pure: no I/O, no clock.
 
+pub use crate::memmodel::Support;
+use crate::memmodel::{self, Curve, Family, Model};
 use memprof_api::{
-    format_bytes, BatchObservation, BatchRecommendation, MemoryBreakdown, DEFAULT_HEADROOM_FRACTION,
+    format_bytes, BatchFitModel, BatchObservation, BatchRecommendation, MemoryBreakdown,
+    DEFAULT_HEADROOM_FRACTION,
 };
-use std::fmt::Write;
+
+mod text;
+pub use text::{explain_lines, render};
 /// Largest headroom a policy may ask for (the CRD's bound).
 pub const MAX_HEADROOM_FRACTION: f64 = 0.9;
 /// Batch sizes remembered per profile.
@@ -72,87 +81,6 @@ impl AgentBreakdown {
             batch_size: b.batch_size,
         }
     }
-}
-
-/// `peak = static + perSample × batch`, in bytes.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct LinearModel {
-    /// Intercept, bytes (a fit may make it negative).
-    pub static_bytes: f64,
-    /// Slope, bytes per sample.
-    pub per_sample_bytes: f64,
-    /// Root mean square of the residuals, bytes.
-    pub residual_bytes: f64,
-}
-
-impl LinearModel {
-    /// Predicted peak at `batch`, bytes.
-    pub fn at(&self, batch: u64) -> f64 {
-        self.static_bytes + self.per_sample_bytes * batch as f64
-    }
-
-    /// The largest batch in `1..=MAX_BATCH` whose predicted peak is at most
-    /// `target` bytes; `None` when not even one sample fits.
-    pub fn largest_within(&self, target: f64) -> Option<u64> {
-        let b = ((target - self.static_bytes) / self.per_sample_bytes).floor();
-        // Floating point may put an exact fit one below the boundary's floor.
-        let mut b = if b.is_finite() {
-            b.min(MAX_BATCH as f64)
-        } else {
-            0.0
-        } as u64;
-        while b < MAX_BATCH && self.at(b + 1) <= target {
-            b += 1;
-        }
-        while b > 0 && self.at(b) > target {
-            b -= 1;
-        }
-        (b >= 1).then_some(b)
-    }
-}
-
-/// Least squares over `(batch, peak bytes)` points with at least two
-/// distinct batches. Errors say what is wrong, for the `reason`.
-pub fn fit_peaks(points: &[(u64, u64)]) -> Result<LinearModel, String> {
-    let n = points.len() as f64;
-    let distinct = {
-        let mut b: Vec<u64> = points.iter().map(|p| p.0).collect();
-        b.sort_unstable();
-        b.dedup();
-        b.len()
-    };
-    if distinct < 2 {
-        return Err(format!(
-            "{distinct} batch size(s) observed, at least 2 needed"
-        ));
-    }
-    let mx = points.iter().map(|p| p.0 as f64).sum::<f64>() / n;
-    let my = points.iter().map(|p| p.1 as f64).sum::<f64>() / n;
-    let sxx: f64 = points.iter().map(|p| (p.0 as f64 - mx).powi(2)).sum();
-    let sxy: f64 = points
-        .iter()
-        .map(|p| (p.0 as f64 - mx) * (p.1 as f64 - my))
-        .sum();
-    let slope = sxy / sxx;
-    let intercept = my - slope * mx;
-    if !slope.is_finite() || !intercept.is_finite() {
-        return Err("the fit gave non-finite numbers".into());
-    }
-    if slope <= 0.0 {
-        return Err(format!(
-            "peaks do not grow with the batch (slope {} per sample): something else drives memory",
-            signed_bytes(slope)
-        ));
-    }
-    let ss: f64 = points
-        .iter()
-        .map(|p| (p.1 as f64 - intercept - slope * p.0 as f64).powi(2))
-        .sum();
-    Ok(LinearModel {
-        static_bytes: intercept,
-        per_sample_bytes: slope,
-        residual_bytes: (ss / n).sqrt(),
-    })
 }
 
 /// What a recommendation is computed from.
@@ -205,93 +133,156 @@ pub fn censored(o: &BatchObservation) -> bool {
     o.peak_bytes as f64 >= CENSORED_FRACTION * o.total_bytes as f64
 }
 
-/// The model and its method, or what is missing.
-fn model_of(e: &Evidence<'_>) -> Result<(LinearModel, &'static str, String), String> {
-    let usable: Vec<(u64, u64)> = e
-        .observations
+/// `(batch, peak)` of the observations under the ceiling.
+fn usable(observations: &[BatchObservation]) -> Vec<(f64, f64)> {
+    observations
         .iter()
         .filter(|o| !censored(o))
-        .map(|o| (o.batch, o.peak_bytes))
-        .collect();
+        .map(|o| (o.batch as f64, o.peak_bytes as f64))
+        .collect()
+}
+
+/// The smallest batch whose peak hit the ceiling: nothing at or above it fits.
+fn ceiling_batch(observations: &[BatchObservation]) -> Option<u64> {
+    observations
+        .iter()
+        .filter(|o| censored(o))
+        .map(|o| o.batch)
+        .min()
+}
+
+/// The points to fit, the method, and the method in words.
+type Points = (Vec<(f64, f64)>, &'static str, String);
+
+/// The points to fit, the method and its words, or what is missing.
+fn points_of(e: &Evidence<'_>) -> Result<Points, String> {
+    let usable = usable(e.observations);
     let n_censored = e.observations.len() - usable.len();
     let censored_note = if n_censored > 0 {
         format!(" ({n_censored} peak(s) at the device's ceiling left out)")
     } else {
         String::new()
     };
-    let fit = fit_peaks(&usable);
-    if let Ok(m) = fit {
-        let why = format!(
-            "NVML peaks at {} batch sizes{censored_note}, least squares (residual {})",
-            usable.len(),
-            format_bytes(m.residual_bytes as u64)
-        );
-        return Ok((m, METHOD_TWO_BATCH_SIZES, why));
+    let mut batches: Vec<u64> = usable.iter().map(|p| p.0 as u64).collect();
+    batches.dedup();
+    if batches.len() >= 2 {
+        let why = format!("NVML peaks at {} batch sizes{censored_note}", usable.len());
+        return Ok((usable, METHOD_TWO_BATCH_SIZES, why));
     }
-    let mut fit_gap = fit.err().unwrap_or_default();
+    let mut gap = format!(
+        "{} batch size(s) observed, at least 2 needed",
+        batches.len()
+    );
     if e.current.is_none() && usable.is_empty() {
-        fit_gap = format!(
+        gap = format!(
             "the Job sets no literal integer env {} (name its batch variable with annotation {ANNOTATION_BATCH_ENV})",
             e.env_var
         );
     }
+    breakdown_points(e, &usable, &gap, &censored_note)
+}
+
+/// The agent breakdown's two points: the static part at batch 0 and the
+/// peak at the measured batch.
+fn breakdown_points(
+    e: &Evidence<'_>,
+    usable: &[(f64, f64)],
+    gap: &str,
+    censored_note: &str,
+) -> Result<Points, String> {
     let Some(b) = e.breakdown else {
         return Err(format!(
-            "{fit_gap}{censored_note} and no agent breakdown: run the in-process agent \
+            "{gap}{censored_note} and no agent breakdown: run the in-process agent \
              (annotation memprof.dev/agent: python) or let the Job run at a second batch size"
         ));
     };
     let Some(act) = b.activations_peak_bytes.filter(|a| *a > 0) else {
         return Err(format!(
-            "{fit_gap}, and the agent breakdown has no activations peak yet (it is taken at a measured step)"
+            "{gap}, and the agent breakdown has no activations peak yet (it is taken at a measured step)"
         ));
     };
     let Some(batch) = b.batch_size.or(e.current).filter(|b| *b > 0) else {
         return Err(format!(
-            "{fit_gap}, and neither the agent breakdown nor the Job's {} says which batch the activations are of",
+            "{gap}, and neither the agent breakdown nor the Job's {} says which batch the activations are of",
             e.env_var
         ));
     };
     let per_sample = act as f64 / batch as f64;
     let anchor = e
         .current
-        .and_then(|c| usable.iter().find(|o| o.0 == c).map(|o| (c, o.1)));
-    let (static_bytes, why) = match anchor {
+        .and_then(|c| usable.iter().find(|p| p.0 == c as f64).map(|p| (c, p.1)));
+    Ok(match anchor {
         Some((c, peak)) => (
-            peak as f64 - per_sample * c as f64,
+            vec![(0.0, peak - per_sample * c as f64), (c as f64, peak)],
+            METHOD_AGENT_BREAKDOWN,
             format!(
                 "agent breakdown: activations {} at batch {batch}; static part anchored at the NVML peak {} at batch {c}",
                 format_bytes(act),
-                format_bytes(peak)
+                format_bytes(peak as u64)
             ),
         ),
         None => (
-            b.static_bytes as f64,
+            vec![
+                (0.0, b.static_bytes as f64),
+                (batch as f64, (b.static_bytes + act) as f64),
+            ],
+            METHOD_AGENT_BREAKDOWN,
             format!(
                 "agent breakdown: static {}, activations {} at batch {batch} (allocator view: the CUDA context is not in it)",
                 format_bytes(b.static_bytes),
                 format_bytes(act)
             ),
         ),
+    })
+}
+
+/// What the status keeps of a model.
+fn keep(m: &Model) -> BatchFitModel {
+    BatchFitModel {
+        family: m.curve.family.word().into(),
+        static_bytes: m.curve.static_bytes.round() as i64,
+        per_sample_bytes: m.curve.per_unit_bytes,
+        per_sample_squared_bytes: m.curve.per_unit_squared_bytes,
+        margin_bytes: m.margin_bytes.round() as u64,
+        held_out_error_bytes: m.held_out_rms_bytes.map(|e| e.round() as u64),
+        points: m.n as u32,
+        measured_min: m.x_min as u64,
+        measured_max: m.x_max as u64,
+        backed_min: m.support_min.ceil() as u64,
+        backed_max: m.support_max.floor() as u64,
+    }
+}
+
+/// The model a recommendation carries, if it has one.
+pub fn model_in(rec: &BatchRecommendation) -> Option<Model> {
+    let k = rec.model.as_ref()?;
+    let family = match k.family.as_str() {
+        "quadratic" => Family::Quadratic,
+        _ => Family::Linear,
     };
-    Ok((
-        LinearModel {
-            static_bytes,
-            per_sample_bytes: per_sample,
-            residual_bytes: 0.0,
-        },
-        METHOD_AGENT_BREAKDOWN,
-        why,
-    ))
+    let curve = Curve {
+        family,
+        static_bytes: k.static_bytes as f64,
+        per_unit_bytes: k.per_sample_bytes,
+        per_unit_squared_bytes: k.per_sample_squared_bytes,
+    };
+    let all_finite = [curve.per_unit_bytes, curve.per_unit_squared_bytes]
+        .iter()
+        .all(|v| v.is_finite());
+    all_finite.then(|| {
+        Model::from_parts(
+            curve,
+            k.points as usize,
+            (k.measured_min as f64, k.measured_max as f64),
+            k.margin_bytes as f64,
+            (k.backed_min as f64, k.backed_max as f64),
+        )
+    })
 }
 
 /// The recommendation for the Job, always with a `reason`.
 pub fn recommend(e: &Evidence<'_>) -> BatchRecommendation {
-    let headroom = if e.headroom_fraction.is_finite() {
-        e.headroom_fraction.clamp(0.0, MAX_HEADROOM_FRACTION)
-    } else {
-        DEFAULT_HEADROOM_FRACTION
-    };
+    let headroom = clamp_headroom(e.headroom_fraction);
     let mut rec = BatchRecommendation {
         env_var: e.env_var.to_string(),
         current: e.current,
@@ -308,8 +299,13 @@ pub fn recommend(e: &Evidence<'_>) -> BatchRecommendation {
         rec.reason = "no GPU reported yet: the device's memory is unknown".into();
         return rec;
     };
-    let (model, method, why) = match model_of(e) {
-        Ok(m) => m,
+    let fitted = points_of(e).and_then(|(pts, method, why)| {
+        memmodel::fit(&pts)
+            .map(|m| (m, method, why.clone()))
+            .map_err(|no| format!("{why}, and they are no memory law: {}", no.why))
+    });
+    let (model, method, why) = match fitted {
+        Ok(x) => x,
         Err(missing) => {
             rec.reason = format!("too little evidence: {missing}");
             memprof_api::truncate_utf8(&mut rec.reason, 512);
@@ -317,68 +313,99 @@ pub fn recommend(e: &Evidence<'_>) -> BatchRecommendation {
         }
     };
     rec.method = method.into();
-    rec.static_bytes = Some(model.static_bytes.round() as i64);
-    rec.per_sample_bytes = Some(model.per_sample_bytes.round().max(1.0) as u64);
-    rec.residual_bytes = (method == METHOD_TWO_BATCH_SIZES).then_some(model.residual_bytes as u64);
+    rec.static_bytes = Some(model.curve.static_bytes.round() as i64);
+    rec.per_sample_bytes = Some(model.curve.per_unit_bytes.round().max(1.0) as u64);
+    rec.residual_bytes =
+        (method == METHOD_TWO_BATCH_SIZES).then_some(model.rms_residual_bytes as u64);
+    rec.model = Some(keep(&model));
     let target = limit as f64 * (1.0 - headroom);
-    rec.recommended = model.largest_within(target);
-    let next = rec.recommended.map_or(1, |r| r + 1);
-    rec.next_up = Some(next);
-    rec.predicted_peak_bytes = rec.recommended.map(|r| model.at(r).max(0.0) as u64);
-    rec.predicted_next_up_bytes = Some(model.at(next).max(0.0) as u64);
-    rec.reason = match rec.recommended {
-        Some(r) => format!(
-            "{why}: {} + {}/sample × {r} = {} ≤ {} ({:.0}% of {})",
-            signed_bytes(model.static_bytes),
-            format_bytes(model.per_sample_bytes as u64),
-            format_bytes(model.at(r).max(0.0) as u64),
-            format_bytes(target as u64),
-            100.0 * (1.0 - headroom),
-            format_bytes(limit)
-        ),
-        None => format!(
-            "{why}: even one sample is predicted at {}, over {} ({:.0}% of {}): no batch fits",
-            format_bytes(model.at(1).max(0.0) as u64),
-            format_bytes(target as u64),
-            100.0 * (1.0 - headroom),
-            format_bytes(limit)
-        ),
-    };
+    fill(&mut rec, &model, e.observations, target);
+    rec.reason = text::reason(&rec, &model, &why, target);
     memprof_api::truncate_utf8(&mut rec.reason, 512);
     rec
 }
 
-/// The model a recommendation carries, if it has one.
-pub fn model_in(rec: &BatchRecommendation) -> Option<LinearModel> {
-    if rec.method == METHOD_INSUFFICIENT {
-        return None;
+fn clamp_headroom(h: f64) -> f64 {
+    if h.is_finite() {
+        h.clamp(0.0, MAX_HEADROOM_FRACTION)
+    } else {
+        DEFAULT_HEADROOM_FRACTION
     }
-    Some(LinearModel {
-        static_bytes: rec.static_bytes? as f64,
-        per_sample_bytes: rec.per_sample_bytes.filter(|p| *p > 0)? as f64,
-        residual_bytes: rec.residual_bytes.unwrap_or(0) as f64,
-    })
 }
 
-/// The value a `scaleBatch` with `mode: fit` sets, from a recommendation.
+/// Recommended, next up, support and the unbacked value.
+fn fill(
+    rec: &mut BatchRecommendation,
+    model: &Model,
+    observations: &[BatchObservation],
+    target: f64,
+) {
+    let measured = measured_of(observations);
+    let highest = highest_batch(observations, MAX_BATCH);
+    let best = model.largest_fitting(1.0, highest, target, 1.0, &measured);
+    let tried = model.largest_to_try(1.0, highest, target, 1.0, &measured);
+    rec.recommended = best.map(|p| p.x as u64);
+    rec.support = best.map(|p| p.support.describe());
+    rec.predicted_peak_bytes = best.map(|p| p.peak_bytes.max(0.0) as u64);
+    rec.unbacked = tried
+        .filter(|t| best.is_none_or(|b| t.x > b.x))
+        .map(|t| t.x as u64);
+    let next = rec.recommended.map_or(1, |r| r + 1);
+    rec.next_up = Some(next);
+    rec.predicted_next_up_bytes = Some(model.curve.at(next as f64).max(0.0) as u64);
+}
+
+fn measured_of(observations: &[BatchObservation]) -> impl Fn(f64) -> Option<f64> + '_ {
+    move |x| {
+        observations
+            .iter()
+            .filter(|o| !censored(o) && o.batch as f64 == x)
+            .map(|o| o.peak_bytes as f64)
+            .reduce(f64::max)
+    }
+}
+
+/// The largest batch worth considering: below the smallest ceiling peak.
+fn highest_batch(observations: &[BatchObservation], at_most: u64) -> f64 {
+    let below_ceiling = ceiling_batch(observations).map_or(u64::MAX, |c| c.saturating_sub(1));
+    at_most.min(below_ceiling).min(MAX_BATCH) as f64
+}
+
+/// The answer of [`largest_fitting`].
 #[derive(Clone, Debug, PartialEq)]
-pub struct PolicyFit {
-    /// The value to set.
+pub struct Fitting {
+    /// The largest batch ≤ `at_most` predicted to fit (the backed one when
+    /// there is one).
     pub value: u64,
-    /// The arithmetic, short (for the plan's summary and the record).
+    /// Its predicted peak (at a measured batch: the higher of the prediction
+    /// and the measurement), bytes.
+    pub predicted_peak_bytes: u64,
+    /// The error allowed for there, bytes (peak + margin ≤ target).
+    pub margin_bytes: u64,
+    /// `limit × (1 − headroom)`, bytes.
+    pub target_bytes: u64,
+    /// Where `value` stands relative to the measured batches.
+    pub support: Support,
+    /// Whether the evidence backs `value` (act only then).
+    pub backed: bool,
+    /// The arithmetic, short: `fit twoBatchSizes: 66.5GiB + 205MiB × B,
+    /// ≤72.0GiB → 27 (interpolated …)`.
     pub note: String,
 }
 
-/// The value for a policy: the largest batch under the policy's headroom,
-/// rounded down to `round_to`, at least `minimum`. `Err` (with why) when the
-/// recommendation has too little evidence or is for another env var.
-pub fn policy_value(
+/// The largest batch ≤ `at_most` whose predicted peak plus margin stays
+/// under `limit × (1 − headroom_fraction)`, from the profile's
+/// recommendation: the largest the evidence backs, or, when none does, the
+/// largest the curve alone allows with `backed: false`. Every smaller batch
+/// fits too (memory does not grow when the batch shrinks). `Err` (with why)
+/// when there is no usable model, it is for another env var, or not even
+/// one sample fits.
+pub fn largest_fitting(
     rec: Option<&BatchRecommendation>,
     env: &str,
+    at_most: u64,
     headroom_fraction: f64,
-    minimum: u64,
-    round_to: Option<u64>,
-) -> Result<PolicyFit, String> {
+) -> Result<Fitting, String> {
     let Some(rec) = rec else {
         return Err("no batch recommendation in the MemoryProfile yet".into());
     };
@@ -393,119 +420,74 @@ pub fn policy_value(
         memprof_api::truncate_utf8(&mut why, 160);
         return Err(why);
     };
-    let headroom = headroom_fraction.clamp(0.0, MAX_HEADROOM_FRACTION);
-    let target = limit as f64 * (1.0 - headroom);
-    let largest = model.largest_within(target).unwrap_or(0);
-    let mut value = largest;
+    let target = limit as f64 * (1.0 - clamp_headroom(headroom_fraction));
+    let measured = measured_of(&rec.observations);
+    let highest = highest_batch(&rec.observations, at_most);
+    let found = model
+        .largest_fitting(1.0, highest, target, 1.0, &measured)
+        .or_else(|| model.largest_to_try(1.0, highest, target, 1.0, &measured));
+    let Some(p) = found else {
+        return Err(format!(
+            "no batch up to {at_most} fits: one sample is predicted at {}, over {}",
+            format_bytes(model.curve.at(1.0).max(0.0) as u64),
+            format_bytes(target as u64)
+        ));
+    };
+    let value = p.x as u64;
+    Ok(Fitting {
+        value,
+        predicted_peak_bytes: p.peak_bytes.max(0.0) as u64,
+        margin_bytes: p.margin_bytes as u64,
+        target_bytes: target as u64,
+        support: p.support,
+        backed: p.support.backed(),
+        note: format!(
+            "fit {}: {}, ≤{} → {value} ({})",
+            rec.method,
+            model.curve.describe("B"),
+            format_bytes(target as u64),
+            p.support.describe()
+        ),
+    })
+}
+
+/// The value a `scaleBatch` with `mode: fit` sets, from a recommendation.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PolicyFit {
+    /// The value to set.
+    pub value: u64,
+    /// The arithmetic, short (for the plan's summary and the record).
+    pub note: String,
+}
+
+/// The value for a policy: the largest backed batch ≤ `at_most` under the
+/// policy's headroom, rounded down to `round_to`, at least `minimum`. `Err`
+/// (with why) when there is no usable recommendation, or the only fitting
+/// value is one the evidence does not back (never acted on).
+pub fn policy_value(
+    rec: Option<&BatchRecommendation>,
+    env: &str,
+    headroom_fraction: f64,
+    minimum: u64,
+    round_to: Option<u64>,
+    at_most: u64,
+) -> Result<PolicyFit, String> {
+    let f = largest_fitting(rec, env, at_most, headroom_fraction)?;
+    if !f.backed {
+        return Err(format!(
+            "not backed: the curve would allow {}, but that is {}; the evidence backs no batch that fits",
+            f.value,
+            f.support.describe()
+        ));
+    }
+    let mut value = f.value;
     if let Some(r) = round_to.filter(|r| *r > 1) {
         value -= value % r;
     }
-    let value = value.max(minimum);
-    let note = format!(
-        "fit {}: {} + {}/sample, ≤{} → {largest}",
-        rec.method,
-        signed_bytes(model.static_bytes),
-        format_bytes(model.per_sample_bytes as u64),
-        format_bytes(target as u64),
-    );
-    Ok(PolicyFit { value, note })
-}
-
-/// Bytes for humans, negative ones with a sign.
-fn signed_bytes(v: f64) -> String {
-    if v < 0.0 {
-        format!("-{}", format_bytes((-v) as u64))
-    } else {
-        format_bytes(v as u64)
-    }
-}
-
-/// The recommendation for `memprof report` (indented as the report's other lines).
-pub fn render(rec: &BatchRecommendation) -> String {
-    let mut out = String::new();
-    let current = rec
-        .current
-        .map_or_else(|| "-".to_string(), |c| c.to_string());
-    let _ = write!(out, "  batch size: {} = {current} now; ", rec.env_var);
-    match rec.recommended {
-        Some(r) => {
-            let _ = write!(
-                out,
-                "largest safe {r} (predicted peak {})",
-                format_bytes(rec.predicted_peak_bytes.unwrap_or(0)),
-            );
-            if let (Some(n), Some(p)) = (rec.next_up, rec.predicted_next_up_bytes) {
-                let _ = write!(out, ", {n} predicted at {}", format_bytes(p));
-            }
-            let _ = writeln!(out);
-        }
-        None => {
-            let _ = writeln!(out, "no recommendation");
-        }
-    }
-    let _ = writeln!(out, "    {}: {}", rec.method, rec.reason);
-    if !rec.observations.is_empty() {
-        let seen: Vec<String> = rec
-            .observations
-            .iter()
-            .map(|o| {
-                format!(
-                    "{} -> {}{}",
-                    o.batch,
-                    format_bytes(o.peak_bytes),
-                    if censored(o) { " (at the ceiling)" } else { "" }
-                )
-            })
-            .collect();
-        let _ = writeln!(out, "    peaks seen: {}", seen.join(", "));
-    }
-    out
-}
-
-/// The arithmetic, line by line, for `memprof policy explain`.
-pub fn explain_lines(rec: &BatchRecommendation, headroom_fraction: f64) -> Vec<String> {
-    let Some(model) = model_in(rec) else {
-        return vec![format!("batch fit: too little evidence — {}", rec.reason)];
-    };
-    let limit = rec.limit_bytes.unwrap_or(0);
-    let headroom = headroom_fraction.clamp(0.0, MAX_HEADROOM_FRACTION);
-    let target = limit as f64 * (1.0 - headroom);
-    let mut lines = vec![
-        format!(
-            "batch fit ({}): peak = static + per-sample × batch",
-            rec.method
-        ),
-        format!(
-            "  static {}, per-sample {}{}",
-            signed_bytes(model.static_bytes),
-            format_bytes(model.per_sample_bytes as u64),
-            rec.residual_bytes
-                .map(|r| format!(", residual {}", format_bytes(r)))
-                .unwrap_or_default()
-        ),
-        format!(
-            "  limit {}, headroom {:.0}% → target {}",
-            format_bytes(limit),
-            100.0 * headroom,
-            format_bytes(target as u64)
-        ),
-    ];
-    match model.largest_within(target) {
-        Some(r) => {
-            lines.push(format!(
-                "  → recommended {} = {r} (predicted {}); next up {} predicted {}",
-                rec.env_var,
-                format_bytes(model.at(r).max(0.0) as u64),
-                r + 1,
-                format_bytes(model.at(r + 1).max(0.0) as u64)
-            ));
-        }
-        None => lines.push(format!(
-            "  → no batch fits: one sample is predicted at {}",
-            format_bytes(model.at(1).max(0.0) as u64)
-        )),
-    }
-    lines
+    Ok(PolicyFit {
+        value: value.max(minimum),
+        note: f.note,
+    })
 }
 
 #[cfg(test)]

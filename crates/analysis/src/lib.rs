@@ -19,6 +19,8 @@ pub mod evaluate;
 mod fit;
 pub mod host;
 pub mod hysteresis;
+pub mod memmodel;
+pub mod memsearch;
 mod risk;
 mod rollup;
 mod series;

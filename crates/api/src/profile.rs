@@ -226,6 +226,21 @@ pub struct BatchRecommendation {
     /// Root mean square of the fit's residuals, bytes (two batch sizes: 0, an exact line).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub residual_bytes: Option<u64>,
+    /// The memory model the values come from (the one `memprof sweep` uses):
+    /// its curve, error margin and the batches the evidence backs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<BatchFitModel>,
+    /// Where `recommended` stands relative to the evidence: `measured`,
+    /// `interpolated between measured values`, or `extrapolated N below the
+    /// smallest measured value M (-P%)`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 160))]
+    pub support: Option<String>,
+    /// The batch the curve alone would allow when the evidence does not back
+    /// it (further from the measured batches than a held-out check covered);
+    /// shown, never acted on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unbacked: Option<u64>,
     /// `agentBreakdown`, `twoBatchSizes` or `insufficient`.
     #[schemars(length(min = 1, max = 32))]
     pub method: String,
@@ -237,6 +252,43 @@ pub struct BatchRecommendation {
     #[schemars(length(max = 8))]
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub observations: Vec<BatchObservation>,
+}
+
+/// `peak = static + perSample × batch + perSampleSquared × batch²`, with
+/// what backs it. Chosen by how well each candidate predicts a measured
+/// batch it was not fitted on (leave-one-out); a curve with a negative
+/// static part, or that under-predicts its largest batch when fitted on the
+/// others, is refused.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct BatchFitModel {
+    /// `linear` or `quadratic`.
+    #[schemars(length(max = 16))]
+    pub family: String,
+    /// Bytes at batch 0 (weights, gradients, optimizer state, context).
+    pub static_bytes: i64,
+    /// Bytes per sample.
+    pub per_sample_bytes: f64,
+    /// Bytes per sample squared (0 for a line).
+    #[serde(default)]
+    pub per_sample_squared_bytes: f64,
+    /// Error allowed for in every prediction: the worst held-out error, at
+    /// least the allocator's noise floor (doubled at a full step beyond the
+    /// measured batches), bytes.
+    pub margin_bytes: u64,
+    /// Root mean square of the held-out errors, bytes; absent with two points.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_out_error_bytes: Option<u64>,
+    /// Points fitted.
+    pub points: u32,
+    /// Smallest batch fitted (0: the agent breakdown's static part).
+    pub measured_min: u64,
+    /// Largest batch fitted.
+    pub measured_max: u64,
+    /// Smallest batch the evidence backs.
+    pub backed_min: u64,
+    /// Largest batch the evidence backs.
+    pub backed_max: u64,
 }
 
 /// The highest GPU peak seen while the Job ran with one batch size.

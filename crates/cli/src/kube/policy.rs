@@ -354,8 +354,10 @@ mod tests {
     fn explains_the_batch_fit_arithmetic() {
         use memprof_analysis::batchfit::{observe, recommend, Evidence};
         let g = |x: f64| (x * (1u64 << 30) as f64) as u64;
+        // 66.5 GiB + 0.2 GiB/sample seen at 64, 48 and 36 (the Job now at 32).
         let seen = observe(&[], Some(64), g(79.3), g(80.0));
         let seen = observe(&seen, Some(48), g(76.1), g(80.0));
+        let seen = observe(&seen, Some(36), g(73.7), g(80.0));
         let rec = recommend(&Evidence {
             env_var: "BATCH_SIZE",
             current: Some(32),
@@ -375,13 +377,19 @@ mod tests {
         sb.minimum = 4;
         let out = render(&status, &[p]);
         assert!(
-            out.contains("acts now: scaleBatch BATCH_SIZE 32->27 (fit twoBatchSizes: "),
+            out.contains("acts now: scaleBatch BATCH_SIZE 32->25 (fit twoBatchSizes: "),
             "{out}"
         );
-        assert!(
-            out.contains("  batch fit (twoBatchSizes): peak = static + per-sample × batch\n    static 66.5GiB, per-sample 205MiB, residual 0B\n    limit 80.0GiB, headroom 10% → target 72.0GiB\n    → recommended BATCH_SIZE = 27 (predicted 71.9GiB); next up 28 predicted 72.1GiB"),
-            "{out}"
-        );
+        for line in [
+            "  batch fit (twoBatchSizes, linear): peak = 66.5GiB + 205MiB × B\n",
+            "    3 point(s) at batches 36..64; held-out error ",
+            "    backed for batches 24..80 (between measured batches, or one held-out step beyond)\n",
+            "    limit 80.0GiB, headroom 10% → target 72.0GiB\n",
+            "    → BATCH_SIZE = 25 (predicted 71.5GiB + margin ",
+            "extrapolated 11 below the smallest measured value 36 (-31%)); next up 26 predicted 71.7GiB",
+        ] {
+            assert!(out.contains(line), "{line:?} in {out}");
+        }
         // Too little evidence: said, and the factor is what would happen.
         let thin = MemoryProfileStatus {
             risk: RiskLevel::Critical,

@@ -439,10 +439,10 @@ mod tests {
             peak_bytes: (gib * GIB as f64) as u64,
             total_bytes: 80 * GIB,
         };
-        let seen = [obs(48, 76.1), obs(64, 79.3)];
+        let seen = [obs(36, 73.7), obs(48, 76.1), obs(64, 79.3)];
         let rec = recommend(&Evidence {
             env_var: "BATCH_SIZE",
-            current: Some(48),
+            current: Some(36),
             limit_bytes: Some(80 * GIB),
             headroom_fraction: DEFAULT_HEADROOM_FRACTION,
             breakdown: None,
@@ -465,7 +465,7 @@ mod tests {
             "{report}"
         );
         assert!(
-            report.contains("batch size: BATCH_SIZE = 48 now; largest safe 27"),
+            report.contains("batch size: BATCH_SIZE = 36 now; largest safe 25 (predicted peak 71.5GiB; extrapolated 11 below"),
             "{report}"
         );
     }

@@ -251,9 +251,9 @@ fn sweep_rows(a: &SweepResult, b: &SweepResult) -> Vec<Row> {
         let scope = format!("model {} {}", m.variable, fixed.join(" "));
         let scope = scope.trim_end();
         let fit = |x: Option<&crate::local::sweep::model::Model>,
-                   f: fn(&crate::local::sweep::model::LineFit) -> f64| {
+                   f: fn(&memprof_analysis::memmodel::Curve) -> f64| {
             x.and_then(|m| m.fit.as_ref())
-                .map(f)
+                .map(|m| f(&m.curve))
                 .map_or(Value::Null, Value::from)
         };
         rows.push(row(

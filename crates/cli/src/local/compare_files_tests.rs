@@ -151,11 +151,12 @@ fn two_sweeps_compare_their_models() {
     let model = |safe: f64, per_unit: f64| {
         format!(
             r#"{{"variable":"BATCH_SIZE","fixed":{{}},"metric":"reserved","verdict":"fitted",
-            "points":[],"ovmValues":[],"oomValues":[],"fit":{{"staticBytes":6e9,"perUnitBytes":{per_unit},"n":3,
-            "rmsResidualBytes":0.0,"maxResidualBytes":0.0,"r2":1.0}},"deviceTotalBytes":8e10,
-            "headroom":0.1,"limitBytes":7.2e10,"largestSafe":{safe},"largestSafePeakBytes":null,
-            "largestSafeTested":true,"modelBound":null,"nextUp":null,"nextUpPredictedBytes":null,
-            "nextUpObserved":null,"overriddenByOomAt":null,"agrees":true,"notes":[]}}"#
+            "points":[],"oomValues":[],"fit":{{"curve":{{"family":"linear","staticBytes":6e9,"perUnitBytes":{per_unit}}},
+            "n":3,"xMin":8.0,"xMax":32.0,"rmsResidualBytes":0.0,"maxResidualBytes":0.0,"heldOut":[],
+            "heldOutRmsBytes":null,"marginBytes":6.7e7,"supportMin":8.0,"supportMax":32.0,"notes":[]}},
+            "noModel":null,"deviceTotalBytes":8e10,"headroom":0.1,"limitBytes":7.2e10,"step":8.0,
+            "largestSafe":{safe},"largestSafePeakBytes":null,"bound":null,"predicted":null,"verified":true,
+            "search":null,"trials":[],"agrees":true,"notes":[]}}"#
         )
     };
     let a = sweep("", &model(128.0, 5e8));

@@ -81,6 +81,15 @@ impl Progress {
         }
     }
 
+    /// The number of steps grows (or shrinks) to `total`: a run whose later
+    /// steps depend on its earlier ones (`memprof sweep`'s verification).
+    pub fn set_total(&mut self, total: u64) {
+        self.total = total;
+        if let Some(b) = &self.bar {
+            b.set_length(total);
+        }
+    }
+
     /// Step `done` (0-based count of finished steps) starts, named `label`.
     pub fn start(&self, done: u64, label: &str) {
         match &self.bar {

@@ -3,7 +3,7 @@
 
 use super::axis::{format_value, Unit};
 use super::svg::{open, text, Area, CHAR_W};
-use super::{escape_xml as esc, Heatmap};
+use super::{escape_xml as esc, HeatOptions, Heatmap};
 use std::fmt::Write as _;
 
 /// Viridis at five stops, for a sequential colour scale readable in grey.
@@ -90,7 +90,7 @@ impl Grid {
     }
 }
 
-pub fn heatmap(c: &Heatmap) -> String {
+pub fn heatmap(c: &Heatmap, opts: &HeatOptions) -> String {
     let g = Grid::of(c);
     let (lo, hi) = c.range();
     // Wide enough for the title (17 px bold: about 10.5 px a character),
@@ -100,7 +100,7 @@ pub fn heatmap(c: &Heatmap) -> String {
     let h = (g.a.bottom + g.col_h + 76.0).max(g.a.top + 230.0);
     let mut out = String::new();
     open(&mut out, w, h, &c.title);
-    cells(&mut out, c, &g, lo, hi);
+    cells(&mut out, c, opts, &g, lo, hi);
     labels(&mut out, c, &g);
     colour_bar(&mut out, g.a.right + 24.0, g.a.top, lo, hi, c.unit);
     out.push_str("</svg>\n");
@@ -109,7 +109,7 @@ pub fn heatmap(c: &Heatmap) -> String {
 
 /// The cells, coloured from `lo` to `hi`, each with its value as a tooltip
 /// (and as text when the cells are large enough).
-fn cells(out: &mut String, c: &Heatmap, g: &Grid, lo: f64, hi: f64) {
+fn cells(out: &mut String, c: &Heatmap, opts: &HeatOptions, g: &Grid, lo: f64, hi: f64) {
     let (a, cw, ch) = (&g.a, g.cw, g.ch);
     let cell = |r: usize, k: usize| {
         c.values
@@ -127,8 +127,19 @@ fn cells(out: &mut String, c: &Heatmap, g: &Grid, lo: f64, hi: f64) {
                 Some(_) => viridis(1.0),
                 None => ("#eeeeee".to_string(), false),
             };
-            let shown = v.map_or("missing".into(), |v| format_value(v, c.unit));
-            let tip = format!("{} / {}: {shown}", c.rows[r], c.cols[k]);
+            let word = opts
+                .labels
+                .get(r)
+                .and_then(|row| row.get(k).cloned().flatten());
+            let shown = word
+                .clone()
+                .unwrap_or_else(|| v.map_or("–".into(), |v| format_value(v, c.unit)));
+            let tip = format!(
+                "{} / {}: {}",
+                c.rows[r],
+                c.cols[k],
+                word.unwrap_or_else(|| v.map_or("missing".into(), |v| format_value(v, c.unit)))
+            );
             let _ = write!(
                 out,
                 r##"<rect x="{x0:.1}" y="{y0:.1}" width="{cw:.1}" height="{ch:.1}" fill="{fill}" stroke="#ffffff" stroke-width="{}"><title>{}</title></rect>"##,
@@ -136,7 +147,7 @@ fn cells(out: &mut String, c: &Heatmap, g: &Grid, lo: f64, hi: f64) {
                 esc(&tip)
             );
             if show_values {
-                let label = v.map_or("–".into(), |v| format_value(v, c.unit));
+                let label = shown;
                 let fill = if white { "#ffffff" } else { "#000000" };
                 let style = format!(r#" fill="{fill}" font-size="10""#);
                 text(

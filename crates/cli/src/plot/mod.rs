@@ -234,10 +234,23 @@ impl StackedBars {
     }
 }
 
+/// Drawing options of a [`Heatmap`] beyond its data (kept out of the
+/// chart so that adding one changes no caller).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct HeatOptions {
+    /// `labels[row][col]`: a word written in the cell instead of its value
+    /// (a sweep's `OOM`); the cell keeps its colour, or the missing grey.
+    pub labels: Vec<Vec<Option<String>>>,
+}
+
 impl Heatmap {
     /// The chart as a standalone SVG document (its size follows the grid).
     pub fn to_svg(&self) -> String {
-        heat::heatmap(self)
+        heat::heatmap(self, &HeatOptions::default())
+    }
+    /// The chart as SVG with drawing options.
+    pub fn to_svg_with(&self, opts: &HeatOptions) -> String {
+        heat::heatmap(self, opts)
     }
     /// The grid as shaded cells, `cols` characters wide at most (`rows`
     /// caps the number of lines).

@@ -1,6 +1,8 @@
 //! `scaleBatch` with `mode: fit`: the batch computed by `analysis::batchfit`
-//! from the profile's `batchRecommendation`, or the factor when the
-//! evidence is too thin, said in the change's note and an Event.
+//! from the profile's `batchRecommendation` (the one memory model), or the
+//! factor when the evidence is too thin or does not back the value (an
+//! extrapolation further than a held-out check covered is never acted on),
+//! said in the change's note and an Event.
 
 use super::{env_changes, EnvChange, PlanError, Step, REASON_BATCH_FIT, REASON_BATCH_FIT_FALLBACK};
 use memprof_analysis::batchfit;
@@ -23,42 +25,24 @@ pub(super) fn scale_batch(
     if s.mode != Some(ScaleMode::Fit) {
         return Ok((by_factor, None));
     }
+    let from = by_factor.iter().map(|c| c.from).max().unwrap_or(0);
     let computed = batchfit::policy_value(
         fit,
         &s.env,
         s.headroom_fraction(),
         u64::from(s.minimum),
         s.round_to.map(u64::from),
+        from,
     );
-    let from = by_factor.iter().map(|c| c.from).max().unwrap_or(0);
     // `note` goes into the summary (and so the record); `why` into the Event.
     let (changes, reason, note, why) = match computed {
         Ok(f) if f.value < from => {
             let changes = env_changes(job, &s.env, s.container.as_deref(), &scale, Some(f.value))?;
             (changes, REASON_BATCH_FIT, f.note.clone(), f.note)
         }
-        Ok(f) => (
-            by_factor,
-            REASON_BATCH_FIT_FALLBACK,
-            format!("fit says {from} fits, factor {}", s.factor),
-            format!(
-                "the fit says {} {from} fits (computed {}: {}), yet the policy fired: the evidence \
-                 and the trigger disagree, so the factor {} is used",
-                s.env, f.value, f.note, s.factor
-            ),
-        ),
-        Err(why) => {
-            let what = if why.starts_with("too little evidence") {
-                "too little evidence"
-            } else {
-                "no usable recommendation"
-            };
-            (
-                by_factor,
-                REASON_BATCH_FIT_FALLBACK,
-                format!("fit: {what}, factor {}", s.factor),
-                format!("{why}; so the factor {} is used", s.factor),
-            )
+        other => {
+            let (note, why) = fallback(s, from, other);
+            (by_factor, REASON_BATCH_FIT_FALLBACK, note, why)
         }
     };
     let changes = changes
@@ -77,4 +61,38 @@ pub(super) fn scale_batch(
             message,
         }),
     ))
+}
+
+/// The record's note and the Event's sentence when the factor is used: the
+/// fit says the current batch fits (it contradicts the trigger), or there
+/// is no value to act on (too little evidence, not backed, no usable
+/// recommendation).
+fn fallback(
+    s: &ScaleBatchAction,
+    from: u64,
+    computed: Result<batchfit::PolicyFit, String>,
+) -> (String, String) {
+    match computed {
+        Ok(f) => (
+            format!("fit says {from} fits, factor {}", s.factor),
+            format!(
+                "the fit says {} {from} fits (computed {}: {}), yet the policy fired: the evidence \
+                 and the trigger disagree, so the factor {} is used",
+                s.env, f.value, f.note, s.factor
+            ),
+        ),
+        Err(why) => {
+            let what = if why.starts_with("too little evidence") {
+                "too little evidence"
+            } else if why.starts_with("not backed") {
+                "not backed by the measured batches"
+            } else {
+                "no usable recommendation"
+            };
+            (
+                format!("fit: {what}, factor {}", s.factor),
+                format!("{why}; so the factor {} is used", s.factor),
+            )
+        }
+    }
 }

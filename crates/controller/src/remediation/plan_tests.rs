@@ -269,20 +269,39 @@ fn fit_policy(minimum: u32, round_to: Option<u32>) -> RemediationPolicy {
     policy(vec![a])
 }
 
-/// 66.5 GiB + 0.2 GiB/sample seen at batches 48 and 64 on an 80 GiB GPU.
-fn two_batches() -> memprof_api::BatchRecommendation {
+/// 66.5 GiB + 0.2 GiB/sample seen at `batches` on an 80 GiB GPU, the Job
+/// now at the last of them.
+fn batches(batches: &[u64]) -> memprof_api::BatchRecommendation {
     use memprof_analysis::batchfit::{observe, recommend, Evidence};
     const G: f64 = (1u64 << 30) as f64;
-    let seen = observe(&[], Some(64), (79.3 * G) as u64, 80 << 30);
-    let seen = observe(&seen, Some(48), (76.1 * G) as u64, 80 << 30);
+    let mut seen = vec![];
+    for &b in batches {
+        seen = observe(
+            &seen,
+            Some(b),
+            ((66.5 + 0.2 * b as f64) * G) as u64,
+            80 << 30,
+        );
+    }
     recommend(&Evidence {
         env_var: "BATCH_SIZE",
-        current: Some(64),
+        current: batches.last().copied(),
         limit_bytes: Some(80 << 30),
         headroom_fraction: 0.1,
         breakdown: None,
         observations: &seen,
     })
+}
+
+/// Seen at 64 and 48: a line with nothing held out.
+fn two_batches() -> memprof_api::BatchRecommendation {
+    batches(&[64, 48])
+}
+
+/// Seen at 64, 48 and 36: each predicted from the others; the line is
+/// backed one step (12) below 36.
+fn three_batches() -> memprof_api::BatchRecommendation {
+    batches(&[64, 48, 36])
 }
 
 fn build_fit(
@@ -304,18 +323,19 @@ fn build_fit(
 
 #[test]
 fn mode_fit_sets_the_computed_batch_with_minimum_and_round_to() {
-    let rec = two_batches();
-    let j = job(json!("64"));
-    // (72 - 66.5) / 0.2 = 27.5: 27; the factor would give 48.
+    let rec = three_batches();
+    let j = job(json!("36"));
+    // (72 - 66.5) / 0.2 = 27.5 on the line; with the margin 25, 11 below
+    // 36, within the held-out step; the factor would give 27.
     let plan = build_fit(&fit_policy(4, None), &j, Some(&rec));
     let (changes, manifest) = plan.recreate().unwrap();
-    assert_eq!((changes[0].from, changes[0].to), (64, 27));
+    assert_eq!((changes[0].from, changes[0].to), (36, 25));
     assert_eq!(
         manifest["spec"]["template"]["spec"]["containers"][0]["env"][1]["value"],
-        "27"
+        "25"
     );
     assert!(
-        plan.summary().starts_with("scaleBatch BATCH_SIZE 64->27 (fit twoBatchSizes: 66.5GiB + 205MiB/sample, ≤72.0GiB → 27)"),
+        plan.summary().starts_with("scaleBatch BATCH_SIZE 36->25 (fit twoBatchSizes: 66.5GiB + 205MiB × B, ≤72.0GiB → 25 (extrapolated 11 below the smallest measured value 36 (-31%)))"),
         "{}",
         plan.summary()
     );
@@ -326,6 +346,32 @@ fn mode_fit_sets_the_computed_batch_with_minimum_and_round_to() {
     assert_eq!(plan.recreate().unwrap().0[0].to, 24, "rounded down to 8");
     let plan = build_fit(&fit_policy(32, Some(8)), &j, Some(&rec));
     assert_eq!(plan.recreate().unwrap().0[0].to, 32, "never below minimum");
+}
+
+#[test]
+fn mode_fit_never_acts_on_an_extrapolation_it_cannot_back() {
+    // Two batches: the line says 25, 23 below 48 with nothing held out.
+    let plan = build_fit(
+        &fit_policy(4, None),
+        &job(json!("48")),
+        Some(&two_batches()),
+    );
+    assert_eq!(plan.recreate().unwrap().0[0].to, 36, "48 × 0.75");
+    assert!(
+        plan.summary().starts_with(
+            "scaleBatch BATCH_SIZE 48->36 (fit: not backed by the measured batches, factor 0.75)"
+        ),
+        "{}",
+        plan.summary()
+    );
+    let Some(Step::Event { reason, message }) = plan.steps.last() else {
+        panic!("no Event: {:?}", plan.steps);
+    };
+    assert_eq!(reason, REASON_BATCH_FIT_FALLBACK);
+    assert!(
+        message.contains("the curve would allow 25, but that is unsupported: 23 below the smallest measured value 48 (-48%)"),
+        "{message}"
+    );
 }
 
 #[test]
@@ -367,15 +413,15 @@ fn mode_fit_without_evidence_falls_back_to_the_factor_and_says_so() {
         message.contains("1 batch size(s) observed, at least 2 needed"),
         "{message}"
     );
-    // A fit at or above the current value contradicts the trigger: factor.
+    // A fit at the current value contradicts the trigger: factor.
     let plan = build_fit(
         &fit_policy(4, None),
-        &job(json!("16")),
-        Some(&two_batches()),
+        &job(json!("25")),
+        Some(&three_batches()),
     );
-    assert_eq!(plan.recreate().unwrap().0[0].to, 12);
+    assert_eq!(plan.recreate().unwrap().0[0].to, 18);
     assert!(
-        plan.summary().contains("(fit says 16 fits, factor 0.75)"),
+        plan.summary().contains("(fit says 25 fits, factor 0.75)"),
         "{}",
         plan.summary()
     );

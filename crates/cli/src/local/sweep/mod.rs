@@ -3,21 +3,29 @@
 //! configuration's allocator cache never colours the next), with the agent
 //! auto-enabled, a step budget and a timeout per run; records each run's
 //! peaks, breakdown, step time and OOM; fits peak = static + perUnit × value
-//! per swept variable and prints the largest safe value under the headroom.
+//! with the one memory model (`memprof_analysis::memmodel`) per swept
+//! variable, then verifies: the model proposes the largest value it expects
+//! to fit and real runs decide, bisecting between what ran and what failed
+//! (`verify.rs`), so that the value called safe is one that ran.
 //! docs/sweep.md describes the output.
 
+pub mod charts;
 pub mod grid;
 pub mod html;
 pub mod model;
 pub mod output;
+pub mod pictures;
 pub mod record;
 pub mod runner;
+pub mod session;
+pub mod verify;
 
 use crate::local::sweep::grid::Config;
 use crate::local::sweep::model::{Metric, Target};
 use crate::local::sweep::output::SweepResult;
 use crate::local::sweep::record::{RunRecord, Status};
 use crate::local::sweep::runner::Plan;
+use crate::local::sweep::session::Session;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -46,6 +54,17 @@ pub struct Args {
     /// The peak the model fits.
     #[arg(long, value_enum, default_value_t = Metric::Reserved)]
     pub metric: Metric,
+    /// Skip the verification runs: the model's prediction is printed as
+    /// not verified, and only values that ran are called safe.
+    #[arg(long)]
+    pub no_verify: bool,
+    /// Most verification runs per model (per swept variable and group).
+    #[arg(long, default_value_t = 4)]
+    pub verify_runs: usize,
+    /// The step a variable's values are searched on, e.g. `--step
+    /// BATCH_SIZE=8` (default: the greatest common divisor of its values).
+    #[arg(long, value_name = "VAR=N")]
+    pub step: Vec<String>,
     /// Run each configuration through `memprof profile` (a standalone
     /// sidecar next to it) to record the NVML peak.
     #[arg(long)]
@@ -67,6 +86,16 @@ pub struct Args {
     /// (default: a temporary directory, removed at the end).
     #[arg(long)]
     pub logs: Option<PathBuf>,
+    /// How often the agent pushes (`MEMPROF_AGENT_INTERVAL`): each run's
+    /// memory timeline has one point per push (`250ms`, `1s`; 10ms..60s).
+    #[arg(long, default_value = "250ms")]
+    pub agent_interval: String,
+    /// Write every chart as SVG and PNG into this directory: the peak per
+    /// swept variable, the memory timeline per configuration, the peak
+    /// heatmap over two variables, one step's forward/backward/optimizer
+    /// timeline, the breakdown and the memory/step-time trade-off.
+    #[arg(long)]
+    pub plot_dir: Option<PathBuf>,
     /// The agent tree started in the command with no code change (the
     /// image's /opt/memprof/agent, or a checkout's agent/python).
     #[arg(long)]
@@ -96,6 +125,9 @@ pub enum SweepError {
     /// A run could not be set up.
     #[error(transparent)]
     Run(#[from] runner::RunError),
+    /// A chart could not be written.
+    #[error(transparent)]
+    Image(#[from] crate::plot::ImageError),
     /// An output file could not be written.
     #[error("cannot write {path}: {source}; check the directory exists and is writable")]
     Write {
@@ -110,11 +142,11 @@ pub enum SweepError {
 /// run ended ok or in an OOM (both are results), 1 when none did, 130 when
 /// interrupted.
 pub async fn run(args: Args) -> anyhow::Result<i32> {
-    let command = args.command.clone();
     let configs = plan_grid(&args)?;
+    let target = target_of(&args)?;
     let (dir, temporary) = log_dir(args.logs.as_deref())?;
     let plan = Plan {
-        command,
+        command: args.command.clone(),
         steps: (args.steps > 0).then_some(args.steps),
         timeout: Duration::from_secs_f64(args.timeout),
         tree: crate::local::profile::agent_tree(args.agent_path.as_deref()),
@@ -122,20 +154,72 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         nvml: args.nvml,
         memprof_exe: std::env::current_exe()?,
         dir: dir.clone(),
+        agent_interval: args.agent_interval.clone(),
     };
     if plan.tree.is_none() {
         eprintln!("memprof sweep: no agent tree at {} (--agent-path): only a command that starts memprof_agent itself writes a summary", args.agent_path.as_deref().map_or(memprof_api::DEFAULT_AGENT_SOURCE.into(), |p| p.display().to_string()));
     }
     let started_at = jiff::Timestamp::now().to_string();
-    let (runs, interrupted) = run_all(&plan, &configs).await;
+    let mut session = Session::new(&plan, configs.len());
+    let outcome = run_all(&args, &mut session, &configs, &target).await;
+    session.finish();
     if temporary {
         let _ = std::fs::remove_dir_all(&dir);
     }
-    let runs = runs?;
-    let result = conclude(&args, started_at, runs, interrupted);
+    let (runs, interrupted) = outcome?;
+    let result = conclude(&args, &target, started_at, runs, interrupted);
     print_result(&result);
     write_outputs(&args, &result)?;
     Ok(exit_code(&result))
+}
+
+/// The grid, then the verification runs; stops at Ctrl-C.
+async fn run_all(
+    args: &Args,
+    session: &mut Session<'_>,
+    configs: &[Config],
+    target: &Target,
+) -> Result<(Vec<RunRecord>, bool), SweepError> {
+    let mut runs = vec![];
+    for config in configs {
+        match session.run(config, None).await? {
+            Some(r) => runs.push(r),
+            None => return Ok((runs, true)),
+        }
+    }
+    let budget = if args.no_verify { 0 } else { args.verify_runs };
+    let interrupted = verify::verify(session, &variables(args), target, budget, &mut runs).await?;
+    Ok((runs, interrupted))
+}
+
+fn variables(args: &Args) -> Vec<String> {
+    args.vary
+        .iter()
+        .filter_map(|v| grid::parse_vary(v).ok().map(|v| v.name))
+        .collect()
+}
+
+/// The model's inputs from the flags; `--step VAR=N` parsed.
+fn target_of(args: &Args) -> Result<Target, SweepError> {
+    let mut steps = std::collections::BTreeMap::new();
+    for s in &args.step {
+        let parsed = s
+            .split_once('=')
+            .and_then(|(k, v)| Some((k.trim(), v.trim().parse::<u64>().ok()?)))
+            .filter(|(_, n)| *n >= 1);
+        let Some((name, n)) = parsed else {
+            return Err(SweepError::Flag(format!(
+                "--step {s:?}: expected VAR=N with N a whole number >= 1, e.g. --step BATCH_SIZE=8"
+            )));
+        };
+        steps.insert(name.to_string(), n as f64);
+    }
+    Ok(Target {
+        metric: args.metric,
+        headroom: args.headroom,
+        limit_override: args.limit_bytes,
+        steps,
+    })
 }
 
 fn plan_grid(args: &Args) -> Result<Vec<Config>, SweepError> {
@@ -154,6 +238,14 @@ fn plan_grid(args: &Args) -> Result<Vec<Config>, SweepError> {
         return Err(SweepError::Flag(format!(
             "--timeout {} must be a positive number of seconds",
             args.timeout
+        )));
+    }
+    let interval = memprof_api::interval::parse_interval(&args.agent_interval)
+        .map_err(|e| SweepError::Flag(format!("--agent-interval: {e}")))?;
+    if !(0.01..=60.0).contains(&interval.as_secs_f64()) {
+        return Err(SweepError::Flag(format!(
+            "--agent-interval {}: the agent pushes every 10ms to 60s",
+            args.agent_interval
         )));
     }
     let varies = args
@@ -182,78 +274,18 @@ fn log_dir(logs: Option<&Path>) -> Result<(PathBuf, bool), SweepError> {
     Ok((dir, temporary))
 }
 
-/// Runs every configuration in turn; stops at Ctrl-C (the run in flight is
-/// killed and not recorded).
-async fn run_all(plan: &Plan, configs: &[Config]) -> (Result<Vec<RunRecord>, SweepError>, bool) {
-    let mut progress = Progress::new(configs.len());
-    let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).ok();
-    let mut runs = vec![];
-    for (i, config) in configs.iter().enumerate() {
-        progress.starting(i, config);
-        let cancel = async {
-            match sigint.as_mut() {
-                Some(s) => {
-                    s.recv().await;
-                }
-                None => std::future::pending().await,
-            }
-        };
-        let (outcome, cancelled) = match runner::run_one(plan, i, config, cancel).await {
-            Ok(x) => x,
-            Err(e) => return (Err(e.into()), false),
-        };
-        if cancelled {
-            progress.finish();
-            eprintln!(
-                "memprof sweep: interrupted; {} of {} configurations done",
-                runs.len(),
-                configs.len()
-            );
-            return (Ok(runs), true);
-        }
-        let mut r = record::record(
-            i,
-            config,
-            &outcome.exit,
-            outcome.duration_seconds,
-            outcome.summary,
-            &outcome.stderr_tail,
-        );
-        if outcome.nvml_peak_bytes.is_some() {
-            r.nvml_peak_bytes = outcome.nvml_peak_bytes;
-        }
-        r.nvml_note = r
-            .nvml_peak_bytes
-            .is_none()
-            .then_some(outcome.nvml_note)
-            .flatten();
-        progress.done(i, config, &r);
-        runs.push(r);
-    }
-    progress.finish();
-    (Ok(runs), false)
-}
-
 fn conclude(
     args: &Args,
+    target: &Target,
     started_at: String,
     runs: Vec<RunRecord>,
     interrupted: bool,
 ) -> SweepResult {
-    let variables: Vec<String> = args
-        .vary
-        .iter()
-        .filter_map(|v| grid::parse_vary(v).ok().map(|v| v.name))
-        .collect();
-    let target = Target {
-        metric: args.metric,
-        headroom: args.headroom,
-        limit_override: args.limit_bytes,
-    };
+    let variables = variables(args);
     let models = model::models(&variables, &runs, target);
     SweepResult {
         kind: output::KIND.into(),
-        version: 1,
+        version: output::VERSION,
         started_at,
         command: args.command.clone(),
         variables,
@@ -263,6 +295,8 @@ fn conclude(
         headroom: args.headroom,
         limit_bytes: args.limit_bytes,
         nvml: args.nvml,
+        verify_runs: if args.no_verify { 0 } else { args.verify_runs },
+        agent_interval: args.agent_interval.clone(),
         interrupted,
         note: args.note.clone(),
         runs,
@@ -300,6 +334,32 @@ fn write_outputs(args: &Args, r: &SweepResult) -> Result<(), SweepError> {
     if let Some(p) = &args.html {
         write(p, html::render(r))?;
     }
+    if let Some(dir) = &args.plot_dir {
+        write_plots(dir, r)?;
+    }
+    Ok(())
+}
+
+/// Every chart as `NAME.svg` and `NAME.png` in `dir`; prints what it wrote.
+fn write_plots(dir: &Path, r: &SweepResult) -> Result<(), SweepError> {
+    std::fs::create_dir_all(dir).map_err(|source| SweepError::Dir {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    let mut names = vec![];
+    for f in charts::figures(r) {
+        for ext in ["svg", "png"] {
+            let path = dir.join(format!("{}.{ext}", f.file));
+            crate::plot::write_image(&path, &f.svg)?;
+        }
+        names.push(f.file);
+    }
+    eprintln!(
+        "memprof sweep: wrote {} chart(s) as SVG and PNG to {}: {}",
+        names.len(),
+        dir.display(),
+        names.join(", ")
+    );
     Ok(())
 }
 
@@ -345,58 +405,6 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
         }
     };
     Ok((n * mult).round() as u64)
-}
-
-/// Progress on stderr: a bar redrawn in place on a terminal, one line per
-/// finished run otherwise (logs, CI).
-struct Progress {
-    tty: bool,
-    total: usize,
-}
-
-impl Progress {
-    fn new(total: usize) -> Self {
-        Progress {
-            tty: std::io::IsTerminal::is_terminal(&std::io::stderr()),
-            total,
-        }
-    }
-
-    fn starting(&mut self, i: usize, config: &Config) {
-        let mut err = std::io::stderr().lock();
-        if self.tty {
-            let _ = write!(
-                err,
-                "\r\x1b[2K{}",
-                output::bar(i, self.total, &config.label(), 30)
-            );
-        } else {
-            let _ = writeln!(
-                err,
-                "memprof sweep: [{}/{}] {}: running",
-                i + 1,
-                self.total,
-                config.label()
-            );
-        }
-        let _ = err.flush();
-    }
-
-    fn done(&mut self, i: usize, config: &Config, r: &RunRecord) {
-        let line = output::run_line(i + 1, self.total, config, r);
-        let mut err = std::io::stderr().lock();
-        if self.tty {
-            let _ = writeln!(err, "\r\x1b[2K{line}");
-        } else {
-            let _ = writeln!(err, "memprof sweep: {line}");
-        }
-    }
-
-    fn finish(&mut self) {
-        if self.tty {
-            let _ = write!(std::io::stderr(), "\r\x1b[2K");
-        }
-    }
 }
 
 #[cfg(test)]

@@ -1,10 +1,14 @@
-//! The model on recorded numbers.
+//! The sweep's models on recorded numbers: grouping, what is called safe,
+//! what is only predicted, and the words.
 
 use super::*;
+use memprof_analysis::memmodel::{Family, Support};
 
 const GB: f64 = 1e9;
+const GIB: f64 = (1u64 << 30) as f64;
+const H100: Option<u64> = Some(80_000_000_000);
 
-/// A run of a batch sweep: `(batch, status, peak reserved)`.
+/// A run: `(variable, value)` pairs, status, peak reserved, device total.
 fn run(vars: &[(&str, &str)], status: Status, peak: Option<f64>, total: Option<u64>) -> RunRecord {
     RunRecord {
         values: vars
@@ -20,10 +24,8 @@ fn run(vars: &[(&str, &str)], status: Status, peak: Option<f64>, total: Option<u
     }
 }
 
-const H100: Option<u64> = Some(80_000_000_000);
-
 /// A LoRA fine-tune's peaks as a sweep records them: 6 GB static, 0.5 GB
-/// per sample, a few MB of allocator noise.
+/// per sample, a few MB of allocator noise; OOM above the device.
 fn batch_sweep(oom_at: &[u32]) -> Vec<RunRecord> {
     let noise = [3e6, -2e6, 4e6, -5e6, 1e6, 2e6];
     [8u32, 16, 32, 64, 128, 256]
@@ -45,7 +47,7 @@ fn target() -> Target {
     Target {
         metric: Metric::Reserved,
         headroom: 0.1,
-        limit_override: None,
+        ..Default::default()
     }
 }
 
@@ -54,124 +56,145 @@ fn vars(v: &[&str]) -> Vec<String> {
 }
 
 #[test]
-fn least_squares_recovers_the_line_and_its_residuals() {
-    let exact = least_squares(&[(1.0, 5.0), (2.0, 7.0), (4.0, 11.0)]).unwrap();
-    assert!((exact.static_bytes - 3.0).abs() < 1e-9);
-    assert!((exact.per_unit_bytes - 2.0).abs() < 1e-9);
-    assert!(exact.rms_residual_bytes < 1e-9);
-    assert_eq!(exact.r2.map(|r| (r * 1e6).round()), Some(1e6));
-    // y = 1 + x with residuals +1, -1, +1, -1 around it.
-    let noisy = least_squares(&[(0.0, 2.0), (1.0, 1.0), (2.0, 4.0), (3.0, 3.0)]).unwrap();
-    assert!((noisy.per_unit_bytes - 0.6).abs() < 1e-9);
-    assert!((noisy.static_bytes - 1.6).abs() < 1e-9);
-    assert!((noisy.max_residual_bytes - 1.2).abs() < 1e-9);
-    assert!((noisy.rms_residual_bytes - 0.8944271909999159).abs() < 1e-9);
-    assert!((noisy.r2.unwrap() - 0.36).abs() < 1e-9);
-    assert_eq!(least_squares(&[(8.0, 1.0)]), None);
-    assert_eq!(least_squares(&[(8.0, 1.0), (8.0, 2.0)]), None);
-    assert_eq!(least_squares(&[]), None);
-}
-
-#[test]
-fn the_largest_safe_batch_is_the_last_ladder_value_under_the_headroom() {
+fn the_largest_safe_batch_is_one_that_ran_and_the_search_names_the_next_run() {
     let runs = batch_sweep(&[]);
-    let ms = models(&vars(&["BATCH_SIZE"]), &runs, target());
+    let ms = models(&vars(&["BATCH_SIZE"]), &runs, &target());
     assert_eq!(ms.len(), 1);
     let m = &ms[0];
     assert_eq!(m.verdict, Verdict::Fitted);
-    // 256 would need 134 GB: it OOMed; 8..128 ran and were fitted.
     assert_eq!(m.points.len(), 5);
     assert_eq!(m.oom_values, vec![256.0]);
     let fit = m.fit.as_ref().unwrap();
-    assert!((fit.per_unit_bytes / GB - 0.5).abs() < 0.001);
-    assert!((fit.static_bytes / GB - 6.0).abs() < 0.01);
-    assert!(fit.max_residual_bytes < 10e6);
-    // limit 72 GB: 6 + 0.5 × 128 = 70 GB fits, 256 does not.
+    assert_eq!(fit.curve.family, Family::Linear);
+    assert!((fit.curve.per_unit_bytes / GB - 0.5).abs() < 0.001);
+    assert!((fit.curve.static_bytes / GB - 6.0).abs() < 0.01);
+    // limit 72 GB: 128 ran at 70 GB; 256 OOMed.
     assert_eq!(m.limit_bytes, Some(72.0 * GB));
+    assert_eq!(m.step, Some(8.0));
     assert_eq!(m.largest_safe, Some(128.0));
-    assert!(m.largest_safe_tested);
-    assert_eq!(m.model_bound.map(f64::floor), Some(132.0));
-    assert_eq!(m.next_up, Some(256.0));
-    assert!((m.next_up_predicted_bytes.unwrap() / GB - 134.0).abs() < 0.1);
-    assert_eq!(m.next_up_observed, Some(Status::Oom));
+    assert_eq!(m.bound.map(|b| b.x()), Some(256.0));
+    // 6 + 0.5 × 132 = 72: the model would have 128 < x ≤ 132 run, but on
+    // the grid's step (8) the next value is 136: over, and it is sure.
+    assert!(
+        matches!(&m.search, Some(Next::Done { why }) if why.contains("136")),
+        "{:?}",
+        m.search
+    );
     assert_eq!(m.agrees, Some(true));
-    assert_eq!(m.overridden_by_oom_at, None);
+    let text = describe(m).join("\n");
+    assert!(
+        text.contains("largest safe BATCH_SIZE = 128 (ran: peak 65.2GiB)"),
+        "{text}"
+    );
+    assert!(text.contains("BATCH_SIZE = 256 OOMed"), "{text}");
 }
 
 #[test]
-fn above_the_grid_the_ladder_doubles_and_says_it_extrapolates() {
+fn a_prediction_beyond_what_ran_is_printed_as_not_verified() {
     let runs: Vec<RunRecord> = batch_sweep(&[]).into_iter().take(3).collect(); // 8, 16, 32
-    let m = &models(&vars(&["BATCH_SIZE"]), &runs, target())[0];
-    assert_eq!(m.largest_safe, Some(128.0));
-    assert!(!m.largest_safe_tested);
-    assert_eq!(m.next_up, Some(256.0));
-    assert_eq!(m.next_up_observed, None);
-    assert!(m
-        .notes
-        .iter()
-        .any(|n| n.contains("BATCH_SIZE=128 was not run")));
-    // Arithmetic steps continue by the last step.
+    let m = &models(&vars(&["BATCH_SIZE"]), &runs, &target())[0];
+    assert_eq!(m.largest_safe, Some(32.0), "only what ran is safe");
+    let p = m.predicted.unwrap();
+    // One held-out step (16) past 32.
+    assert_eq!(p.x, 48.0);
     assert_eq!(
-        extend(&[100.0, 200.0, 300.0], |x| x < 500.0),
-        vec![100.0, 200.0, 300.0, 400.0, 500.0]
+        p.support,
+        Support::Extrapolated {
+            from: 32.0,
+            distance: 16.0
+        }
     );
-    assert_eq!(extend(&[8.0], |x| x <= 16.0), vec![8.0, 16.0, 32.0]);
-    // Gaps in a powers-of-two grid are filled.
-    assert_eq!(
-        extend(&[2.0, 8.0, 32.0], |x| x < 8.0),
-        vec![2.0, 4.0, 8.0, 16.0, 32.0]
+    assert!(!m.verified);
+    // The search would try more than the backed 48: the model, its margin
+    // growing with the distance, expects up to 128 to fit.
+    assert!(
+        matches!(m.search, Some(Next::Run { x, .. }) if x > 48.0),
+        "{:?}",
+        m.search
     );
-    assert_eq!(extend(&[0.0, 0.0], |_| true), vec![0.0, 0.0]);
+    let text = describe(m).join("\n");
+    assert!(
+        text.contains("the model predicts BATCH_SIZE = 48 fits") && text.contains("NOT verified"),
+        "{text}"
+    );
+    assert!(
+        text.contains("16 above the largest measured value 32 (+50%)"),
+        "{text}"
+    );
 }
 
 #[test]
-fn an_observed_oom_below_the_recommendation_overrides_the_model() {
+fn an_oom_where_the_model_predicted_a_fit_is_a_disagreement() {
     // The allocator fragmented at 64 although the line says 38 GB.
     let runs = batch_sweep(&[64]);
-    let m = &models(&vars(&["BATCH_SIZE"]), &runs, target())[0];
-    assert_eq!(m.overridden_by_oom_at, Some(64.0));
+    let m = &models(&vars(&["BATCH_SIZE"]), &runs, &target())[0];
     assert_eq!(m.largest_safe, Some(32.0));
-    assert_eq!(m.next_up, Some(64.0));
-    assert_eq!(m.next_up_observed, Some(Status::Oom));
+    assert_eq!(m.bound.map(|b| b.x()), Some(64.0));
     assert_eq!(m.agrees, Some(false));
-    assert!(m.notes[0].starts_with("observed OOM at BATCH_SIZE=64 overrides the model"));
+    assert!(
+        m.notes[0].starts_with("BATCH_SIZE=64 OOMed although the model predicted"),
+        "{:?}",
+        m.notes
+    );
+    // The search bisects between 32 (ran) and 64 (OOM).
+    assert!(
+        matches!(m.search, Some(Next::Run { x, .. }) if x > 32.0 && x < 64.0),
+        "{:?}",
+        m.search
+    );
+}
+
+#[test]
+fn the_issue_17_sequence_sweep_is_quadratic_and_calls_only_4096_safe() {
+    let total = Some((79.2 * GIB) as u64);
+    let runs: Vec<RunRecord> = [(1024, 4.0), (2048, 10.3), (3072, 21.3), (4096, 32.5)]
+        .iter()
+        .map(|&(s, g)| {
+            run(
+                &[("SEQ_LEN", &s.to_string())],
+                Status::Ok,
+                Some(g * GIB),
+                total,
+            )
+        })
+        .collect();
+    let m = &models(&vars(&["SEQ_LEN"]), &runs, &target())[0];
+    assert_eq!(m.fit.as_ref().unwrap().curve.family, Family::Quadratic);
+    assert_eq!(m.largest_safe, Some(4096.0));
+    assert_eq!(m.predicted.map(|p| p.x), Some(5120.0));
+    assert!(matches!(m.search, Some(Next::Run { x, .. }) if x == 5120.0));
     let text = describe(m).join("\n");
-    assert!(text.contains("largest safe BATCH_SIZE = 32"), "{text}");
-    assert!(text.contains("DISAGREE"), "{text}");
+    assert!(
+        text.contains("linear refused: its static part -7.1GiB is negative"),
+        "{text}"
+    );
+    assert!(!text.contains("8192"), "{text}");
 }
 
 #[test]
-fn an_oom_the_model_did_not_expect_above_the_recommendation_is_a_disagreement() {
-    // Headroom 0.3: limit 56 GB, safe 64 (38 GB); 128 (70 GB < 80) OOMed.
-    let runs = batch_sweep(&[128]);
-    let t = Target {
-        headroom: 0.3,
-        ..target()
-    };
-    let m = &models(&vars(&["BATCH_SIZE"]), &runs, t)[0];
-    assert_eq!(m.largest_safe, Some(64.0));
-    assert_eq!(m.overridden_by_oom_at, None);
-    assert_eq!(m.agrees, Some(false));
-    assert!(m.notes.iter().any(|n| n.contains("OOM at BATCH_SIZE=128")));
-}
-
-#[test]
-fn one_point_or_a_falling_peak_is_insufficient_data() {
+fn one_point_is_no_model_but_still_judged() {
     let one = vec![
         run(&[("B", "8")], Status::Ok, Some(10.0 * GB), H100),
         run(&[("B", "16")], Status::Oom, None, H100),
     ];
-    let m = &models(&vars(&["B"]), &one, target())[0];
-    assert_eq!(m.verdict, Verdict::Insufficient);
-    assert_eq!(m.largest_safe, None);
-    assert!(m.notes[0].starts_with("insufficient data: 1 run(s)"));
+    let m = &models(&vars(&["B"]), &one, &target())[0];
+    assert_eq!(m.verdict, Verdict::NoModel);
+    assert_eq!(m.largest_safe, Some(8.0));
+    assert!(m
+        .no_model
+        .as_deref()
+        .unwrap()
+        .starts_with("1 value(s) measured"));
     let falling = vec![
         run(&[("B", "8")], Status::Ok, Some(10.0 * GB), H100),
         run(&[("B", "16")], Status::Ok, Some(9.0 * GB), H100),
     ];
-    let m = &models(&vars(&["B"]), &falling, target())[0];
-    assert_eq!(m.verdict, Verdict::Insufficient);
-    assert!(m.notes[0].contains("does not grow"), "{:?}", m.notes);
+    let m = &models(&vars(&["B"]), &falling, &target())[0];
+    assert_eq!(m.verdict, Verdict::NoModel);
+    assert!(
+        m.no_model.as_deref().unwrap().contains("does not grow"),
+        "{m:?}"
+    );
     assert_eq!(m.agrees, None);
 }
 
@@ -181,21 +204,20 @@ fn without_a_device_total_it_asks_for_limit_bytes() {
         run(&[("B", "1")], Status::Ok, Some(2.0 * GB), None),
         run(&[("B", "2")], Status::Ok, Some(3.0 * GB), None),
     ];
-    let m = &models(&vars(&["B"]), &runs, target())[0];
+    let m = &models(&vars(&["B"]), &runs, &target())[0];
     assert_eq!(m.verdict, Verdict::NoLimit);
     assert!(m.notes[0].contains("--limit-bytes"));
     let t = Target {
         limit_override: Some(10_000_000_000),
         ..target()
     };
-    let m = &models(&vars(&["B"]), &runs, t)[0];
-    // limit 9 GB = 1 + 1 × B: B = 8 fits exactly, 16 does not.
-    assert_eq!(m.largest_safe, Some(8.0));
-    assert_eq!(m.next_up, Some(16.0));
+    let m = &models(&vars(&["B"]), &runs, &t)[0];
+    assert_eq!(m.largest_safe, Some(2.0));
+    assert_eq!(m.limit_bytes, Some(9.0 * GB));
 }
 
 #[test]
-fn each_variable_is_modelled_per_value_of_the_others() {
+fn each_variable_is_modelled_per_value_of_the_others_and_step_overrides() {
     let mut runs = vec![];
     for seq in ["512", "1024"] {
         for b in ["4", "8", "16"] {
@@ -208,18 +230,24 @@ fn each_variable_is_modelled_per_value_of_the_others() {
             ));
         }
     }
-    let ms = models(&vars(&["BATCH_SIZE", "SEQ_LEN"]), &runs, target());
+    let t = Target {
+        steps: [("BATCH_SIZE".to_string(), 2.0)].into(),
+        ..target()
+    };
+    let ms = models(&vars(&["BATCH_SIZE", "SEQ_LEN"]), &runs, &t);
     // BATCH_SIZE per SEQ_LEN (2), SEQ_LEN per BATCH_SIZE (3).
     assert_eq!(ms.len(), 5);
     assert_eq!(ms[0].variable, "BATCH_SIZE");
     assert_eq!(ms[0].fixed.get("SEQ_LEN").map(String::as_str), Some("512"));
-    assert!((ms[0].fit.as_ref().unwrap().per_unit_bytes - 512e6).abs() < 1.0);
-    assert!((ms[1].fit.as_ref().unwrap().per_unit_bytes - 1024e6).abs() < 1.0);
-    assert_eq!(ms[2].variable, "SEQ_LEN");
+    assert_eq!(ms[0].step, Some(2.0), "--step BATCH_SIZE=2");
+    assert_eq!(ms[2].step, Some(512.0), "the common step of 512, 1024");
+    let per_unit = |m: &Model| m.fit.as_ref().unwrap().curve.per_unit_bytes;
+    assert!((per_unit(&ms[0]) - 512e6).abs() < 1.0);
+    assert!((per_unit(&ms[1]) - 1024e6).abs() < 1.0);
     assert_eq!(ms[2].fixed.get("BATCH_SIZE").map(String::as_str), Some("4"));
     // A variable with one value is not swept: no model.
     let one = vec![run(&[("A", "x"), ("B", "1")], Status::Ok, Some(GB), H100)];
-    assert!(models(&vars(&["A", "B"]), &one, target()).is_empty());
+    assert!(models(&vars(&["A", "B"]), &one, &target()).is_empty());
 }
 
 #[test]
@@ -228,9 +256,63 @@ fn words_are_not_numbers_and_metrics_pick_their_peak() {
         run(&[("OPT", "adam")], Status::Ok, Some(GB), H100),
         run(&[("OPT", "sgd")], Status::Ok, Some(GB), H100),
     ];
-    let m = &models(&vars(&["OPT"]), &runs, target())[0];
+    let m = &models(&vars(&["OPT"]), &runs, &target())[0];
     assert_eq!(m.verdict, Verdict::NotNumeric);
     let r = &batch_sweep(&[])[0];
     assert_eq!(Metric::Allocated.of(r), r.peak_allocated_bytes);
     assert_eq!(Metric::Nvml.of(r), None);
+}
+
+#[test]
+fn verification_runs_are_named_and_a_confirmed_prediction_is_verified() {
+    let mut runs: Vec<RunRecord> = batch_sweep(&[]).into_iter().take(3).collect();
+    let mut trial = run(&[("BATCH_SIZE", "48")], Status::Ok, Some(30.0 * GB), H100);
+    trial.trial = Some("the model predicts …".into());
+    runs.push(trial);
+    let m = &models(&vars(&["BATCH_SIZE"]), &runs, &target())[0];
+    assert_eq!(m.trials, vec![48.0]);
+    assert_eq!(m.largest_safe, Some(48.0));
+    let text = describe(m).join("\n");
+    assert!(text.contains("verified by a run after the grid"), "{text}");
+    assert!(
+        text.contains("verification runs: BATCH_SIZE = 48"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_verification_run_joins_its_grid_group_and_starts_no_group_of_its_own() {
+    // A 2 × 2 grid; the search for BATCH_SIZE at SEQ_LEN=128 ran batch 12.
+    let cell = |b: &str, s: &str, peak: f64| {
+        run(
+            &[("BATCH_SIZE", b), ("SEQ_LEN", s)],
+            Status::Ok,
+            Some(peak * GB),
+            H100,
+        )
+    };
+    let mut runs = vec![
+        cell("1", "128", 3.0),
+        cell("1", "256", 4.0),
+        cell("2", "128", 4.0),
+        cell("2", "256", 6.0),
+    ];
+    let mut trial = cell("12", "128", 14.0);
+    trial.trial = Some("the model predicts …".into());
+    runs.push(trial);
+    let ms = models(&vars(&["BATCH_SIZE", "SEQ_LEN"]), &runs, &target());
+    let groups: Vec<String> = ms
+        .iter()
+        .map(|m| format!("{} {:?} {:?}", m.variable, m.fixed, m.trials))
+        .collect();
+    assert_eq!(
+        groups,
+        vec![
+            r#"BATCH_SIZE {"SEQ_LEN": "128"} [12.0]"#,
+            r#"BATCH_SIZE {"SEQ_LEN": "256"} []"#,
+            r#"SEQ_LEN {"BATCH_SIZE": "1"} []"#,
+            r#"SEQ_LEN {"BATCH_SIZE": "2"} []"#,
+        ],
+        "no SEQ_LEN model at BATCH_SIZE=12"
+    );
 }

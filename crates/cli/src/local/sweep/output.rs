@@ -9,13 +9,17 @@ use serde::{Deserialize, Serialize};
 /// `kind` of a sweep result file (how `memprof compare` recognises one).
 pub const KIND: &str = "memprofSweep";
 
+/// Format version: 2 since the models are the one memory model (curve,
+/// held-out predictions, support) with a verification search.
+pub const VERSION: u32 = 2;
+
 /// What `--json` writes.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct SweepResult {
     /// Always `memprofSweep`.
     pub kind: String,
-    /// Format version (1).
+    /// Format version ([`VERSION`]).
     pub version: u32,
     /// When the sweep started (RFC 3339).
     pub started_at: String,
@@ -35,6 +39,12 @@ pub struct SweepResult {
     pub limit_bytes: Option<u64>,
     /// Whether NVML peaks were measured (`--nvml`).
     pub nvml: bool,
+    /// Most verification runs per model (0: `--no-verify`).
+    #[serde(default)]
+    pub verify_runs: usize,
+    /// `--agent-interval`: how often the agent pushed (one timeline point each).
+    #[serde(default)]
+    pub agent_interval: String,
     /// Whether the sweep was interrupted before the last configuration.
     pub interrupted: bool,
     /// `--note`: a line for the reader (what machine, what model).
@@ -50,7 +60,7 @@ fn bytes(v: Option<u64>) -> String {
     v.map_or("-".into(), format_bytes)
 }
 
-/// The results table, one line per run.
+/// The results table, one line per run (verification runs marked `*`).
 pub fn table(variables: &[String], runs: &[RunRecord]) -> String {
     let mut header: Vec<String> = vec!["#".into()];
     header.extend(variables.iter().cloned());
@@ -66,9 +76,10 @@ pub fn table(variables: &[String], runs: &[RunRecord]) -> String {
         ]
         .map(String::from),
     );
-    let mut rows = vec![header];
+    let mut t = crate::output::Table::new(header);
     for r in runs {
-        let mut row = vec![r.index.to_string()];
+        let mark = if r.trial.is_some() { "*" } else { "" };
+        let mut row = vec![format!("{}{mark}", r.index)];
         row.extend(
             variables
                 .iter()
@@ -85,20 +96,11 @@ pub fn table(variables: &[String], runs: &[RunRecord]) -> String {
                 .map_or("-".into(), |t| format!("{t:.0}")),
             format!("{:.1}s", r.duration_seconds),
         ]);
-        rows.push(row);
+        t.row(row);
     }
-    let widths: Vec<usize> = (0..rows[0].len())
-        .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
-        .collect();
-    let mut out = String::new();
-    for row in rows {
-        let cells: Vec<String> = row
-            .iter()
-            .zip(&widths)
-            .map(|(c, w)| format!("{c:<w$}"))
-            .collect();
-        out.push_str(cells.join("  ").trim_end());
-        out.push('\n');
+    let mut out = t.render();
+    if runs.iter().any(|r| r.trial.is_some()) {
+        out.push_str("* run after the grid to verify the model (see the search lines below)\n");
     }
     out
 }
@@ -127,16 +129,6 @@ pub fn run_line(done: usize, total: usize, config: &Config, r: &RunRecord) -> St
     )
 }
 
-/// A progress bar for a terminal: `[#####·····] 3/6 BATCH_SIZE=32`.
-pub fn bar(done: usize, total: usize, label: &str, width: usize) -> String {
-    let filled = (done * width).checked_div(total).unwrap_or(width);
-    format!(
-        "[{}{}] {done}/{total} {label}",
-        "#".repeat(filled),
-        "·".repeat(width - filled)
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -154,19 +146,23 @@ mod tests {
 
     #[test]
     fn the_table_aligns_and_shows_unknowns_as_dashes() {
+        let mut verify = rec("12", Status::Ok, Some(2 << 30));
+        verify.trial = Some("the model predicts …".into());
         let t = table(
             &["B".into()],
             &[
                 rec("8", Status::Ok, Some(1 << 30)),
                 rec("16", Status::Oom, None),
+                verify,
             ],
         );
         let lines: Vec<&str> = t.lines().collect();
-        assert_eq!(lines.len(), 3);
-        assert!(lines[0].starts_with("#  B   STATUS  RESERVED"), "{t}");
-        assert!(lines[1].contains("ok      1.0GiB"), "{t}");
-        assert!(lines[2].contains("oom     -"), "{t}");
-        assert_eq!(lines[1].find("STATUS"), None);
+        assert_eq!(lines.len(), 5, "{t}");
+        assert!(lines[0].starts_with("#    B    STATUS   RESERVED"), "{t}");
+        assert!(lines[1].contains("ok       1.0GiB"), "{t}");
+        assert!(lines[2].contains("oom      -"), "{t}");
+        assert!(lines[3].starts_with("0*   12"), "{t}");
+        assert!(lines[4].starts_with("* run after the grid"), "{t}");
     }
 
     #[test]
@@ -174,8 +170,6 @@ mod tests {
         let grid = product(&[parse_vary("B=8").unwrap()]).unwrap();
         let line = run_line(1, 4, &grid[0], &rec("8", Status::Oom, None));
         assert_eq!(line, "[1/4] B=8: OOM in 2.0s");
-        assert_eq!(bar(1, 4, "B=16", 8), "[##······] 1/4 B=16");
-        assert_eq!(bar(0, 0, "", 4), "[####] 0/0 ");
     }
 
     #[test]
@@ -192,6 +186,8 @@ mod tests {
             headroom: 0.1,
             limit_bytes: None,
             nvml: false,
+            verify_runs: 4,
+            agent_interval: "250ms".into(),
             interrupted: false,
             note: None,
             runs: vec![rec("8", Status::Ok, Some(5))],

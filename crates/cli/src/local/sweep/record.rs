@@ -49,7 +49,32 @@ pub struct AgentSummary {
     /// The breakdown (contract C-2), carried as the agent wrote it.
     #[serde(default)]
     pub breakdown: Option<serde_json::Value>,
+    /// Memory over the run, one point per push.
+    #[serde(default)]
+    pub timeline: Vec<TimelinePoint>,
 }
+
+/// One point of a run's memory over time (the summary's `timeline`).
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct TimelinePoint {
+    /// Seconds since the run's first push.
+    pub t: f64,
+    /// The trainer's step then, if it calls `step()`.
+    #[serde(default)]
+    pub step: Option<u64>,
+    /// The trainer's phase then, if it marks phases.
+    #[serde(default)]
+    pub phase: Option<String>,
+    /// Allocated bytes, summed over the process's devices.
+    pub allocated_bytes: u64,
+    /// Reserved bytes, summed over the process's devices.
+    pub reserved_bytes: u64,
+}
+
+/// Most timeline points kept per run (the agent writes at most 512; a
+/// summary is the trainer's file, so it is bounded here too).
+pub const MAX_TIMELINE: usize = 512;
 
 /// Step-time statistics of a run.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
@@ -164,6 +189,13 @@ pub struct RunRecord {
     pub note: Option<String>,
     /// The end of stderr for runs that did not end `ok`.
     pub stderr_tail: Option<String>,
+    /// Why this run was added after the grid (the verification's search);
+    /// null for the grid's own runs.
+    #[serde(default)]
+    pub trial: Option<String>,
+    /// Memory over the run (the agent's summary), at most [`MAX_TIMELINE`] points.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub timeline: Vec<TimelinePoint>,
 }
 
 /// Longest stderr tail kept in a record.
@@ -213,6 +245,13 @@ pub fn record(
         note,
         stderr_tail: (status != Status::Ok && !stderr_tail.is_empty())
             .then(|| tail(stderr_tail, STDERR_TAIL_BYTES).to_string()),
+        trial: None,
+        timeline: s
+            .timeline
+            .into_iter()
+            .filter(|p| p.t.is_finite())
+            .take(MAX_TIMELINE)
+            .collect(),
     }
 }
 

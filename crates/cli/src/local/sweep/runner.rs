@@ -46,6 +46,9 @@ pub struct Plan {
     pub memprof_exe: PathBuf,
     /// Where the per-configuration files go.
     pub dir: PathBuf,
+    /// `MEMPROF_AGENT_INTERVAL`: how often the agent pushes, and so how fine
+    /// each run's memory timeline is.
+    pub agent_interval: String,
 }
 
 /// What one run left behind.
@@ -187,6 +190,7 @@ fn command(
         cmd.env(k, v);
     }
     cmd.env("MEMPROF_AGENT_SUMMARY", &files.summary);
+    cmd.env("MEMPROF_AGENT_INTERVAL", &plan.agent_interval);
     match plan.steps {
         Some(n) => cmd.env("MEMPROF_AGENT_MAX_STEPS", n.to_string()),
         None => cmd.env_remove("MEMPROF_AGENT_MAX_STEPS"),
