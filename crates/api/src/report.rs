@@ -60,13 +60,6 @@ pub struct MemoryReportSpec {
     /// Sampling interval, in milliseconds.
     #[schemars(range(min = 1, max = 3_600_000))]
     pub interval_ms: u64,
-    /// Longest time the sidecar goes without writing this report, in seconds
-    /// (its heartbeat). The operator calls a rank stale when its report is
-    /// older than two heartbeats plus 30 s (60 s assumed when absent; at most
-    /// 600 s believed).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 3600))]
-    pub heartbeat_seconds: Option<u32>,
     /// Roll-up of all GPUs of the pod (what `kubectl get memoryreports` shows).
     pub summary: ReportSummary,
     /// One entry per GPU visible to the pod. Empty when no GPU is visible;

@@ -47,9 +47,9 @@ impl Default for RollupLimits {
 
 impl RollupLimits {
     /// How long a report with heartbeat `heartbeat_seconds` stays fresh.
-    pub fn stale_after(&self, heartbeat_seconds: Option<u32>) -> SignedDuration {
+    pub fn stale_after(&self, heartbeat_seconds: Option<u64>) -> SignedDuration {
         let beat = heartbeat_seconds
-            .map(|s| SignedDuration::from_secs(i64::from(s)))
+            .map(|s| SignedDuration::from_secs(i64::try_from(s).unwrap_or(i64::MAX)))
             .unwrap_or(self.default_heartbeat)
             .clamp(SignedDuration::from_secs(1), self.max_heartbeat);
         beat * self.stale_heartbeats + self.stale_grace
