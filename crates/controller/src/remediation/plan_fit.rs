@@ -2,7 +2,9 @@
 //! from the profile's `batchRecommendation`, or the factor when the
 //! evidence is too thin, said in the change's note and an Event.
 
-use super::{env_changes, EnvChange, PlanError, Step, REASON_BATCH_FIT, REASON_BATCH_FIT_FALLBACK};
+use super::{
+    accum, env_changes, EnvChange, PlanError, Step, REASON_BATCH_FIT, REASON_BATCH_FIT_FALLBACK,
+};
 use memprof_analysis::batchfit;
 use memprof_api::{truncate_utf8, BatchRecommendation, ScaleBatchAction, ScaleMode, ScaleValue};
 use serde_json::Value;
@@ -19,9 +21,21 @@ pub(super) fn scale_batch(
         minimum: s.minimum,
         round_to: s.round_to,
     };
+    // With `accumulation`, the factor's or the fit's value is the cap memory
+    // allows; the micro-batch is then chosen under it to keep the global batch.
+    let keep = |changes: Vec<EnvChange>| match &s.accumulation {
+        Some(a) => accum::apply(
+            job,
+            &a.env,
+            changes,
+            u64::from(s.minimum),
+            s.round_to.map(u64::from),
+        ),
+        None => Ok(changes),
+    };
     let by_factor = env_changes(job, &s.env, s.container.as_deref(), &scale, None)?;
     if s.mode != Some(ScaleMode::Fit) {
-        return Ok((by_factor, None));
+        return Ok((keep(by_factor)?, None));
     }
     let computed = batchfit::policy_value(
         fit,
@@ -61,7 +75,7 @@ pub(super) fn scale_batch(
             )
         }
     };
-    let changes = changes
+    let changes = keep(changes)?
         .into_iter()
         .map(|c| EnvChange {
             note: Some(note.clone()),
