@@ -145,6 +145,31 @@ pub struct Push {
     /// Acknowledgements of directives the sidecar relayed (contract B).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub acks: Vec<Ack>,
+    /// Where the live memory was allocated, taken once when the risk reached
+    /// critical (allocation history on since high), before any OOM.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sites: Option<SitesSnapshot>,
+}
+
+/// The agent's allocation-site snapshot at critical: live blocks grouped by
+/// their innermost user frame, largest first.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SitesSnapshot {
+    /// When it was taken, seconds since the Unix epoch.
+    pub time: f64,
+    /// The risk that made the agent take it.
+    #[serde(default)]
+    pub level: crate::RiskLevel,
+    /// `history` when blocks carry frames, `segments` without, `none` on failure.
+    #[serde(default)]
+    pub source: SnapshotSource,
+    /// The sites (one entry per allocating frame, `count` blocks), at most 16.
+    #[serde(default)]
+    pub blocks: Vec<Block>,
+    /// Live bytes in blocks without frames (allocated before recording began).
+    #[serde(default)]
+    pub unattributed_bytes: u64,
 }
 
 /// One device's allocator statistics (`torch.cuda.memory_stats(i)`, read
@@ -465,6 +490,10 @@ pub fn validate(p: &Push) -> Result<(), Error> {
     if let Some(oom) = &p.oom {
         validate_oom(oom)?;
     }
+    if let Some(sites) = &p.sites {
+        positive_time("sites.time", sites.time)?;
+        validate_blocks("sites", &sites.blocks)?;
+    }
     if let Some(b) = &p.breakdown {
         breakdown::validate(b)?;
     }
@@ -568,16 +597,25 @@ fn validate_device(d: &DeviceStats) -> Result<(), Error> {
 
 fn validate_oom(o: &OomSnapshot) -> Result<(), Error> {
     bound_str(|| "oom.message".into(), &o.message, MAX_MESSAGE)?;
-    bound_len("oom.blocks", o.blocks.len(), MAX_BLOCKS)?;
-    for (b, block) in o.blocks.iter().enumerate() {
-        bound_str(|| format!("oom.blocks[{b}].state"), &block.state, MAX_NAME)?;
+    validate_blocks("oom", &o.blocks)
+}
+
+/// The blocks of an OOM or sites snapshot (`within` names it in errors).
+fn validate_blocks(within: &str, blocks: &[Block]) -> Result<(), Error> {
+    bound_len(&format!("{within}.blocks"), blocks.len(), MAX_BLOCKS)?;
+    for (b, block) in blocks.iter().enumerate() {
+        bound_str(
+            || format!("{within}.blocks[{b}].state"),
+            &block.state,
+            MAX_NAME,
+        )?;
         bound_len(
-            &format!("oom.blocks[{b}].frames"),
+            &format!("{within}.blocks[{b}].frames"),
             block.frames.len(),
             MAX_FRAMES,
         )?;
         for (f, frame) in block.frames.iter().enumerate() {
-            let what = |field: &str| format!("oom.blocks[{b}].frames[{f}].{field}");
+            let what = |field: &str| format!("{within}.blocks[{b}].frames[{f}].{field}");
             bound_str(|| what("filename"), &frame.filename, MAX_FRAME_TEXT)?;
             bound_str(|| what("name"), &frame.name, MAX_FRAME_TEXT)?;
         }

@@ -265,7 +265,6 @@ impl Monitor {
             rank: id.rank,
             sampled_at,
             interval_ms: interval_ms.max(1),
-            heartbeat_seconds: None,
             summary: ReportSummary {
                 gpu_count: gpus.len() as u32,
                 risk,
@@ -285,6 +284,7 @@ impl Monitor {
             // The loop's own: its heartbeat and the trainers' acknowledgements.
             heartbeat_seconds: None,
             agent_acks: vec![],
+            allocation_sites: None,
         }
     }
 }
