@@ -140,6 +140,10 @@ pub struct MemoryProfileStatus {
     /// remediation field manager, so the roll-up never claims it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub oom_count: Option<u32>,
+    /// Where the worst rank's live GPU memory was allocated (file and line),
+    /// from its agent's snapshot at critical, before any OOM.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocation_sites: Option<RankAllocationSites>,
     /// Remediations performed (at most 16, newest last).
     #[schemars(length(max = 16))]
     #[serde(default)]
@@ -350,6 +354,20 @@ pub struct OomRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 64))]
     pub job_uid: Option<String>,
+}
+
+/// One rank's allocation sites, as its report carried them.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct RankAllocationSites {
+    /// The rank, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank: Option<u32>,
+    /// Its pod.
+    #[schemars(length(max = 253))]
+    pub pod: String,
+    /// The sites.
+    pub sites: super::AllocationSites,
 }
 
 /// Annotation on a Job one of whose ranks ran out of GPU memory:

@@ -53,6 +53,10 @@ pub fn render_job(p: &MemoryProfile, reports: &[MemoryReport], format: Format) -
         return output::structured(&list(items), format);
     }
     let mut out = render(p);
+    out.push_str(&memprof_analysis::sites_section(
+        p.status.as_ref(),
+        reports.iter().map(|r| &r.spec),
+    ));
     out.push_str(&render_ranks(reports, format == Format::Wide));
     out
 }
