@@ -10,6 +10,8 @@
 //!   directives for itself or another rank;
 //! - a push's allocation-site snapshot lands in the report, file and line.
 //!
+//! Run:
+//!
 //!     eval "$(bash hack/local-cluster.sh env)"
 //!     MEMPROF_REQUIRE_CLUSTER=1 cargo test --test sidecar_directives
 

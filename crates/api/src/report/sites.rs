@@ -90,7 +90,7 @@ impl AllocationSites {
                 })
             })
             .collect();
-        sites.sort_by(|a, b| b.bytes.cmp(&a.bytes));
+        sites.sort_by_key(|s| std::cmp::Reverse(s.bytes));
         sites.truncate(MAX_REPORT_SITES);
         // Frameless blocks (recording off when they were allocated) name no code.
         let frameless: u64 = s

@@ -53,10 +53,6 @@ impl KeptBatch {
     }
 }
 
-fn div_ceil(a: u64, b: u64) -> u64 {
-    a / b + u64::from(a % b != 0)
-}
-
 /// The micro-batch and accumulation replacing `micro × accumulation`, with
 /// the micro-batch at most `cap` (< `micro`). A micro-batch must be a
 /// multiple of `round_to` (when > 1) and at least `minimum`, or be `cap`
@@ -78,7 +74,8 @@ pub fn keep_global(
     let cap = cap.clamp(1, micro.max(1));
     let r = round_to.filter(|r| *r > 1).unwrap_or(1);
     let allowed = |m: u64| m == cap || (m % r == 0 && m >= minimum);
-    let low = div_ceil(cap, 2)
+    let low = cap
+        .div_ceil(2)
         .max(cap.saturating_sub(MAX_CANDIDATES))
         .max(1);
     if let Some(m) = (low..=cap).rev().find(|m| allowed(*m) && before % m == 0) {
@@ -89,10 +86,10 @@ pub fn keep_global(
             after: before,
         });
     }
-    let steps = div_ceil(before, cap);
-    let at_least = div_ceil(before, steps).max(minimum);
-    let m = div_ceil(at_least, r).checked_mul(r)?.min(cap);
-    let accumulation = div_ceil(before, m);
+    let steps = before.div_ceil(cap);
+    let at_least = before.div_ceil(steps).max(minimum);
+    let m = at_least.div_ceil(r).checked_mul(r)?.min(cap);
+    let accumulation = before.div_ceil(m);
     Some(KeptBatch {
         micro: m,
         accumulation,

@@ -444,7 +444,7 @@ fn keeping_the_global_batch_holds_its_bounds_for_every_small_case() {
                         assert!(k.after >= p && k.after < p + k.micro, "{case:?}");
                         // Exact whenever an allowed divisor lies in [⌈cap/2⌉, cap].
                         let allowed = |m: u64| m == cap || (m % r.unwrap_or(1) == 0 && m >= min);
-                        let divides = ((cap + 1) / 2..=cap).any(|m| allowed(m) && p % m == 0);
+                        let divides = (cap.div_ceil(2)..=cap).any(|m| allowed(m) && p % m == 0);
                         assert_eq!(k.exact(), divides, "{case:?}");
                     }
                 }
