@@ -19,9 +19,9 @@ mod breakdown;
 mod extras;
 pub use breakdown::{Breakdown, Flag, ModulePhase, ModuleTypeBytes};
 pub use extras::{
-    Grads, Host, PreOom, PreOomSource, Sizes, SizesSource, TrackedTensors, TrackedType, Tracking,
-    MAX_GRAD_NAME, MAX_GRAD_NAMES, MAX_SHAPE_DIMS, MAX_SITE, MAX_SIZE_BOUND, MAX_SIZE_BUCKETS,
-    MAX_TAG, MAX_TRACKED,
+    Grads, Host, PreOom, PreOomSource, SitesSnapshot, Sizes, SizesSource, TrackedTensors,
+    TrackedType, Tracking, MAX_GRAD_NAME, MAX_GRAD_NAMES, MAX_SHAPE_DIMS, MAX_SITE, MAX_SIZE_BOUND,
+    MAX_SIZE_BUCKETS, MAX_TAG, MAX_TRACKED,
 };
 mod reply;
 pub use reply::{
@@ -149,27 +149,6 @@ pub struct Push {
     /// critical (allocation history on since high), before any OOM.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sites: Option<SitesSnapshot>,
-}
-
-/// The agent's allocation-site snapshot at critical: live blocks grouped by
-/// their innermost user frame, largest first.
-#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct SitesSnapshot {
-    /// When it was taken, seconds since the Unix epoch.
-    pub time: f64,
-    /// The risk that made the agent take it.
-    #[serde(default)]
-    pub level: crate::RiskLevel,
-    /// `history` when blocks carry frames, `segments` without, `none` on failure.
-    #[serde(default)]
-    pub source: SnapshotSource,
-    /// The sites (one entry per allocating frame, `count` blocks), at most 16.
-    #[serde(default)]
-    pub blocks: Vec<Block>,
-    /// Live bytes in blocks without frames (allocated before recording began).
-    #[serde(default)]
-    pub unattributed_bytes: u64,
 }
 
 /// One device's allocator statistics (`torch.cuda.memory_stats(i)`, read

@@ -625,23 +625,9 @@ pub fn recreated_job(
     new
 }
 
-/// Sets env `name` of container `c` to `value`, adding the var if the
-/// container does not set it (an accumulation var the trainer defaults to 1).
-fn set_env(c: &mut Value, name: &str, value: u64) {
-    if !c["env"].is_array() {
-        c["env"] = Value::Array(Vec::new());
-    }
-    let Some(vars) = c["env"].as_array_mut() else {
-        return;
-    };
-    match vars.iter_mut().find(|v| v["name"] == name) {
-        Some(v) => v["value"] = value.to_string().into(),
-        None => vars.push(serde_json::json!({"name": name, "value": value.to_string()})),
-    }
-}
-
 #[path = "plan_accum.rs"]
 pub mod accum;
+use accum::set_env;
 pub use accum::AccumulationChange;
 
 #[path = "plan_fit.rs"]

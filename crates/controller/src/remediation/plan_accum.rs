@@ -12,6 +12,7 @@
 //! to grow, to the nearest value not below it, and the change says so.
 
 use super::{EnvChange, PlanError};
+use memprof_api::ScaleBatchAction;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -162,6 +163,39 @@ pub(super) fn apply(
             })
         })
         .collect()
+}
+
+/// [`apply`] when the action names an accumulation var, else the changes as they are.
+pub(super) fn keep_if_asked(
+    job: &Value,
+    s: &ScaleBatchAction,
+    changes: Vec<EnvChange>,
+) -> Result<Vec<EnvChange>, PlanError> {
+    match &s.accumulation {
+        Some(a) => apply(
+            job,
+            &a.env,
+            changes,
+            u64::from(s.minimum),
+            s.round_to.map(u64::from),
+        ),
+        None => Ok(changes),
+    }
+}
+
+/// Sets env `name` of container `c` to `value`, adding the var if the
+/// container does not set it (an accumulation var the trainer defaults to 1).
+pub(super) fn set_env(c: &mut Value, name: &str, value: u64) {
+    if !c["env"].is_array() {
+        c["env"] = Value::Array(Vec::new());
+    }
+    let Some(vars) = c["env"].as_array_mut() else {
+        return;
+    };
+    match vars.iter_mut().find(|v| v["name"] == name) {
+        Some(v) => v["value"] = value.to_string().into(),
+        None => vars.push(serde_json::json!({"name": name, "value": value.to_string()})),
+    }
 }
 
 /// `BATCH_SIZE×GRAD_ACCUM_STEPS 32×1 → 16×2`, and when the product grows,

@@ -23,16 +23,7 @@ pub(super) fn scale_batch(
     };
     // With `accumulation`, the factor's or the fit's value is the cap memory
     // allows; the micro-batch is then chosen under it to keep the global batch.
-    let keep = |changes: Vec<EnvChange>| match &s.accumulation {
-        Some(a) => accum::apply(
-            job,
-            &a.env,
-            changes,
-            u64::from(s.minimum),
-            s.round_to.map(u64::from),
-        ),
-        None => Ok(changes),
-    };
+    let keep = |changes| accum::keep_if_asked(job, s, changes);
     let by_factor = env_changes(job, &s.env, s.container.as_deref(), &scale, None)?;
     if s.mode != Some(ScaleMode::Fit) {
         return Ok((keep(by_factor)?, None));
