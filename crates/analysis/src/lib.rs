@@ -33,4 +33,5 @@ pub use rollup::{
     report_limit, rollup, validate_report, JobRollup, ReportMeta, RollupInput, RollupLimits,
     MAX_STALE_LISTED,
 };
+pub use rollup::{sites_section, worst_rank_sites};
 pub use series::{GpuSeries, Sample};

@@ -13,9 +13,11 @@ mod job;
 mod job_tests;
 mod keys;
 mod members;
+mod sites;
 
 pub use job::{JobRollup, ReportMeta, RollupLimits, MAX_STALE_LISTED};
 pub use members::report_limit;
+pub use sites::{sites_section, worst_rank_sites};
 
 use memprof_api::{
     format_bytes, format_duration, GpuLocation, GpuReport, MemoryProfileStatus, MemoryReportSpec,

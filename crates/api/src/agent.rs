@@ -19,9 +19,9 @@ mod breakdown;
 mod extras;
 pub use breakdown::{Breakdown, Flag, ModulePhase, ModuleTypeBytes};
 pub use extras::{
-    Grads, Host, PreOom, PreOomSource, Sizes, SizesSource, TrackedTensors, TrackedType, Tracking,
-    MAX_GRAD_NAME, MAX_GRAD_NAMES, MAX_SHAPE_DIMS, MAX_SITE, MAX_SIZE_BOUND, MAX_SIZE_BUCKETS,
-    MAX_TAG, MAX_TRACKED,
+    Grads, Host, PreOom, PreOomSource, SitesSnapshot, Sizes, SizesSource, TrackedTensors,
+    TrackedType, Tracking, MAX_GRAD_NAME, MAX_GRAD_NAMES, MAX_SHAPE_DIMS, MAX_SITE, MAX_SIZE_BOUND,
+    MAX_SIZE_BUCKETS, MAX_TAG, MAX_TRACKED,
 };
 mod reply;
 pub use reply::{
@@ -145,6 +145,10 @@ pub struct Push {
     /// Acknowledgements of directives the sidecar relayed (contract B).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub acks: Vec<Ack>,
+    /// Where the live memory was allocated, taken once when the risk reached
+    /// critical (allocation history on since high), before any OOM.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sites: Option<SitesSnapshot>,
 }
 
 /// One device's allocator statistics (`torch.cuda.memory_stats(i)`, read
@@ -465,6 +469,10 @@ pub fn validate(p: &Push) -> Result<(), Error> {
     if let Some(oom) = &p.oom {
         validate_oom(oom)?;
     }
+    if let Some(sites) = &p.sites {
+        positive_time("sites.time", sites.time)?;
+        validate_blocks("sites", &sites.blocks)?;
+    }
     if let Some(b) = &p.breakdown {
         breakdown::validate(b)?;
     }
@@ -568,16 +576,25 @@ fn validate_device(d: &DeviceStats) -> Result<(), Error> {
 
 fn validate_oom(o: &OomSnapshot) -> Result<(), Error> {
     bound_str(|| "oom.message".into(), &o.message, MAX_MESSAGE)?;
-    bound_len("oom.blocks", o.blocks.len(), MAX_BLOCKS)?;
-    for (b, block) in o.blocks.iter().enumerate() {
-        bound_str(|| format!("oom.blocks[{b}].state"), &block.state, MAX_NAME)?;
+    validate_blocks("oom", &o.blocks)
+}
+
+/// The blocks of an OOM or sites snapshot (`within` names it in errors).
+fn validate_blocks(within: &str, blocks: &[Block]) -> Result<(), Error> {
+    bound_len(&format!("{within}.blocks"), blocks.len(), MAX_BLOCKS)?;
+    for (b, block) in blocks.iter().enumerate() {
+        bound_str(
+            || format!("{within}.blocks[{b}].state"),
+            &block.state,
+            MAX_NAME,
+        )?;
         bound_len(
-            &format!("oom.blocks[{b}].frames"),
+            &format!("{within}.blocks[{b}].frames"),
             block.frames.len(),
             MAX_FRAMES,
         )?;
         for (f, frame) in block.frames.iter().enumerate() {
-            let what = |field: &str| format!("oom.blocks[{b}].frames[{f}].{field}");
+            let what = |field: &str| format!("{within}.blocks[{b}].frames[{f}].{field}");
             bound_str(|| what("filename"), &frame.filename, MAX_FRAME_TEXT)?;
             bound_str(|| what("name"), &frame.name, MAX_FRAME_TEXT)?;
         }

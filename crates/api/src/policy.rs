@@ -239,6 +239,26 @@ pub struct ScaleBatchAction {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = 90))]
     pub headroom_percent: Option<u32>,
+    /// Keep the global batch: the env var holding the gradient-accumulation
+    /// steps (e.g. `GRAD_ACCUM_STEPS`). The micro-batch (`env`) goes down and
+    /// accumulation goes up so that micro × accumulation × ranks stays what it
+    /// was: exactly when a micro-batch that divides it is available, otherwise
+    /// the nearest value above it (the record says so).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accumulation: Option<AccumulationEnv>,
+}
+
+/// The env var a trainer reads its gradient-accumulation steps from.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct AccumulationEnv {
+    /// Env var name, e.g. `GRAD_ACCUM_STEPS`; a literal integer (an absent
+    /// var counts as 1 and is added to the recreated Job's container).
+    #[schemars(
+        length(min = 1, max = 128),
+        regex(pattern = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+    )]
+    pub env: String,
 }
 
 /// How `scaleBatch` picks the new value.

@@ -26,6 +26,7 @@ use serde::{Deserialize, Serialize};
     printcolumn = r#"{"name":"RISK","type":"string","jsonPath":".status.risk"}"#,
     printcolumn = r#"{"name":"TTO","type":"string","jsonPath":".status.timeToOom"}"#,
     printcolumn = r#"{"name":"IMBALANCE","type":"string","jsonPath":".status.imbalanceDisplay"}"#,
+    printcolumn = r#"{"name":"OOMS","type":"integer","jsonPath":".status.oomCount"}"#,
     printcolumn = r#"{"name":"ACTION","type":"string","jsonPath":".status.lastAction"}"#,
     printcolumn = r#"{"name":"AGE","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
@@ -134,6 +135,15 @@ pub struct MemoryProfileStatus {
     #[schemars(length(max = 16))]
     #[serde(default)]
     pub ooms: Vec<OomRecord>,
+    /// GPU OOMs observed in all, including those no longer in `ooms` (the
+    /// `OOMS` column). Absent until the first one: written only by the
+    /// remediation field manager, so the roll-up never claims it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oom_count: Option<u32>,
+    /// Where the worst rank's live GPU memory was allocated (file and line),
+    /// from its agent's snapshot at critical, before any OOM.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocation_sites: Option<RankAllocationSites>,
     /// Remediations performed (at most 16, newest last).
     #[schemars(length(max = 16))]
     #[serde(default)]
@@ -398,6 +408,40 @@ pub struct OomRecord {
     pub job_uid: Option<String>,
 }
 
+/// One rank's allocation sites, as its report carried them.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct RankAllocationSites {
+    /// The rank, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank: Option<u32>,
+    /// Its pod.
+    #[schemars(length(max = 253))]
+    pub pod: String,
+    /// The sites.
+    pub sites: super::AllocationSites,
+}
+
+/// Annotation on a Job one of whose ranks ran out of GPU memory:
+/// `"<time> rank N"` (or `"<time> pod P"` when the rank is unknown), the
+/// newest OOM, so that a person or a controller can tell a CUDA OOM from any
+/// other exit code 1 without reading logs (host memory has `OOMKilled`).
+pub const ANNOTATION_GPU_OOM: &str = "memprof.dev/gpu-oom";
+/// Reason of the Warning Event on a Job one of whose ranks ran out of GPU memory.
+pub const REASON_GPU_OUT_OF_MEMORY: &str = "GPUOutOfMemory";
+
+impl OomRecord {
+    /// The value of [`ANNOTATION_GPU_OOM`] for this OOM (at most 256 bytes).
+    pub fn annotation_value(&self) -> String {
+        let mut v = match self.rank {
+            Some(rank) => format!("{} rank {rank}", self.time),
+            None => format!("{} pod {}", self.time, self.pod),
+        };
+        super::truncate_utf8(&mut v, 256);
+        v
+    }
+}
+
 /// One remediation the operator performed (or, in dry-run, would have).
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
@@ -491,4 +535,44 @@ pub struct AgentOomRecord {
     pub rank: Option<u32>,
     /// The largest live blocks at the OOM (at most 4, 2 frames each).
     pub snapshot: super::OomSnapshotSummary,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_gpu_oom_annotation_names_the_time_and_the_rank_or_pod() {
+        let mut r = OomRecord {
+            time: "2026-11-24T09:00:00Z".into(),
+            pod: "train-0-abcde".into(),
+            rank: Some(3),
+            ..Default::default()
+        };
+        assert_eq!(r.annotation_value(), "2026-11-24T09:00:00Z rank 3");
+        r.rank = None;
+        assert_eq!(
+            r.annotation_value(),
+            "2026-11-24T09:00:00Z pod train-0-abcde"
+        );
+        r.pod = "p".repeat(300);
+        assert!(r.annotation_value().len() <= 256);
+    }
+
+    #[test]
+    fn the_profile_lists_ooms_in_a_printer_column() {
+        use kube::CustomResourceExt;
+        let crd = serde_json::to_value(MemoryProfile::crd()).unwrap();
+        let cols = &crd["spec"]["versions"][0]["additionalPrinterColumns"];
+        let ooms = cols
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == "OOMS")
+            .expect("an OOMS column");
+        assert_eq!(ooms["jsonPath"], ".status.oomCount");
+        // Absent until the first OOM, so the roll-up's status applies never own it.
+        let status = serde_json::to_value(MemoryProfileStatus::default()).unwrap();
+        assert!(status.get("oomCount").is_none(), "{status}");
+    }
 }

@@ -1,10 +1,11 @@
 //! `MemoryReport`: one per pod, written by that pod's sidecar.
 //!
-//! Why the data sits in `spec` and there is no status subresource: the sidecar
-//! is the only writer and the report is nothing but observations, so a single
-//! server-side apply per update (not create + status patch) keeps the write
-//! budget at one write per report, and the sidecar's RBAC needs only
-//! `memoryreports`, not `memoryreports/status`.
+//! Why the data sits in `spec`: the sidecar is the only writer of the
+//! observations, so a single server-side apply per update (not create +
+//! status patch) keeps the write budget at one write per report, and the
+//! sidecar's RBAC needs only `memoryreports`, not `memoryreports/status`.
+//! The status subresource is the other direction: the operator's
+//! `directives` for the pod's trainer, which the pod itself cannot write.
 
 use super::common::{Condition, DataSource, RiskLevel};
 use kube::CustomResource;
@@ -12,9 +13,14 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 mod analysis;
+mod sites;
 pub use analysis::{
     AllocationSizes, FragmentationPoint, GradientCheck, HostMemory, ObjectGrowth, SizeBucket,
     TensorGrowth, TrackedGrowth,
+};
+pub use sites::{
+    AllocationSite, AllocationSites, MemoryReportStatus, MAX_REPORT_DIRECTIVES, MAX_REPORT_SITES,
+    MAX_SITE_FILE, MAX_SITE_FUNCTION,
 };
 
 /// What one pod's sidecar saw of the pod's GPUs.
@@ -26,6 +32,7 @@ pub use analysis::{
     namespaced,
     shortname = "mrep",
     category = "memprof",
+    status = "MemoryReportStatus",
     printcolumn = r#"{"name":"POD","type":"string","jsonPath":".spec.podName"}"#,
     printcolumn = r#"{"name":"RANK","type":"integer","jsonPath":".spec.rank"}"#,
     printcolumn = r#"{"name":"GPUS","type":"integer","jsonPath":".spec.summary.gpuCount"}"#,
@@ -92,6 +99,10 @@ pub struct MemoryReportSpec {
     #[schemars(length(max = 16))]
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub agent_acks: Vec<AgentAck>,
+    /// Where the trainer's live GPU memory was allocated (file and line), from
+    /// the agent's snapshot at critical; the newest one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocation_sites: Option<AllocationSites>,
 }
 
 /// A trainer process's acknowledgement of a directive, as its agent pushed it.

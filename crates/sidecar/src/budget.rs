@@ -47,6 +47,8 @@ pub struct Snapshot {
     /// Generation of the directive acknowledgements the report carries
     /// (`AckLog::generation`).
     pub acks: u64,
+    /// Generation of the allocation sites the report carries (one per snapshot pushed).
+    pub sites: u64,
 }
 
 /// Why a report is written.
@@ -64,19 +66,22 @@ pub enum Reason {
     BreakdownChanged,
     /// A trainer acknowledged a directive.
     AcksChanged,
+    /// A trainer pushed an allocation-site snapshot.
+    SitesChanged,
     /// Nothing changed for a heartbeat.
     Heartbeat,
 }
 
 impl Reason {
     /// Every reason, in the order [`Budget::decide`] tries them.
-    pub const ALL: [Reason; 7] = [
+    pub const ALL: [Reason; 8] = [
         Reason::First,
         Reason::RiskRaised,
         Reason::RiskLowered,
         Reason::MemoryMoved,
         Reason::BreakdownChanged,
         Reason::AcksChanged,
+        Reason::SitesChanged,
         Reason::Heartbeat,
     ];
 
@@ -89,6 +94,7 @@ impl Reason {
             Reason::MemoryMoved => "memory_moved",
             Reason::BreakdownChanged => "breakdown_changed",
             Reason::AcksChanged => "acks_changed",
+            Reason::SitesChanged => "sites_changed",
             Reason::Heartbeat => "heartbeat",
         }
     }
@@ -132,6 +138,9 @@ impl Budget {
         if now.acks != last.acks {
             return Some(Reason::AcksChanged);
         }
+        if now.sites != last.sites {
+            return Some(Reason::SitesChanged);
+        }
         (since >= self.heartbeat).then_some(Reason::Heartbeat)
     }
 }
@@ -149,6 +158,7 @@ mod tests {
             gpus: vec![(level_gib * G, level_gib * G, 80 * G)],
             breakdown: None,
             acks: 0,
+            sites: 0,
         }
     }
 
@@ -200,6 +210,7 @@ mod tests {
                 gpus: vec![(40 * G + (i % 7) * G / 100, 41 * G, 80 * G)],
                 breakdown: None,
                 acks: 0,
+                sites: 0,
             };
             if b.decide(last.as_ref(), &now).is_some() {
                 writes += 1;
@@ -266,5 +277,14 @@ mod tests {
             Some(Reason::AcksChanged)
         );
         assert_eq!(b.decide(Some(&acked(5.0)), &acked(20.0)), None);
+        let sited = |t: f64| Snapshot {
+            sites: 1,
+            ..acked(t)
+        };
+        assert_eq!(b.decide(Some(&acked(5.0)), &sited(6.0)), None);
+        assert_eq!(
+            b.decide(Some(&acked(5.0)), &sited(10.0)),
+            Some(Reason::SitesChanged)
+        );
     }
 }

@@ -284,6 +284,7 @@ impl Monitor {
             // The loop's own: its heartbeat and the trainers' acknowledgements.
             heartbeat_seconds: None,
             agent_acks: vec![],
+            allocation_sites: None,
         }
     }
 }
@@ -474,7 +475,11 @@ mod tests {
         assert_eq!(a.growth, memprof_api::MemoryGrowth::Leak);
         assert!(a.steps_per_second.is_some());
         assert_eq!(m.worst_risk(), g.risk);
-        assert!(memprof_analysis::validate_report(&r).is_ok());
+        let r = MemoryReportSpec {
+            sampled_at: "2026-01-01T00:00:00Z".into(),
+            ..r
+        };
+        assert_eq!(memprof_analysis::validate_report(&r), Ok(()));
     }
 
     #[test]

@@ -140,6 +140,8 @@ pub struct Sidecar {
     metrics: Metrics,
     inbox: AgentInbox,
     acks: AckLog,
+    /// The newest allocation-site snapshot of the pod's trainers, and how many were pushed.
+    sites: (Option<memprof_api::AllocationSites>, u64),
     answers: Answers,
     directives: Box<dyn Directives>,
     budget: Budget,
@@ -185,8 +187,13 @@ impl Sidecar {
             metrics,
             inbox,
             acks: AckLog::default(),
+            sites: (None, 0),
             answers: Answers::default(),
-            directives: Box::new(NoDirectives),
+            directives: if args.standalone {
+                Box::new(NoDirectives)
+            } else {
+                Box::new(crate::setup::start_directives(&args, &setup.id.pod_name))
+            },
             budget: Budget {
                 heartbeat: args.heartbeat_seconds,
                 ..Budget::default()
@@ -293,6 +300,15 @@ impl Sidecar {
                 self.monitor = Monitor::new(sampler, self.thresholds.clone());
             }
             self.acks.observe(&push, &received);
+            if let Some(s) = &push.sites {
+                let at =
+                    jiff::Timestamp::from_duration(jiff::SignedDuration::from_secs_f64(s.time))
+                        .map_or_else(|_| received.clone(), |t| t.to_string());
+                self.sites = (
+                    Some(memprof_api::AllocationSites::from_snapshot(s, at)),
+                    self.sites.1 + 1,
+                );
+            }
             self.monitor.agent_push(push);
         }
     }
@@ -318,6 +334,7 @@ impl Sidecar {
         );
         report.heartbeat_seconds = Some(heartbeat_seconds(self.args.heartbeat_seconds));
         report.agent_acks = self.acks.report();
+        report.allocation_sites = self.sites.0.clone();
         self.metrics.export(&report);
         report
     }
@@ -330,6 +347,7 @@ impl Sidecar {
             self.clock.started.elapsed().as_secs_f64(),
             report.breakdown.clone(),
             self.acks.generation(),
+            self.sites.1,
         );
         let write = match self.out.write {
             Some(_) => self.budget.decide(self.last_written.as_ref(), &snapshot),
@@ -442,6 +460,7 @@ fn snapshot(
     t: f64,
     breakdown: Option<memprof_api::MemoryBreakdown>,
     acks: u64,
+    sites: u64,
 ) -> Snapshot {
     let gpus = m
         .series()
@@ -457,6 +476,7 @@ fn snapshot(
         gpus,
         breakdown,
         acks,
+        sites,
     }
 }
 

@@ -217,6 +217,26 @@ pub fn start_writer(
     })
 }
 
+/// Starts relaying the operator's directives from this pod's report
+/// (`status.directives`) to the answer; none until a client works.
+pub fn start_directives(
+    args: &Args,
+    pod_name: &str,
+) -> watch::Receiver<Vec<memprof_api::agent::Directive>> {
+    let (tx, rx) = watch::channel(Vec::new());
+    let (namespace, name) = (args.namespace.clone(), pod_name.to_string());
+    tokio::spawn(async move {
+        // The writer says it when there is no client; here it only waits.
+        let client = (|| kube::Client::try_default())
+            .retry(writer::backoff())
+            .await;
+        if let Ok(client) = client {
+            crate::directives::run(client, namespace, name, tx).await;
+        }
+    });
+    rx
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

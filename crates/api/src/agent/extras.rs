@@ -392,6 +392,27 @@ pub(super) fn validate_pre_oom(p: &PreOom) -> Result<(), Error> {
     Ok(())
 }
 
+/// The agent's allocation-site snapshot at critical: live blocks grouped by
+/// their innermost user frame, largest first.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SitesSnapshot {
+    /// When it was taken, seconds since the Unix epoch.
+    pub time: f64,
+    /// The risk that made the agent take it.
+    #[serde(default)]
+    pub level: crate::RiskLevel,
+    /// `history` when blocks carry frames, `segments` without, `none` on failure.
+    #[serde(default)]
+    pub source: super::SnapshotSource,
+    /// The sites (one entry per allocating frame, `count` blocks), at most 16.
+    #[serde(default)]
+    pub blocks: Vec<super::Block>,
+    /// Live bytes in blocks without frames (allocated before recording began).
+    #[serde(default)]
+    pub unattributed_bytes: u64,
+}
+
 #[cfg(test)]
 #[path = "extras_tests.rs"]
 pub(super) mod tests;

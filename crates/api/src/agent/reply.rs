@@ -8,6 +8,7 @@
 //! here is one it may ignore.
 
 use crate::{DataSource, RiskLevel};
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// At most this many directives in one answer (the agent reads no more).
@@ -58,7 +59,7 @@ pub struct Verdict {
 }
 
 /// What a directive asks the trainer to do.
-#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub enum DirectiveKind {
     /// Run the trainer's `on_risk` callbacks at `level`.
@@ -66,17 +67,21 @@ pub enum DirectiveKind {
     NotifyTrainer,
 }
 
-/// One order for the trainer, relayed by the sidecar.
-#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+/// One order for the trainer, relayed by the sidecar (and written by the
+/// operator into the MemoryReport's `status.directives`).
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct Directive {
     /// Opaque id (at most 64 bytes), acknowledged in a later push.
+    #[schemars(length(min = 1, max = 64))]
     pub id: String,
     /// What to do.
     pub kind: DirectiveKind,
     /// The level to act at: `high` or `critical`.
     pub level: RiskLevel,
     /// Why, for the trainer's log (at most 256 bytes).
+    #[serde(default)]
+    #[schemars(length(max = 256))]
     pub reason: String,
 }
 

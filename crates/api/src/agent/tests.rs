@@ -228,6 +228,15 @@ fn an_oom_push_carries_a_bounded_snapshot() {
         };
         MAX_ACKS
     ];
+    // The sites snapshot at its bounds too (an OOM push may carry one the agent had not sent).
+    let oom = p.oom.clone().unwrap();
+    p.sites = Some(SitesSnapshot {
+        time: 1.0,
+        level: crate::RiskLevel::Critical,
+        source: SnapshotSource::History,
+        blocks: oom.blocks.clone(),
+        unattributed_bytes: u64::MAX,
+    });
     assert!(validate(&p).is_ok(), "{:?}", validate(&p));
     // The largest valid push fits the body cap.
     let size = serde_json::to_vec(&p).unwrap().len() as u64;
@@ -238,4 +247,9 @@ fn an_oom_push_carries_a_bounded_snapshot() {
         .push(Frame::default());
     let err = validate(&p).unwrap_err().to_string();
     assert!(err.contains("oom.blocks[3].frames has 9 entries"), "{err}");
+    p.oom.as_mut().unwrap().blocks[3].frames.pop();
+    let sites = p.sites.as_mut().unwrap();
+    sites.blocks.push(Block::default());
+    let err = validate(&p).unwrap_err().to_string();
+    assert!(err.contains("sites.blocks has 17 entries"), "{err}");
 }

@@ -187,6 +187,11 @@ pub fn render_explain(input: &ExplainInput<'_>) -> String {
         match planned {
             Ok(plan) => {
                 let _ = writeln!(out, "  {verb}: {}", plan.summary());
+                // Ranks are not changed by a recreation: kept symbolic, not guessed from pods.
+                let changes = plan.recreate().map_or(&[][..], |(c, _)| c);
+                for l in plan::accum::explain_lines(changes, None) {
+                    let _ = writeln!(out, "  {l}");
+                }
             }
             Err(e) => {
                 let _ = writeln!(out, "  cannot apply to this Job ({}): {e}", e.reason());
@@ -406,6 +411,24 @@ mod tests {
         );
         assert!(
             out.contains("batch fit: no batchRecommendation in the profile yet"),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn explains_the_accumulation_arithmetic() {
+        let status = MemoryProfileStatus {
+            risk: RiskLevel::Critical,
+            ..Default::default()
+        };
+        let mut p = policy("shrink", "ml", 0);
+        p.spec.actions[0].scale_batch.as_mut().unwrap().accumulation =
+            Some(memprof_api::AccumulationEnv {
+                env: "GRAD_ACCUM_STEPS".into(),
+            });
+        let out = render(&status, &[p]);
+        assert!(
+            out.contains("acts now: scaleBatch BATCH_SIZE×GRAD_ACCUM_STEPS 32×1 → 16×2\n  keep global batch (trainer BATCH_SIZE×GRAD_ACCUM_STEPS×ranks): 32×1×ranks → 16×2×ranks (exact)"),
             "{out}"
         );
     }

@@ -88,6 +88,10 @@ pub fn render_job(
     }
     let age = ranks::job_age_of(p.status.as_ref(), reports, clock.now, clock.rule);
     let mut out = render_with(p, reports, &age);
+    out.push_str(&memprof_analysis::sites_section(
+        p.status.as_ref(),
+        reports.iter().map(|r| &r.spec),
+    ));
     out.push_str(&render_ranks(reports, print, clock.now, &age));
     out.into()
 }

@@ -58,6 +58,9 @@ pub struct EnvChange {
     /// How `to` was chosen, when not by the plain factor (`mode: fit`, or its fallback).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
+    /// With `scaleBatch.accumulation`: the accumulation change keeping micro × accumulation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accumulation: Option<AccumulationChange>,
 }
 
 /// One concrete step of a plan.
@@ -150,7 +153,10 @@ impl Plan {
                             .as_ref()
                             .map(|n| format!(" ({n})"))
                             .unwrap_or_default();
-                        let s = format!("scaleBatch {} {}->{}{note}", c.env, c.from, c.to);
+                        let s = match accum::describe(c) {
+                            Some(d) => format!("{d}{note}"),
+                            None => format!("scaleBatch {} {}->{}{note}", c.env, c.from, c.to),
+                        };
                         if !seen.contains(&s) {
                             seen.push(s);
                         }
@@ -241,6 +247,14 @@ pub enum PlanError {
         /// `Kind/name` of the owner.
         owner: String,
     },
+    /// micro-batch × accumulation does not fit in 64 bits.
+    #[error("container {container}: {env} × accumulation overflows: fix the Job's values")]
+    BatchOverflow {
+        /// Env var of the micro-batch.
+        env: String,
+        /// Container.
+        container: String,
+    },
     /// The Job lacks a field every stored Job has.
     #[error("the Job has no {0}: cannot recreate it")]
     MalformedJob(&'static str),
@@ -258,6 +272,7 @@ impl PlanError {
             PlanError::ConfigMapNotOptedIn { .. } => "ConfigMapNotOptedIn",
             PlanError::ConfigMapNotANumber { .. } => "ConfigMapNotANumber",
             PlanError::ControlledJob { .. } => "ControlledByOwner",
+            PlanError::BatchOverflow { .. } => "BatchOverflow",
             PlanError::MalformedJob(_) => "MalformedJob",
         }
     }
@@ -486,6 +501,7 @@ fn env_changes(
             from,
             to,
             note: None,
+            accumulation: None,
         });
     }
     if changes.is_empty() {
@@ -574,6 +590,10 @@ pub fn recreated_job(
             // Keep the first original across repeated remediations.
             a.entry(original_annotation(&c.env))
                 .or_insert_with(|| c.from.to_string().into());
+            if let Some(acc) = &c.accumulation {
+                a.entry(original_annotation(&acc.env))
+                    .or_insert_with(|| acc.from.to_string().into());
+            }
         }
         for (k, v) in extra_annotations {
             a.insert(k.clone(), v.clone().into());
@@ -597,18 +617,21 @@ pub fn recreated_job(
     if let Some(containers) = spec["template"]["spec"]["containers"].as_array_mut() {
         for c in containers {
             let name = c["name"].as_str().unwrap_or_default().to_string();
-            let Some(vars) = c["env"].as_array_mut() else {
-                continue;
-            };
             for change in changes.iter().filter(|ch| ch.container == name) {
-                for v in vars.iter_mut().filter(|v| v["name"] == change.env.as_str()) {
-                    v["value"] = change.to.to_string().into();
+                set_env(c, &change.env, change.to);
+                if let Some(acc) = &change.accumulation {
+                    set_env(c, &acc.env, acc.to);
                 }
             }
         }
     }
     new
 }
+
+#[path = "plan_accum.rs"]
+pub mod accum;
+use accum::set_env;
+pub use accum::AccumulationChange;
 
 #[path = "plan_fit.rs"]
 mod fit;

@@ -4,7 +4,9 @@
 //! extrapolation further than a held-out check covered is never acted on),
 //! said in the change's note and an Event.
 
-use super::{env_changes, EnvChange, PlanError, Step, REASON_BATCH_FIT, REASON_BATCH_FIT_FALLBACK};
+use super::{
+    accum, env_changes, EnvChange, PlanError, Step, REASON_BATCH_FIT, REASON_BATCH_FIT_FALLBACK,
+};
 use memprof_analysis::batchfit;
 use memprof_api::{truncate_utf8, BatchRecommendation, ScaleBatchAction, ScaleMode, ScaleValue};
 use serde_json::Value;
@@ -21,9 +23,12 @@ pub(super) fn scale_batch(
         minimum: s.minimum,
         round_to: s.round_to,
     };
+    // With `accumulation`, the factor's or the fit's value is the cap memory
+    // allows; the micro-batch is then chosen under it to keep the global batch.
+    let keep = |changes| accum::keep_if_asked(job, s, changes);
     let by_factor = env_changes(job, &s.env, s.container.as_deref(), &scale, None)?;
     if s.mode != Some(ScaleMode::Fit) {
-        return Ok((by_factor, None));
+        return Ok((keep(by_factor)?, None));
     }
     let from = by_factor.iter().map(|c| c.from).max().unwrap_or(0);
     let computed = batchfit::policy_value(
@@ -45,7 +50,7 @@ pub(super) fn scale_batch(
             (by_factor, REASON_BATCH_FIT_FALLBACK, note, why)
         }
     };
-    let changes = changes
+    let changes = keep(changes)?
         .into_iter()
         .map(|c| EnvChange {
             note: Some(note.clone()),

@@ -435,3 +435,131 @@ fn the_factor_mode_plan_is_unchanged_by_a_recommendation() {
     assert_eq!(plan.summary(), "scaleBatch BATCH_SIZE 64->48");
     assert_eq!(plan.steps.len(), 1);
 }
+
+fn keep_global_batch(a: RemediationAction) -> RemediationAction {
+    let mut a = a;
+    a.scale_batch.as_mut().unwrap().accumulation = Some(memprof_api::AccumulationEnv {
+        env: "GRAD_ACCUM_STEPS".into(),
+    });
+    a
+}
+
+fn with_accumulation(batch: &str, accum: Value) -> Value {
+    let mut j = job(json!(batch));
+    let env = &mut j["spec"]["template"]["spec"]["containers"][0]["env"];
+    env.as_array_mut().unwrap().push(accum);
+    j
+}
+
+#[test]
+fn keeping_the_global_batch_prefers_an_exact_split_then_the_nearest_above() {
+    use accum::keep_global;
+    let k = |m, a, cap, min, r| {
+        let k = keep_global(m, a, cap, min, r).unwrap();
+        (k.micro, k.accumulation, k.exact())
+    };
+    assert_eq!(k(32, 1, 16, 1, None), (16, 2, true));
+    // The factor allows 24; 24 does not divide 32, 16 does: 16×2 keeps it.
+    assert_eq!(k(32, 1, 24, 1, None), (16, 2, true));
+    // The fit allows 27 of 64: 16×4, not 22×3 = 66.
+    assert_eq!(k(64, 1, 27, 1, None), (16, 4, true));
+    assert_eq!(k(48, 2, 30, 1, None), (24, 4, true));
+    // 7 is prime: no split; 2 steps of 4 = 8, the nearest not below 7.
+    assert_eq!(k(7, 1, 5, 1, None), (4, 2, false));
+    // roundTo 4 excludes 15: 2 steps of 16.
+    assert_eq!(k(30, 1, 22, 1, Some(4)), (16, 2, false));
+    // minimum 20 excludes 16: 2 steps of 20 = 40.
+    assert_eq!(k(32, 1, 24, 20, None), (20, 2, false));
+    assert_eq!(keep_global(u64::MAX, 2, 4, 1, None), None);
+}
+
+#[test]
+fn keeping_the_global_batch_holds_its_bounds_for_every_small_case() {
+    for micro in 2..40u64 {
+        for acc in 1..4u64 {
+            for cap in 1..micro {
+                for min in 1..=cap {
+                    for r in [None, Some(2), Some(4)] {
+                        let k = accum::keep_global(micro, acc, cap, min, r).unwrap();
+                        let p = micro * acc;
+                        let case = (micro, acc, cap, min, r, k);
+                        assert!(k.micro <= cap && k.micro >= 1, "{case:?}");
+                        assert!(k.micro >= min.min(cap), "{case:?}");
+                        assert!(k.micro == cap || k.micro % r.unwrap_or(1) == 0, "{case:?}");
+                        assert_eq!(k.after, k.micro * k.accumulation, "{case:?}");
+                        assert!(k.after >= p && k.after < p + k.micro, "{case:?}");
+                        // Exact whenever an allowed divisor lies in [⌈cap/2⌉, cap].
+                        let allowed = |m: u64| m == cap || (m % r.unwrap_or(1) == 0 && m >= min);
+                        let divides = (cap.div_ceil(2)..=cap).any(|m| allowed(m) && p % m == 0);
+                        assert_eq!(k.exact(), divides, "{case:?}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn scale_batch_with_accumulation_keeps_micro_times_accumulation() {
+    // The container does not set the var: it counts as 1 and is added.
+    let p = policy(vec![keep_global_batch(scale_batch(0.75, 1, None))]);
+    let plan = build_for(&p, &job(json!("32"))).unwrap();
+    assert_eq!(
+        plan.summary(),
+        "scaleBatch BATCH_SIZE×GRAD_ACCUM_STEPS 32×1 → 16×2"
+    );
+    let (changes, manifest) = plan.recreate().unwrap();
+    let acc = changes[0].accumulation.as_ref().unwrap();
+    assert_eq!((acc.from, acc.to, acc.added), (1, 2, true));
+    let env = &manifest["spec"]["template"]["spec"]["containers"][0]["env"];
+    assert_eq!(env[1], json!({"name": "BATCH_SIZE", "value": "16"}));
+    assert_eq!(env[2], json!({"name": "GRAD_ACCUM_STEPS", "value": "2"}));
+    let ann = &manifest["metadata"]["annotations"];
+    assert_eq!(ann["memprof.dev/original-grad_accum_steps"], "1");
+    assert_eq!(ann["memprof.dev/original-batch_size"], "32");
+
+    // 7 × 2 = 14 per rank; the factor allows 5; nothing in [3, 5] divides 14.
+    let j = with_accumulation("7", json!({"name": "GRAD_ACCUM_STEPS", "value": "2"}));
+    let plan = build_for(&p, &j).unwrap();
+    assert_eq!(
+        plan.summary(),
+        "scaleBatch BATCH_SIZE×GRAD_ACCUM_STEPS 7×2 → 5×3 (batch per rank 14 → 15, nearest not below)"
+    );
+    let env = &plan.recreate().unwrap().1["spec"]["template"]["spec"]["containers"][0]["env"];
+    assert_eq!(env[2], json!({"name": "GRAD_ACCUM_STEPS", "value": "3"}));
+    let lines = accum::explain_lines(plan.recreate().unwrap().0, Some(4));
+    assert_eq!(
+        lines,
+        ["keep global batch (trainer BATCH_SIZE×GRAD_ACCUM_STEPS×ranks): 7×2×4 = 56 → 5×3×4 = 60 (15 is the nearest not below 14 per rank)"]
+    );
+}
+
+#[test]
+fn mode_fit_with_accumulation_takes_the_largest_fitting_exact_split() {
+    let mut p = fit_policy(4, None);
+    p.spec.actions[0] = keep_global_batch(p.spec.actions[0].clone());
+    // The fit allows 27 of 64: 16×4 keeps 64 exactly.
+    let plan = build_fit(&p, &job(json!("64")), Some(&two_batches()));
+    assert!(
+        plan.summary()
+            .starts_with("scaleBatch BATCH_SIZE×GRAD_ACCUM_STEPS 64×1 → 16×4 (fit twoBatchSizes"),
+        "{}",
+        plan.summary()
+    );
+}
+
+#[test]
+fn an_accumulation_var_memprof_cannot_read_is_said_not_guessed() {
+    let p = policy(vec![keep_global_batch(scale_batch(0.5, 1, None))]);
+    let from = json!({"name": "GRAD_ACCUM_STEPS", "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}});
+    let err = build_for(&p, &with_accumulation("32", from)).unwrap_err();
+    assert_eq!(err.reason(), "EnvNotLiteral");
+    for bad in ["two", "0", ""] {
+        let j = with_accumulation("32", json!({"name": "GRAD_ACCUM_STEPS", "value": bad}));
+        assert_eq!(
+            build_for(&p, &j).unwrap_err().reason(),
+            "EnvNotANumber",
+            "{bad}"
+        );
+    }
+}
