@@ -6,8 +6,9 @@
 Nothing is changed, only left out: pushes keep `t` (when the sidecar received
 it) and `push`; step logs keep `t,kept`, every step until the leak's kept
 bytes reach 1 % of the GPU (what `memprof analyze --evaluate` calls visible)
-and every 25th after; traces, summaries, sidecar logs, plan.txt and
-device.txt are copied whole; polls, risk events, final reports and trainer
+and every 25th after; traces, summaries, sidecar logs, device.txt and
+plan.txt are copied whole (plan.txt without a scenario that was never
+recorded); polls, risk events, final reports and trainer
 logs are left out (they describe the sidecar that recorded, not the data).
 """
 import csv
@@ -49,13 +50,17 @@ def trim_steps(src, dst, visible):
 def main():
     src, dst = sys.argv[1], sys.argv[2]
     os.makedirs(dst, exist_ok=True)
-    for name in ("plan.txt", "device.txt"):
-        shutil.copy(os.path.join(src, name), dst)
+    shutil.copy(os.path.join(src, "device.txt"), dst)
+    plan = open(os.path.join(dst, "plan.txt"), "w")
     for line in open(os.path.join(src, "plan.txt")):
         parts = line.split()
         if len(parts) < 2:
             continue
         n = parts[1]
+        if not os.path.exists(os.path.join(src, f"{n}.trace.csv")):
+            print(f"{n}: not recorded (skipped by record.sh's deadline?), left out of plan.txt too")
+            continue
+        plan.write(line)
         visible = gpu_total(os.path.join(src, f"{n}.trace.csv")) // 100
         for ext in ("trace.csv", "summary.json", "sidecar.log"):
             shutil.copy(os.path.join(src, f"{n}.{ext}"), dst)

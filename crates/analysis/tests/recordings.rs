@@ -184,3 +184,37 @@ fn on_the_held_out_set_the_verdicts_hold_as_on_the_dev_set() {
         );
     }
 }
+
+/// The fresh H100 set, recorded after the tuning with the sidecar and agent
+/// it produced (another model shape, rates 40 MB/s – 2.5 GB/s). What held
+/// and what did not, pinned so that a change is seen either way: no false
+/// flag in either mode; with the agent 6 of 7 leaks flagged within 15 s of
+/// visible and the time to OOM at half-life within 20 % for both long-lived
+/// leaks. The misses (docs/analysis.md, "The fresh set"): valloss (graphs
+/// kept every 5 s, dead 15 s after its first kept graph) is never flagged and
+/// its report says `cache` after the OOM; from NVML alone the growing batch
+/// reaches high.
+#[test]
+fn on_the_fresh_set_no_false_flag_and_the_misses_are_the_known_ones() {
+    let dir = root().join("recordings/fresh");
+    let read = |name: &str| std::fs::read_to_string(dir.join(name)).ok();
+    let set: Vec<Recording> = set_scenarios(&read)
+        .into_iter()
+        .map(|(name, kind)| read_scenario(&read, &name, kind).unwrap())
+        .collect();
+    assert_eq!(set.len(), 8);
+    let e = evaluate(&set, &Thresholds::default());
+    println!("{}", render(&e));
+    let (a, n) = (&e.agent_totals, &e.nvml_totals);
+    assert_eq!(
+        (a.leaks, a.true_flags, a.false_flag_scenarios),
+        (7, 6, 0),
+        "{a:?}"
+    );
+    assert_eq!(a.flagged_within_15s_of_visible, 6, "{a:?}");
+    assert_eq!((a.long_lived, a.tto_within_20_percent), (2, 2), "{a:?}");
+    assert_eq!((n.true_flags, n.false_flag_scenarios), (5, 0), "{n:?}");
+    assert!(one(&e.agent, "valloss").leak_flag.is_none());
+    assert!(one(&e.agent, "growbatch").worst <= RiskLevel::Medium);
+    assert_eq!(one(&e.nvml, "growbatch").worst, RiskLevel::High);
+}
