@@ -41,6 +41,7 @@ import memprof_agent  # noqa: E402
 from train import GPT  # noqa: E402
 
 OUT = os.environ.get("OUT", ".")
+os.makedirs(OUT, exist_ok=True)
 VOCAB, D, LAYERS, HEADS, SEQ, BATCH = 4096, 512, 6, 8, 256, 16
 FAILED = []
 

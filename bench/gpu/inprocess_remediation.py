@@ -351,7 +351,7 @@ def main():
     ap.add_argument("--micro", type=int, default=16)
     ap.add_argument("--accum", type=int, default=2)
     ap.add_argument("--seq-start", type=int, default=256)
-    ap.add_argument("--seq-end", type=int, default=2048)
+    ap.add_argument("--seq-end", type=int, default=1024)
     ap.add_argument("--vocab", type=int, default=4096)
     ap.add_argument("--dim", type=int, default=512)
     ap.add_argument("--layers", type=int, default=6)

@@ -45,6 +45,7 @@ from memprof_agent import _sizes, _tracking  # noqa: E402
 from train import GPT  # noqa: E402
 
 OUT = os.environ.get("OUT", ".")
+os.makedirs(OUT, exist_ok=True)
 VOCAB, D, LAYERS, HEADS, SEQ, BATCH = 32000, 1024, 8, 16, 512, 8
 FAILED = []
 KEPT = []
