@@ -140,7 +140,6 @@ async fn mode_fit_recreates_the_job_with_the_computed_batch() {
     let ns = TestNamespace::create(&client).await;
     let ns = ns.name.as_str();
     let operator = start_operator(&client, ns);
-    let remediation = start_remediation(&client, ns);
     let policy = json!({
         "selector": {"matchLabels": {"team": "ml"}},
         "triggers": [{"riskAtLeast": {"level": "high"}}],
@@ -207,6 +206,5 @@ async fn mode_fit_recreates_the_job_with_the_computed_batch() {
         )),
         "{recs:?}"
     );
-    remediation.stop().await;
     operator.stop().await;
 }

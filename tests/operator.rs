@@ -62,22 +62,18 @@ async fn wait_events(client: &Client, ns: &str, reason: &str, regarding: &str, n
     .await
 }
 
-/// Rewrites rank 0's report with a newer `sampledAt` and waits until the
-/// status shows it: proof that the operator reconciled everything before.
+/// Rewrites rank 0's report with a newer `sampledAt` and a peak above every
+/// other rank's (79 GiB + `t` MiB), and waits until the status shows that
+/// peak: proof that the operator reconciled everything before. (Not
+/// `lastReportTime`: a change of it alone is written at most every 30 s.)
 async fn nudge(client: &Client, ns: &str, profiles: &Api<MemoryProfile>, job: &str, t: u64) {
-    let r = rank_report(
-        client,
-        ns,
-        job,
-        0,
-        &at(t),
-        vec![gpu(0, 40, 40, RiskLevel::Low, None)],
-    )
-    .await;
+    let mut g = gpu(0, 79, 79, RiskLevel::Low, None);
+    let peak = 79 * GIB + t * (1 << 20);
+    (g.used_bytes, g.peak_bytes) = (peak, peak);
+    let r = rank_report(client, ns, job, 0, &at(t), vec![g]).await;
     apply_report(client, ns, &r).await;
-    let want = at(t);
-    wait_status(profiles, job, "the nudge to show in lastReportTime", |st| {
-        st.last_report_time.as_deref() == Some(want.as_str())
+    wait_status(profiles, job, "the nudge's peak to show", |st| {
+        st.peak_used_bytes == peak
     })
     .await;
 }

@@ -17,6 +17,7 @@ use memprof::api::{
     LABEL_JOB, LABEL_PROFILE, SIDECAR_MANAGER,
 };
 use memprof::operator::{self, Metrics, Options};
+use memprof::pipeline::Setup;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::hash::{BuildHasher, RandomState};
@@ -128,24 +129,34 @@ impl Drop for TestNamespace {
     }
 }
 
-/// The operator running in-process, scoped to one namespace.
+/// The operator (the one controller: roll-up and remediation) running
+/// in-process, scoped to one namespace.
 pub struct RunningOperator {
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<operator::Result<()>>>,
     pub metrics: Arc<Metrics>,
+    pub remediation_metrics: Arc<memprof::remediation::Metrics>,
 }
 
 pub fn start_operator(client: &Client, namespace: &str) -> RunningOperator {
     start_operator_with(client, Options::for_namespace(namespace))
 }
 
-/// The operator in-process with these options.
+/// The operator in-process with these options (remediation on, plans kept
+/// in the watched namespace).
 pub fn start_operator_with(client: &Client, opts: Options) -> RunningOperator {
+    let mut setup = Setup::for_namespace(&opts.namespace);
+    setup.options = opts;
+    start_controller(client, setup)
+}
+
+/// The controller in-process as `setup` says.
+pub fn start_controller(client: &Client, setup: Setup) -> RunningOperator {
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let metrics = Metrics::unregistered();
-    let (c, m) = (client.clone(), metrics.clone());
+    let (metrics, remediation_metrics) = (setup.metrics.clone(), setup.remediation_metrics.clone());
+    let c = client.clone();
     let task = tokio::spawn(async move {
-        operator::run(c, &opts, m, async move {
+        memprof::pipeline::run(c, setup, async move {
             let _ = stopped.await;
         })
         .await
@@ -154,6 +165,7 @@ pub fn start_operator_with(client: &Client, opts: Options) -> RunningOperator {
         stop: Some(stop),
         task: Some(task),
         metrics,
+        remediation_metrics,
     }
 }
 
