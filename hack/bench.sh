@@ -17,6 +17,8 @@ export KUBECONFIG
 cargo build --release --workspace --bins --example operator_scale --example remediation_latency
 echo "== sidecar: writes per rank per 30 s, RSS and CPU (sim backend)"
 bash bench/sidecar_budget.sh 8 120
+echo "== roll-up: CPU per report event, incremental against from scratch (2,048 x 1 and 256 x 8)"
+cargo bench -p memprof-analysis --bench rollup
 echo "== operator: 256 ranks, report -> profile status latency, status size, RSS, CPU"
 target/release/examples/operator_scale --ranks 256 --rounds 5
 # The scale run of docs/benchmarks.md: each prints its goals beside the numbers

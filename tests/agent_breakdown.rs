@@ -58,14 +58,13 @@ async fn a_pushed_breakdown_ends_in_the_report_and_the_profile() {
         .await
         .remove(0);
 
-    let (_sidecar, port) =
-        agent_common::start(&pod.name_any(), &pod.uid().unwrap(), &ns.name).await;
+    let sidecar = agent_common::start(&pod.name_any(), &pod.uid().unwrap(), &ns.name).await;
 
     // An impossible breakdown is refused with the field named.
     let t0 = jiff::Timestamp::now().as_second() as f64 - 30.0;
     let mut bad = breakdown(100);
     bad["staticBytes"] = serde_json::json!(MIB);
-    let (code, text) = push(port, &body(t0, 11, 0, Some(bad))).await;
+    let (code, text) = push(&sidecar, &body(t0, 11, 0, Some(bad))).await;
     assert_eq!(code, 400, "{text}");
     assert!(
         text.contains("breakdown: staticBytes 1048576 is less than"),
@@ -77,13 +76,13 @@ async fn a_pushed_breakdown_ends_in_the_report_and_the_profile() {
     for i in 0..10 {
         let t = t0 + i as f64;
         let first = (i == 0).then(|| breakdown(1000));
-        assert_eq!(push(port, &body(t, 11, 0, first)).await.0, 204);
+        assert_eq!(push(&sidecar, &body(t, 11, 0, first)).await.0, 200);
         let second = match i {
             0 => Some(breakdown(500)),
             5 => Some(breakdown(1491)),
             _ => None,
         };
-        assert_eq!(push(port, &body(t, 22, 1, second)).await.0, 204);
+        assert_eq!(push(&sidecar, &body(t, 22, 1, second)).await.0, 200);
     }
 
     let reports: Api<MemoryReport> = Api::namespaced(client.clone(), &ns.name);

@@ -2,8 +2,10 @@
 //! plane (`hack/local-cluster.sh up`): a Job annotated
 //! `memprof.dev/agent: "python"` gets, through the admission webhook served
 //! by this crate, the init container that copies the agent, the shared
-//! volume, the trainers' mounts, `PYTHONPATH` (the startup hook) and
-//! `MEMPROF_AGENT_URL`; so do the pods the Job controller makes from it, and
+//! volume, the trainers' mounts, `PYTHONPATH` (the startup hook) and the
+//! sidecar's socket (`MEMPROF_AGENT_SOCKET` on the pod's private emptyDir,
+//! mounted in the sidecar and every trainer); so do the pods the Job
+//! controller makes from it, and
 //! a Job recreated from it (as remediation does) is not injected twice.
 //!
 //!     eval "$(bash hack/local-cluster.sh env)"
@@ -18,8 +20,9 @@ use k8s_openapi::api::core::v1::{Container, Namespace, Pod, PodSpec, ServiceAcco
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use memprof::webhook::agent::{
-    AGENT_URL, BOOTSTRAP_DIR, INSTALL_CONTAINER, LIB_DIR, MOUNT_PATH, PYTHONPATH, VOLUME,
+    AGENT_SOCKET, BOOTSTRAP_DIR, INSTALL_CONTAINER, LIB_DIR, MOUNT_PATH, PYTHONPATH, VOLUME,
 };
+use memprof::webhook::sidecar::SOCKET_VOLUME;
 use memprof::webhook::{self, certs, InjectionConfig, SidecarMode, TlsCert, SIDECAR_CONTAINER};
 use serde_json::json;
 use std::sync::Arc;
@@ -225,21 +228,47 @@ fn assert_agent_injected(spec: &PodSpec) {
         let c = spec.containers.iter().find(|c| c.name == name).unwrap();
         assert_eq!(env_values(c, PYTHONPATH), pythonpath, "{name}");
         assert_eq!(
-            env_values(c, AGENT_URL),
-            ["http://127.0.0.1:9464/v1/agent"],
+            env_values(c, AGENT_SOCKET),
+            ["/var/run/memprof/agent.sock"],
             "{name}"
         );
+        assert!(env_values(c, "MEMPROF_AGENT_URL").is_empty(), "{name}");
         let mounts = c.volume_mounts.iter().flatten();
         let ours: Vec<_> = mounts.filter(|m| m.name == VOLUME).collect();
         assert_eq!(ours.len(), 1, "{name}");
         assert_eq!(ours[0].mount_path, MOUNT_PATH);
         assert_eq!(ours[0].read_only, Some(true));
+        let socket: Vec<_> = c
+            .volume_mounts
+            .iter()
+            .flatten()
+            .filter(|m| m.name == SOCKET_VOLUME)
+            .collect();
+        assert_eq!(socket.len(), 1, "{name}");
+        assert_eq!(
+            (socket[0].mount_path.as_str(), socket[0].read_only),
+            ("/var/run/memprof", Some(true))
+        );
     }
+    let volume = spec
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == SOCKET_VOLUME)
+        .expect("the socket's volume");
+    assert!(volume.empty_dir.is_some(), "private to the pod: {volume:?}");
     let sidecar = all_containers(spec)
         .find(|c| c.name == SIDECAR_CONTAINER)
         .unwrap();
     assert!(env_values(sidecar, PYTHONPATH).is_empty());
-    assert!(env_values(sidecar, AGENT_URL).is_empty());
+    assert_eq!(
+        env_values(sidecar, AGENT_SOCKET),
+        ["/var/run/memprof/agent.sock"]
+    );
+    assert!(
+        env_values(sidecar, "MEMPROF_PORT").is_empty(),
+        "no scraping here"
+    );
 }
 
 /// The API server picks up a new webhook configuration asynchronously.

@@ -1,5 +1,7 @@
 //! `crds/` holds exactly what `memprof crd` prints: a stale copy fails here.
 
+mod common;
+
 #[test]
 fn crds_directory_matches_the_api_types() {
     let generated = memprof::api::crds_yaml();
@@ -89,5 +91,64 @@ fn every_string_and_list_a_report_or_profile_carries_is_bounded() {
             unbounded.is_empty(),
             "{name}: unbounded fields: {unbounded:#?}"
         );
+    }
+}
+
+#[test]
+fn no_status_is_nullable_so_a_1_20_server_publishes_its_fields() {
+    // A server that publishes only OpenAPI v2 (1.20) drops a nullable
+    // property's type and fields: `kubectl explain memoryprofile.status`
+    // listed nothing (issue 17).
+    for crd in memprof::api::crds() {
+        let schema = serde_json::to_value(&crd.spec.versions[0].schema).unwrap();
+        let status = &schema["openAPIV3Schema"]["properties"]["status"];
+        if status.is_null() {
+            continue;
+        }
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        assert_ne!(
+            status.get("nullable"),
+            Some(&serde_json::json!(true)),
+            "{name}"
+        );
+        assert_eq!(status["type"], "object", "{name}");
+    }
+}
+
+/// What `kubectl explain memoryprofile.status` reads on this server: the
+/// fields of `status` in the published OpenAPI v2 document.
+#[tokio::test]
+async fn the_served_openapi_lists_the_profile_status_fields() {
+    let Some(client) = common::cluster().await else {
+        return;
+    };
+    let fields = common::eventually("MemoryProfile status fields in /openapi/v2", || {
+        let client = client.clone();
+        async move {
+            let req = hyper::Request::get("/openapi/v2").body(Vec::new()).unwrap();
+            let doc: serde_json::Value = client.request(req).await.map_err(|e| e.to_string())?;
+            let status = &doc["definitions"]["dev.memprof.v1alpha1.MemoryProfile"]["properties"]
+                ["status"]["properties"];
+            let fields: Vec<String> = status
+                .as_object()
+                .map(|o| o.keys().cloned().collect())
+                .unwrap_or_default();
+            // Published asynchronously after the CRD is established.
+            if fields.contains(&"staleRanks".to_string()) {
+                Ok(fields)
+            } else {
+                Err(format!("status fields: {fields:?}"))
+            }
+        }
+    })
+    .await;
+    for f in [
+        "risk",
+        "ranks",
+        "ranksStale",
+        "timeToOomSeconds",
+        "conditions",
+    ] {
+        assert!(fields.iter().any(|x| x == f), "{f} in {fields:?}");
     }
 }

@@ -71,9 +71,9 @@ async fn create_pod(client: &Client, ns: &str, name: &str) -> Pod {
     .await
 }
 
-/// `sampledAt` of the sidecar's local report (`GET /v1/report`).
-async fn local_sampled_at(port: u16) -> Option<jiff::Timestamp> {
-    let (status, body) = get(port, "/v1/report").await?;
+/// `sampledAt` of the sidecar's local report (`GET /v1/report` on its socket).
+async fn local_sampled_at(socket: &std::path::Path) -> Option<jiff::Timestamp> {
+    let (status, body) = get_socket(socket, "/v1/report").await?;
     let v: Value = serde_json::from_str(&body).ok().filter(|_| status == 200)?;
     v["sampledAt"].as_str()?.parse().ok()
 }
@@ -173,7 +173,7 @@ async fn leaders_step_down_and_everything_catches_up_when_the_api_server_is_froz
     create_namespace(&client, ns).await;
     remediation_support::training_job(&client, ns, "train", Some("32")).await;
     let pod = remediation_support::first_pod(&client, ns, "train").await;
-    let (mut sidecar, _scenario) = sidecar(&cluster.kubeconfig, ns, &pod, "train");
+    let (mut sidecar, files) = sidecar(&cluster.kubeconfig, ns, &pod, "train");
     let elect = ["--leader-elect", "--lease-duration-seconds", "6"];
     let mut a = operator("op-a", &cluster.kubeconfig, ns, &elect);
     let mut b = operator("op-b", &cluster.kubeconfig, ns, &elect);
@@ -187,7 +187,7 @@ async fn leaders_step_down_and_everything_catches_up_when_the_api_server_is_froz
     let freeze = Duration::from_secs(20);
     let frozen_at = Instant::now();
     let frozen = cluster.freeze_apiserver();
-    let before = local_sampled_at(sidecar.port)
+    let before = local_sampled_at(&files.socket())
         .await
         .expect("a local report");
     while frozen_at.elapsed() < freeze {
@@ -199,7 +199,7 @@ async fn leaders_step_down_and_everything_catches_up_when_the_api_server_is_froz
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    let during = local_sampled_at(sidecar.port)
+    let during = local_sampled_at(&files.socket())
         .await
         .expect("a local report");
     assert!(during > before, "sampling went on: {before} -> {during}");
@@ -368,7 +368,7 @@ async fn a_sidecar_without_network_keeps_serving_and_catches_up() {
     let proxy = Proxy::start(apiserver_addr(&shared)).await;
     let via_proxy = proxy.kubeconfig(&shared);
     let pod = create_pod(&client, &ns.name, "train-0").await;
-    let (mut sidecar, _scenario) = sidecar(&via_proxy.0, &ns.name, &pod, "train");
+    let (mut sidecar, files) = sidecar(&via_proxy.0, &ns.name, &pod, "train");
     eventually_within(Duration::from_secs(30), "the first report", || async {
         api_sampled_at(&client, &ns.name, "train-0")
             .await
@@ -378,7 +378,7 @@ async fn a_sidecar_without_network_keeps_serving_and_catches_up() {
 
     let outage = outage();
     let rss_before = sidecar.rss_kib();
-    let before = local_sampled_at(sidecar.port)
+    let before = local_sampled_at(&files.socket())
         .await
         .expect("a local report");
     let cut = Instant::now();
@@ -391,9 +391,12 @@ async fn a_sidecar_without_network_keeps_serving_and_catches_up() {
         }
         assert!(sidecar.alive(), "the sidecar runs on");
         for path in ["/healthz", "/metrics", "/v1/report"] {
-            let answer = get(sidecar.port, path).await.map(|a| a.0);
+            let answer = match path {
+                "/v1/report" => get_socket(&files.socket(), path).await,
+                _ => get(sidecar.port, path).await,
+            };
             assert_eq!(
-                answer,
+                answer.map(|a| a.0),
                 Some(200),
                 "{path} answers within 1 s at {:?}",
                 cut.elapsed()
@@ -401,7 +404,7 @@ async fn a_sidecar_without_network_keeps_serving_and_catches_up() {
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
-    let during = local_sampled_at(sidecar.port)
+    let during = local_sampled_at(&files.socket())
         .await
         .expect("a local report");
     assert!(during > before, "sampling went on: {before} -> {during}");

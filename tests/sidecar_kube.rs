@@ -17,6 +17,7 @@ use std::process::{Child, Command, Stdio};
 struct Sidecar {
     child: Child,
     port: u16,
+    socket: common::AgentSocket,
     _scenario: tempfile_lite::TempFile,
 }
 
@@ -53,6 +54,7 @@ fn start_sidecar(ns: &str, pod: &Pod, scenario: &str, extra_env: &[(&str, &str)]
         .write_all(scenario.as_bytes())
         .unwrap();
     let port = free_port();
+    let socket = common::AgentSocket::new();
     let mut cmd = Command::new(common::sidecar_binary());
     cmd.args([
         "--backend",
@@ -65,6 +67,8 @@ fn start_sidecar(ns: &str, pod: &Pod, scenario: &str, extra_env: &[(&str, &str)]
         "100ms",
     ])
     .args(["--listen", &format!("127.0.0.1:{port}")])
+    .arg("--agent-socket")
+    .arg(socket.path())
     .env("POD_NAME", pod.metadata.name.as_deref().unwrap())
     .env("POD_UID", pod.metadata.uid.as_deref().unwrap())
     .env("POD_NAMESPACE", ns)
@@ -80,6 +84,7 @@ fn start_sidecar(ns: &str, pod: &Pod, scenario: &str, extra_env: &[(&str, &str)]
     Sidecar {
         child: cmd.spawn().expect("memprof-sidecar starts"),
         port,
+        socket,
         _scenario: tempfile_lite::TempFile(path),
     }
 }
@@ -277,9 +282,11 @@ async fn a_sidecar_without_permission_says_so_and_stays_healthy() {
     })
     .await;
     assert!(get(port, "/healthz").await.contains("ok"), "still healthy");
+    let (code, local) =
+        common::socket_request(&sidecar.socket.path(), "GET", "/v1/report", "").await;
     assert!(
-        get(port, "/v1/report").await.contains("\"podName\""),
-        "the report is still served locally"
+        code == 200 && local.contains("\"podName\""),
+        "the report is still served locally, on the agent socket: {local}"
     );
     let reports: Api<MemoryReport> = Api::namespaced(client.clone(), &ns.name);
     assert!(reports.get_opt("train-noperm").await.unwrap().is_none());

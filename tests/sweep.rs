@@ -279,10 +279,9 @@ fn the_agent_is_enabled_and_each_run_has_its_own_summary_file() {
     );
     assert!(first.contains(&want), "{first}");
     assert!(first.contains("MEMPROF_AGENT_MAX_STEPS=7"), "{first}");
-    assert!(
-        first.contains("MEMPROF_AGENT_URL=http://127.0.0.1:"),
-        "{first}"
-    );
+    // No sidecar: an unserved socket in a private directory, never a URL.
+    assert!(first.contains("MEMPROF_AGENT_SOCKET=/"), "{first}");
+    assert!(!first.contains("MEMPROF_AGENT_URL"), "{first}");
     assert!(first.contains(&format!(
         "MEMPROF_AGENT_SUMMARY={}",
         logs.join("run-000.summary.json").display()

@@ -23,22 +23,28 @@ export PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
 log() { echo "[$(date +%T)] $*"; }
 PORT=9480
+# The sidecars' agent sockets, in a directory only this user can enter.
+SOCKDIR=$(mktemp -d "${TMPDIR:-/tmp}/memprof-agent-gpu.XXXXXX")
+trap 'rm -rf "$SOCKDIR"' EXIT
 
-# with_sidecar NAME CMD...: runs CMD with a sidecar and a poller beside it.
+# with_sidecar NAME CMD...: runs CMD with a sidecar and a poller beside it;
+# the agent pushes over the sidecar's socket (MEMPROF_AGENT_SOCKET).
 with_sidecar() {
   local name=$1
   shift
   PORT=$((PORT + 1))
+  local sock="$SOCKDIR/$name.sock"
   "$SIDECAR" --standalone --backend nvml --interval 1s --listen "127.0.0.1:$PORT" \
+    --agent-socket "$sock" \
     --output "$OUT/$name.report.json" >"$OUT/$name.events.jsonl" 2>"$OUT/$name.sidecar.log" &
   local sc=$!
   rm -f "$OUT/$name.stop"
-  $PY "$HERE/agent_poll.py" "$PORT" "$OUT/$name.polls.jsonl" "$OUT/$name.stop" &
+  $PY "$HERE/agent_poll.py" "$sock" "$OUT/$name.polls.jsonl" "$OUT/$name.stop" &
   local poll=$!
   sleep 2
   log "$name: $*"
   PYTHONPATH="$ROOT/agent/python/bootstrap:$ROOT/agent/python" \
-    MEMPROF_AGENT_URL="http://127.0.0.1:$PORT/v1/agent" "$@" >"$OUT/$name.trainer.log" 2>&1
+    MEMPROF_AGENT_SOCKET="$sock" "$@" >"$OUT/$name.trainer.log" 2>&1
   log "$name: trainer exit $?"
   sleep 3
   touch "$OUT/$name.stop"

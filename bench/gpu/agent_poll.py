@@ -1,23 +1,27 @@
 #!/usr/bin/env python3
-"""Polls a sidecar's GET /v1/report once a second and writes one compact JSON
-line per poll (time, the first GPU's risk/TTO/leak, the allocator section's
-verdicts), until STOPFILE exists. For bench/gpu/agent.sh.
+"""Polls a sidecar's GET /v1/report (on its agent socket) once a second and
+writes one compact JSON line per poll (time, the first GPU's risk/TTO/leak,
+the allocator section's verdicts), until STOPFILE exists. For
+bench/gpu/agent.sh.
 
-    agent_poll.py PORT OUT.jsonl STOPFILE
+    agent_poll.py SOCKET OUT.jsonl STOPFILE
 """
 import json
 import os
 import sys
 import time
-import urllib.request
 
-port, out, stop = sys.argv[1], sys.argv[2], sys.argv[3]
+from uds_http import request
+
+sock, out, stop = sys.argv[1], sys.argv[2], sys.argv[3]
 with open(out, "w") as f:
     while not os.path.exists(stop):
         t = time.time()
         try:
-            with urllib.request.urlopen("http://127.0.0.1:%s/v1/report" % port, timeout=2) as r:
-                rep = json.load(r)
+            status, body = request(sock, "GET", "/v1/report")
+            if status != 200:
+                raise RuntimeError("HTTP %d: %s" % (status, body[:100]))
+            rep = json.loads(body)
             g = (rep.get("gpus") or [{}])[0]
             a = rep.get("allocator") or {}
             line = {

@@ -8,8 +8,11 @@ keeps every agent push and the sidecar still gives its live verdicts.
     push_log_proxy.py --log NAME.pushes.jsonl --port-file P --upstream-file U
 
 It listens on 127.0.0.1 (port 0: the OS picks; the port is written to
---port-file once it listens). The upstream (`HOST:PORT` of the sidecar) is
-read from --upstream-file, which record.sh writes once the sidecar answers.
+--port-file once it listens): the agent reaches it through MEMPROF_AGENT_URL,
+the opt-in kept for tests and tools like this one. The upstream is read from
+--upstream-file, which record.sh writes once the sidecar answers: the path
+of the sidecar's agent socket (the only place it takes pushes), or
+`HOST:PORT` of an old sidecar.
 Before that file exists (the trainer was started ahead of its turn and only
 imports torch: the agent pushes, but CUDA is not up, so its pushes carry no
 device), a push is logged with `"forwarded": false` and answered 204, so
@@ -32,6 +35,8 @@ import sys
 import threading
 import time
 
+from uds_http import UnixHTTPConnection
+
 MAX_BODY = 1 << 20  # above the sidecar's own cap (256 KiB): its 413 is relayed
 
 
@@ -44,24 +49,29 @@ class Proxy:
         self.timeout = timeout
 
     def target(self):
-        """HOST:PORT of the sidecar, once record.sh has written it."""
+        """The sidecar's socket path (or HOST:PORT), once record.sh has written it."""
         if self.upstream is None and os.path.exists(self.upstream_file):
             text = open(self.upstream_file).read().strip()
-            if text:
+            if text.startswith("/"):
+                self.upstream = text
+            elif text:
                 host, _, port = text.rpartition(":")
                 self.upstream = (host or "127.0.0.1", int(port))
         return self.upstream
 
     def forward(self, path, body, ctype):
         """(status, body bytes, error) of the sidecar's answer."""
-        host, port = self.upstream
-        conn = http.client.HTTPConnection(host, port, timeout=self.timeout)
+        up = self.upstream
+        if isinstance(up, str):
+            conn, where = UnixHTTPConnection(up, self.timeout), up
+        else:
+            conn, where = http.client.HTTPConnection(up[0], up[1], timeout=self.timeout), "%s:%d" % up
         try:
             conn.request("POST", path, body=body, headers={"Content-Type": ctype})
             resp = conn.getresponse()
             return resp.status, resp.read(), None
         except Exception as exc:  # the sidecar is down or slow: the agent hears it
-            return 502, ("proxy: sidecar at %s:%d: %s\n" % (host, port, exc)).encode(), str(exc)[:300]
+            return 502, ("proxy: sidecar at %s: %s\n" % (where, exc)).encode(), str(exc)[:300]
         finally:
             conn.close()
 

@@ -22,8 +22,8 @@
 #  - the in-process agent, started as agent.sh does (PYTHONPATH bootstrap, no
 #    code change, history off), pushing through push_log_proxy.py, which keeps
 #    every push in NAME.pushes.jsonl and forwards it to the sidecar's real
-#    POST /v1/agent;
-#  - report_poll.py: GET /v1/report once a second into NAME.polls.jsonl.
+#    POST /v1/agent on its agent socket (a private directory, SOCKDIR);
+#  - report_poll.py: GET /v1/report on that socket once a second into NAME.polls.jsonl.
 # The trainer writes NAME.steps.csv (t,step,step_ms,allocated,reserved,
 # max_reserved,dev_used,batch,kept,phase) and NAME.summary.json (the leak's
 # exact start `leakFrom`, `leakMBps`, `leakMeasuredMBps`, the real `oomAt`,
@@ -215,24 +215,24 @@ start_sidecar() {
   local n=$1 port="" k
   # shellcheck disable=SC2086 # SIDECAR_BACKEND is a list of options
   RUST_LOG=${RUST_LOG:-info} NO_COLOR=1 "$SIDECAR" --standalone $SIDECAR_BACKEND --interval 1s \
-    --listen 127.0.0.1:0 --trace-out "$OUT/$n.trace.csv" --output "$OUT/$n.report.json" \
+    --listen 127.0.0.1:0 --agent-socket "$SOCKDIR/$n.sock" \
+    --trace-out "$OUT/$n.trace.csv" --output "$OUT/$n.report.json" \
     >"$OUT/$n.events.jsonl" 2>"$OUT/$n.sidecar.log" &
   SC_PID=$!
   PIDS+=("$!")
   for ((k = 0; k < 200; k++)); do
-    port=$(grep -o 'addr=127\.0\.0\.1:[0-9]*' "$OUT/$n.sidecar.log" 2>/dev/null | head -1 | cut -d: -f2)
-    [ -n "$port" ] && break
+    [ -S "$SOCKDIR/$n.sock" ] && break
     kill -0 "$SC_PID" 2>/dev/null || break
     sleep 0.05
   done
-  if [ -z "$port" ]; then
+  if ! [ -S "$SOCKDIR/$n.sock" ]; then
     log "$n: the sidecar did not start: $(tail -c 400 "$OUT/$n.sidecar.log")"
     return 1
   fi
-  $PY "$HERE/report_poll.py" "$port" "$OUT/$n.polls.jsonl" "$W/$n.pollstop" >"$W/$n.poll.err" 2>&1 &
+  $PY "$HERE/report_poll.py" "$SOCKDIR/$n.sock" "$OUT/$n.polls.jsonl" "$W/$n.pollstop" >"$W/$n.poll.err" 2>&1 &
   POLL_PID=$!
   PIDS+=("$!")
-  echo "127.0.0.1:$port" >"$W/$n.upstream.tmp" && mv "$W/$n.upstream.tmp" "$W/$n.upstream"
+  echo "$SOCKDIR/$n.sock" >"$W/$n.upstream.tmp" && mv "$W/$n.upstream.tmp" "$W/$n.upstream"
 }
 
 # wait_trainer PID GO_MS CAP_S: sets RC and KILLED (1 when stopped at its cap).
@@ -304,6 +304,7 @@ cleanup() { # every process this script started and that still runs, by PID
   for p in "${PIDS[@]+"${PIDS[@]}"}"; do
     kill -0 "$p" 2>/dev/null && kill -KILL "$p" 2>/dev/null
   done
+  [ -n "${SOCKDIR:-}" ] && rm -rf "$SOCKDIR"
 }
 
 device_info() {
@@ -335,6 +336,9 @@ main() {
   mkdir -p "$OUT"
   W="$OUT/.run"
   mkdir -p "$W"
+  # The sidecars' agent sockets: a short path (a socket's is at most 107
+  # bytes), a directory only this user can enter (mktemp -d: 0700).
+  SOCKDIR=$(mktemp -d "${TMPDIR:-/tmp}/memprof-rec.XXXXXX")
   rm -f "$W"/* "$OUT/schedule.csv"
   T0_MS=$(ms)
   PIDS=()

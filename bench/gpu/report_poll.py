@@ -1,18 +1,19 @@
 #!/usr/bin/env python3
-"""Polls a sidecar's GET /v1/report once a second (as agent_poll.py does) and
+"""Polls a sidecar's GET /v1/report (on its agent socket) once a second (as agent_poll.py does) and
 writes one JSON line per poll: {"t": poll time, "report": the whole report
 less each GPU's downsampled `timeline` (the NVML trace has every sample)},
 or {"t", "error"} while there is no report. Stops when STOPFILE exists or
 on SIGTERM. For bench/gpu/record.sh.
 
-    report_poll.py PORT OUT.jsonl STOPFILE
+    report_poll.py SOCKET OUT.jsonl STOPFILE
 """
 import json
 import os
 import signal
 import sys
 import time
-import urllib.request
+
+from uds_http import request
 
 stopped = False
 
@@ -23,17 +24,16 @@ def stop(*_):
 
 
 def main():
-    port, out, stopfile = sys.argv[1], sys.argv[2], sys.argv[3]
+    sock, out, stopfile = sys.argv[1], sys.argv[2], sys.argv[3]
     signal.signal(signal.SIGTERM, stop)
-    # No HTTP(S)_PROXY for a loopback read.
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    url = "http://127.0.0.1:%s/v1/report" % port
     with open(out, "w") as f:
         while not stopped and not os.path.exists(stopfile):
             t = time.time()
             try:
-                with opener.open(url, timeout=2) as r:
-                    rep = json.load(r)
+                status, body = request(sock, "GET", "/v1/report")
+                if status != 200:
+                    raise RuntimeError("HTTP %d: %s" % (status, body[:100]))
+                rep = json.loads(body)
                 for g in rep.get("gpus") or []:
                     g.pop("timeline", None)
                 line = {"t": round(t, 3), "report": rep}

@@ -451,3 +451,61 @@ pub fn sidecar_binary() -> std::path::PathBuf {
     );
     p
 }
+
+/// A sidecar's agent socket in a directory of its own (mode 0700, like the
+/// pod's private emptyDir), removed with the directory when dropped.
+pub struct AgentSocket(std::path::PathBuf);
+
+impl AgentSocket {
+    /// A new private directory under the temp dir.
+    pub fn new() -> AgentSocket {
+        use std::os::unix::fs::DirBuilderExt;
+        let dir = std::env::temp_dir().join(format!("memprof-sock-{}", random_suffix()));
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&dir)
+            .expect("a private directory for the agent socket");
+        AgentSocket(dir)
+    }
+
+    /// The socket's path (what `--agent-socket` / `MEMPROF_AGENT_SOCKET` take).
+    pub fn path(&self) -> std::path::PathBuf {
+        self.0.join("agent.sock")
+    }
+}
+
+impl Drop for AgentSocket {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// One HTTP/1.1 request over a Unix socket (the sidecar's agent socket):
+/// the status (0 when nothing answers) and the whole response.
+pub async fn socket_request(
+    socket: &std::path::Path,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(mut s) = tokio::net::UnixStream::connect(socket).await else {
+        return (0, String::new());
+    };
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    if s.write_all(req.as_bytes()).await.is_err() {
+        return (0, String::new());
+    }
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out).await;
+    let code = out
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (code, out)
+}

@@ -341,6 +341,19 @@ pub fn operator(name: &str, kubeconfig: &Path, ns: &str, extra: &[&str]) -> Proc
 pub const SCENARIO: &str =
     "seed: 3\ndefault: { baseGiB: 30, amplitudeGiB: 8, periodSeconds: 2, noiseGiB: 0.1, leakMiBPerSecond: 0 }\n";
 
+/// A sidecar's files: its scenario and its agent socket's private directory.
+pub struct SidecarFiles {
+    _scenario: TempFile,
+    socket: common::AgentSocket,
+}
+
+impl SidecarFiles {
+    /// The agent socket (`GET /v1/report` is served there only).
+    pub fn socket(&self) -> PathBuf {
+        self.socket.path()
+    }
+}
+
 /// Starts `memprof-sidecar` (sim backend) as the sidecar of `pod` of Job
 /// `job`, with a heartbeat every 5 s: the scenario is steady, so that every
 /// write decision carries a fresh sample and "caught up" is well defined.
@@ -349,8 +362,9 @@ pub fn sidecar(
     ns: &str,
     pod: &k8s_openapi::api::core::v1::Pod,
     job: &str,
-) -> (Proc, TempFile) {
+) -> (Proc, SidecarFiles) {
     let scenario = TempFile::with("memprof-faults-scenario.yaml", SCENARIO.as_bytes());
+    let socket = common::AgentSocket::new();
     let port = free_port();
     let name = pod.metadata.name.clone().unwrap();
     let mut cmd = Command::new(sidecar_binary());
@@ -358,6 +372,8 @@ pub fn sidecar(
         .arg("--scenario")
         .arg(&scenario.0)
         .args(["--listen", &format!("127.0.0.1:{port}")])
+        .arg("--agent-socket")
+        .arg(socket.path())
         .env("KUBECONFIG", kubeconfig)
         .env("POD_NAME", &name)
         .env("POD_UID", pod.metadata.uid.clone().unwrap())
@@ -367,7 +383,22 @@ pub fn sidecar(
         .env("RANK", "0")
         .env("MEMPROF_HEARTBEAT_SECONDS", "5")
         .env("RUST_LOG", "info");
-    (Proc::spawn("sidecar", port, cmd), scenario)
+    let files = SidecarFiles {
+        _scenario: scenario,
+        socket,
+    };
+    (Proc::spawn("sidecar", port, cmd), files)
+}
+
+/// `GET path` on a sidecar's agent socket: status and body, `None` when it
+/// does not answer within a second.
+pub async fn get_socket(socket: &Path, path: &str) -> Option<(u16, String)> {
+    let fetch = common::socket_request(socket, "GET", path, "");
+    let (status, out) = tokio::time::timeout(Duration::from_secs(1), fetch)
+        .await
+        .ok()?;
+    let body = out.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    (status != 0).then(|| (status, body.to_string()))
 }
 
 /// `GET path` on a loopback port: status and body, `None` when it does not

@@ -1,6 +1,8 @@
-"""Fixtures: a real memprof-sidecar process (sim backend, --standalone, an
-OS-chosen loopback port), the fake torch, and small HTTP servers that
-misbehave. Every process and temporary directory is removed at teardown."""
+"""Fixtures: a real memprof-sidecar process (sim backend, --standalone; the
+agent pushes to its Unix socket in the test's private directory, contract
+A; /metrics on an OS-chosen loopback port), the fake torch, and small HTTP
+servers that misbehave. Every process and temporary directory is removed at
+teardown."""
 
 import http.server
 import json
@@ -34,19 +36,24 @@ def sidecar_binary():
 
 
 class Sidecar:
-    """A memprof-sidecar process; stopped by PID at teardown."""
+    """A memprof-sidecar process; stopped by PID at teardown. Pushes and its
+    report go over `socket` (the test's private directory, mode 0700, as the
+    pod's emptyDir); `/metrics` is on `port` (loopback)."""
 
     def __init__(self, workdir, extra_args=()):
         scenario = Path(workdir) / "scenario.yaml"
         scenario.write_text("totalGiB: 80\ndefault: { baseGiB: 10, amplitudeGiB: 0, noiseGiB: 0 }\n")
         self.log_path = Path(workdir) / "sidecar.log"
         self._log = open(self.log_path, "w")
-        args = [sidecar_binary(), "--standalone", "--listen", "127.0.0.1:0", "--interval", "100ms"]
+        self.socket = str(Path(workdir) / "agent.sock")
+        args = [sidecar_binary(), "--standalone", "--listen", "127.0.0.1:0", "--interval", "100ms",
+                "--agent-socket", self.socket]
         args += list(extra_args) or ["--backend", "sim", "--scenario", str(scenario)]
         env = dict(os.environ, RUST_LOG="info", NO_COLOR="1")
+        env.pop("MEMPROF_AGENT_SOCKET", None)
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=self._log, env=env)
         self.port = self._wait_for_port()
-        self.url = "http://127.0.0.1:%d/v1/agent" % self.port
+        self._wait_for_socket()
 
     def _wait_for_port(self):
         deadline = time.time() + 30
@@ -60,13 +67,37 @@ class Sidecar:
             time.sleep(0.02)
         raise RuntimeError("memprof-sidecar did not say its address: %s" % self.log_path.read_text())
 
+    def _wait_for_socket(self):
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            if self.socket_get("/healthz") is not None:
+                return
+            if self.proc.poll() is not None:
+                raise RuntimeError("memprof-sidecar exited: %s" % self.log_path.read_text())
+            time.sleep(0.02)
+        raise RuntimeError("memprof-sidecar did not serve %s: %s" % (self.socket, self.log_path.read_text()))
+
     def get(self, path):
+        """GET on the TCP port (/healthz, /metrics)."""
         with urllib.request.urlopen("http://127.0.0.1:%d%s" % (self.port, path), timeout=5) as r:
             return r.read().decode()
 
+    def socket_get(self, path):
+        """GET on the agent socket (/v1/report, /healthz): the body of a 200, else None."""
+        conn = memprof_agent._transport.UnixHTTPConnection(self.socket, 5)
+        try:
+            conn.request("GET", path)
+            resp = conn.getresponse()
+            body = resp.read().decode()
+            return body if resp.status == 200 else None
+        except OSError:
+            return None
+        finally:
+            conn.close()
+
     def report(self):
         try:
-            return json.loads(self.get("/v1/report"))
+            return json.loads(self.socket_get("/v1/report"))
         except Exception:
             return None
 
@@ -232,9 +263,9 @@ class UnixSidecar:
     """A stand-in for the sidecar's agent endpoint over AF_UNIX, speaking
     contracts A and B (docs/agent.md): it records every push (its JSON)
     and answers with what `answer(push)` returns: (status, body bytes or
-    None). Default: 204 without a body (today's sidecar). Used until the
-    real sidecar serves the socket; the real-sidecar tests stay over
-    MEMPROF_AGENT_URL."""
+    None). Default: 204 without a body (an old sidecar). For answers the
+    real sidecar would not give on cue (a chosen verdict, directives);
+    the `sidecar` fixture is the real one, over its socket."""
 
     def __init__(self, path):
         import socketserver

@@ -22,7 +22,7 @@ def agent():
 
 
 def test_pushes_reach_the_sidecar_and_its_report(sidecar, fake):
-    assert memprof_agent.start(interval=0.05, url=sidecar.url)
+    assert memprof_agent.start(interval=0.05, socket=sidecar.socket)
     memprof_agent.step(5)
     with memprof_agent.phase("forward"):
         report = sidecar.wait_report(lambda r: (r.get("allocator") or {}).get("phase") == "forward")
@@ -101,7 +101,7 @@ def test_no_exception_reaches_the_caller_whatever_the_sidecar_does(fake, misbeha
 def test_torch_raising_never_reaches_the_caller(sidecar, fake, caplog):
     caplog.set_level(logging.WARNING, logger="memprof_agent")
     fake.raise_in_stats = RuntimeError("CUDA error: an illegal memory access was encountered")
-    assert memprof_agent.start(interval=0.02, url=sidecar.url)
+    assert memprof_agent.start(interval=0.02, socket=sidecar.socket)
     assert wait_until(lambda: any("reading the allocator failed" in r.getMessage() for r in caplog.records))
     assert agent()._thread.is_alive()
     # Torch recovers: pushes resume.
@@ -142,7 +142,7 @@ def test_the_markers_call_no_torch_api(fake):
 def test_an_oom_is_pushed_once_with_its_top_blocks_before_it_propagates(sidecar, fake):
     fake_torch.leak_snapshot(fake)
     # No periodic push within the test: every push the sidecar counts is the OOM's.
-    assert memprof_agent.start(interval=60, url=sidecar.url, record_history=True)
+    assert memprof_agent.start(interval=60, socket=sidecar.socket, record_history=True)
     assert fake.history == {"max_entries": 100000, "stacks": "python"}
     assert fake.observers, "observer attached at start: CUDA is up"
 
@@ -209,7 +209,7 @@ def test_an_uncaught_oom_and_the_standalone_report(sidecar, workdir):
         raise fake.oom()
         """
     ) % (str(HERE.parent), str(HERE))
-    env = dict(os.environ, MEMPROF_AGENT_URL=sidecar.url, MEMPROF_AGENT_OUTPUT=str(out))
+    env = dict(os.environ, MEMPROF_AGENT_SOCKET=sidecar.socket, MEMPROF_AGENT_OUTPUT=str(out))
     before = sidecar.agent_pushes()
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1
@@ -248,8 +248,6 @@ def test_an_agent_only_sidecar_reports_risk_and_time_to_oom_from_pushes(workdir)
     """No GPU visible to the sidecar (no NVML here): the agent's numbers are
     the report's. Pushes are posted as the agent would over 200 s of a
     100 MB/s leak, with their own timestamps, so the test takes seconds."""
-    import urllib.request
-
     from conftest import Sidecar
 
     s = Sidecar(workdir, extra_args=["--backend", "nvml"])
@@ -264,9 +262,15 @@ def test_an_agent_only_sidecar_reports_risk_and_time_to_oom_from_pushes(workdir)
                              "reservedBytes": reserved, "peakAllocatedBytes": allocated,
                              "freeBytes": 80 * 10**9 - reserved - 5 * 10**8, "totalBytes": 80 * 10**9}],
             }
-            req = urllib.request.Request(s.url, data=json.dumps(push).encode(), headers={"Content-Type": "application/json"})
-            with urllib.request.urlopen(req, timeout=5) as r:
-                assert r.status == 204
+            conn = memprof_agent._transport.UnixHTTPConnection(s.socket, 5)
+            try:
+                conn.request("POST", "/v1/agent", body=json.dumps(push).encode(),
+                             headers={"Content-Type": "application/json"})
+                r = conn.getresponse()
+                r.read()
+                assert r.status == 200
+            finally:
+                conn.close()
         report = s.wait_report(lambda r: r["gpus"] and r["gpus"][0]["risk"] in ("high", "critical"))
         g = report["gpus"][0]
         assert report["summary"]["source"] == "agent" and g["source"] == "agent"

@@ -309,7 +309,7 @@ def test_the_hook_starts_the_real_agent_which_pushes_to_a_real_sidecar(tmp_path,
     """
     rc, out, err, _ = python(
         code, [BOOTSTRAP, tmp_path / "site-torch", Path(__file__).parent, ROOT], tmp_path,
-        env={"MEMPROF_AGENT_URL": sidecar.url, "MEMPROF_AGENT_INTERVAL": "100ms"})
+        env={"MEMPROF_AGENT_SOCKET": sidecar.socket, "MEMPROF_AGENT_INTERVAL": "100ms"})
     assert (rc, out) == (6, "trained 2.11.0+fake\n"), err
     assert PREFIX + "not started" not in err, err
     assert sidecar.agent_pushes() >= 3

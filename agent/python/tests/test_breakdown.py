@@ -397,7 +397,7 @@ def test_watch_without_an_optimizer_uses_the_forward_calls(fake):
 
 
 def test_the_breakdown_rides_in_pushes_the_sidecar_accepts(sidecar, fake):
-    assert memprof_agent.start(interval=0.05, url=sidecar.url)
+    assert memprof_agent.start(interval=0.05, socket=sidecar.socket)
     model = peft_wrap(LlamaLike())
     opt = ft.AdamW([p for p in model.parameters() if p.requires_grad])
     memprof_agent.watch(model, opt)
@@ -422,7 +422,7 @@ def test_a_partial_breakdown_still_makes_a_push_the_sidecar_accepts(sidecar, fak
     assert b["trainableParameters"] == 10 and b["staticBytes"] == 4000 and b["gradientsBytes"] == 0
     assert len(b["byModuleType"]) == 1 and b["flags"] == [] and b["activationsPeakBytes"] == 0 and b["step"] == 0
     _watch.CARRIED.breakdown = partial
-    assert memprof_agent.start(interval=0.05, url=sidecar.url)
+    assert memprof_agent.start(interval=0.05, socket=sidecar.socket)
     before = sidecar.agent_pushes()
     assert wait_until(lambda: sidecar.agent_pushes() >= before + 3, timeout=10)
     assert memprof_agent._agent.transport.failures == 0

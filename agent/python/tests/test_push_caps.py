@@ -135,7 +135,7 @@ def test_a_push_with_sites_and_every_field_full_fits_the_larger_cap_whole(fake, 
 
 
 def test_an_oom_push_with_every_field_full_fits_the_sidecars_cap_and_a_real_sidecar_takes_it(sidecar, fake, monkeypatch):
-    memprof_agent.start(interval=60, url=sidecar.url)
+    memprof_agent.start(interval=60, socket=sidecar.socket)
     agent = everything(fake, sites=True)
     bodies, raw = sent_bodies(agent, monkeypatch)
     before = sidecar.agent_pushes()

@@ -40,7 +40,7 @@ def at_bounds(fake):
 
 
 def test_the_fields_stay_bounded_and_a_real_sidecar_takes_the_push(sidecar, fake):
-    assert memprof_agent.start(interval=60, url=sidecar.url)
+    assert memprof_agent.start(interval=60, socket=sidecar.socket)
     at_bounds(fake)
     push = memprof_agent._agent.build("sample")
     body = encode(push, SAMPLE_CAP)

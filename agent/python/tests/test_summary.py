@@ -42,7 +42,7 @@ def run_trainer(env, script=TRAINER):
 def test_the_step_budget_ends_the_run_with_a_summary_after_the_final_push(sidecar, workdir):
     out = workdir / "summary.json"
     before = sidecar.agent_pushes()
-    proc = run_trainer({"MEMPROF_AGENT_URL": sidecar.url, "MEMPROF_AGENT_SUMMARY": str(out), "MEMPROF_AGENT_MAX_STEPS": "6"})
+    proc = run_trainer({"MEMPROF_AGENT_SOCKET": sidecar.socket, "MEMPROF_AGENT_SUMMARY": str(out), "MEMPROF_AGENT_MAX_STEPS": "6"})
     assert proc.returncode == 0, proc.stderr
     assert "finally ran" in proc.stdout and "ran past the budget" not in proc.stdout
     s = json.loads(out.read_text())

@@ -27,6 +27,7 @@ GPU = HERE.parent
 ROOT = GPU.parents[1]
 sys.path.insert(0, str(GPU))
 import scenarios  # noqa: E402  (no torch needed until load_torch())
+import uds_http  # noqa: E402
 
 FILES = ("trace.csv", "events.jsonl", "sidecar.log", "report.json", "polls.jsonl", "pushes.jsonl",
          "steps.csv", "summary.json", "trainer.log")
@@ -59,11 +60,13 @@ def wait_for(pred, timeout=10.0):
 @pytest.fixture
 def sidecar(tmp_path):
     log = tmp_path / "sidecar.log"
+    sock = tmp_path / "agent.sock"
     proc = subprocess.Popen([sidecar_bin(), "--standalone", "--backend", "sim", "--scenario", str(sim_scenario(tmp_path)),
-                             "--listen", "127.0.0.1:0", "--interval", "200ms"],
+                             "--listen", "127.0.0.1:0", "--interval", "200ms", "--agent-socket", str(sock)],
                             stdout=subprocess.DEVNULL, stderr=open(log, "w"), env=dict(os.environ, RUST_LOG="info", NO_COLOR="1"))
     port = wait_for(lambda: (re.findall(r"addr=127\.0\.0\.1:(\d+)", log.read_text()) or [None])[0])
-    yield types.SimpleNamespace(proc=proc, port=int(port))
+    wait_for(sock.exists)
+    yield types.SimpleNamespace(proc=proc, port=int(port), socket=str(sock))
     proc.terminate()
     proc.wait(10)
 
@@ -102,21 +105,21 @@ def lines(path):
 
 def test_proxy_holds_pushes_until_the_sidecar_is_known_then_forwards_them(sidecar, proxy):
     assert post(proxy.url, push(1_000_000_000)) == (204, "")
-    proxy.upstream.write_text("127.0.0.1:%d\n" % sidecar.port)
-    assert post(proxy.url, push(5_432_100_000))[0] == 204
+    proxy.upstream.write_text(sidecar.socket + "\n")
+    assert post(proxy.url, push(5_432_100_000))[0] == 200
     held, sent = lines(proxy.log)
     assert held["forwarded"] is False and held["status"] == 204
     assert held["push"]["devices"][0]["allocatedBytes"] == 1_000_000_000
-    assert sent["forwarded"] is True and sent["status"] == 204 and sent["t"] >= held["t"]
-    # The real sidecar took it: its report carries the forwarded numbers.
+    assert sent["forwarded"] is True and sent["status"] == 200 and sent["t"] >= held["t"]
+    # The real sidecar took it: its report (on its socket) carries the forwarded numbers.
     def allocator():
-        with urllib.request.urlopen("http://127.0.0.1:%d/v1/report" % sidecar.port, timeout=5) as r:
-            return (json.load(r).get("allocator") or {}).get("allocatedBytes")
+        status, body = uds_http.request(sidecar.socket, "GET", "/v1/report")
+        return status == 200 and (json.loads(body).get("allocator") or {}).get("allocatedBytes")
     assert wait_for(lambda: allocator() == 5_432_100_000)
 
 
 def test_proxy_relays_the_sidecars_refusal_and_its_absence(sidecar, proxy):
-    proxy.upstream.write_text("127.0.0.1:%d\n" % sidecar.port)
+    proxy.upstream.write_text(sidecar.socket + "\n")
     status, text = post(proxy.url, b"{not json")
     assert status == 400 and "invalid agent payload" in text
     sidecar.proc.terminate()
@@ -212,7 +215,7 @@ def test_rehearsal_records_every_file_and_the_truth(tmp_path):
         assert steps[0] == STEP_COLUMNS and len(steps) > 50
         pushes = lines(d / ("%s.pushes.jsonl" % n))
         sent = [p for p in pushes if p["forwarded"]]
-        assert sent and all(p["status"] == 204 for p in sent), n
+        assert sent and all(p["status"] == 200 for p in sent), n
         assert any(p["push"].get("devices") for p in sent)
         assert not any(p["push"].get("devices") for p in pushes if not p["forwarded"]), "held pushes come before CUDA"
         polls = [p for p in lines(d / ("%s.polls.jsonl" % n)) if "report" in p]

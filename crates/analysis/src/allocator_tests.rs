@@ -397,3 +397,6 @@ fn noisy_steady_training_is_never_a_leak() {
         assert!(a.risk.risk <= RiskLevel::Low, "t={t}: {a:?}");
     }
 }
+
+#[path = "allocator_verdict_tests.rs"]
+mod verdict;

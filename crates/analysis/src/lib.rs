@@ -15,12 +15,20 @@ pub mod allocator;
 mod allocator_rollup;
 pub mod batchfit;
 pub mod breakdown;
+pub mod evaluate;
 mod fit;
+pub mod host;
+pub mod hysteresis;
 mod risk;
 mod rollup;
 mod series;
+pub mod staircase;
+pub mod tracker;
 
 pub use fit::{least_squares_slope, theil_sen, LinearFit};
 pub use risk::{assess, Assessment};
-pub use rollup::{rollup, validate_report, RollupInput};
+pub use rollup::{
+    report_limit, rollup, validate_report, JobRollup, ReportMeta, RollupInput, RollupLimits,
+    MAX_STALE_LISTED,
+};
 pub use series::{GpuSeries, Sample};

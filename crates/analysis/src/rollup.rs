@@ -1,4 +1,21 @@
 //! Job roll-up: from every rank's report to one bounded profile status.
+//!
+//! [`JobRollup`] keeps a Job's roll-up up to date report by report (what the
+//! operator uses); [`rollup`] computes the same from scratch over a list of
+//! reports (the reference the property tests hold `JobRollup` to, and what
+//! one-shot tools use).
+
+mod aggregate;
+mod entry;
+mod hold;
+mod job;
+#[cfg(test)]
+mod job_tests;
+mod keys;
+mod members;
+
+pub use job::{JobRollup, ReportMeta, RollupLimits, MAX_STALE_LISTED};
+pub use members::report_limit;
 
 use memprof_api::{
     format_bytes, format_duration, GpuLocation, GpuReport, MemoryProfileStatus, MemoryReportSpec,
@@ -17,6 +34,12 @@ pub struct RollupInput<'a> {
 /// negative numbers and unknown enums; these are the cross-field checks a
 /// schema on a 1.20 server cannot express.
 pub fn validate_report(spec: &MemoryReportSpec) -> Result<(), String> {
+    if spec.sampled_at.parse::<jiff::Timestamp>().is_err() {
+        return Err(format!(
+            "sampledAt {:?} is not an RFC 3339 time",
+            spec.sampled_at
+        ));
+    }
     for g in &spec.gpus {
         if g.total_bytes == 0 {
             return Err(format!("gpu {}: totalBytes is 0", g.index));
@@ -84,6 +107,7 @@ pub fn rollup(reports: &[RollupInput<'_>], expected_ranks: Option<u32>) -> Memor
         Vec::with_capacity(reports.len());
     let mut leak_ranks = Vec::new();
     let mut newest: Option<jiff::Timestamp> = None;
+    let mut oldest: Option<jiff::Timestamp> = None;
     for r in reports {
         let spec = r.spec;
         // Compared as instants, not strings: RFC 3339 text with fractional
@@ -92,6 +116,11 @@ pub fn rollup(reports: &[RollupInput<'_>], expected_ranks: Option<u32>) -> Memor
         if at.is_some() && at > newest {
             newest = at;
             st.last_report_time = Some(spec.sampled_at.clone());
+        }
+        // The last of equals, as an ordered index's largest element is.
+        if at.is_some() && (oldest.is_none() || at <= oldest) {
+            oldest = at;
+            st.oldest_report_time = Some(spec.sampled_at.clone());
         }
         for g in &spec.gpus {
             st.gpu_count += 1;
@@ -153,6 +182,8 @@ pub fn rollup(reports: &[RollupInput<'_>], expected_ranks: Option<u32>) -> Memor
             total_bytes: g.total_bytes,
             time_to_oom_seconds: g.time_to_oom_seconds,
             growth_bytes_per_second: g.growth_bytes_per_second,
+            last_report_time: Some(spec.sampled_at.clone()),
+            stale: false,
         })
         .collect();
 
@@ -162,6 +193,10 @@ pub fn rollup(reports: &[RollupInput<'_>], expected_ranks: Option<u32>) -> Memor
         let imbalance = ((max / mean) * 100.0).round() / 100.0;
         st.imbalance = Some(imbalance.max(1.0));
         st.imbalance_display = Some(format!("{:.2}", imbalance.max(1.0)));
+    }
+    if st.peak.is_empty() {
+        // A 1.20 API server rejects "" in a required string field.
+        st.peak = "-".into();
     }
     st
 }

@@ -1,5 +1,6 @@
 //! A GPU's recent memory history, bucketed into envelopes with bounded memory.
 
+use crate::staircase::Rises;
 use memprof_api::thresholds::Thresholds;
 use std::collections::VecDeque;
 
@@ -39,6 +40,7 @@ pub struct GpuSeries {
     last: Option<Sample>,
     peak: u64,
     samples: u64,
+    rises: Rises,
 }
 
 impl GpuSeries {
@@ -53,6 +55,7 @@ impl GpuSeries {
             last: None,
             peak: 0,
             samples: 0,
+            rises: Rises::default(),
         }
     }
 
@@ -61,6 +64,7 @@ impl GpuSeries {
     pub fn push(&mut self, s: Sample) {
         self.peak = self.peak.max(s.used);
         self.samples += 1;
+        self.rises.push(s.t, s.used, s.total);
         self.first_t.get_or_insert(s.t);
         let start = (s.t / self.bucket_seconds).floor() * self.bucket_seconds;
         match self.buckets.back_mut() {
@@ -85,6 +89,11 @@ impl GpuSeries {
     /// The newest sample.
     pub fn last(&self) -> Option<Sample> {
         self.last
+    }
+
+    /// The rises of used memory (what NVML can tell of sustained growth).
+    pub fn rises(&self) -> &Rises {
+        &self.rises
     }
 
     /// Highest used memory ever pushed.

@@ -16,7 +16,18 @@
 use serde::{Deserialize, Serialize};
 
 mod breakdown;
+mod extras;
 pub use breakdown::{Breakdown, Flag, ModulePhase, ModuleTypeBytes};
+pub use extras::{
+    Grads, Host, PreOom, PreOomSource, Sizes, SizesSource, TrackedTensors, TrackedType, Tracking,
+    MAX_GRAD_NAME, MAX_GRAD_NAMES, MAX_SHAPE_DIMS, MAX_SITE, MAX_SIZE_BOUND, MAX_SIZE_BUCKETS,
+    MAX_TAG, MAX_TRACKED,
+};
+mod reply;
+pub use reply::{
+    Ack, Directive, DirectiveKind, PushReply, Verdict, MAX_ACKS, MAX_ACK_ACTION, MAX_DIRECTIVES,
+    MAX_DIRECTIVE_ID, MAX_DIRECTIVE_REASON,
+};
 
 /// The push format version this sidecar speaks.
 pub const VERSION: u32 = 1;
@@ -116,6 +127,24 @@ pub struct Push {
     /// What holds the memory (`memprof_agent.breakdown`), when measured.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub breakdown: Option<Breakdown>,
+    /// The container's memory: RSS, cgroup limit and usage.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<Host>,
+    /// The latest gradient check (`watch_gradients`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grads: Option<Grads>,
+    /// The allocation-size pattern, read at most every 10 s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sizes: Option<Sizes>,
+    /// What grew between the reference tracker's last two samples (opt-in).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracking: Option<Tracking>,
+    /// The allocator's state before an OOM exception unwound (only in `kind: oom` pushes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pre_oom: Option<PreOom>,
+    /// Acknowledgements of directives the sidecar relayed (contract B).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub acks: Vec<Ack>,
 }
 
 /// One device's allocator statistics (`torch.cuda.memory_stats(i)`, read
@@ -190,6 +219,36 @@ pub struct Event {
     /// Reserved bytes of the current device, only when recorded with `memory=True`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reserved_bytes: Option<u64>,
+    /// Highest allocated bytes of the run so far, as far as the agent saw.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_allocated_bytes: Option<u64>,
+    /// Highest reserved bytes of the run so far.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_reserved_bytes: Option<u64>,
+    /// Seconds since `memprof_agent` was imported (a monotonic clock).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub elapsed: Option<f64>,
+    /// `record_detailed()`'s counts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<EventDetail>,
+}
+
+/// What `memprof_agent.record_detailed()` counted.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct EventDetail {
+    /// Tensors described.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tensors: Option<u64>,
+    /// Their bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tensor_bytes: Option<u64>,
+    /// Parameters of the model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parameters: Option<u64>,
+    /// Of which trainable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trainable_parameters: Option<u64>,
 }
 
 /// Where an OOM snapshot's blocks came from.
@@ -318,12 +377,28 @@ pub enum Error {
     /// An `oom` push without its snapshot, or a snapshot on another kind.
     #[error("an oom snapshot belongs in a push of kind oom, and every oom push carries one")]
     OomMismatch,
+    /// A string that must not be empty.
+    #[error("{what} is empty")]
+    Empty {
+        /// Which string.
+        what: String,
+    },
     /// A breakdown whose numbers cannot all be true.
     #[error("breakdown: {why}; send the numbers memprof_agent.breakdown measured (docs/agent.md)")]
     Breakdown {
         /// Which field and which invariant.
         why: String,
     },
+    /// A `host`, `grads`, `sizes`, `tracking` or `preOom` field out of its
+    /// bounds or inconsistent.
+    #[error("{why}; send the fields as docs/agent.md describes them")]
+    Extra {
+        /// Which field and which invariant.
+        why: String,
+    },
+    /// `preOom` in a push that is not an OOM push.
+    #[error("preOom belongs only in a push of kind oom")]
+    PreOomMismatch,
 }
 
 /// Parses and validates a push body.
@@ -383,13 +458,7 @@ pub fn validate(p: &Push) -> Result<(), Error> {
         seen.push(d.index);
         validate_device(d)?;
     }
-    bound_len("events", p.events.len(), MAX_EVENTS)?;
-    for (i, e) in p.events.iter().enumerate() {
-        positive_time("events[].t", e.t)?;
-        bound_str(|| format!("events[{i}].name"), &e.name, MAX_NAME)?;
-        bound_opt(|| format!("events[{i}].note"), &e.note, MAX_NOTE)?;
-        bound_opt(|| format!("events[{i}].phase"), &e.phase, MAX_NAME)?;
-    }
+    validate_events(&p.events)?;
     if (p.kind == PushKind::Oom) != p.oom.is_some() {
         return Err(Error::OomMismatch);
     }
@@ -399,6 +468,47 @@ pub fn validate(p: &Push) -> Result<(), Error> {
     if let Some(b) = &p.breakdown {
         breakdown::validate(b)?;
     }
+    validate_extras(p)
+}
+
+fn validate_events(events: &[Event]) -> Result<(), Error> {
+    bound_len("events", events.len(), MAX_EVENTS)?;
+    for (i, e) in events.iter().enumerate() {
+        positive_time("events[].t", e.t)?;
+        bound_str(|| format!("events[{i}].name"), &e.name, MAX_NAME)?;
+        bound_opt(|| format!("events[{i}].note"), &e.note, MAX_NOTE)?;
+        bound_opt(|| format!("events[{i}].phase"), &e.phase, MAX_NAME)?;
+        if e.elapsed.is_some_and(|x| !(x.is_finite() && x >= 0.0)) {
+            return Err(Error::NotFinite {
+                what: "events[].elapsed",
+                value: e.elapsed.unwrap_or_default(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The fields of contract C: each optional, each bounded.
+fn validate_extras(p: &Push) -> Result<(), Error> {
+    if let Some(h) = &p.host {
+        extras::validate_host(h)?;
+    }
+    if let Some(g) = &p.grads {
+        extras::validate_grads(g)?;
+    }
+    if let Some(s) = &p.sizes {
+        extras::validate_sizes(s)?;
+    }
+    if let Some(t) = &p.tracking {
+        extras::validate_tracking(t)?;
+    }
+    if let Some(pre) = &p.pre_oom {
+        if p.kind != PushKind::Oom {
+            return Err(Error::PreOomMismatch);
+        }
+        extras::validate_pre_oom(pre)?;
+    }
+    reply::validate_acks(&p.acks)?;
     Ok(())
 }
 
@@ -476,225 +586,4 @@ fn validate_oom(o: &OomSnapshot) -> Result<(), Error> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const G: u64 = 1 << 30;
-
-    fn device(index: u32) -> DeviceStats {
-        DeviceStats {
-            index,
-            uuid: Some(format!("GPU-{index}")),
-            allocated_bytes: 30 * G,
-            reserved_bytes: 40 * G,
-            active_bytes: Some(31 * G),
-            inactive_split_bytes: Some(G),
-            peak_allocated_bytes: Some(35 * G),
-            peak_reserved_bytes: Some(40 * G),
-            free_bytes: Some(39 * G),
-            total_bytes: Some(80 * G),
-            ..Default::default()
-        }
-    }
-
-    fn push() -> Push {
-        Push {
-            version: VERSION,
-            time: 1.8e9,
-            step: Some(7),
-            phase: Some("forward".into()),
-            devices: vec![device(0), device(1)],
-            ..Default::default()
-        }
-    }
-
-    #[test]
-    fn a_documented_push_parses() {
-        // The example of docs/agent.md.
-        let body = br#"{"version": 1, "kind": "sample", "time": 1795000000.5, "pid": 4242,
-            "rank": 3, "step": 1200, "phase": "forward", "rssBytes": 5000000000,
-            "devices": [{"index": 0, "uuid": "GPU-370fbfe4-cafa-4f4c-9b2e-000000000000",
-              "allocatedBytes": 31000000000, "reservedBytes": 40000000000,
-              "activeBytes": 31500000000, "inactiveSplitBytes": 900000000,
-              "requestedBytes": 30900000000, "peakAllocatedBytes": 36000000000,
-              "peakReservedBytes": 40000000000, "allocRetries": 0, "numOoms": 0,
-              "freeBytes": 39000000000, "totalBytes": 85000000000}],
-            "events": [{"t": 1795000000.1, "name": "eval", "note": "epoch 3"}],
-            "someFutureField": true}"#;
-        let p = parse(body).unwrap();
-        assert_eq!(p.kind, PushKind::Sample);
-        assert_eq!(p.devices[0].allocated_bytes, 31_000_000_000);
-        assert_eq!(p.events[0].note.as_deref(), Some("epoch 3"));
-        assert!(serde_json::to_vec(&p).unwrap().len() < 64 * 1024);
-    }
-
-    #[test]
-    fn the_old_flat_body_and_other_versions_are_refused_with_the_reason() {
-        let old = br#"{"allocatedBytes": 30, "reservedBytes": 40}"#;
-        assert!(matches!(parse(old), Err(Error::Parse(_))));
-        let mut p = push();
-        p.version = 2;
-        assert_eq!(validate(&p), Err(Error::Version { got: 2 }));
-        assert!(Error::Version { got: 2 }
-            .to_string()
-            .contains("speaks version 1"));
-    }
-
-    #[test]
-    fn allocator_invariants_are_checked() {
-        type BreakIt = fn(&mut DeviceStats);
-        let cases: [(BreakIt, &str); 6] = [
-            (
-                |d| d.allocated_bytes = 41 * G,
-                "allocatedBytes exceeds reservedBytes",
-            ),
-            (
-                |d| d.inactive_split_bytes = Some(41 * G),
-                "inactiveSplitBytes",
-            ),
-            (
-                |d| d.peak_allocated_bytes = Some(G),
-                "exceeds peakAllocatedBytes",
-            ),
-            (
-                |d| d.free_bytes = Some(81 * G),
-                "freeBytes exceeds totalBytes",
-            ),
-            (|d| d.total_bytes = Some(0), "totalBytes is 0"),
-            (|d| d.total_bytes = None, "freeBytes without totalBytes"),
-        ];
-        for (break_it, expected) in cases {
-            let mut p = push();
-            break_it(&mut p.devices[1]);
-            let err = validate(&p).unwrap_err().to_string();
-            assert!(
-                err.contains(expected) && err.starts_with("device 1"),
-                "{err}"
-            );
-        }
-        assert!(validate(&push()).is_ok());
-    }
-
-    #[test]
-    fn lists_strings_and_times_are_bounded() {
-        let mut p = push();
-        p.devices = (0..17).map(device).collect();
-        assert!(matches!(
-            validate(&p),
-            Err(Error::TooMany { count: 17, .. })
-        ));
-        let mut p = push();
-        p.devices[1].index = 0;
-        assert_eq!(validate(&p), Err(Error::DuplicateDevice { index: 0 }));
-        let mut p = push();
-        p.phase = Some("x".repeat(MAX_NAME + 1));
-        assert!(matches!(validate(&p), Err(Error::TooLong { .. })));
-        let mut p = push();
-        p.time = f64::NAN;
-        assert!(matches!(validate(&p), Err(Error::NotFinite { .. })));
-        let mut p = push();
-        p.events = vec![
-            Event {
-                t: 1.0,
-                name: "e".into(),
-                ..Default::default()
-            };
-            MAX_EVENTS + 1
-        ];
-        assert!(matches!(validate(&p), Err(Error::TooMany { .. })));
-    }
-
-    /// A breakdown with every list and string at its bound.
-    fn largest_breakdown() -> Breakdown {
-        Breakdown {
-            step: Some(u64::MAX),
-            total_parameters: u64::MAX,
-            trainable_parameters: u64::MAX,
-            static_bytes: u64::MAX,
-            activations_peak_bytes: Some(u64::MAX),
-            batch_size: Some(u64::MAX),
-            by_module_type: crate::ModuleType::ALL
-                .iter()
-                .map(|t| ModuleTypeBytes {
-                    type_: t.as_str().into(),
-                    parameters: u64::MAX,
-                    parameters_bytes: u64::MAX,
-                    gradients_bytes: u64::MAX,
-                    optimizer_bytes: u64::MAX,
-                })
-                .collect(),
-            flags: vec![
-                Flag {
-                    kind: "large".into(),
-                    parameter: "p".repeat(MAX_PARAMETER_NAME),
-                    note: "n".repeat(MAX_FLAG_NOTE),
-                };
-                MAX_FLAGS
-            ],
-            phases: Some(vec![
-                ModulePhase {
-                    module: "m".repeat(MAX_PARAMETER_NAME),
-                    forward_bytes: u64::MAX,
-                    backward_bytes: u64::MAX,
-                };
-                MAX_MODULE_PHASES
-            ]),
-            optimizer_step_peak_bytes: Some(u64::MAX),
-            ..Default::default()
-        }
-    }
-
-    #[test]
-    fn an_oom_push_carries_a_bounded_snapshot() {
-        let mut p = push();
-        p.kind = PushKind::Oom;
-        assert_eq!(validate(&p), Err(Error::OomMismatch));
-        let frame = Frame {
-            filename: "f".repeat(MAX_FRAME_TEXT),
-            line: 1,
-            name: "n".repeat(MAX_FRAME_TEXT),
-        };
-        let block = Block {
-            size_bytes: G,
-            count: Some(u64::MAX),
-            requested_bytes: Some(G),
-            state: "s".repeat(MAX_NAME),
-            frames: vec![frame; MAX_FRAMES],
-        };
-        p.oom = Some(OomSnapshot {
-            device: Some(0),
-            requested_bytes: Some(G),
-            message: "m".repeat(MAX_MESSAGE),
-            source: SnapshotSource::History,
-            blocks: vec![block.clone(); MAX_BLOCKS],
-        });
-        p.devices = (0..MAX_DEVICES as u32).map(device).collect();
-        for d in &mut p.devices {
-            d.name = Some("n".repeat(MAX_NAME));
-            d.uuid = Some("u".repeat(MAX_UUID));
-        }
-        p.events = vec![
-            Event {
-                t: 1.0,
-                name: "e".repeat(MAX_NAME),
-                note: Some("n".repeat(MAX_NOTE)),
-                phase: Some("p".repeat(MAX_NAME)),
-                step: Some(u64::MAX),
-                allocated_bytes: Some(u64::MAX),
-                reserved_bytes: Some(u64::MAX),
-            };
-            MAX_EVENTS
-        ];
-        p.phase = Some("p".repeat(MAX_NAME));
-        p.breakdown = Some(largest_breakdown());
-        assert!(validate(&p).is_ok());
-        // The largest valid push fits the body cap.
-        let size = serde_json::to_vec(&p).unwrap().len() as u64;
-        assert!(size < MAX_BODY_BYTES, "{size}");
-        p.oom.as_mut().unwrap().blocks[3]
-            .frames
-            .push(Frame::default());
-        let err = validate(&p).unwrap_err().to_string();
-        assert!(err.contains("oom.blocks[3].frames has 9 entries"), "{err}");
-    }
-}
+mod tests;

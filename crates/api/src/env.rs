@@ -17,8 +17,21 @@ pub const EXPECTED_RANKS: &str = "MEMPROF_EXPECTED_RANKS";
 pub const JOB_COMPLETION_INDEX: &str = "JOB_COMPLETION_INDEX";
 /// Sampling interval, always written as whole milliseconds (`250ms`).
 pub const INTERVAL: &str = "MEMPROF_INTERVAL";
-/// Port of the sidecar's metrics / agent endpoint.
+/// Port of the sidecar's `/healthz` and `/metrics` on every interface (the
+/// pod IP): set by the injection only when Prometheus scrapes the sidecars.
 pub const PORT: &str = "MEMPROF_PORT";
+/// Address of the sidecar's `/healthz` and `/metrics` when [`PORT`] is not
+/// set (loopback by default).
+pub const LISTEN: &str = "MEMPROF_LISTEN";
+/// The Unix socket the sidecar serves `POST /v1/agent` and `GET /v1/report`
+/// on, and the agent pushes to: set in the sidecar and every trainer
+/// container (contract A, docs/agent.md "Transport").
+pub const AGENT_SOCKET: &str = "MEMPROF_AGENT_SOCKET";
+/// Where the injection mounts the pod's private `emptyDir` holding the socket.
+pub const AGENT_SOCKET_DIR: &str = "/var/run/memprof";
+/// The socket in [`AGENT_SOCKET_DIR`]; the agent's default when
+/// [`AGENT_SOCKET`] is not set.
+pub const AGENT_SOCKET_PATH: &str = "/var/run/memprof/agent.sock";
 /// `true` on legacy (non-native) sidecars: exit once the other containers
 /// have terminated so that the Job can complete.
 pub const EXIT_WHEN_ALONE: &str = "MEMPROF_EXIT_WHEN_ALONE";

@@ -88,10 +88,24 @@ pub fn crds(
                 .and_then(|s| s.open_api_v3_schema.as_mut())
             {
                 drop_empty_string_defaults(schema);
+                status_not_nullable(schema);
             }
         }
     }
     crds
+}
+
+/// Makes the top-level `status` not nullable (schemars marks an `Option`
+/// nullable): a server that publishes only OpenAPI v2 (1.20) drops nullable
+/// properties from it, so `kubectl explain <kind>.status` listed no field.
+/// The status subresource never holds a null status: the API server prunes a
+/// null field that is not nullable rather than store it.
+fn status_not_nullable(
+    schema: &mut k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::JSONSchemaProps,
+) {
+    if let Some(status) = schema.properties.as_mut().and_then(|p| p.get_mut("status")) {
+        status.nullable = None;
+    }
 }
 
 /// Removes `default: ""` from a schema, everywhere in it: a 1.20 API server

@@ -44,12 +44,21 @@ pub struct MemoryProfileSpec {
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct MemoryProfileStatus {
-    /// Ranks with a valid report.
+    /// Ranks whose report counts and is fresh (not stale: see `ranksStale`).
     pub ranks_reporting: u32,
+    /// Ranks whose report counts but is stale: older than two of its
+    /// sidecar's heartbeats plus 30 s (150 s by default). Their last report
+    /// stays in every figure of this status (risk included), marked stale.
+    #[serde(default)]
+    pub ranks_stale: u32,
+    /// Stale ranks, worst risk first, then longest silent (at most 8).
+    #[schemars(length(max = 8))]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stale_ranks: Vec<StaleRank>,
     /// Ranks expected (the Job's parallelism), when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ranks_expected: Option<u32>,
-    /// `reporting/expected`, for humans.
+    /// `reporting/expected`, for humans, with ` (N stale)` when ranks are stale.
     #[schemars(length(max = 32))]
     pub ranks: String,
     /// GPUs reported across all ranks.
@@ -67,12 +76,21 @@ pub struct MemoryProfileStatus {
     /// Peak for humans, e.g. `61.2GiB (76%)`.
     #[schemars(length(max = 64))]
     pub peak: String,
-    /// Worst risk level of any GPU of the job.
+    /// Worst risk level of any GPU of the job, held for a dwell time (60 s)
+    /// after the evidence for it ended: it rises at once and falls only when
+    /// the lower level has lasted (see `riskHeldUntil`).
     pub risk: RiskLevel,
+    /// While `risk` is held above what the ranks report now: when it may
+    /// fall, unless a report renews it (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub risk_held_until: Option<String>,
     /// Confidence of that risk level, 0 to 1.
     #[schemars(range(min = 0.0, max = 1.0))]
     pub confidence: f64,
-    /// Smallest predicted time to OOM of any GPU, in seconds.
+    /// Smallest predicted time to OOM of any rank's worst GPU, in seconds,
+    /// as of when this status was computed: each report's prediction less
+    /// the report's age (never below 0).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0.0))]
     pub time_to_oom_seconds: Option<f64>,
@@ -134,7 +152,12 @@ pub struct MemoryProfileStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 64))]
     pub last_report_time: Option<String>,
-    /// Conditions: `Ready`, `ReportsValid`.
+    /// Oldest `sampledAt` among the counted ranks' reports (RFC 3339): now
+    /// minus this is how long the quietest rank has been silent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub oldest_report_time: Option<String>,
+    /// Conditions: `Ready`, `ReportsValid`, `ReportsCounted`, `RanksStale`.
     #[schemars(length(max = 8))]
     #[serde(default)]
     pub conditions: Vec<Condition>,
@@ -267,6 +290,34 @@ pub struct RankSummary {
     pub time_to_oom_seconds: Option<f64>,
     /// Growth rate of that GPU's memory, bytes per second.
     pub growth_bytes_per_second: f64,
+    /// `sampledAt` of the rank's report (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub last_report_time: Option<String>,
+    /// The rank's report is stale (see `ranksStale`): these are its last numbers.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stale: bool,
+}
+
+/// A rank whose report counts but has not been renewed for too long.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct StaleRank {
+    /// Rank of the pod, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank: Option<u32>,
+    /// Pod name.
+    #[schemars(length(max = 253))]
+    pub pod: String,
+    /// Node name, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub node: Option<String>,
+    /// `sampledAt` of its last report (RFC 3339).
+    #[schemars(length(max = 64))]
+    pub last_report_time: String,
+    /// The risk its last report gave (still counted in the profile's `risk`).
+    pub risk: RiskLevel,
 }
 
 /// A GPU out-of-memory observed in the job.

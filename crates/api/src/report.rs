@@ -11,6 +11,12 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+mod analysis;
+pub use analysis::{
+    AllocationSizes, FragmentationPoint, GradientCheck, HostMemory, ObjectGrowth, SizeBucket,
+    TensorGrowth, TrackedGrowth,
+};
+
 /// What one pod's sidecar saw of the pod's GPUs.
 #[derive(CustomResource, Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[kube(
@@ -54,6 +60,13 @@ pub struct MemoryReportSpec {
     /// Sampling interval, in milliseconds.
     #[schemars(range(min = 1, max = 3_600_000))]
     pub interval_ms: u64,
+    /// The sidecar's heartbeat: while it runs, it writes this report at
+    /// least this often (seconds, rounded up) even when nothing changes. The
+    /// operator calls a rank stale when its report is older than two
+    /// heartbeats plus 30 s (60 s assumed when absent; at most 600 s believed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 86_400))]
+    pub heartbeat_seconds: Option<u64>,
     /// Roll-up of all GPUs of the pod (what `kubectl get memoryreports` shows).
     pub summary: ReportSummary,
     /// One entry per GPU visible to the pod. Empty when no GPU is visible;
@@ -73,6 +86,37 @@ pub struct MemoryReportSpec {
     #[schemars(length(max = 8))]
     #[serde(default)]
     pub conditions: Vec<Condition>,
+    /// The newest acknowledgements of directives by the pod's trainer
+    /// processes (contract B), at most 16, oldest first, one per directive
+    /// id and process.
+    #[schemars(length(max = 16))]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub agent_acks: Vec<AgentAck>,
+}
+
+/// A trainer process's acknowledgement of a directive, as its agent pushed it.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentAck {
+    /// The directive's id.
+    #[schemars(length(min = 1, max = 64))]
+    pub id: String,
+    /// What the trainer did, in its own words.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(length(max = 128))]
+    pub action: String,
+    /// Whether it did what was asked.
+    pub ok: bool,
+    /// When the sidecar received it (RFC 3339).
+    #[schemars(length(max = 64))]
+    pub time: String,
+    /// The trainer process's id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+    /// The trainer process's rank, as its agent told it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(max = 1_000_000))]
+    pub rank: Option<u32>,
 }
 
 /// Pod-level roll-up of a report.
@@ -250,6 +294,33 @@ pub struct AllocatorStats {
     /// What held the memory at the newest CUDA OOM the agent saw.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub oom: Option<OomSnapshotSummary>,
+    /// Set after a CUDA OOM (RFC 3339 time of the OOM): growth, fragmentation,
+    /// advice and the GPU's risk are the verdict from just before it, read
+    /// before the exception unwound; what the allocator showed after the
+    /// unwinding (the failing step's tensors freed) is not evidence.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub verdict_before_oom: Option<String>,
+    /// Fragmentation over the run, oldest first: at most 30 points, each the
+    /// largest cache of an interval (points are merged pairwise as the run
+    /// grows, so the whole run fits).
+    #[schemars(length(max = 30))]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fragmentation_trend: Vec<FragmentationPoint>,
+    /// The allocation-size pattern the agent last read (`sizes`), when it pushes one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocation_sizes: Option<AllocationSizes>,
+    /// The trainer's host memory (process RSS, its container's cgroup):
+    /// growth, leak, time to the container's limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<HostMemory>,
+    /// The trainer's latest gradient check (`memprof_agent.watch_gradients`), when on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gradients: Option<GradientCheck>,
+    /// What grew between the reference tracker's last two samples
+    /// (`memprof_agent.track`), when on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracking: Option<TrackedGrowth>,
 }
 
 /// What grows in the allocator.

@@ -312,6 +312,12 @@ pub struct Thresholds {
     pub leak_bytes_per_second: f64,
     /// A rise of at least this fraction of total memory from one bucket to the next is a spike.
     pub spike_fraction: f64,
+    /// A GPU's published risk level (and leak flag) falls only after the
+    /// lower readings held this long, seconds (and 3 readings); it rises at once.
+    pub level_hold_seconds: f64,
+    /// Host-memory growth (the trainer's RSS, its container's working set),
+    /// bytes per second, above which a host-memory leak is suspected.
+    pub host_leak_bytes_per_second: f64,
 }
 
 impl Default for Thresholds {
@@ -330,6 +336,9 @@ impl Default for Thresholds {
             // 10 MB/min, the default of the seed toolkit's `leak` command.
             leak_bytes_per_second: 10.0e6 / 60.0,
             spike_fraction: 0.10,
+            level_hold_seconds: 30.0,
+            // 10 MB/min, seed 000's `leak --threshold` default, as for the GPU.
+            host_leak_bytes_per_second: 10.0e6 / 60.0,
         }
     }
 }
@@ -356,6 +365,7 @@ impl Thresholds {
             ("bucketSeconds", self.bucket_seconds),
             ("fitWindowSeconds", self.fit_window_seconds),
             ("trustSpanSeconds", self.trust_span_seconds),
+            ("hostLeakBytesPerSecond", self.host_leak_bytes_per_second),
         ];
         for (name, value) in positive {
             if !(value.is_finite() && value > 0.0) {
@@ -391,6 +401,15 @@ impl Thresholds {
                 name: "highFraction",
                 value: self.high_fraction,
                 why: "usage fractions must satisfy 0 < medium <= high <= critical <= 1",
+            });
+        }
+        if !(self.level_hold_seconds.is_finite()
+            && (0.0..=3600.0).contains(&self.level_hold_seconds))
+        {
+            return Err(Error::InvalidThreshold {
+                name: "levelHoldSeconds",
+                value: self.level_hold_seconds,
+                why: "must be in [0, 3600]",
             });
         }
         if !(0.0..=1.0).contains(&self.min_confidence) {

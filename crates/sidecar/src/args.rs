@@ -36,16 +36,21 @@ pub struct Args {
     /// Faster sampling interval used while the risk is medium or above.
     #[arg(long, env = "MEMPROF_FAST_INTERVAL", value_parser = parse_interval)]
     pub fast_interval: Option<Duration>,
-    /// Address of the local HTTP endpoints (/healthz, /metrics, /v1/report, POST /v1/agent)
-    /// when `--port` is not set; port 0 picks one.
+    /// Address of `/healthz` and `/metrics` when `--port` is not set; port 0
+    /// picks one. The agent's endpoints are never on TCP (`--agent-socket`).
     #[arg(long, env = "MEMPROF_LISTEN", default_value = "127.0.0.1:9464")]
     pub listen: std::net::SocketAddr,
-    /// Serve the endpoints on all IPv4 interfaces (0.0.0.0) at this port instead of
-    /// `--listen` (set by the injection, so Prometheus can scrape `/metrics`;
-    /// `POST /v1/agent` still only takes loopback peers). A port that cannot be
-    /// bound is logged, counted and reported, never fatal.
+    /// Serve `/healthz` and `/metrics` on all IPv4 interfaces (0.0.0.0) at this
+    /// port instead of `--listen`: set by the injection only when Prometheus
+    /// scrapes the sidecars. A port that cannot be bound is logged, counted
+    /// and reported, never fatal.
     #[arg(long, env = "MEMPROF_PORT")]
     pub port: Option<u16>,
+    /// Unix socket to serve `POST /v1/agent` and `GET /v1/report` on (the
+    /// injection sets /var/run/memprof/agent.sock, on an emptyDir only the
+    /// pod's containers mount). Without it the agent's pushes are not taken.
+    #[arg(long, env = "MEMPROF_AGENT_SOCKET")]
+    pub agent_socket: Option<std::path::PathBuf>,
     /// Pod name (downward API).
     #[arg(long, env = "POD_NAME")]
     pub pod_name: Option<String>,

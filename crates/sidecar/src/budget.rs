@@ -7,7 +7,8 @@
 //! periodic training swings by tens of percent every step, and writing on
 //! every swing would break the budget of ≤ 1 write per rank per 30 s.
 //! The agent's memory breakdown counts as a move when it appears or really
-//! changes (`memprof_analysis::breakdown::moved`), not when it is re-measured.
+//! changes (`memprof_analysis::breakdown::moved`), not when it is re-measured;
+//! so do new acknowledgements of directives (the operator waits for them).
 
 use memprof_api::{MemoryBreakdown, RiskLevel};
 
@@ -43,6 +44,9 @@ pub struct Snapshot {
     pub gpus: Vec<(u64, u64, u64)>,
     /// The agent's memory breakdown the report carries.
     pub breakdown: Option<MemoryBreakdown>,
+    /// Generation of the directive acknowledgements the report carries
+    /// (`AckLog::generation`).
+    pub acks: u64,
 }
 
 /// Why a report is written.
@@ -58,11 +62,24 @@ pub enum Reason {
     MemoryMoved,
     /// The agent's memory breakdown appeared or changed.
     BreakdownChanged,
+    /// A trainer acknowledged a directive.
+    AcksChanged,
     /// Nothing changed for a heartbeat.
     Heartbeat,
 }
 
 impl Reason {
+    /// Every reason, in the order [`Budget::decide`] tries them.
+    pub const ALL: [Reason; 7] = [
+        Reason::First,
+        Reason::RiskRaised,
+        Reason::RiskLowered,
+        Reason::MemoryMoved,
+        Reason::BreakdownChanged,
+        Reason::AcksChanged,
+        Reason::Heartbeat,
+    ];
+
     /// Label value for metrics.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -71,6 +88,7 @@ impl Reason {
             Reason::RiskLowered => "risk_lowered",
             Reason::MemoryMoved => "memory_moved",
             Reason::BreakdownChanged => "breakdown_changed",
+            Reason::AcksChanged => "acks_changed",
             Reason::Heartbeat => "heartbeat",
         }
     }
@@ -111,6 +129,9 @@ impl Budget {
         if breakdown {
             return Some(Reason::BreakdownChanged);
         }
+        if now.acks != last.acks {
+            return Some(Reason::AcksChanged);
+        }
         (since >= self.heartbeat).then_some(Reason::Heartbeat)
     }
 }
@@ -127,6 +148,7 @@ mod tests {
             risk,
             gpus: vec![(level_gib * G, level_gib * G, 80 * G)],
             breakdown: None,
+            acks: 0,
         }
     }
 
@@ -177,6 +199,7 @@ mod tests {
                 risk: RiskLevel::Low,
                 gpus: vec![(40 * G + (i % 7) * G / 100, 41 * G, 80 * G)],
                 breakdown: None,
+                acks: 0,
             };
             if b.decide(last.as_ref(), &now).is_some() {
                 writes += 1;
@@ -227,5 +250,21 @@ mod tests {
             b.decide(Some(&last), &with(10.0, Some(breakdown(30, 9)))),
             Some(Reason::BreakdownChanged)
         );
+    }
+
+    #[test]
+    fn a_new_acknowledgement_is_written_at_the_next_allowed_moment() {
+        let b = Budget::default();
+        let last = snap(0.0, RiskLevel::High, 40);
+        let acked = |t: f64| Snapshot {
+            acks: 1,
+            ..snap(t, RiskLevel::High, 40)
+        };
+        assert_eq!(b.decide(Some(&last), &acked(2.0)), None);
+        assert_eq!(
+            b.decide(Some(&last), &acked(5.0)),
+            Some(Reason::AcksChanged)
+        );
+        assert_eq!(b.decide(Some(&acked(5.0)), &acked(20.0)), None);
     }
 }

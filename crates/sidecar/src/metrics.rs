@@ -12,6 +12,12 @@ use std::sync::atomic::AtomicU64;
 /// dcgm-exporter spells them, so a query can join the two on `UUID` (see
 /// docs/observability.md). Cardinality stays that of the GPU index: a GPU's
 /// UUID and model never change, and a sidecar sees only its pod's GPUs.
+///
+/// What they carry is no more than dcgm-exporter's own series say about the
+/// same GPU (index, UUID, product name, memory used and total); the risk and
+/// time to OOM are memprof's reading of those numbers. Nothing the agent
+/// pushes beyond them (allocator internals, phases, code locations) is
+/// exported: that stays on the pod's socket and in its MemoryReport.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 #[allow(non_snake_case)]
 pub struct GpuLabel {
@@ -28,14 +34,15 @@ pub struct GpuLabel {
 const MAX_MODEL_NAME: usize = 64;
 
 impl GpuLabel {
-    /// The labels of one GPU.
-    pub fn of(info: &crate::sampler::GpuInfo) -> Self {
-        let mut model = info.model.clone();
+    /// The labels of one GPU of a report (sampled, or only the agent's: its
+    /// `gpu` is then the CUDA ordinal the trainer sees).
+    pub fn of(g: &memprof_api::GpuReport) -> Self {
+        let mut model = g.model.clone();
         memprof_api::truncate_utf8(&mut model, MAX_MODEL_NAME);
-        let mut uuid = info.uuid.clone();
+        let mut uuid = g.uuid.clone();
         memprof_api::truncate_utf8(&mut uuid, MAX_MODEL_NAME);
         GpuLabel {
-            gpu: info.index.to_string(),
+            gpu: g.index.to_string(),
             UUID: uuid,
             modelName: model,
         }
@@ -98,7 +105,14 @@ impl Metrics {
             gpu_risk: Family::default(),
             gpu_time_to_oom: Family::default(),
         };
-        let r = registry;
+        m.register_sidecar(registry);
+        m.register_gpus(registry);
+        m
+    }
+
+    /// The sidecar's own families: sampling, writes, pushes, listeners.
+    fn register_sidecar(&self, r: &mut Registry) {
+        let m = self;
         r.register(
             "memprof_sampler_duration_seconds",
             "Time to sample all GPUs once",
@@ -131,9 +145,14 @@ impl Metrics {
         );
         r.register(
             "memprof_sidecar_listen_errors",
-            "Failures to listen for the endpoints (sampling and reports go on)",
+            "Failures to serve the endpoints or the agent socket (sampling and reports go on)",
             m.listen_errors.clone(),
         );
+    }
+
+    /// The per-GPU families (and whether GPUs are visible).
+    fn register_gpus(&self, r: &mut Registry) {
+        let m = self;
         r.register(
             "memprof_gpu_visible",
             "1 when the pod's GPUs are visible to the sidecar",
@@ -164,7 +183,6 @@ impl Metrics {
             "Predicted seconds to OOM",
             m.gpu_time_to_oom.clone(),
         );
-        m
     }
 
     /// Counts a successful write.
@@ -187,22 +205,44 @@ impl Metrics {
 
     /// Total successful writes, all reasons.
     pub fn writes_total(&self) -> u64 {
-        [
-            "first",
-            "risk_raised",
-            "risk_lowered",
-            "memory_moved",
-            "heartbeat",
-        ]
-        .iter()
-        .map(|r| {
-            self.report_writes
-                .get_or_create(&ReasonLabel {
-                    reason: r.to_string(),
-                })
-                .get()
-        })
-        .sum()
+        crate::budget::Reason::ALL
+            .iter()
+            .map(|r| {
+                self.report_writes
+                    .get_or_create(&ReasonLabel {
+                        reason: r.as_str().to_string(),
+                    })
+                    .get()
+            })
+            .sum()
+    }
+}
+
+impl Metrics {
+    /// Sets the per-GPU gauges from a report: every GPU it carries, whether
+    /// NVML sampled it or only the agent reports it, with the assessment the
+    /// report shows (the allocator's where it replaced NVML's). GPUs no
+    /// longer in the report leave the families.
+    pub fn export(&self, report: &memprof_api::MemoryReportSpec) {
+        for family in [
+            &self.gpu_used,
+            &self.gpu_peak,
+            &self.gpu_total,
+            &self.gpu_time_to_oom,
+        ] {
+            family.clear();
+        }
+        self.gpu_risk.clear();
+        for g in &report.gpus {
+            let l = GpuLabel::of(g);
+            self.gpu_used.get_or_create(&l).set(g.used_bytes as f64);
+            self.gpu_total.get_or_create(&l).set(g.total_bytes as f64);
+            self.gpu_peak.get_or_create(&l).set(g.peak_bytes as f64);
+            self.gpu_risk.get_or_create(&l).set(g.risk as i64);
+            if let Some(tto) = g.time_to_oom_seconds {
+                self.gpu_time_to_oom.get_or_create(&l).set(tto);
+            }
+        }
     }
 }
 
@@ -248,21 +288,32 @@ mod tests {
     fn per_gpu_series_carry_the_labels_dcgm_exporter_joins_on() {
         let mut registry = Registry::default();
         let m = Metrics::new(&mut registry);
-        let info = crate::sampler::GpuInfo {
+        let g = memprof_api::GpuReport {
             index: 3,
             uuid: "GPU-0b1c".into(),
             model: format!("NVIDIA H100 80GB HBM3{}", "x".repeat(200)),
-            total_bytes: 80,
+            used_bytes: 42,
+            ..Default::default()
         };
-        let l = GpuLabel::of(&info);
+        let l = GpuLabel::of(&g);
         assert_eq!(l.modelName.len(), MAX_MODEL_NAME, "bounded");
-        m.gpu_used.get_or_create(&l).set(42.0);
+        m.export(&memprof_api::MemoryReportSpec {
+            gpus: vec![g],
+            ..Default::default()
+        });
         let text = render(&registry);
         let want = format!(
             "memprof_gpu_used_bytes{{gpu=\"3\",UUID=\"GPU-0b1c\",modelName=\"{}\"}} 42.0",
             l.modelName
         );
         assert!(text.contains(&want), "{text}");
+        assert!(
+            !text.contains("memprof_gpu_time_to_oom_seconds{"),
+            "no TTO, no series"
+        );
+        // The GPU leaves the report: its series go.
+        m.export(&memprof_api::MemoryReportSpec::default());
+        assert!(!render(&registry).contains("memprof_gpu_used_bytes{"));
     }
 
     #[test]

@@ -150,7 +150,6 @@ impl Monitor {
     /// One entry per GPU: the sampler's (with the allocator's assessment
     /// where the agent sees the same GPU), then the GPUs only the agent sees.
     fn gpu_reports(&self) -> Vec<GpuReport> {
-        let source = self.sampler.source();
         let fresh = self.agent_fresh();
         let agent = self.agent.devices();
         let matched = |uuid: &str| {
@@ -159,33 +158,16 @@ impl Monitor {
                 .zip(&self.agent_assessments)
                 .find(|(d, _)| d.uuid.as_deref() == Some(uuid))
         };
-        let mut gpus: Vec<GpuReport> = self
+        let sampled = self
             .sampler
             .gpus()
             .iter()
             .zip(&self.series)
             .zip(&self.assessments)
-            .zip(&self.utilization)
+            .zip(&self.utilization);
+        let mut gpus: Vec<GpuReport> = sampled
             .map(|(((info, series), a), util)| {
-                let mut g = GpuReport {
-                    index: info.index,
-                    uuid: info.uuid.clone(),
-                    model: info.model.clone(),
-                    total_bytes: series.last().map_or(info.total_bytes, |s| s.total),
-                    used_bytes: series.last().map_or(0, |s| s.used),
-                    peak_bytes: series.peak(),
-                    utilization_percent: *util,
-                    growth_bytes_per_second: finite(a.growth_bytes_per_second),
-                    time_to_oom_seconds: a.time_to_oom_seconds.filter(|t| t.is_finite()),
-                    risk: a.risk,
-                    confidence: finite(a.confidence),
-                    leak_suspected: a.leak_suspected,
-                    spike_detected: a.spike_detected,
-                    fragmentation: None,
-                    source,
-                    assessed_from: None,
-                    timeline: timeline(series),
-                };
+                let mut g = self.sampled_gpu(info, series, a, *util);
                 if let Some((_, aa)) = matched(&info.uuid) {
                     g.fragmentation = aa.fragmentation;
                     if fresh && aa.risk.risk > RiskLevel::None {
@@ -196,14 +178,17 @@ impl Monitor {
                 g
             })
             .collect();
-        let nvml_uuids: Vec<&str> = self
+        let sampled_uuids: Vec<&str> = self
             .sampler
             .gpus()
             .iter()
             .map(|g| g.uuid.as_str())
             .collect();
         for (d, aa) in agent.iter().zip(&self.agent_assessments) {
-            if d.uuid.as_deref().is_some_and(|u| nvml_uuids.contains(&u)) {
+            if d.uuid
+                .as_deref()
+                .is_some_and(|u| sampled_uuids.contains(&u))
+            {
                 continue;
             }
             if let Some(g) = agent_only_gpu(d, aa) {
@@ -212,6 +197,35 @@ impl Monitor {
         }
         gpus.truncate(memprof_api::MAX_GPUS_PER_REPORT);
         gpus
+    }
+
+    /// A sampled GPU as its own series and assessment say.
+    fn sampled_gpu(
+        &self,
+        info: &crate::sampler::GpuInfo,
+        series: &GpuSeries,
+        a: &Assessment,
+        util: Option<u32>,
+    ) -> GpuReport {
+        GpuReport {
+            index: info.index,
+            uuid: info.uuid.clone(),
+            model: info.model.clone(),
+            total_bytes: series.last().map_or(info.total_bytes, |s| s.total),
+            used_bytes: series.last().map_or(0, |s| s.used),
+            peak_bytes: series.peak(),
+            utilization_percent: util,
+            growth_bytes_per_second: finite(a.growth_bytes_per_second),
+            time_to_oom_seconds: a.time_to_oom_seconds.filter(|t| t.is_finite()),
+            risk: a.risk,
+            confidence: finite(a.confidence),
+            leak_suspected: a.leak_suspected,
+            spike_detected: a.spike_detected,
+            fragmentation: None,
+            source: self.sampler.source(),
+            assessed_from: None,
+            timeline: timeline(series),
+        }
     }
 
     /// The report as of the last sample and analysis. `conditions` come from
@@ -267,6 +281,9 @@ impl Monitor {
             allocator: self.agent.stats(&self.agent_assessments),
             breakdown: self.breakdowns.report(),
             conditions,
+            // The loop's own: its heartbeat and the trainers' acknowledgements.
+            heartbeat_seconds: None,
+            agent_acks: vec![],
         }
     }
 }
@@ -290,11 +307,7 @@ fn agent_only_gpu(d: &AgentDevice, aa: &AllocatorAssessment) -> Option<GpuReport
         // Both are required strings, and an API server of 1.20 reads "" in a
         // required field as null and refuses the whole report: name what
         // the agent left out.
-        uuid: d
-            .uuid
-            .clone()
-            .filter(|u| !u.is_empty())
-            .unwrap_or_else(|| format!("cuda:{}", d.index)),
+        uuid: agent_uuid(d),
         model: d
             .name
             .clone()
@@ -311,6 +324,22 @@ fn agent_only_gpu(d: &AgentDevice, aa: &AllocatorAssessment) -> Option<GpuReport
     };
     take_assessment(&mut g, &aa.risk);
     Some(g)
+}
+
+/// The UUID of a GPU only the agent sees, as NVML (and `nvidia-smi -L`)
+/// spells it. CUDA names a MIG instance `<product> MIG <profile>` and gives
+/// it the instance's UUID, which the agent prefixes `GPU-` like any other:
+/// `MIG-` is what it is, and no exporter's `GPU-` UUID will match it by
+/// mistake (docs/observability.md: MIG devices are not joined).
+fn agent_uuid(d: &AgentDevice) -> String {
+    let Some(uuid) = d.uuid.clone().filter(|u| !u.is_empty()) else {
+        return format!("cuda:{}", d.index);
+    };
+    let mig = d.name.as_deref().is_some_and(|n| n.contains(" MIG "));
+    match uuid.get(..4) {
+        Some(p) if mig && p.eq_ignore_ascii_case("GPU-") => format!("MIG-{}", &uuid[4..]),
+        _ => uuid,
+    }
 }
 
 fn finite(v: f64) -> f64 {
@@ -446,6 +475,26 @@ mod tests {
         assert!(a.steps_per_second.is_some());
         assert_eq!(m.worst_risk(), g.risk);
         assert!(memprof_analysis::validate_report(&r).is_ok());
+    }
+
+    #[test]
+    fn a_mig_instance_the_agent_sees_is_named_mig_not_gpu() {
+        let mut m = Monitor::new(Box::new(NoGpus), Thresholds::default());
+        let mut push = leak_push("GPU-1b2c3d4e-0000-5000-8000-000000000001", 1.0, 0.0);
+        push.devices[0].name = Some("NVIDIA A100-SXM4-40GB MIG 1g.5gb".into());
+        m.sample(1.0).unwrap();
+        m.agent_push(push.clone());
+        m.analyse();
+        let r = m.report(&Identity::default(), String::new(), 1000, vec![]);
+        assert_eq!(r.gpus[0].uuid, "MIG-1b2c3d4e-0000-5000-8000-000000000001");
+        // A whole GPU keeps its name.
+        push.devices[0].name = Some("NVIDIA H100 80GB HBM3".into());
+        let mut m = Monitor::new(Box::new(NoGpus), Thresholds::default());
+        m.sample(1.0).unwrap();
+        m.agent_push(push);
+        m.analyse();
+        let r = m.report(&Identity::default(), String::new(), 1000, vec![]);
+        assert_eq!(r.gpus[0].uuid, "GPU-1b2c3d4e-0000-5000-8000-000000000001");
     }
 
     #[test]

@@ -1,56 +1,43 @@
-//! The sidecar's pipeline: sample → analyse → decide to write → write.
+//! The sidecar's pipeline, one step after the other at every tick:
+//!
+//! 1. **sample** the GPUs ([`Sidecar::sample`]) and take the agent's pushes
+//!    ([`Sidecar::take_pushes`]);
+//! 2. **analyse** (once a second): the report as of now ([`Sidecar::analyse`]);
+//! 3. **decide** whether to write it, whether the risk changed, what to
+//!    answer the agent ([`Sidecar::decide`], pure but for the answer's
+//!    memory of `high`);
+//! 4. **write**: hand the report to the writer task, the endpoints and the
+//!    agent's answer ([`Sidecar::write`]).
+//!
+//! Start-up is in [`crate::setup`]; the API server is only ever touched by
+//! the writer task, so a slow one never delays sampling.
 
+use crate::acks::AckLog;
+use crate::alone::AloneDetector;
+use crate::answer::{Answers, Directives, NoDirectives};
 use crate::budget::{Budget, Reason, Snapshot};
-use crate::metrics::{GpuLabel, Metrics};
-use crate::monitor::Monitor;
-use crate::{gpus, identity, server, writer, Args};
+use crate::gpus::{self, AgentNamed};
+use crate::metrics::Metrics;
+use crate::monitor::{Identity, Monitor};
+use crate::server::{AgentInbox, Shared};
+use crate::setup::{Endpoints, Setup};
+use crate::Args;
 use anyhow::Context;
+use memprof_api::agent::PushReply;
 use memprof_api::thresholds::Thresholds;
 use memprof_api::trace::TraceWriter;
 use memprof_api::{Condition, MemoryReportSpec, RiskLevel};
 use prometheus_client::registry::Registry;
-use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
 
 /// How often the analysis runs, whatever the sampling rate: it is cheap, but
 /// there is no point re-fitting envelopes of 10 s buckets at 100 Hz.
 const ANALYSIS_EVERY: Duration = Duration::from_secs(1);
 
-/// Condition a report carries when the endpoints could not listen.
-pub const ENDPOINTS_CONDITION: &str = "EndpointsServing";
-
-/// Where the endpoints listen: `--port` on every interface, so Prometheus can
-/// scrape the pod IP (`POST /v1/agent` still takes loopback peers only), else
-/// `--listen`. IPv4 only: on a dual-stack socket a loopback peer shows as
-/// `::ffff:127.0.0.1`, which the agent endpoint would refuse.
-pub fn listen_addr(args: &Args) -> SocketAddr {
-    match args.port {
-        Some(port) => SocketAddr::from((Ipv4Addr::UNSPECIFIED, port)),
-        None => args.listen,
-    }
-}
-
-/// Binds the endpoints' listener. A failure is logged, counted and returned
-/// as a condition for the report, never fatal: the port may be the
-/// trainer's (9464 is also OpenTelemetry's Prometheus exporter's), and a
-/// sidecar that exits non-zero fails a legacy sidecar's training pod. Not
-/// retried: a retry could take the port in the moment a restarting trainer
-/// lets go of it, and fail the trainer instead.
-async fn bind(addr: SocketAddr, metrics: &Metrics) -> Result<TcpListener, Condition> {
-    TcpListener::bind(addr).await.map_err(|e| {
-        metrics.listen_errors.inc();
-        let message = format!(
-            "cannot listen on {addr}: {e}; /healthz, /metrics, /v1/report and POST /v1/agent \
-             are not served, sampling and reports go on. Give the sidecar a free port with the \
-             annotation memprof.dev/port (or --port / MEMPROF_PORT)"
-        );
-        tracing::error!("{message}");
-        Condition::new(ENDPOINTS_CONDITION, false, "ListenFailed", message)
-    })
-}
+pub use crate::setup::{listen_addr, ENDPOINTS_CONDITION};
 
 fn now_rfc3339() -> String {
     jiff::Timestamp::now()
@@ -68,264 +55,394 @@ fn unix_now() -> f64 {
 
 /// Runs the sidecar until interrupted or `--duration` elapses.
 pub async fn run(args: Args) -> anyhow::Result<()> {
-    let thresholds: Thresholds = match &args.thresholds {
-        Some(json) => serde_json::from_str(json)
-            .context("--thresholds is not valid JSON of analysis thresholds")?,
-        None => Thresholds::default(),
-    };
-    thresholds.validate()?;
-    if !(args.speed > 0.0 && args.speed.is_finite()) {
-        anyhow::bail!("--speed must be a positive number");
-    }
-    let pod_name = match (&args.pod_name, args.standalone) {
-        (Some(p), _) => p.clone(),
-        (None, true) => std::env::var("HOSTNAME").unwrap_or_else(|_| "standalone".into()),
-        (None, false) => anyhow::bail!("POD_NAME is not set: pass --pod-name or set it through the downward API (or use --standalone)"),
-    };
-    let rank = args.rank.or_else(|| {
-        identity::rank_from(
-            std::env::var("JOB_COMPLETION_INDEX").ok().as_deref(),
-            std::env::var("RANK").ok().as_deref(),
-            &pod_name,
-        )
-    });
-    let id = identity::identity(
-        &pod_name,
-        args.node_name.clone(),
-        args.job_name.clone(),
-        rank,
-    );
-
-    let gpus::Opened {
-        sampler,
-        condition: visible,
-        mut agent_named,
-    } = gpus::open(&args, rank.unwrap_or(0)).await;
-    let mut registry = Registry::default();
-    let metrics = Metrics::new(&mut registry);
-    metrics.gpu_visible.set(i64::from(visible.is_true()));
-    tracing::info!(pod = %pod_name, rank = ?rank, gpus = sampler.gpus().len(), source = %sampler.source(), "{}", visible.message);
-
-    let (report_tx, report_rx) = watch::channel::<Option<MemoryReportSpec>>(None);
-    let agent_inbox = server::AgentInbox::default();
-    let (write_tx, write_rx) = watch::channel::<Option<(Reason, MemoryReportSpec)>>(None);
-    let (stop_tx, stop_rx) = watch::channel(false);
-
-    let mut conditions = vec![visible];
-    let shared = server::Shared {
-        registry: Arc::new(Mutex::new(registry)),
-        report: report_rx,
-        agent: agent_inbox.clone(),
-        metrics: metrics.clone(),
-    };
-    let server_task = match bind(listen_addr(&args), &metrics).await {
-        Ok(listener) => {
-            if let Ok(addr) = listener.local_addr() {
-                tracing::info!(%addr, "serving /healthz, /metrics, /v1/report, POST /v1/agent");
-            }
-            let mut stop = stop_rx.clone();
-            Some(tokio::spawn(server::serve(listener, shared, async move {
-                let _ = stop.wait_for(|s| *s).await;
-            })))
-        }
-        Err(condition) => {
-            conditions.push(condition);
-            None
-        }
-    };
-
-    let writer_task = if args.standalone {
-        None
-    } else {
-        let target = writer::Target {
-            namespace: args.namespace.clone(),
-            name: pod_name.clone(),
-            pod_uid: args.pod_uid.clone(),
-        };
-        let m = metrics.clone();
-        Some(tokio::spawn(async move {
-            // A missing kubeconfig is retried, not fatal: the pod must stay healthy.
-            let mut delay = Duration::from_secs(1);
-            let client = loop {
-                match kube::Client::try_default().await {
-                    Ok(c) => break c,
-                    Err(e) => {
-                        tracing::error!(error = %e, "no Kubernetes client; reports are kept locally (GET /v1/report) until one works");
-                        m.write_failed("no_client");
-                        tokio::time::sleep(delay).await;
-                        delay = (delay * 2).min(Duration::from_secs(60));
-                    }
-                }
-            };
-            writer::run(client, target, write_rx, m).await
-        }))
-    };
-
-    let mut trace_out = match &args.trace_out {
+    let setup = Setup::from_args(&args)?;
+    let trace_out = match &args.trace_out {
         Some(p) => {
             let f = std::fs::File::create(p).with_context(|| format!("cannot create {p}"))?;
             Some(TraceWriter::new(f).with_context(|| format!("cannot write {p}"))?)
         }
         None => None,
     };
+    let (mut sidecar, endpoints, writer) = Sidecar::start(args, setup, trace_out).await;
+    sidecar.run_loop().await;
+    sidecar.finish(endpoints, writer).await
+}
 
-    let mut monitor = Monitor::new(sampler, thresholds.clone());
-    let budget = Budget {
-        heartbeat: args.heartbeat_seconds,
-        ..Budget::default()
+/// What the pipeline hands to others: the writer task, the endpoints, the
+/// agent's answers.
+struct Outputs {
+    /// To the writer task (none in standalone mode).
+    write: Option<watch::Sender<Option<(Reason, MemoryReportSpec)>>>,
+    /// To `GET /v1/report`.
+    report: watch::Sender<Option<MemoryReportSpec>>,
+    /// To `POST /v1/agent`'s answer.
+    answer: watch::Sender<PushReply>,
+}
+
+/// What [`Sidecar::decide`] concluded about one analysis.
+#[derive(Debug, PartialEq)]
+pub struct Decision {
+    /// Write the report, and why.
+    pub write: Option<Reason>,
+    /// What the budget compares the next analysis with, once written.
+    pub snapshot: Snapshot,
+    /// The risk before, when it changed.
+    pub risk_changed_from: Option<RiskLevel>,
+    /// The answer to the agent's pushes from now on.
+    pub answer: PushReply,
+}
+
+/// The endpoints' view of the pipeline, and the pipeline's ends of it (the
+/// writer's is added when there is a writer).
+fn wire(registry: Registry, metrics: &Metrics) -> (Shared, Outputs, AgentInbox) {
+    let (report, report_rx) = watch::channel(None);
+    let (answer, answer_rx) = watch::channel(PushReply {
+        accepted: true,
+        ..Default::default()
+    });
+    let inbox = AgentInbox::default();
+    let shared = Shared {
+        registry: Arc::new(Mutex::new(registry)),
+        report: report_rx,
+        agent: inbox.clone(),
+        answer: answer_rx,
+        metrics: metrics.clone(),
     };
-    let started = Instant::now();
-    let t0 = unix_now();
-    let sim_time = |elapsed: Duration| t0 + args.speed * elapsed.as_secs_f64();
-    let mut last_written: Option<Snapshot> = None;
-    let mut last_analysis: Option<Instant> = None;
-    let mut last_risk = RiskLevel::None;
-    let mut next = Instant::now();
-    let mut sample_error_logged = false;
-    let mut alone = crate::alone::AloneDetector::new(args.alone_grace_seconds);
-    let mut agent_pushes_seen = 0u64;
-    let shutdown = shutdown_signal();
-    tokio::pin!(shutdown);
+    let out = Outputs {
+        write: None,
+        report,
+        answer,
+    };
+    (shared, out, inbox)
+}
 
-    loop {
-        let deadline =
-            (args.duration > 0.0).then(|| started + Duration::from_secs_f64(args.duration));
-        tokio::select! {
-            _ = &mut shutdown => break,
-            _ = tokio::time::sleep_until(next.into()) => {}
+/// Sample time: the wall clock, or a scenario's or trace's clock at `--speed`.
+struct Clock {
+    started: Instant,
+    t0: f64,
+    speed: f64,
+}
+
+impl Clock {
+    fn now(&self) -> f64 {
+        self.t0 + self.speed * self.started.elapsed().as_secs_f64()
+    }
+}
+
+/// The sidecar's state between ticks.
+pub struct Sidecar {
+    args: Args,
+    id: Identity,
+    thresholds: Thresholds,
+    monitor: Monitor,
+    agent_named: Option<AgentNamed>,
+    conditions: Vec<Condition>,
+    metrics: Metrics,
+    inbox: AgentInbox,
+    acks: AckLog,
+    answers: Answers,
+    directives: Box<dyn Directives>,
+    budget: Budget,
+    out: Outputs,
+    trace_out: Option<TraceWriter<std::fs::File>>,
+    clock: Clock,
+    last_written: Option<Snapshot>,
+    last_analysis: Option<Instant>,
+    last_risk: RiskLevel,
+    sample_error_logged: bool,
+    alone: AloneDetector,
+    agent_pushes_seen: u64,
+}
+
+impl Sidecar {
+    /// Opens the GPUs, starts the endpoints and (outside standalone mode) the
+    /// writer task.
+    async fn start(
+        args: Args,
+        setup: Setup,
+        trace_out: Option<TraceWriter<std::fs::File>>,
+    ) -> (Sidecar, Endpoints, Option<JoinHandle<()>>) {
+        let opened = gpus::open(&args, setup.rank.unwrap_or(0)).await;
+        let mut registry = Registry::default();
+        let metrics = Metrics::new(&mut registry);
+        metrics
+            .gpu_visible
+            .set(i64::from(opened.condition.is_true()));
+        tracing::info!(pod = %setup.id.pod_name, rank = ?setup.rank, gpus = opened.sampler.gpus().len(), source = %opened.sampler.source(), "{}", opened.condition.message);
+        let (shared, mut out, inbox) = wire(registry, &metrics);
+        let (endpoints, endpoint_conditions) = Endpoints::start(&args, shared).await;
+        let writer = (!args.standalone).then(|| {
+            let (tx, rx) = watch::channel(None);
+            out.write = Some(tx);
+            crate::setup::start_writer(&args, &setup.id.pod_name, rx, metrics.clone())
+        });
+        let mut conditions = vec![opened.condition];
+        conditions.extend(endpoint_conditions);
+        let sidecar = Sidecar {
+            monitor: Monitor::new(opened.sampler, setup.thresholds.clone()),
+            agent_named: opened.agent_named,
+            conditions,
+            metrics,
+            inbox,
+            acks: AckLog::default(),
+            answers: Answers::default(),
+            directives: Box::new(NoDirectives),
+            budget: Budget {
+                heartbeat: args.heartbeat_seconds,
+                ..Budget::default()
+            },
+            out,
+            trace_out,
+            clock: Clock {
+                started: Instant::now(),
+                t0: unix_now(),
+                speed: args.speed,
+            },
+            last_written: None,
+            last_analysis: None,
+            last_risk: RiskLevel::None,
+            sample_error_logged: false,
+            alone: AloneDetector::new(args.alone_grace_seconds),
+            agent_pushes_seen: 0,
+            id: setup.id,
+            thresholds: setup.thresholds,
+            args,
+        };
+        (sidecar, endpoints, writer)
+    }
+
+    /// Ticks until a signal, `--duration`, or the trainer is gone.
+    async fn run_loop(&mut self) {
+        let shutdown = shutdown_signal();
+        tokio::pin!(shutdown);
+        let deadline = (self.args.duration > 0.0)
+            .then(|| self.clock.started + Duration::from_secs_f64(self.args.duration));
+        let mut next = Instant::now();
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => break,
+                _ = tokio::time::sleep_until(next.into()) => {}
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                break;
+            }
+            let t = self.clock.now();
+            self.sample(t);
+            self.take_pushes();
+            if self.analysis_due() {
+                let report = self.analyse();
+                let decision = self.decide(&report);
+                self.write(report, decision, t);
+                if self.trainer_gone() {
+                    break;
+                }
+            }
+            next = self.next_tick(next);
         }
-        if deadline.is_some_and(|d| Instant::now() >= d) {
-            break;
-        }
-        let t = sim_time(started.elapsed());
+    }
+
+    /// Step 1: one sample of every GPU, into the series and the trace.
+    fn sample(&mut self, t: f64) {
         let began = Instant::now();
-        match monitor.sample(t) {
+        match self.monitor.sample(t) {
             Ok(()) => {
-                metrics.samples.inc();
-                sample_error_logged = false;
+                self.metrics.samples.inc();
+                self.sample_error_logged = false;
             }
             Err(e) => {
-                metrics.sample_errors.inc();
-                if !sample_error_logged {
+                self.metrics.sample_errors.inc();
+                if !self.sample_error_logged {
                     tracing::warn!(error = %e, "sampling failed; will keep trying");
-                    sample_error_logged = true;
+                    self.sample_error_logged = true;
                 }
             }
         }
-        metrics
+        self.metrics
             .sampler_duration
             .observe(began.elapsed().as_secs_f64());
-        if let Some(f) = trace_out.as_mut() {
-            for (i, s) in monitor.series().iter().enumerate() {
+        if let Some(f) = self.trace_out.as_mut() {
+            for (s, g) in self
+                .monitor
+                .series()
+                .iter()
+                .zip(self.monitor.sampler().gpus())
+            {
                 if let Some(last) = s.last() {
-                    let gpu = monitor.sampler().gpus()[i].index;
-                    let _ = f.write(t - t0, gpu, last.used, last.total);
+                    let _ = f.write(t - self.clock.t0, g.index, last.used, last.total);
                 }
             }
         }
-        for push in agent_inbox.drain() {
-            let named = agent_named.as_mut().and_then(|a| a.learn(&push));
+    }
+
+    /// Step 1, the agent's half: every push queued since the last tick.
+    fn take_pushes(&mut self) {
+        let pushes = self.inbox.drain();
+        if pushes.is_empty() {
+            return;
+        }
+        let received = now_rfc3339();
+        for push in pushes {
+            let named = self.agent_named.as_mut().and_then(|a| a.learn(&push));
             if let Some((sampler, condition)) = named {
                 // The pod's GPUs, named by the agent: sampled from now on. A
                 // fresh monitor, as its series are per GPU; this happens at
                 // the trainers' first pushes, before much history exists.
                 tracing::info!("{}", condition.message);
-                metrics.gpu_visible.set(i64::from(condition.is_true()));
-                conditions[0] = condition;
-                monitor = Monitor::new(sampler, thresholds.clone());
+                self.metrics.gpu_visible.set(i64::from(condition.is_true()));
+                self.conditions[0] = condition;
+                self.monitor = Monitor::new(sampler, self.thresholds.clone());
             }
-            monitor.agent_push(push);
-        }
-
-        if last_analysis.is_none_or(|a| a.elapsed() >= ANALYSIS_EVERY) {
-            last_analysis = Some(Instant::now());
-            let risk = monitor.analyse();
-            export_gauges(&metrics, &monitor);
-            let report = monitor.report(
-                &id,
-                now_rfc3339(),
-                args.interval.as_millis() as u64,
-                conditions.clone(),
-            );
-            if risk != last_risk {
-                transition(&args, &report, last_risk, t - t0);
-                last_risk = risk;
-            }
-            let snap = snapshot(
-                &monitor,
-                started.elapsed().as_secs_f64(),
-                report.breakdown.clone(),
-            );
-            if !args.standalone {
-                if let Some(reason) = budget.decide(last_written.as_ref(), &snap) {
-                    write_tx.send_replace(Some((reason, report.clone())));
-                    last_written = Some(snap);
-                }
-            }
-            report_tx.send_replace(Some(report));
-            if args.exit_when_alone {
-                let pushes = metrics.agent_pushes.get();
-                let pushed = pushes != agent_pushes_seen;
-                agent_pushes_seen = pushes;
-                if alone.observe(
-                    started.elapsed().as_secs_f64(),
-                    monitor.active_processes(),
-                    pushed,
-                ) {
-                    tracing::info!("the trainer is gone (no GPU process, no agent push for {} s): exiting so the Job can complete", args.alone_grace_seconds);
-                    break;
-                }
-            }
-        }
-
-        let interval = match args.fast_interval {
-            Some(fast) if monitor.worst_risk() >= RiskLevel::Medium => fast,
-            _ => args.interval,
-        };
-        next += interval;
-        let now = Instant::now();
-        if next < now {
-            // Fell behind (suspended, overloaded): skip, don't burst.
-            next = now + interval;
+            self.acks.observe(&push, &received);
+            self.monitor.agent_push(push);
         }
     }
 
-    if let Some(f) = trace_out.as_mut() {
-        f.flush()?;
+    fn analysis_due(&mut self) -> bool {
+        let due = self
+            .last_analysis
+            .is_none_or(|a| a.elapsed() >= ANALYSIS_EVERY);
+        if due {
+            self.last_analysis = Some(Instant::now());
+        }
+        due
     }
-    if let Some(path) = &args.output {
-        monitor.analyse();
-        let report = monitor.report(
-            &id,
+
+    /// Step 2: the report as of now, and the per-GPU gauges from it.
+    fn analyse(&mut self) -> MemoryReportSpec {
+        self.monitor.analyse();
+        let mut report = self.monitor.report(
+            &self.id,
             now_rfc3339(),
-            args.interval.as_millis() as u64,
-            conditions.clone(),
+            self.args.interval.as_millis() as u64,
+            self.conditions.clone(),
         );
-        std::fs::write(path, serde_json::to_string_pretty(&report)?)
-            .with_context(|| format!("cannot write {path}"))?;
-        tracing::info!(path, "final report written");
+        report.heartbeat_seconds = Some(heartbeat_seconds(self.args.heartbeat_seconds));
+        report.agent_acks = self.acks.report();
+        self.metrics.export(&report);
+        report
     }
-    // Give the writer a moment to flush the newest report, then stop everything.
-    if let Some(task) = writer_task {
-        drop(write_tx);
-        let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
+
+    /// Step 3: whether to write (the write budget), whether the risk changed,
+    /// and the answer to the agent's next pushes.
+    pub fn decide(&mut self, report: &MemoryReportSpec) -> Decision {
+        let snapshot = snapshot(
+            &self.monitor,
+            self.clock.started.elapsed().as_secs_f64(),
+            report.breakdown.clone(),
+            self.acks.generation(),
+        );
+        let write = match self.out.write {
+            Some(_) => self.budget.decide(self.last_written.as_ref(), &snapshot),
+            None => None,
+        };
+        let risk = report.summary.risk;
+        let directives = self.directives.current();
+        Decision {
+            write,
+            snapshot,
+            risk_changed_from: (risk != self.last_risk).then_some(self.last_risk),
+            answer: self.answers.answer(report, unix_now(), directives),
+        }
     }
-    let _ = stop_tx.send(true);
-    if let Some(task) = server_task {
-        let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
+
+    /// Step 4: hand the report to the writer (when decided), the endpoints
+    /// and the agent's answers; log a risk change.
+    fn write(&mut self, report: MemoryReportSpec, d: Decision, t: f64) {
+        if let Some(from) = d.risk_changed_from {
+            transition(&self.args, &report, from, t - self.clock.t0);
+            self.last_risk = report.summary.risk;
+        }
+        if let (Some(reason), Some(tx)) = (d.write, &self.out.write) {
+            tx.send_replace(Some((reason, report.clone())));
+            self.last_written = Some(d.snapshot);
+        }
+        self.out.answer.send_replace(d.answer);
+        self.out.report.send_replace(Some(report));
     }
-    tracing::info!(
-        samples = metrics.samples.get(),
-        writes = metrics.writes_total(),
-        "stopped"
-    );
-    Ok(())
+
+    /// With `--exit-when-alone`: whether the trainer is gone.
+    fn trainer_gone(&mut self) -> bool {
+        if !self.args.exit_when_alone {
+            return false;
+        }
+        let pushes = self.metrics.agent_pushes.get();
+        let pushed = pushes != self.agent_pushes_seen;
+        self.agent_pushes_seen = pushes;
+        let gone = self.alone.observe(
+            self.clock.started.elapsed().as_secs_f64(),
+            self.monitor.active_processes(),
+            pushed,
+        );
+        if gone {
+            tracing::info!("the trainer is gone (no GPU process, no agent push for {} s): exiting so the Job can complete", self.args.alone_grace_seconds);
+        }
+        gone
+    }
+
+    /// The next tick: the fast interval while the risk is medium or above;
+    /// after a stall (suspended, overloaded) skip, don't burst.
+    fn next_tick(&self, previous: Instant) -> Instant {
+        let interval = match self.args.fast_interval {
+            Some(fast) if self.monitor.worst_risk() >= RiskLevel::Medium => fast,
+            _ => self.args.interval,
+        };
+        let now = Instant::now();
+        let next = previous + interval;
+        if next < now {
+            now + interval
+        } else {
+            next
+        }
+    }
+
+    /// Flushes the trace, writes `--output`, lets the writer send the newest
+    /// report, stops the endpoints (removing the socket).
+    async fn finish(
+        mut self,
+        endpoints: Endpoints,
+        writer: Option<JoinHandle<()>>,
+    ) -> anyhow::Result<()> {
+        if let Some(f) = self.trace_out.as_mut() {
+            f.flush()?;
+        }
+        if let Some(path) = self.args.output.clone() {
+            let report = self.analyse();
+            std::fs::write(&path, serde_json::to_string_pretty(&report)?)
+                .with_context(|| format!("cannot write {path}"))?;
+            tracing::info!(path, "final report written");
+        }
+        if let Some(task) = writer {
+            drop(self.out.write.take());
+            let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
+        }
+        endpoints.stop().await;
+        tracing::info!(
+            samples = self.metrics.samples.get(),
+            writes = self.metrics.writes_total(),
+            "stopped"
+        );
+        Ok(())
+    }
+}
+
+/// The heartbeat as the report states it: whole seconds, rounded up, at least 1.
+fn heartbeat_seconds(heartbeat: f64) -> u64 {
+    if heartbeat.is_finite() && heartbeat > 1.0 {
+        heartbeat.ceil().min(86_400.0) as u64
+    } else {
+        1
+    }
 }
 
 /// What the write budget looks at: per GPU the upper envelope of the last
 /// two buckets (stable across a training step), the peak and the total; the
-/// agent's breakdown.
-fn snapshot(m: &Monitor, t: f64, breakdown: Option<memprof_api::MemoryBreakdown>) -> Snapshot {
+/// agent's breakdown and acknowledgements.
+fn snapshot(
+    m: &Monitor,
+    t: f64,
+    breakdown: Option<memprof_api::MemoryBreakdown>,
+    acks: u64,
+) -> Snapshot {
     let gpus = m
         .series()
         .iter()
@@ -339,32 +456,7 @@ fn snapshot(m: &Monitor, t: f64, breakdown: Option<memprof_api::MemoryBreakdown>
         risk: m.worst_risk(),
         gpus,
         breakdown,
-    }
-}
-
-fn export_gauges(metrics: &Metrics, m: &Monitor) {
-    for ((info, s), a) in m
-        .sampler()
-        .gpus()
-        .iter()
-        .zip(m.series())
-        .zip(m.assessments())
-    {
-        let l = GpuLabel::of(info);
-        if let Some(last) = s.last() {
-            metrics.gpu_used.get_or_create(&l).set(last.used as f64);
-            metrics.gpu_total.get_or_create(&l).set(last.total as f64);
-        }
-        metrics.gpu_peak.get_or_create(&l).set(s.peak() as f64);
-        metrics.gpu_risk.get_or_create(&l).set(a.risk as i64);
-        match a.time_to_oom_seconds {
-            Some(tto) => {
-                metrics.gpu_time_to_oom.get_or_create(&l).set(tto);
-            }
-            None => {
-                metrics.gpu_time_to_oom.remove(&l);
-            }
-        }
+        acks,
     }
 }
 
@@ -390,49 +482,16 @@ fn transition(args: &Args, r: &MemoryReportSpec, from: RiskLevel, elapsed: f64) 
 
 async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(_) => return ctrl_c.await.unwrap_or(()),
-            };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
-        }
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(_) => return ctrl_c.await.unwrap_or(()),
+    };
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term.recv() => {}
     }
-    #[cfg(not(unix))]
-    let _ = ctrl_c.await;
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use clap::Parser;
-
-    #[test]
-    fn port_means_every_interface_and_wins_over_listen() {
-        let args = |argv: &[&str]| {
-            Args::try_parse_from(["memprof-sidecar"].iter().chain(argv)).expect("valid flags")
-        };
-        let a = args(&["--listen", "127.0.0.1:9000"]);
-        assert_eq!(listen_addr(&a), "127.0.0.1:9000".parse().unwrap());
-        let a = args(&["--listen", "127.0.0.1:9000", "--port", "9500"]);
-        assert_eq!(listen_addr(&a), "0.0.0.0:9500".parse().unwrap());
-    }
-
-    #[tokio::test]
-    async fn a_taken_port_is_counted_and_reported_not_fatal() {
-        let taken = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = taken.local_addr().unwrap();
-        let metrics = Metrics::new(&mut Registry::default());
-        let c = bind(addr, &metrics).await.unwrap_err();
-        assert_eq!(metrics.listen_errors.get(), 1);
-        assert_eq!(
-            (c.type_.as_str(), c.is_true(), c.reason.as_str()),
-            (ENDPOINTS_CONDITION, false, "ListenFailed")
-        );
-        assert!(c.message.contains("memprof.dev/port"), "{}", c.message);
-    }
-}
+#[path = "run_tests.rs"]
+mod tests;

@@ -3,11 +3,13 @@
 //! The sampling loop hands reports over through a `watch` channel, which holds
 //! only the newest value: while the API server is unreachable nothing queues
 //! up, and the next successful write carries the latest state. Failures back
-//! off exponentially (1 s to 60 s); a forbidden write says how to fix RBAC.
+//! off exponentially ([`backoff`]: 1 s to 60 s); a forbidden write says how
+//! to fix RBAC.
 //! Nothing here can take the training pod down: errors are logged and counted.
 
 use crate::budget::Reason;
 use crate::metrics::Metrics;
+use backon::{BackoffBuilder, ExponentialBuilder};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, Patch, PatchParams};
 use memprof_api::{MemoryReport, MemoryReportSpec, LABEL_JOB, LABEL_PROFILE, SIDECAR_MANAGER};
@@ -50,6 +52,27 @@ pub fn build(target: &Target, spec: MemoryReportSpec) -> MemoryReport {
     report
 }
 
+/// The writer's backoff (and the client's, in `setup`): 1 s, doubling, at
+/// most 60 s, never giving up, with jitter so that the ranks of a Job whose
+/// API server came back do not all write in the same second.
+pub fn backoff() -> ExponentialBuilder {
+    ExponentialBuilder::default()
+        .with_min_delay(Duration::from_secs(1))
+        .with_max_delay(Duration::from_secs(60))
+        .with_jitter()
+        .without_max_times()
+}
+
+/// What one write attempt came to.
+enum Outcome {
+    /// Written: wait for the next report.
+    Written,
+    /// Refused for good (the object itself is invalid): wait for the next report.
+    Dropped,
+    /// Worth retrying after a backoff.
+    Retry,
+}
+
 /// Runs until the channel closes: applies the newest report each time one arrives.
 pub async fn run(
     client: kube::Client,
@@ -58,8 +81,7 @@ pub async fn run(
     metrics: Metrics,
 ) {
     let api: Api<MemoryReport> = Api::namespaced(client, &target.namespace);
-    let params = PatchParams::apply(SIDECAR_MANAGER).force();
-    let mut backoff = Duration::from_secs(1);
+    let mut delays = backoff().build();
     let mut pending: Option<(Reason, MemoryReportSpec)> = None;
     loop {
         if pending.is_none() {
@@ -71,67 +93,92 @@ pub async fn run(
         let Some((reason, spec)) = pending.clone() else {
             continue;
         };
-        let obj = build(&target, spec);
-        let res = tokio::time::timeout(
-            Duration::from_secs(10),
-            api.patch(&target.name, &params, &Patch::Apply(&obj)),
-        )
-        .await;
-        match res {
-            Ok(Ok(_)) => {
-                metrics.written(reason.as_str());
-                backoff = Duration::from_secs(1);
+        match write_once(&api, &target, reason, spec, &metrics).await {
+            Outcome::Written | Outcome::Dropped => {
+                delays = backoff().build();
                 pending = None;
             }
-            Ok(Err(e)) => {
-                let kind = match &e {
-                    kube::Error::Api(s) if s.code == 403 => {
-                        tracing::error!(namespace = %target.namespace, "cannot write MemoryReport: forbidden ({}). The pod's service account needs create/get/patch on memoryreports.memprof.dev in this namespace; the operator grants it with the Role memprof-reporter", s.message);
-                        "forbidden"
-                    }
-                    kube::Error::Api(s) if s.code == 404 => {
-                        tracing::error!("cannot write MemoryReport: {} — is the CRD installed? `kubectl apply -f crds/`", s.message);
-                        "not_found"
-                    }
-                    kube::Error::Api(s) if s.code == 422 || s.code == 400 => {
-                        // The server rejected our object: retrying the same one is pointless.
-                        tracing::error!("MemoryReport rejected by the API server: {}", s.message);
-                        pending = None;
-                        "invalid"
-                    }
-                    other => {
-                        tracing::warn!(error = %other, "MemoryReport write failed; retrying with backoff");
-                        "api"
-                    }
-                };
-                metrics.write_failed(kind);
-                backoff = wait_or_newer(&mut rx, &mut pending, backoff).await;
-            }
-            Err(_) => {
-                tracing::warn!("MemoryReport write timed out after 10 s; retrying with backoff");
-                metrics.write_failed("timeout");
-                backoff = wait_or_newer(&mut rx, &mut pending, backoff).await;
+            Outcome::Retry => {
+                // `without_max_times`: the iterator never ends.
+                let delay = delays.next().unwrap_or(Duration::from_secs(60));
+                tokio::time::sleep(delay).await;
+                // A newer report replaces the one that failed.
+                if rx.has_changed().unwrap_or(false) {
+                    pending = rx.borrow_and_update().clone();
+                }
             }
         }
     }
 }
 
-/// Sleeps for the backoff, picking up any newer report meanwhile; returns the next backoff.
-async fn wait_or_newer(
-    rx: &mut watch::Receiver<Option<(Reason, MemoryReportSpec)>>,
-    pending: &mut Option<(Reason, MemoryReportSpec)>,
-    backoff: Duration,
-) -> Duration {
-    tokio::time::sleep(backoff).await;
-    if rx.has_changed().unwrap_or(false) {
-        *pending = rx.borrow_and_update().clone();
+/// One server-side apply of the report, its outcome logged and counted.
+async fn write_once(
+    api: &Api<MemoryReport>,
+    target: &Target,
+    reason: Reason,
+    spec: MemoryReportSpec,
+    metrics: &Metrics,
+) -> Outcome {
+    let obj = build(target, spec);
+    let params = PatchParams::apply(SIDECAR_MANAGER).force();
+    let res = tokio::time::timeout(
+        Duration::from_secs(10),
+        api.patch(&target.name, &params, &Patch::Apply(&obj)),
+    )
+    .await;
+    let (kind, outcome) = match res {
+        Ok(Ok(_)) => {
+            metrics.written(reason.as_str());
+            return Outcome::Written;
+        }
+        Ok(Err(e)) => failure(&e, &target.namespace),
+        Err(_) => {
+            tracing::warn!("MemoryReport write timed out after 10 s; retrying with backoff");
+            ("timeout", Outcome::Retry)
+        }
+    };
+    metrics.write_failed(kind);
+    outcome
+}
+
+/// What a failed write means, said once in the log with what to do.
+fn failure(e: &kube::Error, namespace: &str) -> (&'static str, Outcome) {
+    match e {
+        kube::Error::Api(s) if s.code == 403 => {
+            tracing::error!(namespace = %namespace, "cannot write MemoryReport: forbidden ({}). The pod's service account needs create/get/patch on memoryreports.memprof.dev in this namespace; the operator grants it with the Role memprof-reporter", s.message);
+            ("forbidden", Outcome::Retry)
+        }
+        kube::Error::Api(s) if s.code == 404 => {
+            tracing::error!(
+                "cannot write MemoryReport: {} — is the CRD installed? `kubectl apply -f crds/`",
+                s.message
+            );
+            ("not_found", Outcome::Retry)
+        }
+        kube::Error::Api(s) if s.code == 422 || s.code == 400 => {
+            // The server rejected our object: retrying the same one is pointless.
+            tracing::error!("MemoryReport rejected by the API server: {}", s.message);
+            ("invalid", Outcome::Dropped)
+        }
+        other => {
+            tracing::warn!(error = %other, "MemoryReport write failed; retrying with backoff");
+            ("api", Outcome::Retry)
+        }
     }
-    (backoff * 2).min(Duration::from_secs(60))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_backoff_doubles_from_one_second_to_a_minute_and_never_ends() {
+        let delays: Vec<Duration> = backoff().build().take(12).collect();
+        assert_eq!(delays.len(), 12, "never gives up");
+        // Jitter adds up to one more delay on top.
+        assert!(delays[0] >= Duration::from_secs(1) && delays[0] <= Duration::from_secs(2));
+        assert!(delays[11] >= Duration::from_secs(60) && delays[11] <= Duration::from_secs(120));
+    }
 
     #[test]
     fn the_report_is_labelled_for_its_job_and_owned_by_its_pod() {

@@ -10,11 +10,16 @@
 //! - in every trainer container: the volume read-only at [`MOUNT_PATH`],
 //!   `PYTHONPATH` = `<bootstrap>:<the container's own PYTHONPATH>:<lib>`
 //!   (the startup hook first, so that it runs; the agent package last, so a
-//!   copy the user installed wins, as OpenTelemetry orders it), and
-//!   `MEMPROF_AGENT_URL` pointing at the sidecar's port.
+//!   copy the user installed wins, as OpenTelemetry orders it).
 //!
 //! The startup hook starts the agent once a process imports torch, and says
 //! why once when it cannot (agent/python/bootstrap/sitecustomize.py).
+//!
+//! Whatever the annotation, every trainer container (`spec.containers`) gets
+//! the way to the sidecar (contract A): the pod's private socket volume
+//! ([`crate::sidecar::SOCKET_VOLUME`]) read-only at `/var/run/memprof`, and
+//! `MEMPROF_AGENT_SOCKET` (a value the container sets itself is kept), so an
+//! agent the user installed finds it too. Nothing points at a TCP port.
 //!
 //! Pure: operations appended after the sidecar's own (which may have created
 //! the pod's `volumes` and `initContainers` arrays, so the arrays' existence
@@ -23,12 +28,14 @@
 //! with a warning, and an init container that cannot copy still exits 0.
 
 use super::config::AgentConfig;
+use super::sidecar::{socket_mount, SOCKET_VOLUME};
 use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, PatchOperation};
 use k8s_openapi::api::core::v1::{
     Container, EmptyDirVolumeSource, EnvVar, PodSpec, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use memprof_api::env::{AGENT_SOCKET_DIR, AGENT_SOCKET_PATH};
 use serde_json::{json, Value};
 
 /// Job/Pod annotation that asks for the agent; [`PYTHON`] is the one value.
@@ -50,8 +57,8 @@ pub const LIB_DIR: &str = "/memprof-agent/lib";
 pub const CLI: &str = "/usr/local/bin/memprof";
 /// Environment of the trainers.
 pub const PYTHONPATH: &str = "PYTHONPATH";
-/// Where the agent pushes (read by `memprof_agent`).
-pub const AGENT_URL: &str = "MEMPROF_AGENT_URL";
+/// Where the agent pushes (read by `memprof_agent`): the sidecar's socket.
+pub const AGENT_SOCKET: &str = memprof_api::env::AGENT_SOCKET;
 /// The volume's size limit: the agent is a few hundred KiB of Python.
 const VOLUME_SIZE_LIMIT: &str = "32Mi";
 
@@ -66,55 +73,78 @@ pub struct Request<'a> {
     /// The sidecar being injected: its image, pull policy and resources are
     /// the init container's.
     pub sidecar: &'a Container,
-    /// The sidecar's port (after the `memprof.dev/port` override).
+    /// The sidecar's port (after the `memprof.dev/port` override); nothing
+    /// of the agent's uses it any more (the socket does).
     pub port: u16,
 }
 
-/// Appends to `ops` what adds the agent, when `req` asks for it; a warning
-/// for an unknown annotation value or a pod whose names clash.
+/// Appends to `ops` what connects every trainer to the sidecar's socket
+/// and, when `req` asks for it, what adds the agent; a warning for an
+/// unknown annotation value or a pod whose names clash.
 pub fn inject(
     req: &Request<'_>,
     cfg: &AgentConfig,
     ops: &mut Vec<PatchOperation>,
     warnings: &mut Vec<String>,
 ) {
+    let agent = wants_agent(req, warnings);
+    if agent {
+        let volume = volume();
+        let installer = install_container(req.sidecar, cfg);
+        let (volumes, inits) = (
+            ptr(req.prefix, &["spec", "volumes"]),
+            ptr(req.prefix, &["spec", "initContainers"]),
+        );
+        let add_volume = append(req.spec.volumes.is_some(), ops, volumes, to_json(&volume));
+        let add_installer = append(
+            req.spec.init_containers.is_some(),
+            ops,
+            inits,
+            to_json(&installer),
+        );
+        ops.extend([add_volume, add_installer]);
+    }
+    if req
+        .spec
+        .volumes
+        .iter()
+        .flatten()
+        .any(|v| v.name == SOCKET_VOLUME)
+    {
+        warnings.push(format!(
+            "memprof: the pod already has a volume named {SOCKET_VOLUME:?}, which the sidecar and \
+             the trainers now share for the agent socket; rename it (an emptyDir of memprof's own \
+             keeps the socket private to the pod)"
+        ));
+    }
+    for (i, c) in req.spec.containers.iter().enumerate() {
+        let at = ptr(req.prefix, &["spec", "containers", &i.to_string()]);
+        ops.extend(trainer_ops(&at, c, agent, warnings));
+    }
+}
+
+/// Whether to add the Python agent: the annotation asks for it and nothing
+/// of the pod's is in the way.
+fn wants_agent(req: &Request<'_>, warnings: &mut Vec<String>) -> bool {
     match req.value.map(str::trim) {
-        None => return,
+        None => return false,
         Some(PYTHON) => {}
         Some(other) => {
             warnings.push(format!(
                 "memprof: ignoring {ANNOTATION_AGENT}={other:?}: the only agent is {PYTHON:?}"
             ));
-            return;
+            return false;
         }
     }
     match clash(req.spec) {
-        Some(Clash::AlreadyInjected) => return,
+        Some(Clash::AlreadyInjected) => false,
         Some(Clash::Taken(what)) => {
             warnings.push(format!(
                 "memprof: agent not injected: {what} already exists; rename it to use {ANNOTATION_AGENT}"
             ));
-            return;
+            false
         }
-        None => {}
-    }
-    let volume = volume();
-    let installer = install_container(req.sidecar, cfg);
-    let (volumes, inits) = (
-        ptr(req.prefix, &["spec", "volumes"]),
-        ptr(req.prefix, &["spec", "initContainers"]),
-    );
-    let add_volume = append(req.spec.volumes.is_some(), ops, volumes, to_json(&volume));
-    let add_installer = append(
-        req.spec.init_containers.is_some(),
-        ops,
-        inits,
-        to_json(&installer),
-    );
-    ops.extend([add_volume, add_installer]);
-    for (i, c) in req.spec.containers.iter().enumerate() {
-        let at = ptr(req.prefix, &["spec", "containers", &i.to_string()]);
-        ops.extend(trainer_ops(&at, c, req.port));
+        None => true,
     }
 }
 
@@ -236,31 +266,60 @@ pub fn python_path(c: &Container) -> PythonPath {
     }
 }
 
-/// The agent's URL on the sidecar: loopback, the containers of a pod share
-/// one network namespace.
-pub fn agent_url(port: u16) -> String {
-    format!("http://127.0.0.1:{port}/v1/agent")
+/// Whether a container already mounts something at `path`: a second mount
+/// there would make the API server reject the pod.
+fn mounts_at(c: &Container, path: &str) -> bool {
+    c.volume_mounts
+        .iter()
+        .flatten()
+        .any(|m| m.mount_path.trim_end_matches('/') == path)
 }
 
-fn trainer_ops(at: &PointerBuf, c: &Container, port: u16) -> Vec<PatchOperation> {
+/// The env and mounts one trainer container gets: the socket's always (what
+/// the container has itself wins), the agent's when it is injected.
+fn trainer_additions(
+    c: &Container,
+    agent: bool,
+    warnings: &mut Vec<String>,
+) -> (Vec<(Option<usize>, EnvVar)>, Vec<VolumeMount>) {
     let env = c.env.as_deref().unwrap_or_default();
-    let mut new_env = vec![];
-    match python_path(c) {
-        PythonPath::Set(i, v) => new_env.push((Some(i), plain(PYTHONPATH, v))),
-        PythonPath::Append(v) => new_env.push((None, plain(PYTHONPATH, v))),
-        PythonPath::Keep => {}
+    let (mut new_env, mut mounts) = (vec![], vec![]);
+    if mounts_at(c, AGENT_SOCKET_DIR) {
+        warnings.push(format!(
+            "memprof: container {:?} already mounts {AGENT_SOCKET_DIR}: the agent socket is not \
+             mounted there, so its agent cannot reach the sidecar",
+            c.name
+        ));
+    } else {
+        mounts.push(socket_mount(true));
     }
-    // The user's own setting wins (an agent elsewhere, or a different port).
-    if !env.iter().any(|e| e.name == AGENT_URL) {
-        new_env.push((None, plain(AGENT_URL, agent_url(port))));
+    // The user's own setting wins (an agent elsewhere).
+    if !env.iter().any(|e| e.name == AGENT_SOCKET) {
+        new_env.push((None, plain(AGENT_SOCKET, AGENT_SOCKET_PATH.into())));
     }
-    let mount = VolumeMount {
-        name: VOLUME.into(),
-        mount_path: MOUNT_PATH.into(),
-        read_only: Some(true),
-        ..Default::default()
-    };
+    if agent {
+        match python_path(c) {
+            PythonPath::Set(i, v) => new_env.push((Some(i), plain(PYTHONPATH, v))),
+            PythonPath::Append(v) => new_env.push((None, plain(PYTHONPATH, v))),
+            PythonPath::Keep => {}
+        }
+        mounts.push(VolumeMount {
+            name: VOLUME.into(),
+            mount_path: MOUNT_PATH.into(),
+            read_only: Some(true),
+            ..Default::default()
+        });
+    }
+    (new_env, mounts)
+}
 
+fn trainer_ops(
+    at: &PointerBuf,
+    c: &Container,
+    agent: bool,
+    warnings: &mut Vec<String>,
+) -> Vec<PatchOperation> {
+    let (new_env, mounts) = trainer_additions(c, agent, warnings);
     let mut ops = vec![];
     let mut appended = vec![];
     for (index, var) in new_env {
@@ -276,7 +335,7 @@ fn trainer_ops(at: &PointerBuf, c: &Container, port: u16) -> Vec<PatchOperation>
     ops.extend(append_all(
         c.volume_mounts.is_some(),
         child(at, &["volumeMounts"]),
-        vec![to_json(&mount)],
+        mounts.iter().map(to_json).collect(),
     ));
     ops
 }

@@ -2,6 +2,7 @@
 //! JSON objects as the API server sends them.
 
 use super::*;
+use crate::sidecar::SOCKET_VOLUME;
 use crate::{injection_patch, InjectionConfig, Target, SIDECAR_CONTAINER};
 
 fn cfg() -> InjectionConfig {
@@ -67,6 +68,13 @@ fn has_agent_mount(c: &Value) -> bool {
         .any(|m| m["mountPath"] == MOUNT_PATH && m["readOnly"] == true)
 }
 
+fn has_socket_mount(c: &Value) -> bool {
+    let mounts = c["volumeMounts"].as_array().into_iter().flatten();
+    mounts
+        .filter(|m| m["name"] == SOCKET_VOLUME)
+        .any(|m| m["mountPath"] == "/var/run/memprof" && m["readOnly"] == true)
+}
+
 fn init_names(obj: &Value) -> Vec<&str> {
     let inits = spec(obj)["initContainers"].as_array().into_iter().flatten();
     inits.map(|c| c["name"].as_str().unwrap()).collect()
@@ -113,8 +121,9 @@ fn every_trainer_gets_the_volume_the_hook_and_the_sidecar_address() {
         ["/memprof-agent/bootstrap:/memprof-agent/lib"]
     );
     for c in [trainer, tokenizer] {
-        assert_eq!(env_of(c, AGENT_URL), ["http://127.0.0.1:9464/v1/agent"]);
-        assert!(has_agent_mount(c), "{c}");
+        assert_eq!(env_of(c, AGENT_SOCKET), ["/var/run/memprof/agent.sock"]);
+        assert!(env_of(c, "MEMPROF_AGENT_URL").is_empty(), "no TCP: {c}");
+        assert!(has_agent_mount(c) && has_socket_mount(c), "{c}");
     }
     // Not the sidecar (legacy: a regular container here).
     let sidecar = named(&s["containers"], SIDECAR_CONTAINER).unwrap();
@@ -144,7 +153,7 @@ fn arrays_created_by_the_sidecar_are_appended_to() {
         .iter()
         .map(|v| v["name"].as_str().unwrap())
         .collect();
-    assert_eq!(volumes, ["data", VOLUME]);
+    assert_eq!(volumes, ["data", SOCKET_VOLUME, VOLUME]);
 
     // A volume the sidecar itself needs (agentOnly + projected token) and ours.
     let mut j = job("python");
@@ -155,16 +164,68 @@ fn arrays_created_by_the_sidecar_are_appended_to() {
 }
 
 #[test]
-fn the_url_follows_the_port_override_and_the_users_own_setting_wins() {
+fn the_socket_ignores_the_port_and_the_users_own_setting_wins() {
     let mut j = job("python");
     j["metadata"]["annotations"]["memprof.dev/port"] = json!("9500");
     j["spec"]["template"]["spec"]["containers"][1]["env"] =
-        json!([{ "name": AGENT_URL, "value": "http://127.0.0.1:7000/v1/agent" }]);
+        json!([{ "name": AGENT_SOCKET, "value": "/elsewhere/agent.sock" }]);
     let (out, _) = mutated(&j, &cfg());
     let s = spec(&out);
-    let url = |name| env_of(named(&s["containers"], name).unwrap(), AGENT_URL);
-    assert_eq!(url("trainer"), ["http://127.0.0.1:9500/v1/agent"]);
-    assert_eq!(url("tokenizer"), ["http://127.0.0.1:7000/v1/agent"]);
+    let socket = |name| env_of(named(&s["containers"], name).unwrap(), AGENT_SOCKET);
+    assert_eq!(socket("trainer"), ["/var/run/memprof/agent.sock"]);
+    assert_eq!(socket("tokenizer"), ["/elsewhere/agent.sock"]);
+}
+
+/// Contract A without the annotation: an agent the user installed in the
+/// image finds the sidecar's socket too.
+#[test]
+fn every_trainer_gets_the_socket_without_the_agent_annotation() {
+    let mut j = job("python");
+    j["metadata"]["annotations"]
+        .as_object_mut()
+        .unwrap()
+        .remove("memprof.dev/agent");
+    for c in [cfg(), native()] {
+        let (out, warnings) = mutated(&j, &c);
+        assert!(warnings.is_empty(), "{warnings:?}");
+        for name in ["trainer", "tokenizer"] {
+            let t = named(&spec(&out)["containers"], name).unwrap();
+            assert_eq!(env_of(t, AGENT_SOCKET), ["/var/run/memprof/agent.sock"]);
+            assert!(has_socket_mount(t) && !has_agent_mount(t), "{t}");
+        }
+    }
+}
+
+/// A trainer that mounts something at /var/run/memprof itself keeps it: a
+/// second mount at the same path would make the pod inadmissible.
+#[test]
+fn a_trainers_own_mount_at_the_socket_path_is_left_alone_with_a_warning() {
+    let mut j = job("python");
+    j["spec"]["template"]["spec"]["containers"][1]["volumeMounts"] =
+        json!([{ "name": "mine", "mountPath": "/var/run/memprof/" }]);
+    let (out, warnings) = mutated(&j, &cfg());
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(warnings[0].contains("\"tokenizer\" already mounts /var/run/memprof"));
+    let tokenizer = named(&spec(&out)["containers"], "tokenizer").unwrap();
+    assert!(!has_socket_mount(tokenizer));
+    assert_eq!(
+        tokenizer["volumeMounts"].as_array().unwrap().len(),
+        2,
+        "its own + the agent's"
+    );
+    let trainer = named(&spec(&out)["containers"], "trainer").unwrap();
+    assert!(has_socket_mount(trainer));
+
+    let mut j = job("python");
+    j["spec"]["template"]["spec"]["volumes"] =
+        json!([{ "name": SOCKET_VOLUME, "hostPath": { "path": "/tmp" } }]);
+    let (_, warnings) = mutated(&j, &cfg());
+    assert!(
+        warnings
+            .iter()
+            .any(|w| w.contains("already has a volume named \"memprof-agent-socket\"")),
+        "{warnings:?}"
+    );
 }
 
 #[test]
@@ -206,6 +267,7 @@ fn an_unknown_value_is_ignored_with_a_warning_and_no_value_adds_nothing() {
     assert!(spec(&out).get("initContainers").is_none());
     let trainer = named(&spec(&out)["containers"], "trainer").unwrap();
     assert_eq!(env_of(trainer, PYTHONPATH), ["/app:/libs"]);
+    assert!(!has_agent_mount(trainer) && has_socket_mount(trainer));
 }
 
 #[test]

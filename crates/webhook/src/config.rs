@@ -69,8 +69,12 @@ pub struct InjectionConfig {
     pub command: Vec<String>,
     /// `imagePullPolicy` of the sidecar.
     pub pull_policy: String,
-    /// Port of the sidecar's metrics / agent endpoint.
+    /// Port of the sidecar's `/healthz` and `/metrics` (the agent's endpoints
+    /// are on its Unix socket, never on a port).
     pub port: u16,
+    /// Serve `/metrics` on the pod IP, for Prometheus (`MEMPROF_PORT`, a
+    /// declared container port); off: on loopback only (`MEMPROF_LISTEN`).
+    pub scrape: bool,
     /// Sampling interval.
     pub interval: Duration,
     /// Resource requests (`cpu`, `memory`), Kubernetes quantities.
@@ -113,6 +117,7 @@ impl Default for InjectionConfig {
             command: vec!["/usr/local/bin/memprof-sidecar".into()],
             pull_policy: "IfNotPresent".into(),
             port: 9464,
+            scrape: false,
             interval: Duration::from_secs(1),
             cpu_request: Some("50m".into()),
             memory_request: Some("64Mi".into()),

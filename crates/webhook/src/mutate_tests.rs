@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::config::{GpuAccess, ServiceAccountTokenMode};
-use crate::sidecar::{POD_RESOURCES_PATH, TOKEN_VOLUME};
+use crate::sidecar::{POD_RESOURCES_PATH, SOCKET_VOLUME, TOKEN_VOLUME};
 
 fn cfg() -> InjectionConfig {
     InjectionConfig {
@@ -88,6 +88,18 @@ fn env_value(c: &Value, name: &str) -> Option<String> {
     env(c, name)?["value"].as_str().map(str::to_string)
 }
 
+fn names(list: &Value) -> Vec<&str> {
+    let all = list.as_array().into_iter().flatten();
+    all.map(|v| v["name"].as_str().unwrap_or("")).collect()
+}
+
+fn scraped() -> InjectionConfig {
+    InjectionConfig {
+        scrape: true,
+        ..cfg()
+    }
+}
+
 fn field_path(c: &Value, name: &str) -> Option<String> {
     env(c, name)?
         .pointer("/valueFrom/fieldRef/fieldPath")?
@@ -112,7 +124,16 @@ fn legacy_sidecar_on_old_servers() {
     assert_eq!(env_value(c, "MEMPROF_JOB_NAME").as_deref(), Some("train"));
     assert_eq!(env_value(c, "MEMPROF_EXPECTED_RANKS").as_deref(), Some("4"));
     assert_eq!(env_value(c, "MEMPROF_INTERVAL").as_deref(), Some("1000ms"));
-    assert_eq!(env_value(c, "MEMPROF_PORT").as_deref(), Some("9464"));
+    assert_eq!(
+        env_value(c, "MEMPROF_PORT"),
+        None,
+        "no scraping: loopback only"
+    );
+    assert_eq!(
+        env_value(c, "MEMPROF_LISTEN").as_deref(),
+        Some("127.0.0.1:9464")
+    );
+    assert!(c.get("ports").is_none());
     assert_eq!(field_path(c, "POD_NAME").as_deref(), Some("metadata.name"));
     assert_eq!(
         field_path(c, "POD_NAMESPACE").as_deref(),
@@ -188,8 +209,8 @@ fn gpu_access_modes() {
         Some("utility")
     );
     assert!(env(c, "MEMPROF_GPU_DISCOVERY").is_none());
-    assert!(pod_spec(&out).get("volumes").is_none());
-    assert!(c.get("volumeMounts").is_none());
+    assert_eq!(names(&pod_spec(&out)["volumes"]), [SOCKET_VOLUME]);
+    assert_eq!(names(&c["volumeMounts"]), [SOCKET_VOLUME]);
     assert_eq!(c["securityContext"]["runAsNonRoot"], true);
     assert_eq!(c["securityContext"]["runAsUser"], 65532);
 
@@ -204,10 +225,10 @@ fn gpu_access_modes() {
         Some("podResources")
     );
     let vols = pod_spec(&out)["volumes"].as_array().unwrap();
-    assert_eq!(vols.len(), 1);
-    assert_eq!(vols[0]["hostPath"]["path"], POD_RESOURCES_PATH);
-    assert_eq!(c["volumeMounts"][0]["mountPath"], POD_RESOURCES_PATH);
-    assert_eq!(c["volumeMounts"][0]["readOnly"], true);
+    assert_eq!(vols.len(), 2);
+    assert_eq!(vols[1]["hostPath"]["path"], POD_RESOURCES_PATH);
+    assert_eq!(c["volumeMounts"][1]["mountPath"], POD_RESOURCES_PATH);
+    assert_eq!(c["volumeMounts"][1]["readOnly"], true);
 
     let (out, _) = mutated(Target::Job, &job(), &with(GpuAccess::AgentOnly));
     let c = sidecar(&out);
@@ -220,7 +241,7 @@ fn gpu_access_modes() {
         Some("void")
     );
     assert!(env(c, "NVIDIA_DRIVER_CAPABILITIES").is_none());
-    assert!(pod_spec(&out).get("volumes").is_none());
+    assert_eq!(names(&pod_spec(&out)["volumes"]), [SOCKET_VOLUME]);
 }
 
 #[test]
@@ -232,9 +253,10 @@ fn pod_resources_volume_appended_to_existing_volumes() {
         ..cfg()
     };
     let (out, _) = mutated(Target::Job, &j, &cfg);
-    let vols = pod_spec(&out)["volumes"].as_array().unwrap();
-    assert_eq!(vols.len(), 2);
-    assert_eq!(vols[0]["name"], "data");
+    assert_eq!(
+        names(&pod_spec(&out)["volumes"]),
+        ["data", SOCKET_VOLUME, "memprof-pod-resources"]
+    );
 }
 
 #[test]
@@ -257,7 +279,7 @@ fn annotation_overrides() {
     let allowed = InjectionConfig {
         allow_image_override: true,
         allowed_images: vec!["registry.local/memprof:*".into()],
-        ..cfg()
+        ..scraped()
     };
     let (out, warnings) = mutated(Target::Job, &j, &allowed);
     assert!(warnings.is_empty(), "{warnings:?}");
@@ -266,6 +288,11 @@ fn annotation_overrides() {
     assert_eq!(env_value(c, "MEMPROF_INTERVAL").as_deref(), Some("100ms"));
     assert_eq!(env_value(c, "MEMPROF_PORT").as_deref(), Some("9500"));
     assert_eq!(c["ports"][0]["containerPort"], 9500);
+    let (out, _) = mutated(Target::Job, &j, &cfg());
+    assert_eq!(
+        env_value(sidecar(&out), "MEMPROF_LISTEN").as_deref(),
+        Some("127.0.0.1:9500")
+    );
 }
 
 /// The sidecar sees every GPU of the node: whoever picks its image runs code
@@ -335,7 +362,10 @@ fn bad_overrides_warn_and_fall_back() {
     let c = sidecar(&out);
     assert_eq!(c["image"], "memprof:test");
     assert_eq!(env_value(c, "MEMPROF_INTERVAL").as_deref(), Some("1000ms"));
-    assert_eq!(c["ports"][0]["containerPort"], 9464);
+    assert_eq!(
+        env_value(c, "MEMPROF_LISTEN").as_deref(),
+        Some("127.0.0.1:9464")
+    );
 }
 
 #[test]
@@ -436,27 +466,117 @@ fn template_without_metadata_or_annotations() {
 #[test]
 fn service_account_token_projected_only_when_automount_is_off() {
     let (out, _) = mutated(Target::Job, &job(), &cfg());
-    assert!(pod_spec(&out).get("volumes").is_none());
+    assert_eq!(names(&pod_spec(&out)["volumes"]), [SOCKET_VOLUME]);
 
     let mut j = job();
     j["spec"]["template"]["spec"]["automountServiceAccountToken"] = json!(false);
     let (out, _) = mutated(Target::Job, &j, &cfg());
-    assert_eq!(pod_spec(&out)["volumes"][0]["name"], TOKEN_VOLUME);
+    assert_eq!(pod_spec(&out)["volumes"][1]["name"], TOKEN_VOLUME);
     assert_eq!(
-        sidecar(&out)["volumeMounts"][0]["mountPath"],
+        sidecar(&out)["volumeMounts"][1]["mountPath"],
         "/var/run/secrets/kubernetes.io/serviceaccount"
     );
     // Only the sidecar mounts it.
-    assert!(pod_spec(&out)["containers"][0]
-        .get("volumeMounts")
-        .is_none());
+    assert_eq!(
+        names(&pod_spec(&out)["containers"][0]["volumeMounts"]),
+        [SOCKET_VOLUME]
+    );
 
     let respect = InjectionConfig {
         service_account_token: ServiceAccountTokenMode::Respect,
         ..cfg()
     };
     let (out, _) = mutated(Target::Job, &j, &respect);
-    assert!(pod_spec(&out).get("volumes").is_none());
+    assert_eq!(names(&pod_spec(&out)["volumes"]), [SOCKET_VOLUME]);
+}
+
+/// Contract A, issue 15 item 3: the agent reaches the sidecar through a
+/// Unix socket on an emptyDir that only the pod's containers mount (the
+/// sidecar read-write, every trainer read-only), in both sidecar modes and
+/// for bare pods; nothing points the agent at a TCP port.
+#[test]
+fn the_agent_socket_is_private_to_the_pod_in_both_sidecar_modes() {
+    let mut j = job();
+    j["spec"]["template"]["spec"]["containers"] = json!([
+        { "name": "trainer", "image": "x" },
+        { "name": "helper", "image": "x", "volumeMounts": [{ "name": "data", "mountPath": "/data" }],
+          "env": [{ "name": "A", "value": "1" }] },
+    ]);
+    let cases = [
+        (Target::Job, &j, cfg()),
+        (Target::Job, &j, native()),
+        (Target::Pod, &pod(), cfg()),
+    ];
+    for (target, obj, c) in cases {
+        let (out, warnings) = mutated(target, obj, &c);
+        assert!(warnings.is_empty(), "{warnings:?}");
+        let spec = pod_spec(&out);
+        let volume = &spec["volumes"][0];
+        assert_eq!(volume["name"], SOCKET_VOLUME);
+        assert!(volume["emptyDir"].is_object(), "{volume}");
+        let side = sidecar(&out);
+        assert_eq!(
+            env_value(side, "MEMPROF_AGENT_SOCKET").as_deref(),
+            Some("/var/run/memprof/agent.sock")
+        );
+        let m = &side["volumeMounts"][0];
+        assert_eq!(
+            (&m["name"], &m["mountPath"]),
+            (&json!(SOCKET_VOLUME), &json!("/var/run/memprof"))
+        );
+        assert!(
+            m.get("readOnly").is_none(),
+            "the sidecar creates the socket"
+        );
+        for t in spec["containers"].as_array().unwrap() {
+            if t["name"] == SIDECAR_CONTAINER {
+                continue;
+            }
+            assert_eq!(
+                env_value(t, "MEMPROF_AGENT_SOCKET").as_deref(),
+                Some("/var/run/memprof/agent.sock"),
+                "{t}"
+            );
+            assert!(env(t, "MEMPROF_AGENT_URL").is_none(), "{t}");
+            let mounts = t["volumeMounts"].as_array().unwrap();
+            let socket = mounts
+                .iter()
+                .find(|m| m["name"] == SOCKET_VOLUME)
+                .expect("mounted");
+            assert_eq!(
+                (&socket["mountPath"], &socket["readOnly"]),
+                (&json!("/var/run/memprof"), &json!(true))
+            );
+        }
+        if obj == &j {
+            let helper = &spec["containers"][1];
+            assert_eq!(names(&helper["volumeMounts"]), ["data", SOCKET_VOLUME]);
+            assert_eq!(
+                env_value(helper, "A").as_deref(),
+                Some("1"),
+                "its own env kept"
+            );
+        }
+    }
+}
+
+/// `/metrics` is on the pod IP (a declared port, `MEMPROF_PORT`) only when
+/// Prometheus scrapes the sidecars; otherwise on loopback.
+#[test]
+fn metrics_are_on_the_pod_ip_only_when_scraped() {
+    let (out, _) = mutated(Target::Job, &job(), &scraped());
+    let c = sidecar(&out);
+    assert_eq!(env_value(c, "MEMPROF_PORT").as_deref(), Some("9464"));
+    assert!(env(c, "MEMPROF_LISTEN").is_none());
+    assert_eq!(c["ports"][0]["containerPort"], 9464);
+    let (out, _) = mutated(Target::Job, &job(), &cfg());
+    let c = sidecar(&out);
+    assert!(env(c, "MEMPROF_PORT").is_none());
+    assert_eq!(
+        env_value(c, "MEMPROF_LISTEN").as_deref(),
+        Some("127.0.0.1:9464")
+    );
+    assert!(c.get("ports").is_none());
 }
 
 #[test]
@@ -606,7 +726,7 @@ fn injected_pods_are_labelled_for_the_pod_monitor_whatever_metadata_they_had() {
     let meta = &out["spec"]["template"]["metadata"];
     assert_eq!(meta["labels"]["memprof.dev/injected"], "true");
     assert_eq!(meta["annotations"]["memprof.dev/injected"], "true");
-    let (out, _) = mutated(Target::Pod, &pod(), &cfg());
+    let (out, _) = mutated(Target::Pod, &pod(), &scraped());
     assert_eq!(out["metadata"]["labels"]["memprof.dev/injected"], "true");
     assert_eq!(sidecar(&out)["ports"][0]["name"], "memprof-metrics");
 }

@@ -158,13 +158,18 @@ pub struct WebhookOptions {
         default_value = "IfNotPresent"
     )]
     pub sidecar_pull_policy: String,
-    /// Port of the sidecar's metrics / agent endpoint.
+    /// Port of the sidecar's /healthz and /metrics (the agent pushes over
+    /// the sidecar's Unix socket, never a port).
     #[arg(
         long = "sidecar-port",
         env = "MEMPROF_SIDECAR_PORT",
         default_value_t = 9464
     )]
     pub sidecar_port: u16,
+    /// Serve the sidecars' /metrics on the pod IP for Prometheus (the chart
+    /// sets it from monitoring.podMonitor.enabled); off: loopback only.
+    #[arg(long = "sidecar-scrape", env = "MEMPROF_SIDECAR_SCRAPE", default_value_t = false, action = clap::ArgAction::Set)]
+    pub sidecar_scrape: bool,
     /// Sampling interval (`100ms`, `1s`, `2m`).
     #[arg(long = "sidecar-interval", env = "MEMPROF_SIDECAR_INTERVAL", default_value = "1s", value_parser = parse_interval)]
     pub sidecar_interval: Duration,
@@ -263,6 +268,7 @@ impl WebhookOptions {
                 .collect(),
             pull_policy: self.sidecar_pull_policy.clone(),
             port: self.sidecar_port,
+            scrape: self.sidecar_scrape,
             interval: self.sidecar_interval,
             cpu_request: non_empty(&self.sidecar_cpu_request),
             memory_request: non_empty(&self.sidecar_memory_request),

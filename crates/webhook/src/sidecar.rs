@@ -6,9 +6,10 @@ use super::config::{image_allowed, GpuAccess, InjectionConfig, ServiceAccountTok
 use super::{ANNOTATION_COMPLETION_INDEX, ANNOTATION_SIDECAR_IMAGE, SIDECAR_CONTAINER};
 use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMapProjection, Container, ContainerPort, DownwardAPIProjection,
-    DownwardAPIVolumeFile, EnvVar, EnvVarSource, HostPathVolumeSource, KeyToPath,
-    ObjectFieldSelector, PodSpec, ProjectedVolumeSource, ResourceRequirements, SeccompProfile,
-    SecurityContext, ServiceAccountTokenProjection, Volume, VolumeMount, VolumeProjection,
+    DownwardAPIVolumeFile, EmptyDirVolumeSource, EnvVar, EnvVarSource, HostPathVolumeSource,
+    KeyToPath, ObjectFieldSelector, PodSpec, ProjectedVolumeSource, ResourceRequirements,
+    SeccompProfile, SecurityContext, ServiceAccountTokenProjection, Volume, VolumeMount,
+    VolumeProjection,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use memprof_api::{env, DEFAULT_GPU_RESOURCE};
@@ -27,6 +28,35 @@ pub const TOKEN_PATH: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 pub const NONROOT_UID: i64 = 65532;
 /// Name of the sidecar's container port (at most 15 characters).
 pub const PORT_NAME: &str = "memprof-metrics";
+/// The pod's private `emptyDir` holding the agent socket (contract A): the
+/// sidecar serves `POST /v1/agent` there, every trainer container mounts it
+/// read-only (connecting to a socket needs no write access to its mount).
+/// Only the pod's containers mount it: that is the authentication.
+pub const SOCKET_VOLUME: &str = "memprof-agent-socket";
+/// The socket volume's size limit: it holds one socket file.
+const SOCKET_VOLUME_SIZE_LIMIT: &str = "1Mi";
+
+/// The agent socket's `emptyDir`.
+pub fn socket_volume() -> Volume {
+    Volume {
+        name: SOCKET_VOLUME.into(),
+        empty_dir: Some(EmptyDirVolumeSource {
+            size_limit: Some(Quantity(SOCKET_VOLUME_SIZE_LIMIT.into())),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The socket volume at [`env::AGENT_SOCKET_DIR`].
+pub fn socket_mount(read_only: bool) -> VolumeMount {
+    VolumeMount {
+        name: SOCKET_VOLUME.into(),
+        mount_path: env::AGENT_SOCKET_DIR.into(),
+        read_only: read_only.then_some(true),
+        ..Default::default()
+    }
+}
 
 /// What the webhook knows about the workload when it builds the sidecar.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -290,13 +320,9 @@ fn token_volume() -> Volume {
     }
 }
 
-/// Builds the sidecar container and its volumes.
-pub fn build(
-    cfg: &InjectionConfig,
-    ov: &Overrides,
-    ctx: &SidecarContext,
-    gpus: &PodGpus,
-) -> SidecarParts {
+/// The sidecar's environment that does not depend on the GPU access mode:
+/// who it is, how it samples, where it serves.
+fn base_env(cfg: &InjectionConfig, ov: &Overrides, ctx: &SidecarContext) -> Vec<EnvVar> {
     let port = ov.port.unwrap_or(cfg.port);
     let interval = ov.interval.unwrap_or(cfg.interval);
     let mut envs = vec![
@@ -305,7 +331,12 @@ pub fn build(
         field(env::NODE_NAME, "spec.nodeName"),
         field(env::POD_UID, "metadata.uid"),
         plain(env::INTERVAL, format!("{}ms", interval.as_millis())),
-        plain(env::PORT, port.to_string()),
+        // /metrics on the pod IP only when Prometheus scrapes the sidecars.
+        match cfg.scrape {
+            true => plain(env::PORT, port.to_string()),
+            false => plain(env::LISTEN, format!("127.0.0.1:{port}")),
+        },
+        plain(env::AGENT_SOCKET, env::AGENT_SOCKET_PATH),
     ];
     match (&ctx.job_name, ctx.is_job) {
         (Some(name), _) => envs.push(plain(env::JOB_NAME, name)),
@@ -334,9 +365,16 @@ pub fn build(
     if cfg.log_json {
         envs.push(plain(env::LOG_JSON, "true"));
     }
+    envs
+}
 
-    let mut mounts = vec![];
-    let mut volumes = vec![];
+/// What the sidecar needs to see GPUs in the configured mode: its
+/// environment, and (podResources) the kubelet's socket.
+fn gpu_access(
+    cfg: &InjectionConfig,
+    gpus: &PodGpus,
+) -> (Vec<EnvVar>, Option<(Volume, VolumeMount)>) {
+    let mut envs = vec![];
     match cfg.gpu_access {
         GpuAccess::Envvar | GpuAccess::PodResources => {
             envs.push(plain(env::NVIDIA_VISIBLE_DEVICES, "all"));
@@ -357,22 +395,42 @@ pub fn build(
         // The trainers chose their GPUs themselves: the same ones are theirs.
         envs.push(plain(env::GPUS, gpus.named.join(",")));
     }
-    if cfg.gpu_access == GpuAccess::PodResources {
-        envs.push(plain(env::GPU_DISCOVERY, "podResources"));
-        volumes.push(Volume {
-            name: POD_RESOURCES_VOLUME.into(),
-            host_path: Some(HostPathVolumeSource {
-                path: POD_RESOURCES_PATH.into(),
-                type_: Some("Directory".into()),
-            }),
-            ..Default::default()
-        });
-        mounts.push(VolumeMount {
-            name: POD_RESOURCES_VOLUME.into(),
-            mount_path: POD_RESOURCES_PATH.into(),
-            read_only: Some(true),
-            ..Default::default()
-        });
+    if cfg.gpu_access != GpuAccess::PodResources {
+        return (envs, None);
+    }
+    envs.push(plain(env::GPU_DISCOVERY, "podResources"));
+    let volume = Volume {
+        name: POD_RESOURCES_VOLUME.into(),
+        host_path: Some(HostPathVolumeSource {
+            path: POD_RESOURCES_PATH.into(),
+            type_: Some("Directory".into()),
+        }),
+        ..Default::default()
+    };
+    let mount = VolumeMount {
+        name: POD_RESOURCES_VOLUME.into(),
+        mount_path: POD_RESOURCES_PATH.into(),
+        read_only: Some(true),
+        ..Default::default()
+    };
+    (envs, Some((volume, mount)))
+}
+
+/// Builds the sidecar container and its volumes.
+pub fn build(
+    cfg: &InjectionConfig,
+    ov: &Overrides,
+    ctx: &SidecarContext,
+    gpus: &PodGpus,
+) -> SidecarParts {
+    let mut envs = base_env(cfg, ov, ctx);
+    let mut mounts = vec![socket_mount(false)];
+    let mut volumes = vec![socket_volume()];
+    let (gpu_env, kubelet) = gpu_access(cfg, gpus);
+    envs.extend(gpu_env);
+    if let Some((volume, mount)) = kubelet {
+        volumes.push(volume);
+        mounts.push(mount);
     }
     if ctx.token_not_mounted && cfg.service_account_token == ServiceAccountTokenMode::Project {
         volumes.push(token_volume());
@@ -383,27 +441,29 @@ pub fn build(
             ..Default::default()
         });
     }
-
     let (image, image_warning) = choose_image(cfg, ov.image.as_deref());
+    let port = ov.port.unwrap_or(cfg.port);
     let container = Container {
         name: SIDECAR_CONTAINER.into(),
         image: Some(image),
         image_pull_policy: Some(cfg.pull_policy.clone()),
         command: (!cfg.command.is_empty()).then(|| cfg.command.clone()),
         env: Some(envs),
-        ports: Some(vec![ContainerPort {
-            name: Some(PORT_NAME.into()),
-            container_port: i32::from(port),
-            protocol: Some("TCP".into()),
-            ..Default::default()
-        }]),
+        ports: cfg.scrape.then(|| {
+            vec![ContainerPort {
+                name: Some(PORT_NAME.into()),
+                container_port: i32::from(port),
+                protocol: Some("TCP".into()),
+                ..Default::default()
+            }]
+        }),
         resources: Some(resources(cfg)),
         security_context: Some(
             cfg.security_context
                 .clone()
                 .unwrap_or_else(|| security_context(cfg.gpu_access)),
         ),
-        volume_mounts: (!mounts.is_empty()).then_some(mounts),
+        volume_mounts: Some(mounts),
         // Native sidecar: an init container that keeps running beside the
         // trainers and is stopped after them, so the Job completes.
         restart_policy: cfg.native_sidecar.then(|| "Always".to_string()),
@@ -418,153 +478,5 @@ pub fn build(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn container(name: &str, gpus: Option<&str>, visible: Option<&str>) -> Container {
-        Container {
-            name: name.into(),
-            resources: gpus.map(|n| ResourceRequirements {
-                limits: Some([(DEFAULT_GPU_RESOURCE.to_string(), Quantity(n.into()))].into()),
-                ..Default::default()
-            }),
-            env: visible.map(|v| vec![plain(env::NVIDIA_VISIBLE_DEVICES, v)]),
-            ..Default::default()
-        }
-    }
-
-    fn spec(containers: Vec<Container>, init: Vec<Container>) -> PodSpec {
-        PodSpec {
-            containers,
-            init_containers: (!init.is_empty()).then_some(init),
-            ..Default::default()
-        }
-    }
-
-    fn env_of(parts: &SidecarParts, name: &str) -> Option<String> {
-        parts
-            .container
-            .env
-            .iter()
-            .flatten()
-            .find(|e| e.name == name)?
-            .value
-            .clone()
-    }
-
-    #[test]
-    fn the_pods_gpu_request_counts_trainers_and_native_sidecars_not_reused_init_gpus() {
-        let s = spec(
-            vec![
-                container("a", Some("2"), None),
-                container("b", Some("1"), None),
-                container("cpu", None, None),
-            ],
-            vec![
-                container("download", Some("1"), None),
-                Container {
-                    restart_policy: Some("Always".into()),
-                    ..container("side", Some("1"), None)
-                },
-            ],
-        );
-        assert_eq!(PodGpus::of(&s).requested, 4);
-        let s = spec(
-            vec![container("a", Some("1"), None)],
-            vec![container("warmup", Some("8"), None)],
-        );
-        assert_eq!(
-            PodGpus::of(&s).requested,
-            8,
-            "held by the pod from its start"
-        );
-        let s = spec(vec![container("a", Some("lots"), None)], vec![]);
-        assert_eq!(PodGpus::of(&s).requested, 0, "unreadable counts as none");
-        let mig = Container {
-            resources: Some(ResourceRequirements {
-                limits: Some([("nvidia.com/mig-1g.10gb".to_string(), Quantity("1".into()))].into()),
-                ..Default::default()
-            }),
-            ..container("mig", None, None)
-        };
-        assert_eq!(PodGpus::of(&spec(vec![mig], vec![])).requested, 0);
-    }
-
-    #[test]
-    fn gpus_the_trainers_name_themselves_are_copied_only_when_all_of_them_do() {
-        let s = spec(
-            vec![
-                container("a", None, Some("GPU-aaaa,GPU-bbbb")),
-                container("b", Some("1"), Some("GPU-bbbb, 3")),
-                container("cpu", None, None),
-            ],
-            vec![],
-        );
-        assert_eq!(PodGpus::of(&s).named, ["GPU-aaaa", "GPU-bbbb", "3"]);
-        for other in [None, Some("all"), Some("void"), Some("")] {
-            let s = spec(
-                vec![
-                    container("a", None, Some("GPU-aaaa")),
-                    container("b", Some("1"), other),
-                ],
-                vec![],
-            );
-            assert!(PodGpus::of(&s).named.is_empty(), "{other:?}");
-        }
-    }
-
-    #[test]
-    fn the_sidecar_is_told_the_pods_gpus_in_the_modes_that_read_nvml() {
-        let ctx = SidecarContext::default();
-        let gpus = PodGpus {
-            requested: 2,
-            named: vec!["GPU-aaaa".into()],
-        };
-        let cfg = InjectionConfig::default();
-        let p = build(&cfg, &Overrides::default(), &ctx, &gpus);
-        assert_eq!(env_of(&p, env::REQUESTED_GPUS).as_deref(), Some("2"));
-        assert_eq!(env_of(&p, env::GPUS).as_deref(), Some("GPU-aaaa"));
-
-        let cfg = InjectionConfig {
-            gpu_access: GpuAccess::PodResources,
-            ..Default::default()
-        };
-        let p = build(&cfg, &Overrides::default(), &ctx, &gpus);
-        assert_eq!(env_of(&p, env::REQUESTED_GPUS).as_deref(), Some("2"));
-        assert_eq!(env_of(&p, env::GPUS), None, "the kubelet's answer decides");
-
-        let cfg = InjectionConfig {
-            gpu_access: GpuAccess::AgentOnly,
-            ..Default::default()
-        };
-        let p = build(&cfg, &Overrides::default(), &ctx, &gpus);
-        assert_eq!(env_of(&p, env::REQUESTED_GPUS), None);
-        assert_eq!(env_of(&p, env::GPUS), None);
-    }
-
-    #[test]
-    fn an_image_override_needs_the_operators_leave_and_its_list() {
-        let other = "registry.example.com/memprof/sidecar:dev";
-        let wanted = Some(other);
-        let mut cfg = InjectionConfig::default();
-        let (image, warning) = choose_image(&cfg, wanted);
-        assert_eq!(image, cfg.image);
-        assert!(warning.unwrap().contains("--allow-sidecar-image-override"));
-
-        cfg.allow_image_override = true;
-        let (image, warning) = choose_image(&cfg, wanted);
-        assert_eq!(image, cfg.image, "allowed, but nothing is on the list");
-        assert!(warning.unwrap().contains("injection.allowedSidecarImages"));
-
-        cfg.allowed_images = vec!["registry.example.com/memprof/*".into()];
-        assert_eq!(choose_image(&cfg, wanted), (other.into(), None));
-        assert_eq!(choose_image(&cfg, None), (cfg.image.clone(), None));
-        let same = cfg.image.clone();
-        cfg.allow_image_override = false;
-        assert_eq!(
-            choose_image(&cfg, Some(&same)),
-            (same.clone(), None),
-            "naming the configured image is no override"
-        );
-    }
-}
+#[path = "sidecar_tests.rs"]
+mod tests;

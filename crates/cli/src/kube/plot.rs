@@ -8,7 +8,7 @@ use crate::kube::client::{self as k, CliError, KubeArgs};
 use crate::output;
 use crate::plot::{HLine, Heatmap, LineChart, Mark, Series, Style, Unit};
 use memprof_api::{MemoryProfile, MemoryReport};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// Flags of `memprof plot`.
 #[derive(Debug, clap::Args)]
@@ -17,8 +17,7 @@ pub struct Args {
     pub job: String,
     #[command(flatten)]
     pub kube: KubeArgs,
-    /// Write the charts to this file: `.svg`, or `.png` (rasterised by
-    /// `rsvg-convert` or ImageMagick's `convert` when one is on the PATH).
+    /// Write the charts to this file: `.svg`, or `.png` (rasterised in-process).
     #[arg(long, value_name = "FILE")]
     pub out: Option<PathBuf>,
     /// Which chart.
@@ -42,6 +41,9 @@ pub enum Chart {
 
 /// Runs the subcommand; returns the process exit code.
 pub async fn run(args: Args) -> Result<i32, CliError> {
+    if let Some(path) = &args.out {
+        crate::plot::check_image_path(path).map_err(|e| CliError::Usage(e.to_string()))?;
+    }
     let (client, scope) = args.kube.connect().await?;
     let ns = k::single_namespace(&scope, "memprof plot JOB")?;
     let (ns, job) = k::split_ref(&args.job, &ns);
@@ -51,7 +53,7 @@ pub async fn run(args: Args) -> Result<i32, CliError> {
     match &args.out {
         Some(path) => {
             let svg = svg_document(&line, &map, args.chart);
-            write_chart(path, &svg)?;
+            crate::plot::write_image(path, &svg).map_err(|e| CliError::Usage(e.to_string()))?;
             eprintln!("wrote {}", path.display());
         }
         None => {
@@ -210,49 +212,6 @@ fn attr(svg: &str, name: &str) -> f64 {
         .and_then(|(_, v)| v.split_once('"'))
         .and_then(|(v, _)| v.trim_end_matches("px").parse().ok())
         .unwrap_or(0.0)
-}
-
-/// Writes SVG, or PNG through an SVG rasteriser found on the PATH.
-fn write_chart(path: &Path, svg: &str) -> Result<(), CliError> {
-    let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
-    let io = |e: std::io::Error| CliError::Usage(format!("cannot write {}: {e}", path.display()));
-    match ext.to_ascii_lowercase().as_str() {
-        "svg" => std::fs::write(path, svg).map_err(io),
-        "png" => rasterise(path, svg),
-        _ => Err(CliError::Usage(format!(
-            "--out {}: name a .svg or .png file",
-            path.display()
-        ))),
-    }
-}
-
-fn rasterise(png: &Path, svg: &str) -> Result<(), CliError> {
-    let tmp = png.with_extension("tmp.svg");
-    std::fs::write(&tmp, svg)
-        .map_err(|e| CliError::Usage(format!("cannot write {}: {e}", tmp.display())))?;
-    let tried = [
-        (
-            "rsvg-convert",
-            vec!["-o".into(), png.into(), tmp.clone().into_os_string()],
-        ),
-        ("convert", vec![tmp.clone().into_os_string(), png.into()]),
-    ];
-    let ok = tried.iter().any(|(tool, args)| {
-        std::process::Command::new(tool)
-            .args(args)
-            .stderr(std::process::Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    });
-    let _ = std::fs::remove_file(&tmp);
-    if ok {
-        Ok(())
-    } else {
-        Err(CliError::Usage(
-            "PNG needs rsvg-convert (librsvg) or ImageMagick's convert on the PATH; write .svg instead"
-                .into(),
-        ))
-    }
 }
 
 #[cfg(test)]

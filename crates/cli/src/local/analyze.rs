@@ -5,6 +5,7 @@
 //! trend and predicted OOM. For post-mortems and for tuning thresholds on
 //! recorded traces.
 
+pub mod evaluate;
 pub mod plot;
 
 use crate::output::{Format, OutputArgs, Table};
@@ -21,8 +22,14 @@ use std::path::PathBuf;
 /// Flags of `memprof analyze`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// The trace file (CSV `t_s,gpu,used_bytes,total_bytes`, as `--trace-out` writes).
+    /// The trace file (CSV `t_s,gpu,used_bytes,total_bytes`, as `--trace-out` writes);
+    /// with `--evaluate`, a record.sh folder, a folder of fixture traces, or one.
     pub trace: String,
+    /// Judge the verdicts on recordings with their truth (leak flag precision
+    /// and recall, latency, time to OOM at half-life), from NVML alone and
+    /// with the agent's pushes.
+    #[arg(long)]
+    pub evaluate: bool,
     /// Analysis thresholds as JSON (camelCase fields of the analysis thresholds).
     #[arg(long)]
     pub thresholds: Option<String>,
@@ -49,6 +56,15 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         None => Thresholds::default(),
     };
     thresholds.validate()?;
+    if args.evaluate {
+        let out = evaluate::run(
+            std::path::Path::new(&args.trace),
+            &thresholds,
+            args.output.format,
+        )?;
+        write_stdout(&out)?;
+        return Ok(0);
+    }
     if let Some(p) = args
         .plot
         .as_deref()

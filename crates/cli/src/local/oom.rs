@@ -70,7 +70,9 @@ async fn monitor(args: Args) -> Result<i32, ProfileError> {
     );
     let flags = profile.sidecar_flags(&trace, &output);
     let addr = sidecar::free_loopback()?;
-    let mut side = Sidecar::start(&sidecar::sidecar_exe()?, &flags, &addr).await?;
+    let private = sidecar::PrivateDir::new("oom")?;
+    let mut side =
+        Sidecar::start(&sidecar::sidecar_exe()?, &flags, &addr, &private.socket()).await?;
     let fail_on = args.fail_on.map(FailOn::level);
     println!(
         "memprof oom: watching (interval {}{}); Ctrl-C to stop",

@@ -2,13 +2,14 @@
 //! Kubernetes. Runs `memprof-sidecar --standalone` (its samples, analysis
 //! and report, nothing re-implemented here), shows a status line per GPU
 //! while it runs, then a summary table, and draws `--plot`. With a command,
-//! runs it next to the sidecar with the in-process agent pointed at it (and,
-//! when an agent tree is found, started with no code change, as the webhook
-//! does in a pod), then stops the sidecar once the command exits, so
-//! `--output` holds the whole run. Exits with the command's status.
+//! runs it next to the sidecar with the in-process agent pointed at the
+//! sidecar's socket (`MEMPROF_AGENT_SOCKET`, in a private directory removed
+//! at exit; and, when an agent tree is found, started with no code change,
+//! as the webhook does in a pod), then stops the sidecar once the command
+//! exits, so `--output` holds the whole run. Exits with the command's status.
 //!
 //! Where the numbers come from: the sidecar's risk transitions (its standard
-//! output), its latest report (`GET /v1/report`, polled each second: the
+//! output), its latest report (`GET /v1/report` on its socket, polled each second: the
 //! status lines and the utilization average/max), its final report
 //! (`--output`, a temporary file when not asked for: the table) and its
 //! `--trace-out` CSV (every sample: the sample counts and the plot).
@@ -39,7 +40,7 @@ pub enum ProfileError {
         source: std::io::Error,
     },
     /// The sidecar exited or did not listen in time.
-    #[error("memprof-sidecar did not start listening on {addr} within 10 s ({why}); run it alone with the same flags to see its error")]
+    #[error("memprof-sidecar did not start serving its socket {addr} within 10 s ({why}); run it alone with the same flags to see its error")]
     NotListening {
         /// Its address.
         addr: String,
@@ -57,6 +58,14 @@ pub enum ProfileError {
     /// No free loopback port.
     #[error("cannot pick a loopback port for the sidecar: {0}")]
     Port(std::io::Error),
+    /// The private directory for the sidecar's socket could not be made.
+    #[error("cannot create the private directory {dir} for the sidecar's socket: {source}; check TMPDIR")]
+    PrivateDir {
+        /// The directory.
+        dir: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
     /// A flag is wrong.
     #[error("{0}")]
     Usage(String),
@@ -148,7 +157,8 @@ pub struct Args {
     /// Keep every sample as a CSV trace (what `memprof analyze` reads).
     #[arg(long, value_name = "FILE")]
     pub trace_out: Option<PathBuf>,
-    /// Address of the sidecar's endpoints (default: a free loopback port).
+    /// Address of the sidecar's /healthz and /metrics (default: a free
+    /// loopback port; the agent talks to it over a private Unix socket).
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<String>,
     /// The agent tree to start in a Python command with no code change
@@ -237,16 +247,23 @@ pub async fn profile(a: Args) -> Result<i32, ProfileError> {
         Some(l) => l.clone(),
         None => sidecar::free_loopback()?,
     };
+    // Removed (socket and all) when the profile ends, however it ends.
+    let private = sidecar::PrivateDir::new("profile")?;
     let started = Instant::now();
     let mut side = Sidecar::start(
         &exe,
         &a.sample.sidecar_flags(&files.trace, &files.output),
         &addr,
+        &private.socket(),
     )
     .await?;
     let mut command = match a.command.is_empty() {
         true => None,
-        false => Some(start_command(&a.command, &addr, a.agent_path.as_deref())?),
+        false => Some(start_command(
+            &a.command,
+            &side.socket,
+            a.agent_path.as_deref(),
+        )?),
     };
     let devices = Devices(a.sample.devices.clone());
     let (tracker, transitions, code) = watch(&mut side, command.as_mut(), &devices).await;
@@ -404,12 +421,15 @@ impl Screen {
 
 fn start_command(
     command: &[String],
-    addr: &str,
+    socket: &Path,
     agent_path: Option<&Path>,
 ) -> Result<tokio::process::Child, ProfileError> {
     let mut cmd = tokio::process::Command::new(&command[0]);
+    // The socket, never a URL: an old MEMPROF_AGENT_URL in the environment
+    // would point the agent at some other (unauthenticated) endpoint.
     cmd.args(&command[1..])
-        .env("MEMPROF_AGENT_URL", format!("http://{addr}/v1/agent"));
+        .env(memprof_api::env::AGENT_SOCKET, socket)
+        .env_remove("MEMPROF_AGENT_URL");
     let tree = agent_tree(agent_path);
     match &tree {
         Some(tree) => {

@@ -8,6 +8,7 @@
 
 mod axis;
 mod heat;
+mod image;
 mod labels;
 mod svg;
 #[cfg(test)]
@@ -15,6 +16,9 @@ mod tests;
 mod text;
 
 pub use axis::{format_value, Unit};
+pub use image::{
+    check_image_path, fonts_available, svg_to_png, write_image, ImageError, ImageFormat, PNG_SCALE,
+};
 
 /// How a series is drawn.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

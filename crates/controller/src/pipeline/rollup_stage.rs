@@ -230,7 +230,6 @@ fn notices(
 /// Hands the Job's annotations to the writer when a value differs from what
 /// the Job carries (or what the writer is about to apply).
 fn annotate(ctx: &Context, f: &Fetched, job: &Job, status: &MemoryProfileStatus) {
-    let desired = job_annotations(status);
     let job_rv = job
         .resource_version()
         .and_then(|v| v.parse().ok())
@@ -239,6 +238,8 @@ fn annotate(ctx: &Context, f: &Fetched, job: &Job, status: &MemoryProfileStatus)
         .writer
         .annotations(&f.key, job_rv)
         .unwrap_or_else(|| job.annotations().clone());
+    // Hysteresis: a value moves only when its rounded value does (`reconcile_annotations.rs`).
+    let desired = job_annotations(status, &current);
     if annotations_outdated(&current, &desired) {
         ctx.writer
             .annotate(&f.key, &job.uid().unwrap_or_default(), desired);

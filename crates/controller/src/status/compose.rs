@@ -1,11 +1,10 @@
 //! Pure: the status to write from what the server holds and what the
 //! roll-up wants, and whether it is worth a write.
 
+pub use crate::operator::reconcile::COSMETIC_INTERVAL;
+use crate::operator::reconcile::{status_write_needed, Why};
 use memprof_api::MemoryProfileStatus;
 use std::time::Duration;
-
-/// A change of `lastReportTime` alone is written at most this often.
-pub const COSMETIC_INTERVAL: Duration = Duration::from_secs(30);
 
 /// The status to write: the roll-up's `analysis` with the remediation
 /// fields the server holds (only remediation edits change those), or the
@@ -38,7 +37,9 @@ pub enum Need {
 }
 
 /// Whether `desired` is worth writing over `server`, `since_last` after
-/// this process last wrote the profile (`None`: never).
+/// this process last wrote the profile (`None`: never). The decision is the
+/// roll-up's (`operator::reconcile::status_write_needed`: which fields are
+/// cosmetic, how long they wait); this only maps it onto the writer's terms.
 pub fn write_needed(
     server: Option<&MemoryProfileStatus>,
     desired: &MemoryProfileStatus,
@@ -47,19 +48,10 @@ pub fn write_needed(
     let Some(server) = server else {
         return Need::Now;
     };
-    if server == desired {
-        return Need::No;
-    }
-    let timeless = |s: &MemoryProfileStatus| MemoryProfileStatus {
-        last_report_time: None,
-        ..s.clone()
-    };
-    if timeless(server) != timeless(desired) {
-        return Need::Now;
-    }
-    match since_last {
-        Some(t) if t < COSMETIC_INTERVAL => Need::After(COSMETIC_INTERVAL - t),
-        _ => Need::Now,
+    match status_write_needed(server, desired, since_last) {
+        Why::Unchanged => Need::No,
+        Why::Changed(_) | Why::Refresh => Need::Now,
+        Why::NotYet(wait) => Need::After(wait),
     }
 }
 

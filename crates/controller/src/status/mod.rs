@@ -3,8 +3,8 @@
 //!
 //! | status field | decided by | handed over as |
 //! |---|---|---|
-//! | `ranksReporting`, `ranksExpected`, `ranks`, `gpuCount`, `peak*`, `current*`, `risk`, `confidence`, `timeToOom*`, `leak*`, `fragmentation`, `allocator`, `breakdown`, `imbalance*`, `bottleneck`, `topRanks`, `lastReportTime` | the roll-up stage (`pipeline/rollup_stage.rs`, from `memprof_analysis` and `operator/reconcile.rs`) | [`StatusWriter::submit`]: the latest [`Analysis`] replaces the one before |
-//! | `conditions` (`Ready`, `ReportsValid`, `ReportsCounted`), `thresholds`, `batchRecommendation` | the roll-up stage | the same [`Analysis`] |
+//! | `ranksReporting`, `ranksExpected`, `ranks`, `gpuCount`, `peak*`, `current*`, `risk`, `confidence`, `timeToOom*`, `leak*`, `fragmentation`, `allocator`, `breakdown`, `imbalance*`, `bottleneck`, `topRanks`, `lastReportTime`, `oldestReportTime`, `ranksStale`, `staleRanks`, `riskHeldUntil` | the roll-up stage (one `JobRollup` per Job, `pipeline/rollups.rs`) (`pipeline/rollup_stage.rs`, from `memprof_analysis` and `operator/reconcile.rs`) | [`StatusWriter::submit`]: the latest [`Analysis`] replaces the one before |
+//! | `conditions` (`Ready`, `ReportsValid`, `ReportsCounted`, `RanksStale`), `thresholds`, `batchRecommendation` | the roll-up stage | the same [`Analysis`] |
 //! | `ooms`, `remediations`, `remediationTotals`, `lastAction` | the remediation stage (`pipeline/remediation_stage.rs`, `remediation/execute.rs`) | [`StatusWriter::edit`]: a change applied to the newest status, answered once it is written |
 //!
 //! Every write is made here, by [`StatusWriter::run`]'s workers, as one
@@ -19,7 +19,8 @@
 //! the model): only the latest desired status per Job is kept; Jobs are
 //! served first in, first out; a Job's writes are at least
 //! `--min-write-interval-ms` apart (1 s by default), whatever the load; a
-//! change of `lastReportTime` alone is written at most every 30 s; nothing
+//! change of cosmetic fields alone (`lastReportTime` and the others named in
+//! `operator/reconcile_write.rs`) is written at most every 30 s; nothing
 //! here is awaited by a reconcile, so a slow API server never holds one up.
 //! Remediation awaits its edits in its own task, which is how "recorded
 //! durably before acting" holds (docs/remediation.md).

@@ -24,10 +24,8 @@
 //! for the sidecar.
 
 use super::nvml::{self, NvmlGpu, NvmlSampler};
-use memprof_api::env::{self, split_list};
-use memprof_api::{Condition, DEFAULT_GPU_RESOURCE};
-use std::path::PathBuf;
-use std::time::Duration;
+use memprof_api::env;
+use memprof_api::Condition;
 
 /// Type of the condition discovery sets.
 pub const CONDITION_TYPE: &str = "GpuVisible";
@@ -36,40 +34,6 @@ pub const DEFAULT_POD_RESOURCES_SOCKET: &str = "/var/lib/kubelet/pod-resources/k
 /// Set by the kubelet in every container of every pod: tells a process
 /// started by hand on a machine from one started in a pod.
 const ENV_IN_KUBERNETES: &str = "KUBERNETES_SERVICE_HOST";
-
-/// How to discover GPUs (`MEMPROF_GPU_DISCOVERY`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum DiscoveryMode {
-    /// The design's order: explicit list, PodResources when its socket is there, all.
-    #[default]
-    Auto,
-    /// Only the explicit UUID list.
-    Explicit,
-    /// Only the kubelet PodResources API.
-    PodResources,
-    /// Every GPU NVML sees.
-    All,
-    /// No NVML: the in-process agent reports.
-    Agent,
-}
-
-impl std::str::FromStr for DiscoveryMode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Ok(match s.trim().to_ascii_lowercase().as_str() {
-            "" | "auto" => DiscoveryMode::Auto,
-            "explicit" | "explicituuids" | "uuids" => DiscoveryMode::Explicit,
-            "podresources" | "pod-resources" | "kubelet" => DiscoveryMode::PodResources,
-            "all" | "allvisible" => DiscoveryMode::All,
-            "agent" | "agentonly" | "none" => DiscoveryMode::Agent,
-            other => {
-                return Err(format!(
-                    "unknown GPU discovery mode {other:?}: expected auto|explicit|podResources|all|agent"
-                ))
-            }
-        })
-    }
-}
 
 /// Which method found the GPUs; the condition's reason.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -89,6 +53,9 @@ pub enum DiscoveryMethod {
     AgentOnly,
     /// NVML could not be loaded or initialised.
     NvmlUnavailable,
+    /// The pod's GPUs are MIG devices, which are not sampled
+    /// (`discovery_mig.rs`).
+    MigUnsupported,
 }
 
 impl DiscoveryMethod {
@@ -102,102 +69,7 @@ impl DiscoveryMethod {
             DiscoveryMethod::AmbiguousGpus => "AmbiguousGpus",
             DiscoveryMethod::AgentOnly => "AgentOnly",
             DiscoveryMethod::NvmlUnavailable => "NvmlUnavailable",
-        }
-    }
-}
-
-/// What discovery needs to know. Every field has an environment variable,
-/// read by [`DiscoveryOptions::from_env`]; the sidecar's flags may fill it instead.
-#[derive(Clone, Debug, PartialEq)]
-pub struct DiscoveryOptions {
-    /// GPU UUIDs to sample (`MEMPROF_GPUS`, comma-separated).
-    pub gpus: Vec<String>,
-    /// Discovery mode (`MEMPROF_GPU_DISCOVERY`).
-    pub mode: DiscoveryMode,
-    /// The kubelet's PodResources socket (`MEMPROF_POD_RESOURCES_SOCKET`).
-    pub pod_resources_socket: PathBuf,
-    /// This pod's name (`POD_NAME`, from the downward API).
-    pub pod_name: Option<String>,
-    /// This pod's namespace (`POD_NAMESPACE`).
-    pub pod_namespace: Option<String>,
-    /// The sidecar's own container, whose devices (none, normally) are not the trainer's
-    /// (`MEMPROF_CONTAINER_NAME`).
-    pub own_container: Option<String>,
-    /// Extended resources that are GPUs (`MEMPROF_GPU_RESOURCES`, comma-separated).
-    pub resource_names: Vec<String>,
-    /// How many GPUs the pod requested (`MEMPROF_REQUESTED_GPUS`); `None` when
-    /// nobody said.
-    pub requested_gpus: Option<u32>,
-    /// Every GPU NVML sees belongs to this process's user: true on a machine
-    /// (`--standalone`, outside Kubernetes), false for a sidecar in a pod,
-    /// which is shown every GPU of the node. False by default: the safe side.
-    pub whole_machine: bool,
-    /// Limit on the whole PodResources call.
-    pub timeout: Duration,
-}
-
-impl Default for DiscoveryOptions {
-    fn default() -> Self {
-        DiscoveryOptions {
-            gpus: vec![],
-            mode: DiscoveryMode::Auto,
-            pod_resources_socket: DEFAULT_POD_RESOURCES_SOCKET.into(),
-            pod_name: None,
-            pod_namespace: None,
-            own_container: None,
-            resource_names: vec![DEFAULT_GPU_RESOURCE.into()],
-            requested_gpus: None,
-            whole_machine: false,
-            timeout: Duration::from_secs(5),
-        }
-    }
-}
-
-impl DiscoveryOptions {
-    /// Options from the environment; unset variables keep the defaults. A
-    /// process outside Kubernetes (no `KUBERNETES_SERVICE_HOST`) counts as
-    /// owning the whole machine; callers that know better set `whole_machine`.
-    pub fn from_env() -> Result<Self, String> {
-        Self::from_vars(|k| std::env::var(k).ok())
-    }
-
-    /// [`Self::from_env`] over any lookup of variables (tests pass a map).
-    pub fn from_vars(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
-        let var = |k: &str| lookup(k).filter(|v| !v.trim().is_empty());
-        let mut o = DiscoveryOptions::default();
-        if let Some(v) = var(env::GPUS) {
-            o.gpus = split_list(&v);
-        }
-        if let Some(v) = var("MEMPROF_GPU_DISCOVERY") {
-            o.mode = v.parse()?;
-        }
-        if let Some(v) = var("MEMPROF_POD_RESOURCES_SOCKET") {
-            o.pod_resources_socket = v.into();
-        }
-        o.pod_name = var("POD_NAME");
-        o.pod_namespace = var("POD_NAMESPACE");
-        o.own_container = var("MEMPROF_CONTAINER_NAME");
-        if let Some(v) = var("MEMPROF_GPU_RESOURCES") {
-            o.resource_names = split_list(&v);
-        }
-        if let Some(v) = var(env::REQUESTED_GPUS) {
-            o.requested_gpus =
-                Some(v.trim().parse().map_err(|_| {
-                    format!("{}={v:?} is not a number of GPUs", env::REQUESTED_GPUS)
-                })?);
-        }
-        o.whole_machine = var(ENV_IN_KUBERNETES).is_none();
-        Ok(o)
-    }
-
-    /// Whether to ask the kubelet: when told to, or in auto mode without an
-    /// explicit list when the socket is mounted (the chart mounts it only
-    /// when PodResources discovery is on).
-    pub fn wants_pod_resources(&self, socket_exists: bool) -> bool {
-        match self.mode {
-            DiscoveryMode::PodResources => true,
-            DiscoveryMode::Auto => self.gpus.is_empty() && socket_exists,
-            _ => false,
+            DiscoveryMethod::MigUnsupported => "MigUnsupported",
         }
     }
 }
@@ -340,9 +212,15 @@ struct IdSource<'a> {
     none_match: &'a str,
 }
 
-/// The GPUs `ids` name among NVML's, or why none does.
+/// The GPUs `ids` name among NVML's, or why none does. MIG-enabled GPUs and
+/// MIG instance IDs are never sampled (`discovery_mig.rs`).
 fn from_ids(opts: &DiscoveryOptions, all: &[NvmlGpu], ids: &[String], src: IdSource) -> Discovery {
     let (found, missing) = match_ids(ids, all);
+    let (found, mig_gpus) = mig::whole_and_mig(&found);
+    let mig_named = mig::named(&mig_gpus, &missing);
+    if found.is_empty() && !mig_named.is_empty() {
+        return mig::unsupported(&mig_named);
+    }
     if found.is_empty() {
         return Discovery::not_visible(
             src.method,
@@ -355,8 +233,12 @@ fn from_ids(opts: &DiscoveryOptions, all: &[NvmlGpu], ids: &[String], src: IdSou
         );
     }
     let mut msg = format!("{} GPU(s) {}: {}", found.len(), src.found, uuids(&found));
+    let missing: Vec<String> = missing.into_iter().filter(|m| !mig::is_mig_id(m)).collect();
     if !missing.is_empty() {
         msg.push_str(&format!("; not found by NVML: {}", missing.join(", ")));
+    }
+    if !mig_named.is_empty() {
+        msg.push_str(&mig::note(&mig_named));
     }
     Discovery::visible(src.method, found, msg)
 }
@@ -397,20 +279,7 @@ pub fn decide(
     let explicit = opts.mode == DiscoveryMode::Explicit
         || (opts.mode == DiscoveryMode::Auto && !opts.gpus.is_empty());
     if explicit {
-        if opts.gpus.is_empty() {
-            return Discovery::not_visible(
-                ExplicitUuids,
-                "GPU discovery is set to explicit but MEMPROF_GPUS is empty: list the pod's GPU \
-                 UUIDs, comma-separated"
-                    .into(),
-            );
-        }
-        let src = IdSource {
-            method: ExplicitUuids,
-            found: "from MEMPROF_GPUS".into(),
-            none_match: "check the UUIDs (nvidia-smi -L) and NVIDIA_VISIBLE_DEVICES",
-        };
-        return from_ids(opts, all, &opts.gpus, src);
+        return from_explicit(opts, all);
     }
 
     if let Some(lookup) = pod {
@@ -435,6 +304,24 @@ pub fn decide(
         return from_ids(opts, all, agent, src);
     }
     all_if_the_pods(opts, all)
+}
+
+/// The GPUs `MEMPROF_GPUS` names.
+fn from_explicit(opts: &DiscoveryOptions, all: &[NvmlGpu]) -> Discovery {
+    if opts.gpus.is_empty() {
+        return Discovery::not_visible(
+            DiscoveryMethod::ExplicitUuids,
+            "GPU discovery is set to explicit but MEMPROF_GPUS is empty: list the pod's GPU \
+             UUIDs, comma-separated"
+                .into(),
+        );
+    }
+    let src = IdSource {
+        method: DiscoveryMethod::ExplicitUuids,
+        found: "from MEMPROF_GPUS".into(),
+        none_match: "check the UUIDs (nvidia-smi -L) and NVIDIA_VISIBLE_DEVICES",
+    };
+    from_ids(opts, all, &opts.gpus, src)
 }
 
 /// The kubelet's answer about this pod, matched to NVML's GPUs.
@@ -477,12 +364,28 @@ fn from_kubelet(opts: &DiscoveryOptions, all: &[NvmlGpu], lookup: PodLookup) -> 
     }
 }
 
-/// Every GPU NVML sees, when they are all this pod's (or this machine's);
-/// none otherwise. A sidecar with `NVIDIA_VISIBLE_DEVICES=all` sees the whole
-/// node: only when NVML sees no more GPUs than the pod requested are they all
-/// the pod's. Never all "to be helpful": another tenant's memory in this
-/// pod's report would also let its pressure remediate this pod's Job.
+/// Every whole GPU NVML sees, when they are all this pod's (or this
+/// machine's); none otherwise. A sidecar with `NVIDIA_VISIBLE_DEVICES=all`
+/// sees the whole node: only when NVML sees no more GPUs than the pod
+/// requested are they all the pod's. Never all "to be helpful": another
+/// tenant's memory in this pod's report would also let its pressure
+/// remediate this pod's Job. MIG-enabled GPUs do not count and are never
+/// reported: under the device plugin's `single` strategy a pod's
+/// `nvidia.com/gpu` are instances, and the parent's memory is every tenant's.
 fn all_if_the_pods(opts: &DiscoveryOptions, all: &[NvmlGpu]) -> Discovery {
+    let (whole, mig_gpus) = mig::whole_and_mig(all);
+    let mig_named = mig::named(&mig_gpus, &[]);
+    if whole.is_empty() {
+        return mig::unsupported(&mig_named);
+    }
+    let mut d = whole_gpus_if_the_pods(opts, &whole);
+    if !mig_named.is_empty() {
+        d.condition.message.push_str(&mig::note(&mig_named));
+    }
+    d
+}
+
+fn whole_gpus_if_the_pods(opts: &DiscoveryOptions, all: &[NvmlGpu]) -> Discovery {
     let n = all.len();
     if opts.mode == DiscoveryMode::All || opts.whole_machine {
         return Discovery::visible(
@@ -594,6 +497,11 @@ fn open_decided(d: Discovery) -> (Option<NvmlSampler>, Discovery) {
     }
 }
 
+#[path = "discovery_mig.rs"]
+pub mod mig;
+#[path = "discovery_options.rs"]
+mod options;
+pub use options::{DiscoveryMode, DiscoveryOptions};
 #[path = "discovery_podresources.rs"]
 mod podresources;
 #[cfg(test)]

@@ -3,13 +3,23 @@
 
 use super::*;
 use bytes::Bytes;
+use memprof_api::env::split_list;
 use memprof_api::Condition;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 fn gpu(index: u32, uuid: &str) -> NvmlGpu {
     NvmlGpu {
         index,
         uuid: uuid.into(),
+        mig: false,
+    }
+}
+
+fn mig_gpu(index: u32, uuid: &str) -> NvmlGpu {
+    NvmlGpu {
+        mig: true,
+        ..gpu(index, uuid)
     }
 }
 
@@ -324,6 +334,74 @@ fn a_machine_or_an_explicit_all_samples_every_gpu() {
     o.mode = DiscoveryMode::PodResources;
     let d = decide(&o, Ok(&all), None, &[]);
     assert_condition(&d.condition, false, "AgentOnly", "not asked");
+}
+
+/// Issue 20 (MIG): under the device plugin's `single` strategy a pod's one
+/// `nvidia.com/gpu` is a MIG instance; NVML enumerates the parent GPU only,
+/// so "no more GPUs than requested" would report the parent, whose memory is
+/// every tenant's. A MIG-enabled GPU is never reported as the pod's.
+#[test]
+fn a_mig_enabled_gpu_is_never_reported_as_the_pods() {
+    let all = vec![mig_gpu(0, "GPU-aaaa")];
+    let d = decide(&requested(Some(1)), Ok(&all), None, &[]);
+    assert!(d.gpus.is_empty(), "{d:?}");
+    assert_eq!(d.method, DiscoveryMethod::MigUnsupported);
+    assert_condition(&d.condition, false, "MigUnsupported", "other tenants'");
+    assert_condition(&d.condition, false, "MigUnsupported", "gpuAccess=agentOnly");
+
+    // A machine of one's own (standalone) is no different: the instances
+    // may be anyone's.
+    let mut o = requested(None);
+    o.whole_machine = true;
+    assert_eq!(
+        decide(&o, Ok(&all), None, &[]).method,
+        DiscoveryMethod::MigUnsupported
+    );
+
+    // The kubelet (PodResources) or the agent names MIG instances.
+    let kubelet = Some(PodLookup::Found(strings(&[
+        "MIG-1b2c3d4e-0000-5000-8000-000000000001",
+    ])));
+    let d = decide(&opts(), Ok(&all), kubelet, &[]);
+    assert!(d.gpus.is_empty());
+    assert_condition(&d.condition, false, "MigUnsupported", "MIG-1b2c3d4e");
+    let d = decide(&requested(Some(1)), Ok(&all), None, &strings(&["MIG-1b2c"]));
+    assert_condition(&d.condition, false, "MigUnsupported", "MIG-1b2c");
+
+    // MEMPROF_GPUS naming the MIG-enabled parent.
+    let mut o = opts();
+    o.gpus = strings(&["GPU-aaaa"]);
+    let d = decide(&o, Ok(&all), None, &[]);
+    assert!(d.gpus.is_empty());
+    assert_condition(
+        &d.condition,
+        false,
+        "MigUnsupported",
+        "GPU-aaaa (GPU 0, MIG mode on)",
+    );
+}
+
+/// The `mixed` strategy: whole GPUs beside MIG-enabled ones. Only whole GPUs
+/// count towards the pod's `nvidia.com/gpu` and only they are reported.
+#[test]
+fn whole_gpus_beside_mig_ones_count_and_report_alone() {
+    let all = vec![gpu(0, "GPU-aaaa"), mig_gpu(1, "GPU-bbbb")];
+    let d = decide(&requested(Some(1)), Ok(&all), None, &[]);
+    assert_eq!(
+        (d.method, indices(&d)),
+        (DiscoveryMethod::AllVisible, vec![0])
+    );
+    assert_condition(&d.condition, true, "AllVisible", "not sampled: GPU-bbbb");
+    let mut o = opts();
+    o.gpus = strings(&["GPU-aaaa", "GPU-bbbb"]);
+    let d = decide(&o, Ok(&all), None, &[]);
+    assert_eq!(indices(&d), vec![0]);
+    assert_condition(
+        &d.condition,
+        true,
+        "ExplicitUuids",
+        "MIG devices are not supported",
+    );
 }
 
 #[test]

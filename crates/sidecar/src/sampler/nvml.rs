@@ -105,15 +105,27 @@ fn call_error(what: &str, index: u32, e: NvmlError) -> Error {
 }
 
 /// A GPU as NVML enumerates it: what discovery matches against.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NvmlGpu {
     /// NVML index on the node.
     pub index: u32,
     /// GPU UUID (`GPU-…`).
     pub uuid: String,
+    /// MIG mode is on: the GPU is split into instances (other tenants'
+    /// among them), and its memory as NVML reports it is theirs together.
+    pub mig: bool,
 }
 
-/// Every GPU NVML sees, in index order.
+/// `nvmlDeviceGetMigMode`'s value for "enabled" (`NVML_DEVICE_MIG_ENABLE`).
+const MIG_ENABLED: u32 = 1;
+
+/// Whether MIG mode is on. GPUs without MIG answer `NotSupported`: off.
+fn mig_enabled(d: &Device<'_>) -> bool {
+    d.mig_mode().is_ok_and(|m| m.current == MIG_ENABLED)
+}
+
+/// Every physical GPU NVML sees, in index order (MIG instances are not
+/// enumerated by index; their parents say `mig`).
 pub fn list_gpus() -> Result<Vec<NvmlGpu>, Error> {
     let nvml = nvml()?;
     let count = nvml
@@ -125,7 +137,11 @@ pub fn list_gpus() -> Result<Vec<NvmlGpu>, Error> {
                 .device_by_index(index)
                 .map_err(|e| call_error("device handle", index, e))?;
             let uuid = d.uuid().map_err(|e| call_error("UUID", index, e))?;
-            Ok(NvmlGpu { index, uuid })
+            Ok(NvmlGpu {
+                index,
+                uuid,
+                mig: mig_enabled(&d),
+            })
         })
         .collect()
 }

@@ -201,11 +201,14 @@ mod tests {
         assert!(names[3].starts_with("trend at t="), "{names:?}");
         assert!(names[3].contains("predicts OOM"), "{names:?}");
         let labels: Vec<&str> = c.marks.iter().map(|m| m.label.as_str()).collect();
-        for want in ["risk high", "predicted OOM"] {
-            assert!(labels.contains(&want), "{want:?} not in {labels:?}");
-        }
+        // The staircase's pace may go straight from medium to critical.
+        assert!(
+            labels.contains(&"predicted OOM")
+                && (labels.contains(&"risk high") || labels.contains(&"risk critical")),
+            "{labels:?}"
+        );
         // The recorded trainer died (memory back to 0) at 2m57s, below the
-        // 99% ceiling: the prediction made at the first `high` lands near it.
+        // 99% ceiling: the prediction made at the first alarm lands near it.
         let predicted = c
             .marks
             .iter()

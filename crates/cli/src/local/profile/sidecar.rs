@@ -1,15 +1,66 @@
 //! A `memprof-sidecar --standalone` child, as `memprof profile` and
 //! `memprof oom --monitor` drive it: its risk transitions come from its
 //! standard output (one JSON line each), its latest report from its own
-//! `GET /v1/report`, its samples from the `--trace-out` CSV it writes.
+//! `GET /v1/report` on its agent socket, its samples from the `--trace-out`
+//! CSV it writes.
+//!
+//! The agent socket lives in a [`PrivateDir`] (mode 0700, removed at exit):
+//! only this user's processes can push to the sidecar or read its report,
+//! as only the pod's containers can in a cluster (docs/agent.md, "Transport").
 
 use super::ProfileError;
+use http_body_util::{BodyExt, Empty};
+use hyper::body::Bytes;
+use hyper_util::rt::TokioIo;
 use memprof_api::{MemoryReportSpec, RiskLevel};
 use serde::Deserialize;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncBufReadExt;
 use tokio::sync::mpsc;
+
+/// A directory only this user can enter (mode 0700), created afresh (never
+/// one that already exists, which someone else could have made) and removed
+/// with what it holds when dropped: where the sidecar's agent socket lives.
+#[derive(Debug)]
+pub struct PrivateDir(PathBuf);
+
+impl PrivateDir {
+    /// A new directory `memprof-WHAT-PID-N` under the temporary directory.
+    pub fn new(what: &str) -> Result<PrivateDir, ProfileError> {
+        use std::os::unix::fs::DirBuilderExt;
+        let base = std::env::temp_dir();
+        let mut last = None;
+        for n in 0..100u32 {
+            let dir = base.join(format!("memprof-{what}-{}-{n}", std::process::id()));
+            match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+                Ok(()) => return Ok(PrivateDir(dir)),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
+                Err(e) => return Err(ProfileError::PrivateDir { dir, source: e }),
+            }
+        }
+        Err(ProfileError::PrivateDir {
+            dir: base,
+            source: last.unwrap_or_else(|| std::io::ErrorKind::AlreadyExists.into()),
+        })
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+
+    /// The agent socket's path in it.
+    pub fn socket(&self) -> PathBuf {
+        self.0.join("agent.sock")
+    }
+}
+
+impl Drop for PrivateDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
 
 /// A risk transition the sidecar printed (`"event":"risk"`).
 #[derive(Clone, Debug, Deserialize, PartialEq)]
@@ -48,8 +99,8 @@ pub fn parse_transition(line: &str) -> Option<Transition> {
 /// The running sidecar.
 pub struct Sidecar {
     child: tokio::process::Child,
-    /// Where its endpoints listen.
-    pub addr: String,
+    /// Its agent socket: `POST /v1/agent`, `GET /v1/report`.
+    pub socket: PathBuf,
     /// Its risk transitions, as printed.
     pub transitions: mpsc::UnboundedReceiver<Transition>,
 }
@@ -64,15 +115,21 @@ pub fn sidecar_exe() -> Result<std::path::PathBuf, ProfileError> {
         })
 }
 
-/// A free loopback address for the sidecar's endpoints.
+/// A free loopback address for the sidecar's `/healthz` and `/metrics`.
 pub fn free_loopback() -> Result<String, ProfileError> {
     let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(ProfileError::Port)?;
     Ok(l.local_addr().map_err(ProfileError::Port)?.to_string())
 }
 
 impl Sidecar {
-    /// Starts `exe --standalone ARGS --listen ADDR` and waits until it listens.
-    pub async fn start(exe: &Path, args: &[String], addr: &str) -> Result<Sidecar, ProfileError> {
+    /// Starts `exe --standalone ARGS --listen ADDR --agent-socket SOCKET` and
+    /// waits until its socket answers.
+    pub async fn start(
+        exe: &Path,
+        args: &[String],
+        addr: &str,
+        socket: &Path,
+    ) -> Result<Sidecar, ProfileError> {
         let mut cmd = tokio::process::Command::new(exe);
         // Its info logs would scroll the live display away; warnings stay.
         if std::env::var_os("RUST_LOG").is_none() {
@@ -82,6 +139,8 @@ impl Sidecar {
             .arg("--standalone")
             .args(args)
             .args(["--listen", addr])
+            .arg("--agent-socket")
+            .arg(socket)
             .stdout(std::process::Stdio::piped())
             .kill_on_drop(true)
             .spawn()
@@ -102,7 +161,7 @@ impl Sidecar {
         }
         let mut s = Sidecar {
             child,
-            addr: addr.to_string(),
+            socket: socket.to_path_buf(),
             transitions,
         };
         s.wait_listening().await?;
@@ -112,11 +171,11 @@ impl Sidecar {
     async fn wait_listening(&mut self) -> Result<(), ProfileError> {
         let deadline = Instant::now() + Duration::from_secs(10);
         let not_listening = |why: String| ProfileError::NotListening {
-            addr: self.addr.clone(),
+            addr: self.socket.display().to_string(),
             why,
         };
         loop {
-            if tokio::net::TcpStream::connect(&self.addr).await.is_ok() {
+            if tokio::net::UnixStream::connect(&self.socket).await.is_ok() {
                 return Ok(());
             }
             if let Ok(Some(status)) = self.child.try_wait() {
@@ -136,7 +195,7 @@ impl Sidecar {
 
     /// Its latest report (None before the first analysis or when unreachable).
     pub async fn report(&self) -> Option<MemoryReportSpec> {
-        let body = http_get(&self.addr, "/v1/report").await?;
+        let body = http_get(&self.socket, "/v1/report").await?;
         serde_json::from_slice(&body).ok()
     }
 
@@ -164,32 +223,77 @@ impl Sidecar {
     }
 }
 
-/// A GET over HTTP/1.0 (the server closes, no chunking): the body of a 200.
-async fn http_get(addr: &str, path: &str) -> Option<Vec<u8>> {
+/// One HTTP/1.1 GET over the Unix socket at `socket`: the body of a 200,
+/// within 2 s.
+pub async fn http_get(socket: &Path, path: &str) -> Option<Vec<u8>> {
     let io = async {
-        let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
-        s.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        let stream = tokio::net::UnixStream::connect(socket).await.ok()?;
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
             .await
             .ok()?;
-        let mut buf = Vec::new();
-        s.read_to_end(&mut buf).await.ok()?;
-        Some(buf)
+        // Drives the connection; it ends when `sender` is dropped.
+        tokio::spawn(conn);
+        let req = hyper::Request::get(path)
+            .header(hyper::header::HOST, "localhost")
+            .body(Empty::<Bytes>::new())
+            .ok()?;
+        let resp = sender.send_request(req).await.ok()?;
+        if resp.status() != hyper::StatusCode::OK {
+            return None;
+        }
+        let body = resp.into_body().collect().await.ok()?.to_bytes();
+        Some(body.to_vec())
     };
-    let buf = tokio::time::timeout(Duration::from_secs(2), io)
+    tokio::time::timeout(Duration::from_secs(2), io)
         .await
-        .ok()??;
-    let split = buf.windows(4).position(|w| w == b"\r\n\r\n")?;
-    let head = std::str::from_utf8(&buf[..split]).ok()?;
-    let ok = head
-        .lines()
-        .next()
-        .is_some_and(|l| l.split_whitespace().nth(1) == Some("200"));
-    ok.then(|| buf[split + 4..].to_vec())
+        .ok()?
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_private_dir_is_0700_fresh_and_gone_when_dropped() {
+        use std::os::unix::fs::PermissionsExt;
+        let a = PrivateDir::new("test").unwrap();
+        let b = PrivateDir::new("test").unwrap();
+        assert_ne!(a.path(), b.path(), "never an existing directory");
+        let mode = std::fs::metadata(a.path()).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700);
+        assert!(a.socket().as_os_str().len() < 108, "fits a socket address");
+        std::fs::write(a.path().join("x"), "y").unwrap();
+        let path = a.path().to_path_buf();
+        drop(a);
+        assert!(!path.exists());
+    }
+
+    /// The report is read with hyper over the socket; anything but a 200 is
+    /// no report.
+    #[tokio::test]
+    async fn the_report_is_read_over_the_socket() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let dir = PrivateDir::new("test").unwrap();
+        let listener = tokio::net::UnixListener::bind(dir.socket()).unwrap();
+        tokio::spawn(async move {
+            for status in ["200 OK", "503 Service Unavailable"] {
+                let (mut s, _) = listener.accept().await.unwrap();
+                let mut buf = vec![0; 1024];
+                let n = s.read(&mut buf).await.unwrap();
+                let head = String::from_utf8_lossy(&buf[..n]).to_string();
+                assert!(head.starts_with("GET /v1/report HTTP/1.1"), "{head}");
+                let body = "{\"podName\":\"p\"}";
+                let resp = format!(
+                    "HTTP/1.1 {status}\r\ncontent-length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                s.write_all(resp.as_bytes()).await.unwrap();
+            }
+        });
+        let body = http_get(&dir.socket(), "/v1/report").await.unwrap();
+        assert_eq!(body, br#"{"podName":"p"}"#);
+        assert_eq!(http_get(&dir.socket(), "/v1/report").await, None);
+    }
 
     #[test]
     fn risk_lines_are_transitions_and_the_rest_is_not() {

@@ -22,6 +22,9 @@ pub enum RunError {
         /// Why.
         source: std::io::Error,
     },
+    /// The private directory for the run could not be made.
+    #[error(transparent)]
+    PrivateDir(#[from] crate::local::profile::ProfileError),
 }
 
 /// How every configuration is run.
@@ -77,7 +80,10 @@ pub async fn run_one(
 ) -> Result<(Outcome, bool), RunError> {
     let files = Files::new(&plan.dir, index);
     let _ = std::fs::remove_file(&files.summary);
-    let mut cmd = command(plan, config, &files)?;
+    // Without a sidecar the agent is pointed at a socket no one serves, in a
+    // directory no one else can enter: never at another sidecar's socket.
+    let nowhere = crate::local::profile::sidecar::PrivateDir::new("sweep")?;
+    let mut cmd = command(plan, config, &files, &nowhere.socket())?;
     let started = Instant::now();
     let mut cancelled = false;
     tokio::pin!(cancel);
@@ -149,6 +155,7 @@ fn command(
     plan: &Plan,
     config: &Config,
     files: &Files,
+    nowhere: &Path,
 ) -> Result<tokio::process::Command, RunError> {
     let mut cmd = if plan.nvml {
         let mut c = tokio::process::Command::new(&plan.memprof_exe);
@@ -166,11 +173,10 @@ fn command(
     } else {
         let mut c = tokio::process::Command::new(&plan.command[0]);
         c.args(&plan.command[1..]);
-        // No sidecar: the agent's pushes go to a loopback port nobody
-        // listens on (refused at once), never to another sidecar on 9464.
-        if let Ok(addr) = crate::local::profile::sidecar::free_loopback() {
-            c.env("MEMPROF_AGENT_URL", format!("http://{addr}/v1/agent"));
-        }
+        // No sidecar: the agent's pushes go to a socket nobody serves
+        // (refused at once), never to another sidecar's.
+        c.env(memprof_api::env::AGENT_SOCKET, nowhere)
+            .env_remove("MEMPROF_AGENT_URL");
         if let Some(tree) = &plan.tree {
             let own = std::env::var("PYTHONPATH").ok();
             c.env("PYTHONPATH", python_path(tree, own.as_deref()));

@@ -1,6 +1,11 @@
-//! `-o/--output` as kubectl spells it (contract C-5), and the plain tables
-//! kubectl prints: upper-case headers, columns padded to their widest cell,
-//! three spaces between columns, no borders.
+//! `-o/--output` as kubectl spells it (contract C-5), `--watch`, and the
+//! plain tables kubectl prints ([`Table`], in [`table`]).
+
+pub mod table;
+pub mod term;
+
+pub use table::{terminal_width, Table};
+pub use term::{home_and_clear, redraw_over, Progress};
 
 use serde::Serialize;
 use std::future::Future;
@@ -46,59 +51,6 @@ pub fn structured<T: Serialize>(value: &T, format: Format) -> String {
             s.push('\n');
             s
         }
-    }
-}
-
-/// A kubectl-style table.
-#[derive(Clone, Debug, Default)]
-pub struct Table {
-    headers: Vec<String>,
-    rows: Vec<Vec<String>>,
-}
-
-impl Table {
-    /// A table with these column headers.
-    pub fn new<I: IntoIterator<Item = S>, S: Into<String>>(headers: I) -> Self {
-        Table {
-            headers: headers.into_iter().map(Into::into).collect(),
-            rows: Vec::new(),
-        }
-    }
-
-    /// Appends a row (missing cells print empty).
-    pub fn row<I: IntoIterator<Item = S>, S: Into<String>>(&mut self, cells: I) {
-        self.rows.push(cells.into_iter().map(Into::into).collect());
-    }
-
-    /// Whether no row was added.
-    pub fn is_empty(&self) -> bool {
-        self.rows.is_empty()
-    }
-
-    /// Renders the table; widths count characters, so sparklines align.
-    pub fn render(&self) -> String {
-        let cols = self.headers.len();
-        let mut widths: Vec<usize> = self.headers.iter().map(|h| h.chars().count()).collect();
-        for r in &self.rows {
-            for (i, c) in r.iter().enumerate().take(cols) {
-                widths[i] = widths[i].max(c.chars().count());
-            }
-        }
-        let mut out = String::new();
-        for line in std::iter::once(&self.headers).chain(&self.rows) {
-            let mut text = String::new();
-            for (i, w) in widths.iter().enumerate() {
-                let cell = line.get(i).map_or("", String::as_str);
-                text.push_str(cell);
-                if i + 1 < cols {
-                    let pad = w - cell.chars().count() + 3;
-                    text.extend(std::iter::repeat_n(' ', pad));
-                }
-            }
-            out.push_str(text.trim_end());
-            out.push('\n');
-        }
-        out
     }
 }
 
@@ -148,9 +100,9 @@ where
         frames += 1;
         let mut out = std::io::stdout().lock();
         let prefix = match (redraw_in_place, frames) {
-            (true, _) => "\x1b[H\x1b[2J",
-            (false, 1) => "",
-            (false, _) => "\n",
+            (true, _) => home_and_clear(),
+            (false, 1) => String::new(),
+            (false, _) => "\n".to_string(),
         };
         if write!(out, "{prefix}{text}")
             .and_then(|()| out.flush())
@@ -178,21 +130,6 @@ pub fn print(text: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn columns_pad_to_the_widest_cell_with_three_spaces_like_kubectl() {
-        let mut t = Table::new(["NAME", "RISK"]);
-        t.row(["train", "critical"]);
-        t.row(["a", "low"]);
-        assert_eq!(t.render(), "NAME    RISK\ntrain   critical\na       low\n");
-    }
-
-    #[test]
-    fn sparklines_count_as_one_column_per_character() {
-        let mut t = Table::new(["S", "X"]);
-        t.row(["▁▂█", "1"]);
-        assert_eq!(t.render(), "S     X\n▁▂█   1\n");
-    }
 
     #[test]
     fn json_and_yaml_are_parseable() {

@@ -1,0 +1,272 @@
+//! The pace of allocated memory, from the agent's pushes: each push carries
+//! the exact peak of its interval (`peakAllocatedBytes`) and the allocated
+//! bytes at the push, a random point of a step (the floor plus part of the
+//! activations).
+//!
+//! In steady training every step peaks at the same height, so the interval
+//! peaks are flat to the byte; a leak lifts every one of them by what it
+//! kept (0.1 GB/s reads as +0.1 GB per push on the H100 recordings). A
+//! workload that grew lifts them too, but in a step (the batch changed) or
+//! while memory between steps stays put (longer sequences). So a **pace**
+//! is a window ending now in which the peaks rise steadily: over 2 s
+//! buckets (the lowest peak of each, so one long step or an eval pass does
+//! not count), a Theil–Sen slope above the leak rate, r² ≥ 0.9, a rise of at
+//! least [`MIN_RISE_FRACTION`] of the limit, both halves of the window
+//! rising by at least a quarter of it each (a single step puts all of it in
+//! one half) and no bucket rising by more than 40 % of it (a jump). Windows of 8 to 60 s are tried; the longest steady one
+//! gives the slope (a window that reaches back over the trainer's start or a
+//! step is not steady, so it is never used).
+//!
+//! A pace is a leak unless memory between steps visibly stays put: the
+//! floor (the lowest allocated bytes at the pushes of each bucket) rising at
+//! less than half the peaks' pace, with a spread small enough that a leak
+//! of that pace would have shown.
+
+use crate::theil_sen;
+use std::collections::VecDeque;
+
+/// The window's rise must be at least this fraction of the limit (0.2 %:
+/// 170 MB on an H100): a drift of a few MB is not a pace.
+pub const MIN_RISE_FRACTION: f64 = 0.002;
+/// Windows tried, seconds.
+const WINDOWS: [f64; 10] = [8.0, 10.0, 12.0, 15.0, 20.0, 25.0, 30.0, 40.0, 50.0, 60.0];
+/// Bucket width, seconds.
+const BUCKET: f64 = 2.0;
+/// r² the peaks of a window need.
+const MIN_R2: f64 = 0.9;
+/// No rise from one bucket to the next may be more than this share of the
+/// window's rise: a steady rise has no jump (a trainer starting, a batch
+/// that grew).
+const MAX_JUMP: f64 = 0.4;
+/// Points kept: two minutes at 2 pushes a second.
+const MAX_POINTS: usize = 240;
+
+/// One push's numbers.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Point {
+    /// Push time.
+    pub t: f64,
+    /// The interval's peak allocated bytes.
+    pub peak: f64,
+    /// Allocated bytes at the push.
+    pub floor: f64,
+}
+
+/// A steady rise of the peaks.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Pace {
+    /// Bytes per second.
+    pub slope: f64,
+    /// Seconds the window spans.
+    pub span: f64,
+    /// Memory between steps stays put: not a leak.
+    pub floor_flat: bool,
+}
+
+/// The recent pushes of one device.
+#[derive(Clone, Debug, Default)]
+pub struct Recent {
+    points: VecDeque<Point>,
+}
+
+impl Recent {
+    /// Adds a push.
+    pub fn push(&mut self, p: Point) {
+        self.points.push_back(p);
+        while self.points.len() > MAX_POINTS
+            || self
+                .points
+                .front()
+                .is_some_and(|f| p.t - f.t > WINDOWS[WINDOWS.len() - 1] + BUCKET)
+        {
+            self.points.pop_front();
+        }
+    }
+
+    /// Forgets everything (a new process).
+    pub fn clear(&mut self) {
+        self.points.clear();
+    }
+
+    /// The newest push.
+    pub fn last(&self) -> Option<&Point> {
+        self.points.back()
+    }
+
+    /// The longest steady window ending at the newest push, if any.
+    pub fn pace(&self, leak_rate: f64, limit: f64) -> Option<Pace> {
+        let now = self.points.back()?.t;
+        WINDOWS
+            .iter()
+            .rev()
+            .find_map(|w| self.window(now - w, leak_rate, MIN_RISE_FRACTION * limit))
+    }
+
+    /// Buckets of the points from `from`: (middle, lowest peak, lowest floor).
+    fn buckets(&self, from: f64) -> Vec<(f64, f64, f64)> {
+        let mut out: Vec<(f64, f64, f64)> = Vec::new();
+        let mut key = i64::MIN;
+        for p in self.points.iter().filter(|p| p.t >= from) {
+            let k = ((p.t - from) / BUCKET).floor() as i64;
+            match out.last_mut() {
+                Some(b) if k == key => {
+                    b.1 = b.1.min(p.peak);
+                    b.2 = b.2.min(p.floor);
+                }
+                _ => {
+                    key = k;
+                    out.push((from + (k as f64 + 0.5) * BUCKET, p.peak, p.floor));
+                }
+            }
+        }
+        out
+    }
+
+    fn window(&self, from: f64, leak_rate: f64, min_rise: f64) -> Option<Pace> {
+        // The window must be covered: its oldest push no later than a bucket in.
+        if self.points.front()?.t > from + BUCKET {
+            return None;
+        }
+        let b = self.buckets(from);
+        if b.len() < 4 {
+            return None;
+        }
+        let peaks: Vec<(f64, f64)> = b.iter().map(|x| (x.0, x.1)).collect();
+        let fit = theil_sen(&peaks)?;
+        let rise = fit.slope * fit.span;
+        if fit.slope <= leak_rate
+            || fit.r2 < MIN_R2
+            || rise < min_rise
+            || !both_halves(&peaks, rise)
+            || largest_jump(&peaks) > MAX_JUMP * rise
+        {
+            return None;
+        }
+        let floors: Vec<(f64, f64)> = b.iter().map(|x| (x.0, x.2)).collect();
+        Some(Pace {
+            slope: fit.slope,
+            span: fit.span,
+            floor_flat: floor_flat(&floors, fit.slope, fit.span),
+        })
+    }
+}
+
+/// The largest rise from one bucket to the next, bytes.
+fn largest_jump(points: &[(f64, f64)]) -> f64 {
+    points
+        .windows(2)
+        .map(|w| w[1].1 - w[0].1)
+        .fold(0.0, f64::max)
+}
+
+/// Each half of the window rose by at least a quarter of the window's rise.
+fn both_halves(points: &[(f64, f64)], rise: f64) -> bool {
+    let n = points.len();
+    let half = n.div_ceil(2);
+    let first = points[half - 1].1 - points[0].1;
+    let second = points[n - 1].1 - points[n - half].1;
+    first >= rise / 4.0 && second >= rise / 4.0
+}
+
+/// Memory between steps stays put while the peaks rise at `slope`: the
+/// floor rises at less than half that, and its spread around its own line
+/// is under a quarter of what the peaks rose (so a leak would have shown).
+fn floor_flat(floors: &[(f64, f64)], slope: f64, span: f64) -> bool {
+    let Some(fit) = theil_sen(floors) else {
+        return false;
+    };
+    if fit.slope >= slope / 2.0 {
+        return false;
+    }
+    let mut dev: Vec<f64> = floors.iter().map(|(t, y)| (y - fit.at(*t)).abs()).collect();
+    dev.sort_by(f64::total_cmp);
+    dev[dev.len() / 2] < 0.25 * slope * span
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GB: f64 = 1e9;
+    const LIMIT: f64 = 84e9;
+    const LEAK: f64 = 10e6 / 60.0;
+
+    fn recent(secs: usize, f: impl Fn(f64) -> (f64, f64)) -> Recent {
+        let mut r = Recent::default();
+        for i in 0..=secs {
+            let t = i as f64;
+            let (peak, floor) = f(t);
+            r.push(Point { t, peak, floor });
+        }
+        r
+    }
+
+    #[test]
+    fn a_leak_lifts_peaks_and_floor_and_is_a_pace_within_8_seconds() {
+        // The dev recording leak100: 0.1 GB/s on a 5 GB saw-tooth.
+        let r = recent(10, |t| {
+            (
+                79.8 * GB + 0.1 * GB * t,
+                75.0 * GB + 0.1 * GB * t + if t as u64 % 3 == 0 { 2.0 * GB } else { 0.0 },
+            )
+        });
+        let p = r.pace(LEAK, LIMIT).expect("a pace");
+        assert!((p.slope - 0.1 * GB).abs() < 0.01 * GB, "{p:?}");
+        assert!(!p.floor_flat);
+    }
+
+    #[test]
+    fn a_step_is_not_a_pace() {
+        // The dev recording growbatch: the peak steps 8.0 -> 13.6 GB once.
+        for step_at in [2.0, 5.0, 9.0, 14.0] {
+            let r = recent(20, |t| {
+                (if t < step_at { 8.0 * GB } else { 13.6 * GB }, 2.1 * GB)
+            });
+            assert_eq!(r.pace(LEAK, LIMIT), None, "step at {step_at}");
+        }
+    }
+
+    #[test]
+    fn rising_peaks_over_a_flat_floor_are_a_pace_but_not_a_leak() {
+        // Longer sequences every step: activations grow, the floor stays.
+        let r = recent(30, |t| (20.0 * GB + 0.2 * GB * t, 2.1 * GB));
+        let p = r.pace(LEAK, LIMIT).unwrap();
+        assert!(p.floor_flat, "{p:?}");
+    }
+
+    #[test]
+    fn flat_training_with_eval_spikes_has_no_pace() {
+        let r = recent(60, |t| {
+            (
+                if t as u64 % 12 == 0 {
+                    18.1 * GB
+                } else {
+                    10.8 * GB
+                },
+                2.1 * GB,
+            )
+        });
+        assert_eq!(r.pace(LEAK, LIMIT), None);
+        // A drift of a few MB is no pace either.
+        let r = recent(60, |t| (10.8 * GB + 1e6 * t, 2.1 * GB));
+        assert_eq!(r.pace(LEAK, LIMIT), None);
+    }
+
+    #[test]
+    fn the_window_never_reaches_back_over_the_start() {
+        // 0.7 GB for 10 s, then a jump to 17 GB and +2 GB/s (the dev leak2000).
+        let r = recent(22, |t| {
+            if t < 10.0 {
+                (0.7 * GB, 0.7 * GB)
+            } else {
+                (
+                    17.0 * GB + 2.0 * GB * (t - 10.0),
+                    12.0 * GB + 2.0 * GB * (t - 10.0),
+                )
+            }
+        });
+        let p = r.pace(LEAK, LIMIT).unwrap();
+        assert!((p.slope - 2.0 * GB).abs() < 0.05 * GB, "{p:?}");
+        assert!(p.span <= 12.0, "{p:?}");
+    }
+}

@@ -1,0 +1,107 @@
+//! A recording through the sidecar's analysis: NVML samples and the
+//! agent's pushes in the order the sidecar got them, one analysis per
+//! second of samples, through the same [`Tracker`] the sidecar runs.
+
+use super::recording::Recording;
+use crate::tracker::Tracker;
+use memprof_api::thresholds::Thresholds;
+use memprof_api::{AllocatorStats, RiskLevel};
+
+/// With or without the in-process agent's pushes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// NVML samples only (`memprof analyze` on a trace).
+    Nvml,
+    /// NVML samples and the agent's pushes (the sidecar beside the agent).
+    Agent,
+}
+
+/// What the pod reported after one analysis (its GPUs rolled up as the
+/// report's summary: any leak flag, the worst risk, the smallest TTO).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Reading {
+    /// Analysis time.
+    pub t: f64,
+    /// Some GPU's published leak flag.
+    pub leak: bool,
+    /// The worst published risk.
+    pub risk: RiskLevel,
+    /// The smallest time to OOM.
+    pub tto: Option<f64>,
+    /// Some GPU was assessed from the allocator.
+    pub from_agent: bool,
+}
+
+/// The readings of a replay and the state it ended in.
+#[derive(Clone, Debug)]
+pub struct Replay {
+    /// One reading per analysis, oldest first.
+    pub readings: Vec<Reading>,
+    /// The allocator section the report had at the end (after an OOM: what
+    /// the report says about it).
+    pub allocator: Option<AllocatorStats>,
+}
+
+/// Replays `rec` with the thresholds `th`: samples grouped by time, pushes
+/// received up to a sample's time applied before it, an analysis once per
+/// second of trace time; pushes after the last sample (the final one) are
+/// applied, and analysed once, at the end.
+pub fn replay(rec: &Recording, th: &Thresholds, mode: Mode) -> Replay {
+    let mut tr = Tracker::new(th);
+    let pushes: &[(f64, memprof_api::agent::Push)] = match mode {
+        Mode::Nvml => &[],
+        Mode::Agent => &rec.pushes,
+    };
+    let mut next_push = 0;
+    let mut next_analysis = f64::NEG_INFINITY;
+    let mut readings = Vec::new();
+    let mut i = 0;
+    while i < rec.rows.len() {
+        let t = rec.rows[i].t;
+        while next_push < pushes.len() && pushes[next_push].0 <= t {
+            tr.push(&pushes[next_push].1);
+            next_push += 1;
+        }
+        while i < rec.rows.len() && rec.rows[i].t == t {
+            let r = &rec.rows[i];
+            let uuid = (r.gpu == 0).then_some(rec.uuid.as_deref()).flatten();
+            tr.sample(t, r.gpu, uuid, r.used_bytes, r.total_bytes);
+            i += 1;
+        }
+        if t >= next_analysis {
+            next_analysis = t + 1.0;
+            readings.push(reading(t, &mut tr));
+        }
+    }
+    if next_push < pushes.len() {
+        let t = pushes[pushes.len() - 1].0;
+        for (_, p) in &pushes[next_push..] {
+            tr.push(p);
+        }
+        readings.push(reading(t, &mut tr));
+    }
+    let allocator = tr.agent().stats(tr.agent_assessments());
+    Replay {
+        readings,
+        allocator,
+    }
+}
+
+fn reading(t: f64, tr: &mut Tracker) -> Reading {
+    let v = tr.analyse(t);
+    Reading {
+        t,
+        leak: v.iter().any(|g| g.assessment.leak_suspected),
+        risk: v
+            .iter()
+            .map(|g| g.assessment.risk)
+            .max()
+            .unwrap_or_default(),
+        tto: v
+            .iter()
+            .filter_map(|g| g.assessment.time_to_oom_seconds)
+            .min_by(f64::total_cmp),
+        from_agent: v.iter().any(|g| g.from_agent),
+    }
+}

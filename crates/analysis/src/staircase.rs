@@ -1,0 +1,314 @@
+//! What NVML can tell of growth: the rises of a GPU's used memory.
+//!
+//! NVML sees the caching allocator's reserved memory, which grows by whole
+//! segments: a leak is a staircase of equal rises at equal intervals (4.19 GB
+//! every 41 s at 100 MB/s on the H100 fixtures; 0.79 GB every 7.5 s, 1.05 GB
+//! every 4 s, 4.06 GB every 3 s on the dev recordings), or, when it is fast, a
+//! rise every sample. A workload that grew (a larger batch, longer
+//! sequences) rises too, but in steps whose sizes follow the change
+//! (7.4, 9.4, 12.6 GB for a batch growing 4 → 8 → 12 → 16), and a trainer
+//! starting climbs from an idle GPU however it likes (loading weights at disk
+//! speed is a steady climb too). So:
+//!
+//! - a **rise** is a 1 s slot whose maximum exceeds the level of the last rise
+//!   by at least [`MIN_RISE_FRACTION`] of the GPU (slow growth accumulates
+//!   until it makes one; memory that an `empty_cache` returned and the
+//!   allocator takes back is not growth);
+//! - the **start** is the climb from an idle GPU, up to the first slot that
+//!   does not rise: its rises never make a leak;
+//! - a **regular staircase** is the longest run of recent rises whose sizes
+//!   agree (at least 3 in 4 within ±25 % of their median, none outside
+//!   0.4–2.5×) and whose gaps agree (each within 0.5–2× their median), still
+//!   going (the last rise no older than twice the usual gap plus a slot).
+//!
+//! Bounded: at most [`MAX_RISES`] rises are kept.
+
+use std::collections::VecDeque;
+
+/// A rise is at least this fraction of total memory (0.25 %: 212 MB on an
+/// H100): below it, NVML's readings of one process move by allocator noise.
+pub const MIN_RISE_FRACTION: f64 = 0.0025;
+/// Rises kept.
+pub const MAX_RISES: usize = 64;
+/// At or below this fraction of total memory a GPU is idle (as in `assess`).
+const IDLE_FRACTION: f64 = 0.02;
+/// Width of a slot, seconds (or the sampling interval, when longer).
+const SLOT_SECONDS: f64 = 1.0;
+
+/// One rise of used memory.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Rise {
+    /// Start of the slot that rose, seconds.
+    pub t: f64,
+    /// Bytes above the previous rise's level.
+    pub size: f64,
+    /// The level reached, bytes.
+    pub level: f64,
+    /// Part of the trainer's start (the climb from idle).
+    pub start: bool,
+}
+
+/// A run of regular rises: what NVML can say about sustained growth.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Staircase {
+    /// The rises, oldest first (at least 2).
+    pub rises: Vec<Rise>,
+    /// Median rise, bytes.
+    pub step: f64,
+    /// Median gap between rises, seconds.
+    pub gap: f64,
+    /// Some of the rises belong to the trainer's start.
+    pub during_start: bool,
+}
+
+impl Staircase {
+    /// Growth, bytes per second: a step per gap.
+    pub fn rate(&self) -> f64 {
+        self.step / self.gap
+    }
+
+    /// Seconds from the first to the last rise.
+    pub fn span(&self) -> f64 {
+        self.rises[self.rises.len() - 1].t - self.rises[0].t
+    }
+
+    /// When the allocator runs out at this pace: the rises that still fit in
+    /// the free memory (whole steps), then one more, which cannot be
+    /// allocated. Exact for a segment staircase; for a climb, free / rate
+    /// plus a gap.
+    pub fn oom_at(&self, total: f64) -> f64 {
+        let last = self.rises[self.rises.len() - 1];
+        let fit = ((total - last.level).max(0.0) / self.step).floor();
+        last.t + (fit + 1.0) * self.gap
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+enum Phase {
+    #[default]
+    Idle,
+    Starting,
+    Running,
+}
+
+/// The rises of one GPU's used memory.
+#[derive(Clone, Debug, Default)]
+pub struct Rises {
+    slot: Option<(i64, f64, f64)>,
+    phase: Phase,
+    base: f64,
+    rises: VecDeque<Rise>,
+    last_t: f64,
+}
+
+impl Rises {
+    /// Adds a sample.
+    pub fn push(&mut self, t: f64, used: u64, total: u64) {
+        self.last_t = t;
+        let k = (t / SLOT_SECONDS).floor() as i64;
+        match &mut self.slot {
+            Some((slot, max, _)) if *slot == k => *max = max.max(used as f64),
+            _ => {
+                if let Some((slot, max, total)) = self.slot.take() {
+                    self.close(slot as f64 * SLOT_SECONDS, max, total);
+                }
+                self.slot = Some((k, used as f64, total as f64));
+            }
+        }
+    }
+
+    fn close(&mut self, t: f64, max: f64, total: f64) {
+        if max <= IDLE_FRACTION * total {
+            self.phase = Phase::Idle;
+            self.rises.clear();
+            self.base = max;
+            return;
+        }
+        let rose = max - self.base >= MIN_RISE_FRACTION * total;
+        match self.phase {
+            Phase::Idle => self.phase = Phase::Starting,
+            Phase::Starting if !rose => self.phase = Phase::Running,
+            _ => {}
+        }
+        if rose {
+            self.rises.push_back(Rise {
+                t,
+                size: max - self.base,
+                level: max,
+                start: self.phase == Phase::Starting,
+            });
+            while self.rises.len() > MAX_RISES {
+                self.rises.pop_front();
+            }
+            self.base = max;
+        }
+    }
+
+    /// The rises kept, oldest first.
+    pub fn rises(&self) -> impl Iterator<Item = &Rise> {
+        self.rises.iter()
+    }
+
+    /// The longest regular run of the newest rises, when it has at least
+    /// `min_rises` and is still going at `now`.
+    pub fn staircase(&self, now: f64, min_rises: usize) -> Option<Staircase> {
+        // The start's rises (the climb from idle) are a run of their own,
+        // read only while nothing rose after it; one rise after the start is
+        // a step, not yet a run.
+        let after: Vec<Rise> = self.rises.iter().filter(|r| !r.start).copied().collect();
+        let all: Vec<Rise> = match after.len() {
+            0 => self.rises.iter().copied().collect(),
+            1 => return None,
+            _ => after,
+        };
+        let n = all.len();
+        let best = (0..n.saturating_sub(1))
+            .map(|from| &all[from..])
+            .find(|run| regular(run))?;
+        let gap = median(best.windows(2).map(|w| w[1].t - w[0].t).collect());
+        let s = Staircase {
+            rises: best.to_vec(),
+            step: median(best.iter().map(|r| r.size).collect()),
+            gap,
+            during_start: best.iter().any(|r| r.start),
+        };
+        let last = best[best.len() - 1].t;
+        (best.len() >= min_rises && now - last <= 2.0 * gap + 2.0 * SLOT_SECONDS).then_some(s)
+    }
+
+    /// Time of the newest sample.
+    pub fn last_t(&self) -> f64 {
+        self.last_t
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n == 0 {
+        return 0.0;
+    }
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// Whether a run of rises (at least 2) has agreeing sizes and gaps.
+fn regular(run: &[Rise]) -> bool {
+    if run.len() < 2 {
+        return false;
+    }
+    let step = median(run.iter().map(|r| r.size).collect());
+    let close = run
+        .iter()
+        .filter(|r| (r.size - step).abs() <= 0.25 * step)
+        .count();
+    let sizes_agree = 4 * close >= 3 * run.len()
+        && run
+            .iter()
+            .all(|r| r.size >= 0.4 * step && r.size <= 2.5 * step);
+    let gaps: Vec<f64> = run.windows(2).map(|w| w[1].t - w[0].t).collect();
+    let gap = median(gaps.clone());
+    sizes_agree && gaps.iter().all(|g| *g >= 0.5 * gap && *g <= 2.0 * gap)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GB: f64 = 1e9;
+    const TOTAL: u64 = 85_000_000_000;
+
+    fn feed(points: &[(f64, f64)]) -> Rises {
+        let mut r = Rises::default();
+        let end = points.last().unwrap().0;
+        let mut t = 0.0;
+        while t <= end + 1.0 {
+            let level = points.iter().rev().find(|p| p.0 <= t).map_or(0.0, |p| p.1);
+            r.push(t, (level * GB) as u64, TOTAL);
+            t += 0.5;
+        }
+        r
+    }
+
+    /// The dev recording leak100: a 1.2 GB context, 80 GB at once (the
+    /// ballast and the first step), then a 0.79 GB segment every ~7.5 s.
+    #[test]
+    fn a_segment_staircase_after_the_start_is_regular_and_names_its_oom() {
+        let r = feed(&[
+            (0.0, 0.0),
+            (1.0, 1.2),
+            (7.0, 81.1),
+            (13.0, 81.9),
+            (21.0, 82.7),
+            (28.0, 83.5),
+            (36.0, 84.3),
+        ]);
+        let s = r.staircase(37.0, 4).expect("four regular rises");
+        assert_eq!(s.rises.len(), 4);
+        assert!(!s.during_start);
+        assert!((s.step - 0.8 * GB).abs() < 0.05 * GB, "{s:?}");
+        // 0.7 GB free, less than a step: the next rise is the OOM (real: 43.5 s).
+        let oom = s.oom_at(TOTAL as f64);
+        assert!((oom - 43.5).abs() < 1.5, "{oom}");
+        assert!(r.staircase(60.0, 4).is_none(), "not still going");
+    }
+
+    /// The dev recording growbatch: batch 4 → 8 → 12 → 16 every 20 s.
+    #[test]
+    fn steps_that_follow_a_growing_batch_are_not_regular() {
+        let r = feed(&[
+            (0.0, 0.0),
+            (1.0, 1.2),
+            (8.0, 9.7),
+            (21.0, 17.0),
+            (41.0, 26.4),
+            (61.0, 39.0),
+            (81.0, 55.0),
+        ]);
+        assert!(r.staircase(82.0, 3).is_none(), "{:?}", r.staircase(82.0, 2));
+        // The held-out schedule 2 → 3 → 4 → 6 → 8: steps a, a, 2a, 2a.
+        let r = feed(&[
+            (0.0, 0.0),
+            (1.0, 1.2),
+            (7.0, 10.0),
+            (16.0, 13.0),
+            (32.0, 16.0),
+            (48.0, 22.0),
+            (64.0, 28.0),
+        ]);
+        assert!(r.staircase(65.0, 4).is_none());
+    }
+
+    /// The dev recording leak2000: the leak starts as the warm-up ends, so
+    /// the climb from idle never stops. Regular, but all of it the start.
+    #[test]
+    fn a_climb_from_idle_is_the_start() {
+        let mut points = vec![(0.0, 0.0), (1.0, 1.2), (10.0, 4.9), (11.0, 18.5)];
+        points.extend((12..44).map(|s| (s as f64, 18.5 + 2.1 * (s - 11) as f64)));
+        let r = feed(&points);
+        let s = r.staircase(44.0, 4).unwrap();
+        assert!(s.during_start && s.rises.len() >= 20, "{s:?}");
+        assert!((s.rate() - 2.1 * GB).abs() < 0.1 * GB);
+    }
+
+    #[test]
+    fn slow_growth_accumulates_into_rises_and_idle_starts_again() {
+        // 50 MB/s: a rise of >= 212 MB every ~5 s.
+        let mut r = Rises::default();
+        for i in 0..600 {
+            let t = i as f64 * 0.1;
+            let used = if t < 1.0 { 0.0 } else { 30.0 * GB + 50e6 * t };
+            r.push(t, used as u64, TOTAL);
+        }
+        let s = r
+            .staircase(60.0, 4)
+            .unwrap_or_else(|| panic!("{:?}", r.rises().collect::<Vec<_>>()));
+        assert!((s.rate() - 50e6).abs() < 10e6, "{}", s.rate());
+        r.push(61.0, 0, TOTAL);
+        r.push(62.5, 0, TOTAL);
+        assert_eq!(r.rises().count(), 0);
+    }
+}

@@ -1,0 +1,139 @@
+//! The verdicts on real H100 recordings (`tests/fixtures/recordings/dev`,
+//! recorded by `bench/gpu/record.sh dev`) and the repository's NVML traces
+//! (`tests/fixtures/traces`), replayed through the sidecar's analysis (the
+//! `Tracker`) from NVML alone and with the agent's pushes, judged against
+//! what really happened. What each number means: docs/analysis.md.
+
+use memprof_analysis::evaluate::judge::Judged;
+use memprof_analysis::evaluate::recording::{
+    read_fixture, read_scenario, set_scenarios, Recording,
+};
+use memprof_analysis::evaluate::{evaluate, render, Evaluation};
+use memprof_api::thresholds::Thresholds;
+use memprof_api::{MemoryGrowth, RiskLevel};
+use std::path::{Path, PathBuf};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
+}
+
+fn dev() -> Vec<Recording> {
+    let dir = root().join("recordings/dev");
+    let read = |name: &str| std::fs::read_to_string(dir.join(name)).ok();
+    let scenarios = set_scenarios(&read);
+    assert_eq!(scenarios.len(), 9);
+    scenarios
+        .into_iter()
+        .map(|(name, kind)| read_scenario(&read, &name, kind).unwrap())
+        .collect()
+}
+
+fn traces() -> Vec<Recording> {
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(root().join("traces"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    paths.sort();
+    paths
+        .iter()
+        .map(|p| {
+            let name = p.file_name().unwrap().to_string_lossy().to_string();
+            read_fixture(&name, &std::fs::read_to_string(p).unwrap()).unwrap()
+        })
+        .collect()
+}
+
+fn one<'a>(list: &'a [Judged], name: &str) -> &'a Judged {
+    list.iter().find(|j| j.name == name).unwrap()
+}
+
+fn dev_evaluation() -> Evaluation {
+    let e = evaluate(&dev(), &Thresholds::default());
+    println!("{}", render(&e));
+    e
+}
+
+/// Issue 17 item 7: with the agent, every leak is flagged within 15 s of
+/// becoming visible in allocated memory and nothing else is; the time to OOM
+/// at half the leak's life is within 20 % for every leak that lived 30 s or
+/// more. (Before: leak100 and valloss never flagged, the others 14.0–15.6 s
+/// after visible, TTO +19.7 %, +20.3 %, +53.8 %.)
+#[test]
+fn with_the_agent_every_leak_is_flagged_within_15_s_and_its_oom_predicted_within_20_percent() {
+    let e = dev_evaluation();
+    let t = &e.agent_totals;
+    assert_eq!(
+        (t.leaks, t.true_flags, t.false_flag_scenarios),
+        (7, 7, 0),
+        "{t:?}"
+    );
+    assert_eq!(t.flagged_within_15s_of_visible, 7, "{t:?}");
+    assert_eq!((t.long_lived, t.tto_within_20_percent), (3, 3), "{t:?}");
+    // No leak, no alarm: a batch that grew four times warns at most.
+    assert!(one(&e.agent, "growbatch").worst <= RiskLevel::Medium);
+    assert!(one(&e.agent, "steadyeval").worst <= RiskLevel::Low);
+}
+
+/// Issue 17 item 6: from NVML alone a leak is called only when the data show
+/// one (a regular staircase after the trainer's start): no false flag on
+/// the dev set or the fixtures, a batch that grew four times never above
+/// medium; what NVML cannot tell (a leak that starts with the trainer, a
+/// 30 MB/s leak inside a 60 GB cache) is left unflagged. (Before: 3 of 11
+/// leaks flagged, the growing batch critical at 73 s.)
+#[test]
+fn from_nvml_alone_a_leak_is_called_only_when_the_data_show_one() {
+    let e = dev_evaluation();
+    let mut all = e.nvml.clone();
+    all.extend(evaluate(&traces(), &Thresholds::default()).nvml);
+    assert!(all.iter().all(|j| j.false_flags == 0), "{all:?}");
+    for name in ["growbatch", "steadyeval"] {
+        let j = one(&all, name);
+        assert!(
+            j.worst <= RiskLevel::Medium && j.leak_flag.is_none(),
+            "{j:?}"
+        );
+    }
+    let flagged: Vec<&str> = all
+        .iter()
+        .filter(|j| j.leak_flag.is_some())
+        .map(|j| j.name.as_str())
+        .collect();
+    for name in [
+        "leak500",
+        "leak100",
+        "emptycache",
+        "fullgpu",
+        "valloss",
+        "leak100_h100.csv",
+        "leak300_h100.csv",
+        "leak1000_h100.csv",
+        "leak1000_h200.csv",
+    ] {
+        assert!(flagged.contains(&name), "{name} not flagged: {flagged:?}");
+    }
+    for name in ["leak2000", "slowleak"] {
+        assert!(!flagged.contains(&name), "{name}");
+    }
+    // The staircase's time to OOM on the long-lived leaks.
+    for j in all
+        .iter()
+        .filter(|j| j.life.is_some_and(|l| l >= 30.0) && j.name != "leak2000")
+    {
+        let tto = j.tto_at_half.as_ref().unwrap_or_else(|| panic!("{j:?}"));
+        assert!(tto.error_percent.abs() <= 20.0, "{j:?}");
+    }
+}
+
+/// Issue 17 item 5: after a leak's OOM the report keeps the verdict from
+/// before it: a leak, not cache, not fragmentation. (Before: leak100 and
+/// valloss said `growth: cache` after their OOM.)
+#[test]
+fn after_a_leaks_oom_the_report_keeps_the_verdict_from_before_it() {
+    let e = dev_evaluation();
+    for j in e.agent.iter().filter(|j| j.truth == "oom") {
+        let a = j.after_oom.as_ref().unwrap_or_else(|| panic!("{j:?}"));
+        assert!(a.kept_from_before, "{j:?}");
+        assert_eq!(a.growth, MemoryGrowth::Leak, "{j:?}");
+        assert!(a.fragmentation.is_some_and(|f| f < 0.25), "{j:?}");
+    }
+}
