@@ -63,6 +63,8 @@ pub struct Metrics {
     pub task_failures: Family<TaskLabels, Counter>,
     /// Per-Job gauges, read from the profile cache at scrape time.
     pub jobs: Arc<JobGauges>,
+    /// Bytes (approx.) held by the per-Job roll-ups (`pipeline/rollups.rs`).
+    pub rollup_bytes: Gauge,
 }
 
 impl Metrics {
@@ -84,6 +86,7 @@ impl Metrics {
             leader: Gauge::default(),
             task_failures: Family::default(),
             jobs: Arc::default(),
+            rollup_bytes: Gauge::default(),
         };
         m.register_reconciles(registry);
         m.register_writes(registry);
@@ -98,6 +101,11 @@ impl Metrics {
             m.task_failures.clone(),
         );
         registry.register_collector(Box::new(m.jobs.clone()));
+        registry.register(
+            "operator_rollup_bytes",
+            "Memory held by the per-Job roll-ups (approx.; bounded by the Jobs' report counts)",
+            m.rollup_bytes.clone(),
+        );
         Arc::new(m)
     }
 

@@ -19,8 +19,18 @@ pub(super) async fn dispatch(ctx: Arc<Context>, mut changes: Changes, stop: Stop
         };
         match change {
             Change::Job(key) => ctx.queue.add(key),
-            Change::Report(key) => {
+            Change::Report(key, name) => {
                 ctx.setup.metrics.reports_seen.inc();
+                ctx.with_state(&key, |s| s.pending.reports.insert(name));
+                ctx.queue.add(key);
+            }
+            Change::Pod(key, name) => {
+                // Its report's screening depends on it (trust.rs), and its
+                // containers may show an OOM.
+                ctx.with_state(&key, |s| {
+                    s.pending.reports.insert(name.clone());
+                    s.pending.oom.insert(name);
+                });
                 ctx.queue.add(key);
             }
             Change::Profile(key, profile) => {

@@ -32,6 +32,7 @@ mod dispatch;
 mod reconcile;
 mod remediation_stage;
 mod rollup_stage;
+mod rollups;
 mod slim;
 mod state;
 mod watch;

@@ -1,78 +1,38 @@
-//! One Job's pipeline, as named steps: fetch → screen → build (roll-up) →
+//! One Job's pipeline, as named steps: fetch → screen and build (roll-up, `rollups.rs`) →
 //! decide (remediation); the writes are the status writer's. And the
 //! workers that run it, one Job at a time per key.
 
 use super::state::Context;
-use super::watch::LABEL_JOB_NAME;
 use super::{remediation_stage, rollup_stage};
 use crate::key::JobKey;
 use crate::operator::metrics::StepLabels;
-use crate::operator::reconcile::expected_ranks;
-use crate::operator::trust::{screen, PodFacts, Screened};
 use crate::operator::Result;
 use backon::{BackoffBuilder, ExponentialBuilder};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::reflector::ObjectRef;
-use kube::ResourceExt;
-use memprof_api::{MemoryProfile, MemoryReport, LABEL_JOB};
-use std::collections::HashMap;
+use memprof_api::MemoryProfile;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tracing::warn;
 
-/// What one reconcile reads, all from the watch caches.
+/// What one reconcile reads, from the watch caches: the Job and its
+/// profile. Its reports are the roll-up's (`rollups.rs`, fed report by
+/// report), its pods read only where something changed.
 pub(super) struct Fetched {
     pub key: JobKey,
     pub job: Option<Arc<Job>>,
     pub profile: Option<Arc<MemoryProfile>>,
-    pub pods: Vec<Arc<Pod>>,
-    pub reports: Vec<Arc<MemoryReport>>,
 }
 
-/// Fetch: the Job, its profile, the pods labelled with its name and the
-/// reports labelled with it (claims, screened next).
+/// Fetch: O(1), by name.
 fn fetch(ctx: &Context, key: &JobKey) -> Fetched {
-    let job_at = ObjectRef::new(&key.name).within(&key.namespace);
-    let ours = |ns: &Option<String>, labels: &std::collections::BTreeMap<String, String>, label| {
-        ns.as_deref() == Some(key.namespace.as_str()) && labels.get(label) == Some(&key.name)
-    };
-    let pods = ctx
-        .caches
-        .pods
-        .state_filter(|p| ours(&p.metadata.namespace, p.labels(), LABEL_JOB_NAME));
-    let reports = ctx
-        .caches
-        .reports
-        .state_filter(|r| ours(&r.metadata.namespace, r.labels(), LABEL_JOB));
+    let job = ObjectRef::new(&key.name).within(&key.namespace);
+    let profile = ObjectRef::new(&key.name).within(&key.namespace);
     Fetched {
         key: key.clone(),
-        job: ctx.caches.jobs.get(&job_at),
-        profile: ctx
-            .caches
-            .profiles
-            .get(&ObjectRef::new(&key.name).within(&key.namespace)),
-        pods,
-        reports,
+        job: ctx.caches.jobs.get(&job),
+        profile: ctx.caches.profiles.get(&profile),
     }
-}
-
-/// Screen: which of the reports count for this Job (`operator/trust.rs`).
-pub(super) fn screened<'a>(f: &'a Fetched, job: &Job) -> Screened<'a> {
-    let facts: HashMap<&str, PodFacts<'_>> = f
-        .pods
-        .iter()
-        .filter_map(|p| PodFacts::of(&p.metadata))
-        .collect();
-    let claimed: Vec<&MemoryReport> = f.reports.iter().map(|r| r.as_ref()).collect();
-    let uid = job.uid().unwrap_or_default();
-    screen(
-        &claimed,
-        &facts,
-        &uid,
-        expected_ranks(job),
-        jiff::Timestamp::now(),
-    )
 }
 
 /// The whole pipeline for `key`; returns when to look again.
@@ -85,10 +45,8 @@ async fn reconcile(ctx: &Arc<Context>, key: &JobKey) -> Result<Option<Duration>>
     if let Some(p) = &fetched.profile {
         ctx.writer.observe(key, p);
     }
-    let screened = fetched.job.as_deref().map(|j| screened(&fetched, j));
-    let again = rollup_stage::run(ctx, &fetched, screened.as_ref()).await?;
-    let counted = screened.as_ref().map(|s| s.counted.as_slice());
-    let decided = remediation_stage::run(ctx, &fetched, counted.unwrap_or_default());
+    let again = rollup_stage::run(ctx, &fetched).await?;
+    let decided = remediation_stage::run(ctx, &fetched);
     if fetched.job.is_none() && fetched.profile.is_none() {
         ctx.forget(key);
         return Ok(None);

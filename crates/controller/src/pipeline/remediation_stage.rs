@@ -4,6 +4,7 @@
 //! remediation task. Never awaits an API call: the task does.
 
 use super::reconcile::Fetched;
+use super::rollups;
 use super::state::Context;
 use crate::operator::reconcile::profiling_enabled;
 use crate::remediation::triggers::PHASE_PENDING;
@@ -11,7 +12,7 @@ use crate::remediation::{decide, oom};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
-use memprof_api::{MemoryReport, MemoryReportSpec, MAX_HISTORY};
+use memprof_api::{MemoryReportSpec, MAX_HISTORY};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,9 +20,8 @@ use std::time::Duration;
 /// `forSeconds` elapse without any watch event.
 const RESYNC: Duration = Duration::from_secs(60);
 
-/// Runs the remediation stage for the fetched Job (`counted`: its reports
-/// that passed screening); returns when to look again.
-pub(super) fn run(ctx: &Arc<Context>, f: &Fetched, counted: &[&MemoryReport]) -> Option<Duration> {
+/// Runs the remediation stage for the fetched Job; returns when to look again.
+pub(super) fn run(ctx: &Arc<Context>, f: &Fetched) -> Option<Duration> {
     let exec = ctx.executor.clone()?;
     // The roll-up writes the first status; remediation builds on it.
     let view = ctx.writer.view(&f.key)?;
@@ -35,8 +35,11 @@ pub(super) fn run(ctx: &Arc<Context>, f: &Fetched, counted: &[&MemoryReport]) ->
         return None;
     }
     let now = Timestamp::now();
-    let pods: Vec<&Pod> = f.pods.iter().map(|p| p.as_ref()).collect();
-    let specs: Vec<&MemoryReportSpec> = counted.iter().map(|r| &r.spec).collect();
+    // Only the pods (and their counted reports) that changed since the last
+    // scan: what is already recorded is not recorded again anyway.
+    let scan = rollups::take_oom_scan(ctx, &f.key);
+    let pods: Vec<&Pod> = scan.pods.iter().map(|p| p.as_ref()).collect();
+    let specs: Vec<&MemoryReportSpec> = scan.reports.iter().map(|r| &r.spec).collect();
     let ooms = oom::detect(&pods, &specs, &view.ooms, now);
     let mut with_ooms = view.clone();
     with_ooms.ooms = oom::merge(&view.ooms, &ooms, MAX_HISTORY);

@@ -4,19 +4,19 @@
 //! `operator/reconcile.rs`'s (pure); this file only fetches and hands over.
 
 use super::reconcile::Fetched;
+use super::rollups;
 use super::state::Context;
 use crate::operator::rbac::ensure_reporter_rbac;
 use crate::operator::reconcile::{
-    annotations_outdated, desired_status, expected_ranks, job_annotations, newly_rejected,
-    profile_for_job, profile_is_stale, profile_outdated, profiling_enabled, rejected_in,
-    rejection_event, risk_event, with_batch_fit, DesiredStatus, NamedReport, Screening,
-    JOB_ANNOTATIONS,
+    annotations_outdated, job_annotations, newly_rejected, profile_for_job, profile_is_stale,
+    profile_outdated, profiling_enabled, rejected_in, rejection_event, risk_event, with_batch_fit,
+    DesiredStatus, JOB_ANNOTATIONS,
 };
 use crate::operator::thresholds;
-use crate::operator::trust::Screened;
 use crate::operator::{Error, Result};
 use crate::remediation::triggers::PHASE_PENDING;
 use crate::status::{Analysis, Notice};
+use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
@@ -32,12 +32,8 @@ use tracing::{info, warn};
 const RESYNC: Duration = Duration::from_secs(300);
 
 /// Runs the roll-up stage for the fetched Job; returns when to look again.
-pub(super) async fn run(
-    ctx: &Arc<Context>,
-    f: &Fetched,
-    screened: Option<&Screened<'_>>,
-) -> Result<Option<Duration>> {
-    let (Some(job), Some(screened)) = (f.job.as_deref(), screened) else {
+pub(super) async fn run(ctx: &Arc<Context>, f: &Fetched) -> Result<Option<Duration>> {
+    let Some(job) = f.job.as_deref() else {
         return Ok(None);
     };
     if job.metadata.deletion_timestamp.is_some() {
@@ -68,7 +64,11 @@ pub(super) async fn run(
         return Ok(None);
     }
     let profile = ensure_profile(ctx, f, job).await?;
-    let desired = build(ctx, job, screened, previous.as_ref());
+    let now = Timestamp::now();
+    rollups::refresh(ctx, &f.key, job, previous.as_ref(), now);
+    let Some((desired, next_change)) = build(ctx, f, job, previous.as_ref(), now) else {
+        return Ok(Some(Duration::from_secs(1)));
+    };
     let notices = notices(ctx, f, job, &profile, previous.as_ref(), &desired);
     annotate(ctx, f, job, &desired.status);
     let analysis = Analysis {
@@ -76,7 +76,12 @@ pub(super) async fn run(
         notices,
     };
     ctx.writer.submit(&f.key, analysis);
-    Ok(Some(RESYNC))
+    // A rank going stale or a held risk level ending changes the status
+    // with no event: look again then (JobRollup::next_change).
+    let until_change = next_change
+        .map(|t| Duration::try_from(now.duration_until(t)).unwrap_or_default())
+        .map(|d| d.max(Duration::from_millis(100)));
+    Ok(Some(until_change.map_or(RESYNC, |d| d.min(RESYNC))))
 }
 
 /// Whether a remediation recorded in `status` deletes (or deleted) the Job
@@ -89,35 +94,25 @@ fn replaced_by_memprof(status: Option<&MemoryProfileStatus>, job_uid: &str) -> b
     })
 }
 
-/// Build: the status the screened reports call for, with the batch fit and
-/// the thresholds in effect.
+/// Build: the status the Job's roll-up calls for now (`rollups.rs`), with
+/// the batch fit and the thresholds in effect, and when it next changes
+/// with no event. `None`: the roll-up is gone (the Job was forgotten meanwhile).
 fn build(
     ctx: &Context,
+    f: &Fetched,
     job: &Job,
-    screened: &Screened<'_>,
     previous: Option<&MemoryProfileStatus>,
-) -> DesiredStatus {
-    let named: Vec<NamedReport<'_>> = screened
-        .counted
-        .iter()
-        .map(|r| NamedReport {
-            name: r.metadata.name.as_deref().unwrap_or_default(),
-            spec: &r.spec,
-        })
-        .collect();
-    let mut desired = desired_status(
-        &named,
-        Some(expected_ranks(job)),
-        previous,
-        &now(),
-        &Screening::of(screened),
-    );
+    now: Timestamp,
+) -> Option<(DesiredStatus, Option<Timestamp>)> {
+    let (mut desired, next) = ctx.with_state(&f.key, |s| {
+        s.rollup.as_ref().map(|t| t.desired(previous, now))
+    })?;
     with_batch_fit(&mut desired.status, job, previous);
     let annotated = job.annotations().get(ANNOTATION_THRESHOLDS);
     let defaults = &ctx.setup.options.default_thresholds;
     let in_effect = resolve_thresholds(defaults, annotated.map(String::as_str));
     desired.status.thresholds = Some(in_effect.status());
-    desired
+    Some((desired, next))
 }
 
 /// The profile with our spec, labels and owner reference: the cached one,
@@ -211,11 +206,7 @@ fn notices(
     ctx.with_state(&f.key, |s| announced.extend(s.announced.iter().cloned()));
     for rejected in newly_rejected(&desired.rejected, &announced) {
         warn!(report = %rejected.name, why = %rejected.why, "MemoryReport rejected");
-        let report = f.reports.iter().map(|r| r.as_ref());
-        let related = report
-            .into_iter()
-            .find(|r| r.metadata.name.as_deref() == Some(rejected.name.as_str()))
-            .map(reference);
+        let related = rollups::report_of(ctx, &f.key, &rejected.name).map(|r| reference(&*r));
         out.push(Notice {
             plan: rejection_event(rejected),
             regarding: profile_ref.clone(),
@@ -261,6 +252,7 @@ async fn switch_off(ctx: &Context, f: &Fetched, job: &Job) -> Result<()> {
     let cleared = ctx.with_state(&f.key, |s| {
         s.announced.clear();
         s.profile = None;
+        rollups::drop_rollup(ctx, s);
         std::mem::replace(&mut s.cleared, true)
     });
     if annotated && !cleared {
@@ -291,12 +283,6 @@ async fn delete_profile(ctx: &Context, profile: &MemoryProfile) -> Result<()> {
             source,
         }),
     }
-}
-
-/// Now, to the second (conditions' transition times).
-fn now() -> String {
-    let now = jiff::Timestamp::now();
-    now.round(jiff::Unit::Second).unwrap_or(now).to_string()
 }
 
 #[cfg(test)]

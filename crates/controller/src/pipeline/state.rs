@@ -2,6 +2,7 @@
 //! status writer, and per Job what this process already announced. Lost
 //! on restart by design: what must survive is in the profile's status.
 
+use super::rollups::{Pending, Tracked};
 use super::watch::Caches;
 use super::Setup;
 use crate::key::JobKey;
@@ -31,6 +32,10 @@ pub(super) struct JobState {
     pub failures: u32,
     /// The profile as our last apply of its spec returned it (fresher than the cache right after).
     pub profile: Option<Arc<MemoryProfile>>,
+    /// The Job's incremental roll-up (`rollups.rs`); `None` until first reconciled.
+    pub rollup: Option<Tracked>,
+    /// What changed since the last reconcile (noted by the dispatcher).
+    pub pending: Pending,
 }
 
 /// Shared by the dispatcher, the workers and the remediation tasks.
@@ -83,7 +88,9 @@ impl Context {
         if states.get(key).is_some_and(|s| s.busy) {
             return;
         }
-        states.remove(key);
+        if let Some(mut gone) = states.remove(key) {
+            super::rollups::drop_rollup(self, &mut gone);
+        }
         drop(states);
         self.writer.forget(key);
         self.queue.forget(key);

@@ -37,14 +37,16 @@ pub(super) struct Caches {
 
 /// What changed, as far as queueing is concerned.
 pub(super) enum Change {
-    /// Something of this Job changed (the Job, a report, a pod).
+    /// The Job itself changed.
     Job(JobKey),
+    /// A pod labelled with the Job's name changed (by name).
+    Pod(JobKey, String),
     /// The profile as the API server now holds it, or gone.
     Profile(JobKey, Option<Arc<MemoryProfile>>),
     /// A policy of this namespace changed: every Job there is evaluated again.
     Policies(String),
-    /// A report event (counted for `memprof_reports_seen_total`).
-    Report(JobKey),
+    /// A report claiming the Job changed or went (by name).
+    Report(JobKey, String),
 }
 
 /// Every watch's changes, merged.
@@ -139,14 +141,16 @@ pub(super) fn start(client: &Client, setup: &Setup) -> (Caches, Changes) {
             })
             .boxed(),
         objects(report_events, "MemoryReport")
-            .filter_map(
-                |(r, _)| async move { JobKey::from_label(&r, LABEL_JOB).map(Change::Report) },
-            )
+            .filter_map(|(r, _)| async move {
+                let key = JobKey::from_label(&r, LABEL_JOB)?;
+                Some(Change::Report(key, r.metadata.name?))
+            })
             .boxed(),
         objects(pod_events, "Pod")
-            .filter_map(
-                |(p, _)| async move { JobKey::from_label(&p, LABEL_JOB_NAME).map(Change::Job) },
-            )
+            .filter_map(|(p, _)| async move {
+                let key = JobKey::from_label(&p, LABEL_JOB_NAME)?;
+                Some(Change::Pod(key, p.metadata.name?))
+            })
             .boxed(),
         objects(policy_events, "RemediationPolicy")
             .filter_map(|(p, _)| async move { p.metadata.namespace.map(Change::Policies) })
