@@ -35,6 +35,7 @@ mod rollup_stage;
 mod rollups;
 mod slim;
 mod state;
+mod tracked;
 mod watch;
 
 use crate::key::JobKey;

@@ -206,7 +206,8 @@ fn notices(
     ctx.with_state(&f.key, |s| announced.extend(s.announced.iter().cloned()));
     for rejected in newly_rejected(&desired.rejected, &announced) {
         warn!(report = %rejected.name, why = %rejected.why, "MemoryReport rejected");
-        let related = rollups::report_of(ctx, &f.key, &rejected.name).map(|r| reference(&*r));
+        let related =
+            rollups::report_of(&ctx.caches, &f.key, &rejected.name).map(|r| reference(&*r));
         out.push(Notice {
             plan: rejection_event(rejected),
             regarding: profile_ref.clone(),

@@ -2,7 +2,7 @@
 //! status writer, and per Job what this process already announced. Lost
 //! on restart by design: what must survive is in the profile's status.
 
-use super::rollups::{Pending, Tracked};
+use super::tracked::{Pending, Tracked};
 use super::watch::Caches;
 use super::Setup;
 use crate::key::JobKey;

@@ -21,8 +21,7 @@ use std::sync::Arc;
 use tokio::sync::watch;
 use tracing::warn;
 
-/// Label the Job controller puts on a Job's pods (1.20 and later).
-pub(super) const LABEL_JOB_NAME: &str = "job-name";
+pub(super) use super::slim::LABEL_JOB_NAME;
 
 /// The caches the pipeline reads.
 pub(super) struct Caches {
