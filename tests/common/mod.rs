@@ -303,6 +303,8 @@ pub fn report(job: &str, rank: u32, sampled_at: &str, gpus: Vec<GpuReport>) -> M
             rank: Some(rank),
             sampled_at: sampled_at.into(),
             interval_ms: 1000,
+            // Long enough that `at()`'s times in the past are not stale.
+            heartbeat_seconds: Some(600),
             summary: ReportSummary {
                 gpu_count: gpus.len() as u32,
                 risk: worst,
@@ -341,7 +343,10 @@ pub async fn apply_report(client: &Client, ns: &str, report: &MemoryReport) {
 /// width, as a sidecar's are.
 pub fn at(offset: u64) -> String {
     static BASE: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
-    let base = *BASE.get_or_init(|| jiff::Timestamp::now().as_second() - 3600);
+    // Ten minutes ago: in the past (the operator refuses reports from the
+    // future) and, with the 600 s heartbeat `report` claims, not stale for
+    // another ten minutes (stale after 2 heartbeats + 30 s: JobRollup).
+    let base = *BASE.get_or_init(|| jiff::Timestamp::now().as_second() - 600);
     jiff::Timestamp::from_second(base + offset as i64)
         .unwrap()
         .to_string()

@@ -42,18 +42,22 @@ pub(super) fn refresh(
 ) {
     let uid = job.uid().unwrap_or_default();
     let expected = expected_ranks(job);
-    let (kept, mut names) = ctx.with_state(key, |s| {
+    let (kept, mut names, replaced) = ctx.with_state(key, |s| {
         let names = std::mem::take(&mut s.pending.reports);
-        (s.rollup.take().filter(|t| t.job_uid == uid), names)
+        let held = s.rollup.take();
+        let replaced = held.as_ref().is_some_and(|t| t.job_uid != uid);
+        (held.filter(|t| t.job_uid == uid), names, replaced)
     });
     let fresh = kept.is_none();
     let held_before = kept.as_ref().map_or(0, Tracked::approx_bytes);
     let mut tracked = kept.unwrap_or_else(|| Tracked::new(&uid, expected));
     let full = fresh || tracked.full_pass.elapsed() >= FULL_PASS;
-    if fresh {
-        if let Some(prev) = previous {
-            tracked.rollup.resume_from(prev, now);
-        }
+    // A risk level held in the status carries over a restart of this
+    // process, never over to another Job of the same name: a recreated
+    // Job (another batch size) starts from its own reports.
+    let previous = previous.filter(|p| !replaced && !recreated_by_memprof(p, &uid));
+    if let (true, Some(prev)) = (fresh, previous) {
+        tracked.rollup.resume_from(prev, now);
     }
     if full {
         names.extend(tracked.known.iter().cloned());
@@ -74,6 +78,15 @@ pub(super) fn refresh(
         s.pending.oom_all |= full;
         s.pending.oom.extend(names);
     });
+}
+
+/// Whether `status` records that memprof replaced an earlier Job of this
+/// name by the Job with uid `uid`.
+fn recreated_by_memprof(status: &MemoryProfileStatus, uid: &str) -> bool {
+    status
+        .remediations
+        .iter()
+        .any(|r| r.job_deleted && r.job_uid.as_deref().is_some_and(|old| old != uid))
 }
 
 /// Drops Job `key`'s roll-up (profiling off, or the Job forgotten).
