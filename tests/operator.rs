@@ -178,8 +178,11 @@ async fn reports_roll_up_into_status_annotations_and_one_event_per_transition() 
     assert_eq!((st.ranks.as_str(), st.gpu_count), ("4/4", 4));
     assert_eq!(st.risk, RiskLevel::High);
     let tto = st.time_to_oom_seconds.expect("a time to OOM");
-    let aged =
-        3600.0 - (jiff::Timestamp::now() - at(3).parse::<jiff::Timestamp>().unwrap()).as_secs_f64();
+    let reported: jiff::Timestamp = at(3).parse().unwrap();
+    let aged = 3600.0
+        - jiff::Timestamp::now()
+            .duration_since(reported)
+            .as_secs_f64();
     assert!((tto - aged).abs() < 60.0, "{tto} s, aged {aged} s");
     assert!(st.time_to_oom.is_some());
     assert_eq!(st.imbalance_display.as_deref(), Some("1.26")); // 60 / mean(40, 40, 60, 50)
