@@ -154,11 +154,14 @@ def check_common(case: str, docs: list[dict], values: dict) -> None:
     ns_role = one(docs, "Role")
     ns_rules = ns_role["rules"] if ns_role else []
     self_signed = values.get("webhook", {}).get("certMode", "self") == "self"
+    secret_names = {n for r in ns_rules if "secrets" in r["resources"] for n in r.get("resourceNames", [])}
     check(
-        f"{case}: leases (and in self mode secrets) only in the release namespace",
+        f"{case}: leases and secrets (the admission key; in self mode the certificate) only in the release namespace",
         any("leases" in r["resources"] for r in ns_rules)
-        and any("secrets" in r["resources"] for r in ns_rules) == self_signed
+        and f"{RELEASE}-admission-key" in secret_names
+        and (f"{RELEASE}-webhook-tls" in secret_names) == self_signed
         and not any("secrets" in r.get("resources", []) for r in rules),
+        str(secret_names),
     )
 
 
@@ -226,7 +229,11 @@ def check_least_privilege() -> None:
     secret_rules = [r for r in ns_role["rules"] if "secrets" in r["resources"]]
     check(
         "secrets: get/update only by name, create only in the release namespace",
-        all(r.get("resourceNames") == [f"{RELEASE}-webhook-tls"] for r in secret_rules if set(r["verbs"]) & {"get", "update"})
+        all(
+            sorted(r.get("resourceNames", [])) == [f"{RELEASE}-admission-key", f"{RELEASE}-webhook-tls"]
+            for r in secret_rules
+            if set(r["verbs"]) & {"get", "update"}
+        )
         and all(set(r["verbs"]) == {"create"} for r in secret_rules if not r.get("resourceNames")),
         json.dumps(secret_rules),
     )
@@ -300,7 +307,11 @@ def check_webhook(case: str, docs: list[dict], cert_manager: bool) -> None:
         return
     args = operator_args(docs)
     hooks = {w["name"]: w for w in mwc["webhooks"]}
-    check(f"{case}: jobs and pods webhooks", set(hooks) == {"jobs.memprof.dev", "pods.memprof.dev"}, str(list(hooks)))
+    check(
+        f"{case}: jobs, pods and marks webhooks",
+        set(hooks) == {"jobs.memprof.dev", "pods.memprof.dev", "marks.memprof.dev"},
+        str(list(hooks)),
+    )
     for name, w in hooks.items():
         check(f"{case}: {name} failurePolicy Ignore", w["failurePolicy"] == "Ignore")
         check(f"{case}: {name} sideEffects None", w["sideEffects"] == "None")
@@ -314,6 +325,16 @@ def check_webhook(case: str, docs: list[dict], cert_manager: bool) -> None:
     check(
         f"{case}: pods webhook only for labelled pods",
         hooks["pods.memprof.dev"]["objectSelector"] == {"matchLabels": {"memprof.dev/inject": "true"}},
+    )
+    check(
+        f"{case}: marks webhook only for the pods of profiled Jobs",
+        hooks["marks.memprof.dev"]["objectSelector"] == {"matchLabels": {"memprof.dev/managed": "true"}},
+    )
+    check(
+        f"{case}: the Job controller's identities are configured",
+        args.get("admission-controller-identities")
+        == "system:serviceaccount:kube-system:job-controller,system:kube-controller-manager",
+        str(args.get("admission-controller-identities")),
     )
     check(f"{case}: --webhook-config-name is the configuration", args["webhook-config-name"] == mwc["metadata"]["name"])
     svc = one(docs, "Service", args["webhook-service-name"])

@@ -547,6 +547,8 @@ fn operator_rules() -> Value {
         {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
         {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles", "rolebindings"], "verbs": ["get", "create", "patch"]},
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "list", "watch", "create", "update", "patch"]},
+        // The admission-mark key (`--webhook-namespace` is this namespace).
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create", "update"]},
     ])
 }
 

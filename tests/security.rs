@@ -6,11 +6,11 @@
 
 mod common;
 mod remediation_support;
+mod tenant_support;
 
 use common::*;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::ConfigMap;
-use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use memprof::api::{MemoryProfile, RiskLevel};
@@ -20,69 +20,7 @@ use remediation_support::job as job_of;
 use remediation_support::*;
 use serde_json::json;
 use std::time::Duration;
-
-/// A client acting as `user` in `groups` (the test's admin impersonates it).
-async fn as_user(user: &str, groups: &[&str]) -> Client {
-    let mut cfg = kube::Config::infer().await.expect("kubeconfig");
-    cfg.auth_info.impersonate = Some(user.into());
-    cfg.auth_info.impersonate_groups = Some(groups.iter().map(|g| g.to_string()).collect());
-    Client::try_from(cfg).expect("impersonating client")
-}
-
-/// A Role named `name` in `ns` with these rules, bound to `user`.
-async fn grant(admin: &Client, ns: &str, name: &str, user: &str, rules: serde_json::Value) {
-    let role: k8s_openapi::api::rbac::v1::Role = serde_json::from_value(json!({
-        "metadata": {"name": name}, "rules": rules}))
-    .unwrap();
-    Api::<k8s_openapi::api::rbac::v1::Role>::namespaced(admin.clone(), ns)
-        .create(&PostParams::default(), &role)
-        .await
-        .expect("creating a Role");
-    let rb: RoleBinding = serde_json::from_value(json!({
-        "metadata": {"name": name},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
-    }))
-    .unwrap();
-    Api::<RoleBinding>::namespaced(admin.clone(), ns)
-        .create(&PostParams::default(), &rb)
-        .await
-        .expect("binding a Role");
-}
-
-/// A tenant with what the built-in `edit` grants, in `ns` only. (The local
-/// control plane runs no clusterrole-aggregation controller, so its `edit`
-/// ClusterRole is empty: the Role spells out `edit`'s rules on the kinds
-/// these attacks use.)
-async fn tenant(admin: &Client, ns: &str) -> Client {
-    let user = format!("tenant-{ns}");
-    let all = [
-        "create",
-        "delete",
-        "deletecollection",
-        "get",
-        "list",
-        "patch",
-        "update",
-        "watch",
-    ];
-    let rules = json!([
-        {"apiGroups": [""], "resources": ["configmaps", "pods", "secrets", "serviceaccounts"], "verbs": all},
-        {"apiGroups": ["batch"], "resources": ["jobs", "cronjobs"], "verbs": all},
-    ]);
-    grant(admin, ns, "tenant-edit", &user, rules).await;
-    let client = as_user(&user, &["system:authenticated"]).await;
-    // RBAC changes reach the authorizer's cache a moment later.
-    let jobs: Api<Job> = Api::namespaced(client.clone(), ns);
-    eventually("the tenant's edit binding in effect", || async {
-        jobs.list(&Default::default())
-            .await
-            .map(|_| ())
-            .map_err(|e| e.to_string())
-    })
-    .await;
-    client
-}
+use tenant_support::*;
 
 /// The operator keeping its remediation plans in `plan_ns` (the operator's own namespace).
 fn operator_with_plans_in(client: &Client, ns: &str, plan_ns: &str) -> RunningOperator {
@@ -271,20 +209,6 @@ async fn plan_changed_after_recording_is_refused_not_executed() {
     })
     .await;
     operator.stop().await;
-}
-
-/// A pod's service account with the reporter Role (what the operator grants).
-async fn pod_identity(admin: &Client, ns: &str) -> Client {
-    memprof::operator::ensure_reporter_rbac(admin, ns, "default")
-        .await
-        .expect("reporter RBAC");
-    let sa = format!("system:serviceaccount:{ns}:default");
-    let group = format!("system:serviceaccounts:{ns}");
-    as_user(
-        &sa,
-        &["system:serviceaccounts", &group, "system:authenticated"],
-    )
-    .await
 }
 
 #[tokio::test]
@@ -546,4 +470,72 @@ async fn foreign_finalizer_holding_the_old_job_is_announced_and_waited_out() {
     })
     .await;
     operator.stop().await;
+}
+
+#[tokio::test]
+async fn job_planted_under_memprofs_remediation_id_is_not_taken_for_the_recreated_one() {
+    let Some(admin) = cluster().await else {
+        return;
+    };
+    let ns = TestNamespace::create(&admin).await;
+    let ns = ns.name.as_str();
+    apply_policy(&admin, ns, "shrink", shrink_policy(false))
+        .await
+        .unwrap();
+    training_job(&admin, ns, "train", Some("32")).await;
+    // The operator stops between deleting the old Job and creating the new one.
+    let mut crashing = spawn_operator(ns, Some("remediation-after-delete"));
+    low_report(&admin, ns, "train").await;
+    profile_with_status(&admin, ns, "train").await;
+    critical_report(&admin, ns, "train", 100).await;
+    eventually("the operator to stop at the failpoint", || {
+        let r = crashing.child.try_wait();
+        async move { r.map_err(|e| e.to_string())?.ok_or("running".to_string()) }
+    })
+    .await;
+    let id = records(&admin, ns, "train").await[0].id.clone();
+    eventually_within(GC_TIMEOUT, "the old Job gone", || async {
+        match job_of(&admin, ns, "train").await {
+            None => Ok(()),
+            Some(j) => Err(format!("{:?}", j.uid())),
+        }
+    })
+    .await;
+
+    // Someone who may create Jobs, not delete them, creates one in its
+    // place under the (computable) remediation id, with an image of theirs.
+    let creator = user_with(
+        &admin,
+        ns,
+        &format!("job-creator-{ns}"),
+        json!([{"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["create", "get", "list"]}]),
+    )
+    .await;
+    let planted: Job = serde_json::from_value(json!({
+        "metadata": {"name": "train", "labels": {"team": "ml"},
+                     "annotations": {"memprof.dev/remediation": id, "memprof.dev/enabled": "true"}},
+        "spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [
+            {"name": "trainer", "image": "attacker.example/miner",
+             "env": [{"name": "BATCH_SIZE", "value": "24"}]}]}}},
+    }))
+    .unwrap();
+    let planted = Api::<Job>::namespaced(creator, ns)
+        .create(&PostParams::default(), &planted)
+        .await
+        .expect("a Job creator may create Jobs");
+
+    drop(crashing);
+    let _restarted = spawn_operator(ns, None);
+    let rec = eventually("the remediation recorded as not done", || async {
+        match records(&admin, ns, "train").await.first() {
+            Some(r) if r.id == id && r.phase != "Pending" => Ok(r.clone()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    assert_eq!(rec.phase, "Failed", "{rec:?}");
+    let message = rec.message.unwrap_or_default();
+    assert!(message.contains("recreated by someone else"), "{message}");
+    let now = job_of(&admin, ns, "train").await.unwrap();
+    assert_eq!(now.uid(), planted.uid(), "left alone, not taken over");
 }

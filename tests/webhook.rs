@@ -10,23 +10,21 @@
 //!     eval "$(bash hack/local-cluster.sh env)"
 //!     MEMPROF_REQUIRE_CLUSTER=1 cargo test -p memprof --test webhook
 
+mod webhook_support;
+
 use futures::FutureExt as _;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Namespace, Pod, Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client};
-use memprof::webhook::{self, certs, InjectionConfig, SidecarMode, TlsCert, SIDECAR_CONTAINER};
+use memprof::webhook::{certs, SIDECAR_CONTAINER};
 use serde_json::json;
 use std::future::Future;
 use std::hash::{BuildHasher, Hasher};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::oneshot;
-
-/// Label on the test namespace that the webhook's namespaceSelector matches.
-const NS_LABEL: &str = "memprof.dev/test-namespace";
+use webhook_support::*;
 
 /// Says why a test is skipped, visibly: libtest captures `eprintln!` of
 /// passing tests, but not direct writes to stderr.
@@ -108,153 +106,6 @@ where
     let _ = namespaces.delete(&ns, &DeleteParams::background()).await;
     if let Err(panic) = outcome {
         std::panic::resume_unwind(panic);
-    }
-}
-
-/// A running webhook server on 127.0.0.1 with its CA; dropping `stop` ends it.
-struct Server {
-    url: String,
-    ca_pem: String,
-    stop: oneshot::Sender<()>,
-    done: tokio::task::JoinHandle<Result<(), webhook::ServerError>>,
-}
-
-async fn start_server(client: &Client) -> Server {
-    let version = client.apiserver_version().await.unwrap();
-    let config = InjectionConfig {
-        image: "memprof:test".into(),
-        native_sidecar: SidecarMode::Auto.resolve(&version.major, &version.minor),
-        ..Default::default()
-    };
-    let names = vec!["127.0.0.1".to_string()];
-    let bundle = certs::generate(
-        &names,
-        jiff::Timestamp::now(),
-        jiff::SignedDuration::from_hours(1),
-    )
-    .unwrap();
-    let tls = TlsCert::from_pem(bundle.cert_pem.as_bytes(), bundle.key_pem.as_bytes()).unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let (stop, stopped) = oneshot::channel::<()>();
-    let done = tokio::spawn(webhook::serve(listener, tls, Arc::new(config), async {
-        let _ = stopped.await;
-    }));
-    Server {
-        url: format!("https://127.0.0.1:{port}/mutate"),
-        ca_pem: bundle.ca_pem,
-        stop,
-        done,
-    }
-}
-
-/// Registers the chart's two webhooks (jobs, labelled pods) by URL, scoped
-/// to the test namespace, named after it.
-async fn register(client: &Client, ns: &str, url: &str, ca_pem: &str) {
-    use base64::Engine as _;
-    let ca = base64::engine::general_purpose::STANDARD.encode(ca_pem);
-    let hook = |name: &str, group: &str, resource: &str, object_selector: serde_json::Value| {
-        json!({
-            "name": name,
-            "clientConfig": { "url": url, "caBundle": ca },
-            "rules": [{ "apiGroups": [group], "apiVersions": ["v1"], "operations": ["CREATE"],
-                        "resources": [resource], "scope": "Namespaced" }],
-            "failurePolicy": "Ignore",
-            "sideEffects": "None",
-            "admissionReviewVersions": ["v1"],
-            "timeoutSeconds": 2,
-            "namespaceSelector": { "matchLabels": { NS_LABEL: ns } },
-            "objectSelector": object_selector,
-        })
-    };
-    let mwc = serde_json::from_value(json!({
-        "metadata": { "name": ns },
-        "webhooks": [
-            hook("jobs.memprof.dev", "batch", "jobs", json!({})),
-            hook("pods.memprof.dev", "", "pods",
-                 json!({ "matchLabels": { "memprof.dev/inject": "true" } })),
-        ]
-    }))
-    .unwrap();
-    Api::<MutatingWebhookConfiguration>::all(client.clone())
-        .create(&PostParams::default(), &mwc)
-        .await
-        .expect("register the webhook");
-}
-
-fn job(name: &str, annotated: bool) -> Job {
-    let annotations = if annotated {
-        json!({ "memprof.dev/enabled": "true" })
-    } else {
-        json!({})
-    };
-    serde_json::from_value(json!({
-        "metadata": { "name": name, "annotations": annotations },
-        "spec": {
-            "parallelism": 2,
-            "completions": 2,
-            "backoffLimit": 0,
-            "template": { "spec": {
-                "restartPolicy": "Never",
-                "containers": [{ "name": "trainer", "image": "python:3", "command": ["true"] }]
-            }}
-        }
-    }))
-    .unwrap()
-}
-
-fn container_names(spec: &k8s_openapi::api::core::v1::PodSpec) -> Vec<String> {
-    spec.containers
-        .iter()
-        .chain(spec.init_containers.iter().flatten())
-        .map(|c| c.name.clone())
-        .collect()
-}
-
-fn template_containers(job: &Job) -> Vec<String> {
-    container_names(job.spec.as_ref().unwrap().template.spec.as_ref().unwrap())
-}
-
-/// The API server picks up a new webhook configuration asynchronously: probe
-/// with dry-run Jobs until one comes back injected.
-async fn wait_until_active(client: &Client, ns: &str) {
-    let jobs: Api<Job> = Api::namespaced(client.clone(), ns);
-    let dry = PostParams {
-        dry_run: true,
-        ..Default::default()
-    };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let probe = jobs
-            .create(&dry, &job("probe", true))
-            .await
-            .expect("dry-run Job");
-        if template_containers(&probe).contains(&SIDECAR_CONTAINER.to_string()) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "webhook configuration never became active"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-/// The Job controller cannot create pods before the namespace's default
-/// service account has its token (ServiceAccount admission in 1.20).
-async fn wait_for_default_token(client: &Client, ns: &str) {
-    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let sa = sas.get_opt("default").await.unwrap();
-        if sa.and_then(|sa| sa.secrets).is_some_and(|s| !s.is_empty()) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "default service account never got a token"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
@@ -468,4 +319,154 @@ async fn reporter_rbac_is_applied_idempotently() {
         assert_eq!(subjects, ["default", "trainer"]);
     })
     .await;
+}
+
+/// The identity the local kube-controller-manager (so its Job controller)
+/// creates pods as: it runs with the admin's kubeconfig.
+const LOCAL_JOB_CONTROLLER: &str = "memprof-admin";
+
+#[tokio::test]
+async fn the_job_controllers_pods_are_named_and_marked_by_the_webhook_and_no_one_elses() {
+    use memprof::api::admission::{
+        verify, Key, KeyRing, Keys, Subject, ANNOTATION_ADMISSION, MARK_LATE,
+    };
+    use memprof::webhook::MarkConfig;
+    with_temp_ns(|client, ns| async move {
+        let key = Key::generate();
+        let ring = KeyRing::new(key.clone());
+        let config = memprof::webhook::InjectionConfig {
+            marks: MarkConfig {
+                controllers: vec![LOCAL_JOB_CONTROLLER.into()],
+                keys: Keys::of(ring.clone()),
+            },
+            ..test_config(&client).await
+        };
+        let server = start_server_with(config).await;
+        register(&client, &ns, &server.url, &server.ca_pem).await;
+        wait_until_active(&client, &ns).await;
+        wait_for_default_token(&client, &ns).await;
+
+        let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
+        let created = jobs
+            .create(&PostParams::default(), &job("train", true))
+            .await
+            .unwrap();
+        let labels = created.metadata.labels.clone().unwrap_or_default();
+        assert_eq!(labels.get("memprof.dev/managed").map(String::as_str), Some("true"));
+        // The API server (1.20) accepts the name a mutating webhook gives a
+        // pod created with generateName, and keeps it.
+        let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let marked = loop {
+            let list = pods
+                .list(&ListParams::default().labels("job-name=train"))
+                .await
+                .unwrap();
+            if list.items.len() >= 2 {
+                break list.items;
+            }
+            assert!(Instant::now() < deadline, "the Job controller created no pods");
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        };
+        let job_uid = created.metadata.uid.clone().unwrap();
+        for pod in &marked {
+            let meta = &pod.metadata;
+            let name = meta.name.as_deref().unwrap();
+            assert_eq!(meta.generate_name.as_deref(), Some("train-"));
+            let suffix = name.strip_prefix("train-").unwrap();
+            assert_eq!(suffix.len(), 5, "{name}");
+            let mark = meta.annotations.as_ref().and_then(|a| a.get(ANNOTATION_ADMISSION));
+            let subject = Subject {
+                namespace: &ns,
+                pod: name,
+                job_uid: &job_uid,
+            };
+            let created = meta.creation_timestamp.as_ref().unwrap().0;
+            let now = jiff::Timestamp::now();
+            assert_eq!(
+                verify(&ring, mark.map(String::as_str), &subject, created, now),
+                Ok(()),
+                "{name}: {mark:?}"
+            );
+            // Issued at admission, just before the API server stamped the pod.
+            let issued: i64 = mark.unwrap().split('.').nth(1).unwrap().parse().unwrap();
+            assert!((created.as_second() - issued).abs() <= MARK_LATE.as_secs());
+        }
+
+        // Anyone else's pod, though it claims the Job and carries a genuine
+        // mark and the `managed` label, is admitted without a mark.
+        let tenant = format!("tenant-{ns}");
+        let mut impersonated = kube::Config::infer().await.unwrap();
+        impersonated.auth_info.impersonate = Some(tenant.clone());
+        impersonated.auth_info.impersonate_groups = Some(vec!["system:masters".into()]);
+        let as_tenant = Client::try_from(impersonated).unwrap();
+        let mut copy: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "copied", "labels": {"job-name": "train", "memprof.dev/managed": "true"},
+                         "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": "train",
+                                              "uid": job_uid, "controller": true}]},
+            "spec": {"containers": [{"name": "trainer", "image": "busybox"}]},
+        }))
+        .unwrap();
+        let genuine = marked[0].metadata.annotations.clone();
+        copy.metadata.annotations = genuine;
+        let admitted = Api::<Pod>::namespaced(as_tenant, &ns)
+            .create(&PostParams::default(), &copy)
+            .await
+            .unwrap();
+        let kept = admitted.metadata.annotations.unwrap_or_default();
+        assert!(!kept.contains_key(ANNOTATION_ADMISSION), "{kept:?}");
+        server.stop().await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn admission_key_secret_is_created_once_shared_and_rotated_on_request() {
+    use memprof::api::admission::ANNOTATION_ROTATE;
+    use memprof::webhook::keys::{ensure_keys, KeyConfig};
+    with_temp_ns(|client, ns| async move {
+        let cfg = KeyConfig {
+            namespace: ns.clone(),
+            secret_name: "memprof-admission-key".into(),
+            grace: jiff::SignedDuration::from_hours(1),
+        };
+        // Two replicas starting together end up with the same key.
+        let (a, b) = tokio::join!(ensure_keys(&client, &cfg), ensure_keys(&client, &cfg));
+        let (a, b) = (a.unwrap(), b.unwrap());
+        assert_eq!(a, b);
+        assert_eq!(ensure_keys(&client, &cfg).await.unwrap(), a);
+        // An administrator asks for a new key: the old one stays valid for the grace.
+        let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+        let ask = json!({"metadata": {"annotations": {ANNOTATION_ROTATE: "now"}}});
+        secrets
+            .patch(
+                &cfg.secret_name,
+                &Default::default(),
+                &kube::api::Patch::Merge(&ask),
+            )
+            .await
+            .unwrap();
+        let rotated = ensure_keys(&client, &cfg).await.unwrap();
+        assert_ne!(rotated.current(), a.current());
+        assert_eq!(rotated.previous().map(|p| &p.0), a.current());
+        assert_eq!(
+            ensure_keys(&client, &cfg).await.unwrap(),
+            rotated,
+            "once per request"
+        );
+    })
+    .await;
+}
+
+#[test]
+fn the_operator_refuses_to_serve_the_webhook_without_a_sidecar_image() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_memprof-operator"))
+        .args(["--metrics-addr", "127.0.0.1:0"])
+        .env_remove("MEMPROF_SIDECAR_IMAGE")
+        .env_remove("MEMPROF_WEBHOOK_PORT")
+        .output()
+        .expect("running memprof-operator");
+    assert!(!out.status.success(), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--sidecar-image"), "{stderr}");
 }

@@ -4,7 +4,7 @@
 # time to OOM can be tuned (SET=dev) and then judged on data they were not
 # tuned on (SET=heldout).
 #
-#   bench/gpu/record.sh OUTDIR SET           # SET: dev | heldout (| selftest, see below)
+#   bench/gpu/record.sh OUTDIR SET           # SET: dev | heldout | fresh (| selftest, see below)
 #   bench/gpu/record.sh OUTDIR SET --plan    # the schedule and its time budget; runs nothing
 #
 # Run from the repository root with the release binaries in .gpu/ (SIDECAR
@@ -91,6 +91,21 @@
 #| heldout  slowleak    leak  90     96   --seed 108 --d-model 1280 --layers 10 --heads 10 --seq 768 --vocab 50304 --batch-schedule 6 --peak-every 12 --leak-mbps 22 --leak-at 4 --headroom-gb 30 --duration 90
 #| heldout  steadyeval  none  60     66   --seed 109 --d-model 1280 --layers 10 --heads 10 --seq 768 --vocab 50304 --batch-schedule 6 --peak-every 8 --eval-every 9 --eval-batches 5 --eval-batch 12 --eval-seq 1536 --duration 60
 #
+# The fresh set (recorded 2026-11-24 with the sidecar and agent after issue 17,
+# judged once before any tuning on it): another shape again (d 1536, 12
+# layers, 12 heads, seq 512, vocab 32000, a 2x sequence every 6 steps where
+# peak-every is 6), rates 2.5/0.9/0.3 GB/s, 600 and 150 MB/s, 40 MB/s,
+# empty_cache every 2 s, eval every 5 s with kept graphs, seeds 201-209.
+#| fresh    leak2500    oom   39     62   --seed 201 --d-model 1536 --layers 12 --heads 12 --seq 512 --vocab 32000 --batch-schedule 4 --peak-every 6 --leak-mbps 2500 --leak-at 6 --life 33 --duration 58
+#| fresh    leak900     oom   39     62   --seed 202 --d-model 1536 --layers 12 --heads 12 --seq 512 --vocab 32000 --batch-schedule 6 --peak-every 6 --leak-mbps 900 --leak-at 6 --life 33 --duration 58
+#| fresh    leak300     oom   41     66   --seed 203 --d-model 1536 --layers 12 --heads 12 --seq 512 --vocab 32000 --batch-schedule 5 --peak-every 0 --leak-mbps 300 --leak-at 6 --life 35 --duration 62
+#| fresh    emptycache  oom   26     50   --seed 204 --d-model 1536 --layers 12 --heads 12 --seq 512 --vocab 32000 --batch-schedule 6 --peak-every 6 --leak-mbps 600 --leak-at 6 --empty-cache-every 2 --life 20 --duration 46
+#| fresh    fullgpu     oom   30     52   --seed 205 --d-model 1536 --layers 12 --heads 12 --seq 512 --vocab 32000 --batch-schedule 5 --peak-every 0 --fill-pct 95 --leak-mbps 150 --leak-at 6 --duration 48
+#| fresh    valloss     oom   26     50   --seed 206 --d-model 1536 --layers 12 --heads 12 --seq 512 --vocab 32000 --batch-schedule 5 --peak-every 6 --eval-every 5 --eval-batches 3 --eval-batch 3 --keep-eval-graph --leak-at 6 --life 20 --duration 46
+#| fresh    growbatch   none  80     86   --seed 207 --d-model 1536 --layers 12 --heads 12 --seq 512 --vocab 32000 --batch-schedule 0:3,20:6,40:9,60:12 --peak-every 6 --duration 80
+#| fresh    slowleak    leak  90     96   --seed 208 --d-model 1536 --layers 12 --heads 12 --seq 512 --vocab 32000 --batch-schedule 6 --peak-every 9 --leak-mbps 40 --leak-at 4 --headroom-gb 25 --duration 90
+#| fresh    steadyeval  none  60     66   --seed 209 --d-model 1536 --layers 12 --heads 12 --seq 512 --vocab 32000 --batch-schedule 8 --peak-every 6 --eval-every 10 --eval-batches 4 --eval-batch 16 --eval-seq 1024 --duration 60
+#
 # The selftest set rehearses the whole campaign on a machine without a GPU
 # (`python3 -m pytest -q bench/gpu/selftest`: a stand-in torch, the sim
 # backend); small model, short runs, the same code paths.
@@ -133,7 +148,7 @@ MODE=${3:-run}
 [ -n "$OUT" ] && [ -n "$SET" ] || usage
 case $MODE in run | --plan) ;; *) usage ;; esac
 mapfile -t ROWS < <(grep -E "^#\| +$SET +" "$0" | sed -E 's/^#\| +//')
-[ "${#ROWS[@]}" -gt 0 ] || { echo "no scenarios for set '$SET' (dev, heldout or selftest)" >&2; usage; }
+[ "${#ROWS[@]}" -gt 0 ] || { echo "no scenarios for set '$SET' (dev, heldout, fresh or selftest)" >&2; usage; }
 
 now() { date +%s.%N; }
 T0=$(now)

@@ -9,7 +9,10 @@
 //! on the same control plane too. So the pods are created here, at the API
 //! server's own pace, exactly as the Job controller labels and owns them
 //! (`job-name`, `controller-uid`, a controlling ownerReference to the Job):
-//! the Job controller counts them as its active pods.
+//! the Job controller counts them as its active pods. The benchmark runs no
+//! webhook, so it marks them as the webhook marks the Job controller's pods
+//! (`memprof.dev/admission`, under the key in the namespace's Secret that the
+//! operator reads with `--webhook-namespace`): only marked pods count.
 //!
 //! And why it makes none of its own: the Job's pod template names a
 //! ServiceAccount that does not exist, so the ServiceAccount admission plugin
@@ -29,7 +32,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::wait::{await_condition, conditions};
 use kube::{Client, ResourceExt};
+use memprof::api::admission::{sign, Key, Subject, ANNOTATION_ADMISSION, DEFAULT_KEY_SECRET};
 use memprof::api::{crds, ANNOTATION_ENABLED};
+use memprof::webhook::keys::{ensure_keys, KeyConfig};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -99,6 +104,8 @@ impl Operator {
         let child = tokio::process::Command::new(bin)
             .args(["--namespace", ns, "--metrics-addr", &metrics_addr])
             .args(["--webhook-port", "0"])
+            // The admission-mark key is the benchmark namespace's (create_workload marks pods with it).
+            .args(["--webhook-namespace", ns])
             .args(extra)
             .env("RUST_LOG", "warn")
             .kill_on_drop(true)
@@ -167,8 +174,10 @@ fn trainer() -> Container {
     }
 }
 
-/// A pod of Job `job_name` (uid `job_uid`) as the Job controller would make it.
-fn rank_pod(name: &str, job_name: &str, job_uid: &str) -> Pod {
+/// A pod of Job `job_name` (uid `job_uid`) as the Job controller would make
+/// it, marked as the webhook marks the Job controller's pods (the benchmark
+/// runs no webhook; only marked pods count).
+fn rank_pod(ns: &str, name: &str, job_name: &str, job_uid: &str, key: &Key) -> Pod {
     let mut pod = Pod {
         spec: Some(PodSpec {
             restart_policy: Some("Never".into()),
@@ -190,6 +199,15 @@ fn rank_pod(name: &str, job_name: &str, job_uid: &str) -> Pod {
         controller: Some(true),
         block_owner_deletion: Some(true),
     }]);
+    // Issued now, just before the create: the API server stamps the pod
+    // within the mark's window (docs/security.md, "Pod trust").
+    let subject = Subject {
+        namespace: ns,
+        pod: name,
+        job_uid,
+    };
+    let mark = sign(key, &subject, jiff::Timestamp::now());
+    pod.metadata.annotations = Some(BTreeMap::from([(ANNOTATION_ADMISSION.to_string(), mark)]));
     pod
 }
 
@@ -216,16 +234,24 @@ pub async fn create_workload(
         .try_collect()
         .await?;
 
+    // The operator's key: the Secret it reads with --webhook-namespace.
+    let keys = KeyConfig {
+        namespace: ns.into(),
+        secret_name: DEFAULT_KEY_SECRET.into(),
+        grace: jiff::SignedDuration::from_hours(1),
+    };
+    let ring = ensure_keys(client, &keys).await?;
+    let key = ring.current().expect("ensure_keys returns a key").clone();
     let pod_api: Api<Pod> = Api::namespaced(client.clone(), ns);
     let wanted = (0..jobs).flat_map(|j| (0..ranks).map(move |r| (j, r)));
     let pods: Vec<RankPod> = futures::stream::iter(wanted)
         .map(|(j, rank)| {
             let (api, job_uid, job) = (pod_api.clone(), uids[j].clone(), job_name(j));
+            let key = key.clone();
             async move {
                 let name = format!("{job}-{rank}");
-                let created = api
-                    .create(&PostParams::default(), &rank_pod(&name, &job, &job_uid))
-                    .await?;
+                let pod = rank_pod(ns, &name, &job, &job_uid, &key);
+                let created = api.create(&PostParams::default(), &pod).await?;
                 anyhow::Ok(RankPod {
                     job: j,
                     rank,

@@ -107,11 +107,17 @@ async fn main() -> anyhow::Result<()> {
     // Checked by the flag's parser; the roll-up shows them in each status.
     cli.operator.default_thresholds =
         memprof::api::thresholds::parse_cluster(&cli.webhook.default_thresholds)?;
+    // One key ring for the webhook (signs admission marks) and the
+    // controllers (verify them), loaded by the admission-keys task.
+    let keys = memprof::api::admission::Keys::default();
+    cli.operator.admission = keys.clone();
     if cli.print_metrics {
         print!("{}", describe_metrics());
         return Ok(());
     }
     init_logs(cli.log_json);
+    // A webhook without an image it can inject would break every profiled pod.
+    cli.webhook.check()?;
 
     // No client-wide read timeout: kube's client reads watch streams through
     // the same connections, and a quiet watch sends nothing for minutes (the
@@ -145,6 +151,8 @@ async fn main() -> anyhow::Result<()> {
             "metrics",
             metrics_task(listener, cli.metrics_addr, registry, &health, &shutdown),
         ),
+        // Every replica keeps the key fresh: the webhook signs on all of them.
+        spawn("admission-keys", keys_task(&client, &cli, &keys, &shutdown)),
         // The webhook serves on every replica: admission must not wait for an election.
         spawn(
             "webhook",
@@ -212,6 +220,34 @@ async fn serve_metrics(
         .map_err(|e| format!("the metrics server panicked: {e}"))
 }
 
+/// Loads the admission-mark key from its Secret and keeps it fresh; ready
+/// once loaded.
+fn keys_task(
+    client: &kube::Client,
+    cli: &Cli,
+    keys: &memprof::api::admission::Keys,
+    shutdown: &Stop,
+) -> Start {
+    let (client, cfg, keys) = (client.clone(), cli.webhook.key_config(), keys.clone());
+    let shutdown = shutdown.clone();
+    Box::new(move |ready| {
+        let (client, cfg, keys) = (client.clone(), cfg.clone(), keys.clone());
+        let run = memprof::webhook::keys::maintain(client, cfg, keys.clone(), shutdown.clone());
+        async move {
+            let loaded = async {
+                keys.loaded().await;
+                ready.set();
+                std::future::pending::<()>().await
+            };
+            tokio::select! {
+                () = run => Ok(()),
+                () = loaded => Ok(()),
+            }
+        }
+        .boxed()
+    })
+}
+
 fn webhook_task(
     client: &kube::Client,
     cli: &Cli,
@@ -219,13 +255,14 @@ fn webhook_task(
     shutdown: &Stop,
 ) -> Start {
     let (client, opts, shutdown) = (client.clone(), cli.webhook.clone(), shutdown.clone());
+    let keys = cli.operator.admission.clone();
     Box::new(move |ready| {
         let (client, opts, shutdown) = (client.clone(), opts.clone(), shutdown.clone());
-        let metrics = metrics.clone();
+        let (metrics, keys) = (metrics.clone(), keys.clone());
         async move {
             // Its start (certificate, API server version) retries by itself.
             ready.set();
-            memprof::webhook::run(client, opts, metrics, shutdown)
+            memprof::webhook::run(client, opts, keys, metrics, shutdown)
                 .await
                 .map_err(|e| format!("admission webhook (pods are not injected meanwhile): {e}"))
         }
@@ -272,6 +309,9 @@ async fn control(
     ready: operator::Ready,
 ) -> Result<(), String> {
     pipeline::check(&client, &setup).await?;
+    // Until the key is loaded no pod verifies: rolling up would refuse
+    // every report (and announce it).
+    setup.options.admission.loaded().await;
     ready.set();
     let gauge = setup.metrics.leader.clone();
     let Some((flags, identity)) = election else {

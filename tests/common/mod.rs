@@ -12,6 +12,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::wait::{await_condition, conditions};
 use kube::{Client, ResourceExt};
+use memprof::api::admission::KeyRing;
 use memprof::api::{
     GpuReport, MemoryReport, MemoryReportSpec, ReportSummary, RiskLevel, ANNOTATION_ENABLED,
     LABEL_JOB, LABEL_PROFILE, SIDECAR_MANAGER,
@@ -143,7 +144,9 @@ pub fn start_operator(client: &Client, namespace: &str) -> RunningOperator {
 }
 
 /// The operator in-process with these options (remediation on, plans kept
-/// in the watched namespace).
+/// in the watched namespace). Unless `opts.admission` holds a key already,
+/// it gets the key of its namespace ([`admission_keys`]), the one
+/// [`job_pods`] marks pods with.
 pub fn start_operator_with(client: &Client, opts: Options) -> RunningOperator {
     let mut setup = Setup::for_namespace(&opts.namespace);
     setup.options = opts;
@@ -156,6 +159,10 @@ pub fn start_controller(client: &Client, setup: Setup) -> RunningOperator {
     let (metrics, remediation_metrics) = (setup.metrics.clone(), setup.remediation_metrics.clone());
     let c = client.clone();
     let task = tokio::spawn(async move {
+        let keys = &setup.options.admission;
+        if keys.ring().current().is_none() {
+            keys.set(admission_keys(&setup.options.namespace).await);
+        }
         memprof::pipeline::run(c, setup, async move {
             let _ = stopped.await;
         })
@@ -352,19 +359,75 @@ pub fn at(offset: u64) -> String {
         .to_string()
 }
 
+/// The admission-mark key of `ns` (the Secret `memprof-admission-key` the
+/// operator binary reads with `--webhook-namespace ns`), created if missing,
+/// read with the test's admin credentials (whatever identity the controller
+/// under test runs as). The tests' operators run in the namespace they
+/// watch, so it stands in for the operator's namespace.
+pub async fn admission_keys(ns: &str) -> KeyRing {
+    let client = Client::try_default().await.expect("the test's kubeconfig");
+    let cfg = memprof::webhook::keys::KeyConfig {
+        namespace: if ns.is_empty() { "default" } else { ns }.to_string(),
+        secret_name: memprof::api::admission::DEFAULT_KEY_SECRET.into(),
+        grace: jiff::SignedDuration::from_hours(1),
+    };
+    memprof::webhook::keys::ensure_keys(&client, &cfg)
+        .await
+        .unwrap_or_else(|e| panic!("the admission key of {ns}: {e}"))
+}
+
+/// Marks `pod` as the webhook marks a pod the Job controller created (the
+/// tests' cluster has no webhook unless a test registers one): the mark
+/// under `ns`'s key, issued at the pod's creation. tests/pod_trust.rs runs
+/// the real webhook instead, and pods nobody marks.
+pub async fn mark_as_admitted(pod: &Pod) -> Pod {
+    use memprof::api::admission::{sign, Subject, ANNOTATION_ADMISSION};
+    let ns = pod.namespace().unwrap_or_default();
+    let Some(job_uid) = pod
+        .owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true))
+    else {
+        return pod.clone();
+    };
+    let ring = admission_keys(&ns).await;
+    let subject = Subject {
+        namespace: &ns,
+        pod: &pod.name_any(),
+        job_uid: &job_uid.uid,
+    };
+    let created = pod.creation_timestamp().expect("a created pod").0;
+    let mark = sign(ring.current().expect("a key"), &subject, created);
+    if pod.annotations().get(ANNOTATION_ADMISSION) == Some(&mark) {
+        return pod.clone();
+    }
+    let patch = serde_json::json!({"metadata": {"annotations": {ANNOTATION_ADMISSION: mark}}});
+    // As the webhook would, whoever the test's `client` is.
+    let admin = Client::try_default().await.expect("the test's kubeconfig");
+    Api::<Pod>::namespaced(admin, &ns)
+        .patch(
+            &pod.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("marking pod {}: {e}", pod.name_any()))
+}
+
 /// The pods the Job controller made for the current Job `job` (by its uid),
-/// sorted by name; waits until there are at least `n`.
+/// sorted by name, marked as admitted ([`mark_as_admitted`]); waits until
+/// there are at least `n`.
 pub async fn job_pods(client: &Client, ns: &str, job: &str, n: usize) -> Vec<Pod> {
     let jobs: Api<Job> = Api::namespaced(client.clone(), ns);
-    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-    eventually(&format!("{n} pod(s) of Job {job}"), || async {
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let pods = eventually(&format!("{n} pod(s) of Job {job}"), || async {
         let uid = jobs
             .get_opt(job)
             .await
             .map_err(|e| e.to_string())?
             .and_then(|j| j.uid())
             .ok_or("no such Job")?;
-        let mut list: Vec<Pod> = pods
+        let mut list: Vec<Pod> = api
             .list(&ListParams::default().labels(&format!("controller-uid={uid}")))
             .await
             .map_err(|e| e.to_string())?
@@ -379,7 +442,12 @@ pub async fn job_pods(client: &Client, ns: &str, job: &str, n: usize) -> Vec<Pod
             Err(format!("{} pod(s)", list.len()))
         }
     })
-    .await
+    .await;
+    let mut marked = Vec::with_capacity(pods.len());
+    for p in &pods {
+        marked.push(mark_as_admitted(p).await);
+    }
+    marked
 }
 
 /// The report the sidecar of `pod` writes: named after the pod, owned by it.

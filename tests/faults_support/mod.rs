@@ -326,6 +326,8 @@ pub fn operator(name: &str, kubeconfig: &Path, ns: &str, extra: &[&str]) -> Proc
     let port = free_port();
     let mut cmd = Command::new(operator_binary());
     cmd.args(["--namespace", ns, "--webhook-port", "0", "--instance", name])
+        // The admission-mark key lives in the test's namespace (the harness marks pods with it).
+        .args(["--webhook-namespace", ns])
         .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
         .args(["--leader-election-namespace", ns])
         .args(["--remediation-plan-namespace", ns])

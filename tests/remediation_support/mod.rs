@@ -125,9 +125,10 @@ pub async fn profile_with_status(client: &Client, ns: &str, name: &str) -> Memor
 }
 
 /// Waits for the first pod the Job controller creates for `job`.
+/// (marked as admitted, `common::mark_as_admitted`).
 pub async fn first_pod(client: &Client, ns: &str, job: &str) -> Pod {
     let api = Api::<Pod>::namespaced(client.clone(), ns);
-    eventually("the Job's pod", || {
+    let pod = eventually("the Job's pod", || {
         let api = api.clone();
         async move {
             let lp = ListParams::default().labels(&format!("job-name={job}"));
@@ -138,7 +139,8 @@ pub async fn first_pod(client: &Client, ns: &str, job: &str) -> Pod {
                 .ok_or("no pod yet".to_string())
         }
     })
-    .await
+    .await;
+    crate::common::mark_as_admitted(&pod).await
 }
 
 /// Makes `container` of `pod` terminated with `exit_code` and `message`,
@@ -224,6 +226,8 @@ pub fn spawn_operator(ns: &str, failpoint: Option<&str>) -> OperatorProcess {
         let mut c = Command::new(operator_binary());
         c.args(["--namespace", ns, "--metrics-addr", "127.0.0.1:0"]);
         c.args(["--remediation-plan-namespace", ns]);
+        // No webhook; the admission key is the namespace's (common::admission_keys).
+        c.args(["--webhook-port", "0", "--webhook-namespace", ns]);
         c
     } else {
         let mut c = Command::new(std::env::current_exe().unwrap());
@@ -255,7 +259,9 @@ pub fn run_child_operator(ns: &str) {
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let client = Client::try_default().await.unwrap();
-        let setup = memprof::pipeline::Setup::for_namespace(ns);
+        let mut setup = memprof::pipeline::Setup::for_namespace(ns);
+        setup.options.admission =
+            memprof::api::admission::Keys::of(crate::common::admission_keys(ns).await);
         memprof::pipeline::run(client, setup, std::future::pending())
             .await
             .unwrap();

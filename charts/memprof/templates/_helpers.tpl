@@ -52,6 +52,11 @@ app.kubernetes.io/part-of: memprof
 {{- printf "%s-webhook-tls" (include "memprof.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
+{{/* The Secret with the key of the admission marks (--admission-key-secret). */}}
+{{- define "memprof.admissionKeySecret" -}}
+{{- printf "%s-admission-key" (include "memprof.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
 {{/*
 The webhook's namespaceSelector: the values', narrowed to rbac.namespaces in a
 namespaced install (by the kubernetes.io/metadata.name label, set on every

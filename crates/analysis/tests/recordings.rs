@@ -137,3 +137,50 @@ fn after_a_leaks_oom_the_report_keeps_the_verdict_from_before_it() {
         assert!(a.fragmentation.is_some_and(|f| f < 0.25), "{j:?}");
     }
 }
+
+fn heldout_evaluation() -> Evaluation {
+    let dir = root().join("recordings/heldout");
+    let read = |name: &str| std::fs::read_to_string(dir.join(name)).ok();
+    let scenarios = set_scenarios(&read);
+    assert_eq!(scenarios.len(), 9);
+    let set: Vec<Recording> = scenarios
+        .into_iter()
+        .map(|(name, kind)| read_scenario(&read, &name, kind).unwrap())
+        .collect();
+    let e = evaluate(&set, &Thresholds::default());
+    println!("{}", render(&e));
+    e
+}
+
+/// The held-out H100 set (other seeds, rates 22 MB/s to 1.7 GB/s, headrooms
+/// and cadences; never seen while the analysis was tuned, first evaluated
+/// on 2026-11-24 and committed afterwards, so from now on it is a
+/// regression fixture, not a held-out set). What it showed, pinned: with the
+/// agent every leak flagged within 15 s of visible, no false flag, the time
+/// to OOM at half-life within 20 % for the three leaks that lived 30 s or
+/// more; from NVML alone 5 of 7 leaks, 4 within 15 s of visible, no false
+/// flag. (Before, main at b0c3e97: agent 4/7 flagged, 1 within 15 s, TTO 1/3.)
+#[test]
+fn on_the_held_out_set_the_verdicts_hold_as_on_the_dev_set() {
+    let e = heldout_evaluation();
+    let t = &e.agent_totals;
+    assert_eq!(
+        (t.leaks, t.true_flags, t.false_flag_scenarios),
+        (7, 7, 0),
+        "{t:?}"
+    );
+    assert_eq!(t.flagged_within_15s_of_visible, 7, "{t:?}");
+    assert_eq!((t.long_lived, t.tto_within_20_percent), (3, 3), "{t:?}");
+    assert!(one(&e.agent, "growbatch").worst <= RiskLevel::Medium);
+    assert!(one(&e.agent, "steadyeval").worst <= RiskLevel::Low);
+    let n = &e.nvml_totals;
+    assert_eq!((n.true_flags, n.false_flag_scenarios), (5, 0), "{n:?}");
+    assert_eq!(n.flagged_within_15s_of_visible, 4, "{n:?}");
+    for j in e.agent.iter().filter(|j| j.truth == "oom") {
+        let a = j.after_oom.as_ref().unwrap_or_else(|| panic!("{j:?}"));
+        assert!(
+            a.kept_from_before && a.growth == MemoryGrowth::Leak,
+            "{j:?}"
+        );
+    }
+}

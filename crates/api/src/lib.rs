@@ -9,6 +9,7 @@
 //! and the sidecar agree on ([`env`]). It depends on no other memprof crate.
 #![forbid(unsafe_code)]
 
+pub mod admission;
 pub mod agent;
 mod common;
 pub mod env;

@@ -20,6 +20,10 @@ use serde::{Deserialize, Serialize};
 pub const REMEDIATION_MANAGER: &str = "memprof-remediation";
 /// Annotation on a Job recreated by a remediation: the remediation's id.
 pub const ANNOTATION_REMEDIATION: &str = "memprof.dev/remediation";
+/// Annotation on a Job recreated by a remediation: a random value kept in
+/// the plan (in the operator's namespace) until the Job exists, so that a
+/// Job someone else created under the same name and id is not taken for it.
+pub const ANNOTATION_REMEDIATION_NONCE: &str = "memprof.dev/remediation-nonce";
 /// Prefix of the annotation keeping an env var's value from before the first
 /// remediation, e.g. `memprof.dev/original-batch_size: "32"`.
 pub const ANNOTATION_ORIGINAL_PREFIX: &str = "memprof.dev/original-";

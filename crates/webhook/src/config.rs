@@ -1,6 +1,7 @@
 //! What the webhook injects: plain values, built once from the operator's
 //! flags ([`super::WebhookOptions`]) and shared read-only by every admission.
 
+use memprof_api::admission::{Keys, DEFAULT_CONTROLLER_IDENTITIES};
 use memprof_api::DEFAULT_AGENT_SOURCE;
 use std::time::Duration;
 
@@ -108,12 +109,36 @@ pub struct InjectionConfig {
     pub log_json: bool,
     /// Replaces the sidecar's built-in securityContext (`--sidecar-security-context`).
     pub security_context: Option<k8s_openapi::api::core::v1::SecurityContext>,
+    /// The admission mark on pods the Job controller creates.
+    pub marks: MarkConfig,
+}
+
+/// How the webhook marks the pods the Job controller creates
+/// (`memprof_api::admission`, docs/security.md "Pod trust").
+#[derive(Clone, Debug, PartialEq)]
+pub struct MarkConfig {
+    /// `userInfo.username`s the Job controller creates pods as
+    /// (`--admission-controller-identities`).
+    pub controllers: Vec<String>,
+    /// The operator's key ring: marks are signed with its current key; none
+    /// is signed until it is loaded.
+    pub keys: Keys,
+}
+
+impl Default for MarkConfig {
+    fn default() -> Self {
+        MarkConfig {
+            controllers: DEFAULT_CONTROLLER_IDENTITIES.map(String::from).to_vec(),
+            keys: Keys::default(),
+        }
+    }
 }
 
 impl Default for InjectionConfig {
     fn default() -> Self {
         InjectionConfig {
-            image: default_image(),
+            // No default: the operator refuses to serve without --sidecar-image.
+            image: String::new(),
             command: vec!["/usr/local/bin/memprof-sidecar".into()],
             pull_policy: "IfNotPresent".into(),
             port: 9464,
@@ -132,16 +157,9 @@ impl Default for InjectionConfig {
             thresholds: serde_json::Map::new(),
             log_json: false,
             security_context: None,
+            marks: MarkConfig::default(),
         }
     }
-}
-
-/// The image built from this repository's Dockerfile at this crate's version
-/// (it holds both binaries; the sidecar is started by `command`).
-pub const DEFAULT_IMAGE: &str = concat!("ghcr.io/memprof/memprof:", env!("CARGO_PKG_VERSION"));
-
-fn default_image() -> String {
-    DEFAULT_IMAGE.to_string()
 }
 
 impl SidecarMode {

@@ -19,13 +19,15 @@
 pub mod agent;
 pub mod certs;
 mod config;
+pub mod keys;
+pub mod marks;
 pub mod mutate;
 mod options;
 pub mod server;
 pub mod sidecar;
 
 pub use certs::{CertBundle, CertConfig, CertError};
-pub use config::{GpuAccess, InjectionConfig, ServiceAccountTokenMode, SidecarMode, DEFAULT_IMAGE};
+pub use config::{GpuAccess, InjectionConfig, MarkConfig, ServiceAccountTokenMode, SidecarMode};
 pub use mutate::{admit_review, injection_patch, Injection, MutateError, Target};
 pub use options::{run, CertMode, Error, WebhookOptions};
 pub use server::{serve, ServerError, TlsCert};

@@ -31,6 +31,7 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Pod, PodSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::core::GroupVersionKind;
+use memprof_api::admission::LABEL_MANAGED;
 use memprof_api::interval::parse_interval;
 use memprof_api::ANNOTATION_ENABLED;
 use serde::Deserialize as _;
@@ -280,32 +281,7 @@ pub fn injection_patch(
 
     let p = view.prefix;
     let mut ops = vec![];
-    // Mark the template, creating metadata/labels/annotations when absent.
-    // The label is for the chart's PodMonitor (it selects on labels only).
-    let injected = json!({ ANNOTATION_INJECTED: "true" });
-    let labelled = json!({ LABEL_INJECTED: "true" });
-    match view.template_meta_or_pod() {
-        None => ops.push(add(
-            ptr(p, &["metadata"]),
-            json!({ "labels": labelled, "annotations": injected }),
-        )),
-        Some(m) => {
-            ops.push(match m.labels {
-                None => add(ptr(p, &["metadata", "labels"]), labelled),
-                Some(_) => add(
-                    ptr(p, &["metadata", "labels", LABEL_INJECTED]),
-                    json!("true"),
-                ),
-            });
-            ops.push(match m.annotations {
-                None => add(ptr(p, &["metadata", "annotations"]), injected),
-                Some(_) => add(
-                    ptr(p, &["metadata", "annotations", ANNOTATION_INJECTED]),
-                    json!("true"),
-                ),
-            });
-        }
-    }
+    label_and_annotate(&view, &mut ops);
 
     if annotation(&view, ANNOTATION_TERMINATION_MESSAGE) != Some("keep") {
         for (i, c) in spec.containers.iter().enumerate() {
@@ -371,6 +347,52 @@ pub fn injection_patch(
     })
 }
 
+/// Marks the template (or the pod), creating metadata/labels/annotations
+/// when absent. `injected` is for the chart's PodMonitor (it selects on
+/// labels only); `managed` for the operator's watches and the pod webhook's
+/// selector (a filter, not proof: `memprof_api::admission`).
+fn label_and_annotate(view: &View<'_>, ops: &mut Vec<PatchOperation>) {
+    let p = view.prefix;
+    let injected = json!({ ANNOTATION_INJECTED: "true" });
+    let labelled = json!({ LABEL_INJECTED: "true", LABEL_MANAGED: "true" });
+    if !p.is_empty() {
+        // The Job itself carries `managed` too.
+        ops.push(match view.meta.labels {
+            None => add(
+                ptr(&[], &["metadata", "labels"]),
+                json!({ LABEL_MANAGED: "true" }),
+            ),
+            Some(_) => add(
+                ptr(&[], &["metadata", "labels", LABEL_MANAGED]),
+                json!("true"),
+            ),
+        });
+    }
+    match view.template_meta_or_pod() {
+        None => ops.push(add(
+            ptr(p, &["metadata"]),
+            json!({ "labels": labelled, "annotations": injected }),
+        )),
+        Some(m) => {
+            match m.labels {
+                None => ops.push(add(ptr(p, &["metadata", "labels"]), labelled)),
+                Some(_) => {
+                    for key in [LABEL_INJECTED, LABEL_MANAGED] {
+                        ops.push(add(ptr(p, &["metadata", "labels", key]), json!("true")));
+                    }
+                }
+            }
+            ops.push(match m.annotations {
+                None => add(ptr(p, &["metadata", "annotations"]), injected),
+                Some(_) => add(
+                    ptr(p, &["metadata", "annotations", ANNOTATION_INJECTED]),
+                    json!("true"),
+                ),
+            });
+        }
+    }
+}
+
 impl View<'_> {
     /// The metadata that gets the `injected` mark: the template's for a Job,
     /// the pod's own for a Pod.
@@ -406,6 +428,15 @@ struct WireRequest {
     namespace: Option<String>,
     #[serde(default)]
     object: Option<Value>,
+    /// Who asks: the Job controller's pods are marked (marks.rs).
+    #[serde(default)]
+    user_info: WireUser,
+}
+
+#[derive(Default, serde::Deserialize)]
+struct WireUser {
+    #[serde(default)]
+    username: Option<String>,
 }
 
 const REVIEW_API_VERSION: &str = "admission.k8s.io/v1";
@@ -423,7 +454,13 @@ fn decide(req: &WireRequest, cfg: &InjectionConfig) -> (Option<Patch>, Vec<Strin
         .object
         .as_ref()
         .ok_or(MutateError::NoObject)
-        .and_then(|obj| injection_patch(target, obj, cfg));
+        .and_then(|obj| {
+            let injection = injection_patch(target, obj, cfg)?;
+            match target {
+                Target::Pod => mark(obj, req, cfg, injection),
+                Target::Job => Ok(injection),
+            }
+        });
     match result {
         Ok(Injection { patch, warnings }) => {
             if patch.is_some() {
@@ -431,7 +468,7 @@ fn decide(req: &WireRequest, cfg: &InjectionConfig) -> (Option<Patch>, Vec<Strin
                     kind = target.name(),
                     namespace = req.namespace.as_deref().unwrap_or(""),
                     name = %req.name,
-                    "injected memprof-sidecar"
+                    "injected memprof-sidecar or marked the pod"
                 );
             }
             (patch, warnings)
@@ -441,6 +478,35 @@ fn decide(req: &WireRequest, cfg: &InjectionConfig) -> (Option<Patch>, Vec<Strin
             (None, vec![format!("memprof: sidecar not injected: {e}")])
         }
     }
+}
+
+/// `injection` plus the pod's admission mark (or the removal of a planted
+/// one): marks.rs.
+fn mark(
+    obj: &Value,
+    req: &WireRequest,
+    cfg: &InjectionConfig,
+    injection: Injection,
+) -> Result<Injection, MutateError> {
+    let pod = Pod::deserialize(obj).map_err(|source| MutateError::Decode {
+        kind: "Pod",
+        source,
+    })?;
+    let Injection {
+        patch,
+        mut warnings,
+    } = injection;
+    let mut ops = patch.map(|p| p.0).unwrap_or_default();
+    let creation = super::marks::Creation {
+        namespace: req.namespace.as_deref().unwrap_or_default(),
+        username: req.user_info.username.as_deref(),
+        now: jiff::Timestamp::now(),
+    };
+    super::marks::mark_pod(&pod, &creation, &cfg.marks, &mut ops, &mut warnings);
+    Ok(Injection {
+        patch: (!ops.is_empty()).then_some(Patch(ops)),
+        warnings,
+    })
 }
 
 /// Answers a raw AdmissionReview body: the JSON `POST /mutate` returns.

@@ -3,12 +3,14 @@
 
 use super::certs::{self, CertConfig, CertError};
 use super::config::{
-    parse_image_pattern, GpuAccess, InjectionConfig, ServiceAccountTokenMode, SidecarMode,
-    DEFAULT_IMAGE,
+    parse_image_pattern, GpuAccess, InjectionConfig, MarkConfig, ServiceAccountTokenMode,
+    SidecarMode,
 };
+use super::keys::KeyConfig;
 use super::server::{ServerError, TlsCert};
 use jiff::SignedDuration;
 use kube::Client;
+use memprof_api::admission::{Keys, DEFAULT_CONTROLLER_IDENTITIES, DEFAULT_KEY_SECRET};
 use memprof_api::interval::parse_interval;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
@@ -42,6 +44,13 @@ pub enum Error {
     /// The TLS configuration is unusable.
     #[error(transparent)]
     Server(#[from] ServerError),
+    /// The webhook is on but no sidecar image was given.
+    #[error(
+        "the admission webhook needs the sidecar image: pass --sidecar-image (MEMPROF_SIDECAR_IMAGE), \
+         the memprof image your nodes can pull (the Helm chart sets it from image.repository and \
+         image.tag), or --webhook-port 0 to run without the webhook"
+    )]
+    NoSidecarImage,
 }
 
 /// Where the serving certificate comes from.
@@ -121,9 +130,38 @@ pub struct WebhookOptions {
         default_value = ""
     )]
     pub extra_names: Vec<String>,
-    /// Sidecar image (the memprof image).
-    #[arg(long = "sidecar-image", env = "MEMPROF_SIDECAR_IMAGE", default_value = DEFAULT_IMAGE)]
+    /// Sidecar image (the memprof image). Required while the webhook is on:
+    /// there is no published default to fall back to.
+    #[arg(
+        long = "sidecar-image",
+        env = "MEMPROF_SIDECAR_IMAGE",
+        default_value = ""
+    )]
     pub sidecar_image: String,
+    /// Secret (in --webhook-namespace) holding the key of the admission marks
+    /// that make pods count (docs/security.md, "Pod trust"); created if missing.
+    #[arg(
+        long = "admission-key-secret",
+        env = "MEMPROF_ADMISSION_KEY_SECRET",
+        default_value = DEFAULT_KEY_SECRET
+    )]
+    pub admission_key_secret: String,
+    /// Hours a rotated-out admission key still verifies (pods marked under it keep counting).
+    #[arg(
+        long = "admission-key-grace-hours",
+        env = "MEMPROF_ADMISSION_KEY_GRACE_HOURS",
+        default_value_t = 168
+    )]
+    pub admission_key_grace_hours: u32,
+    /// Identities (`userInfo.username`) the Job controller creates pods as,
+    /// comma-separated: only their pods are marked, so only theirs count.
+    #[arg(
+        long = "admission-controller-identities",
+        env = "MEMPROF_ADMISSION_CONTROLLER_IDENTITIES",
+        value_delimiter = ',',
+        default_values_t = DEFAULT_CONTROLLER_IDENTITIES.map(String::from)
+    )]
+    pub admission_controllers: Vec<String>,
     /// Let a Job pick the sidecar image with the annotation `memprof.dev/sidecar-image`,
     /// among --allowed-sidecar-images. Off by default: the sidecar sees every GPU
     /// of the node (and, with --gpu-access=podResources, the kubelet's socket).
@@ -292,7 +330,32 @@ impl WebhookOptions {
                 .unwrap_or_default(),
             log_json: self.sidecar_log_json,
             security_context: security_context(&self.sidecar_security_context).unwrap_or_default(),
+            marks: MarkConfig {
+                controllers: self
+                    .admission_controllers
+                    .iter()
+                    .filter_map(|c| non_empty(c))
+                    .collect(),
+                keys: Keys::default(),
+            },
         }
+    }
+
+    /// Where the admission-mark key lives.
+    pub fn key_config(&self) -> KeyConfig {
+        KeyConfig {
+            namespace: self.namespace.clone(),
+            secret_name: self.admission_key_secret.clone(),
+            grace: SignedDuration::from_hours(i64::from(self.admission_key_grace_hours)),
+        }
+    }
+
+    /// The flags that make the webhook unusable, checked at start.
+    pub fn check(&self) -> Result<(), Error> {
+        if self.port != 0 && self.sidecar_image.trim().is_empty() {
+            return Err(Error::NoSidecarImage);
+        }
+        Ok(())
     }
 
     /// Where the certificate lives and what it is for.
@@ -358,10 +421,12 @@ where
 /// certificate, serves `POST /mutate`, and keeps the certificate (and, in
 /// self mode, the `caBundle`) fresh. With `--webhook-port 0` it only waits for
 /// `shutdown`. Run it on every replica, not only the leader: the Service
-/// sends admissions to all of them.
+/// sends admissions to all of them. Pods the Job controller creates are
+/// marked with `keys` (kept fresh by [`super::keys::maintain`]) once loaded.
 pub async fn run(
     client: Client,
     opts: WebhookOptions,
+    keys: Keys,
     metrics: Arc<super::server::ServerMetrics>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), Error> {
@@ -370,6 +435,7 @@ pub async fn run(
         shutdown.await;
         return Ok(());
     }
+    opts.check()?;
     let addr = SocketAddr::new(opts.bind_address, opts.port);
     let listener = tokio::net::TcpListener::bind(addr)
         .await
@@ -381,7 +447,9 @@ pub async fn run(
             => opts.sidecar_mode.resolve(&v.major, &v.minor),
         () = &mut shutdown => return Ok(()),
     };
-    let config = Arc::new(opts.injection_config(native));
+    let mut config = opts.injection_config(native);
+    config.marks.keys = keys;
+    let config = Arc::new(config);
     tracing::info!(native_sidecar = native, gpu_access = config.gpu_access.as_str(), image = %config.image, "injection configured");
 
     let (cert, key) = tokio::select! {
@@ -480,6 +548,26 @@ mod tests {
                 .webhook
                 .injection_config(true);
         assert!(empty.thresholds.is_empty() && empty.security_context.is_none());
+    }
+
+    #[test]
+    fn the_webhook_is_refused_without_a_sidecar_image_naming_the_flag() {
+        let opts = |args: &[&str]| {
+            let argv = ["memprof-operator"].iter().chain(args).copied();
+            Cli::try_parse_from(argv).unwrap().webhook
+        };
+        let err = opts(&[]).check().unwrap_err().to_string();
+        assert!(
+            err.contains("--sidecar-image (MEMPROF_SIDECAR_IMAGE)"),
+            "{err}"
+        );
+        assert!(!err.contains("  "), "one line, no runs of spaces: {err}");
+        assert!(opts(&["--sidecar-image= "]).check().is_err());
+        assert!(opts(&["--sidecar-image=registry.example.com/memprof:1"])
+            .check()
+            .is_ok());
+        // Without the webhook no image is needed.
+        assert!(opts(&["--webhook-port=0"]).check().is_ok());
     }
 
     #[test]

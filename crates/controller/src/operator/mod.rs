@@ -79,6 +79,11 @@ pub struct Options {
     /// `--default-thresholds`), shown in each profile's status.
     #[arg(skip)]
     pub default_thresholds: serde_json::Map<String, serde_json::Value>,
+
+    /// The operator's admission key ring: only reports of pods marked under
+    /// it count (`trust.rs`). Filled by the binary; empty, nothing counts.
+    #[arg(skip)]
+    pub admission: memprof_api::admission::Keys,
 }
 
 impl Default for Options {
@@ -90,6 +95,7 @@ impl Default for Options {
             instance: None,
             allowed_namespaces: Vec::new(),
             default_thresholds: serde_json::Map::new(),
+            admission: Default::default(),
         }
     }
 }

@@ -1,17 +1,30 @@
-//! Which MemoryReports count for a Job: pure screening, shared by the
-//! roll-up and remediation, so that no report a tenant could forge ever
+//! Which MemoryReports and pods count for a Job: pure screening, shared by
+//! the roll-up and remediation, so that nothing a tenant could forge ever
 //! steers the operator.
 //!
 //! Why: any pod of the service account the reporter Role is bound to (often
 //! `default`, so often every pod of the namespace) can write a MemoryReport
-//! with any `memprof.dev/job` label. Labels are claims; the pod's owner
-//! references are facts the Job controller set. A report counts only if
+//! with any `memprof.dev/job` label, and anyone who may create pods can
+//! create one that names any Job as its controller, with the Job's labels.
+//! Labels and owner references are claims. What the cluster vouches for is
+//! who created the pod: the webhook marks the pods the Job controller
+//! creates (`memprof_api::admission`), under a key only the operator holds.
+//!
+//! A pod is the Job's ([`admit`]) only if
+//! 1. its controller owner reference is the Job (by uid): the Job controller
+//!    still counts it (it drops the reference when it releases a pod);
+//! 2. it is not being deleted (a pod held by a finalizer after the Job
+//!    controller deleted it as excess never counts);
+//! 3. it carries an admission mark that verifies for (namespace, name, Job
+//!    uid) under the operator's key, issued when the pod was created.
+//!
+//! A report counts ([`check`]) only if
 //! 1. it is its pod's own: `metadata.name == spec.podName`;
-//! 2. that pod exists and is controlled by the Job the report claims (uid);
+//! 2. that pod exists and is the Job's (above);
 //! 3. the report is owned by that pod (the sidecar sets the ownerReference);
 //! 4. its `sampledAt` parses and is not in the future (more than `MAX_SKEW`).
 //!
-//! Then, among reports that pass:
+//! Then, among reports that pass ([`screen`]):
 //! 5. one per rank: a retried pod's leftover report (an earlier pod of the
 //!    same rank) is superseded by the newest pod's;
 //! 6. at most `report_limit(parallelism)` of them (the newest first), so a
@@ -19,9 +32,14 @@
 //!
 //! Rejected reports (1–4) are named in the `ReportsValid` condition and never
 //! acted on; superseded and excess ones (5–6) are counted in `ReportsCounted`.
+//! OOM evidence is read only from pods that pass [`admit`] ([`Admitted`]).
 
 use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use memprof_api::admission::{
+    self, KeyRing, MarkError, Subject, ANNOTATION_ADMISSION, MAX_MARK_LEN,
+};
 use memprof_api::MemoryReport;
 use std::collections::{BTreeMap, HashMap};
 
@@ -34,19 +52,28 @@ pub fn report_limit(parallelism: u32) -> usize {
     (parallelism as usize).saturating_mul(2).saturating_add(4)
 }
 
-/// What screening needs of a pod: its metadata.
-#[derive(Clone, Debug)]
+/// What screening needs of a pod: part of its metadata. Keep exactly these
+/// in a slimmed pod cache (the mark is one annotation, at most 96 bytes read).
+#[derive(Clone, Debug, Default)]
 pub struct PodFacts<'a> {
+    /// Namespace of the pod.
+    pub namespace: &'a str,
+    /// Name of the pod.
+    pub name: &'a str,
     /// uid of the pod.
     pub uid: &'a str,
     /// uid of the Job controlling it, if a Job does.
     pub job_uid: Option<&'a str>,
     /// When it was created.
     pub created: Option<Timestamp>,
+    /// It has a `deletionTimestamp`.
+    pub deleting: bool,
+    /// Its `memprof.dev/admission` annotation.
+    pub mark: Option<&'a str>,
 }
 
 impl<'a> PodFacts<'a> {
-    /// The facts of a pod's metadata.
+    /// The facts of a pod's metadata, keyed by its name.
     pub fn of(meta: &'a ObjectMeta) -> Option<(&'a str, PodFacts<'a>)> {
         let name = meta.name.as_deref()?;
         let job_uid = meta
@@ -55,15 +82,189 @@ impl<'a> PodFacts<'a> {
             .flatten()
             .find(|o| o.controller == Some(true) && o.kind == "Job" && o.api_version == "batch/v1")
             .map(|o| o.uid.as_str());
+        let mark = meta
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ANNOTATION_ADMISSION));
         Some((
             name,
             PodFacts {
+                namespace: meta.namespace.as_deref().unwrap_or_default(),
+                name,
                 uid: meta.uid.as_deref().unwrap_or_default(),
                 job_uid,
                 created: meta.creation_timestamp.as_ref().map(|t| t.0),
+                deleting: meta.deletion_timestamp.is_some(),
+                mark: mark.map(String::as_str),
             },
         ))
     }
+}
+
+/// Pod annotation of Indexed Jobs' pods (the rank OOM records carry).
+const COMPLETION_INDEX: &str = "batch.kubernetes.io/job-completion-index";
+
+/// Keeps of a cached pod's annotations only what screening and OOM
+/// detection read, bounded: the admission mark and the completion index.
+/// (Every other annotation is the pod creator's, of any size.)
+pub fn slim_pod_annotations(meta: &mut ObjectMeta) {
+    meta.managed_fields = None;
+    if let Some(a) = meta.annotations.as_mut() {
+        a.retain(|k, v| match k.as_str() {
+            ANNOTATION_ADMISSION => v.len() <= MAX_MARK_LEN,
+            COMPLETION_INDEX => v.len() <= 10,
+            _ => false,
+        });
+    }
+}
+
+/// Why a report or a pod does not count for a Job.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Rejection {
+    /// The report describes another pod than it is named after.
+    #[error("not its pod's own report: named {name:?} but describes pod {pod:?}")]
+    NotOwnReport {
+        /// `metadata.name`.
+        name: String,
+        /// `spec.podName`.
+        pod: String,
+    },
+    /// No such pod (in the cache).
+    #[error("pod {0} does not exist")]
+    NoSuchPod(String),
+    /// The pod's controller is not this Job (or none).
+    #[error("pod {0} is not controlled by this Job")]
+    NotControlled(String),
+    /// The pod is being deleted: the Job controller no longer counts it.
+    #[error("pod {0} is being deleted")]
+    Deleting(String),
+    /// The pod's admission mark is missing or does not verify.
+    #[error(transparent)]
+    NotAdmitted(#[from] MarkError),
+    /// The report is not owned by its pod.
+    #[error("not owned by pod {pod} (uid {uid})")]
+    NotOwnedByPod {
+        /// The pod.
+        pod: String,
+        /// Its uid.
+        uid: String,
+    },
+    /// `sampledAt` does not parse.
+    #[error("sampledAt is not an RFC 3339 time")]
+    BadTime,
+    /// `sampledAt` is later than now plus [`MAX_SKEW`].
+    #[error("sampledAt {0} is in the future")]
+    Future(Timestamp),
+}
+
+/// Whether `pod` is Job `job_uid`'s own (module docs, pod rules 1–3).
+/// Pure and O(1): at most two HMACs.
+pub fn admit(
+    pod: &PodFacts<'_>,
+    job_uid: &str,
+    keys: &KeyRing,
+    now: Timestamp,
+) -> Result<(), Rejection> {
+    if pod.job_uid != Some(job_uid) {
+        return Err(Rejection::NotControlled(pod.name.into()));
+    }
+    let subject = Subject {
+        namespace: pod.namespace,
+        pod: pod.name,
+        job_uid,
+    };
+    // The API server always sets creationTimestamp; without one no window holds.
+    let created = pod.created.unwrap_or(Timestamp::MIN);
+    admission::verify(keys, pod.mark, &subject, created, now)?;
+    // After the mark: a forged pod the Job controller deleted as excess is
+    // named for what it is, not for being deleted.
+    if pod.deleting {
+        return Err(Rejection::Deleting(pod.name.into()));
+    }
+    Ok(())
+}
+
+/// Whether `report` counts for Job `job_uid`, `pod` being the facts of the
+/// pod it names (`None`: no such pod). Module docs, report rules 1–4. Pure, O(1).
+pub fn check(
+    report: &MemoryReport,
+    pod: Option<&PodFacts<'_>>,
+    job_uid: &str,
+    keys: &KeyRing,
+    now: Timestamp,
+) -> Result<(), Rejection> {
+    let name = report.metadata.name.as_deref().unwrap_or_default();
+    let pod_name = report.spec.pod_name.as_str();
+    if name != pod_name {
+        return Err(Rejection::NotOwnReport {
+            name: name.into(),
+            pod: pod_name.into(),
+        });
+    }
+    let facts = pod.ok_or_else(|| Rejection::NoSuchPod(pod_name.into()))?;
+    admit(facts, job_uid, keys, now)?;
+    let owned = report
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.kind == "Pod" && o.uid == facts.uid);
+    if !owned {
+        return Err(Rejection::NotOwnedByPod {
+            pod: pod_name.into(),
+            uid: facts.uid.into(),
+        });
+    }
+    let sampled: Timestamp = report
+        .spec
+        .sampled_at
+        .parse()
+        .map_err(|_| Rejection::BadTime)?;
+    if sampled > now + MAX_SKEW {
+        return Err(Rejection::Future(sampled));
+    }
+    Ok(())
+}
+
+/// A pod that passed [`admit`] for a Job: the only kind of pod whose
+/// container statuses are OOM evidence (`remediation::oom::detect`).
+#[derive(Clone, Copy, Debug)]
+pub struct Admitted<'p> {
+    pod: &'p Pod,
+    job_uid: &'p str,
+}
+
+impl<'p> Admitted<'p> {
+    /// The pod.
+    pub fn pod(&self) -> &'p Pod {
+        self.pod
+    }
+
+    /// uid of the Job it belongs to.
+    pub fn job_uid(&self) -> &'p str {
+        self.job_uid
+    }
+
+    /// A pod taken as admitted, for unit tests of what reads admitted pods.
+    #[cfg(test)]
+    pub(crate) fn assume(pod: &'p Pod, job_uid: &'p str) -> Admitted<'p> {
+        Admitted { pod, job_uid }
+    }
+}
+
+/// Those of `pods` that are Job `job_uid`'s own ([`admit`]).
+pub fn admitted<'p>(
+    pods: impl IntoIterator<Item = &'p Pod>,
+    job_uid: &'p str,
+    keys: &KeyRing,
+    now: Timestamp,
+) -> Vec<Admitted<'p>> {
+    pods.into_iter()
+        .filter(|p| {
+            PodFacts::of(&p.metadata).is_some_and(|(_, f)| admit(&f, job_uid, keys, now).is_ok())
+        })
+        .map(|pod| Admitted { pod, job_uid })
+        .collect()
 }
 
 /// A report left out, and why.
@@ -94,23 +295,24 @@ pub fn screen<'a>(
     pods: &HashMap<&str, PodFacts<'_>>,
     job_uid: &str,
     parallelism: u32,
+    keys: &KeyRing,
     now: Timestamp,
 ) -> Screened<'a> {
     let mut out = Screened::default();
-    let mut genuine = Vec::new();
-    for r in reports {
-        match check(r, pods, job_uid, now) {
-            Ok(facts) => genuine.push((*r, facts)),
-            Err(why) => out.refused.push(Refused {
-                name: r.metadata.name.clone().unwrap_or_default(),
-                why,
-            }),
-        }
-    }
     // Rule 5: newest pod per rank (then newest sample, then name, for determinism).
     let mut by_rank: BTreeMap<Option<u32>, Vec<(&MemoryReport, Key)>> = BTreeMap::new();
-    for (r, key) in genuine {
-        by_rank.entry(r.spec.rank).or_default().push((r, key));
+    for r in reports {
+        let pod = pods.get(r.spec.pod_name.as_str());
+        match check(r, pod, job_uid, keys, now) {
+            Ok(()) => by_rank
+                .entry(r.spec.rank)
+                .or_default()
+                .push((*r, key(r, pod))),
+            Err(why) => out.refused.push(Refused {
+                name: r.metadata.name.clone().unwrap_or_default(),
+                why: why.to_string(),
+            }),
+        }
     }
     let mut kept: Vec<(&MemoryReport, Key)> = Vec::new();
     for (rank, mut group) in by_rank {
@@ -138,175 +340,16 @@ pub fn screen<'a>(
 }
 
 /// Orders genuine reports: newer pod, then newer sample, then name.
-type Key = (Option<Timestamp>, Timestamp, String);
+type Key = (Option<Timestamp>, Option<Timestamp>, String);
 
-fn check(
-    r: &MemoryReport,
-    pods: &HashMap<&str, PodFacts<'_>>,
-    job_uid: &str,
-    now: Timestamp,
-) -> Result<Key, String> {
-    let name = r.metadata.name.as_deref().unwrap_or_default();
-    let pod = r.spec.pod_name.as_str();
-    if name != pod {
-        return Err(format!(
-            "not its pod's own report: named {name:?} but describes pod {pod:?}"
-        ));
-    }
-    let facts = pods
-        .get(pod)
-        .ok_or_else(|| format!("pod {pod} does not exist"))?;
-    if facts.job_uid != Some(job_uid) {
-        return Err(format!("pod {pod} is not controlled by this Job"));
-    }
-    let owned = r
-        .metadata
-        .owner_references
-        .iter()
-        .flatten()
-        .any(|o| o.kind == "Pod" && o.uid == facts.uid);
-    if !owned {
-        return Err(format!("not owned by pod {pod} (uid {})", facts.uid));
-    }
-    let sampled: Timestamp = r
-        .spec
-        .sampled_at
-        .parse()
-        .map_err(|_| "sampledAt is not an RFC 3339 time".to_string())?;
-    if sampled > now + MAX_SKEW {
-        return Err(format!("sampledAt {sampled} is in the future"));
-    }
-    Ok((facts.created, sampled, name.to_string()))
+fn key(r: &MemoryReport, pod: Option<&PodFacts<'_>>) -> Key {
+    (
+        pod.and_then(|p| p.created),
+        r.spec.sampled_at.parse().ok(),
+        r.metadata.name.clone().unwrap_or_default(),
+    )
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
-    use memprof_api::MemoryReportSpec;
-
-    const JOB: &str = "job-uid";
-
-    fn ts(s: i64) -> Timestamp {
-        Timestamp::from_second(1_800_000_000 + s).unwrap()
-    }
-
-    fn pod(name: &str, job_uid: &str, created: i64) -> ObjectMeta {
-        ObjectMeta {
-            name: Some(name.into()),
-            uid: Some(format!("{name}-uid")),
-            creation_timestamp: Some(Time(ts(created))),
-            owner_references: Some(vec![OwnerReference {
-                api_version: "batch/v1".into(),
-                kind: "Job".into(),
-                name: "train".into(),
-                uid: job_uid.into(),
-                controller: Some(true),
-                ..Default::default()
-            }]),
-            ..Default::default()
-        }
-    }
-
-    fn report(pod: &str, rank: Option<u32>, sampled: i64) -> MemoryReport {
-        let mut r = MemoryReport::new(
-            pod,
-            MemoryReportSpec {
-                pod_name: pod.into(),
-                rank,
-                sampled_at: ts(sampled).to_string(),
-                ..Default::default()
-            },
-        );
-        r.metadata.owner_references = Some(vec![OwnerReference {
-            api_version: "v1".into(),
-            kind: "Pod".into(),
-            name: pod.into(),
-            uid: format!("{pod}-uid"),
-            ..Default::default()
-        }]);
-        r
-    }
-
-    fn run<'a>(
-        reports: &[&'a MemoryReport],
-        pods: &[ObjectMeta],
-        parallelism: u32,
-    ) -> Screened<'a> {
-        let facts: HashMap<&str, PodFacts<'_>> = pods.iter().filter_map(PodFacts::of).collect();
-        screen(reports, &facts, JOB, parallelism, ts(100))
-    }
-
-    fn names(s: &Screened<'_>) -> Vec<String> {
-        s.counted
-            .iter()
-            .map(|r| r.metadata.name.clone().unwrap())
-            .collect()
-    }
-
-    #[test]
-    fn a_pods_own_report_counts() {
-        let r = report("train-0", Some(0), 90);
-        let s = run(&[&r], &[pod("train-0", JOB, 0)], 1);
-        assert_eq!(names(&s), ["train-0"]);
-        assert!(s.refused.is_empty());
-    }
-
-    #[test]
-    fn forged_reports_are_refused_with_the_reason() {
-        let pods = [pod("train-0", JOB, 0), pod("other-0", "other-job", 0)];
-        // Named after another pod than it describes.
-        let mut renamed = report("train-0", Some(0), 90);
-        renamed.metadata.name = Some("evil".into());
-        // For a pod that does not exist.
-        let ghost = report("ghost-0", Some(1), 90);
-        // For a pod of another Job, labelled for this one.
-        let foreign = report("other-0", Some(2), 90);
-        // Not owned by its pod.
-        let mut unowned = report("train-0", Some(0), 90);
-        unowned.metadata.owner_references = None;
-        // From the future.
-        let future = report("train-0", Some(0), 100 + 61);
-        for (r, why) in [
-            (&renamed, "not its pod's own report"),
-            (&ghost, "does not exist"),
-            (&foreign, "not controlled by this Job"),
-            (&unowned, "not owned by pod"),
-            (&future, "in the future"),
-        ] {
-            let s = run(&[r], &pods, 4);
-            assert!(s.counted.is_empty(), "{why}");
-            assert_eq!(s.refused.len(), 1, "{why}");
-            assert!(s.refused[0].why.contains(why), "{}", s.refused[0].why);
-        }
-        // Within the skew is fine.
-        let near = report("train-0", Some(0), 100 + 59);
-        let s = run(&[&near], &pods, 4);
-        assert_eq!(s.counted.len(), 1);
-    }
-
-    #[test]
-    fn a_retried_pods_leftover_report_does_not_count_as_another_rank() {
-        let pods = [pod("train-0-a", JOB, 0), pod("train-0-b", JOB, 50)];
-        let old = report("train-0-a", Some(0), 95);
-        let new = report("train-0-b", Some(0), 90);
-        let s = run(&[&old, &new], &pods, 1);
-        assert_eq!(names(&s), ["train-0-b"], "the newer pod's report wins");
-        assert_eq!(s.superseded, 1);
-    }
-
-    #[test]
-    fn reports_beyond_what_the_job_can_have_are_not_counted() {
-        let pods: Vec<_> = (0..10).map(|i| pod(&format!("p{i}"), JOB, i)).collect();
-        let reports: Vec<_> = (0..10)
-            .map(|i| report(&format!("p{i}"), Some(i as u32), 90))
-            .collect();
-        let refs: Vec<&MemoryReport> = reports.iter().collect();
-        let s = run(&refs, &pods, 1);
-        assert_eq!(s.counted.len(), report_limit(1));
-        assert_eq!(s.over_limit, 10 - report_limit(1));
-        // The newest pods are the ones kept.
-        assert!(names(&s).contains(&"p9".to_string()));
-        assert!(!names(&s).contains(&"p0".to_string()));
-    }
-}
+#[path = "trust_tests.rs"]
+mod tests;

@@ -7,10 +7,10 @@ use super::reconcile::Fetched;
 use super::rollups;
 use super::state::Context;
 use crate::operator::reconcile::profiling_enabled;
+use crate::operator::trust;
 use crate::remediation::triggers::PHASE_PENDING;
 use crate::remediation::{decide, oom};
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use memprof_api::{MemoryReportSpec, MAX_HISTORY};
 use std::sync::Arc;
@@ -38,9 +38,14 @@ pub(super) fn run(ctx: &Arc<Context>, f: &Fetched) -> Option<Duration> {
     // Only the pods (and their counted reports) that changed since the last
     // scan: what is already recorded is not recorded again anyway.
     let scan = rollups::take_oom_scan(ctx, &f.key);
-    let pods: Vec<&Pod> = scan.pods.iter().map(|p| p.as_ref()).collect();
+    // OOM evidence only from the Job's own pods, screened like reports
+    // (issue 15 item 2: `trust::admitted`).
+    let job_uid = f.job.as_deref().and_then(|j| j.uid()).unwrap_or_default();
+    let keys = ctx.setup.options.admission.ring();
+    let pods = scan.pods.iter().map(|p| p.as_ref());
+    let admitted = trust::admitted(pods, &job_uid, &keys, now);
     let specs: Vec<&MemoryReportSpec> = scan.reports.iter().map(|r| &r.spec).collect();
-    let ooms = oom::detect(&pods, &specs, &view.ooms, now);
+    let ooms = oom::detect(&admitted, &specs, &view.ooms, now);
     let mut with_ooms = view.clone();
     with_ooms.ooms = oom::merge(&view.ooms, &ooms, MAX_HISTORY);
     let live = f

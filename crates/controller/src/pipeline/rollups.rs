@@ -68,8 +68,9 @@ pub(super) fn refresh(
         tracked.expected = expected;
         tracked.rollup.set_expected_ranks(Some(expected));
     }
+    let keys = ctx.setup.options.admission.ring();
     for name in &names {
-        tracked.apply(&ctx.caches, key, name, now);
+        tracked.apply(&ctx.caches, key, name, &keys, now);
     }
     let held = tracked.approx_bytes() as i64 - held_before as i64;
     ctx.setup.metrics.rollup_bytes.inc_by(held);

@@ -20,6 +20,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 use memprof_analysis::batchfit::ANNOTATION_BATCH_ENV;
+use memprof_api::admission::{ANNOTATION_ADMISSION, LABEL_MANAGED, MAX_MARK_LEN};
 use memprof_api::thresholds::ANNOTATION_THRESHOLDS;
 use memprof_api::{
     truncate_utf8, MemoryProfile, MemoryReport, RemediationPolicy, ANNOTATION_BOTTLENECK,
@@ -30,12 +31,8 @@ use std::collections::BTreeMap;
 
 /// Pod annotation of indexed Jobs: the pod's completion index (its rank).
 const COMPLETION_INDEX: &str = "batch.kubernetes.io/job-completion-index";
-/// The webhook's admission mark on pods (contract D): `v1.<s>.<b64 HMAC>`.
-const ANNOTATION_ADMISSION: &str = "memprof.dev/admission";
 /// Label the Job controller puts on a Job's pods (1.20 and later).
 pub(super) const LABEL_JOB_NAME: &str = "job-name";
-/// Label the webhook stamps on what memprof manages (contract D).
-pub(super) const LABEL_MANAGED: &str = "memprof.dev/managed";
 /// Labels a Job keeps (what policies' selectors match).
 pub const MAX_LABELS: usize = 32;
 /// Longest label key (253 prefix + `/` + 63 name) and value the API server allows.
@@ -121,7 +118,7 @@ pub(super) fn pod(p: &mut Pod) {
     only(
         &mut meta.annotations,
         &[COMPLETION_INDEX, ANNOTATION_ADMISSION],
-        128,
+        MAX_MARK_LEN,
     );
     only(
         &mut meta.labels,

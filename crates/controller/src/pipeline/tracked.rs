@@ -5,14 +5,15 @@
 use super::watch::{Caches, LABEL_JOB_NAME};
 use crate::key::JobKey;
 use crate::operator::reconcile::{desired_status_from, DesiredStatus, Rejected};
-use crate::operator::trust::{screen, PodFacts};
+use crate::operator::trust::{check, PodFacts};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
 use memprof_analysis::{JobRollup, ReportMeta, RollupLimits};
+use memprof_api::admission::KeyRing;
 use memprof_api::{MemoryProfileStatus, MemoryReport, LABEL_JOB};
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -83,30 +84,27 @@ pub(super) fn all_pods(caches: &Caches, key: &JobKey) -> Vec<Arc<Pod>> {
     })
 }
 
-/// Screens one report for Job `job_uid` (trust rules 1–4): `Ok` with what
-/// the roll-up keeps besides the spec, or why it does not count. O(1).
+/// Screens one report for Job `job_uid` (trust rules 1–4, `trust::check`:
+/// its pod is the Job's, marked by the webhook under `keys`): `Ok` with
+/// what the roll-up keeps besides the spec, or why it does not count.
+/// O(1). (Rules 5–6, one report per rank and the Job's limit, are the
+/// roll-up's, which sees every report of the Job.)
 fn screen_one(
     caches: &Caches,
     key: &JobKey,
     report: &MemoryReport,
     job_uid: &str,
+    keys: &KeyRing,
     now: Timestamp,
 ) -> Result<ReportMeta, String> {
     let pod = pod_of(caches, key, &report.spec.pod_name);
-    let facts: HashMap<&str, PodFacts<'_>> = pod
+    let facts = pod
         .as_deref()
         .and_then(|p| PodFacts::of(&p.metadata))
-        .into_iter()
-        .collect();
-    // One report: `screen`'s rules 5–6 (one per rank, the Job's limit) are
-    // the roll-up's, which sees every report of the Job.
-    let out = screen(&[report], &facts, job_uid, u32::MAX / 4, now);
-    if let Some(refused) = out.refused.into_iter().next() {
-        return Err(refused.why);
-    }
-    let pod_created = facts.values().next().and_then(|f| f.created);
+        .map(|(_, f)| f);
+    check(report, facts.as_ref(), job_uid, keys, now).map_err(|why| why.to_string())?;
     Ok(ReportMeta {
-        pod_created,
+        pod_created: facts.and_then(|f| f.created),
         received: Some(now),
     })
 }
@@ -124,7 +122,14 @@ impl Tracked {
     }
 
     /// Screens report `name` again and updates the roll-up.
-    pub fn apply(&mut self, caches: &Caches, key: &JobKey, name: &str, now: Timestamp) {
+    pub fn apply(
+        &mut self,
+        caches: &Caches,
+        key: &JobKey,
+        name: &str,
+        keys: &KeyRing,
+        now: Timestamp,
+    ) {
         let Some(report) = report_of(caches, key, name) else {
             self.rollup.remove(name);
             self.refused.remove(name);
@@ -132,7 +137,7 @@ impl Tracked {
             return;
         };
         self.known.insert(name.to_string());
-        match screen_one(caches, key, &report, &self.job_uid, now) {
+        match screen_one(caches, key, &report, &self.job_uid, keys, now) {
             Ok(meta) => {
                 self.refused.remove(name);
                 self.rollup.upsert_with(name, &report.spec, meta);

@@ -10,7 +10,13 @@
 //! ceiling. Each OOM is recorded once per (pod, container, restart), or per
 //! agent count, and the record itself is the memory of what was seen, so a
 //! restarted controller does not record it again.
+//!
+//! Evidence is read only from the Job's own pods, screened as reports are
+//! (`operator::trust`, an [`Admitted`] pod), and from its counted reports:
+//! anyone may create a pod labelled `job-name=<Job>` that prints a CUDA OOM
+//! and exits 1. Every record carries the Job's uid.
 
+use crate::operator::trust::Admitted;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{ContainerStateTerminated, Pod};
 use memprof_api::{truncate_utf8, MemoryReportSpec, OomRecord};
@@ -131,10 +137,11 @@ fn terminations(pod: &Pod) -> Vec<(&str, i32, &ContainerStateTerminated)> {
     out
 }
 
-/// New OOMs among `pods` and `reports` that `known` does not hold yet, oldest first.
-/// `now` is the time of records whose evidence carries none.
+/// New OOMs among the Job's own `pods` and its counted `reports` that
+/// `known` does not hold yet, oldest first. `now` is the time of records
+/// whose evidence carries none.
 pub fn detect(
-    pods: &[&Pod],
+    pods: &[Admitted<'_>],
     reports: &[&MemoryReportSpec],
     known: &[OomRecord],
     now: Timestamp,
@@ -143,10 +150,11 @@ pub fn detect(
     let report_of = |pod: &str| reports.iter().find(|r| r.pod_name == pod).copied();
     let job_of = |pod: &str| {
         pods.iter()
-            .find(|p| p.metadata.name.as_deref() == Some(pod))
-            .and_then(|p| controller_uid(p))
+            .find(|p| p.pod().metadata.name.as_deref() == Some(pod))
+            .map(|p| p.job_uid().to_string())
     };
-    for pod in pods {
+    for admitted in pods {
+        let pod = admitted.pod();
         let name = pod.metadata.name.clone().unwrap_or_default();
         let report = report_of(&name);
         let rank = report.and_then(|r| r.rank).or_else(|| {
@@ -195,12 +203,16 @@ pub fn detect(
                 rank,
                 gpu_index: fullest.map(|(g, _)| g),
                 evidence,
-                job_uid: controller_uid(pod),
+                job_uid: Some(admitted.job_uid().to_string()),
             });
         }
     }
     for r in reports {
         let Some(count) = r.allocator.as_ref().map(|a| a.num_ooms) else {
+            continue;
+        };
+        // A counted report's pod is admitted; without it there is no Job uid to record.
+        let Some(job_uid) = job_of(&r.pod_name) else {
             continue;
         };
         let before = recorded_agent_ooms(known, &r.pod_name);
@@ -213,7 +225,7 @@ pub fn detect(
                 .map_or(now, |t| t.min(now));
             found.push(OomRecord {
                 time: time.to_string(),
-                job_uid: job_of(&r.pod_name),
+                job_uid: Some(job_uid),
                 pod: r.pod_name.clone(),
                 rank: r.rank,
                 gpu_index: fullest_gpu(r).map(|(g, _)| g),
@@ -245,16 +257,6 @@ pub fn detect(
     found
 }
 
-/// uid of the Job controlling a pod (its controller owner reference).
-pub fn controller_uid(pod: &Pod) -> Option<String> {
-    pod.metadata
-        .owner_references
-        .as_ref()?
-        .iter()
-        .find(|o| o.controller == Some(true) && o.kind == "Job")
-        .map(|o| o.uid.clone())
-}
-
 /// `known` with `new` appended, the oldest dropped beyond `max`.
 pub fn merge(known: &[OomRecord], new: &[OomRecord], max: usize) -> Vec<OomRecord> {
     let mut all: Vec<OomRecord> = known.iter().chain(new).cloned().collect();
@@ -269,6 +271,13 @@ mod tests {
     use k8s_openapi::api::core::v1::{ContainerState, ContainerStatus, PodStatus};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
     use memprof_api::{AllocatorStats, GpuReport};
+
+    const JOB: &str = "job-uid";
+
+    /// Pods taken as the Job's own (screening is `operator::trust`'s, tested there).
+    fn adm<'p>(pods: &[&'p Pod]) -> Vec<Admitted<'p>> {
+        pods.iter().map(|p| Admitted::assume(p, JOB)).collect()
+    }
 
     fn ts(s: i64) -> Timestamp {
         Timestamp::from_second(1_700_000_000 + s).unwrap()
@@ -346,7 +355,7 @@ mod tests {
             0,
         );
         let r = report("train-0", 50, 90);
-        let found = detect(&[&p], &[&r], &[], ts(200));
+        let found = detect(&adm(&[&p]), &[&r], &[], ts(200));
         assert_eq!(found.len(), 1);
         let o = &found[0];
         assert_eq!(
@@ -354,6 +363,11 @@ mod tests {
             ("train-0", Some(3), Some(1))
         );
         assert_eq!(o.time, ts(100).to_string());
+        assert_eq!(
+            o.job_uid.as_deref(),
+            Some(JOB),
+            "every record names the Job"
+        );
         assert!(
             o.evidence
                 .starts_with("terminationMessage trainer#0: exit 1"),
@@ -361,10 +375,10 @@ mod tests {
             o.evidence
         );
         assert_eq!(record_key(o), "train-0/trainer#0");
-        assert!(detect(&[&p], &[&r], &found, ts(200)).is_empty());
+        assert!(detect(&adm(&[&p]), &[&r], &found, ts(200)).is_empty());
         // The next restart's OOM is a new one.
         let again = pod("train-0", "trainer", 1, "CUDA out of memory", 1);
-        assert_eq!(detect(&[&again], &[], &found, ts(200)).len(), 1);
+        assert_eq!(detect(&adm(&[&again]), &[], &found, ts(200)).len(), 1);
     }
 
     #[test]
@@ -386,7 +400,7 @@ mod tests {
             .unwrap()
             .reason = Some("OOMKilled".into());
         let other = pod("d", "trainer", 2, "ValueError", 0);
-        let found = detect(&[&clean, &sidecar, &host, &other], &[], &[], ts(0));
+        let found = detect(&adm(&[&clean, &sidecar, &host, &other]), &[], &[], ts(0));
         assert!(found.is_empty(), "{found:?}");
     }
 
@@ -400,14 +414,14 @@ mod tests {
             0,
         );
         let full = report("train-0", 99, 95);
-        let found = detect(&[&p], &[&full], &[], ts(200));
+        let found = detect(&adm(&[&p]), &[&full], &[], ts(200));
         assert_eq!(found.len(), 1);
         assert!(found[0]
             .evidence
             .starts_with("reportAtCeiling trainer#0: exit 1 after GPU 1 was at 99.0%"));
         // A report taken after the exit says nothing about it; nor does a half-full GPU.
-        assert!(detect(&[&p], &[&report("train-0", 99, 150)], &[], ts(200)).is_empty());
-        assert!(detect(&[&p], &[&report("train-0", 60, 95)], &[], ts(200)).is_empty());
+        assert!(detect(&adm(&[&p]), &[&report("train-0", 99, 150)], &[], ts(200)).is_empty());
+        assert!(detect(&adm(&[&p]), &[&report("train-0", 60, 95)], &[], ts(200)).is_empty());
     }
 
     #[test]
@@ -417,15 +431,20 @@ mod tests {
             num_ooms: 2,
             ..Default::default()
         });
-        let found = detect(&[], &[&r], &[], ts(20));
+        let mut p = Pod::default();
+        p.metadata.name = Some("train-1".into());
+        let found = detect(&adm(&[&p]), &[&r], &[], ts(20));
         assert_eq!(found.len(), 1);
         assert!(found[0].evidence.starts_with("agentOomCount numOoms=2:"));
-        assert!(detect(&[], &[&r], &found, ts(20)).is_empty());
+        assert_eq!(found[0].job_uid.as_deref(), Some(JOB));
+        assert!(detect(&adm(&[&p]), &[&r], &found, ts(20)).is_empty());
         r.allocator.as_mut().unwrap().num_ooms = 3;
-        let more = detect(&[], &[&r], &found, ts(20));
+        let more = detect(&adm(&[&p]), &[&r], &found, ts(20));
         assert!(more[0]
             .evidence
             .contains("3 CUDA OOM(s), 2 recorded before"));
+        // A report whose pod is not among the Job's own is no evidence.
+        assert!(detect(&adm(&[]), &[&r], &[], ts(20)).is_empty());
     }
 
     #[test]
@@ -440,7 +459,7 @@ mod tests {
             .collect();
         // Finished at ts(100), before the oldest kept record: treated as dropped.
         let old = pod("p99", "trainer", 1, "CUDA out of memory", 0);
-        assert!(detect(&[&old], &[], &known, ts(300)).is_empty());
+        assert!(detect(&adm(&[&old]), &[], &known, ts(300)).is_empty());
         let merged = merge(&known, &[known[0].clone()], 16);
         assert_eq!(merged.len(), 16);
         assert_eq!(merged[0].pod, "p1");

@@ -11,7 +11,7 @@
 use memprof_api::{
     truncate_utf8, BatchRecommendation, RemediationPolicy, ScaleValue, ANNOTATION_BOTTLENECK,
     ANNOTATION_IMBALANCE, ANNOTATION_OOM_RISK, ANNOTATION_ORIGINAL_PREFIX, ANNOTATION_REMEDIATION,
-    ANNOTATION_TIME_TO_OOM,
+    ANNOTATION_REMEDIATION_NONCE, ANNOTATION_TIME_TO_OOM,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -407,6 +407,9 @@ pub fn build(input: &PlanInput<'_>) -> Result<Plan, PlanError> {
         // the separate steps would only touch the old Job about to go.
         plan.steps
             .retain(|s| !matches!(s, Step::Annotate { .. } | Step::Suspend));
+        // The recreated Job is recognised by this nonce (verify::created_from).
+        let mut annotations = annotations;
+        annotations.insert(ANNOTATION_REMEDIATION_NONCE.into(), super::verify::nonce());
         let manifest = recreated_job(job, &changes, input.id, &annotations, suspend);
         plan.steps.push(Step::Recreate { changes, manifest });
     }

@@ -15,7 +15,7 @@ use kube::api::{
 };
 use kube::runtime::events::EventType;
 use kube::ResourceExt;
-use memprof_api::{ANNOTATION_REMEDIATION, LABEL_REMEDIABLE, REMEDIATION_MANAGER};
+use memprof_api::{LABEL_REMEDIABLE, REMEDIATION_MANAGER};
 use std::time::{Duration, Instant};
 use tracing::info;
 
@@ -373,7 +373,7 @@ async fn look(
             }
             Ok(Look::Again)
         }
-        Some(j) if j.annotations().get(ANNOTATION_REMEDIATION) == Some(id) => {
+        Some(j) if super::verify::created_from(j.annotations(), manifest) => {
             delete_old_pods(exec, key, plan).await?;
             let uid = j.uid().unwrap_or_default();
             Ok(Look::Ended(Recreated::Done { uid }))

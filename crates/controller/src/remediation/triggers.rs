@@ -385,8 +385,10 @@ pub fn selector_display(policy: &RemediationPolicy) -> String {
 }
 
 /// Evaluates a policy against one Job (its labels and uid) and its profile's
-/// status. OOMs recorded for another uid (an earlier Job of the same name,
-/// before a recreation) are not this Job's and never fire its policies.
+/// status. Only OOMs recorded with this Job's uid are its own: one of an
+/// earlier Job of the same name (before a recreation), or one without a uid
+/// (a record no screened pod vouches for), never fires its policies; without
+/// a Job uid, no OOM does.
 pub fn verdict(
     policy: &RemediationPolicy,
     job_labels: &BTreeMap<String, String>,
@@ -396,20 +398,19 @@ pub fn verdict(
     now: Timestamp,
 ) -> Verdict {
     let own_ooms;
-    let status = match job_uid {
-        Some(uid) if status.ooms.iter().any(|o| !oom_of(o, uid)) => {
-            own_ooms = MemoryProfileStatus {
-                ooms: status
-                    .ooms
-                    .iter()
-                    .filter(|o| oom_of(o, uid))
-                    .cloned()
-                    .collect(),
-                ..status.clone()
-            };
-            &own_ooms
-        }
-        _ => status,
+    let status = if status.ooms.iter().all(|o| oom_of(o, job_uid)) {
+        status
+    } else {
+        own_ooms = MemoryProfileStatus {
+            ooms: status
+                .ooms
+                .iter()
+                .filter(|o| oom_of(o, job_uid))
+                .cloned()
+                .collect(),
+            ..status.clone()
+        };
+        &own_ooms
     };
     let name = policy.metadata.name.clone().unwrap_or_default();
     let history = history(status, &name);
@@ -439,10 +440,9 @@ pub fn verdict(
     }
 }
 
-/// Whether an OOM record belongs to the Job with `uid` (records without a
-/// uid predate the field and are judged by their time alone).
-fn oom_of(o: &OomRecord, uid: &str) -> bool {
-    o.job_uid.as_deref().is_none_or(|u| u == uid)
+/// Whether an OOM record belongs to the Job with `uid`: it says so.
+fn oom_of(o: &OomRecord, uid: Option<&str>) -> bool {
+    uid.is_some() && o.job_uid.as_deref() == uid
 }
 
 /// Deterministic id of a remediation: the same decision (policy and its
@@ -704,6 +704,30 @@ mod tests {
         assert!(verdict(&p, &labels("ml"), Some("old-uid"), &st, &clock, ts(20)).acts());
         let v = verdict(&p, &labels("ml"), Some("new-uid"), &st, &clock, ts(20));
         assert!(!v.acts(), "{v:?}");
+    }
+
+    #[test]
+    fn an_oom_record_without_the_jobs_uid_never_fires() {
+        let t = Trigger {
+            oom_observed: Some(true),
+            ..Default::default()
+        };
+        let p = policy(vec![t]);
+        let mut st = MemoryProfileStatus::default();
+        st.ooms.push(OomRecord {
+            time: ts(10).to_string(),
+            pod: "train-oom".into(),
+            evidence: "terminationMessage trainer#0: CUDA out of memory".into(),
+            job_uid: None,
+            ..Default::default()
+        });
+        let clock = RiskClock::default();
+        let v = verdict(&p, &labels("ml"), Some("uid"), &st, &clock, ts(20));
+        assert!(!v.acts(), "{v:?}");
+        st.ooms[0].job_uid = Some("uid".into());
+        assert!(verdict(&p, &labels("ml"), Some("uid"), &st, &clock, ts(20)).acts());
+        // Without a Job to compare with, no record is its own.
+        assert!(!verdict(&p, &labels("ml"), None, &st, &clock, ts(20)).acts());
     }
 
     #[test]

@@ -10,7 +10,7 @@
 //! the plan as saved. A plan that fails any check is refused, never executed.
 
 use super::plan::{Plan, Step};
-use memprof_api::RemediationRecord;
+use memprof_api::{RemediationRecord, ANNOTATION_REMEDIATION, ANNOTATION_REMEDIATION_NONCE};
 use ring::digest::{digest, SHA256};
 use std::fmt::Write;
 
@@ -131,6 +131,36 @@ pub fn in_scope(plan: &Plan, namespace: &str, job: &str) -> Result<(), Tampered>
     Ok(())
 }
 
+/// A fresh nonce for a recreated Job's manifest: 128 random bits, hex.
+pub fn nonce() -> String {
+    use ring::rand::SecureRandom as _;
+    let mut bytes = [0u8; 16];
+    ring::rand::SystemRandom::new()
+        .fill(&mut bytes)
+        .expect("the operating system's random generator works");
+    bytes.iter().fold(String::with_capacity(32), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
+}
+
+/// Whether `found` (the Job now under the planned name) is the one this
+/// plan's `manifest` created: its remediation id and nonce are the
+/// manifest's. Anyone who may create Jobs can set the id (it is
+/// deterministic); only the operator knows the nonce before the Job exists.
+pub fn created_from(
+    found: &std::collections::BTreeMap<String, String>,
+    manifest: &serde_json::Value,
+) -> bool {
+    let planned = |k: &str| manifest["metadata"]["annotations"][k].as_str();
+    [ANNOTATION_REMEDIATION, ANNOTATION_REMEDIATION_NONCE]
+        .iter()
+        .all(|k| {
+            planned(k)
+                .is_some_and(|v| !v.is_empty() && found.get(*k).map(String::as_str) == Some(v))
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -239,5 +269,36 @@ mod tests {
             ));
         }
         assert_eq!(in_scope(&plan(), "ml", "train"), Ok(()));
+    }
+
+    #[test]
+    fn only_the_job_with_the_plans_nonce_is_the_recreated_one() {
+        let manifest = serde_json::json!({"metadata": {"annotations": {
+            ANNOTATION_REMEDIATION: "id1", ANNOTATION_REMEDIATION_NONCE: nonce()}}});
+        let planned = |k: &str| {
+            manifest["metadata"]["annotations"][k]
+                .as_str()
+                .unwrap()
+                .to_string()
+        };
+        let ours = std::collections::BTreeMap::from([
+            (ANNOTATION_REMEDIATION.to_string(), "id1".to_string()),
+            (
+                ANNOTATION_REMEDIATION_NONCE.to_string(),
+                planned(ANNOTATION_REMEDIATION_NONCE),
+            ),
+        ]);
+        assert!(created_from(&ours, &manifest));
+        // The id alone (anyone can compute it): someone else's Job.
+        let mut theirs = ours.clone();
+        theirs.remove(ANNOTATION_REMEDIATION_NONCE);
+        assert!(!created_from(&theirs, &manifest));
+        theirs.insert(ANNOTATION_REMEDIATION_NONCE.into(), nonce());
+        assert!(!created_from(&theirs, &manifest));
+        // A manifest without a nonce (an older plan) recognises no Job.
+        let old = serde_json::json!({"metadata": {"annotations": {ANNOTATION_REMEDIATION: "id1"}}});
+        assert!(!created_from(&ours, &old));
+        assert_ne!(nonce(), nonce());
+        assert_eq!(nonce().len(), 32);
     }
 }
