@@ -45,7 +45,8 @@ async fn planted_pod(creator: &Client, ns: &str, name: &str, job: &Job) -> Pod {
     let pod: Pod = serde_json::from_value(json!({
         "metadata": {
             "name": name,
-            "labels": {"controller-uid": uid, "job-name": job.name_any()},
+            // A tenant can set the managed label too: it is a filter, not proof.
+            "labels": {"controller-uid": uid, "job-name": job.name_any(), "memprof.dev/managed": "true"},
             "finalizers": ["example.com/keep"],
             "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job",
                                  "name": job.name_any(), "uid": uid, "controller": true}],
@@ -309,7 +310,7 @@ async fn pod_with_only_the_jobs_label_and_a_cuda_oom_exit_never_fires_a_policy()
     // Only the label the OOM detection selected pods by: no owner, no report.
     let attacker = pod_creator(&s.admin, &ns).await;
     let pod: Pod = serde_json::from_value(json!({
-        "metadata": {"name": "train-oom", "labels": {"job-name": "train"}},
+        "metadata": {"name": "train-oom", "labels": {"job-name": "train", "memprof.dev/managed": "true"}},
         "spec": {"restartPolicy": "Never",
                  "containers": [{"name": "trainer", "image": "busybox"}]},
     }))

@@ -8,11 +8,11 @@ use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{Container, Namespace, Pod, PodSpec, PodTemplateSpec};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::wait::{await_condition, conditions};
 use kube::{Client, ResourceExt};
-use memprof::api::admission::KeyRing;
+use memprof::api::admission::{KeyRing, LABEL_MANAGED};
 use memprof::api::{
     GpuReport, MemoryReport, MemoryReportSpec, ReportSummary, RiskLevel, ANNOTATION_ENABLED,
     LABEL_JOB, LABEL_PROFILE, SIDECAR_MANAGER,
@@ -265,6 +265,16 @@ pub async fn create_job(
             ANNOTATION_ENABLED.to_string(),
             "true".to_string(),
         )]));
+        // What the webhook stamps on a profiled Job and its pods (contract D):
+        // the operator watches only those.
+        let managed = BTreeMap::from([(LABEL_MANAGED.to_string(), "true".to_string())]);
+        job.metadata.labels = Some(managed.clone());
+        if let Some(spec) = job.spec.as_mut() {
+            spec.template.metadata = Some(ObjectMeta {
+                labels: Some(managed),
+                ..Default::default()
+            });
+        }
     }
     Api::<Job>::namespaced(client.clone(), ns)
         .create(&PostParams::default(), &job)

@@ -38,13 +38,14 @@ pub async fn training_job(client: &Client, ns: &str, name: &str, batch: Option<&
         "apiVersion": "batch/v1", "kind": "Job",
         "metadata": {
             "name": name,
-            "labels": {"team": "ml"},
+            // `memprof.dev/managed` as the webhook stamps it (contract D).
+            "labels": {"team": "ml", "memprof.dev/managed": "true"},
             "annotations": {ANNOTATION_ENABLED: "true"},
         },
         "spec": {
             "parallelism": 1, "completions": 1, "backoffLimit": 0,
             "template": {
-                "metadata": {"labels": {"app": name}},
+                "metadata": {"labels": {"app": name, "memprof.dev/managed": "true"}},
                 "spec": {
                     "restartPolicy": "Never",
                     "containers": [{"name": "trainer", "image": "busybox", "env": env}],

@@ -14,6 +14,7 @@ use kube::api::Api;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Client, Resource};
+use memprof_api::admission::LABEL_MANAGED;
 use memprof_api::{MemoryProfile, MemoryReport, RemediationPolicy, LABEL_JOB};
 use serde::de::DeserializeOwned;
 use std::fmt::Debug;
@@ -118,14 +119,19 @@ pub(super) fn start(client: &Client, setup: &Setup) -> (Caches, Changes) {
     let mut ready = ready.into_iter();
     let mut next_ready = || ready.next().expect("one readiness channel per watch");
     let cfg = watcher::Config::default;
-    let (jobs, job_events) = reflected(scoped(client, ns), cfg(), slim::job, next_ready());
+    // Only what memprof manages (contract D: the webhook stamps the label on
+    // profiled Jobs, their templates and the pods it admits). A filter for
+    // cost, never proof: trust.rs decides what counts.
+    let managed = format!("{LABEL_MANAGED}=true");
+    let job_cfg = cfg().labels(&managed);
+    let (jobs, job_events) = reflected(scoped(client, ns), job_cfg, slim::job, next_ready());
     let profile_cfg = cfg().labels(LABEL_JOB);
     let (profiles, profile_events) =
         reflected(scoped(client, ns), profile_cfg, slim::profile, next_ready());
     let report_cfg = cfg().labels(LABEL_JOB);
     let (reports, report_events) =
         reflected(scoped(client, ns), report_cfg, slim::report, next_ready());
-    let pod_cfg = cfg().labels(LABEL_JOB_NAME);
+    let pod_cfg = cfg().labels(&format!("{LABEL_JOB_NAME},{managed}"));
     let (pods, pod_events) = reflected(scoped(client, ns), pod_cfg, slim::pod, next_ready());
     let (policies, policy_events) =
         reflected(scoped(client, ns), cfg(), slim::policy, next_ready());
