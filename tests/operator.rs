@@ -63,14 +63,15 @@ async fn wait_events(client: &Client, ns: &str, reason: &str, regarding: &str, n
 }
 
 /// Rewrites rank 0's report with a newer `sampledAt` and a peak above every
-/// other rank's (70 GiB + `t` × 200 MiB: the `peak` text a user reads
-/// changes with every `t`), and waits until the status shows that peak:
+/// other rank's (79 GiB + (`t` mod 8) × 100 MiB, under the GPU's 80 GiB:
+/// the `peak` text a user reads changes with `t`), and waits until the
+/// status shows that peak:
 /// proof that the operator reconciled everything before. (Not
 /// `lastReportTime`, nor a peak that moves less than its text shows: a
 /// change of those alone is written at most every 30 s.)
 async fn nudge(client: &Client, ns: &str, profiles: &Api<MemoryProfile>, job: &str, t: u64) {
-    let mut g = gpu(0, 70, 70, RiskLevel::Low, None);
-    let peak = 70 * GIB + t * (200 << 20);
+    let mut g = gpu(0, 79, 79, RiskLevel::Low, None);
+    let peak = 79 * GIB + (t % 8) * (100 << 20);
     (g.used_bytes, g.peak_bytes) = (peak, peak);
     let r = rank_report(client, ns, job, 0, &at(t), vec![g]).await;
     apply_report(client, ns, &r).await;

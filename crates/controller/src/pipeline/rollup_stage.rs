@@ -253,7 +253,7 @@ async fn switch_off(ctx: &Context, f: &Fetched, job: &Job) -> Result<()> {
     let cleared = ctx.with_state(&f.key, |s| {
         s.announced.clear();
         s.profile = None;
-        rollups::drop_rollup(ctx, s);
+        ctx.drop_rollup(s);
         std::mem::replace(&mut s.cleared, true)
     });
     if annotated && !cleared {

@@ -15,7 +15,7 @@
 //! roll-up was dropped) the Job's reports are screened all again from the
 //! cache: a watch that re-lists does not replay deletions it missed.
 
-use super::state::{Context, JobState};
+use super::state::Context;
 use super::tracked::{all_pods, all_reports, pod_of};
 pub(super) use super::tracked::{report_of, OomScan, Tracked};
 use crate::key::JobKey;
@@ -88,16 +88,6 @@ fn recreated_by_memprof(status: &MemoryProfileStatus, uid: &str) -> bool {
         .remediations
         .iter()
         .any(|r| r.job_deleted && r.job_uid.as_deref().is_some_and(|old| old != uid))
-}
-
-/// Drops Job `key`'s roll-up (profiling off, or the Job forgotten).
-pub(super) fn drop_rollup(ctx: &Context, state: &mut JobState) {
-    if let Some(t) = state.rollup.take() {
-        ctx.setup
-            .metrics
-            .rollup_bytes
-            .dec_by(t.approx_bytes() as i64);
-    }
 }
 
 /// Takes what the remediation stage is to scan for OOMs: the pods noted

@@ -89,11 +89,19 @@ impl Context {
             return;
         }
         if let Some(mut gone) = states.remove(key) {
-            super::rollups::drop_rollup(self, &mut gone);
+            self.drop_rollup(&mut gone);
         }
         drop(states);
         self.writer.forget(key);
         self.queue.forget(key);
+    }
+
+    /// Drops a Job's roll-up (profiling off, or the Job forgotten).
+    pub fn drop_rollup(&self, state: &mut JobState) {
+        if let Some(t) = state.rollup.take() {
+            let held = i64::try_from(t.approx_bytes()).unwrap_or(i64::MAX);
+            self.setup.metrics.rollup_bytes.dec_by(held);
+        }
     }
 
     /// Waits until every watch cache holds a full list: until then "no
