@@ -370,6 +370,11 @@ async fn pods_created_while_the_webhook_fails_open_never_steer_their_job() {
 
 /// `pod` as a new object a tenant could create: its metadata (mark and
 /// owner reference included) without what the API server sets.
+/// Why a report of a pod without `memprof.dev/managed` is refused: the
+/// operator's pod watch selects on that label (contract D), so the pod is
+/// not in its cache at all.
+const UNSEEN: &str = "does not exist";
+
 fn copy_of(pod: &Pod, name: &str) -> Pod {
     let mut copy = Pod {
         metadata: pod.metadata.clone(),
@@ -383,7 +388,9 @@ fn copy_of(pod: &Pod, name: &str) -> Pod {
     m.managed_fields = None;
     m.finalizers = Some(vec!["example.com/keep".into()]);
     // Without `memprof.dev/managed` the webhook does not see it (and so
-    // cannot strip the mark): the strongest copy.
+    // cannot strip the mark): the strongest copy. Nor does the operator,
+    // which watches only managed pods: its report names a pod that, as far
+    // as memprof knows, does not exist ([`UNSEEN`]).
     m.labels
         .get_or_insert_default()
         .remove("memprof.dev/managed");
@@ -417,8 +424,7 @@ async fn genuine_admission_mark_copied_onto_a_planted_pod_never_steers_its_job()
     );
     let reporter = pod_identity(&s.admin, &ns).await;
     apply_report(&reporter, &ns, &critical_of(&copied, "train", 200)).await;
-    s.refuses("train-replayed", "not issued for this pod and Job")
-        .await;
+    s.refuses("train-replayed", UNSEEN).await;
     untouched(&s.admin, &ns, &job).await;
     genuine_report_still_remediates(&s.admin, &ns, &job, &genuine).await;
     release(&s.admin, &ns, "train-replayed").await;
@@ -461,7 +467,7 @@ async fn genuine_pod_deleted_and_recreated_with_its_mark_never_steers_its_job() 
         .unwrap();
     let reporter = pod_identity(&s.admin, &ns).await;
     apply_report(&reporter, &ns, &critical_of(&replayed, "train", 200)).await;
-    s.refuses(&genuine.name_any(), "outside the window").await;
+    s.refuses(&genuine.name_any(), UNSEEN).await;
     untouched(&s.admin, &ns, &job).await;
     release(&s.admin, &ns, &genuine.name_any()).await;
     s.stop().await;
