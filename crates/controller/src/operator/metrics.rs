@@ -133,7 +133,7 @@ impl Metrics {
         );
         registry.register(
             "status_deferred",
-            "Status writes put off because only lastReportTime moved (it is written at most every 30 s)",
+            "Status writes put off because only cosmetic fields moved (lastReportTime and the like: written at most every 30 s)",
             self.status_deferred.clone(),
         );
         let patches = self.annotation_patches.clone();
