@@ -16,8 +16,10 @@ const MIB: u64 = 1 << 20;
 /// A write's GPU 0 peak: this much, plus 1 MiB per write of its Job so far.
 const PEAK_BASE: u64 = 40 * GIB;
 
-/// Distinct `sampledAt` values, one whole second apart, all in the past
-/// (the operator refuses reports from the future, `trust.rs`).
+/// The `sampledAt` of each write: 30 s before it is built, as a sidecar's
+/// report is a moment old when written (in the past: the operator refuses
+/// reports from the future, `trust.rs`; recent: older than two heartbeats
+/// plus 30 s, a rank is stale).
 ///
 /// It also hands each write of a Job a peak 1 MiB above the Job's previous
 /// write's: the written rank becomes the Job's top rank, which a user sees
@@ -26,25 +28,19 @@ const PEAK_BASE: u64 = 40 * GIB;
 /// `operator/reconcile_write.rs`), and the status's `peakUsedBytes` names
 /// the newest write it took in.
 pub struct Clock {
-    base: i64,
-    next: i64,
     peaks: std::collections::HashMap<usize, u64>,
 }
 
 impl Clock {
-    /// A clock for `writes` writes, ending a minute before now.
-    pub fn for_writes(writes: usize) -> Clock {
-        let now = jiff::Timestamp::now().as_second();
+    /// A clock for `writes` writes.
+    pub fn for_writes(_writes: usize) -> Clock {
         Clock {
-            base: now - 60 - writes as i64,
-            next: 0,
             peaks: Default::default(),
         }
     }
 
     fn tick(&mut self) -> i64 {
-        self.next += 1;
-        self.base + self.next
+        jiff::Timestamp::now().as_second() - 30
     }
 
     /// The next write of Job `job`: its `sampledAt` second and GPU 0 peak.
