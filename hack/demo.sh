@@ -5,6 +5,11 @@
 # MemoryProfile shows RISK high or critical, a time to OOM and an imbalance
 # above 1. Every process started here is stopped here, by PID.
 #
+# The operator serves its admission webhook on 127.0.0.1, registered by URL
+# for the demo namespace as the chart registers it by Service: it injects the
+# sidecar into the Job and marks the pods the Job controller creates, and
+# only marked pods' reports count (docs/security.md, "Pod trust").
+#
 # The GPUs are simulated (scenario hack/scenarios/demo.yaml, source `sim`):
 # there is no kubelet here, so the sidecars run as local processes standing
 # in for the pods' containers. Nothing shown is a hardware measurement.
@@ -25,7 +30,10 @@ cleanup() {
     local rc=$?
     for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
     for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-    if [ -n "${KUBECONFIG:-}" ]; then kubectl delete namespace "$NS" --wait=false >/dev/null 2>&1 || true; fi
+    if [ -n "${KUBECONFIG:-}" ]; then
+        kubectl delete mutatingwebhookconfiguration "$NS" >/dev/null 2>&1 || true
+        kubectl delete namespace "$NS" --wait=false >/dev/null 2>&1 || true
+    fi
     if [ "$started_cluster" = 1 ]; then bash hack/local-cluster.sh down >/dev/null 2>&1 || true; fi
     rm -rf "$workdir"
     exit $rc
@@ -48,12 +56,38 @@ log "installing the CRDs"
 kubectl apply --server-side -f crds/ >/dev/null
 kubectl wait --for condition=established --timeout=60s crd/memoryprofiles.memprof.dev crd/memoryreports.memprof.dev >/dev/null
 
-log "starting memprof-operator"
-"$BIN/memprof-operator" --metrics-addr 127.0.0.1:0 --webhook-port 0 >"$workdir/operator.log" 2>&1 &
-pids+=($!)
-
-log "creating namespace $NS and the annotated $RANKS-rank Job $JOB"
+log "creating namespace $NS and registering the webhook for it"
 kubectl create namespace "$NS" >/dev/null
+kubectl label namespace "$NS" memprof.dev/demo=true >/dev/null
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+hook() { # name, API group, resource, objectSelector (JSON)
+    printf '{"name":"%s","clientConfig":{"url":"https://127.0.0.1:%s/mutate"},"rules":[{"apiGroups":["%s"],"apiVersions":["v1"],"operations":["CREATE"],"resources":["%s"],"scope":"Namespaced"}],"failurePolicy":"Ignore","sideEffects":"None","admissionReviewVersions":["v1"],"timeoutSeconds":5,"namespaceSelector":{"matchLabels":{"memprof.dev/demo":"true"}},"objectSelector":%s}' \
+        "$1" "$port" "$2" "$3" "$4"
+}
+kubectl apply -f - >/dev/null <<JSON
+{"apiVersion":"admissionregistration.k8s.io/v1","kind":"MutatingWebhookConfiguration",
+ "metadata":{"name":"$NS"},
+ "webhooks":[$(hook jobs.memprof.dev batch jobs '{}'),
+             $(hook pods.memprof.dev "" pods '{"matchLabels":{"memprof.dev/inject":"true"}}'),
+             $(hook marks.memprof.dev "" pods '{"matchLabels":{"memprof.dev/managed":"true"}}')]}
+JSON
+
+log "starting memprof-operator (its webhook on 127.0.0.1:$port)"
+"$BIN/memprof-operator" --metrics-addr 127.0.0.1:0 \
+    --webhook-port "$port" --webhook-bind-address 127.0.0.1 --webhook-extra-names 127.0.0.1 \
+    --webhook-namespace "$NS" --webhook-config-name "$NS" --sidecar-image memprof:demo \
+    >"$workdir/operator.log" 2>&1 &
+pids+=($!)
+log "waiting for the webhook's certificate (the operator fills in the caBundle)"
+for _ in $(seq 60); do
+    ca=$(kubectl get mutatingwebhookconfiguration "$NS" -o jsonpath='{.webhooks[2].clientConfig.caBundle}' 2>/dev/null || true)
+    [ -n "$ca" ] && break
+    sleep 1
+done
+[ -n "$ca" ] || { echo "the operator never served its webhook; its log:" >&2; tail -20 "$workdir/operator.log" >&2; exit 1; }
+sleep 2
+
+log "creating the annotated $RANKS-rank Job $JOB"
 kubectl -n "$NS" apply -f - >/dev/null <<YAML
 apiVersion: batch/v1
 kind: Job

@@ -2,7 +2,8 @@
 //! `kubectl memprof` (install it as `kubectl-memprof` on the PATH).
 #![forbid(unsafe_code)]
 
-use clap::{CommandFactory, Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
+use memprof::cli::help;
 
 #[derive(Parser)]
 #[command(
@@ -18,28 +19,57 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Print every memprof CRD as one YAML stream (what crds/ holds).
+    #[command(hide = true)]
     Crd,
-    /// Run the analysis offline over a recorded trace (CSV `t_s,gpu,used_bytes,total_bytes`):
-    /// a table on a terminal, JSON lines with `-o json`, `--plot` draws the prediction.
+    /// Run the analysis offline over a recorded trace
+    ///
+    /// The trace is a CSV `t_s,gpu,used_bytes,total_bytes`: a table on a
+    /// terminal, JSON lines with `-o json`, `--plot` draws the prediction.
     Analyze(memprof::cli::local::analyze::Args),
-    /// Profile this machine's GPUs without Kubernetes: live status per GPU, then a
-    /// summary table; with `-- COMMAND`, runs the command next to it with the
-    /// in-process agent pushing to it, until the command exits.
+    /// Profile this machine's GPUs, or a command's, without Kubernetes
+    ///
+    /// Live status per GPU, then a summary table; with `-- COMMAND`, runs the
+    /// command next to it with the in-process agent pushing to it, until the
+    /// command exits.
     Profile(memprof::cli::local::profile::Args),
-    /// Show what memprof concluded about a job (its MemoryProfile and per-rank reports),
-    /// or about every profiled job in scope.
+    /// What memprof concluded about a Job, and its ranks
+    ///
+    /// The Job's MemoryProfile in words and one row per rank and GPU from its
+    /// MemoryReports; without JOB, every profiled Job in scope.
+    #[command(after_help = REPORT_EXAMPLES)]
     Report(memprof::cli::kube::report::Args),
     /// Watch this box's GPUs for a predicted OOM (`--monitor`, `--fail-on critical`).
     Oom(memprof::cli::local::oom::Args),
-    /// Run a training command over a grid of settings (`--vary BATCH_SIZE=8,16,32`),
-    /// one process per configuration, and print the largest safe value.
+    /// Run a trainer over a grid of settings and find the largest safe value
+    ///
+    /// One process per configuration of the grid (`--vary BATCH_SIZE=8,16,32`).
     Sweep(memprof::cli::local::sweep::Args),
     /// Profiled jobs by risk, then time to OOM (like `kubectl top`).
+    #[command(after_help = TOP_EXAMPLES)]
     Top(memprof::cli::kube::top::Args),
-    /// Draw a Job's per-rank timelines and per-GPU peaks (SVG, or text on a terminal).
+    /// Draw a Job's per-rank timelines and per-GPU peaks (SVG or PNG, or text on a terminal).
+    #[command(after_help = PLOT_EXAMPLES)]
     Plot(memprof::cli::kube::plot::Args),
-    /// Two sweep results, reports or Jobs side by side: what grew, where.
+    /// Two Jobs, sweep results or reports side by side: what grew, where
+    #[command(after_help = COMPARE_EXAMPLES)]
     Compare(memprof::cli::kube::compare::Args),
+    /// Is the install working? One line per check, OK/WARN/FAIL, with what to do
+    ///
+    /// CRDs served; memprof webhooks registered with a caBundle; their
+    /// Service's endpoints; the operator's pods (an image that cannot be
+    /// pulled is named) and Deployment; the serving certificate as the API
+    /// server checks it; annotated Jobs the webhook never injected. Exits 1
+    /// on any FAIL.
+    #[command(after_help = DOCTOR_EXAMPLES)]
+    Doctor(memprof::cli::kube::doctor::Args),
+    /// Which GPU access mode (gpuAccess) works on this node, and why
+    ///
+    /// Reads the node's GPU device nodes, the container runtime's config (is
+    /// the NVIDIA runtime wired in, CDI-only, does it accept
+    /// NVIDIA_VISIBLE_DEVICES), CDI specs and the kubelet PodResources socket.
+    /// Run it on the node, or `kubectl debug node/NAME -it --image=IMAGE --
+    /// memprof node-check --root /host`.
+    NodeCheck(memprof::cli::nodecheck::Args),
     /// Remediation policies: which match a Job and what they would do now.
     Policy {
         #[command(subcommand)]
@@ -47,6 +77,7 @@ enum Command {
     },
     /// Copy the Python agent and its startup hook into DIR (what the init
     /// container added for `memprof.dev/agent: "python"` runs).
+    #[command(hide = true)]
     InstallAgent {
         /// Target directory (the pod's shared volume).
         dir: std::path::PathBuf,
@@ -57,8 +88,10 @@ enum Command {
         #[arg(long)]
         best_effort: bool,
     },
-    /// Print a shell completion script (`source <(memprof completion bash)`; for
-    /// `kubectl memprof <TAB>` put `kubectl_complete-memprof` on the PATH).
+    /// Print a shell completion script
+    ///
+    /// `source <(memprof completion bash)`; for `kubectl memprof <TAB>` put
+    /// `kubectl_complete-memprof` on the PATH.
     Completion {
         /// The shell.
         #[arg(value_enum)]
@@ -73,6 +106,44 @@ enum Command {
     },
 }
 
+const TOP_EXAMPLES: &str = "\
+Examples:
+  kubectl memprof top -A -o wide
+  kubectl memprof top -l memprof.dev/job=train -o name
+  kubectl memprof top --sort-by=.status.timeToOomSeconds \\
+    -o custom-columns=JOB:.spec.jobName,RISK:.status.risk,TTO:.status.timeToOomSeconds
+  kubectl memprof top -o jsonpath='{range .items[*]}{.metadata.name}{\"\\t\"}{.status.risk}{\"\\n\"}{end}'
+  kubectl memprof top --watch";
+
+const REPORT_EXAMPLES: &str = "\
+Examples:
+  kubectl memprof report train -n ml
+  kubectl memprof report ml/train -o wide --no-headers
+  kubectl memprof report -A
+  kubectl memprof report train -o jsonpath='{.items[0].status.risk}'";
+
+const PLOT_EXAMPLES: &str = "\
+Examples:
+  kubectl memprof plot train                  # text charts on the terminal
+  kubectl memprof plot train --out train.png  # or .svg
+  kubectl memprof plot ml/train --chart heatmap --out peaks.svg";
+
+const DOCTOR_EXAMPLES: &str = "\
+Examples:
+  kubectl memprof doctor            # Jobs of the current namespace
+  kubectl memprof doctor -A         # annotated Jobs of every namespace
+  kubectl memprof doctor --webhook memprof";
+
+const COMPARE_EXAMPLES: &str = "\
+Examples:
+  kubectl memprof compare train-bs16 train-bs32 -n ml
+  memprof compare sweep-a.json sweep-b.json   # two files: compared locally";
+
+/// The command line as `--help` shows it: grouped, internal commands hidden.
+fn command() -> clap::Command {
+    help::grouped(Cli::command())
+}
+
 /// Errors print as `error: <message>: <cause>…` and exit 1: never the
 /// Debug form, which dumps a backtrace when RUST_BACKTRACE is set.
 fn main() -> std::process::ExitCode {
@@ -80,7 +151,7 @@ fn main() -> std::process::ExitCode {
         .enable_all()
         .build();
     let result = match runtime {
-        Ok(rt) => rt.block_on(run(Cli::parse())),
+        Ok(rt) => rt.block_on(run(parse())),
         Err(e) => Err(e.into()),
     };
     match result {
@@ -92,9 +163,19 @@ fn main() -> std::process::ExitCode {
     }
 }
 
+/// Parses the command line; a mistyped command gets [`help::suggest`]'s suggestion.
+fn parse() -> Cli {
+    let cmd = command();
+    let parsed = cmd
+        .clone()
+        .try_get_matches()
+        .and_then(|m| Cli::from_arg_matches(&m));
+    parsed.unwrap_or_else(|e| help::better_suggestion(e, &cmd).exit())
+}
+
 async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Crd => print!("{}", memprof::api::crds_yaml()),
+        Command::Crd => memprof::cli::output::print(&memprof::api::crds_yaml()),
         Command::Analyze(args) => {
             std::process::exit(memprof::cli::local::analyze::run(args).await?)
         }
@@ -106,13 +187,15 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Oom(args) => std::process::exit(memprof::cli::local::oom::run(args).await?),
         Command::Sweep(args) => std::process::exit(memprof::cli::local::sweep::run(args).await?),
         Command::Top(args) => std::process::exit(memprof::cli::kube::top::run(args).await?),
+        Command::NodeCheck(args) => std::process::exit(memprof::cli::nodecheck::run(&args)),
+        Command::Doctor(args) => std::process::exit(memprof::cli::kube::doctor::run(args).await?),
         Command::Completion { shell } => {
-            let mut cmd = Cli::command();
+            let mut cmd = command();
             let script = memprof::cli::kube::completion::script(shell, &mut cmd, "memprof");
             memprof::cli::output::print(&script);
         }
         Command::Complete { words } => {
-            let answer = memprof::cli::kube::completion::complete(&Cli::command(), &words).await;
+            let answer = memprof::cli::kube::completion::complete(&command(), &words).await;
             memprof::cli::output::print(&answer);
         }
         Command::Plot(args) => std::process::exit(memprof::cli::kube::plot::run(args).await?),

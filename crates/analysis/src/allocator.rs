@@ -318,8 +318,8 @@ impl AgentDevice {
             a.risk = trend;
             a.confidence = confidence;
             a.reason = format!(
-                "allocated memory grows {:.1} MB/s, OOM predicted in {}",
-                a.growth_bytes_per_second / 1e6,
+                "allocated memory grows {}, OOM predicted in {}",
+                memprof_api::format_rate(a.growth_bytes_per_second).trim_start_matches('+'),
                 memprof_api::format_duration(a.time_to_oom_seconds.unwrap_or(f64::INFINITY))
             );
         } else {

@@ -262,15 +262,15 @@ fn growth_reason(a: &Assessment) -> String {
     let tto = memprof_api::format_duration(a.time_to_oom_seconds.unwrap_or(f64::INFINITY));
     match &a.sustained {
         Some(s) => format!(
-            "memory grows {:.1} MB/s ({} rises of {:.2} GB every {:.1} s), OOM predicted in {tto}",
-            s.rate / 1e6,
+            "memory grows {} ({} rises of {} every {:.1} s), OOM predicted in {tto}",
+            memprof_api::format_rate(s.rate).trim_start_matches('+'),
             s.rises,
-            s.step_bytes / 1e9,
+            memprof_api::format_bytes(s.step_bytes.max(0.0) as u64),
             s.gap_seconds
         ),
         None => format!(
-            "memory grew {:.1} MB/s over the window (no sustained pace), OOM in {tto} if it went on",
-            a.growth_bytes_per_second / 1e6
+            "memory grew {} over the window (no sustained pace), OOM in {tto} if it went on",
+            memprof_api::format_rate(a.growth_bytes_per_second).trim_start_matches('+')
         ),
     }
 }
@@ -402,6 +402,13 @@ mod tests {
         // High at least a minute before the OOM, critical before it.
         let first_high = all.iter().position(|a| a.risk >= RiskLevel::High).unwrap() as f64;
         assert!(truth_oom - first_high >= 60.0, "first high at {first_high}");
+        // Rates in the binary units every command prints (format_rate), not MB/s.
+        let grow = all.iter().find(|a| a.reason.starts_with("memory grow"));
+        let reason = &grow.expect("a growth reason").reason;
+        assert!(
+            reason.contains("MiB/s") && !reason.contains("MB/s"),
+            "{reason}"
+        );
     }
 
     /// What NVML sees when the batch size grows twice (no leak): the

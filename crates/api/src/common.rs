@@ -187,6 +187,20 @@ pub fn format_bytes(bytes: u64) -> String {
     }
 }
 
+/// Formats a rate of memory change in the same binary units as
+/// [`format_bytes`]: `+12.3MiB/s`, `-512KiB/s`, `0B/s` (under 1 B/s), `-` when
+/// not finite. The one home of rates: every command prints growth with it.
+pub fn format_rate(bytes_per_second: f64) -> String {
+    if !bytes_per_second.is_finite() {
+        return "-".to_string();
+    }
+    if bytes_per_second.abs() < 1.0 {
+        return "0B/s".to_string();
+    }
+    let sign = if bytes_per_second > 0.0 { "+" } else { "-" };
+    format!("{sign}{}/s", format_bytes(bytes_per_second.abs() as u64))
+}
+
 /// Formats a duration in seconds for humans, like kubectl's ages: `45s`, `3m20s`, `2h5m`.
 pub fn format_duration(seconds: f64) -> String {
     if !seconds.is_finite() || seconds < 0.0 {
@@ -204,6 +218,15 @@ pub fn format_duration(seconds: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rates_use_the_binary_units_of_sizes_with_a_sign() {
+        assert_eq!(format_rate(100.0 * 1024.0 * 1024.0), "+100MiB/s");
+        assert_eq!(format_rate(-1.5 * 1024.0 * 1024.0 * 1024.0), "-1.5GiB/s");
+        assert_eq!(format_rate(1e8), "+95.4MiB/s");
+        assert_eq!(format_rate(0.4), "0B/s");
+        assert_eq!(format_rate(f64::NAN), "-");
+    }
 
     #[test]
     fn risk_levels_order_from_harmless_to_imminent() {

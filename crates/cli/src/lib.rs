@@ -14,8 +14,10 @@
 //! (`policy explain` shows the controller's own trigger and plan arithmetic).
 #![forbid(unsafe_code)]
 
+pub mod help;
 pub mod kube;
 pub mod local;
+pub mod nodecheck;
 pub mod output;
 pub mod plot;
 
@@ -24,7 +26,11 @@ pub mod plot;
 pub async fn compare(args: crate::kube::compare::Args) -> anyhow::Result<i32> {
     let (a, b) = (std::path::Path::new(&args.a), std::path::Path::new(&args.b));
     if a.is_file() && b.is_file() {
-        return crate::local::compare_files::run(a, b, args.output.format).await;
+        let c = crate::local::compare_files::compare_paths(a, b)?;
+        let format = crate::kube::compare::format_of(&args.output);
+        let text = crate::local::compare_files::render(&c, format);
+        output::print(&crate::kube::compare::apply_template(&args.output, text));
+        return Ok(0);
     }
     Ok(crate::kube::compare::run(args).await?)
 }

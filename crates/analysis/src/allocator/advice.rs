@@ -93,7 +93,9 @@ fn short(pattern: &str) -> &str {
 }
 
 fn leak_advice(pace: Option<f64>) -> String {
-    let rate = pace.map_or(String::new(), |p| format!(" {:.1} MB/s", p / 1e6));
+    let rate = pace.map_or(String::new(), |p| {
+        format!(" {}", memprof_api::format_rate(p).trim_start_matches('+'))
+    });
     format!(
         "leak: allocated memory between steps grows{rate}: tensors are kept across steps \
          (a loss or output kept with its graph: keep loss.item() or .detach(); a list or \

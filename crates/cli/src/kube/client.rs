@@ -142,17 +142,49 @@ pub struct KubeArgs {
     /// Namespace (default: the context's namespace, else `default`).
     #[arg(short = 'n', long, value_name = "NS")]
     pub namespace: Option<String>,
+}
+
+/// The flags of a command that lists (`top`, `report`): [`KubeArgs`] plus
+/// kubectl's `-A/--all-namespaces` and `-l/--selector`. Commands about one
+/// Job take [`KubeArgs`] alone, so they do not offer flags they would reject.
+#[derive(Clone, Debug, Default, PartialEq, Eq, clap::Args)]
+pub struct ListArgs {
+    #[command(flatten)]
+    pub kube: KubeArgs,
     /// Look in every namespace.
     #[arg(short = 'A', long, conflicts_with = "namespace")]
     pub all_namespaces: bool,
+    /// Only objects whose labels match (kubectl's selector: `k=v`, `k!=v`,
+    /// `k in (a,b)`, `k`, `!k`, comma-separated). The operator labels each
+    /// MemoryProfile `memprof.dev/job=JOB`.
+    #[arg(short = 'l', long, value_name = "SELECTOR")]
+    pub selector: Option<String>,
+}
+
+impl ListArgs {
+    /// A client and where to look: `-A`, else `-n`, else the context's
+    /// namespace, else `default`.
+    pub async fn connect(&self) -> Result<(Client, Scope), CliError> {
+        let (client, ns) = self.kube.connect().await?;
+        Ok((client, self.scope(&ns)))
+    }
+
+    /// The scope given the namespace [`KubeArgs`] resolved (pure, for tests).
+    pub fn scope(&self, namespace: &str) -> Scope {
+        if self.all_namespaces {
+            Scope::All
+        } else {
+            Scope::Namespace(namespace.to_string())
+        }
+    }
 }
 
 impl KubeArgs {
-    /// A client for the chosen cluster and where to look, as kubectl would:
-    /// `-A`, else `-n`, else the context's namespace, else `default`.
-    pub async fn connect(&self) -> Result<(Client, Scope), CliError> {
+    /// A client for the chosen cluster and the namespace to use, as kubectl
+    /// would: `-n`, else the context's namespace, else `default`.
+    pub async fn connect(&self) -> Result<(Client, String), CliError> {
         let config = self.config().await?;
-        let scope = self.scope(&config.default_namespace);
+        let ns = self.namespace(&config.default_namespace);
         let server = config.cluster_url.to_string();
         let client = Client::try_from(config).map_err(|e| CliError::NoConfig(e.to_string()))?;
         // One cheap request first, so a cluster that is not there is named as such.
@@ -163,17 +195,15 @@ impl KubeArgs {
                     reason: error_chain(&e),
                 })
             }
-            _ => Ok((client, scope)),
+            _ => Ok((client, ns)),
         }
     }
 
-    /// The scope given the context's default namespace (pure, for tests).
-    pub fn scope(&self, context_namespace: &str) -> Scope {
-        match (&self.namespace, self.all_namespaces) {
-            (_, true) => Scope::All,
-            (Some(ns), false) => Scope::Namespace(ns.clone()),
-            (None, false) => Scope::Namespace(context_namespace.to_string()),
-        }
+    /// `-n`, else the context's namespace (pure, for tests).
+    pub fn namespace(&self, context_namespace: &str) -> String {
+        self.namespace
+            .clone()
+            .unwrap_or_else(|| context_namespace.to_string())
     }
 
     async fn config(&self) -> Result<Config, CliError> {
@@ -287,11 +317,45 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     out
 }
 
-/// Every MemoryProfile in scope, sorted by namespace then name.
-pub async fn list_profiles(client: &Client, scope: &Scope) -> Result<Vec<MemoryProfile>, CliError> {
+/// The list parameters of a label selector (none: everything).
+fn selecting(selector: Option<&str>) -> ListParams {
+    match selector {
+        Some(s) => ListParams::default().labels(s),
+        None => ListParams::default(),
+    }
+}
+
+/// Every MemoryReport in scope (matching `selector`), by namespace, Job,
+/// rank, name.
+pub async fn list_reports(
+    client: &Client,
+    scope: &Scope,
+    selector: Option<&str>,
+) -> Result<Vec<MemoryReport>, CliError> {
+    let mut items = scope
+        .api::<MemoryReport>(client)
+        .list(&selecting(selector))
+        .await
+        .map_err(|e| map_error(e, "list", "memoryreports", scope))?
+        .items;
+    items.sort_by_key(|r| {
+        let job = r.labels().get(LABEL_JOB).cloned().unwrap_or_default();
+        let rank = r.spec.rank.unwrap_or(u32::MAX);
+        (r.namespace().unwrap_or_default(), job, rank, r.name_any())
+    });
+    Ok(items)
+}
+
+/// Every MemoryProfile in scope (matching `selector`), sorted by namespace
+/// then name.
+pub async fn list_profiles(
+    client: &Client,
+    scope: &Scope,
+    selector: Option<&str>,
+) -> Result<Vec<MemoryProfile>, CliError> {
     let mut items = scope
         .api::<MemoryProfile>(client)
-        .list(&ListParams::default())
+        .list(&selecting(selector))
         .await
         .map_err(|e| map_error(e, "list", "memoryprofiles", scope))?
         .items;
@@ -311,7 +375,7 @@ pub async fn get_profile(
         Ok(Some(p)) => Ok(p),
         // A 404 on get cannot tell a missing object from a missing CRD: the list can.
         Ok(None) | Err(kube::Error::Api(_)) => {
-            let existing = list_profiles(client, &scope)
+            let existing = list_profiles(client, &scope, None)
                 .await?
                 .iter()
                 .map(|p| p.name_any())
@@ -445,11 +509,14 @@ mod tests {
 
     #[test]
     fn scope_follows_kubectl_all_then_flag_then_context() {
-        let mut a = KubeArgs::default();
-        assert_eq!(a.scope("team-a"), Scope::Namespace("team-a".into()));
-        a.namespace = Some("ml".into());
-        assert_eq!(a.scope("team-a"), Scope::Namespace("ml".into()));
-        a.namespace = None;
+        let mut a = ListArgs::default();
+        assert_eq!(a.kube.namespace("team-a"), "team-a");
+        a.kube.namespace = Some("ml".into());
+        assert_eq!(
+            a.scope(&a.kube.namespace("team-a")),
+            Scope::Namespace("ml".into())
+        );
+        a.kube.namespace = None;
         a.all_namespaces = true;
         assert_eq!(a.scope("team-a"), Scope::All);
     }

@@ -5,7 +5,8 @@
 //! ([`render`]); [`run`] only fetches.
 
 use crate::kube::client::{self as k, CliError, KubeArgs};
-use crate::output::{self, Format, OutputArgs, Table};
+use crate::output::printer::{Kind, Output, OutputParser};
+use crate::output::{self, Format, Table};
 use k8s_openapi::api::batch::v1::Job;
 use kube::api::Api;
 use memprof_api::{format_bytes, format_duration, MemoryProfile};
@@ -20,15 +21,49 @@ pub struct Args {
     pub b: String,
     #[command(flatten)]
     pub kube: KubeArgs,
-    #[command(flatten)]
-    pub output: OutputArgs,
+    /// Output format: table, wide, json, yaml, jsonpath=TEMPLATE, jsonpath-file=FILE
+    /// (the template reads what -o json prints).
+    #[arg(short = 'o', long = "output", value_name = "FORMAT", default_value = "table", value_parser = OutputParser(FORMATS))]
+    pub output: Output,
+}
+
+/// What `compare` prints: a comparison, not objects (so no `name` or
+/// `custom-columns`).
+pub const FORMATS: &[Kind] = &[
+    Kind::Table,
+    Kind::Wide,
+    Kind::Json,
+    Kind::Yaml,
+    Kind::JsonPath,
+];
+
+/// The `-o` of a table or structured format (jsonpath: JSON, which the
+/// template then reads).
+pub fn format_of(o: &Output) -> Format {
+    match o {
+        Output::Wide => Format::Wide,
+        Output::Yaml => Format::Yaml,
+        Output::Table => Format::Table,
+        _ => Format::Json,
+    }
+}
+
+/// `text` (JSON, as printed for `-o json`) through the jsonpath template of
+/// `o`, if it has one.
+pub fn apply_template(o: &Output, text: String) -> String {
+    match o {
+        Output::JsonPath(t) => {
+            let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+            t.render(&crate::output::jsonpath::go_numbers(v))
+        }
+        _ => text,
+    }
 }
 
 /// Compares two Jobs' profiles; returns the process exit code. (Two files
 /// are compared by [`crate::local::compare_files`]; [`crate::compare`] picks.)
 pub async fn run(args: Args) -> Result<i32, CliError> {
-    let (client, scope) = args.kube.connect().await?;
-    let ns = k::single_namespace(&scope, "memprof compare")?;
+    let (client, ns) = args.kube.connect().await?;
     let mut sides = Vec::new();
     for arg in [&args.a, &args.b] {
         let (ns, job) = k::split_ref(arg, &ns);
@@ -38,7 +73,8 @@ pub async fn run(args: Args) -> Result<i32, CliError> {
         let job_obj = jobs.get_opt(&profile.spec.job_name).await.ok().flatten();
         sides.push(side(&profile, job_obj.as_ref()));
     }
-    output::print(&render(&sides[0], &sides[1], args.output.format));
+    let text = render(&sides[0], &sides[1], format_of(&args.output));
+    output::print(&apply_template(&args.output, text));
     Ok(0)
 }
 

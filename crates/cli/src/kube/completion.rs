@@ -169,10 +169,11 @@ pub async fn complete(root: &Command, args: &[String]) -> String {
 }
 
 async fn job_names(kube: &KubeArgs) -> Vec<String> {
-    let Ok((client, scope)) = kube.connect().await else {
+    let Ok((client, ns)) = kube.connect().await else {
         return Vec::new();
     };
-    let lookup = k::list_profiles(&client, &scope);
+    let scope = k::Scope::Namespace(ns);
+    let lookup = k::list_profiles(&client, &scope, None);
     match tokio::time::timeout(std::time::Duration::from_secs(5), lookup).await {
         Ok(Ok(profiles)) => profiles.iter().map(|p| p.name_any()).collect(),
         _ => Vec::new(),

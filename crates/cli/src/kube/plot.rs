@@ -44,8 +44,7 @@ pub async fn run(args: Args) -> Result<i32, CliError> {
     if let Some(path) = &args.out {
         crate::plot::check_image_path(path).map_err(|e| CliError::Usage(e.to_string()))?;
     }
-    let (client, scope) = args.kube.connect().await?;
-    let ns = k::single_namespace(&scope, "memprof plot JOB")?;
+    let (client, ns) = args.kube.connect().await?;
     let (ns, job) = k::split_ref(&args.job, &ns);
     let profile = k::get_profile(&client, ns, job).await?;
     let reports = k::job_reports(&client, ns, &profile.spec.job_name).await?;
@@ -112,7 +111,10 @@ pub fn timeline(p: &MemoryProfile, reports: &[MemoryReport]) -> LineChart {
         })
         .collect();
     LineChart {
-        title: format!("GPU memory of Job {} by rank", p.spec.job_name),
+        title: titled(
+            format!("GPU memory of Job {} by rank", p.spec.job_name),
+            reports,
+        ),
         x_label: "time since first sample".into(),
         x_unit: Unit::Seconds,
         y_label: "used memory (fullest GPU of the rank)".into(),
@@ -120,6 +122,15 @@ pub fn timeline(p: &MemoryProfile, reports: &[MemoryReport]) -> LineChart {
         series,
         hlines,
         marks,
+    }
+}
+
+/// The title, with what the data is when it is not a measurement
+/// (`sim`, `trace`): a picture is shared without the command that drew it.
+fn titled(title: String, reports: &[MemoryReport]) -> String {
+    match crate::kube::ranks::not_measured(reports) {
+        Some(note) => format!("{title} ({note})"),
+        None => title,
     }
 }
 
@@ -167,8 +178,19 @@ pub fn heatmap(p: &MemoryProfile, reports: &[MemoryReport]) -> Heatmap {
             row
         })
         .collect();
+    // From 0 to the largest device's total: a 38-58 GiB spread on 80 GiB
+    // GPUs is a modest imbalance, not empty against full.
+    let total = reports
+        .iter()
+        .flat_map(|r| &r.spec.gpus)
+        .map(|g| g.total_bytes as f64)
+        .fold(0.0, f64::max);
     Heatmap {
-        title: format!("Peak GPU memory of Job {} per GPU", p.spec.job_name),
+        title: titled(
+            format!("Peak GPU memory of Job {} per GPU", p.spec.job_name),
+            reports,
+        ),
+        scale: (total > 0.0).then_some((0.0, total)),
         x_label: "GPU index".into(),
         y_label: "rank and node".into(),
         cols: (0..width).map(|i| format!("GPU {i}")).collect(),
@@ -309,6 +331,52 @@ mod tests {
         assert_eq!(h.rows, ["rank 0 on node-0", "rank 1 on node-1"]);
         assert_eq!(h.cols, ["GPU 0", "GPU 1"]);
         assert_eq!(h.values[1], [Some(70.0 * GIB as f64), None]);
+    }
+
+    #[test]
+    fn the_heatmap_scales_from_zero_to_the_devices_total() {
+        let reports = [report(0, &[(0, 38)], 0), report(1, &[(0, 58)], 0)];
+        let h = heatmap(&profile(), &reports);
+        assert_eq!(h.scale, Some((0.0, 80.0 * GIB as f64)));
+        assert_eq!(h.range(), (0.0, 80.0 * GIB as f64));
+        // 58 of 80 GiB is not drawn as full: its colour is viridis(58/80).
+        let svg = h.to_svg();
+        let (full, _) = crate::plot::viridis(1.0);
+        let (at_58, _) = crate::plot::viridis(58.0 / 80.0);
+        assert!(svg.contains(&format!("fill=\"{at_58}\"")), "{svg}");
+        assert!(!svg.contains(&format!("fill=\"{full}\" stroke")), "{svg}");
+        // The title fits: the picture is at least as wide as it needs.
+        let width: f64 = svg
+            .split("width=\"")
+            .nth(1)
+            .unwrap()
+            .split('"')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(width >= h.title.chars().count() as f64 * 10.0, "{width}");
+    }
+
+    #[test]
+    fn charts_of_simulated_or_replayed_data_say_so_in_their_titles() {
+        let mut sim = report(0, &[(0, 40)], 0);
+        sim.spec.gpus[0].source = memprof_api::DataSource::Sim;
+        let measured = [report(1, &[(0, 50)], 0)];
+        let p = profile();
+        assert_eq!(
+            timeline(&p, &measured).title,
+            "GPU memory of Job train by rank"
+        );
+        let both = [sim, measured[0].clone()];
+        let t = timeline(&p, &both).title;
+        assert_eq!(
+            t,
+            "GPU memory of Job train by rank (simulated data, not measured on a GPU)"
+        );
+        assert!(heatmap(&p, &both)
+            .title
+            .ends_with("(simulated data, not measured on a GPU)"));
     }
 
     #[test]

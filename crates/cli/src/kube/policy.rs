@@ -221,8 +221,8 @@ fn explain_batch_fit(out: &mut String, p: &RemediationPolicy, status: &MemoryPro
 /// Fetches what `explain` needs and prints it.
 pub async fn run(command: Command) -> anyhow::Result<()> {
     let Command::Explain { job, kube } = command;
-    let (client, scope) = kube.connect().await?;
-    let ns = crate::kube::client::single_namespace(&scope, "memprof policy explain")?;
+    let (client, ns) = kube.connect().await?;
+    let scope = crate::kube::client::Scope::Namespace(ns.clone());
     let (namespace, job) = crate::kube::client::split_ref(&job, &ns);
     let (namespace, job) = (namespace.to_string(), job.to_string());
     let jobs: Api<DynamicObject> =

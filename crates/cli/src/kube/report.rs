@@ -1,11 +1,17 @@
 //! `memprof report [JOB]` (also `kubectl memprof report`): what the operator
-//! concluded about a job, from its MemoryProfile, in words.
+//! concluded about a job, from its MemoryProfile, in words; its ranks'
+//! reports as a table with each one's AGE; the stale ranks and a data source
+//! that is not a measurement named. kubectl's printing flags print the
+//! objects (`-o json`: a List of the profile and its reports).
 
-use crate::kube::client::{self as k, CliError, KubeArgs, Scope};
-use crate::output::{self, Format, OutputArgs, Table, WatchArgs};
+use crate::kube::client::{self as k, CliError, ListArgs, Scope};
+use crate::kube::ranks::{self, JobAge, StaleRule};
+use crate::output::{self, printer, PrintArgs, Printed, Table, WatchArgs};
+use jiff::Timestamp;
 use kube::ResourceExt;
 use memprof_api::{
-    format_bytes, format_duration, AllocatorRollup, MemoryGrowth, MemoryProfile, MemoryReport,
+    format_bytes, format_duration, format_rate, AllocatorRollup, MemoryGrowth, MemoryProfile,
+    MemoryProfileStatus, MemoryReport, LABEL_JOB,
 };
 use std::fmt::Write;
 
@@ -15,29 +21,51 @@ pub struct Args {
     /// Job name, or NAMESPACE/JOB; every profile in scope when left out.
     pub job: Option<String>,
     #[command(flatten)]
-    pub kube: KubeArgs,
+    pub list: ListArgs,
     #[command(flatten)]
-    pub output: OutputArgs,
+    pub print: PrintArgs,
     #[command(flatten)]
     pub watch: WatchArgs,
+    /// Call a rank stale when its last report is older than this many
+    /// seconds. Default: the operator's verdict (two of the sidecar's
+    /// heartbeats plus 30 s; 150 s by default).
+    #[arg(long, value_name = "SECONDS")]
+    pub stale_after: Option<u64>,
+}
+
+/// Now and `--stale-after`: what ages are measured against.
+#[derive(Clone, Copy, Debug)]
+pub struct Clock {
+    /// Now.
+    pub now: Timestamp,
+    /// `--stale-after`, or the operator's verdict.
+    pub rule: StaleRule,
 }
 
 /// Fetches and prints (with `--watch`, again and again); returns the exit code.
 pub async fn run(args: Args) -> Result<i32, CliError> {
-    let (client, scope) = args.kube.connect().await?;
-    let format = args.output.format;
+    let (client, scope) = args.list.connect().await?;
+    let selector = args.list.selector.as_deref();
     output::watch(args.watch, || async {
+        let clock = Clock {
+            now: Timestamp::now(),
+            rule: StaleRule::from_flag(args.stale_after),
+        };
         match &args.job {
             Some(job) => {
                 let ns = k::single_namespace(&scope, "memprof report JOB")?;
                 let (ns, job) = k::split_ref(job, &ns);
                 let profile = k::get_profile(&client, ns, job).await?;
                 let reports = k::job_reports(&client, ns, &profile.spec.job_name).await?;
-                Ok(render_job(&profile, &reports, format))
+                Ok(render_job(&profile, &reports, &args.print, clock))
             }
             None => {
-                let profiles = k::list_profiles(&client, &scope).await?;
-                Ok(render_all(&profiles, &scope, format))
+                let profiles = k::list_profiles(&client, &scope, selector).await?;
+                let reports = match args.print.is_table() && !profiles.is_empty() {
+                    true => k::list_reports(&client, &scope, None).await?,
+                    false => Vec::new(),
+                };
+                Ok(render_all(&profiles, &reports, &scope, &args.print, clock))
             }
         }
     })
@@ -45,55 +73,88 @@ pub async fn run(args: Args) -> Result<i32, CliError> {
     Ok(0)
 }
 
-/// One Job: the profile in words and its ranks' table, or both as a List object.
-pub fn render_job(p: &MemoryProfile, reports: &[MemoryReport], format: Format) -> String {
-    if format.is_structured() {
-        let mut items = vec![object(p)];
-        items.extend(reports.iter().map(object));
-        return output::structured(&list(items), format);
+/// One Job: the profile in words and its ranks' table, or the profile and
+/// its reports as a List (what `-o json` prints and jsonpath reads).
+pub fn render_job(
+    p: &MemoryProfile,
+    reports: &[MemoryReport],
+    print: &PrintArgs,
+    clock: Clock,
+) -> Printed {
+    if !print.is_table() {
+        let mut items = vec![printer::object(p)];
+        items.extend(reports.iter().map(printer::object));
+        return print.print(&items, Clone::clone, |_| Table::default(), "");
     }
-    let mut out = render(p);
-    out.push_str(&render_ranks(reports, format == Format::Wide));
-    out
+    let age = ranks::job_age_of(p.status.as_ref(), reports, clock.now, clock.rule);
+    let mut out = render_with(p, reports, &age);
+    out.push_str(&render_ranks(reports, print, clock.now, &age));
+    out.into()
 }
 
-/// Every profile in scope, each in words (or all of them as a List object).
-pub fn render_all(profiles: &[MemoryProfile], scope: &Scope, format: Format) -> String {
-    if format.is_structured() {
-        return output::structured(&list(profiles.iter().map(object).collect()), format);
+/// Every profile in scope, each in words with its reports (or all of them
+/// as the printing flags ask).
+pub fn render_all(
+    profiles: &[MemoryProfile],
+    reports: &[MemoryReport],
+    scope: &Scope,
+    print: &PrintArgs,
+    clock: Clock,
+) -> Printed {
+    let none = format!("No MemoryProfiles found in {}.", scope.describe());
+    if !print.is_table() || profiles.is_empty() {
+        return print.print(profiles, printer::object, |_| Table::default(), &none);
     }
-    if profiles.is_empty() {
-        return format!("No MemoryProfiles found in {}.\n", scope.describe());
-    }
-    profiles.iter().map(render).collect::<Vec<_>>().join("\n")
+    let text = profiles
+        .iter()
+        .map(|p| {
+            let mine = reports_of(p, reports);
+            let age = ranks::job_age_of(p.status.as_ref(), &mine, clock.now, clock.rule);
+            render_with(p, &mine, &age)
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    text.into()
 }
 
-/// A kubectl `List` of objects.
-fn list(items: Vec<serde_json::Value>) -> serde_json::Value {
-    serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items})
+/// The reports of `p`'s Job among `reports` (same namespace, `memprof.dev/job`).
+fn reports_of(p: &MemoryProfile, reports: &[MemoryReport]) -> Vec<MemoryReport> {
+    let ns = p.namespace();
+    reports
+        .iter()
+        .filter(|r| r.namespace() == ns && r.labels().get(LABEL_JOB) == Some(&p.spec.job_name))
+        .cloned()
+        .collect()
 }
 
-/// The object as kubectl prints it: without managedFields.
-fn object<K: kube::Resource + serde::Serialize + Clone>(o: &K) -> serde_json::Value {
-    let mut o = o.clone();
-    o.meta_mut().managed_fields = None;
-    serde_json::to_value(&o).unwrap_or_default()
-}
-
-/// One row per GPU of each rank, with the GPU's recent memory as a sparkline
-/// (the report's 60-point timeline, highest use per point).
-pub fn render_ranks(reports: &[MemoryReport], wide: bool) -> String {
+/// One row per GPU of each rank, with the report's AGE (`(stale)` after it
+/// for a rank in `age.stale`) and the GPU's recent memory as a sparkline
+/// (the report's 60-point timeline, highest use per point); `--no-headers`
+/// leaves the header out.
+pub fn render_ranks(
+    reports: &[MemoryReport],
+    print: &PrintArgs,
+    now: Timestamp,
+    age: &JobAge,
+) -> String {
     if reports.is_empty() {
         return "  no MemoryReports for this Job yet\n".to_string();
     }
+    let wide = print.wide();
     let mut headers = vec![
-        "RANK", "POD", "NODE", "GPU", "USED", "PEAK", "TOTAL", "RISK", "TTO", "RECENT",
+        "RANK", "POD", "NODE", "GPU", "USED", "PEAK", "TOTAL", "RISK", "TTO", "AGE", "RECENT",
     ];
     if wide {
-        headers.extend(["GROWTH", "UTIL", "UUID", "SAMPLED"]);
+        headers.extend(["GROWTH", "UTIL", "SOURCE", "UUID", "SAMPLED"]);
     }
     let mut table = Table::new(headers);
     for r in reports {
+        let rank = r.spec.rank.map_or("-".into(), |x| x.to_string());
+        let node = r.spec.node_name.clone().unwrap_or_else(|| "-".into());
+        let mut since = ranks::age_seconds(r, now).map_or("-".into(), output::age);
+        if age.is_stale_pod(&r.spec.pod_name) {
+            since.push_str(" (stale)");
+        }
         for g in &r.spec.gpus {
             // Scaled from 0 to the GPU's total, not to the line's own range:
             // ranks then compare at a glance (30→40 GiB is not 40→70 GiB).
@@ -101,40 +162,63 @@ pub fn render_ranks(reports: &[MemoryReport], wide: bool) -> String {
             line.extend(g.timeline.iter().map(|p| p.max as f64));
             let spark: String = crate::plot::sparkline(&line).chars().skip(2).collect();
             let mut row = vec![
-                r.spec.rank.map_or("-".into(), |x| x.to_string()),
+                rank.clone(),
                 r.spec.pod_name.clone(),
-                r.spec.node_name.clone().unwrap_or_else(|| "-".into()),
+                node.clone(),
                 g.index.to_string(),
                 format_bytes(g.used_bytes),
                 format_bytes(g.peak_bytes),
                 format_bytes(g.total_bytes),
                 g.risk.to_string(),
                 g.time_to_oom_seconds.map_or("-".into(), format_duration),
+                since.clone(),
                 spark,
             ];
             if wide {
-                row.extend([
-                    format!("{:.1}MB/s", g.growth_bytes_per_second / 1e6),
-                    g.utilization_percent
-                        .map_or("-".into(), |u| format!("{u}%")),
-                    g.uuid.clone(),
-                    r.spec.sampled_at.clone(),
-                ]);
+                row.extend(wide_cells(r, g));
             }
             table.row(row);
         }
         if r.spec.gpus.is_empty() {
             table.row([
-                r.spec.rank.map_or("-".into(), |x| x.to_string()),
+                rank,
                 r.name_any(),
-                r.spec.node_name.clone().unwrap_or_else(|| "-".into()),
+                node,
                 "-".into(),
-                "no GPU visible".to_string(),
+                "no GPU visible".into(),
             ]);
         }
     }
     let mut out = String::from("\nranks:\n");
-    out.push_str(&table.render());
+    out.push_str(&table.no_headers(print.no_headers).render());
+    out
+}
+
+/// GROWTH, UTIL, SOURCE, UUID, SAMPLED of one GPU (`-o wide`).
+fn wide_cells(r: &MemoryReport, g: &memprof_api::GpuReport) -> [String; 5] {
+    [
+        format_rate(g.growth_bytes_per_second),
+        g.utilization_percent
+            .map_or("-".into(), |u| format!("{u}%")),
+        g.source.to_string(),
+        g.uuid.clone(),
+        r.spec.sampled_at.clone(),
+    ]
+}
+
+/// One profile for a terminal, with what its reports add: a data source
+/// that is not a measurement, and the ranks that stopped reporting (`age`).
+pub fn render_with(p: &MemoryProfile, reports: &[MemoryReport], age: &JobAge) -> String {
+    let text = render(p);
+    let (first, rest) = text.split_once('\n').unwrap_or((&text, ""));
+    let mut out = format!("{first}\n");
+    if let Some(src) = ranks::not_measured(reports) {
+        let _ = writeln!(out, "  NOTE: {src}");
+    }
+    if let Some(line) = ranks::stale_line(age) {
+        let _ = writeln!(out, "{line}");
+    }
+    out.push_str(rest);
     out
 }
 
@@ -148,6 +232,15 @@ pub fn render(p: &MemoryProfile) -> String {
         let _ = writeln!(out, "  no status yet: no sidecar has reported (is the sidecar injected and allowed to write memoryreports?)");
         return out;
     };
+    render_summary(&mut out, st);
+    render_findings(&mut out, st);
+    render_closest(&mut out, st);
+    render_history(&mut out, st);
+    out
+}
+
+/// Ranks, risk, peak, imbalance, bottleneck.
+fn render_summary(out: &mut String, st: &MemoryProfileStatus) {
     let _ = writeln!(
         out,
         "  ranks reporting: {}   GPUs: {}",
@@ -181,6 +274,11 @@ pub fn render(p: &MemoryProfile) -> String {
             b.gpu_uuid
         );
     }
+}
+
+/// What the analysis found: leak, fragmentation, the agents' view, the
+/// breakdown, the batch recommendation, the thresholds used.
+fn render_findings(out: &mut String, st: &MemoryProfileStatus) {
     if st.leak_suspected {
         let _ = writeln!(
             out,
@@ -196,10 +294,10 @@ pub fn render(p: &MemoryProfile) -> String {
         );
     }
     if let Some(a) = &st.allocator {
-        render_allocator(&mut out, a);
+        render_allocator(out, a);
     }
     if let Some(b) = &st.breakdown {
-        crate::kube::breakdown::render_breakdown(&mut out, b);
+        crate::kube::breakdown::render_breakdown(out, b);
     }
     if let Some(r) = &st.batch_recommendation {
         out.push_str(&memprof_analysis::batchfit::render(r));
@@ -207,6 +305,10 @@ pub fn render(p: &MemoryProfile) -> String {
     if let Some(t) = &st.thresholds {
         out.push_str(&memprof_api::thresholds::render(t));
     }
+}
+
+/// The ranks closest to an OOM.
+fn render_closest(out: &mut String, st: &MemoryProfileStatus) {
     if !st.top_ranks.is_empty() {
         let _ = writeln!(out, "  closest to OOM:");
         for r in &st.top_ranks {
@@ -214,17 +316,24 @@ pub fn render(p: &MemoryProfile) -> String {
             let tto = r
                 .time_to_oom_seconds
                 .map_or("-".to_string(), format_duration);
-            let _ = writeln!(
+            let _ =
+                writeln!(
                 out,
-                "    rank {rank:>4}  {:<8}  peak {:>9} / {:<9}  growth {:>8.1} MB/s  TTO {tto}  ({})",
+                "    rank {rank:>4}  {:<8}  peak {:>9} / {:<9}  growth {:>11}  TTO {tto}  ({}{})",
                 r.risk.to_string(),
                 format_bytes(r.peak_bytes),
                 format_bytes(r.total_bytes),
-                r.growth_bytes_per_second / 1e6,
-                r.location.pod
+                format_rate(r.growth_bytes_per_second),
+                r.location.pod,
+                // The operator keeps a silent rank's last numbers: say they are old.
+                if r.stale { ", stale: its last report" } else { "" }
             );
         }
     }
+}
+
+/// OOMs seen, remediations taken, conditions.
+fn render_history(out: &mut String, st: &MemoryProfileStatus) {
     for o in &st.ooms {
         let _ = writeln!(out, "  OOM at {} in pod {}: {}", o.time, o.pod, o.evidence);
     }
@@ -242,7 +351,6 @@ pub fn render(p: &MemoryProfile) -> String {
             c.type_, c.status, c.reason, c.message
         );
     }
-    out
 }
 
 /// What the in-process agents said: leak or cache, advice, step rate, the OOM's blocks.

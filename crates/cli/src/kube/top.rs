@@ -1,126 +1,111 @@
 //! `memprof top` (also `kubectl memprof top`): profiled jobs by risk, then
-//! time to OOM, like `kubectl top`. Rendering is pure ([`render`]); [`run`]
-//! only fetches (again and again with `--watch`).
+//! time to OOM, like `kubectl top`; with kubectl's printing flags, where
+//! `-o json` and friends print the MemoryProfiles themselves as `kubectl get
+//! memoryprofiles` does. Rendering is pure ([`render`]); [`run`] only
+//! fetches (again and again with `--watch`).
 
-use crate::kube::client::{self as k, CliError, KubeArgs, Scope};
-use crate::output::{self, Format, OutputArgs, Table, WatchArgs};
+use crate::kube::client::{self as k, CliError, ListArgs, Scope};
+use crate::kube::ranks::{self, StaleRule};
+use crate::output::{self, printer, PrintArgs, Printed, Table, WatchArgs};
+use jiff::Timestamp;
 use kube::ResourceExt;
-use memprof_api::{format_bytes, format_duration, MemoryProfile, RiskLevel};
-use serde::Serialize;
+use memprof_api::{
+    format_bytes, format_duration, MemoryProfile, MemoryReport, RiskLevel, LABEL_JOB,
+};
 
 /// Flags of `memprof top`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
     #[command(flatten)]
-    pub kube: KubeArgs,
+    pub list: ListArgs,
     #[command(flatten)]
-    pub output: OutputArgs,
+    pub print: PrintArgs,
     #[command(flatten)]
     pub watch: WatchArgs,
+    /// Call a rank stale when its last report is older than this many
+    /// seconds (`-o wide`: AGE and STALE columns). Default: the operator's
+    /// verdict (two of the sidecar's heartbeats plus 30 s; 150 s by default).
+    #[arg(long, value_name = "SECONDS")]
+    pub stale_after: Option<u64>,
 }
 
 /// Runs the subcommand; returns the process exit code.
 pub async fn run(args: Args) -> Result<i32, CliError> {
-    let (client, scope) = args.kube.connect().await?;
-    let format = args.output.format;
+    let (client, scope) = args.list.connect().await?;
+    let selector = args.list.selector.as_deref();
     output::watch(args.watch, || async {
-        let profiles = k::list_profiles(&client, &scope).await?;
-        Ok(render(&rows(&profiles), &scope, format))
+        let profiles = k::list_profiles(&client, &scope, selector).await?;
+        let rule = StaleRule::from_flag(args.stale_after);
+        // AGE and STALE come from the operator's status; the reports are
+        // listed (one more call) only where it cannot say (see ranks.rs).
+        let statuses: Vec<_> = profiles.iter().map(|p| p.status.as_ref()).collect();
+        let reports = if args.print.wide() && ranks::needs_reports(&statuses, rule) {
+            k::list_reports(&client, &scope, None).await?
+        } else {
+            Vec::new()
+        };
+        let view = View {
+            scope: &scope,
+            reports: &reports,
+            now: Timestamp::now(),
+            rule,
+        };
+        Ok(render(&profiles, &view, &args.print))
     })
     .await?;
     Ok(0)
 }
 
-/// One profiled Job, as `top` shows it (and as `-o json|yaml` prints it).
-#[derive(Clone, Debug, PartialEq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Row {
-    /// Namespace of the Job.
-    pub namespace: String,
-    /// Job name.
-    pub job: String,
-    /// Worst risk of any GPU.
-    pub risk: RiskLevel,
-    /// Smallest predicted time to OOM, seconds.
-    pub time_to_oom_seconds: Option<f64>,
-    /// Highest peak of any GPU, bytes.
-    pub peak_used_bytes: u64,
-    /// That peak as a percentage of its GPU's memory.
-    pub peak_percent: f64,
-    /// Current use of the fullest GPU, bytes.
-    pub current_used_bytes: u64,
-    /// Current use of the fullest GPU, percent of its memory.
-    pub current_percent: f64,
-    /// Max/mean of per-GPU peaks.
-    pub imbalance: Option<f64>,
-    /// `reporting/expected`.
-    pub ranks: String,
-    /// GPUs reporting.
-    pub gpus: u32,
-    /// Some rank's memory between steps keeps growing.
-    pub leak_suspected: bool,
-    /// Where the OOM comes first: `rank R pod/GPU`.
-    pub bottleneck: Option<String>,
-    /// The newest remediation, in words.
-    pub last_action: Option<String>,
-    /// Newest report's sample time.
-    pub last_report_time: Option<String>,
+/// What the table needs besides the profiles.
+#[derive(Clone, Copy, Debug)]
+pub struct View<'a> {
+    /// Where `top` looked (NAMESPACE column with `-A`).
+    pub scope: &'a Scope,
+    /// The reports in scope, where the statuses cannot give AGE and STALE
+    /// (see [`ranks::needs_reports`]); empty otherwise.
+    pub reports: &'a [MemoryReport],
+    /// Now, for ages.
+    pub now: Timestamp,
+    /// `--stale-after`, or the operator's verdict.
+    pub rule: StaleRule,
 }
 
-/// The rows, worst first: highest risk, then soonest OOM, then by name.
-pub fn rows(profiles: &[MemoryProfile]) -> Vec<Row> {
-    let mut rows: Vec<Row> = profiles.iter().map(row).collect();
-    rows.sort_by(|a, b| {
-        b.risk
-            .cmp(&a.risk)
-            .then_with(|| {
-                let tto = |r: &Row| r.time_to_oom_seconds.unwrap_or(f64::INFINITY);
-                tto(a).total_cmp(&tto(b))
-            })
-            .then_with(|| (&a.namespace, &a.job).cmp(&(&b.namespace, &b.job)))
+/// The profiles worst first: highest risk, then soonest OOM, then by name.
+pub fn worst_first(profiles: &[MemoryProfile]) -> Vec<&MemoryProfile> {
+    let mut out: Vec<&MemoryProfile> = profiles.iter().collect();
+    let key = |p: &MemoryProfile| {
+        let st = p.status.as_ref();
+        let risk = st.map_or(RiskLevel::None, |s| s.risk);
+        let tto = st
+            .and_then(|s| s.time_to_oom_seconds)
+            .unwrap_or(f64::INFINITY);
+        (risk, tto)
+    };
+    out.sort_by(|a, b| {
+        let ((ra, ta), (rb, tb)) = (key(a), key(b));
+        rb.cmp(&ra)
+            .then_with(|| ta.total_cmp(&tb))
+            .then_with(|| (a.namespace(), a.name_any()).cmp(&(b.namespace(), b.name_any())))
     });
-    rows
+    out
 }
 
-fn row(p: &MemoryProfile) -> Row {
-    let st = p.status.clone().unwrap_or_default();
-    Row {
-        namespace: p.namespace().unwrap_or_default(),
-        job: p.spec.job_name.clone(),
-        risk: st.risk,
-        time_to_oom_seconds: st.time_to_oom_seconds,
-        peak_used_bytes: st.peak_used_bytes,
-        peak_percent: st.peak_percent,
-        current_used_bytes: st.current_used_bytes,
-        current_percent: st.current_percent,
-        imbalance: st.imbalance,
-        ranks: if st.ranks.is_empty() {
-            "0".into()
-        } else {
-            st.ranks
-        },
-        gpus: st.gpu_count,
-        leak_suspected: st.leak_suspected,
-        bottleneck: st.bottleneck.map(|b| {
-            let rank = b.rank.map_or("-".to_string(), |r| r.to_string());
-            format!("rank {rank} {}/GPU{}", b.pod, b.gpu_index)
-        }),
-        last_action: st.last_action,
-        last_report_time: st.last_report_time,
-    }
+/// What `top` prints: the table (NAMESPACE only with `-A`; `-o wide` adds
+/// GPUS, AGE, STALE, BOTTLENECK, ACTION), or the profiles as kubectl's
+/// printing flags ask.
+pub fn render(profiles: &[MemoryProfile], view: &View, print: &PrintArgs) -> Printed {
+    let sorted: Vec<MemoryProfile> = worst_first(profiles).into_iter().cloned().collect();
+    let none = format!("No MemoryProfiles found in {}.", view.scope.describe());
+    print.print(
+        &sorted,
+        printer::object,
+        |ps| table(ps, view, print.wide()),
+        &none,
+    )
 }
 
-/// The table (NAMESPACE only with `-A`; `-o wide` adds GPUS, BOTTLENECK,
-/// ACTION), or the rows as a JSON/YAML list.
-pub fn render(rows: &[Row], scope: &Scope, format: Format) -> String {
-    if format.is_structured() {
-        return output::structured(&rows, format);
-    }
-    if rows.is_empty() {
-        return format!("No MemoryProfiles found in {}.\n", scope.describe());
-    }
-    let all = *scope == Scope::All;
-    let wide = format == Format::Wide;
+fn table(profiles: &[&MemoryProfile], view: &View, wide: bool) -> Table {
+    let all = *view.scope == Scope::All;
     let mut headers = vec![];
     if all {
         headers.push("NAMESPACE");
@@ -136,43 +121,73 @@ pub fn render(rows: &[Row], scope: &Scope, format: Format) -> String {
         "LEAK",
     ]);
     if wide {
-        headers.extend(["GPUS", "BOTTLENECK", "ACTION"]);
+        headers.extend(["GPUS", "AGE", "STALE", "BOTTLENECK", "ACTION"]);
     }
     let mut table = Table::new(headers);
-    for r in rows {
+    for p in profiles {
         let mut cells = vec![];
         if all {
-            cells.push(r.namespace.clone());
+            cells.push(p.namespace().unwrap_or_default());
         }
-        cells.extend([
-            r.job.clone(),
-            r.risk.to_string(),
-            r.time_to_oom_seconds.map_or("-".into(), format_duration),
-            format!(
-                "{} ({:.0}%)",
-                format_bytes(r.peak_used_bytes),
-                r.peak_percent
-            ),
-            format!("{:.0}%", r.current_percent),
-            r.imbalance.map_or("-".into(), |i| format!("{i:.2}")),
-            r.ranks.clone(),
-            if r.leak_suspected { "yes" } else { "-" }.into(),
-        ]);
+        cells.extend(cells_of(p));
         if wide {
-            cells.extend([
-                r.gpus.to_string(),
-                r.bottleneck.clone().unwrap_or_else(|| "-".into()),
-                r.last_action.clone().unwrap_or_else(|| "-".into()),
-            ]);
+            cells.extend(wide_cells(p, view));
         }
         table.row(cells);
     }
-    table.render()
+    table
+}
+
+fn cells_of(p: &MemoryProfile) -> [String; 8] {
+    let st = p.status.clone().unwrap_or_default();
+    [
+        p.spec.job_name.clone(),
+        st.risk.to_string(),
+        st.time_to_oom_seconds.map_or("-".into(), format_duration),
+        format!(
+            "{} ({:.0}%)",
+            format_bytes(st.peak_used_bytes),
+            st.peak_percent
+        ),
+        format!("{:.0}%", st.current_percent),
+        st.imbalance.map_or("-".into(), |i| format!("{i:.2}")),
+        if st.ranks.is_empty() {
+            "0".into()
+        } else {
+            st.ranks
+        },
+        if st.leak_suspected { "yes" } else { "-" }.into(),
+    ]
+}
+
+/// GPUS, AGE (since the least recent rank's last report), STALE (the stale
+/// ranks, `+N` for those the status counted but did not list), BOTTLENECK,
+/// ACTION.
+fn wide_cells(p: &MemoryProfile, view: &View) -> [String; 5] {
+    let st = p.status.clone().unwrap_or_default();
+    let ns = p.namespace();
+    let mine = view
+        .reports
+        .iter()
+        .filter(|r| r.namespace() == ns && r.labels().get(LABEL_JOB) == Some(&p.spec.job_name));
+    let age = ranks::job_age_of(p.status.as_ref(), mine, view.now, view.rule);
+    let bottleneck = st.bottleneck.map(|b| {
+        let rank = b.rank.map_or("-".to_string(), |r| r.to_string());
+        format!("rank {rank} {}/GPU{}", b.pod, b.gpu_index)
+    });
+    [
+        st.gpu_count.to_string(),
+        age.oldest_seconds.map_or("-".into(), output::age),
+        age.stale_labels(),
+        bottleneck.unwrap_or_else(|| "-".into()),
+        st.last_action.unwrap_or_else(|| "-".into()),
+    ]
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use memprof_api::MemoryReport;
     use memprof_api::{MemoryProfileSpec, MemoryProfileStatus};
 
     fn profile(ns: &str, name: &str, risk: RiskLevel, tto: Option<f64>) -> MemoryProfile {
@@ -198,6 +213,28 @@ mod tests {
         p
     }
 
+    fn view<'a>(scope: &'a Scope, reports: &'a [MemoryReport]) -> View<'a> {
+        View {
+            scope,
+            reports,
+            now: "2026-11-22T10:10:00Z".parse().unwrap(),
+            rule: StaleRule::Operator,
+        }
+    }
+
+    fn text(ps: &[MemoryProfile], v: &View, args: &[&str]) -> String {
+        use clap::Parser;
+        #[derive(clap::Parser)]
+        struct P {
+            #[command(flatten)]
+            p: PrintArgs,
+        }
+        let print = P::try_parse_from(std::iter::once("x").chain(args.iter().copied()))
+            .unwrap()
+            .p;
+        render(ps, v, &print).stdout
+    }
+
     #[test]
     fn worst_risk_first_then_soonest_oom() {
         let ps = [
@@ -206,29 +243,105 @@ mod tests {
             profile("a", "soon", RiskLevel::Critical, Some(60.0)),
             profile("a", "high", RiskLevel::High, Some(30.0)),
         ];
-        let order: Vec<_> = rows(&ps).into_iter().map(|r| r.job).collect();
+        let order: Vec<_> = worst_first(&ps)
+            .into_iter()
+            .map(|p| p.spec.job_name.as_str())
+            .collect();
         assert_eq!(order, ["soon", "later", "high", "calm"]);
+        let scope = Scope::All;
+        let names = text(&ps, &view(&scope, &[]), &["-o", "name"]);
+        assert_eq!(
+            names.lines().next(),
+            Some("memoryprofile.memprof.dev/soon"),
+            "{names}"
+        );
     }
 
     #[test]
     fn namespace_column_only_across_namespaces() {
-        let r = rows(&[profile("a", "soon", RiskLevel::Critical, Some(60.0))]);
-        let one = render(&r, &Scope::Namespace("a".into()), Format::Table);
+        let r = [profile("a", "soon", RiskLevel::Critical, Some(60.0))];
+        let ns = Scope::Namespace("a".into());
+        let one = text(&r, &view(&ns, &[]), &[]);
         assert!(
             one.starts_with(
                 "JOB    RISK       TTO    PEAK            NOW%   IMBALANCE   RANKS   LEAK\nsoon   critical   1m0s   60.0GiB (75%)   70%    1.30        2/2     yes\n"
             ),
             "{one}"
         );
-        let all = render(&r, &Scope::All, Format::Table);
+        let all = text(&r, &view(&Scope::All, &[]), &[]);
         assert!(all.starts_with("NAMESPACE   JOB"), "{all}");
-        let wide = render(&r, &Scope::All, Format::Wide);
+        let wide = text(&r, &view(&Scope::All, &[]), &["-o", "wide"]);
         assert!(
             wide.lines()
                 .next()
                 .unwrap()
-                .ends_with("GPUS   BOTTLENECK   ACTION"),
+                .ends_with("GPUS   AGE   STALE   BOTTLENECK   ACTION"),
             "{wide}"
         );
+    }
+
+    #[test]
+    fn wide_names_the_ranks_that_stopped_reporting_and_the_oldest_reports_age() {
+        let report = |rank: u32, at: &str| {
+            let mut r = MemoryReport::new(
+                &format!("soon-{rank}"),
+                memprof_api::MemoryReportSpec {
+                    pod_name: format!("soon-{rank}"),
+                    rank: Some(rank),
+                    sampled_at: at.into(),
+                    ..Default::default()
+                },
+            );
+            r.metadata.namespace = Some("a".into());
+            r.metadata.labels = Some([(LABEL_JOB.to_string(), "soon".to_string())].into());
+            r
+        };
+        let reports = [
+            report(0, "2026-11-22T10:09:50Z"),
+            report(1, "2026-11-22T10:04:00Z"),
+        ];
+        let ps = [profile("a", "soon", RiskLevel::Critical, Some(60.0))];
+        let ns = Scope::Namespace("a".into());
+        let wide = text(&ps, &view(&ns, &reports), &["-o", "wide"]);
+        let row: Vec<&str> = wide.lines().nth(1).unwrap().split_whitespace().collect();
+        // ... LEAK GPUS AGE STALE BOTTLENECK ACTION
+        assert_eq!(row[row.len() - 4..row.len() - 2], ["6m", "1"], "{wide}");
+        // Not wide: no reports were read and no such columns.
+        assert!(!text(&ps, &view(&ns, &[]), &[]).contains("STALE"));
+    }
+
+    #[test]
+    fn wide_reads_age_and_stale_ranks_from_the_operators_status() {
+        let mut p = profile("a", "soon", RiskLevel::Critical, Some(60.0));
+        let st = p.status.as_mut().unwrap();
+        st.ranks = "1/2 (1 stale)".into();
+        st.ranks_stale = 1;
+        st.oldest_report_time = Some("2026-11-22T10:02:00Z".into());
+        st.stale_ranks = vec![memprof_api::StaleRank {
+            rank: Some(1),
+            pod: "soon-1".into(),
+            last_report_time: "2026-11-22T10:02:00Z".into(),
+            risk: RiskLevel::Critical,
+            ..Default::default()
+        }];
+        let ns = Scope::Namespace("a".into());
+        // No reports at all: the status alone fills AGE and STALE.
+        let wide = text(&[p], &view(&ns, &[]), &["-o", "wide"]);
+        let row = wide.lines().nth(1).unwrap();
+        assert!(row.contains("1/2 (1 stale)"), "{wide}");
+        let cells: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(
+            cells[cells.len() - 4..cells.len() - 2],
+            ["8m", "1"],
+            "{wide}"
+        );
+    }
+
+    #[test]
+    fn an_empty_scope_prints_nothing_on_stdout_and_says_so_on_stderr() {
+        let ns = Scope::Namespace("a".into());
+        let p = render(&[], &view(&ns, &[]), &PrintArgs::default());
+        assert_eq!(p.stdout, "");
+        assert_eq!(p.stderr, "No MemoryProfiles found in namespace a.\n");
     }
 }

@@ -1,9 +1,12 @@
 //! `-o/--output` as kubectl spells it (contract C-5), `--watch`, and the
 //! plain tables kubectl prints ([`Table`], in [`table`]).
 
+pub mod jsonpath;
+pub mod printer;
 pub mod table;
 pub mod term;
 
+pub use printer::{Output, PrintArgs, Printed};
 pub use table::{terminal_width, Table};
 pub use term::{home_and_clear, redraw_over, Progress};
 
@@ -86,18 +89,26 @@ pub struct WatchArgs {
 }
 
 /// Prints `frame()` once, or with `--watch` again every interval until
-/// Ctrl-C (or `--watch-count` frames). A closed stdout (`| head`) ends it quietly.
-pub async fn watch<F, Fut, E>(w: WatchArgs, mut frame: F) -> Result<(), E>
+/// Ctrl-C (or `--watch-count` frames); a frame's [`Printed::stderr`] goes to
+/// stderr. A closed stdout (`| head`) ends it quietly.
+pub async fn watch<F, Fut, P, E>(w: WatchArgs, mut frame: F) -> Result<(), E>
 where
     F: FnMut() -> Fut,
-    Fut: Future<Output = Result<String, E>>,
+    Fut: Future<Output = Result<P, E>>,
+    P: Into<Printed>,
 {
     let redraw_in_place = w.watch && stdout_is_terminal();
     let interval = Duration::from_secs_f64(w.interval.clamp(0.05, 3600.0));
     let mut frames = 0u64;
     loop {
-        let text = frame().await?;
+        let Printed {
+            stdout: text,
+            stderr,
+        } = frame().await?.into();
         frames += 1;
+        if !stderr.is_empty() {
+            eprint!("{stderr}");
+        }
         let mut out = std::io::stdout().lock();
         let prefix = match (redraw_in_place, frames) {
             (true, _) => home_and_clear(),

@@ -16,6 +16,7 @@ mod tests;
 mod text;
 
 pub use axis::{format_value, Unit};
+pub use heat::viridis;
 pub use image::{
     check_image_path, fonts_available, svg_to_png, write_image, ImageError, ImageFormat, PNG_SCALE,
 };
@@ -156,6 +157,36 @@ pub struct Heatmap {
     pub values: Vec<Vec<Option<f64>>>,
     /// Unit of the values.
     pub unit: Unit,
+    /// The colour scale's ends, e.g. `(0, device total)` for memory, so that
+    /// 38 and 58 GiB of 80 look as far apart as they are, not as empty and
+    /// full; `None`: the values' own smallest and largest. Values outside
+    /// widen it.
+    pub scale: Option<(f64, f64)>,
+}
+
+impl Heatmap {
+    /// The ends of the colour scale: [`Heatmap::scale`] widened to every
+    /// finite value, else the values' extent, else `(0, 1)`.
+    pub fn range(&self) -> (f64, f64) {
+        let vals = self
+            .values
+            .iter()
+            .flatten()
+            .flatten()
+            .copied()
+            .filter(|v| v.is_finite());
+        let seen = axis::extent(vals);
+        match (
+            self.scale
+                .filter(|(a, b)| a.is_finite() && b.is_finite() && b > a),
+            seen,
+        ) {
+            (Some((a, b)), Some((lo, hi))) => (a.min(lo), b.max(hi)),
+            (Some(s), None) => s,
+            (None, Some(e)) => e,
+            (None, None) => (0.0, 1.0),
+        }
+    }
 }
 
 /// Drawing options of a [`LineChart`] beyond its data (kept out of the

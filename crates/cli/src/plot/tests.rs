@@ -271,6 +271,7 @@ fn heatmap_shows_rows_columns_and_scale() {
             vec![Some(70.0 * GIB), None],
         ],
         unit: Unit::Bytes,
+        scale: None,
     };
     let t = texts(&c.to_svg());
     for want in [
@@ -344,6 +345,7 @@ fn gallery() {
             })
             .collect(),
         unit: Unit::Bytes,
+        scale: Some((0.0, 80.0 * GIB)),
     };
     write("heat.svg", heat.to_svg());
     // A sweep's peak chart: few runs as markers, a fit in their colour

@@ -118,6 +118,49 @@ pub fn line_chart(c: &LineChart, cols: usize, rows: usize) -> String {
     } else {
         y0.min(0.0)
     };
+    let legend = wrap(&legend_of(c), cols);
+    let plot_rows = rows.saturating_sub(5 + legend.len()).max(3);
+    let y = Axis::new(
+        y0,
+        y1 + (y1 - y0) * 0.02,
+        c.y_unit,
+        (plot_rows / 3).clamp(2, 6),
+    );
+    let label_w = y.ticks.iter().map(|t| y.label(*t).len()).max().unwrap_or(1);
+    let plot_cols = cols.saturating_sub(label_w + 1).max(8);
+    let x = Axis::new(x0, x1, c.x_unit, (plot_cols / 12).clamp(2, 8));
+
+    let mut cv = Canvas::new(plot_cols, plot_rows);
+    let dx = |v: f64| (x.frac(v) * (2 * plot_cols - 1) as f64).round() as i64;
+    let dy = |v: f64| ((1.0 - y.frac(v)) * (4 * plot_rows - 1) as f64).round() as i64;
+    draw_lines(&mut cv, c, &dx, &dy);
+
+    let mut out = vec![truncate(&c.title, cols)];
+    out.push(truncate(&format!("{}↑", y.title(&c.y_label)), cols));
+    let tick_rows: Vec<(usize, String)> = y
+        .ticks
+        .iter()
+        .map(|t| ((dy(*t).max(0) / 4) as usize, y.label(*t)))
+        .collect();
+    for cy in 0..plot_rows {
+        let label = tick_rows
+            .iter()
+            .find(|(r, _)| *r == cy)
+            .map_or(String::new(), |(_, l)| l.clone());
+        let axis = if label.is_empty() { '│' } else { '┤' };
+        out.push(format!("{}{axis}{}", pad_left(&label, label_w), cv.row(cy)));
+    }
+    out.push(format!("{}└{}", " ".repeat(label_w), "─".repeat(plot_cols)));
+    out.push(x_ticks(&x, label_w, plot_cols, &dx));
+    let xt = format!("{} →", x.title(&c.x_label));
+    out.push(pad_left(&xt, (cols + xt.chars().count()) / 2));
+    out.extend(legend);
+    out.join("\n") + "\n"
+}
+
+/// The legend's entries: each series (tagged `A:`, `B:` when several), the
+/// horizontal lines with their values, the marks.
+fn legend_of(c: &LineChart) -> Vec<String> {
     let many = c.series.len() > 1;
     let mut legend: Vec<String> = c
         .series
@@ -143,21 +186,12 @@ pub fn line_chart(c: &LineChart, cols: usize, rows: usize) -> String {
             .map(|l| format!("─ {} {}", l.label, format_value(l.y, c.y_unit))),
     );
     legend.extend(c.marks.iter().map(|m| format!("│ {}", m.label)));
-    let legend = wrap(&legend, cols);
-    let plot_rows = rows.saturating_sub(5 + legend.len()).max(3);
-    let y = Axis::new(
-        y0,
-        y1 + (y1 - y0) * 0.02,
-        c.y_unit,
-        (plot_rows / 3).clamp(2, 6),
-    );
-    let label_w = y.ticks.iter().map(|t| y.label(*t).len()).max().unwrap_or(1);
-    let plot_cols = cols.saturating_sub(label_w + 1).max(8);
-    let x = Axis::new(x0, x1, c.x_unit, (plot_cols / 12).clamp(2, 8));
+    legend
+}
 
-    let mut cv = Canvas::new(plot_cols, plot_rows);
-    let dx = |v: f64| (x.frac(v) * (2 * plot_cols - 1) as f64).round() as i64;
-    let dy = |v: f64| ((1.0 - y.frac(v)) * (4 * plot_rows - 1) as f64).round() as i64;
+/// The series, horizontal lines and marks on the canvas; `dx`/`dy` map
+/// values to dot coordinates.
+fn draw_lines(cv: &mut Canvas, c: &LineChart, dx: &dyn Fn(f64) -> i64, dy: &dyn Fn(f64) -> i64) {
     for s in &c.series {
         let pts: Vec<(i64, i64)> = finite(&s.points).map(|(a, b)| (dx(a), dy(b))).collect();
         match s.style {
@@ -174,13 +208,13 @@ pub fn line_chart(c: &LineChart, cols: usize, rows: usize) -> String {
     }
     for l in &c.hlines {
         let cy = (dy(l.y).max(0) / 4) as usize;
-        (0..plot_cols).for_each(|cx| cv.put(cx, cy, '─', false));
+        (0..cv.w).for_each(|cx| cv.put(cx, cy, '─', false));
     }
     for m in &c.marks {
         let cx = (dx(m.x).max(0) / 2) as usize;
-        (0..plot_rows).for_each(|cy| cv.put(cx, cy, '│', false));
+        (0..cv.h).for_each(|cy| cv.put(cx, cy, '│', false));
     }
-    if many {
+    if c.series.len() > 1 {
         for (i, s) in c.series.iter().enumerate() {
             if let Some((a, b)) = finite(&s.points).last() {
                 let (px, py) = (dx(a).max(0) as usize / 2, dy(b).max(0) as usize / 4);
@@ -188,23 +222,10 @@ pub fn line_chart(c: &LineChart, cols: usize, rows: usize) -> String {
             }
         }
     }
+}
 
-    let mut out = vec![truncate(&c.title, cols)];
-    out.push(truncate(&format!("{}↑", y.title(&c.y_label)), cols));
-    let tick_rows: Vec<(usize, String)> = y
-        .ticks
-        .iter()
-        .map(|t| ((dy(*t).max(0) / 4) as usize, y.label(*t)))
-        .collect();
-    for cy in 0..plot_rows {
-        let label = tick_rows
-            .iter()
-            .find(|(r, _)| *r == cy)
-            .map_or(String::new(), |(_, l)| l.clone());
-        let axis = if label.is_empty() { '│' } else { '┤' };
-        out.push(format!("{}{axis}{}", pad_left(&label, label_w), cv.row(cy)));
-    }
-    out.push(format!("{}└{}", " ".repeat(label_w), "─".repeat(plot_cols)));
+/// The x axis' tick labels under their ticks, never overlapping.
+fn x_ticks(x: &Axis, label_w: usize, plot_cols: usize, dx: &dyn Fn(f64) -> i64) -> String {
     let mut ticks = vec![' '; plot_cols + label_w + 1];
     let mut free_from = 0;
     for t in &x.ticks {
@@ -219,11 +240,7 @@ pub fn line_chart(c: &LineChart, cols: usize, rows: usize) -> String {
         }
         free_from = start + l.len() + 1;
     }
-    out.push(ticks.into_iter().collect::<String>().trim_end().to_string());
-    let xt = format!("{} →", x.title(&c.x_label));
-    out.push(pad_left(&xt, (cols + xt.chars().count()) / 2));
-    out.extend(legend);
-    out.join("\n") + "\n"
+    ticks.into_iter().collect::<String>().trim_end().to_string()
 }
 
 /// Layer fills, bottom layer first.
@@ -304,8 +321,7 @@ pub fn heatmap(c: &Heatmap, cols: usize, rows: usize) -> String {
             .filter(|v| v.is_finite())
     };
     let (nr, nc) = (c.rows.len(), c.cols.len());
-    let all = (0..nr).flat_map(|r| (0..nc).filter_map(move |k| cell(r, k)));
-    let (lo, hi) = extent(all).unwrap_or((0.0, 1.0));
+    let (lo, hi) = c.range();
     let name_w = c
         .rows
         .iter()
