@@ -10,7 +10,7 @@
 //! status and the critical report: 300 takes the operator's per-Job write
 //! spacing (`--min-write-interval-ms`, 250) out of the measurement.
 //!
-//! Runs the operator and the remediation controller in-process against the
+//! Runs the operator (roll-up and remediation, one controller) in-process against the
 //! cluster in KUBECONFIG, in a temporary namespace it deletes afterwards.
 //! Time is measured on this machine's monotonic clock, from just before the
 //! report's server-side apply to the watch event of the new Job (so it
@@ -134,25 +134,11 @@ async fn bench(client: &Client, ns: &str, runs: usize, settle: Duration) -> anyh
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
-    let opts = memprof::operator::Options::for_namespace(ns);
     let operator = tokio::spawn({
         let (client, stop) = (client.clone(), stopped(stop_rx.clone()));
-        async move {
-            let metrics = memprof::operator::Metrics::unregistered();
-            memprof::operator::run(client, &opts, metrics, stop).await
-        }
+        let setup = memprof::pipeline::Setup::for_namespace(ns);
+        async move { memprof::pipeline::run(client, setup, stop).await }
     });
-    let ropts = memprof::remediation::Options {
-        lease_namespace: Some(ns.into()),
-        ..Default::default()
-    };
-    let remediation = tokio::spawn(memprof::remediation::run(
-        client.clone(),
-        ns.into(),
-        ropts,
-        memprof::remediation::Metrics::unregistered(),
-        stopped(stop_rx.clone()),
-    ));
 
     // New Jobs as the watch sees them: (name, uid, when).
     let (seen_tx, mut seen) = mpsc::unbounded_channel();
@@ -245,6 +231,5 @@ async fn bench(client: &Client, ns: &str, runs: usize, settle: Duration) -> anyh
     let _ = stop_tx.send(true);
     watch.abort();
     let _ = operator.await;
-    let _ = remediation.await;
     Ok(())
 }

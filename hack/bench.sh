@@ -14,7 +14,7 @@ if ! bash hack/local-cluster.sh status >/dev/null 2>&1; then
 fi
 eval "$(bash hack/local-cluster.sh env)"
 export KUBECONFIG
-cargo build --release --workspace --bins --example operator_scale --example remediation_latency
+cargo build --release --workspace --bins --example operator_scale --example operator_memory --example remediation_latency
 echo "== sidecar: writes per rank per 30 s, RSS and CPU (sim backend)"
 bash bench/sidecar_budget.sh 8 120
 echo "== roll-up: CPU per report event, incremental against from scratch (2,048 x 1 and 256 x 8)"
@@ -28,6 +28,8 @@ echo "== operator at scale: 2,048 ranks in one Job"
 target/release/examples/operator_scale --jobs 1 --ranks 2048 --rounds 2 --apiserver-pid "$apiserver_pid"
 echo "== operator at scale: 200 Jobs x 16 ranks at once"
 target/release/examples/operator_scale --jobs 200 --ranks 16 --rounds 1 --apiserver-pid "$apiserver_pid"
+echo "== operator memory: 1,000 Jobs and 1,000 pods, plain then with ~250 KiB of tenant metadata each"
+target/release/examples/operator_memory --objects 1000
 echo "== remediation: triggering report -> recreated Job"
 target/release/examples/remediation_latency 10
 echo "== admission webhook: mutate and HTTPS round trip"

@@ -10,5 +10,5 @@
 pub use memprof_analysis as analysis;
 pub use memprof_api as api;
 pub use memprof_cli as cli;
-pub use memprof_controller::{operator, remediation};
+pub use memprof_controller::{key, operator, pipeline, remediation, status};
 pub use memprof_webhook as webhook;

@@ -143,7 +143,6 @@ async fn mode_fit_acts_only_on_a_batch_the_evidence_backs() {
     let ns = TestNamespace::create(&client).await;
     let ns = ns.name.as_str();
     let operator = start_operator(&client, ns);
-    let remediation = start_remediation(&client, ns);
     let policy = json!({
         "selector": {"matchLabels": {"team": "ml"}},
         "triggers": [{"riskAtLeast": {"level": "medium"}}],
@@ -235,6 +234,5 @@ async fn mode_fit_acts_only_on_a_batch_the_evidence_backs() {
         )) && recs[2].action.contains("extrapolated"),
         "{recs:?}"
     );
-    remediation.stop().await;
     operator.stop().await;
 }

@@ -31,9 +31,9 @@ use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
 const LEASE_SECONDS: u64 = 6;
-/// Renew deadline, stop-by and lease of the operator's Lease (6 s) and of
-/// remediation's (15 s, fixed): see `Timing` in crates/controller/src/operator/leader.rs.
-const STOP_BY: [Duration; 2] = [Duration::from_secs(5), Duration::from_millis(12_500)];
+/// Stop-by of the operator's one Lease (6 s): see `Timing` in
+/// crates/controller/src/operator/leader.rs.
+const STOP_BY: [Duration; LEASES.len()] = [Duration::from_secs(5)];
 /// How late a poll may see a gauge change (polls are 100 ms apart, each scrape takes a few ms).
 const POLL_SLACK: Duration = Duration::from_millis(500);
 
@@ -90,7 +90,7 @@ async fn api_sampled_at(client: &Client, ns: &str, name: &str) -> Option<jiff::T
 /// The leader before the fault steps down within its stop-by time of the
 /// fault, nobody leads twice, and after it exactly one operator leads each
 /// Lease again.
-fn assert_step_down(watch: &LeaderWatch, leaders: [usize; 2], fault: Instant) {
+fn assert_step_down(watch: &LeaderWatch, leaders: [usize; LEASES.len()], fault: Instant) {
     watch.assert_never_two_leaders();
     for (lease, name) in LEASES.iter().enumerate() {
         let dropped = watch
@@ -124,7 +124,7 @@ async fn a_leader_cut_off_from_the_api_server_steps_down_before_the_standby_take
     let via_proxy = proxy.kubeconfig(&shared);
     let elect = ["--leader-elect", "--lease-duration-seconds", "6"];
     let mut a = operator("op-a", &via_proxy.0, &ns.name, &elect);
-    assert_eq!(one_leader_each(&[a.port]).await, [0, 0], "a leads alone");
+    assert_eq!(one_leader_each(&[a.port]).await, [0], "a leads alone");
     let mut b = operator("op-b", &shared, &ns.name, &elect);
     let ports = vec![a.port, b.port];
     eventually_within(Duration::from_secs(60), "b up, standing by", || async {
@@ -139,22 +139,22 @@ async fn a_leader_cut_off_from_the_api_server_steps_down_before_the_standby_take
 
     let cut = Instant::now();
     proxy.set(Link::Blackhole);
-    eventually_within(Duration::from_secs(40), "b takes over both Leases", || {
+    eventually_within(Duration::from_secs(40), "b takes over the Lease", || {
         let ports = ports.clone();
         async move {
             match leaders_now(&ports).await {
-                Some([1, 1]) => Ok(()),
+                Some([1]) => Ok(()),
                 other => Err(format!("leaders {other:?}")),
             }
         }
     })
     .await;
     proxy.set(Link::Up);
-    // a reaches the API server again: it finds b's fresh Leases and stands by.
+    // a reaches the API server again: it finds b's fresh Lease and stands by.
     tokio::time::sleep(Duration::from_secs(LEASE_SECONDS * 2)).await;
 
-    assert_step_down(&watch, [0, 0], cut);
-    assert_eq!(one_leader_each(&ports).await, [1, 1]);
+    assert_step_down(&watch, [0], cut);
+    assert_eq!(one_leader_each(&ports).await, [1]);
     assert!(a.alive() && b.alive(), "losing a Lease ends no process");
     assert!(a.log().contains("stepping down"), "a says why it stopped");
 }
@@ -437,9 +437,9 @@ async fn a_sidecar_without_network_keeps_serving_and_catches_up() {
 }
 
 /// The operator's service account lacks RBAC on remediationpolicies: the
-/// remediation controller's start check fails. The operator logs it, counts
-/// it, answers 503 on /readyz naming the task, retries, and is ready once
-/// RBAC is granted, without a restart. Before, the task's error sat in a
+/// controller's start check fails. The operator logs it, counts it, answers
+/// 503 on /readyz naming the task and why, retries, and is ready once RBAC
+/// is granted, without a restart. Before, a task's error sat in a
 /// JoinHandle nobody awaited: nothing said remediation was not running.
 #[tokio::test]
 async fn a_task_that_fails_to_start_is_logged_counted_unready_and_retried_until_it_runs() {
@@ -450,7 +450,7 @@ async fn a_task_that_fails_to_start_is_logged_counted_unready_and_retried_until_
     let kubeconfig = service_account_kubeconfig(&client, &ns.name, "memprof-operator").await;
     grant(&client, &ns.name, "operator", operator_rules()).await;
     let mut op = operator("op", &kubeconfig.0, &ns.name, &[]);
-    let failures = "memprof_operator_task_failures_total{task=\"remediation\"}";
+    let failures = "memprof_operator_task_failures_total{task=\"operator\"}";
 
     let not_ready = eventually_within(Duration::from_secs(60), "unready, retried", || async {
         let n = metric(op.port, failures).await.unwrap_or(0.0);
@@ -460,11 +460,10 @@ async fn a_task_that_fails_to_start_is_logged_counted_unready_and_retried_until_
         }
     })
     .await;
-    assert!(not_ready.contains("remediation: failed"), "{not_ready}");
-    assert!(not_ready.contains("forbidden"), "says why: {not_ready}");
+    assert!(not_ready.contains("operator: failed"), "{not_ready}");
     assert!(
-        !not_ready.contains("operator:"),
-        "the roll-up runs: {not_ready}"
+        not_ready.contains("forbidden") && not_ready.contains("remediationpolicies"),
+        "says why: {not_ready}"
     );
     assert_eq!(
         get(op.port, "/healthz").await.map(|h| h.0),
@@ -473,7 +472,7 @@ async fn a_task_that_fails_to_start_is_logged_counted_unready_and_retried_until_
     );
     let log = op.log();
     assert!(
-        log.contains("operator task ended") && log.contains("remediation"),
+        log.contains("operator task ended") && log.contains("remediationpolicies"),
         "logged: {log}"
     );
 

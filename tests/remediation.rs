@@ -28,7 +28,6 @@ async fn critical_rank_recreates_the_job_with_a_smaller_batch_exactly_once() {
     let ns = TestNamespace::create(&client).await;
     let ns = ns.name.as_str();
     let operator = start_operator(&client, ns);
-    let remediation = start_remediation(&client, ns);
     apply_policy(&client, ns, "shrink", shrink_policy(false))
         .await
         .unwrap();
@@ -145,7 +144,6 @@ async fn critical_rank_recreates_the_job_with_a_smaller_batch_exactly_once() {
     })
     .await;
     assert!(count_events(&client, ns, "Remediated", "train").await >= 1);
-    remediation.stop().await;
     operator.stop().await;
 }
 
@@ -157,7 +155,6 @@ async fn cuda_oom_exit_is_recorded_once_and_fires_the_oom_policy() {
     let ns = TestNamespace::create(&client).await;
     let ns = ns.name.as_str();
     let operator = start_operator(&client, ns);
-    let remediation = start_remediation(&client, ns);
     let spec = json!({
         "triggers": [{"oomObserved": true}],
         "actions": [
@@ -214,7 +211,6 @@ async fn cuda_oom_exit_is_recorded_once_and_fires_the_oom_policy() {
         1
     );
     assert_eq!(count_events(&client, ns, "TrainerOom", "train").await, 1);
-    remediation.stop().await;
     operator.stop().await;
 }
 
@@ -226,7 +222,6 @@ async fn dry_run_changes_nothing_but_records_what_it_would_do() {
     let ns = TestNamespace::create(&client).await;
     let ns = ns.name.as_str();
     let operator = start_operator(&client, ns);
-    let remediation = start_remediation(&client, ns);
     apply_policy(&client, ns, "shrink", shrink_policy(true))
         .await
         .unwrap();
@@ -267,7 +262,6 @@ async fn dry_run_changes_nothing_but_records_what_it_would_do() {
         count_events(&client, ns, "RemediationDryRun", "train").await,
         1
     );
-    remediation.stop().await;
     operator.stop().await;
 }
 
@@ -279,7 +273,6 @@ async fn job_without_the_env_var_is_skipped_once_with_the_reason() {
     let ns = TestNamespace::create(&client).await;
     let ns = ns.name.as_str();
     let operator = start_operator(&client, ns);
-    let remediation = start_remediation(&client, ns);
     apply_policy(&client, ns, "shrink", shrink_policy(false))
         .await
         .unwrap();
@@ -329,7 +322,6 @@ async fn job_without_the_env_var_is_skipped_once_with_the_reason() {
         job(&client, ns, "train").await.unwrap().uid(),
         created.uid()
     );
-    remediation.stop().await;
     operator.stop().await;
 }
 
@@ -343,7 +335,6 @@ async fn suspend_is_reported_unsupported_where_the_server_lacks_it() {
     let ns = TestNamespace::create(&client).await;
     let ns = ns.name.as_str();
     let operator = start_operator(&client, ns);
-    let remediation = start_remediation(&client, ns);
     let spec =
         json!({"triggers": [{"riskAtLeast": {"level": "high"}}], "actions": [{"suspend": true}]});
     apply_policy(&client, ns, "pause", spec).await.unwrap();
@@ -384,7 +375,6 @@ async fn suspend_is_reported_unsupported_where_the_server_lacks_it() {
             .ok_or(format!("{c:?}"))
     })
     .await;
-    remediation.stop().await;
     operator.stop().await;
 }
 

@@ -14,31 +14,19 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use memprof::api::{MemoryProfile, RiskLevel};
+use memprof::pipeline::Setup;
 use memprof::remediation::triggers::record_id;
-use memprof::remediation::{Metrics, Options};
 use remediation_support::job as job_of;
 use remediation_support::*;
 use serde_json::json;
 use std::time::Duration;
 use tenant_support::*;
 
-/// The remediation controller keeping its plans in `plan_ns` (the operator's own namespace).
-fn remediation_with_plans_in(
-    client: &Client,
-    ns: &str,
-    plan_ns: &str,
-) -> (RunningRemediation, std::sync::Arc<Metrics>) {
-    let metrics = Metrics::unregistered();
-    let opts = Options {
-        lease_namespace: Some(ns.into()),
-        leader_identity: Some("in-process-test".into()),
-        plan_namespace: Some(plan_ns.into()),
-        ..Default::default()
-    };
-    (
-        start_remediation_with(client, ns, opts, metrics.clone()),
-        metrics,
-    )
+/// The operator keeping its remediation plans in `plan_ns` (the operator's own namespace).
+fn operator_with_plans_in(client: &Client, ns: &str, plan_ns: &str) -> RunningOperator {
+    let mut setup = Setup::for_namespace(ns);
+    setup.remediation.plan_namespace = Some(plan_ns.into());
+    start_controller(client, setup)
 }
 
 /// The remediation id the operator will use for the first `risk>=critical`
@@ -113,8 +101,7 @@ async fn tenant_planted_plan_config_map_is_never_executed() {
     let (ns, plans) = (tenant_ns.name.as_str(), operator_ns.name.as_str());
     let tenant = tenant(&admin, ns).await;
 
-    let operator = start_operator(&admin, ns);
-    let (remediation, _) = remediation_with_plans_in(&admin, ns, plans);
+    let operator = operator_with_plans_in(&admin, ns, plans);
     // (On a real cluster the chart's memprof-edit lets `edit` write policies;
     // the local server has no chart, so the admin writes this one.)
     let job = shrinkable_train(&admin, &tenant, ns).await;
@@ -159,13 +146,16 @@ async fn tenant_planted_plan_config_map_is_never_executed() {
         !job_exists(&admin, &victim_ns.name, "pwned").await,
         "nothing was created in another namespace"
     );
-    let recs = records(&admin, ns, "train").await;
-    assert_eq!(recs.len(), 1, "{recs:?}");
-    assert_eq!(
-        (recs[0].id.as_str(), recs[0].phase.as_str()),
-        (id.as_str(), "Done")
-    );
-    remediation.stop().await;
+    // The record is finished by the status writer's next write (spaced).
+    let recs = eventually("the record Done", || async {
+        let recs = records(&admin, ns, "train").await;
+        match recs.as_slice() {
+            [r] if r.phase == "Done" => Ok(recs),
+            _ => Err(format!("{recs:?}")),
+        }
+    })
+    .await;
+    assert_eq!(recs[0].id, id);
     operator.stop().await;
 }
 
@@ -179,8 +169,8 @@ async fn plan_changed_after_recording_is_refused_not_executed() {
     let victim_ns = TestNamespace::create(&admin).await;
     let (ns, plans) = (tenant_ns.name.as_str(), operator_ns.name.as_str());
 
-    let operator = start_operator(&admin, ns);
-    let (remediation, metrics) = remediation_with_plans_in(&admin, ns, plans);
+    let operator = operator_with_plans_in(&admin, ns, plans);
+    let metrics = operator.remediation_metrics.clone();
     let job = shrinkable_train(&admin, &admin, ns).await;
 
     // Whoever could write the plan namespace: the plan there is still only
@@ -210,11 +200,14 @@ async fn plan_changed_after_recording_is_refused_not_executed() {
     assert!(!job_exists(&admin, &victim_ns.name, "pwned").await);
     let still = job_of(&admin, ns, "train").await.unwrap();
     assert_eq!(still.uid(), job.uid(), "the tenant's Job was not touched");
-    assert_eq!(
-        count_events(&admin, ns, "RemediationFailed", "train").await,
-        1
-    );
-    remediation.stop().await;
+    // The Event follows the record's write.
+    eventually("one RemediationFailed Event", || async {
+        match count_events(&admin, ns, "RemediationFailed", "train").await {
+            1 => Ok(()),
+            n => Err(format!("{n}")),
+        }
+    })
+    .await;
     operator.stop().await;
 }
 
@@ -226,7 +219,6 @@ async fn forged_report_for_another_job_is_named_and_never_acted_on() {
     let ns = TestNamespace::create(&admin).await;
     let ns = ns.name.as_str();
     let operator = start_operator(&admin, ns);
-    let remediation = start_remediation(&admin, ns);
     apply_policy(&admin, ns, "shrink", shrink_policy(false))
         .await
         .unwrap();
@@ -304,7 +296,6 @@ async fn forged_report_for_another_job_is_named_and_never_acted_on() {
     )
     .await;
     assert!(job_of(&admin, ns, "attacker").await.unwrap().uid() == attacker.uid());
-    remediation.stop().await;
     operator.stop().await;
 }
 
@@ -316,7 +307,6 @@ async fn config_map_not_opted_in_is_never_written() {
     let ns = TestNamespace::create(&admin).await;
     let ns = ns.name.as_str();
     let operator = start_operator(&admin, ns);
-    let remediation = start_remediation(&admin, ns);
     let cms: Api<ConfigMap> = Api::namespaced(admin.clone(), ns);
     let cm: ConfigMap = serde_json::from_value(json!({
         "metadata": {"name": "someone-elses"}, "data": {"batch": "64"}}))
@@ -347,7 +337,6 @@ async fn config_map_not_opted_in_is_never_written() {
     );
     let data = cms.get("someone-elses").await.unwrap().data.unwrap();
     assert_eq!(data["batch"], "64");
-    remediation.stop().await;
     operator.stop().await;
 }
 
@@ -359,16 +348,17 @@ async fn job_that_cannot_be_created_again_is_recorded_with_a_way_back() {
     let tenant_ns = TestNamespace::create(&admin).await;
     let operator_ns = TestNamespace::create(&admin).await;
     let (ns, plans) = (tenant_ns.name.as_str(), operator_ns.name.as_str());
-    let operator = start_operator(&admin, ns);
-    // The remediation controller runs as an identity that may delete Jobs
-    // but not create them: the API server refuses the new Job (403) after
-    // the old one is gone, which retrying cannot fix.
+    // The operator runs as an identity that may delete Jobs but not create
+    // them: the API server refuses the new Job (403) after the old one is
+    // gone, which retrying cannot fix.
     let user = format!("remediation-{ns}");
     let read = ["get", "list", "watch"];
     grant(&admin, ns, "remediation", &user, json!([
-        {"apiGroups": ["memprof.dev"], "resources": ["memoryprofiles", "memoryreports", "remediationpolicies"], "verbs": read},
+        {"apiGroups": ["memprof.dev"], "resources": ["memoryreports", "remediationpolicies"], "verbs": read},
+        {"apiGroups": ["memprof.dev"], "resources": ["memoryprofiles"], "verbs": ["get", "list", "watch", "create", "patch"]},
         {"apiGroups": ["memprof.dev"], "resources": ["memoryprofiles/status", "remediationpolicies/status"], "verbs": ["get", "patch", "update"]},
         {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch", "delete", "patch"]},
+        {"apiGroups": ["batch"], "resources": ["jobs/finalizers"], "verbs": ["update"]},
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "delete", "deletecollection"]},
         {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update", "patch"]},
@@ -393,7 +383,7 @@ async fn job_that_cannot_be_created_again_is_recorded_with_a_way_back() {
             .map_err(|e| e.to_string())
     })
     .await;
-    let (remediation, _) = remediation_with_plans_in(&limited, ns, plans);
+    let operator = operator_with_plans_in(&limited, ns, plans);
     let job = shrinkable_train(&admin, &admin, ns).await;
     critical_report(&admin, ns, "train", 100).await;
     let rec = eventually("the remediation recorded as Failed", || async {
@@ -410,10 +400,14 @@ async fn job_that_cannot_be_created_again_is_recorded_with_a_way_back() {
     );
     assert!(rec.job_deleted, "it counts: the Job was deleted");
     assert!(job_of(&admin, ns, "train").await.is_none());
-    assert_eq!(
-        count_events(&admin, ns, "RemediationFailed", "train").await,
-        1
-    );
+    // The Event follows the record's write.
+    eventually("one RemediationFailed Event", || async {
+        match count_events(&admin, ns, "RemediationFailed", "train").await {
+            1 => Ok(()),
+            n => Err(format!("{n}")),
+        }
+    })
+    .await;
     // The way back: the saved manifest, kept in the operator's namespace.
     let cm = Api::<ConfigMap>::namespaced(admin.clone(), plans)
         .get(&format!("memprof-remediation-{}", rec.id))
@@ -427,7 +421,6 @@ async fn job_that_cannot_be_created_again_is_recorded_with_a_way_back() {
     let restored = job_of(&admin, ns, "train").await.unwrap();
     assert_ne!(restored.uid(), job.uid());
     assert_eq!(env_of(&restored, "BATCH_SIZE").as_deref(), Some("24"));
-    remediation.stop().await;
     operator.stop().await;
 }
 
@@ -439,7 +432,6 @@ async fn foreign_finalizer_holding_the_old_job_is_announced_and_waited_out() {
     let ns = TestNamespace::create(&admin).await;
     let ns = ns.name.as_str();
     let operator = start_operator(&admin, ns);
-    let remediation = start_remediation(&admin, ns);
     apply_policy(&admin, ns, "shrink", shrink_policy(false))
         .await
         .unwrap();
@@ -477,7 +469,6 @@ async fn foreign_finalizer_holding_the_old_job_is_announced_and_waited_out() {
         }
     })
     .await;
-    remediation.stop().await;
     operator.stop().await;
 }
 

@@ -12,40 +12,52 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 const GIB: u64 = 1 << 30;
+const MIB: u64 = 1 << 20;
+/// A write's GPU 0 peak: this much, plus 1 MiB per write of its Job so far.
+const PEAK_BASE: u64 = 40 * GIB;
 
-/// Distinct `sampledAt` values, one whole second apart, all in the past.
+/// The `sampledAt` of each write: 30 s before it is built, as a sidecar's
+/// report is a moment old when written (in the past: the operator refuses
+/// reports from the future, `trust.rs`; recent: older than two heartbeats
+/// plus 30 s, a rank is stale).
 ///
-/// Each write carries the next one, so the profile's `lastReportTime` (the
-/// newest `sampledAt` it counted) says which write it reflects. Whole
-/// seconds keep every value the same width. They end before now because the
-/// operator refuses reports from the future (`trust.rs`).
+/// It also hands each write of a Job a peak 1 MiB above the Job's previous
+/// write's: the written rank becomes the Job's top rank, which a user sees
+/// (`topRanks`), so every write changes the status in a way the operator
+/// writes at once (a change of `lastReportTime` alone waits up to 30 s,
+/// `operator/reconcile_write.rs`), and the status's `peakUsedBytes` names
+/// the newest write it took in.
 pub struct Clock {
-    base: i64,
-    next: i64,
+    peaks: std::collections::HashMap<usize, u64>,
 }
 
 impl Clock {
-    /// A clock for `writes` writes, ending a minute before now.
-    pub fn for_writes(writes: usize) -> Clock {
-        let now = jiff::Timestamp::now().as_second();
+    /// A clock for `writes` writes.
+    pub fn for_writes(_writes: usize) -> Clock {
         Clock {
-            base: now - 60 - writes as i64,
-            next: 0,
+            peaks: Default::default(),
         }
     }
 
     fn tick(&mut self) -> i64 {
-        self.next += 1;
-        self.base + self.next
+        jiff::Timestamp::now().as_second() - 30
+    }
+
+    /// The next write of Job `job`: its `sampledAt` second and GPU 0 peak.
+    fn next_write(&mut self, job: usize) -> (i64, u64) {
+        let n = self.peaks.entry(job).or_default();
+        *n += 1;
+        let peak = PEAK_BASE + *n * MIB;
+        (self.tick(), peak)
     }
 }
 
-/// One completed write: which Job, the `sampledAt` it carried, the
+/// One completed write: which Job, the peak it carried (unique per Job), the
 /// resourceVersion the API server gave it, and when its response arrived.
 #[derive(Clone, Debug)]
 pub struct Write {
     pub job: usize,
-    pub sampled_at: String,
+    pub peak: u64,
     pub rv: u64,
     pub done: Instant,
     /// The write's round trip, ms (the API server's queueing shows here).
@@ -63,10 +75,14 @@ pub struct Shape {
 /// each with a full timeline as a real sidecar sends (the operator drops it
 /// on the way into its cache, but the API server and the watch carry it).
 /// Rank 7 of every Job leaks, so every profile has a high risk and a TTO.
-pub fn report(pod: &RankPod, second: i64, shape: Shape) -> MemoryReport {
-    let used_gib = 20 + (pod.rank as u64 + shape.round as u64) % 50;
+/// GPU 0's peak and use are `peak` (see [`Clock`]).
+pub fn report(pod: &RankPod, (second, peak): (i64, u64), shape: Shape) -> MemoryReport {
+    let used_gib = 20 + (pod.rank as u64 + shape.round as u64) % 20;
     let gpus = (0..shape.gpus_per_rank)
-        .map(|index| gpu(pod, index, second, used_gib))
+        .map(|index| {
+            let used = if index == 0 { peak } else { used_gib * GIB };
+            gpu(pod, index, second, used)
+        })
         .collect::<Vec<_>>();
     let worst = gpus.iter().map(|g| g.risk).max().unwrap_or_default();
     let job = job_name(pod.job);
@@ -84,8 +100,8 @@ pub fn report(pod: &RankPod, second: i64, shape: Shape) -> MemoryReport {
             summary: ReportSummary {
                 gpu_count: shape.gpus_per_rank,
                 risk: worst,
-                used: format_bytes(used_gib * GIB),
-                peak: format_bytes(used_gib * GIB),
+                used: format_bytes(peak),
+                peak: format_bytes(peak),
                 source: DataSource::Sim,
                 ..Default::default()
             },
@@ -108,15 +124,15 @@ pub fn report(pod: &RankPod, second: i64, shape: Shape) -> MemoryReport {
     r
 }
 
-fn gpu(pod: &RankPod, index: u32, second: i64, used_gib: u64) -> GpuReport {
+fn gpu(pod: &RankPod, index: u32, second: i64, used: u64) -> GpuReport {
     let leaking = pod.rank == 7;
     GpuReport {
         index,
         uuid: format!("GPU-bench-{:03}-{:05}-{index}", pod.job, pod.rank),
         model: "NVIDIA H100 80GB HBM3".into(),
         total_bytes: 80 * GIB,
-        used_bytes: used_gib * GIB,
-        peak_bytes: used_gib * GIB,
+        used_bytes: used,
+        peak_bytes: used,
         growth_bytes_per_second: if leaking { 1e8 } else { 0.0 },
         time_to_oom_seconds: leaking.then_some(400.0),
         risk: if leaking {
@@ -130,8 +146,8 @@ fn gpu(pod: &RankPod, index: u32, second: i64, used_gib: u64) -> GpuReport {
         timeline: (0..MAX_TIMELINE_POINTS as i64)
             .map(|i| TimelinePoint {
                 t: second - (MAX_TIMELINE_POINTS as i64 - 1 - i) * 10,
-                max: used_gib * GIB,
-                min: used_gib * GIB / 2,
+                max: used,
+                min: used / 2,
             })
             .collect(),
         ..Default::default()
@@ -159,7 +175,7 @@ async fn write(api: &Api<MemoryReport>, r: MemoryReport, job: usize) -> anyhow::
         .ok_or_else(|| anyhow::anyhow!("report {} has no numeric resourceVersion", r.name_any()))?;
     Ok(Write {
         job,
-        sampled_at: r.spec.sampled_at,
+        peak: r.spec.gpus.first().map_or(0, |g| g.peak_bytes),
         rv,
         done,
         rtt_ms: done.duration_since(started).as_secs_f64() * 1000.0,
@@ -177,7 +193,7 @@ pub async fn burst(
 ) -> anyhow::Result<Vec<Write>> {
     let reports: Vec<(MemoryReport, usize)> = order
         .iter()
-        .map(|p| (report(p, clock.tick(), shape), p.job))
+        .map(|p| (report(p, clock.next_write(p.job), shape), p.job))
         .collect();
     futures::stream::iter(reports)
         .map(|(r, job)| write(api, r, job))
@@ -196,15 +212,18 @@ pub async fn paced(
     rate: f64,
 ) -> anyhow::Result<Vec<Write>> {
     let start = tokio::time::Instant::now();
-    let scheduled: Vec<(Duration, &RankPod, i64)> = order
+    let scheduled: Vec<(Duration, &RankPod, (i64, u64))> = order
         .iter()
         .enumerate()
-        .map(|(i, p)| (Duration::from_secs_f64(i as f64 / rate), *p, clock.tick()))
+        .map(|(i, p)| {
+            let at = Duration::from_secs_f64(i as f64 / rate);
+            (at, *p, clock.next_write(p.job))
+        })
         .collect();
     futures::stream::iter(scheduled)
-        .then(|(at, pod, second)| async move {
+        .then(|(at, pod, write)| async move {
             tokio::time::sleep_until(start + at).await;
-            (report(pod, second, shape), pod.job)
+            (report(pod, write, shape), pod.job)
         })
         .map(|(r, job)| write(api, r, job))
         .buffer_unordered(64)

@@ -150,7 +150,7 @@ struct Driver<'a> {
     /// Rank 0 of each Job: written once more after each batch (see `settle`).
     markers: Vec<&'a RankPod>,
     clock: Clock,
-    /// Every write so far, markers included: `lastReportTime` → resourceVersion.
+    /// Every write so far, markers included: (Job, `peakUsedBytes`) → resourceVersion.
     all: Vec<Write>,
     seen: Arc<Mutex<Seen>>,
     names: Vec<String>,
@@ -193,7 +193,7 @@ impl Driver<'_> {
 
     /// Waits until the batch shows in the statuses. Writes in flight together
     /// land in any order, so the batch's last writes may never be followed
-    /// by a newer `sampledAt` of their Job: one more write per Job (its rank
+    /// by a newer peak of their Job: one more write per Job (its rank
     /// 0 again, not timed), issued once the batch is complete, follows them
     /// all. Those last writes are timed to when it shows, which errs late.
     async fn settle(&mut self, writes: Vec<Write>, round: u32, secs: f64) -> anyhow::Result<Phase> {

@@ -1,9 +1,11 @@
 //! What is measured, and how: report → status latency from a watch on the
 //! profiles, the operator's /proc numbers, and its /metrics counters.
 //!
-//! Latency, exactly: a profile's `lastReportTime` is the newest `sampledAt`
-//! it counted, and every write carries a distinct one, so a status names the
-//! write w* it last took in. The operator reads reports from one watch,
+//! Latency, exactly: every write of a Job carries a GPU peak above all its
+//! Job's earlier writes (`load::Clock`), so a profile's `peakUsedBytes`
+//! names the newest write w* it took in, and the write's rank becomes the
+//! top rank, a change the operator writes at once. (Not `lastReportTime`:
+//! a change of it alone is written at most every 30 s.) The operator reads reports from one watch,
 //! delivered in resourceVersion order, so a roll-up that holds w* also holds
 //! every report written before it (resourceVersion ≤ w*'s). A write w is
 //! therefore reflected by the first status of its Job whose w* has a
@@ -25,7 +27,7 @@ use std::time::{Duration, Instant};
 /// What the profiles' statuses showed, as this process's watch saw them.
 #[derive(Default)]
 pub struct Seen {
-    /// Per profile (= Job name): when each `lastReportTime` arrived, in arrival order.
+    /// Per profile (= Job name): when each `peakUsedBytes` arrived, in arrival order.
     pub shown: HashMap<String, Vec<(Instant, String)>>,
     /// Largest status seen, as JSON bytes.
     pub max_status_bytes: usize,
@@ -49,31 +51,34 @@ pub fn watch_profiles(api: Api<MemoryProfile>) -> (Arc<Mutex<Seen>>, tokio::task
             let bytes = serde_json::to_vec(st).map_or(0, |v| v.len());
             let mut s = into.lock().unwrap_or_else(|e| e.into_inner());
             s.max_status_bytes = s.max_status_bytes.max(bytes);
-            if let Some(t) = &st.last_report_time {
-                s.shown
-                    .entry(p.name_any())
-                    .or_default()
-                    .push((now, t.clone()));
-            }
+            s.shown
+                .entry(p.name_any())
+                .or_default()
+                .push((now, st.peak_used_bytes.to_string()));
         }
     });
     (seen, task)
 }
 
-/// The resourceVersion of each write, by the `sampledAt` it carried (unique per write).
-pub fn versions(writes: &[Write]) -> HashMap<String, u64> {
+/// The resourceVersion of each write, by the peak it carried (unique per
+/// write of a Job; the Job is the profile the status is read from).
+pub fn versions(writes: &[Write]) -> HashMap<(usize, String), u64> {
     writes
         .iter()
-        .map(|w| (w.sampled_at.clone(), w.rv))
+        .map(|w| ((w.job, w.peak.to_string()), w.rv))
         .collect()
 }
 
 /// For one profile: when it first reflected each higher resourceVersion.
-fn reflected(shown: &[(Instant, String)], rv_of: &HashMap<String, u64>) -> Vec<(Instant, u64)> {
+fn reflected(
+    shown: &[(Instant, String)],
+    rv_of: &HashMap<(usize, String), u64>,
+    job: usize,
+) -> Vec<(Instant, u64)> {
     let mut best = 0;
     let mut out = Vec::new();
     for (at, ts) in shown {
-        if let Some(&rv) = rv_of.get(ts) {
+        if let Some(&rv) = rv_of.get(&(job, ts.clone())) {
             if rv > best {
                 best = rv;
                 out.push((*at, rv));
@@ -88,7 +93,7 @@ fn reflected(shown: &[(Instant, String)], rv_of: &HashMap<String, u64>) -> Vec<(
 pub fn latencies(
     seen: &Seen,
     writes: &[Write],
-    rv_of: &HashMap<String, u64>,
+    rv_of: &HashMap<(usize, String), u64>,
     names: &[String],
 ) -> Vec<Option<f64>> {
     let by_job: HashMap<usize, Vec<(Instant, u64)>> = writes
@@ -98,7 +103,7 @@ pub fn latencies(
         .into_iter()
         .map(|j| {
             let shown = seen.shown.get(&names[j]).map_or(&[][..], |v| v.as_slice());
-            (j, reflected(shown, rv_of))
+            (j, reflected(shown, rv_of, j))
         })
         .collect();
     writes
@@ -117,7 +122,7 @@ pub fn latencies(
 pub async fn wait_reflected(
     seen: &Mutex<Seen>,
     writes: &[Write],
-    rv_of: &HashMap<String, u64>,
+    rv_of: &HashMap<(usize, String), u64>,
     names: &[String],
     timeout: Duration,
 ) -> anyhow::Result<Vec<(usize, f64)>> {

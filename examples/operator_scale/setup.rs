@@ -32,6 +32,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::wait::{await_condition, conditions};
 use kube::{Client, ResourceExt};
+use memprof::api::admission::LABEL_MANAGED;
 use memprof::api::admission::{sign, Key, Subject, ANNOTATION_ADMISSION, DEFAULT_KEY_SECRET};
 use memprof::api::{crds, ANNOTATION_ENABLED};
 use memprof::webhook::keys::{ensure_keys, KeyConfig};
@@ -163,6 +164,8 @@ fn job(name: &str, ranks: u32) -> Job {
     };
     job.metadata.name = Some(name.into());
     job.metadata.annotations = Some(BTreeMap::from([(ANNOTATION_ENABLED.into(), "true".into())]));
+    // As the webhook stamps a profiled Job (contract D): the operator watches only those.
+    job.metadata.labels = Some(BTreeMap::from([(LABEL_MANAGED.into(), "true".into())]));
     job
 }
 
@@ -190,6 +193,7 @@ fn rank_pod(ns: &str, name: &str, job_name: &str, job_uid: &str, key: &Key) -> P
     pod.metadata.labels = Some(BTreeMap::from([
         ("job-name".to_string(), job_name.to_string()),
         ("controller-uid".to_string(), job_uid.to_string()),
+        (LABEL_MANAGED.to_string(), "true".to_string()),
     ]));
     pod.metadata.owner_references = Some(vec![OwnerReference {
         api_version: "batch/v1".into(),

@@ -5,12 +5,13 @@ use clap::Parser;
 use futures::FutureExt;
 use memprof::operator::leader::{self, Stop};
 use memprof::operator::{self, supervise, Elector, Health, LeaderOptions, Metrics, Options};
+use memprof::pipeline::{self, Setup};
 use prometheus_client::registry::Registry;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Rolls MemoryReports up into one MemoryProfile per annotated Job.
+/// Rolls MemoryReports up into one MemoryProfile per annotated Job and carries out RemediationPolicies.
 #[derive(Debug, Parser)]
 #[command(
     name = "memprof-operator",
@@ -110,7 +111,6 @@ async fn main() -> anyhow::Result<()> {
     // controllers (verify them), loaded by the admission-keys task.
     let keys = memprof::api::admission::Keys::default();
     cli.operator.admission = keys.clone();
-    cli.remediation.admission = keys.clone();
     if cli.print_metrics {
         print!("{}", describe_metrics());
         return Ok(());
@@ -142,24 +142,14 @@ async fn main() -> anyhow::Result<()> {
     let health = Health::new();
     let spawn = |task: &'static str, start| {
         let failures = metrics.task_failures.clone();
-        tokio::spawn(supervise(
-            task,
-            health.clone(),
-            failures,
-            shutdown.clone(),
-            start,
-        ))
+        let (health, shutdown) = (health.clone(), shutdown.clone());
+        tokio::spawn(supervise(task, health, failures, shutdown, start))
     };
-    let mut tasks = vec![
+    let registry = Arc::new(registry);
+    let tasks = vec![
         spawn(
             "metrics",
-            metrics_task(
-                listener,
-                cli.metrics_addr,
-                Arc::new(registry),
-                &health,
-                &shutdown,
-            ),
+            metrics_task(listener, cli.metrics_addr, registry, &health, &shutdown),
         ),
         // Every replica keeps the key fresh: the webhook signs on all of them.
         spawn("admission-keys", keys_task(&client, &cli, &keys, &shutdown)),
@@ -168,18 +158,12 @@ async fn main() -> anyhow::Result<()> {
             "webhook",
             webhook_task(&client, &cli, webhook_metrics, &shutdown),
         ),
+        // The one controller (roll-up and remediation), while this replica leads.
         spawn(
             "operator",
-            operator_task(&client, &cli, &metrics, &shutdown),
+            operator_task(&client, &cli, &metrics, remediation_metrics, &shutdown),
         ),
     ];
-    // Remediation has its own Lease, so it acts from one replica.
-    if cli.remediation.enabled {
-        tasks.push(spawn(
-            "remediation",
-            remediation_task(&client, &cli, remediation_metrics, &shutdown),
-        ));
-    }
 
     shutdown.clone().await;
     let stopped = futures::future::join_all(tasks);
@@ -286,58 +270,55 @@ fn webhook_task(
     })
 }
 
-/// The roll-up controller, while this replica leads when `--leader-elect`.
+/// The controller, while this replica leads when `--leader-elect`.
 fn operator_task(
     client: &kube::Client,
     cli: &Cli,
     metrics: &Arc<Metrics>,
+    remediation_metrics: Arc<memprof::remediation::Metrics>,
     shutdown: &Stop,
 ) -> Start {
-    let (client, opts, metrics, shutdown) = (
-        client.clone(),
-        cli.operator.clone(),
-        metrics.clone(),
-        shutdown.clone(),
-    );
+    let setup = Setup {
+        options: cli.operator.clone(),
+        remediation: cli.remediation.clone(),
+        metrics: metrics.clone(),
+        remediation_metrics,
+    };
+    let (client, shutdown) = (client.clone(), shutdown.clone());
     let election = cli.leader.leader_elect.then(|| {
-        let identity = opts
+        let identity = setup
+            .options
             .instance
             .clone()
             .unwrap_or_else(leader::default_identity);
         (cli.leader.clone(), identity)
     });
     Box::new(move |ready| {
-        let (client, opts, metrics, shutdown) = (
-            client.clone(),
-            opts.clone(),
-            metrics.clone(),
-            shutdown.clone(),
-        );
-        let election = election.clone();
-        roll_up(client, opts, metrics, election, shutdown, ready)
+        let (client, setup, shutdown) = (client.clone(), setup.clone(), shutdown.clone());
+        control(client, setup, election.clone(), shutdown, ready)
             .map(|r| r.map_err(|e| e.to_string()))
             .boxed()
     })
 }
 
-async fn roll_up(
+async fn control(
     client: kube::Client,
-    opts: Options,
-    metrics: Arc<Metrics>,
+    setup: Setup,
     election: Option<(LeaderOptions, String)>,
     shutdown: Stop,
     ready: operator::Ready,
-) -> operator::Result<()> {
-    operator::check_crds(&client, &opts.namespace).await?;
+) -> Result<(), String> {
+    pipeline::check(&client, &setup).await?;
     // Until the key is loaded no pod verifies: rolling up would refuse
     // every report (and announce it).
-    opts.admission.loaded().await;
+    setup.options.admission.loaded().await;
     ready.set();
+    let gauge = setup.metrics.leader.clone();
     let Some((flags, identity)) = election else {
-        metrics.leader.set(1);
-        let ran = operator::run(client, &opts, metrics.clone(), shutdown).await;
-        metrics.leader.set(0);
-        return ran;
+        gauge.set(1);
+        let ran = pipeline::run(client, setup, shutdown).await;
+        gauge.set(0);
+        return ran.map_err(|e| e.to_string());
     };
     let elector = Elector::new(
         client.clone(),
@@ -346,43 +327,12 @@ async fn roll_up(
         &identity,
         Duration::from_secs(flags.lease_duration_seconds.into()),
     );
-    let gauge = metrics.leader.clone();
     leader::lead(elector, shutdown, gauge, move |stop| {
-        let (client, opts, metrics) = (client.clone(), opts.clone(), metrics.clone());
-        async move { operator::run(client, &opts, metrics, stop).await }
+        let (client, setup) = (client.clone(), setup.clone());
+        async move { pipeline::run(client, setup, stop).await }
     })
     .await
-}
-
-fn remediation_task(
-    client: &kube::Client,
-    cli: &Cli,
-    metrics: Arc<memprof::remediation::Metrics>,
-    shutdown: &Stop,
-) -> Start {
-    let (client, shutdown) = (client.clone(), shutdown.clone());
-    let (namespace, opts) = (cli.operator.namespace.clone(), cli.remediation.clone());
-    Box::new(move |ready| {
-        let (client, shutdown, metrics) = (client.clone(), shutdown.clone(), metrics.clone());
-        let (namespace, opts) = (namespace.clone(), opts.clone());
-        remediate(client, namespace, opts, metrics, shutdown, ready)
-            .map(|r| r.map_err(|e| e.to_string()))
-            .boxed()
-    })
-}
-
-async fn remediate(
-    client: kube::Client,
-    namespace: String,
-    opts: memprof::remediation::Options,
-    metrics: Arc<memprof::remediation::Metrics>,
-    shutdown: Stop,
-    ready: operator::Ready,
-) -> memprof::remediation::Result<()> {
-    memprof::remediation::check(&client, &namespace).await?;
-    opts.admission.loaded().await;
-    ready.set();
-    memprof::remediation::run(client, namespace, opts, metrics, shutdown).await
+    .map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

@@ -8,16 +8,17 @@ use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{Container, Namespace, Pod, PodSpec, PodTemplateSpec};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::wait::{await_condition, conditions};
 use kube::{Client, ResourceExt};
-use memprof::api::admission::KeyRing;
+use memprof::api::admission::{KeyRing, LABEL_MANAGED};
 use memprof::api::{
     GpuReport, MemoryReport, MemoryReportSpec, ReportSummary, RiskLevel, ANNOTATION_ENABLED,
     LABEL_JOB, LABEL_PROFILE, SIDECAR_MANAGER,
 };
 use memprof::operator::{self, Metrics, Options};
+use memprof::pipeline::Setup;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::hash::{BuildHasher, RandomState};
@@ -129,30 +130,40 @@ impl Drop for TestNamespace {
     }
 }
 
-/// The operator running in-process, scoped to one namespace.
+/// The operator (the one controller: roll-up and remediation) running
+/// in-process, scoped to one namespace.
 pub struct RunningOperator {
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<operator::Result<()>>>,
     pub metrics: Arc<Metrics>,
+    pub remediation_metrics: Arc<memprof::remediation::Metrics>,
 }
 
 pub fn start_operator(client: &Client, namespace: &str) -> RunningOperator {
     start_operator_with(client, Options::for_namespace(namespace))
 }
 
-/// The operator in-process with these options. Unless `opts.admission`
-/// holds a key already, it gets the key of its namespace ([`admission_keys`]),
-/// the one [`job_pods`] marks pods with.
+/// The operator in-process with these options (remediation on, plans kept
+/// in the watched namespace). Unless `opts.admission` holds a key already,
+/// it gets the key of its namespace ([`admission_keys`]), the one
+/// [`job_pods`] marks pods with.
 pub fn start_operator_with(client: &Client, opts: Options) -> RunningOperator {
+    let mut setup = Setup::for_namespace(&opts.namespace);
+    setup.options = opts;
+    start_controller(client, setup)
+}
+
+/// The controller in-process as `setup` says.
+pub fn start_controller(client: &Client, setup: Setup) -> RunningOperator {
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let metrics = Metrics::unregistered();
-    let (c, m) = (client.clone(), metrics.clone());
+    let (metrics, remediation_metrics) = (setup.metrics.clone(), setup.remediation_metrics.clone());
+    let c = client.clone();
     let task = tokio::spawn(async move {
-        if opts.admission.ring().current().is_none() {
-            let ring = admission_keys(&opts.namespace).await;
-            opts.admission.set(ring);
+        let keys = &setup.options.admission;
+        if keys.ring().current().is_none() {
+            keys.set(admission_keys(&setup.options.namespace).await);
         }
-        operator::run(c, &opts, m, async move {
+        memprof::pipeline::run(c, setup, async move {
             let _ = stopped.await;
         })
         .await
@@ -161,6 +172,7 @@ pub fn start_operator_with(client: &Client, opts: Options) -> RunningOperator {
         stop: Some(stop),
         task: Some(task),
         metrics,
+        remediation_metrics,
     }
 }
 
@@ -253,6 +265,16 @@ pub async fn create_job(
             ANNOTATION_ENABLED.to_string(),
             "true".to_string(),
         )]));
+        // What the webhook stamps on a profiled Job and its pods (contract D):
+        // the operator watches only those.
+        let managed = BTreeMap::from([(LABEL_MANAGED.to_string(), "true".to_string())]);
+        job.metadata.labels = Some(managed.clone());
+        if let Some(spec) = job.spec.as_mut() {
+            spec.template.metadata = Some(ObjectMeta {
+                labels: Some(managed),
+                ..Default::default()
+            });
+        }
     }
     Api::<Job>::namespaced(client.clone(), ns)
         .create(&PostParams::default(), &job)
@@ -298,6 +320,8 @@ pub fn report(job: &str, rank: u32, sampled_at: &str, gpus: Vec<GpuReport>) -> M
             rank: Some(rank),
             sampled_at: sampled_at.into(),
             interval_ms: 1000,
+            // Long enough that `at()`'s times in the past are not stale.
+            heartbeat_seconds: Some(600),
             summary: ReportSummary {
                 gpu_count: gpus.len() as u32,
                 risk: worst,
@@ -336,7 +360,10 @@ pub async fn apply_report(client: &Client, ns: &str, report: &MemoryReport) {
 /// width, as a sidecar's are.
 pub fn at(offset: u64) -> String {
     static BASE: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
-    let base = *BASE.get_or_init(|| jiff::Timestamp::now().as_second() - 3600);
+    // Ten minutes ago: in the past (the operator refuses reports from the
+    // future) and, with the 600 s heartbeat `report` claims, not stale for
+    // another ten minutes (stale after 2 heartbeats + 30 s: JobRollup).
+    let base = *BASE.get_or_init(|| jiff::Timestamp::now().as_second() - 600);
     jiff::Timestamp::from_second(base + offset as i64)
         .unwrap()
         .to_string()

@@ -330,8 +330,7 @@ pub fn operator(name: &str, kubeconfig: &Path, ns: &str, extra: &[&str]) -> Proc
         .args(["--webhook-namespace", ns])
         .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
         .args(["--leader-election-namespace", ns])
-        .args(["--remediation-lease-namespace", ns])
-        .args(["--remediation-leader-identity", name])
+        .args(["--remediation-plan-namespace", ns])
         .args(extra)
         .env("KUBECONFIG", kubeconfig)
         .env("RUST_LOG", "info,kube=warn")
@@ -442,8 +441,8 @@ pub async fn metric(port: u16, series: &str) -> Option<f64> {
     (!values.is_empty()).then(|| values.iter().sum())
 }
 
-/// Leader gauges of the roll-up and of remediation.
-pub const LEASES: [&str; 2] = ["memprof_leader", "memprof_remediation_leader"];
+/// Leader gauges, one per Lease: the one controller's (roll-up and remediation).
+pub const LEASES: [&str; 1] = ["memprof_leader"];
 
 /// One poll of the leader gauges of some operators.
 #[derive(Clone, Debug)]
@@ -451,7 +450,7 @@ pub struct Sample {
     /// When the poll started.
     pub at: Instant,
     /// `[operator][lease]`: 1.0 leads, 0.0 stands by, `None` no answer.
-    pub gauges: Vec<[Option<f64>; 2]>,
+    pub gauges: Vec<[Option<f64>; LEASES.len()]>,
 }
 
 /// The leader gauges of `ports` (one per operator), polled every 100 ms.
@@ -469,10 +468,11 @@ impl LeaderWatch {
                 let at = Instant::now();
                 let mut gauges = Vec::new();
                 for port in &ports {
-                    gauges.push([
-                        metric(*port, LEASES[0]).await,
-                        metric(*port, LEASES[1]).await,
-                    ]);
+                    let mut g = [None; LEASES.len()];
+                    for (lease, name) in LEASES.iter().enumerate() {
+                        g[lease] = metric(*port, name).await;
+                    }
+                    gauges.push(g);
                 }
                 s.lock().unwrap().push(Sample { at, gauges });
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -513,8 +513,8 @@ impl Drop for LeaderWatch {
 }
 
 /// Which of `ports` leads each Lease, when exactly one does.
-pub async fn leaders_now(ports: &[u16]) -> Option<[usize; 2]> {
-    let mut leaders = [0; 2];
+pub async fn leaders_now(ports: &[u16]) -> Option<[usize; LEASES.len()]> {
+    let mut leaders = [0; LEASES.len()];
     for (lease, name) in LEASES.iter().enumerate() {
         let mut leading = Vec::new();
         for (i, port) in ports.iter().enumerate() {
@@ -531,7 +531,7 @@ pub async fn leaders_now(ports: &[u16]) -> Option<[usize; 2]> {
 }
 
 /// Waits until exactly one of `ports` leads each Lease; returns its index per Lease.
-pub async fn one_leader_each(ports: &[u16]) -> [usize; 2] {
+pub async fn one_leader_each(ports: &[u16]) -> [usize; LEASES.len()] {
     common::eventually_within(Duration::from_secs(60), "one leader per Lease", || async {
         leaders_now(ports)
             .await

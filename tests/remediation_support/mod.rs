@@ -5,7 +5,7 @@
 //! process that can be killed.
 #![allow(dead_code)]
 
-use crate::common::{apply_report, at, eventually, gpu, rank_report, TIMEOUT};
+use crate::common::{apply_report, at, eventually, gpu, rank_report};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
@@ -13,17 +13,9 @@ use kube::{Client, ResourceExt};
 use memprof::api::{
     MemoryProfile, RemediationPolicy, RemediationRecord, RiskLevel, ANNOTATION_ENABLED,
 };
-use memprof::remediation::{self, Metrics, Options};
 use serde_json::{json, Value};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-/// The remediation controller running in-process on one namespace, with
-/// leader election on a Lease in that namespace.
-pub struct RunningRemediation {
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: Option<tokio::task::JoinHandle<remediation::Result<()>>>,
-}
 
 /// Logs of the in-process controllers, shown for failing tests (`RUST_LOG` filters).
 pub fn init_logs() {
@@ -33,61 +25,6 @@ pub fn init_logs() {
         .with_env_filter(filter)
         .with_test_writer()
         .try_init();
-}
-
-pub fn start_remediation(client: &Client, ns: &str) -> RunningRemediation {
-    let opts = Options {
-        lease_namespace: Some(ns.into()),
-        leader_identity: Some("in-process-test".into()),
-        ..Default::default()
-    };
-    start_remediation_with(client, ns, opts, Metrics::unregistered())
-}
-
-/// The remediation controller in-process with these options and metrics.
-pub fn start_remediation_with(
-    client: &Client,
-    ns: &str,
-    opts: Options,
-    metrics: std::sync::Arc<Metrics>,
-) -> RunningRemediation {
-    init_logs();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let (client, ns) = (client.clone(), ns.to_string());
-    let task = tokio::spawn(async move {
-        // The namespace's admission key, as the operator's (common::admission_keys).
-        if opts.admission.ring().current().is_none() {
-            opts.admission.set(crate::common::admission_keys(&ns).await);
-        }
-        remediation::run(client, ns, opts, metrics, async move {
-            let _ = stopped.await;
-        })
-        .await
-    });
-    RunningRemediation {
-        stop: Some(stop),
-        task: Some(task),
-    }
-}
-
-impl RunningRemediation {
-    pub async fn stop(mut self) {
-        let _ = self.stop.take().expect("running").send(());
-        let task = self.task.take().expect("running");
-        tokio::time::timeout(TIMEOUT, task)
-            .await
-            .expect("remediation controller did not stop in time")
-            .expect("remediation task panicked")
-            .expect("remediation controller returned an error");
-    }
-}
-
-impl Drop for RunningRemediation {
-    fn drop(&mut self) {
-        if let Some(t) = self.task.take() {
-            t.abort();
-        }
-    }
 }
 
 /// Creates a profiled Job labelled `team=ml` whose trainer has `BATCH_SIZE` (when given).
@@ -101,13 +38,14 @@ pub async fn training_job(client: &Client, ns: &str, name: &str, batch: Option<&
         "apiVersion": "batch/v1", "kind": "Job",
         "metadata": {
             "name": name,
-            "labels": {"team": "ml"},
+            // `memprof.dev/managed` as the webhook stamps it (contract D).
+            "labels": {"team": "ml", "memprof.dev/managed": "true"},
             "annotations": {ANNOTATION_ENABLED: "true"},
         },
         "spec": {
             "parallelism": 1, "completions": 1, "backoffLimit": 0,
             "template": {
-                "metadata": {"labels": {"app": name}},
+                "metadata": {"labels": {"app": name, "memprof.dev/managed": "true"}},
                 "spec": {
                     "restartPolicy": "Never",
                     "containers": [{"name": "trainer", "image": "busybox", "env": env}],
@@ -288,14 +226,9 @@ pub fn spawn_operator(ns: &str, failpoint: Option<&str>) -> OperatorProcess {
     let mut cmd = if operator_binary_remediates() {
         let mut c = Command::new(operator_binary());
         c.args(["--namespace", ns, "--metrics-addr", "127.0.0.1:0"]);
+        c.args(["--remediation-plan-namespace", ns]);
         // No webhook; the admission key is the namespace's (common::admission_keys).
         c.args(["--webhook-port", "0", "--webhook-namespace", ns]);
-        c.args([
-            "--remediation-lease-namespace",
-            ns,
-            "--remediation-leader-identity",
-            "operator-under-test",
-        ]);
         c
     } else {
         let mut c = Command::new(std::env::current_exe().unwrap());
@@ -321,46 +254,18 @@ pub fn spawn_operator(ns: &str, failpoint: Option<&str>) -> OperatorProcess {
     }
 }
 
-/// What the child process runs: the operator's roll-up and the remediation
-/// controller on one namespace, as `memprof-operator` wires them.
+/// What the child process runs: the controller (roll-up and remediation)
+/// on one namespace, as `memprof-operator` wires it.
 pub fn run_child_operator(ns: &str) {
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let client = Client::try_default().await.unwrap();
-        let opts = memprof::operator::Options::for_namespace(ns);
-        let keys = memprof::api::admission::Keys::of(crate::common::admission_keys(ns).await);
-        let opts = memprof::operator::Options {
-            admission: keys.clone(),
-            ..opts
-        };
-        let rollup = tokio::spawn({
-            let client = client.clone();
-            async move {
-                memprof::operator::run(
-                    client,
-                    &opts,
-                    memprof::operator::Metrics::unregistered(),
-                    std::future::pending(),
-                )
-                .await
-            }
-        });
-        let ropts = Options {
-            lease_namespace: Some(ns.into()),
-            leader_identity: Some("operator-under-test".into()),
-            admission: keys,
-            ..Default::default()
-        };
-        remediation::run(
-            client,
-            ns.into(),
-            ropts,
-            Metrics::unregistered(),
-            std::future::pending(),
-        )
-        .await
-        .unwrap();
-        rollup.await.unwrap().unwrap();
+        let mut setup = memprof::pipeline::Setup::for_namespace(ns);
+        setup.options.admission =
+            memprof::api::admission::Keys::of(crate::common::admission_keys(ns).await);
+        memprof::pipeline::run(client, setup, std::future::pending())
+            .await
+            .unwrap();
     });
 }
 

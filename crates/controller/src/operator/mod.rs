@@ -1,10 +1,9 @@
-//! The memprof operator: one `MemoryProfile` per Job annotated
-//! `memprof.dev/enabled: "true"`, its status rolled up from the Job's
-//! `MemoryReport`s, the verdict mirrored into Job annotations and Events.
-//!
-//! Pipeline per Job (`controller.rs` does the I/O, `reconcile.rs` decides):
-//! fetch (watch caches) → validate reports → build status, annotations,
-//! events → apply profile → write status → annotate Job → publish Events.
+//! The roll-up stage's decisions and the operator's common parts: what a
+//! Job's profile and status should be (`reconcile.rs`, pure), which reports
+//! count (`trust.rs`, pure), the thresholds Event, the reporters' RBAC,
+//! leader election, task supervision, metrics and the operator's flags.
+//! The I/O that runs them is the one controller in `crate::pipeline`;
+//! every status write is `crate::status`'s.
 //!
 //! Design decisions, and why:
 //! - **Cleanup is the garbage collector's job.** The profile carries an
@@ -12,41 +11,29 @@
 //!   true`), so kube-controller-manager deletes it with the Job, whatever the
 //!   propagation policy; there is no finalizer to get stuck. A Job whose
 //!   annotation is removed loses its profile and our annotations at once.
-//! - **Reads come from watch caches**, one watch per kind: Jobs, owned
-//!   profiles and reports (label `memprof.dev/job`) are reflected into stores
-//!   that also trigger reconciles. A reconcile is an in-memory roll-up; report
-//!   timelines and managedFields are dropped on the way into the cache because
-//!   nothing here reads them (at 2,000 ranks × 8 GPUs they are most of the bytes).
-//! - **Writes are rate-limited per Job, not debounced.** kube-runtime's
-//!   debounce is trailing-edge: with 256 ranks reporting, triggers for one Job
-//!   arrive faster than any useful debounce period and would postpone its
-//!   reconcile indefinitely. Instead each reconcile runs at once (the
-//!   Controller never runs two for one Job and coalesces triggers meanwhile),
-//!   and status/annotation writes for a Job are spaced by at least
-//!   `--min-write-interval-ms` (default 250 ms), so one job costs at most four
-//!   writes a second however many ranks report, and report → status latency
-//!   stays well under a second.
-//! - **Status is written with server-side apply** (field manager
-//!   `memprof-operator`) on the status subresource, carrying
-//!   `metadata.resourceVersion` as a precondition: fields other writers own
-//!   (OOMs, remediations, last action) are carried over from the cached
-//!   profile, and if that cache was stale the API server answers 409 and the
-//!   write is retried from fresher data instead of reverting someone's write.
+//! - **Reads come from watch caches**, one watch per kind, slimmed to what
+//!   the pipeline reads (`pipeline/slim.rs`).
+//! - **Writes are spaced per Job, not debounced**, by the status writer:
+//!   at most one write a Job every `--min-write-interval-ms` (1 s), the
+//!   newest wish wins, Jobs are served in the order they asked.
 //! - **Events are tied to status writes.** A risk transition is computed
-//!   against the risk stored in the profile and published only after the
-//!   status that records the new risk was written, so a restarted operator
-//!   finds nothing to announce. Rejected reports are announced once: the names
-//!   already listed in the stored `ReportsValid` condition are not repeated.
+//!   against the status already written or handed over, and published
+//!   only after the status that records the new risk was written, so a
+//!   restarted operator finds nothing to announce. Rejected reports are
+//!   announced once: the names already listed in the stored `ReportsValid`
+//!   condition are not repeated.
 //! - **Job annotations are server-side applied** with the same field manager
 //!   rather than merge-patched: the API server then records memprof as the
 //!   owner of exactly those four keys, and applying an empty set when
 //!   profiling is switched off removes them without touching anyone else's.
-//! - **One active replica.** With `--leader-elect` the binary reconciles only
-//!   while it holds a `coordination.k8s.io/v1` Lease (`leader.rs`); standbys
-//!   take over within the lease duration, at once after a graceful shutdown.
+//! - **One active replica.** With `--leader-elect` the binary runs the
+//!   controller only while it holds a `coordination.k8s.io/v1` Lease
+//!   (`leader.rs`); standbys take over within the lease duration, at once
+//!   after a graceful shutdown.
 
-mod controller;
+mod crds;
 mod error;
+mod job_gauges;
 pub mod leader;
 pub mod metrics;
 pub mod rbac;
@@ -55,7 +42,7 @@ pub mod tasks;
 pub mod thresholds;
 pub mod trust;
 
-pub use controller::{check_crds, run};
+pub use crds::check_crds;
 pub use error::{Error, Result};
 pub use leader::{Elector, LeaderOptions};
 pub use metrics::{serve, Metrics};
@@ -71,10 +58,11 @@ pub struct Options {
     pub namespace: String,
 
     /// Minimum time between two writes (status or annotations) for one Job, in milliseconds.
-    #[arg(long, env = "MEMPROF_MIN_WRITE_INTERVAL_MS", default_value_t = 250)]
+    #[arg(long, env = "MEMPROF_MIN_WRITE_INTERVAL_MS", default_value_t = 1000)]
     pub min_write_interval_ms: u64,
 
-    /// Jobs reconciled at the same time (a Job is never reconciled twice at once).
+    /// Jobs reconciled at the same time, and status writes in flight (a Job
+    /// is never reconciled twice at once).
     #[arg(long, env = "MEMPROF_CONCURRENCY", default_value_t = 8)]
     pub concurrency: u16,
 
@@ -102,7 +90,7 @@ impl Default for Options {
     fn default() -> Self {
         Options {
             namespace: String::new(),
-            min_write_interval_ms: 250,
+            min_write_interval_ms: 1000,
             concurrency: 8,
             instance: None,
             allowed_namespaces: Vec::new(),

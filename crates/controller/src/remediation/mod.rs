@@ -1,16 +1,17 @@
 //! Automated OOM remediation: `RemediationPolicy` objects say what to do
-//! when a profiled Job's GPU memory gets dangerous (or runs out); this
-//! controller watches MemoryProfiles, policies, Jobs, Pods and MemoryReports,
-//! records GPU OOMs in the profile, and carries out the policies' actions.
+//! when a profiled Job's GPU memory gets dangerous (or runs out). This is
+//! the second stage of the controller's per-Job pipeline (`crate::pipeline`):
+//! on the same fetched and screened data as the roll-up, GPU OOMs are
+//! detected (`oom.rs`) and the policies evaluated (`triggers.rs`,
+//! `decide.rs`); a decision is planned (`plan.rs`), recorded
+//! (`recording.rs`) and carried out (`execute.rs`, `steps.rs`) by a task of
+//! its own (`tasks.rs`), one per Job at a time, never by the reconcile.
 //!
-//! It runs next to the operator's roll-up controller but apart from it, as
-//! its own field manager (`memprof-remediation`), owning exactly the
-//! profile's `status.ooms`, `status.remediations` and `status.lastAction` and
-//! the policies' status. Server-side apply keeps both writers' fields.
-//!
-//! Pipeline per profile (`controller.rs` fetches, `execute.rs` acts):
-//! fetch (watch caches) → detect OOMs (`oom.rs`) → evaluate triggers
-//! (`triggers.rs`) → plan (`plan.rs`) → record → act → record the outcome.
+//! The profile's `status.ooms`, `status.remediations`,
+//! `status.remediationTotals` and `status.lastAction` are changed only
+//! through the status writer (`crate::status`), as edits it applies to the
+//! newest status and answers once written; the policies' status is written
+//! by `status.rs` (field manager `memprof-remediation`).
 //!
 //! At most once, never losing the Job — the protocol (see docs/remediation.md):
 //! 1. The decision is recorded first, as a `Pending` record whose id is
@@ -36,75 +37,47 @@
 //! or skipped, never repeated. Cooldown and `maxRemediations` count records
 //! in the profile, so they hold across restarts and recreations.
 
-mod controller;
+mod decide;
 mod execute;
+mod executor;
 pub mod oom;
 pub mod plan;
+mod recording;
+mod records;
 mod status;
+mod steps;
 mod store;
+mod tasks;
 pub mod triggers;
 pub mod verify;
 
-pub use controller::run_controller;
-pub use status::policy_status;
+pub use decide::{decide, Decision};
+pub use executor::Executor;
+pub use status::{policy_status, policy_status_task};
+pub use steps::{FAILPOINT_AFTER_DELETE, FAILPOINT_ENV};
 
 use kube::Client;
+use memprof_api::RemediationPolicy;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use std::future::Future;
 use std::sync::Arc;
 
-/// Flags of the remediation controller (in `memprof-operator`), each with an
-/// environment fallback. The watched namespace is the operator's `--namespace`.
-///
-/// Every flag starts with `--remediation` so that they flatten next to the
-/// operator's own (its `--leader-elect` included) without clashing.
+/// Flags of remediation (in `memprof-operator`), each with an environment
+/// fallback. The watched namespace is the operator's `--namespace`; the
+/// Lease is the operator's (one controller, one leader).
 #[derive(Clone, Debug, clap::Args)]
 // The operator's flags are an `Options` too: clap's group ids must differ.
 #[group(id = "RemediationOptions")]
 pub struct Options {
-    /// Run the remediation controller (RemediationPolicy objects).
+    /// Carry out RemediationPolicy objects.
     #[arg(id = "remediation", long = "remediation", value_name = "BOOL", env = "MEMPROF_REMEDIATION", default_value_t = true, action = clap::ArgAction::Set)]
     pub enabled: bool,
 
-    /// Only the holder of the remediation Lease remediates (several replicas must not race).
-    #[arg(id = "remediation_leader_elect", long = "remediation-leader-elect", value_name = "BOOL", env = "MEMPROF_REMEDIATION_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
-    pub leader_elect: bool,
-
-    /// Name of the coordination.k8s.io/v1 Lease of remediation leadership.
-    #[arg(
-        id = "remediation_lease",
-        long = "remediation-lease",
-        value_name = "NAME",
-        env = "MEMPROF_REMEDIATION_LEASE",
-        default_value = "memprof-remediation"
-    )]
-    pub lease_name: String,
-
-    /// Namespace of that Lease; defaults to the pod's namespace, else the watched namespace, else `default`.
-    #[arg(
-        id = "remediation_lease_namespace",
-        long = "remediation-lease-namespace",
-        value_name = "NAMESPACE",
-        env = "MEMPROF_REMEDIATION_LEASE_NAMESPACE"
-    )]
-    pub lease_namespace: Option<String>,
-
-    /// This replica's identity in the Lease; defaults to the pod name (`HOSTNAME`).
-    #[arg(
-        id = "remediation_leader_identity",
-        long = "remediation-leader-identity",
-        value_name = "IDENTITY",
-        env = "MEMPROF_REMEDIATION_LEADER_IDENTITY"
-    )]
-    pub leader_identity: Option<String>,
-
     /// Namespace where remediation plans (ConfigMaps) are kept: one only the
-    /// operator may write, never a tenant's. Defaults like the Lease's namespace
-    /// (the operator pod's own).
+    /// operator may write, never a tenant's. Defaults to the operator pod's
+    /// own namespace, else the watched one, else `default`.
     #[arg(
         id = "remediation_plan_namespace",
         long = "remediation-plan-namespace",
@@ -112,33 +85,18 @@ pub struct Options {
         env = "MEMPROF_REMEDIATION_PLAN_NAMESPACE"
     )]
     pub plan_namespace: Option<String>,
-
-    /// The operator's admission key ring: only pods marked under it are OOM
-    /// evidence or report writers (`operator::trust`). Filled by the binary.
-    #[arg(skip)]
-    pub admission: memprof_api::admission::Keys,
 }
 
 impl Default for Options {
     fn default() -> Self {
         Options {
             enabled: true,
-            leader_elect: true,
-            lease_name: "memprof-remediation".into(),
-            lease_namespace: None,
-            leader_identity: None,
             plan_namespace: None,
-            admission: Default::default(),
         }
     }
 }
 
 impl Options {
-    /// The Lease's namespace: flag, else the pod's own, else the watched one, else `default`.
-    pub fn lease_namespace(&self, watched: &str) -> String {
-        own_namespace(self.lease_namespace.clone(), watched)
-    }
-
     /// Where plans are kept: flag, else the pod's own namespace, else the
     /// watched one (only out of cluster, e.g. a developer's run), else `default`.
     pub fn plan_namespace(&self, watched: &str) -> String {
@@ -206,6 +164,9 @@ pub enum Error {
     /// Serializing a plan or manifest failed (a bug).
     #[error("serializing {0}: {1}; this is a bug, please report it")]
     Serialize(&'static str, #[source] serde_json::Error),
+    /// The status writer stopped before a record was written.
+    #[error(transparent)]
+    Stopped(crate::status::WriteError),
 }
 
 impl Error {
@@ -219,6 +180,7 @@ impl Error {
             Error::SavePlan(..) | Error::BadPlan(..) => "plan",
             Error::Step { .. } => "step",
             Error::Serialize(..) => "serialize",
+            Error::Stopped(_) => "stopped",
         }
     }
 }
@@ -249,8 +211,6 @@ pub struct Metrics {
     pub ooms: Counter,
     /// Reconciles that failed, by step.
     pub reconcile_errors: Family<StepLabels, Counter>,
-    /// 1 while this replica leads, else 0.
-    pub leader: Gauge,
     /// Saved plans refused because they were not the recorded ones.
     pub plans_refused: Counter,
 }
@@ -272,11 +232,6 @@ impl Metrics {
             m.reconcile_errors.clone(),
         );
         r.register(
-            "leader",
-            "1 while this replica leads remediation",
-            m.leader.clone(),
-        );
-        r.register(
             "plans_refused",
             "Saved remediation plans refused because they were not the recorded ones",
             m.plans_refused.clone(),
@@ -291,62 +246,21 @@ impl Metrics {
 }
 
 /// Checks that the RemediationPolicy CRD is served and listable in
-/// `namespace` (empty: all): the start check of [`run`], for callers that
-/// report readiness once it passed.
+/// `namespace` (empty: all).
 pub async fn check(client: &Client, namespace: &str) -> Result<()> {
-    controller::check_crd(client, namespace).await
-}
-
-/// Runs the remediation controller until `shutdown`: with leader election,
-/// only while this replica leads (stopping when it loses the lease and
-/// starting again when it wins it back). `namespace` is the watched one
-/// (empty: all).
-pub async fn run(
-    client: Client,
-    namespace: String,
-    opts: Options,
-    metrics: Arc<Metrics>,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> Result<()> {
-    use futures::FutureExt;
-    if !opts.enabled {
-        tracing::info!("remediation disabled (--remediation=false)");
-        return Ok(());
+    let api: kube::Api<RemediationPolicy> = if namespace.is_empty() {
+        kube::Api::all(client.clone())
+    } else {
+        kube::Api::namespaced(client.clone(), namespace)
+    };
+    match api
+        .list_metadata(&kube::api::ListParams::default().limit(1))
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Err(Error::CrdMissing),
+        Err(e) => Err(Error::CrdCheck(e)),
     }
-    check(&client, &namespace).await?;
-    let plan_ns = opts.plan_namespace(&namespace);
-    let shutdown = shutdown.boxed().shared();
-    if !opts.leader_elect {
-        let keys = opts.admission.clone();
-        return run_controller(client, &namespace, &plan_ns, keys, metrics, shutdown).await;
-    }
-    let identity = opts
-        .leader_identity
-        .clone()
-        .unwrap_or_else(crate::operator::leader::default_identity);
-    let lease_ns = opts.lease_namespace(&namespace);
-    tracing::info!(lease = %format!("{lease_ns}/{}", opts.lease_name), %identity, "campaigning for remediation leadership");
-    // The operator's Lease elector, on a Lease of our own: two electors in one
-    // process must not compete for one Lease. Losing leadership does not end
-    // the process: remediation stops and campaigns again. The controller is
-    // told to stop at the renew deadline and finishes its step; only a step
-    // stuck past the point where another replica may take over (a request to
-    // a hung API server) is dropped, as a crash would drop it: every step of
-    // the protocol is idempotent and resumed from the Pending record.
-    let elector = crate::operator::Elector::new(
-        client.clone(),
-        &lease_ns,
-        &opts.lease_name,
-        &identity,
-        std::time::Duration::from_secs(15),
-    );
-    let leader = metrics.leader.clone();
-    crate::operator::leader::lead(elector, shutdown, leader, move |stop| {
-        let (client, ns, plan_ns) = (client.clone(), namespace.clone(), plan_ns.clone());
-        let (metrics, keys) = (metrics.clone(), opts.admission.clone());
-        async move { run_controller(client, &ns, &plan_ns, keys, metrics, stop).await }
-    })
-    .await
 }
 
 #[cfg(test)]
@@ -369,16 +283,14 @@ mod tests {
     fn flags_flatten_next_to_the_operators_without_clashes() {
         Cli::command().debug_assert();
         let cli = Cli::parse_from(["memprof-operator", "--namespace", "ml", "--leader-elect"]);
-        assert!(cli.remediation.enabled && cli.remediation.leader_elect);
-        assert_eq!(cli.remediation.lease_name, "memprof-remediation");
+        assert!(cli.remediation.enabled && cli.leader.leader_elect);
         let cli = Cli::parse_from([
             "memprof-operator",
             "--remediation=false",
-            "--remediation-leader-elect=false",
-            "--remediation-lease-namespace",
+            "--remediation-plan-namespace",
             "memprof-system",
         ]);
-        assert!(!cli.remediation.enabled && !cli.remediation.leader_elect);
-        assert_eq!(cli.remediation.lease_namespace("ml"), "memprof-system");
+        assert!(!cli.remediation.enabled);
+        assert_eq!(cli.remediation.plan_namespace("ml"), "memprof-system");
     }
 }

@@ -3,19 +3,23 @@
 //! policy's status is a view of them, so it needs no memory of its own and
 //! is right again after a restart). Written only when it changes.
 
-use super::controller::{Context, Shutdown};
+use super::executor::Executor;
 use super::triggers::{
     selector_display, selector_matches, trigger_name, PHASE_DONE, PHASE_FAILED, PHASE_PENDING,
     PHASE_SKIPPED,
 };
+use crate::key::JobKey;
 use crate::operator::reconcile::profiling_enabled;
+use k8s_openapi::api::batch::v1::Job;
 use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::reflector::Store;
 use kube::{Resource, ResourceExt};
 use memprof_api::{
     set_condition, truncate_utf8, Condition, MemoryProfileStatus, PolicyAction, RemediationPolicy,
     RemediationPolicyStatus, MAX_POLICY_STATUS_ITEMS, REMEDIATION_MANAGER,
 };
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 use tracing::warn;
@@ -93,7 +97,6 @@ pub fn policy_status(
     previous: Option<&RemediationPolicyStatus>,
     now: &str,
 ) -> RemediationPolicyStatus {
-    let name = policy.name_any();
     let mut st = RemediationPolicyStatus {
         observed_generation: policy.meta().generation,
         selector: Some(selector_display(policy)),
@@ -101,6 +104,43 @@ pub fn policy_status(
         conditions: previous.map(|p| p.conditions.clone()).unwrap_or_default(),
         ..Default::default()
     };
+    let selector_error = matched(policy, jobs, &mut st);
+    let seen = actions(&policy.name_any(), jobs, &mut st);
+    let ready = match selector_error {
+        Some(e) => Condition::new(
+            CONDITION_READY,
+            false,
+            "InvalidSelector",
+            format!("{e}: fix spec.selector"),
+        ),
+        None => Condition::new(
+            CONDITION_READY,
+            true,
+            "Evaluated",
+            format!("evaluated against {} profiled Job(s)", st.matched_count),
+        ),
+    };
+    set_condition(&mut st.conditions, ready, now);
+    set_condition(&mut st.conditions, applicable(&seen.cannot_apply), now);
+    let unsupported = match seen.unsupported {
+        Some(m) => Condition::new(CONDITION_UNSUPPORTED, true, "ActionUnsupported", m),
+        None => Condition::new(
+            CONDITION_UNSUPPORTED,
+            false,
+            "AllSupported",
+            "every action used so far is supported by this API server",
+        ),
+    };
+    set_condition(&mut st.conditions, unsupported, now);
+    st
+}
+
+/// Fills the matched Jobs in; returns the selector's error, if any.
+fn matched(
+    policy: &RemediationPolicy,
+    jobs: &[JobView<'_>],
+    st: &mut RemediationPolicyStatus,
+) -> Option<String> {
     let mut selector_error = None;
     let mut matched: Vec<&JobView<'_>> = Vec::new();
     for j in jobs {
@@ -117,10 +157,22 @@ pub fn policy_status(
         .take(MAX_POLICY_STATUS_ITEMS)
         .map(|j| j.name.to_string())
         .collect();
+    selector_error
+}
 
+/// What the newest records of each Job say about the policy.
+#[derive(Default)]
+struct Seen {
+    /// `job: message` of each Job whose newest record was skipped.
+    cannot_apply: Vec<String>,
+    /// A Job whose newest record failed for want of an API feature.
+    unsupported: Option<String>,
+}
+
+/// Fills the policy's actions in (the newest, bounded) from the Jobs' records.
+fn actions(name: &str, jobs: &[JobView<'_>], st: &mut RemediationPolicyStatus) -> Seen {
     let mut actions = Vec::new();
-    let mut cannot_apply = Vec::new();
-    let mut unsupported = None;
+    let mut seen = Seen::default();
     for j in jobs {
         let Some(p) = j.profile else { continue };
         let ours: Vec<_> = p.remediations.iter().filter(|r| r.policy == name).collect();
@@ -141,79 +193,61 @@ pub fn policy_status(
         if let Some(last) = ours.last() {
             let message = last.message.clone().unwrap_or_default();
             if last.phase == PHASE_SKIPPED {
-                cannot_apply.push(format!("{}: {message}", j.name));
+                seen.cannot_apply.push(format!("{}: {message}", j.name));
             }
             if last.phase == PHASE_FAILED && message.starts_with("Unsupported:") {
-                unsupported = Some(format!("{}: {message}", j.name));
+                seen.unsupported = Some(format!("{}: {message}", j.name));
             }
         }
     }
     actions.sort_by(|a, b| a.time.cmp(&b.time).then(a.job.cmp(&b.job)));
     let excess = actions.len().saturating_sub(MAX_POLICY_STATUS_ITEMS);
     st.actions = actions.split_off(excess);
+    seen
+}
 
-    let ready = match selector_error {
-        Some(e) => Condition::new(
-            CONDITION_READY,
-            false,
-            "InvalidSelector",
-            format!("{e}: fix spec.selector"),
-        ),
-        None => Condition::new(
-            CONDITION_READY,
-            true,
-            "Evaluated",
-            format!("evaluated against {} profiled Job(s)", st.matched_count),
-        ),
-    };
-    set_condition(&mut st.conditions, ready, now);
-    let applicable = if cannot_apply.is_empty() {
-        Condition::new(
+/// `ActionsApplicable`: false, with the reason of the first, while some Job was skipped.
+fn applicable(cannot_apply: &[String]) -> Condition {
+    if cannot_apply.is_empty() {
+        return Condition::new(
             CONDITION_APPLICABLE,
             true,
             "Applicable",
             "no matched Job was skipped",
-        )
-    } else {
-        let reason = cannot_apply[0]
-            .split(": ")
-            .nth(1)
-            .filter(|r| r.chars().all(|c| c.is_ascii_alphanumeric()))
-            .unwrap_or("CannotApply")
-            .to_string();
-        let msg = format!(
-            "{} Job(s) skipped; fix the Job or the policy: {}",
-            cannot_apply.len(),
-            cannot_apply.join("; ")
         );
-        Condition::new(CONDITION_APPLICABLE, false, &reason, msg)
-    };
-    set_condition(&mut st.conditions, applicable, now);
-    let unsupported = match unsupported {
-        Some(m) => Condition::new(CONDITION_UNSUPPORTED, true, "ActionUnsupported", m),
-        None => Condition::new(
-            CONDITION_UNSUPPORTED,
-            false,
-            "AllSupported",
-            "every action used so far is supported by this API server",
-        ),
-    };
-    set_condition(&mut st.conditions, unsupported, now);
-    st
+    }
+    let reason = cannot_apply[0]
+        .split(": ")
+        .nth(1)
+        .filter(|r| r.chars().all(|c| c.is_ascii_alphanumeric()))
+        .unwrap_or("CannotApply")
+        .to_string();
+    let msg = format!(
+        "{} Job(s) skipped; fix the Job or the policy: {}",
+        cannot_apply.len(),
+        cannot_apply.join("; ")
+    );
+    Condition::new(CONDITION_APPLICABLE, false, &reason, msg)
 }
 
 /// Recomputes every policy's status after records change and every 10 s,
-/// writing those that differ (server-side apply, field manager `memprof-remediation`).
-pub(super) async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
+/// writing those that differ (server-side apply, field manager
+/// `memprof-remediation`), once `ready` (the caches are full) and until `stop`.
+pub async fn policy_status_task(
+    exec: Arc<Executor>,
+    jobs: Store<Job>,
+    ready: impl Future<Output = bool>,
+    stop: impl Future<Output = ()> + Clone,
+) {
     tokio::select! {
-        _ = shutdown.clone() => return,
-        ready = ctx.caches_ready() => if ready.is_err() { return },
+        _ = stop.clone() => return,
+        ok = ready => if !ok { return },
     }
     loop {
-        write_all(&ctx).await;
+        write_all(&exec, &jobs).await;
         tokio::select! {
-            _ = shutdown.clone() => return,
-            _ = ctx.policy_status.notified() => {
+            _ = stop.clone() => return,
+            _ = exec.policy_status.notified() => {
                 // Let a burst of records settle into one write.
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
@@ -222,46 +256,55 @@ pub(super) async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
     }
 }
 
-async fn write_all(ctx: &Context) {
+async fn write_all(exec: &Executor, jobs: &Store<Job>) {
     let now = jiff::Timestamp::now();
     let now = now.round(jiff::Unit::Second).unwrap_or(now).to_string();
-    let profiles = ctx.profiles.state();
-    let jobs = ctx.jobs.state();
-    for policy in ctx.policies.state() {
+    let jobs = jobs.state();
+    for policy in exec.policies.state() {
         let ns = policy.namespace().unwrap_or_default();
-        let views: Vec<JobView<'_>> = jobs
+        let profiled: Vec<_> = jobs
             .iter()
             .filter(|j| j.namespace().as_deref() == Some(ns.as_str()) && profiling_enabled(j))
-            .map(|j| JobView {
+            .map(|j| {
+                let key = JobKey::new(ns.clone(), j.name_any());
+                (j, exec.writer.view(&key))
+            })
+            .collect();
+        let views: Vec<JobView<'_>> = profiled
+            .iter()
+            .map(|(j, status)| JobView {
                 name: j.metadata.name.as_deref().unwrap_or_default(),
                 labels: j.labels(),
-                profile: profiles
-                    .iter()
-                    .find(|p| {
-                        p.namespace().as_deref() == Some(ns.as_str())
-                            && p.metadata.name == j.metadata.name
-                    })
-                    .and_then(|p| p.status.as_ref()),
+                profile: status.as_ref(),
             })
             .collect();
         let desired = policy_status(&policy, &views, policy.status.as_ref(), &now);
         if policy.status.as_ref() == Some(&desired) {
             continue;
         }
-        let api: Api<RemediationPolicy> = Api::namespaced(ctx.client.clone(), &ns);
-        let body = serde_json::json!({
-            "apiVersion": RemediationPolicy::api_version(&()),
-            "kind": RemediationPolicy::kind(&()),
-            "metadata": { "name": policy.name_any() },
-            "status": desired,
-        });
-        let params = PatchParams::apply(REMEDIATION_MANAGER).force();
-        if let Err(error) = api
-            .patch_status(&policy.name_any(), &params, &Patch::Apply(&body))
-            .await
-        {
-            warn!(policy = %policy.name_any(), %error, "cannot write RemediationPolicy status: check RBAC (remediationpolicies/status: patch)");
-        }
+        write(exec, &policy, &ns, &desired).await;
+    }
+}
+
+async fn write(
+    exec: &Executor,
+    policy: &RemediationPolicy,
+    ns: &str,
+    desired: &RemediationPolicyStatus,
+) {
+    let api: Api<RemediationPolicy> = Api::namespaced(exec.client.clone(), ns);
+    let body = serde_json::json!({
+        "apiVersion": RemediationPolicy::api_version(&()),
+        "kind": RemediationPolicy::kind(&()),
+        "metadata": { "name": policy.name_any() },
+        "status": desired,
+    });
+    let params = PatchParams::apply(REMEDIATION_MANAGER).force();
+    if let Err(error) = api
+        .patch_status(&policy.name_any(), &params, &Patch::Apply(&body))
+        .await
+    {
+        warn!(policy = %policy.name_any(), %error, "cannot write RemediationPolicy status: check RBAC (remediationpolicies/status: patch)");
     }
 }
 

@@ -1,0 +1,311 @@
+//! The roll-up stage: the profile exists; the screened reports give the
+//! analysis part of its status, the Events that announce a change, and the
+//! Job's annotations, all handed to the status writer. Deciding is
+//! `operator/reconcile.rs`'s (pure); this file only fetches and hands over.
+
+use super::reconcile::Fetched;
+use super::rollups;
+use super::state::Context;
+use crate::operator::rbac::ensure_reporter_rbac;
+use crate::operator::reconcile::{
+    annotations_outdated, job_annotations, newly_rejected, profile_for_job, profile_is_stale,
+    profile_outdated, profiling_enabled, rejected_in, rejection_event, risk_event, with_batch_fit,
+    DesiredStatus, JOB_ANNOTATIONS,
+};
+use crate::operator::thresholds;
+use crate::operator::{Error, Result};
+use crate::remediation::triggers::PHASE_PENDING;
+use crate::status::{Analysis, Notice};
+use jiff::Timestamp;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
+use kube::{Resource, ResourceExt};
+use memprof_api::thresholds::{resolve as resolve_thresholds, ANNOTATION_THRESHOLDS};
+use memprof_api::{MemoryProfile, MemoryProfileStatus, ANNOTATION_REMEDIATION, OPERATOR_MANAGER};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tracing::{info, warn};
+
+/// Periodic look at a Job even without changes (a safety net: watches drive reconciles).
+const RESYNC: Duration = Duration::from_secs(300);
+
+/// Runs the roll-up stage for the fetched Job; returns when to look again.
+pub(super) async fn run(ctx: &Arc<Context>, f: &Fetched) -> Result<Option<Duration>> {
+    let Some(job) = f.job.as_deref() else {
+        return Ok(None);
+    };
+    if job.metadata.deletion_timestamp.is_some() {
+        // The garbage collector is removing the profile with the Job: recreating
+        // it now would only give the collector another dependent to wait for.
+        return Ok(None);
+    }
+    if !profiling_enabled(job) {
+        switch_off(ctx, f, job).await?;
+        return Ok(None);
+    }
+    let uid = job.uid().unwrap_or_default();
+    let recreated = job.annotations().contains_key(ANNOTATION_REMEDIATION);
+    let stale = f.profile.as_deref();
+    if let Some(stale) = stale.filter(|p| profile_is_stale(p, &f.key.name, &uid, recreated)) {
+        delete_profile(ctx, stale).await?;
+        ctx.writer.forget(&f.key);
+        ctx.with_state(&f.key, |s| s.profile = None);
+        info!(job = %f.key, "deleted the MemoryProfile of an earlier Job with this name");
+        return Ok(Some(Duration::from_secs(1)));
+    }
+    let recorded = f.profile.as_ref().and_then(|p| p.status.clone());
+    let previous = ctx.writer.view(&f.key).or(recorded);
+    if replaced_by_memprof(previous.as_ref(), &uid) {
+        // The watch has not shown this Job's deletion yet: adopting the
+        // profile again would give it an owner that is (about to be) gone,
+        // and the garbage collector would delete it with its history.
+        return Ok(None);
+    }
+    let profile = ensure_profile(ctx, f, job).await?;
+    let now = Timestamp::now();
+    rollups::refresh(ctx, &f.key, job, previous.as_ref(), now);
+    let Some((desired, next_change)) = build(ctx, f, job, previous.as_ref(), now) else {
+        return Ok(Some(Duration::from_secs(1)));
+    };
+    let notices = notices(ctx, f, job, &profile, previous.as_ref(), &desired);
+    annotate(ctx, f, job, &desired.status);
+    let analysis = Analysis {
+        status: desired.status,
+        notices,
+    };
+    ctx.writer.submit(&f.key, analysis);
+    // A rank going stale or a held risk level ending changes the status
+    // with no event: look again then (JobRollup::next_change).
+    let until_change = next_change
+        .map(|t| Duration::try_from(now.duration_until(t)).unwrap_or_default())
+        .map(|d| d.max(Duration::from_millis(100)));
+    Ok(Some(until_change.map_or(RESYNC, |d| d.min(RESYNC))))
+}
+
+/// Whether a remediation recorded in `status` deletes (or deleted) the Job
+/// with uid `job_uid` to create it again.
+fn replaced_by_memprof(status: Option<&MemoryProfileStatus>, job_uid: &str) -> bool {
+    status.is_some_and(|s| {
+        s.remediations.iter().any(|r| {
+            r.job_uid.as_deref() == Some(job_uid) && (r.phase == PHASE_PENDING || r.job_deleted)
+        })
+    })
+}
+
+/// Build: the status the Job's roll-up calls for now (`rollups.rs`), with
+/// the batch fit and the thresholds in effect, and when it next changes
+/// with no event. `None`: the roll-up is gone (the Job was forgotten meanwhile).
+fn build(
+    ctx: &Context,
+    f: &Fetched,
+    job: &Job,
+    previous: Option<&MemoryProfileStatus>,
+    now: Timestamp,
+) -> Option<(DesiredStatus, Option<Timestamp>)> {
+    let (mut desired, next) = ctx.with_state(&f.key, |s| {
+        s.rollup.as_ref().map(|t| t.desired(previous, now))
+    })?;
+    with_batch_fit(&mut desired.status, job, previous);
+    let annotated = job.annotations().get(ANNOTATION_THRESHOLDS);
+    let defaults = &ctx.setup.options.default_thresholds;
+    let in_effect = resolve_thresholds(defaults, annotated.map(String::as_str));
+    desired.status.thresholds = Some(in_effect.status());
+    Some((desired, next))
+}
+
+/// The profile with our spec, labels and owner reference: the cached one,
+/// or the one our last apply returned (fresher while the cache lags), or
+/// applied now.
+async fn ensure_profile(ctx: &Context, f: &Fetched, job: &Job) -> Result<Arc<MemoryProfile>> {
+    let (ns, name) = (&f.key.namespace, &f.key.name);
+    let desired = profile_for_job(job, ns, name, &job.uid().unwrap_or_default());
+    let applied = ctx.with_state(&f.key, |s| s.profile.clone());
+    let known = match (f.profile.clone(), applied) {
+        (Some(c), Some(a)) if a.uid() == c.uid() && rv(&a) > rv(&c) => Some(a),
+        (cached, _) => cached,
+    };
+    if let Some(p) = known.filter(|p| !profile_outdated(Some(p), &desired)) {
+        return Ok(p);
+    }
+    // First sight of this Job (or its profile drifted): its sidecars run
+    // under the pod template's service account and need leave to write
+    // their MemoryReports. Idempotent; failing it must not stop profiling
+    // (the sidecars then say they are forbidden).
+    let sa = job
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .and_then(|p| p.service_account_name.as_deref())
+        .unwrap_or("default");
+    if let Err(e) = ensure_reporter_rbac(&ctx.client, ns, sa).await {
+        warn!(error = %e, service_account = sa, "cannot grant the sidecars leave to write MemoryReports");
+    }
+    let api: Api<MemoryProfile> = Api::namespaced(ctx.client.clone(), ns);
+    let params = PatchParams::apply(OPERATOR_MANAGER).force();
+    let profile = api
+        .patch(name, &params, &Patch::Apply(&desired))
+        .await
+        .map(Arc::new)
+        .map_err(|source| Error::ApplyProfile {
+            namespace: ns.clone(),
+            name: name.clone(),
+            source,
+        })?;
+    ctx.writer.observe(&f.key, &profile);
+    ctx.with_state(&f.key, |s| s.profile = Some(profile.clone()));
+    Ok(profile)
+}
+
+fn rv(p: &MemoryProfile) -> u64 {
+    p.resource_version()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+fn reference<K: Resource<DynamicType = ()>>(obj: &K) -> ObjectReference {
+    ObjectReference {
+        // The Recorder de-duplicates by reference: the version must not split a series.
+        resource_version: None,
+        ..obj.object_ref(&())
+    }
+}
+
+/// The Events this status calls for against the one before it: a risk
+/// transition, invalid thresholds, reports rejected for the first time.
+/// Published by the status writer once the status is written, so a
+/// restarted operator finds nothing to announce again.
+fn notices(
+    ctx: &Context,
+    f: &Fetched,
+    job: &Job,
+    profile: &MemoryProfile,
+    previous: Option<&MemoryProfileStatus>,
+    desired: &DesiredStatus,
+) -> Vec<Notice> {
+    let (job_ref, profile_ref) = (reference(job), reference(profile));
+    let about_job = |plan| Notice {
+        plan,
+        regarding: job_ref.clone(),
+        related: Some(profile_ref.clone()),
+    };
+    let mut out = Vec::new();
+    let previous_risk = previous.map(|s| s.risk).unwrap_or_default();
+    if let Some(plan) = risk_event(previous_risk, &desired.status) {
+        info!(job = %f.key, risk = %desired.status.risk, was = %previous_risk, "risk changed");
+        out.push(about_job(plan));
+    }
+    let was = previous.and_then(|s| s.thresholds.as_ref());
+    let now = desired.status.thresholds.as_ref();
+    if let Some(plan) = now.and_then(|t| thresholds::invalid_event(was, t)) {
+        warn!(job = %f.key, note = %plan.note, "invalid memprof.dev/thresholds");
+        out.push(about_job(plan));
+    }
+    let mut announced = rejected_in(previous);
+    ctx.with_state(&f.key, |s| announced.extend(s.announced.iter().cloned()));
+    for rejected in newly_rejected(&desired.rejected, &announced) {
+        warn!(report = %rejected.name, why = %rejected.why, "MemoryReport rejected");
+        let related =
+            rollups::report_of(&ctx.caches, &f.key, &rejected.name).map(|r| reference(&*r));
+        out.push(Notice {
+            plan: rejection_event(rejected),
+            regarding: profile_ref.clone(),
+            related,
+        });
+    }
+    let names = desired.rejected.iter().map(|r| r.name.clone()).collect();
+    ctx.with_state(&f.key, |s| s.announced = names);
+    out
+}
+
+/// Hands the Job's annotations to the writer when a value differs from what
+/// the Job carries (or what the writer is about to apply).
+fn annotate(ctx: &Context, f: &Fetched, job: &Job, status: &MemoryProfileStatus) {
+    let job_rv = job
+        .resource_version()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let current = ctx
+        .writer
+        .annotations(&f.key, job_rv)
+        .unwrap_or_else(|| job.annotations().clone());
+    // Hysteresis: a value moves only when its rounded value does (`reconcile_annotations.rs`).
+    let desired = job_annotations(status, &current);
+    if annotations_outdated(&current, &desired) {
+        ctx.writer
+            .annotate(&f.key, &job.uid().unwrap_or_default(), desired);
+    }
+}
+
+/// Profiling was switched off (or never on): remove what we made, if anything.
+async fn switch_off(ctx: &Context, f: &Fetched, job: &Job) -> Result<()> {
+    let uid = job.uid().unwrap_or_default();
+    let ours = |p: &&MemoryProfile| p.owner_references().iter().any(|o| o.uid == uid);
+    if let Some(p) = f.profile.as_deref().filter(ours) {
+        delete_profile(ctx, p).await?;
+        ctx.writer.forget(&f.key);
+        info!(job = %f.key, "profiling switched off: deleted the MemoryProfile");
+    }
+    let annotated = JOB_ANNOTATIONS
+        .iter()
+        .any(|k| job.annotations().contains_key(*k));
+    let cleared = ctx.with_state(&f.key, |s| {
+        s.announced.clear();
+        s.profile = None;
+        ctx.drop_rollup(s);
+        std::mem::replace(&mut s.cleared, true)
+    });
+    if annotated && !cleared {
+        // Applying no annotations drops the keys this field manager owns, and only those.
+        ctx.writer.annotate(&f.key, &uid, BTreeMap::new());
+    }
+    Ok(())
+}
+
+async fn delete_profile(ctx: &Context, profile: &MemoryProfile) -> Result<()> {
+    let ns = profile.namespace().unwrap_or_default();
+    let name = profile.name_any();
+    let params = DeleteParams {
+        // Never delete a newer profile that took the name meanwhile.
+        preconditions: Some(Preconditions {
+            uid: profile.uid(),
+            resource_version: None,
+        }),
+        ..Default::default()
+    };
+    let api: Api<MemoryProfile> = Api::namespaced(ctx.client.clone(), &ns);
+    match api.delete(&name, &params).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.is_not_found() || s.is_conflict() => Ok(()),
+        Err(source) => Err(Error::DeleteProfile {
+            namespace: ns,
+            name,
+            source,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use memprof_api::RemediationRecord;
+
+    #[test]
+    fn a_job_memprof_is_replacing_is_not_adopted_again() {
+        let record = |phase: &str, deleted: bool| MemoryProfileStatus {
+            remediations: vec![RemediationRecord {
+                phase: phase.into(),
+                job_uid: Some("old".into()),
+                job_deleted: deleted,
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        assert!(replaced_by_memprof(Some(&record("Pending", false)), "old"));
+        assert!(replaced_by_memprof(Some(&record("Done", true)), "old"));
+        assert!(!replaced_by_memprof(Some(&record("Done", true)), "new"));
+        assert!(!replaced_by_memprof(Some(&record("Skipped", false)), "old"));
+        assert!(!replaced_by_memprof(None, "old"));
+    }
+}

@@ -1,0 +1,189 @@
+//! What the caches keep of each object: only what the pipeline reads, each
+//! value bounded, so that what the operator holds per object is a constant
+//! that no tenant-written metadata can grow (issue 15 item 4: 200 Jobs with
+//! 250 KiB of labels each grew the operator by 142.5 MiB).
+//!
+//! Dropped on the way into the cache, never read: managedFields, every
+//! annotation memprof does not read, values longer than memprof writes or
+//! reads, a pod's spec and all its status but the containers' terminations,
+//! a report's timelines. Bounded: a Job keeps at most [`MAX_LABELS`] labels
+//! (policies select Jobs by label: a Job with more is matched on the first
+//! ones by key, and a value longer than 63 characters, which the API server
+//! refuses anyway, is dropped); a pod at most [`MAX_CONTAINERS`] container
+//! statuses with messages cut to [`MAX_MESSAGE`] bytes.
+
+use crate::operator::reconcile::slim_job;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{
+    ContainerState, ContainerStateTerminated, ContainerStatus, Pod, PodStatus,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::ResourceExt;
+use memprof_analysis::batchfit::ANNOTATION_BATCH_ENV;
+use memprof_api::admission::{ANNOTATION_ADMISSION, LABEL_MANAGED, MAX_MARK_LEN};
+use memprof_api::thresholds::ANNOTATION_THRESHOLDS;
+use memprof_api::{
+    truncate_utf8, MemoryProfile, MemoryReport, RemediationPolicy, ANNOTATION_BOTTLENECK,
+    ANNOTATION_ENABLED, ANNOTATION_IMBALANCE, ANNOTATION_OOM_RISK, ANNOTATION_REMEDIATION,
+    ANNOTATION_TIME_TO_OOM, LABEL_JOB,
+};
+use std::collections::BTreeMap;
+
+/// Pod annotation of indexed Jobs: the pod's completion index (its rank).
+const COMPLETION_INDEX: &str = "batch.kubernetes.io/job-completion-index";
+/// Label the Job controller puts on a Job's pods (1.20 and later).
+pub(super) const LABEL_JOB_NAME: &str = "job-name";
+/// Labels a Job keeps (what policies' selectors match).
+pub const MAX_LABELS: usize = 32;
+/// Longest label key (253 prefix + `/` + 63 name) and value the API server allows.
+const MAX_LABEL_KEY: usize = 317;
+const MAX_LABEL_VALUE: usize = 63;
+/// Longest annotation value kept (memprof's own are far shorter; the
+/// thresholds spec is the longest it reads).
+const MAX_ANNOTATION: usize = 512;
+/// Container statuses a pod keeps (the OOM evidence).
+pub const MAX_CONTAINERS: usize = 8;
+/// Bytes of a termination message kept: its end, where a Python traceback
+/// names the exception ("torch.OutOfMemoryError: CUDA out of memory…"); the
+/// kubelet keeps up to 4 KiB.
+pub const MAX_MESSAGE: usize = 512;
+
+/// The Job annotations memprof reads.
+const JOB_KEYS: [&str; 8] = [
+    ANNOTATION_ENABLED,
+    ANNOTATION_THRESHOLDS,
+    ANNOTATION_REMEDIATION,
+    ANNOTATION_BATCH_ENV,
+    ANNOTATION_OOM_RISK,
+    ANNOTATION_TIME_TO_OOM,
+    ANNOTATION_IMBALANCE,
+    ANNOTATION_BOTTLENECK,
+];
+
+/// Keeps of `map` only `keep`'s keys whose value is at most `max` bytes.
+fn only(map: &mut Option<BTreeMap<String, String>>, keep: &[&str], max: usize) {
+    if let Some(m) = map.as_mut() {
+        m.retain(|k, v| keep.contains(&k.as_str()) && v.len() <= max);
+    }
+}
+
+fn bounded_labels(meta: &mut ObjectMeta) {
+    if let Some(labels) = meta.labels.take() {
+        let kept: BTreeMap<String, String> = labels
+            .into_iter()
+            .filter(|(k, v)| k.len() <= MAX_LABEL_KEY && v.len() <= MAX_LABEL_VALUE)
+            .take(MAX_LABELS)
+            .collect();
+        meta.labels = Some(kept);
+    }
+}
+
+/// A Job: see [`slim_job`] (spec and status), then only the annotations
+/// memprof reads and at most [`MAX_LABELS`] labels.
+pub(super) fn job(j: &mut Job) {
+    slim_job(j);
+    only(&mut j.metadata.annotations, &JOB_KEYS, MAX_ANNOTATION);
+    bounded_labels(&mut j.metadata);
+    j.metadata.finalizers = None;
+}
+
+/// A profile: its status and identity; nothing else is read.
+pub(super) fn profile(p: &mut MemoryProfile) {
+    p.managed_fields_mut().clear();
+    p.annotations_mut().clear();
+    only(&mut p.metadata.labels, &[LABEL_JOB], MAX_LABEL_VALUE);
+    p.metadata.finalizers = None;
+}
+
+/// A report: the timelines (most of its bytes at 8 GPUs) are for `kubectl
+/// memprof plot`; of its labels only the Job it claims. (The rest of the
+/// spec is bounded by the CRD's schema.)
+pub(super) fn report(r: &mut MemoryReport) {
+    r.managed_fields_mut().clear();
+    r.annotations_mut().clear();
+    only(&mut r.metadata.labels, &[LABEL_JOB], MAX_LABEL_VALUE);
+    r.metadata.finalizers = None;
+    for gpu in &mut r.spec.gpus {
+        gpu.timeline = Vec::new();
+    }
+}
+
+/// A pod: its identity and controller (whose reports count), its
+/// completion index and admission mark, and its containers' terminations
+/// (OOM evidence), each bounded.
+pub(super) fn pod(p: &mut Pod) {
+    let meta = &mut p.metadata;
+    meta.managed_fields = None;
+    meta.finalizers = None;
+    only(
+        &mut meta.annotations,
+        &[COMPLETION_INDEX, ANNOTATION_ADMISSION],
+        MAX_MARK_LEN,
+    );
+    only(
+        &mut meta.labels,
+        &[LABEL_JOB_NAME, LABEL_MANAGED],
+        MAX_LABEL_VALUE,
+    );
+    if let Some(refs) = meta.owner_references.as_mut() {
+        refs.retain(|o| o.controller == Some(true));
+    }
+    p.spec = None;
+    let statuses = p.status.take().and_then(|s| s.container_statuses);
+    p.status = statuses.map(|c| PodStatus {
+        container_statuses: Some(c.into_iter().take(MAX_CONTAINERS).map(container).collect()),
+        ..Default::default()
+    });
+}
+
+/// A container status: its name, restarts and terminations only.
+fn container(c: ContainerStatus) -> ContainerStatus {
+    let terminated = |s: Option<ContainerState>| {
+        let t = s?.terminated?;
+        let message = t.message.map(|m| tail(m, MAX_MESSAGE));
+        let mut reason = t.reason;
+        if let Some(r) = reason.as_mut() {
+            truncate_utf8(r, 128);
+        }
+        Some(ContainerState {
+            terminated: Some(ContainerStateTerminated {
+                exit_code: t.exit_code,
+                finished_at: t.finished_at,
+                message,
+                reason,
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+    };
+    let mut name = c.name;
+    truncate_utf8(&mut name, 64);
+    ContainerStatus {
+        name,
+        restart_count: c.restart_count,
+        state: terminated(c.state),
+        last_state: terminated(c.last_state),
+        ..Default::default()
+    }
+}
+
+/// The last `max` bytes of `s` (at a character boundary).
+fn tail(s: String, max: usize) -> String {
+    if s.len() <= max {
+        return s;
+    }
+    let mut from = s.len() - max;
+    while !s.is_char_boundary(from) {
+        from += 1;
+    }
+    s[from..].to_string()
+}
+
+/// A policy, whole but for its managedFields (policies are few and small).
+pub(super) fn policy(p: &mut RemediationPolicy) {
+    p.managed_fields_mut().clear();
+}
+
+#[cfg(test)]
+#[path = "slim_tests.rs"]
+mod tests;

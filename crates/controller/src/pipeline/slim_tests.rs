@@ -1,0 +1,75 @@
+use super::*;
+use serde_json::json;
+
+/// ~250 KiB of tenant metadata: many keys, memprof.dev/* among them, long values.
+fn hostile_map(prefix: &str) -> serde_json::Value {
+    let mut m = serde_json::Map::new();
+    for i in 0..1000 {
+        m.insert(format!("{prefix}k{i}"), json!("x".repeat(60)));
+        m.insert(format!("memprof.dev/k{i}"), json!("y".repeat(60)));
+    }
+    m.insert("memprof.dev/thresholds".into(), json!("z".repeat(200_000)));
+    m.insert("memprof.dev/enabled".into(), json!("true"));
+    serde_json::Value::Object(m)
+}
+
+fn size<T: serde::Serialize>(v: &T) -> usize {
+    serde_json::to_vec(v).unwrap().len()
+}
+
+#[test]
+fn a_hostile_job_is_cached_in_a_bounded_size() {
+    let mut j: Job = serde_json::from_value(json!({
+        "metadata": {"name": "train", "namespace": "ml", "uid": "u",
+                     "labels": hostile_map("team.example/"),
+                     "annotations": hostile_map("note.example/")},
+        "spec": {"parallelism": 2, "template": {"spec": {"containers": [
+            {"name": "t", "image": "i", "env": [{"name": "BATCH_SIZE", "value": "32"}]}]}}},
+    }))
+    .unwrap();
+    assert!(size(&j) > 250_000);
+    job(&mut j);
+    assert!(size(&j) < 8 * 1024, "{} bytes kept", size(&j));
+    // What memprof reads survives: the opt-in, the batch variable.
+    assert!(crate::operator::reconcile::profiling_enabled(&j));
+    assert_eq!(j.labels().len(), MAX_LABELS);
+    assert!(
+        !j.annotations().contains_key(ANNOTATION_THRESHOLDS),
+        "over-long value dropped"
+    );
+}
+
+#[test]
+fn a_hostile_pod_is_cached_in_a_bounded_size_with_its_oom_evidence() {
+    let statuses: Vec<_> = (0..40)
+        .map(|i| {
+            json!({"name": format!("c{i}"), "image": "i".repeat(1000), "imageID": "", "ready": false,
+                   "restartCount": 1,
+                   "state": {"terminated": {"exitCode": 1, "message": format!("{}torch.OutOfMemoryError: CUDA out of memory.", "Traceback line\n".repeat(500))}}})
+        })
+        .collect();
+    let mut labels = hostile_map("team.example/");
+    labels["job-name"] = json!("train");
+    let mut p: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "train-0", "namespace": "ml", "uid": "p",
+                     "labels": labels, "annotations": hostile_map("note.example/"),
+                     "ownerReferences": (0..100).map(|i| json!({"apiVersion": "v1", "kind": "X",
+                         "name": format!("o{i}"), "uid": "o"})).collect::<Vec<_>>()},
+        "status": {"containerStatuses": statuses},
+    }))
+    .unwrap();
+    assert!(size(&p) > 250_000);
+    pod(&mut p);
+    assert!(size(&p) < 8 * 1024, "{} bytes kept", size(&p));
+    assert_eq!(
+        p.labels().get("job-name").map(String::as_str),
+        Some("train")
+    );
+    let cs = p.status.unwrap().container_statuses.unwrap();
+    assert_eq!(cs.len(), MAX_CONTAINERS);
+    let t = cs[0].state.clone().unwrap().terminated.unwrap();
+    assert_eq!(t.exit_code, 1);
+    let message = t.message.unwrap();
+    assert!(message.len() <= MAX_MESSAGE);
+    assert!(message.ends_with("torch.OutOfMemoryError: CUDA out of memory."));
+}

@@ -1,0 +1,194 @@
+//! Recording what was decided, durably, before acting: new GPU OOMs and a
+//! policy's decision go into the profile's status in one edit through the
+//! status writer, which answers once it is written; only the edit that
+//! added a record announces and carries it out.
+
+use super::decide::Decision;
+use super::executor::{job_ref, profile_ref, Executor};
+use super::records::{last_action, new_record};
+use super::store::Saved;
+use super::triggers::{self, push_record, PHASE_DRY_RUN, PHASE_PENDING, PHASE_SKIPPED};
+use super::{execute, oom, status, PhaseLabels, Result};
+use crate::key::JobKey;
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::runtime::events::EventType;
+use kube::ResourceExt;
+use memprof_api::{MemoryProfileStatus, OomRecord, RemediationRecord, MAX_HISTORY};
+use std::sync::Arc;
+use std::time::Duration;
+use tracing::{info, warn};
+
+/// Decide again soon: the Job or the history moved under the decision.
+const AGAIN: Duration = Duration::from_millis(200);
+
+/// Records `ooms` and `decision` for Job `key` (uid `job_uid` when it
+/// exists), announces what this write added, and carries a pending
+/// decision out.
+pub(super) async fn record(
+    exec: &Arc<Executor>,
+    key: &JobKey,
+    job_uid: Option<String>,
+    ooms: Vec<OomRecord>,
+    decision: Option<Decision>,
+) -> Result<Option<Duration>> {
+    let now = Timestamp::now();
+    // Plan before writing: the record says what will be done.
+    let (record, planned) = match &decision {
+        Some(d) => match plan(exec, key, d, now).await? {
+            Some((rec, saved)) => (Some((rec, d.count)), saved),
+            None => return Ok(Some(AGAIN)),
+        },
+        None => (None, None),
+    };
+    let policy = decision.as_ref().map(|d| d.policy.name_any());
+    let rec = record.clone();
+    let write = exec
+        .edit(key, move |fresh| {
+            Some(add(fresh, &ooms, rec.as_ref(), policy.as_deref()))
+        })
+        .await?;
+    let Some((_, (added, record_added))) = write else {
+        return Ok(Some(AGAIN));
+    };
+    let regarding = match &job_uid {
+        Some(uid) => job_ref(key, Some(uid.clone())),
+        None => profile_ref(key),
+    };
+    announce_ooms(exec, &added, &regarding).await;
+    let Some((rec, _)) = record else {
+        return Ok(None);
+    };
+    // Only the write that added the record announces it: a decision made
+    // again on stale data finds the record there already and must neither
+    // publish its Event twice nor act twice.
+    if !record_added {
+        return Ok(Some(AGAIN));
+    }
+    exec.metrics
+        .records
+        .get_or_create(&PhaseLabels {
+            phase: rec.phase.clone(),
+        })
+        .inc();
+    exec.policy_status.notify_one();
+    match planned {
+        Some(saved) if rec.phase == PHASE_PENDING => {
+            info!(id = %rec.id, action = %rec.action, "remediation recorded as pending; acting");
+            execute::carry_out(exec, key, saved, &rec).await
+        }
+        _ => {
+            announce_record(exec, &rec, &regarding).await;
+            Ok(None)
+        }
+    }
+}
+
+/// The edit: OOMs not recorded yet, and the record unless the history
+/// moved since the decision (then it is decided again). Returns the OOMs
+/// added and whether the record was.
+fn add(
+    fresh: &mut MemoryProfileStatus,
+    ooms: &[OomRecord],
+    record: Option<&(RemediationRecord, u32)>,
+    policy: Option<&str>,
+) -> (Vec<OomRecord>, bool) {
+    let added: Vec<OomRecord> = ooms
+        .iter()
+        .filter(|o| {
+            !fresh
+                .ooms
+                .iter()
+                .any(|k| oom::record_key(k) == oom::record_key(o))
+        })
+        .cloned()
+        .collect();
+    fresh.ooms = oom::merge(&fresh.ooms, &added, MAX_HISTORY);
+    let (Some((rec, count)), Some(policy)) = (record, policy) else {
+        return (added, false);
+    };
+    if fresh.remediations.iter().any(|r| r.id == rec.id)
+        || triggers::history(fresh, policy).count != *count
+        || fresh.remediations.iter().any(|r| r.phase == PHASE_PENDING)
+    {
+        return (added, false);
+    }
+    push_record(&mut fresh.remediations, rec.clone(), MAX_HISTORY);
+    fresh.last_action = Some(last_action(rec));
+    (added, true)
+}
+
+/// Plans the decision on the Job as it is now: the record (with the plan's
+/// digest when it will act) and the plan to save. `None` when the Job
+/// changed under the decision (deleted or recreated).
+async fn plan(
+    exec: &Executor,
+    key: &JobKey,
+    d: &Decision,
+    now: Timestamp,
+) -> Result<Option<(RemediationRecord, Option<Saved>)>> {
+    let why = format!("{}: {}", d.fired.name, d.fired.why);
+    let policy = d.policy.as_ref();
+    let Some(outcome) = execute::plan_for(exec, policy, key, &d.job_uid, &d.id, &why).await? else {
+        return Ok(None);
+    };
+    Ok(Some(match outcome {
+        Ok(plan) if policy.spec.dry_run => {
+            let why = format!("dry run: would act because {why}");
+            let rec = new_record(&d.id, policy, &plan.summary(), PHASE_DRY_RUN, now, why);
+            (rec, None)
+        }
+        Ok(plan) => {
+            // The record names the plan's hash before the plan is saved:
+            // only the plan recorded here will ever be carried out.
+            let saved = Saved::new(plan)?;
+            let summary = saved.plan.summary();
+            let mut rec = new_record(&d.id, policy, &summary, PHASE_PENDING, now, why);
+            rec.job_uid = Some(d.job_uid.clone());
+            rec.plan_digest = Some(saved.digest());
+            (rec, Some(saved))
+        }
+        Err(e) => {
+            let actions = status::describe_actions(policy);
+            let msg = format!("{}: {e}", e.reason());
+            (
+                new_record(&d.id, policy, &actions, PHASE_SKIPPED, now, msg),
+                None,
+            )
+        }
+    }))
+}
+
+async fn announce_ooms(exec: &Executor, added: &[OomRecord], regarding: &ObjectReference) {
+    for o in added {
+        exec.metrics.ooms.inc();
+        let rank = o.rank.map_or("-".into(), |r| r.to_string());
+        let gpu = o.gpu_index.map_or("-".into(), |g| g.to_string());
+        warn!(pod = %o.pod, evidence = %o.evidence, "GPU OOM observed");
+        let note = format!(
+            "GPU OOM in pod {} (rank {rank}, GPU {gpu}): {}",
+            o.pod, o.evidence
+        );
+        exec.publish(EventType::Warning, "GpuOomObserved", note, regarding)
+            .await;
+    }
+}
+
+/// The Event of a record that does not act: a dry run or a skip.
+async fn announce_record(exec: &Executor, rec: &RemediationRecord, regarding: &ObjectReference) {
+    let message = rec.message.clone().unwrap_or_default();
+    if rec.phase == PHASE_DRY_RUN {
+        info!(id = %rec.id, action = %rec.action, "dry run recorded");
+        let note = format!(
+            "RemediationPolicy {}: {}: {message}",
+            rec.policy, rec.action
+        );
+        exec.publish(EventType::Normal, "RemediationDryRun", note, regarding)
+            .await;
+    } else {
+        warn!(id = %rec.id, %message, "remediation cannot apply to this Job");
+        let note = format!("RemediationPolicy {} not applied: {message}", rec.policy);
+        exec.publish(EventType::Warning, "RemediationSkipped", note, regarding)
+            .await;
+    }
+}

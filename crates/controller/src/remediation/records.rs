@@ -1,0 +1,88 @@
+//! Pure: remediation records as the profile's status holds them.
+
+use super::triggers::{PHASE_DRY_RUN, PHASE_FAILED, PHASE_PENDING, PHASE_SKIPPED};
+use jiff::Timestamp;
+use kube::ResourceExt;
+use memprof_api::{truncate_utf8, RemediationPolicy, RemediationRecord};
+
+/// A new remediation record.
+pub(super) fn new_record(
+    id: &str,
+    policy: &RemediationPolicy,
+    action: &str,
+    phase: &str,
+    now: Timestamp,
+    mut message: String,
+) -> RemediationRecord {
+    truncate_utf8(&mut message, 512);
+    let mut action = action.to_string();
+    truncate_utf8(&mut action, 256);
+    RemediationRecord {
+        id: id.into(),
+        policy: policy.name_any(),
+        action,
+        phase: phase.into(),
+        time: now.round(jiff::Unit::Second).unwrap_or(now).to_string(),
+        message: Some(message),
+        ..Default::default()
+    }
+}
+
+/// The profile's `lastAction` for a record (at most 128 bytes).
+pub(super) fn last_action(r: &RemediationRecord) -> String {
+    let mut s = match r.phase.as_str() {
+        PHASE_PENDING => format!("{} (pending)", r.action),
+        PHASE_DRY_RUN => format!("dry run: {}", r.action),
+        PHASE_SKIPPED => format!(
+            "skipped: {}",
+            r.message
+                .as_deref()
+                .and_then(|m| m.split(':').next())
+                .unwrap_or("")
+        ),
+        PHASE_FAILED => format!("failed: {}", r.action),
+        _ => r.action.clone(),
+    };
+    truncate_utf8(&mut s, 128);
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn last_action_says_what_happened_in_few_bytes() {
+        let policy = RemediationPolicy::test("shrink", "ml", 60, 1);
+        let now = Timestamp::from_second(1_800_000_000).unwrap();
+        let long = "x".repeat(600);
+        let r = new_record(
+            "id",
+            &policy,
+            &long,
+            PHASE_SKIPPED,
+            now,
+            format!("NoSuchEnv: {long}"),
+        );
+        assert_eq!(
+            (r.action.len(), r.message.as_ref().unwrap().len()),
+            (256, 512)
+        );
+        assert_eq!(r.time, "2027-01-15T08:00:00Z");
+        assert_eq!(last_action(&r), "skipped: NoSuchEnv");
+        let pending = RemediationRecord {
+            phase: PHASE_PENDING.into(),
+            action: "scaleBatch BATCH_SIZE 32->24".into(),
+            ..r.clone()
+        };
+        assert_eq!(
+            last_action(&pending),
+            "scaleBatch BATCH_SIZE 32->24 (pending)"
+        );
+        let huge = RemediationRecord {
+            phase: PHASE_FAILED.into(),
+            ..r
+        };
+        assert!(last_action(&huge).len() <= 128);
+    }
+}

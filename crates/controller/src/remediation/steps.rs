@@ -1,0 +1,483 @@
+//! The steps of a plan, each idempotent and decided from what the API
+//! server holds now (see `execute.rs` and the protocol in `mod.rs`).
+
+use super::executor::{job_ref, Executor};
+use super::plan::{Plan, Step};
+use super::store::config_map_name;
+use super::{Error, Result};
+use crate::key::JobKey;
+use backon::{BackoffBuilder, ExponentialBuilder};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use kube::api::{
+    Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams, Preconditions,
+    PropagationPolicy,
+};
+use kube::runtime::events::EventType;
+use kube::ResourceExt;
+use memprof_api::{LABEL_REMEDIABLE, REMEDIATION_MANAGER};
+use std::time::{Duration, Instant};
+use tracing::info;
+
+/// Environment variable naming a failpoint (tests only).
+pub const FAILPOINT_ENV: &str = "MEMPROF_FAILPOINT";
+/// Failpoint: abort the process right after the old Job's deletion was accepted.
+pub const FAILPOINT_AFTER_DELETE: &str = "remediation-after-delete";
+
+/// Dies here when `MEMPROF_FAILPOINT` names this point: the crash tests use
+/// it to kill the operator between two steps of the protocol.
+fn failpoint(name: &str) {
+    if std::env::var(FAILPOINT_ENV).is_ok_and(|v| v == name) {
+        eprintln!("{FAILPOINT_ENV}={name}: aborting on purpose");
+        std::process::abort();
+    }
+}
+
+/// What carrying out the steps came to.
+pub(super) enum Ran {
+    /// Every step ran (or failed for good).
+    Finished(Steps),
+    /// The old Job is still being deleted (finalizers): come back later.
+    Waiting {
+        /// The finalizers holding it.
+        finalizers: Vec<String>,
+    },
+}
+
+/// The steps' results, for the record.
+#[derive(Default)]
+pub(super) struct Steps {
+    pub done: Vec<String>,
+    pub failed: Vec<String>,
+    pub job_uid: Option<String>,
+    pub job_deleted: bool,
+    /// The old Job is gone and the new one could not be created (terminal).
+    pub lost: Option<String>,
+}
+
+/// What the steps write with: a merge patch as `memprof-remediation`.
+fn merge_params() -> PatchParams {
+    PatchParams {
+        field_manager: Some(REMEDIATION_MANAGER.into()),
+        ..Default::default()
+    }
+}
+
+/// Runs a verified plan's steps on Job `key`, in order.
+pub(super) async fn run_steps(exec: &Executor, key: &JobKey, plan: &Plan) -> Result<Ran> {
+    let mut out = Steps {
+        job_uid: Some(plan.job_uid.clone()),
+        ..Default::default()
+    };
+    for (i, step) in plan.steps.iter().enumerate() {
+        match step {
+            Step::Annotate { key: k, value } => {
+                annotate(exec, key, plan, k, value, &mut out).await?
+            }
+            Step::Event { reason, message } => {
+                let first = exec
+                    .published
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(format!("{}/{i}", plan.id));
+                if first {
+                    let regarding = job_ref(key, out.job_uid.clone());
+                    exec.publish(EventType::Warning, reason, message.clone(), &regarding)
+                        .await;
+                }
+            }
+            Step::SetConfigMapKey {
+                config_map,
+                key: k,
+                to,
+                ..
+            } => {
+                let cms: Api<ConfigMap> = Api::namespaced(exec.client.clone(), &key.namespace);
+                match set_config_map_key(&cms, &merge_params(), config_map, k, to).await {
+                    Ok(Ok(())) => out.done.push(format!("set {config_map}/{k}={to}")),
+                    Ok(Err(why)) => out.failed.push(why),
+                    Err(e) => {
+                        let step = format!("writing ConfigMap {}/{config_map} for", key.namespace);
+                        return Err(step_error(plan, key, &step)(e));
+                    }
+                }
+            }
+            Step::Suspend => suspend(exec, key, plan, &mut out).await?,
+            Step::Recreate { manifest, .. } => {
+                let jobs = exec.jobs(&key.namespace);
+                let recreated = recreate(exec, &jobs, key, plan, manifest).await?;
+                if let Some(finalizers) = recorded(recreated, key, plan, &mut out) {
+                    return Ok(Ran::Waiting { finalizers });
+                }
+            }
+        }
+    }
+    Ok(Ran::Finished(out))
+}
+
+/// Step `annotate`: one annotation on the planned Job (its uid a precondition).
+async fn annotate(
+    exec: &Executor,
+    key: &JobKey,
+    plan: &Plan,
+    k: &str,
+    value: &str,
+    out: &mut Steps,
+) -> Result<()> {
+    // The uid makes the patch fail on any other Job of this name.
+    let body = serde_json::json!({"metadata": {"uid": plan.job_uid, "annotations": {k: value}}});
+    let jobs = exec.jobs(&key.namespace);
+    match jobs
+        .patch(&key.name, &merge_params(), &Patch::Merge(&body))
+        .await
+    {
+        Ok(_) => out.done.push(format!("annotated {k}")),
+        Err(kube::Error::Api(s)) if matches!(s.code, 404 | 409 | 422) => out
+            .failed
+            .push(format!("annotate {k}: the Job is gone or was replaced")),
+        Err(e) => return Err(step_error(plan, key, "annotating")(e)),
+    }
+    Ok(())
+}
+
+/// Step `suspend`: `spec.suspend` on the planned Job, read back (a server
+/// without the field drops it silently).
+async fn suspend(exec: &Executor, key: &JobKey, plan: &Plan, out: &mut Steps) -> Result<()> {
+    let body = serde_json::json!({"metadata": {"uid": plan.job_uid}, "spec": {"suspend": true}});
+    let typed: Api<Job> = Api::namespaced(exec.client.clone(), &key.namespace);
+    match typed
+        .patch(&key.name, &merge_params(), &Patch::Merge(&body))
+        .await
+    {
+        Ok(j) if j.spec.as_ref().and_then(|s| s.suspend) == Some(true) => {
+            out.done.push("suspended".into())
+        }
+        Ok(_) => out.failed.push(
+            "Unsupported: the API server ignored Job spec.suspend (Kubernetes 1.21+, \
+             with the JobSuspend feature gate before 1.22); use scaleBatch or annotate instead"
+                .into(),
+        ),
+        Err(kube::Error::Api(s)) if matches!(s.code, 404 | 409 | 422) => out
+            .failed
+            .push("suspend: the Job is gone or was replaced".into()),
+        Err(e) => return Err(step_error(plan, key, "suspending")(e)),
+    }
+    Ok(())
+}
+
+/// Notes how the recreation ended; `Some(finalizers)` while the old Job is held.
+fn recorded(r: Recreated, key: &JobKey, plan: &Plan, out: &mut Steps) -> Option<Vec<String>> {
+    match r {
+        Recreated::Done { uid } => {
+            out.done
+                .push(format!("Job recreated (uid {} -> {uid})", plan.job_uid));
+            out.job_uid = Some(uid);
+            out.job_deleted = true;
+        }
+        Recreated::Waiting { finalizers } => return Some(finalizers),
+        Recreated::Foreign { uid } => {
+            out.job_deleted = true;
+            out.failed.push(format!(
+                "Job {} was recreated by someone else (uid {uid}) before memprof could: left alone",
+                key.name
+            ))
+        }
+        Recreated::Lost { why } => {
+            out.job_deleted = true;
+            out.job_uid = None;
+            out.lost = Some(why);
+        }
+    }
+    None
+}
+
+/// Whether a tenant opted a ConfigMap in to `setConfigMapKey` (label
+/// `memprof.dev/remediable: "true"`): the operator writes no other.
+pub(super) fn remediable(cm: &ConfigMap) -> bool {
+    cm.labels().get(LABEL_REMEDIABLE).map(String::as_str) == Some("true")
+}
+
+/// Writes one key of an opted-in ConfigMap. `Ok(Err(why))`: a permanent
+/// failure for the record; `Err`: retry.
+async fn set_config_map_key(
+    cms: &Api<ConfigMap>,
+    merge: &PatchParams,
+    config_map: &str,
+    key: &str,
+    to: &str,
+) -> std::result::Result<std::result::Result<(), String>, kube::Error> {
+    // Read, check the opt-in label, then patch on that resourceVersion: a
+    // label removed in between makes the patch fail (409) rather than write.
+    let Some(cm) = cms.get_opt(config_map).await? else {
+        return Ok(Err(format!("ConfigMap {config_map} is gone")));
+    };
+    if !remediable(&cm) {
+        return Ok(Err(format!(
+            "ConfigMap {config_map} is not labelled {LABEL_REMEDIABLE}=true: not written"
+        )));
+    }
+    let body = serde_json::json!({
+        "metadata": {"resourceVersion": cm.resource_version()},
+        "data": {key: to},
+    });
+    match cms.patch(config_map, merge, &Patch::Merge(&body)).await {
+        Ok(_) => Ok(Ok(())),
+        Err(kube::Error::Api(s)) if s.code == 404 => {
+            Ok(Err(format!("ConfigMap {config_map} is gone")))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Requeue delays while a Job's deletion is held up: doubling from 1 s to
+/// 5 min. The Job watch wakes the reconcile as soon as the Job goes, so a
+/// long delay costs no latency, only the polling.
+fn wait_delay(waits: u32) -> Duration {
+    ExponentialBuilder::default()
+        .with_min_delay(Duration::from_secs(1))
+        .with_max_delay(Duration::from_secs(300))
+        .without_max_times()
+        .build()
+        .nth(waits.saturating_sub(1).min(16) as usize)
+        .unwrap_or(Duration::from_secs(300))
+}
+
+/// Waits counted per remediation after which a held deletion is announced
+/// (about 15 s in: 3 polls of `GC_WAIT` and two requeues).
+const WAITS_BEFORE_EVENT: u32 = 3;
+
+/// Counts one more look at a held deletion; returns when to look again.
+pub(super) async fn wait_for_deletion(
+    exec: &Executor,
+    key: &JobKey,
+    id: &str,
+    finalizers: &[String],
+) -> Duration {
+    let waits = {
+        let mut w = exec.waits.lock().unwrap_or_else(|e| e.into_inner());
+        let n = w.entry(id.to_string()).or_default();
+        *n = n.saturating_add(1);
+        *n
+    };
+    info!(%id, waits, ?finalizers, "waiting for the old Job to be deleted");
+    if waits == WAITS_BEFORE_EVENT {
+        let held = if finalizers.is_empty() {
+            "-".to_string()
+        } else {
+            finalizers.join(", ")
+        };
+        let note = format!(
+            "remediation {id} waits for Job {key} to be deleted; finalizers holding it: {held}"
+        );
+        let regarding = job_ref(key, None);
+        exec.publish(EventType::Warning, "RemediationWaiting", note, &regarding)
+            .await;
+    }
+    wait_delay(waits)
+}
+
+enum Recreated {
+    Done {
+        uid: String,
+    },
+    Waiting {
+        finalizers: Vec<String>,
+    },
+    Foreign {
+        uid: String,
+    },
+    /// The old Job is gone and the API server refuses the new one for good.
+    Lost {
+        why: String,
+    },
+}
+
+/// How long one reconcile polls for the garbage collector to remove the old Job.
+const GC_WAIT: Duration = Duration::from_secs(4);
+
+/// An API error that retrying cannot fix: the manifest is invalid (400, 422),
+/// the operator may not create it (403), or the namespace is gone (404).
+fn terminal_code(code: u16) -> bool {
+    matches!(code, 400 | 403 | 404 | 422)
+}
+
+/// One look at the Job under the plan's name, and the step it calls for.
+enum Look {
+    /// Done with the recreation, one way or another.
+    Ended(Recreated),
+    /// Look again shortly (the deletion is under way, or a create raced).
+    Again,
+}
+
+/// Deletes the old Job (orphaning its dependents, the profile among them),
+/// deletes its pods, creates the manifest. Idempotent; see the module docs.
+/// Polls for the garbage collector up to `GC_WAIT`, more and more slowly.
+async fn recreate(
+    exec: &Executor,
+    jobs: &Api<DynamicObject>,
+    key: &JobKey,
+    plan: &Plan,
+    manifest: &serde_json::Value,
+) -> Result<Recreated> {
+    let deadline = Instant::now() + GC_WAIT;
+    let mut pauses = ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(50))
+        .with_max_delay(Duration::from_secs(1))
+        .without_max_times()
+        .build();
+    loop {
+        if let Look::Ended(r) = look(exec, jobs, key, plan, manifest, deadline).await? {
+            return Ok(r);
+        }
+        let pause = pauses.next().unwrap_or(Duration::from_secs(1));
+        tokio::time::sleep(pause).await;
+    }
+}
+
+fn step_error<'a>(
+    plan: &'a Plan,
+    key: &'a JobKey,
+    step: &'a str,
+) -> impl Fn(kube::Error) -> Error + 'a {
+    move |source| Error::Step {
+        id: plan.id.clone(),
+        step: format!("{step} Job {key}"),
+        source,
+    }
+}
+
+async fn look(
+    exec: &Executor,
+    jobs: &Api<DynamicObject>,
+    key: &JobKey,
+    plan: &Plan,
+    manifest: &serde_json::Value,
+    deadline: Instant,
+) -> Result<Look> {
+    let (id, old, name) = (&plan.id, &plan.job_uid, key.name.as_str());
+    let current = jobs
+        .get_opt(name)
+        .await
+        .map_err(step_error(plan, key, "reading"))?;
+    match current {
+        Some(j) if j.uid().as_deref() == Some(old.as_str()) => {
+            if j.metadata.deletion_timestamp.is_none() {
+                delete_job(jobs, name, old)
+                    .await
+                    .map_err(step_error(plan, key, "deleting"))?;
+                info!(%id, job = %name, "deleted the Job (orphaning its dependents)");
+                failpoint(FAILPOINT_AFTER_DELETE);
+            } else if Instant::now() > deadline {
+                let finalizers = j.finalizers().to_vec();
+                return Ok(Look::Ended(Recreated::Waiting { finalizers }));
+            }
+            Ok(Look::Again)
+        }
+        Some(j) if super::verify::created_from(j.annotations(), manifest) => {
+            delete_old_pods(exec, key, plan).await?;
+            let uid = j.uid().unwrap_or_default();
+            Ok(Look::Ended(Recreated::Done { uid }))
+        }
+        Some(j) => {
+            let uid = j.uid().unwrap_or_default();
+            Ok(Look::Ended(Recreated::Foreign { uid }))
+        }
+        None => {
+            delete_old_pods(exec, key, plan).await?;
+            create(jobs, key, plan, manifest).await
+        }
+    }
+}
+
+/// Creates the planned Job.
+async fn create(
+    jobs: &Api<DynamicObject>,
+    key: &JobKey,
+    plan: &Plan,
+    manifest: &serde_json::Value,
+) -> Result<Look> {
+    let obj: DynamicObject = serde_json::from_value(manifest.clone())
+        .map_err(|e| Error::Serialize("the Job manifest", e))?;
+    let pp = PostParams {
+        field_manager: Some(REMEDIATION_MANAGER.into()),
+        ..Default::default()
+    };
+    match jobs.create(&pp, &obj).await {
+        Ok(created) => {
+            info!(id = %plan.id, job = %key, "created the Job again with the new values");
+            let uid = created.uid().unwrap_or_default();
+            Ok(Look::Ended(Recreated::Done { uid }))
+        }
+        // Created meanwhile (by us, in an earlier attempt, or by someone): look again.
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(Look::Again),
+        Err(kube::Error::Api(s)) if terminal_code(s.code) => {
+            let why = format!("{} ({})", s.message, s.code);
+            Ok(Look::Ended(Recreated::Lost { why }))
+        }
+        // Transient (429, 5xx, network): retried with backoff; the
+        // manifest is safe in the plan ConfigMap meanwhile.
+        Err(e) => {
+            let from = format!("creating (from ConfigMap {})", config_map_name(&plan.id));
+            let error = step_error(plan, key, &from)(e);
+            Err(error)
+        }
+    }
+}
+
+/// Deletes Job `name` if it still has uid `old`, orphaning its dependents.
+async fn delete_job(jobs: &Api<DynamicObject>, name: &str, old: &str) -> kube::Result<()> {
+    let params = DeleteParams {
+        propagation_policy: Some(PropagationPolicy::Orphan),
+        preconditions: Some(Preconditions {
+            uid: Some(old.to_string()),
+            resource_version: None,
+        }),
+        ..Default::default()
+    };
+    match jobs.delete(name, &params).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if matches!(s.code, 404 | 409) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Deletes the old Job's pods, orphaned by the deletion: the trainer must
+/// not keep running next to the new Job's.
+async fn delete_old_pods(exec: &Executor, key: &JobKey, plan: &Plan) -> Result<()> {
+    let pods: Api<Pod> = Api::namespaced(exec.client.clone(), &key.namespace);
+    for label in ["controller-uid", "batch.kubernetes.io/controller-uid"] {
+        let lp = ListParams::default().labels(&format!("{label}={}", plan.job_uid));
+        if let Err(e) = pods
+            .delete_collection(&DeleteParams::background(), &lp)
+            .await
+        {
+            return Err(Error::Step {
+                id: plan.id.clone(),
+                step: format!("deleting the old pods of Job {key}"),
+                source: e,
+            });
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_held_deletion_is_polled_ever_less_often() {
+        let delays: Vec<u64> = (1..=12).map(|n| wait_delay(n).as_secs()).collect();
+        assert_eq!(delays, [1, 2, 4, 8, 16, 32, 64, 128, 256, 300, 300, 300]);
+    }
+
+    #[test]
+    fn only_errors_retrying_cannot_fix_are_terminal() {
+        for code in [400, 403, 404, 422] {
+            assert!(terminal_code(code), "{code}");
+        }
+        for code in [409, 429, 500, 503] {
+            assert!(!terminal_code(code), "{code}");
+        }
+    }
+}

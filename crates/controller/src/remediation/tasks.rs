@@ -1,0 +1,64 @@
+//! What the controller spawns, one task per Job at a time: record (and
+//! carry out) a decision, or resume a pending one. A task's failure is
+//! counted and retried with backoff; the plan stays pending meanwhile.
+
+use super::decide::Decision;
+use super::executor::Executor;
+use super::{execute, recording, Result, StepLabels};
+use crate::key::JobKey;
+use backon::{BackoffBuilder, ExponentialBuilder};
+use memprof_api::{OomRecord, RemediationRecord};
+use std::sync::Arc;
+use std::time::Duration;
+use tracing::warn;
+
+impl Executor {
+    /// Records new OOMs and a decision (if any), then carries the decision
+    /// out. Returns when the Job should be looked at again.
+    pub async fn record(
+        self: Arc<Self>,
+        key: JobKey,
+        job_uid: Option<String>,
+        ooms: Vec<OomRecord>,
+        decision: Option<Decision>,
+    ) -> Option<Duration> {
+        let outcome = recording::record(&self, &key, job_uid, ooms, decision).await;
+        self.settle(&key, outcome)
+    }
+
+    /// Finishes the `Pending` record `record` of Job `key`.
+    pub async fn resume(
+        self: Arc<Self>,
+        key: JobKey,
+        record: RemediationRecord,
+    ) -> Option<Duration> {
+        let outcome = execute::resume(&self, &key, &record).await;
+        self.settle(&key, outcome)
+    }
+
+    /// Counts a task's failure and says when to try again (doubling from
+    /// 500 ms to 2 min with failures in a row); the plan stays pending.
+    fn settle(&self, key: &JobKey, outcome: Result<Option<Duration>>) -> Option<Duration> {
+        let mut failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
+        let error = match outcome {
+            Ok(again) => {
+                failures.remove(key);
+                return again;
+            }
+            Err(e) => e,
+        };
+        let step = StepLabels { step: error.step() };
+        self.metrics.reconcile_errors.get_or_create(&step).inc();
+        let n = failures.entry(key.clone()).or_default();
+        *n = n.saturating_add(1);
+        let delay = ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(500))
+            .with_max_delay(Duration::from_secs(120))
+            .without_max_times()
+            .build()
+            .nth(n.saturating_sub(1).min(16) as usize)
+            .unwrap_or(Duration::from_secs(120));
+        warn!(job = %key, %error, retry_in = ?delay, "remediation failed; retrying");
+        Some(delay)
+    }
+}

@@ -1,0 +1,44 @@
+//! The one writer of every MemoryProfile status (and of the `memprof.dev/*`
+//! annotations on Jobs): who writes which field, and how.
+//!
+//! | status field | decided by | handed over as |
+//! |---|---|---|
+//! | `ranksReporting`, `ranksExpected`, `ranks`, `gpuCount`, `peak*`, `current*`, `risk`, `confidence`, `timeToOom*`, `leak*`, `fragmentation`, `allocator`, `breakdown`, `imbalance*`, `bottleneck`, `topRanks`, `lastReportTime`, `oldestReportTime`, `ranksStale`, `staleRanks`, `riskHeldUntil` | the roll-up stage (one `JobRollup` per Job, `pipeline/rollups.rs`) (`pipeline/rollup_stage.rs`, from `memprof_analysis` and `operator/reconcile.rs`) | [`StatusWriter::submit`]: the latest [`Analysis`] replaces the one before |
+//! | `conditions` (`Ready`, `ReportsValid`, `ReportsCounted`, `RanksStale`), `thresholds`, `batchRecommendation` | the roll-up stage | the same [`Analysis`] |
+//! | `ooms`, `remediations`, `remediationTotals`, `lastAction` | the remediation stage (`pipeline/remediation_stage.rs`, `remediation/execute.rs`) | [`StatusWriter::edit`]: a change applied to the newest status, answered once it is written |
+//!
+//! Every write is made here, by [`StatusWriter::run`]'s workers, as one
+//! server-side apply of the whole status (field manager `memprof-operator`)
+//! carrying the resourceVersion it was composed on, so a write never undoes
+//! one it did not see (409: read the profile again, compose again, retry).
+//! The MemoryProfile's spec, labels and owner reference are applied by the
+//! roll-up stage when the profile is created or drifted; a MemoryReport's
+//! only writer is its sidecar.
+//!
+//! How writes are scheduled (linkerd2's policy-controller status index is
+//! the model): only the latest desired status per Job is kept; Jobs are
+//! served first in, first out; a Job's writes are at least
+//! `--min-write-interval-ms` apart (1 s by default), whatever the load; a
+//! change of cosmetic fields alone (`lastReportTime` and the others named in
+//! `operator/reconcile_write.rs`) is written at most every 30 s; nothing
+//! here is awaited by a reconcile, so a slow API server never holds one up.
+//! Remediation awaits its edits in its own task, which is how "recorded
+//! durably before acting" holds (docs/remediation.md).
+
+mod compose;
+mod writer;
+
+pub use compose::{compose, write_needed, Need, COSMETIC_INTERVAL};
+pub use writer::{Notice, StatusWriter, WriteError, WriterOptions};
+
+use memprof_api::MemoryProfileStatus;
+
+/// What the roll-up wants the status to be, with the Events that announce
+/// it (published once a status that includes it is written).
+#[derive(Clone, Debug, Default)]
+pub struct Analysis {
+    /// The status; its remediation fields are ignored (the recorded ones are kept).
+    pub status: MemoryProfileStatus,
+    /// Events to publish after the write.
+    pub notices: Vec<Notice>,
+}

@@ -1,0 +1,416 @@
+//! The status task: per Job, the newest wanted status, remediation edits
+//! waiting for a write and wanted Job annotations; workers serve Jobs from
+//! a fair queue (`crate::queue`), one pass per Job at a time, spaced.
+
+use super::compose::{compose, write_needed, Need};
+use super::Analysis;
+use crate::key::JobKey;
+use crate::operator::reconcile::EventPlan;
+use crate::operator::Metrics;
+use crate::queue::WorkQueue;
+use backon::{BackoffBuilder, ExponentialBuilder};
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::runtime::events::Recorder;
+use kube::{Client, ResourceExt};
+use memprof_api::{MemoryProfile, MemoryProfileStatus};
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+/// At most this many Events wait for one Job's next write (the oldest go first).
+const MAX_NOTICES: usize = 16;
+
+/// How the writer spaces and spreads its writes.
+#[derive(Clone, Copy, Debug)]
+pub struct WriterOptions {
+    /// Least time between two writes for one Job (status or annotations).
+    pub min_interval: Duration,
+    /// Writes in flight at once (for different Jobs).
+    pub workers: usize,
+}
+
+impl Default for WriterOptions {
+    fn default() -> Self {
+        WriterOptions {
+            min_interval: Duration::from_secs(1),
+            workers: 8,
+        }
+    }
+}
+
+/// An Event to publish once the status that motivated it is written.
+#[derive(Clone, Debug)]
+pub struct Notice {
+    /// What to say.
+    pub plan: EventPlan,
+    /// The object it is about.
+    pub regarding: ObjectReference,
+    /// Another object it involves.
+    pub related: Option<ObjectReference>,
+}
+
+/// Why an edit was not answered.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum WriteError {
+    /// The writer stopped before the edit was written.
+    #[error(
+        "the status writer stopped before the change was written (shutdown or lost \
+         leadership): nothing was recorded; the next leader decides again"
+    )]
+    Stopped,
+}
+
+type Change = Box<dyn FnMut(&mut MemoryProfileStatus) -> bool + Send>;
+
+/// A remediation edit: applied to the newest status, answered with the
+/// written status (`None`: the profile or its status is gone).
+struct Edit {
+    change: Change,
+    done: oneshot::Sender<Option<Arc<MemoryProfileStatus>>>,
+}
+
+/// The profile as the API server holds it, as far as the writer knows.
+#[derive(Clone, Debug)]
+struct Server {
+    uid: String,
+    rv: String,
+    status: Option<Arc<MemoryProfileStatus>>,
+}
+
+/// Job annotations to apply (an empty set removes ours).
+#[derive(Clone, Debug, PartialEq)]
+struct Annotations {
+    job_uid: String,
+    values: BTreeMap<String, String>,
+}
+
+#[derive(Default)]
+struct Entry {
+    server: Option<Server>,
+    analysis: Option<MemoryProfileStatus>,
+    /// The analysis a pass is writing now: still what the next decision
+    /// builds on until the write is answered.
+    writing: Option<MemoryProfileStatus>,
+    notices: Vec<Notice>,
+    edits: Vec<Edit>,
+    annotations: Option<Annotations>,
+    /// The last annotations written: the Job's resourceVersion after, and the values.
+    annotated: Option<(u64, BTreeMap<String, String>)>,
+    last_write: Option<Instant>,
+    last_status_write: Option<Instant>,
+    failures: u32,
+}
+
+impl Entry {
+    fn has_work(&self) -> bool {
+        self.analysis.is_some() || !self.edits.is_empty() || self.annotations.is_some()
+    }
+}
+
+/// What one pass writes, taken out of the entry.
+struct Work {
+    server: Option<Server>,
+    analysis: Option<MemoryProfileStatus>,
+    notices: Vec<Notice>,
+    edits: Vec<Edit>,
+    annotations: Option<Annotations>,
+    since_status: Option<Duration>,
+}
+
+struct Shared {
+    client: Client,
+    recorder: Recorder,
+    metrics: Arc<Metrics>,
+    opts: WriterOptions,
+    entries: Mutex<HashMap<JobKey, Entry>>,
+    queue: WorkQueue<JobKey>,
+}
+
+/// Handle of the status task; cheap to clone.
+#[derive(Clone)]
+pub struct StatusWriter {
+    shared: Arc<Shared>,
+}
+
+impl StatusWriter {
+    /// A writer through `client`, publishing Events with `recorder`.
+    pub fn new(
+        client: Client,
+        recorder: Recorder,
+        metrics: Arc<Metrics>,
+        opts: WriterOptions,
+    ) -> Self {
+        let shared = Shared {
+            client,
+            recorder,
+            metrics,
+            opts,
+            entries: Mutex::default(),
+            queue: WorkQueue::default(),
+        };
+        StatusWriter {
+            shared: Arc::new(shared),
+        }
+    }
+
+    fn entries(&self) -> MutexGuard<'_, HashMap<JobKey, Entry>> {
+        self.shared
+            .entries
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Takes note of the profile as the API server holds it (from the watch
+    /// cache or a write's answer), unless the writer knows a newer one.
+    pub fn observe(&self, key: &JobKey, profile: &MemoryProfile) {
+        let seen = Server {
+            uid: profile.uid().unwrap_or_default(),
+            rv: profile.resource_version().unwrap_or_default(),
+            status: profile.status.clone().map(Arc::new),
+        };
+        let mut entries = self.entries();
+        let entry = entries.entry(key.clone()).or_default();
+        let newer = match &entry.server {
+            Some(known) if known.uid == seen.uid => rv_num(&seen.rv) > rv_num(&known.rv),
+            _ => true,
+        };
+        if newer {
+            entry.server = Some(seen);
+        }
+    }
+
+    /// Forgets a Job whose profile is gone: edits still waiting are answered `None`.
+    pub fn forget(&self, key: &JobKey) {
+        let gone = self.entries().remove(key);
+        if let Some(entry) = gone {
+            for edit in entry.edits {
+                let _ = edit.done.send(None);
+            }
+        }
+        self.shared.queue.forget(key);
+    }
+
+    /// The roll-up's newest wanted status for `key` (replacing any not written yet).
+    pub fn submit(&self, key: &JobKey, analysis: Analysis) {
+        {
+            let mut entries = self.entries();
+            let entry = entries.entry(key.clone()).or_default();
+            entry.analysis = Some(analysis.status);
+            entry.notices.extend(analysis.notices);
+            let excess = entry.notices.len().saturating_sub(MAX_NOTICES);
+            entry.notices.drain(..excess);
+        }
+        self.shared.queue.add(key.clone());
+    }
+
+    /// The annotations Job `key` (uid `job_uid`) should carry; an empty map removes ours.
+    pub fn annotate(&self, key: &JobKey, job_uid: &str, values: BTreeMap<String, String>) {
+        let wanted = Annotations {
+            job_uid: job_uid.to_string(),
+            values,
+        };
+        self.entries().entry(key.clone()).or_default().annotations = Some(wanted);
+        self.shared.queue.add(key.clone());
+    }
+
+    /// The annotations memprof put or is about to put on the Job, when
+    /// newer than the Job at `job_rv` (the cached copy): `None` means the
+    /// cached Job's own annotations are current.
+    pub fn annotations(&self, key: &JobKey, job_rv: u64) -> Option<BTreeMap<String, String>> {
+        let entries = self.entries();
+        let entry = entries.get(key)?;
+        if let Some(pending) = &entry.annotations {
+            return Some(pending.values.clone());
+        }
+        match &entry.annotated {
+            Some((rv, values)) if *rv > job_rv => Some(values.clone()),
+            _ => None,
+        }
+    }
+
+    /// The status as it stands with the newest analysis (edits not yet
+    /// written aside): what the next decision builds on.
+    pub fn view(&self, key: &JobKey) -> Option<MemoryProfileStatus> {
+        let entries = self.entries();
+        let entry = entries.get(key)?;
+        let server = entry.server.as_ref().and_then(|s| s.status.as_deref());
+        compose(server, entry.analysis.as_ref().or(entry.writing.as_ref()))
+    }
+
+    /// Whether the writer has heard of the profile of `key`.
+    pub fn knows(&self, key: &JobKey) -> bool {
+        self.entries()
+            .get(key)
+            .is_some_and(|e| e.server.is_some() || e.has_work())
+    }
+
+    /// Applies `change` to the newest status of `key` and writes it; waits
+    /// until it is written. `change` may run more than once (again on a
+    /// fresher status after a conflict); returning `None` writes nothing for
+    /// it. Answers the written status and `change`'s last value, or `None`
+    /// when the profile or its status is gone or `change` declined.
+    pub async fn edit<T, F>(
+        &self,
+        key: &JobKey,
+        mut change: F,
+    ) -> Result<Option<(Arc<MemoryProfileStatus>, T)>, WriteError>
+    where
+        T: Send + 'static,
+        F: FnMut(&mut MemoryProfileStatus) -> Option<T> + Send + 'static,
+    {
+        let slot = Arc::new(Mutex::new(None));
+        let out = slot.clone();
+        let change: Change = Box::new(move |st| {
+            let value = change(st);
+            let applies = value.is_some();
+            *out.lock().unwrap_or_else(|e| e.into_inner()) = value;
+            applies
+        });
+        let (done, answer) = oneshot::channel();
+        self.entries()
+            .entry(key.clone())
+            .or_default()
+            .edits
+            .push(Edit { change, done });
+        self.shared.queue.add(key.clone());
+        let written = answer.await.map_err(|_| WriteError::Stopped)?;
+        let value = slot.lock().unwrap_or_else(|e| e.into_inner()).take();
+        Ok(written.zip(value))
+    }
+
+    /// Jobs waiting for a write now, and waiting for their spacing.
+    pub fn backlog(&self) -> (usize, usize) {
+        (self.shared.queue.len(), self.shared.queue.delayed())
+    }
+
+    /// Serves writes with `opts.workers` workers until `shutdown`; edits
+    /// still waiting are then answered [`WriteError::Stopped`].
+    pub async fn run(self, shutdown: impl Future<Output = ()>) {
+        let workers: Vec<_> = (0..self.shared.opts.workers.max(1))
+            .map(|_| tokio::spawn(worker(self.shared.clone())))
+            .collect();
+        shutdown.await;
+        self.shared.queue.close();
+        for w in workers {
+            let _ = w.await;
+        }
+        self.entries().clear();
+    }
+}
+
+fn rv_num(rv: &str) -> u64 {
+    rv.parse().unwrap_or(0)
+}
+
+async fn worker(shared: Arc<Shared>) {
+    while let Some(key) = shared.queue.next().await {
+        serve(&shared, &key).await;
+        shared.queue.done(&key);
+    }
+}
+
+impl Shared {
+    fn entries(&self) -> MutexGuard<'_, HashMap<JobKey, Entry>> {
+        self.entries.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Takes a pass's work out of the entry, or says how long its spacing lasts.
+    fn take(&self, key: &JobKey, now: Instant) -> Result<Option<Work>, Duration> {
+        let mut entries = self.entries();
+        let Some(e) = entries.get_mut(key).filter(|e| e.has_work()) else {
+            return Ok(None);
+        };
+        if let Some(wait) = e
+            .last_write
+            .and_then(|t| self.opts.min_interval.checked_sub(now - t))
+        {
+            return Err(wait);
+        }
+        e.writing = e.analysis.clone();
+        Ok(Some(Work {
+            server: e.server.clone(),
+            analysis: e.analysis.take(),
+            notices: std::mem::take(&mut e.notices),
+            edits: std::mem::take(&mut e.edits),
+            annotations: e.annotations.take(),
+            since_status: e.last_status_write.map(|t| now - t),
+        }))
+    }
+
+    /// Puts back what a pass could not write (newer wishes win), to retry
+    /// after `delay` (`None`: at once).
+    fn put_back(&self, key: &JobKey, work: Work, delay: Option<Duration>) {
+        {
+            let mut entries = self.entries();
+            let e = entries.entry(key.clone()).or_default();
+            e.writing = None;
+            if e.analysis.is_none() {
+                e.analysis = work.analysis;
+            }
+            let newer = std::mem::replace(&mut e.notices, work.notices);
+            e.notices.extend(newer);
+            let newer = std::mem::replace(&mut e.edits, work.edits);
+            e.edits.extend(newer);
+            if e.annotations.is_none() {
+                e.annotations = work.annotations;
+            }
+        }
+        match delay {
+            Some(d) => self.queue.add_after(key.clone(), d),
+            None => self.queue.add(key.clone()),
+        }
+    }
+
+    /// Counts one more failure in a row for `key`: how many, and the delay before the next try.
+    fn failed(&self, key: &JobKey) -> (u32, Duration) {
+        let mut entries = self.entries();
+        let e = entries.entry(key.clone()).or_default();
+        e.failures = e.failures.saturating_add(1);
+        // The n-th delay of a doubling schedule from 500 ms to 1 min.
+        let delay = ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(500))
+            .with_max_delay(Duration::from_secs(60))
+            .without_max_times()
+            .build()
+            .nth(e.failures.saturating_sub(1).min(16) as usize)
+            .unwrap_or(Duration::from_secs(60));
+        (e.failures, delay)
+    }
+}
+
+/// One pass over Job `key`: its status, then its annotations.
+async fn serve(shared: &Shared, key: &JobKey) {
+    let now = Instant::now();
+    let work = match shared.take(key, now) {
+        Ok(Some(work)) => work,
+        Ok(None) => return,
+        Err(wait) => {
+            shared.queue.add_after(key.clone(), wait);
+            return;
+        }
+    };
+    let annotations = work.annotations.clone();
+    let mut work = work;
+    work.annotations = None;
+    let mut wrote = false;
+    if work.analysis.is_some() || !work.edits.is_empty() {
+        wrote |= write_status(shared, key, work).await;
+    }
+    if let Some(a) = annotations {
+        wrote |= write_annotations(shared, key, a).await;
+    }
+    // Wishes that came in meanwhile queued the Job again (it was running):
+    // its next pass finds the spacing and waits it out.
+    if wrote {
+        if let Some(e) = shared.entries().get_mut(key) {
+            e.last_write = Some(now);
+        }
+    }
+}
+
+#[path = "write.rs"]
+mod write;
+use write::{write_annotations, write_status};
