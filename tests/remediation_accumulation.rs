@@ -31,13 +31,21 @@ fn keep_global_policy() -> Value {
 async fn job_with_env(client: &Client, ns: &str, name: &str, env: Value) -> Job {
     let job: Job = serde_json::from_value(json!({
         "apiVersion": "batch/v1", "kind": "Job",
-        "metadata": {"name": name, "labels": {"team": "ml"}, "annotations": {ANNOTATION_ENABLED: "true"}},
+        "metadata": {
+            "name": name,
+            // `memprof.dev/managed` as the webhook stamps it (contract D).
+            "labels": {"team": "ml", "memprof.dev/managed": "true"},
+            "annotations": {ANNOTATION_ENABLED: "true"},
+        },
         "spec": {
             "parallelism": 1, "completions": 1, "backoffLimit": 0,
-            "template": {"spec": {
-                "restartPolicy": "Never",
-                "containers": [{"name": "trainer", "image": "busybox", "env": env}],
-            }},
+            "template": {
+                "metadata": {"labels": {"app": name, "memprof.dev/managed": "true"}},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [{"name": "trainer", "image": "busybox", "env": env}],
+                },
+            },
         },
     }))
     .unwrap();
@@ -51,7 +59,6 @@ async fn job_with_env(client: &Client, ns: &str, name: &str, env: Value) -> Job 
 /// returns the new Job's (micro, accumulation) and the record's action.
 async fn remediate(client: &Client, ns: &str, env: Value) -> (Job, String) {
     let operator = start_operator(client, ns);
-    let remediation = start_remediation(client, ns);
     apply_policy(client, ns, "keep", keep_global_policy())
         .await
         .unwrap();
@@ -75,7 +82,6 @@ async fn remediate(client: &Client, ns: &str, env: Value) -> (Job, String) {
         }
     })
     .await;
-    remediation.stop().await;
     operator.stop().await;
     (new, recs[0].action.clone())
 }
