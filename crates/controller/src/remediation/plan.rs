@@ -424,7 +424,7 @@ pub fn build(input: &PlanInput<'_>) -> Result<Plan, PlanError> {
             .retain(|s| !matches!(s, Step::Annotate { .. } | Step::Suspend));
         // The recreated Job is recognised by this nonce (verify::created_from).
         let mut annotations = annotations;
-        annotations.insert(ANNOTATION_REMEDIATION_NONCE.into(), super::verify::nonce());
+        annotations.insert(ANNOTATION_REMEDIATION_NONCE.into(), nonce());
         let manifest = recreated_job(job, &changes, input.id, &annotations, suspend);
         plan.steps.push(Step::Recreate { changes, manifest });
     }
@@ -636,6 +636,20 @@ pub use accum::AccumulationChange;
 #[path = "plan_fit.rs"]
 mod fit;
 use fit::scale_batch;
+
+/// A fresh nonce for a recreated Job's manifest: 128 random bits, hex.
+pub fn nonce() -> String {
+    use ring::rand::SecureRandom as _;
+    use std::fmt::Write as _;
+    let mut bytes = [0u8; 16];
+    ring::rand::SystemRandom::new()
+        .fill(&mut bytes)
+        .expect("the operating system's random generator works");
+    bytes.iter().fold(String::with_capacity(32), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
+}
 
 #[cfg(test)]
 #[path = "plan_tests.rs"]

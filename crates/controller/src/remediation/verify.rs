@@ -131,19 +131,6 @@ pub fn in_scope(plan: &Plan, namespace: &str, job: &str) -> Result<(), Tampered>
     Ok(())
 }
 
-/// A fresh nonce for a recreated Job's manifest: 128 random bits, hex.
-pub fn nonce() -> String {
-    use ring::rand::SecureRandom as _;
-    let mut bytes = [0u8; 16];
-    ring::rand::SystemRandom::new()
-        .fill(&mut bytes)
-        .expect("the operating system's random generator works");
-    bytes.iter().fold(String::with_capacity(32), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    })
-}
-
 /// Whether `found` (the Job now under the planned name) is the one this
 /// plan's `manifest` created: its remediation id and nonce are the
 /// manifest's. Anyone who may create Jobs can set the id (it is
@@ -164,6 +151,7 @@ pub fn created_from(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::remediation::plan::nonce;
     use serde_json::json;
 
     fn plan() -> Plan {
