@@ -8,7 +8,10 @@
 # The operator serves its admission webhook on 127.0.0.1, registered by URL
 # for the demo namespace as the chart registers it by Service: it injects the
 # sidecar into the Job and marks the pods the Job controller creates, and
-# only marked pods' reports count (docs/security.md, "Pod trust").
+# only marked pods' reports count (docs/security.md, "Pod trust"). The local
+# control plane's kube-controller-manager runs as `memprof-admin`, so that is
+# the Job controller's identity here (in a cluster: the chart's
+# webhook.controllerIdentities, kube-system's job-controller by default).
 #
 # The GPUs are simulated (scenario hack/scenarios/demo.yaml, source `sim`):
 # there is no kubelet here, so the sidecars run as local processes standing
@@ -76,6 +79,7 @@ log "starting memprof-operator (its webhook on 127.0.0.1:$port)"
 "$BIN/memprof-operator" --metrics-addr 127.0.0.1:0 \
     --webhook-port "$port" --webhook-bind-address 127.0.0.1 --webhook-extra-names 127.0.0.1 \
     --webhook-namespace "$NS" --webhook-config-name "$NS" --sidecar-image memprof:demo \
+    --admission-controller-identities memprof-admin \
     >"$workdir/operator.log" 2>&1 &
 pids+=($!)
 log "waiting for the webhook's certificate (the operator fills in the caBundle)"
