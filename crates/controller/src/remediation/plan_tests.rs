@@ -538,11 +538,13 @@ fn scale_batch_with_accumulation_keeps_micro_times_accumulation() {
 fn mode_fit_with_accumulation_takes_the_largest_fitting_exact_split() {
     let mut p = fit_policy(4, None);
     p.spec.actions[0] = keep_global_batch(p.spec.actions[0].clone());
-    // The fit allows 27 of 64: 16×4 keeps 64 exactly.
-    let plan = build_fit(&p, &job(json!("64")), Some(&two_batches()));
+    // The fit allows 25 of 36 (backed by three measured batches, see
+    // mode_fit_sets_the_computed_batch_with_minimum_and_round_to): 18×2
+    // keeps 36 exactly.
+    let plan = build_fit(&p, &job(json!("36")), Some(&three_batches()));
     assert!(
         plan.summary()
-            .starts_with("scaleBatch BATCH_SIZE×GRAD_ACCUM_STEPS 64×1 → 16×4 (fit twoBatchSizes"),
+            .starts_with("scaleBatch BATCH_SIZE×GRAD_ACCUM_STEPS 36×1 → 18×2 (fit twoBatchSizes"),
         "{}",
         plan.summary()
     );
