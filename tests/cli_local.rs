@@ -343,6 +343,15 @@ fn analyze_prints_tables_on_request_json_lines_and_draws_the_prediction() {
             "{want:?} missing from the plot's text:\n{t}"
         );
     }
+    // Every command that draws writes PNG too (issue 20), in-process.
+    let png = dir.path("a.png");
+    let out = memprof(&["analyze", &trace, "--plot", &png.display().to_string()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let bytes = std::fs::read(&png).expect("the PNG was written");
+    assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n") && bytes.len() > 2000);
+    let bad = dir.path("a.jpg");
+    let out = memprof(&["analyze", &trace, "--plot", &bad.display().to_string()]);
+    assert!(!out.status.success());
 }
 
 /// Runs `memprof ARGS`, killed (by its PID, through the handle) after

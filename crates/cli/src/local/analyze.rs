@@ -65,15 +65,8 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         write_stdout(&out)?;
         return Ok(0);
     }
-    if let Some(p) = args
-        .plot
-        .as_deref()
-        .filter(|p| !crate::local::profile::is_svg(p))
-    {
-        anyhow::bail!(
-            "--plot {}: name a .svg file (rasterise it with `rsvg-convert -o F.png F.svg`)",
-            p.display()
-        );
+    if let Some(p) = args.plot.as_deref() {
+        crate::plot::check_image_path(p)?;
     }
     let rows = memprof_api::trace::read_trace(&args.trace)?;
     let opts = Options {
@@ -92,8 +85,7 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
             .file_name()
             .map_or(args.trace.clone(), |n| n.to_string_lossy().into_owned());
         let chart = plot::chart(&rows, &lines, &thresholds, gpu, &name);
-        std::fs::write(path, chart.to_svg())
-            .with_context(|| format!("cannot write {}", path.display()))?;
+        crate::plot::write_image(path, &chart.to_svg())?;
         if !args.output.format.is_structured() {
             write_stdout(&format!(
                 "plot of GPU {gpu} written to {}\n",

@@ -185,12 +185,9 @@ impl Args {
     /// The sampling flags' checks, then `--plot`'s.
     pub fn check(&self) -> Result<(), ProfileError> {
         self.sample.check()?;
-        match self.plot.as_deref().filter(|p| !is_svg(p)) {
-            Some(p) => Err(ProfileError::Usage(format!(
-                "--plot {}: name a .svg file (rasterise it with `rsvg-convert -o F.png F.svg`)",
-                p.display()
-            ))),
-            None => Ok(()),
+        match self.plot.as_deref().map(crate::plot::check_image_path) {
+            Some(Err(e)) => Err(ProfileError::Usage(format!("--plot: {e}"))),
+            _ => Ok(()),
         }
     }
 }
@@ -215,12 +212,6 @@ impl Args {
         ];
         Ok(self)
     }
-}
-
-/// Whether `path` names an SVG file (the only format the plots are written in).
-pub fn is_svg(path: &Path) -> bool {
-    path.extension()
-        .is_some_and(|e| e.eq_ignore_ascii_case("svg"))
 }
 
 /// Runs `memprof profile` from its parsed flags; returns the exit code.
@@ -351,10 +342,8 @@ fn finish(
     );
     if let Some(path) = &a.plot {
         let chart = summary::timeline(&rows, &watched.transitions, Some(&report));
-        std::fs::write(path, chart.to_svg()).map_err(|source| ProfileError::Write {
-            path: path.clone(),
-            source,
-        })?;
+        crate::plot::write_image(path, &chart.to_svg())
+            .map_err(|e| ProfileError::Usage(format!("--plot: {e}")))?;
         println!("plot written to {}", path.display());
     }
     match live::nothing_seen(&report) {
