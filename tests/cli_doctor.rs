@@ -26,9 +26,19 @@ where
         + std::fmt::Debug,
 {
     let obj: K = serde_json::from_value(v).unwrap();
-    api.create(&PostParams::default(), &obj)
-        .await
-        .expect("create");
+    // A pod of a fresh namespace is refused until its default service
+    // account has a token (ServiceAccount admission in 1.20): retry that.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        match api.create(&PostParams::default(), &obj).await {
+            Ok(_) => return,
+            Err(e) if e.to_string().contains("No API token found") => {
+                assert!(std::time::Instant::now() < deadline, "create: {e}");
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("create: {e}"),
+        }
+    }
 }
 
 /// Pod status as a kubelet would write it.

@@ -260,7 +260,9 @@ async fn stale_ranks_are_named_with_their_age() {
     // Rank 0 reported just now; rank 1's sidecar last wrote 10 minutes ago.
     for (rank, when) in [(0, ago(1)), (1, ago(600))] {
         let g = gpu_with_timeline(rank, 10, 20, RiskLevel::Low, None);
-        let r = rank_report(&client, n, "quiet", rank, &when, vec![g]).await;
+        let mut r = rank_report(&client, n, "quiet", rank, &when, vec![g]).await;
+        // A sidecar at its default heartbeat (60 s): stale after 150 s.
+        r.spec.heartbeat_seconds = Some(60);
         apply_report(&client, n, &r).await;
     }
     // The operator's verdict (status.ranksStale, staleRanks) is what is shown.

@@ -172,6 +172,11 @@ pub struct Args {
     /// (the image's /opt/memprof/agent, or a checkout's agent/python).
     #[arg(long, value_name = "DIR")]
     pub agent_path: Option<PathBuf>,
+    /// For `memprof sweep --nvml`: a run that saw no GPU and no agent data
+    /// says so in its report (`GpuVisible`) and exits with the command's
+    /// status instead of 4; the sweep reads the peak from the agent's summary.
+    #[arg(long, hide = true)]
+    pub blind_ok: bool,
     /// The command to profile, after `--` (e.g. `-- python train.py`).
     #[arg(
         trailing_var_arg = true,
@@ -346,7 +351,7 @@ fn finish(
             .map_err(|e| ProfileError::Usage(format!("--plot: {e}")))?;
         println!("plot written to {}", path.display());
     }
-    match live::nothing_seen(&report) {
+    match live::nothing_seen(&report).filter(|_| !a.blind_ok) {
         Some(why) => {
             eprintln!("{}", blind_line(&why));
             Ok(if watched.code != 0 {

@@ -162,7 +162,9 @@ fn command(
 ) -> Result<tokio::process::Command, RunError> {
     let mut cmd = if plan.nvml {
         let mut c = tokio::process::Command::new(&plan.memprof_exe);
-        c.arg("profile");
+        // No GPU is a note in the sidecar's report (read by nvml_peak), not
+        // a failed run: the sweep's peak is the agent's.
+        c.args(["profile", "--blind-ok"]);
         if let Some(p) = &plan.agent_path {
             c.arg("--agent-path").arg(p);
         }
