@@ -157,9 +157,15 @@ async fn a_cuda_oom_is_annotated_announced_once_and_counted() {
     stays("one OOM, one Event", Duration::from_secs(5), || async {
         let st = profiles.get("train").await.unwrap().status.unwrap();
         let n = count_events(&client, ns, REASON_GPU_OUT_OF_MEMORY, "train").await;
-        (st.ooms.len() == 1 && st.oom_count == Some(1) && n == 1)
+        let j = job(&client, ns, "train").await.ok_or("Job gone")?;
+        let v = j.annotations().get(ANNOTATION_GPU_OOM).cloned();
+        let kept = v.as_deref() == Some(want.as_str());
+        (st.ooms.len() == 1 && st.oom_count == Some(1) && n == 1 && kept)
             .then_some(())
-            .ok_or(format!("{n} Events, {:?} {:?}", st.oom_count, st.ooms))
+            .ok_or(format!(
+                "{n} Events, {v:?}, {:?} {:?}",
+                st.oom_count, st.ooms
+            ))
     })
     .await;
     operator.stop().await;
