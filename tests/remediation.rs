@@ -207,7 +207,7 @@ async fn cuda_oom_exit_is_recorded_once_and_fires_the_oom_policy() {
     )
     .await;
     assert_eq!(
-        count_events(&client, ns, "GpuOomObserved", "train").await,
+        count_events(&client, ns, "GPUOutOfMemory", "train").await,
         1
     );
     assert_eq!(count_events(&client, ns, "TrainerOom", "train").await, 1);

@@ -159,6 +159,7 @@ pub fn rollup(reports: &[RollupInput<'_>], expected_ranks: Option<u32>) -> Memor
     st.leak_ranks = leak_ranks;
     st.allocator = super::allocator_rollup::rollup(reports.iter().map(|r| r.spec));
     st.breakdown = super::breakdown::rollup(reports.iter().map(|r| r.spec));
+    st.allocation_sites = worst_rank_sites(reports.iter().map(|r| r.spec));
 
     worst_per_rank.sort_by(|a, b| severity(a.1, b.1));
     if let Some((spec, g)) = worst_per_rank.first() {

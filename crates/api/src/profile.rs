@@ -135,9 +135,9 @@ pub struct MemoryProfileStatus {
     #[schemars(length(max = 16))]
     #[serde(default)]
     pub ooms: Vec<OomRecord>,
-    /// GPU OOMs observed in all, including those no longer in `ooms` (the
-    /// `OOMS` column). Absent until the first one: written only by the
-    /// remediation field manager, so the roll-up never claims it.
+    /// GPU OOMs recorded in all, including those no longer in `ooms` (the
+    /// `OOMS` column). Absent until the first one; counted by the
+    /// remediation stage in the edit that adds the record to `ooms`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub oom_count: Option<u32>,
     /// Where the worst rank's live GPU memory was allocated (file and line),

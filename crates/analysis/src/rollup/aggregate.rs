@@ -8,6 +8,7 @@
 
 use super::entry::{seconds, Entry, Severity};
 use super::keys::{GpuOrder, Multiset, OrdF64, ReportOrder};
+use super::sites::SitesOrder;
 use jiff::Timestamp;
 use memprof_api::{
     format_bytes, AllocatorRollup, MemoryGrowth, MemoryProfileStatus, RiskLevel, MAX_TOP_RANKS,
@@ -50,6 +51,8 @@ pub struct Aggregates {
     slowest: BTreeSet<(OrdF64, ReportOrder)>,
     last_oom: BTreeSet<(Reverse<Timestamp>, ReportOrder)>,
     breakdown: BTreeSet<(Reverse<u64>, ReportOrder)>,
+    /// Reports with allocation sites, the worst first (`sites::worst_rank_sites`).
+    sites: BTreeSet<(SitesOrder, ReportOrder)>,
 }
 
 fn growth_slot(g: MemoryGrowth) -> usize {
@@ -122,6 +125,8 @@ impl Aggregates {
         let o = || e.order.clone();
         let weight = e.breakdown.as_ref().map(crate::breakdown::weight);
         toggle(&mut self.breakdown, weight.map(|w| (Reverse(w), o())), add);
+        let sites = e.sites.as_ref().map(|(order, _)| (*order, o()));
+        toggle(&mut self.sites, sites, add);
         let Some(a) = &e.agent else {
             return;
         };
@@ -178,6 +183,13 @@ impl Aggregates {
                 .breakdown
                 .clone()
                 .expect("only reports with a breakdown are indexed")
+        });
+        st.allocation_sites = self.sites.first().map(|(_, o)| {
+            let (_, sites) = entry(o)
+                .sites
+                .as_ref()
+                .expect("only reports with sites are indexed");
+            sites.clone()
         });
         st.imbalance = self.imbalance();
         st.imbalance_display = st.imbalance.map(|i| format!("{i:.2}"));

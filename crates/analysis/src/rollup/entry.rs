@@ -3,10 +3,11 @@
 //! it touches the running figures and nothing else.
 
 use super::keys::{OrdF64, ReportOrder};
+use super::sites::{rank_sites, SitesOrder};
 use jiff::{SignedDuration, Timestamp};
 use memprof_api::{
-    AllocatorRollup, GpuLocation, GpuReport, MemoryBreakdown, MemoryReportSpec, RankSummary,
-    RiskLevel,
+    AllocatorRollup, GpuLocation, GpuReport, MemoryBreakdown, MemoryReportSpec,
+    RankAllocationSites, RankSummary, RiskLevel,
 };
 use std::cmp::Reverse;
 use std::sync::Arc;
@@ -92,6 +93,8 @@ pub struct Entry {
     pub agent: Option<AllocatorRollup>,
     /// The report's breakdown in the profile's form (consistent ones only).
     pub breakdown: Option<MemoryBreakdown>,
+    /// The report's allocation sites, bounded, and how they rank.
+    pub sites: Option<(SitesOrder, RankAllocationSites)>,
     /// Approximate memory held, bytes.
     pub bytes: usize,
 }
@@ -127,6 +130,7 @@ impl Entry {
             worst,
             agent: crate::allocator_rollup::rollup(std::iter::once(spec)),
             breakdown: crate::breakdown::rollup(std::iter::once(spec)),
+            sites: rank_sites(spec),
             bytes: 0,
         };
         e.bytes = e.approx_bytes();
@@ -216,10 +220,24 @@ impl Entry {
             .breakdown
             .as_ref()
             .map_or(0, |b| serde_json::to_vec(b).map_or(0, |v| v.len()));
+        let sites = self.sites.as_ref().map_or(0, |(_, s)| {
+            let strings: usize = s
+                .sites
+                .sites
+                .iter()
+                .map(|x| x.file.len() + x.function.len())
+                .sum();
+            std::mem::size_of::<RankAllocationSites>()
+                + s.pod.len()
+                + s.sites.time.len()
+                + s.sites.source.len()
+                + s.sites.sites.len() * std::mem::size_of::<memprof_api::AllocationSite>()
+                + strings
+        });
         // Each entry sits in about a dozen ordered indexes (one node slot each)
         // plus four per GPU.
         let index = (12 + 4 * self.gpus.len()) * 64;
-        std::mem::size_of::<Self>() + strings + gpus + agent + breakdown + index
+        std::mem::size_of::<Self>() + strings + gpus + agent + breakdown + sites + index
     }
 }
 

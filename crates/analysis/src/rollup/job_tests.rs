@@ -5,7 +5,8 @@
 use super::*;
 use jiff::{SignedDuration, Timestamp};
 use memprof_api::{
-    AllocatorStats, DataSource, MemoryBreakdown, MemoryGrowth, OomBlock, OomSnapshotSummary,
+    AllocationSite, AllocationSites, AllocatorStats, DataSource, MemoryBreakdown, MemoryGrowth,
+    OomBlock, OomSnapshotSummary,
 };
 use std::collections::BTreeMap;
 
@@ -100,12 +101,33 @@ fn breakdown(rng: &mut Rng) -> MemoryBreakdown {
     }
 }
 
+fn sites(rng: &mut Rng) -> AllocationSites {
+    // Few distinct sizes, so ties between ranks are common; sometimes more
+    // sites than a report may carry, which the roll-up cuts.
+    let n = rng.pick(&[0usize, 1, 3, 10]);
+    AllocationSites {
+        time: "2027-01-15T08:00:00Z".into(),
+        level: RiskLevel::Critical,
+        source: "history".into(),
+        sites: (0..n)
+            .map(|i| AllocationSite {
+                file: "train.py".into(),
+                line: i as u32,
+                bytes: rng.pick(&[G, 2 * G]),
+                blocks: 1,
+                ..Default::default()
+            })
+            .collect(),
+        unattributed_bytes: 0,
+    }
+}
+
 /// A random report of one of `pods` pods (so upserts often replace one).
 fn spec(rng: &mut Rng, pods: u64, ranks: u64) -> (String, MemoryReportSpec, ReportMeta) {
     let pod = rng.below(pods);
     let gpus = (0..rng.below(4) as u32).map(|i| gpu(rng, i)).collect();
     let sampled = at(rng.below(300) as i64) + SignedDuration::from_millis(rng.pick(&[0, 1, 100]));
-    let spec = MemoryReportSpec {
+    let mut spec = MemoryReportSpec {
         pod_name: format!("train-{pod}"),
         node_name: rng.chance(80).then(|| format!("node-{}", pod / 2)),
         rank: (!rng.chance(10)).then(|| (pod % ranks) as u32),
@@ -119,8 +141,10 @@ fn spec(rng: &mut Rng, pods: u64, ranks: u64) -> (String, MemoryReportSpec, Repo
         gpus,
         allocator: rng.chance(50).then(|| agent(rng)),
         breakdown: rng.chance(40).then(|| breakdown(rng)),
+        allocation_sites: rng.chance(40).then(|| sites(rng)),
         ..Default::default()
     };
+    spec.summary.risk = rng.pick(&[RiskLevel::Low, RiskLevel::High, RiskLevel::Critical]);
     let meta = ReportMeta {
         pod_created: rng.pick(&[None, Some(at(0)), Some(at(10))]),
         received: None,

@@ -5,35 +5,62 @@
 //! Pure, over report specs; feeding it from the operator's roll-up is the
 //! operator's (see docs/remediation.md, "Allocation sites").
 
-use memprof_api::{format_bytes, MemoryProfileStatus, MemoryReportSpec, RankAllocationSites};
+use memprof_api::{
+    format_bytes, truncate_utf8, AllocationSites, MemoryProfileStatus, MemoryReportSpec,
+    RankAllocationSites, RiskLevel, MAX_REPORT_SITES, MAX_SITE_FILE, MAX_SITE_FUNCTION,
+};
+use std::cmp::Reverse;
 use std::fmt::Write;
 
-/// The sites to show for a Job, from its ranks' reports.
+/// How a report's sites rank: worst first (highest risk, then most bytes
+/// attributed to code); the caller breaks ties by (rank, name).
+pub(super) type SitesOrder = (Reverse<RiskLevel>, Reverse<u64>);
+
+/// A report's sites as the profile holds them, bounded as the report's
+/// schema says (a report is its pod's word: the API server's schema is not
+/// taken on trust), and their order.
+pub(super) fn rank_sites(spec: &MemoryReportSpec) -> Option<(SitesOrder, RankAllocationSites)> {
+    let s = spec.allocation_sites.as_ref()?;
+    let mut sites = AllocationSites {
+        sites: s.sites.iter().take(MAX_REPORT_SITES).cloned().collect(),
+        ..s.clone()
+    };
+    truncate_utf8(&mut sites.time, 64);
+    truncate_utf8(&mut sites.source, 16);
+    for x in &mut sites.sites {
+        truncate_utf8(&mut x.file, MAX_SITE_FILE);
+        truncate_utf8(&mut x.function, MAX_SITE_FUNCTION);
+    }
+    let bytes = sites
+        .sites
+        .iter()
+        .map(|x| x.bytes)
+        .fold(0u64, u64::saturating_add);
+    let mut pod = spec.pod_name.clone();
+    truncate_utf8(&mut pod, 253);
+    let order = (Reverse(spec.summary.risk), Reverse(bytes));
+    Some((
+        order,
+        RankAllocationSites {
+            rank: spec.rank,
+            pod,
+            sites,
+        },
+    ))
+}
+
+/// The sites to show for a Job, from its ranks' reports (bounded as
+/// [`rank_sites`] says). Among equals the lowest rank, then the first
+/// report, wins (so the choice is stable).
 pub fn worst_rank_sites<'a>(
     reports: impl IntoIterator<Item = &'a MemoryReportSpec>,
 ) -> Option<RankAllocationSites> {
     reports
         .into_iter()
-        .filter_map(|r| r.allocation_sites.as_ref().map(|s| (r, s)))
-        .max_by(|(a, sa), (b, sb)| {
-            let bytes = |s: &memprof_api::AllocationSites| {
-                s.sites
-                    .iter()
-                    .map(|x| x.bytes)
-                    .fold(0u64, u64::saturating_add)
-            };
-            a.summary
-                .risk
-                .cmp(&b.summary.risk)
-                .then(bytes(sa).cmp(&bytes(sb)))
-                // Lower rank wins a tie: max_by keeps the last maximum, so reverse.
-                .then(b.rank.cmp(&a.rank))
-        })
-        .map(|(r, s)| RankAllocationSites {
-            rank: r.rank,
-            pod: r.pod_name.clone(),
-            sites: s.clone(),
-        })
+        .filter_map(|r| rank_sites(r).map(|(order, s)| ((order, r.rank), s)))
+        // min_by keeps the first of equals.
+        .min_by(|a, b| a.0.cmp(&b.0))
+        .map(|(_, s)| s)
 }
 
 /// The `memprof report` section: the profile's sites, else the worst of the
@@ -136,5 +163,28 @@ mod tests {
         };
         assert!(sites_section(Some(&status), &rs).contains("(rank 0, pod train-0"));
         assert_eq!(sites_section(None, &rs[3..4]), "");
+    }
+
+    #[test]
+    fn the_roll_up_carries_the_worst_ranks_sites_bounded() {
+        use crate::rollup::{rollup, RollupInput};
+        let mut big = report(1, RiskLevel::Critical, Some(10));
+        let s = big.allocation_sites.as_mut().unwrap();
+        s.sites = (0..20)
+            .map(|i| AllocationSite {
+                file: "x".repeat(1000),
+                line: i,
+                bytes: 1,
+                ..Default::default()
+            })
+            .collect();
+        let rs = [report(0, RiskLevel::High, Some(1 << 30)), big];
+        let inputs: Vec<_> = rs.iter().map(|spec| RollupInput { spec }).collect();
+        let st = rollup(&inputs, None);
+        let w = st.allocation_sites.expect("the critical rank's sites");
+        assert_eq!(w.rank, Some(1));
+        assert_eq!(w.sites.sites.len(), MAX_REPORT_SITES);
+        assert!(w.sites.sites.iter().all(|x| x.file.len() <= MAX_SITE_FILE));
+        assert_eq!(rollup(&inputs[..0], None).allocation_sites, None);
     }
 }

@@ -22,7 +22,7 @@ mod conditions;
 mod events;
 #[path = "reconcile_write.rs"]
 mod write;
-pub use annotations::{annotations_outdated, job_annotations, JOB_ANNOTATIONS};
+pub use annotations::{annotations_outdated, gpu_oom_annotation, job_annotations, JOB_ANNOTATIONS};
 pub use conditions::{
     rejected_in, CONDITION_RANKS_STALE, CONDITION_READY, CONDITION_REPORTS_COUNTED,
     CONDITION_REPORTS_VALID,
@@ -271,6 +271,7 @@ fn finish(
 ) -> DesiredStatus {
     if let Some(prev) = previous {
         status.ooms = prev.ooms.clone();
+        status.oom_count = prev.oom_count;
         status.remediations = prev.remediations.clone();
         status.remediation_totals = prev.remediation_totals.clone();
         status.last_action = prev.last_action.clone();

@@ -13,18 +13,32 @@
 
 use super::format_location;
 use memprof_api::{
-    MemoryProfileStatus, ANNOTATION_BOTTLENECK, ANNOTATION_IMBALANCE, ANNOTATION_OOM_RISK,
-    ANNOTATION_TIME_TO_OOM,
+    MemoryProfileStatus, ANNOTATION_BOTTLENECK, ANNOTATION_GPU_OOM, ANNOTATION_IMBALANCE,
+    ANNOTATION_OOM_RISK, ANNOTATION_TIME_TO_OOM,
 };
 use std::collections::BTreeMap;
 
 /// The annotations the operator writes on a Job, in a stable order.
-pub const JOB_ANNOTATIONS: [&str; 4] = [
+pub const JOB_ANNOTATIONS: [&str; 5] = [
     ANNOTATION_OOM_RISK,
     ANNOTATION_TIME_TO_OOM,
     ANNOTATION_IMBALANCE,
     ANNOTATION_BOTTLENECK,
+    ANNOTATION_GPU_OOM,
 ];
+
+/// `memprof.dev/gpu-oom` for the Job with uid `job_uid`: its newest
+/// recorded GPU OOM, `"<time> rank N"`. `None` (no annotation) until one
+/// is recorded, and for a Job memprof recreated: the records of the Job it
+/// replaced are the profile's history, not this run's.
+pub fn gpu_oom_annotation(status: &MemoryProfileStatus, job_uid: &str) -> Option<String> {
+    status
+        .ooms
+        .iter()
+        .rev()
+        .find(|o| o.job_uid.as_deref().is_none_or(|u| u == job_uid))
+        .map(|o| o.annotation_value())
+}
 
 /// Share of a step a value may move from the annotated value before the
 /// annotation follows (0.5 would be plain rounding).
@@ -179,6 +193,33 @@ mod tests {
             }
         }
         n
+    }
+
+    #[test]
+    fn the_gpu_oom_annotation_names_this_jobs_newest_oom() {
+        use memprof_api::OomRecord;
+        let oom = |time: &str, rank, job: &str| OomRecord {
+            time: time.into(),
+            rank: Some(rank),
+            job_uid: Some(job.into()),
+            ..Default::default()
+        };
+        let mut st = MemoryProfileStatus::default();
+        assert_eq!(gpu_oom_annotation(&st, "new"), None);
+        st.ooms = vec![
+            oom("2026-11-24T09:00:00Z", 1, "old"),
+            oom("2026-11-24T09:05:00Z", 2, "new"),
+            oom("2026-11-24T09:06:00Z", 3, "old"),
+        ];
+        assert_eq!(
+            gpu_oom_annotation(&st, "new").as_deref(),
+            Some("2026-11-24T09:05:00Z rank 2")
+        );
+        assert_eq!(
+            gpu_oom_annotation(&st, "old").as_deref(),
+            Some("2026-11-24T09:06:00Z rank 3")
+        );
+        assert_eq!(gpu_oom_annotation(&st, "other"), None);
     }
 
     #[test]

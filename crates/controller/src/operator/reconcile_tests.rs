@@ -248,6 +248,7 @@ fn status_rolls_up_and_carries_over_what_others_wrote() {
     let specs = four_ranks();
     let previous = MemoryProfileStatus {
         last_action: Some("scaleBatch BATCH_SIZE 32->24".into()),
+        oom_count: Some(3),
         ..Default::default()
     };
     let d = desired_status(
@@ -262,6 +263,7 @@ fn status_rolls_up_and_carries_over_what_others_wrote() {
     assert_eq!(st.time_to_oom.as_deref(), Some("4m20s"));
     assert_eq!(st.imbalance_display.as_deref(), Some("1.26"));
     assert_eq!(st.last_action, previous.last_action);
+    assert_eq!(st.oom_count, Some(3), "the remediation stage's count");
     assert!(d.rejected.is_empty());
     let ready = &st.conditions[0];
     assert_eq!((ready.type_.as_str(), ready.is_true()), ("Ready", true));

@@ -8,9 +8,9 @@ use super::rollups;
 use super::state::Context;
 use crate::operator::rbac::ensure_reporter_rbac;
 use crate::operator::reconcile::{
-    annotations_outdated, job_annotations, newly_rejected, profile_for_job, profile_is_stale,
-    profile_outdated, profiling_enabled, rejected_in, rejection_event, risk_event, with_batch_fit,
-    DesiredStatus, JOB_ANNOTATIONS,
+    annotations_outdated, gpu_oom_annotation, job_annotations, newly_rejected, profile_for_job,
+    profile_is_stale, profile_outdated, profiling_enabled, rejected_in, rejection_event,
+    risk_event, with_batch_fit, DesiredStatus, JOB_ANNOTATIONS,
 };
 use crate::operator::thresholds;
 use crate::operator::{Error, Result};
@@ -22,7 +22,10 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use kube::{Resource, ResourceExt};
 use memprof_api::thresholds::{resolve as resolve_thresholds, ANNOTATION_THRESHOLDS};
-use memprof_api::{MemoryProfile, MemoryProfileStatus, ANNOTATION_REMEDIATION, OPERATOR_MANAGER};
+use memprof_api::{
+    MemoryProfile, MemoryProfileStatus, ANNOTATION_GPU_OOM, ANNOTATION_REMEDIATION,
+    OPERATOR_MANAGER,
+};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -231,10 +234,15 @@ fn annotate(ctx: &Context, f: &Fetched, job: &Job, status: &MemoryProfileStatus)
         .annotations(&f.key, job_rv)
         .unwrap_or_else(|| job.annotations().clone());
     // Hysteresis: a value moves only when its rounded value does (`reconcile_annotations.rs`).
-    let desired = job_annotations(status, &current);
+    let mut desired = job_annotations(status, &current);
+    let uid = job.uid().unwrap_or_default();
+    // The OOMs the remediation stage recorded (carried in `status`): the
+    // newest, once recorded, tells any reader this exit 1 was a GPU OOM.
+    if let Some(oom) = gpu_oom_annotation(status, &uid) {
+        desired.insert(ANNOTATION_GPU_OOM.into(), oom);
+    }
     if annotations_outdated(&current, &desired) {
-        ctx.writer
-            .annotate(&f.key, &job.uid().unwrap_or_default(), desired);
+        ctx.writer.annotate(&f.key, &uid, desired);
     }
 }
 

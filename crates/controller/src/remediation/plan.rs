@@ -10,8 +10,8 @@
 
 use memprof_api::{
     truncate_utf8, BatchRecommendation, RemediationPolicy, ScaleValue, ANNOTATION_BOTTLENECK,
-    ANNOTATION_IMBALANCE, ANNOTATION_OOM_RISK, ANNOTATION_ORIGINAL_PREFIX, ANNOTATION_REMEDIATION,
-    ANNOTATION_REMEDIATION_NONCE, ANNOTATION_TIME_TO_OOM,
+    ANNOTATION_GPU_OOM, ANNOTATION_IMBALANCE, ANNOTATION_OOM_RISK, ANNOTATION_ORIGINAL_PREFIX,
+    ANNOTATION_REMEDIATION, ANNOTATION_REMEDIATION_NONCE, ANNOTATION_TIME_TO_OOM,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -582,6 +582,7 @@ pub fn recreated_job(
             ANNOTATION_TIME_TO_OOM,
             ANNOTATION_IMBALANCE,
             ANNOTATION_BOTTLENECK,
+            ANNOTATION_GPU_OOM,
         ] {
             a.remove(k);
         }

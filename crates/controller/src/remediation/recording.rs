@@ -14,7 +14,9 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::EventType;
 use kube::ResourceExt;
-use memprof_api::{MemoryProfileStatus, OomRecord, RemediationRecord, MAX_HISTORY};
+use memprof_api::{
+    MemoryProfileStatus, OomRecord, RemediationRecord, MAX_HISTORY, REASON_GPU_OUT_OF_MEMORY,
+};
 use std::sync::Arc;
 use std::time::Duration;
 use tracing::{info, warn};
@@ -103,6 +105,7 @@ fn add(
         })
         .cloned()
         .collect();
+    count_ooms(fresh, added.len());
     fresh.ooms = oom::merge(&fresh.ooms, &added, MAX_HISTORY);
     let (Some((rec, count)), Some(policy)) = (record, policy) else {
         return (added, false);
@@ -116,6 +119,18 @@ fn add(
     push_record(&mut fresh.remediations, rec.clone(), MAX_HISTORY);
     fresh.last_action = Some(last_action(rec));
     (added, true)
+}
+
+/// Counts `added` new OOMs into `oomCount` (before they join `ooms`): every
+/// OOM ever recorded, so it goes on counting once `ooms` drops its oldest. A
+/// profile recorded before the count existed starts from its records.
+fn count_ooms(fresh: &mut MemoryProfileStatus, added: usize) {
+    if added == 0 {
+        return;
+    }
+    let before = fresh.oom_count.unwrap_or(0).max(fresh.ooms.len() as u32);
+    let added = u32::try_from(added).unwrap_or(u32::MAX);
+    fresh.oom_count = Some(before.saturating_add(added));
 }
 
 /// Plans the decision on the Job as it is now: the record (with the plan's
@@ -165,11 +180,14 @@ async fn announce_ooms(exec: &Executor, added: &[OomRecord], regarding: &ObjectR
         let rank = o.rank.map_or("-".into(), |r| r.to_string());
         let gpu = o.gpu_index.map_or("-".into(), |g| g.to_string());
         warn!(pod = %o.pod, evidence = %o.evidence, "GPU OOM observed");
+        // Only the edit that added the record gets here, so each OOM is
+        // announced once, whatever reconciles or restarts follow.
         let note = format!(
-            "GPU OOM in pod {} (rank {rank}, GPU {gpu}): {}",
-            o.pod, o.evidence
+            "GPU out of memory in pod {} (rank {rank}, GPU {gpu}) at {}: {}",
+            o.pod, o.time, o.evidence
         );
-        exec.publish(EventType::Warning, "GpuOomObserved", note, regarding)
+        let reason = REASON_GPU_OUT_OF_MEMORY;
+        exec.publish(EventType::Warning, reason, note, regarding)
             .await;
     }
 }
@@ -190,5 +208,37 @@ async fn announce_record(exec: &Executor, rec: &RemediationRecord, regarding: &O
         let note = format!("RemediationPolicy {} not applied: {message}", rec.policy);
         exec.publish(EventType::Warning, "RemediationSkipped", note, regarding)
             .await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn oom(pod: &str) -> OomRecord {
+        OomRecord {
+            pod: pod.into(),
+            evidence: "terminationMessage trainer#0: exit 1".into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn oom_count_counts_each_new_oom_once_beyond_the_kept_records() {
+        let mut st = MemoryProfileStatus::default();
+        let (added, _) = add(&mut st, &[oom("a")], None, None);
+        assert_eq!((added.len(), st.oom_count), (1, Some(1)));
+        // Seen again (a reconcile, a restarted operator): not counted again.
+        let (added, _) = add(&mut st, &[oom("a")], None, None);
+        assert_eq!((added.len(), st.oom_count), (0, Some(1)));
+        // It goes on counting once `ooms` keeps only the newest 16.
+        for i in 0..20 {
+            add(&mut st, &[oom(&format!("p{i}"))], None, None);
+        }
+        assert_eq!((st.ooms.len(), st.oom_count), (MAX_HISTORY, Some(21)));
+        // A profile recorded before the count existed starts from its records.
+        st.oom_count = None;
+        add(&mut st, &[oom("b")], None, None);
+        assert_eq!(st.oom_count, Some(MAX_HISTORY as u32 + 1));
     }
 }

@@ -19,6 +19,7 @@ pub fn compose(
     let mut st = analysis.clone();
     let recorded = server.cloned().unwrap_or_default();
     st.ooms = recorded.ooms;
+    st.oom_count = recorded.oom_count;
     st.remediations = recorded.remediations;
     st.remediation_totals = recorded.remediation_totals;
     st.last_action = recorded.last_action;
@@ -69,6 +70,7 @@ mod tests {
                 pod: "p".into(),
                 ..Default::default()
             }],
+            oom_count: Some(20),
             ..Default::default()
         };
         let analysis = MemoryProfileStatus {
@@ -80,6 +82,11 @@ mod tests {
         assert_eq!(st.risk, RiskLevel::High);
         assert_eq!(st.last_action, server.last_action);
         assert_eq!(st.ooms, server.ooms);
+        assert_eq!(
+            st.oom_count,
+            Some(20),
+            "the count is the remediation stage's"
+        );
         assert_eq!(compose(Some(&server), None), Some(server.clone()));
         assert_eq!(compose(None, None), None);
     }

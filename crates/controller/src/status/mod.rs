@@ -3,9 +3,10 @@
 //!
 //! | status field | decided by | handed over as |
 //! |---|---|---|
-//! | `ranksReporting`, `ranksExpected`, `ranks`, `gpuCount`, `peak*`, `current*`, `risk`, `confidence`, `timeToOom*`, `leak*`, `fragmentation`, `allocator`, `breakdown`, `imbalance*`, `bottleneck`, `topRanks`, `lastReportTime`, `oldestReportTime`, `ranksStale`, `staleRanks`, `riskHeldUntil` | the roll-up stage (one `JobRollup` per Job, `pipeline/rollups.rs`) (`pipeline/rollup_stage.rs`, from `memprof_analysis` and `operator/reconcile.rs`) | [`StatusWriter::submit`]: the latest [`Analysis`] replaces the one before |
+//! | `ranksReporting`, `ranksExpected`, `ranks`, `gpuCount`, `peak*`, `current*`, `risk`, `confidence`, `timeToOom*`, `leak*`, `fragmentation`, `allocator`, `breakdown`, `imbalance*`, `bottleneck`, `topRanks`, `allocationSites` (the worst rank's, `memprof_analysis::worst_rank_sites`), `lastReportTime`, `oldestReportTime`, `ranksStale`, `staleRanks`, `riskHeldUntil` | the roll-up stage (one `JobRollup` per Job, `pipeline/rollups.rs`) (`pipeline/rollup_stage.rs`, from `memprof_analysis` and `operator/reconcile.rs`) | [`StatusWriter::submit`]: the latest [`Analysis`] replaces the one before |
 //! | `conditions` (`Ready`, `ReportsValid`, `ReportsCounted`, `RanksStale`), `thresholds`, `batchRecommendation` | the roll-up stage | the same [`Analysis`] |
-//! | `ooms`, `remediations`, `remediationTotals`, `lastAction` | the remediation stage (`pipeline/remediation_stage.rs`, `remediation/execute.rs`) | [`StatusWriter::edit`]: a change applied to the newest status, answered once it is written |
+//! | `ooms`, `oomCount`, `remediations`, `remediationTotals`, `lastAction` | the remediation stage (`pipeline/remediation_stage.rs`, `remediation/recording.rs`, `remediation/execute.rs`); `oomCount` grows in the edit that adds to `ooms`, and only that edit's task publishes the OOM's `GPUOutOfMemory` Event | [`StatusWriter::edit`]: a change applied to the newest status, answered once it is written |
+//! | Job annotations `memprof.dev/{oom-risk,time-to-oom,imbalance,bottleneck,gpu-oom}` | the roll-up stage (`operator/reconcile_annotations.rs`; `gpu-oom` from the Job's newest record in `ooms`) | [`StatusWriter::annotate`]: the whole set, applied after the status |
 //!
 //! Every write is made here, by [`StatusWriter::run`]'s workers, as one
 //! server-side apply of the whole status (field manager `memprof-operator`)
