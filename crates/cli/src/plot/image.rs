@@ -65,7 +65,17 @@ pub fn check_image_path(path: &Path) -> Result<ImageFormat, ImageError> {
 pub fn write_image(path: &Path, svg: &str) -> Result<(), ImageError> {
     let bytes = match check_image_path(path)? {
         ImageFormat::Svg => svg.as_bytes().to_vec(),
-        ImageFormat::Png => svg_to_png(svg)?,
+        ImageFormat::Png => {
+            // Seen on a GPU machine without fonts: a PNG of lines and no
+            // words. Say so rather than hand over a picture that cannot be read.
+            if !fonts_available() {
+                eprintln!(
+                    "warning: {}: no font found, the PNG has no text (the .svg has; install a font such as fonts-dejavu-core)",
+                    path.display()
+                );
+            }
+            svg_to_png(svg)?
+        }
     };
     std::fs::write(path, bytes).map_err(|source| ImageError::Write {
         path: path.to_path_buf(),
