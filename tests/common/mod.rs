@@ -376,12 +376,18 @@ pub fn at(offset: u64) -> String {
 /// watch, so it stands in for the operator's namespace.
 pub async fn admission_keys(ns: &str) -> KeyRing {
     let client = Client::try_default().await.expect("the test's kubeconfig");
+    admission_keys_in(&client, ns).await
+}
+
+/// [`admission_keys`] on the cluster `client` talks to (tests/faults.rs runs
+/// control planes of its own).
+pub async fn admission_keys_in(client: &Client, ns: &str) -> KeyRing {
     let cfg = memprof::webhook::keys::KeyConfig {
         namespace: if ns.is_empty() { "default" } else { ns }.to_string(),
         secret_name: memprof::api::admission::DEFAULT_KEY_SECRET.into(),
         grace: jiff::SignedDuration::from_hours(1),
     };
-    memprof::webhook::keys::ensure_keys(&client, &cfg)
+    memprof::webhook::keys::ensure_keys(client, &cfg)
         .await
         .unwrap_or_else(|e| panic!("the admission key of {ns}: {e}"))
 }
@@ -391,6 +397,12 @@ pub async fn admission_keys(ns: &str) -> KeyRing {
 /// under `ns`'s key, issued at the pod's creation. tests/pod_trust.rs runs
 /// the real webhook instead, and pods nobody marks.
 pub async fn mark_as_admitted(pod: &Pod) -> Pod {
+    let admin = Client::try_default().await.expect("the test's kubeconfig");
+    mark_as_admitted_in(&admin, pod).await
+}
+
+/// [`mark_as_admitted`] on the cluster `admin` talks to, as that identity.
+pub async fn mark_as_admitted_in(admin: &Client, pod: &Pod) -> Pod {
     use memprof::api::admission::{sign, Subject, ANNOTATION_ADMISSION};
     let ns = pod.namespace().unwrap_or_default();
     let Some(job_uid) = pod
@@ -400,7 +412,7 @@ pub async fn mark_as_admitted(pod: &Pod) -> Pod {
     else {
         return pod.clone();
     };
-    let ring = admission_keys(&ns).await;
+    let ring = admission_keys_in(admin, &ns).await;
     let subject = Subject {
         namespace: &ns,
         pod: &pod.name_any(),
@@ -413,8 +425,7 @@ pub async fn mark_as_admitted(pod: &Pod) -> Pod {
     }
     let patch = serde_json::json!({"metadata": {"annotations": {ANNOTATION_ADMISSION: mark}}});
     // As the webhook would, whoever the test's `client` is.
-    let admin = Client::try_default().await.expect("the test's kubeconfig");
-    Api::<Pod>::namespaced(admin, &ns)
+    Api::<Pod>::namespaced(admin.clone(), &ns)
         .patch(
             &pod.name_any(),
             &PatchParams::default(),

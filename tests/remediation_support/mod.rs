@@ -141,7 +141,7 @@ pub async fn first_pod(client: &Client, ns: &str, job: &str) -> Pod {
         }
     })
     .await;
-    crate::common::mark_as_admitted(&pod).await
+    crate::common::mark_as_admitted_in(client, &pod).await
 }
 
 /// Makes `container` of `pod` terminated with `exit_code` and `message`,
