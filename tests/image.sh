@@ -146,8 +146,9 @@ if cluster status >/dev/null 2>&1; then
     install -m 0644 "$KUBECONFIG" "$TMP/kubeconfig"
     out=$(bh run --isolation chroot -v "$TMP/kubeconfig:/etc/kubeconfig:ro" -e KUBECONFIG=/etc/kubeconfig \
         "$CTR" -- /usr/local/bin/memprof top -A -o json 2>&1 || true)
-    check "memprof top -A -o json answers a JSON list" "list" \
-        "$(python3 -c 'import json, sys; print(type(json.loads(sys.stdin.read())).__name__)' <<<"$out" 2>/dev/null || echo "$out")"
+    # As kubectl prints a list: {"apiVersion": "v1", "kind": "List", "items": [...]}.
+    check "memprof top -A -o json answers a kubectl List" "List list" \
+        "$(python3 -c 'import json, sys; d = json.loads(sys.stdin.read()); print(d["kind"], type(d["items"]).__name__)' <<<"$out" 2>/dev/null || echo "$out")"
 elif [ "${MEMPROF_REQUIRE_CLUSTER:-0}" = 1 ]; then
     check "the local control plane is up (MEMPROF_REQUIRE_CLUSTER=1)" "up" "down"
 else
