@@ -17,15 +17,23 @@ fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
 }
 
-fn dev() -> Vec<Recording> {
-    let dir = root().join("recordings/dev");
-    let read = |name: &str| std::fs::read_to_string(dir.join(name)).ok();
+/// The recordings of the set `recordings/NAME`, which must hold `n`.
+fn set(name: &str, n: usize) -> Vec<Recording> {
+    let dir = root().join("recordings").join(name);
+    let read = |file: &str| std::fs::read_to_string(dir.join(file)).ok();
     let scenarios = set_scenarios(&read);
-    assert_eq!(scenarios.len(), 9);
+    assert_eq!(scenarios.len(), n, "{name}");
     scenarios
         .into_iter()
         .map(|(name, kind)| read_scenario(&read, &name, kind).unwrap())
         .collect()
+}
+
+/// The set's evaluation, printed as `memprof analyze --evaluate` prints it.
+fn evaluation(name: &str, n: usize) -> Evaluation {
+    let e = evaluate(&set(name, n), &Thresholds::default());
+    println!("{}", render(&e));
+    e
 }
 
 fn traces() -> Vec<Recording> {
@@ -48,9 +56,7 @@ fn one<'a>(list: &'a [Judged], name: &str) -> &'a Judged {
 }
 
 fn dev_evaluation() -> Evaluation {
-    let e = evaluate(&dev(), &Thresholds::default());
-    println!("{}", render(&e));
-    e
+    evaluation("dev", 9)
 }
 
 /// Issue 17 item 7: with the agent, every leak is flagged within 15 s of
@@ -138,20 +144,6 @@ fn after_a_leaks_oom_the_report_keeps_the_verdict_from_before_it() {
     }
 }
 
-fn heldout_evaluation() -> Evaluation {
-    let dir = root().join("recordings/heldout");
-    let read = |name: &str| std::fs::read_to_string(dir.join(name)).ok();
-    let scenarios = set_scenarios(&read);
-    assert_eq!(scenarios.len(), 9);
-    let set: Vec<Recording> = scenarios
-        .into_iter()
-        .map(|(name, kind)| read_scenario(&read, &name, kind).unwrap())
-        .collect();
-    let e = evaluate(&set, &Thresholds::default());
-    println!("{}", render(&e));
-    e
-}
-
 /// The held-out H100 set (other seeds, rates 22 MB/s to 1.7 GB/s, headrooms
 /// and cadences; never seen while the analysis was tuned, first evaluated
 /// on 2026-11-24 and committed afterwards, so from now on it is a
@@ -162,7 +154,7 @@ fn heldout_evaluation() -> Evaluation {
 /// flag. (Before, main at b0c3e97: agent 4/7 flagged, 1 within 15 s, TTO 1/3.)
 #[test]
 fn on_the_held_out_set_the_verdicts_hold_as_on_the_dev_set() {
-    let e = heldout_evaluation();
+    let e = evaluation("heldout", 9);
     let t = &e.agent_totals;
     assert_eq!(
         (t.leaks, t.true_flags, t.false_flag_scenarios),
@@ -196,15 +188,7 @@ fn on_the_held_out_set_the_verdicts_hold_as_on_the_dev_set() {
 /// reaches high.
 #[test]
 fn on_the_fresh_set_no_false_flag_and_the_misses_are_the_known_ones() {
-    let dir = root().join("recordings/fresh");
-    let read = |name: &str| std::fs::read_to_string(dir.join(name)).ok();
-    let set: Vec<Recording> = set_scenarios(&read)
-        .into_iter()
-        .map(|(name, kind)| read_scenario(&read, &name, kind).unwrap())
-        .collect();
-    assert_eq!(set.len(), 8);
-    let e = evaluate(&set, &Thresholds::default());
-    println!("{}", render(&e));
+    let e = evaluation("fresh", 8);
     let (a, n) = (&e.agent_totals, &e.nvml_totals);
     assert_eq!(
         (a.leaks, a.true_flags, a.false_flag_scenarios),
