@@ -13,9 +13,7 @@ mod remediation_support;
 
 use common::*;
 use k8s_openapi::api::batch::v1::Job;
-use kube::api::{Api, PostParams};
 use kube::{Client, ResourceExt};
-use memprof::api::ANNOTATION_ENABLED;
 use remediation_support::*;
 use serde_json::{json, Value};
 
@@ -27,34 +25,6 @@ fn keep_global_policy() -> Value {
     p
 }
 
-/// A profiled `team=ml` Job whose trainer sets these env vars.
-async fn job_with_env(client: &Client, ns: &str, name: &str, env: Value) -> Job {
-    let job: Job = serde_json::from_value(json!({
-        "apiVersion": "batch/v1", "kind": "Job",
-        "metadata": {
-            "name": name,
-            // `memprof.dev/managed` as the webhook stamps it (contract D).
-            "labels": {"team": "ml", "memprof.dev/managed": "true"},
-            "annotations": {ANNOTATION_ENABLED: "true"},
-        },
-        "spec": {
-            "parallelism": 1, "completions": 1, "backoffLimit": 0,
-            "template": {
-                "metadata": {"labels": {"app": name, "memprof.dev/managed": "true"}},
-                "spec": {
-                    "restartPolicy": "Never",
-                    "containers": [{"name": "trainer", "image": "busybox", "env": env}],
-                },
-            },
-        },
-    }))
-    .unwrap();
-    Api::<Job>::namespaced(client.clone(), ns)
-        .create(&PostParams::default(), &job)
-        .await
-        .unwrap()
-}
-
 /// Drives one Job critical and waits for its recreation and `Done` record;
 /// returns the new Job's (micro, accumulation) and the record's action.
 async fn remediate(client: &Client, ns: &str, env: Value) -> (Job, String) {
@@ -62,7 +32,7 @@ async fn remediate(client: &Client, ns: &str, env: Value) -> (Job, String) {
     apply_policy(client, ns, "keep", keep_global_policy())
         .await
         .unwrap();
-    let old = job_with_env(client, ns, "train", env).await;
+    let old = training_job_with_env(client, ns, "train", env).await;
     let old_uid = old.uid().unwrap();
     low_report(client, ns, "train").await;
     profile_with_status(client, ns, "train").await;

@@ -51,21 +51,21 @@ def main():
     src, dst = sys.argv[1], sys.argv[2]
     os.makedirs(dst, exist_ok=True)
     shutil.copy(os.path.join(src, "device.txt"), dst)
-    plan = open(os.path.join(dst, "plan.txt"), "w")
-    for line in open(os.path.join(src, "plan.txt")):
-        parts = line.split()
-        if len(parts) < 2:
-            continue
-        n = parts[1]
-        if not os.path.exists(os.path.join(src, f"{n}.trace.csv")):
-            print(f"{n}: not recorded (skipped by record.sh's deadline?), left out of plan.txt too")
-            continue
-        plan.write(line)
-        visible = gpu_total(os.path.join(src, f"{n}.trace.csv")) // 100
-        for ext in ("trace.csv", "summary.json", "sidecar.log"):
-            shutil.copy(os.path.join(src, f"{n}.{ext}"), dst)
-        trim_pushes(os.path.join(src, f"{n}.pushes.jsonl"), os.path.join(dst, f"{n}.pushes.jsonl"))
-        trim_steps(os.path.join(src, f"{n}.steps.csv"), os.path.join(dst, f"{n}.steps.csv"), visible)
+    with open(os.path.join(dst, "plan.txt"), "w") as plan:
+        for line in open(os.path.join(src, "plan.txt")):
+            parts = line.split()
+            if len(parts) < 2:
+                continue
+            n = parts[1]
+            if not os.path.exists(os.path.join(src, f"{n}.trace.csv")):
+                print(f"{n}: not recorded (skipped by record.sh's deadline?), left out of plan.txt too")
+                continue
+            plan.write(line)
+            visible = gpu_total(os.path.join(src, f"{n}.trace.csv")) // 100
+            for ext in ("trace.csv", "summary.json", "sidecar.log"):
+                shutil.copy(os.path.join(src, f"{n}.{ext}"), dst)
+            trim_pushes(os.path.join(src, f"{n}.pushes.jsonl"), os.path.join(dst, f"{n}.pushes.jsonl"))
+            trim_steps(os.path.join(src, f"{n}.steps.csv"), os.path.join(dst, f"{n}.steps.csv"), visible)
 
 
 if __name__ == "__main__":

@@ -6,10 +6,8 @@
 use crate::common::*;
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{Container, EnvVar, PodSpec, PodTemplateSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, PostParams};
 use kube::Client;
-use memprof::api::admission::LABEL_MANAGED;
 use memprof::api::{GpuReport, MemoryProfile, RiskLevel, TimelinePoint, ANNOTATION_ENABLED};
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -81,16 +79,7 @@ pub async fn create_job_with_batch(client: &Client, ns: &str, name: &str, ranks:
         ANNOTATION_ENABLED.to_string(),
         "true".to_string(),
     )]));
-    // What the webhook stamps on a profiled Job and its pods (contract D):
-    // the operator watches only those.
-    let managed = BTreeMap::from([(LABEL_MANAGED.to_string(), "true".to_string())]);
-    job.metadata.labels = Some(managed.clone());
-    if let Some(spec) = job.spec.as_mut() {
-        spec.template.metadata = Some(ObjectMeta {
-            labels: Some(managed),
-            ..Default::default()
-        });
-    }
+    mark_managed(&mut job);
     Api::<Job>::namespaced(client.clone(), ns)
         .create(&PostParams::default(), &job)
         .await

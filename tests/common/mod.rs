@@ -265,21 +265,25 @@ pub async fn create_job(
             ANNOTATION_ENABLED.to_string(),
             "true".to_string(),
         )]));
-        // What the webhook stamps on a profiled Job and its pods (contract D):
-        // the operator watches only those.
-        let managed = BTreeMap::from([(LABEL_MANAGED.to_string(), "true".to_string())]);
-        job.metadata.labels = Some(managed.clone());
-        if let Some(spec) = job.spec.as_mut() {
-            spec.template.metadata = Some(ObjectMeta {
-                labels: Some(managed),
-                ..Default::default()
-            });
-        }
+        mark_managed(&mut job);
     }
     Api::<Job>::namespaced(client.clone(), ns)
         .create(&PostParams::default(), &job)
         .await
         .unwrap_or_else(|e| panic!("creating Job {name}: {e}"))
+}
+
+/// Labels `job` and its pod template `memprof.dev/managed=true`, as the
+/// webhook stamps a profiled Job (contract D): the operator watches only those.
+pub fn mark_managed(job: &mut Job) {
+    let managed = BTreeMap::from([(LABEL_MANAGED.to_string(), "true".to_string())]);
+    job.metadata.labels = Some(managed.clone());
+    if let Some(spec) = job.spec.as_mut() {
+        spec.template.metadata = Some(ObjectMeta {
+            labels: Some(managed),
+            ..Default::default()
+        });
+    }
 }
 
 /// One GPU of a simulated rank.

@@ -34,6 +34,11 @@ pub async fn training_job(client: &Client, ns: &str, name: &str, batch: Option<&
         .into_iter()
         .chain([json!({"name": "LR", "value": "0.001"})])
         .collect();
+    training_job_with_env(client, ns, name, json!(env)).await
+}
+
+/// [`training_job`] whose trainer container has exactly `env` (a JSON list).
+pub async fn training_job_with_env(client: &Client, ns: &str, name: &str, env: Value) -> Job {
     let job: Job = serde_json::from_value(json!({
         "apiVersion": "batch/v1", "kind": "Job",
         "metadata": {
