@@ -8,6 +8,8 @@
 #
 # Phases:
 #   leak:RATE,HEADROOM,MAXDUR   train.py's leak (RATE MB/s until the CUDA OOM), history on
+#   leakdefault:RATE,HEADROOM,MAXDUR  the same in the default deployment: history off
+#                               until the sidecar's verdict reaches high (issue 18 item 4)
 #   grow:DUR                    agent_train.py grow (sequence length grows: cache, no leak)
 #   frag:DUR                    agent_train.py frag, then again with expandable_segments:True
 #   ab:DUR,WIN                  agent_train.py ab: step time with the agent on/off
@@ -64,6 +66,11 @@ for phase in "$@"; do
     MEMPROF_AGENT_RECORD_HISTORY=1 with_sidecar "leak$a1" \
       $PY "$HERE/train.py" --scenario leak --leak-mbps "$a1" --headroom-gb "$a2" --duration "$a3" \
       --summary-json "$OUT/leak$a1.summary.json"
+    ;;
+  leakdefault)
+    with_sidecar "leakdefault$a1" \
+      $PY "$HERE/train.py" --scenario leak --leak-mbps "$a1" --headroom-gb "$a2" --duration "$a3" \
+      --summary-json "$OUT/leakdefault$a1.summary.json"
     ;;
   grow)
     with_sidecar grow $PY "$HERE/agent_train.py" grow --duration "$a1" --summary-json "$OUT/grow.summary.json"
