@@ -146,67 +146,111 @@ pub fn detect(
     known: &[OomRecord],
     now: Timestamp,
 ) -> Vec<OomRecord> {
-    let mut found: Vec<OomRecord> = Vec::new();
-    let report_of = |pod: &str| reports.iter().find(|r| r.pod_name == pod).copied();
+    let mut found: Vec<OomRecord> = pods
+        .iter()
+        .flat_map(|admitted| pod_ooms(admitted, reports, now))
+        .collect();
+    found.extend(agent_ooms(pods, reports, known, now));
+    only_new(found, known)
+}
+
+/// The OOMs a pod's terminated containers show: a CUDA OOM in the
+/// termination message, or a failure right after its last report saw a GPU
+/// at its ceiling.
+fn pod_ooms(
+    admitted: &Admitted<'_>,
+    reports: &[&MemoryReportSpec],
+    now: Timestamp,
+) -> Vec<OomRecord> {
+    let pod = admitted.pod();
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let report = reports.iter().find(|r| r.pod_name == name).copied();
+    let rank = report
+        .and_then(|r| r.rank)
+        .or_else(|| completion_index(pod));
+    let fullest = report.and_then(fullest_gpu);
+    let mut out = Vec::new();
+    for (container, restart, t) in terminations(pod) {
+        // 137 + OOMKilled is the kernel's host-memory OOM, not the GPU's.
+        if t.exit_code == 0 || t.reason.as_deref() == Some("OOMKilled") {
+            continue;
+        }
+        let Some(mut evidence) = termination_evidence(container, restart, t, report, fullest)
+        else {
+            continue;
+        };
+        truncate_utf8(&mut evidence, 512);
+        let finished = t.finished_at.as_ref().map(|f| f.0);
+        out.push(OomRecord {
+            time: finished.unwrap_or(now).min(now).to_string(),
+            pod: name.clone(),
+            rank,
+            gpu_index: fullest.map(|(g, _)| g),
+            evidence,
+            job_uid: Some(admitted.job_uid().to_string()),
+        });
+    }
+    out
+}
+
+/// The Job controller's completion index of an indexed Job's pod (display only).
+fn completion_index(pod: &Pod) -> Option<u32> {
+    pod.metadata
+        .annotations
+        .as_ref()?
+        .get(COMPLETION_INDEX)?
+        .parse()
+        .ok()
+}
+
+/// Why a failed container's termination is a GPU OOM, or `None` if it is not one.
+fn termination_evidence(
+    container: &str,
+    restart: i32,
+    t: &ContainerStateTerminated,
+    report: Option<&MemoryReportSpec>,
+    fullest: Option<(u32, f64)>,
+) -> Option<String> {
+    let message = t.message.as_deref().unwrap_or_default();
+    if let Some(pattern) = cuda_oom_pattern(message) {
+        let mut excerpt = message.trim().replace('\n', " ");
+        truncate_utf8(&mut excerpt, 300);
+        return Some(format!(
+            "{EVIDENCE_TERMINATION} {container}#{restart}: exit {}, {pattern:?} in the termination message: {excerpt}",
+            t.exit_code
+        ));
+    }
+    // Only a report sampled before the exit says where the GPU was when it failed.
+    let sampled = report.and_then(|r| r.sampled_at.parse::<Timestamp>().ok());
+    let finished = t.finished_at.as_ref().map(|f| f.0);
+    let before_exit = match (sampled, finished) {
+        (Some(s), Some(f)) => s <= f,
+        _ => true,
+    };
+    match fullest {
+        Some((gpu, frac)) if frac >= CEILING_FRACTION && before_exit => Some(format!(
+            "{EVIDENCE_CEILING} {container}#{restart}: exit {} after GPU {gpu} was at {:.1}% of its memory in the last report",
+            t.exit_code,
+            frac * 100.0
+        )),
+        _ => None,
+    }
+}
+
+/// The OOMs the in-process agents counted (`allocator.numOoms`) beyond
+/// those already recorded for their pod.
+fn agent_ooms(
+    pods: &[Admitted<'_>],
+    reports: &[&MemoryReportSpec],
+    known: &[OomRecord],
+    now: Timestamp,
+) -> Vec<OomRecord> {
     let job_of = |pod: &str| {
         pods.iter()
             .find(|p| p.pod().metadata.name.as_deref() == Some(pod))
             .map(|p| p.job_uid().to_string())
     };
-    for admitted in pods {
-        let pod = admitted.pod();
-        let name = pod.metadata.name.clone().unwrap_or_default();
-        let report = report_of(&name);
-        let rank = report.and_then(|r| r.rank).or_else(|| {
-            pod.metadata
-                .annotations
-                .as_ref()?
-                .get(COMPLETION_INDEX)?
-                .parse()
-                .ok()
-        });
-        let fullest = report.and_then(fullest_gpu);
-        for (container, restart, t) in terminations(pod) {
-            // 137 + OOMKilled is the kernel's host-memory OOM, not the GPU's.
-            if t.exit_code == 0 || t.reason.as_deref() == Some("OOMKilled") {
-                continue;
-            }
-            let finished = t.finished_at.as_ref().map(|f| f.0);
-            let message = t.message.as_deref().unwrap_or_default();
-            let evidence = if let Some(pattern) = cuda_oom_pattern(message) {
-                let mut excerpt = message.trim().replace('\n', " ");
-                truncate_utf8(&mut excerpt, 300);
-                format!(
-                    "{EVIDENCE_TERMINATION} {container}#{restart}: exit {}, {pattern:?} in the termination message: {excerpt}",
-                    t.exit_code
-                )
-            } else {
-                let sampled = report.and_then(|r| r.sampled_at.parse::<Timestamp>().ok());
-                let before_exit = match (sampled, finished) {
-                    (Some(s), Some(f)) => s <= f,
-                    _ => true,
-                };
-                match fullest {
-                    Some((gpu, frac)) if frac >= CEILING_FRACTION && before_exit => format!(
-                        "{EVIDENCE_CEILING} {container}#{restart}: exit {} after GPU {gpu} was at {:.1}% of its memory in the last report",
-                        t.exit_code,
-                        frac * 100.0
-                    ),
-                    _ => continue,
-                }
-            };
-            let mut evidence = evidence;
-            truncate_utf8(&mut evidence, 512);
-            found.push(OomRecord {
-                time: finished.unwrap_or(now).min(now).to_string(),
-                pod: name.clone(),
-                rank,
-                gpu_index: fullest.map(|(g, _)| g),
-                evidence,
-                job_uid: Some(admitted.job_uid().to_string()),
-            });
-        }
-    }
+    let mut out = Vec::new();
     for r in reports {
         let Some(count) = r.allocator.as_ref().map(|a| a.num_ooms) else {
             continue;
@@ -216,26 +260,31 @@ pub fn detect(
             continue;
         };
         let before = recorded_agent_ooms(known, &r.pod_name);
-        if count > before {
-            // A report's time is the sidecar's word: parsed and never later
-            // than now, so nothing a pod writes is copied into the status.
-            let time = r
-                .sampled_at
-                .parse::<Timestamp>()
-                .map_or(now, |t| t.min(now));
-            found.push(OomRecord {
-                time: time.to_string(),
-                job_uid: Some(job_uid),
-                pod: r.pod_name.clone(),
-                rank: r.rank,
-                gpu_index: fullest_gpu(r).map(|(g, _)| g),
-                evidence: format!(
-                    "{EVIDENCE_AGENT} numOoms={count}: the in-process agent counted {count} CUDA OOM(s), {before} recorded before"
-                ),
-            });
+        if count <= before {
+            continue;
         }
+        // A report's time is the sidecar's word: parsed and never later
+        // than now, so nothing a pod writes is copied into the status.
+        let time = r
+            .sampled_at
+            .parse::<Timestamp>()
+            .map_or(now, |t| t.min(now));
+        out.push(OomRecord {
+            time: time.to_string(),
+            job_uid: Some(job_uid),
+            pod: r.pod_name.clone(),
+            rank: r.rank,
+            gpu_index: fullest_gpu(r).map(|(g, _)| g),
+            evidence: format!(
+                "{EVIDENCE_AGENT} numOoms={count}: the in-process agent counted {count} CUDA OOM(s), {before} recorded before"
+            ),
+        });
     }
+    out
+}
 
+/// `found` without what `known` holds, oldest first, each OOM once.
+fn only_new(mut found: Vec<OomRecord>, known: &[OomRecord]) -> Vec<OomRecord> {
     let keys: Vec<String> = known.iter().map(record_key).collect();
     // Once the bounded list is full, an OOM older than its oldest entry may
     // be one that was dropped: recording it again would loop forever.
