@@ -176,7 +176,10 @@ mod tests {
         assert_eq!(role.metadata.namespace.as_deref(), Some("ml"));
         // Directives live in the status: a pod must not write them.
         let resources = rules.iter().flat_map(|r| r.resources.iter().flatten());
-        assert!(resources.clone().all(|r| !r.contains('/')), "no subresource");
+        assert!(
+            resources.clone().all(|r| !r.contains('/')),
+            "no subresource"
+        );
     }
 
     #[test]
