@@ -539,3 +539,50 @@ async fn job_planted_under_memprofs_remediation_id_is_not_taken_for_the_recreate
     let now = job_of(&admin, ns, "train").await.unwrap();
     assert_eq!(now.uid(), planted.uid(), "left alone, not taken over");
 }
+
+#[tokio::test]
+async fn pod_cannot_write_directives_for_any_trainer_its_own_included() {
+    let Some(admin) = cluster().await else {
+        return;
+    };
+    let ns = TestNamespace::create(&admin).await;
+    let ns = ns.name.as_str();
+    let pod = pod_identity(&admin, ns).await;
+    let mut own = report(
+        "train",
+        0,
+        &at(10),
+        vec![gpu(0, 30, 30, RiskLevel::Low, None)],
+    );
+    own.metadata.name = Some("train-0".into());
+    own.spec.pod_name = "train-0".into();
+    let reports: Api<memprof::api::MemoryReport> = Api::namespaced(pod.clone(), ns);
+    eventually("the reporter Role in effect", || async {
+        let pp = PatchParams::apply(memprof::api::SIDECAR_MANAGER).force();
+        reports
+            .patch("train-0", &pp, &Patch::Apply(&own))
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    })
+    .await;
+    // The directives live in the status subresource, which only the operator writes.
+    let body = json!({"status": {"directives": [
+        {"id": "forged", "kind": "notifyTrainer", "level": "critical", "reason": "x"}]}});
+    let err = reports
+        .patch_status("train-0", &PatchParams::default(), &Patch::Merge(&body))
+        .await
+        .expect_err("a pod must not write directives");
+    assert!(
+        matches!(&err, kube::Error::Api(s) if s.code == 403),
+        "{err}"
+    );
+    // The same patch as the operator's identity (admin here) is accepted: the
+    // refusal above is RBAC's, not a malformed body's.
+    let admin_reports: Api<memprof::api::MemoryReport> = Api::namespaced(admin.clone(), ns);
+    let written = admin_reports
+        .patch_status("train-0", &PatchParams::default(), &Patch::Merge(&body))
+        .await
+        .expect("the operator's identity writes directives");
+    assert_eq!(written.status.unwrap().directives[0].id, "forged");
+}
