@@ -17,7 +17,7 @@
 //! most 16 directives per report, the newest kept.
 
 use super::executor::Executor;
-use super::plan::Plan;
+use super::plan::{Plan, Step};
 use super::steps::Steps;
 use super::{Error, Result};
 use crate::key::JobKey;
@@ -25,8 +25,8 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::ResourceExt;
 use memprof_api::agent::{Directive, DirectiveKind};
 use memprof_api::{
-    truncate_utf8, Acknowledgements, MemoryReport, NotifyLevel, RemediationRecord, MAX_ACK_RANKS,
-    MAX_REPORT_DIRECTIVES, OPERATOR_MANAGER,
+    truncate_utf8, Acknowledgements, MemoryReport, NotifyLevel, NotifyTrainerAction,
+    RemediationRecord, MAX_ACK_RANKS, MAX_REPORT_DIRECTIVES, OPERATOR_MANAGER,
 };
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -65,6 +65,19 @@ pub fn with_directive(existing: &[Directive], d: &Directive) -> Option<Vec<Direc
     let excess = out.len().saturating_sub(MAX_REPORT_DIRECTIVES);
     out.drain(..excess);
     Some(out)
+}
+
+/// The `notifyTrainer` step: the action's reason, else the policy and why it fired.
+pub(super) fn step(n: &NotifyTrainerAction, plan: &Plan) -> Step {
+    let mut reason = n
+        .reason
+        .clone()
+        .unwrap_or_else(|| format!("RemediationPolicy {}: {}", plan.policy, plan.why));
+    truncate_utf8(&mut reason, memprof_api::agent::MAX_DIRECTIVE_REASON);
+    Step::NotifyTrainer {
+        level: n.level,
+        reason,
+    }
 }
 
 /// How writing one rank's directive ended.

@@ -9,10 +9,10 @@
 //! one env value changed, nothing less.
 
 use memprof_api::{
-    truncate_utf8, BatchRecommendation, NotifyLevel, NotifyTrainerAction, RemediationPolicy,
-    ScaleValue, ANNOTATION_BOTTLENECK, ANNOTATION_GPU_OOM, ANNOTATION_IMBALANCE,
-    ANNOTATION_OOM_RISK, ANNOTATION_ORIGINAL_PREFIX, ANNOTATION_REMEDIATION,
-    ANNOTATION_REMEDIATION_NONCE, ANNOTATION_TIME_TO_OOM,
+    truncate_utf8, BatchRecommendation, NotifyLevel, RemediationPolicy, ScaleValue,
+    ANNOTATION_BOTTLENECK, ANNOTATION_GPU_OOM, ANNOTATION_IMBALANCE, ANNOTATION_OOM_RISK,
+    ANNOTATION_ORIGINAL_PREFIX, ANNOTATION_REMEDIATION, ANNOTATION_REMEDIATION_NONCE,
+    ANNOTATION_TIME_TO_OOM,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -427,7 +427,7 @@ pub fn build(input: &PlanInput<'_>) -> Result<Plan, PlanError> {
             suspend = true;
             plan.steps.push(Step::Suspend);
         } else if let Some(n) = &action.notify_trainer {
-            plan.steps.push(notify_step(n, &plan));
+            plan.steps.push(super::notify::step(n, &plan));
         }
     }
     if !changes.is_empty() {
@@ -444,19 +444,6 @@ pub fn build(input: &PlanInput<'_>) -> Result<Plan, PlanError> {
     // After the recreation, so that the Event lands on the new Job.
     plan.steps.extend(fit_events);
     Ok(plan)
-}
-
-/// The `notifyTrainer` step: the action's reason, else the policy and why it fired.
-fn notify_step(n: &NotifyTrainerAction, plan: &Plan) -> Step {
-    let mut reason = n
-        .reason
-        .clone()
-        .unwrap_or_else(|| format!("RemediationPolicy {}: {}", plan.policy, plan.why));
-    truncate_utf8(&mut reason, memprof_api::agent::MAX_DIRECTIVE_REASON);
-    Step::NotifyTrainer {
-        level: n.level,
-        reason,
-    }
 }
 
 /// `Kind/name` of the controller that owns a Job, if one does.
