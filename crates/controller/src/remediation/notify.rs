@@ -385,13 +385,11 @@ impl Executor {
                 changed.then_some(())
             })
             .await;
-        match written {
-            Ok(_) => None,
-            Err(e) => {
-                tracing::warn!(job = %key, error = %e, "cannot record the acknowledgements; retrying");
-                Some(std::time::Duration::from_secs(1))
-            }
+        if let Err(e) = written {
+            tracing::warn!(job = %key, error = %e, "cannot record the acknowledgements; retrying");
         }
+        // At most one tally write a second per Job, whatever the acks' rate.
+        Some(std::time::Duration::from_secs(1))
     }
 }
 
