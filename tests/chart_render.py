@@ -149,6 +149,7 @@ def check_common(case: str, docs: list[dict], values: dict) -> None:
 
     check(f"{case}: operator may grant memoryreports create/get/patch", grants("memprof.dev", "memoryreports", {"create", "get", "patch"}))
     check(f"{case}: operator manages roles/rolebindings", grants("rbac.authorization.k8s.io", "roles", {"create", "get", "patch"}) and grants("rbac.authorization.k8s.io", "rolebindings", {"create", "get", "patch"}))
+    check(f"{case}: operator writes directives (memoryreports/status get/patch)", grants("memprof.dev", "memoryreports/status", {"get", "patch"}))
     check(f"{case}: jobs verbs", grants("batch", "jobs", {"get", "list", "watch", "create", "delete", "patch"}))
     check(f"{case}: events.k8s.io", grants("events.k8s.io", "events", {"create", "patch"}))
     ns_role = one(docs, "Role")
@@ -250,6 +251,7 @@ def check_least_privilege() -> None:
         and edit["metadata"]["labels"].get("rbac.authorization.k8s.io/aggregate-to-edit") == "true"
         and {"create", "patch", "delete"} <= granted(edit["rules"], "memprof.dev", "remediationpolicies")
         and not granted(edit["rules"], "memprof.dev", "memoryreports")
+        and not granted(edit["rules"], "memprof.dev", "memoryreports/status")
         and not granted(edit["rules"], "memprof.dev", "memoryprofiles"),
     )
     check(

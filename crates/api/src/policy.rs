@@ -170,6 +170,46 @@ pub struct RemediationAction {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("enum" = [true]))]
     pub suspend: Option<bool>,
+    /// Tell every counted rank's trainer to act at `level` now, in-process
+    /// and without a restart: a directive in each rank's MemoryReport status,
+    /// relayed by its sidecar to the agent's `on_risk` callbacks; the record
+    /// tallies their acknowledgements.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notify_trainer: Option<NotifyTrainerAction>,
+}
+
+/// Run the trainers' `on_risk` callbacks at a level (issue 18 item 2).
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct NotifyTrainerAction {
+    /// `high` (the ready-made helpers checkpoint) or `critical` (they halve
+    /// the micro-batch and double accumulation, keeping the global batch).
+    pub level: NotifyLevel,
+    /// Why, for the trainer's log (default: the policy and the trigger that fired).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 256))]
+    pub reason: Option<String>,
+}
+
+/// The levels a trainer can be told to act at.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub enum NotifyLevel {
+    /// Act soon (e.g. checkpoint).
+    High,
+    /// OOM imminent (e.g. split the micro-batch).
+    #[default]
+    Critical,
+}
+
+impl NotifyLevel {
+    /// The risk level the directive carries.
+    pub fn risk(self) -> RiskLevel {
+        match self {
+            NotifyLevel::High => RiskLevel::High,
+            NotifyLevel::Critical => RiskLevel::Critical,
+        }
+    }
 }
 
 /// Annotation to set.

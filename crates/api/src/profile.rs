@@ -9,6 +9,9 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+mod acks;
+pub use acks::{Acknowledgements, MAX_ACK_RANKS};
+
 /// A profiled workload and what memprof concluded about its GPU memory.
 #[derive(CustomResource, Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[kube(
@@ -476,6 +479,9 @@ pub struct RemediationRecord {
     /// The Job was deleted by this remediation (so it counts, whatever happened next).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub job_deleted: bool,
+    /// With `notifyTrainer`: which ranks' trainers acknowledged the directive.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acknowledged: Option<Acknowledgements>,
 }
 
 /// How often one policy changed a workload, over its whole life.

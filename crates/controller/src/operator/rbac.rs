@@ -1,6 +1,8 @@
 //! Namespaced RBAC for the sidecars: a Role `memprof-reporter` that may
 //! create, read and patch `memoryreports`, bound to the service account the
-//! profiled Job's pods run as.
+//! profiled Job's pods run as. Never `memoryreports/status`: that is where
+//! the operator writes `notifyTrainer` directives (the operator's
+//! ClusterRole, in the chart, has it), so no pod can order a trainer.
 //!
 //! Why per namespace and not one ClusterRoleBinding: a ClusterRoleBinding to
 //! every service account that runs a profiled Job would let any pod of those
@@ -172,6 +174,12 @@ mod tests {
         );
         assert_eq!(rules[0].verbs, ["create", "get", "patch"]);
         assert_eq!(role.metadata.namespace.as_deref(), Some("ml"));
+        // Directives live in the status: a pod must not write them.
+        let resources = rules.iter().flat_map(|r| r.resources.iter().flatten());
+        assert!(
+            resources.clone().all(|r| !r.contains('/')),
+            "no subresource"
+        );
     }
 
     #[test]

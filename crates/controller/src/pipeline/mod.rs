@@ -134,6 +134,11 @@ pub async fn run(
         executor,
         Arc::new(WorkQueue::default()),
     ));
+    if let Some(exec) = &ctx.executor {
+        // Weak: the context holds the executor.
+        let counted: Arc<dyn crate::remediation::CountedReports> = ctx.clone();
+        exec.set_counted(Arc::downgrade(&counted));
+    }
     let _job_gauges = setup.metrics.jobs.publish(ctx.caches.profiles.clone());
     info!(namespace = %if opts.namespace.is_empty() { "*" } else { &opts.namespace }, "memprof controller started");
     serve(ctx, writer, changes, stop).await;

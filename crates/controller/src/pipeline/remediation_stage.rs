@@ -6,13 +6,16 @@
 use super::reconcile::Fetched;
 use super::rollups;
 use super::state::Context;
+use crate::key::JobKey;
 use crate::operator::reconcile::profiling_enabled;
 use crate::operator::trust;
 use crate::remediation::triggers::PHASE_PENDING;
-use crate::remediation::{decide, oom};
+use crate::remediation::{decide, notify, oom, CountedReports};
 use jiff::Timestamp;
 use kube::ResourceExt;
-use memprof_api::{MemoryReportSpec, MAX_HISTORY};
+use memprof_api::{
+    Acknowledgements, MemoryReport, MemoryReportSpec, RemediationRecord, MAX_HISTORY,
+};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -35,6 +38,11 @@ pub(super) fn run(ctx: &Arc<Context>, f: &Fetched) -> Option<Duration> {
         return None;
     }
     let now = Timestamp::now();
+    if let Some(tallies) = changed_tallies(ctx, &f.key, &view.remediations, now) {
+        let key = f.key.clone();
+        ctx.spawn_task(key.clone(), exec.record_tallies(key, tallies));
+        return None;
+    }
     // Only the pods (and their counted reports) that changed since the last
     // scan: what is already recorded is not recorded again anyway.
     let scan = rollups::take_oom_scan(ctx, &f.key);
@@ -72,4 +80,58 @@ pub(super) fn run(ctx: &Arc<Context>, f: &Fetched) -> Option<Duration> {
         ctx.spawn_task(key.clone(), exec.record(key, job_uid, ooms, decision));
     }
     Some(again)
+}
+
+/// The `notifyTrainer` tallies of the Job's open records (`notify::open_tallies`)
+/// that its counted reports' acknowledgements now change; `None` when none
+/// changes (then nothing is written). O(counted reports), and only while a
+/// record's tally is open.
+fn changed_tallies(
+    ctx: &Context,
+    key: &JobKey,
+    records: &[RemediationRecord],
+    now: Timestamp,
+) -> Option<Vec<(String, Acknowledgements)>> {
+    let open = notify::open_tallies(records, now);
+    if open.is_empty() {
+        return None;
+    }
+    let reports = counted_reports(ctx, key);
+    let changed: Vec<_> = open
+        .into_iter()
+        .filter_map(|(id, was)| {
+            let t = notify::tally(reports.iter().map(|r| r.as_ref()), &id, was.not_delivered);
+            // A rank that left (its pod gone) does not undo the answers counted.
+            if t.ok + t.failed < was.ok + was.failed {
+                return None;
+            }
+            (t != was).then_some((id, t))
+        })
+        .collect();
+    (!changed.is_empty()).then_some(changed)
+}
+
+/// The reports the pipeline counts for Job `key`: screened by trust
+/// (`operator/trust.rs`: its own pod's, an admitted pod of the Job), as the
+/// roll-up holds them.
+fn counted_reports(ctx: &Context, key: &JobKey) -> Vec<Arc<MemoryReport>> {
+    let names: Vec<String> = ctx.with_state(key, |s| {
+        s.rollup.as_ref().map_or_else(Vec::new, |t| {
+            t.known
+                .iter()
+                .filter(|n| !t.refused.contains_key(*n))
+                .cloned()
+                .collect()
+        })
+    });
+    names
+        .iter()
+        .filter_map(|n| rollups::report_of(&ctx.caches, key, n))
+        .collect()
+}
+
+impl CountedReports for Context {
+    fn counted(&self, key: &JobKey) -> Vec<Arc<MemoryReport>> {
+        counted_reports(self, key)
+    }
 }

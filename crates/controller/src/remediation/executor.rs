@@ -37,6 +37,8 @@ pub struct Executor {
     pub(super) failures: Mutex<HashMap<JobKey, u32>>,
     /// Wakes the policy status writer after a record was written.
     pub(super) policy_status: Notify,
+    /// The pipeline's counted reports (`notifyTrainer`), set once it runs.
+    pub(super) counted: std::sync::OnceLock<std::sync::Weak<dyn super::CountedReports>>,
 }
 
 impl Executor {
@@ -63,6 +65,7 @@ impl Executor {
             waits: Mutex::default(),
             failures: Mutex::default(),
             policy_status: Notify::new(),
+            counted: std::sync::OnceLock::new(),
         }
     }
 

@@ -40,6 +40,7 @@
 mod decide;
 mod execute;
 mod executor;
+pub mod notify;
 pub mod oom;
 pub mod plan;
 mod recording;
@@ -53,6 +54,7 @@ pub mod verify;
 
 pub use decide::{decide, Decision};
 pub use executor::Executor;
+pub use notify::CountedReports;
 pub use status::{policy_status, policy_status_task};
 pub use steps::{FAILPOINT_AFTER_DELETE, FAILPOINT_ENV};
 
@@ -213,6 +215,8 @@ pub struct Metrics {
     pub reconcile_errors: Family<StepLabels, Counter>,
     /// Saved plans refused because they were not the recorded ones.
     pub plans_refused: Counter,
+    /// Status patches of MemoryReports writing a `notifyTrainer` directive.
+    pub directive_writes: Counter,
 }
 
 impl Metrics {
@@ -235,6 +239,11 @@ impl Metrics {
             "plans_refused",
             "Saved remediation plans refused because they were not the recorded ones",
             m.plans_refused.clone(),
+        );
+        r.register(
+            "directive_writes",
+            "Status patches of MemoryReports writing a notifyTrainer directive",
+            m.directive_writes.clone(),
         );
         Arc::new(m)
     }

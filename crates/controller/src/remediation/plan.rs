@@ -9,9 +9,10 @@
 //! one env value changed, nothing less.
 
 use memprof_api::{
-    truncate_utf8, BatchRecommendation, RemediationPolicy, ScaleValue, ANNOTATION_BOTTLENECK,
-    ANNOTATION_GPU_OOM, ANNOTATION_IMBALANCE, ANNOTATION_OOM_RISK, ANNOTATION_ORIGINAL_PREFIX,
-    ANNOTATION_REMEDIATION, ANNOTATION_REMEDIATION_NONCE, ANNOTATION_TIME_TO_OOM,
+    truncate_utf8, BatchRecommendation, NotifyLevel, RemediationPolicy, ScaleValue,
+    ANNOTATION_BOTTLENECK, ANNOTATION_GPU_OOM, ANNOTATION_IMBALANCE, ANNOTATION_OOM_RISK,
+    ANNOTATION_ORIGINAL_PREFIX, ANNOTATION_REMEDIATION, ANNOTATION_REMEDIATION_NONCE,
+    ANNOTATION_TIME_TO_OOM,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -95,6 +96,13 @@ pub enum Step {
     },
     /// Set `spec.suspend: true` (folded into the manifest when the Job is recreated).
     Suspend,
+    /// Write a `notifyTrainer` directive (id: the plan's) into every counted rank's report status.
+    NotifyTrainer {
+        /// The level the trainers are to act at.
+        level: NotifyLevel,
+        /// Why, for the trainers' logs (at most 256 bytes).
+        reason: String,
+    },
     /// Delete the Job and create `manifest` in its place.
     Recreate {
         /// The env changes baked into `manifest`.
@@ -145,6 +153,9 @@ impl Plan {
                     from.as_deref().unwrap_or("<unset>")
                 ),
                 Step::Suspend => "suspend".into(),
+                Step::NotifyTrainer { level, .. } => {
+                    format!("notifyTrainer {}", level.risk().as_str())
+                }
                 Step::Recreate { changes, .. } => {
                     let mut seen = Vec::new();
                     for c in changes {
@@ -415,6 +426,8 @@ pub fn build(input: &PlanInput<'_>) -> Result<Plan, PlanError> {
         } else if action.suspend == Some(true) {
             suspend = true;
             plan.steps.push(Step::Suspend);
+        } else if let Some(n) = &action.notify_trainer {
+            plan.steps.push(super::notify::step(n, &plan));
         }
     }
     if !changes.is_empty() {

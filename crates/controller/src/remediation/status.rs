@@ -55,6 +55,8 @@ pub fn describe_actions(policy: &RemediationPolicy) -> String {
                 format!("setConfigMapKey {}/{}", c.config_map, c.key)
             } else if a.suspend == Some(true) {
                 "suspend".into()
+            } else if let Some(n) = &a.notify_trainer {
+                format!("notifyTrainer {}", n.level.risk().as_str())
             } else {
                 "none".into()
             }
