@@ -3,10 +3,11 @@
 //! trainer, and whether to record allocation history.
 //!
 //! Directives come from a [`Directives`] source the run loop consults at
-//! each analysis. Today's is [`NoDirectives`]: directives are the operator's
-//! (a `notifyTrainer` remediation, recorded where only the operator writes),
-//! and a source that relays them plugs in here without touching the loop or
-//! the endpoint; [`watch::Receiver`] is one, fed by whatever task reads them.
+//! each analysis. Directives are the operator's (a `notifyTrainer`
+//! remediation, written where only the operator writes: the pod's own
+//! MemoryReport's status). In a cluster the source is a [`watch::Receiver`]
+//! fed by the task that reads that status (`directives.rs`); standalone it
+//! is [`NoDirectives`].
 
 use memprof_api::agent::{Directive, PushReply, Verdict, MAX_DIRECTIVES};
 use memprof_api::{MemoryReportSpec, RiskLevel};
