@@ -17,7 +17,7 @@ mod sites;
 
 pub use job::{JobRollup, ReportMeta, RollupLimits, MAX_STALE_LISTED};
 pub use members::report_limit;
-pub use sites::{sites_section, worst_rank_sites};
+pub use sites::{critical_rank_sites, sites_section, worst_rank_sites};
 
 use memprof_api::{
     format_bytes, format_duration, GpuLocation, GpuReport, MemoryProfileStatus, MemoryReportSpec,
@@ -160,6 +160,10 @@ pub fn rollup(reports: &[RollupInput<'_>], expected_ranks: Option<u32>) -> Memor
     st.allocator = super::allocator_rollup::rollup(reports.iter().map(|r| r.spec));
     st.breakdown = super::breakdown::rollup(reports.iter().map(|r| r.spec));
     st.allocation_sites = worst_rank_sites(reports.iter().map(|r| r.spec));
+    (
+        st.critical_allocation_sites,
+        st.critical_ranks_with_sites_omitted,
+    ) = critical_rank_sites(reports.iter().map(|r| r.spec));
 
     worst_per_rank.sort_by(|a, b| severity(a.1, b.1));
     if let Some((spec, g)) = worst_per_rank.first() {
