@@ -106,20 +106,7 @@ async fn main() {
         "AdmissionReview: {} bytes (Job, 2 containers x 20 env)",
         body.len()
     );
-
-    // The pure path: parse, decide, build the patch, encode the response.
-    for _ in 0..1_000 {
-        std::hint::black_box(serde_json::to_vec(&admit_review(&body, &config)).unwrap());
-    }
-    let samples = (0..20_000)
-        .map(|_| {
-            let t = Instant::now();
-            let review = admit_review(std::hint::black_box(&body), &config);
-            std::hint::black_box(serde_json::to_vec(&review).unwrap());
-            t.elapsed()
-        })
-        .collect();
-    report("mutate (parse+patch+encode)", samples);
+    report("mutate (parse+patch+encode)", pure_path(&body, &config));
 
     // HTTPS round trips on loopback.
     let names = vec!["127.0.0.1".to_string()];
@@ -136,12 +123,39 @@ async fn main() {
     let server = tokio::spawn(serve(listener, tls, Arc::new(config), async {
         let _ = stopped.await;
     }));
+    let client = client_config(&bundle.ca_pem);
+    let body = Bytes::from(body);
+    let (kept, fresh) = round_trips(addr, client, &body).await;
+    report("HTTPS round trip (kept-alive)", kept);
+    report("HTTPS round trip (new TLS connection)", fresh);
 
+    stop.send(()).unwrap();
+    server.await.unwrap().unwrap();
+}
+
+/// The pure path: parse, decide, build the patch, encode the response
+/// (after a warm-up).
+fn pure_path(body: &[u8], config: &InjectionConfig) -> Vec<Duration> {
+    for _ in 0..1_000 {
+        std::hint::black_box(serde_json::to_vec(&admit_review(body, config)).unwrap());
+    }
+    (0..20_000)
+        .map(|_| {
+            let t = Instant::now();
+            let review = admit_review(std::hint::black_box(body), config);
+            std::hint::black_box(serde_json::to_vec(&review).unwrap());
+            t.elapsed()
+        })
+        .collect()
+}
+
+/// A TLS client that trusts only `ca_pem`.
+fn client_config(ca_pem: &str) -> Arc<rustls::ClientConfig> {
     let mut roots = rustls::RootCertStore::empty();
     roots
-        .add(CertificateDer::from_pem_slice(bundle.ca_pem.as_bytes()).unwrap())
+        .add(CertificateDer::from_pem_slice(ca_pem.as_bytes()).unwrap())
         .unwrap();
-    let client = Arc::new(
+    Arc::new(
         rustls::ClientConfig::builder_with_provider(Arc::new(
             rustls::crypto::ring::default_provider(),
         ))
@@ -149,32 +163,33 @@ async fn main() {
         .unwrap()
         .with_root_certificates(roots)
         .with_no_client_auth(),
-    );
-    let body = Bytes::from(body);
+    )
+}
 
-    // Kept-alive connection: what the API server's webhook client does.
+/// Round trips on one kept-alive connection (what the API server's webhook
+/// client does, after a warm-up), then on a new connection each time (TLS
+/// handshake included: the worst case).
+async fn round_trips(
+    addr: std::net::SocketAddr,
+    client: Arc<rustls::ClientConfig>,
+    body: &Bytes,
+) -> (Vec<Duration>, Vec<Duration>) {
     let mut send = connect(addr, client.clone()).await;
     for _ in 0..200 {
-        post(&mut send, &body).await;
+        post(&mut send, body).await;
     }
-    let mut samples = Vec::with_capacity(5_000);
+    let mut kept = Vec::with_capacity(5_000);
     for _ in 0..5_000 {
         let t = Instant::now();
-        post(&mut send, &body).await;
-        samples.push(t.elapsed());
+        post(&mut send, body).await;
+        kept.push(t.elapsed());
     }
-    report("HTTPS round trip (kept-alive)", samples);
-
-    // New connection each time: TLS handshake included (worst case).
-    let mut samples = Vec::with_capacity(500);
+    let mut fresh = Vec::with_capacity(500);
     for _ in 0..500 {
         let t = Instant::now();
         let mut send = connect(addr, client.clone()).await;
-        post(&mut send, &body).await;
-        samples.push(t.elapsed());
+        post(&mut send, body).await;
+        fresh.push(t.elapsed());
     }
-    report("HTTPS round trip (new TLS connection)", samples);
-
-    stop.send(()).unwrap();
-    server.await.unwrap().unwrap();
+    (kept, fresh)
 }

@@ -168,21 +168,7 @@ fn shape(ranks: u32, gpus: u32, events: usize) {
         started.elapsed().as_secs_f64() * 1e3,
         inc.approx_bytes() as f64 / (1 << 20) as f64
     );
-    // The events, made before timing: every rank writes once per 60 s (the
-    // sidecar's heartbeat, its steady state), in a shuffled order, so the
-    // Job sees ranks / 60 reports a second and no rank goes stale.
-    let mut order: Vec<u32> = (0..ranks).collect();
-    for i in (1..order.len()).rev() {
-        order.swap(i, rng.below(i as u64 + 1) as usize);
-    }
-    let step = SignedDuration::from_secs(60) / ranks as i32;
-    let batch: Vec<(usize, Timestamp, MemoryReportSpec)> = (0..events)
-        .map(|i| {
-            let r = order[i % order.len()];
-            let at = t0 + step * (i as i32 + 1);
-            (r as usize, at, report(&mut rng, r, gpus, at))
-        })
-        .collect();
+    let batch = steady_events(&mut rng, (ranks, gpus), events, t0);
     let (mut upsert, mut status, mut both) =
         (Samples::default(), Samples::default(), Samples::default());
     for (r, now, spec) in &batch {
@@ -217,6 +203,29 @@ fn shape(ranks: u32, gpus: u32, events: usize) {
             "MISSED"
         }
     );
+}
+
+/// The events, made before timing: every rank writes once per 60 s (the
+/// sidecar's heartbeat, its steady state), in a shuffled order, so the
+/// Job sees ranks / 60 reports a second and no rank goes stale.
+fn steady_events(
+    rng: &mut Rng,
+    (ranks, gpus): (u32, u32),
+    events: usize,
+    t0: Timestamp,
+) -> Vec<(usize, Timestamp, MemoryReportSpec)> {
+    let mut order: Vec<u32> = (0..ranks).collect();
+    for i in (1..order.len()).rev() {
+        order.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    let step = SignedDuration::from_secs(60) / ranks as i32;
+    (0..events)
+        .map(|i| {
+            let r = order[i % order.len()];
+            let at = t0 + step * (i as i32 + 1);
+            (r as usize, at, report(rng, r, gpus, at))
+        })
+        .collect()
 }
 
 fn main() {

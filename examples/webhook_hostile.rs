@@ -613,43 +613,12 @@ fn run_scenario(args: &Args, server_limits: &ServerLimits, attack: Attack) {
         legitimate(target(Duration::from_millis(300)), review()).await;
         let before = memory(pid).0;
         let t = target(Duration::from_secs(args.seconds));
-        println!(
-            "\n== {} ({} s): {} slow-head HTTP/1.1, {} silent TCP, {} HTTP/1.1 bodies of {} held open, \
-             {} loops of {} JSON bombs, {} HTTP/2 connections x {} streams of {} held open",
-            attack.name,
-            args.seconds,
-            attack.slow_heads,
-            attack.silent,
-            attack.held_bodies,
-            mib(cap as u64 - 1),
-            attack.bombers,
-            mib(json_bomb(cap).len() as u64),
-            attack.h2.0,
-            attack.h2.1,
-            mib(cap as u64 - 1),
-        );
+        print_attack(&attack, args.seconds, cap);
         let legit = tokio::spawn(legitimate(t.clone(), review()));
         // The API server's connection is open before the attack starts.
         tokio::time::sleep(Duration::from_millis(200)).await;
         let fresh = tokio::spawn(fresh_connections(t.clone()));
-        let mut tasks = tokio::task::JoinSet::new();
-        for _ in 0..attack.slow_heads {
-            tasks.spawn(slow_head(t.clone()));
-        }
-        for _ in 0..attack.silent {
-            tasks.spawn(silent(t.clone()));
-        }
-        let body = Bytes::from(vec![b' '; cap - 1]);
-        for _ in 0..attack.held_bodies {
-            tasks.spawn(held_body(t.clone(), cap, body.clone()));
-        }
-        let bomb = json_bomb(cap);
-        for _ in 0..attack.bombers {
-            tasks.spawn(bombs(t.clone(), bomb.clone()));
-        }
-        for _ in 0..attack.h2.0 {
-            tasks.spawn(h2_streams(t.clone(), attack.h2.1, cap));
-        }
+        let mut tasks = attackers(&t, &attack, cap);
         let mut peak = 0;
         while t.running() {
             peak = peak.max(memory(pid).0);
@@ -669,21 +638,67 @@ fn run_scenario(args: &Args, server_limits: &ServerLimits, attack: Attack) {
             mib(hwm),
             mib(after)
         );
-        let c = &t.counts;
-        println!(
-            "attacker: {} TLS connections, {} closed before TLS, {} HTTP/2 streams, {} x 200 (bombs parsed), {} x 413, {} x 408",
-            c.connections.load(Relaxed),
-            c.refused.load(Relaxed),
-            c.streams.load(Relaxed),
-            c.status_200.load(Relaxed),
-            c.status_413.load(Relaxed),
-            c.status_408.load(Relaxed),
-        );
+        print_counts(&t.counts);
         report_latency(legit);
         println!("new connections (GET /healthz every 250 ms) during the attack: {served} of {tried} served");
     });
     drop(runtime);
     stop_server(&mut child);
+}
+
+/// What the attack is made of.
+fn print_attack(attack: &Attack, seconds: u64, cap: usize) {
+    println!(
+        "\n== {} ({} s): {} slow-head HTTP/1.1, {} silent TCP, {} HTTP/1.1 bodies of {} held open, \
+         {} loops of {} JSON bombs, {} HTTP/2 connections x {} streams of {} held open",
+        attack.name,
+        seconds,
+        attack.slow_heads,
+        attack.silent,
+        attack.held_bodies,
+        mib(cap as u64 - 1),
+        attack.bombers,
+        mib(json_bomb(cap).len() as u64),
+        attack.h2.0,
+        attack.h2.1,
+        mib(cap as u64 - 1),
+    );
+}
+
+/// Every attacker of `attack`, started against `t`.
+fn attackers(t: &Arc<Target>, attack: &Attack, cap: usize) -> tokio::task::JoinSet<()> {
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..attack.slow_heads {
+        tasks.spawn(slow_head(t.clone()));
+    }
+    for _ in 0..attack.silent {
+        tasks.spawn(silent(t.clone()));
+    }
+    let body = Bytes::from(vec![b' '; cap - 1]);
+    for _ in 0..attack.held_bodies {
+        tasks.spawn(held_body(t.clone(), cap, body.clone()));
+    }
+    let bomb = json_bomb(cap);
+    for _ in 0..attack.bombers {
+        tasks.spawn(bombs(t.clone(), bomb.clone()));
+    }
+    for _ in 0..attack.h2.0 {
+        tasks.spawn(h2_streams(t.clone(), attack.h2.1, cap));
+    }
+    tasks
+}
+
+/// What the attackers saw.
+fn print_counts(c: &Counts) {
+    println!(
+        "attacker: {} TLS connections, {} closed before TLS, {} HTTP/2 streams, {} x 200 (bombs parsed), {} x 413, {} x 408",
+        c.connections.load(Relaxed),
+        c.refused.load(Relaxed),
+        c.streams.load(Relaxed),
+        c.status_200.load(Relaxed),
+        c.status_413.load(Relaxed),
+        c.status_408.load(Relaxed),
+    );
 }
 
 fn report_latency(legit: Legit) {

@@ -1,5 +1,6 @@
 //! A CUDA OOM of a profiled Job where people look (issue 18 item 5), and the
-//! worst rank's allocation sites in the profile (item 4), against a real
+//! worst rank's allocation sites in the profile, and every rank's taken at
+//! critical (item 4), there and in `memprof report`, against a real
 //! control plane (`hack/local-cluster.sh up`; no kubelet: the test writes
 //! the pod's termination as a kubelet would).
 //!
@@ -8,6 +9,7 @@
 //!
 //! Without `KUBECONFIG` every test is skipped with a message.
 
+mod cli_support;
 mod common;
 mod remediation_support;
 
@@ -168,6 +170,92 @@ async fn a_cuda_oom_is_annotated_announced_once_and_counted() {
             ))
     })
     .await;
+    operator.stop().await;
+}
+
+/// Sites taken at `level` by rank `rank`'s agent, one per size (GiB), in
+/// the given order.
+fn sites_at(level: RiskLevel, rank: u32, sizes_gib: &[u64]) -> AllocationSites {
+    AllocationSites {
+        time: at(0),
+        level,
+        source: "history".into(),
+        sites: sizes_gib
+            .iter()
+            .enumerate()
+            .map(|(i, g)| AllocationSite {
+                file: format!("/app/rank{rank}.py"),
+                line: i as u32,
+                function: "forward".into(),
+                bytes: g << 30,
+                blocks: 1,
+            })
+            .collect(),
+        unattributed_bytes: 0,
+    }
+}
+
+#[tokio::test]
+async fn every_ranks_sites_at_critical_reach_the_profile_and_the_report() {
+    let Some(client) = cluster().await else {
+        return;
+    };
+    let ns = TestNamespace::create(&client).await;
+    let ns = ns.name.as_str();
+    let operator = start_operator(&client, ns);
+    create_job(&client, ns, "train", 3, true).await;
+    use RiskLevel::{Critical, High};
+    // (rank, peak GiB, level of risk and of the snapshot, site sizes)
+    let ranks: [(u32, u64, RiskLevel, &[u64]); 3] = [
+        (0, 70, Critical, &[2]),
+        (1, 79, Critical, &[1, 9, 3, 7, 5, 8]),
+        (2, 75, High, &[4]),
+    ];
+    for (rank, peak, level, sizes) in ranks {
+        let gpus = vec![gpu(rank, peak, peak, level, Some(30.0))];
+        let mut r = rank_report(&client, ns, "train", rank, &at(0), gpus).await;
+        r.spec.allocation_sites = Some(sites_at(level, rank, sizes));
+        apply_report(&client, ns, &r).await;
+    }
+    let profiles = Api::<MemoryProfile>::namespaced(client.clone(), ns);
+    let st = eventually("both critical ranks' sites in the profile", || async {
+        let st = profiles.get("train").await.map_err(|e| e.to_string())?;
+        let st = st.status.ok_or("no status yet")?;
+        (st.critical_allocation_sites.len() == 2 && st.ranks_reporting == 3)
+            .then_some(st.clone())
+            .ok_or(format!("{:?}", st.critical_allocation_sites))
+    })
+    .await;
+    // The largest peak first; rank 2's snapshot was taken at high: not listed.
+    let listed: Vec<_> = st
+        .critical_allocation_sites
+        .iter()
+        .map(|w| w.rank)
+        .collect();
+    assert_eq!(listed, [Some(1), Some(0)]);
+    assert_eq!(st.critical_ranks_with_sites_omitted, 0);
+    // Each rank's four largest sites, largest first.
+    let lines: Vec<_> = st.critical_allocation_sites[0]
+        .sites
+        .sites
+        .iter()
+        .map(|x| x.line)
+        .collect();
+    assert_eq!(lines, [1, 5, 3, 4]);
+    assert_eq!(st.allocation_sites.map(|w| w.rank), Some(Some(1)));
+
+    let text = cli_support::ok(&["report", "train", "-n", ns]).await;
+    let section = text
+        .split_once("  allocation sites at critical, every rank")
+        .unwrap_or_else(|| panic!("no critical section in:\n{text}"))
+        .1;
+    let (one, zero) = (section.find("rank 1, pod"), section.find("rank 0, pod"));
+    assert!(one.is_some() && one < zero, "{text}");
+    assert!(
+        section.contains("9.0GiB      1 blocks  /app/rank1.py:1 (forward)"),
+        "{text}"
+    );
+    assert!(!section.contains("rank 2, pod"), "{text}");
     operator.stop().await;
 }
 

@@ -104,13 +104,7 @@ fn describe_metrics() -> String {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let mut cli = Cli::parse();
-    // Checked by the flag's parser; the roll-up shows them in each status.
-    cli.operator.default_thresholds =
-        memprof::api::thresholds::parse_cluster(&cli.webhook.default_thresholds)?;
-    // One key ring for the webhook (signs admission marks) and the
-    // controllers (verify them), loaded by the admission-keys task.
-    let keys = memprof::api::admission::Keys::default();
-    cli.operator.admission = keys.clone();
+    let keys = configure(&mut cli)?;
     if cli.print_metrics {
         print!("{}", describe_metrics());
         return Ok(());
@@ -119,15 +113,7 @@ async fn main() -> anyhow::Result<()> {
     // A webhook without an image it can inject would break every profiled pod.
     cli.webhook.check()?;
 
-    // No client-wide read timeout: kube's client reads watch streams through
-    // the same connections, and a quiet watch sends nothing for minutes (the
-    // watcher has its own idle timeout of 290 s plus a margin). Requests that
-    // must not hang bound themselves instead: every Lease request ends by
-    // the renew deadline (`leader.rs`), and work that is stuck in a request
-    // when leadership ends is dropped before a standby may take over.
-    let client = kube::Client::try_default()
-        .await
-        .context("cannot configure a Kubernetes client: set KUBECONFIG or run in a pod")?;
+    let client = connect().await?;
     let mut registry = Registry::with_prefix("memprof");
     let metrics = Metrics::register(&mut registry);
     let remediation_metrics = memprof::remediation::Metrics::register(&mut registry);
@@ -171,6 +157,32 @@ async fn main() -> anyhow::Result<()> {
         tracing::warn!(grace = ?STOP_GRACE, "some tasks did not stop in time; exiting anyway");
     }
     Ok(())
+}
+
+/// What the flags imply beyond themselves: the cluster's default
+/// thresholds parsed for the roll-up, and one key ring shared by the webhook
+/// (signs admission marks) and the controller (verifies them), loaded by the
+/// admission-keys task.
+fn configure(cli: &mut Cli) -> anyhow::Result<memprof::api::admission::Keys> {
+    // Checked by the flag's parser; the roll-up shows them in each status.
+    cli.operator.default_thresholds =
+        memprof::api::thresholds::parse_cluster(&cli.webhook.default_thresholds)?;
+    let keys = memprof::api::admission::Keys::default();
+    cli.operator.admission = keys.clone();
+    Ok(keys)
+}
+
+/// The Kubernetes client. No client-wide read timeout: kube's client reads
+/// watch streams through the same connections, and a quiet watch sends
+/// nothing for minutes (the watcher has its own idle timeout of 290 s plus a
+/// margin). Requests that must not hang bound themselves instead: every
+/// Lease request ends by the renew deadline (`leader.rs`), and work that is
+/// stuck in a request when leadership ends is dropped before a standby may
+/// take over.
+async fn connect() -> anyhow::Result<kube::Client> {
+    kube::Client::try_default()
+        .await
+        .context("cannot configure a Kubernetes client: set KUBECONFIG or run in a pod")
 }
 
 /// A boxed start of a supervised task (one type for all tasks).

@@ -1,7 +1,10 @@
 //! The job's allocator numbers: from every rank's report with an agent
 //! section to one bounded [`AllocatorRollup`] in the MemoryProfile.
 
-use memprof_api::{truncate_utf8, AgentOomRecord, AllocatorRollup, MemoryGrowth, MemoryReportSpec};
+use memprof_api::{
+    truncate_utf8, AgentOomRecord, AllocatorRollup, AllocatorStats, MemoryGrowth, MemoryReportSpec,
+    OomSnapshotSummary,
+};
 
 /// Ranks listed per list.
 const MAX_RANKS: usize = 8;
@@ -39,14 +42,7 @@ pub fn rollup<'a>(
             }
         }
         if out.advice.is_none() {
-            if let Some(advice) = &a.advice {
-                let who = spec
-                    .rank
-                    .map_or(spec.pod_name.clone(), |r| format!("rank {r}"));
-                let mut text = format!("{who}: {advice}");
-                truncate_utf8(&mut text, 600);
-                out.advice = Some(text);
-            }
+            out.advice = advice(spec, a);
         }
         if let Some(sps) = a.steps_per_second.filter(|s| s.is_finite()) {
             if out.slowest_steps_per_second.is_none_or(|s| sps < s) {
@@ -56,25 +52,9 @@ pub fn rollup<'a>(
         }
         if let Some(oom) = &a.oom {
             // Compared as instants; a snapshot without a readable time counts as oldest.
-            let at = oom
-                .time
-                .parse::<jiff::Timestamp>()
-                .unwrap_or(jiff::Timestamp::MIN);
+            let at = oom.time.parse().unwrap_or(jiff::Timestamp::MIN);
             if newest_oom.as_ref().is_none_or(|(t, _)| at > *t) {
-                let mut snapshot = oom.clone();
-                snapshot.blocks.truncate(MAX_BLOCKS);
-                for b in &mut snapshot.blocks {
-                    b.frames.truncate(MAX_FRAMES);
-                }
-                truncate_utf8(&mut snapshot.message, 256);
-                newest_oom = Some((
-                    at,
-                    AgentOomRecord {
-                        pod: spec.pod_name.clone(),
-                        rank: spec.rank,
-                        snapshot,
-                    },
-                ));
+                newest_oom = Some((at, oom_record(spec, oom)));
             }
         }
     }
@@ -85,6 +65,32 @@ pub fn rollup<'a>(
     out.cache_ranks.truncate(MAX_RANKS);
     out.last_oom = newest_oom.map(|(_, r)| r);
     Some(out)
+}
+
+/// A rank's advice, saying whose it is (bounded).
+fn advice(spec: &MemoryReportSpec, a: &AllocatorStats) -> Option<String> {
+    let advice = a.advice.as_ref()?;
+    let who = spec
+        .rank
+        .map_or(spec.pod_name.clone(), |r| format!("rank {r}"));
+    let mut text = format!("{who}: {advice}");
+    truncate_utf8(&mut text, 600);
+    Some(text)
+}
+
+/// A rank's OOM snapshot as the profile keeps it (bounded).
+fn oom_record(spec: &MemoryReportSpec, oom: &OomSnapshotSummary) -> AgentOomRecord {
+    let mut snapshot = oom.clone();
+    snapshot.blocks.truncate(MAX_BLOCKS);
+    for b in &mut snapshot.blocks {
+        b.frames.truncate(MAX_FRAMES);
+    }
+    truncate_utf8(&mut snapshot.message, 256);
+    AgentOomRecord {
+        pod: spec.pod_name.clone(),
+        rank: spec.rank,
+        snapshot,
+    }
 }
 
 #[cfg(test)]

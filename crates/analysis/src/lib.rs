@@ -29,9 +29,9 @@ pub mod tracker;
 
 pub use fit::{least_squares_slope, theil_sen, LinearFit};
 pub use risk::{assess, Assessment};
+pub use rollup::{critical_rank_sites, sites_section, worst_rank_sites};
 pub use rollup::{
     report_limit, rollup, validate_report, JobRollup, ReportMeta, RollupInput, RollupLimits,
     MAX_STALE_LISTED,
 };
-pub use rollup::{sites_section, worst_rank_sites};
 pub use series::{GpuSeries, Sample};

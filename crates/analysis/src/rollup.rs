@@ -17,7 +17,7 @@ mod sites;
 
 pub use job::{JobRollup, ReportMeta, RollupLimits, MAX_STALE_LISTED};
 pub use members::report_limit;
-pub use sites::{sites_section, worst_rank_sites};
+pub use sites::{critical_rank_sites, sites_section, worst_rank_sites};
 
 use memprof_api::{
     format_bytes, format_duration, GpuLocation, GpuReport, MemoryProfileStatus, MemoryReportSpec,
@@ -103,15 +103,39 @@ pub fn rollup(reports: &[RollupInput<'_>], expected_ranks: Option<u32>) -> Memor
         Some(e) => format!("{}/{}", reports.len(), e),
         None => reports.len().to_string(),
     };
+    let specs = || reports.iter().map(|r| r.spec);
+    report_times(specs(), &mut st);
+    let peaks = gpu_figures(specs(), &mut st);
+    st.allocator = super::allocator_rollup::rollup(specs());
+    st.breakdown = super::breakdown::rollup(specs());
+    st.allocation_sites = worst_rank_sites(specs());
+    (
+        st.critical_allocation_sites,
+        st.critical_ranks_with_sites_omitted,
+    ) = critical_rank_sites(specs());
+    worst_ranks(specs(), &mut st);
+    let mean = peaks.iter().sum::<f64>() / peaks.len().max(1) as f64;
+    if mean > 0.0 {
+        let max = peaks.iter().cloned().fold(0.0, f64::max);
+        let imbalance = ((max / mean) * 100.0).round() / 100.0;
+        st.imbalance = Some(imbalance.max(1.0));
+        st.imbalance_display = Some(format!("{:.2}", imbalance.max(1.0)));
+    }
+    if st.peak.is_empty() {
+        // A 1.20 API server rejects "" in a required string field.
+        st.peak = "-".into();
+    }
+    st
+}
 
-    let mut peaks = Vec::new();
-    let mut worst_per_rank: Vec<(&MemoryReportSpec, &GpuReport)> =
-        Vec::with_capacity(reports.len());
-    let mut leak_ranks = Vec::new();
+/// `lastReportTime` and `oldestReportTime`.
+fn report_times<'a>(
+    specs: impl Iterator<Item = &'a MemoryReportSpec>,
+    st: &mut MemoryProfileStatus,
+) {
     let mut newest: Option<jiff::Timestamp> = None;
     let mut oldest: Option<jiff::Timestamp> = None;
-    for r in reports {
-        let spec = r.spec;
+    for spec in specs {
         // Compared as instants, not strings: RFC 3339 text with fractional
         // seconds of different lengths does not sort by time.
         let at = spec.sampled_at.parse::<jiff::Timestamp>().ok();
@@ -124,6 +148,18 @@ pub fn rollup(reports: &[RollupInput<'_>], expected_ranks: Option<u32>) -> Memor
             oldest = at;
             st.oldest_report_time = Some(spec.sampled_at.clone());
         }
+    }
+}
+
+/// The per-GPU figures (GPU count, peak, current use, fragmentation, leak
+/// and its ranks); returns every GPU's peak, for the imbalance.
+fn gpu_figures<'a>(
+    specs: impl Iterator<Item = &'a MemoryReportSpec>,
+    st: &mut MemoryProfileStatus,
+) -> Vec<f64> {
+    let mut peaks = Vec::new();
+    let mut leak_ranks = Vec::new();
+    for spec in specs {
         for g in &spec.gpus {
             st.gpu_count += 1;
             peaks.push(g.peak_bytes as f64);
@@ -143,24 +179,27 @@ pub fn rollup(reports: &[RollupInput<'_>], expected_ranks: Option<u32>) -> Memor
             }
             if g.leak_suspected {
                 st.leak_suspected = true;
-                if let Some(rank) = spec.rank {
-                    if !leak_ranks.contains(&rank) {
-                        leak_ranks.push(rank);
-                    }
+                if let Some(rank) = spec.rank.filter(|r| !leak_ranks.contains(r)) {
+                    leak_ranks.push(rank);
                 }
             }
-        }
-        if let Some(worst) = spec.gpus.iter().min_by(|a, b| severity(a, b)) {
-            worst_per_rank.push((spec, worst));
         }
     }
     leak_ranks.sort_unstable();
     leak_ranks.truncate(8);
     st.leak_ranks = leak_ranks;
-    st.allocator = super::allocator_rollup::rollup(reports.iter().map(|r| r.spec));
-    st.breakdown = super::breakdown::rollup(reports.iter().map(|r| r.spec));
-    st.allocation_sites = worst_rank_sites(reports.iter().map(|r| r.spec));
+    peaks
+}
 
+/// Risk, confidence, bottleneck, time to OOM and top ranks, from each
+/// rank's worst GPU.
+fn worst_ranks<'a>(
+    specs: impl Iterator<Item = &'a MemoryReportSpec>,
+    st: &mut MemoryProfileStatus,
+) {
+    let mut worst_per_rank: Vec<(&MemoryReportSpec, &GpuReport)> = specs
+        .filter_map(|spec| Some((spec, spec.gpus.iter().min_by(|a, b| severity(a, b))?)))
+        .collect();
     worst_per_rank.sort_by(|a, b| severity(a.1, b.1));
     if let Some((spec, g)) = worst_per_rank.first() {
         st.risk = g.risk;
@@ -189,19 +228,6 @@ pub fn rollup(reports: &[RollupInput<'_>], expected_ranks: Option<u32>) -> Memor
             stale: false,
         })
         .collect();
-
-    let mean = peaks.iter().sum::<f64>() / peaks.len().max(1) as f64;
-    if mean > 0.0 {
-        let max = peaks.iter().cloned().fold(0.0, f64::max);
-        let imbalance = ((max / mean) * 100.0).round() / 100.0;
-        st.imbalance = Some(imbalance.max(1.0));
-        st.imbalance_display = Some(format!("{:.2}", imbalance.max(1.0)));
-    }
-    if st.peak.is_empty() {
-        // A 1.20 API server rejects "" in a required string field.
-        st.peak = "-".into();
-    }
-    st
 }
 
 #[cfg(test)]

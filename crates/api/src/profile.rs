@@ -147,6 +147,16 @@ pub struct MemoryProfileStatus {
     /// from its agent's snapshot at critical, before any OOM.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allocation_sites: Option<RankAllocationSites>,
+    /// Every counted rank whose agent's snapshot was taken at critical, each
+    /// with its top 4 sites: the ranks with the largest GPU peak first (then
+    /// by rank), at most 16 (`criticalRanksWithSitesOmitted` counts the rest).
+    #[schemars(length(max = 16))]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub critical_allocation_sites: Vec<RankAllocationSites>,
+    /// Ranks with sites taken at critical left out of
+    /// `criticalAllocationSites` by its bound (absent when none).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub critical_ranks_with_sites_omitted: u32,
     /// Remediations performed (at most 16, newest last).
     #[schemars(length(max = 16))]
     #[serde(default)]
@@ -182,6 +192,10 @@ pub struct MemoryProfileStatus {
     /// from measurement (see `analysis::batchfit` and docs/remediation.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub batch_recommendation: Option<BatchRecommendation>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// The analysis thresholds in effect for a Job.

@@ -19,8 +19,9 @@ pub use analysis::{
     TensorGrowth, TrackedGrowth,
 };
 pub use sites::{
-    AllocationSite, AllocationSites, MemoryReportStatus, MAX_REPORT_DIRECTIVES, MAX_REPORT_SITES,
-    MAX_SITE_FILE, MAX_SITE_FUNCTION,
+    AllocationSite, AllocationSites, MemoryReportStatus, MAX_CRITICAL_RANK_SITES,
+    MAX_CRITICAL_SITE_RANKS, MAX_REPORT_DIRECTIVES, MAX_REPORT_SITES, MAX_SITE_FILE,
+    MAX_SITE_FUNCTION,
 };
 
 /// What one pod's sidecar saw of the pod's GPUs.

@@ -359,7 +359,8 @@ pub enum Error {
 }
 
 impl Thresholds {
-    /// Checks that the thresholds make sense together.
+    /// Checks that the thresholds make sense together; the first that does
+    /// not is named.
     pub fn validate(&self) -> Result<(), Error> {
         let positive = [
             ("bucketSeconds", self.bucket_seconds),
@@ -368,58 +369,55 @@ impl Thresholds {
             ("hostLeakBytesPerSecond", self.host_leak_bytes_per_second),
         ];
         for (name, value) in positive {
-            if !(value.is_finite() && value > 0.0) {
-                return Err(Error::InvalidThreshold {
-                    name,
-                    value,
-                    why: "must be a positive number",
-                });
-            }
+            let ok = value.is_finite() && value > 0.0;
+            check(ok, name, value, "must be a positive number")?;
         }
-        if self.fit_window_seconds < 3.0 * self.bucket_seconds {
-            return Err(Error::InvalidThreshold {
-                name: "fitWindowSeconds",
-                value: self.fit_window_seconds,
-                why: "must span at least 3 buckets",
-            });
-        }
-        if !(self.critical_tto_seconds <= self.high_tto_seconds
-            && self.high_tto_seconds <= self.medium_tto_seconds)
-        {
-            return Err(Error::InvalidThreshold {
-                name: "highTtoSeconds",
-                value: self.high_tto_seconds,
-                why: "time-to-OOM horizons must satisfy critical <= high <= medium",
-            });
-        }
+        // Both finite and positive by now.
+        check(
+            self.fit_window_seconds >= 3.0 * self.bucket_seconds,
+            "fitWindowSeconds",
+            self.fit_window_seconds,
+            "must span at least 3 buckets",
+        )?;
+        check(
+            self.critical_tto_seconds <= self.high_tto_seconds
+                && self.high_tto_seconds <= self.medium_tto_seconds,
+            "highTtoSeconds",
+            self.high_tto_seconds,
+            "time-to-OOM horizons must satisfy critical <= high <= medium",
+        )?;
         let fractions_ordered = 0.0 < self.medium_fraction
             && self.medium_fraction <= self.high_fraction
             && self.high_fraction <= self.critical_fraction
             && self.critical_fraction <= 1.0;
-        if !fractions_ordered {
-            return Err(Error::InvalidThreshold {
-                name: "highFraction",
-                value: self.high_fraction,
-                why: "usage fractions must satisfy 0 < medium <= high <= critical <= 1",
-            });
-        }
-        if !(self.level_hold_seconds.is_finite()
-            && (0.0..=3600.0).contains(&self.level_hold_seconds))
-        {
-            return Err(Error::InvalidThreshold {
-                name: "levelHoldSeconds",
-                value: self.level_hold_seconds,
-                why: "must be in [0, 3600]",
-            });
-        }
-        if !(0.0..=1.0).contains(&self.min_confidence) {
-            return Err(Error::InvalidThreshold {
-                name: "minConfidence",
-                value: self.min_confidence,
-                why: "must be in [0, 1]",
-            });
-        }
+        check(
+            fractions_ordered,
+            "highFraction",
+            self.high_fraction,
+            "usage fractions must satisfy 0 < medium <= high <= critical <= 1",
+        )?;
+        let hold = self.level_hold_seconds;
+        check(
+            hold.is_finite() && (0.0..=3600.0).contains(&hold),
+            "levelHoldSeconds",
+            hold,
+            "must be in [0, 3600]",
+        )?;
+        check(
+            (0.0..=1.0).contains(&self.min_confidence),
+            "minConfidence",
+            self.min_confidence,
+            "must be in [0, 1]",
+        )
+    }
+}
+
+/// `Ok` when `ok`, else the threshold `name` named with its value and why.
+fn check(ok: bool, name: &'static str, value: f64, why: &'static str) -> Result<(), Error> {
+    if ok {
         Ok(())
+    } else {
+        Err(Error::InvalidThreshold { name, value, why })
     }
 }
 

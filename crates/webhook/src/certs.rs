@@ -318,60 +318,86 @@ pub async fn ensure_serving_cert(
 ) -> Result<CertBundle, CertError> {
     let api: Api<Secret> = Api::namespaced(client.clone(), &cfg.namespace);
     let names = cfg.names();
-    let err = |verb| {
-        let (ns, name) = (cfg.namespace.clone(), cfg.secret_name.clone());
-        move |source| CertError::Secret {
-            verb,
-            namespace: ns,
-            name,
-            source: Box::new(source),
-        }
-    };
     for _attempt in 0..5 {
         let now = Timestamp::now();
-        let existing = api.get_opt(&cfg.secret_name).await.map_err(err("read"))?;
-        match existing {
+        let existing = api
+            .get_opt(&cfg.secret_name)
+            .await
+            .map_err(secret_error(cfg, "read"))?;
+        let written = match existing {
             Some(s) if !needs_renewal(&s, &names, now, cfg) => {
                 return Ok(bundle_from_secret(&s).expect("checked by needs_renewal"));
             }
-            Some(old) => {
-                let bundle = generate(&names, now, cfg.validity)?;
-                let prev = previous_ca(&old, now);
-                let mut secret = secret_for(
-                    cfg,
-                    &names,
-                    &bundle,
-                    prev.as_ref().map(|(p, t)| (p.as_str(), *t)),
-                );
-                secret.metadata.resource_version = old.metadata.resource_version.clone();
-                match api
-                    .replace(&cfg.secret_name, &PostParams::default(), &secret)
-                    .await
-                {
-                    Ok(s) => {
-                        tracing::info!(secret = %cfg.secret_name, not_after = %bundle.not_after, "renewed webhook serving certificate");
-                        return Ok(bundle_from_secret(&s).unwrap_or(bundle));
-                    }
-                    // Another replica renewed first: adopt its certificate.
-                    Err(kube::Error::Api(e)) if e.code == 409 => continue,
-                    Err(e) => return Err(err("update")(e)),
-                }
-            }
-            None => {
-                let bundle = generate(&names, now, cfg.validity)?;
-                let secret = secret_for(cfg, &names, &bundle, None);
-                match api.create(&PostParams::default(), &secret).await {
-                    Ok(_) => {
-                        tracing::info!(secret = %cfg.secret_name, not_after = %bundle.not_after, "created webhook serving certificate");
-                        return Ok(bundle);
-                    }
-                    Err(kube::Error::Api(e)) if e.code == 409 => continue,
-                    Err(e) => return Err(err("create")(e)),
-                }
-            }
+            Some(old) => renew(&api, cfg, (&names, now), &old).await?,
+            None => create(&api, cfg, (&names, now)).await?,
+        };
+        // None: another replica wrote first; adopt its certificate.
+        if let Some(bundle) = written {
+            return Ok(bundle);
         }
     }
     Err(CertError::Contended(cfg.secret_name.clone()))
+}
+
+/// What a failed `verb` on the Secret is reported as.
+fn secret_error(cfg: &CertConfig, verb: &'static str) -> impl FnOnce(kube::Error) -> CertError {
+    let (ns, name) = (cfg.namespace.clone(), cfg.secret_name.clone());
+    move |source| CertError::Secret {
+        verb,
+        namespace: ns,
+        name,
+        source: Box::new(source),
+    }
+}
+
+/// Replaces `old` with a new certificate for `names` (keeping its CA
+/// trusted while it may still be served); None when another replica
+/// changed the Secret first (409).
+async fn renew(
+    api: &Api<Secret>,
+    cfg: &CertConfig,
+    (names, now): (&[String], Timestamp),
+    old: &Secret,
+) -> Result<Option<CertBundle>, CertError> {
+    let bundle = generate(names, now, cfg.validity)?;
+    let prev = previous_ca(old, now);
+    let mut secret = secret_for(
+        cfg,
+        names,
+        &bundle,
+        prev.as_ref().map(|(p, t)| (p.as_str(), *t)),
+    );
+    secret.metadata.resource_version = old.metadata.resource_version.clone();
+    match api
+        .replace(&cfg.secret_name, &PostParams::default(), &secret)
+        .await
+    {
+        Ok(s) => {
+            tracing::info!(secret = %cfg.secret_name, not_after = %bundle.not_after, "renewed webhook serving certificate");
+            Ok(Some(bundle_from_secret(&s).unwrap_or(bundle)))
+        }
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(None),
+        Err(e) => Err(secret_error(cfg, "update")(e)),
+    }
+}
+
+/// Creates the Secret with a new certificate for `names`; None when another
+/// replica created it first (409).
+async fn create(
+    api: &Api<Secret>,
+    cfg: &CertConfig,
+    (names, now): (&[String], Timestamp),
+) -> Result<Option<CertBundle>, CertError> {
+    let bundle = generate(names, now, cfg.validity)?;
+    let secret = secret_for(cfg, names, &bundle, None);
+    match api.create(&PostParams::default(), &secret).await {
+        Ok(_) => {
+            tracing::info!(secret = %cfg.secret_name, not_after = %bundle.not_after, "created webhook serving certificate");
+            Ok(Some(bundle))
+        }
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(None),
+        Err(e) => Err(secret_error(cfg, "create")(e)),
+    }
 }
 
 /// Sets `caBundle` on every webhook of the `MutatingWebhookConfiguration`

@@ -28,7 +28,7 @@ use super::{
 use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, Patch, PatchOperation};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Pod, PodSpec};
+use k8s_openapi::api::core::v1::{Pod, PodSpec, Volume};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::core::GroupVersionKind;
 use memprof_api::admission::LABEL_MANAGED;
@@ -247,13 +247,7 @@ pub fn injection_patch(
         return Ok(Injection::default());
     };
     let spec = view.spec;
-    let init = spec.init_containers.as_deref().unwrap_or_default();
-    if spec
-        .containers
-        .iter()
-        .chain(init)
-        .any(|c| c.name == SIDECAR_CONTAINER)
-    {
+    if has_sidecar(spec) {
         return Ok(Injection::default());
     }
 
@@ -265,73 +259,21 @@ pub fn injection_patch(
     let parts = sidecar::build(cfg, &ov, &view.ctx, &sidecar::PodGpus::of(spec));
     warnings.extend(parts.warnings.iter().cloned());
     let port = ov.port.unwrap_or(cfg.port);
-    if let Some(c) = spec.containers.iter().find(|c| {
-        c.ports
-            .iter()
-            .flatten()
-            .any(|p| p.container_port == i32::from(port))
-    }) {
-        // Containers of a pod share one network namespace: the sidecar could
-        // not bind. Injecting anyway keeps GPU sampling; only the endpoint fails.
-        warnings.push(format!(
-            "memprof: container {:?} also uses port {port}; set {ANNOTATION_PORT} to a free port",
-            c.name
-        ));
-    }
+    warnings.extend(port_clash(spec, port));
 
     let p = view.prefix;
     let mut ops = vec![];
     label_and_annotate(&view, &mut ops);
-
     if annotation(&view, ANNOTATION_TERMINATION_MESSAGE) != Some("keep") {
-        for (i, c) in spec.containers.iter().enumerate() {
-            if matches!(c.termination_message_policy.as_deref(), None | Some("File")) {
-                ops.push(add(
-                    ptr(
-                        p,
-                        &[
-                            "spec",
-                            "containers",
-                            &i.to_string(),
-                            "terminationMessagePolicy",
-                        ],
-                    ),
-                    json!("FallbackToLogsOnError"),
-                ));
-            }
-        }
+        termination_messages(&view, &mut ops);
     }
-
-    let existing: Vec<&str> = spec
-        .volumes
-        .iter()
-        .flatten()
-        .map(|v| v.name.as_str())
-        .collect();
-    let new_volumes: Vec<Value> = parts
-        .volumes
-        .iter()
-        .filter(|v| !existing.contains(&v.name.as_str()))
-        .map(to_json)
-        .collect();
-    if !new_volumes.is_empty() {
-        if spec.volumes.is_none() {
-            ops.push(add(ptr(p, &["spec", "volumes"]), Value::Array(new_volumes)));
-        } else {
-            for v in new_volumes {
-                ops.push(add(ptr(p, &["spec", "volumes", "-"]), v));
-            }
-        }
-    }
-
-    let container = to_json(&parts.container);
-    match (cfg.native_sidecar, spec.init_containers.is_some()) {
-        // Appended after the user's init containers: those (data download,
-        // rendezvous) run undisturbed, and the sidecar is up before the trainers.
-        (true, true) => ops.push(add(ptr(p, &["spec", "initContainers", "-"]), container)),
-        (true, false) => ops.push(add(ptr(p, &["spec", "initContainers"]), json!([container]))),
-        (false, _) => ops.push(add(ptr(p, &["spec", "containers", "-"]), container)),
-    }
+    add_volumes(&view, &parts.volumes, &mut ops);
+    add_sidecar(
+        &view,
+        to_json(&parts.container),
+        cfg.native_sidecar,
+        &mut ops,
+    );
     // After the sidecar's operations, which may create the arrays it appends to.
     let agent = super::agent::Request {
         value: annotation(&view, super::agent::ANNOTATION_AGENT),
@@ -345,6 +287,88 @@ pub fn injection_patch(
         patch: Some(Patch(ops)),
         warnings,
     })
+}
+
+/// Whether the pod already has a `memprof-sidecar` container (a second
+/// admission, or the user's own): then nothing is injected.
+fn has_sidecar(spec: &PodSpec) -> bool {
+    let init = spec.init_containers.as_deref().unwrap_or_default();
+    spec.containers
+        .iter()
+        .chain(init)
+        .any(|c| c.name == SIDECAR_CONTAINER)
+}
+
+/// A warning when another container uses the sidecar's port. Containers of
+/// a pod share one network namespace: the sidecar could not bind. Injecting
+/// anyway keeps GPU sampling; only the endpoint fails.
+fn port_clash(spec: &PodSpec, port: u16) -> Option<String> {
+    let c = spec.containers.iter().find(|c| {
+        c.ports
+            .iter()
+            .flatten()
+            .any(|p| p.container_port == i32::from(port))
+    })?;
+    Some(format!(
+        "memprof: container {:?} also uses port {port}; set {ANNOTATION_PORT} to a free port",
+        c.name
+    ))
+}
+
+/// Every container whose termination message is the default file gets
+/// `FallbackToLogsOnError`, so a CUDA OOM's last log lines reach the
+/// operator (docs/remediation.md).
+fn termination_messages(view: &View<'_>, ops: &mut Vec<PatchOperation>) {
+    for (i, c) in view.spec.containers.iter().enumerate() {
+        if matches!(c.termination_message_policy.as_deref(), None | Some("File")) {
+            let path = [
+                "spec",
+                "containers",
+                &i.to_string(),
+                "terminationMessagePolicy",
+            ];
+            ops.push(add(ptr(view.prefix, &path), json!("FallbackToLogsOnError")));
+        }
+    }
+}
+
+/// The sidecar's volumes the pod does not have yet.
+fn add_volumes(view: &View<'_>, volumes: &[Volume], ops: &mut Vec<PatchOperation>) {
+    let (p, spec) = (view.prefix, view.spec);
+    let existing: Vec<&str> = spec
+        .volumes
+        .iter()
+        .flatten()
+        .map(|v| v.name.as_str())
+        .collect();
+    let new_volumes: Vec<Value> = volumes
+        .iter()
+        .filter(|v| !existing.contains(&v.name.as_str()))
+        .map(to_json)
+        .collect();
+    if new_volumes.is_empty() {
+        return;
+    }
+    if spec.volumes.is_none() {
+        ops.push(add(ptr(p, &["spec", "volumes"]), Value::Array(new_volumes)));
+    } else {
+        for v in new_volumes {
+            ops.push(add(ptr(p, &["spec", "volumes", "-"]), v));
+        }
+    }
+}
+
+/// The sidecar container: a native sidecar (an init container with
+/// `restartPolicy: Always`) or a regular container.
+fn add_sidecar(view: &View<'_>, container: Value, native: bool, ops: &mut Vec<PatchOperation>) {
+    let p = view.prefix;
+    match (native, view.spec.init_containers.is_some()) {
+        // Appended after the user's init containers: those (data download,
+        // rendezvous) run undisturbed, and the sidecar is up before the trainers.
+        (true, true) => ops.push(add(ptr(p, &["spec", "initContainers", "-"]), container)),
+        (true, false) => ops.push(add(ptr(p, &["spec", "initContainers"]), json!([container]))),
+        (false, _) => ops.push(add(ptr(p, &["spec", "containers", "-"]), container)),
+    }
 }
 
 /// Marks the template (or the pod), creating metadata/labels/annotations

@@ -20,7 +20,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Semaphore};
 use tokio_rustls::TlsAcceptor;
 
@@ -158,19 +158,7 @@ pub async fn serve_with(
         tracing::info!(%addr, max_connections, "admission webhook listening (HTTPS)");
     }
     let mut shutdown = std::pin::pin!(shutdown);
-    loop {
-        let (tcp, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(conn) => conn,
-                Err(e) => {
-                    // Out of file descriptors and the like: back off, keep serving.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
-            () = &mut shutdown => break,
-        };
+    while let Some((tcp, peer)) = next_connection(&listener, &mut shutdown).await {
         let Ok(slot) = slots.clone().try_acquire_owned() else {
             // Closed before the handshake: a full server spends nothing on it.
             drop(tcp);
@@ -198,6 +186,26 @@ pub async fn serve_with(
     let _ = tokio::time::timeout(shared.limits.shutdown_grace, all).await;
     tracing::info!("admission webhook stopped");
     Ok(())
+}
+
+/// The next connection, or None once `shutdown` completes.
+async fn next_connection(
+    listener: &TcpListener,
+    shutdown: &mut (impl Future<Output = ()> + Unpin),
+) -> Option<(TcpStream, SocketAddr)> {
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(conn) => return Some(conn),
+                Err(e) => {
+                    // Out of file descriptors and the like: back off, keep serving.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            },
+            () = &mut *shutdown => return None,
+        }
+    }
 }
 
 /// Connections refused at the cap: counted each, logged at most every

@@ -8,10 +8,11 @@
 
 use super::entry::{seconds, Entry, Severity};
 use super::keys::{GpuOrder, Multiset, OrdF64, ReportOrder};
-use super::sites::SitesOrder;
+use super::sites::{at_critical, critical_view, peak_key, SitesOrder};
 use jiff::Timestamp;
 use memprof_api::{
-    format_bytes, AllocatorRollup, MemoryGrowth, MemoryProfileStatus, RiskLevel, MAX_TOP_RANKS,
+    format_bytes, AllocatorRollup, MemoryGrowth, MemoryProfileStatus, RankAllocationSites,
+    RiskLevel, MAX_CRITICAL_SITE_RANKS, MAX_TOP_RANKS,
 };
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, HashMap};
@@ -53,6 +54,9 @@ pub struct Aggregates {
     breakdown: BTreeSet<(Reverse<u64>, ReportOrder)>,
     /// Reports with allocation sites, the worst first (`sites::worst_rank_sites`).
     sites: BTreeSet<(SitesOrder, ReportOrder)>,
+    /// Reports whose sites were taken at critical, the largest GPU peak
+    /// first (`sites::critical_rank_sites`).
+    critical_sites: BTreeSet<(Reverse<u64>, ReportOrder)>,
 }
 
 fn growth_slot(g: MemoryGrowth) -> usize {
@@ -127,6 +131,13 @@ impl Aggregates {
         toggle(&mut self.breakdown, weight.map(|w| (Reverse(w), o())), add);
         let sites = e.sites.as_ref().map(|(order, _)| (*order, o()));
         toggle(&mut self.sites, sites, add);
+        let critical = e.sites.as_ref().filter(|(_, s)| at_critical(s));
+        let peak = || peak_key(e.gpus.iter().map(|g| g.peak));
+        toggle(
+            &mut self.critical_sites,
+            critical.map(|_| (peak(), o())),
+            add,
+        );
         let Some(a) = &e.agent else {
             return;
         };
@@ -184,15 +195,32 @@ impl Aggregates {
                 .clone()
                 .expect("only reports with a breakdown are indexed")
         });
-        st.allocation_sites = self.sites.first().map(|(_, o)| {
-            let (_, sites) = entry(o)
+        self.fill_sites(entries, st);
+        st.imbalance = self.imbalance();
+        st.imbalance_display = st.imbalance.map(|i| format!("{i:.2}"));
+    }
+
+    /// `allocationSites` and `criticalAllocationSites`: O(listed ranks).
+    fn fill_sites(&self, entries: &HashMap<Arc<str>, Entry>, st: &mut MemoryProfileStatus) {
+        let sites = |o: &ReportOrder| -> &RankAllocationSites {
+            let (_, s) = entries[&o.1]
                 .sites
                 .as_ref()
                 .expect("only reports with sites are indexed");
-            sites.clone()
-        });
-        st.imbalance = self.imbalance();
-        st.imbalance_display = st.imbalance.map(|i| format!("{i:.2}"));
+            s
+        };
+        st.allocation_sites = self.sites.first().map(|(_, o)| sites(o).clone());
+        st.critical_allocation_sites = self
+            .critical_sites
+            .iter()
+            .take(MAX_CRITICAL_SITE_RANKS)
+            .map(|(_, o)| critical_view(sites(o)))
+            .collect();
+        let omitted = self
+            .critical_sites
+            .len()
+            .saturating_sub(MAX_CRITICAL_SITE_RANKS);
+        st.critical_ranks_with_sites_omitted = omitted as u32;
     }
 
     fn breakdown(&self) -> Option<&ReportOrder> {

@@ -107,7 +107,8 @@ fn sites(rng: &mut Rng) -> AllocationSites {
     let n = rng.pick(&[0usize, 1, 3, 10]);
     AllocationSites {
         time: "2027-01-15T08:00:00Z".into(),
-        level: RiskLevel::Critical,
+        // High or critical: only the latter are listed in `criticalAllocationSites`.
+        level: rng.pick(&[RiskLevel::High, RiskLevel::Critical, RiskLevel::Critical]),
         source: "history".into(),
         sites: (0..n)
             .map(|i| AllocationSite {

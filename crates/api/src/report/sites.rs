@@ -10,6 +10,10 @@ use serde::{Deserialize, Serialize};
 
 /// At most this many allocation sites in a report and in a profile.
 pub const MAX_REPORT_SITES: usize = 8;
+/// At most this many ranks in a profile's `criticalAllocationSites`.
+pub const MAX_CRITICAL_SITE_RANKS: usize = 16;
+/// At most this many sites of each rank in `criticalAllocationSites`.
+pub const MAX_CRITICAL_RANK_SITES: usize = 4;
 /// Longest file name kept for a site, bytes (the tail is kept: it names the file).
 pub const MAX_SITE_FILE: usize = 256;
 /// Longest function name kept for a site, bytes.

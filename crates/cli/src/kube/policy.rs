@@ -72,25 +72,9 @@ pub fn render_explain(input: &ExplainInput<'_>) -> String {
         return out;
     };
     let _ = writeln!(out, "Job {ns}/{name}");
+    profile_line(&mut out, input.profile);
     let empty = MemoryProfileStatus::default();
-    let status = match input.profile {
-        Some(st) => {
-            let _ = writeln!(
-                out,
-                "  profile: risk {}, time to OOM {}, imbalance {}, {} OOM(s) recorded, last action: {}",
-                st.risk,
-                st.time_to_oom.as_deref().unwrap_or("-"),
-                st.imbalance_display.as_deref().unwrap_or("-"),
-                st.ooms.len(),
-                st.last_action.as_deref().unwrap_or("-")
-            );
-            st
-        }
-        None => {
-            let _ = writeln!(out, "  no MemoryProfile (is the Job annotated memprof.dev/enabled=true and the operator running?): policies never act on it");
-            &empty
-        }
-    };
+    let status = input.profile.unwrap_or(&empty);
     if input.policies.is_empty() {
         let _ = writeln!(out, "  no RemediationPolicy in namespace {ns}");
         return out;
@@ -102,104 +86,160 @@ pub fn render_explain(input: &ExplainInput<'_>) -> String {
         let pname = p.metadata.name.as_deref().unwrap_or_default();
         let dry = if p.spec.dry_run { " (dry run)" } else { "" };
         let _ = writeln!(out, "\nRemediationPolicy {pname}{dry}");
-        let selector = triggers::selector_display(p);
-        match triggers::selector_matches(p, &labels) {
-            Ok(true) => {
-                let _ = writeln!(out, "  selector {selector}: matches");
-            }
-            Ok(false) => {
-                let _ = writeln!(
-                    out,
-                    "  selector {selector}: does not match the Job's labels"
-                );
-                continue;
-            }
-            Err(e) => {
-                let _ = writeln!(out, "  selector: {e}");
-                continue;
-            }
+        if !selector_line(&mut out, p, &labels) {
+            continue;
         }
-        // How long a risk has held is measured by the controller; here each
-        // level is assumed to have held long enough, and said so.
-        let mut clock = RiskClock::default();
-        let longest = p
-            .spec
-            .triggers
-            .iter()
-            .filter_map(|t| t.risk_at_least.as_ref());
-        let hold = longest.map(|r| r.for_seconds).max().unwrap_or(0);
-        clock.observe(
-            status.risk,
-            input.now - jiff::SignedDuration::from_secs(i64::from(hold)),
-        );
-        let uid = input.job.and_then(|j| j["metadata"]["uid"].as_str());
+        let clock = preview_clock(p, status, input.now);
+        let uid = job["metadata"]["uid"].as_str();
         let v = triggers::verdict(p, &labels, uid, status, &clock, input.now);
-        let _ = writeln!(out, "  triggers (any one fires):");
-        for (t, e) in p.spec.triggers.iter().zip(&v.evaluations) {
-            let held = t
-                .risk_at_least
-                .as_ref()
-                .filter(|r| r.for_seconds > 0 && e.fired)
-                .map(|r| {
-                    format!(
-                        " (if held {}s: the controller measures that)",
-                        r.for_seconds
-                    )
-                })
-                .unwrap_or_default();
-            let _ = writeln!(out, "    {:<22} {:<5} {}{held}", e.name, e.fired, e.why);
-        }
-        let _ = writeln!(
-            out,
-            "  remediations of this Job: {} of {}; cooldown {}s",
-            v.history.count, p.spec.max_remediations, p.spec.cooldown_seconds
-        );
-        match &v.blocked {
-            Some(Blocked::Cooldown { remaining }) => {
-                let _ = writeln!(
-                    out,
-                    "  blocked: cooldown, {} remaining",
-                    format_duration(*remaining)
-                );
-            }
-            Some(Blocked::MaxReached { count }) => {
-                let _ = writeln!(out, "  blocked: maxRemediations reached ({count})");
-            }
-            None => {}
-        }
-        let why = v
-            .fired()
-            .map_or_else(|| "preview".to_string(), |e| e.why.clone());
-        let planned = plan::build(&PlanInput {
-            policy: p,
-            job,
-            config_maps: input.config_maps,
-            not_opted_in: input.not_opted_in,
-            id: "preview",
-            why: &why,
-            batch_fit: status.batch_recommendation.as_ref(),
-        });
-        let verb = match (v.acts(), p.spec.dry_run) {
-            (true, false) => "acts now",
-            (true, true) => "would record a dry run now",
-            (false, _) => "would do, if it fired",
-        };
-        match planned {
-            Ok(plan) => {
-                let _ = writeln!(out, "  {verb}: {}", plan.summary());
-                // Ranks are not changed by a recreation: kept symbolic, not guessed from pods.
-                let changes = plan.recreate().map_or(&[][..], |(c, _)| c);
-                for l in plan::accum::explain_lines(changes, None) {
-                    let _ = writeln!(out, "  {l}");
-                }
-            }
-            Err(e) => {
-                let _ = writeln!(out, "  cannot apply to this Job ({}): {e}", e.reason());
-            }
-        }
+        trigger_lines(&mut out, p, &v);
+        action_lines(&mut out, input, (p, job, status), &v);
         explain_batch_fit(&mut out, p, status);
     }
     out
+}
+
+/// The profile in one line, or why there is none.
+fn profile_line(out: &mut String, profile: Option<&MemoryProfileStatus>) {
+    match profile {
+        Some(st) => {
+            let _ = writeln!(
+                out,
+                "  profile: risk {}, time to OOM {}, imbalance {}, {} OOM(s) recorded, last action: {}",
+                st.risk,
+                st.time_to_oom.as_deref().unwrap_or("-"),
+                st.imbalance_display.as_deref().unwrap_or("-"),
+                st.ooms.len(),
+                st.last_action.as_deref().unwrap_or("-")
+            );
+        }
+        None => {
+            let _ = writeln!(out, "  no MemoryProfile (is the Job annotated memprof.dev/enabled=true and the operator running?): policies never act on it");
+        }
+    }
+}
+
+/// Whether the policy's selector matches the Job's labels, said; false
+/// when it does not (or cannot be read): the policy is not explained further.
+fn selector_line(
+    out: &mut String,
+    p: &RemediationPolicy,
+    labels: &BTreeMap<String, String>,
+) -> bool {
+    let selector = triggers::selector_display(p);
+    match triggers::selector_matches(p, labels) {
+        Ok(true) => {
+            let _ = writeln!(out, "  selector {selector}: matches");
+            true
+        }
+        Ok(false) => {
+            let _ = writeln!(
+                out,
+                "  selector {selector}: does not match the Job's labels"
+            );
+            false
+        }
+        Err(e) => {
+            let _ = writeln!(out, "  selector: {e}");
+            false
+        }
+    }
+}
+
+/// How long a risk has held is measured by the controller; here each
+/// level is assumed to have held long enough (the longest `forSeconds` of
+/// the policy's triggers), and the trigger lines say so.
+fn preview_clock(p: &RemediationPolicy, status: &MemoryProfileStatus, now: Timestamp) -> RiskClock {
+    let mut clock = RiskClock::default();
+    let longest = p
+        .spec
+        .triggers
+        .iter()
+        .filter_map(|t| t.risk_at_least.as_ref());
+    let hold = longest.map(|r| r.for_seconds).max().unwrap_or(0);
+    clock.observe(
+        status.risk,
+        now - jiff::SignedDuration::from_secs(i64::from(hold)),
+    );
+    clock
+}
+
+/// Each trigger's evaluation, the remediations counted against the
+/// policy's bounds, and what blocks it.
+fn trigger_lines(out: &mut String, p: &RemediationPolicy, v: &triggers::Verdict) {
+    let _ = writeln!(out, "  triggers (any one fires):");
+    for (t, e) in p.spec.triggers.iter().zip(&v.evaluations) {
+        let held = t
+            .risk_at_least
+            .as_ref()
+            .filter(|r| r.for_seconds > 0 && e.fired)
+            .map(|r| {
+                format!(
+                    " (if held {}s: the controller measures that)",
+                    r.for_seconds
+                )
+            })
+            .unwrap_or_default();
+        let _ = writeln!(out, "    {:<22} {:<5} {}{held}", e.name, e.fired, e.why);
+    }
+    let _ = writeln!(
+        out,
+        "  remediations of this Job: {} of {}; cooldown {}s",
+        v.history.count, p.spec.max_remediations, p.spec.cooldown_seconds
+    );
+    match &v.blocked {
+        Some(Blocked::Cooldown { remaining }) => {
+            let _ = writeln!(
+                out,
+                "  blocked: cooldown, {} remaining",
+                format_duration(*remaining)
+            );
+        }
+        Some(Blocked::MaxReached { count }) => {
+            let _ = writeln!(out, "  blocked: maxRemediations reached ({count})");
+        }
+        None => {}
+    }
+}
+
+/// What the actions would do to the Job now (the plan the controller
+/// would build), or why they cannot.
+fn action_lines(
+    out: &mut String,
+    input: &ExplainInput<'_>,
+    (p, job, status): (&RemediationPolicy, &Value, &MemoryProfileStatus),
+    v: &triggers::Verdict,
+) {
+    let why = v
+        .fired()
+        .map_or_else(|| "preview".to_string(), |e| e.why.clone());
+    let planned = plan::build(&PlanInput {
+        policy: p,
+        job,
+        config_maps: input.config_maps,
+        not_opted_in: input.not_opted_in,
+        id: "preview",
+        why: &why,
+        batch_fit: status.batch_recommendation.as_ref(),
+    });
+    let verb = match (v.acts(), p.spec.dry_run) {
+        (true, false) => "acts now",
+        (true, true) => "would record a dry run now",
+        (false, _) => "would do, if it fired",
+    };
+    match planned {
+        Ok(plan) => {
+            let _ = writeln!(out, "  {verb}: {}", plan.summary());
+            // Ranks are not changed by a recreation: kept symbolic, not guessed from pods.
+            let changes = plan.recreate().map_or(&[][..], |(c, _)| c);
+            for l in plan::accum::explain_lines(changes, None) {
+                let _ = writeln!(out, "  {l}");
+            }
+        }
+        Err(e) => {
+            let _ = writeln!(out, "  cannot apply to this Job ({}): {e}", e.reason());
+        }
+    }
 }
 
 /// The arithmetic behind each `scaleBatch` `mode: fit` of the policy.
@@ -250,28 +290,7 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
         .map_err(|e| map_err(e, "list", "remediationpolicies"))?
         .items;
     let cms: Api<ConfigMap> = Api::namespaced(client, &namespace);
-    let mut config_maps = BTreeMap::new();
-    let mut not_opted_in = BTreeSet::new();
-    for p in &policies {
-        for a in p
-            .spec
-            .actions
-            .iter()
-            .filter_map(|a| a.set_config_map_key.as_ref())
-        {
-            match cms.get_opt(&a.config_map).await? {
-                Some(cm)
-                    if cm.labels().get(LABEL_REMEDIABLE).map(String::as_str) == Some("true") =>
-                {
-                    config_maps.insert(a.config_map.clone(), cm.data.unwrap_or_default());
-                }
-                Some(_) => {
-                    not_opted_in.insert(a.config_map.clone());
-                }
-                None => {}
-            }
-        }
-    }
+    let (config_maps, not_opted_in) = named_config_maps(&cms, &policies).await?;
     print!(
         "{}",
         render_explain(&ExplainInput {
@@ -286,6 +305,33 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
         })
     );
     Ok(())
+}
+
+/// The ConfigMaps the policies' `setConfigMapKey` actions name: the data
+/// of those opted in (`memprof.dev/remediable=true`), and the names of
+/// those that exist but are not (missing ones are in neither).
+async fn named_config_maps(
+    cms: &Api<ConfigMap>,
+    policies: &[RemediationPolicy],
+) -> anyhow::Result<(BTreeMap<String, BTreeMap<String, String>>, BTreeSet<String>)> {
+    let mut config_maps = BTreeMap::new();
+    let mut not_opted_in = BTreeSet::new();
+    let named = policies
+        .iter()
+        .flat_map(|p| &p.spec.actions)
+        .filter_map(|a| a.set_config_map_key.as_ref());
+    for a in named {
+        match cms.get_opt(&a.config_map).await? {
+            Some(cm) if cm.labels().get(LABEL_REMEDIABLE).map(String::as_str) == Some("true") => {
+                config_maps.insert(a.config_map.clone(), cm.data.unwrap_or_default());
+            }
+            Some(_) => {
+                not_opted_in.insert(a.config_map.clone());
+            }
+            None => {}
+        }
+    }
+    Ok((config_maps, not_opted_in))
 }
 
 #[cfg(test)]

@@ -160,24 +160,7 @@ pub fn render_ranks(
             since.push_str(" (stale)");
         }
         for g in &r.spec.gpus {
-            // Scaled from 0 to the GPU's total, not to the line's own range:
-            // ranks then compare at a glance (30→40 GiB is not 40→70 GiB).
-            let mut line = vec![0.0, g.total_bytes as f64];
-            line.extend(g.timeline.iter().map(|p| p.max as f64));
-            let spark: String = crate::plot::sparkline(&line).chars().skip(2).collect();
-            let mut row = vec![
-                rank.clone(),
-                r.spec.pod_name.clone(),
-                node.clone(),
-                g.index.to_string(),
-                format_bytes(g.used_bytes),
-                format_bytes(g.peak_bytes),
-                format_bytes(g.total_bytes),
-                g.risk.to_string(),
-                g.time_to_oom_seconds.map_or("-".into(), format_duration),
-                since.clone(),
-                spark,
-            ];
+            let mut row = gpu_cells(r, g, [&rank, &node, &since]);
             if wide {
                 row.extend(wide_cells(r, g));
             }
@@ -196,6 +179,32 @@ pub fn render_ranks(
     let mut out = String::from("\nranks:\n");
     out.push_str(&table.no_headers(print.no_headers).render());
     out
+}
+
+/// RANK to RECENT of one GPU, given its report's rank, node and AGE.
+fn gpu_cells(
+    r: &MemoryReport,
+    g: &memprof_api::GpuReport,
+    [rank, node, since]: [&String; 3],
+) -> Vec<String> {
+    // Scaled from 0 to the GPU's total, not to the line's own range:
+    // ranks then compare at a glance (30→40 GiB is not 40→70 GiB).
+    let mut line = vec![0.0, g.total_bytes as f64];
+    line.extend(g.timeline.iter().map(|p| p.max as f64));
+    let spark: String = crate::plot::sparkline(&line).chars().skip(2).collect();
+    vec![
+        rank.clone(),
+        r.spec.pod_name.clone(),
+        node.clone(),
+        g.index.to_string(),
+        format_bytes(g.used_bytes),
+        format_bytes(g.peak_bytes),
+        format_bytes(g.total_bytes),
+        g.risk.to_string(),
+        g.time_to_oom_seconds.map_or("-".into(), format_duration),
+        since.clone(),
+        spark,
+    ]
 }
 
 /// GROWTH, UTIL, SOURCE, UUID, SAMPLED of one GPU (`-o wide`).

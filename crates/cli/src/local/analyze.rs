@@ -133,6 +133,20 @@ fn tables(lines: &[Value], wide: bool, trace: &str, rows: &[TraceRow]) -> String
         rows.len(),
         format_duration(span)
     );
+    let t = transitions_table(lines, wide);
+    out.push_str("RISK TRANSITIONS\n");
+    out.push_str(&if t.is_empty() {
+        "none\n".into()
+    } else {
+        t.render()
+    });
+    out.push_str("\nSUMMARY\n");
+    out.push_str(&summary_table(lines).render());
+    out
+}
+
+/// One row per `risk` line.
+fn transitions_table(lines: &[Value], wide: bool) -> Table {
     let mut head = vec![
         "T",
         "GPU",
@@ -172,12 +186,12 @@ fn tables(lines: &[Value], wide: bool, trace: &str, rows: &[TraceRow]) -> String
         }
         t.row(row);
     }
-    out.push_str("RISK TRANSITIONS\n");
-    out.push_str(&if t.is_empty() {
-        "none\n".into()
-    } else {
-        t.render()
-    });
+    t
+}
+
+/// One row per `summary` line (per GPU), with the warning it gave before
+/// the ceiling.
+fn summary_table(lines: &[Value]) -> Table {
     let mut s = Table::new([
         "GPU",
         "SAMPLES",
@@ -206,9 +220,7 @@ fn tables(lines: &[Value], wide: bool, trace: &str, rows: &[TraceRow]) -> String
             warned,
         ]);
     }
-    out.push_str("\nSUMMARY\n");
-    out.push_str(&s.render());
-    out
+    s
 }
 
 /// Options of an offline analysis.

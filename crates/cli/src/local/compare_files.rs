@@ -13,6 +13,9 @@ use serde::Serialize;
 use serde_json::Value;
 use std::path::Path;
 
+mod reports;
+use reports::report_rows;
+
 /// Why two files cannot be compared.
 #[derive(Debug, thiserror::Error)]
 pub enum CompareFilesError {
@@ -392,114 +395,6 @@ fn breakdown_rows(scope: &str, a: &Value, b: &Value) -> Vec<Row> {
     rows
 }
 
-fn report_rows(a: &Value, b: &Value) -> Vec<Row> {
-    let mut rows = vec![];
-    let gpus = |v: &Value| {
-        v.get("gpus")
-            .and_then(Value::as_array)
-            .cloned()
-            .unwrap_or_default()
-    };
-    let key = |g: &Value| {
-        g.get("uuid")
-            .and_then(Value::as_str)
-            .filter(|u| !u.is_empty())
-            .map(String::from)
-            .unwrap_or_else(|| {
-                format!(
-                    "index {}",
-                    g.get("index").and_then(Value::as_u64).unwrap_or(0)
-                )
-            })
-    };
-    let (ga, gb) = (gpus(a), gpus(b));
-    // Two runs on one machine see the same UUIDs; on two machines, pair by index.
-    let shared = ga.iter().any(|g| gb.iter().any(|h| key(g) == key(h)));
-    let pairs: Vec<(Value, Value)> = if shared {
-        let mut keys: Vec<String> = ga.iter().map(key).collect();
-        keys.extend(
-            gb.iter()
-                .map(key)
-                .filter(|k| !ga.iter().any(|g| &key(g) == k)),
-        );
-        let find = |l: &[Value], k: &str| {
-            l.iter()
-                .find(|g| key(g) == k)
-                .cloned()
-                .unwrap_or(Value::Null)
-        };
-        keys.iter().map(|k| (find(&ga, k), find(&gb, k))).collect()
-    } else {
-        let at = |l: &[Value], i: usize| l.get(i).cloned().unwrap_or(Value::Null);
-        (0..ga.len().max(gb.len()))
-            .map(|i| (at(&ga, i), at(&gb, i)))
-            .collect()
-    };
-    for (i, (x, y)) in pairs.iter().enumerate() {
-        let index = x.get("index").or(y.get("index")).and_then(Value::as_u64);
-        let scope = format!("GPU {}", index.unwrap_or(i as u64));
-        for (item, field) in [
-            ("peak", "peakBytes"),
-            ("used", "usedBytes"),
-            ("total", "totalBytes"),
-        ] {
-            rows.push(row(
-                &scope,
-                item,
-                Unit::Bytes,
-                pick(x, &[field]),
-                pick(y, &[field]),
-            ));
-        }
-        rows.push(row(
-            &scope,
-            "risk",
-            Unit::Text,
-            pick(x, &["risk"]),
-            pick(y, &["risk"]),
-        ));
-    }
-    for (item, field) in [
-        ("allocated", "allocatedBytes"),
-        ("reserved", "reservedBytes"),
-        ("peak allocated", "peakAllocatedBytes"),
-    ] {
-        rows.push(row(
-            "allocator",
-            item,
-            Unit::Bytes,
-            pick(a, &["allocator", field]),
-            pick(b, &["allocator", field]),
-        ));
-    }
-    rows.push(row(
-        "allocator",
-        "fragmentation",
-        Unit::Number,
-        pick(a, &["allocator", "fragmentation"]),
-        pick(b, &["allocator", "fragmentation"]),
-    ));
-    let breakdown = |v: &Value| {
-        let top = pick(v, &["breakdown"]);
-        if top.is_null() {
-            pick(v, &["allocator", "breakdown"])
-        } else {
-            top
-        }
-    };
-    rows.extend(breakdown_rows("breakdown", &breakdown(a), &breakdown(b)));
-    rows.retain(|r| !(r.a.is_null() && r.b.is_null()));
-    rows
-}
-
-fn pick(v: &Value, path: &[&str]) -> Value {
-    path.iter()
-        .try_fold(v, |v, k| v.get(*k))
-        .cloned()
-        .unwrap_or(Value::Null)
-}
-
-/// The largest growths in bytes, then state changes (ok → oom), in words.
 fn headline(rows: &[Row]) -> Vec<String> {
     let mut grew: Vec<&Row> = rows
         .iter()

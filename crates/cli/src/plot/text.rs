@@ -249,9 +249,8 @@ const FILLS: [char; 8] = ['█', '▓', '▒', '░', '#', '=', '+', ':'];
 pub fn stacked_bars(c: &StackedBars, cols: usize, rows: usize) -> String {
     let cols = cols.max(20);
     let n = c.categories.len();
-    let value = |l: &[f64], i: usize| l.get(i).copied().filter(|v| v.is_finite() && *v > 0.0);
     let totals: Vec<f64> = (0..n)
-        .map(|i| c.layers.iter().filter_map(|(_, l)| value(l, i)).sum())
+        .map(|i| c.layers.iter().filter_map(|(_, l)| bar_value(l, i)).sum())
         .collect();
     let top = extent(totals.iter().copied().chain(c.hlines.iter().map(|l| l.y)))
         .map_or(1.0, |e| e.1)
@@ -265,38 +264,12 @@ pub fn stacked_bars(c: &StackedBars, cols: usize, rows: usize) -> String {
         .min(cols / 3);
     let bar_w = cols.saturating_sub(name_w + 13).max(5);
     let mut out = vec![truncate(&c.title, cols)];
-    let mut legend: Vec<String> = c
-        .layers
-        .iter()
-        .enumerate()
-        .map(|(k, (name, _))| format!("{} {name}", FILLS[k % FILLS.len()]))
-        .collect();
-    legend.extend(
-        c.hlines
-            .iter()
-            .map(|l| format!("┆ {} {}", l.label, format_value(l.y, c.y_unit))),
-    );
-    let legend = wrap(&legend, cols);
+    let legend = wrap(&bar_legend(c), cols);
     let room = rows.saturating_sub(3 + legend.len()).max(1);
     out.push(truncate(&format!("{} by {}", c.y_label, c.x_label), cols));
     for (i, cat) in c.categories.iter().enumerate().take(room) {
-        let mut bar: Vec<char> = vec![' '; bar_w];
-        let mut base = 0.0;
-        for (k, (_, l)) in c.layers.iter().enumerate() {
-            let Some(v) = value(l, i) else { continue };
-            let from = (base / top * bar_w as f64).round() as usize;
-            let to = ((base + v) / top * bar_w as f64).round() as usize;
-            (from..to.min(bar_w)).for_each(|j| bar[j] = FILLS[k % FILLS.len()]);
-            base += v;
-        }
-        for l in &c.hlines {
-            let j = ((l.y / top * bar_w as f64).round() as usize).min(bar_w - 1);
-            if bar[j] == ' ' {
-                bar[j] = '┆';
-            }
-        }
         let name = pad_left(&truncate(cat, name_w), name_w);
-        let bar: String = bar.into_iter().collect();
+        let bar = bar_chars(c, i, top, bar_w);
         out.push(format!(
             "{name} │{bar} {}",
             format_value(totals[i], c.y_unit)
@@ -309,54 +282,136 @@ pub fn stacked_bars(c: &StackedBars, cols: usize, rows: usize) -> String {
     out.join("\n") + "\n"
 }
 
+/// Layer `l`'s value in category `i`, when there is one to draw.
+fn bar_value(l: &[f64], i: usize) -> Option<f64> {
+    l.get(i).copied().filter(|v| v.is_finite() && *v > 0.0)
+}
+
+/// One key per layer (its fill), then one per horizontal line.
+fn bar_legend(c: &StackedBars) -> Vec<String> {
+    let mut legend: Vec<String> = c
+        .layers
+        .iter()
+        .enumerate()
+        .map(|(k, (name, _))| format!("{} {name}", FILLS[k % FILLS.len()]))
+        .collect();
+    legend.extend(
+        c.hlines
+            .iter()
+            .map(|l| format!("┆ {} {}", l.label, format_value(l.y, c.y_unit))),
+    );
+    legend
+}
+
+/// Category `i`'s bar, `bar_w` characters for `top`: each layer in its
+/// fill, the horizontal lines where no layer covers them.
+fn bar_chars(c: &StackedBars, i: usize, top: f64, bar_w: usize) -> String {
+    let mut bar: Vec<char> = vec![' '; bar_w];
+    let mut base = 0.0;
+    for (k, (_, l)) in c.layers.iter().enumerate() {
+        let Some(v) = bar_value(l, i) else { continue };
+        let from = (base / top * bar_w as f64).round() as usize;
+        let to = ((base + v) / top * bar_w as f64).round() as usize;
+        (from..to.min(bar_w)).for_each(|j| bar[j] = FILLS[k % FILLS.len()]);
+        base += v;
+    }
+    for l in &c.hlines {
+        let j = ((l.y / top * bar_w as f64).round() as usize).min(bar_w - 1);
+        if bar[j] == ' ' {
+            bar[j] = '┆';
+        }
+    }
+    bar.into_iter().collect()
+}
+
 /// Shades from low to high.
 const SHADES: [char; 5] = ['·', '░', '▒', '▓', '█'];
 
 pub fn heatmap(c: &Heatmap, cols: usize, rows: usize) -> String {
     let cols = cols.max(20);
-    let cell = |r: usize, k: usize| {
-        c.values
-            .get(r)
-            .and_then(|row| row.get(k).copied().flatten())
-            .filter(|v| v.is_finite())
-    };
-    let (nr, nc) = (c.rows.len(), c.cols.len());
-    let (lo, hi) = c.range();
-    let name_w = c
-        .rows
-        .iter()
-        .map(|s| s.chars().count())
-        .max()
-        .unwrap_or(0)
-        .min(cols / 3);
-    let avail = cols.saturating_sub(name_w + 2);
-    // Values where they fit, shades otherwise.
-    let values_w = 10;
-    let (cell_w, values) = if nc * (values_w + 1) <= avail {
-        (values_w, true)
-    } else {
-        ((avail / nc.max(1)).clamp(1, 3), false)
-    };
-    let shown_cols = (avail / (cell_w + usize::from(values)))
-        .clamp(1, nc.max(1))
-        .min(nc);
+    let nr = c.rows.len();
+    let g = HeatGrid::of(c, cols);
     let mut out = vec![truncate(&c.title, cols)];
     out.push(truncate(
         &format!("{} (rows) × {} (columns)", c.y_label, c.x_label),
         cols,
     ));
-    if values {
-        let header: Vec<String> = c.cols[..shown_cols]
+    if g.values {
+        let header: Vec<String> = c.cols[..g.shown_cols]
             .iter()
-            .map(|h| pad_left(&truncate(h, cell_w), cell_w))
+            .map(|h| pad_left(&truncate(h, g.cell_w), g.cell_w))
             .collect();
-        out.push(format!("{} {}", " ".repeat(name_w), header.join(" ")));
+        out.push(format!("{} {}", " ".repeat(g.name_w), header.join(" ")));
     }
     let room = rows.saturating_sub(out.len() + 2).max(1);
     for r in 0..nr.min(room) {
-        let name = pad_left(&truncate(&c.rows[r], name_w), name_w);
-        let cells: Vec<String> = (0..shown_cols)
-            .map(|k| match (cell(r, k), values) {
+        out.push(g.row(c, r));
+    }
+    if nr > room {
+        out.push(format!("… {} more rows", nr - room));
+    }
+    out.push(truncate(&heat_foot(c, &g), cols));
+    out.join("\n") + "\n"
+}
+
+/// How a heatmap's cells fit in `cols` characters.
+struct HeatGrid {
+    /// Width of the row names.
+    name_w: usize,
+    /// Width of a cell.
+    cell_w: usize,
+    /// Values where they fit, shades otherwise.
+    values: bool,
+    /// Columns that fit.
+    shown_cols: usize,
+    /// The range the shades span.
+    lo: f64,
+    hi: f64,
+}
+
+impl HeatGrid {
+    fn of(c: &Heatmap, cols: usize) -> Self {
+        let nc = c.cols.len();
+        let (lo, hi) = c.range();
+        let name_w = c
+            .rows
+            .iter()
+            .map(|s| s.chars().count())
+            .max()
+            .unwrap_or(0)
+            .min(cols / 3);
+        let avail = cols.saturating_sub(name_w + 2);
+        let values_w = 10;
+        let (cell_w, values) = if nc * (values_w + 1) <= avail {
+            (values_w, true)
+        } else {
+            ((avail / nc.max(1)).clamp(1, 3), false)
+        };
+        let shown_cols = (avail / (cell_w + usize::from(values)))
+            .clamp(1, nc.max(1))
+            .min(nc);
+        HeatGrid {
+            name_w,
+            cell_w,
+            values,
+            shown_cols,
+            lo,
+            hi,
+        }
+    }
+
+    /// Row `r`: its name, then each shown cell as a value or a shade.
+    fn row(&self, c: &Heatmap, r: usize) -> String {
+        let (lo, hi, cell_w) = (self.lo, self.hi, self.cell_w);
+        let cell = |k: usize| {
+            c.values
+                .get(r)
+                .and_then(|row| row.get(k).copied().flatten())
+                .filter(|v| v.is_finite())
+        };
+        let name = pad_left(&truncate(&c.rows[r], self.name_w), self.name_w);
+        let cells: Vec<String> = (0..self.shown_cols)
+            .map(|k| match (cell(k), self.values) {
                 (Some(v), true) => pad_left(&format_value(v, c.unit), cell_w),
                 (None, true) => pad_left("-", cell_w),
                 (Some(v), false) => {
@@ -367,12 +422,15 @@ pub fn heatmap(c: &Heatmap, cols: usize, rows: usize) -> String {
                 (None, false) => " ".repeat(cell_w),
             })
             .collect();
-        let sep = if values { " " } else { "" };
-        out.push(format!("{name} {}", cells.join(sep)));
+        let sep = if self.values { " " } else { "" };
+        format!("{name} {}", cells.join(sep))
     }
-    if nr > room {
-        out.push(format!("… {} more rows", nr - room));
-    }
+}
+
+/// The scale, and how many columns were left out.
+fn heat_foot(c: &Heatmap, g: &HeatGrid) -> String {
+    let (lo, hi, shown_cols) = (g.lo, g.hi, g.shown_cols);
+    let nc = c.cols.len();
     let mut foot = format!(
         "{} {} to {} {}",
         SHADES[1],
@@ -383,6 +441,5 @@ pub fn heatmap(c: &Heatmap, cols: usize, rows: usize) -> String {
     if shown_cols < nc {
         foot.push_str(&format!("; {} of {} columns shown", shown_cols, nc));
     }
-    out.push(truncate(&foot, cols));
-    out.join("\n") + "\n"
+    foot
 }

@@ -83,6 +83,29 @@ impl Drop for Open {
     }
 }
 
+/// The TLS handshake under its deadline; None (logged, and counted when it
+/// timed out) when it did not complete.
+async fn handshake(
+    tcp: TcpStream,
+    peer: SocketAddr,
+    acceptor: &TlsAcceptor,
+    shared: &Shared,
+) -> Option<tokio_rustls::server::TlsStream<TcpStream>> {
+    let deadline = shared.limits.handshake_timeout;
+    match tokio::time::timeout(deadline, acceptor.accept(tcp)).await {
+        Ok(Ok(tls)) => Some(tls),
+        Ok(Err(e)) => {
+            tracing::debug!(%peer, error = %e, "TLS handshake failed");
+            None
+        }
+        Err(_) => {
+            shared.metrics.closed("handshake_timeout");
+            tracing::debug!(%peer, "TLS handshake timed out");
+            None
+        }
+    }
+}
+
 /// Serves one connection. `slot` is its place under `max_connections`,
 /// given back when this returns.
 pub(super) async fn serve_connection(
@@ -97,17 +120,8 @@ pub(super) async fn serve_connection(
     shared.metrics.connections_open.inc();
     let _open = Open(shared.clone());
     let limits = &shared.limits;
-    let tls = match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(tcp)).await {
-        Ok(Ok(tls)) => tls,
-        Ok(Err(e)) => {
-            tracing::debug!(%peer, error = %e, "TLS handshake failed");
-            return;
-        }
-        Err(_) => {
-            shared.metrics.closed("handshake_timeout");
-            tracing::debug!(%peer, "TLS handshake timed out");
-            return;
-        }
+    let Some(tls) = handshake(tcp, peer, &acceptor, &shared).await else {
+        return;
     };
     let activity = Activity::new();
     let service = {

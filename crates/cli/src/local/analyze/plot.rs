@@ -65,35 +65,18 @@ pub fn chart(
     let mine: Vec<&TraceRow> = rows.iter().filter(|r| r.gpu == gpu).collect();
     let total = mine.iter().map(|r| r.total_bytes).max().unwrap_or(0) as f64;
     let env = envelopes(&mine, th.bucket_seconds);
-    let transitions: Vec<(f64, String)> = lines
-        .iter()
-        .filter(|l| l["event"] == "risk" && l["gpu"].as_u64() == Some(u64::from(gpu)))
-        .filter_map(|l| Some((l["t"].as_f64()?, l["risk"].as_str()?.to_string())))
-        .collect();
-    let end = mine.last().map_or(0.0, |r| r.t);
+    let transitions = risk_transitions(lines, gpu);
+    let span = (
+        mine.first().map_or(0.0, |r| r.t),
+        mine.last().map_or(0.0, |r| r.t),
+    );
     // The prediction that mattered: when the risk first became high (or
     // critical); without one, at the end of the trace.
     let fit_at = transitions
         .iter()
         .find(|(_, r)| r == "high" || r == "critical")
-        .map_or(end, |(t, _)| *t);
-    let mut series = vec![
-        Series::new(
-            "samples",
-            mine.iter().map(|r| (r.t, r.used_bytes as f64)).collect(),
-            Style::Points,
-        ),
-        Series::new(
-            format!("upper envelope (max per {} s)", th.bucket_seconds),
-            env.iter().map(|e| (e.0, e.2)).collect(),
-            Style::Line,
-        ),
-        Series::new(
-            format!("lower envelope (min per {} s)", th.bucket_seconds),
-            env.iter().map(|e| (e.0, e.1)).collect(),
-            Style::Line,
-        ),
-    ];
+        .map_or(span.1, |(t, _)| *t);
+    let mut series = measured_series(&mine, &env, th.bucket_seconds);
     let mut marks: Vec<Mark> = transitions
         .iter()
         .map(|(t, r)| Mark {
@@ -101,48 +84,11 @@ pub fn chart(
             label: format!("risk {r}"),
         })
         .collect();
-    let window: Vec<(f64, f64)> = env
-        .iter()
-        .filter(|e| e.0 <= fit_at && e.0 > fit_at - th.fit_window_seconds)
-        .map(|e| (e.0, e.2))
-        .collect();
-    if let (Some(fit), Some(first)) = (theil_sen(&window), window.first()) {
-        let crossing = (fit.slope > 0.0).then(|| (total - fit.intercept) / fit.slope);
-        let span = (end - mine.first().map_or(0.0, |r| r.t)).max(1.0);
-        let limit = end.max(fit_at) + span;
-        let to = crossing
-            .filter(|c| *c <= limit && *c >= first.0)
-            .unwrap_or(fit_at.max(first.0));
-        let label = match crossing {
-            Some(c) => format!(
-                "trend at t={} (predicts OOM {} later)",
-                format_duration(fit_at),
-                format_duration(c - fit_at)
-            ),
-            None => format!("trend at t={} (no OOM predicted)", format_duration(fit_at)),
-        };
-        series.push(Series::new(
-            label,
-            vec![(first.0, fit.at(first.0)), (to, fit.at(to))],
-            Style::Dashed,
-        ));
-        if let Some(c) = crossing.filter(|c| *c <= limit) {
-            marks.push(Mark {
-                x: c,
-                label: "predicted OOM".into(),
-            });
-        }
+    if let Some((line, oom)) = trend(&env, th.fit_window_seconds, fit_at, span, total) {
+        series.push(line);
+        marks.extend(oom);
     }
-    let ceiling = lines
-        .iter()
-        .find(|l| l["event"] == "summary" && l["gpu"].as_u64() == Some(u64::from(gpu)))
-        .and_then(|l| l["ceilingAt"].as_f64());
-    if let Some(c) = ceiling {
-        marks.push(Mark {
-            x: c,
-            label: "ceiling reached".into(),
-        });
-    }
+    marks.extend(ceiling_mark(lines, gpu));
     LineChart {
         title: format!("GPU {gpu} of {name}: envelope, trend and predicted OOM"),
         x_label: "trace time".into(),
@@ -156,6 +102,91 @@ pub fn chart(
         }],
         marks,
     }
+}
+
+/// `(t, level)` of each risk transition `analyze` emitted for `gpu`.
+fn risk_transitions(lines: &[Value], gpu: u32) -> Vec<(f64, String)> {
+    lines
+        .iter()
+        .filter(|l| l["event"] == "risk" && l["gpu"].as_u64() == Some(u64::from(gpu)))
+        .filter_map(|l| Some((l["t"].as_f64()?, l["risk"].as_str()?.to_string())))
+        .collect()
+}
+
+/// The samples and both envelopes.
+fn measured_series(mine: &[&TraceRow], env: &[(f64, f64, f64)], bucket: f64) -> Vec<Series> {
+    vec![
+        Series::new(
+            "samples",
+            mine.iter().map(|r| (r.t, r.used_bytes as f64)).collect(),
+            Style::Points,
+        ),
+        Series::new(
+            format!("upper envelope (max per {bucket} s)"),
+            env.iter().map(|e| (e.0, e.2)).collect(),
+            Style::Line,
+        ),
+        Series::new(
+            format!("lower envelope (min per {bucket} s)"),
+            env.iter().map(|e| (e.0, e.1)).collect(),
+            Style::Line,
+        ),
+    ]
+}
+
+/// The trend fitted over the upper envelope in the `window` seconds up to
+/// `fit_at`, drawn to where it crosses `total` (when that is within one
+/// more trace length of the end, `span` being the trace's first and last
+/// time), and the predicted OOM there; None without points to fit.
+fn trend(
+    env: &[(f64, f64, f64)],
+    window: f64,
+    fit_at: f64,
+    (start, end): (f64, f64),
+    total: f64,
+) -> Option<(Series, Option<Mark>)> {
+    let points: Vec<(f64, f64)> = env
+        .iter()
+        .filter(|e| e.0 <= fit_at && e.0 > fit_at - window)
+        .map(|e| (e.0, e.2))
+        .collect();
+    let (fit, first) = (theil_sen(&points)?, points.first()?);
+    let crossing = (fit.slope > 0.0).then(|| (total - fit.intercept) / fit.slope);
+    let span = (end - start).max(1.0);
+    let limit = end.max(fit_at) + span;
+    let to = crossing
+        .filter(|c| *c <= limit && *c >= first.0)
+        .unwrap_or(fit_at.max(first.0));
+    let label = match crossing {
+        Some(c) => format!(
+            "trend at t={} (predicts OOM {} later)",
+            format_duration(fit_at),
+            format_duration(c - fit_at)
+        ),
+        None => format!("trend at t={} (no OOM predicted)", format_duration(fit_at)),
+    };
+    let line = Series::new(
+        label,
+        vec![(first.0, fit.at(first.0)), (to, fit.at(to))],
+        Style::Dashed,
+    );
+    let oom = crossing.filter(|c| *c <= limit).map(|c| Mark {
+        x: c,
+        label: "predicted OOM".into(),
+    });
+    Some((line, oom))
+}
+
+/// Where `analyze` saw `gpu` reach its memory ceiling, when it did.
+fn ceiling_mark(lines: &[Value], gpu: u32) -> Option<Mark> {
+    let c = lines
+        .iter()
+        .find(|l| l["event"] == "summary" && l["gpu"].as_u64() == Some(u64::from(gpu)))
+        .and_then(|l| l["ceilingAt"].as_f64())?;
+    Some(Mark {
+        x: c,
+        label: "ceiling reached".into(),
+    })
 }
 
 #[cfg(test)]

@@ -61,16 +61,7 @@ pub async fn watch(side: &mut Sidecar, mut command: Option<&mut tokio::process::
         screen.draw(&new, report.as_ref(), &tracker);
         transitions.extend(new);
         if let Some(why) = report.as_ref().and_then(nothing_seen) {
-            match command.is_some() {
-                false => ended = ended.or(Some(Ended::Blind(why))),
-                true if !warned_blind => {
-                    warned_blind = true;
-                    eprintln!(
-                        "memprof profile: no GPU visible ({why}); waiting for the trainer's agent"
-                    );
-                }
-                true => {}
-            }
+            ended = ended.or(blind(why, command.is_some(), &mut warned_blind));
         }
         if command.is_none() && ended.is_none() && side.exited().is_some() {
             ended = Some(Ended::SidecarDone);
@@ -82,11 +73,7 @@ pub async fn watch(side: &mut Sidecar, mut command: Option<&mut tokio::process::
     // Transitions printed after the last poll.
     tokio::time::sleep(Duration::from_millis(100)).await;
     transitions.extend(std::iter::from_fn(|| side.transitions.try_recv().ok()));
-    let (code, blind) = match ended {
-        Ended::Command(c) => (c, None),
-        Ended::Interrupted | Ended::SidecarDone => (0, None),
-        Ended::Blind(why) => (super::BLIND, Some(why)),
-    };
+    let (code, blind) = ended.outcome();
     Watched {
         tracker,
         transitions,
@@ -94,6 +81,31 @@ pub async fn watch(side: &mut Sidecar, mut command: Option<&mut tokio::process::
         blind,
         pid,
     }
+}
+
+impl Ended {
+    /// The exit status, and why nothing could be seen when that ended it.
+    fn outcome(self) -> (i32, Option<String>) {
+        match self {
+            Ended::Command(c) => (c, None),
+            Ended::Interrupted | Ended::SidecarDone => (0, None),
+            Ended::Blind(why) => (super::BLIND, Some(why)),
+        }
+    }
+}
+
+/// A report that shows nothing ends a watch without a command; with one,
+/// the trainer's agent may still push, so it is said once and the watch
+/// goes on.
+fn blind(why: String, has_command: bool, warned: &mut bool) -> Option<Ended> {
+    if !has_command {
+        return Some(Ended::Blind(why));
+    }
+    if !*warned {
+        *warned = true;
+        eprintln!("memprof profile: no GPU visible ({why}); waiting for the trainer's agent");
+    }
+    None
 }
 
 /// Why a report shows nothing at all (no GPU from the sampler and none
