@@ -397,22 +397,23 @@ async fn fetch_cert(
 /// Retries `f` with backoff (1 s doubling to 30 s) until it succeeds: the
 /// webhook is not worth crashing the operator for, and a missing RBAC rule
 /// or Secret mount is logged with what to do.
-async fn retry<T, E, F, Fut>(what: &str, mut f: F) -> T
+async fn retry<T, E, F, Fut>(what: &str, f: F) -> T
 where
     E: std::fmt::Display,
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, E>>,
 {
-    let mut delay = Duration::from_secs(1);
-    loop {
-        match f().await {
-            Ok(v) => return v,
-            Err(e) => {
-                tracing::error!(error = %e, retry_in = ?delay, "{what}");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(30));
-            }
-        }
+    use backon::{ExponentialBuilder, Retryable};
+    let backoff = ExponentialBuilder::default()
+        .with_min_delay(Duration::from_secs(1))
+        .with_max_delay(Duration::from_secs(30))
+        .without_max_times();
+    let logged = f
+        .retry(backoff)
+        .notify(|e: &E, delay| tracing::error!(error = %e, retry_in = ?delay, "{what}"));
+    match logged.await {
+        Ok(v) => v,
+        Err(_) => unreachable!("a backoff without a maximum never gives up"),
     }
 }
 
