@@ -476,6 +476,9 @@ pub struct RemediationRecord {
     /// The Job was deleted by this remediation (so it counts, whatever happened next).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub job_deleted: bool,
+    /// What the restart kept or lost, when the policy waits for a checkpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<super::CheckpointOutcome>,
 }
 
 /// How often one policy changed a workload, over its whole life.
