@@ -221,7 +221,7 @@ mod tests {
                 breakdown: None,
                 acks: 0,
                 sites: 0,
-            checkpoint: 0,
+                checkpoint: 0,
             };
             if b.decide(last.as_ref(), &now).is_some() {
                 writes += 1;

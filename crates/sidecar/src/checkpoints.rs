@@ -87,9 +87,18 @@ mod tests {
         assert_eq!(log.report().unwrap().step, Some(200));
         let g = log.generation();
         // A late, older one (re-sent after a failed push) changes nothing.
-        log.observe(&push(now, &[("checkpoint", now - 60.0, "step=100")]), received);
-        log.observe(&push(now, &[("checkpoint", now - 30.0, "step=200")]), received);
-        assert_eq!((log.report().unwrap().step, log.generation()), (Some(200), g));
+        log.observe(
+            &push(now, &[("checkpoint", now - 60.0, "step=100")]),
+            received,
+        );
+        log.observe(
+            &push(now, &[("checkpoint", now - 30.0, "step=200")]),
+            received,
+        );
+        assert_eq!(
+            (log.report().unwrap().step, log.generation()),
+            (Some(200), g)
+        );
     }
 
     #[test]
@@ -101,7 +110,10 @@ mod tests {
         log.observe(&push(now - 2.0, &lie), received);
         assert_eq!(log.report().unwrap().time, "2026-11-24T11:59:58Z");
         // An honest later one still replaces it.
-        log.observe(&push(now, &[("checkpoint", now - 1.0, "step=10")]), received);
+        log.observe(
+            &push(now, &[("checkpoint", now - 1.0, "step=10")]),
+            received,
+        );
         assert_eq!(log.report().unwrap().step, Some(10));
     }
 }

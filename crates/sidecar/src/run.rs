@@ -13,10 +13,10 @@
 //! the writer task, so a slow one never delays sampling.
 
 use crate::acks::AckLog;
-use crate::checkpoints::CheckpointLog;
 use crate::alone::AloneDetector;
 use crate::answer::{Answers, Directives, NoDirectives};
 use crate::budget::{Budget, Reason, Snapshot};
+use crate::checkpoints::CheckpointLog;
 use crate::gpus::{self, AgentNamed};
 use crate::metrics::Metrics;
 use crate::monitor::{Identity, Monitor};

@@ -186,7 +186,10 @@ async fn a_pushed_checkpoint_reaches_the_next_report_clamped_to_its_push() {
     post(&socket, body).await;
     assert_eq!(tick(&mut s, 2.0), Some(Reason::CheckpointChanged));
     let (_, written) = rx.borrow_and_update().clone().unwrap();
-    let c = written.last_checkpoint.clone().expect("the report carries it");
+    let c = written
+        .last_checkpoint
+        .clone()
+        .expect("the report carries it");
     assert_eq!(c.step, Some(1200));
     assert_eq!(c.note, "step=1200");
     let at: jiff::Timestamp = c.time.parse().unwrap();

@@ -141,7 +141,11 @@ mod tests {
         assert_eq!((c.step, c.note.as_str()), (Some(1200), "step=1200"));
         assert_eq!(c.time, "2026-11-24T11:59:30Z");
         let c = Checkpoint::from_event("checkpoint", Some("epoch 3"), Some(7), (t, t), r);
-        assert_eq!(c.unwrap().step, Some(7), "no step= in the note: the event's step");
+        assert_eq!(
+            c.unwrap().step,
+            Some(7),
+            "no step= in the note: the event's step"
+        );
     }
 
     #[test]

@@ -6,10 +6,11 @@
 use super::reconcile::Fetched;
 use super::rollups;
 use super::state::Context;
+use crate::key::JobKey;
 use crate::operator::reconcile::profiling_enabled;
 use crate::operator::trust;
 use crate::remediation::triggers::PHASE_PENDING;
-use crate::remediation::{decide, oom};
+use crate::remediation::{decide, oom, JobCheckpoints};
 use jiff::Timestamp;
 use kube::ResourceExt;
 use memprof_api::{MemoryReportSpec, MAX_HISTORY};
@@ -31,7 +32,8 @@ pub(super) fn run(ctx: &Arc<Context>, f: &Fetched) -> Option<Duration> {
     }
     if let Some(pending) = view.remediations.iter().find(|r| r.phase == PHASE_PENDING) {
         let (key, record) = (f.key.clone(), pending.clone());
-        ctx.spawn_task(key.clone(), exec.resume(key, record));
+        let ranks = counted_checkpoints(ctx, &key);
+        ctx.spawn_task(key.clone(), exec.resume(key, record, ranks));
         return None;
     }
     let now = Timestamp::now();
@@ -72,4 +74,20 @@ pub(super) fn run(ctx: &Arc<Context>, f: &Fetched) -> Option<Duration> {
         ctx.spawn_task(key.clone(), exec.record(key, job_uid, ooms, decision));
     }
     Some(again)
+}
+
+/// The counted ranks' newest checkpoints (`lastCheckpoint` of the reports
+/// that count, as screened by the roll-up): what a restart may wait for.
+/// O(ranks), only while a remediation is pending.
+fn counted_checkpoints(ctx: &Context, key: &JobKey) -> JobCheckpoints {
+    let counted: Vec<String> = ctx.with_state(key, |s| {
+        s.rollup.as_ref().map_or_else(Vec::new, |t| {
+            let counts = |n: &&String| !t.refused.contains_key(*n);
+            t.known.iter().filter(counts).cloned().collect()
+        })
+    });
+    let reports = counted
+        .iter()
+        .filter_map(|n| rollups::report_of(&ctx.caches, key, n));
+    JobCheckpoints::new(reports.map(|r| r.spec.last_checkpoint.clone()))
 }
