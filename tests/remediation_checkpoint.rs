@@ -248,7 +248,7 @@ async fn without_a_newer_checkpoint_the_restart_goes_at_the_bound_even_across_an
         .checkpoint
         .clone()
         .expect("the record says what was lost");
-    assert_eq!(c.result, "boundReached");
+    assert_eq!(c.result, "boundReached", "{done:?}");
     assert!(c.bound.starts_with("time to OOM 1"), "{}", c.bound);
     assert!(c.bound.ends_with("- margin 4 s"), "{}", c.bound);
     assert!((9.0..=12.5).contains(&c.bound_seconds), "{c:?}");

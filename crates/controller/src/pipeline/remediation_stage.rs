@@ -6,12 +6,14 @@
 use super::reconcile::Fetched;
 use super::rollups;
 use super::state::Context;
+use super::tracked::{all_reports, screen_one};
 use crate::key::JobKey;
 use crate::operator::reconcile::profiling_enabled;
 use crate::operator::trust;
 use crate::remediation::triggers::PHASE_PENDING;
 use crate::remediation::{decide, oom, JobCheckpoints};
 use jiff::Timestamp;
+use k8s_openapi::api::batch::v1::Job;
 use kube::ResourceExt;
 use memprof_api::{MemoryReportSpec, MAX_HISTORY};
 use std::sync::Arc;
@@ -32,7 +34,7 @@ pub(super) fn run(ctx: &Arc<Context>, f: &Fetched) -> Option<Duration> {
     }
     if let Some(pending) = view.remediations.iter().find(|r| r.phase == PHASE_PENDING) {
         let (key, record) = (f.key.clone(), pending.clone());
-        let ranks = counted_checkpoints(ctx, &key);
+        let ranks = counted_checkpoints(ctx, &key, f.job.as_deref());
         ctx.spawn_task(key.clone(), exec.resume(key, record, ranks));
         return None;
     }
@@ -76,18 +78,27 @@ pub(super) fn run(ctx: &Arc<Context>, f: &Fetched) -> Option<Duration> {
     Some(again)
 }
 
-/// The counted ranks' newest checkpoints (`lastCheckpoint` of the reports
-/// that count, as screened by the roll-up): what a restart may wait for.
-/// O(ranks), only while a remediation is pending.
-fn counted_checkpoints(ctx: &Context, key: &JobKey) -> JobCheckpoints {
-    let counted: Vec<String> = ctx.with_state(key, |s| {
-        s.rollup.as_ref().map_or_else(Vec::new, |t| {
-            let counts = |n: &&String| !t.refused.contains_key(*n);
-            t.known.iter().filter(counts).cloned().collect()
-        })
+/// The counted ranks' newest checkpoints (`lastCheckpoint` of the Job's
+/// reports that pass screening now): what a restart may wait for. The
+/// reports are the roll-up's known ones, or, when this process has no
+/// roll-up of the Job (a restart while a remediation is pending: the
+/// roll-up stage leaves such a Job alone), every report claiming it.
+/// Screened here, not taken from the roll-up, which is not refreshed while
+/// a remediation is pending. O(the Job's reports), only while one is.
+fn counted_checkpoints(ctx: &Context, key: &JobKey, job: Option<&Job>) -> JobCheckpoints {
+    let Some(uid) = job.and_then(|j| j.uid()) else {
+        return JobCheckpoints::default();
+    };
+    let known = ctx.with_state(key, |s| {
+        let tracked = s.rollup.as_ref().filter(|t| t.job_uid == uid);
+        tracked.map(|t| t.known.clone())
     });
-    let reports = counted
+    let names = known.unwrap_or_else(|| all_reports(&ctx.caches, key));
+    let keys = ctx.setup.options.admission.ring();
+    let now = Timestamp::now();
+    let counted = names
         .iter()
-        .filter_map(|n| rollups::report_of(&ctx.caches, key, n));
-    JobCheckpoints::new(reports.map(|r| r.spec.last_checkpoint.clone()))
+        .filter_map(|n| rollups::report_of(&ctx.caches, key, n))
+        .filter(|r| screen_one(&ctx.caches, key, r, &uid, &keys, now).is_ok());
+    JobCheckpoints::new(counted.map(|r| r.spec.last_checkpoint.clone()))
 }

@@ -133,10 +133,12 @@ pub fn gate_for(
     } else {
         None
     };
+    // Rounded as the record states it, and the deadline from the rounded
+    // value: the recorded wait is never shorter than the recorded bound.
     let bound_seconds = if no_wait.is_some() {
         0.0
     } else {
-        bound_seconds
+        round(bound_seconds)
     };
     let deadline = decided
         .checked_add(SignedDuration::from_secs_f64(bound_seconds))
