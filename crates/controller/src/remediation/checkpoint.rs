@@ -176,6 +176,24 @@ pub fn attach(
     plan.checkpoint = Some(gate_for(wait, tto, oom_fired || observed, decided));
 }
 
+/// [`attach`] for a plan made again for a recorded decision (a restart
+/// before the first plan was saved): the wait runs from the recorded
+/// decision, not from now.
+pub fn attach_recorded(
+    plan: &mut Plan,
+    policy: &RemediationPolicy,
+    status: Option<&MemoryProfileStatus>,
+    record: &RemediationRecord,
+) {
+    let decided = record.time.parse().unwrap_or_else(|_| Timestamp::now());
+    // The record's message starts with the trigger's name (`recording.rs`).
+    let oom_fired = record
+        .message
+        .as_deref()
+        .is_some_and(|m| m.starts_with("oom: "));
+    attach(plan, policy, status, decided, oom_fired);
+}
+
 /// What the wait says now.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Verdict {

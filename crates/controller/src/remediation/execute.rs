@@ -22,7 +22,6 @@ use super::triggers::{
 use super::verify::verify;
 use super::{Error, JobCheckpoints, PhaseLabels, Result};
 use crate::key::JobKey;
-use jiff::Timestamp;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
 use kube::runtime::events::EventType;
@@ -157,10 +156,7 @@ pub(super) async fn resume(
     match planned {
         Some(Ok(mut plan)) => {
             if let Some(p) = &policy {
-                // The wait runs from the recorded decision, not from now.
-                let decided = record.time.parse().unwrap_or_else(|_| Timestamp::now());
-                let oom_fired = why.starts_with("oom: ");
-                checkpoint::attach(&mut plan, p, exec.view(key).as_ref(), decided, oom_fired);
+                checkpoint::attach_recorded(&mut plan, p, exec.view(key).as_ref(), &record);
             }
             let saved = Saved::new(plan)?;
             match record_digest(exec, key, &record.id, &saved).await? {
@@ -258,6 +254,7 @@ pub(super) async fn carry_out(
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .remove(id);
+    let done = ran.done.join("; ");
     let (phase, mut message) = match (&ran.lost, ran.failed.is_empty()) {
         (Some(lost), _) => (
             PHASE_FAILED,
@@ -267,10 +264,7 @@ pub(super) async fn carry_out(
                 store.restore_command(id)
             ),
         ),
-        (None, true) => (
-            PHASE_DONE,
-            format!("{}; {kept}{}", plan.why, ran.done.join("; ")),
-        ),
+        (None, true) => (PHASE_DONE, format!("{}; {kept}{done}", plan.why)),
         (None, false) => (PHASE_FAILED, ran.failed.join("; ")),
     };
     truncate_utf8(&mut message, 512);
