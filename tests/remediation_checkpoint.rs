@@ -316,3 +316,45 @@ async fn a_trainer_that_never_checkpoints_is_not_waited_for() {
     );
     operator.stop().await;
 }
+
+#[tokio::test]
+async fn a_trainer_that_exits_during_the_wait_ends_it_at_once() {
+    let Some(client) = cluster().await else {
+        return;
+    };
+    init_logs();
+    let ns = TestNamespace::create(&client).await;
+    let ns = ns.name.as_str();
+    let operator = start_operator(&client, ns);
+    apply_policy(&client, ns, "shrink", waiting_policy(120, 5))
+        .await
+        .unwrap();
+    let old = two_rank_job(&client, ns).await;
+    let earlier = Timestamp::now() - jiff::SignedDuration::from_secs(300);
+    critical(&client, ns, 600.0, Some((earlier, 40))).await;
+    pending(&client, ns).await;
+    stays("the Job kept while waiting", Duration::from_secs(2), || {
+        still_there(&client, ns, &old)
+    })
+    .await;
+    // Rank 1's trainer dies (exit 1): it will never checkpoint again.
+    let pods = job_pods(&client, ns, "train", RANKS as usize).await;
+    let exited = Instant::now();
+    let pod = pods[1].name_any();
+    terminate_container(&client, ns, &pod, "trainer", 1, "Segmentation fault").await;
+    let done = recreated(&client, ns, &old, Duration::from_secs(30)).await;
+    let took = exited.elapsed();
+    assert!(
+        took < Duration::from_secs(15),
+        "{took:?}: long before the 120 s bound"
+    );
+    let c = done
+        .checkpoint
+        .clone()
+        .expect("the record says why the wait ended");
+    assert_eq!(c.result, "trainerExited", "{c:?}");
+    assert_eq!(c.kept.as_ref().and_then(|k| k.step), Some(40));
+    let msg = done.message.unwrap();
+    assert!(msg.contains("a rank's trainer exited"), "{msg}");
+    operator.stop().await;
+}

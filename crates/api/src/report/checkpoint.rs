@@ -75,8 +75,10 @@ impl Checkpoint {
 #[serde(rename_all = "camelCase")]
 pub struct CheckpointOutcome {
     /// `checkpointed` (every rank checkpointed after the decision),
+    /// `trainerExited` (a rank's trainer exited during the wait),
     /// `boundReached` (the wait ended without one) or `notWaited` (an OOM
-    /// was already observed, or no time was left before the predicted OOM).
+    /// was already observed, no time was left before the predicted OOM, or
+    /// no rank ever announced a checkpoint).
     #[schemars(length(max = 32))]
     pub result: String,
     /// Seconds from the decision to the Job's deletion.

@@ -6,14 +6,16 @@
 use super::reconcile::Fetched;
 use super::rollups;
 use super::state::Context;
-use super::tracked::{all_reports, screen_one};
+use super::tracked::{all_reports, pod_of, screen_one};
 use crate::key::JobKey;
 use crate::operator::reconcile::profiling_enabled;
 use crate::operator::trust;
+use crate::remediation::oom::SIDECAR_CONTAINER;
 use crate::remediation::triggers::PHASE_PENDING;
 use crate::remediation::{decide, oom, JobCheckpoints};
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use memprof_api::{MemoryReportSpec, MAX_HISTORY};
 use std::sync::Arc;
@@ -96,9 +98,27 @@ fn counted_checkpoints(ctx: &Context, key: &JobKey, job: Option<&Job>) -> JobChe
     let names = known.unwrap_or_else(|| all_reports(&ctx.caches, key));
     let keys = ctx.setup.options.admission.ring();
     let now = Timestamp::now();
-    let counted = names
+    let counted: Vec<_> = names
         .iter()
         .filter_map(|n| rollups::report_of(&ctx.caches, key, n))
-        .filter(|r| screen_one(&ctx.caches, key, r, &uid, &keys, now).is_ok());
-    JobCheckpoints::new(counted.map(|r| r.spec.last_checkpoint.clone()))
+        .filter(|r| screen_one(&ctx.caches, key, r, &uid, &keys, now).is_ok())
+        .collect();
+    let mut ranks = JobCheckpoints::new(counted.iter().map(|r| r.spec.last_checkpoint.clone()));
+    let pods = counted
+        .iter()
+        .filter_map(|r| pod_of(&ctx.caches, key, &r.spec.pod_name));
+    ranks.exited = pods.filter(|p| trainer_exited(p)).count() as u32;
+    ranks
+}
+
+/// Whether a container of `pod` other than memprof's sidecar is terminated
+/// now (not restarted): its trainer checkpoints no more.
+fn trainer_exited(pod: &Pod) -> bool {
+    let statuses = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref());
+    statuses.into_iter().flatten().any(|c| {
+        c.name != SIDECAR_CONTAINER && c.state.as_ref().is_some_and(|s| s.terminated.is_some())
+    })
 }

@@ -48,6 +48,9 @@ pub const CHECKPOINTED: &str = "checkpointed";
 pub const BOUND_REACHED: &str = "boundReached";
 /// No wait (an OOM was observed, no time was left, or no rank checkpoints).
 pub const NOT_WAITED: &str = "notWaited";
+/// The wait ended early: a rank's trainer exited (an OOM, a crash), it
+/// checkpoints no more.
+pub const TRAINER_EXITED: &str = "trainerExited";
 
 /// The counted ranks' newest checkpoints of one Job, as the pipeline found
 /// them in their reports (screened: only reports that count).
@@ -55,6 +58,8 @@ pub const NOT_WAITED: &str = "notWaited";
 pub struct JobCheckpoints {
     /// One entry per counted rank: its newest checkpoint, if any.
     pub ranks: Vec<Option<Checkpoint>>,
+    /// Counted ranks whose trainer container has terminated.
+    pub exited: u32,
 }
 
 impl JobCheckpoints {
@@ -62,6 +67,7 @@ impl JobCheckpoints {
     pub fn new(ranks: impl IntoIterator<Item = Option<Checkpoint>>) -> Self {
         JobCheckpoints {
             ranks: ranks.into_iter().collect(),
+            exited: 0,
         }
     }
 
@@ -220,6 +226,8 @@ pub fn evaluate(gate: &CheckpointGate, ranks: &JobCheckpoints, now: Timestamp) -
         NOT_WAITED
     } else if kept.as_ref().is_some_and(|(t, _)| *t > decided) {
         CHECKPOINTED
+    } else if ranks.exited > 0 {
+        TRAINER_EXITED
     } else if now >= deadline {
         BOUND_REACHED
     } else {
@@ -258,6 +266,10 @@ pub fn describe(o: &CheckpointOutcome, no_wait: Option<&str>) -> String {
             "no checkpoint within {} (bound: {})",
             secs(o.bound_seconds),
             o.bound
+        ),
+        TRAINER_EXITED => format!(
+            "a rank's trainer exited {} into the wait for a checkpoint",
+            secs(o.waited_seconds)
         ),
         _ => format!(
             "did not wait for a checkpoint: {}",

@@ -187,3 +187,27 @@ fn checkpoints_seen_waits_in_few_words() {
          lost 3 s since it"
     );
 }
+
+#[test]
+fn a_trainer_that_exits_during_the_wait_ends_it() {
+    let g = gate_for(&wait(600, 30), None, false, decided());
+    let mut old = JobCheckpoints::new([
+        ckpt("2026-11-24T11:59:00Z", 7),
+        ckpt("2026-11-24T11:59:00Z", 7),
+    ]);
+    let now = at("2026-11-24T12:00:10Z");
+    assert!(matches!(evaluate(&g, &old, now), Verdict::Wait(_)));
+    old.exited = 1;
+    let Verdict::Go(o) = evaluate(&g, &old, now) else {
+        panic!("the trainer is gone")
+    };
+    assert_eq!(
+        (o.result.as_str(), o.lost_seconds),
+        (TRAINER_EXITED, Some(70.0))
+    );
+    assert_eq!(
+        describe(&o, None),
+        "a rank's trainer exited 10 s into the wait for a checkpoint; \
+         checkpoint step 7 at 2026-11-24T11:59:00Z kept; lost 70 s since it"
+    );
+}
