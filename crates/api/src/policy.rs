@@ -97,6 +97,43 @@ pub struct RemediationPolicySpec {
     /// which would make the Job again from its own template.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub allow_controlled_jobs: bool,
+    /// Before an action that restarts the Job (`scaleBatch`), wait for the
+    /// trainer's next checkpoint, bounded by the predicted time to OOM; only
+    /// for trainers that announce checkpoints (docs/remediation.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_for_checkpoint: Option<CheckpointWait>,
+}
+
+/// How long a restart waits for the trainer's next checkpoint.
+#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct CheckpointWait {
+    /// Longest wait, seconds from the decision.
+    #[serde(default = "default_checkpoint_max")]
+    #[schemars(range(min = 1, max = 86_400))]
+    pub max_seconds: u32,
+    /// Seconds kept between the end of the wait and the predicted OOM: the
+    /// wait ends by `timeToOomSeconds - marginSeconds` when that is sooner.
+    #[serde(default = "default_checkpoint_margin")]
+    #[schemars(range(min = 0, max = 3_600))]
+    pub margin_seconds: u32,
+}
+
+impl Default for CheckpointWait {
+    fn default() -> Self {
+        CheckpointWait {
+            max_seconds: default_checkpoint_max(),
+            margin_seconds: default_checkpoint_margin(),
+        }
+    }
+}
+
+fn default_checkpoint_max() -> u32 {
+    600
+}
+
+fn default_checkpoint_margin() -> u32 {
+    30
 }
 
 impl Default for RemediationPolicySpec {
@@ -110,6 +147,7 @@ impl Default for RemediationPolicySpec {
             max_remediations: DEFAULT_MAX_REMEDIATIONS,
             dry_run: false,
             allow_controlled_jobs: false,
+            wait_for_checkpoint: None,
         }
     }
 }

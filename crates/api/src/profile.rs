@@ -496,6 +496,9 @@ pub struct RemediationRecord {
     /// With `notifyTrainer`: which ranks' trainers acknowledged the directive.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub acknowledged: Option<Acknowledgements>,
+    /// What the restart kept or lost, when the policy waits for a checkpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<super::CheckpointOutcome>,
 }
 
 /// How often one policy changed a workload, over its whole life.

@@ -13,10 +13,14 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 mod analysis;
+mod checkpoint;
 mod sites;
 pub use analysis::{
     AllocationSizes, FragmentationPoint, GradientCheck, HostMemory, ObjectGrowth, SizeBucket,
     TensorGrowth, TrackedGrowth,
+};
+pub use checkpoint::{
+    step_in, Checkpoint, CheckpointOutcome, CHECKPOINT_EVENT, MAX_CHECKPOINT_NOTE,
 };
 pub use sites::{
     AllocationSite, AllocationSites, MemoryReportStatus, MAX_CRITICAL_RANK_SITES,
@@ -104,6 +108,10 @@ pub struct MemoryReportSpec {
     /// the agent's snapshot at critical; the newest one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allocation_sites: Option<AllocationSites>,
+    /// The newest checkpoint the pod's trainer announced (agent event
+    /// `checkpoint`), its time never later than the push that carried it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_checkpoint: Option<Checkpoint>,
 }
 
 /// A trainer process's acknowledgement of a directive, as its agent pushed it.

@@ -49,6 +49,8 @@ pub struct Snapshot {
     pub acks: u64,
     /// Generation of the allocation sites the report carries (one per snapshot pushed).
     pub sites: u64,
+    /// Generation of the checkpoint the report carries (`CheckpointLog::generation`).
+    pub checkpoint: u64,
 }
 
 /// Why a report is written.
@@ -68,13 +70,15 @@ pub enum Reason {
     AcksChanged,
     /// A trainer pushed an allocation-site snapshot.
     SitesChanged,
+    /// A trainer announced a newer checkpoint (a remediation may be waiting for it).
+    CheckpointChanged,
     /// Nothing changed for a heartbeat.
     Heartbeat,
 }
 
 impl Reason {
     /// Every reason, in the order [`Budget::decide`] tries them.
-    pub const ALL: [Reason; 8] = [
+    pub const ALL: [Reason; 9] = [
         Reason::First,
         Reason::RiskRaised,
         Reason::RiskLowered,
@@ -82,6 +86,7 @@ impl Reason {
         Reason::BreakdownChanged,
         Reason::AcksChanged,
         Reason::SitesChanged,
+        Reason::CheckpointChanged,
         Reason::Heartbeat,
     ];
 
@@ -95,6 +100,7 @@ impl Reason {
             Reason::BreakdownChanged => "breakdown_changed",
             Reason::AcksChanged => "acks_changed",
             Reason::SitesChanged => "sites_changed",
+            Reason::CheckpointChanged => "checkpoint_changed",
             Reason::Heartbeat => "heartbeat",
         }
     }
@@ -141,6 +147,9 @@ impl Budget {
         if now.sites != last.sites {
             return Some(Reason::SitesChanged);
         }
+        if now.checkpoint != last.checkpoint {
+            return Some(Reason::CheckpointChanged);
+        }
         (since >= self.heartbeat).then_some(Reason::Heartbeat)
     }
 }
@@ -159,6 +168,7 @@ mod tests {
             breakdown: None,
             acks: 0,
             sites: 0,
+            checkpoint: 0,
         }
     }
 
@@ -211,6 +221,7 @@ mod tests {
                 breakdown: None,
                 acks: 0,
                 sites: 0,
+                checkpoint: 0,
             };
             if b.decide(last.as_ref(), &now).is_some() {
                 writes += 1;

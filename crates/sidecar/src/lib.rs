@@ -14,6 +14,7 @@ pub mod alone;
 pub mod answer;
 mod args;
 pub mod budget;
+pub mod checkpoints;
 pub mod directives;
 pub mod gpus;
 pub mod identity;

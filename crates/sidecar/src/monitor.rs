@@ -285,6 +285,7 @@ impl Monitor {
             heartbeat_seconds: None,
             agent_acks: vec![],
             allocation_sites: None,
+            last_checkpoint: None,
         }
     }
 }

@@ -16,6 +16,7 @@ use crate::acks::AckLog;
 use crate::alone::AloneDetector;
 use crate::answer::{Answers, Directives, NoDirectives};
 use crate::budget::{Budget, Reason, Snapshot};
+use crate::checkpoints::CheckpointLog;
 use crate::gpus::{self, AgentNamed};
 use crate::metrics::Metrics;
 use crate::monitor::{Identity, Monitor};
@@ -140,6 +141,8 @@ pub struct Sidecar {
     metrics: Metrics,
     inbox: AgentInbox,
     acks: AckLog,
+    /// The newest checkpoint the pod's trainers announced.
+    checkpoints: CheckpointLog,
     /// The newest allocation-site snapshot of the pod's trainers, and how many were pushed.
     sites: (Option<memprof_api::AllocationSites>, u64),
     answers: Answers,
@@ -187,6 +190,7 @@ impl Sidecar {
             metrics,
             inbox,
             acks: AckLog::default(),
+            checkpoints: CheckpointLog::default(),
             sites: (None, 0),
             answers: Answers::default(),
             directives: if args.standalone {
@@ -288,6 +292,7 @@ impl Sidecar {
             return;
         }
         let received = now_rfc3339();
+        let received_at = jiff::Timestamp::now();
         for push in pushes {
             let named = self.agent_named.as_mut().and_then(|a| a.learn(&push));
             if let Some((sampler, condition)) = named {
@@ -300,6 +305,7 @@ impl Sidecar {
                 self.monitor = Monitor::new(sampler, self.thresholds.clone());
             }
             self.acks.observe(&push, &received);
+            self.checkpoints.observe(&push, received_at);
             if let Some(s) = &push.sites {
                 let at =
                     jiff::Timestamp::from_duration(jiff::SignedDuration::from_secs_f64(s.time))
@@ -334,6 +340,7 @@ impl Sidecar {
         );
         report.heartbeat_seconds = Some(heartbeat_seconds(self.args.heartbeat_seconds));
         report.agent_acks = self.acks.report();
+        report.last_checkpoint = self.checkpoints.report();
         report.allocation_sites = self.sites.0.clone();
         self.metrics.export(&report);
         report
@@ -346,7 +353,7 @@ impl Sidecar {
             &self.monitor,
             self.clock.started.elapsed().as_secs_f64(),
             report.breakdown.clone(),
-            self.acks.generation(),
+            (self.acks.generation(), self.checkpoints.generation()),
             self.sites.1,
         );
         let write = match self.out.write {
@@ -459,7 +466,7 @@ fn snapshot(
     m: &Monitor,
     t: f64,
     breakdown: Option<memprof_api::MemoryBreakdown>,
-    acks: u64,
+    (acks, checkpoint): (u64, u64),
     sites: u64,
 ) -> Snapshot {
     let gpus = m
@@ -477,6 +484,7 @@ fn snapshot(
         breakdown,
         acks,
         sites,
+        checkpoint,
     }
 }
 

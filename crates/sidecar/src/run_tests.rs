@@ -161,6 +161,48 @@ async fn acks_and_the_heartbeat_reach_the_report_and_a_new_ack_is_written() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A push announcing a checkpoint (over the agent socket, as the agent
+/// sends it) reaches the next report as `lastCheckpoint`, is a reason to
+/// write, and its time is never later than the push's.
+#[tokio::test]
+async fn a_pushed_checkpoint_reaches_the_next_report_clamped_to_its_push() {
+    let dir = temp_dir("checkpoint");
+    let (mut s, endpoints) = sidecar(
+        &dir,
+        "default: { baseGiB: 30, amplitudeGiB: 0, noiseGiB: 0 }",
+    )
+    .await;
+    let (tx, mut rx) = watch::channel(None);
+    s.out.write = Some(tx);
+    s.budget.min_interval = 0.0;
+    let socket = dir.join("agent.sock");
+    assert_eq!(tick(&mut s, 1.0), Some(Reason::First));
+    let (_, first) = rx.borrow_and_update().clone().unwrap();
+    assert_eq!(first.last_checkpoint, None);
+
+    // The event claims a time a day after the push that carries it.
+    let body = r#"{"version": 1, "time": 1795000000.5, "pid": 7, "rank": 1,
+        "events": [{"t": 1795086400.0, "name": "checkpoint", "note": "step=1200", "elapsed": 3.0}]}"#;
+    post(&socket, body).await;
+    assert_eq!(tick(&mut s, 2.0), Some(Reason::CheckpointChanged));
+    let (_, written) = rx.borrow_and_update().clone().unwrap();
+    let c = written
+        .last_checkpoint
+        .clone()
+        .expect("the report carries it");
+    assert_eq!(c.step, Some(1200));
+    assert_eq!(c.note, "step=1200");
+    let at: jiff::Timestamp = c.time.parse().unwrap();
+    assert_eq!(at.as_second(), 1_795_000_000, "clamped to the push's time");
+    assert!(memprof_analysis::validate_report(&written).is_ok());
+
+    // The same checkpoint re-sent (a push the agent retried) is no news.
+    post(&socket, body).await;
+    assert_eq!(tick(&mut s, 3.0), None);
+    endpoints.stop().await;
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn the_stated_heartbeat_is_whole_seconds_rounded_up() {
     assert_eq!(heartbeat_seconds(60.0), 60);

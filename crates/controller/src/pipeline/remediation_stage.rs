@@ -6,12 +6,17 @@
 use super::reconcile::Fetched;
 use super::rollups;
 use super::state::Context;
+use super::tracked::{all_reports, pod_of, screen_one};
 use crate::key::JobKey;
 use crate::operator::reconcile::profiling_enabled;
 use crate::operator::trust;
+use crate::remediation::oom::SIDECAR_CONTAINER;
 use crate::remediation::triggers::PHASE_PENDING;
-use crate::remediation::{decide, notify, oom, CountedReports};
+use crate::remediation::{decide, notify, oom, CountedReports, JobCheckpoints};
 use jiff::Timestamp;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
 use memprof_api::{
     Acknowledgements, MemoryReport, MemoryReportSpec, RemediationRecord, MAX_HISTORY,
@@ -34,7 +39,8 @@ pub(super) fn run(ctx: &Arc<Context>, f: &Fetched) -> Option<Duration> {
     }
     if let Some(pending) = view.remediations.iter().find(|r| r.phase == PHASE_PENDING) {
         let (key, record) = (f.key.clone(), pending.clone());
-        ctx.spawn_task(key.clone(), exec.resume(key, record));
+        let ranks = counted_checkpoints(ctx, &key, f.job.as_deref());
+        ctx.spawn_task(key.clone(), exec.resume(key, record, ranks));
         return None;
     }
     let now = Timestamp::now();
@@ -113,7 +119,8 @@ fn changed_tallies(
 
 /// The reports the pipeline counts for Job `key`: screened by trust
 /// (`operator/trust.rs`: its own pod's, an admitted pod of the Job), as the
-/// roll-up holds them.
+/// roll-up holds them: tallies are recounted only while no remediation is
+/// pending, when the roll-up is kept fresh.
 fn counted_reports(ctx: &Context, key: &JobKey) -> Vec<Arc<MemoryReport>> {
     let names: Vec<String> = ctx.with_state(key, |s| {
         s.rollup.as_ref().map_or_else(Vec::new, |t| {
@@ -130,8 +137,68 @@ fn counted_reports(ctx: &Context, key: &JobKey) -> Vec<Arc<MemoryReport>> {
         .collect()
 }
 
+/// The directives of `notifyTrainer` go to the reports that count now
+/// ([`screened_reports`]): the roll-up is not refreshed while the record is
+/// pending, and a restarted operator has none for the Job.
 impl CountedReports for Context {
     fn counted(&self, key: &JobKey) -> Vec<Arc<MemoryReport>> {
-        counted_reports(self, key)
+        let job = self
+            .caches
+            .jobs
+            .get(&ObjectRef::new(&key.name).within(&key.namespace));
+        match job.and_then(|j| j.uid()) {
+            Some(uid) => screened_reports(self, key, &uid),
+            None => Vec::new(),
+        }
     }
+}
+
+/// The reports of Job `key` (uid `uid`) that pass screening now (trust
+/// rules 1–4, `tracked::screen_one`): the roll-up's known ones, or, when
+/// this process has no roll-up of this Job (a restart while a remediation
+/// is pending: the roll-up stage leaves such a Job alone), every report
+/// claiming it. Screened here, not taken from the roll-up, which is not
+/// refreshed while a remediation is pending. O(the Job's reports); called
+/// only while a remediation is pending.
+fn screened_reports(ctx: &Context, key: &JobKey, uid: &str) -> Vec<Arc<MemoryReport>> {
+    let known = ctx.with_state(key, |s| {
+        let tracked = s.rollup.as_ref().filter(|t| t.job_uid == uid);
+        tracked.map(|t| t.known.clone())
+    });
+    let names = known.unwrap_or_else(|| all_reports(&ctx.caches, key));
+    let keys = ctx.setup.options.admission.ring();
+    let now = Timestamp::now();
+    names
+        .iter()
+        .filter_map(|n| rollups::report_of(&ctx.caches, key, n))
+        .filter(|r| screen_one(&ctx.caches, key, r, uid, &keys, now).is_ok())
+        .collect()
+}
+
+/// The counted ranks' newest checkpoints (`lastCheckpoint` of the Job's
+/// [`screened_reports`]): what a restart may wait for, and how many of
+/// those ranks' trainers have exited.
+fn counted_checkpoints(ctx: &Context, key: &JobKey, job: Option<&Job>) -> JobCheckpoints {
+    let Some(uid) = job.and_then(|j| j.uid()) else {
+        return JobCheckpoints::default();
+    };
+    let counted = screened_reports(ctx, key, &uid);
+    let mut ranks = JobCheckpoints::new(counted.iter().map(|r| r.spec.last_checkpoint.clone()));
+    let pods = counted
+        .iter()
+        .filter_map(|r| pod_of(&ctx.caches, key, &r.spec.pod_name));
+    ranks.exited = pods.filter(|p| trainer_exited(p)).count() as u32;
+    ranks
+}
+
+/// Whether a container of `pod` other than memprof's sidecar is terminated
+/// now (not restarted): its trainer checkpoints no more.
+fn trainer_exited(pod: &Pod) -> bool {
+    let statuses = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref());
+    statuses.into_iter().flatten().any(|c| {
+        c.name != SIDECAR_CONTAINER && c.state.as_ref().is_some_and(|s| s.terminated.is_some())
+    })
 }

@@ -89,7 +89,7 @@ pub(super) fn all_pods(caches: &Caches, key: &JobKey) -> Vec<Arc<Pod>> {
 /// what the roll-up keeps besides the spec, or why it does not count.
 /// O(1). (Rules 5–6, one report per rank and the Job's limit, are the
 /// roll-up's, which sees every report of the Job.)
-fn screen_one(
+pub(super) fn screen_one(
     caches: &Caches,
     key: &JobKey,
     report: &MemoryReport,

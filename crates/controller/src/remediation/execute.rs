@@ -10,6 +10,7 @@
 //! the record goes through the status writer and is awaited here, never
 //! in a reconcile.
 
+use super::checkpoint::{self, Hold};
 use super::executor::{job_ref, Executor};
 use super::plan::{self, Plan, PlanError, PlanInput};
 use super::records::last_action;
@@ -19,7 +20,7 @@ use super::triggers::{
     add_to_totals, MAX_POLICY_TOTALS, PHASE_DONE, PHASE_FAILED, PHASE_PENDING, PHASE_SKIPPED,
 };
 use super::verify::verify;
-use super::{Error, PhaseLabels, Result};
+use super::{Error, JobCheckpoints, PhaseLabels, Result};
 use crate::key::JobKey;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
@@ -120,6 +121,7 @@ pub(super) async fn resume(
     exec: &Executor,
     key: &JobKey,
     record: &RemediationRecord,
+    ranks: &JobCheckpoints,
 ) -> Result<Option<Duration>> {
     // Only the writer's newest status may say the remediation is still pending.
     let id = record.id.clone();
@@ -136,7 +138,7 @@ pub(super) async fn resume(
     };
     info!(id = %record.id, action = %record.action, "resuming a pending remediation");
     if let Some(saved) = plans(exec).load(&record.id).await? {
-        return carry_out(exec, key, saved, &record).await;
+        return carry_out(exec, key, saved, &record, Some(ranks)).await;
     }
     // No plan saved means no step was taken (the plan is saved first):
     // planning now, from the same Job as it is, is the same decision.
@@ -152,10 +154,13 @@ pub(super) async fn resume(
     };
     let outcome = Outcome::default();
     match planned {
-        Some(Ok(plan)) => {
+        Some(Ok(mut plan)) => {
+            if let Some(p) = &policy {
+                checkpoint::attach_recorded(&mut plan, p, exec.view(key).as_ref(), &record);
+            }
             let saved = Saved::new(plan)?;
             match record_digest(exec, key, &record.id, &saved).await? {
-                Some(record) => carry_out(exec, key, saved, &record).await,
+                Some(record) => carry_out(exec, key, saved, &record, Some(ranks)).await,
                 None => Ok(Some(AGAIN)),
             }
         }
@@ -215,6 +220,7 @@ pub(super) async fn carry_out(
     key: &JobKey,
     saved: Saved,
     record: &RemediationRecord,
+    ranks: Option<&JobCheckpoints>,
 ) -> Result<Option<Duration>> {
     let store = plans(exec);
     let saved = store.save(&saved).await?;
@@ -234,6 +240,10 @@ pub(super) async fn carry_out(
         return finish(exec, key, id, (PHASE_FAILED, msg), None, keep).await;
     }
     let plan = &saved.plan;
+    let kept = match checkpoint::hold(exec, key, plan, record, ranks).await? {
+        Hold::Again(delay) => return Ok(Some(delay)),
+        Hold::Go(kept) => kept,
+    };
     let ran = match run_steps(exec, key, plan).await? {
         Ran::Finished(ran) => ran,
         Ran::Waiting { finalizers } => {
@@ -244,6 +254,7 @@ pub(super) async fn carry_out(
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .remove(id);
+    let done = ran.done.join("; ");
     let (phase, mut message) = match (&ran.lost, ran.failed.is_empty()) {
         (Some(lost), _) => (
             PHASE_FAILED,
@@ -253,7 +264,7 @@ pub(super) async fn carry_out(
                 store.restore_command(id)
             ),
         ),
-        (None, true) => (PHASE_DONE, format!("{}; {}", plan.why, ran.done.join("; "))),
+        (None, true) => (PHASE_DONE, format!("{}; {kept}{done}", plan.why)),
         (None, false) => (PHASE_FAILED, ran.failed.join("; ")),
     };
     truncate_utf8(&mut message, 512);

@@ -37,6 +37,7 @@
 //! or skipped, never repeated. Cooldown and `maxRemediations` count records
 //! in the profile, so they hold across restarts and recreations.
 
+pub mod checkpoint;
 mod decide;
 mod execute;
 mod executor;
@@ -52,6 +53,7 @@ mod tasks;
 pub mod triggers;
 pub mod verify;
 
+pub use checkpoint::JobCheckpoints;
 pub use decide::{decide, Decision};
 pub use executor::Executor;
 pub use notify::CountedReports;

@@ -30,7 +30,7 @@ pub const EVIDENCE_CEILING: &str = "reportAtCeiling";
 /// Fraction of a GPU's memory in use from which it is "at the ceiling".
 pub const CEILING_FRACTION: f64 = 0.99;
 /// Name of the injected sidecar container: its exits are not the trainer's OOMs.
-const SIDECAR_CONTAINER: &str = "memprof-sidecar";
+pub(crate) const SIDECAR_CONTAINER: &str = "memprof-sidecar";
 /// Pod annotation of indexed Jobs: the pod's completion index (its rank).
 const COMPLETION_INDEX: &str = "batch.kubernetes.io/job-completion-index";
 

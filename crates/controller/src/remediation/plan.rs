@@ -132,6 +132,9 @@ pub struct Plan {
     pub why: String,
     /// Steps, in order.
     pub steps: Vec<Step>,
+    /// The wait for a checkpoint before the restart (`waitForCheckpoint`), decided with the plan.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<super::checkpoint::CheckpointGate>,
 }
 
 impl Plan {
@@ -351,6 +354,7 @@ pub fn build(input: &PlanInput<'_>) -> Result<Plan, PlanError> {
         job_uid: meta("uid")?,
         why: input.why.to_string(),
         steps: Vec::new(),
+        checkpoint: None,
     };
     let mut changes = Vec::new();
     let mut annotations = BTreeMap::new();

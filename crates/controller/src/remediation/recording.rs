@@ -8,7 +8,7 @@ use super::executor::{job_ref, profile_ref, Executor};
 use super::records::{last_action, new_record};
 use super::store::Saved;
 use super::triggers::{self, push_record, PHASE_DRY_RUN, PHASE_PENDING, PHASE_SKIPPED};
-use super::{execute, oom, status, PhaseLabels, Result};
+use super::{checkpoint, execute, oom, status, PhaseLabels, Result};
 use crate::key::JobKey;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -77,7 +77,8 @@ pub(super) async fn record(
     match planned {
         Some(saved) if rec.phase == PHASE_PENDING => {
             info!(id = %rec.id, action = %rec.action, "remediation recorded as pending; acting");
-            execute::carry_out(exec, key, saved, &rec).await
+            // The ranks' checkpoints come with the resume, if the plan waits.
+            execute::carry_out(exec, key, saved, &rec, None).await
         }
         _ => {
             announce_record(exec, &rec, &regarding).await;
@@ -153,7 +154,10 @@ async fn plan(
             let rec = new_record(&d.id, policy, &plan.summary(), PHASE_DRY_RUN, now, why);
             (rec, None)
         }
-        Ok(plan) => {
+        Ok(mut plan) => {
+            let status = exec.view(key);
+            let oom_fired = d.fired.name == "oom";
+            checkpoint::attach(&mut plan, policy, status.as_ref(), now, oom_fired);
             // The record names the plan's hash before the plan is saved:
             // only the plan recorded here will ever be carried out.
             let saved = Saved::new(plan)?;

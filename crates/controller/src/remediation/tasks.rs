@@ -4,7 +4,7 @@
 
 use super::decide::Decision;
 use super::executor::Executor;
-use super::{execute, recording, Result, StepLabels};
+use super::{execute, recording, JobCheckpoints, Result, StepLabels};
 use crate::key::JobKey;
 use backon::{BackoffBuilder, ExponentialBuilder};
 use memprof_api::{OomRecord, RemediationRecord};
@@ -26,13 +26,15 @@ impl Executor {
         self.settle(&key, outcome)
     }
 
-    /// Finishes the `Pending` record `record` of Job `key`.
+    /// Finishes the `Pending` record `record` of Job `key`, whose counted
+    /// ranks' checkpoints are `ranks` (what a restart may wait for).
     pub async fn resume(
         self: Arc<Self>,
         key: JobKey,
         record: RemediationRecord,
+        ranks: JobCheckpoints,
     ) -> Option<Duration> {
-        let outcome = execute::resume(&self, &key, &record).await;
+        let outcome = execute::resume(&self, &key, &record, &ranks).await;
         self.settle(&key, outcome)
     }
 

@@ -167,6 +167,7 @@ mod tests {
                 manifest: json!({"apiVersion": "batch/v1", "kind": "Job",
                     "metadata": {"name": "train", "namespace": "ml"}}),
             }],
+            checkpoint: None,
         }
     }
 
