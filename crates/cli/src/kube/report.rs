@@ -351,6 +351,13 @@ fn render_history(out: &mut String, st: &MemoryProfileStatus) {
             "  remediation {} [{}] {} by {}",
             r.id, r.phase, r.action, r.policy
         );
+        // What the engineer asks first: what it kept or lost, who answered.
+        if let Some(m) = r.message.as_deref().filter(|m| !m.is_empty()) {
+            let _ = writeln!(out, "    {m}");
+        }
+        if let Some(a) = &r.acknowledged {
+            let _ = writeln!(out, "    trainers: {}", a.summary);
+        }
     }
     for c in &st.conditions {
         let _ = writeln!(
@@ -479,6 +486,51 @@ mod tests {
         );
         assert!(
             report.contains("batch size: BATCH_SIZE = 36 now; largest safe 25 (predicted peak 71.5GiB; extrapolated 11 below"),
+            "{report}"
+        );
+    }
+
+    #[test]
+    fn a_remediation_says_what_it_kept_and_which_trainers_answered() {
+        let mut p = MemoryProfile::new(
+            "train",
+            memprof_api::MemoryProfileSpec {
+                job_name: "train".into(),
+                expected_ranks: None,
+            },
+        );
+        let acknowledged = memprof_api::Acknowledgements {
+            summary: "2/3 acknowledged (1 pending: rank 2)".into(),
+            ..Default::default()
+        };
+        p.status = Some(MemoryProfileStatus {
+            remediations: vec![
+                memprof_api::RemediationRecord {
+                    id: "a1".into(),
+                    policy: "shrink".into(),
+                    action: "scaleBatch BATCH_SIZE 32->24".into(),
+                    phase: "Done".into(),
+                    message: Some("checkpoint step 900 kept; lost 3 s since it".into()),
+                    ..Default::default()
+                },
+                memprof_api::RemediationRecord {
+                    id: "b2".into(),
+                    policy: "tell".into(),
+                    action: "notifyTrainer critical".into(),
+                    phase: "Done".into(),
+                    acknowledged: Some(acknowledged),
+                    ..Default::default()
+                },
+            ],
+            ..Default::default()
+        });
+        let report = render(&p);
+        assert!(
+            report.contains("    checkpoint step 900 kept; lost 3 s since it\n"),
+            "{report}"
+        );
+        assert!(
+            report.contains("    trainers: 2/3 acknowledged (1 pending: rank 2)\n"),
             "{report}"
         );
     }
