@@ -66,6 +66,12 @@ pub struct Options {
     #[arg(long, env = "MEMPROF_CONCURRENCY", default_value_t = 8)]
     pub concurrency: u16,
 
+    /// How the status writer writes a MemoryProfile status: `apply` (a
+    /// server-side apply of the whole status) or `merge` (a JSON merge patch
+    /// of what changed); both with the resourceVersion precondition.
+    #[arg(long, env = "MEMPROF_STATUS_WRITE", value_enum, default_value_t)]
+    pub status_write: crate::status::WriteMode,
+
     /// Reporting instance in Events (the chart sets it to the pod name); defaults to the hostname.
     #[arg(long, env = "MEMPROF_INSTANCE")]
     pub instance: Option<String>,
@@ -92,6 +98,7 @@ impl Default for Options {
             namespace: String::new(),
             min_write_interval_ms: 1000,
             concurrency: 8,
+            status_write: Default::default(),
             instance: None,
             allowed_namespaces: Vec::new(),
             default_thresholds: serde_json::Map::new(),

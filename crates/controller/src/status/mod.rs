@@ -27,9 +27,11 @@
 //! durably before acting" holds (docs/remediation.md).
 
 mod compose;
+mod patch;
 mod writer;
 
 pub use compose::{compose, write_needed, Need, COSMETIC_INTERVAL};
+pub use patch::{merge_diff, WriteMode};
 pub use writer::{Notice, StatusWriter, WriteError, WriterOptions};
 
 use memprof_api::MemoryProfileStatus;
