@@ -18,7 +18,8 @@ pub enum WriteMode {
     #[default]
     Apply,
     /// A JSON merge patch of the fields that differ from the status it was
-    /// composed on (field manager `memprof-operator`).
+    /// composed on (field manager `memprof-operator`). Fewer bytes, but no
+    /// faster on this machine's API server (docs/benchmarks.md, the A/B).
     Merge,
 }
 
