@@ -39,7 +39,7 @@ impl Default for WriterOptions {
     fn default() -> Self {
         WriterOptions {
             min_interval: Duration::from_secs(1),
-            workers: 8,
+            workers: 16,
             mode: WriteMode::default(),
         }
     }
