@@ -129,22 +129,41 @@ async fn main() -> anyhow::Result<()> {
     result
 }
 
+/// New Jobs as a watch sees them: (name, uid, when).
+type Seen = mpsc::UnboundedReceiver<(String, String, Instant)>;
+
 async fn bench(client: &Client, ns: &str, runs: usize, settle: Duration) -> anyhow::Result<()> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|s| *s).await;
-    };
     let operator = tokio::spawn({
-        let (client, stop) = (client.clone(), stopped(stop_rx.clone()));
+        let client = client.clone();
         let setup = memprof::pipeline::Setup::for_namespace(ns);
+        let mut rx = stop_rx;
+        let stop = async move {
+            let _ = rx.wait_for(|s| *s).await;
+        };
         async move { memprof::pipeline::run(client, setup, stop).await }
     });
-
-    // New Jobs as the watch sees them: (name, uid, when).
-    let (seen_tx, mut seen) = mpsc::unbounded_channel();
     let jobs: Api<Job> = Api::namespaced(client.clone(), ns);
+    let (watch, mut seen) = watch_new_jobs(jobs.clone());
+    apply_policy(client, ns).await?;
+    let mut latencies = Vec::with_capacity(runs);
+    for i in 0..runs {
+        let latency = one_run(client, ns, &jobs, &mut seen, &format!("bench-{i}"), settle).await?;
+        println!("run {i:>3}: {:>7.1} ms", latency.as_secs_f64() * 1e3);
+        latencies.push(latency);
+    }
+    print_summary(&mut latencies);
+    let _ = stop_tx.send(true);
+    watch.abort();
+    let _ = operator.await;
+    Ok(())
+}
+
+/// Watches the Jobs of `jobs`: each applied Job's name, uid and arrival.
+fn watch_new_jobs(jobs: Api<Job>) -> (tokio::task::JoinHandle<()>, Seen) {
+    let (seen_tx, seen) = mpsc::unbounded_channel();
     let watch = tokio::spawn(
-        watcher(jobs.clone(), watcher::Config::default())
+        watcher(jobs, watcher::Config::default())
             .applied_objects()
             .for_each(move |j| {
                 if let Ok(j) = j {
@@ -154,7 +173,11 @@ async fn bench(client: &Client, ns: &str, runs: usize, settle: Duration) -> anyh
                 futures::future::ready(())
             }),
     );
+    (watch, seen)
+}
 
+/// The policy every run triggers: critical risk → batch size × 0.75.
+async fn apply_policy(client: &Client, ns: &str) -> anyhow::Result<()> {
     let policy = json!({
         "apiVersion": "memprof.dev/v1alpha1", "kind": "RemediationPolicy",
         "metadata": {"name": "shrink"},
@@ -171,65 +194,73 @@ async fn bench(client: &Client, ns: &str, runs: usize, settle: Duration) -> anyh
             &Patch::Apply(&policy),
         )
         .await?;
-    let profiles: Api<MemoryProfile> = Api::namespaced(client.clone(), ns);
+    Ok(())
+}
 
-    let mut latencies = Vec::with_capacity(runs);
-    for i in 0..runs {
-        let name = format!("bench-{i}");
-        let job: Job = serde_json::from_value(json!({
-            "metadata": {"name": name, "labels": {"bench": "remediation"},
-                         "annotations": {"memprof.dev/enabled": "true"}},
-            "spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [
-                {"name": "trainer", "image": "busybox", "env": [{"name": "BATCH_SIZE", "value": "32"}]}
-            ]}}},
-        }))?;
-        let old_uid = jobs
-            .create(&PostParams::default(), &job)
+/// One Job: created, its first status awaited (not timed), then a critical
+/// report; the time from that report to the recreated Job's arrival.
+async fn one_run(
+    client: &Client,
+    ns: &str,
+    jobs: &Api<Job>,
+    seen: &mut Seen,
+    name: &str,
+    settle: Duration,
+) -> anyhow::Result<Duration> {
+    let job: Job = serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {"bench": "remediation"},
+                     "annotations": {"memprof.dev/enabled": "true"}},
+        "spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [
+            {"name": "trainer", "image": "busybox", "env": [{"name": "BATCH_SIZE", "value": "32"}]}
+        ]}}},
+    }))?;
+    let old_uid = jobs
+        .create(&PostParams::default(), &job)
+        .await?
+        .uid()
+        .unwrap_or_default();
+    apply_report(client, ns, &report(name, RiskLevel::Low, 30, 0)).await?;
+    wait_first_status(&Api::namespaced(client.clone(), ns), name).await?;
+    tokio::time::sleep(settle).await;
+    let start = Instant::now();
+    apply_report(client, ns, &report(name, RiskLevel::Critical, 79, 1)).await?;
+    loop {
+        let (n, uid, at) = tokio::time::timeout(Duration::from_secs(60), seen.recv())
             .await?
-            .uid()
-            .unwrap_or_default();
-        apply_report(client, ns, &report(&name, RiskLevel::Low, 30, 0)).await?;
-        // Wait for the operator's first status, so only the remediation path is timed.
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while profiles
-            .get_opt(&name)
-            .await?
-            .and_then(|p| p.status)
-            .is_none()
-        {
-            anyhow::ensure!(
-                Instant::now() < deadline,
-                "no MemoryProfile status for {name}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            .ok_or_else(|| anyhow::anyhow!("the Job watch ended"))?;
+        if n == name && uid != old_uid && at >= start {
+            return Ok(at - start);
         }
-        tokio::time::sleep(settle).await;
-        let start = Instant::now();
-        apply_report(client, ns, &report(&name, RiskLevel::Critical, 79, 1)).await?;
-        let done = loop {
-            let (n, uid, at) = tokio::time::timeout(Duration::from_secs(60), seen.recv())
-                .await?
-                .ok_or_else(|| anyhow::anyhow!("the Job watch ended"))?;
-            if n == name && uid != old_uid && at >= start {
-                break at;
-            }
-        };
-        let latency = done - start;
-        println!("run {i:>3}: {:>7.1} ms", latency.as_secs_f64() * 1e3);
-        latencies.push(latency);
     }
+}
+
+/// Waits for the operator's first status, so only the remediation path is timed.
+async fn wait_first_status(profiles: &Api<MemoryProfile>, name: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while profiles
+        .get_opt(name)
+        .await?
+        .and_then(|p| p.status)
+        .is_none()
+    {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "no MemoryProfile status for {name}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
+}
+
+fn print_summary(latencies: &mut [Duration]) {
     latencies.sort();
     let mean = latencies.iter().sum::<Duration>() / latencies.len().max(1) as u32;
     println!(
         "report -> recreated Job over {} runs: p50 {:.1} ms, p90 {:.1} ms, max {:.1} ms, mean {:.1} ms",
         latencies.len(),
-        percentile(&latencies, 0.5).as_secs_f64() * 1e3,
-        percentile(&latencies, 0.9).as_secs_f64() * 1e3,
+        percentile(latencies, 0.5).as_secs_f64() * 1e3,
+        percentile(latencies, 0.9).as_secs_f64() * 1e3,
         latencies.last().copied().unwrap_or_default().as_secs_f64() * 1e3,
         mean.as_secs_f64() * 1e3,
     );
-    let _ = stop_tx.send(true);
-    watch.abort();
-    let _ = operator.await;
-    Ok(())
 }

@@ -14,7 +14,7 @@ if ! bash hack/local-cluster.sh status >/dev/null 2>&1; then
 fi
 eval "$(bash hack/local-cluster.sh env)"
 export KUBECONFIG
-cargo build --release --workspace --bins --example operator_scale --example operator_memory --example remediation_latency
+cargo build --release --workspace --bins --example operator_scale --example operator_memory --example remediation_latency --example api_write_loop
 echo "== sidecar: writes per rank per 30 s, RSS and CPU (sim backend)"
 bash bench/sidecar_budget.sh 8 120
 echo "== roll-up: CPU per report event, incremental against from scratch (2,048 x 1 and 256 x 8)"
@@ -24,6 +24,10 @@ target/release/examples/operator_scale --ranks 256 --rounds 5
 # The scale run of docs/benchmarks.md: each prints its goals beside the numbers
 # (a missed goal says MISSED and does not stop the script); ~3 and ~5 minutes.
 apiserver_pid="$(bash hack/local-cluster.sh pid kube-apiserver)"
+echo "== API server on its own: writes/s and round trips per kind of write, no operator (~3 minutes)"
+target/release/examples/api_write_loop --apiserver-pid "$apiserver_pid"
+echo "== operator at scale: 256 ranks x 8 GPUs in one Job"
+target/release/examples/operator_scale --jobs 1 --ranks 256 --gpus-per-rank 8 --rounds 2 --apiserver-pid "$apiserver_pid"
 echo "== operator at scale: 2,048 ranks in one Job"
 target/release/examples/operator_scale --jobs 1 --ranks 2048 --rounds 2 --apiserver-pid "$apiserver_pid"
 echo "== operator at scale: 200 Jobs x 16 ranks at once"

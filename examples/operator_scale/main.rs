@@ -227,18 +227,7 @@ async fn bench(client: &Client, ns: &str, args: &Args, op: &setup::Operator) -> 
     let pods = setup::create_workload(client, ns, args.jobs, args.ranks).await?;
     let pods_secs = started.elapsed().as_secs_f64();
     let (seen, watch) = measure::watch_profiles(Api::namespaced(client.clone(), ns));
-    let batches = args.rounds as usize + 2;
-    let mut driver = Driver {
-        reports: Api::namespaced(client.clone(), ns),
-        order: load::round_order(&pods),
-        markers: pods.iter().filter(|p| p.rank == 0).collect(),
-        clock: Clock::for_writes((args.total_ranks() + args.jobs) * batches),
-        all: Vec::new(),
-        seen: seen.clone(),
-        names: (0..args.jobs).map(setup::job_name).collect(),
-        lanes: args.lanes,
-        gpus_per_rank: args.gpus_per_rank,
-    };
+    let mut driver = Driver::new(client, ns, args, &pods, seen.clone());
 
     // Round 0 creates the reports and the profiles fill up: not measured.
     let t = Instant::now();
@@ -246,15 +235,64 @@ async fn bench(client: &Client, ns: &str, args: &Args, op: &setup::Operator) -> 
     let create_secs = t.elapsed().as_secs_f64();
     tokio::time::sleep(Duration::from_secs(1)).await;
 
-    let (usage0, metrics0) = (
-        proc_usage(&op.pid.to_string()),
-        scrape(&op.metrics_addr).await,
+    let before = Snapshot::take(op, args).await;
+    let (burst, paced, rate) = measure_phases(&mut driver, args).await?;
+    let after = Snapshot::take(op, args).await;
+    watch.abort();
+    let max_status = seen
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .max_status_bytes;
+    let profiles = Api::<MemoryProfile>::namespaced(client.clone(), ns)
+        .list(&Default::default())
+        .await?;
+
+    print_header(args, pods.len(), pods_secs, create_secs);
+    print_phase(
+        &format!(
+            "burst ({} rounds, every rank at once, {} in flight)",
+            args.rounds, args.lanes
+        ),
+        &burst,
     );
-    let (self0, api0) = (
-        proc_usage("self"),
-        args.apiserver_pid.map(|p| proc_usage(&p.to_string())),
+    print_phase(
+        &format!("paced ({rate:.0} writes/s = 1 per rank per 30 s)"),
+        &paced,
     );
-    let (window, load0) = (Instant::now(), loadavg());
+    print_profiles(&profiles.items, args.ranks, max_status);
+    print_usage(&before, &after);
+    Ok(())
+}
+
+impl<'a> Driver<'a> {
+    fn new(
+        client: &Client,
+        ns: &str,
+        args: &Args,
+        pods: &'a [RankPod],
+        seen: Arc<Mutex<Seen>>,
+    ) -> Self {
+        let batches = args.rounds as usize + 2;
+        Driver {
+            reports: Api::namespaced(client.clone(), ns),
+            order: load::round_order(pods),
+            markers: pods.iter().filter(|p| p.rank == 0).collect(),
+            clock: Clock::for_writes((args.total_ranks() + args.jobs) * batches),
+            all: Vec::new(),
+            seen,
+            names: (0..args.jobs).map(setup::job_name).collect(),
+            lanes: args.lanes,
+            gpus_per_rank: args.gpus_per_rank,
+        }
+    }
+}
+
+/// The measured window: `--rounds` bursts, then one paced round; the
+/// bursts together, the paced round, and its rate (writes/s).
+async fn measure_phases(
+    driver: &mut Driver<'_>,
+    args: &Args,
+) -> anyhow::Result<(Phase, Phase, f64)> {
     let mut burst = Phase {
         writes: 0,
         secs: 0.0,
@@ -271,25 +309,33 @@ async fn bench(client: &Client, ns: &str, args: &Args, op: &setup::Operator) -> 
     burst.rtts.sort_by(f64::total_cmp);
     let rate = args.paced_rate.unwrap_or(args.total_ranks() as f64 / 30.0);
     let paced = driver.paced(args.rounds + 1, rate).await?;
+    Ok((burst, paced, rate))
+}
 
-    let (window_secs, load1) = (window.elapsed().as_secs_f64(), loadavg());
-    let (usage1, metrics1) = (
-        proc_usage(&op.pid.to_string()),
-        scrape(&op.metrics_addr).await,
-    );
-    let (self1, api1) = (
-        proc_usage("self"),
-        args.apiserver_pid.map(|p| proc_usage(&p.to_string())),
-    );
-    watch.abort();
-    let max_status = seen
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .max_status_bytes;
-    let profiles = Api::<MemoryProfile>::namespaced(client.clone(), ns)
-        .list(&Default::default())
-        .await?;
+/// What the processes had used at one moment of the window.
+struct Snapshot {
+    at: Instant,
+    load: String,
+    operator: Usage,
+    metrics: std::collections::BTreeMap<String, f64>,
+    this: Usage,
+    apiserver: Option<Usage>,
+}
 
+impl Snapshot {
+    async fn take(op: &setup::Operator, args: &Args) -> Snapshot {
+        Snapshot {
+            at: Instant::now(),
+            load: loadavg(),
+            operator: proc_usage(&op.pid.to_string()),
+            metrics: scrape(&op.metrics_addr).await,
+            this: proc_usage("self"),
+            apiserver: args.apiserver_pid.map(|p| proc_usage(&p.to_string())),
+        }
+    }
+}
+
+fn print_header(args: &Args, pods: usize, pods_secs: f64, create_secs: f64) {
     println!(
         "operator_scale: {} Job(s) x {} ranks ({} GPU each) = {} pods and MemoryReports; \
          2 cores shared by the API server, etcd, the operator and this load generator",
@@ -299,37 +345,36 @@ async fn bench(client: &Client, ns: &str, args: &Args, op: &setup::Operator) -> 
         args.total_ranks()
     );
     println!(
-        "  setup (not measured): {} pods in {:.0} s; first reports written and shown in {:.0} s",
-        pods.len(),
-        pods_secs,
-        create_secs
+        "  setup (not measured): {pods} pods in {pods_secs:.0} s; first reports written and shown in {create_secs:.0} s"
     );
     if !args.operator_args.is_empty() {
         println!("  operator flags: {}", args.operator_args.join(" "));
     }
-    print_phase(
-        &format!(
-            "burst ({} rounds, every rank at once, {} in flight)",
-            args.rounds, args.lanes
-        ),
-        &burst,
+}
+
+/// The operator's, the API server's and this process's use over the window.
+fn print_usage(before: &Snapshot, after: &Snapshot) {
+    let window_secs = after.at.duration_since(before.at).as_secs_f64();
+    print_operator(
+        before.operator,
+        after.operator,
+        window_secs,
+        &before.metrics,
+        &after.metrics,
     );
-    print_phase(
-        &format!("paced ({rate:.0} writes/s = 1 per rank per 30 s)"),
-        &paced,
-    );
-    print_profiles(&profiles.items, args.ranks, max_status);
-    print_operator(usage0, usage1, window_secs, &metrics0, &metrics1);
     let cpu = |a: Usage, b: Usage| b.cpu_seconds - a.cpu_seconds;
-    match (api0, api1) {
+    let this = cpu(before.this, after.this);
+    match (before.apiserver, after.apiserver) {
         (Some(a), Some(b)) => println!(
-            "  same machine, same window: kube-apiserver CPU {:.1} s ({:.0} % of a core), this load generator {:.1} s",
-            cpu(a, b), 100.0 * cpu(a, b) / window_secs, cpu(self0, self1)
+            "  same machine, same window: kube-apiserver CPU {:.1} s ({:.0} % of a core), this load generator {this:.1} s",
+            cpu(a, b), 100.0 * cpu(a, b) / window_secs
         ),
-        _ => println!("  same machine, same window: this load generator CPU {:.1} s", cpu(self0, self1)),
+        _ => println!("  same machine, same window: this load generator CPU {this:.1} s"),
     }
-    println!("  1-minute load average of the 2-core machine: {load0} at the start of the window, {load1} at its end");
-    Ok(())
+    println!(
+        "  1-minute load average of the 2-core machine: {} at the start of the window, {} at its end",
+        before.load, after.load
+    );
 }
 
 fn verdict(met: bool) -> &'static str {

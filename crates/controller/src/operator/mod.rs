@@ -62,9 +62,17 @@ pub struct Options {
     pub min_write_interval_ms: u64,
 
     /// Jobs reconciled at the same time, and status writes in flight (a Job
-    /// is never reconciled twice at once).
-    #[arg(long, env = "MEMPROF_CONCURRENCY", default_value_t = 8)]
+    /// is never reconciled twice at once). 16: with 8, the status writer's
+    /// rate was 8 ÷ the write's round trip, below what the API server took
+    /// (docs/benchmarks.md, the A/B).
+    #[arg(long, env = "MEMPROF_CONCURRENCY", default_value_t = 16)]
     pub concurrency: u16,
+
+    /// How the status writer writes a MemoryProfile status: `apply` (a
+    /// server-side apply of the whole status) or `merge` (a JSON merge patch
+    /// of what changed); both with the resourceVersion precondition.
+    #[arg(long, env = "MEMPROF_STATUS_WRITE", value_enum, default_value_t)]
+    pub status_write: crate::status::WriteMode,
 
     /// Reporting instance in Events (the chart sets it to the pod name); defaults to the hostname.
     #[arg(long, env = "MEMPROF_INSTANCE")]
@@ -91,7 +99,8 @@ impl Default for Options {
         Options {
             namespace: String::new(),
             min_write_interval_ms: 1000,
-            concurrency: 8,
+            concurrency: 16,
+            status_write: Default::default(),
             instance: None,
             allowed_namespaces: Vec::new(),
             default_thresholds: serde_json::Map::new(),

@@ -114,6 +114,7 @@ pub async fn run(
         WriterOptions {
             min_interval: Duration::from_millis(opts.min_write_interval_ms),
             workers: usize::from(opts.concurrency.max(1)),
+            mode: opts.status_write,
         },
     );
     let executor = setup.remediation.enabled.then(|| {

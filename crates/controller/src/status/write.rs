@@ -4,10 +4,11 @@
 use super::{compose, rv_num, write_needed, Annotations, Edit, Need, Notice, Server, Shared, Work};
 use crate::key::JobKey;
 use crate::operator::metrics::ReasonLabels;
+use crate::status::patch::{self, WriteMode};
 use k8s_openapi::api::batch::v1::Job;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType};
-use kube::{Resource, ResourceExt};
+use kube::ResourceExt;
 use memprof_api::{MemoryProfile, MemoryProfileStatus, OPERATOR_MANAGER};
 use std::sync::Arc;
 use tokio::time::Instant;
@@ -98,18 +99,22 @@ async fn apply(
     work: Work,
 ) -> bool {
     let api: Api<MemoryProfile> = Api::namespaced(shared.client.clone(), &key.namespace);
-    let body = serde_json::json!({
-        "apiVersion": MemoryProfile::api_version(&()),
-        "kind": MemoryProfile::kind(&()),
-        // A precondition: composed on this version, or refused (409).
-        "metadata": { "name": key.name, "resourceVersion": server.rv },
-        "status": st,
-    });
-    let params = PatchParams::apply(OPERATOR_MANAGER).force();
-    match api
-        .patch_status(&key.name, &params, &Patch::Apply(&body))
-        .await
-    {
+    let mode = shared.opts.mode;
+    let body = patch::body(mode, &key.name, &server.rv, server.status.as_deref(), &st);
+    let (params, patch) = match mode {
+        WriteMode::Apply => (
+            PatchParams::apply(OPERATOR_MANAGER).force(),
+            Patch::Apply(&body),
+        ),
+        WriteMode::Merge => (
+            PatchParams {
+                field_manager: Some(OPERATOR_MANAGER.into()),
+                ..Default::default()
+            },
+            Patch::Merge(&body),
+        ),
+    };
+    match api.patch_status(&key.name, &params, &patch).await {
         Ok(written) => {
             written_ok(shared, key, written, work).await;
             true

@@ -3,6 +3,7 @@
 //! a fair queue (`crate::queue`), one pass per Job at a time, spaced.
 
 use super::compose::{compose, write_needed, Need};
+use super::patch::WriteMode;
 use super::Analysis;
 use crate::key::JobKey;
 use crate::operator::reconcile::EventPlan;
@@ -30,13 +31,16 @@ pub struct WriterOptions {
     pub min_interval: Duration,
     /// Writes in flight at once (for different Jobs).
     pub workers: usize,
+    /// How a status is written.
+    pub mode: WriteMode,
 }
 
 impl Default for WriterOptions {
     fn default() -> Self {
         WriterOptions {
             min_interval: Duration::from_secs(1),
-            workers: 8,
+            workers: 16,
+            mode: WriteMode::default(),
         }
     }
 }
