@@ -9,10 +9,10 @@
 //! one env value changed, nothing less.
 
 use memprof_api::{
-    truncate_utf8, BatchRecommendation, NotifyLevel, RemediationPolicy, ScaleValue,
-    ANNOTATION_BOTTLENECK, ANNOTATION_GPU_OOM, ANNOTATION_IMBALANCE, ANNOTATION_OOM_RISK,
-    ANNOTATION_ORIGINAL_PREFIX, ANNOTATION_REMEDIATION, ANNOTATION_REMEDIATION_NONCE,
-    ANNOTATION_TIME_TO_OOM,
+    truncate_utf8, BatchRecommendation, NotifyLevel, RemediationAction, RemediationPolicy,
+    ScaleValue, SetConfigMapKeyAction, ANNOTATION_BOTTLENECK, ANNOTATION_GPU_OOM,
+    ANNOTATION_IMBALANCE, ANNOTATION_OOM_RISK, ANNOTATION_ORIGINAL_PREFIX, ANNOTATION_REMEDIATION,
+    ANNOTATION_REMEDIATION_NONCE, ANNOTATION_TIME_TO_OOM,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -333,8 +333,46 @@ fn scale_value(s: &ScaleValue, value: u64) -> u64 {
 /// Builds the plan for `input.policy`'s actions on `input.job`.
 pub fn build(input: &PlanInput<'_>) -> Result<Plan, PlanError> {
     let job = input.job;
+    if let Some(owner) = controller_of(job).filter(|_| !input.policy.spec.allow_controlled_jobs) {
+        return Err(PlanError::ControlledJob { owner });
+    }
+    let mut plan = empty_plan(input)?;
+    let mut recreation = Recreation::default();
+    for action in &input.policy.spec.actions {
+        if let Some(step) = plan_action(input, &plan, action, &mut recreation)? {
+            plan.steps.push(step);
+        }
+    }
+    if !recreation.changes.is_empty() {
+        // The recreated Job carries the annotations and the suspension, so
+        // the separate steps would only touch the old Job about to go.
+        plan.steps
+            .retain(|s| !matches!(s, Step::Annotate { .. } | Step::Suspend));
+        // The recreated Job is recognised by this nonce (verify::created_from).
+        let mut annotations = recreation.annotations;
+        annotations.insert(ANNOTATION_REMEDIATION_NONCE.into(), nonce());
+        let changes = recreation.changes;
+        let manifest = recreated_job(job, &changes, input.id, &annotations, recreation.suspend);
+        plan.steps.push(Step::Recreate { changes, manifest });
+    }
+    // After the recreation, so that the Event lands on the new Job.
+    plan.steps.extend(recreation.fit_events);
+    Ok(plan)
+}
+
+/// What the actions ask of a recreated Job, gathered over all of them.
+#[derive(Default)]
+struct Recreation {
+    changes: Vec<EnvChange>,
+    annotations: BTreeMap<String, String>,
+    suspend: bool,
+    fit_events: Vec<Step>,
+}
+
+/// The plan's identity (which Job, which policy, why), with no steps yet.
+fn empty_plan(input: &PlanInput<'_>) -> Result<Plan, PlanError> {
     let meta = |f: &'static str| {
-        job["metadata"][f]
+        input.job["metadata"][f]
             .as_str()
             .map(str::to_string)
             .ok_or(PlanError::MalformedJob(match f {
@@ -343,10 +381,7 @@ pub fn build(input: &PlanInput<'_>) -> Result<Plan, PlanError> {
                 _ => "metadata.uid",
             }))
     };
-    if let Some(owner) = controller_of(job).filter(|_| !input.policy.spec.allow_controlled_jobs) {
-        return Err(PlanError::ControlledJob { owner });
-    }
-    let mut plan = Plan {
+    Ok(Plan {
         id: input.id.to_string(),
         policy: input.policy.metadata.name.clone().unwrap_or_default(),
         namespace: meta("namespace")?,
@@ -355,99 +390,114 @@ pub fn build(input: &PlanInput<'_>) -> Result<Plan, PlanError> {
         why: input.why.to_string(),
         steps: Vec::new(),
         checkpoint: None,
+    })
+}
+
+/// The step one action makes on its own, if any; what it asks of a
+/// recreated Job goes into `recreation`.
+fn plan_action(
+    input: &PlanInput<'_>,
+    plan: &Plan,
+    action: &RemediationAction,
+    recreation: &mut Recreation,
+) -> Result<Option<Step>, PlanError> {
+    if let Some(a) = &action.annotate {
+        recreation
+            .annotations
+            .insert(a.key.clone(), a.value.clone());
+        return Ok(Some(Step::Annotate {
+            key: a.key.clone(),
+            value: a.value.clone(),
+        }));
+    }
+    if let Some(e) = &action.event {
+        let mut message = e
+            .message
+            .clone()
+            .unwrap_or_else(|| format!("RemediationPolicy {} fired: {}", plan.policy, plan.why));
+        truncate_utf8(&mut message, 1024);
+        let reason = e.reason.clone();
+        return Ok(Some(Step::Event {
+            reason: reason.unwrap_or_else(|| DEFAULT_EVENT_REASON.into()),
+            message,
+        }));
+    }
+    if let Some(s) = &action.scale_batch {
+        let (mut scaled, event) = scale_batch(input.job, s, input.batch_fit)?;
+        recreation.changes.append(&mut scaled);
+        recreation.fit_events.extend(event);
+        return Ok(None);
+    }
+    if let Some(c) = &action.set_config_map_key {
+        return set_config_map_key_step(input, c).map(Some);
+    }
+    if action.suspend == Some(true) {
+        recreation.suspend = true;
+        return Ok(Some(Step::Suspend));
+    }
+    Ok(action
+        .notify_trainer
+        .as_ref()
+        .map(|n| super::notify::step(n, plan)))
+}
+
+/// A `setConfigMapKey` action's step: the key's value now and the one to
+/// write, in an opted-in ConfigMap only.
+fn set_config_map_key_step(
+    input: &PlanInput<'_>,
+    c: &SetConfigMapKeyAction,
+) -> Result<Step, PlanError> {
+    if input.not_opted_in.contains(&c.config_map) {
+        return Err(PlanError::ConfigMapNotOptedIn {
+            name: c.config_map.clone(),
+        });
+    }
+    let data = input
+        .config_maps
+        .get(&c.config_map)
+        .ok_or_else(|| PlanError::ConfigMapMissing {
+            name: c.config_map.clone(),
+        })?;
+    let from = data.get(&c.key).cloned();
+    let to = match (&c.value, &c.scale) {
+        (Some(v), _) => v.clone(),
+        (None, Some(s)) => scaled_config_value(c, s, from.as_deref().unwrap_or_default())?,
+        // The schema's oneOf makes this unreachable on a server; a
+        // policy built in code still gets a clear answer.
+        (None, None) => from.clone().unwrap_or_default(),
     };
-    let mut changes = Vec::new();
-    let mut annotations = BTreeMap::new();
-    let mut suspend = false;
-    let mut fit_events = Vec::new();
-    for action in &input.policy.spec.actions {
-        if let Some(a) = &action.annotate {
-            annotations.insert(a.key.clone(), a.value.clone());
-            plan.steps.push(Step::Annotate {
-                key: a.key.clone(),
-                value: a.value.clone(),
-            });
-        } else if let Some(e) = &action.event {
-            let mut message = e.message.clone().unwrap_or_else(|| {
-                format!("RemediationPolicy {} fired: {}", plan.policy, plan.why)
-            });
-            truncate_utf8(&mut message, 1024);
-            plan.steps.push(Step::Event {
-                reason: e
-                    .reason
-                    .clone()
-                    .unwrap_or_else(|| DEFAULT_EVENT_REASON.into()),
-                message,
-            });
-        } else if let Some(s) = &action.scale_batch {
-            let (mut scaled, event) = scale_batch(job, s, input.batch_fit)?;
-            changes.append(&mut scaled);
-            fit_events.extend(event);
-        } else if let Some(c) = &action.set_config_map_key {
-            if input.not_opted_in.contains(&c.config_map) {
-                return Err(PlanError::ConfigMapNotOptedIn {
-                    name: c.config_map.clone(),
-                });
-            }
-            let data = input.config_maps.get(&c.config_map).ok_or_else(|| {
-                PlanError::ConfigMapMissing {
-                    name: c.config_map.clone(),
-                }
-            })?;
-            let from = data.get(&c.key).cloned();
-            let to = match (&c.value, &c.scale) {
-                (Some(v), _) => v.clone(),
-                (None, Some(s)) => {
-                    let raw = from.clone().unwrap_or_default();
-                    let old: u64 =
-                        raw.trim()
-                            .parse()
-                            .map_err(|_| PlanError::ConfigMapNotANumber {
-                                name: c.config_map.clone(),
-                                key: c.key.clone(),
-                                value: raw.clone(),
-                            })?;
-                    let new = scale_value(s, old);
-                    if new >= old {
-                        return Err(PlanError::AtMinimum {
-                            what: format!("ConfigMap {} key {}", c.config_map, c.key),
-                            value: old,
-                            minimum: u64::from(s.minimum),
-                        });
-                    }
-                    new.to_string()
-                }
-                // The schema's oneOf makes this unreachable on a server; a
-                // policy built in code still gets a clear answer.
-                (None, None) => from.clone().unwrap_or_default(),
-            };
-            plan.steps.push(Step::SetConfigMapKey {
-                config_map: c.config_map.clone(),
-                key: c.key.clone(),
-                from,
-                to,
-            });
-        } else if action.suspend == Some(true) {
-            suspend = true;
-            plan.steps.push(Step::Suspend);
-        } else if let Some(n) = &action.notify_trainer {
-            plan.steps.push(super::notify::step(n, &plan));
-        }
+    Ok(Step::SetConfigMapKey {
+        config_map: c.config_map.clone(),
+        key: c.key.clone(),
+        from,
+        to,
+    })
+}
+
+/// `raw` (a ConfigMap value) scaled down by `s`; an error when it is not a
+/// number or is already at its minimum.
+fn scaled_config_value(
+    c: &SetConfigMapKeyAction,
+    s: &ScaleValue,
+    raw: &str,
+) -> Result<String, PlanError> {
+    let old: u64 = raw
+        .trim()
+        .parse()
+        .map_err(|_| PlanError::ConfigMapNotANumber {
+            name: c.config_map.clone(),
+            key: c.key.clone(),
+            value: raw.to_string(),
+        })?;
+    let new = scale_value(s, old);
+    if new >= old {
+        return Err(PlanError::AtMinimum {
+            what: format!("ConfigMap {} key {}", c.config_map, c.key),
+            value: old,
+            minimum: u64::from(s.minimum),
+        });
     }
-    if !changes.is_empty() {
-        // The recreated Job carries the annotations and the suspension, so
-        // the separate steps would only touch the old Job about to go.
-        plan.steps
-            .retain(|s| !matches!(s, Step::Annotate { .. } | Step::Suspend));
-        // The recreated Job is recognised by this nonce (verify::created_from).
-        let mut annotations = annotations;
-        annotations.insert(ANNOTATION_REMEDIATION_NONCE.into(), nonce());
-        let manifest = recreated_job(job, &changes, input.id, &annotations, suspend);
-        plan.steps.push(Step::Recreate { changes, manifest });
-    }
-    // After the recreation, so that the Event lands on the new Job.
-    plan.steps.extend(fit_events);
-    Ok(plan)
+    Ok(new.to_string())
 }
 
 /// `Kind/name` of the controller that owns a Job, if one does.
