@@ -533,30 +533,9 @@ fn env_changes(
         if container.is_some_and(|want| want != name) {
             continue;
         }
-        let Some(var) = c["env"]
-            .as_array()
-            .and_then(|vars| vars.iter().find(|v| v["name"] == env))
-        else {
+        let Some(from) = env_number(c, env, name)? else {
             continue;
         };
-        let raw = match (
-            var.get("value").and_then(Value::as_str),
-            var.get("valueFrom"),
-        ) {
-            (Some(v), _) => v,
-            (None, Some(_)) => {
-                return Err(PlanError::NotLiteral {
-                    env: env.into(),
-                    container: name.into(),
-                })
-            }
-            (None, None) => "",
-        };
-        let from: u64 = raw.trim().parse().map_err(|_| PlanError::NotANumber {
-            env: env.into(),
-            container: name.into(),
-            value: raw.into(),
-        })?;
         let to = fixed.unwrap_or_else(|| scale_value(scale, from));
         if to >= from {
             at_minimum = Some(from);
@@ -585,6 +564,39 @@ fn env_changes(
         });
     }
     Ok(changes)
+}
+
+/// The number container `c` (named `name`) sets `env` to; `None` when it
+/// does not set it; an error when the value is not a literal number (a
+/// `valueFrom` cannot be rewritten in the Job's manifest).
+fn env_number(c: &Value, env: &str, name: &str) -> Result<Option<u64>, PlanError> {
+    let Some(var) = c["env"]
+        .as_array()
+        .and_then(|vars| vars.iter().find(|v| v["name"] == env))
+    else {
+        return Ok(None);
+    };
+    let raw = match (
+        var.get("value").and_then(Value::as_str),
+        var.get("valueFrom"),
+    ) {
+        (Some(v), _) => v,
+        (None, Some(_)) => {
+            return Err(PlanError::NotLiteral {
+                env: env.into(),
+                container: name.into(),
+            })
+        }
+        (None, None) => "",
+    };
+    raw.trim()
+        .parse()
+        .map(Some)
+        .map_err(|_| PlanError::NotANumber {
+            env: env.into(),
+            container: name.into(),
+            value: raw.into(),
+        })
 }
 
 /// The annotation keeping an env var's value from before the first remediation.
@@ -621,56 +633,11 @@ pub fn recreated_job(
     if let Some(obj) = new.as_object_mut() {
         obj.remove("status");
     }
-    let old_uid = job["metadata"]["uid"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
-    let meta = &mut new["metadata"];
-    if let Some(m) = meta.as_object_mut() {
-        for f in SERVER_METADATA {
-            m.remove(f);
-        }
-    }
-    if let Some(fins) = meta["finalizers"].as_array_mut() {
-        // Deletion finalizers belong to the old Job's deletion, not the new Job.
-        fins.retain(|f| f != "orphan" && f != "foregroundDeletion");
-    }
-    if let Some(labels) = meta["labels"].as_object_mut() {
-        labels.retain(|k, v| !(k.ends_with("controller-uid") && v == old_uid.as_str()));
-    }
-    let annotations = meta.as_object_mut().map(|m| {
-        m.entry("annotations")
-            .or_insert_with(|| Value::Object(Default::default()))
-    });
-    if let Some(Value::Object(a)) = annotations {
-        // The operator's verdict annotations describe the old run; it writes fresh ones.
-        for k in [
-            ANNOTATION_OOM_RISK,
-            ANNOTATION_TIME_TO_OOM,
-            ANNOTATION_IMBALANCE,
-            ANNOTATION_BOTTLENECK,
-            ANNOTATION_GPU_OOM,
-        ] {
-            a.remove(k);
-        }
-        a.insert(ANNOTATION_REMEDIATION.into(), id.into());
-        for c in changes {
-            // Keep the first original across repeated remediations.
-            a.entry(original_annotation(&c.env))
-                .or_insert_with(|| c.from.to_string().into());
-            if let Some(acc) = &c.accumulation {
-                a.entry(original_annotation(&acc.env))
-                    .or_insert_with(|| acc.from.to_string().into());
-            }
-        }
-        for (k, v) in extra_annotations {
-            a.insert(k.clone(), v.clone().into());
-        }
-    }
-
+    let old_uid = job["metadata"]["uid"].as_str().unwrap_or_default();
+    strip_server_metadata(&mut new["metadata"], old_uid);
+    record_in_annotations(&mut new["metadata"], changes, id, extra_annotations);
     let spec = &mut new["spec"];
-    let manual = spec["manualSelector"] == Value::Bool(true);
-    if !manual {
+    if spec["manualSelector"] != Value::Bool(true) {
         // The API server generates selector and template labels from the new uid.
         if let Some(s) = spec.as_object_mut() {
             s.remove("selector");
@@ -682,18 +649,81 @@ pub fn recreated_job(
     if suspend {
         spec["suspend"] = Value::Bool(true);
     }
-    if let Some(containers) = spec["template"]["spec"]["containers"].as_array_mut() {
-        for c in containers {
-            let name = c["name"].as_str().unwrap_or_default().to_string();
-            for change in changes.iter().filter(|ch| ch.container == name) {
-                set_env(c, &change.env, change.to);
-                if let Some(acc) = &change.accumulation {
-                    set_env(c, &acc.env, acc.to);
-                }
+    apply_env_changes(spec, changes);
+    new
+}
+
+/// Removes from `meta` what the API server set for the old Job (uid
+/// `old_uid`): its identity, its deletion's finalizers, its controller-uid label.
+fn strip_server_metadata(meta: &mut Value, old_uid: &str) {
+    if let Some(m) = meta.as_object_mut() {
+        for f in SERVER_METADATA {
+            m.remove(f);
+        }
+    }
+    if let Some(fins) = meta["finalizers"].as_array_mut() {
+        // Deletion finalizers belong to the old Job's deletion, not the new Job.
+        fins.retain(|f| f != "orphan" && f != "foregroundDeletion");
+    }
+    if let Some(labels) = meta["labels"].as_object_mut() {
+        labels.retain(|k, v| !(k.ends_with("controller-uid") && v == old_uid));
+    }
+}
+
+/// The remediation's id, the first original value of every changed env var
+/// and the policy's annotations, in `meta`'s annotations; the operator's
+/// verdict annotations, which describe the old run, removed.
+fn record_in_annotations(
+    meta: &mut Value,
+    changes: &[EnvChange],
+    id: &str,
+    extra: &BTreeMap<String, String>,
+) {
+    let annotations = meta.as_object_mut().map(|m| {
+        m.entry("annotations")
+            .or_insert_with(|| Value::Object(Default::default()))
+    });
+    let Some(Value::Object(a)) = annotations else {
+        return;
+    };
+    for k in [
+        ANNOTATION_OOM_RISK,
+        ANNOTATION_TIME_TO_OOM,
+        ANNOTATION_IMBALANCE,
+        ANNOTATION_BOTTLENECK,
+        ANNOTATION_GPU_OOM,
+    ] {
+        a.remove(k);
+    }
+    a.insert(ANNOTATION_REMEDIATION.into(), id.into());
+    for c in changes {
+        // Keep the first original across repeated remediations.
+        a.entry(original_annotation(&c.env))
+            .or_insert_with(|| c.from.to_string().into());
+        if let Some(acc) = &c.accumulation {
+            a.entry(original_annotation(&acc.env))
+                .or_insert_with(|| acc.from.to_string().into());
+        }
+    }
+    for (k, v) in extra {
+        a.insert(k.clone(), v.clone().into());
+    }
+}
+
+/// Sets each change's new value (and its accumulation's) in its container.
+fn apply_env_changes(spec: &mut Value, changes: &[EnvChange]) {
+    let Some(containers) = spec["template"]["spec"]["containers"].as_array_mut() else {
+        return;
+    };
+    for c in containers {
+        let name = c["name"].as_str().unwrap_or_default().to_string();
+        for change in changes.iter().filter(|ch| ch.container == name) {
+            set_env(c, &change.env, change.to);
+            if let Some(acc) = &change.accumulation {
+                set_env(c, &acc.env, acc.to);
             }
         }
     }
-    new
 }
 
 #[path = "plan_accum.rs"]
