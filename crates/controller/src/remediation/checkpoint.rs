@@ -21,6 +21,7 @@
 //! Job sooner), never blocking a reconcile.
 
 use super::executor::{job_ref, Executor};
+pub use super::plan::CheckpointGate;
 use super::plan::Plan;
 use super::triggers::PHASE_PENDING;
 use super::Result;
@@ -31,7 +32,6 @@ use memprof_api::{
     Checkpoint, CheckpointOutcome, CheckpointWait, MemoryProfileStatus, RemediationPolicy,
     RemediationRecord,
 };
-use serde::{Deserialize, Serialize};
 use std::time::Duration;
 use tracing::info;
 
@@ -95,23 +95,6 @@ impl JobCheckpoints {
         }
         oldest
     }
-}
-
-/// The wait a plan carries: decided once, saved with the plan.
-#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct CheckpointGate {
-    /// The decision's time (RFC 3339): a checkpoint must be newer than this.
-    pub decided: String,
-    /// When the wait ends at the latest (RFC 3339).
-    pub deadline: String,
-    /// The bound, seconds from the decision.
-    pub bound_seconds: f64,
-    /// What set it, e.g. `time to OOM 150 s - margin 30 s`.
-    pub bound: String,
-    /// Why there is no wait at all (an OOM observed, no time left).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub no_wait: Option<String>,
 }
 
 /// Pure: the wait for a restart decided at `decided`, under `wait`, with

@@ -17,16 +17,15 @@
 //! most 16 directives per report, the newest kept.
 
 use super::executor::Executor;
-use super::plan::{Plan, Step};
-use super::steps::Steps;
+use super::plan::Plan;
 use super::{Error, Result};
 use crate::key::JobKey;
 use kube::api::{Api, Patch, PatchParams};
 use kube::ResourceExt;
 use memprof_api::agent::{Directive, DirectiveKind};
 use memprof_api::{
-    truncate_utf8, Acknowledgements, MemoryReport, NotifyLevel, NotifyTrainerAction,
-    RemediationRecord, MAX_ACK_RANKS, MAX_REPORT_DIRECTIVES, OPERATOR_MANAGER,
+    truncate_utf8, Acknowledgements, MemoryReport, NotifyLevel, RemediationRecord, MAX_ACK_RANKS,
+    MAX_REPORT_DIRECTIVES, OPERATOR_MANAGER,
 };
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -65,19 +64,6 @@ pub fn with_directive(existing: &[Directive], d: &Directive) -> Option<Vec<Direc
     let excess = out.len().saturating_sub(MAX_REPORT_DIRECTIVES);
     out.drain(..excess);
     Some(out)
-}
-
-/// The `notifyTrainer` step: the action's reason, else the policy and why it fired.
-pub(super) fn step(n: &NotifyTrainerAction, plan: &Plan) -> Step {
-    let mut reason = n
-        .reason
-        .clone()
-        .unwrap_or_else(|| format!("RemediationPolicy {}: {}", plan.policy, plan.why));
-    truncate_utf8(&mut reason, memprof_api::agent::MAX_DIRECTIVE_REASON);
-    Step::NotifyTrainer {
-        level: n.level,
-        reason,
-    }
 }
 
 /// How writing one rank's directive ended.
@@ -132,16 +118,16 @@ async fn write_one(
 }
 
 /// Step `notifyTrainer`: the directive on every counted rank's report, then
-/// the record's first tally (every rank pending). A transient error fails
-/// the step (retried: what is written stays written); a report that cannot
-/// be written is named in the record.
+/// the record's first tally (every rank pending); returns what was done,
+/// for the record. A transient error fails the step (retried: what is
+/// written stays written); a report that cannot be written is named in the
+/// record.
 pub(super) async fn deliver(
     exec: &Executor,
     key: &JobKey,
     plan: &Plan,
     d: &Directive,
-    out: &mut Steps,
-) -> Result<()> {
+) -> Result<Vec<String>> {
     let api: Api<MemoryReport> = Api::namespaced(exec.client.clone(), &key.namespace);
     let mut delivered = Vec::new();
     let mut refused = Vec::new();
@@ -173,10 +159,10 @@ pub(super) async fn deliver(
         (r.spec.rank, r.name_any(), a)
     });
     let first = tally_answers(answers, refused.len() as u32);
-    out.done.push(format!(
+    let mut done = vec![format!(
         "notifyTrainer {level}: directive on {} rank(s)",
         delivered.len()
-    ));
+    )];
     if !refused.is_empty() {
         let mut why = format!(
             "directive not written to {} rank(s): {}",
@@ -184,7 +170,7 @@ pub(super) async fn deliver(
             refused.join("; ")
         );
         truncate_utf8(&mut why, 256);
-        out.done.push(why);
+        done.push(why);
     }
     let id = plan.id.clone();
     exec.edit(key, move |st| {
@@ -192,7 +178,7 @@ pub(super) async fn deliver(
         (r.acknowledged.as_ref() != Some(&first)).then(|| r.acknowledged = Some(first.clone()))
     })
     .await?;
-    Ok(())
+    Ok(done)
 }
 
 /// `rank 3`, or the report's name when it names no rank.

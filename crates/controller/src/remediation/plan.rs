@@ -9,10 +9,10 @@
 //! one env value changed, nothing less.
 
 use memprof_api::{
-    truncate_utf8, BatchRecommendation, NotifyLevel, RemediationAction, RemediationPolicy,
-    ScaleValue, SetConfigMapKeyAction, ANNOTATION_BOTTLENECK, ANNOTATION_GPU_OOM,
-    ANNOTATION_IMBALANCE, ANNOTATION_OOM_RISK, ANNOTATION_ORIGINAL_PREFIX, ANNOTATION_REMEDIATION,
-    ANNOTATION_REMEDIATION_NONCE, ANNOTATION_TIME_TO_OOM,
+    truncate_utf8, BatchRecommendation, NotifyLevel, NotifyTrainerAction, RemediationAction,
+    RemediationPolicy, ScaleValue, SetConfigMapKeyAction, ANNOTATION_BOTTLENECK,
+    ANNOTATION_GPU_OOM, ANNOTATION_IMBALANCE, ANNOTATION_OOM_RISK, ANNOTATION_ORIGINAL_PREFIX,
+    ANNOTATION_REMEDIATION, ANNOTATION_REMEDIATION_NONCE, ANNOTATION_TIME_TO_OOM,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -134,7 +134,7 @@ pub struct Plan {
     pub steps: Vec<Step>,
     /// The wait for a checkpoint before the restart (`waitForCheckpoint`), decided with the plan.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub checkpoint: Option<super::checkpoint::CheckpointGate>,
+    pub checkpoint: Option<CheckpointGate>,
 }
 
 impl Plan {
@@ -312,6 +312,23 @@ pub struct PlanInput<'a> {
     pub batch_fit: Option<&'a BatchRecommendation>,
 }
 
+/// The wait a plan carries: decided once, saved with the plan.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct CheckpointGate {
+    /// The decision's time (RFC 3339): a checkpoint must be newer than this.
+    pub decided: String,
+    /// When the wait ends at the latest (RFC 3339).
+    pub deadline: String,
+    /// The bound, seconds from the decision.
+    pub bound_seconds: f64,
+    /// What set it, e.g. `time to OOM 150 s - margin 30 s`.
+    pub bound: String,
+    /// Why there is no wait at all (an OOM observed, no time left).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub no_wait: Option<String>,
+}
+
 /// `value × factor`, rounded down to a multiple of `round_to`, at least `minimum`.
 pub fn scale(value: u64, factor: f64, minimum: u64, round_to: Option<u64>) -> u64 {
     let mut v = (value as f64 * factor).floor().max(0.0) as u64;
@@ -435,10 +452,20 @@ fn plan_action(
         recreation.suspend = true;
         return Ok(Some(Step::Suspend));
     }
-    Ok(action
-        .notify_trainer
-        .as_ref()
-        .map(|n| super::notify::step(n, plan)))
+    Ok(action.notify_trainer.as_ref().map(|n| notify_step(n, plan)))
+}
+
+/// The `notifyTrainer` step: the action's reason, else the policy and why it fired.
+fn notify_step(n: &NotifyTrainerAction, plan: &Plan) -> Step {
+    let mut reason = n
+        .reason
+        .clone()
+        .unwrap_or_else(|| format!("RemediationPolicy {}: {}", plan.policy, plan.why));
+    truncate_utf8(&mut reason, memprof_api::agent::MAX_DIRECTIVE_REASON);
+    Step::NotifyTrainer {
+        level: n.level,
+        reason,
+    }
 }
 
 /// A `setConfigMapKey` action's step: the key's value now and the one to

@@ -105,7 +105,8 @@ pub(super) async fn run_steps(exec: &Executor, key: &JobKey, plan: &Plan) -> Res
             Step::Suspend => suspend(exec, key, plan, &mut out).await?,
             Step::NotifyTrainer { level, reason } => {
                 let d = super::notify::directive(&plan.id, *level, reason);
-                super::notify::deliver(exec, key, plan, &d, &mut out).await?
+                let done = super::notify::deliver(exec, key, plan, &d).await?;
+                out.done.extend(done);
             }
             Step::Recreate { manifest, .. } => {
                 let jobs = exec.jobs(&key.namespace);

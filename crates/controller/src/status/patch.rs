@@ -8,20 +8,9 @@
 //! taken against exactly what the server holds at that version, and applying
 //! it there yields exactly the composed status.
 
+pub use crate::operator::WriteMode;
 use memprof_api::{MemoryProfile, MemoryProfileStatus};
 use serde_json::{Map, Value};
-
-/// How the writer writes a status.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
-pub enum WriteMode {
-    /// A server-side apply of the whole status (field manager `memprof-operator`).
-    #[default]
-    Apply,
-    /// A JSON merge patch of the fields that differ from the status it was
-    /// composed on (field manager `memprof-operator`). Fewer bytes, but no
-    /// faster on this machine's API server (docs/benchmarks.md, the A/B).
-    Merge,
-}
 
 /// The JSON merge patch (RFC 7386) that turns `old` into `new`: changed
 /// and added members as they are in `new`, removed ones as `null`, objects
