@@ -235,11 +235,32 @@ fn action_lines(
             for l in plan::accum::explain_lines(changes, None) {
                 let _ = writeln!(out, "  {l}");
             }
+            if let Some(line) = plan.recreate().and(checkpoint_line(p, status)) {
+                let _ = writeln!(out, "  {line}");
+            }
         }
         Err(e) => {
             let _ = writeln!(out, "  cannot apply to this Job ({}): {e}", e.reason());
         }
     }
+}
+
+/// What a restart would wait for (`waitForCheckpoint`), with the bound the
+/// profile's time to OOM gives it now.
+fn checkpoint_line(p: &RemediationPolicy, status: &MemoryProfileStatus) -> Option<String> {
+    let w = p.spec.wait_for_checkpoint.as_ref()?;
+    let now = match status.time_to_oom_seconds {
+        Some(tto) => format!(
+            "; now {:.0} s (time to OOM {tto:.0} s - margin {} s)",
+            (tto - f64::from(w.margin_seconds)).clamp(0.0, f64::from(w.max_seconds)),
+            w.margin_seconds
+        ),
+        None => String::new(),
+    };
+    Some(format!(
+        "before the restart: waits for every rank's next checkpoint, at most {} s and never past the predicted OOM minus {} s{now}; no wait if the trainer never announced a checkpoint or an OOM was seen",
+        w.max_seconds, w.margin_seconds
+    ))
 }
 
 /// The arithmetic behind each `scaleBatch` `mode: fit` of the policy.
@@ -477,6 +498,28 @@ mod tests {
             out.contains("acts now: scaleBatch BATCH_SIZE×GRAD_ACCUM_STEPS 32×1 → 16×2\n  keep global batch (trainer BATCH_SIZE×GRAD_ACCUM_STEPS×ranks): 32×1×ranks → 16×2×ranks (exact)"),
             "{out}"
         );
+    }
+
+    #[test]
+    fn explains_the_checkpoint_wait_and_its_bound_now() {
+        let status = MemoryProfileStatus {
+            risk: RiskLevel::Critical,
+            time_to_oom_seconds: Some(150.0),
+            ..Default::default()
+        };
+        let mut p = policy("shrink", "ml", 0);
+        p.spec.wait_for_checkpoint = Some(memprof_api::CheckpointWait {
+            max_seconds: 600,
+            margin_seconds: 30,
+        });
+        let out = render(&status, &[p.clone()]);
+        assert!(
+            out.contains("  before the restart: waits for every rank's next checkpoint, at most 600 s and never past the predicted OOM minus 30 s; now 120 s (time to OOM 150 s - margin 30 s);"),
+            "{out}"
+        );
+        // Without the field, nothing is said of a wait.
+        p.spec.wait_for_checkpoint = None;
+        assert!(!render(&status, &[p]).contains("before the restart"));
     }
 
     #[test]
