@@ -42,6 +42,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -158,6 +159,8 @@ def trainer(args):
         free, total = torch.cuda.mem_get_info()
         out["free_at_end"], out["total"] = free, total
     out["checkpoints"] = saved
+    out["checkpoint_bytes"] = [os.path.getsize(p) for p in saved]  # written, not just named
+    shutil.rmtree(ckdir, ignore_errors=True)  # nothing left behind
     out["checkpoint_events"] = [e[2] for e in memprof_agent._core.MARKERS.kept if e[1] == "checkpoint"]
     out["remedy"] = memprof_agent.report()["risk"] if args.agent else None
     if args.agent:
@@ -308,7 +311,8 @@ def parent(args):
         if not args.cpu_check:
             res["control"] = run_phase(args, "control", out_dir)
         if sock is None:
-            sock = os.path.join(tempfile.mkdtemp(prefix="memprof-inproc-sock-"), "agent.sock")
+            sock_dir = tempfile.mkdtemp(prefix="memprof-inproc-sock-")
+            sock = os.path.join(sock_dir, "agent.sock")
             standin = StandIn(sock, args.cpu_check)
         res["remediated"] = run_phase(args, "remediated", out_dir, {"MEMPROF_AGENT_SOCKET": sock}, agent=True)
     finally:
@@ -317,6 +321,7 @@ def parent(args):
             held[0].wait()
         if standin is not None:
             standin.close()
+            shutil.rmtree(os.path.dirname(sock), ignore_errors=True)
     if standin is not None:
         res["standin"] = {"pushes": len(standin.pushes), "verdicts": standin.verdicts[:400],
                           "checkpoint_pushed": any(e.get("name") == "checkpoint" for p in standin.pushes for e in p.get("events", []))}
@@ -350,7 +355,7 @@ def verdict(args, res, out_dir):
     want = args.micro * args.accum
     check("global batch kept every step", set(rem["samples_per_step"]) == {want}, "%s samples/step (want %d)" % (sorted(set(rem["samples_per_step"])), want))
     pushed = res.get("standin", {}).get("checkpoint_pushed", True)  # a real sidecar: see its report
-    check("checkpoint on high", len(rem["checkpoints"]) == 1 and len(rem["checkpoint_events"]) == 1 and pushed,
+    check("checkpoint on high", len(rem["checkpoints"]) == 1 and all(rem.get("checkpoint_bytes", [0])) and len(rem["checkpoint_events"]) == 1 and pushed,
           "files %d, events %s, pushed to the sidecar %s" % (len(rem["checkpoints"]), rem["checkpoint_events"], pushed))
     e_ref = ref["eval_loss"]
     floor = abs(noise["eval_loss"] - e_ref)
