@@ -575,7 +575,7 @@ fn env_changes(
 /// The number container `c` (named `name`) sets `env` to; `None` when it
 /// does not set it; an error when the value is not a literal number (a
 /// `valueFrom` cannot be rewritten in the Job's manifest).
-fn env_number(c: &Value, env: &str, name: &str) -> Result<Option<u64>, PlanError> {
+pub(super) fn env_number(c: &Value, env: &str, name: &str) -> Result<Option<u64>, PlanError> {
     let Some(var) = c["env"]
         .as_array()
         .and_then(|vars| vars.iter().find(|v| v["name"] == env))

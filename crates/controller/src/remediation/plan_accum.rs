@@ -99,35 +99,21 @@ pub fn keep_global(
     })
 }
 
-/// The literal integer value of `env` in the container named `container`;
-/// `Ok(None)` when the container does not set it.
+/// The literal integer value (at least 1) of `env` in the container named
+/// `container`; `Ok(None)` when the container does not set it. The reading
+/// is the plan's own (`super::env_number`); an accumulation of 0 is refused.
 fn literal(job: &Value, container: &str, env: &str) -> Result<Option<u64>, PlanError> {
-    let var = job["spec"]["template"]["spec"]["containers"]
+    let found = job["spec"]["template"]["spec"]["containers"]
         .as_array()
-        .and_then(|cs| cs.iter().find(|c| c["name"] == container))
-        .and_then(|c| c["env"].as_array())
-        .and_then(|vars| vars.iter().find(|v| v["name"] == env));
-    let Some(var) = var else { return Ok(None) };
-    let raw = match (
-        var.get("value").and_then(Value::as_str),
-        var.get("valueFrom"),
-    ) {
-        (Some(v), _) => v,
-        (None, Some(_)) => {
-            return Err(PlanError::NotLiteral {
-                env: env.into(),
-                container: container.into(),
-            })
-        }
-        (None, None) => "",
-    };
-    match raw.trim().parse::<u64>() {
-        Ok(v) if v >= 1 => Ok(Some(v)),
-        _ => Err(PlanError::NotANumber {
+        .and_then(|cs| cs.iter().find(|c| c["name"] == container));
+    let Some(c) = found else { return Ok(None) };
+    match super::env_number(c, env, container)? {
+        Some(0) => Err(PlanError::NotANumber {
             env: env.into(),
             container: container.into(),
-            value: raw.into(),
+            value: "0".into(),
         }),
+        v => Ok(v),
     }
 }
 
