@@ -23,7 +23,6 @@
 use super::executor::{job_ref, Executor};
 pub use super::plan::CheckpointGate;
 use super::plan::Plan;
-use super::triggers::PHASE_PENDING;
 use super::Result;
 use crate::key::JobKey;
 use jiff::{SignedDuration, Timestamp};
@@ -332,10 +331,7 @@ pub(super) async fn hold(
     let (id, o) = (record.id.clone(), outcome);
     let written = exec
         .edit(key, move |st| {
-            let r = st
-                .remediations
-                .iter_mut()
-                .find(|r| r.id == id && r.phase == PHASE_PENDING)?;
+            let r = super::records::pending_mut(st, &id)?;
             Some(r.checkpoint.get_or_insert_with(|| o.clone()).clone())
         })
         .await?;

@@ -13,12 +13,10 @@
 use super::checkpoint::{self, Hold};
 use super::executor::{job_ref, Executor};
 use super::plan::{self, Plan, PlanError, PlanInput};
-use super::records::last_action;
+use super::records::{last_action, pending_mut};
 use super::steps::{remediable, run_steps, wait_for_deletion, Ran};
 use super::store::{config_map_name, PlanStore, Saved};
-use super::triggers::{
-    add_to_totals, MAX_POLICY_TOTALS, PHASE_DONE, PHASE_FAILED, PHASE_PENDING, PHASE_SKIPPED,
-};
+use super::triggers::{add_to_totals, MAX_POLICY_TOTALS, PHASE_DONE, PHASE_FAILED, PHASE_SKIPPED};
 use super::verify::verify;
 use super::{Error, JobCheckpoints, PhaseLabels, Result};
 use crate::key::JobKey;
@@ -126,12 +124,7 @@ pub(super) async fn resume(
     // Only the writer's newest status may say the remediation is still pending.
     let id = record.id.clone();
     let confirm = exec
-        .edit(key, move |st| {
-            st.remediations
-                .iter()
-                .find(|r| r.id == id && r.phase == PHASE_PENDING)
-                .cloned()
-        })
+        .edit(key, move |st| pending_mut(st, &id).map(|r| r.clone()))
         .await?;
     let Some((_, record)) = confirm else {
         return Ok(Some(AGAIN));
@@ -188,10 +181,7 @@ async fn record_digest(
     let (id, digest, job_uid) = (id.to_string(), saved.digest(), saved.plan.job_uid.clone());
     let written = exec
         .edit(key, move |st| {
-            let r = st
-                .remediations
-                .iter_mut()
-                .find(|r| r.id == id && r.phase == PHASE_PENDING)?;
+            let r = pending_mut(st, &id)?;
             r.plan_digest = Some(digest.clone());
             r.job_uid = Some(job_uid.clone());
             Some(r.clone())
@@ -288,10 +278,7 @@ async fn finish(
     let (rid, end, text) = (id.to_string(), phase.to_string(), message.clone());
     let written = exec
         .edit(key, move |st| {
-            let r = st
-                .remediations
-                .iter_mut()
-                .find(|r| r.id == rid && r.phase == PHASE_PENDING)?;
+            let r = pending_mut(st, &rid)?;
             r.phase = end.clone();
             r.message = Some(text.clone());
             r.job_deleted = outcome.job_deleted;

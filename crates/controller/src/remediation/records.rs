@@ -3,7 +3,18 @@
 use super::triggers::{PHASE_DRY_RUN, PHASE_FAILED, PHASE_PENDING, PHASE_SKIPPED};
 use jiff::Timestamp;
 use kube::ResourceExt;
-use memprof_api::{truncate_utf8, RemediationPolicy, RemediationRecord};
+use memprof_api::{truncate_utf8, MemoryProfileStatus, RemediationPolicy, RemediationRecord};
+
+/// The record `id` of `st` while it is still `Pending`: what every step of
+/// a remediation edits (once it is Done, Failed or gone, nothing may).
+pub(super) fn pending_mut<'a>(
+    st: &'a mut MemoryProfileStatus,
+    id: &str,
+) -> Option<&'a mut RemediationRecord> {
+    st.remediations
+        .iter_mut()
+        .find(|r| r.id == id && r.phase == PHASE_PENDING)
+}
 
 /// A new remediation record.
 pub(super) fn new_record(
