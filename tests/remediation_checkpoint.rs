@@ -127,6 +127,34 @@ async fn recreated(client: &Client, ns: &str, old: &str, within: Duration) -> Re
     .await
 }
 
+/// What every test here starts from: an operator on a fresh namespace, the
+/// policy `waiting_policy(max_seconds, margin_seconds)`, and a two-rank Job
+/// (`old` is its uid). `None` without a cluster.
+struct Scene {
+    client: Client,
+    ns: TestNamespace,
+    operator: RunningOperator,
+    old: String,
+}
+
+async fn scene(max_seconds: u32, margin_seconds: u32) -> Option<Scene> {
+    let client = cluster().await?;
+    init_logs();
+    let ns = TestNamespace::create(&client).await;
+    let operator = start_operator(&client, &ns.name);
+    let policy = waiting_policy(max_seconds, margin_seconds);
+    apply_policy(&client, &ns.name, "shrink", policy)
+        .await
+        .unwrap();
+    let old = two_rank_job(&client, &ns.name).await;
+    Some(Scene {
+        client,
+        ns,
+        operator,
+        old,
+    })
+}
+
 /// The Job is still the one decided on (not deleted, not recreated).
 async fn still_there(client: &Client, ns: &str, old: &str) -> Result<(), String> {
     match job(client, ns, "train").await {
@@ -139,17 +167,16 @@ async fn still_there(client: &Client, ns: &str, old: &str) -> Result<(), String>
 
 #[tokio::test]
 async fn a_restart_waits_for_every_ranks_next_checkpoint_and_records_what_it_kept() {
-    let Some(client) = cluster().await else {
+    let Some(Scene {
+        client,
+        ns,
+        operator,
+        old,
+    }) = scene(60, 5).await
+    else {
         return;
     };
-    init_logs();
-    let ns = TestNamespace::create(&client).await;
     let ns = ns.name.as_str();
-    let operator = start_operator(&client, ns);
-    apply_policy(&client, ns, "shrink", waiting_policy(60, 5))
-        .await
-        .unwrap();
-    let old = two_rank_job(&client, ns).await;
     // The trainer checkpointed ten minutes ago on both ranks.
     let earlier = Timestamp::now() - jiff::SignedDuration::from_secs(600);
     critical(&client, ns, 600.0, Some((earlier, 1200))).await;
@@ -220,17 +247,16 @@ async fn a_restart_waits_for_every_ranks_next_checkpoint_and_records_what_it_kep
 #[tokio::test]
 async fn without_a_newer_checkpoint_the_restart_goes_at_the_bound_even_across_an_operator_restart()
 {
-    let Some(client) = cluster().await else {
+    let Some(Scene {
+        client,
+        ns,
+        operator,
+        old,
+    }) = scene(600, 4).await
+    else {
         return;
     };
-    init_logs();
-    let ns = TestNamespace::create(&client).await;
     let ns = ns.name.as_str();
-    let operator = start_operator(&client, ns);
-    apply_policy(&client, ns, "shrink", waiting_policy(600, 4))
-        .await
-        .unwrap();
-    let old = two_rank_job(&client, ns).await;
     let hour_ago = Timestamp::now() - jiff::SignedDuration::from_secs(3600);
     // 16 s to the OOM, 4 s of margin: a wait of about 12 s.
     critical(&client, ns, 16.0, Some((hour_ago, 900))).await;
@@ -274,17 +300,16 @@ async fn without_a_newer_checkpoint_the_restart_goes_at_the_bound_even_across_an
 
 #[tokio::test]
 async fn a_trainer_that_never_checkpoints_is_not_waited_for() {
-    let Some(client) = cluster().await else {
+    let Some(Scene {
+        client,
+        ns,
+        operator,
+        old,
+    }) = scene(600, 5).await
+    else {
         return;
     };
-    init_logs();
-    let ns = TestNamespace::create(&client).await;
     let ns = ns.name.as_str();
-    let operator = start_operator(&client, ns);
-    apply_policy(&client, ns, "shrink", waiting_policy(600, 5))
-        .await
-        .unwrap();
-    let old = two_rank_job(&client, ns).await;
     let started = Instant::now();
     critical(&client, ns, 600.0, None).await;
     let done = recreated(&client, ns, &old, Duration::from_secs(30)).await;
@@ -319,17 +344,16 @@ async fn a_trainer_that_never_checkpoints_is_not_waited_for() {
 
 #[tokio::test]
 async fn a_trainer_that_exits_during_the_wait_ends_it_at_once() {
-    let Some(client) = cluster().await else {
+    let Some(Scene {
+        client,
+        ns,
+        operator,
+        old,
+    }) = scene(120, 5).await
+    else {
         return;
     };
-    init_logs();
-    let ns = TestNamespace::create(&client).await;
     let ns = ns.name.as_str();
-    let operator = start_operator(&client, ns);
-    apply_policy(&client, ns, "shrink", waiting_policy(120, 5))
-        .await
-        .unwrap();
-    let old = two_rank_job(&client, ns).await;
     let earlier = Timestamp::now() - jiff::SignedDuration::from_secs(300);
     critical(&client, ns, 600.0, Some((earlier, 40))).await;
     pending(&client, ns).await;
