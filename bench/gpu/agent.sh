@@ -62,15 +62,14 @@ for phase in "$@"; do
   args=${phase#*:}
   IFS=, read -r a1 a2 a3 <<<"$args"
   case $kind in
-  leak)
-    MEMPROF_AGENT_RECORD_HISTORY=1 with_sidecar "leak$a1" \
+  leak | leakdefault)
+    # leak records allocation history from the start; leakdefault leaves it
+    # to the agent (on at the sidecar's high), as the default deployment does.
+    history=1
+    [ "$kind" = leakdefault ] && history=
+    MEMPROF_AGENT_RECORD_HISTORY=$history with_sidecar "$kind$a1" \
       $PY "$HERE/train.py" --scenario leak --leak-mbps "$a1" --headroom-gb "$a2" --duration "$a3" \
-      --summary-json "$OUT/leak$a1.summary.json"
-    ;;
-  leakdefault)
-    with_sidecar "leakdefault$a1" \
-      $PY "$HERE/train.py" --scenario leak --leak-mbps "$a1" --headroom-gb "$a2" --duration "$a3" \
-      --summary-json "$OUT/leakdefault$a1.summary.json"
+      --summary-json "$OUT/$kind$a1.summary.json"
     ;;
   grow)
     with_sidecar grow $PY "$HERE/agent_train.py" grow --duration "$a1" --summary-json "$OUT/grow.summary.json"
