@@ -10,8 +10,12 @@
 //!
 //! Variants, interleaved (every variant × lane count runs once per round,
 //! `--rounds` rounds, so load from elsewhere on the machine hits all alike):
-//! - `report-apply`: a sidecar's MemoryReport (1 GPU, a 60-point timeline),
-//!   server-side apply of the whole report (what `operator_scale` writes);
+//! - `report-apply`: a sidecar's MemoryReport (1 GPU, a 60-point packed
+//!   timeline), server-side apply of the whole report (what `operator_scale`
+//!   writes); `report-apply-objects`: the same with the timeline as 60
+//!   objects (`timeline`, sidecars before `packedTimeline`);
+//!   `report-apply-bare`: without a timeline; `report-apply-8`,
+//!   `-8-objects`, `-8-bare`: the same at 8 GPUs;
 //! - `status-apply`: a MemoryProfile status of a 16-rank Job, server-side
 //!   apply of the whole status with the resourceVersion precondition (the
 //!   status writer's `--status-write=apply`);
@@ -48,6 +52,9 @@ struct Args {
     /// Rounds over every variant and lane count.
     #[arg(long, default_value_t = 2)]
     rounds: u32,
+    /// Only these variants (by name, comma-separated); all by default.
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
     /// PID of the local kube-apiserver, to report its CPU per variant.
     #[arg(long)]
     apiserver_pid: Option<u32>,
@@ -56,13 +63,23 @@ struct Args {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Variant {
     ReportApply,
+    ReportApplyObjects,
+    ReportApplyBare,
+    ReportApply8,
+    ReportApply8Objects,
+    ReportApply8Bare,
     StatusApply,
     StatusMerge,
     StatusMergeWhole,
 }
 
-const VARIANTS: [Variant; 4] = [
+const VARIANTS: [Variant; 9] = [
     Variant::ReportApply,
+    Variant::ReportApplyObjects,
+    Variant::ReportApplyBare,
+    Variant::ReportApply8,
+    Variant::ReportApply8Objects,
+    Variant::ReportApply8Bare,
     Variant::StatusApply,
     Variant::StatusMerge,
     Variant::StatusMergeWhole,
@@ -72,6 +89,11 @@ impl Variant {
     fn name(self) -> &'static str {
         match self {
             Variant::ReportApply => "report-apply",
+            Variant::ReportApplyObjects => "report-apply-objects",
+            Variant::ReportApplyBare => "report-apply-bare",
+            Variant::ReportApply8 => "report-apply-8",
+            Variant::ReportApply8Objects => "report-apply-8-objects",
+            Variant::ReportApply8Bare => "report-apply-8-bare",
             Variant::StatusApply => "status-apply",
             Variant::StatusMerge => "status-merge",
             Variant::StatusMergeWhole => "status-merge-whole",
@@ -131,7 +153,10 @@ async fn run(client: &Client, ns: &str, args: &Args) -> anyhow::Result<()> {
     let load0 = loadavg();
     for round in 0..args.rounds {
         for &lanes in &args.lanes {
-            for variant in VARIANTS {
+            let chosen = VARIANTS
+                .into_iter()
+                .filter(|v| args.only.is_empty() || args.only.iter().any(|o| o == v.name()));
+            for variant in chosen {
                 let t = tallies.entry((variant, lanes)).or_default();
                 let cpu0 = cpu_seconds(args.apiserver_pid);
                 let started = Instant::now();
@@ -206,7 +231,11 @@ async fn create_objects(
         .map(|i| async move {
             let params = PatchParams::apply("memprof-bench").force();
             reports
-                .patch(&name(i), &params, &Patch::Apply(&report(i, 0)))
+                .patch(
+                    &name(i),
+                    &params,
+                    &Patch::Apply(&report(i, 0, 8, Form::Objects)),
+                )
                 .await?;
             let mut p = MemoryProfile::new(
                 &name(i),
@@ -296,10 +325,23 @@ async fn write(
     let (old, new) = (status(step - 1), status(step));
     let meta = serde_json::json!({ "name": name(i), "resourceVersion": rv });
     let (body, written) = match variant {
-        Variant::ReportApply => {
-            let r = report(i, step);
-            let params = PatchParams::apply(SIDECAR_MANAGER).force();
+        Variant::ReportApply
+        | Variant::ReportApplyObjects
+        | Variant::ReportApplyBare
+        | Variant::ReportApply8
+        | Variant::ReportApply8Objects
+        | Variant::ReportApply8Bare => {
+            let (gpus, form) = match variant {
+                Variant::ReportApply => (1, Form::Packed),
+                Variant::ReportApplyObjects => (1, Form::Objects),
+                Variant::ReportApplyBare => (1, Form::None),
+                Variant::ReportApply8 => (8, Form::Packed),
+                Variant::ReportApply8Objects => (8, Form::Objects),
+                _ => (8, Form::None),
+            };
+            let r = report(i, step, gpus, form);
             let bytes = serde_json::to_vec(&r).map_or(0, |v| v.len());
+            let params = PatchParams::apply(SIDECAR_MANAGER).force();
             reports.patch(&name(i), &params, &Patch::Apply(&r)).await?;
             // Reports carry no precondition: the profile's version stays.
             return Ok((rv.to_string(), bytes));
@@ -404,27 +446,51 @@ fn timestamp(step: u64) -> String {
         .to_string()
 }
 
-/// A sidecar's report of rank `i`: 1 GPU with a full 60-point timeline.
-fn report(i: usize, step: u64) -> MemoryReport {
+/// How a report carries its timelines.
+#[derive(Clone, Copy, PartialEq)]
+enum Form {
+    /// `packedTimeline`, as the sidecar writes it.
+    Packed,
+    /// `timeline`, 60 objects per GPU, as sidecars before it wrote it.
+    Objects,
+    /// No timeline at all: the floor.
+    None,
+}
+
+/// A sidecar's report of rank `i`: `gpus` GPUs, each with a full 60-point
+/// timeline in `form`.
+fn report(i: usize, step: u64, gpus: u32, form: Form) -> MemoryReport {
     let used = 30 * GIB + step % 1024 * (1 << 20);
     let second = 1_790_000_000 + (step % 1_000_000) as i64;
-    let gpu = GpuReport {
-        index: 0,
-        uuid: format!("GPU-bench-{i:05}-0"),
+    let points = if form == Form::None {
+        0
+    } else {
+        MAX_TIMELINE_POINTS as i64
+    };
+    let gpu = |g: u32| GpuReport {
+        index: g,
+        uuid: format!("GPU-bench-{i:05}-{g}"),
         model: "NVIDIA H100 80GB HBM3".into(),
         total_bytes: 80 * GIB,
         used_bytes: used,
         peak_bytes: used,
         confidence: 0.9,
         source: DataSource::Sim,
-        timeline: (0..MAX_TIMELINE_POINTS as i64)
+        timeline: (0..points)
             .map(|k| TimelinePoint {
-                t: second - (MAX_TIMELINE_POINTS as i64 - 1 - k) * 10,
+                t: second - (points - 1 - k) * 10,
                 max: used,
                 min: used / 2,
             })
             .collect(),
         ..Default::default()
+    };
+    let gpu = |g: u32| {
+        let mut gpu = gpu(g);
+        if form == Form::Objects {
+            gpu.legacy_timeline = std::mem::take(&mut gpu.timeline);
+        }
+        gpu
     };
     MemoryReport::new(
         &name(i),
@@ -434,13 +500,13 @@ fn report(i: usize, step: u64) -> MemoryReport {
             sampled_at: timestamp(step),
             interval_ms: 1000,
             summary: ReportSummary {
-                gpu_count: 1,
+                gpu_count: gpus,
                 used: format_bytes(used),
                 peak: format_bytes(used),
                 source: DataSource::Sim,
                 ..Default::default()
             },
-            gpus: vec![gpu],
+            gpus: (0..gpus).map(gpu).collect(),
             ..Default::default()
         },
     )

@@ -122,13 +122,16 @@ async fn every_cluster_command_in_every_format_against_real_profiles() {
         .collect();
     assert_eq!(kinds, ["MemoryProfile", "MemoryReport", "MemoryReport"]);
     assert_eq!(list["items"][0]["status"]["risk"], "critical");
-    assert_eq!(
-        list["items"][2]["spec"]["gpus"][0]["timeline"]
-            .as_array()
-            .unwrap()
-            .len(),
-        60
-    );
+    // Rank 1's timeline is packed, rank 0's in the objects of a sidecar
+    // from before the packed form: both stored as written.
+    let gpu = |i: usize| &list["items"][i]["spec"]["gpus"][0];
+    assert_eq!(list["items"][2]["spec"]["rank"], 1);
+    let packed = gpu(2)["packedTimeline"].as_str().unwrap();
+    assert_eq!(packed.split(' ').count(), 60, "{packed}");
+    assert!(gpu(2).get("timeline").is_none());
+    assert_eq!(list["items"][1]["spec"]["rank"], 0);
+    assert_eq!(gpu(1)["timeline"].as_array().unwrap().len(), 60);
+    assert!(gpu(1).get("packedTimeline").is_none());
     assert!(list["items"][0]["metadata"].get("managedFields").is_none());
     assert_eq!(
         yaml(&ok(&["report", "train", "-n", n, "-o", "yaml"]).await),
@@ -227,7 +230,7 @@ async fn every_cluster_command_in_every_format_against_real_profiles() {
     ])
     .await;
     assert!(
-        chart.contains("rank 1") && chart.lines().count() > 10,
+        chart.contains("rank 0") && chart.contains("rank 1") && chart.lines().count() > 10,
         "{chart}"
     );
     if let Some(keep) = std::env::var_os("MEMPROF_CLI_SAMPLES") {

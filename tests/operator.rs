@@ -468,7 +468,7 @@ async fn impossible_report_is_ignored_with_a_condition_and_one_event() {
 }
 
 #[tokio::test]
-async fn api_server_rejects_negative_bytes_and_unknown_risk_naming_the_field() {
+async fn api_server_rejects_negative_bytes_unknown_risk_and_bad_timelines_naming_the_field() {
     let Some(client) = cluster().await else {
         return;
     };
@@ -485,13 +485,30 @@ async fn api_server_rejects_negative_bytes_and_unknown_risk_naming_the_field() {
     for (field, value, expect) in [
         ("usedBytes", serde_json::json!(-1), "usedBytes"),
         ("risk", serde_json::json!("severe"), "risk"),
+        // The packed timeline: its shape and its length are the CRD's, so
+        // every stored report decodes (crates/api/src/report/timeline.rs).
+        (
+            "packedTimeline",
+            serde_json::json!("1790000000:1:1 10:x:1"),
+            "packedTimeline",
+        ),
+        (
+            "packedTimeline",
+            serde_json::json!("1790000000:1:1,10:1:1"),
+            "packedTimeline",
+        ),
+        (
+            "packedTimeline",
+            serde_json::json!("1:1:1 ".repeat(400).trim_end()),
+            "packedTimeline",
+        ),
     ] {
         let mut body = serde_json::to_value(&valid).unwrap();
-        body["spec"]["gpus"][0][field] = value;
+        body["spec"]["gpus"][0][field] = value.clone();
         let err = reports
             .patch("schema-0", &params, &Patch::Apply(&body))
             .await
-            .expect_err("the API server must reject it");
+            .expect_err(&format!("the API server must reject {field}: {value}"));
         let kube::Error::Api(status) = err else {
             panic!("not an API error: {err}")
         };

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Polls a sidecar's GET /v1/report (on its agent socket) once a second (as agent_poll.py does) and
 writes one JSON line per poll: {"t": poll time, "report": the whole report
-less each GPU's downsampled `timeline` (the NVML trace has every sample)},
+less each GPU's downsampled timeline (`packedTimeline`) (the NVML trace has every sample)},
 or {"t", "error"} while there is no report. Stops when STOPFILE exists or
 on SIGTERM. For bench/gpu/record.sh.
 
@@ -35,6 +35,7 @@ def main():
                     raise RuntimeError("HTTP %d: %s" % (status, body[:100]))
                 rep = json.loads(body)
                 for g in rep.get("gpus") or []:
+                    g.pop("packedTimeline", None)
                     g.pop("timeline", None)
                 line = {"t": round(t, 3), "report": rep}
             except Exception as exc:  # no report yet, or the sidecar is gone

@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 mod analysis;
 mod checkpoint;
 mod sites;
+pub mod timeline;
 pub use analysis::{
     AllocationSizes, FragmentationPoint, GradientCheck, HostMemory, ObjectGrowth, SizeBucket,
     TensorGrowth, TrackedGrowth,
@@ -27,6 +28,7 @@ pub use sites::{
     MAX_CRITICAL_SITE_RANKS, MAX_REPORT_DIRECTIVES, MAX_REPORT_SITES, MAX_SITE_FILE,
     MAX_SITE_FUNCTION,
 };
+pub use timeline::{TimelinePoint, MAX_PACKED_TIMELINE, PACKED_TIMELINE_PATTERN};
 
 /// What one pod's sidecar saw of the pod's GPUs.
 #[derive(CustomResource, Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
@@ -211,22 +213,39 @@ pub struct GpuReport {
     /// (allocated memory against the allocator's real limit) replaced NVML's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub assessed_from: Option<DataSource>,
-    /// Downsampled recent history: at most 60 points, oldest first.
-    #[schemars(length(max = 60))]
-    #[serde(default)]
+    /// Downsampled recent history, oldest first, packed: points `T:MAX:MIN`
+    /// separated by spaces, `T` the first point's start in Unix seconds then
+    /// seconds since the previous point, `MAX`/`MIN` the highest and lowest
+    /// use in MiB (e.g. `1790000000:30721:15360 10:30722:15360`). The sidecar
+    /// writes at most 60 points. One string, not 60 objects, because the API
+    /// server checks a report value by value (docs/benchmarks.md, "Report writes").
+    #[serde(
+        default,
+        rename = "packedTimeline",
+        with = "timeline::packed",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    #[schemars(with = "String", length(max = timeline::MAX_PACKED_TIMELINE))]
+    #[schemars(regex(pattern = timeline::PACKED_TIMELINE_PATTERN))]
     pub timeline: Vec<TimelinePoint>,
+    /// Deprecated: the timeline as objects, as sidecars before
+    /// `packedTimeline` wrote it; still accepted so that a sidecar injected
+    /// before an upgrade goes on reporting. Readers take `packedTimeline`
+    /// when a report has both.
+    #[schemars(length(max = 60))]
+    #[serde(default, rename = "timeline", skip_serializing_if = "Vec::is_empty")]
+    pub legacy_timeline: Vec<TimelinePoint>,
 }
 
-/// One downsampled point of a GPU's timeline.
-#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
-pub struct TimelinePoint {
-    /// Seconds since the Unix epoch.
-    #[schemars(range(min = 0))]
-    pub t: i64,
-    /// Highest used memory within the point's interval, in bytes.
-    pub max: u64,
-    /// Lowest used memory within the point's interval, in bytes.
-    pub min: u64,
+impl GpuReport {
+    /// The GPU's timeline points, from whichever form the report carries.
+    pub fn points(&self) -> &[TimelinePoint] {
+        if self.timeline.is_empty() {
+            &self.legacy_timeline
+        } else {
+            &self.timeline
+        }
+    }
 }
 
 /// The trainer's allocator, as the in-process agent sees it (PyTorch's caching

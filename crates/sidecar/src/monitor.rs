@@ -225,6 +225,7 @@ impl Monitor {
             source: self.sampler.source(),
             assessed_from: None,
             timeline: timeline(series),
+            legacy_timeline: Vec::new(),
         }
     }
 

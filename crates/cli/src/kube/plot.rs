@@ -77,13 +77,13 @@ pub fn timeline(p: &MemoryProfile, reports: &[MemoryReport]) -> LineChart {
     let t0 = reports
         .iter()
         .flat_map(|r| &r.spec.gpus)
-        .flat_map(|g| g.timeline.first())
+        .flat_map(|g| g.points().first())
         .map(|pt| pt.t)
         .min()
         .unwrap_or(0);
     let series = reports
         .iter()
-        .filter(|r| r.spec.gpus.iter().any(|g| !g.timeline.is_empty()))
+        .filter(|r| r.spec.gpus.iter().any(|g| !g.points().is_empty()))
         .map(|r| Series::new(rank_name(r), rank_points(r, t0), Style::Line))
         .collect();
     let total = reports
@@ -144,7 +144,7 @@ fn rank_name(r: &MemoryReport) -> String {
 /// Per timeline point, the highest use across the rank's GPUs.
 fn rank_points(r: &MemoryReport, t0: i64) -> Vec<(f64, f64)> {
     let mut by_t = std::collections::BTreeMap::<i64, u64>::new();
-    for pt in r.spec.gpus.iter().flat_map(|g| &g.timeline) {
+    for pt in r.spec.gpus.iter().flat_map(|g| g.points()) {
         let v = by_t.entry(pt.t).or_default();
         *v = (*v).max(pt.max);
     }

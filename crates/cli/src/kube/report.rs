@@ -190,7 +190,7 @@ fn gpu_cells(
     // Scaled from 0 to the GPU's total, not to the line's own range:
     // ranks then compare at a glance (30→40 GiB is not 40→70 GiB).
     let mut line = vec![0.0, g.total_bytes as f64];
-    line.extend(g.timeline.iter().map(|p| p.max as f64));
+    line.extend(g.points().iter().map(|p| p.max as f64));
     let spark: String = crate::plot::sparkline(&line).chars().skip(2).collect();
     vec![
         rank.clone(),

@@ -105,6 +105,7 @@ pub(super) fn report(r: &mut MemoryReport) {
     r.metadata.finalizers = None;
     for gpu in &mut r.spec.gpus {
         gpu.timeline = Vec::new();
+        gpu.legacy_timeline = Vec::new();
     }
 }
 
