@@ -68,6 +68,10 @@ struct Args {
     /// PID of the local kube-apiserver, to report its CPU time beside the operator's.
     #[arg(long)]
     apiserver_pid: Option<u32>,
+    /// Also write every timed write to this CSV (`round,job,done_s,latency_ms,rtt_ms`;
+    /// `done_s` from the batch's first response), to see when a tail happens.
+    #[arg(long)]
+    latencies: Option<std::path::PathBuf>,
     /// A flag for the operator (repeat for more), e.g. `--operator-arg=--concurrency=16`.
     #[arg(long = "operator-arg", allow_hyphen_values = true)]
     operator_args: Vec<String>,
@@ -149,7 +153,7 @@ struct Driver<'a> {
     reports: Api<MemoryReport>,
     /// One write per rank, rank-major across Jobs.
     order: Vec<&'a RankPod>,
-    /// Rank 0 of each Job: written once more after each batch (see `settle`).
+    /// Rank 1 of each Job: written once more after each batch (see `settle`).
     markers: Vec<&'a RankPod>,
     clock: Clock,
     /// Every write so far, markers included: (Job, `peakUsedBytes`) → resourceVersion.
@@ -158,6 +162,8 @@ struct Driver<'a> {
     names: Vec<String>,
     lanes: usize,
     gpus_per_rank: u32,
+    /// `--latencies`.
+    dump: Option<std::path::PathBuf>,
 }
 
 impl Driver<'_> {
@@ -196,7 +202,7 @@ impl Driver<'_> {
     /// Waits until the batch shows in the statuses. Writes in flight together
     /// land in any order, so the batch's last writes may never be followed
     /// by a newer peak of their Job: one more write per Job (its rank
-    /// 0 again, not timed), issued once the batch is complete, follows them
+    /// 1 again, not timed), issued once the batch is complete, follows them
     /// all. Those last writes are timed to when it shows, which errs late.
     async fn settle(&mut self, writes: Vec<Write>, round: u32, secs: f64) -> anyhow::Result<Phase> {
         let shape = self.shape(round);
@@ -210,11 +216,15 @@ impl Driver<'_> {
         .await?;
         self.all.extend(writes.iter().cloned());
         self.all.extend(markers);
-        let rv_of = measure::versions(&self.all);
-        let latencies =
-            wait_reflected(&self.seen, &writes, &rv_of, &self.names, REFLECT_TIMEOUT).await?;
         let mut rtts: Vec<f64> = writes.iter().map(|w| w.rtt_ms).collect();
         rtts.sort_by(f64::total_cmp);
+        let timed: Vec<Write> = writes.iter().filter(|w| w.timed).cloned().collect();
+        let rv_of = measure::versions(&self.all);
+        let latencies =
+            wait_reflected(&self.seen, &timed, &rv_of, &self.names, REFLECT_TIMEOUT).await?;
+        if let Some(path) = &self.dump {
+            dump(path, round, &timed, &latencies)?;
+        }
         Ok(Phase {
             writes: writes.len(),
             secs,
@@ -222,6 +232,26 @@ impl Driver<'_> {
             rtts,
         })
     }
+}
+
+/// Appends a batch's writes to the `--latencies` CSV.
+fn dump(
+    path: &std::path::Path,
+    round: u32,
+    writes: &[Write],
+    latencies: &[(usize, f64)],
+) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let first = writes.iter().map(|w| w.done).min();
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)?;
+    for (w, (job, ms)) in writes.iter().zip(latencies) {
+        let done = first.map_or(0.0, |f| (w.done - f).as_secs_f64());
+        writeln!(f, "{round},{job},{done:.3},{ms:.1},{:.1}", w.rtt_ms)?;
+    }
+    Ok(())
 }
 
 async fn bench(client: &Client, ns: &str, args: &Args, op: &setup::Operator) -> anyhow::Result<()> {
@@ -285,13 +315,19 @@ impl<'a> Driver<'a> {
         Driver {
             reports: Api::namespaced(client.clone(), ns),
             order: load::round_order(pods),
-            markers: pods.iter().filter(|p| p.rank == 0).collect(),
+            // Rank 1, not 0: each batch starts with rank 0, and a write of
+            // the rank that was written last changes nothing a user sees
+            // (its place in `topRanks` stays), so it would not be written at
+            // once and its latency would be the benchmark's, not the
+            // operator's (load.rs, `Clock`).
+            markers: pods.iter().filter(|p| p.rank == 1 % args.ranks).collect(),
             clock: Clock::for_writes((args.total_ranks() + args.jobs) * batches),
             all: Vec::new(),
             seen,
             names: (0..args.jobs).map(setup::job_name).collect(),
             lanes: args.lanes,
             gpus_per_rank: args.gpus_per_rank,
+            dump: args.latencies.clone(),
         }
     }
 }
@@ -398,8 +434,8 @@ fn print_phase(what: &str, p: &Phase, goal_p99_ms: f64) {
     let all = measure::sorted(&p.latencies);
     let p99 = percentile(&all, 0.99);
     println!(
-        "  {what}: {} writes at {:.0}/s; report -> status p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms (goal p99 <= {goal_p99_ms:.0} ms: {})",
-        p.writes, p.writes as f64 / p.secs.max(1e-9),
+        "  {what}: {} writes at {:.0}/s; report -> status ({} timed) p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms (goal p99 <= {goal_p99_ms:.0} ms: {})",
+        p.writes, p.writes as f64 / p.secs.max(1e-9), all.len(),
         percentile(&all, 0.5), p99, percentile(&all, 1.0),
         verdict(p99 <= goal_p99_ms)
     );
