@@ -325,27 +325,6 @@ async fn write(
     let (old, new) = (status(step - 1), status(step));
     let meta = serde_json::json!({ "name": name(i), "resourceVersion": rv });
     let (body, written) = match variant {
-        Variant::ReportApply
-        | Variant::ReportApplyObjects
-        | Variant::ReportApplyBare
-        | Variant::ReportApply8
-        | Variant::ReportApply8Objects
-        | Variant::ReportApply8Bare => {
-            let (gpus, form) = match variant {
-                Variant::ReportApply => (1, Form::Packed),
-                Variant::ReportApplyObjects => (1, Form::Objects),
-                Variant::ReportApplyBare => (1, Form::None),
-                Variant::ReportApply8 => (8, Form::Packed),
-                Variant::ReportApply8Objects => (8, Form::Objects),
-                _ => (8, Form::None),
-            };
-            let r = report(i, step, gpus, form);
-            let bytes = serde_json::to_vec(&r).map_or(0, |v| v.len());
-            let params = PatchParams::apply(SIDECAR_MANAGER).force();
-            reports.patch(&name(i), &params, &Patch::Apply(&r)).await?;
-            // Reports carry no precondition: the profile's version stays.
-            return Ok((rv.to_string(), bytes));
-        }
         Variant::StatusApply => {
             let body = serde_json::json!({
                 "apiVersion": MemoryProfile::api_version(&()),
@@ -372,9 +351,36 @@ async fn write(
                 .await;
             (body, w)
         }
+        report_variant => {
+            // Reports carry no precondition: the profile's version stays.
+            let bytes = write_report(reports, report_variant, i, step).await?;
+            return Ok((rv.to_string(), bytes));
+        }
     };
     let bytes = serde_json::to_vec(&body).map_or(0, |v| v.len());
     Ok((written?.resource_version().unwrap_or_default(), bytes))
+}
+
+/// One write of a report variant to report `i`; the body's size.
+async fn write_report(
+    reports: &Api<MemoryReport>,
+    variant: Variant,
+    i: usize,
+    step: u64,
+) -> kube::Result<usize> {
+    let (gpus, form) = match variant {
+        Variant::ReportApply => (1, Form::Packed),
+        Variant::ReportApplyObjects => (1, Form::Objects),
+        Variant::ReportApplyBare => (1, Form::None),
+        Variant::ReportApply8 => (8, Form::Packed),
+        Variant::ReportApply8Objects => (8, Form::Objects),
+        _ => (8, Form::None),
+    };
+    let r = report(i, step, gpus, form);
+    let bytes = serde_json::to_vec(&r).map_or(0, |v| v.len());
+    let params = PatchParams::apply(SIDECAR_MANAGER).force();
+    reports.patch(&name(i), &params, &Patch::Apply(&r)).await?;
+    Ok(bytes)
 }
 
 fn to_value(st: &MemoryProfileStatus) -> Value {
