@@ -24,8 +24,8 @@ target/release/examples/operator_scale --ranks 256 --rounds 5
 # The scale run of docs/benchmarks.md: each prints its goals beside the numbers
 # (a missed goal says MISSED and does not stop the script); ~3 and ~5 minutes.
 apiserver_pid="$(bash hack/local-cluster.sh pid kube-apiserver)"
-echo "== API server on its own: writes/s and round trips per kind of write, no operator (~3 minutes)"
-target/release/examples/api_write_loop --apiserver-pid "$apiserver_pid"
+echo "== API server on its own: writes/s and round trips per kind of write, no operator (~5 minutes)"
+target/release/examples/api_write_loop --lanes 8,16 --apiserver-pid "$apiserver_pid"
 echo "== operator at scale: 256 ranks x 8 GPUs in one Job"
 target/release/examples/operator_scale --jobs 1 --ranks 256 --gpus-per-rank 8 --rounds 2 --apiserver-pid "$apiserver_pid"
 echo "== operator at scale: 2,048 ranks in one Job"

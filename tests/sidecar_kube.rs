@@ -209,6 +209,24 @@ async fn sidecar_writes_its_report_and_follows_a_leak_within_the_write_budget() 
         high.spec.gpus[0].leak_suspected
             || high.spec.gpus[0].growth_bytes_per_second > 50.0 * 1024.0 * 1024.0
     );
+    // The timeline as stored: one packed string the CRD accepted (its
+    // pattern and bound), growing with the leak; no objects beside it.
+    let raw: kube::api::Api<kube::api::DynamicObject> = kube::api::Api::namespaced_with(
+        client.clone(),
+        &ns.name,
+        &kube::api::ApiResource::erase::<MemoryReport>(&()),
+    );
+    let stored = raw.get("train-abcde").await.unwrap().data;
+    let packed = stored["spec"]["gpus"][0]["packedTimeline"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no packedTimeline: {stored}"));
+    assert!(
+        stored["spec"]["gpus"][0].get("timeline").is_none(),
+        "{stored}"
+    );
+    let points = memprof::api::timeline::unpack(packed).unwrap();
+    assert!(points.len() >= 2, "{packed}");
+    assert!(points.last().unwrap().max > points[0].max, "{packed}");
 
     // Whatever happened, the sidecar did not write more than its budget allows:
     // first + risk changes (≤ 4) + memory moves at most every 5 s.

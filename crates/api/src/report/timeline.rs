@@ -4,10 +4,10 @@
 //! Why packed: the API server validates, prunes and server-side-applies a
 //! custom resource value by value, so a timeline of 60 `{t, max, min}`
 //! objects per GPU was most of what a report write cost it (measured with
-//! `examples/api_write_loop.rs` on the local control plane: 230 writes/s of
-//! a 1-GPU report with the object timeline against 525/s without it, 55/s
-//! against 324/s at 8 GPUs: docs/benchmarks.md, "Report writes"). One
-//! string per GPU is one value to check, whatever its length.
+//! `examples/api_write_loop.rs` on the local control plane: 226–235 writes/s
+//! of a 1-GPU report with the object timeline against 464–522/s packed, and
+//! 45–51/s against 241–245/s at 8 GPUs: docs/benchmarks.md, "Report
+//! writes"). One string per GPU is one value to check, whatever its length.
 //!
 //! The format, readable in `kubectl get memoryreport -o yaml`: points
 //! separated by one space, oldest first; each point `T:MAX:MIN`, where `T`
