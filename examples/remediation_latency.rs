@@ -7,11 +7,16 @@
 //!     cargo run --release --example remediation_latency -- 20 [SETTLE_MS]
 //!
 //! `SETTLE_MS` (default 0) waits that long between the profile's first
-//! status and the critical report: 300 takes the operator's per-Job write
-//! spacing (`--min-write-interval-ms`, 250) out of the measurement.
+//! status and the critical report: 1100 lets the operator's per-Job write
+//! spacing (`--min-write-interval-ms`, 1 s) pass before the report, so the
+//! roll-up's write of the critical status goes at once (the remediation's
+//! Pending record, a status write too, still keeps the spacing).
 //!
 //! Runs the operator (roll-up and remediation, one controller) in-process against the
 //! cluster in KUBECONFIG, in a temporary namespace it deletes afterwards.
+//! Each Job's rank 0 is a real pod, made and marked as in `operator_scale`
+//! (`operator_scale/setup.rs`): the operator counts only reports of pods
+//! the Job controls and the webhook admitted.
 //! Time is measured on this machine's monotonic clock, from just before the
 //! report's server-side apply to the watch event of the new Job (so it
 //! includes the watch latency of both ends).
@@ -19,11 +24,14 @@
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::wait::{await_condition, conditions};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Client, ResourceExt};
+use memprof::api::admission::LABEL_MANAGED;
 use memprof::api::{
     DataSource, GpuReport, MemoryProfile, MemoryReport, MemoryReportSpec, ReportSummary, RiskLevel,
     LABEL_JOB, LABEL_PROFILE, SIDECAR_MANAGER,
@@ -33,9 +41,15 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
+#[allow(dead_code)] // only the pod and key helpers are used here
+#[path = "operator_scale/setup.rs"]
+mod setup;
+
 const GIB: u64 = 1 << 30;
 
-fn report(job: &str, risk: RiskLevel, used_gib: u64, seq: u64) -> MemoryReport {
+/// The report of Job `job`'s rank 0, owned by its pod (`pod_uid`) as a
+/// sidecar's is.
+fn report(job: &str, pod_uid: &str, risk: RiskLevel, used_gib: u64, seq: u64) -> MemoryReport {
     let sampled_at =
         (jiff::Timestamp::now() + jiff::SignedDuration::from_millis(seq as i64)).to_string();
     let mut r = MemoryReport::new(
@@ -73,6 +87,13 @@ fn report(job: &str, risk: RiskLevel, used_gib: u64, seq: u64) -> MemoryReport {
         (LABEL_JOB.to_string(), job.to_string()),
         (LABEL_PROFILE.to_string(), job.to_string()),
     ]));
+    r.metadata.owner_references = Some(vec![OwnerReference {
+        api_version: "v1".into(),
+        kind: "Pod".into(),
+        name: format!("{job}-0"),
+        uid: pod_uid.into(),
+        ..Default::default()
+    }]);
     r
 }
 
@@ -134,9 +155,12 @@ type Seen = mpsc::UnboundedReceiver<(String, String, Instant)>;
 
 async fn bench(client: &Client, ns: &str, runs: usize, settle: Duration) -> anyhow::Result<()> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let ring = setup::admission_key(client, ns).await?;
+    let key = ring.current().expect("ensure_keys returns a key").clone();
     let operator = tokio::spawn({
         let client = client.clone();
         let setup = memprof::pipeline::Setup::for_namespace(ns);
+        setup.options.admission.set(ring);
         let mut rx = stop_rx;
         let stop = async move {
             let _ = rx.wait_for(|s| *s).await;
@@ -148,7 +172,8 @@ async fn bench(client: &Client, ns: &str, runs: usize, settle: Duration) -> anyh
     apply_policy(client, ns).await?;
     let mut latencies = Vec::with_capacity(runs);
     for i in 0..runs {
-        let latency = one_run(client, ns, &jobs, &mut seen, &format!("bench-{i}"), settle).await?;
+        let name = format!("bench-{i}");
+        let latency = one_run(client, ns, &jobs, &mut seen, &name, &key, settle).await?;
         println!("run {i:>3}: {:>7.1} ms", latency.as_secs_f64() * 1e3);
         latencies.push(latency);
     }
@@ -205,12 +230,17 @@ async fn one_run(
     jobs: &Api<Job>,
     seen: &mut Seen,
     name: &str,
+    key: &memprof::api::admission::Key,
     settle: Duration,
 ) -> anyhow::Result<Duration> {
+    // Managed as the webhook stamps a profiled Job; the template names a
+    // ServiceAccount that does not exist, so the Job controller makes no
+    // pods of its own (operator_scale/setup.rs) and rank 0 is ours.
     let job: Job = serde_json::from_value(json!({
-        "metadata": {"name": name, "labels": {"bench": "remediation"},
+        "metadata": {"name": name, "labels": {"bench": "remediation", (LABEL_MANAGED): "true"},
                      "annotations": {"memprof.dev/enabled": "true"}},
-        "spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [
+        "spec": {"template": {"spec": {"restartPolicy": "Never",
+                                       "serviceAccountName": "memprof-bench-no-such-sa", "containers": [
             {"name": "trainer", "image": "busybox", "env": [{"name": "BATCH_SIZE", "value": "32"}]}
         ]}}},
     }))?;
@@ -219,11 +249,22 @@ async fn one_run(
         .await?
         .uid()
         .unwrap_or_default();
-    apply_report(client, ns, &report(name, RiskLevel::Low, 30, 0)).await?;
+    let pod = setup::rank_pod(ns, &format!("{name}-0"), name, &old_uid, key);
+    let pod_uid = Api::<Pod>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &pod)
+        .await?
+        .uid()
+        .unwrap_or_default();
+    apply_report(client, ns, &report(name, &pod_uid, RiskLevel::Low, 30, 0)).await?;
     wait_first_status(&Api::namespaced(client.clone(), ns), name).await?;
     tokio::time::sleep(settle).await;
     let start = Instant::now();
-    apply_report(client, ns, &report(name, RiskLevel::Critical, 79, 1)).await?;
+    apply_report(
+        client,
+        ns,
+        &report(name, &pod_uid, RiskLevel::Critical, 79, 1),
+    )
+    .await?;
     loop {
         let (n, uid, at) = tokio::time::timeout(Duration::from_secs(60), seen.recv())
             .await?

@@ -180,7 +180,7 @@ fn trainer() -> Container {
 /// A pod of Job `job_name` (uid `job_uid`) as the Job controller would make
 /// it, marked as the webhook marks the Job controller's pods (the benchmark
 /// runs no webhook; only marked pods count).
-fn rank_pod(ns: &str, name: &str, job_name: &str, job_uid: &str, key: &Key) -> Pod {
+pub fn rank_pod(ns: &str, name: &str, job_name: &str, job_uid: &str, key: &Key) -> Pod {
     let mut pod = Pod {
         spec: Some(PodSpec {
             restart_policy: Some("Never".into()),
@@ -238,14 +238,11 @@ pub async fn create_workload(
         .try_collect()
         .await?;
 
-    // The operator's key: the Secret it reads with --webhook-namespace.
-    let keys = KeyConfig {
-        namespace: ns.into(),
-        secret_name: DEFAULT_KEY_SECRET.into(),
-        grace: jiff::SignedDuration::from_hours(1),
-    };
-    let ring = ensure_keys(client, &keys).await?;
-    let key = ring.current().expect("ensure_keys returns a key").clone();
+    let key = admission_key(client, ns)
+        .await?
+        .current()
+        .expect("ensure_keys returns a key")
+        .clone();
     let pod_api: Api<Pod> = Api::namespaced(client.clone(), ns);
     let wanted = (0..jobs).flat_map(|j| (0..ranks).map(move |r| (j, r)));
     let pods: Vec<RankPod> = futures::stream::iter(wanted)
@@ -269,6 +266,20 @@ pub async fn create_workload(
         .await?;
     wait_active(&job_api, jobs, ranks).await?;
     Ok(pods)
+}
+
+/// The admission key ring of `ns`: the Secret the operator reads with
+/// `--webhook-namespace`, created if missing.
+pub async fn admission_key(
+    client: &Client,
+    ns: &str,
+) -> anyhow::Result<memprof::api::admission::KeyRing> {
+    let keys = KeyConfig {
+        namespace: ns.into(),
+        secret_name: DEFAULT_KEY_SECRET.into(),
+        grace: jiff::SignedDuration::from_hours(1),
+    };
+    Ok(ensure_keys(client, &keys).await?)
 }
 
 /// Waits until the Job controller counts `ranks` active pods in every Job,

@@ -73,3 +73,33 @@ fn a_hostile_pod_is_cached_in_a_bounded_size_with_its_oom_evidence() {
     assert!(message.len() <= MAX_MESSAGE);
     assert!(message.ends_with("torch.OutOfMemoryError: CUDA out of memory."));
 }
+
+#[test]
+fn a_report_is_cached_without_its_timelines_in_either_form() {
+    use memprof_api::{GpuReport, MemoryReport, MemoryReportSpec, TimelinePoint};
+    let points: Vec<TimelinePoint> = (0..60)
+        .map(|t| TimelinePoint {
+            t,
+            max: 1 << 30,
+            min: 1 << 29,
+        })
+        .collect();
+    let gpu = GpuReport {
+        peak_bytes: 1 << 30,
+        timeline: points.clone(),
+        legacy_timeline: points,
+        ..Default::default()
+    };
+    let mut r = MemoryReport::new(
+        "r",
+        MemoryReportSpec {
+            gpus: vec![gpu.clone(), gpu],
+            ..Default::default()
+        },
+    );
+    report(&mut r);
+    for g in &r.spec.gpus {
+        assert!(g.timeline.is_empty() && g.legacy_timeline.is_empty());
+        assert_eq!(g.peak_bytes, 1 << 30, "the rest is kept");
+    }
+}
