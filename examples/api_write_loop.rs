@@ -38,6 +38,10 @@ use serde_json::Value;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+#[allow(dead_code)] // the CRD and namespace helpers only
+#[path = "operator_scale/setup.rs"]
+mod setup;
+
 #[derive(Debug, Parser)]
 struct Args {
     /// Objects of each kind (one per Job or rank).
@@ -115,33 +119,16 @@ struct Tally {
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let client = Client::try_default().await?;
-    install_crds(&client).await?;
+    setup::install_crds(&client).await?;
     let ns = format!("memprof-writeloop-{}", std::process::id());
-    let mut namespace = Namespace::default();
-    namespace.metadata.name = Some(ns.clone());
+    setup::create_namespace(&client, &ns).await?;
     let namespaces: Api<Namespace> = Api::all(client.clone());
-    namespaces
-        .create(&PostParams::default(), &namespace)
-        .await?;
     let result = tokio::select! {
         r = run(&client, &ns, &args) => r,
         _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
     };
     namespaces.delete(&ns, &DeleteParams::background()).await?;
     result
-}
-
-async fn install_crds(client: &Client) -> anyhow::Result<()> {
-    use kube::runtime::wait::{await_condition, conditions};
-    let api: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
-        Api::all(client.clone());
-    for crd in crds() {
-        let name = crd.name_any();
-        let params = PatchParams::apply("memprof-bench").force();
-        api.patch(&name, &params, &Patch::Apply(&crd)).await?;
-        await_condition(api.clone(), &name, conditions::is_crd_established()).await?;
-    }
-    Ok(())
 }
 
 async fn run(client: &Client, ns: &str, args: &Args) -> anyhow::Result<()> {

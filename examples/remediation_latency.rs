@@ -25,10 +25,8 @@ use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
-use kube::runtime::wait::{await_condition, conditions};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Client, ResourceExt};
 use memprof::api::admission::LABEL_MANAGED;
@@ -41,7 +39,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
-#[allow(dead_code)] // only the pod and key helpers are used here
+#[allow(dead_code)] // the set-up helpers only, not the operator child
 #[path = "operator_scale/setup.rs"]
 mod setup;
 
@@ -126,25 +124,11 @@ async fn main() -> anyhow::Result<()> {
         .transpose()?
         .unwrap_or(0);
     let client = Client::try_default().await?;
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for crd in memprof::api::crds() {
-        let name = crd.name_any();
-        crds.patch(
-            &name,
-            &PatchParams::apply("memprof-bench").force(),
-            &Patch::Apply(&crd),
-        )
-        .await?;
-        await_condition(crds.clone(), &name, conditions::is_crd_established()).await?;
-    }
+    setup::install_crds(&client).await?;
     let ns = format!("memprof-bench-{}", std::process::id());
+    // Waits for the default ServiceAccount: rank 0's pod runs as it.
+    setup::create_namespace(&client, &ns).await?;
     let namespaces: Api<Namespace> = Api::all(client.clone());
-    namespaces
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": ns}}))?,
-        )
-        .await?;
     let result = bench(&client, &ns, runs, Duration::from_millis(settle)).await;
     namespaces.delete(&ns, &DeleteParams::background()).await?;
     result
@@ -240,7 +224,7 @@ async fn one_run(
         "metadata": {"name": name, "labels": {"bench": "remediation", (LABEL_MANAGED): "true"},
                      "annotations": {"memprof.dev/enabled": "true"}},
         "spec": {"template": {"spec": {"restartPolicy": "Never",
-                                       "serviceAccountName": "memprof-bench-no-such-sa", "containers": [
+                                       "serviceAccountName": setup::MISSING_SERVICE_ACCOUNT, "containers": [
             {"name": "trainer", "image": "busybox", "env": [{"name": "BATCH_SIZE", "value": "32"}]}
         ]}}},
     }))?;

@@ -41,7 +41,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 /// A ServiceAccount no namespace of the benchmark has: see the module docs.
-const MISSING_SERVICE_ACCOUNT: &str = "memprof-bench-no-such-sa";
+pub const MISSING_SERVICE_ACCOUNT: &str = "memprof-bench-no-such-sa";
 /// Requests in flight while setting up (the API server shares 2 cores with everything).
 const SETUP_CONCURRENCY: usize = 16;
 

@@ -25,6 +25,7 @@
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use std::fmt::Write as _;
 
 /// Longest packed timeline the CRD accepts, in characters: 60 points of the
 /// widest values the sidecar writes (a 10-digit first time, 9-digit MiB).
@@ -67,7 +68,8 @@ pub fn pack(points: &[TimelinePoint]) -> String {
             out.push(' ');
         }
         let t = previous.map_or(p.t, |prev: i64| p.t.saturating_sub(prev));
-        out.push_str(&format!("{t}:{}:{}", p.max.div_ceil(MIB), p.min / MIB));
+        // Writing into a String cannot fail.
+        let _ = write!(out, "{t}:{}:{}", p.max.div_ceil(MIB), p.min / MIB);
         previous = Some(p.t);
     }
     out
