@@ -22,7 +22,10 @@
 //! - `status-merge`: the same status change as a JSON merge patch of the
 //!   fields that changed, with the precondition (`--status-write=merge`);
 //! - `status-merge-whole`: a merge patch of the whole status, to tell the
-//!   cost of server-side apply from the cost of the bytes.
+//!   cost of server-side apply from the cost of the bytes;
+//! - `status-apply-notop`, `status-apply-bare`: `status-apply` without
+//!   `topRanks`, and without `topRanks` and `conditions`, to tell what each
+//!   part of a status costs the API server.
 //!
 //! Prints writes/s and the round trip's p50/p99 per variant, the API
 //! server's CPU over the variant's windows and the load average. Deletes
@@ -75,9 +78,11 @@ enum Variant {
     StatusApply,
     StatusMerge,
     StatusMergeWhole,
+    StatusApplyNoTop,
+    StatusApplyBare,
 }
 
-const VARIANTS: [Variant; 9] = [
+const VARIANTS: [Variant; 11] = [
     Variant::ReportApply,
     Variant::ReportApplyObjects,
     Variant::ReportApplyBare,
@@ -87,6 +92,8 @@ const VARIANTS: [Variant; 9] = [
     Variant::StatusApply,
     Variant::StatusMerge,
     Variant::StatusMergeWhole,
+    Variant::StatusApplyNoTop,
+    Variant::StatusApplyBare,
 ];
 
 impl Variant {
@@ -101,6 +108,8 @@ impl Variant {
             Variant::StatusApply => "status-apply",
             Variant::StatusMerge => "status-merge",
             Variant::StatusMergeWhole => "status-merge-whole",
+            Variant::StatusApplyNoTop => "status-apply-notop",
+            Variant::StatusApplyBare => "status-apply-bare",
         }
     }
 }
@@ -312,7 +321,14 @@ async fn write(
     let (old, new) = (status(step - 1), status(step));
     let meta = serde_json::json!({ "name": name(i), "resourceVersion": rv });
     let (body, written) = match variant {
-        Variant::StatusApply => {
+        Variant::StatusApply | Variant::StatusApplyNoTop | Variant::StatusApplyBare => {
+            let mut new = new;
+            if variant != Variant::StatusApply {
+                new.top_ranks.clear();
+            }
+            if variant == Variant::StatusApplyBare {
+                new.conditions.clear();
+            }
             let body = serde_json::json!({
                 "apiVersion": MemoryProfile::api_version(&()),
                 "kind": MemoryProfile::kind(&()),

@@ -617,7 +617,12 @@ start_cluster() {
   local bin_etcd
   bin_etcd="$(command -v etcd)"
   log "starting etcd on $etcd_url"
+  # --quota-backend-bytes: 8 GiB, not the default 2 GiB. A cluster kept up
+  # through several benchmarks (operator_memory writes ~0.5 GB of hostile
+  # metadata a run) otherwise hits "mvcc: database space exceeded" and
+  # every write fails; the file only grows as far as it is used.
   start_component etcd "$bin_etcd" \
+    --quota-backend-bytes=8589934592 \
     --name=memprof \
     --data-dir="$STATE_DIR/etcd" \
     --listen-client-urls="$etcd_url" \
