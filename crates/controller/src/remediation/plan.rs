@@ -10,7 +10,7 @@
 
 use memprof_api::{
     truncate_utf8, BatchRecommendation, NotifyLevel, NotifyTrainerAction, RemediationAction,
-    RemediationPolicy, ScaleValue, SetConfigMapKeyAction, ANNOTATION_REMEDIATION_NONCE,
+    RemediationPolicy, ANNOTATION_REMEDIATION_NONCE,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -172,105 +172,6 @@ impl Plan {
     }
 }
 
-/// Why a policy's actions cannot apply to a Job. Permanent for that Job (its
-/// pod template is immutable), so it is recorded once, not retried.
-#[derive(Clone, Debug, PartialEq, thiserror::Error)]
-pub enum PlanError {
-    /// No container sets the env var.
-    #[error("no container{} of the Job sets env {env}: nothing to scale", container.as_ref().map(|c| format!(" named {c}")).unwrap_or_default())]
-    NoSuchEnv {
-        /// Env var.
-        env: String,
-        /// The container the action names, if any.
-        container: Option<String>,
-    },
-    /// The env var comes from `valueFrom`, not a literal.
-    #[error("env {env} of container {container} is set with valueFrom, not a literal value: memprof cannot change it")]
-    NotLiteral {
-        /// Env var.
-        env: String,
-        /// Container.
-        container: String,
-    },
-    /// The env var's value is not a non-negative integer.
-    #[error("env {env} of container {container} is {value:?}, not an integer: nothing to scale")]
-    NotANumber {
-        /// Env var.
-        env: String,
-        /// Container.
-        container: String,
-        /// The value found.
-        value: String,
-    },
-    /// Scaling would not lower the value.
-    #[error("{what} is {value}, already at the minimum {minimum}: nothing left to scale down")]
-    AtMinimum {
-        /// `env BATCH_SIZE` or `ConfigMap cm key k`.
-        what: String,
-        /// Current value.
-        value: u64,
-        /// The action's minimum.
-        minimum: u64,
-    },
-    /// The ConfigMap to write does not exist.
-    #[error("ConfigMap {name} does not exist in the Job's namespace: create it or fix the policy")]
-    ConfigMapMissing {
-        /// ConfigMap name.
-        name: String,
-    },
-    /// The ConfigMap exists but its owner did not opt it in.
-    #[error("ConfigMap {name} is not labelled memprof.dev/remediable=true: memprof writes only ConfigMaps their owners opted in")]
-    ConfigMapNotOptedIn {
-        /// ConfigMap name.
-        name: String,
-    },
-    /// The ConfigMap key to scale is missing or not an integer.
-    #[error("ConfigMap {name} key {key} is {value:?}, not an integer: nothing to scale")]
-    ConfigMapNotANumber {
-        /// ConfigMap name.
-        name: String,
-        /// Key.
-        key: String,
-        /// The value found (empty when the key is missing).
-        value: String,
-    },
-    /// Another controller owns the Job, and the policy does not allow acting on such Jobs.
-    #[error("the Job is controlled by {owner}, which would fight a change: set allowControlledJobs in the policy to act anyway")]
-    ControlledJob {
-        /// `Kind/name` of the owner.
-        owner: String,
-    },
-    /// micro-batch × accumulation does not fit in 64 bits.
-    #[error("container {container}: {env} × accumulation overflows: fix the Job's values")]
-    BatchOverflow {
-        /// Env var of the micro-batch.
-        env: String,
-        /// Container.
-        container: String,
-    },
-    /// The Job lacks a field every stored Job has.
-    #[error("the Job has no {0}: cannot recreate it")]
-    MalformedJob(&'static str),
-}
-
-impl PlanError {
-    /// CamelCase reason for Events and conditions.
-    pub fn reason(&self) -> &'static str {
-        match self {
-            PlanError::NoSuchEnv { .. } => "NoSuchEnv",
-            PlanError::NotLiteral { .. } => "EnvNotLiteral",
-            PlanError::NotANumber { .. } => "EnvNotANumber",
-            PlanError::AtMinimum { .. } => "AtMinimum",
-            PlanError::ConfigMapMissing { .. } => "ConfigMapMissing",
-            PlanError::ConfigMapNotOptedIn { .. } => "ConfigMapNotOptedIn",
-            PlanError::ConfigMapNotANumber { .. } => "ConfigMapNotANumber",
-            PlanError::ControlledJob { .. } => "ControlledByOwner",
-            PlanError::BatchOverflow { .. } => "BatchOverflow",
-            PlanError::MalformedJob(_) => "MalformedJob",
-        }
-    }
-}
-
 /// What a plan is built from.
 #[derive(Clone, Debug)]
 pub struct PlanInput<'a> {
@@ -306,24 +207,6 @@ pub struct CheckpointGate {
     /// Why there is no wait at all (an OOM observed, no time left).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub no_wait: Option<String>,
-}
-
-/// `value × factor`, rounded down to a multiple of `round_to`, at least `minimum`.
-pub fn scale(value: u64, factor: f64, minimum: u64, round_to: Option<u64>) -> u64 {
-    let mut v = (value as f64 * factor).floor().max(0.0) as u64;
-    if let Some(r) = round_to.filter(|r| *r > 1) {
-        v -= v % r;
-    }
-    v.max(minimum)
-}
-
-fn scale_value(s: &ScaleValue, value: u64) -> u64 {
-    scale(
-        value,
-        s.factor,
-        u64::from(s.minimum),
-        s.round_to.map(u64::from),
-    )
 }
 
 /// Builds the plan for `input.policy`'s actions on `input.job`.
@@ -447,65 +330,6 @@ fn notify_step(n: &NotifyTrainerAction, plan: &Plan) -> Step {
     }
 }
 
-/// A `setConfigMapKey` action's step: the key's value now and the one to
-/// write, in an opted-in ConfigMap only.
-fn set_config_map_key_step(
-    input: &PlanInput<'_>,
-    c: &SetConfigMapKeyAction,
-) -> Result<Step, PlanError> {
-    if input.not_opted_in.contains(&c.config_map) {
-        return Err(PlanError::ConfigMapNotOptedIn {
-            name: c.config_map.clone(),
-        });
-    }
-    let data = input
-        .config_maps
-        .get(&c.config_map)
-        .ok_or_else(|| PlanError::ConfigMapMissing {
-            name: c.config_map.clone(),
-        })?;
-    let from = data.get(&c.key).cloned();
-    let to = match (&c.value, &c.scale) {
-        (Some(v), _) => v.clone(),
-        (None, Some(s)) => scaled_config_value(c, s, from.as_deref().unwrap_or_default())?,
-        // The schema's oneOf makes this unreachable on a server; a
-        // policy built in code still gets a clear answer.
-        (None, None) => from.clone().unwrap_or_default(),
-    };
-    Ok(Step::SetConfigMapKey {
-        config_map: c.config_map.clone(),
-        key: c.key.clone(),
-        from,
-        to,
-    })
-}
-
-/// `raw` (a ConfigMap value) scaled down by `s`; an error when it is not a
-/// number or is already at its minimum.
-fn scaled_config_value(
-    c: &SetConfigMapKeyAction,
-    s: &ScaleValue,
-    raw: &str,
-) -> Result<String, PlanError> {
-    let old: u64 = raw
-        .trim()
-        .parse()
-        .map_err(|_| PlanError::ConfigMapNotANumber {
-            name: c.config_map.clone(),
-            key: c.key.clone(),
-            value: raw.to_string(),
-        })?;
-    let new = scale_value(s, old);
-    if new >= old {
-        return Err(PlanError::AtMinimum {
-            what: format!("ConfigMap {} key {}", c.config_map, c.key),
-            value: old,
-            minimum: u64::from(s.minimum),
-        });
-    }
-    Ok(new.to_string())
-}
-
 /// `Kind/name` of the controller that owns a Job, if one does.
 fn controller_of(job: &Value) -> Option<String> {
     job["metadata"]["ownerReferences"]
@@ -521,89 +345,14 @@ fn controller_of(job: &Value) -> Option<String> {
         })
 }
 
-/// The env changes one `scaleBatch` action makes.
-fn env_changes(
-    job: &Value,
-    env: &str,
-    container: Option<&str>,
-    scale: &ScaleValue,
-    fixed: Option<u64>,
-) -> Result<Vec<EnvChange>, PlanError> {
-    let containers = job["spec"]["template"]["spec"]["containers"]
-        .as_array()
-        .ok_or(PlanError::MalformedJob("spec.template.spec.containers"))?;
-    let mut changes = Vec::new();
-    let mut at_minimum = None;
-    for c in containers {
-        let name = c["name"].as_str().unwrap_or_default();
-        if container.is_some_and(|want| want != name) {
-            continue;
-        }
-        let Some(from) = env_number(c, env, name)? else {
-            continue;
-        };
-        let to = fixed.unwrap_or_else(|| scale_value(scale, from));
-        if to >= from {
-            at_minimum = Some(from);
-            continue;
-        }
-        changes.push(EnvChange {
-            container: name.into(),
-            env: env.into(),
-            from,
-            to,
-            note: None,
-            accumulation: None,
-        });
-    }
-    if changes.is_empty() {
-        return Err(match at_minimum {
-            Some(value) => PlanError::AtMinimum {
-                what: format!("env {env}"),
-                value,
-                minimum: u64::from(scale.minimum),
-            },
-            None => PlanError::NoSuchEnv {
-                env: env.into(),
-                container: container.map(str::to_string),
-            },
-        });
-    }
-    Ok(changes)
-}
+#[path = "plan_error.rs"]
+mod error;
+pub use error::PlanError;
 
-/// The number container `c` (named `name`) sets `env` to; `None` when it
-/// does not set it; an error when the value is not a literal number (a
-/// `valueFrom` cannot be rewritten in the Job's manifest).
-pub(super) fn env_number(c: &Value, env: &str, name: &str) -> Result<Option<u64>, PlanError> {
-    let Some(var) = c["env"]
-        .as_array()
-        .and_then(|vars| vars.iter().find(|v| v["name"] == env))
-    else {
-        return Ok(None);
-    };
-    let raw = match (
-        var.get("value").and_then(Value::as_str),
-        var.get("valueFrom"),
-    ) {
-        (Some(v), _) => v,
-        (None, Some(_)) => {
-            return Err(PlanError::NotLiteral {
-                env: env.into(),
-                container: name.into(),
-            })
-        }
-        (None, None) => "",
-    };
-    raw.trim()
-        .parse()
-        .map(Some)
-        .map_err(|_| PlanError::NotANumber {
-            env: env.into(),
-            container: name.into(),
-            value: raw.into(),
-        })
-}
+#[path = "plan_values.rs"]
+mod values;
+pub use values::scale;
+use values::set_config_map_key_step;
 
 #[path = "plan_recreate.rs"]
 mod recreate;

@@ -101,13 +101,13 @@ pub fn keep_global(
 
 /// The literal integer value (at least 1) of `env` in the container named
 /// `container`; `Ok(None)` when the container does not set it. The reading
-/// is the plan's own (`super::env_number`); an accumulation of 0 is refused.
+/// is the plan's own (`super::values::env_number`); an accumulation of 0 is refused.
 fn literal(job: &Value, container: &str, env: &str) -> Result<Option<u64>, PlanError> {
     let found = job["spec"]["template"]["spec"]["containers"]
         .as_array()
         .and_then(|cs| cs.iter().find(|c| c["name"] == container));
     let Some(c) = found else { return Ok(None) };
-    match super::env_number(c, env, container)? {
+    match super::values::env_number(c, env, container)? {
         Some(0) => Err(PlanError::NotANumber {
             env: env.into(),
             container: container.into(),

@@ -4,9 +4,8 @@
 //! extrapolation further than a held-out check covered is never acted on),
 //! said in the change's note and an Event.
 
-use super::{
-    accum, env_changes, EnvChange, PlanError, Step, REASON_BATCH_FIT, REASON_BATCH_FIT_FALLBACK,
-};
+use super::values::env_changes;
+use super::{accum, EnvChange, PlanError, Step, REASON_BATCH_FIT, REASON_BATCH_FIT_FALLBACK};
 use memprof_analysis::batchfit;
 use memprof_api::{truncate_utf8, BatchRecommendation, ScaleBatchAction, ScaleMode, ScaleValue};
 use serde_json::Value;

@@ -1,8 +1,9 @@
-//! Unit tests of `plan.rs`: plans from plain JSON Jobs and policies.
+//! Unit tests of `plan.rs`, `plan_values.rs` and `plan_error.rs`: plans
+//! from plain JSON Jobs and policies.
 
 use super::*;
 use memprof_api::{
-    AnnotateAction, RemediationAction, RemediationPolicySpec, ScaleBatchAction,
+    AnnotateAction, RemediationAction, RemediationPolicySpec, ScaleBatchAction, ScaleValue,
     SetConfigMapKeyAction,
 };
 use serde_json::json;
