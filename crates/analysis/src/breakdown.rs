@@ -391,7 +391,7 @@ mod tests {
 
     #[test]
     fn the_crd_bounds_are_the_push_bounds() {
-        // The schema's literals (crates/api/src/report.rs) must say what is kept.
+        // The schema's literals (crates/api/src/report/breakdown.rs) must say what is kept.
         let schema = serde_json::to_value(schemars::schema_for!(MemoryBreakdown)).unwrap();
         let max = |field: &str| schema["properties"][field]["maxItems"].as_u64();
         assert_eq!(max("byModuleType"), Some(MAX_MODULE_TYPES as u64));
