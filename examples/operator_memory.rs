@@ -106,7 +106,11 @@ fn pod(name: &str, job: &str, hostile: bool) -> Pod {
     let labels = Map::from_iter([("job-name".to_string(), json!(job))]);
     serde_json::from_value(json!({
         "metadata": metadata(name, hostile, labels),
-        "spec": {"containers": [{"name": "trainer", "image": "trainer:bench"}]},
+        // No token: the pods never run, and a namespace's default
+        // ServiceAccount gets its token a moment after it appears, so pods
+        // created right away would be refused (1.20 "No API token found").
+        "spec": {"automountServiceAccountToken": false,
+                 "containers": [{"name": "trainer", "image": "trainer:bench"}]},
     }))
     .expect("a valid Pod")
 }

@@ -37,10 +37,12 @@
 //! Remediation awaits its edits in its own task, which is how "recorded
 //! durably before acting" holds (docs/remediation.md).
 
+mod advice;
 mod compose;
 mod patch;
 mod writer;
 
+pub use advice::advice;
 pub use compose::{compose, write_needed, Need, COSMETIC_INTERVAL};
 pub use patch::{merge_diff, WriteMode};
 pub use writer::{Notice, StatusWriter, WriteError, WriterOptions};

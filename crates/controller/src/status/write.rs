@@ -135,7 +135,8 @@ async fn apply(
             false
         }
         Err(error) => {
-            warn!(%key, %error, "cannot write the MemoryProfile status: check RBAC (memoryprofiles/status: patch) and that crds/ is up to date; retrying");
+            let advice = crate::status::advice(&error, "memoryprofiles/status: patch");
+            warn!(%key, %error, "cannot write the MemoryProfile status: {advice}");
             let (_, delay) = shared.failed(key);
             shared.put_back(key, work, Some(delay));
             false
@@ -219,7 +220,8 @@ pub(super) async fn write_annotations(shared: &Shared, key: &JobKey, a: Annotati
             false
         }
         Err(error) => {
-            warn!(%key, %error, "cannot annotate the Job: check RBAC (jobs: patch); retrying");
+            let advice = crate::status::advice(&error, "jobs: patch");
+            warn!(%key, %error, "cannot annotate the Job: {advice}");
             let (_, delay) = shared.failed(key);
             let retry = Work {
                 server: None,
