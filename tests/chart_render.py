@@ -46,6 +46,17 @@ LABELS = [
 passed = failed = 0
 
 
+def bench_glibc_tunables() -> str:
+    """The GLIBC_TUNABLES the benchmarks start the operator with: the chart must match."""
+    src = (ROOT / "examples" / "operator_scale" / "setup.rs").read_text()
+    m = re.search(r'pub const GLIBC_TUNABLES: &str = "([^"]+)";', src)
+    assert m, "examples/operator_scale/setup.rs: GLIBC_TUNABLES not found"
+    return m.group(1)
+
+
+BENCH_GLIBC_TUNABLES = bench_glibc_tunables()
+
+
 def check(name: str, ok: bool, detail: str = "") -> bool:
     global passed, failed
     if ok:
@@ -119,6 +130,12 @@ def check_common(case: str, docs: list[dict], values: dict) -> None:
     )
     pod = dep["spec"]["template"]["spec"]
     c = pod["containers"][0]
+    env = {e["name"]: e.get("value") for e in c.get("env", [])}
+    check(
+        f"{case}: glibc gives large buffers back (the benchmarks run the operator so)",
+        env.get("GLIBC_TUNABLES") == BENCH_GLIBC_TUNABLES,
+        str(env.get("GLIBC_TUNABLES")),
+    )
     sc, psc = c["securityContext"], pod["securityContext"]
     check(
         f"{case}: locked-down securityContext",

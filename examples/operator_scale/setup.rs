@@ -42,6 +42,11 @@ use std::time::{Duration, Instant};
 
 /// A ServiceAccount no namespace of the benchmark has: see the module docs.
 pub const MISSING_SERVICE_ACCOUNT: &str = "memprof-bench-no-such-sa";
+/// The glibc tunables the chart starts the operator with
+/// (`charts/memprof/templates/deployment.yaml`, which says why;
+/// `tests/chart_render.py` checks the two agree): the benchmarks measure
+/// the operator as deployed.
+pub const GLIBC_TUNABLES: &str = "glibc.malloc.mmap_threshold=131072";
 /// Requests in flight while setting up (the API server shares 2 cores with everything).
 const SETUP_CONCURRENCY: usize = 16;
 
@@ -109,6 +114,7 @@ impl Operator {
             .args(["--webhook-namespace", ns])
             .args(extra)
             .env("RUST_LOG", "warn")
+            .env("GLIBC_TUNABLES", GLIBC_TUNABLES)
             .kill_on_drop(true)
             .spawn()
             .map_err(|e| {
