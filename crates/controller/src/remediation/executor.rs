@@ -115,7 +115,8 @@ impl Executor {
             secondary: None,
         };
         if let Err(error) = self.recorder.publish(&event, regarding).await {
-            warn!(%error, reason, "cannot publish Event: check RBAC (events.k8s.io events: create, patch)");
+            let advice = crate::status::advice(&error, "events.k8s.io events: create, patch");
+            warn!(%error, reason, "cannot publish Event: {advice}");
         }
     }
 }

@@ -306,7 +306,8 @@ async fn write(
         .patch_status(&policy.name_any(), &params, &Patch::Apply(&body))
         .await
     {
-        warn!(policy = %policy.name_any(), %error, "cannot write RemediationPolicy status: check RBAC (remediationpolicies/status: patch)");
+        let advice = crate::status::advice(&error, "remediationpolicies/status: patch");
+        warn!(policy = %policy.name_any(), %error, "cannot write RemediationPolicy status: {advice}");
     }
 }
 

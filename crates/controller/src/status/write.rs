@@ -190,7 +190,8 @@ async fn publish(shared: &Shared, notice: &Notice) {
         }
         Err(error) => {
             shared.metrics.event_errors.inc();
-            warn!(%error, reason = plan.reason, "cannot publish Event: check RBAC (events.k8s.io events: create, patch)");
+            let advice = crate::status::advice(&error, "events.k8s.io events: create, patch");
+            warn!(%error, reason = plan.reason, "cannot publish Event: {advice}");
         }
     }
 }
