@@ -31,7 +31,8 @@ const PEAK_BASE: u64 = 40 * GIB;
 /// `lastReportTime` or of a peak under an unchanged text alone waits up to
 /// 30 s, `operator/reconcile_write.rs`) and the latency measured is the
 /// benchmark's: so the write that follows each batch is rank 1's or 2's by
-/// turns, never the rank the next batch starts with nor the last batch's, and the writes of the leaking rank
+/// turns, never the rank the next batch starts with nor the last batch's
+/// (with fewer than 3 ranks that cannot hold), and the writes of the leaking rank
 /// ([`LEAKING_RANK`], first by risk whatever its peak: a higher peak moves
 /// nothing a user sees) are written but not timed.
 pub struct Clock {

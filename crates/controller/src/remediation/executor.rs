@@ -116,7 +116,7 @@ impl Executor {
         };
         if let Err(error) = self.recorder.publish(&event, regarding).await {
             let advice = crate::status::advice(&error, "events.k8s.io events: create, patch");
-            warn!(%error, reason, "cannot publish Event: {advice}");
+            warn!(%error, reason, "cannot publish Event: {advice}; not retried");
         }
     }
 }

@@ -307,7 +307,7 @@ async fn write(
         .await
     {
         let advice = crate::status::advice(&error, "remediationpolicies/status: patch");
-        warn!(policy = %policy.name_any(), %error, "cannot write RemediationPolicy status: {advice}");
+        warn!(policy = %policy.name_any(), %error, "cannot write RemediationPolicy status: {advice}; written again on the next pass");
     }
 }
 

@@ -3,21 +3,20 @@
 //! RBAC when etcd timed out.
 
 /// The advice for a write the API server refused or failed; `rbac` names
-/// the permission the write needs (e.g. `jobs: patch`).
+/// the permission the write needs (e.g. `jobs: patch`). Whether the write is
+/// tried again is the caller's to say (Events and policy statuses are not).
 pub fn advice(error: &kube::Error, rbac: &str) -> String {
     match error {
         kube::Error::Api(s) if s.code == 401 || s.code == 403 => {
-            format!("check RBAC ({rbac}); retrying")
+            format!("check RBAC ({rbac})")
         }
         kube::Error::Api(s) if s.code == 400 || s.code == 422 => {
-            "the API server refused the object: check that crds/ is up to date; retrying".into()
+            "the API server refused the object: check that crds/ is up to date".into()
         }
         kube::Error::Api(s) if s.code == 429 || s.code >= 500 => {
-            "the API server is overloaded or failing (its log, or etcd's, says why); \
-             retrying with backoff"
-                .into()
+            "the API server is overloaded or failing (its log, or etcd's, says why)".into()
         }
-        _ => "cannot reach the API server as expected; retrying with backoff".into(),
+        _ => "cannot reach the API server as expected".into(),
     }
 }
 
@@ -40,5 +39,12 @@ mod tests {
             assert!(a.contains("overloaded or failing"), "{code}: {a}");
         }
         assert!(advice(&api(422), "x").contains("crds/"));
+        for code in [403, 422, 500] {
+            let a = advice(&api(code), "x");
+            assert!(
+                !a.contains("retrying"),
+                "the caller says whether it retries: {a}"
+            );
+        }
     }
 }

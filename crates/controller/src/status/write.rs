@@ -136,7 +136,7 @@ async fn apply(
         }
         Err(error) => {
             let advice = crate::status::advice(&error, "memoryprofiles/status: patch");
-            warn!(%key, %error, "cannot write the MemoryProfile status: {advice}");
+            warn!(%key, %error, "cannot write the MemoryProfile status: {advice}; retrying with backoff");
             let (_, delay) = shared.failed(key);
             shared.put_back(key, work, Some(delay));
             false
@@ -191,7 +191,7 @@ async fn publish(shared: &Shared, notice: &Notice) {
         Err(error) => {
             shared.metrics.event_errors.inc();
             let advice = crate::status::advice(&error, "events.k8s.io events: create, patch");
-            warn!(%error, reason = plan.reason, "cannot publish Event: {advice}");
+            warn!(%error, reason = plan.reason, "cannot publish Event: {advice}; not retried");
         }
     }
 }
@@ -222,7 +222,7 @@ pub(super) async fn write_annotations(shared: &Shared, key: &JobKey, a: Annotati
         }
         Err(error) => {
             let advice = crate::status::advice(&error, "jobs: patch");
-            warn!(%key, %error, "cannot annotate the Job: {advice}");
+            warn!(%key, %error, "cannot annotate the Job: {advice}; retrying with backoff");
             let (_, delay) = shared.failed(key);
             let retry = Work {
                 server: None,
