@@ -60,6 +60,7 @@ pub use notify::CountedReports;
 pub use status::{policy_status, policy_status_task};
 pub use steps::{FAILPOINT_AFTER_DELETE, FAILPOINT_ENV};
 
+use crate::status::advice;
 use kube::Client;
 use memprof_api::RemediationPolicy;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -124,20 +125,21 @@ fn own_namespace(flag: Option<String>, watched: &str) -> String {
         })
 }
 
-/// Why the remediation controller, or one reconcile, failed.
+/// Why the remediation controller, or one reconcile, failed. The advice
+/// follows the API server's answer (`status::advice`): RBAC only for a 401/403.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The RemediationPolicy CRD is not installed.
     #[error("CRD remediationpolicies.memprof.dev not installed: run `kubectl apply -f crds/`")]
     CrdMissing,
     /// The startup check could not talk to the API server.
-    #[error("cannot check that CRD remediationpolicies.memprof.dev is installed: {0}; check KUBECONFIG and RBAC (remediationpolicies: list)")]
+    #[error("cannot check that CRD remediationpolicies.memprof.dev is installed: {}; check KUBECONFIG, then: {}", .0, advice(.0, "remediationpolicies: list"))]
     CrdCheck(#[source] kube::Error),
     /// A watch cache shut down while a reconcile waited for it.
     #[error("the watch cache of {0} shut down: the controller is stopping")]
     CacheClosed(&'static str),
     /// Reading an object failed.
-    #[error("reading {what}: {source}; check the operator's RBAC (get on {what})")]
+    #[error("reading {what}: {source}; {}", advice(.source, &format!("get on {what}")))]
     Read {
         /// What was read, e.g. `Job ml/train`.
         what: String,
@@ -146,16 +148,16 @@ pub enum Error {
         source: kube::Error,
     },
     /// Writing a MemoryProfile's status failed.
-    #[error("writing status of MemoryProfile {0}: {1}; check RBAC (memoryprofiles/status: patch) and that crds/ is up to date")]
+    #[error("writing status of MemoryProfile {}: {}; {}", .0, .1, advice(.1, "memoryprofiles/status: patch"))]
     WriteStatus(String, #[source] kube::Error),
     /// Saving or deleting a remediation plan ConfigMap failed.
-    #[error("saving the plan of remediation {0} (ConfigMap memprof-remediation-{0}): {1}; check RBAC (configmaps: get, create, delete)")]
+    #[error("saving the plan of remediation {} (ConfigMap memprof-remediation-{}): {}; {}", .0, .0, .1, advice(.1, "configmaps: get, create, delete"))]
     SavePlan(String, #[source] kube::Error),
     /// A plan stored in a ConfigMap cannot be read back.
     #[error("the plan in ConfigMap memprof-remediation-{0} is unreadable: {1}; delete the ConfigMap and the Pending record to give up on it")]
     BadPlan(String, String),
     /// A step of a plan failed (retried with backoff; the plan stays pending).
-    #[error("remediation {id}: {step} failed: {source}; check RBAC (jobs: delete, create, patch; pods: deletecollection; configmaps: patch)")]
+    #[error("remediation {id}: {step} failed: {source}; {}", advice(.source, "jobs: delete, create, patch; pods: deletecollection; configmaps: patch"))]
     Step {
         /// Remediation id.
         id: String,
@@ -303,5 +305,34 @@ mod tests {
         ]);
         assert!(!cli.remediation.enabled);
         assert_eq!(cli.remediation.plan_namespace("ml"), "memprof-system");
+    }
+
+    #[test]
+    fn a_failed_step_points_at_rbac_only_when_the_api_server_refused_permission() {
+        let api = |code: u16| {
+            let mut s = kube::core::Status::failure("x", "");
+            s.code = code;
+            kube::Error::Api(s.boxed())
+        };
+        let step = |code| {
+            Error::Step {
+                id: "r1".into(),
+                step: "deleting Job ml/train".into(),
+                source: api(code),
+            }
+            .to_string()
+        };
+        assert!(
+            step(403).contains("check RBAC (jobs: delete"),
+            "{}",
+            step(403)
+        );
+        assert!(!step(503).contains("RBAC"), "{}", step(503));
+        assert!(step(503).contains("overloaded or failing"), "{}", step(503));
+        let read = Error::Read {
+            what: "Job ml/train".into(),
+            source: api(504),
+        };
+        assert!(!read.to_string().contains("RBAC"), "{read}");
     }
 }
