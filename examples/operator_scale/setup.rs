@@ -191,6 +191,10 @@ pub fn rank_pod(ns: &str, name: &str, job_name: &str, job_uid: &str, key: &Key) 
         spec: Some(PodSpec {
             restart_policy: Some("Never".into()),
             containers: vec![trainer()],
+            // No pod runs (no kubelet): without this, a 1.20 API server
+            // refuses pods made in a fresh namespace until its service
+            // account's token exists ("No API token found").
+            automount_service_account_token: Some(false),
             ..Default::default()
         }),
         ..Default::default()
