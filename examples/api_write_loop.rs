@@ -25,7 +25,10 @@
 //!   cost of server-side apply from the cost of the bytes;
 //! - `status-apply-notop`, `status-apply-bare`: `status-apply` without
 //!   `topRanks`, and without `topRanks` and `conditions`, to tell what each
-//!   part of a status costs the API server.
+//!   part of a status costs the API server; `status-apply-top4`: 4 ranks in
+//!   `topRanks` instead of 8; `status-apply-slimtop`: 8 ranks without what
+//!   each rank's report already says (node, GPU UUID, growth, report time;
+//!   a UUID of `-` and a zero growth are still written, as the type wants).
 //!
 //! Prints writes/s and the round trip's p50/p99 per variant, the API
 //! server's CPU over the variant's windows and the load average. Deletes
@@ -80,9 +83,11 @@ enum Variant {
     StatusMergeWhole,
     StatusApplyNoTop,
     StatusApplyBare,
+    StatusApplyTop4,
+    StatusApplySlimTop,
 }
 
-const VARIANTS: [Variant; 11] = [
+const VARIANTS: [Variant; 13] = [
     Variant::ReportApply,
     Variant::ReportApplyObjects,
     Variant::ReportApplyBare,
@@ -94,6 +99,8 @@ const VARIANTS: [Variant; 11] = [
     Variant::StatusMergeWhole,
     Variant::StatusApplyNoTop,
     Variant::StatusApplyBare,
+    Variant::StatusApplyTop4,
+    Variant::StatusApplySlimTop,
 ];
 
 impl Variant {
@@ -110,6 +117,8 @@ impl Variant {
             Variant::StatusMergeWhole => "status-merge-whole",
             Variant::StatusApplyNoTop => "status-apply-notop",
             Variant::StatusApplyBare => "status-apply-bare",
+            Variant::StatusApplyTop4 => "status-apply-top4",
+            Variant::StatusApplySlimTop => "status-apply-slimtop",
         }
     }
 }
@@ -321,14 +330,12 @@ async fn write(
     let (old, new) = (status(step - 1), status(step));
     let meta = serde_json::json!({ "name": name(i), "resourceVersion": rv });
     let (body, written) = match variant {
-        Variant::StatusApply | Variant::StatusApplyNoTop | Variant::StatusApplyBare => {
-            let mut new = new;
-            if variant != Variant::StatusApply {
-                new.top_ranks.clear();
-            }
-            if variant == Variant::StatusApplyBare {
-                new.conditions.clear();
-            }
+        Variant::StatusApply
+        | Variant::StatusApplyNoTop
+        | Variant::StatusApplyBare
+        | Variant::StatusApplyTop4
+        | Variant::StatusApplySlimTop => {
+            let new = trimmed(new, variant);
             let body = serde_json::json!({
                 "apiVersion": MemoryProfile::api_version(&()),
                 "kind": MemoryProfile::kind(&()),
@@ -394,6 +401,30 @@ const GIB: u64 = 1 << 30;
 
 /// A 16-rank Job's status as the roll-up writes it, at write `step`: the
 /// top rank's peak and the report time move, as in `operator_scale`.
+/// `status` as a `status-apply*` variant writes it.
+fn trimmed(mut st: MemoryProfileStatus, variant: Variant) -> MemoryProfileStatus {
+    match variant {
+        Variant::StatusApplyNoTop => st.top_ranks.clear(),
+        Variant::StatusApplyBare => {
+            st.top_ranks.clear();
+            st.conditions.clear();
+        }
+        Variant::StatusApplyTop4 => st.top_ranks.truncate(4),
+        Variant::StatusApplySlimTop => {
+            // What a rank's report already says: node, GPU, growth, time.
+            for r in &mut st.top_ranks {
+                r.location.node = None;
+                // Required; "" reads as null to a 1.20 API server.
+                r.location.gpu_uuid = "-".into();
+                r.growth_bytes_per_second = 0.0;
+                r.last_report_time = None;
+            }
+        }
+        _ => {}
+    }
+    st
+}
+
 fn status(step: u64) -> MemoryProfileStatus {
     // Under the CRD's bounds (percentages ≤ 100) whatever the step.
     let peak = 40 * GIB + (step % 1024) * (1 << 20);
