@@ -399,8 +399,6 @@ fn to_value(st: &MemoryProfileStatus) -> Value {
 
 const GIB: u64 = 1 << 30;
 
-/// A 16-rank Job's status as the roll-up writes it, at write `step`: the
-/// top rank's peak and the report time move, as in `operator_scale`.
 /// `status` as a `status-apply*` variant writes it.
 fn trimmed(mut st: MemoryProfileStatus, variant: Variant) -> MemoryProfileStatus {
     match variant {
@@ -425,6 +423,8 @@ fn trimmed(mut st: MemoryProfileStatus, variant: Variant) -> MemoryProfileStatus
     st
 }
 
+/// A 16-rank Job's status as the roll-up writes it, at write `step`: the
+/// top rank's peak and the report time move, as in `operator_scale`.
 fn status(step: u64) -> MemoryProfileStatus {
     // Under the CRD's bounds (percentages ≤ 100) whatever the step.
     let peak = 40 * GIB + (step % 1024) * (1 << 20);

@@ -1,7 +1,8 @@
-//! The parts of memprof's objects that have one writer are one field to the
-//! API server (`x-kubernetes-map-type: atomic`, `memprof_api::crds`), on a
-//! real API server: the owner's next write replaces the whole part, and
-//! server-side apply tracks it as one field (what makes a write cheaper,
+//! The parts of memprof's objects that have one writer (a report's spec, a
+//! profile's and a policy's status) are one field to the API server
+//! (`x-kubernetes-map-type: atomic`, `memprof_api::crds`), on a real API
+//! server: the owner's next write replaces the whole part, and server-side
+//! apply tracks it as one field (what makes a write cheaper,
 //! docs/benchmarks.md "Single-writer parts").
 
 mod common;
@@ -10,8 +11,9 @@ use common::{apply_report, at, cluster, gpu, report, TestNamespace};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::Resource;
 use memprof::api::{
-    MemoryProfile, MemoryProfileSpec, MemoryProfileStatus, MemoryReport, RankSummary, RiskLevel,
-    OPERATOR_MANAGER, SIDECAR_MANAGER,
+    MemoryProfile, MemoryProfileSpec, MemoryProfileStatus, MemoryReport, RankSummary,
+    RemediationPolicy, RemediationPolicyStatus, RiskLevel, OPERATOR_MANAGER, REMEDIATION_MANAGER,
+    SIDECAR_MANAGER,
 };
 
 #[tokio::test]
@@ -86,6 +88,58 @@ async fn a_profile_status_is_one_field_to_server_side_apply() {
     // One field, however many ranks and values the status holds: what the
     // API server tracks, stores and compares on every write.
     assert_eq!(part_of(&written, OPERATOR_MANAGER, "status"), Some(whole()));
+}
+
+#[tokio::test]
+async fn a_policy_status_is_one_field_to_server_side_apply() {
+    let Some(client) = cluster().await else {
+        return;
+    };
+    let ns = TestNamespace::create(&client).await;
+    let policies: Api<RemediationPolicy> = Api::namespaced(client.clone(), &ns.name);
+    let policy = serde_json::json!({
+        "apiVersion": RemediationPolicy::api_version(&()),
+        "kind": RemediationPolicy::kind(&()),
+        "metadata": { "name": "on-oom" },
+        "spec": {
+            "triggers": [{ "oomObserved": true }],
+            "actions": [{ "event": { "reason": "TrainerOom" } }],
+        },
+    });
+    policies
+        .patch(
+            "on-oom",
+            &PatchParams::apply("memprof-tests"),
+            &Patch::Apply(&policy),
+        )
+        .await
+        .unwrap();
+    // As `remediation/status.rs` writes it: the whole desired status.
+    let status = RemediationPolicyStatus {
+        matched_count: 2,
+        matched_jobs: vec!["train-a".into(), "train-b".into()],
+        action_count: 1,
+        ..Default::default()
+    };
+    let body = serde_json::json!({
+        "apiVersion": RemediationPolicy::api_version(&()),
+        "kind": RemediationPolicy::kind(&()),
+        "metadata": { "name": "on-oom" },
+        "status": status,
+    });
+    let written = policies
+        .patch_status(
+            "on-oom",
+            &PatchParams::apply(REMEDIATION_MANAGER).force(),
+            &Patch::Apply(&body),
+        )
+        .await
+        .unwrap();
+    assert_eq!(written.status.as_ref().map(|s| s.matched_count), Some(2));
+    assert_eq!(
+        part_of(&written, REMEDIATION_MANAGER, "status"),
+        Some(whole())
+    );
 }
 
 /// What `manager` owns of the top-level `part` of `obj`, as the API server

@@ -133,7 +133,7 @@ pub enum Error {
     #[error("CRD remediationpolicies.memprof.dev not installed: run `kubectl apply -f crds/`")]
     CrdMissing,
     /// The startup check could not talk to the API server.
-    #[error("cannot check that CRD remediationpolicies.memprof.dev is installed: {}; check KUBECONFIG, then: {}", .0, advice(.0, "remediationpolicies: list"))]
+    #[error("cannot check that CRD remediationpolicies.memprof.dev is installed: {}; {}", .0, advice(.0, "remediationpolicies: list"))]
     CrdCheck(#[source] kube::Error),
     /// A watch cache shut down while a reconcile waited for it.
     #[error("the watch cache of {0} shut down: the controller is stopping")]

@@ -16,7 +16,10 @@ pub fn advice(error: &kube::Error, rbac: &str) -> String {
         kube::Error::Api(s) if s.code == 429 || s.code >= 500 => {
             "the API server is overloaded or failing (its log, or etcd's, says why)".into()
         }
-        _ => "cannot reach the API server as expected".into(),
+        // No answer from the API server: a connection, TLS or credentials problem.
+        _ => "cannot reach the API server as expected: check that it is up and that KUBECONFIG \
+              (or the pod's service account) points at it"
+            .into(),
     }
 }
 
@@ -39,6 +42,11 @@ mod tests {
             assert!(a.contains("overloaded or failing"), "{code}: {a}");
         }
         assert!(advice(&api(422), "x").contains("crds/"));
+        // No HTTP answer at all: where the client points, not RBAC.
+        let refused =
+            kube::Error::ReadEvents(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        let a = advice(&refused, "x");
+        assert!(a.contains("KUBECONFIG") && !a.contains("RBAC"), "{a}");
         for code in [403, 422, 500] {
             let a = advice(&api(code), "x");
             assert!(
