@@ -26,10 +26,11 @@ mod advice;
 pub mod carried;
 pub mod fragment;
 pub mod pace;
+mod processes;
 mod state;
 
 pub use advice::{advice, fragmentation, Facts, FRAGMENTATION_HIGH, SPLIT_HIGH};
-pub use state::AgentState;
+pub use processes::{AgentState, GONE_SECONDS, MAX_PROCESSES};
 
 use super::{assess, least_squares_slope, theil_sen, Assessment, GpuSeries, Sample};
 use crate::hysteresis::{FlagGate, Hold};
@@ -393,11 +394,6 @@ impl AgentDevice {
             recent_retries,
             advice,
         }
-    }
-
-    /// Forgets the history (a new trainer process).
-    fn restart(&mut self, th: &AgentThresholds) {
-        *self = AgentDevice::new(self.index, th);
     }
 }
 

@@ -169,7 +169,7 @@ fn with_phases_a_leak_lifts_every_phase_and_longer_sequences_only_one() {
     }
     assert_eq!(leak.assess()[0].growth, MemoryGrowth::Leak);
     assert_ne!(seq.assess()[0].growth, MemoryGrowth::Leak);
-    let stats = seq.stats(&seq.assess()).unwrap();
+    let stats = seq.stats().unwrap();
     assert_eq!(stats.phase_peaks[0].phase, "forward");
     assert_eq!(stats.phase_peaks.len(), 3);
     assert!(stats.phase_peaks[0].allocated_bytes > stats.phase_peaks[2].allocated_bytes);
@@ -213,10 +213,7 @@ fn fragmentation_advice_needs_fragmented_memory_and_climbing_retries() {
     );
     assert!(advice.contains("max_split_size_mb"), "{advice}");
     assert_eq!(a.fragmentation, Some(0.4));
-    assert_eq!(
-        s.stats(&all[all.len() - 1..]).unwrap().advice.as_deref(),
-        Some(advice)
-    );
+    assert_eq!(s.stats().unwrap().advice.as_deref(), Some(advice));
     // Fragmented but no retry for a minute: cache that is never missed costs nothing.
     let (_, all) = run(120, |t| frag((t as u64).min(30) / 10));
     assert_eq!(all.last().unwrap().advice, None);
@@ -284,7 +281,7 @@ fn the_oom_snapshot_and_events_are_bounded_in_the_report() {
         ],
     });
     s.observe(&p);
-    let stats = s.stats(&s.assess()).unwrap();
+    let stats = s.stats().unwrap();
     let oom = stats.oom.as_ref().unwrap();
     assert_eq!((oom.blocks.len(), oom.blocks[0].frames.len()), (8, 4));
     assert!(oom.blocks[0].frames[0].starts_with("train.py:42 leakleak"));
@@ -310,7 +307,7 @@ fn no_device_numbers_means_no_stats() {
         step: Some(1),
         ..Default::default()
     });
-    assert!(s.stats(&s.assess()).is_none());
+    assert!(s.stats().is_none());
     assert_eq!(s.last_push(), Some(T0));
 }
 
@@ -400,3 +397,6 @@ fn noisy_steady_training_is_never_a_leak() {
 
 #[path = "allocator_verdict_tests.rs"]
 mod verdict;
+
+#[path = "allocator_process_tests.rs"]
+mod processes;

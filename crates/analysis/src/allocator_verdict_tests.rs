@@ -59,7 +59,7 @@ fn the_verdict_kept_for_an_oom_is_the_one_from_before_it() {
         advice.starts_with("leak:") && !advice.contains("expandable"),
         "{advice}"
     );
-    let stats = s.stats(&[a]).unwrap();
+    let stats = s.stats().unwrap();
     assert!(stats.verdict_before_oom.is_some());
     assert_eq!(stats.num_ooms, 1, "an OOM push counts");
     assert!(
@@ -73,7 +73,7 @@ fn the_verdict_kept_for_an_oom_is_the_one_from_before_it() {
     s.observe(&restarted);
     let a = s.assess().remove(0);
     assert_ne!(a.growth, MemoryGrowth::Leak);
-    assert!(s.stats(&[a]).unwrap().verdict_before_oom.is_none());
+    assert!(s.stats().unwrap().verdict_before_oom.is_none());
 }
 
 /// The ceiling: reserved memory grows by segments, and the OOM comes when
@@ -144,7 +144,7 @@ fn fragmentation_advice_names_the_size_pattern() {
         "{advice}"
     );
     assert!(advice.contains("max_split_size_mb:1025"), "{advice}");
-    let stats = s.stats(&[a]).unwrap();
+    let stats = s.stats().unwrap();
     assert!(stats
         .allocation_sizes
         .unwrap()
@@ -171,7 +171,7 @@ fn host_memory_is_analysed_from_the_pushes() {
         });
         s.observe(&p);
     }
-    let h = s.stats(&s.assess()).unwrap().host.unwrap();
+    let h = s.stats().unwrap().host.unwrap();
     assert!(h.leak_suspected, "{h:?}");
     assert!(
         (h.growth_bytes_per_second.unwrap() - 2e6).abs() < 0.2e6,
@@ -183,7 +183,7 @@ fn host_memory_is_analysed_from_the_pushes() {
     let mut p = push(0.0, None, None, training(0.0));
     p.rss_bytes = Some(5_000_000_000);
     s.observe(&p);
-    let h = s.stats(&s.assess()).unwrap().host.unwrap();
+    let h = s.stats().unwrap().host.unwrap();
     assert_eq!(h.rss_bytes, Some(5_000_000_000));
 }
 

@@ -71,11 +71,6 @@ impl HostState {
         self.last = Some(h.clone());
     }
 
-    /// Forgets the history (a new trainer process).
-    pub fn restart(&mut self) {
-        *self = HostState::new(&self.th);
-    }
-
     fn growth(&self, s: &GpuSeries) -> Option<Growth> {
         let th = &self.th;
         let (_, lower) = s.envelopes(th.fit_window_seconds);

@@ -279,7 +279,7 @@ impl Monitor {
                 source,
             },
             gpus,
-            allocator: self.agent.stats(&self.agent_assessments),
+            allocator: self.agent.stats(),
             breakdown: self.breakdowns.report(),
             conditions,
             // The loop's own: its heartbeat and the trainers' acknowledgements.

@@ -9,8 +9,9 @@
 //! the numbers from before the unwinding (its `preOom`, which the agent
 //! also puts in its `devices`), the assessment is frozen there, and later
 //! pushes of the same process (the final one at exit) change counters,
-//! events and host memory, never the verdict. A push from another process
-//! (a restart) starts a fresh history.
+//! events and host memory, never the verdict. Pushes of other processes
+//! (torchrun's other ranks, a restart) are other histories
+//! (`processes.rs`).
 
 use super::{
     push_point, recent_rate, AgentDevice, AgentThresholds, AllocatorAssessment, MAX_REPORT_BLOCKS,
@@ -25,10 +26,10 @@ use memprof_api::{
 };
 use std::collections::VecDeque;
 
-/// The agent's view of the whole trainer process: its devices and the
+/// The agent's view of one trainer process: its devices and the
 /// process-wide markers (steps, events, the newest OOM).
 #[derive(Clone, Debug)]
-pub struct AgentState {
+pub(super) struct Process {
     thresholds: AgentThresholds,
     devices: Vec<AgentDevice>,
     steps: VecDeque<(f64, u64)>,
@@ -38,8 +39,6 @@ pub struct AgentState {
     phase: Option<String>,
     rss: Option<u64>,
     last_push: Option<f64>,
-    /// The trainer process the history is of.
-    pid: Option<u32>,
     /// The verdict kept at the newest OOM of this process.
     frozen: Option<Frozen>,
     /// OOM pushes seen, and the highest `numOoms` counter pushed.
@@ -60,10 +59,10 @@ struct Frozen {
     assessments: Vec<AllocatorAssessment>,
 }
 
-impl AgentState {
+impl Process {
     /// No pushes yet.
-    pub fn new(th: &Thresholds) -> Self {
-        AgentState {
+    pub(super) fn new(th: &Thresholds) -> Self {
+        Process {
             thresholds: AgentThresholds::from(th),
             devices: Vec::new(),
             steps: VecDeque::new(),
@@ -73,7 +72,6 @@ impl AgentState {
             phase: None,
             rss: None,
             last_push: None,
-            pid: None,
             frozen: None,
             ooms: (0, 0),
             sizes: None,
@@ -83,27 +81,8 @@ impl AgentState {
         }
     }
 
-    /// A push of another process than the history's: its history starts again.
-    fn new_process(&mut self, pid: u32) -> bool {
-        let other = pid != 0 && self.pid.is_some_and(|known| known != pid);
-        if pid != 0 {
-            self.pid = Some(pid);
-        }
-        other
-    }
-
-    /// Takes one (validated) push.
-    pub fn observe(&mut self, p: &Push) {
-        if self.new_process(p.pid) {
-            self.frozen = None;
-            self.steps.clear();
-            let th = self.thresholds.clone();
-            self.devices.iter_mut().for_each(|d| d.restart(&th));
-            self.host.restart();
-            self.sizes = None;
-            self.gradients = None;
-            self.tracking = None;
-        }
+    /// Takes one (validated) push of this process.
+    pub(super) fn observe(&mut self, p: &Push) {
         self.last_push = Some(p.time);
         self.rss = p
             .host
@@ -204,18 +183,23 @@ impl AgentState {
         }
     }
 
+    /// OOMs of this process: its OOM pushes, or its allocator's counter if higher.
+    pub(super) fn ooms(&self) -> u64 {
+        self.ooms.1.max(self.ooms.0)
+    }
+
     /// When the verdict was frozen at an OOM (the agent's clock), if it was.
-    pub fn frozen_at(&self) -> Option<f64> {
+    pub(super) fn frozen_at(&self) -> Option<f64> {
         self.frozen.as_ref().map(|f| f.at)
     }
 
     /// Time of the newest push (the agent's clock), if any.
-    pub fn last_push(&self) -> Option<f64> {
+    pub(super) fn last_push(&self) -> Option<f64> {
         self.last_push
     }
 
     /// The devices seen, in the order first seen.
-    pub fn devices(&self) -> &[AgentDevice] {
+    pub(super) fn devices(&self) -> &[AgentDevice] {
         &self.devices
     }
 
@@ -229,7 +213,7 @@ impl AgentState {
 
     /// Assesses every device, in the order of [`AgentState::devices`]
     /// (after an OOM: as they were just before it).
-    pub fn assess(&self) -> Vec<AllocatorAssessment> {
+    pub(super) fn assess(&self) -> Vec<AllocatorAssessment> {
         if let Some(f) = &self.frozen {
             return f.assessments.clone();
         }
@@ -240,13 +224,13 @@ impl AgentState {
     }
 
     /// Training steps per second within the last minute.
-    pub fn steps_per_second(&self) -> Option<f64> {
+    pub(super) fn steps_per_second(&self) -> Option<f64> {
         recent_rate(&self.steps)
     }
 
     /// The report's allocator section: the device with the most allocated
     /// memory, with its assessment.
-    pub fn stats(&self, assessments: &[AllocatorAssessment]) -> Option<AllocatorStats> {
+    pub(super) fn stats(&self, assessments: &[AllocatorAssessment]) -> Option<AllocatorStats> {
         let (dev, a) = self
             .devices
             .iter()

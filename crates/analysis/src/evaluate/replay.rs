@@ -81,7 +81,7 @@ pub fn replay(rec: &Recording, th: &Thresholds, mode: Mode) -> Replay {
         }
         readings.push(reading(t, &mut tr));
     }
-    let allocator = tr.agent().stats(tr.agent_assessments());
+    let allocator = tr.agent().stats();
     Replay {
         readings,
         allocator,
