@@ -137,12 +137,23 @@ async fn main() {
 /// (after a warm-up).
 fn pure_path(body: &[u8], config: &InjectionConfig) -> Vec<Duration> {
     for _ in 0..1_000 {
-        std::hint::black_box(serde_json::to_vec(&admit_review(body, config)).unwrap());
+        std::hint::black_box(
+            serde_json::to_vec(&admit_review(
+                body,
+                config,
+                memprof::webhook::Caller::ApiServer,
+            ))
+            .unwrap(),
+        );
     }
     (0..20_000)
         .map(|_| {
             let t = Instant::now();
-            let review = admit_review(std::hint::black_box(body), config);
+            let review = admit_review(
+                std::hint::black_box(body),
+                config,
+                memprof::webhook::Caller::ApiServer,
+            );
             std::hint::black_box(serde_json::to_vec(&review).unwrap());
             t.elapsed()
         })

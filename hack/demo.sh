@@ -82,13 +82,14 @@ log "starting memprof-operator (its webhook on 127.0.0.1:$port)"
     --admission-controller-identities memprof-admin \
     >"$workdir/operator.log" 2>&1 &
 pids+=($!)
-log "waiting for the webhook's certificate (the operator fills in the caBundle)"
+log "waiting for the webhook's certificate and secret path (the operator fills in both)"
 for _ in $(seq 60); do
     ca=$(kubectl get mutatingwebhookconfiguration "$NS" -o jsonpath='{.webhooks[2].clientConfig.caBundle}' 2>/dev/null || true)
-    [ -n "$ca" ] && break
+    url=$(kubectl get mutatingwebhookconfiguration "$NS" -o jsonpath='{.webhooks[2].clientConfig.url}' 2>/dev/null || true)
+    [ -n "$ca" ] && [[ "$url" == */mutate/* ]] && break
     sleep 1
 done
-[ -n "$ca" ] || { echo "the operator never served its webhook; its log:" >&2; tail -20 "$workdir/operator.log" >&2; exit 1; }
+[ -n "$ca" ] && [[ "$url" == */mutate/* ]] || { echo "the operator never served its webhook; its log:" >&2; tail -20 "$workdir/operator.log" >&2; exit 1; }
 sleep 2
 
 log "creating the annotated $RANKS-rank Job $JOB"

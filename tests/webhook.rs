@@ -325,6 +325,96 @@ async fn reporter_rbac_is_applied_idempotently() {
 /// creates pods as: it runs with the admin's kubeconfig.
 const LOCAL_JOB_CONTROLLER: &str = "memprof-admin";
 
+/// Waits until every webhook of configuration `name` calls `url`.
+async fn wait_for_url(client: &Client, name: &str, url: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mwc = Api::<MutatingWebhookConfiguration>::all(client.clone())
+            .get(name)
+            .await
+            .unwrap();
+        let urls: Vec<_> = mwc
+            .webhooks
+            .iter()
+            .flatten()
+            .map(|w| w.client_config.url.clone())
+            .collect();
+        if urls.iter().all(|u| u.as_deref() == Some(url)) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "webhooks not moved to the secret path: {urls:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A review as anyone can write one: `user` creates pod `evil-0` for Job `job_uid`.
+fn forged_review(ns: &str, job_uid: &str, user: &str) -> serde_json::Value {
+    json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": { "uid": "forged", "operation": "CREATE", "name": "evil-0", "namespace": ns,
+            "kind": { "group": "", "version": "v1", "kind": "Pod" },
+            "userInfo": { "username": user },
+            "object": { "apiVersion": "v1", "kind": "Pod",
+                "metadata": { "name": "evil-0", "labels": { "memprof.dev/managed": "true" },
+                    "ownerReferences": [{ "apiVersion": "batch/v1", "kind": "Job", "name": "train",
+                        "uid": job_uid, "controller": true }] },
+                "spec": { "containers": [{ "name": "trainer", "image": "busybox" }] } } }
+    })
+}
+
+/// POSTs `review` to `url` (`https://127.0.0.1:PORT/PATH`) over TLS
+/// trusting `ca_pem`: the answer, with its patch decoded.
+async fn post_review(url: &str, ca_pem: &str, review: &serde_json::Value) -> String {
+    use base64::Engine as _;
+    use http_body_util::{BodyExt as _, Full};
+    let rest = url.strip_prefix("https://").unwrap();
+    let (authority, path) = rest.split_at(rest.find('/').unwrap());
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls::pki_types::pem::PemObject::pem_slice_iter(ca_pem.as_bytes()) {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let tls = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(authority).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    let stream = tokio_rustls::TlsConnector::from(std::sync::Arc::new(tls))
+        .connect(name, tcp)
+        .await
+        .unwrap();
+    let (mut send, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let req = hyper::Request::post(path)
+        .header("host", "127.0.0.1")
+        .header("content-type", "application/json")
+        .body(Full::new(bytes::Bytes::from(review.to_string())))
+        .unwrap();
+    let body = send
+        .send_request(req)
+        .await
+        .unwrap()
+        .into_body()
+        .collect()
+        .await
+        .unwrap();
+    let out: serde_json::Value = serde_json::from_slice(&body.to_bytes()).unwrap();
+    let patch = out["response"]["patch"].as_str().unwrap_or_default();
+    let patch = base64::engine::general_purpose::STANDARD
+        .decode(patch)
+        .unwrap();
+    format!("{out} {}", String::from_utf8_lossy(&patch))
+}
+
 #[tokio::test]
 async fn the_job_controllers_pods_are_named_and_marked_by_the_webhook_and_no_one_elses() {
     use memprof::api::admission::{
@@ -342,7 +432,17 @@ async fn the_job_controllers_pods_are_named_and_marked_by_the_webhook_and_no_one
             ..test_config(&client).await
         };
         let server = start_server_with(config).await;
-        register(&client, &ns, &server.url, &server.ca_pem).await;
+        // Registered as the chart does, on `/mutate`; the operator's path
+        // keeper moves every webhook to the key's secret path.
+        register(&client, &ns, &server.plain_url, &server.ca_pem).await;
+        let keeper = tokio::spawn(memprof::webhook::paths::keep_paths(
+            client.clone(),
+            ns.clone(),
+            Keys::of(ring.clone()),
+            std::future::pending(),
+        ));
+        wait_for_url(&client, &ns, &server.url).await;
+        keeper.abort();
         wait_until_active(&client, &ns).await;
         wait_for_default_token(&client, &ns).await;
 
@@ -415,6 +515,13 @@ async fn the_job_controllers_pods_are_named_and_marked_by_the_webhook_and_no_one
             .unwrap();
         let kept = admitted.metadata.annotations.unwrap_or_default();
         assert!(!kept.contains_key(ANNOTATION_ADMISSION), "{kept:?}");
+
+        // The same tenant, able to reach the webhook's port, sends it a
+        // review of its own claiming the Job controller: no mark comes back
+        // to plant (the API server's path is not one it knows).
+        let forged = forged_review(&ns, &job_uid, LOCAL_JOB_CONTROLLER);
+        let answer = post_review(&server.plain_url, &server.ca_pem, &forged).await;
+        assert!(!answer.contains(ANNOTATION_ADMISSION), "{answer}");
         server.stop().await;
     })
     .await;

@@ -40,7 +40,11 @@ pub async fn test_config(client: &Client) -> InjectionConfig {
 
 /// A running webhook server on 127.0.0.1 with its CA; dropping `stop` ends it.
 pub struct Server {
+    /// Where the API server is sent: the secret path of the config's key
+    /// (`memprof_webhook::paths`), or `/mutate` without a key.
     pub url: String,
+    /// `/mutate`: reviews there are injected, never marked.
+    pub plain_url: String,
     pub ca_pem: String,
     pub stop: oneshot::Sender<()>,
     pub done: tokio::task::JoinHandle<Result<(), webhook::ServerError>>,
@@ -61,6 +65,12 @@ pub async fn start_server(client: &Client) -> Server {
 
 /// The webhook with `config`.
 pub async fn start_server_with(config: InjectionConfig) -> Server {
+    let token = config
+        .marks
+        .keys
+        .ring()
+        .current()
+        .map(memprof::api::admission::path_token);
     let names = vec!["127.0.0.1".to_string()];
     let bundle = certs::generate(
         &names,
@@ -75,8 +85,13 @@ pub async fn start_server_with(config: InjectionConfig) -> Server {
     let done = tokio::spawn(webhook::serve(listener, tls, Arc::new(config), async {
         let _ = stopped.await;
     }));
+    let plain_url = format!("https://127.0.0.1:{port}/mutate");
     Server {
-        url: format!("https://127.0.0.1:{port}/mutate"),
+        url: match token {
+            Some(t) => format!("{plain_url}/{t}"),
+            None => plain_url.clone(),
+        },
+        plain_url,
         ca_pem: bundle.ca_pem,
         stop,
         done,

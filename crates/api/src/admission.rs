@@ -17,6 +17,14 @@
 //! the same name (the original deleted), it is older than that pod's
 //! `creationTimestamp` allows ([`MARK_LATE`]). Pure functions; the key's
 //! Secret is read and written by `memprof_webhook::keys`.
+//!
+//! `userInfo` is only the cluster's word when the API server sent the
+//! review: anyone who can reach the webhook's port can POST a review that
+//! claims the Job controller. So marks are issued only for reviews that
+//! arrive on the webhook's secret path, `/mutate/<`[`path_token`]`>`, a MAC
+//! of the current key that the operator writes into its
+//! MutatingWebhookConfiguration, which no tenant can read; a review on any
+//! other path gets its injection and no mark.
 
 use base64::Engine as _;
 use jiff::{SignedDuration, Timestamp};
@@ -200,6 +208,27 @@ pub fn sign(key: &Key, subject: &Subject<'_>, issued: Timestamp) -> String {
     format!("{VERSION}.{secs}.{mac}")
 }
 
+/// What a path token is a MAC of (never a mark's message, which starts with the version).
+const PATH_TOKEN_CONTEXT: &str = "memprof.dev/webhook-path";
+
+/// The secret path segment of `key`: the API server calls
+/// `/mutate/<token>`, and only reviews on that path are marked.
+pub fn path_token(key: &Key) -> String {
+    let tag = key.mac(PATH_TOKEN_CONTEXT);
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(tag.as_ref())
+}
+
+/// Whether `token` is the path token of a key of `ring` valid at `now`
+/// (the previous key's too, so a rotation does not stop marks while the
+/// configuration catches up). Checked as a MAC (constant time).
+pub fn path_token_verifies(ring: &KeyRing, token: &str, now: Timestamp) -> bool {
+    let Ok(tag) = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(token) else {
+        return false;
+    };
+    ring.valid(now)
+        .any(|k| k.verifies(PATH_TOKEN_CONTEXT, &tag))
+}
+
 /// Why a mark does not make its pod count.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum MarkError {
@@ -323,6 +352,42 @@ impl Keys {
     pub async fn loaded(&self) {
         let mut rx = self.0.subscribe();
         let _ = rx.wait_for(|r| r.current().is_some()).await;
+    }
+}
+
+#[cfg(test)]
+mod path_tests {
+    use super::*;
+
+    #[test]
+    fn only_the_path_token_of_a_valid_key_verifies() {
+        let now = Timestamp::from_second(1_800_000_000).unwrap();
+        let (old, new, other) = (Key::generate(), Key::generate(), Key::generate());
+        let ring = KeyRing::new(new.clone())
+            .with_previous(old.clone(), now + SignedDuration::from_hours(1));
+        assert!(path_token_verifies(&ring, &path_token(&new), now));
+        assert!(
+            path_token_verifies(&ring, &path_token(&old), now),
+            "the previous key, in its grace"
+        );
+        let later = now + SignedDuration::from_hours(2);
+        assert!(
+            !path_token_verifies(&ring, &path_token(&old), later),
+            "the previous key, past its grace"
+        );
+        assert!(!path_token_verifies(&ring, &path_token(&other), now));
+        assert!(!path_token_verifies(&ring, "", now));
+        assert!(!path_token_verifies(&ring, "not base64!", now));
+        assert!(!path_token_verifies(
+            &KeyRing::default(),
+            &path_token(&new),
+            now
+        ));
+        // URL-safe, and not a prefix of anything else the server routes.
+        assert!(path_token(&new)
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'));
+        assert_ne!(path_token(&new), path_token(&old));
     }
 }
 

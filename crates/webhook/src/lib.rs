@@ -23,11 +23,13 @@ pub mod keys;
 pub mod marks;
 pub mod mutate;
 mod options;
+pub mod paths;
 pub mod server;
 pub mod sidecar;
 
 pub use certs::{CertBundle, CertConfig, CertError};
 pub use config::{GpuAccess, InjectionConfig, MarkConfig, ServiceAccountTokenMode, SidecarMode};
+pub use marks::Caller;
 pub use mutate::{admit_review, injection_patch, Injection, MutateError, Target};
 pub use options::{run, CertMode, Error, WebhookOptions};
 pub use server::{serve, ServerError, TlsCert};

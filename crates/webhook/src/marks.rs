@@ -17,7 +17,7 @@ use crate::config::MarkConfig;
 use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, PatchOperation, RemoveOperation};
 use k8s_openapi::api::core::v1::Pod;
-use memprof_api::admission::{sign, Subject, ANNOTATION_ADMISSION};
+use memprof_api::admission::{path_token_verifies, sign, Subject, ANNOTATION_ADMISSION};
 use serde_json::{json, Value};
 
 /// The API server's name generator: its alphabet (no vowels, no look-alikes),
@@ -25,6 +25,32 @@ use serde_json::{json, Value};
 pub(crate) const NAME_ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
 const NAME_SUFFIX: usize = 5;
 const MAX_PREFIX: usize = 63 - NAME_SUFFIX;
+
+/// The API server's path: `/mutate/<path token>` (`paths.rs` writes it).
+pub const MUTATE_WITH_TOKEN: &str = "/mutate/";
+
+/// Who sent the review. `userInfo` is the cluster's word only when the API
+/// server sent it: anyone who reaches the webhook's port can POST a review
+/// claiming the Job controller. The API server is the caller that knows the
+/// secret path (`memprof_api::admission::path_token`), which the operator
+/// keeps in its MutatingWebhookConfiguration (`paths.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Caller {
+    /// The review came on `/mutate/<token>` with a token of a valid key.
+    ApiServer,
+    /// Any other path: injected as asked, never marked.
+    Unverified,
+}
+
+impl MarkConfig {
+    /// The caller of a review sent to `/mutate/<token>`.
+    pub fn caller(&self, token: &str) -> Caller {
+        match path_token_verifies(&self.keys.ring(), token, jiff::Timestamp::now()) {
+            true => Caller::ApiServer,
+            false => Caller::Unverified,
+        }
+    }
+}
 
 /// Who asks for the pod, from the AdmissionRequest.
 #[derive(Clone, Copy, Debug)]
@@ -35,6 +61,8 @@ pub struct Creation<'a> {
     pub username: Option<&'a str>,
     /// When the request is admitted.
     pub now: jiff::Timestamp,
+    /// Who sent the review: only the API server's word about `username` counts.
+    pub caller: Caller,
 }
 
 /// `generateName` plus a random suffix, as the API server makes names.
@@ -131,9 +159,10 @@ pub fn mark_pod(
 ) {
     let annotations = pod.metadata.annotations.as_ref();
     let planted = annotations.is_some_and(|a| a.contains_key(ANNOTATION_ADMISSION));
-    let by_controller = creation
-        .username
-        .is_some_and(|u| cfg.controllers.iter().any(|c| c == u));
+    let by_controller = creation.caller == Caller::ApiServer
+        && creation
+            .username
+            .is_some_and(|u| cfg.controllers.iter().any(|c| c == u));
     let job_uid = controller_job(pod).filter(|_| by_controller);
     let ring = cfg.keys.ring();
     let (Some(job_uid), Some(key)) = (job_uid, ring.current()) else {

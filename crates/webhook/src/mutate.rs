@@ -20,6 +20,7 @@
 //! `memprof.dev/termination-message-policy: keep` to opt out.
 
 use super::config::InjectionConfig;
+use super::marks::Caller;
 use super::sidecar::{self, Overrides, SidecarContext};
 use super::{
     ANNOTATION_INJECTED, ANNOTATION_INTERVAL, ANNOTATION_PORT, ANNOTATION_SIDECAR_IMAGE,
@@ -467,7 +468,11 @@ const REVIEW_API_VERSION: &str = "admission.k8s.io/v1";
 
 /// The patch and warnings for one request. Never fails: what cannot be read
 /// becomes a warning.
-fn decide(req: &WireRequest, cfg: &InjectionConfig) -> (Option<Patch>, Vec<String>) {
+fn decide(
+    req: &WireRequest,
+    cfg: &InjectionConfig,
+    caller: Caller,
+) -> (Option<Patch>, Vec<String>) {
     let Some(target) = Target::of(&req.kind) else {
         return (None, vec![]);
     };
@@ -481,7 +486,7 @@ fn decide(req: &WireRequest, cfg: &InjectionConfig) -> (Option<Patch>, Vec<Strin
         .and_then(|obj| {
             let injection = injection_patch(target, obj, cfg)?;
             match target {
-                Target::Pod => mark(obj, req, cfg, injection),
+                Target::Pod => mark(obj, req, cfg, caller, injection),
                 Target::Job => Ok(injection),
             }
         });
@@ -510,6 +515,7 @@ fn mark(
     obj: &Value,
     req: &WireRequest,
     cfg: &InjectionConfig,
+    caller: Caller,
     injection: Injection,
 ) -> Result<Injection, MutateError> {
     let pod = Pod::deserialize(obj).map_err(|source| MutateError::Decode {
@@ -525,6 +531,7 @@ fn mark(
         namespace: req.namespace.as_deref().unwrap_or_default(),
         username: req.user_info.username.as_deref(),
         now: jiff::Timestamp::now(),
+        caller,
     };
     super::marks::mark_pod(&pod, &creation, &cfg.marks, &mut ops, &mut warnings);
     Ok(Injection {
@@ -534,19 +541,19 @@ fn mark(
 }
 
 /// Answers a raw AdmissionReview body: the JSON `POST /mutate` returns.
-/// Always allows. A body that is not a review still gets an allowing answer
+/// Always allows. Marks only when `caller` is the API server (marks.rs). A body that is not a review still gets an allowing answer
 /// (with the request's uid when one can be found), so the object is admitted.
 ///
 /// `patch` is written as base64, as Go encodes `[]byte` (kube's
 /// `AdmissionResponse` writes a JSON array of numbers, 2-3x larger).
-pub fn admit_review(body: &[u8], cfg: &InjectionConfig) -> Value {
+pub fn admit_review(body: &[u8], cfg: &InjectionConfig, caller: Caller) -> Value {
     use base64::Engine as _;
     let (api_version, uid, patch, warnings) = match serde_json::from_slice::<WireReview>(body) {
         Ok(WireReview {
             api_version,
             request: Some(req),
         }) => {
-            let (patch, warnings) = decide(&req, cfg);
+            let (patch, warnings) = decide(&req, cfg, caller);
             (api_version, req.uid, patch, warnings)
         }
         parsed => {

@@ -40,8 +40,19 @@ fn job_pod(annotations: Value) -> Value {
     })
 }
 
-/// The pod after `user` created it through the webhook, and the warnings.
+/// The pod after `user` created it through the webhook, the review sent by
+/// the API server, and the warnings.
 fn admitted(pod: &Value, user: &str, cfg: &InjectionConfig) -> (Value, Vec<String>) {
+    admitted_from(Caller::ApiServer, pod, user, cfg)
+}
+
+/// As [`admitted`], the review sent by `caller`.
+fn admitted_from(
+    caller: Caller,
+    pod: &Value,
+    user: &str,
+    cfg: &InjectionConfig,
+) -> (Value, Vec<String>) {
     let body = serde_json::to_vec(&json!({
         "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
         "request": {
@@ -53,7 +64,7 @@ fn admitted(pod: &Value, user: &str, cfg: &InjectionConfig) -> (Value, Vec<Strin
         }
     }))
     .unwrap();
-    let response = admit_review(&body, cfg)["response"].clone();
+    let response = admit_review(&body, cfg, caller)["response"].clone();
     assert_eq!(response["allowed"], true);
     let mut out = pod.clone();
     if let Some(p) = response["patch"].as_str() {
@@ -106,6 +117,43 @@ fn the_job_controllers_pod_is_named_and_marked_for_itself() {
     let (out, _) = admitted(&named, JOB_CONTROLLER, &cfg(&key));
     assert_eq!(out["metadata"]["name"], "train-fixed");
     assert!(mark_of(&out).unwrap().starts_with("v1."));
+}
+
+/// Anyone who reaches the webhook's port can POST a review that claims the
+/// Job controller created a pod of their naming for a victim Job: off the
+/// API server's secret path, that review gets no mark (and a planted mark
+/// is removed), so the mark it answers cannot be put on a pod.
+#[test]
+fn a_review_claiming_the_job_controller_off_the_api_servers_path_is_not_marked() {
+    let key = Key::generate();
+    let c = cfg(&key);
+    let (out, _) = admitted_from(
+        Caller::Unverified,
+        &job_pod(Value::Null),
+        JOB_CONTROLLER,
+        &c,
+    );
+    assert_eq!(mark_of(&out), None);
+    let planted = json!({"memprof.dev/admission": "v1.1800000000.AAAA"});
+    let (out, warnings) = admitted_from(Caller::Unverified, &job_pod(planted), JOB_CONTROLLER, &c);
+    assert_eq!(mark_of(&out), None);
+    assert!(
+        warnings.iter().any(|w| w.contains("removed")),
+        "{warnings:?}"
+    );
+    // The token decides the caller: the current key's, and nothing else.
+    let token = memprof_api::admission::path_token(&key);
+    assert_eq!(c.marks.caller(&token), Caller::ApiServer);
+    assert_eq!(c.marks.caller(""), Caller::Unverified);
+    assert_eq!(
+        c.marks
+            .caller(&memprof_api::admission::path_token(&Key::generate())),
+        Caller::Unverified
+    );
+    assert_eq!(
+        cfg(&Key::generate()).marks.caller(&token),
+        Caller::Unverified
+    );
 }
 
 #[test]

@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::config::{GpuAccess, ServiceAccountTokenMode};
+use crate::marks::Caller;
 use crate::sidecar::{POD_RESOURCES_PATH, SOCKET_VOLUME, TOKEN_VOLUME};
 
 fn cfg() -> InjectionConfig {
@@ -651,6 +652,7 @@ fn admission_review_round_trip() {
     let out = response(&admit_review(
         &review(("batch", "Job"), "CREATE", job()),
         &cfg(),
+        Caller::ApiServer,
     ));
     assert_eq!(out["uid"], "0c9a8d74-9cb7-44dd-b98e-09fd62def2f4");
     assert_eq!(out["allowed"], true);
@@ -671,7 +673,7 @@ fn admission_ignores_other_operations_and_kinds() {
         review(("batch", "Job"), "UPDATE", job()),
         review(("apps", "Deployment"), "CREATE", job()),
     ] {
-        let out = response(&admit_review(&body, &cfg()));
+        let out = response(&admit_review(&body, &cfg(), Caller::ApiServer));
         assert_eq!(out["allowed"], true);
         assert!(out.get("patch").is_none(), "{out}");
     }
@@ -684,6 +686,7 @@ fn malformed_requests_are_allowed_with_a_warning() {
     let out = response(&admit_review(
         &review(("batch", "Job"), "CREATE", j),
         &cfg(),
+        Caller::ApiServer,
     ));
     assert_eq!(out["allowed"], true);
     assert!(out.get("patch").is_none());
@@ -697,7 +700,7 @@ fn malformed_requests_are_allowed_with_a_warning() {
 
     let body =
         br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u-1"}}"#;
-    let out = response(&admit_review(body, &cfg()));
+    let out = response(&admit_review(body, &cfg(), Caller::ApiServer));
     assert_eq!(out["allowed"], true);
     assert_eq!(out["uid"], "u-1");
     assert!(
@@ -705,7 +708,7 @@ fn malformed_requests_are_allowed_with_a_warning() {
         "{out}"
     );
 
-    let out = response(&admit_review(b"garbage", &cfg()));
+    let out = response(&admit_review(b"garbage", &cfg(), Caller::ApiServer));
     assert_eq!(out["allowed"], true);
 }
 

@@ -449,7 +449,7 @@ pub async fn run(
         () = &mut shutdown => return Ok(()),
     };
     let mut config = opts.injection_config(native);
-    config.marks.keys = keys;
+    config.marks.keys = keys.clone();
     let config = Arc::new(config);
     tracing::info!(native_sidecar = native, gpu_access = config.gpu_access.as_str(), image = %config.image, "injection configured");
 
@@ -459,10 +459,17 @@ pub async fn run(
     };
     let tls = TlsCert::from_pem(&cert, &key)?;
 
+    let paths = non_empty(&opts.config_name).map(|name| {
+        let keep = super::paths::keep_paths(client.clone(), name, keys, std::future::pending());
+        tokio::spawn(keep)
+    });
     let refresher = tokio::spawn(refresh_cert(tls.clone(), client, opts, (cert, key)));
     let limits = super::server::ServerLimits::default();
     let served = super::server::serve_with(listener, tls, config, limits, metrics, shutdown).await;
     refresher.abort();
+    if let Some(p) = paths {
+        p.abort();
+    }
     Ok(served?)
 }
 

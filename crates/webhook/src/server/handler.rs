@@ -3,6 +3,7 @@
 
 use super::limits::{ServerLimits, ServerMetrics};
 use crate::config::InjectionConfig;
+use crate::marks::{Caller, MUTATE_WITH_TOKEN};
 use crate::mutate::admit_review;
 use bytes::{Bytes, BytesMut};
 use http_body_util::{BodyExt, Full};
@@ -165,8 +166,18 @@ where
     B: Body<Data = Bytes>,
     B::Error: std::fmt::Display,
 {
-    match (req.method(), req.uri().path()) {
-        (&Method::POST, "/mutate") => mutate(req.into_body(), shared).await,
+    // The path is never logged: its token is what tells the API server's
+    // reviews from anyone else's (marks.rs).
+    let path = req.uri().path();
+    if let Some(token) = path.strip_prefix(MUTATE_WITH_TOKEN) {
+        let caller = shared.config.marks.caller(token);
+        return match req.method() {
+            &Method::POST => mutate(req.into_body(), shared, caller).await,
+            _ => text(StatusCode::METHOD_NOT_ALLOWED, ""),
+        };
+    }
+    match (req.method(), path) {
+        (&Method::POST, "/mutate") => mutate(req.into_body(), shared, Caller::Unverified).await,
         (&Method::GET, "/healthz") => text(StatusCode::OK, "ok"),
         (_, "/mutate" | "/healthz") => text(StatusCode::METHOD_NOT_ALLOWED, ""),
         _ => text(StatusCode::NOT_FOUND, ""),
@@ -174,7 +185,7 @@ where
 }
 
 /// read → admit → encode.
-async fn mutate<B>(body: B, shared: &Shared) -> Reply
+async fn mutate<B>(body: B, shared: &Shared, caller: Caller) -> Reply
 where
     B: Body<Data = Bytes>,
     B::Error: std::fmt::Display,
@@ -202,7 +213,7 @@ where
             true => Some(shared.large_reviews.acquire().await),
             false => None,
         };
-        admit_review(&body.bytes, &shared.config)
+        admit_review(&body.bytes, &shared.config, caller)
     };
     drop(body);
     let json = serde_json::to_vec(&review).expect("a JSON value always serialises");

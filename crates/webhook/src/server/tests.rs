@@ -152,6 +152,10 @@ struct TestServer {
 }
 
 async fn start(limits: ServerLimits) -> TestServer {
+    start_with(limits, InjectionConfig::default()).await
+}
+
+async fn start_with(limits: ServerLimits, config: InjectionConfig) -> TestServer {
     let now = jiff::Timestamp::now();
     let bundle = certs::generate(&names(), now, jiff::SignedDuration::from_hours(1)).unwrap();
     let tls = TlsCert::from_pem(bundle.cert_pem.as_bytes(), bundle.key_pem.as_bytes()).unwrap();
@@ -162,7 +166,7 @@ async fn start(limits: ServerLimits) -> TestServer {
     let task = tokio::spawn(serve_with(
         listener,
         tls,
-        Arc::new(InjectionConfig::default()),
+        Arc::new(config),
         limits,
         metrics.clone(),
         async {
@@ -508,5 +512,69 @@ async fn h2_client_is_served_admission() {
     let out: serde_json::Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(out["response"]["uid"], "u-2");
     assert!(out["response"]["patch"].is_string(), "{out}");
+    server.stop().await;
+}
+
+/// A review anyone who reaches the port can send: the Job controller named
+/// as the creator of a pod for a victim Job. Only on the API server's
+/// secret path does it come back with a mark.
+#[tokio::test]
+async fn only_reviews_on_the_secret_path_are_marked() {
+    use memprof_api::admission::{path_token, Key, KeyRing, Keys, ANNOTATION_ADMISSION};
+    let key = Key::generate();
+    let config = InjectionConfig {
+        marks: crate::config::MarkConfig {
+            keys: Keys::of(KeyRing::new(key.clone())),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let server = start_with(ServerLimits::default(), config).await;
+    let review = serde_json::json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": { "uid": "u-3", "operation": "CREATE", "name": "evil-0", "namespace": "ml",
+            "kind": { "group": "", "version": "v1", "kind": "Pod" },
+            "userInfo": { "username": "system:serviceaccount:kube-system:job-controller" },
+            "object": { "apiVersion": "v1", "kind": "Pod",
+                "metadata": { "name": "evil-0", "ownerReferences": [{ "apiVersion": "batch/v1",
+                    "kind": "Job", "name": "victim", "uid": "victim-uid", "controller": true }] },
+                "spec": { "containers": [{ "name": "c", "image": "x" }] } } }
+    });
+    let marked = |path: String| {
+        let review = review.to_string();
+        let (addr, ca) = (server.addr, server.ca_pem.clone());
+        async move {
+            let req = hyper::Request::post(path)
+                .header("host", "127.0.0.1")
+                .body(Full::new(Bytes::from(review)))
+                .unwrap();
+            let (status, body) = request(addr, &ca, req).await.unwrap();
+            assert_eq!(status, 200);
+            let out: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            let patch = out["response"]["patch"].as_str().unwrap_or_default();
+            use base64::Engine as _;
+            let patch = base64::engine::general_purpose::STANDARD
+                .decode(patch)
+                .unwrap();
+            let patch = String::from_utf8(patch).unwrap();
+            // Added as a key of a new annotation map, or under an existing one.
+            patch.contains(ANNOTATION_ADMISSION)
+                || patch.contains(&ANNOTATION_ADMISSION.replace('/', "~1"))
+        }
+    };
+    assert!(
+        !marked("/mutate".into()).await,
+        "the plain path marks nothing"
+    );
+    let forged = path_token(&Key::generate());
+    assert!(
+        !marked(format!("/mutate/{forged}")).await,
+        "nor does a guessed token"
+    );
+    assert!(!marked("/mutate/".into()).await);
+    assert!(
+        marked(format!("/mutate/{}", path_token(&key))).await,
+        "the API server's path marks"
+    );
     server.stop().await;
 }
