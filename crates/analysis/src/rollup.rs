@@ -68,9 +68,18 @@ pub fn validate_report(spec: &MemoryReportSpec) -> Result<(), String> {
     Ok(())
 }
 
+/// A GPU's time to OOM as the roll-up counts it: at medium risk or above.
+/// Below, it is a trend too young or too irregular to trust (the sidecar's
+/// own summary does not show it), and `timeToOomSeconds`, which a policy's
+/// `timeToOomBelowSeconds` acts on, must not carry it.
+pub fn counted_tto(g: &GpuReport) -> Option<f64> {
+    g.time_to_oom_seconds
+        .filter(|_| g.risk >= RiskLevel::Medium)
+}
+
 /// Orders GPUs from closest to OOM to farthest: risk, then time to OOM, then fullness.
 fn severity(a: &GpuReport, b: &GpuReport) -> Ordering {
-    let tto = |g: &GpuReport| g.time_to_oom_seconds.unwrap_or(f64::INFINITY);
+    let tto = |g: &GpuReport| counted_tto(g).unwrap_or(f64::INFINITY);
     let frac = |g: &GpuReport| g.peak_bytes as f64 / g.total_bytes.max(1) as f64;
     b.risk
         .cmp(&a.risk)
@@ -208,7 +217,7 @@ fn worst_ranks<'a>(
     }
     st.time_to_oom_seconds = worst_per_rank
         .iter()
-        .filter_map(|(_, g)| g.time_to_oom_seconds)
+        .filter_map(|(_, g)| counted_tto(g))
         .min_by(|a, b| a.total_cmp(b));
     // A time to OOM is shown only when it matters: at medium risk or above.
     if st.risk >= RiskLevel::Medium {
@@ -222,7 +231,7 @@ fn worst_ranks<'a>(
             risk: g.risk,
             peak_bytes: g.peak_bytes,
             total_bytes: g.total_bytes,
-            time_to_oom_seconds: g.time_to_oom_seconds,
+            time_to_oom_seconds: counted_tto(g),
             growth_bytes_per_second: g.growth_bytes_per_second,
             last_report_time: Some(spec.sampled_at.clone()),
             stale: false,
@@ -259,6 +268,41 @@ mod tests {
             }],
             ..Default::default()
         }
+    }
+
+    /// Two regular rises 5 s apart give a time to OOM of ~30 s at low risk
+    /// (a pace watched too briefly to trust: the sidecar's summary hides it).
+    /// It is not the Job's `timeToOomSeconds`, which `timeToOomBelowSeconds`
+    /// policies act on; at medium risk it is, in both roll-ups.
+    #[test]
+    fn a_time_to_oom_below_medium_risk_is_not_counted() {
+        let low = [
+            report(0, 70, RiskLevel::Low, Some(30.0)),
+            report(1, 40, RiskLevel::None, None),
+        ];
+        let inputs: Vec<_> = low.iter().map(|spec| RollupInput { spec }).collect();
+        let st = rollup(&inputs, Some(2));
+        assert_eq!(
+            (st.time_to_oom_seconds, st.time_to_oom.as_deref()),
+            (None, None)
+        );
+        assert!(st.top_ranks.iter().all(|r| r.time_to_oom_seconds.is_none()));
+        let mut inc = JobRollup::new(Some(2), RollupLimits::default());
+        for (i, spec) in low.iter().enumerate() {
+            inc.upsert(&format!("r{i}"), spec);
+        }
+        let now: jiff::Timestamp = low[0].sampled_at.parse().unwrap();
+        assert_eq!(inc.status(now).time_to_oom_seconds, None);
+
+        let medium = [
+            report(0, 70, RiskLevel::Medium, Some(30.0)),
+            report(1, 40, RiskLevel::None, None),
+        ];
+        let inputs: Vec<_> = medium.iter().map(|spec| RollupInput { spec }).collect();
+        assert_eq!(rollup(&inputs, Some(2)).time_to_oom_seconds, Some(30.0));
+        inc.upsert("r0", &medium[0]);
+        let now: jiff::Timestamp = medium[0].sampled_at.parse().unwrap();
+        assert_eq!(inc.status(now).time_to_oom_seconds, Some(30.0));
     }
 
     #[test]

@@ -45,7 +45,7 @@ impl Gpu {
             used: g.used_bytes,
             peak: g.peak_bytes,
             risk: g.risk,
-            tto: g.time_to_oom_seconds,
+            tto: super::counted_tto(g),
             confidence: g.confidence,
             growth: g.growth_bytes_per_second,
             leak: g.leak_suspected,

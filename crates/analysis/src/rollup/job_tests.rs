@@ -223,7 +223,7 @@ fn from_scratch(r: &Reference, expected: Option<u32>, now: Timestamp) -> MemoryP
         let t: Timestamp = spec.sampled_at.parse().unwrap();
         let worst = spec.gpus.iter().min_by(|a, b| severity(a, b))?;
         let at_s = t.as_nanosecond() as f64 / 1e9;
-        Some((at_s + worst.time_to_oom_seconds? - now_s).max(0.0))
+        Some((at_s + counted_tto(worst)? - now_s).max(0.0))
     };
     st.time_to_oom_seconds = r
         .counted
