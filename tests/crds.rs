@@ -82,15 +82,17 @@ fn every_string_and_list_a_report_or_profile_carries_is_bounded() {
         let schema = serde_json::to_value(&crd.spec.versions[0].schema).unwrap();
         let mut unbounded = vec![];
         walk("", &schema["openAPIV3Schema"], &mut unbounded);
-        // A policy is written by the namespace's users about their own Jobs and
-        // never copied into a profile; its label selector is Kubernetes' own type.
-        unbounded.retain(|p| {
-            !(name.starts_with("remediationpolicies") && p.starts_with(".spec.selector"))
-        });
+        // A policy's selector too: any namespace editor writes policies and
+        // the operator caches them (its matchLabels map: maxProperties, below).
         assert!(
             unbounded.is_empty(),
             "{name}: unbounded fields: {unbounded:#?}"
         );
+        if name.starts_with("remediationpolicies") {
+            let labels = &schema["openAPIV3Schema"]["properties"]["spec"]["properties"]["selector"]
+                ["properties"]["matchLabels"];
+            assert!(labels["maxProperties"].is_u64(), "{labels}");
+        }
     }
 }
 
@@ -151,4 +153,38 @@ async fn the_served_openapi_lists_the_profile_status_fields() {
     ] {
         assert!(fields.iter().any(|x| x == f), "{f} in {fields:?}");
     }
+}
+
+/// The policy cache is bounded by the schema, selector included: the API
+/// server refuses a policy whose selector lists more labels than it allows.
+#[tokio::test]
+async fn the_api_server_refuses_a_policy_selector_over_its_bounds() {
+    let Some(client) = common::cluster().await else {
+        return;
+    };
+    let ns = common::TestNamespace::create(&client).await;
+    let policies: kube::Api<memprof::api::RemediationPolicy> =
+        kube::Api::namespaced(client.clone(), &ns.name);
+    let policy = |labels: usize| -> memprof::api::RemediationPolicy {
+        let match_labels: serde_json::Map<String, serde_json::Value> = (0..labels)
+            .map(|i| (format!("team.example/k{i}"), serde_json::json!("v")))
+            .collect();
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "memprof.dev/v1alpha1", "kind": "RemediationPolicy",
+            "metadata": {"name": format!("p{labels}")},
+            "spec": {"selector": {"matchLabels": match_labels},
+                     "triggers": [{"oomObserved": true}], "actions": [{"event": {"reason": "R"}}]},
+        }))
+        .unwrap()
+    };
+    let pp = kube::api::PostParams::default();
+    policies
+        .create(&pp, &policy(32))
+        .await
+        .expect("32 labels are allowed");
+    let refused = policies.create(&pp, &policy(33)).await.unwrap_err();
+    assert!(
+        matches!(&refused, kube::Error::Api(e) if e.code == 422),
+        "{refused}"
+    );
 }

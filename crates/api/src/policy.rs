@@ -51,6 +51,43 @@ fn default_minimum() -> u32 {
     1
 }
 
+/// Kubernetes' label selector, bounded: policies are written by any
+/// namespace editor and cached by the operator, so what it holds is bounded
+/// by this schema, not by what a tenant writes (32 labels, 16 expressions
+/// of 64 values; the API server's own limits on key and value lengths).
+fn bounded_selector(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "properties": {
+            "matchLabels": {
+                "description": "Labels a Job must carry, all of them.",
+                "type": "object",
+                "maxProperties": 32,
+                "additionalProperties": { "type": "string", "maxLength": 63 }
+            },
+            "matchExpressions": {
+                "description": "Requirements a Job's labels must meet, all of them.",
+                "type": "array",
+                "maxItems": 16,
+                "items": {
+                    "type": "object",
+                    "required": ["key", "operator"],
+                    "properties": {
+                        "key": { "description": "The label key.", "type": "string", "maxLength": 317 },
+                        "operator": { "description": "In, NotIn, Exists or DoesNotExist.", "type": "string", "maxLength": 16 },
+                        "values": {
+                            "description": "Values for In and NotIn.",
+                            "type": "array",
+                            "maxItems": 64,
+                            "items": { "type": "string", "maxLength": 63 }
+                        }
+                    }
+                }
+            }
+        }
+    })
+}
+
 /// When and how memprof remediates profiled Jobs that run out of GPU memory.
 #[derive(CustomResource, Clone, Debug, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[kube(
@@ -73,6 +110,7 @@ pub struct RemediationPolicySpec {
     /// Labels of the Jobs (not of their pods) this policy applies to. Empty
     /// matches every profiled Job of the namespace.
     #[serde(default)]
+    #[schemars(schema_with = "bounded_selector")]
     pub selector: LabelSelector,
     /// What fires the policy: any one trigger is enough. Each entry has exactly one key.
     #[schemars(length(min = 1, max = 8))]

@@ -112,13 +112,14 @@ impl Default for Options {
 impl Options {
     /// Whether the operator may act in `namespace` (see `--allowed-namespaces`).
     pub fn allows(&self, namespace: &str) -> bool {
-        let listed: Vec<&str> = self
+        // Per watch event: no allocation.
+        let mut listed = self
             .allowed_namespaces
             .iter()
             .map(|s| s.trim())
             .filter(|s| !s.is_empty())
-            .collect();
-        listed.is_empty() || listed.contains(&namespace)
+            .peekable();
+        listed.peek().is_none() || listed.any(|s| s == namespace)
     }
 
     /// Options for one namespace, defaults otherwise (what the tests use).

@@ -17,20 +17,21 @@ pub(super) async fn dispatch(ctx: Arc<Context>, mut changes: Changes, stop: Stop
                 None => return,
             },
         };
+        if !ctx.setup.options.allows(change.namespace()) {
+            // Namespaced install: nothing is kept for, or done in, the others.
+            continue;
+        }
         match change {
             Change::Job(key) => ctx.queue.add(key),
             Change::Report(key, name) => {
                 ctx.setup.metrics.reports_seen.inc();
-                ctx.with_state(&key, |s| s.pending.reports.insert(name));
+                ctx.with_state(&key, |s| s.pending.report(&name));
                 ctx.queue.add(key);
             }
             Change::Pod(key, name) => {
                 // Its report's screening depends on it (trust.rs), and its
                 // containers may show an OOM.
-                ctx.with_state(&key, |s| {
-                    s.pending.reports.insert(name.clone());
-                    s.pending.oom.insert(name);
-                });
+                ctx.with_state(&key, |s| s.pending.pod(&name));
                 ctx.queue.add(key);
             }
             Change::Profile(key, profile) => {

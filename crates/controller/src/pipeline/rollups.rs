@@ -42,16 +42,17 @@ pub(super) fn refresh(
 ) {
     let uid = job.uid().unwrap_or_default();
     let expected = expected_ranks(job);
-    let (kept, mut names, replaced) = ctx.with_state(key, |s| {
+    let (kept, mut names, all, replaced) = ctx.with_state(key, |s| {
         let names = std::mem::take(&mut s.pending.reports);
+        let all = std::mem::take(&mut s.pending.reports_all);
         let held = s.rollup.take();
         let replaced = held.as_ref().is_some_and(|t| t.job_uid != uid);
-        (held.filter(|t| t.job_uid == uid), names, replaced)
+        (held.filter(|t| t.job_uid == uid), names, all, replaced)
     });
     let fresh = kept.is_none();
     let held_before = kept.as_ref().map_or(0, Tracked::approx_bytes);
     let mut tracked = kept.unwrap_or_else(|| Tracked::new(&uid, expected));
-    let full = fresh || tracked.full_pass.elapsed() >= FULL_PASS;
+    let full = fresh || all || tracked.full_pass.elapsed() >= FULL_PASS;
     // A risk level held in the status carries over a restart of this
     // process, never over to another Job of the same name: a recreated
     // Job (another batch size) starts from its own reports.
@@ -76,8 +77,7 @@ pub(super) fn refresh(
     ctx.setup.metrics.rollup_bytes.inc_by(held);
     ctx.with_state(key, |s| {
         s.rollup = Some(tracked);
-        s.pending.oom_all |= full;
-        s.pending.oom.extend(names);
+        s.pending.oom_scan(names, full);
     });
 }
 

@@ -180,9 +180,15 @@ fn tail(s: String, max: usize) -> String {
     s[from..].to_string()
 }
 
-/// A policy, whole but for its managedFields (policies are few and small).
+/// A policy: its spec (bounded by the CRD's schema, selector included) and
+/// status. Any namespace editor writes policies, so neither their
+/// annotations nor their labels, which nothing reads, are kept.
 pub(super) fn policy(p: &mut RemediationPolicy) {
     p.managed_fields_mut().clear();
+    p.annotations_mut().clear();
+    p.labels_mut().clear();
+    p.metadata.finalizers = None;
+    p.metadata.owner_references = None;
 }
 
 #[cfg(test)]

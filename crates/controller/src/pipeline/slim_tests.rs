@@ -103,3 +103,21 @@ fn a_report_is_cached_without_its_timelines_in_either_form() {
         assert_eq!(g.peak_bytes, 1 << 30, "the rest is kept");
     }
 }
+
+#[test]
+fn a_hostile_policy_is_cached_in_a_bounded_size() {
+    let mut p: RemediationPolicy = serde_json::from_value(json!({
+        "metadata": {"name": "p", "namespace": "ml", "uid": "u",
+                     "labels": hostile_map("team.example/"),
+                     "annotations": hostile_map("note.example/")},
+        "spec": {"selector": {"matchLabels": {"team": "a"}},
+                 "triggers": [{"oomObserved": true}], "actions": [{"event": {"reason": "R"}}]},
+    }))
+    .unwrap();
+    assert!(size(&p) > 250_000);
+    let spec = p.spec.clone();
+    policy(&mut p);
+    assert!(size(&p) < 2 * 1024, "{} bytes kept", size(&p));
+    // What memprof reads survives: the whole spec.
+    assert_eq!(p.spec, spec);
+}

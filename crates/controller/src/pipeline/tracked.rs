@@ -18,14 +18,69 @@ use std::sync::Arc;
 use std::time::Instant;
 
 /// What changed for a Job since its last reconcile (noted by the dispatcher).
+///
+/// Bounded by [`MAX_PENDING`] names, whatever a tenant creates: past it, the
+/// names give way to "look at everything" (a full pass, O(the Job's
+/// reports), which the cache bounds), so a Job that no stage drains (not
+/// profiled, being deleted, remediation off) holds at most that many.
 #[derive(Debug, Default)]
 pub(super) struct Pending {
     /// Reports (by name) to screen again.
     pub reports: BTreeSet<String>,
+    /// Every report of the Job is to be screened again (a full pass).
+    pub reports_all: bool,
     /// Pods (by name) whose containers or report may show a new OOM.
     pub oom: BTreeSet<String>,
     /// Every pod of the Job is to be looked at for OOMs.
     pub oom_all: bool,
+}
+
+/// Names a Job's [`Pending`] holds per set before it gives way to a full pass.
+pub(super) const MAX_PENDING: usize = 1024;
+
+impl Pending {
+    /// Notes a report (or a pod, whose report's screening depends on it) to screen again.
+    pub fn report(&mut self, name: &str) {
+        if !self.reports_all && !note(&mut self.reports, name) {
+            self.reports_all = true;
+        }
+    }
+
+    /// Notes a pod whose containers may show an OOM.
+    pub fn pod(&mut self, name: &str) {
+        self.report(name);
+        if !self.oom_all && !note(&mut self.oom, name) {
+            self.oom_all = true;
+        }
+    }
+
+    /// Notes pods for the OOM scan (`all`: every pod of the Job).
+    pub fn oom_scan(&mut self, names: impl IntoIterator<Item = String>, all: bool) {
+        self.oom_all |= all;
+        if self.oom_all {
+            self.oom.clear();
+            return;
+        }
+        self.oom.extend(names);
+        if self.oom.len() > MAX_PENDING {
+            self.oom.clear();
+            self.oom_all = true;
+        }
+    }
+}
+
+/// Adds `name` to `set` unless that would pass [`MAX_PENDING`] (then clears
+/// it and answers false: the caller falls back to a full pass).
+fn note(set: &mut BTreeSet<String>, name: &str) -> bool {
+    if set.contains(name) {
+        return true;
+    }
+    if set.len() >= MAX_PENDING {
+        set.clear();
+        return false;
+    }
+    set.insert(name.to_string());
+    true
 }
 
 /// A Job's roll-up and the screening verdict of every report claiming it.
@@ -174,5 +229,32 @@ impl Tracked {
         let names: usize = self.known.iter().map(|n| n.len() + 48).sum();
         let why: usize = self.refused.values().map(|w| w.len() + 48).sum();
         self.rollup.approx_bytes() + names + why
+    }
+}
+
+#[cfg(test)]
+mod pending_tests {
+    use super::*;
+
+    /// A tenant creating and deleting pods with fresh names under a Job no
+    /// stage drains: what is held stays within the bound, and nothing is
+    /// lost (the next pass looks at everything).
+    #[test]
+    fn pending_names_are_bounded_and_overflow_into_a_full_pass() {
+        let mut p = Pending::default();
+        for i in 0..3 * MAX_PENDING {
+            p.pod(&format!("pod-{i:0>240}"));
+            assert!(p.reports.len() <= MAX_PENDING && p.oom.len() <= MAX_PENDING);
+        }
+        assert!(p.reports_all && p.oom_all);
+        let mut few = Pending::default();
+        few.report("a");
+        few.report("a");
+        few.pod("b");
+        assert_eq!(few.reports.len(), 2);
+        assert_eq!(few.oom.len(), 1);
+        assert!(!few.reports_all && !few.oom_all);
+        few.oom_scan((0..2 * MAX_PENDING).map(|i| i.to_string()), false);
+        assert!(few.oom_all && few.oom.is_empty());
     }
 }

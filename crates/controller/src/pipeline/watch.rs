@@ -49,6 +49,18 @@ pub(super) enum Change {
     Report(JobKey, String),
 }
 
+impl Change {
+    /// The namespace it happened in.
+    pub(super) fn namespace(&self) -> &str {
+        match self {
+            Change::Job(k) | Change::Pod(k, _) | Change::Profile(k, _) | Change::Report(k, _) => {
+                &k.namespace
+            }
+            Change::Policies(ns) => ns,
+        }
+    }
+}
+
 /// Every watch's changes, merged.
 pub(super) type Changes = BoxStream<'static, Change>;
 
