@@ -283,18 +283,23 @@ fn candidate(pts: &[(f64, f64)], family: Family) -> Option<Candidate> {
     let curve = least_squares(pts, family)?;
     let mut held_out = vec![];
     if distinct_x(pts) > family.params() {
-        for i in 0..pts.len() {
-            let rest: Vec<(f64, f64)> = pts
+        // Every measurement at a value is held out together (against the
+        // highest of them): a repeat left in would vouch for itself, and
+        // the check at the top would pass on the value it is to test.
+        let mut xs: Vec<f64> = pts.iter().map(|p| p.0).collect();
+        xs.dedup();
+        for x in xs {
+            let rest: Vec<(f64, f64)> = pts.iter().copied().filter(|p| p.0 != x).collect();
+            let actual = pts
                 .iter()
-                .enumerate()
-                .filter(|(j, _)| *j != i)
-                .map(|(_, p)| *p)
-                .collect();
+                .filter(|p| p.0 == x)
+                .map(|p| p.1)
+                .fold(f64::MIN, f64::max);
             let c = least_squares(&rest, family)?;
             held_out.push(HeldOut {
-                x: pts[i].0,
-                actual_bytes: pts[i].1,
-                predicted_bytes: c.at(pts[i].0),
+                x,
+                actual_bytes: actual,
+                predicted_bytes: c.at(x),
             });
         }
     }

@@ -165,6 +165,28 @@ fn a_synthetic_quadratic_law_refuses_the_line_and_predicts_the_next_step() {
     assert!(line.at(3072.0) < attention(3072.0) - GIB);
 }
 
+/// The same law measured twice at each of three values: a repeat left in
+/// when its twin is held out would vouch for it, so the line passed the
+/// check at the top and called 6,144 "fits" under 17 GiB where the law
+/// needs 17.1 GiB. Held out by value, the line is refused as without repeats
+/// (as the quadratic is not tried on three values, nothing is kept).
+#[test]
+fn repeated_measurements_do_not_vouch_for_themselves() {
+    // docs/sweep.md's quadratic: 2.0 GiB + 381 KiB × S + 366 B × S².
+    let law = |s: f64| 2.0 * GIB + 381.0 * 1024.0 * s + 366.0 * s * s;
+    let once: Vec<(f64, f64)> = [1024.0, 3072.0, 5120.0]
+        .iter()
+        .map(|&s| (s, law(s)))
+        .collect();
+    let twice: Vec<(f64, f64)> = once.iter().chain(once.iter()).copied().collect();
+    for pts in [&once, &twice] {
+        match fit(pts) {
+            Err(e) => assert!(e.why.contains("residual grows at the top"), "{e}"),
+            Ok(m) => panic!("{} points: a line was kept: {m:?}", pts.len()),
+        }
+    }
+}
+
 #[test]
 fn two_points_interpolate_only() {
     let m = fit(&gib(&[(8.0, 20.0), (24.0, 50.0)])).unwrap();
