@@ -7,7 +7,7 @@ use super::aggregate::{seconds_until, Aggregates};
 use super::entry::Entry;
 use super::hold::RiskHold;
 use super::keys::ReportOrder;
-use super::members::{report_limit, Change, Members};
+use super::members::{Change, Members};
 use jiff::{SignedDuration, Timestamp};
 use memprof_api::{
     format_duration, MemoryProfileStatus, MemoryReportSpec, RiskLevel, StaleRank, MAX_TOP_RANKS,
@@ -93,7 +93,7 @@ impl JobRollup {
             limits,
             expected: expected_ranks,
             entries: HashMap::new(),
-            members: Members::new(expected_ranks.map_or(usize::MAX, report_limit)),
+            members: Members::for_parallelism(expected_ranks),
             agg: Aggregates::default(),
             stale_at: BTreeSet::new(),
             rejected: BTreeSet::new(),
@@ -143,8 +143,7 @@ impl JobRollup {
     pub fn set_expected_ranks(&mut self, expected: Option<u32>) {
         let before = self.raw_risk();
         self.expected = expected;
-        let limit = expected.map_or(usize::MAX, report_limit);
-        self.members.set_limit(limit, &mut self.changes);
+        self.members.set_parallelism(expected, &mut self.changes);
         self.apply_changes();
         self.hold.observe(before, self.raw_risk(), self.clock);
     }

@@ -180,7 +180,10 @@ fn reference(
     for (rank, mut group) in by_rank {
         group.sort_by(|a, b| b.cmp(a));
         if rank.is_none() {
-            kept.extend(group);
+            // Interchangeable pods: the newest `parallelism` count.
+            let keep = expected.map_or(usize::MAX, |p| p as usize);
+            superseded += group.len().saturating_sub(keep);
+            kept.extend(group.into_iter().take(keep));
         } else {
             superseded += group.len() - 1;
             kept.push(group.swap_remove(0));

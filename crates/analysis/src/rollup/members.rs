@@ -1,7 +1,9 @@
 //! Which of a Job's genuine reports count, kept as reports come and go:
 //! 1. one per rank: a retried pod's leftover report (an earlier pod of the
-//!    same rank) is superseded by the newest pod's; reports without a rank
-//!    each count on their own;
+//!    same rank) is superseded by the newest pod's; of the reports without
+//!    a rank (a Job that is not Indexed: its pods are interchangeable), the
+//!    newest `parallelism` pods' count, so a failed attempt's report is
+//!    superseded by its replacement's, as a rank's is;
 //! 2. at most `limit` of them, the newest first, so a Job cannot be made to
 //!    carry more ranks than it can have.
 //!
@@ -33,10 +35,28 @@ pub struct Members {
     counted: BTreeSet<DedupKey>,
     excess: BTreeSet<DedupKey>,
     limit: usize,
+    /// Reports without a rank: the newest `rankless_keep` (in the pool of
+    /// `counted` and `excess`), and the older ones, superseded.
+    rankless_in: BTreeSet<DedupKey>,
+    rankless_out: BTreeSet<DedupKey>,
+    rankless_keep: usize,
     superseded: usize,
 }
 
 impl Members {
+    /// No reports, for a Job of `parallelism` pods (`None`: unknown).
+    pub fn for_parallelism(parallelism: Option<u32>) -> Self {
+        let mut m = Members::new(parallelism.map_or(usize::MAX, report_limit));
+        m.rankless_keep = parallelism.map_or(usize::MAX, |p| p as usize);
+        m
+    }
+
+    /// The Job's parallelism changed (`None`: unknown).
+    pub fn set_parallelism(&mut self, parallelism: Option<u32>, out: &mut Vec<Change>) {
+        self.set_limit(parallelism.map_or(usize::MAX, report_limit), out);
+        self.set_rankless_keep(parallelism.map_or(usize::MAX, |p| p as usize), out);
+    }
+
     /// No reports; at most `limit` counted.
     pub fn new(limit: usize) -> Self {
         Members {
@@ -44,6 +64,9 @@ impl Members {
             counted: BTreeSet::new(),
             excess: BTreeSet::new(),
             limit,
+            rankless_in: BTreeSet::new(),
+            rankless_out: BTreeSet::new(),
+            rankless_keep: usize::MAX,
             superseded: 0,
         }
     }
@@ -67,7 +90,7 @@ impl Members {
     /// Adds a report of `rank`.
     pub fn insert(&mut self, key: DedupKey, rank: Option<u32>, out: &mut Vec<Change>) {
         let Some(rank) = rank else {
-            return self.enter(key, out);
+            return self.insert_rankless(key, out);
         };
         let reports = self.by_rank.entry(rank).or_default();
         let newest = reports.last().cloned();
@@ -86,7 +109,7 @@ impl Members {
     /// Removes a report of `rank` (which must be there).
     pub fn remove(&mut self, key: &DedupKey, rank: Option<u32>, out: &mut Vec<Change>) {
         let Some(rank) = rank else {
-            return self.leave(key, out);
+            return self.remove_rankless(key, out);
         };
         let Some(reports) = self.by_rank.get_mut(&rank) else {
             return debug_assert!(false, "removed a report that was never added");
@@ -112,6 +135,63 @@ impl Members {
     pub fn set_limit(&mut self, limit: usize, out: &mut Vec<Change>) {
         self.limit = limit;
         self.rebalance(out);
+    }
+
+    /// Counts the newest `keep` reports without a rank from now on (the
+    /// Job's parallelism; `usize::MAX`: every one).
+    pub fn set_rankless_keep(&mut self, keep: usize, out: &mut Vec<Change>) {
+        self.rankless_keep = keep;
+        while self.rankless_in.len() > keep {
+            let oldest = self.rankless_in.pop_first().expect("more than kept");
+            self.supersede(oldest, out);
+        }
+        while self.rankless_in.len() < keep {
+            let Some(newest) = self.rankless_out.pop_last() else {
+                break;
+            };
+            self.superseded -= 1;
+            self.rankless_in.insert(newest.clone());
+            self.enter(newest, out);
+        }
+    }
+
+    fn insert_rankless(&mut self, key: DedupKey, out: &mut Vec<Change>) {
+        let full = self.rankless_in.len() >= self.rankless_keep;
+        match self.rankless_in.first() {
+            Some(oldest) if full && *oldest > key => {
+                self.superseded += 1;
+                self.rankless_out.insert(key);
+                return;
+            }
+            _ if full => {
+                let oldest = self.rankless_in.pop_first().expect("full, so not empty");
+                self.supersede(oldest, out);
+            }
+            _ => {}
+        }
+        self.rankless_in.insert(key.clone());
+        self.enter(key, out);
+    }
+
+    fn remove_rankless(&mut self, key: &DedupKey, out: &mut Vec<Change>) {
+        if self.rankless_out.remove(key) {
+            self.superseded -= 1;
+            return;
+        }
+        self.rankless_in.remove(key);
+        self.leave(key, out);
+        if let Some(next) = self.rankless_out.pop_last() {
+            self.superseded -= 1;
+            self.rankless_in.insert(next.clone());
+            self.enter(next, out);
+        }
+    }
+
+    /// Takes a counted report without a rank out, superseded by a newer one.
+    fn supersede(&mut self, key: DedupKey, out: &mut Vec<Change>) {
+        self.leave(&key, out);
+        self.superseded += 1;
+        self.rankless_out.insert(key);
     }
 
     fn enter(&mut self, key: DedupKey, out: &mut Vec<Change>) {
@@ -187,6 +267,50 @@ mod tests {
         assert_eq!(
             names(&out),
             [("train-0-b".into(), false), ("train-0-a".into(), true)]
+        );
+        assert_eq!((m.counted(), m.superseded()), (1, 0));
+    }
+
+    /// A Job that is not Indexed, parallelism 1 (backoffLimit 3): pod A
+    /// OOMs and is kept as Failed, pod B replaces it. Only B counts; B gone,
+    /// A counts again; two at parallelism 2.
+    #[test]
+    fn without_ranks_the_newest_parallelism_pods_count() {
+        let mut m = Members::for_parallelism(Some(1));
+        let mut out = vec![];
+        let (a, b) = (key(0, 95, "train-a"), key(50, 90, "train-b"));
+        m.insert(a.clone(), None, &mut out);
+        m.insert(b.clone(), None, &mut out);
+        assert_eq!(
+            names(&out),
+            [
+                ("train-a".into(), true),
+                ("train-a".into(), false),
+                ("train-b".into(), true)
+            ]
+        );
+        assert_eq!((m.counted(), m.superseded()), (1, 1));
+        // A late report of the failed attempt does not count either.
+        out.clear();
+        m.remove(&a, None, &mut out);
+        let a2 = key(0, 99, "train-a");
+        m.insert(a2.clone(), None, &mut out);
+        assert!(out.is_empty(), "{out:?}");
+        assert_eq!((m.counted(), m.superseded()), (1, 1));
+        out.clear();
+        m.set_parallelism(Some(2), &mut out);
+        assert_eq!(names(&out), [("train-a".into(), true)]);
+        assert_eq!((m.counted(), m.superseded()), (2, 0));
+        out.clear();
+        m.set_parallelism(Some(1), &mut out);
+        m.remove(&b, None, &mut out);
+        assert_eq!(
+            names(&out),
+            [
+                ("train-a".into(), false),
+                ("train-b".into(), false),
+                ("train-a".into(), true)
+            ]
         );
         assert_eq!((m.counted(), m.superseded()), (1, 0));
     }

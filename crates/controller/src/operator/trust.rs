@@ -26,7 +26,9 @@
 //!
 //! Then, among reports that pass ([`screen`]):
 //! 5. one per rank: a retried pod's leftover report (an earlier pod of the
-//!    same rank) is superseded by the newest pod's;
+//!    same rank) is superseded by the newest pod's; without ranks (a Job
+//!    that is not Indexed) the newest `parallelism` pods' reports, so a
+//!    failed attempt's is superseded by its replacement's;
 //! 6. at most `report_limit(parallelism)` of them (the newest first), so a
 //!    Job cannot be made to carry more ranks than it can have.
 //!
@@ -318,8 +320,12 @@ pub fn screen<'a>(
     for (rank, mut group) in by_rank {
         group.sort_by(|a, b| b.1.cmp(&a.1));
         if rank.is_none() {
-            // Without a rank there is nothing to supersede: each pod is its own.
-            kept.extend(group);
+            // A Job that is not Indexed: its pods are interchangeable, and
+            // the newest `parallelism` are its current ones (a failed
+            // attempt's report is superseded by its replacement's).
+            let keep = parallelism as usize;
+            out.superseded += group.len().saturating_sub(keep);
+            kept.extend(group.into_iter().take(keep));
             continue;
         }
         out.superseded += group.len() - 1;

@@ -229,6 +229,22 @@ fn a_retried_pods_leftover_report_does_not_count_as_another_rank() {
     assert_eq!(s.superseded, 1);
 }
 
+/// A Job that is not Indexed (no ranks), parallelism 1: the attempt that
+/// failed (kept as a Failed pod, its last report critical) is superseded by
+/// its replacement's report, as a rank's leftover is.
+#[test]
+fn without_ranks_a_failed_attempts_report_is_superseded_by_its_replacements() {
+    let pods = [pod("train-a", JOB, 0), pod("train-b", JOB, 50)];
+    let failed = report("train-a", None, 95);
+    let retry = report("train-b", None, 90);
+    let s = run(&[&failed, &retry], &pods, 1);
+    assert_eq!(names(&s), ["train-b"]);
+    assert_eq!(s.superseded, 1);
+    // Two interchangeable pods at parallelism 2 both count.
+    let s = run(&[&failed, &retry], &pods, 2);
+    assert_eq!(s.counted.len(), 2);
+}
+
 #[test]
 fn reports_beyond_what_the_job_can_have_are_not_counted() {
     let pods: Vec<_> = (0..10).map(|i| pod(&format!("p{i}"), JOB, i)).collect();
