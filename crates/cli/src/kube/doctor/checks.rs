@@ -1,7 +1,9 @@
 //! The checks of `memprof doctor`, as pure functions of the objects read:
 //! each says OK, WARN or FAIL, what it saw, and what to do.
 
-use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, WebhookClientConfig,
+};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Endpoints, Pod};
@@ -122,6 +124,41 @@ pub struct Target {
     pub ca_bundle: Vec<u8>,
 }
 
+/// The operator's secret path prefix (`memprof_webhook::paths`): only
+/// reviews sent there get pods their admission mark.
+const SECRET_PATH: &str = "/mutate/";
+
+/// `url` with the secret path's token hidden (it is what lets a review be marked).
+fn without_token(url: &str) -> String {
+    match url.find(SECRET_PATH) {
+        Some(i) if url.len() > i + SECRET_PATH.len() => format!("{}{SECRET_PATH}…", &url[..i]),
+        _ => url.to_string(),
+    }
+}
+
+/// Whether webhook `name` is on the operator's secret path (else pods are
+/// injected but never marked, so none counts for its Job).
+fn mark_path(name: &str, cc: &WebhookClientConfig) -> Check {
+    let path = match (&cc.service, &cc.url) {
+        (Some(s), _) => s.path.clone().unwrap_or_default(),
+        (None, Some(u)) => {
+            let rest = u.split_once("://").map_or(u.as_str(), |(_, r)| r);
+            rest.find('/')
+                .map_or(String::new(), |i| rest[i..].to_string())
+        }
+        (None, None) => String::new(),
+    };
+    if path.len() > SECRET_PATH.len() && path.starts_with(SECRET_PATH) {
+        return Check::ok(format!(
+            "webhook {name} is on the operator's secret path: the Job controller's pods are marked"
+        ));
+    }
+    Check::warn(
+        format!("webhook {name} calls {}, not the operator's secret path: pods are injected but not marked, so none counts for its Job", if path.is_empty() { "/" } else { &path }),
+        "the operator sets it within 30 s of starting (--webhook-config-name, and get/patch on its MutatingWebhookConfiguration); after a helm upgrade, wait 30 s",
+    )
+}
+
 /// The memprof webhooks (`*.memprof.dev`) of the configurations: each must
 /// have a caBundle; `failurePolicy: Ignore` means Jobs run unprofiled, not
 /// rejected, while the webhook is down. Returns the lines and the targets.
@@ -147,7 +184,7 @@ pub fn webhooks(configs: &[MutatingWebhookConfiguration]) -> (Vec<Check>, Vec<Ta
                 .map(|s| (s.namespace.clone(), s.name.clone()));
             let at = match (&service, &cc.url) {
                 (Some((ns, n)), _) => format!("service {ns}/{n}"),
-                (None, Some(u)) => format!("url {u}"),
+                (None, Some(u)) => format!("url {}", without_token(u)),
                 (None, None) => "nowhere".into(),
             };
             if ca.is_empty() {
@@ -167,6 +204,7 @@ pub fn webhooks(configs: &[MutatingWebhookConfiguration]) -> (Vec<Check>, Vec<Ta
                     "that is deliberate (training is never blocked by memprof); the last check below finds Jobs it missed",
                 ));
             }
+            checks.push(mark_path(&w.name, cc));
             targets.push(Target {
                 config: name.clone(),
                 service,

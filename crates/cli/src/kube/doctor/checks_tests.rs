@@ -76,6 +76,28 @@ fn webhooks_need_a_ca_bundle_and_failing_open_is_said() {
     assert!(lines[0].what.contains("has no caBundle"), "{lines:?}");
     assert_eq!(lines[1].level, Level::Warn);
     assert!(lines[1].what.contains("fails open"), "{lines:?}");
+    assert_eq!(lines[2].level, Level::Warn);
+    assert!(
+        lines[2].what.contains("not the operator's secret path"),
+        "{lines:?}"
+    );
+    // On the secret path: said so, and the token is never printed.
+    let on_path: MutatingWebhookConfiguration = from(json!({
+        "metadata": {"name": "memprof"},
+        "webhooks": [{"name": "marks.memprof.dev", "sideEffects": "None", "admissionReviewVersions": ["v1"],
+             "clientConfig": {"url": "https://127.0.0.1:8443/mutate/s3cr3t", "caBundle": "Y2E="}}]
+    }));
+    let (lines, _) = webhooks(&[on_path]);
+    assert!(
+        lines.iter().all(|l| !l.what.contains("s3cr3t")),
+        "{lines:?}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.level == Level::Ok && l.what.contains("secret path")),
+        "{lines:?}"
+    );
     let (none, t) = webhooks(&[]);
     assert!(t.is_empty() && none[0].what.contains("no memprof webhook is registered"));
 }
