@@ -292,6 +292,15 @@ def main() -> int:
               pm["spec"]["selector"]["matchLabels"] == {label.group(1): "true"}, str(pm["spec"]["selector"]))
         check("PodMonitor scrapes the sidecar's named port",
               [e["port"] for e in pm["spec"]["podMetricsEndpoints"]] == [port.group(1)])
+        # Any pod can carry the label: keep only what a sidecar exports, so a
+        # pod cannot publish memprof_job_* (the paging alerts') for another Job.
+        keep = [r for e in pm["spec"]["podMetricsEndpoints"] for r in e.get("metricRelabelings", [])
+                if r.get("action") == "keep" and r.get("sourceLabels") == ["__name__"]]
+        if check("PodMonitor keeps only the sidecar's metric names", len(keep) == 1, str(keep)):
+            kept = re.compile(keep[0]["regex"])
+            check("  every family the sidecar registers is kept", all(kept.fullmatch(f) for f in sc), str(sorted(sc)))
+            check("  no family the operator registers is kept", not any(kept.fullmatch(f) for f in op),
+                  str(sorted(f for f in op if kept.fullmatch(f))))
     else:
         check("PodMonitor, webhook label and port found", False, f"{bool(pm)} {label} {port}")
     sm = next((d for d in on if d["kind"] == "ServiceMonitor"), None)
