@@ -133,3 +133,20 @@ fn processes_followed_are_bounded() {
     }
     assert_eq!(s.processes_followed(), MAX_PROCESSES);
 }
+
+/// Pushes that name no process (pid 0: fixtures, an agent that does not
+/// say) continue the most recent history, and the first process to name
+/// itself takes it over: one history, as before pids were told apart.
+#[test]
+fn pushes_without_a_pid_continue_the_history_they_follow() {
+    let th = Thresholds::default();
+    let mut s = AgentState::new(&th);
+    for i in 0..=150usize {
+        let t = i as f64;
+        s.observe(&rank_push(0, 0, "GPU-b", t, leaking(t)));
+    }
+    s.observe(&rank_push(4242, 0, "GPU-b", 151.0, leaking(151.0)));
+    s.observe(&rank_push(0, 0, "GPU-b", 152.0, leaking(152.0)));
+    assert_eq!(s.processes_followed(), 1);
+    assert_eq!(s.assess()[0].growth, MemoryGrowth::Leak);
+}

@@ -82,8 +82,7 @@ impl AgentState {
         }
     }
 
-    /// Takes one (validated) push into its process's history (pid 0, an
-    /// agent that did not say, is one process of its own).
+    /// Takes one (validated) push into its process's history.
     pub fn observe(&mut self, p: &Push) {
         let at = self.follow(p.pid, p.time);
         let f = &mut self.processes[at];
@@ -95,9 +94,21 @@ impl AgentState {
         self.forget_gone();
     }
 
-    /// The index of `pid`'s history, started (making room) when new.
+    /// The index of `pid`'s history, started (making room) when new. A
+    /// push that names no process (pid 0) is the most recent process's; the
+    /// first process to name itself takes over a history of such pushes.
     fn follow(&mut self, pid: u32, t: f64) -> usize {
         if let Some(i) = self.processes.iter().position(|f| f.pid == pid) {
+            return i;
+        }
+        let unnamed = match pid {
+            0 => self.most_recent(),
+            _ => self.processes.iter().position(|f| f.pid == 0),
+        };
+        if let Some(i) = unnamed {
+            if self.processes[i].pid == 0 {
+                self.processes[i].pid = pid;
+            }
             return i;
         }
         if self.processes.len() >= MAX_PROCESSES {
@@ -113,6 +124,11 @@ impl AgentState {
             state: Process::new(&self.thresholds),
         });
         self.processes.len() - 1
+    }
+
+    fn most_recent(&self) -> Option<usize> {
+        (0..self.processes.len())
+            .max_by(|&a, &b| self.processes[a].last.total_cmp(&self.processes[b].last))
     }
 
     fn least_recent(&self) -> Option<usize> {
