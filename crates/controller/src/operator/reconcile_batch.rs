@@ -62,6 +62,27 @@ pub fn batch_of(job: &Job) -> Option<u64> {
         .find_map(|v| v.value.as_deref()?.trim().parse().ok())
 }
 
+/// The peak and total of the Job's fullest GPU. `topRanks` lines carry each
+/// listed rank's *riskiest* GPU, which need not be its fullest (a slow
+/// trend at 60 % beside a flat 85 %): when every listed GPU has the same
+/// total (one model), the Job's highest peak (`peakUsedBytes`, over every
+/// GPU) is the fullest one's. Otherwise the fullest listed line. Returns
+/// (0, 0) without GPUs.
+fn fullest_peak(status: &MemoryProfileStatus) -> (u64, u64) {
+    let listed = || status.top_ranks.iter().filter(|r| r.total_bytes > 0);
+    let mut totals = listed().map(|r| r.total_bytes);
+    let one_model = totals.next().filter(|first| totals.all(|t| t == *first));
+    if let Some(total) = one_model.filter(|t| status.peak_used_bytes <= *t) {
+        return (status.peak_used_bytes, total);
+    }
+    listed()
+        .max_by(|a, b| {
+            (a.peak_bytes as f64 / a.total_bytes as f64)
+                .total_cmp(&(b.peak_bytes as f64 / b.total_bytes as f64))
+        })
+        .map_or((0, 0), |r| (r.peak_bytes, r.total_bytes))
+}
+
 /// Adds the batch recommendation to a rolled-up `status`: the peak of the
 /// fullest GPU is remembered for the Job's current batch (next to those of
 /// earlier batches, carried over from `previous` across memprof's
@@ -73,15 +94,7 @@ pub fn with_batch_fit(
 ) {
     let env = batch_env(job);
     let current = batch_of(job);
-    let fullest = status
-        .top_ranks
-        .iter()
-        .filter(|r| r.total_bytes > 0)
-        .max_by(|a, b| {
-            (a.peak_bytes as f64 / a.total_bytes as f64)
-                .total_cmp(&(b.peak_bytes as f64 / b.total_bytes as f64))
-        });
-    let (peak, total) = fullest.map_or((0, 0), |r| (r.peak_bytes, r.total_bytes));
+    let (peak, total) = fullest_peak(status);
     let before = previous
         .and_then(|p| p.batch_recommendation.as_ref())
         .map(|r| r.observations.as_slice())

@@ -150,6 +150,43 @@ fn the_batch_env_is_named_by_annotation_and_peaks_survive_a_new_batch() {
     );
 }
 
+/// A rank with two GPUs: GPU 0 on a slow trend at 60 % (medium, listed in
+/// `topRanks` as the riskiest), GPU 1 flat at 85 % (low). The batch
+/// observation is the fullest GPU's peak, 68 GiB, not the riskiest's 48.
+#[test]
+fn the_batch_observation_is_the_fullest_gpus_peak_not_the_riskiest() {
+    let mut spec = report(0, 48, RiskLevel::Medium, Some(3000.0));
+    let mut flat = spec.gpus[0].clone();
+    flat.index = 1;
+    flat.uuid = "GPU-flat".into();
+    flat.peak_bytes = 68 * G;
+    flat.used_bytes = 68 * G;
+    flat.risk = RiskLevel::Low;
+    flat.time_to_oom_seconds = None;
+    spec.gpus.push(flat);
+    let j: Job = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "train", "namespace": "ml", "uid": "u"},
+        "spec": {"template": {"spec": {"containers": [
+            {"name": "t", "image": "i", "env": [{"name": "BATCH_SIZE", "value": "32"}]}]}}}}))
+    .unwrap();
+    let specs = vec![("r0".to_string(), spec)];
+    let mut st = desired_status(&named(&specs), Some(1), None, NOW, &Screening::default()).status;
+    assert_eq!(
+        st.top_ranks[0].peak_bytes,
+        48 * G,
+        "the line is the riskiest GPU's"
+    );
+    with_batch_fit(&mut st, &j, None);
+    let rec = st.batch_recommendation.unwrap();
+    assert_eq!(
+        rec.observations
+            .iter()
+            .map(|o| (o.batch, o.peak_bytes / G))
+            .collect::<Vec<_>>(),
+        vec![(32, 68)]
+    );
+}
+
 const G: u64 = 1 << 30;
 
 fn report(rank: u32, peak_gib: u64, risk: RiskLevel, tto: Option<f64>) -> MemoryReportSpec {
