@@ -150,3 +150,27 @@ fn pushes_without_a_pid_continue_the_history_they_follow() {
     assert_eq!(s.processes_followed(), 1);
     assert_eq!(s.assess()[0].growth, MemoryGrowth::Leak);
 }
+
+/// The agent's wall clock stepped back an hour (NTP): the process's history
+/// starts again instead of folding every later push into its newest bucket,
+/// so a leak that follows is still called.
+#[test]
+fn a_clock_stepped_back_starts_the_history_again() {
+    let th = Thresholds::default();
+    let mut s = AgentState::new(&th);
+    for i in 0..=60usize {
+        let t = i as f64;
+        s.observe(&rank_push(100, 0, "GPU-b", t, training(t)));
+    }
+    for i in 0..=150usize {
+        let t = i as f64 - 3600.0;
+        s.observe(&rank_push(100, 0, "GPU-b", t, leaking(t + 3600.0)));
+    }
+    assert_eq!(s.processes_followed(), 1);
+    assert_eq!(
+        s.assess()[0].growth,
+        MemoryGrowth::Leak,
+        "{:?}",
+        s.assess()[0]
+    );
+}

@@ -35,6 +35,8 @@ use memprof_api::AllocatorStats;
 pub const MAX_PROCESSES: usize = 2 * memprof_api::agent::MAX_DEVICES;
 /// A process that is over is forgotten this long after the newest push, seconds.
 pub const GONE_SECONDS: f64 = 60.0;
+/// A push this much older than its process's last is a clock stepped back, seconds.
+const CLOCK_STEP_SECONDS: f64 = 10.0;
 /// The least grace before a process counts as over, seconds.
 const MIN_GRACE_SECONDS: f64 = 2.0;
 
@@ -85,6 +87,20 @@ impl AgentState {
     /// Takes one (validated) push into its process's history.
     pub fn observe(&mut self, p: &Push) {
         let at = self.follow(p.pid, p.time);
+        let f = &mut self.processes[at];
+        if p.time + CLOCK_STEP_SECONDS < f.last {
+            // The agent's wall clock stepped back (NTP): every later push
+            // would fold into one bucket of the old timeline and freeze its
+            // series, so the process's history starts again (its OOMs stay counted).
+            self.retired_ooms = self.retired_ooms.saturating_add(f.state.ooms());
+            *f = Followed {
+                first: p.time,
+                last: p.time,
+                gap: 0.0,
+                state: Process::new(&self.thresholds),
+                ..*f
+            };
+        }
         let f = &mut self.processes[at];
         if p.time > f.last {
             f.gap = p.time - f.last;
