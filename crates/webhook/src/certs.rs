@@ -400,19 +400,25 @@ async fn create(
     }
 }
 
+/// The error of `verb` on the MutatingWebhookConfiguration `name`.
+pub(crate) fn webhook_config_error<'a>(
+    verb: &'static str,
+    name: &'a str,
+) -> impl Fn(kube::Error) -> CertError + 'a {
+    move |source| CertError::WebhookConfig {
+        verb,
+        name: name.into(),
+        source: Box::new(source),
+    }
+}
+
 /// Sets `caBundle` on every webhook of the `MutatingWebhookConfiguration`
 /// `name` that does not have it yet. Returns whether anything changed.
 /// Strategic merge by webhook name touches nothing else, so Helm keeps
 /// owning the rest of the object.
 pub async fn patch_ca_bundle(client: &Client, name: &str, ca_pem: &str) -> Result<bool, CertError> {
     let api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
-    let err = |verb| {
-        move |source| CertError::WebhookConfig {
-            verb,
-            name: name.into(),
-            source: Box::new(source),
-        }
-    };
+    let err = |verb| webhook_config_error(verb, name);
     let mwc = api.get(name).await.map_err(err("read"))?;
     let want = ca_pem.as_bytes();
     let stale: Vec<&str> = mwc

@@ -27,11 +27,10 @@ use memprof_api::admission::{
 };
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::time::Duration;
 
 /// How often every replica re-reads the Secret (a rotation reaches the
 /// webhook and the controllers of all replicas within this).
-pub const REFRESH_EVERY: Duration = Duration::from_secs(30);
+pub use crate::retry::REFRESH_EVERY;
 
 /// Errors of the key step.
 #[derive(Debug, thiserror::Error)]
@@ -194,27 +193,8 @@ pub async fn maintain(
     keys: Keys,
     shutdown: impl Future<Output = ()> + Send,
 ) {
-    let mut shutdown = std::pin::pin!(shutdown);
-    let mut retry = Duration::from_secs(1);
-    loop {
-        let wait = match ensure_keys(&client, &cfg).await {
-            Ok(ring) => {
-                keys.set(ring);
-                retry = Duration::from_secs(1);
-                REFRESH_EVERY
-            }
-            Err(e) => {
-                tracing::error!(error = %e, retry_in = ?retry, "admission-mark key not refreshed");
-                let wait = retry;
-                retry = (retry * 2).min(REFRESH_EVERY);
-                wait
-            }
-        };
-        tokio::select! {
-            () = tokio::time::sleep(wait) => {}
-            () = &mut shutdown => return,
-        }
-    }
+    let refresh = || async { ensure_keys(&client, &cfg).await.map(|ring| keys.set(ring)) };
+    crate::retry::every_refresh("admission-mark key not refreshed", refresh, shutdown).await;
 }
 
 #[cfg(test)]

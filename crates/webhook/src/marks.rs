@@ -26,8 +26,10 @@ pub(crate) const NAME_ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
 const NAME_SUFFIX: usize = 5;
 const MAX_PREFIX: usize = 63 - NAME_SUFFIX;
 
-/// The API server's path: `/mutate/<path token>` (`paths.rs` writes it).
+/// The API server's path for the marks webhook: `/mutate/<path token>` (`paths.rs` writes it).
 pub const MUTATE_WITH_TOKEN: &str = "/mutate/";
+/// The webhook that marks the pods of profiled Jobs, the one on the secret path.
+pub const MARKS_WEBHOOK: &str = "marks.memprof.dev";
 
 /// Who sent the review. `userInfo` is the cluster's word only when the API
 /// server sent it: anyone who reaches the webhook's port can POST a review
@@ -38,7 +40,7 @@ pub const MUTATE_WITH_TOKEN: &str = "/mutate/";
 pub enum Caller {
     /// The review came on `/mutate/<token>` with a token of a valid key.
     ApiServer,
-    /// Any other path: injected as asked, never marked.
+    /// Any other path: injected as asked; marks neither given nor taken.
     Unverified,
 }
 
@@ -157,12 +159,16 @@ pub fn mark_pod(
     ops: &mut Vec<PatchOperation>,
     warnings: &mut Vec<String>,
 ) {
+    if creation.caller == Caller::Unverified {
+        // Not the marks webhook's path: marks are given and taken there only,
+        // so whichever order the webhooks run in, none undoes another's.
+        return;
+    }
     let annotations = pod.metadata.annotations.as_ref();
     let planted = annotations.is_some_and(|a| a.contains_key(ANNOTATION_ADMISSION));
-    let by_controller = creation.caller == Caller::ApiServer
-        && creation
-            .username
-            .is_some_and(|u| cfg.controllers.iter().any(|c| c == u));
+    let by_controller = creation
+        .username
+        .is_some_and(|u| cfg.controllers.iter().any(|c| c == u));
     let job_uid = controller_job(pod).filter(|_| by_controller);
     let ring = cfg.keys.ring();
     let (Some(job_uid), Some(key)) = (job_uid, ring.current()) else {

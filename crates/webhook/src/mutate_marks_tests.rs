@@ -122,7 +122,7 @@ fn the_job_controllers_pod_is_named_and_marked_for_itself() {
 /// Anyone who reaches the webhook's port can POST a review that claims the
 /// Job controller created a pod of their naming for a victim Job: off the
 /// API server's secret path, that review gets no mark (and a planted mark
-/// is removed), so the mark it answers cannot be put on a pod.
+/// is removed on the marks path only), so there is no mark to put on a pod.
 #[test]
 fn a_review_claiming_the_job_controller_off_the_api_servers_path_is_not_marked() {
     let key = Key::generate();
@@ -134,8 +134,17 @@ fn a_review_claiming_the_job_controller_off_the_api_servers_path_is_not_marked()
         &c,
     );
     assert_eq!(mark_of(&out), None);
+    // Nor is a mark taken off there: the marks webhook's path alone gives
+    // and takes them, whatever order the webhooks run in.
     let planted = json!({"memprof.dev/admission": "v1.1800000000.AAAA"});
-    let (out, warnings) = admitted_from(Caller::Unverified, &job_pod(planted), JOB_CONTROLLER, &c);
+    let (out, _) = admitted_from(
+        Caller::Unverified,
+        &job_pod(planted.clone()),
+        JOB_CONTROLLER,
+        &c,
+    );
+    assert_eq!(mark_of(&out), Some("v1.1800000000.AAAA"));
+    let (out, warnings) = admitted_from(Caller::ApiServer, &job_pod(planted), "tenant", &c);
     assert_eq!(mark_of(&out), None);
     assert!(
         warnings.iter().any(|w| w.contains("removed")),

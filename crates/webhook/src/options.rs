@@ -7,6 +7,7 @@ use super::config::{
     SidecarMode,
 };
 use super::keys::KeyConfig;
+use super::retry::until_ok;
 use super::server::{ServerError, TlsCert};
 use jiff::SignedDuration;
 use kube::Client;
@@ -20,7 +21,7 @@ use std::time::Duration;
 
 /// How often the serving certificate is checked for renewal and the
 /// `caBundle` for drift (one GET of each; cheap for the API server).
-const REFRESH_EVERY: Duration = Duration::from_secs(300);
+const RENEW_CHECK_EVERY: Duration = Duration::from_secs(300);
 /// How often files mode re-reads the mounted certificate (the kubelet
 /// updates a mounted Secret within about a minute).
 const RELOAD_FILES_EVERY: Duration = Duration::from_secs(60);
@@ -394,29 +395,6 @@ async fn fetch_cert(
     }
 }
 
-/// Retries `f` with backoff (1 s doubling to 30 s) until it succeeds: the
-/// webhook is not worth crashing the operator for, and a missing RBAC rule
-/// or Secret mount is logged with what to do.
-async fn retry<T, E, F, Fut>(what: &str, f: F) -> T
-where
-    E: std::fmt::Display,
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, E>>,
-{
-    use backon::{ExponentialBuilder, Retryable};
-    let backoff = ExponentialBuilder::default()
-        .with_min_delay(Duration::from_secs(1))
-        .with_max_delay(Duration::from_secs(30))
-        .without_max_times();
-    let logged = f
-        .retry(backoff)
-        .notify(|e: &E, delay| tracing::error!(error = %e, retry_in = ?delay, "{what}"));
-    match logged.await {
-        Ok(v) => v,
-        Err(_) => unreachable!("a backoff without a maximum never gives up"),
-    }
-}
-
 /// Serves the admission webhook until `shutdown` completes: resolves native
 /// vs legacy sidecars from the API server's version, sets up the serving
 /// certificate, serves `POST /mutate`, and keeps the certificate (and, in
@@ -444,7 +422,7 @@ pub async fn run(
     let mut shutdown = std::pin::pin!(shutdown);
 
     let native = tokio::select! {
-        v = retry("cannot read the API server version", || client.apiserver_version())
+        v = until_ok("cannot read the API server version", || client.apiserver_version())
             => opts.sidecar_mode.resolve(&v.major, &v.minor),
         () = &mut shutdown => return Ok(()),
     };
@@ -454,7 +432,7 @@ pub async fn run(
     tracing::info!(native_sidecar = native, gpu_access = config.gpu_access.as_str(), image = %config.image, "injection configured");
 
     let (cert, key) = tokio::select! {
-        pem = retry("webhook certificate not ready", || fetch_cert(&client, &opts)) => pem,
+        pem = until_ok("webhook certificate not ready", || fetch_cert(&client, &opts)) => pem,
         () = &mut shutdown => return Ok(()),
     };
     let tls = TlsCert::from_pem(&cert, &key)?;
@@ -485,7 +463,7 @@ async fn refresh_cert(
 ) {
     let every = match opts.cert_mode {
         CertMode::Files => RELOAD_FILES_EVERY,
-        CertMode::SelfSigned => REFRESH_EVERY,
+        CertMode::SelfSigned => RENEW_CHECK_EVERY,
     };
     loop {
         tokio::time::sleep(every).await;

@@ -1,29 +1,49 @@
-//! Keeps the API server on the webhook's secret path.
+//! Keeps the API server on the marks webhook's secret path.
 //!
 //! A review's `userInfo` is the cluster's word only if the API server sent
 //! it; anyone who reaches the webhook's port can POST one claiming the Job
 //! controller (marks.rs, [`Caller`](crate::marks::Caller)). The API server
 //! is told a path no one else knows: `/mutate/<path token>`, a MAC of the
 //! current admission key (`memprof_api::admission::path_token`), written
-//! into every webhook of the operator's MutatingWebhookConfiguration, which
-//! tenants cannot read. Every replica runs this (they read the same key, so
-//! they write the same path); a `helm upgrade` puts the chart's `/mutate`
-//! back, and the next pass, within [`REFRESH_EVERY`], restores the token
-//! (meanwhile pods are injected but not marked).
+//! into the marks webhook ([`MARKS_WEBHOOK`]) of the operator's
+//! MutatingWebhookConfiguration, which tenants cannot read. Only that
+//! webhook: the API server puts a webhook's URL into the error it returns
+//! to the creator when a `failurePolicy: Fail` webhook cannot be called,
+//! so the path goes only to a webhook that fails open (the chart pins the
+//! marks webhook to `Ignore`; one set to `Fail` is refused here, loudly).
+//! Every replica runs this (they read the same key, so they write the same
+//! path); a `helm upgrade` puts the chart's `/mutate` back, and the next
+//! pass, within `retry::REFRESH_EVERY` (30 s), restores the token (meanwhile pods are
+//! injected but not marked).
 
-use crate::certs::CertError;
-use crate::keys::REFRESH_EVERY;
+use crate::certs::{webhook_config_error, CertError};
+use crate::marks::{MARKS_WEBHOOK, MUTATE_WITH_TOKEN};
 use k8s_openapi::api::admissionregistration::v1::{MutatingWebhook, MutatingWebhookConfiguration};
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
 use memprof_api::admission::{path_token, Keys};
 use serde_json::{json, Value};
 use std::future::Future;
-use std::time::Duration;
+
+/// Why the marks webhook was not put on the secret path.
+#[derive(Debug, thiserror::Error)]
+pub enum PathError {
+    /// The configuration could not be read or patched.
+    #[error(transparent)]
+    Config(#[from] CertError),
+    /// The marks webhook fails closed: its URL would reach tenants in errors.
+    #[error(
+        "webhook {MARKS_WEBHOOK} of MutatingWebhookConfiguration {0} has failurePolicy Fail: the \
+         API server would return its URL, secret path included, to whoever's pod creation it \
+         failed; set it to Ignore (failing open is safe: an unmarked pod never counts). Until \
+         then no pod is marked"
+    )]
+    FailsClosed(String),
+}
 
 /// The path the API server is given, for `token`.
 pub fn secret_path(token: &str) -> String {
-    format!("{}{token}", crate::marks::MUTATE_WITH_TOKEN)
+    format!("{MUTATE_WITH_TOKEN}{token}")
 }
 
 /// The `clientConfig` change that puts webhook `w` on `path`, if it is not there.
@@ -43,43 +63,38 @@ fn path_change(w: &MutatingWebhook, path: &str) -> Option<Value> {
     (url != want).then(|| json!({ "url": want }))
 }
 
-/// Puts every webhook of the configuration `name` on the secret path of
-/// `token`. Returns whether anything changed. Strategic merge by webhook
+/// Puts the marks webhook of configuration `name` on the secret path of
+/// `token`. Returns whether anything changed. A strategic merge by webhook
 /// name touches nothing else.
-pub async fn sync_paths(client: &Client, name: &str, token: &str) -> Result<bool, CertError> {
+pub async fn sync_paths(client: &Client, name: &str, token: &str) -> Result<bool, PathError> {
     let api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
-    let err = |verb| {
-        move |source| CertError::WebhookConfig {
-            verb,
-            name: name.into(),
-            source: Box::new(source),
-        }
-    };
+    let err = |verb| webhook_config_error(verb, name);
     let mwc = api.get(name).await.map_err(err("read"))?;
-    let path = secret_path(token);
-    let changes: Vec<Value> = mwc
+    let Some(marks) = mwc
         .webhooks
         .iter()
         .flatten()
-        .filter_map(|w| {
-            path_change(w, &path).map(|cc| json!({ "name": w.name, "clientConfig": cc }))
-        })
-        .collect();
-    if changes.is_empty() {
+        .find(|w| w.name == MARKS_WEBHOOK)
+    else {
         return Ok(false);
+    };
+    if marks.failure_policy.as_deref() != Some("Ignore") {
+        return Err(PathError::FailsClosed(name.into()));
     }
-    let n = changes.len();
-    let patch = json!({ "webhooks": changes });
+    let Some(cc) = path_change(marks, &secret_path(token)) else {
+        return Ok(false);
+    };
+    let patch = json!({ "webhooks": [{ "name": MARKS_WEBHOOK, "clientConfig": cc }] });
     api.patch(name, &PatchParams::default(), &Patch::Strategic(&patch))
         .await
         .map_err(err("patch"))?;
     // The path itself is never logged.
-    tracing::info!(webhook_config = name, webhooks = n, "webhook path set");
+    tracing::info!(webhook_config = name, "marks webhook path set");
     Ok(true)
 }
 
 /// Keeps configuration `name` on the current key's path until `shutdown`:
-/// once the key is loaded, then every [`REFRESH_EVERY`] (after a failure,
+/// once the key is loaded, then every 30 s (after a failure,
 /// logged with what to do, 1 s doubling to that).
 pub async fn keep_paths(
     client: Client,
@@ -92,29 +107,18 @@ pub async fn keep_paths(
         () = keys.loaded() => {}
         () = &mut shutdown => return,
     }
-    let mut retry = Duration::from_secs(1);
-    loop {
-        let token = keys.ring().current().map(path_token);
-        let wait = match token {
-            None => REFRESH_EVERY,
-            Some(token) => match sync_paths(&client, &name, &token).await {
-                Ok(_) => {
-                    retry = Duration::from_secs(1);
-                    REFRESH_EVERY
-                }
-                Err(e) => {
-                    tracing::error!(error = %e, retry_in = ?retry, "webhook path not set: pods are injected but not marked");
-                    let wait = retry;
-                    retry = (retry * 2).min(REFRESH_EVERY);
-                    wait
-                }
-            },
-        };
-        tokio::select! {
-            () = tokio::time::sleep(wait) => {}
-            () = &mut shutdown => return,
+    let sync = || async {
+        match keys.ring().current().map(path_token) {
+            Some(token) => sync_paths(&client, &name, &token).await.map(|_| ()),
+            None => Ok(()),
         }
-    }
+    };
+    crate::retry::every_refresh(
+        "marks webhook path not set: pods are injected but not marked",
+        sync,
+        shutdown,
+    )
+    .await;
 }
 
 #[cfg(test)]

@@ -136,8 +136,8 @@ fn without_token(url: &str) -> String {
     }
 }
 
-/// Whether webhook `name` is on the operator's secret path (else pods are
-/// injected but never marked, so none counts for its Job).
+/// Whether the marks webhook `name` is on the operator's secret path (else
+/// pods are injected but never marked, so none counts for its Job).
 fn mark_path(name: &str, cc: &WebhookClientConfig) -> Check {
     let path = match (&cc.service, &cc.url) {
         (Some(s), _) => s.path.clone().unwrap_or_default(),
@@ -204,7 +204,9 @@ pub fn webhooks(configs: &[MutatingWebhookConfiguration]) -> (Vec<Check>, Vec<Ta
                     "that is deliberate (training is never blocked by memprof); the last check below finds Jobs it missed",
                 ));
             }
-            checks.push(mark_path(&w.name, cc));
+            if w.name == "marks.memprof.dev" {
+                checks.push(mark_path(&w.name, cc));
+            }
             targets.push(Target {
                 config: name.clone(),
                 service,
