@@ -333,13 +333,6 @@ def check_webhook(case: str, docs: list[dict], cert_manager: bool) -> None:
     )
     for name, w in hooks.items():
         check(f"{case}: {name} failurePolicy Ignore", w["failurePolicy"] == "Ignore")
-    # The marks webhook's URL carries the secret path: the API server returns
-    # a Fail webhook's URL in its error, so it fails open whatever the value says.
-    strict = render({"webhook": {"failurePolicy": "Fail"}})
-    strict_hooks = {w["name"]: w for d in strict if d["kind"] == "MutatingWebhookConfiguration" for w in d["webhooks"]}
-    check(f"{case}: webhook.failurePolicy=Fail leaves the marks webhook Ignore",
-          strict_hooks["marks.memprof.dev"]["failurePolicy"] == "Ignore"
-          and strict_hooks["jobs.memprof.dev"]["failurePolicy"] == "Fail", str({n: w["failurePolicy"] for n, w in strict_hooks.items()}))
         check(f"{case}: {name} sideEffects None", w["sideEffects"] == "None")
         check(f"{case}: {name} CREATE only", all(r["operations"] == ["CREATE"] for r in w["rules"]))
         check(f"{case}: {name} no caBundle in the chart", "caBundle" not in w["clientConfig"])
@@ -348,6 +341,13 @@ def check_webhook(case: str, docs: list[dict], cert_manager: bool) -> None:
             f"{case}: {name} points at --webhook-service-name",
             svc["name"] == args["webhook-service-name"] and svc["namespace"] == NAMESPACE and svc["path"] == "/mutate",
         )
+    # The marks webhook's URL carries the secret path: the API server returns
+    # a Fail webhook's URL in its error, so it fails open whatever the value says.
+    strict = render({"webhook": {"failurePolicy": "Fail"}})
+    strict_hooks = {w["name"]: w for d in strict if d["kind"] == "MutatingWebhookConfiguration" for w in d["webhooks"]}
+    check(f"{case}: webhook.failurePolicy=Fail leaves the marks webhook Ignore",
+          strict_hooks["marks.memprof.dev"]["failurePolicy"] == "Ignore"
+          and strict_hooks["jobs.memprof.dev"]["failurePolicy"] == "Fail", str({n: w["failurePolicy"] for n, w in strict_hooks.items()}))
     check(
         f"{case}: pods webhook only for labelled pods",
         hooks["pods.memprof.dev"]["objectSelector"] == {"matchLabels": {"memprof.dev/inject": "true"}},
