@@ -30,7 +30,7 @@ mod processes;
 mod state;
 
 pub use advice::{advice, fragmentation, Facts, FRAGMENTATION_HIGH, SPLIT_HIGH};
-pub use processes::{AgentState, GONE_SECONDS, MAX_PROCESSES};
+pub use processes::{AgentState, MAX_PROCESSES};
 
 use super::{assess, least_squares_slope, theil_sen, Assessment, GpuSeries, Sample};
 use crate::hysteresis::{FlagGate, Hold};

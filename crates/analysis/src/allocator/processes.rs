@@ -241,11 +241,16 @@ impl AgentState {
     /// Assesses every GPU, in the order of [`AgentState::devices`], each by
     /// the process that speaks for it (after its OOM: as it was just before).
     pub fn assess(&self) -> Vec<AllocatorAssessment> {
-        let per_process: Vec<Vec<AllocatorAssessment>> =
-            self.processes.iter().map(|f| f.state.assess()).collect();
+        // Only the processes that speak for a GPU are assessed, each once.
+        let mut by_process: Vec<Option<Vec<AllocatorAssessment>>> =
+            vec![None; self.processes.len()];
         self.speakers()
             .into_iter()
-            .map(|s| per_process[s.process][s.device].clone())
+            .map(|s| {
+                let all = by_process[s.process]
+                    .get_or_insert_with(|| self.processes[s.process].state.assess());
+                all[s.device].clone()
+            })
             .collect()
     }
 

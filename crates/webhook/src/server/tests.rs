@@ -56,6 +56,22 @@ fn names() -> Vec<String> {
     vec!["127.0.0.1".into(), "localhost".into()]
 }
 
+/// A review of a pod that asks for injection, with request uid `uid`.
+fn inject_review(uid: &str) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {
+            "uid": uid, "operation": "CREATE", "name": "p", "namespace": "ml",
+            "kind": { "group": "", "version": "v1", "kind": "Pod" },
+            "resource": { "group": "", "version": "v1", "resource": "pods" },
+            "userInfo": {},
+            "object": { "apiVersion": "v1", "kind": "Pod",
+                "metadata": { "name": "p", "labels": { "memprof.dev/inject": "true" } },
+                "spec": { "containers": [{ "name": "c", "image": "x" }] } }
+        }
+    })
+}
+
 #[tokio::test]
 async fn serves_admission_over_tls_and_reloads_the_certificate() {
     let now = jiff::Timestamp::now();
@@ -81,18 +97,7 @@ async fn serves_admission_over_tls_and_reloads_the_certificate() {
     let (status, body) = request(addr, &first.ca_pem, health).await.unwrap();
     assert_eq!((status, body.as_slice()), (200, &b"ok"[..]));
 
-    let review = serde_json::json!({
-        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-        "request": {
-            "uid": "u-1", "operation": "CREATE", "name": "p", "namespace": "ml",
-            "kind": { "group": "", "version": "v1", "kind": "Pod" },
-            "resource": { "group": "", "version": "v1", "resource": "pods" },
-            "userInfo": {},
-            "object": { "apiVersion": "v1", "kind": "Pod",
-                "metadata": { "name": "p", "labels": { "memprof.dev/inject": "true" } },
-                "spec": { "containers": [{ "name": "c", "image": "x" }] } }
-        }
-    });
+    let review = inject_review("u-1");
     let post = |ca: String| {
         let req = hyper::Request::post("/mutate")
             .header("host", "127.0.0.1")
@@ -495,14 +500,7 @@ async fn h2_client_is_served_admission() {
     .await
     .unwrap();
     tokio::spawn(conn);
-    let review = serde_json::json!({
-        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-        "request": { "uid": "u-2", "operation": "CREATE", "name": "p", "namespace": "ml",
-            "kind": { "group": "", "version": "v1", "kind": "Pod" },
-            "object": { "apiVersion": "v1", "kind": "Pod",
-                "metadata": { "name": "p", "labels": { "memprof.dev/inject": "true" } },
-                "spec": { "containers": [{ "name": "c", "image": "x" }] } } }
-    });
+    let review = inject_review("u-2");
     let req = hyper::Request::post("https://127.0.0.1/mutate")
         .body(Full::new(Bytes::from(review.to_string())))
         .unwrap();
