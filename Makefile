@@ -1,7 +1,7 @@
 # memprof — run `make demo` to see it work, `make test` to prove it.
 CARGO ?= cargo
 
-.PHONY: all build release image test-image demo test unit lint fmt crds check-crds cluster-up cluster-down bench clean
+.PHONY: all build release image test-image demo test unit lint fmt crds check-crds schema check-schema cluster-up cluster-down bench clean
 
 all: build
 
@@ -45,8 +45,18 @@ crds:
 	$(CARGO) run --quiet --bin memprof -- crd > crds/memprof.yaml
 	cp crds/memprof.yaml charts/memprof/crds/memprof.yaml 2>/dev/null || true
 
-check-crds: crds
+check-crds: crds check-schema
 	git diff --exit-code crds/ charts/memprof/crds/ || (echo "crds/ is stale: run 'make crds' and commit" && exit 1)
+
+## The agent wire's JSON Schema is generated from crates/api/src/agent/ (the
+## agent's tests validate against it); never edit agent/schema/ by hand.
+schema:
+	mkdir -p agent/schema
+	$(CARGO) run --quiet --bin memprof -- agent-schema push > agent/schema/push.json
+	$(CARGO) run --quiet --bin memprof -- agent-schema reply > agent/schema/reply.json
+
+check-schema: schema
+	git diff --exit-code agent/schema/ || (echo "agent/schema/ is stale: run 'make schema' and commit" && exit 1)
 
 cluster-up:
 	bash hack/local-cluster.sh up

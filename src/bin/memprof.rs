@@ -21,6 +21,12 @@ enum Command {
     /// Print every memprof CRD as one YAML stream (what crds/ holds).
     #[command(hide = true)]
     Crd,
+    /// Print the agent wire's JSON Schema, `push` or `reply` (what agent/schema/ holds).
+    #[command(hide = true)]
+    AgentSchema {
+        #[arg(value_parser = ["push", "reply"])]
+        which: String,
+    },
     /// Run the analysis offline over a recorded trace
     ///
     /// The trace is a CSV `t_s,gpu,used_bytes,total_bytes`: a table on a
@@ -196,6 +202,9 @@ fn parse() -> Cli {
 async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Crd => memprof::cli::output::print(&memprof::api::crds_yaml()),
+        Command::AgentSchema { which } => memprof::cli::output::print(
+            &memprof::api::agent::schema_json(&which).expect("clap allows push or reply only"),
+        ),
         Command::Analyze(args) => {
             std::process::exit(memprof::cli::local::analyze::run(args).await?)
         }

@@ -11,18 +11,21 @@
 //! steering a report.
 //!
 //! Unknown fields are ignored (a newer agent may add optional fields within
-//! version 1); a different `version` is refused.
+//! version 1); a different `version` is refused. The types are also the
+//! contract's JSON Schema ([`push_schema`], [`reply_schema`]; `agent/schema/`),
+//! which the Python agent's tests check its pushes against.
 
 mod breakdown;
 mod extras;
 mod push;
 pub use breakdown::{Breakdown, Flag, ModulePhase, ModuleTypeBytes};
 pub use extras::{
-    Grads, Host, PreOom, PreOomSource, SitesSnapshot, Sizes, SizesSource, TrackedTensors,
-    TrackedType, Tracking, MAX_GRAD_NAME, MAX_GRAD_NAMES, MAX_SHAPE_DIMS, MAX_SITE, MAX_SIZE_BOUND,
-    MAX_SIZE_BUCKETS, MAX_TAG, MAX_TRACKED,
+    Grads, Host, PreOom, PreOomSource, SitesHistory, SitesSnapshot, Sizes, SizesSource,
+    TrackedTensors, TrackedType, Tracking, MAX_GRAD_NAME, MAX_GRAD_NAMES, MAX_SHAPE_DIMS, MAX_SITE,
+    MAX_SIZE_BOUND, MAX_SIZE_BUCKETS, MAX_TAG, MAX_TRACKED,
 };
 mod reply;
+mod schema;
 pub use push::{
     Block, DeviceStats, Event, EventDetail, Frame, OomSnapshot, Push, PushKind, SnapshotSource,
 };
@@ -30,6 +33,7 @@ pub use reply::{
     Ack, Directive, DirectiveKind, PushReply, Verdict, MAX_ACKS, MAX_ACK_ACTION, MAX_DIRECTIVES,
     MAX_DIRECTIVE_ID, MAX_DIRECTIVE_REASON,
 };
+pub use schema::{push_schema, reply_schema, schema_json};
 
 /// The push format version this sidecar speaks.
 pub const VERSION: u32 = 1;
@@ -214,6 +218,7 @@ pub fn validate(p: &Push) -> Result<(), Error> {
     if let Some(sites) = &p.sites {
         positive_time("sites.time", sites.time)?;
         validate_blocks("sites", &sites.blocks)?;
+        extras::validate_sites(sites)?;
     }
     if let Some(b) = &p.breakdown {
         breakdown::validate(b)?;

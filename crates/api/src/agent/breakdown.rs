@@ -12,12 +12,13 @@ use super::{
     MAX_PARAMETER_NAME,
 };
 use crate::{FlagKind, ModuleType};
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// The trainer's memory broken down (`memprof_agent.breakdown`): bytes in
 /// parameters, gradients and optimizer state, by module type, and what the
 /// activations add at the peak of a step. Bytes unless said otherwise.
-#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct Breakdown {
     /// Step at which it was taken.
@@ -60,7 +61,7 @@ pub struct Breakdown {
 
 /// The parameters of one module type. `type` is a string here, checked by
 /// [`validate`], so a wrong one is refused with its field's name.
-#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct ModuleTypeBytes {
     /// `attention`, `mlp`, `embedding`, `norm`, `lora` or `other`.
@@ -77,7 +78,7 @@ pub struct ModuleTypeBytes {
 }
 
 /// A flagged parameter.
-#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct Flag {
     /// `nan`, `inf` or `large`.
@@ -91,7 +92,7 @@ pub struct Flag {
 }
 
 /// What one top-level module adds in forward and backward.
-#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct ModulePhase {
     /// Module name.

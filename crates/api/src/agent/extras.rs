@@ -10,6 +10,7 @@
 //! are refused with the field named.
 
 use super::{bound_len, bound_opt, bound_str, validate_device, DeviceStats, Error};
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// At most this many parameter names per `grads` list.
@@ -30,7 +31,7 @@ pub const MAX_SITE: usize = 128;
 pub const MAX_TAG: usize = 64;
 
 /// The container's memory as the agent read it (`host`, every push).
-#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct Host {
     /// Resident set size of the trainer process, bytes.
@@ -53,7 +54,7 @@ pub struct Host {
 }
 
 /// The latest gradient check of `watch_gradients()` (`grads`).
-#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct Grads {
     /// The step of the check.
@@ -101,7 +102,7 @@ pub struct Grads {
 }
 
 /// Where a `sizes` reading came from.
-#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum SizesSource {
     /// The allocator's block table: live blocks by requested size.
@@ -113,7 +114,7 @@ pub enum SizesSource {
 
 /// The allocation-size pattern (`sizes`): histograms of `[upper_bytes,
 /// count]`, ascending, the upper bound inclusive.
-#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct Sizes {
     /// CUDA ordinal read.
@@ -150,7 +151,7 @@ pub struct Sizes {
 }
 
 /// What grew between the tracker's last two samples (`tracking`).
-#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct Tracking {
     /// Step of the older sample.
@@ -189,7 +190,7 @@ pub struct Tracking {
 }
 
 /// One group of live tensors (device, dtype, shape, allocating site).
-#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct TrackedTensors {
     /// `cuda:0`, `cpu`, …
@@ -219,7 +220,7 @@ pub struct TrackedTensors {
 }
 
 /// One Python object type that grew.
-#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct TrackedType {
     /// `module.QualName`.
@@ -234,7 +235,7 @@ pub struct TrackedType {
 }
 
 /// How the state before an OOM was read.
-#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum PreOomSource {
     /// In the allocator's OOM observer, before the exception existed: exact.
@@ -246,7 +247,7 @@ pub enum PreOomSource {
 
 /// The allocator's state before an OOM exception unwound (`preOom`, only
 /// in `kind: oom` pushes).
-#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct PreOom {
     /// `observer` or `peaks`.
@@ -394,7 +395,7 @@ pub(super) fn validate_pre_oom(p: &PreOom) -> Result<(), Error> {
 
 /// The agent's allocation-site snapshot at critical: live blocks grouped by
 /// their innermost user frame, largest first.
-#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct SitesSnapshot {
     /// When it was taken, seconds since the Unix epoch.
@@ -411,6 +412,34 @@ pub struct SitesSnapshot {
     /// Live bytes in blocks without frames (allocated before recording began).
     #[serde(default)]
     pub unattributed_bytes: u64,
+    /// Whether allocation history was being recorded, and since when and why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub history: Option<SitesHistory>,
+    /// Why no snapshot could be taken (`source: none`), at most 1024 bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// The allocation-history recording at the time of a sites snapshot (`sites.history`).
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SitesHistory {
+    /// Whether recording was on.
+    #[serde(default)]
+    pub on: bool,
+    /// Entries of the recording ring, when on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entries: Option<u64>,
+    /// What turned it on (`risk high (sidecar)`, `the sidecar asked`, `asked`), at most 64 bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub why: Option<String>,
+}
+
+/// Checks the fields of `sites` beyond its blocks.
+pub(super) fn validate_sites(s: &SitesSnapshot) -> Result<(), Error> {
+    bound_opt(|| "sites.error".into(), &s.error, super::MAX_MESSAGE)?;
+    let why = s.history.as_ref().and_then(|h| h.why.clone());
+    bound_opt(|| "sites.history.why".into(), &why, super::MAX_NAME)
 }
 
 #[cfg(test)]

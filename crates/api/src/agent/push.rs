@@ -6,10 +6,11 @@
 //! and `extras.rs`, the breakdown in `breakdown.rs`.
 
 use super::{Ack, Breakdown, Grads, Host, PreOom, SitesSnapshot, Sizes, Tracking};
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// Why a push was pushed.
-#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum PushKind {
     /// The periodic push of the agent's daemon thread.
@@ -22,7 +23,7 @@ pub enum PushKind {
 }
 
 /// One push of the agent.
-#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct Push {
     /// Format version; must be [`VERSION`](super::VERSION).
@@ -97,7 +98,7 @@ pub struct Push {
 
 /// One device's allocator statistics (`torch.cuda.memory_stats(i)`, read
 /// once per push) and its free/total memory (`torch.cuda.mem_get_info(i)`).
-#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct DeviceStats {
     /// CUDA ordinal as the process sees it (after `CUDA_VISIBLE_DEVICES`).
@@ -145,7 +146,7 @@ pub struct DeviceStats {
 }
 
 /// One `memprof_agent.record(name, note)` event.
-#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct Event {
     /// When it was recorded: seconds since the Unix epoch.
@@ -182,7 +183,7 @@ pub struct Event {
 }
 
 /// What `memprof_agent.record_detailed()` counted.
-#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct EventDetail {
     /// Tensors described.
@@ -200,7 +201,7 @@ pub struct EventDetail {
 }
 
 /// Where an OOM snapshot's blocks came from.
-#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum SnapshotSource {
     /// `torch.cuda.memory._snapshot()` with history recording on: blocks carry stack frames.
@@ -213,7 +214,7 @@ pub enum SnapshotSource {
 }
 
 /// What held the memory at a CUDA out-of-memory error.
-#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct OomSnapshot {
     /// Device that ran out, when known.
@@ -234,7 +235,7 @@ pub struct OomSnapshot {
 }
 
 /// One live allocator block, or the live blocks of one allocation site.
-#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct Block {
     /// Block size, bytes.
@@ -255,7 +256,7 @@ pub struct Block {
 }
 
 /// One stack frame of an allocation.
-#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct Frame {
     /// Source file.

@@ -23,7 +23,7 @@ pub const MAX_ACKS: usize = 16;
 pub const MAX_ACK_ACTION: usize = 128;
 
 /// The answer to an accepted push (HTTP 200).
-#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct PushReply {
     /// Always true: a refused push gets a 4xx status, not this body.
@@ -42,7 +42,7 @@ pub struct PushReply {
 }
 
 /// The sidecar's risk verdict for the pod.
-#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct Verdict {
     /// The worst risk among the pod's GPUs.
@@ -96,7 +96,7 @@ impl Directive {
 }
 
 /// The trainer's acknowledgement of a directive, in a push's `acks`.
-#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct Ack {
     /// The directive's id.

@@ -236,6 +236,12 @@ fn an_oom_push_carries_a_bounded_snapshot() {
         source: SnapshotSource::History,
         blocks: oom.blocks.clone(),
         unattributed_bytes: u64::MAX,
+        history: Some(SitesHistory {
+            on: true,
+            entries: Some(u64::MAX),
+            why: Some("w".repeat(MAX_NAME)),
+        }),
+        error: Some("e".repeat(MAX_MESSAGE)),
     });
     assert!(validate(&p).is_ok(), "{:?}", validate(&p));
     // The largest valid push fits the body cap.
@@ -252,4 +258,31 @@ fn an_oom_push_carries_a_bounded_snapshot() {
     sites.blocks.push(Block::default());
     let err = validate(&p).unwrap_err().to_string();
     assert!(err.contains("sites.blocks has 17 entries"), "{err}");
+}
+
+#[test]
+fn the_sites_history_and_error_the_agent_sends_are_read_and_bounded() {
+    let body = br#"{"version": 1, "time": 1.8e9, "sites": {"time": 1.8e9, "level": "critical",
+        "source": "none", "blocks": [], "unattributedBytes": 0, "error": "RuntimeError('no')",
+        "history": {"on": true, "entries": 20000, "why": "the sidecar asked"}}}"#;
+    let sites = parse(body).unwrap().sites.unwrap();
+    assert_eq!(sites.error.as_deref(), Some("RuntimeError('no')"));
+    let history = sites.history.clone().unwrap();
+    assert!(history.on && history.entries == Some(20000));
+    assert_eq!(history.why.as_deref(), Some("the sidecar asked"));
+    let mut p = push();
+    p.sites = Some(SitesSnapshot {
+        time: 1.0,
+        history: Some(SitesHistory {
+            why: Some("w".repeat(MAX_NAME + 1)),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    let err = validate(&p).unwrap_err().to_string();
+    assert!(err.contains("sites.history.why"), "{err}");
+    p.sites.as_mut().unwrap().history = None;
+    p.sites.as_mut().unwrap().error = Some("e".repeat(MAX_MESSAGE + 1));
+    let err = validate(&p).unwrap_err().to_string();
+    assert!(err.contains("sites.error"), "{err}");
 }
