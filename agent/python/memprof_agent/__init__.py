@@ -33,10 +33,10 @@ import threading
 import time
 
 from . import _breakdown
+from . import _config
 from . import _core
 from . import _extras  # registers the issue-19 push fields (host, grads, sizes, tracking)
 from . import _grads
-from . import _history
 from . import _host
 from . import _phases
 from . import _sizes
@@ -46,7 +46,7 @@ from . import _torchread
 from . import _tracking
 from . import _transport
 from . import _watch
-from ._core import MARKERS, RISK, truthy
+from ._core import MARKERS, RISK
 from ._remedy import MicroBatchLoop
 from ._risk import RiskEvent
 from ._transport import log
@@ -87,29 +87,30 @@ def start(interval=None, url=None, output=None, record_history=None, socket=None
         with _start_lock:
             if _agent is not None and _agent.alive():
                 return True
-            if truthy(os.environ.get("MEMPROF_AGENT_DISABLE")):
+            env = os.environ
+            if _config.get("MEMPROF_AGENT_DISABLE", env):
                 log.info("memprof-agent: disabled by MEMPROF_AGENT_DISABLE")
                 return False
-            env = os.environ
             MARKERS.configure(env)
             _configure_seed_parts(env)
-            try:
-                seconds = _core.parse_interval(interval if interval is not None else env.get("MEMPROF_AGENT_INTERVAL"))
-            except (TypeError, ValueError) as exc:
-                log.warning("memprof-agent: %s; using %ss", exc, _core.DEFAULT_INTERVAL)
-                seconds = _core.DEFAULT_INTERVAL
+            if interval is None:
+                seconds = _config.get("MEMPROF_AGENT_INTERVAL", env)
+            else:
+                try:
+                    seconds = _config.parse_interval(interval)
+                except (TypeError, ValueError) as exc:
+                    log.warning("memprof-agent: %s; using %ss", exc, _config.DEFAULT_INTERVAL)
+                    seconds = _config.DEFAULT_INTERVAL
             if record_history is None:
-                record_history = truthy(env.get("MEMPROF_AGENT_RECORD_HISTORY"))
-            entries = _env_int(env, "MEMPROF_AGENT_HISTORY_ENTRIES", _core.DEFAULT_HISTORY_ENTRIES)
+                record_history = _config.get("MEMPROF_AGENT_RECORD_HISTORY", env)
             agent = _core.Agent(
                 interval=seconds,
                 target=_transport.resolve_target(socket, url, env),
-                output=output or env.get("MEMPROF_AGENT_OUTPUT") or None,
+                output=output or _config.get("MEMPROF_AGENT_OUTPUT", env),
                 record_history=bool(record_history),
-                history_entries=entries,
-                history_at_high=truthy(env.get("MEMPROF_AGENT_HISTORY_AT_HIGH", "1")),
-                history_entries_at_high=_env_int(env, "MEMPROF_AGENT_HISTORY_ENTRIES_AT_HIGH",
-                                                 _history.DEFAULT_ENTRIES_AT_HIGH),
+                history_entries=_config.get("MEMPROF_AGENT_HISTORY_ENTRIES", env),
+                history_at_high=_config.get("MEMPROF_AGENT_HISTORY_AT_HIGH", env),
+                history_entries_at_high=_config.get("MEMPROF_AGENT_HISTORY_ENTRIES_AT_HIGH", env),
             )
             agent.start()
             _agent = agent
@@ -117,14 +118,6 @@ def start(interval=None, url=None, output=None, record_history=None, socket=None
     except Exception as exc:
         log.warning("memprof-agent: not started (%r); training runs without it", exc)
         return False
-
-
-def _env_int(env, name, default):
-    try:
-        value = int(env.get(name, default))
-        return value if value > 0 else default
-    except ValueError:
-        return default
 
 
 def stop():
@@ -439,7 +432,8 @@ def _reset_seed_parts():
     _tracking.TRACKER.history_on = _history_on
     _sizes.SIZES[0] = _sizes.Sizes()
     _host.READER[0] = _host.HostReader()
-    _extras._said.clear()
+    _extras._say.clear()
+    _config.SAY.clear()
 
 
 _tracking.TRACKER.history_on = _history_on

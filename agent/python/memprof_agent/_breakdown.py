@@ -11,7 +11,7 @@ import math
 import re
 
 from . import _torchread as tr
-from ._transport import log
+from ._config import Once
 
 TYPES = ("attention", "mlp", "embedding", "norm", "lora", "other")
 MAX_FLAGS = 16
@@ -34,13 +34,7 @@ _KV = {"kv", "wkv"}
 _OUT = {"o", "out", "wo", "proj", "dense"}
 _CONTAINERS = {"ModuleList", "Sequential", "ModuleDict"}
 _NORM_CLASS = re.compile(r"Norm(\d+d)?$")
-_said = set()
-
-
-def _say_once(key, message, *args):
-    if key not in _said:
-        _said.add(key)
-        log.warning(message, *args)
+_say_once = Once()
 
 
 # --- the module tree: pure walks ------------------------------------------

@@ -10,6 +10,7 @@ import os
 import threading
 import time
 
+from . import _config
 from . import _history
 from . import _oom
 from . import _risk
@@ -18,8 +19,6 @@ from . import _torchread as tr
 from . import _watch
 from ._transport import OOM_CAP, SAMPLE_CAP, Transport, encode
 
-DEFAULT_INTERVAL = 1.0
-DEFAULT_HISTORY_ENTRIES = 100000
 MAX_EVENTS_PER_PUSH = 32
 MAX_EVENTS_KEPT = 256
 # Checkpoint events are kept apart from the others and re-sent until a push
@@ -56,8 +55,8 @@ class Markers:
 
     def configure(self, env):
         """The step budget and the summary file from the environment."""
-        self.budget = _summary.parse_budget(env.get("MEMPROF_AGENT_MAX_STEPS"))
-        self.summary_path = env.get("MEMPROF_AGENT_SUMMARY") or None
+        self.budget = _config.get("MEMPROF_AGENT_MAX_STEPS", env)
+        self.summary_path = _config.get("MEMPROF_AGENT_SUMMARY", env)
 
     def phase(self):
         return self.phases[-1] if self.phases else None
@@ -104,26 +103,6 @@ def add_push_contributor(fn, with_push=False):
     if all(f is not fn for f, _ in PUSH_CONTRIBUTORS):
         PUSH_CONTRIBUTORS.append((fn, bool(with_push)))
     return fn
-
-
-def truthy(value):
-    return str(value or "").strip().lower() not in ("", "0", "false", "no", "off")
-
-
-def parse_interval(text, default=DEFAULT_INTERVAL):
-    """Seconds from '1', '0.5', '1s' or '500ms'; between 10 ms and 60 s."""
-    if text is None or str(text).strip() == "":
-        return default
-    raw = str(text).strip().lower()
-    scale = 1.0
-    if raw.endswith("ms"):
-        raw, scale = raw[:-2], 0.001
-    elif raw.endswith("s"):
-        raw = raw[:-1]
-    value = float(raw) * scale
-    if not (0.01 <= value <= 60.0):
-        raise ValueError("interval %r is outside 10ms..60s" % text)
-    return value
 
 
 class Summary:

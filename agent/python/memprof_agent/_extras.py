@@ -5,7 +5,7 @@ registered when the package is imported; a failing part is left out of
 the push and said once, the others still go."""
 
 from . import _core, _grads, _host, _sizes, _tracking
-from ._transport import log
+from ._config import Once
 
 PARTS = (
     ("host", lambda push, torch, kind: _host.host_field(push)),
@@ -14,7 +14,7 @@ PARTS = (
     ("tracking", _tracking.push_field),
 )
 
-_said = set()
+_say = Once()
 
 
 def contribute(kind, torch, push):
@@ -28,9 +28,7 @@ def contribute(kind, torch, push):
             if value is not None:
                 out[name] = value
         except Exception as exc:
-            if name not in _said:
-                _said.add(name)
-                log.warning("memprof-agent: the push's %s failed (%r); pushes go without it", name, exc)
+            _say(name, "memprof-agent: the push's %s failed (%r); pushes go without it", name, exc)
     return out
 
 

@@ -23,7 +23,7 @@ import time
 import weakref
 
 from . import _torchread as tr
-from ._transport import log
+from ._config import Once, log
 
 DEFAULT_EVERY = 50
 DEFAULT_FACTOR = 10.0
@@ -226,10 +226,4 @@ def push_field(push, torch, kind):
     return dict(w.result) if w is not None and w.result is not None else None
 
 
-_said = set()
-
-
-def _say_once(key, message, *args):
-    if key not in _said:
-        _said.add(key)
-        log.warning(message, *args)
+_say_once = Once()

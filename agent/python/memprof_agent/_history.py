@@ -12,13 +12,12 @@ frames: their bytes are summed as `unattributedBytes`."""
 
 import time
 
+from . import _config
 from . import _torchread as tr
 
-# The ring of allocation/free events torch keeps while recording. Block
-# frames do not depend on it (a live block keeps its own); it bounds the
-# host memory of the trace and the time of a snapshot (which converts every
-# entry to Python). Chosen with bench/gpu/history_cost.py (docs/agent.md).
-DEFAULT_ENTRIES_AT_HIGH = 20000
+# The ring of allocation/free events torch keeps while recording at high
+# (MEMPROF_AGENT_HISTORY_ENTRIES_AT_HIGH; _config says why that size).
+DEFAULT_ENTRIES_AT_HIGH = _config.DEFAULT_HISTORY_ENTRIES_AT_HIGH
 MAX_SITES = 16
 
 

@@ -25,7 +25,7 @@ import weakref
 
 from . import _torchread as tr
 from . import _watch
-from ._transport import log
+from ._config import Once
 
 MAX_MODULES = 32
 _CONTAINERS = {"ModuleList", "ModuleDict"}
@@ -246,11 +246,8 @@ class _Frozen:
         return self._phases
 
 
-_said = set()
+_say = Once()
 
 
 def _say_once(message):
-    key = message[:60]
-    if key not in _said:
-        _said.add(key)
-        log.warning("memprof-agent: %s; that module's numbers are incomplete", message)
+    _say(message[:60], "memprof-agent: %s; that module's numbers are incomplete", message)

@@ -19,14 +19,13 @@ Directives are acknowledged in a later push with what the callbacks did
 (docs/agent.md "Directives and acks")."""
 
 import collections
-import logging
 import threading
 import time
 import weakref
 
+from ._config import Once
 from ._reply import LEVELS, RANK
 
-log = logging.getLogger("memprof_agent")
 
 DEFAULT_REARM_SECONDS = 60.0
 MAX_ACKS = 16
@@ -107,7 +106,7 @@ class Risk:
         self.actions = collections.deque(maxlen=MAX_ACTIONS_KEPT)
         self._lock = threading.Lock()
         self._running = False
-        self._said = set()
+        self._say = Once()
 
     # --- registration -------------------------------------------------
 
@@ -235,10 +234,8 @@ class Risk:
             else:
                 action, ok = ("ran " + h.name()) if result is None else str(result), True
         except Exception as exc:
-            key = ("raised", id(h))
-            if key not in self._said:
-                self._said.add(key)
-                log.warning("memprof-agent: on_risk callback %s raised %r; training goes on without it", h.name(), exc)
+            self._say(("raised", id(h)), "memprof-agent: on_risk callback %s raised %r; training goes on without it",
+                      h.name(), exc)
             action, ok = "%s raised %s" % (h.name(), type(exc).__name__), False
         h.last, h.runs = (_cut(action), ok), h.runs + 1
         if not h.internal:
@@ -268,9 +265,8 @@ class Risk:
     def _queue_ack(self, ack):
         if len(self.acks) >= MAX_ACKS:
             self.acks.popleft()
-            if "acks-full" not in self._said:
-                self._said.add("acks-full")
-                log.warning("memprof-agent: more than %d directive acks waiting for a push; the oldest is dropped", MAX_ACKS)
+            self._say("acks-full", "memprof-agent: more than %d directive acks waiting for a push; the oldest is dropped",
+                      MAX_ACKS)
         self.acks.append(ack)
 
     def take_acks(self):

@@ -26,7 +26,7 @@ else stats) | snapshot | stats | off."""
 import time
 
 from . import _torchread as tr
-from ._transport import log
+from . import _config
 
 MIN_INTERVAL = 10.0
 COST_FACTOR = 100.0  # a reading costs at most 1 % of the daemon thread's time
@@ -101,7 +101,7 @@ class Sizes:
         self.next_at = 0.0
         self.last = None
         self.prev = None  # (monotonic time, cumulative request counts per pool)
-        self.said = False
+        self._say = _config.Once()
 
     def field(self, torch, kind, now=None, devices=None):
         """The `sizes` of the push: a new reading when one is due (never in
@@ -158,16 +158,14 @@ class Sizes:
 
     def _stop(self, message):
         self.snapshots = False
-        if not self.said:
-            self.said = True
-            log.warning(message)
+        self._say("stop", message)
 
 
 SIZES = [Sizes()]
 
 
 def configure(env):
-    SIZES[0] = Sizes(str(env.get("MEMPROF_AGENT_SIZES") or "auto").strip().lower())
+    SIZES[0] = Sizes(_config.get("MEMPROF_AGENT_SIZES", env))
 
 
 def push_field(push, torch, kind):

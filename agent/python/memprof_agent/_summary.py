@@ -51,22 +51,6 @@ class Timeline:
             self.every *= 2
 
 
-def parse_budget(text):
-    """Steps from MEMPROF_AGENT_MAX_STEPS: None when unset or empty; an
-    invalid value is said once and ignored (the run is not cut short by a
-    typo)."""
-    if text is None or str(text).strip() == "":
-        return None
-    try:
-        n = int(str(text).strip())
-        if n < 1:
-            raise ValueError
-        return n
-    except ValueError:
-        log.warning("memprof-agent: MEMPROF_AGENT_MAX_STEPS=%r is not a whole number >= 1; no step budget", text)
-        return None
-
-
 def _quantile(sorted_values, q):
     if not sorted_values:
         return None

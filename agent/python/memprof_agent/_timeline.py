@@ -17,7 +17,8 @@ import sys
 import time
 
 from . import _torchread as tr
-from ._core import MARKERS, truthy
+from . import _config
+from ._core import MARKERS
 from ._transport import log
 
 MAX_TIMELINE = 4096
@@ -320,7 +321,7 @@ class LogFile:
         self.pid = os.getpid()
 
     def _open(self):
-        directory = os.environ.get("MEMPROF_AGENT_LOG_DIR")
+        directory = _config.get("MEMPROF_AGENT_LOG_DIR")
         if not directory:
             self.failed = True  # not asked for: never look again
             return
@@ -393,7 +394,7 @@ def print_at_exit():
 
 
 def at_exit_wanted():
-    return truthy(os.environ.get("MEMPROF_AGENT_TIMELINE"))
+    return _config.get("MEMPROF_AGENT_TIMELINE")
 
 
 TIMELINE = Timeline()

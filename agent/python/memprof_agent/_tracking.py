@@ -30,10 +30,10 @@ import os
 import sys
 import time
 
+from . import _config
 from . import _torchread as tr
-from ._transport import log
 
-DEFAULT_EVERY = 100
+DEFAULT_EVERY = _config.DEFAULT_TRACKING_EVERY
 MAX_GROUPS = 4096
 MAX_TOP = 32
 MAX_SITE = 128
@@ -209,7 +209,7 @@ class Tracker:
         self.result = None
         self.history_on = lambda: False
         self.sites = None  # None: when the agent records history; True/False: forced
-        self.said = set()
+        self._say = _config.Once()
 
     def configure(self, enabled, every=DEFAULT_EVERY, sites=None):
         self.every = max(1, int(every)) if enabled else 0
@@ -250,11 +250,6 @@ class Tracker:
     def at_step(self, calls, step):
         if self.every and calls % self.every == 0:
             self.sample(step=step)
-
-    def _say(self, key, message, *args):
-        if key not in self.said:
-            self.said.add(key)
-            log.warning(message, *args)
 
 
 TRACKER = Tracker()
@@ -300,15 +295,9 @@ def _mib(n):
 def configure_from_env(env):
     """MEMPROF_AGENT_TRACKING=1 (and MEMPROF_AGENT_TRACKING_EVERY=N); the
     report goes to stderr at exit when asked through the environment."""
-    from ._core import truthy
-
-    if not truthy(env.get("MEMPROF_AGENT_TRACKING")):
+    if not _config.get("MEMPROF_AGENT_TRACKING", env):
         return False
-    try:
-        every = int(env.get("MEMPROF_AGENT_TRACKING_EVERY") or DEFAULT_EVERY)
-    except ValueError:
-        every = DEFAULT_EVERY
-    TRACKER.configure(True, every)
+    TRACKER.configure(True, _config.get("MEMPROF_AGENT_TRACKING_EVERY", env))
     return True
 
 

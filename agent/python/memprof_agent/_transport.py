@@ -16,15 +16,13 @@ never go through a proxy."""
 import http.client
 import ipaddress
 import json
-import logging
 import os
 import socket
 import time
 import urllib.parse
 
-from . import _reply
-
-log = logging.getLogger("memprof_agent")
+from . import _config, _reply
+from ._config import Once, log
 
 # Body caps (docs/agent.md): a periodic push stays under 64 KiB; the
 # sidecar takes up to 256 KiB, which only an OOM push may need.
@@ -59,10 +57,12 @@ def resolve_target(socket_path=None, url=None, env=None):
         return Target("unix", str(socket_path))
     if url:
         return _url_target(str(url))
-    if env.get("MEMPROF_AGENT_SOCKET"):
-        return Target("unix", env["MEMPROF_AGENT_SOCKET"])
-    if env.get("MEMPROF_AGENT_URL"):
-        return _url_target(env["MEMPROF_AGENT_URL"])
+    env_socket = _config.get("MEMPROF_AGENT_SOCKET", env)
+    if env_socket:
+        return Target("unix", env_socket)
+    env_url = _config.get("MEMPROF_AGENT_URL", env)
+    if env_url:
+        return _url_target(env_url)
     return Target("unix", DEFAULT_SOCKET, optional=True)
 
 
@@ -120,17 +120,13 @@ class Transport:
             self._path = parsed.path or "/v1/agent"
         else:
             self._path = "/v1/agent"
-        self._said = set()
+        # say_once(key, message, *args): each kind of trouble once per transport.
+        self.say_once = Once()
         self.failures = 0
         self.sent = 0
         self.attempts = 0
         self.dropped = 0
         self._next_try = 0.0
-
-    def say_once(self, key, message, *args):
-        if key not in self._said:
-            self._said.add(key)
-            log.warning(message, *args)
 
     def ready(self, now=None):
         """Whether a push may go now (not backing off)."""

@@ -14,7 +14,7 @@ import weakref
 
 from . import _breakdown as bd
 from . import _torchread as tr
-from ._transport import log
+from ._config import Once
 
 
 class Carried:
@@ -196,13 +196,7 @@ def reset():
     memprof_agent._watched[0] = None
 
 
-_said = set()
-
-
-def _say_once(key, message, *args):
-    if key not in _said:
-        _said.add(key)
-        log.warning(message, *args)
+_say_once = Once()
 
 
 def cuda_indices_of(torch, model):
