@@ -21,7 +21,7 @@ cargo test --workspace --lib --bins
 
 log "agent tests (pytest; a real memprof-sidecar, a fake torch: no GPU needed)"
 cargo build --workspace --bins
-python3 -m pip install --quiet --disable-pip-version-check pytest
+python3 -m pip install --quiet --disable-pip-version-check pytest jsonschema
 MEMPROF_SIDECAR_BIN="$PWD/target/debug/memprof-sidecar" MEMPROF_BIN="$PWD/target/debug/memprof" \
     python3 -m pytest -q -p no:cacheprovider agent/python/tests
 

@@ -2,7 +2,13 @@
 agent pushes to its Unix socket in the test's private directory, contract
 A; /metrics on an OS-chosen loopback port), the fake torch, and small HTTP
 servers that misbehave. Every process and temporary directory is removed at
-teardown."""
+teardown.
+
+And the wire contract (agent/schema/, generated from the Rust types): every
+push the agent encodes, in every test, is checked against the push schema
+made strict (wire.py), and every answer of a real sidecar against the reply
+schema; a test whose agent sent a field the sidecar's type does not have
+fails at teardown."""
 
 import http.server
 import json
@@ -26,6 +32,7 @@ sys.path.insert(0, str(HERE))
 
 import fake_torch  # noqa: E402
 import memprof_agent  # noqa: E402
+import wire  # noqa: E402
 
 
 def sidecar_binary():
@@ -46,6 +53,7 @@ class Sidecar:
         self.log_path = Path(workdir) / "sidecar.log"
         self._log = open(self.log_path, "w")
         self.socket = str(Path(workdir) / "agent.sock")
+        wire.REAL_SIDECARS.add(self.socket)
         args = [sidecar_binary(), "--standalone", "--listen", "127.0.0.1:0", "--interval", "100ms",
                 "--agent-socket", self.socket]
         args += list(extra_args) or ["--backend", "sim", "--scenario", str(scenario)]
@@ -156,6 +164,17 @@ def real_torch():
     if t is None:
         pytest.skip("torch is not installed")
     return t
+
+
+@pytest.fixture(autouse=True)
+def wire_contract(monkeypatch):
+    """Records what crosses the wire during the test; checks it against
+    agent/schema/ at teardown (wire.py)."""
+    seen = wire.Recorder()
+    seen.install(monkeypatch, memprof_agent._transport)
+    yield seen
+    problems = seen.problems()
+    assert not problems, "the wire contract (agent/schema/) is broken:\n" + "\n".join(problems)
 
 
 @pytest.fixture(autouse=True)

@@ -61,7 +61,7 @@ def test_checkpoints_are_sent_again_until_a_push_is_accepted(fake, unix_sidecar)
 
 
 def test_the_size_cap_sheds_other_events_before_a_checkpoint():
-    push = {"version": 1, "devices": [], "events": [{"t": 1.0, "name": "n", "note": "x" * 256} for _ in range(31)]}
+    push = {"version": 1, "time": 1.0, "devices": [], "events": [{"t": 1.0, "name": "n", "note": "x" * 256} for _ in range(31)]}
     push["events"].insert(7, {"t": 1.0, "name": "checkpoint", "note": "step=5"})
     body = json.loads(memprof_agent._transport.encode(push, 2048))
     assert body["events"] == [{"t": 1.0, "name": "checkpoint", "note": "step=5"}]
