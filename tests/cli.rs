@@ -377,6 +377,14 @@ async fn errors_say_what_exists_and_what_to_do_without_a_backtrace() {
             "{args:?}"
         );
     }
+    // kubectl's NotFound: one line, exit 1 (it said "not found" and exited 0).
+    let out = memprof(&["policy", "explain", "nope", "-n", n], &[]).await;
+    let (stdout, stderr) = texts(&out);
+    assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
+    assert_eq!(
+        stderr,
+        format!("error: no Job {n}/nope: `kubectl get jobs -n {n}` lists them (or pass NAMESPACE/JOB, -n)\n")
+    );
     let empty = TestNamespace::create(&client).await;
     let out = memprof(&["report", "x", "-n", &empty.name], &[]).await;
     assert!(texts(&out).1.contains(&format!(

@@ -145,6 +145,33 @@ pub fn better_suggestion(err: clap::Error, cmd: &Command) -> clap::Error {
     out
 }
 
+/// Refuses a command that starts with a flag-looking word: the command's
+/// trailing arguments take any word clap does not know, so a mistyped
+/// `memprof profile --duraton 5` would otherwise run `--duraton 5`. The
+/// error names the closest flag of `A` and says to put the command after `--`.
+pub fn check_command<A: clap::Args>(name: &str, command: &[String]) -> Result<(), String> {
+    let Some(word) = command
+        .first()
+        .filter(|w| w.starts_with('-') && w.len() > 1)
+    else {
+        return Ok(());
+    };
+    let flag = word.split_once('=').map_or(word.as_str(), |(f, _)| f);
+    let cmd = A::augment_args(Command::new("memprof"));
+    let longs: Vec<String> = cmd
+        .get_arguments()
+        .filter(|a| !a.is_hide_set())
+        .filter_map(|a| a.get_long().map(|l| format!("--{l}")))
+        .collect();
+    let close = suggest(flag, longs.iter().map(String::as_str))
+        .map(|s| format!("did you mean {s}? "))
+        .unwrap_or_default();
+    Err(format!(
+        "unknown flag {flag} for `memprof {name}`: {close}flags go before the command, \
+         and the command after `--` (memprof {name} [FLAGS] -- COMMAND...)"
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -161,6 +188,36 @@ mod tests {
         assert_eq!(suggest("plto", NAMES), Some("plot"));
         assert_eq!(suggest("poilcy", NAMES), Some("policy"));
         assert_eq!(suggest("docter", NAMES), Some("doctor"));
+    }
+
+    /// A few flags, as a command's `Args`.
+    #[derive(clap::Args)]
+    struct Flags {
+        #[arg(long)]
+        duration: Option<f64>,
+        #[arg(long)]
+        devices: Option<String>,
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        command: Vec<String>,
+    }
+
+    #[test]
+    fn a_flag_looking_word_before_the_command_is_a_mistyped_flag() {
+        let words = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let e = check_command::<Flags>("profile", &words(&["--duraton", "5"])).unwrap_err();
+        assert!(e.contains("unknown flag --duraton"), "{e}");
+        assert!(e.contains("did you mean --duration?"), "{e}");
+        assert!(e.contains("after `--`"), "{e}");
+        assert!(!e.contains('\n'), "{e}");
+        let e = check_command::<Flags>("profile", &words(&["--devise=0"])).unwrap_err();
+        assert!(
+            e.contains("--devise for") && e.contains("--devices?"),
+            "{e}"
+        );
+        let e = check_command::<Flags>("profile", &words(&["--zzzzzz"])).unwrap_err();
+        assert!(!e.contains("did you mean"), "{e}");
+        check_command::<Flags>("profile", &words(&["python", "--lr", "1"])).unwrap();
+        check_command::<Flags>("profile", &[]).unwrap();
     }
 
     #[test]

@@ -7,7 +7,9 @@
 //! - [`local`]: the local lab, commands on this machine's GPUs and files
 //!   (`profile`, `oom`, `analyze`, `sweep`, `install-agent`, `compare` of
 //!   two result files);
+//! - [`duration`]: the one parser of every duration flag (`5`, `5s`, `500ms`, `2m`);
 //! - [`output`]: `-o` formats and kubectl-style tables, shared by both;
+//! - [`outfile`]: files and folders a command writes, checked before it works;
 //! - [`plot`]: SVG and text charts, shared by both;
 //! - [`render`]: verdicts in words (the agent's sections), shared by both.
 //!
@@ -15,19 +17,24 @@
 //! (`policy explain` shows the controller's own trigger and plan arithmetic).
 #![forbid(unsafe_code)]
 
+pub mod duration;
 pub mod help;
 pub mod kube;
 pub mod local;
 pub mod nodecheck;
+pub mod outfile;
 pub mod output;
 pub mod plot;
 pub mod render;
 
-/// `memprof compare A B`: two result files (sweep or profile summaries) are
-/// compared locally, anything else names two Jobs in the cluster.
+/// `memprof compare A B`: result files (sweep or profile summaries) are
+/// compared locally, anything else names two Jobs in the cluster. Either
+/// argument naming a file ([`local::compare_files::names_a_file`]) makes it
+/// a comparison of files: a missing one is said to be missing.
 pub async fn compare(args: crate::kube::compare::Args) -> anyhow::Result<i32> {
+    use crate::local::compare_files::names_a_file;
     let (a, b) = (std::path::Path::new(&args.a), std::path::Path::new(&args.b));
-    if a.is_file() && b.is_file() {
+    if names_a_file(&args.a) || names_a_file(&args.b) {
         let c = crate::local::compare_files::compare_paths(a, b)?;
         let format = crate::kube::compare::format_of(&args.output);
         let text = crate::local::compare_files::render(&c, format);

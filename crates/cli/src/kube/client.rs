@@ -47,6 +47,14 @@ pub enum CliError {
         /// Profiles that exist there.
         existing: Vec<String>,
     },
+    /// No Job of that name (`policy explain`); exits 1 as kubectl's NotFound does.
+    #[error("no Job {namespace}/{name}: `kubectl get jobs -n {namespace}` lists them (or pass NAMESPACE/JOB, -n)")]
+    JobNotFound {
+        /// Namespace looked in.
+        namespace: String,
+        /// Name asked for.
+        name: String,
+    },
     /// The user may not read what the command needs.
     #[error("not allowed to {verb} {resource} in {scope}: {message} (ask for read access to memprof.dev resources, or pick another namespace with -n)")]
     Forbidden {
@@ -63,15 +71,14 @@ pub enum CliError {
     #[error("{0}")]
     Usage(String),
     /// Any other API error.
-    #[error("{verb} {resource}: {source}")]
+    #[error("{verb} {resource}: {error}")]
     Api {
         /// `get` or `list`.
         verb: &'static str,
         /// Resource plural.
         resource: String,
         /// The client's error.
-        #[source]
-        source: kube::Error,
+        error: kube::Error,
     },
 }
 
@@ -298,7 +305,7 @@ pub fn map_error(e: kube::Error, verb: &'static str, resource: &str, scope: &Sco
         _ => CliError::Api {
             verb,
             resource: resource.to_string(),
-            source: e,
+            error: e,
         },
     }
 }

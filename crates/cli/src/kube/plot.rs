@@ -42,7 +42,7 @@ pub enum Chart {
 /// Runs the subcommand; returns the process exit code.
 pub async fn run(args: Args) -> Result<i32, CliError> {
     if let Some(path) = &args.out {
-        crate::plot::check_image_path(path).map_err(|e| CliError::Usage(e.to_string()))?;
+        crate::outfile::prepare_image("--out", path).map_err(|e| CliError::Usage(e.to_string()))?;
     }
     let (client, ns) = args.kube.connect().await?;
     let (ns, job) = k::split_ref(&args.job, &ns);

@@ -284,6 +284,19 @@ fn explain_batch_fit(out: &mut String, p: &RemediationPolicy, status: &MemoryPro
     }
 }
 
+/// The Job, or the error kubectl gives a missing object (exit 1): a
+/// script must not read "not found" as a Job with nothing to explain.
+pub fn job_found(
+    namespace: &str,
+    name: &str,
+    job: Option<Value>,
+) -> Result<Value, crate::kube::client::CliError> {
+    job.ok_or_else(|| crate::kube::client::CliError::JobNotFound {
+        namespace: namespace.into(),
+        name: name.into(),
+    })
+}
+
 /// Fetches what `explain` needs and prints it.
 pub async fn run(command: Command) -> anyhow::Result<()> {
     let Command::Explain { job, kube } = command;
@@ -298,6 +311,7 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot read Job {namespace}/{job}"))?
         .map(|j| serde_json::to_value(j).unwrap_or_default());
+    let job_json = job_found(&namespace, &job, job_json)?;
     let profiles: Api<MemoryProfile> = Api::namespaced(client.clone(), &namespace);
     let map_err = |e, verb, resource| crate::kube::client::map_error(e, verb, resource, &scope);
     let profile = profiles
@@ -317,7 +331,7 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
         render_explain(&ExplainInput {
             namespace: &namespace,
             job_name: &job,
-            job: job_json.as_ref(),
+            job: Some(&job_json),
             profile: profile.as_ref().and_then(|p| p.status.as_ref()),
             policies: &policies,
             config_maps: &config_maps,
@@ -360,6 +374,19 @@ mod tests {
     use super::*;
     use memprof_api::{RemediationRecord, RiskLevel};
     use serde_json::json;
+
+    #[test]
+    fn a_missing_job_is_an_error_that_says_where_to_look() {
+        let e = job_found("ml", "nope", None).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "no Job ml/nope: `kubectl get jobs -n ml` lists them (or pass NAMESPACE/JOB, -n)"
+        );
+        assert_eq!(
+            job_found("ml", "j", Some(json!({"a": 1}))).unwrap(),
+            json!({"a": 1})
+        );
+    }
 
     fn policy(name: &str, team: &str, for_seconds: u32) -> RemediationPolicy {
         RemediationPolicy::test(name, team, for_seconds, 8)

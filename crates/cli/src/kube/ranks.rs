@@ -25,8 +25,8 @@ pub enum StaleRule {
 
 impl StaleRule {
     /// The rule `--stale-after` asks for (`None`: the operator's).
-    pub fn from_flag(seconds: Option<u64>) -> Self {
-        seconds.map_or(StaleRule::Operator, StaleRule::After)
+    pub fn from_flag(after: Option<std::time::Duration>) -> Self {
+        after.map_or(StaleRule::Operator, |d| StaleRule::After(d.as_secs()))
     }
 
     /// Seconds after its sample that `r` turns stale.

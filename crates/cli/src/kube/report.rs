@@ -26,11 +26,11 @@ pub struct Args {
     pub print: PrintArgs,
     #[command(flatten)]
     pub watch: WatchArgs,
-    /// Call a rank stale when its last report is older than this many
-    /// seconds. Default: the operator's verdict (two of the sidecar's
+    /// Call a rank stale when its last report is older than this (`150`,
+    /// `150s`, `2m`; a bare number is seconds). Default: the operator's verdict (two of the sidecar's
     /// heartbeats plus 30 s; 150 s by default).
-    #[arg(long, value_name = "SECONDS")]
-    pub stale_after: Option<u64>,
+    #[arg(long, value_name = "DURATION", value_parser = crate::duration::parse)]
+    pub stale_after: Option<std::time::Duration>,
 }
 
 /// Now and `--stale-after`: what ages are measured against.

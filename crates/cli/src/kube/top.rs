@@ -22,11 +22,11 @@ pub struct Args {
     pub print: PrintArgs,
     #[command(flatten)]
     pub watch: WatchArgs,
-    /// Call a rank stale when its last report is older than this many
-    /// seconds (`-o wide`: AGE and STALE columns). Default: the operator's
+    /// Call a rank stale when its last report is older than this (`150`,
+    /// `2m`; a bare number is seconds; `-o wide`: AGE and STALE columns). Default: the operator's
     /// verdict (two of the sidecar's heartbeats plus 30 s; 150 s by default).
-    #[arg(long, value_name = "SECONDS")]
-    pub stale_after: Option<u64>,
+    #[arg(long, value_name = "DURATION", value_parser = crate::duration::parse)]
+    pub stale_after: Option<std::time::Duration>,
 }
 
 /// Runs the subcommand; returns the process exit code.

@@ -33,9 +33,10 @@ pub struct Args {
     /// Analysis thresholds as JSON (camelCase fields of the analysis thresholds).
     #[arg(long)]
     pub thresholds: Option<String>,
-    /// Trace seconds between two `estimate` lines (0: none; JSON/YAML only).
-    #[arg(long, default_value_t = 10.0)]
-    pub estimate_every: f64,
+    /// Trace time between two `estimate` lines (`10`, `10s`, `1m`; 0: none;
+    /// JSON/YAML only).
+    #[arg(long, default_value = "10s", value_name = "DURATION", value_parser = crate::duration::parse)]
+    pub estimate_every: std::time::Duration,
     #[command(flatten)]
     #[allow(missing_docs)]
     pub output: OutputArgs,
@@ -66,12 +67,14 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         return Ok(0);
     }
     if let Some(p) = args.plot.as_deref() {
-        crate::plot::check_image_path(p)?;
+        crate::outfile::prepare_image("--plot", p)?;
     }
-    let rows = memprof_api::trace::read_trace(&args.trace)?;
+    // The trace error's message already ends with its cause: one line, not
+    // the cause twice (`{:#}` prints the chain).
+    let rows = memprof_api::trace::read_trace(&args.trace).map_err(|e| anyhow::anyhow!("{e}"))?;
     let opts = Options {
         thresholds: thresholds.clone(),
-        estimate_every: args.estimate_every,
+        estimate_every: args.estimate_every.as_secs_f64(),
         ..Default::default()
     };
     let mut lines = vec![];

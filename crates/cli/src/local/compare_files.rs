@@ -20,12 +20,12 @@ use reports::report_rows;
 #[derive(Debug, thiserror::Error)]
 pub enum CompareFilesError {
     /// A file could not be read.
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {path}: {error}; compare two files (memprof sweep --json, memprof profile --output) or two Jobs (JOB, NAMESPACE/JOB)")]
     Read {
         /// The file.
         path: String,
         /// Why.
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// A file is neither a sweep result nor a report.
     #[error("{path} is not a sweep result (memprof sweep --json) nor a report (memprof profile --output): {why}")]
@@ -135,6 +135,15 @@ pub async fn run(a: &Path, b: &Path, format: Format) -> anyhow::Result<i32> {
     Ok(0)
 }
 
+/// Whether a `compare` argument names a file rather than a Job: it exists,
+/// or it ends as result files do (`.json`, `.yaml`, `.yml`). A missing
+/// `r.json` is then a missing file, not a Job looked for in a cluster.
+pub fn names_a_file(arg: &str) -> bool {
+    let p = Path::new(arg);
+    let ext = p.extension().and_then(|e| e.to_str()).unwrap_or("");
+    p.exists() || ["json", "yaml", "yml"].contains(&ext.to_ascii_lowercase().as_str())
+}
+
 /// Loads and compares two files.
 pub fn compare_paths(a: &Path, b: &Path) -> Result<Comparison, CompareFilesError> {
     let (la, lb) = (load_path(a)?, load_path(b)?);
@@ -142,9 +151,9 @@ pub fn compare_paths(a: &Path, b: &Path) -> Result<Comparison, CompareFilesError
 }
 
 fn load_path(p: &Path) -> Result<Loaded, CompareFilesError> {
-    let text = std::fs::read_to_string(p).map_err(|source| CompareFilesError::Read {
+    let text = std::fs::read_to_string(p).map_err(|error| CompareFilesError::Read {
         path: p.display().to_string(),
-        source,
+        error,
     })?;
     load(&text).map_err(|why| CompareFilesError::Unknown {
         path: p.display().to_string(),

@@ -24,20 +24,20 @@ pub enum InstallError {
     #[error("{0} holds no {HOOK}: not an agent tree; the memprof image carries it at {DEFAULT_AGENT_SOURCE} (set --from for another place)")]
     NotAnAgent(PathBuf),
     /// Reading the source failed.
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {path}: {error}")]
     Read {
         /// File or directory.
         path: PathBuf,
         /// The I/O error.
-        source: io::Error,
+        error: io::Error,
     },
     /// Writing the target failed.
-    #[error("cannot write {path}: {source}; the target must be a writable directory (the pod's emptyDir)")]
+    #[error("cannot write {path}: {error}; the target must be a writable directory (the pod's emptyDir)")]
     Write {
         /// File or directory.
         path: PathBuf,
         /// The I/O error.
-        source: io::Error,
+        error: io::Error,
     },
 }
 
@@ -60,11 +60,11 @@ fn is_bytecode(name: &str) -> bool {
 fn copy_dir(from: &Path, to: &Path) -> Result<usize, InstallError> {
     let read = |path: &Path| {
         let path = path.to_path_buf();
-        move |source| InstallError::Read { path, source }
+        move |error| InstallError::Read { path, error }
     };
     let write = |path: &Path| {
         let path = path.to_path_buf();
-        move |source| InstallError::Write { path, source }
+        move |error| InstallError::Write { path, error }
     };
     fs::create_dir_all(to).map_err(write(to))?;
     fs::set_permissions(to, fs::Permissions::from_mode(0o755)).map_err(write(to))?;

@@ -78,13 +78,13 @@ async fn monitor(args: Args) -> Result<i32, ProfileError> {
     let files = [trace, output];
     if let Some(why) = blind(&side).await {
         stop(&mut side, &files).await;
-        eprintln!("{}", profile::blind_line(&why));
+        eprintln!("{}", profile::blind_line(&why, profile.backend()));
         return Ok(profile::BLIND);
     }
     let fail_on = args.fail_on.map(FailOn::level);
     println!(
         "memprof oom: watching (interval {}{}); Ctrl-C to stop",
-        profile.interval,
+        crate::duration::millis(profile.interval),
         fail_on.map_or(String::new(), |l| format!(
             ", exits {REACHED} at risk {l} or worse"
         ))
@@ -159,6 +159,11 @@ mod tests {
             #[command(flatten)]
             a: Args,
         }
+        // check() reads the trace: a real one.
+        let t = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../tests/fixtures/traces/leak300_h100.csv"
+        );
         let a = <Cli as clap::Parser>::try_parse_from([
             "oom",
             "--monitor",
@@ -167,7 +172,7 @@ mod tests {
             "--backend",
             "trace",
             "--trace",
-            "t.csv",
+            t,
             "--interval",
             "500ms",
         ])
@@ -179,7 +184,7 @@ mod tests {
             .sidecar_flags(Path::new("o.csv"), Path::new("r.json"));
         let has = |k: &str, v: &str| f.windows(2).any(|w| w[0] == k && w[1] == v);
         assert!(
-            has("--gpus", "0") && has("--trace", "t.csv") && has("--interval", "500ms"),
+            has("--gpus", "0") && has("--trace", t) && has("--interval", "500ms"),
             "{f:?}"
         );
         assert!(has("--speed", "1"), "--speed defaults to 1: {f:?}");

@@ -36,12 +36,12 @@ use std::time::{Duration, Instant};
 #[derive(Debug, thiserror::Error)]
 pub enum ProfileError {
     /// The sidecar binary is missing or could not start.
-    #[error("cannot run {path}: {source}; install memprof-sidecar next to memprof")]
+    #[error("cannot run {path}: {error}; install memprof-sidecar next to memprof")]
     Sidecar {
         /// Binary path.
         path: PathBuf,
         /// Why.
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// The sidecar exited or did not listen in time.
     #[error("memprof-sidecar did not start serving its socket {addr} within 10 s ({why}); run it alone with the same flags to see its error")]
@@ -52,23 +52,25 @@ pub enum ProfileError {
         why: String,
     },
     /// The command could not start.
-    #[error("cannot run {command:?}: {source}")]
+    #[error("cannot run {command:?}: {error}")]
     Command {
         /// The command.
         command: String,
         /// Why.
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// No free loopback port.
     #[error("cannot pick a loopback port for the sidecar: {0}")]
     Port(std::io::Error),
     /// The private directory for the sidecar's socket could not be made.
-    #[error("cannot create the private directory {dir} for the sidecar's socket: {source}; check TMPDIR")]
+    #[error(
+        "cannot create the private directory {dir} for the sidecar's socket: {error}; check TMPDIR"
+    )]
     PrivateDir {
         /// The directory.
         dir: PathBuf,
         /// Why.
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// A flag is wrong.
     #[error("{0}")]
@@ -77,13 +79,16 @@ pub enum ProfileError {
     #[error("memprof-sidecar wrote no final report: its messages above say why (bad --scenario or --trace?)")]
     NoReport,
     /// A file could not be written.
-    #[error("cannot write {path}: {source}")]
+    #[error("cannot write {path}: {error}")]
     Write {
         /// The file.
         path: PathBuf,
         /// Why.
-        source: std::io::Error,
+        error: std::io::Error,
     },
+    /// A file the run was asked to write cannot be (checked before it starts).
+    #[error(transparent)]
+    OutFile(#[from] crate::outfile::OutFileError),
 }
 
 /// Where an agent tree's startup hook and package are.
@@ -187,13 +192,27 @@ pub struct Args {
 }
 
 impl Args {
-    /// The sampling flags' checks, then `--plot`'s.
+    /// The sampling flags' checks, then the command's: a flag-looking word
+    /// before it is a mistyped flag, not a program.
     pub fn check(&self) -> Result<(), ProfileError> {
         self.sample.check()?;
-        match self.plot.as_deref().map(crate::plot::check_image_path) {
-            Some(Err(e)) => Err(ProfileError::Usage(format!("--plot: {e}"))),
-            _ => Ok(()),
+        crate::help::check_command::<Args>("profile", &self.command).map_err(ProfileError::Usage)
+    }
+
+    /// Every file the run writes, checked (folders made) before it starts:
+    /// an hour's run must not end with nowhere to put its report.
+    pub fn prepare_outputs(&self) -> Result<(), ProfileError> {
+        use crate::outfile::{prepare, prepare_image};
+        if let Some(p) = &self.output {
+            prepare("--output", p)?;
         }
+        if let Some(p) = &self.trace_out {
+            prepare("--trace-out", p)?;
+        }
+        if let Some(p) = &self.plot {
+            prepare_image("--plot", p)?;
+        }
+        Ok(())
     }
 }
 
@@ -268,6 +287,7 @@ pub async fn profile(a: Args) -> Result<i32, ProfileError> {
     a.check()?;
     let launch = launch::Launch::from_env();
     let a = a.for_launch(&launch)?;
+    a.prepare_outputs()?;
     let exe = sidecar::sidecar_exe()?;
     let files = Files::new(&a);
     let addr = match &a.listen {
@@ -299,7 +319,7 @@ pub async fn profile(a: Args) -> Result<i32, ProfileError> {
     }
     side.stop().await;
     if let Some(why) = &watched.blind {
-        eprintln!("{}", blind_line(why));
+        eprintln!("{}", blind_line(why, a.sample.backend()));
         return Ok(BLIND);
     }
     finish(&a, &files, watched, started)
@@ -308,12 +328,15 @@ pub async fn profile(a: Args) -> Result<i32, ProfileError> {
 /// Exit status when nothing could be seen: no GPU and no agent data.
 pub const BLIND: i32 = 4;
 
-/// The one line said when a run sees nothing.
-pub fn blind_line(why: &str) -> String {
-    format!(
-        "memprof: no GPU and no agent data, nothing was watched: {why} \
-         (to try memprof without a GPU: --backend sim --scenario hack/scenarios/demo.yaml)"
-    )
+/// The one line said when a run sees nothing; on real GPUs, how to try
+/// memprof without one (a run on a scenario or a trace has its source: the
+/// sidecar's reason says what was wrong with it).
+pub fn blind_line(why: &str, backend: Backend) -> String {
+    let hint = match backend {
+        Backend::Nvml => " (to try memprof without a GPU: --scenario hack/scenarios/demo.yaml)",
+        Backend::Sim | Backend::Trace => "",
+    };
+    format!("memprof: no GPU and no agent data, nothing was watched: {why}{hint}")
 }
 
 /// After the sidecar stopped: the summary from its final report and trace,
@@ -353,7 +376,7 @@ fn finish(
     }
     match live::nothing_seen(&report).filter(|_| !a.blind_ok) {
         Some(why) => {
-            eprintln!("{}", blind_line(&why));
+            eprintln!("{}", blind_line(&why, a.sample.backend()));
             Ok(if watched.code != 0 {
                 watched.code
             } else {
@@ -386,9 +409,9 @@ pub(crate) fn start_command(
             agent_path.map_or(DEFAULT_AGENT_SOURCE.into(), |p| p.display().to_string())
         ),
     }
-    cmd.spawn().map_err(|source| ProfileError::Command {
+    cmd.spawn().map_err(|error| ProfileError::Command {
         command: command.join(" "),
-        source,
+        error,
     })
 }
 
@@ -459,9 +482,9 @@ mod tests {
             parse(&["--backend", "sim"]).check().is_err(),
             "sim needs a scenario"
         );
-        assert!(
-            parse(&["--interval", "5"]).check().is_err(),
-            "an interval needs a unit"
+        assert_eq!(
+            parse(&["--interval", "5"]).sample.interval,
+            Duration::from_secs(5)
         );
     }
 

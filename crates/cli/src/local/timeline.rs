@@ -32,12 +32,12 @@ pub struct Args {
 #[derive(Debug, thiserror::Error)]
 pub enum TimelineError {
     /// The file could not be read.
-    #[error("cannot read {file}: {source}")]
+    #[error("cannot read {file}: {error}")]
     Read {
         /// The file.
         file: PathBuf,
         /// The error.
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// Not an export of the agent.
     #[error("{file} is not the agent's timeline export ({why}); write one with memprof_agent.export_timeline(PATH) in the trainer")]
@@ -50,6 +50,9 @@ pub enum TimelineError {
     /// The picture could not be written.
     #[error(transparent)]
     Plot(#[from] crate::plot::ImageError),
+    /// `--plot` cannot be written (checked before the file is read).
+    #[error(transparent)]
+    OutFile(#[from] crate::outfile::OutFileError),
 }
 
 /// The export, as far as this command reads it.
@@ -112,11 +115,11 @@ pub fn parse(text: &str) -> Result<Vec<Event>, String> {
 /// Runs the subcommand; returns the exit code.
 pub async fn run(args: Args) -> Result<i32, TimelineError> {
     if let Some(p) = &args.plot {
-        crate::plot::check_image_path(p)?;
+        crate::outfile::prepare_image("--plot", p)?;
     }
-    let text = std::fs::read_to_string(&args.file).map_err(|source| TimelineError::Read {
+    let text = std::fs::read_to_string(&args.file).map_err(|error| TimelineError::Read {
         file: args.file.clone(),
-        source,
+        error,
     })?;
     let events = parse(&text).map_err(|why| TimelineError::Format {
         file: args.file.clone(),

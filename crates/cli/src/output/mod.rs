@@ -80,9 +80,9 @@ pub struct WatchArgs {
     /// redrawn in place; otherwise each frame follows the previous one after a blank line).
     #[arg(short = 'w', long)]
     pub watch: bool,
-    /// Seconds between redraws with --watch.
-    #[arg(long, default_value_t = 2.0, value_name = "SECONDS")]
-    pub interval: f64,
+    /// Time between redraws with --watch (`2`, `2s`, `500ms`; a bare number is seconds).
+    #[arg(long, default_value = "2s", value_name = "DURATION", value_parser = crate::duration::parse)]
+    pub interval: Duration,
     /// Stop after this many frames (0: until interrupted); for scripts and tests.
     #[arg(long, default_value_t = 0, hide = true)]
     pub watch_count: u64,
@@ -98,7 +98,9 @@ where
     P: Into<Printed>,
 {
     let redraw_in_place = w.watch && stdout_is_terminal();
-    let interval = Duration::from_secs_f64(w.interval.clamp(0.05, 3600.0));
+    let interval = w
+        .interval
+        .clamp(Duration::from_millis(50), Duration::from_secs(3600));
     let mut frames = 0u64;
     loop {
         let Printed {

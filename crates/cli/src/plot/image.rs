@@ -18,13 +18,12 @@ pub enum ImageError {
     #[error("{}: name a .svg or .png file", .0.display())]
     Extension(PathBuf),
     /// Writing the file failed.
-    #[error("cannot write {}: {source} (does the directory exist and is it writable?)", .path.display())]
+    #[error("cannot write {}: {error} (does the directory exist and is it writable?)", .path.display())]
     Write {
         /// The file.
         path: PathBuf,
         /// What the OS said.
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// The SVG did not parse (a bug in the chart code: please report it).
     #[error("the chart is not valid SVG ({0}); write .svg to see it, and report this")]
@@ -77,9 +76,9 @@ pub fn write_image(path: &Path, svg: &str) -> Result<(), ImageError> {
             svg_to_png(svg)?
         }
     };
-    std::fs::write(path, bytes).map_err(|source| ImageError::Write {
+    std::fs::write(path, bytes).map_err(|error| ImageError::Write {
         path: path.to_path_buf(),
-        source,
+        error,
     })
 }
 

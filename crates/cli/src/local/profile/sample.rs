@@ -3,6 +3,7 @@
 
 use super::{Backend, ProfileError};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 /// Where samples come from and how they are taken: the flags `memprof
 /// profile` and `memprof oom` share (both run a standalone sidecar with them).
@@ -13,20 +14,21 @@ pub struct SampleArgs {
     /// (`LOCAL_RANK`, through `CUDA_VISIBLE_DEVICES` when set).
     #[arg(long, value_delimiter = ',', value_name = "GPU,...")]
     pub devices: Vec<String>,
-    /// Stop after this many seconds (0: until interrupted; `profile` also stops
-    /// when its command exits).
-    #[arg(long, default_value_t = 0.0, value_name = "SECONDS")]
-    pub duration: f64,
-    /// Sampling interval, 10ms to 60s (e.g. `100ms`, `1s`).
-    #[arg(long, default_value = "1s")]
-    pub interval: String,
-    /// Where samples come from.
-    #[arg(long, value_enum, default_value_t = Backend::Nvml)]
-    pub backend: Backend,
-    /// Scenario file for `--backend sim` (see the README).
+    /// Stop after this long (`90`, `90s`, `1m30s`; 0: until interrupted;
+    /// `profile` also stops when its command exits).
+    #[arg(long, default_value = "0", value_name = "DURATION", value_parser = crate::duration::parse)]
+    pub duration: Duration,
+    /// Sampling interval, 10ms to 60s (`1`, `1s`, `100ms`; a bare number is seconds).
+    #[arg(long, default_value = "1s", value_name = "DURATION", value_parser = crate::duration::parse_interval)]
+    pub interval: Duration,
+    /// Where samples come from (default: `sim` with `--scenario`, `trace`
+    /// with `--trace`, else `nvml`).
+    #[arg(long, value_enum)]
+    pub backend: Option<Backend>,
+    /// Scenario file of simulated GPUs (`--backend sim`; see the README).
     #[arg(long, value_name = "FILE")]
     pub scenario: Option<PathBuf>,
-    /// CSV trace for `--backend trace`.
+    /// CSV trace to replay (`--backend trace`).
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
     /// Speed of simulated or replayed time relative to the wall clock.
@@ -47,9 +49,9 @@ impl SampleArgs {
     pub fn sidecar_flags(&self, trace_out: &Path, output: &Path) -> Vec<String> {
         let mut f: Vec<String> = vec![
             "--backend".into(),
-            self.backend.flag().into(),
+            self.backend().flag().into(),
             "--interval".into(),
-            self.interval.clone(),
+            crate::duration::millis(self.interval),
             "--speed".into(),
             self.speed.to_string(),
             "--trace-out".into(),
@@ -73,7 +75,7 @@ impl SampleArgs {
         add("--thresholds", self.thresholds.clone());
         add(
             "--duration",
-            (self.duration > 0.0).then(|| self.duration.to_string()),
+            (!self.duration.is_zero()).then(|| self.duration.as_secs_f64().to_string()),
         );
         add(
             "--gpus",
@@ -83,23 +85,63 @@ impl SampleArgs {
         f
     }
 
-    /// Refuses flags the sidecar would refuse later, with what to write instead.
-    pub fn check(&self) -> Result<(), ProfileError> {
-        let usage = |m: String| Err(ProfileError::Usage(m));
-        if let Err(e) = memprof_api::interval::parse_interval(&self.interval) {
-            return usage(format!("--interval: {e}"));
-        }
-        if !(self.duration >= 0.0 && self.duration.is_finite()) {
-            return usage("--duration must be 0 or more seconds".into());
-        }
-        match self.backend {
-            Backend::Sim if self.scenario.is_none() => {
-                usage("--backend sim needs --scenario FILE (e.g. hack/scenarios/demo.yaml)".into())
-            }
-            Backend::Trace if self.trace.is_none() => {
-                usage("--backend trace needs --trace FILE".into())
-            }
-            _ => Ok(()),
+    /// The backend asked for, else the one `--scenario` or `--trace` implies.
+    pub fn backend(&self) -> Backend {
+        match (self.backend, &self.scenario, &self.trace) {
+            (Some(b), _, _) => b,
+            (None, Some(_), None) => Backend::Sim,
+            (None, None, Some(_)) => Backend::Trace,
+            _ => Backend::Nvml,
         }
     }
+
+    /// Refuses flags the sidecar would refuse later, and a scenario or trace
+    /// it could not read, with what to write instead: before anything starts.
+    pub fn check(&self) -> Result<(), ProfileError> {
+        let usage = |m: String| Err(ProfileError::Usage(m));
+        if self.backend.is_none() && self.scenario.is_some() && self.trace.is_some() {
+            return usage("--scenario and --trace are two sources: pass one, or say which with --backend sim|trace".into());
+        }
+        match (self.backend(), &self.scenario, &self.trace) {
+            (Backend::Sim, None, _) => {
+                return usage(
+                    "--backend sim needs --scenario FILE (e.g. hack/scenarios/demo.yaml)".into(),
+                )
+            }
+            (Backend::Trace, _, None) => return usage("--backend trace needs --trace FILE".into()),
+            (Backend::Nvml, Some(_), _) => {
+                return usage(
+                    "--scenario is for simulated GPUs: drop --backend nvml (or pass --backend sim)"
+                        .into(),
+                )
+            }
+            (Backend::Nvml, _, Some(_)) => return usage(
+                "--trace replays a recorded trace: drop --backend nvml (or pass --backend trace)"
+                    .into(),
+            ),
+            _ => {}
+        }
+        let read = |flag: &str, path: &Option<PathBuf>, example: &str| match path {
+            Some(p) => std::fs::File::open(p).map(drop).map_err(|e| {
+                ProfileError::Usage(format!(
+                    "{flag} {}: cannot read it ({e}); name an existing file, e.g. {example}",
+                    p.display()
+                ))
+            }),
+            None => Ok(()),
+        };
+        read("--scenario", &self.scenario, "hack/scenarios/demo.yaml")?;
+        read(
+            "--trace",
+            &self.trace,
+            "a CSV that `memprof profile --trace-out` wrote",
+        )?;
+        Ok(())
+    }
+}
+
+/// A message of the sidecar in the words of these flags: it names its own
+/// (`--gpus`), the user typed ours (`--devices`).
+pub fn in_users_words(sidecar_message: &str) -> String {
+    sidecar_message.replace("--gpus ", "--devices ")
 }

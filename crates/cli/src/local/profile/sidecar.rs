@@ -36,12 +36,12 @@ impl PrivateDir {
             match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
                 Ok(()) => return Ok(PrivateDir(dir)),
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
-                Err(e) => return Err(ProfileError::PrivateDir { dir, source: e }),
+                Err(e) => return Err(ProfileError::PrivateDir { dir, error: e }),
             }
         }
         Err(ProfileError::PrivateDir {
             dir: base,
-            source: last.unwrap_or_else(|| std::io::ErrorKind::AlreadyExists.into()),
+            error: last.unwrap_or_else(|| std::io::ErrorKind::AlreadyExists.into()),
         })
     }
 
@@ -109,9 +109,9 @@ pub struct Sidecar {
 pub fn sidecar_exe() -> Result<std::path::PathBuf, ProfileError> {
     std::env::current_exe()
         .map(|p| p.with_file_name("memprof-sidecar"))
-        .map_err(|source| ProfileError::Sidecar {
+        .map_err(|error| ProfileError::Sidecar {
             path: "memprof-sidecar".into(),
-            source,
+            error,
         })
 }
 
@@ -146,9 +146,9 @@ impl Sidecar {
             .stdout(std::process::Stdio::piped())
             .kill_on_drop(true)
             .spawn()
-            .map_err(|source| ProfileError::Sidecar {
+            .map_err(|error| ProfileError::Sidecar {
                 path: exe.to_path_buf(),
-                source,
+                error,
             })?;
         let (tx, transitions) = mpsc::unbounded_channel();
         if let Some(out) = child.stdout.take() {

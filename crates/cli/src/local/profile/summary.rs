@@ -256,7 +256,9 @@ fn who(r: &MemoryReportSpec, pid: Option<u32>) -> String {
 pub fn blind_reason(r: &MemoryReportSpec) -> String {
     r.conditions
         .first()
-        .map_or("no report condition".into(), |c| c.message.clone())
+        .map_or("no report condition".into(), |c| {
+            super::sample::in_users_words(&c.message)
+        })
 }
 
 /// The worst risk `g` reached: its transitions' (sampled GPUs only: they

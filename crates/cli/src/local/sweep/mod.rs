@@ -41,9 +41,10 @@ pub struct Args {
     /// run after this step); 0 leaves the trainer's own length.
     #[arg(long, default_value_t = 20)]
     pub steps: u64,
-    /// Seconds a run may take before its process group is killed.
-    #[arg(long, default_value_t = 600.0)]
-    pub timeout: f64,
+    /// How long a run may take before its process group is killed (`600`,
+    /// `600s`, `10m`; a bare number is seconds).
+    #[arg(long, default_value = "10m", value_name = "DURATION", value_parser = crate::duration::parse)]
+    pub timeout: Duration,
     /// Fraction of device memory to keep free in the recommendation.
     #[arg(long, default_value_t = 0.1)]
     pub headroom: f64,
@@ -87,9 +88,9 @@ pub struct Args {
     #[arg(long)]
     pub logs: Option<PathBuf>,
     /// How often the agent pushes (`MEMPROF_AGENT_INTERVAL`): each run's
-    /// memory timeline has one point per push (`250ms`, `1s`; 10ms..60s).
-    #[arg(long, default_value = "250ms")]
-    pub agent_interval: String,
+    /// memory timeline has one point per push (`250ms`, `1s`, `1`; 10ms..60s).
+    #[arg(long, default_value = "250ms", value_name = "DURATION", value_parser = crate::duration::parse_interval)]
+    pub agent_interval: Duration,
     /// Write every chart as SVG and PNG into this directory: the peak per
     /// swept variable, the memory timeline per configuration, the peak
     /// heatmap over two variables, one step's forward/backward/optimizer
@@ -115,12 +116,12 @@ pub enum SweepError {
     #[error("{0}")]
     Flag(String),
     /// The log directory could not be made.
-    #[error("cannot create {path}: {source}")]
+    #[error("cannot create {path}: {error}")]
     Dir {
         /// The directory.
         path: PathBuf,
         /// Why.
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// A run could not be set up.
     #[error(transparent)]
@@ -128,13 +129,16 @@ pub enum SweepError {
     /// A chart could not be written.
     #[error(transparent)]
     Image(#[from] crate::plot::ImageError),
+    /// A file or folder the sweep was asked to write cannot be (checked before it starts).
+    #[error(transparent)]
+    OutFile(#[from] crate::outfile::OutFileError),
     /// An output file could not be written.
-    #[error("cannot write {path}: {source}; check the directory exists and is writable")]
+    #[error("cannot write {path}: {error}; check the directory exists and is writable")]
     Write {
         /// The file.
         path: PathBuf,
         /// Why.
-        source: std::io::Error,
+        error: std::io::Error,
     },
 }
 
@@ -142,19 +146,21 @@ pub enum SweepError {
 /// run ended ok or in an OOM (both are results), 1 when none did, 130 when
 /// interrupted.
 pub async fn run(args: Args) -> anyhow::Result<i32> {
+    crate::help::check_command::<Args>("sweep", &args.command).map_err(SweepError::Flag)?;
     let configs = plan_grid(&args)?;
+    prepare_outputs(&args)?;
     let target = target_of(&args)?;
     let (dir, temporary) = log_dir(args.logs.as_deref())?;
     let plan = Plan {
         command: args.command.clone(),
         steps: (args.steps > 0).then_some(args.steps),
-        timeout: Duration::from_secs_f64(args.timeout),
+        timeout: args.timeout,
         tree: crate::local::profile::agent_tree(args.agent_path.as_deref()),
         agent_path: args.agent_path.clone(),
         nvml: args.nvml,
         memprof_exe: std::env::current_exe()?,
         dir: dir.clone(),
-        agent_interval: args.agent_interval.clone(),
+        agent_interval: crate::duration::millis(args.agent_interval),
     };
     if plan.tree.is_none() {
         eprintln!("memprof sweep: no agent tree at {} (--agent-path): only a command that starts memprof_agent itself writes a summary", args.agent_path.as_deref().map_or(memprof_api::DEFAULT_AGENT_SOURCE.into(), |p| p.display().to_string()));
@@ -234,19 +240,10 @@ fn plan_grid(args: &Args) -> Result<Vec<Config>, SweepError> {
             "--metric nvml needs --nvml (the sidecar measures the NVML peak)".into(),
         ));
     }
-    if !(args.timeout > 0.0 && args.timeout.is_finite()) {
-        return Err(SweepError::Flag(format!(
-            "--timeout {} must be a positive number of seconds",
-            args.timeout
-        )));
-    }
-    let interval = memprof_api::interval::parse_interval(&args.agent_interval)
-        .map_err(|e| SweepError::Flag(format!("--agent-interval: {e}")))?;
-    if !(0.01..=60.0).contains(&interval.as_secs_f64()) {
-        return Err(SweepError::Flag(format!(
-            "--agent-interval {}: the agent pushes every 10ms to 60s",
-            args.agent_interval
-        )));
+    if args.timeout.is_zero() {
+        return Err(SweepError::Flag(
+            "--timeout 0: give a run some time, e.g. --timeout 10m".into(),
+        ));
     }
     let varies = args
         .vary
@@ -254,6 +251,28 @@ fn plan_grid(args: &Args) -> Result<Vec<Config>, SweepError> {
         .map(|v| grid::parse_vary(v))
         .collect::<Result<Vec<_>, _>>()?;
     Ok(grid::product(&varies)?)
+}
+
+/// `--json`, `--csv`, `--html`, `--plot-dir` and `--logs`, checked (folders
+/// made) before the first run: a sweep of an hour must not end with
+/// nowhere to put its result.
+fn prepare_outputs(args: &Args) -> Result<(), SweepError> {
+    use crate::outfile::{prepare, prepare_dir};
+    for (flag, file) in [
+        ("--json", &args.json),
+        ("--csv", &args.csv),
+        ("--html", &args.html),
+    ] {
+        if let Some(p) = file {
+            prepare(flag, p)?;
+        }
+    }
+    for (flag, dir) in [("--plot-dir", &args.plot_dir), ("--logs", &args.logs)] {
+        if let Some(d) = dir {
+            prepare_dir(flag, d)?;
+        }
+    }
+    Ok(())
 }
 
 fn log_dir(logs: Option<&Path>) -> Result<(PathBuf, bool), SweepError> {
@@ -267,9 +286,9 @@ fn log_dir(logs: Option<&Path>) -> Result<(PathBuf, bool), SweepError> {
             (std::env::temp_dir().join(name), true)
         }
     };
-    std::fs::create_dir_all(&dir).map_err(|source| SweepError::Dir {
+    std::fs::create_dir_all(&dir).map_err(|error| SweepError::Dir {
         path: dir.clone(),
-        source,
+        error,
     })?;
     Ok((dir, temporary))
 }
@@ -290,13 +309,13 @@ fn conclude(
         command: args.command.clone(),
         variables,
         step_budget: (args.steps > 0).then_some(args.steps),
-        timeout_seconds: args.timeout,
+        timeout_seconds: args.timeout.as_secs_f64(),
         metric: args.metric,
         headroom: args.headroom,
         limit_bytes: args.limit_bytes,
         nvml: args.nvml,
         verify_runs: if args.no_verify { 0 } else { args.verify_runs },
-        agent_interval: args.agent_interval.clone(),
+        agent_interval: crate::duration::millis(args.agent_interval),
         interrupted,
         note: args.note.clone(),
         runs,
@@ -317,9 +336,9 @@ fn print_result(r: &SweepResult) {
 
 fn write_outputs(args: &Args, r: &SweepResult) -> Result<(), SweepError> {
     let write = |path: &Path, text: String| {
-        std::fs::write(path, text).map_err(|source| SweepError::Write {
+        std::fs::write(path, text).map_err(|error| SweepError::Write {
             path: path.to_path_buf(),
-            source,
+            error,
         })
     };
     if let Some(p) = &args.json {
@@ -342,9 +361,9 @@ fn write_outputs(args: &Args, r: &SweepResult) -> Result<(), SweepError> {
 
 /// Every chart as `NAME.svg` and `NAME.png` in `dir`; prints what it wrote.
 fn write_plots(dir: &Path, r: &SweepResult) -> Result<(), SweepError> {
-    std::fs::create_dir_all(dir).map_err(|source| SweepError::Dir {
+    std::fs::create_dir_all(dir).map_err(|error| SweepError::Dir {
         path: dir.to_path_buf(),
-        source,
+        error,
     })?;
     let mut names = vec![];
     for f in charts::figures(r) {

@@ -15,12 +15,12 @@ use std::time::{Duration, Instant};
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
     /// A log file could not be created.
-    #[error("cannot create {path}: {source}; check that the directory is writable")]
+    #[error("cannot create {path}: {error}; check that the directory is writable")]
     Log {
         /// The file.
         path: PathBuf,
         /// Why.
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// The private directory for the run could not be made.
     #[error(transparent)]
@@ -198,9 +198,9 @@ fn command(
         None => cmd.env_remove("MEMPROF_AGENT_MAX_STEPS"),
     };
     let log = |path: &Path| {
-        std::fs::File::create(path).map_err(|source| RunError::Log {
+        std::fs::File::create(path).map_err(|error| RunError::Log {
             path: path.to_path_buf(),
-            source,
+            error,
         })
     };
     cmd.stdin(Stdio::null())

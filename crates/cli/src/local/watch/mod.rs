@@ -35,6 +35,7 @@ pub struct Args {
 /// Runs the view until `q` (or Ctrl-C); returns the exit code.
 pub async fn run(args: Args) -> Result<i32, ProfileError> {
     args.sample.check()?;
+    crate::help::check_command::<Args>("watch", &args.command).map_err(ProfileError::Usage)?;
     if !crate::output::stdout_is_terminal() {
         return Err(ProfileError::Usage(
             "memprof watch draws on a terminal; for logs or a pipe use `memprof profile`".into(),
