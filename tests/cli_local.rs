@@ -436,7 +436,7 @@ fn a_devices_list_that_names_no_gpu_is_blind_too() {
         let stderr = text(&out.stderr);
         assert_eq!(out.status.code(), Some(4), "memprof {args:?}\n{stderr}");
         assert!(
-            stderr.contains("--gpus 7: no such GPU"),
+            stderr.contains("--devices 7: no such GPU") && !stderr.contains("--gpus"),
             "says which entry named nothing:\n{stderr}"
         );
     }
