@@ -13,6 +13,7 @@
 
 mod common;
 mod remediation_support;
+mod webhook_support;
 
 use common::*;
 use k8s_openapi::api::batch::v1::Job;
@@ -60,11 +61,15 @@ fn sidecar_binary() -> PathBuf {
 struct Sidecar {
     child: Child,
     scenario: PathBuf,
+    kubeconfig: PathBuf,
 }
 
 impl Sidecar {
-    /// The sidecar of `pod` (rank 0 of Job `job`), with `BATCH_SIZE` in its environment.
-    fn start(ns: &str, pod: &Pod, job: &str, batch: &str) -> Self {
+    /// The sidecar of `pod` (rank 0 of Job `job`), with `BATCH_SIZE` in its
+    /// environment, writing as its pod (a token bound to it).
+    async fn start(client: &Client, ns: &str, pod: &Pod, job: &str, batch: &str) -> Self {
+        let kubeconfig =
+            kubeconfig_bound_to(client, ns, &pod.name_any(), &pod.uid().unwrap()).await;
         let scenario = std::env::temp_dir().join(format!(
             "memprof-batch-fit-{}.yaml",
             common::random_suffix()
@@ -75,6 +80,7 @@ impl Sidecar {
             .arg("--scenario")
             .arg(&scenario)
             .args(["--listen", "127.0.0.1:0"])
+            .env("KUBECONFIG", &kubeconfig)
             .env("POD_NAME", pod.name_any())
             .env("POD_UID", pod.uid().unwrap())
             .env("POD_NAMESPACE", ns)
@@ -88,7 +94,11 @@ impl Sidecar {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("spawning memprof-sidecar");
-        Sidecar { child, scenario }
+        Sidecar {
+            child,
+            scenario,
+            kubeconfig,
+        }
     }
 }
 
@@ -97,6 +107,7 @@ impl Drop for Sidecar {
         let _ = self.child.kill();
         let _ = self.child.wait();
         let _ = std::fs::remove_file(&self.scenario);
+        let _ = std::fs::remove_file(&self.kubeconfig);
     }
 }
 
@@ -143,6 +154,7 @@ async fn mode_fit_acts_only_on_a_batch_the_evidence_backs() {
     let ns = TestNamespace::create(&client).await;
     let ns = ns.name.as_str();
     let operator = start_operator(&client, ns);
+    let _writers = webhook_support::serve_writers(&client, ns, admission_keys(ns).await).await;
     let policy = json!({
         "selector": {"matchLabels": {"team": "ml"}},
         "triggers": [{"riskAtLeast": {"level": "medium"}}],
@@ -156,7 +168,7 @@ async fn mode_fit_acts_only_on_a_batch_the_evidence_backs() {
     //    seen and no agent breakdown: too little evidence, so the factor.
     let first = training_job(&client, ns, "train", Some("64")).await;
     let pod = first_pod(&client, ns, "train").await;
-    let sidecar = Sidecar::start(ns, &pod, "train", "64");
+    let sidecar = Sidecar::start(&client, ns, &pod, "train", "64").await;
     let second = recreated(&client, ns, &first.uid().unwrap(), "64").await;
     drop(sidecar);
     assert_eq!(env_of(&second, "BATCH_SIZE").as_deref(), Some("48"));
@@ -173,7 +185,7 @@ async fn mode_fit_acts_only_on_a_batch_the_evidence_backs() {
     //    fits. 25 is 23 below the smallest batch measured, and two points
     //    leave nothing to hold out: not backed, so the factor again.
     let pod = job_pods(&client, ns, "train", 1).await.remove(0);
-    let sidecar = Sidecar::start(ns, &pod, "train", "48");
+    let sidecar = Sidecar::start(&client, ns, &pod, "train", "48").await;
     let third = recreated(&client, ns, &second.uid().unwrap(), "48").await;
     drop(sidecar);
     assert_eq!(env_of(&third, "BATCH_SIZE").as_deref(), Some("36"));
@@ -196,7 +208,7 @@ async fn mode_fit_acts_only_on_a_batch_the_evidence_backs() {
     //    predicted from the other two, so the line is backed one step (12)
     //    below 36, and the fit applies.
     let pod = job_pods(&client, ns, "train", 1).await.remove(0);
-    let sidecar = Sidecar::start(ns, &pod, "train", "36");
+    let sidecar = Sidecar::start(&client, ns, &pod, "train", "36").await;
     let fourth = recreated(&client, ns, &third.uid().unwrap(), "36").await;
     drop(sidecar);
     let fitted: u64 = env_of(&fourth, "BATCH_SIZE").unwrap().parse().unwrap();

@@ -327,14 +327,15 @@ def check_webhook(case: str, docs: list[dict], cert_manager: bool) -> None:
     args = operator_args(docs)
     hooks = {w["name"]: w for w in mwc["webhooks"]}
     check(
-        f"{case}: jobs, pods and marks webhooks",
-        set(hooks) == {"jobs.memprof.dev", "pods.memprof.dev", "marks.memprof.dev"},
+        f"{case}: jobs, pods, marks and writers webhooks",
+        set(hooks) == {"jobs.memprof.dev", "pods.memprof.dev", "marks.memprof.dev", "writers.memprof.dev"},
         str(list(hooks)),
     )
     for name, w in hooks.items():
         check(f"{case}: {name} failurePolicy Ignore", w["failurePolicy"] == "Ignore")
         check(f"{case}: {name} sideEffects None", w["sideEffects"] == "None")
-        check(f"{case}: {name} CREATE only", all(r["operations"] == ["CREATE"] for r in w["rules"]))
+        ops = ["CREATE", "UPDATE"] if name == "writers.memprof.dev" else ["CREATE"]
+        check(f"{case}: {name} operations {ops}", all(r["operations"] == ops for r in w["rules"]))
         check(f"{case}: {name} no caBundle in the chart", "caBundle" not in w["clientConfig"])
         svc = w["clientConfig"]["service"]
         check(
@@ -347,6 +348,7 @@ def check_webhook(case: str, docs: list[dict], cert_manager: bool) -> None:
     strict_hooks = {w["name"]: w for d in strict if d["kind"] == "MutatingWebhookConfiguration" for w in d["webhooks"]}
     check(f"{case}: webhook.failurePolicy=Fail leaves the marks webhook Ignore",
           strict_hooks["marks.memprof.dev"]["failurePolicy"] == "Ignore"
+          and strict_hooks["writers.memprof.dev"]["failurePolicy"] == "Ignore"
           and strict_hooks["jobs.memprof.dev"]["failurePolicy"] == "Fail", str({n: w["failurePolicy"] for n, w in strict_hooks.items()}))
     check(
         f"{case}: pods webhook only for labelled pods",
@@ -355,6 +357,12 @@ def check_webhook(case: str, docs: list[dict], cert_manager: bool) -> None:
     check(
         f"{case}: marks webhook only for the pods of profiled Jobs",
         hooks["marks.memprof.dev"]["objectSelector"] == {"matchLabels": {"memprof.dev/managed": "true"}},
+    )
+    check(
+        f"{case}: writers webhook sees every MemoryReport write",
+        hooks["writers.memprof.dev"]["rules"] == [{"apiGroups": ["memprof.dev"], "apiVersions": ["v1alpha1"],
+            "operations": ["CREATE", "UPDATE"], "resources": ["memoryreports"], "scope": "Namespaced"}]
+        and "objectSelector" not in hooks["writers.memprof.dev"],
     )
     check(
         f"{case}: the Job controller's identities are configured",

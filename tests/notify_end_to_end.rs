@@ -16,11 +16,12 @@
 mod common;
 mod remediation_support;
 mod sidecar_support;
+mod webhook_support;
 
 use common::*;
 use remediation_support::{apply_policy, records};
 use serde_json::json;
-use sidecar_support::{kubeconfig_as_pod, start};
+use sidecar_support::start;
 use std::io::Read;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -110,7 +111,11 @@ async fn a_directive_reaches_the_real_agent_and_its_ack_reaches_the_record() {
         pod.metadata.name.clone().unwrap(),
         pod.metadata.uid.clone().unwrap(),
     );
-    let sidecar = start(&name, &uid, ns, Some(kubeconfig_as_pod(ns))).await;
+    // The sidecar writes as its pod (a bound token), and the webhook marks
+    // those writes: only then does the report, and the ack in it, count.
+    let _writers = webhook_support::serve_writers(&client, ns, admission_keys(ns).await).await;
+    let kubeconfig = kubeconfig_bound_to(&client, ns, &name, &uid).await;
+    let sidecar = start(&name, &uid, ns, Some(kubeconfig)).await;
     let trainer = Trainer::start(&sidecar.socket.path());
 
     let record = eventually_within(

@@ -7,6 +7,7 @@
 mod common;
 mod remediation_support;
 mod tenant_support;
+mod webhook_support;
 
 use common::*;
 use k8s_openapi::api::batch::v1::Job;
@@ -341,7 +342,7 @@ async fn config_map_not_opted_in_is_never_written() {
 }
 
 #[tokio::test]
-async fn job_that_cannot_be_created_again_is_recorded_with_a_way_back() {
+async fn job_that_cannot_be_created_again_is_never_deleted() {
     let Some(admin) = cluster().await else {
         return;
     };
@@ -349,8 +350,9 @@ async fn job_that_cannot_be_created_again_is_recorded_with_a_way_back() {
     let operator_ns = TestNamespace::create(&admin).await;
     let (ns, plans) = (tenant_ns.name.as_str(), operator_ns.name.as_str());
     // The operator runs as an identity that may delete Jobs but not create
-    // them: the API server refuses the new Job (403) after the old one is
-    // gone, which retrying cannot fix.
+    // them: the API server would refuse the new Job (403), which retrying
+    // cannot fix. The dry run of the creation says so before anything is
+    // deleted.
     let user = format!("remediation-{ns}");
     let read = ["get", "list", "watch"];
     grant(&admin, ns, "remediation", &user, json!([
@@ -369,7 +371,7 @@ async fn job_that_cannot_be_created_again_is_recorded_with_a_way_back() {
         "remediation-plans",
         &user,
         json!([
-            {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create", "delete"]},
+            {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "create", "delete"]},
         ]),
     )
     .await;
@@ -394,12 +396,12 @@ async fn job_that_cannot_be_created_again_is_recorded_with_a_way_back() {
     })
     .await;
     let message = rec.message.clone().unwrap_or_default();
-    assert!(
-        message.contains("restore it with: kubectl get configmap"),
-        "{message}"
-    );
-    assert!(rec.job_deleted, "it counts: the Job was deleted");
-    assert!(job_of(&admin, ns, "train").await.is_none());
+    assert!(message.contains("would refuse Job train"), "{message}");
+    assert!(message.contains("left running, untouched"), "{message}");
+    assert!(!rec.job_deleted, "{rec:?}");
+    let still = job_of(&admin, ns, "train").await.expect("the Job is still there");
+    assert_eq!(still.uid(), job.uid());
+    assert_eq!(env_of(&still, "BATCH_SIZE").as_deref(), Some("32"));
     // The Event follows the record's write.
     eventually("one RemediationFailed Event", || async {
         match count_events(&admin, ns, "RemediationFailed", "train").await {
@@ -408,19 +410,58 @@ async fn job_that_cannot_be_created_again_is_recorded_with_a_way_back() {
         }
     })
     .await;
-    // The way back: the saved manifest, kept in the operator's namespace.
-    let cm = Api::<ConfigMap>::namespaced(admin.clone(), plans)
-        .get(&format!("memprof-remediation-{}", rec.id))
+    let kept = Api::<ConfigMap>::namespaced(admin.clone(), plans)
+        .list(&Default::default())
         .await
-        .expect("the plan is kept");
-    let manifest: Job = serde_json::from_str(&cm.data.unwrap()["job.json"]).unwrap();
-    Api::<Job>::namespaced(admin.clone(), ns)
-        .create(&PostParams::default(), &manifest)
+        .unwrap()
+        .items;
+    assert!(kept.is_empty(), "no plan is kept: {:?}", kept.iter().map(|c| c.name_any()).collect::<Vec<_>>());
+    operator.stop().await;
+}
+
+/// A tenant's Job whose annotations sit just under the API server's limit:
+/// its recreation, with memprof's annotations added, would be refused
+/// (422). Nothing is deleted, and no plan is left behind, however many
+/// such Jobs remediate.
+#[tokio::test]
+async fn job_whose_annotations_leave_no_room_is_never_deleted_and_leaves_no_plan() {
+    let Some(admin) = cluster().await else {
+        return;
+    };
+    let tenant_ns = TestNamespace::create(&admin).await;
+    let operator_ns = TestNamespace::create(&admin).await;
+    let (ns, plans) = (tenant_ns.name.as_str(), operator_ns.name.as_str());
+    let operator = operator_with_plans_in(&admin, ns, plans);
+    apply_policy(&admin, ns, "shrink", shrink_policy(false))
         .await
-        .expect("the saved manifest creates the Job again");
-    let restored = job_of(&admin, ns, "train").await.unwrap();
-    assert_ne!(restored.uid(), job.uid());
-    assert_eq!(env_of(&restored, "BATCH_SIZE").as_deref(), Some("24"));
+        .unwrap();
+    // 256 KiB is the API server's limit on a Job's annotations (keys and
+    // values): 8 bytes are left, after team.example/notes and memprof.dev/enabled.
+    let filler = "x".repeat(262_144 - 41 - 8);
+    let mut job = training_job_manifest("train", "32");
+    job.metadata.annotations.get_or_insert_with(Default::default).insert("team.example/notes".into(), filler);
+    let job = Api::<Job>::namespaced(admin.clone(), ns)
+        .create(&PostParams::default(), &job)
+        .await
+        .expect("just under the limit: accepted");
+    critical_report(&admin, ns, "train", 100).await;
+    let rec = eventually("the remediation recorded as Failed", || async {
+        match records(&admin, ns, "train").await.first() {
+            Some(r) if r.phase == "Failed" => Ok(r.clone()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    let message = rec.message.clone().unwrap_or_default();
+    assert!(message.contains("would refuse Job train"), "{message}");
+    assert!(!rec.job_deleted);
+    assert_eq!(job_of(&admin, ns, "train").await.unwrap().uid(), job.uid());
+    let kept = Api::<ConfigMap>::namespaced(admin.clone(), plans)
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items;
+    assert!(kept.is_empty(), "{} plans kept", kept.len());
     operator.stop().await;
 }
 
@@ -538,4 +579,126 @@ async fn job_planted_under_memprofs_remediation_id_is_not_taken_for_the_recreate
     assert!(message.contains("recreated by someone else"), "{message}");
     let now = job_of(&admin, ns, "train").await.unwrap();
     assert_eq!(now.uid(), planted.uid(), "left alone, not taken over");
+}
+
+/// A client acting with the kubeconfig at `path` (a pod's bound token).
+async fn client_from(path: &std::path::Path) -> Client {
+    let kc = kube::config::Kubeconfig::read_from(path).unwrap();
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .unwrap();
+    Client::try_from(cfg).unwrap()
+}
+
+/// Anyone who may create pods may run one under the victim Job's own
+/// service account and, with that pod's token, write the victim pod's
+/// report (same name, same owner): critical, with a checkpoint and an
+/// acknowledgement in it. The write is refused while the webhook serves;
+/// with the webhook off (failing open) or with a token bound to no pod, it
+/// is stored unmarked and never counts: the Job is not recreated, the
+/// report is named in ReportsValid. The victim's own sidecar, writing with
+/// its pod's bound token, still counts.
+#[tokio::test]
+async fn a_pod_under_the_victims_service_account_cannot_speak_for_the_victims_pod() {
+    let Some(admin) = cluster().await else {
+        return;
+    };
+    let ns = TestNamespace::create(&admin).await;
+    let ns = ns.name.as_str();
+    let operator = start_operator(&admin, ns);
+    apply_policy(&admin, ns, "shrink", shrink_policy(false))
+        .await
+        .unwrap();
+    let writers = webhook_support::serve_writers(&admin, ns, admission_keys(ns).await).await;
+    let victim = training_job(&admin, ns, "victim", Some("32")).await;
+    let pod = job_pods(&admin, ns, "victim", 1).await.remove(0);
+    let (name, uid) = (pod.name_any(), pod.uid().unwrap());
+    let own = kubeconfig_bound_to(&admin, ns, &name, &uid).await;
+    let own_client = client_from(&own).await;
+    memprof::operator::ensure_reporter_rbac(&admin, ns, "default")
+        .await
+        .unwrap();
+
+    // The victim's own sidecar: counted, once the webhook is active.
+    let low = pod_report(&pod, "victim", 0, &at(0), vec![gpu(0, 30, 31, RiskLevel::Low, None)]);
+    eventually("the victim's own report counted", || async {
+        let api = Api::<memprof::api::MemoryReport>::namespaced(own_client.clone(), ns);
+        let mut r = low.clone();
+        r.spec.sampled_at = at(1 + jiff::Timestamp::now().as_second() as u64 % 60);
+        api.patch(&name, &PatchParams::apply(memprof::api::SIDECAR_MANAGER).force(), &Patch::Apply(&r))
+            .await
+            .map_err(|e| e.to_string())?;
+        let st = profile_with_status(&admin, ns, "victim").await.status.unwrap_or_default();
+        (st.ranks_reporting == 1).then_some(()).ok_or(format!("{:?}", st.conditions))
+    })
+    .await;
+
+    // The attacker's pod, under the same service account.
+    let evil: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
+        "metadata": {"name": "evil", "namespace": ns},
+        "spec": {"serviceAccountName": "default",
+                 "containers": [{"name": "x", "image": "busybox"}]}}))
+    .unwrap();
+    let evil = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(admin.clone(), ns)
+        .create(&PostParams::default(), &evil)
+        .await
+        .unwrap();
+    let evil_cfg = kubeconfig_bound_to(&admin, ns, "evil", &evil.uid().unwrap()).await;
+    let evil_client = client_from(&evil_cfg).await;
+    let mut forged = pod_report(
+        &pod,
+        "victim",
+        0,
+        &at(120),
+        vec![gpu(0, 79, 79, RiskLevel::Critical, Some(5.0))],
+    );
+    forged.spec.last_checkpoint = Some(memprof::api::Checkpoint {
+        time: at(119),
+        step: Some(999_999),
+        ..Default::default()
+    });
+    let apply = |client: Client| {
+        let forged = forged.clone();
+        async move {
+            Api::<memprof::api::MemoryReport>::namespaced(client, ns)
+                .patch(&forged.name_any(), &PatchParams::apply(memprof::api::SIDECAR_MANAGER).force(), &Patch::Apply(&forged))
+                .await
+        }
+    };
+
+    // 1. While the webhook serves, the write is refused and says why.
+    let refused = apply(evil_client.clone()).await.expect_err("refused");
+    assert!(refused.to_string().contains("may write only its own MemoryReport"), "{refused}");
+
+    // 2. With the webhook gone (a webhook failing open), it is stored
+    //    unmarked, and never counts.
+    drop(writers);
+    eventually("the forged write stored", || async {
+        apply(evil_client.clone()).await.map(|_| ()).map_err(|e| e.to_string())
+    })
+    .await;
+    eventually("the forged report named in ReportsValid", || async {
+        let st = profile_with_status(&admin, ns, "victim").await.status.unwrap_or_default();
+        let named = st.conditions.iter().any(|c| {
+            // Unmarked, or still carrying the mark of the victim's last
+            // genuine write, which does not match what the attacker wrote.
+            c.type_ == "ReportsValid" && c.message.contains("memprof.dev/writer mark")
+        });
+        named.then_some(()).ok_or(format!("{:?}", st.conditions))
+    })
+    .await;
+    stays("the victim Job untouched", Duration::from_secs(8), || async {
+        let j = job_of(&admin, ns, "victim").await;
+        let recs = records(&admin, ns, "victim").await;
+        match j {
+            Some(j) if j.uid() == victim.uid() && recs.is_empty() => Ok(()),
+            other => Err(format!("{:?} {recs:?}", other.map(|j| j.uid()))),
+        }
+    })
+    .await;
+    let st = profile_with_status(&admin, ns, "victim").await.status.unwrap_or_default();
+    assert_ne!(st.risk, RiskLevel::Critical, "{st:?}");
+    let _ = std::fs::remove_file(own);
+    let _ = std::fs::remove_file(evil_cfg);
+    operator.stop().await;
 }

@@ -316,7 +316,7 @@ async fn the_secret_path_goes_only_to_a_marks_webhook_that_fails_open() {
             .await
             .unwrap();
         let refused = sync_paths(&client, &ns, "new").await.unwrap_err();
-        assert!(matches!(refused, PathError::FailsClosed(_)), "{refused}");
+        assert!(matches!(refused, PathError::FailsClosed { .. }), "{refused}");
         wait_for_url(&client, &ns, "https://127.0.0.1:1/mutate/tok").await;
     })
     .await;

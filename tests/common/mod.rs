@@ -345,9 +345,16 @@ pub fn report(job: &str, rank: u32, sampled_at: &str, gpus: Vec<GpuReport>) -> M
     r
 }
 
-/// Writes a report the way the sidecar does: server-side apply as `memprof-sidecar`.
+/// Writes a report the way the sidecar does: server-side apply as
+/// `memprof-sidecar`, marked as its pod's own write as the webhook marks it
+/// (the tests' cluster has no webhook unless a test registers one; see
+/// tests/report_trust.rs for the real one), under `ns`'s key.
 pub async fn apply_report(client: &Client, ns: &str, report: &MemoryReport) {
     let name = report.name_any();
+    let ring = admission_keys(ns).await;
+    let mut report = report.clone();
+    memprof::api::writer::mark_as_written(&mut report, ring.current().expect("a key"), ns);
+    let report = &report;
     Api::<MemoryReport>::namespaced(client.clone(), ns)
         .patch(
             &name,
@@ -606,4 +613,55 @@ pub async fn socket_request(
         .and_then(|c| c.parse().ok())
         .unwrap_or(0);
     (code, out)
+}
+
+/// A kubeconfig for the pod `pod` (uid `uid`) of `ns`: the test cluster's,
+/// with its user replaced by a token of the namespace's `default` service
+/// account bound to that pod (TokenRequest), as a kubelet mounts one. The
+/// API server then names the pod in every request it authenticates with it
+/// (`userInfo.extra`), which the webhook turns into a report's writer mark.
+/// The file is the caller's to remove.
+pub async fn kubeconfig_bound_to(
+    admin: &Client,
+    ns: &str,
+    pod: &str,
+    uid: &str,
+) -> std::path::PathBuf {
+    use k8s_openapi::api::authentication::v1::{
+        BoundObjectReference, TokenRequest, TokenRequestSpec,
+    };
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec {
+            expiration_seconds: Some(3600),
+            bound_object_ref: Some(BoundObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                name: Some(pod.into()),
+                uid: Some(uid.into()),
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let token = eventually("a token bound to the pod", || async {
+        Api::<ServiceAccount>::namespaced(admin.clone(), ns)
+            .create_token_request("default", &PostParams::default(), &request)
+            .await
+            .map_err(|e| e.to_string())?
+            .status
+            .map(|s| s.token)
+            .ok_or_else(|| "no token in the answer".to_string())
+    })
+    .await;
+    let path = std::env::var("KUBECONFIG").expect("KUBECONFIG");
+    let mut cfg: serde_yaml::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    for u in cfg["users"].as_sequence_mut().unwrap() {
+        // Only the token: a client certificate beside it would authenticate first.
+        u["user"] = serde_yaml::to_value(BTreeMap::from([("token", token.clone())])).unwrap();
+    }
+    let out = std::env::temp_dir().join(format!("memprof-kubeconfig-{}", random_suffix()));
+    std::fs::write(&out, serde_yaml::to_string(&cfg).unwrap()).unwrap();
+    out
 }

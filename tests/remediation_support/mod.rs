@@ -39,7 +39,20 @@ pub async fn training_job(client: &Client, ns: &str, name: &str, batch: Option<&
 
 /// [`training_job`] whose trainer container has exactly `env` (a JSON list).
 pub async fn training_job_with_env(client: &Client, ns: &str, name: &str, env: Value) -> Job {
-    let job: Job = serde_json::from_value(json!({
+    let job = job_manifest(name, env);
+    Api::<Job>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &job)
+        .await
+        .unwrap_or_else(|e| panic!("creating Job {name}: {e}"))
+}
+
+/// The manifest [`training_job`] creates, with `BATCH_SIZE` `batch`.
+pub fn training_job_manifest(name: &str, batch: &str) -> Job {
+    job_manifest(name, json!([{"name": "BATCH_SIZE", "value": batch}, {"name": "LR", "value": "0.001"}]))
+}
+
+fn job_manifest(name: &str, env: Value) -> Job {
+    serde_json::from_value(json!({
         "apiVersion": "batch/v1", "kind": "Job",
         "metadata": {
             "name": name,
@@ -58,11 +71,7 @@ pub async fn training_job_with_env(client: &Client, ns: &str, name: &str, env: V
             },
         },
     }))
-    .unwrap();
-    Api::<Job>::namespaced(client.clone(), ns)
-        .create(&PostParams::default(), &job)
-        .await
-        .unwrap_or_else(|e| panic!("creating Job {name}: {e}"))
+    .unwrap()
 }
 
 /// Applies a policy given as JSON (`spec` only), returning the API server's answer.

@@ -2,6 +2,7 @@
 //! local control plane: started as the pod (its name, uid, namespace) and,
 //! when asked, with the pod's own identity (its service account).
 
+#![allow(dead_code)] // each test binary uses a subset
 use crate::common::{self, eventually, socket_request, AgentSocket};
 use std::process::{Child, Command, Stdio};
 

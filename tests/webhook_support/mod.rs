@@ -122,25 +122,29 @@ impl Drop for Registration {
 }
 
 /// Registers the chart's webhooks (jobs, labelled pods, profiled Jobs'
-/// pods) by URL, scoped to the test namespace, named after it.
+/// pods, report writes) by URL, scoped to the test namespace, named after it.
 pub async fn register(client: &Client, ns: &str, url: &str, ca_pem: &str) {
     use base64::Engine as _;
     let ca = base64::engine::general_purpose::STANDARD.encode(ca_pem);
-    // As the operator keeps it: only the marks webhook on the secret path.
+    // As the operator keeps it: only the marks and writers webhooks on the secret path.
     let plain = match url.split_once("/mutate/") {
         Some((base, _)) => format!("{base}/mutate"),
         None => url.to_string(),
     };
     let hook = |name: &str, group: &str, resource: &str, object_selector: serde_json::Value| {
-        let url = if name == "marks.memprof.dev" {
+        let url = if memprof::webhook::paths::SECRET_PATH_WEBHOOKS.contains(&name) {
             url
         } else {
             plain.as_str()
         };
+        let (versions, operations) = match group {
+            "memprof.dev" => (json!(["v1alpha1"]), json!(["CREATE", "UPDATE"])),
+            _ => (json!(["v1"]), json!(["CREATE"])),
+        };
         json!({
             "name": name,
             "clientConfig": { "url": url, "caBundle": ca },
-            "rules": [{ "apiGroups": [group], "apiVersions": ["v1"], "operations": ["CREATE"],
+            "rules": [{ "apiGroups": [group], "apiVersions": versions, "operations": operations,
                         "resources": [resource], "scope": "Namespaced" }],
             "failurePolicy": "Ignore",
             "sideEffects": "None",
@@ -158,6 +162,7 @@ pub async fn register(client: &Client, ns: &str, url: &str, ca_pem: &str) {
                  json!({ "matchLabels": { "memprof.dev/inject": "true" } })),
             hook("marks.memprof.dev", "", "pods",
                  json!({ "matchLabels": { "memprof.dev/managed": "true" } })),
+            hook("writers.memprof.dev", "memprof.dev", "memoryreports", json!({})),
         ]
     }))
     .unwrap();
@@ -240,5 +245,52 @@ pub async fn wait_for_default_token(client: &Client, ns: &str) {
             "default service account never got a token"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The real webhook for `ns`, registered for MemoryReport writes only (as
+/// the chart's `writers.memprof.dev`), under `ring` (`ns`'s admission key is
+/// the one the tests' operators verify with), on its secret path: it marks the
+/// reports their pods' own bound tokens write. Jobs and pods are left to
+/// the test (no injection). Both halves stop when dropped.
+pub struct Writers {
+    pub server: Server,
+    _registration: Registration,
+}
+
+pub async fn serve_writers(
+    admin: &Client,
+    ns: &str,
+    ring: memprof::api::admission::KeyRing,
+) -> Writers {
+    use base64::Engine as _;
+    label_namespace(admin, ns).await;
+    let mut config = test_config(admin).await;
+    config.marks.keys = memprof::api::admission::Keys::of(ring);
+    let server = start_server_with(config).await;
+    let ca = base64::engine::general_purpose::STANDARD.encode(&server.ca_pem);
+    let mwc = serde_json::from_value(json!({
+        "metadata": { "name": ns },
+        "webhooks": [{
+            "name": "writers.memprof.dev",
+            "clientConfig": { "url": server.url, "caBundle": ca },
+            "rules": [{ "apiGroups": ["memprof.dev"], "apiVersions": ["v1alpha1"],
+                        "operations": ["CREATE", "UPDATE"], "resources": ["memoryreports"],
+                        "scope": "Namespaced" }],
+            "failurePolicy": "Ignore",
+            "sideEffects": "None",
+            "admissionReviewVersions": ["v1"],
+            "timeoutSeconds": 5,
+            "namespaceSelector": { "matchLabels": { NS_LABEL: ns } },
+        }]
+    }))
+    .unwrap();
+    Api::<MutatingWebhookConfiguration>::all(admin.clone())
+        .create(&PostParams::default(), &mwc)
+        .await
+        .expect("register the writers webhook");
+    Writers {
+        server,
+        _registration: Registration(ns.to_string()),
     }
 }

@@ -103,14 +103,14 @@ impl Key {
         &self.0
     }
 
-    fn mac(&self, message: &str) -> hmac::Tag {
+    pub(crate) fn mac(&self, message: &str) -> hmac::Tag {
         hmac::sign(
             &hmac::Key::new(hmac::HMAC_SHA256, &self.0),
             message.as_bytes(),
         )
     }
 
-    fn verifies(&self, message: &str, tag: &[u8]) -> bool {
+    pub(crate) fn verifies(&self, message: &str, tag: &[u8]) -> bool {
         let key = hmac::Key::new(hmac::HMAC_SHA256, &self.0);
         hmac::verify(&key, message.as_bytes(), tag).is_ok()
     }
@@ -150,7 +150,7 @@ impl KeyRing {
     }
 
     /// The keys that verify at `now`.
-    fn valid(&self, now: Timestamp) -> impl Iterator<Item = &Key> {
+    pub(crate) fn valid(&self, now: Timestamp) -> impl Iterator<Item = &Key> {
         let previous = self.previous.iter().filter(move |(_, until)| now < *until);
         self.current.iter().chain(previous.map(|(k, _)| k))
     }

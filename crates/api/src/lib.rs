@@ -19,6 +19,7 @@ mod profile;
 mod report;
 pub mod thresholds;
 pub mod trace;
+pub mod writer;
 
 pub use common::*;
 pub use policy::*;

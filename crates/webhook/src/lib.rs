@@ -26,6 +26,7 @@ mod options;
 pub mod paths;
 mod retry;
 pub mod server;
+pub mod writers;
 pub mod sidecar;
 
 pub use certs::{CertBundle, CertConfig, CertError};

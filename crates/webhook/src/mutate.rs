@@ -462,22 +462,45 @@ struct WireRequest {
 struct WireUser {
     #[serde(default)]
     username: Option<String>,
+    /// The API server's extra facts about the identity: for a bound
+    /// service-account token, the pod it was issued to (writers.rs).
+    #[serde(default)]
+    extra: BTreeMap<String, Vec<String>>,
 }
 
 const REVIEW_API_VERSION: &str = "admission.k8s.io/v1";
 
 /// The patch and warnings for one request. Never fails: what cannot be read
 /// becomes a warning.
-fn decide(
-    req: &WireRequest,
-    cfg: &InjectionConfig,
-    caller: Caller,
-) -> (Option<Patch>, Vec<String>) {
+/// What the webhook answers for one request.
+#[derive(Debug, Default)]
+struct Answer {
+    patch: Option<Patch>,
+    warnings: Vec<String>,
+    /// `Some(why)`: refused (only a report written by another pod is).
+    denied: Option<String>,
+}
+
+impl Answer {
+    fn warn(warning: String) -> Answer {
+        Answer {
+            warnings: vec![warning],
+            ..Default::default()
+        }
+    }
+}
+
+/// The answer for one request. Never fails: what cannot be read becomes a
+/// warning.
+fn decide(req: &WireRequest, cfg: &InjectionConfig, caller: Caller) -> Answer {
+    if req.kind.group == memprof_api::GROUP && req.kind.kind == "MemoryReport" {
+        return write_of_report(req, cfg, caller);
+    }
     let Some(target) = Target::of(&req.kind) else {
-        return (None, vec![]);
+        return Answer::default();
     };
     if req.operation != "CREATE" {
-        return (None, vec![]);
+        return Answer::default();
     }
     let result = req
         .object
@@ -500,12 +523,49 @@ fn decide(
                     "injected memprof-sidecar or marked the pod"
                 );
             }
-            (patch, warnings)
+            Answer {
+                patch,
+                warnings,
+                denied: None,
+            }
         }
         Err(e) => {
             tracing::warn!(kind = target.name(), name = %req.name, error = %e, "not injected");
-            (None, vec![format!("memprof: sidecar not injected: {e}")])
+            Answer::warn(format!("memprof: sidecar not injected: {e}"))
         }
+    }
+}
+
+/// Whether a MemoryReport write is its pod's own (writers.rs): the mark, or a
+/// refusal, which `admit_review` sends as a denial.
+fn write_of_report(req: &WireRequest, cfg: &InjectionConfig, caller: Caller) -> Answer {
+    let Some(obj) = req.object.as_ref() else {
+        return Answer::default();
+    };
+    let report = match memprof_api::MemoryReport::deserialize(obj) {
+        Ok(r) => r,
+        // The API server validated it against the CRD; a report this
+        // version cannot read is left unmarked, and so does not count.
+        Err(e) => return Answer::warn(format!("memprof: MemoryReport not marked: {e}")),
+    };
+    let none = Vec::new();
+    let extra = |k: &str| req.user_info.extra.get(k).unwrap_or(&none).as_slice();
+    let writer = super::writers::Writer {
+        namespace: req.namespace.as_deref().unwrap_or_default(),
+        username: req.user_info.username.as_deref(),
+        pod_names: extra(memprof_api::writer::EXTRA_POD_NAME),
+        pod_uids: extra(memprof_api::writer::EXTRA_POD_UID),
+        now: jiff::Timestamp::now(),
+        caller,
+    };
+    let verdict = super::writers::review(&report, &writer, &cfg.marks);
+    if let Some(why) = &verdict.denied {
+        tracing::warn!(namespace = writer.namespace, name = %req.name, "{why}");
+    }
+    Answer {
+        patch: (!verdict.ops.is_empty()).then_some(Patch(verdict.ops)),
+        warnings: verdict.warnings,
+        denied: verdict.denied,
     }
 }
 
@@ -541,20 +601,20 @@ fn mark(
 }
 
 /// Answers a raw AdmissionReview body: the JSON `POST /mutate` returns.
-/// Always allows. Marks only when `caller` is the API server (marks.rs). A body that is not a review still gets an allowing answer
+/// Allows all but a MemoryReport written by another pod (writers.rs). Marks only when `caller` is the API server (marks.rs). A body that is not a review still gets an allowing answer
 /// (with the request's uid when one can be found), so the object is admitted.
 ///
 /// `patch` is written as base64, as Go encodes `[]byte` (kube's
 /// `AdmissionResponse` writes a JSON array of numbers, 2-3x larger).
 pub fn admit_review(body: &[u8], cfg: &InjectionConfig, caller: Caller) -> Value {
     use base64::Engine as _;
-    let (api_version, uid, patch, warnings) = match serde_json::from_slice::<WireReview>(body) {
+    let (api_version, uid, answer) = match serde_json::from_slice::<WireReview>(body) {
         Ok(WireReview {
             api_version,
             request: Some(req),
         }) => {
-            let (patch, warnings) = decide(&req, cfg, caller);
-            (api_version, req.uid, patch, warnings)
+            let answer = decide(&req, cfg, caller);
+            (api_version, req.uid, answer)
         }
         parsed => {
             let e = match parsed {
@@ -565,15 +625,19 @@ pub fn admit_review(body: &[u8], cfg: &InjectionConfig, caller: Caller) -> Value
             let v = serde_json::from_slice::<Value>(body).ok();
             let field = |p: &str| v.as_ref()?.pointer(p)?.as_str().map(str::to_string);
             let (api_version, uid) = (field("/apiVersion"), field("/request/uid"));
-            (
-                api_version,
-                uid.unwrap_or_default(),
-                None,
-                vec![format!("memprof: {e}")],
-            )
+            let answer = Answer::warn(format!("memprof: {e}"));
+            (api_version, uid.unwrap_or_default(), answer)
         }
     };
-    let mut response = json!({ "uid": uid, "allowed": true });
+    let Answer {
+        patch,
+        warnings,
+        denied,
+    } = answer;
+    let mut response = json!({ "uid": uid, "allowed": denied.is_none() });
+    if let Some(why) = denied {
+        response["status"] = json!({ "code": 403, "reason": "Forbidden", "message": why });
+    }
     if let Some(patch) = patch {
         let bytes = serde_json::to_vec(&patch).expect("a JSON patch always serialises");
         response["patchType"] = json!("JSONPatch");

@@ -18,6 +18,7 @@
 
 use crate::certs::{webhook_config_error, CertError};
 use crate::marks::{MARKS_WEBHOOK, MUTATE_WITH_TOKEN};
+use crate::writers::WRITERS_WEBHOOK;
 use k8s_openapi::api::admissionregistration::v1::{MutatingWebhook, MutatingWebhookConfiguration};
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
@@ -31,14 +32,20 @@ pub enum PathError {
     /// The configuration could not be read or patched.
     #[error(transparent)]
     Config(#[from] CertError),
-    /// The marks webhook fails closed: its URL would reach tenants in errors.
+    /// A webhook on the secret path fails closed: its URL would reach
+    /// tenants in errors.
     #[error(
-        "webhook {MARKS_WEBHOOK} of MutatingWebhookConfiguration {0} has failurePolicy Fail: the \
-         API server would return its URL, secret path included, to whoever's pod creation it \
-         failed; set it to Ignore (failing open is safe: an unmarked pod never counts). Until \
-         then no pod is marked"
+        "webhook {webhook} of MutatingWebhookConfiguration {config} has failurePolicy Fail: the \
+         API server would return its URL, secret path included, to whoever's request it \
+         failed; set it to Ignore (failing open is safe: an unmarked pod or report never \
+         counts). Until then nothing is marked"
     )]
-    FailsClosed(String),
+    FailsClosed {
+        /// The configuration.
+        config: String,
+        /// The webhook in it.
+        webhook: String,
+    },
 }
 
 /// The path the API server is given, for `token`.
@@ -63,33 +70,44 @@ fn path_change(w: &MutatingWebhook, path: &str) -> Option<Value> {
     (url != want).then(|| json!({ "url": want }))
 }
 
-/// Puts the marks webhook of configuration `name` on the secret path of
-/// `token`. Returns whether anything changed. A strategic merge by webhook
-/// name touches nothing else.
+/// The webhooks the API server calls on the secret path: those whose
+/// requests' `userInfo` becomes a mark (pods' creators, reports' writers).
+pub const SECRET_PATH_WEBHOOKS: [&str; 2] = [MARKS_WEBHOOK, WRITERS_WEBHOOK];
+
+/// Puts the secret-path webhooks ([`SECRET_PATH_WEBHOOKS`]) of configuration
+/// `name` on the secret path of `token`. Returns whether anything changed.
+/// A strategic merge by webhook name touches nothing else; none is moved
+/// while any of them fails closed.
 pub async fn sync_paths(client: &Client, name: &str, token: &str) -> Result<bool, PathError> {
     let api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
     let err = |verb| webhook_config_error(verb, name);
     let mwc = api.get(name).await.map_err(err("read"))?;
-    let Some(marks) = mwc
+    let ours = mwc
         .webhooks
         .iter()
         .flatten()
-        .find(|w| w.name == MARKS_WEBHOOK)
-    else {
-        return Ok(false);
-    };
-    if marks.failure_policy.as_deref() != Some("Ignore") {
-        return Err(PathError::FailsClosed(name.into()));
+        .filter(|w| SECRET_PATH_WEBHOOKS.contains(&w.name.as_str()));
+    let mut changes = Vec::new();
+    for w in ours {
+        if w.failure_policy.as_deref() != Some("Ignore") {
+            return Err(PathError::FailsClosed {
+                config: name.into(),
+                webhook: w.name.clone(),
+            });
+        }
+        if let Some(cc) = path_change(w, &secret_path(token)) {
+            changes.push(json!({ "name": w.name, "clientConfig": cc }));
+        }
     }
-    let Some(cc) = path_change(marks, &secret_path(token)) else {
+    if changes.is_empty() {
         return Ok(false);
-    };
-    let patch = json!({ "webhooks": [{ "name": MARKS_WEBHOOK, "clientConfig": cc }] });
+    }
+    let patch = json!({ "webhooks": changes });
     api.patch(name, &PatchParams::default(), &Patch::Strategic(&patch))
         .await
         .map_err(err("patch"))?;
     // The path itself is never logged.
-    tracing::info!(webhook_config = name, "marks webhook path set");
+    tracing::info!(webhook_config = name, "secret-path webhooks' path set");
     Ok(true)
 }
 

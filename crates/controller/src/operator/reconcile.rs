@@ -29,6 +29,7 @@ pub use conditions::{
 };
 pub use events::{
     format_location, newly_rejected, rejection_event, risk_event, risk_reason, EventPlan,
+    REPORT_REJECTED,
 };
 pub use write::{status_write_needed, Why, COSMETIC_INTERVAL};
 

@@ -14,6 +14,9 @@ use std::collections::BTreeSet;
 
 use super::Rejected;
 
+/// The reason of the Event naming a refused report.
+pub const REPORT_REJECTED: &str = "ReportRejected";
+
 /// An Event to publish.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EventPlan {
@@ -98,7 +101,7 @@ pub fn rejection_event(rejected: &Rejected) -> EventPlan {
     );
     truncate_utf8(&mut note, 1024);
     EventPlan {
-        reason: "ReportRejected",
+        reason: REPORT_REJECTED,
         warning: true,
         note,
     }

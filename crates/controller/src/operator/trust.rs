@@ -22,18 +22,22 @@
 //! 1. it is its pod's own: `metadata.name == spec.podName`;
 //! 2. that pod exists and is the Job's (above);
 //! 3. the report is owned by that pod (the sidecar sets the ownerReference);
-//! 4. its `sampledAt` parses and is not in the future (more than `MAX_SKEW`).
+//! 4. that pod wrote it: its writer mark (`memprof_api::writer`) verifies
+//!    for what it holds, written with that pod's bound token. Any pod may
+//!    run under the Job's service account, so the account proves nothing;
+//!    the checkpoint and acknowledgements inside a report count with it;
+//! 5. its `sampledAt` parses and is not in the future (more than `MAX_SKEW`).
 //!
 //! Then, among reports that pass ([`screen`]):
-//! 5. one per rank: a retried pod's leftover report (an earlier pod of the
+//! 6. one per rank: a retried pod's leftover report (an earlier pod of the
 //!    same rank) is superseded by the newest pod's; without ranks (a Job
 //!    that is not Indexed) the newest `parallelism` pods' reports, so a
 //!    failed attempt's is superseded by its replacement's;
-//! 6. at most `report_limit(parallelism)` of them (the newest first), so a
+//! 7. at most `report_limit(parallelism)` of them (the newest first), so a
 //!    Job cannot be made to carry more ranks than it can have.
 //!
-//! Rejected reports (1–4) are named in the `ReportsValid` condition and never
-//! acted on; superseded and excess ones (5–6) are counted in `ReportsCounted`.
+//! Rejected reports (1–5) are named in the `ReportsValid` condition and never
+//! acted on; superseded and excess ones (6–7) are counted in `ReportsCounted`.
 //! OOM evidence is read only from pods that pass [`admit`] ([`Admitted`]).
 
 use jiff::{SignedDuration, Timestamp};
@@ -42,8 +46,14 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use memprof_api::admission::{
     self, KeyRing, MarkError, Subject, ANNOTATION_ADMISSION, MAX_MARK_LEN,
 };
+use memprof_api::writer::{self, Written, WriterError, ANNOTATION_WRITER};
 use memprof_api::MemoryReport;
 use std::collections::{BTreeMap, HashMap};
+
+/// Annotation of a cached report (never of a stored one): the digest of its
+/// spec as written, before the cache slimmed it, which its writer mark must
+/// verify for (`pipeline::slim::report` sets it).
+pub const ANNOTATION_SPEC_DIGEST: &str = "memprof.dev/spec-digest";
 
 /// How far in the future a `sampledAt` may be (clock skew between nodes).
 pub const MAX_SKEW: SignedDuration = SignedDuration::from_secs(60);
@@ -151,6 +161,9 @@ pub enum Rejection {
         /// Its uid.
         uid: String,
     },
+    /// Its pod did not write it (or not what it now holds).
+    #[error(transparent)]
+    NotWrittenByPod(#[from] WriterError),
     /// `sampledAt` does not parse.
     #[error("sampledAt is not an RFC 3339 time")]
     BadTime,
@@ -217,6 +230,7 @@ pub fn check(
             uid: facts.uid.into(),
         });
     }
+    written_by(report, facts, keys, now)?;
     let sampled: Timestamp = report
         .spec
         .sampled_at
@@ -226,6 +240,30 @@ pub fn check(
         return Err(Rejection::Future(sampled));
     }
     Ok(())
+}
+
+/// Report rule 4: the writer mark verifies for the report's content as the
+/// cache received it (`slim::report` keeps its digest) written by `pod`.
+fn written_by(
+    report: &MemoryReport,
+    pod: &PodFacts<'_>,
+    keys: &KeyRing,
+    now: Timestamp,
+) -> Result<(), WriterError> {
+    let annotations = report.metadata.annotations.as_ref();
+    let get = |k: &str| annotations.and_then(|a| a.get(k)).map(String::as_str);
+    // A report not from the cache (a caller that read it itself) is digested here.
+    let digest = match get(ANNOTATION_SPEC_DIGEST) {
+        Some(d) => d.to_string(),
+        None => writer::spec_digest(&report.spec),
+    };
+    let written = Written {
+        namespace: pod.namespace,
+        report: pod.name,
+        pod_uid: pod.uid,
+        digest: &digest,
+    };
+    writer::verify(keys, get(ANNOTATION_WRITER), &written, now)
 }
 
 /// A pod that passed [`admit`] for a Job: the only kind of pod whose
@@ -283,11 +321,11 @@ pub struct Refused {
 pub struct Screened<'a> {
     /// Reports that count, in (rank, name) order.
     pub counted: Vec<&'a MemoryReport>,
-    /// Reports that are not what they claim (rules 1–4).
+    /// Reports that are not what they claim (rules 1–5).
     pub refused: Vec<Refused>,
-    /// Genuine reports of earlier pods of a rank that has a newer pod (rule 5).
+    /// Genuine reports of earlier pods of a rank that has a newer pod (rule 6).
     pub superseded: usize,
-    /// Genuine reports beyond the Job's limit (rule 6).
+    /// Genuine reports beyond the Job's limit (rule 7).
     pub over_limit: usize,
 }
 
@@ -301,7 +339,7 @@ pub fn screen<'a>(
     now: Timestamp,
 ) -> Screened<'a> {
     let mut out = Screened::default();
-    // Rule 5: newest pod per rank (then newest sample, then name, for determinism).
+    // Rule 6: newest pod per rank (then newest sample, then name, for determinism).
     let mut by_rank: BTreeMap<Option<u32>, Vec<(&MemoryReport, Key)>> = BTreeMap::new();
     for r in reports {
         let pod = pods.get(r.spec.pod_name.as_str());
@@ -331,7 +369,7 @@ pub fn screen<'a>(
         out.superseded += group.len() - 1;
         kept.extend(group.into_iter().take(1));
     }
-    // Rule 6: the newest within the limit.
+    // Rule 7: the newest within the limit.
     let limit = report_limit(parallelism);
     if kept.len() > limit {
         kept.sort_by(|a, b| b.1.cmp(&a.1));

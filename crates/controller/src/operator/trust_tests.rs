@@ -68,6 +68,7 @@ fn report(pod: &str, rank: Option<u32>, sampled: i64) -> MemoryReport {
         uid: format!("{pod}-uid"),
         ..Default::default()
     }]);
+    memprof_api::writer::mark_as_written(&mut r, &KEY, NS);
     r
 }
 
@@ -258,4 +259,39 @@ fn reports_beyond_what_the_job_can_have_are_not_counted() {
     // The newest pods are the ones kept.
     assert!(names(&s).contains(&"p9".to_string()));
     assert!(!names(&s).contains(&"p0".to_string()));
+}
+
+/// A pod under the Job's own service account writes the victim pod's report
+/// (same name, same owner): without the writer mark the webhook gives only
+/// the report's own pod, it does not count; nor does a genuine report whose
+/// content was changed after it was marked (the checkpoint or an
+/// acknowledgement inside it included).
+#[test]
+fn a_report_its_pod_did_not_write_does_not_count() {
+    let pods = [pod("train-0", JOB, 0)];
+    let genuine = report("train-0", Some(0), 50);
+    assert_eq!(names(&run(&[&genuine], &pods, 1)), ["train-0"]);
+
+    let mut unmarked = genuine.clone();
+    unmarked.metadata.annotations = None;
+    let s = run(&[&unmarked], &pods, 1);
+    assert!(s.counted.is_empty());
+    assert!(s.refused[0].why.contains("no memprof.dev/writer mark"), "{:?}", s.refused);
+
+    let mut edited = genuine.clone();
+    edited.spec.last_checkpoint = Some(memprof_api::Checkpoint {
+        step: Some(999_999),
+        ..Default::default()
+    });
+    let s = run(&[&edited], &pods, 1);
+    assert!(s.counted.is_empty());
+    assert!(s.refused[0].why.contains("does not match its content"), "{:?}", s.refused);
+
+    // A mark the webhook gave another pod's write, copied onto the victim's.
+    let mut other = report("train-1", Some(0), 50);
+    other.metadata.name = Some("train-0".into());
+    other.spec.pod_name = "train-0".into();
+    other.metadata.owner_references = genuine.metadata.owner_references.clone();
+    let s = run(&[&other], &pods, 1);
+    assert!(s.counted.is_empty(), "{:?}", s.refused);
 }

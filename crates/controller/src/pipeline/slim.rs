@@ -13,6 +13,7 @@
 //! statuses with messages cut to [`MAX_MESSAGE`] bytes.
 
 use crate::operator::reconcile::slim_job;
+use crate::operator::trust::ANNOTATION_SPEC_DIGEST;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{
     ContainerState, ContainerStateTerminated, ContainerStatus, Pod, PodStatus,
@@ -20,10 +21,11 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 use memprof_analysis::batchfit::ANNOTATION_BATCH_ENV;
-use memprof_api::admission::{ANNOTATION_ADMISSION, LABEL_MANAGED, MAX_MARK_LEN};
+use memprof_api::admission::{KeyRing, ANNOTATION_ADMISSION, LABEL_MANAGED, MAX_MARK_LEN};
+use memprof_api::writer::{self, spec_digest, Written, ANNOTATION_WRITER};
 use memprof_api::thresholds::ANNOTATION_THRESHOLDS;
 use memprof_api::{
-    truncate_utf8, MemoryProfile, MemoryReport, RemediationPolicy, ANNOTATION_BOTTLENECK,
+    truncate_utf8, MemoryProfile, MemoryReport, MemoryReportSpec, RemediationPolicy, ANNOTATION_BOTTLENECK,
     ANNOTATION_ENABLED, ANNOTATION_IMBALANCE, ANNOTATION_OOM_RISK, ANNOTATION_REMEDIATION,
     ANNOTATION_TIME_TO_OOM, LABEL_JOB,
 };
@@ -95,17 +97,84 @@ pub(super) fn profile(p: &mut MemoryProfile) {
     p.metadata.finalizers = None;
 }
 
-/// A report: the timelines (most of its bytes at 8 GPUs) are for `kubectl
-/// memprof plot`; of its labels only the Job it claims. (The rest of the
-/// spec is bounded by the CRD's schema.)
-pub(super) fn report(r: &mut MemoryReport) {
+/// Owner references a report keeps (its pod's is the one that counts).
+const MAX_REPORT_OWNERS: usize = 4;
+
+/// A report: its writer mark and the digest of the spec as written (the
+/// trust check verifies the one against the other, `trust::check`), of its
+/// labels only the Job it claims, and of its spec what the roll-up reads.
+/// A report whose mark does not verify under `ring` (when a key is loaded)
+/// keeps only what names it in the `ReportsValid` condition: what no pod
+/// vouched for costs the cache a few hundred bytes, whatever its size.
+pub(super) fn report(r: &mut MemoryReport, ring: &KeyRing) {
+    let digest = spec_digest(&r.spec);
+    let mark = r
+        .annotations()
+        .get(ANNOTATION_WRITER)
+        .filter(|m| m.len() <= MAX_MARK_LEN)
+        .cloned();
     r.managed_fields_mut().clear();
     r.annotations_mut().clear();
     only(&mut r.metadata.labels, &[LABEL_JOB], MAX_LABEL_VALUE);
     r.metadata.finalizers = None;
-    for gpu in &mut r.spec.gpus {
+    if let Some(refs) = r.metadata.owner_references.as_mut() {
+        refs.retain(|o| o.kind == "Pod");
+        refs.truncate(MAX_REPORT_OWNERS);
+    }
+    let vouched = ring.current().is_none() || written_by_an_owner(r, mark.as_deref(), &digest, ring);
+    if vouched {
+        report_spec(&mut r.spec);
+    } else {
+        r.spec = refused_spec(&r.spec);
+    }
+    let annotations = r.annotations_mut();
+    annotations.insert(ANNOTATION_SPEC_DIGEST.into(), digest);
+    if let Some(mark) = mark {
+        annotations.insert(ANNOTATION_WRITER.into(), mark);
+    }
+}
+
+/// Whether `mark` verifies for `r`'s content written by one of its owner pods.
+fn written_by_an_owner(r: &MemoryReport, mark: Option<&str>, digest: &str, ring: &KeyRing) -> bool {
+    let (namespace, name) = (
+        r.metadata.namespace.as_deref().unwrap_or_default(),
+        r.metadata.name.as_deref().unwrap_or_default(),
+    );
+    let now = jiff::Timestamp::now();
+    r.owner_references().iter().any(|o| {
+        let written = Written {
+            namespace,
+            report: name,
+            pod_uid: &o.uid,
+            digest,
+        };
+        writer::verify(ring, mark, &written, now).is_ok()
+    })
+}
+
+/// What the roll-up reads of a report's spec: the timelines (most of its
+/// bytes at 8 GPUs) are for `kubectl memprof plot`. (The rest is bounded by
+/// the CRD's schema.)
+fn report_spec(spec: &mut MemoryReportSpec) {
+    for gpu in &mut spec.gpus {
         gpu.timeline = Vec::new();
         gpu.legacy_timeline = Vec::new();
+    }
+}
+
+/// A refused report's spec: what names it (its pod, rank and time), each
+/// bounded, nothing it claims.
+fn refused_spec(spec: &MemoryReportSpec) -> MemoryReportSpec {
+    let mut pod_name = spec.pod_name.clone();
+    truncate_utf8(&mut pod_name, 253);
+    let mut sampled_at = spec.sampled_at.clone();
+    truncate_utf8(&mut sampled_at, 64);
+    MemoryReportSpec {
+        pod_name,
+        sampled_at,
+        rank: spec.rank,
+        interval_ms: spec.interval_ms,
+        ..Default::default()
     }
 }
 

@@ -97,7 +97,7 @@ fn a_report_is_cached_without_its_timelines_in_either_form() {
             ..Default::default()
         },
     );
-    report(&mut r);
+    report(&mut r, &memprof_api::admission::KeyRing::default());
     for g in &r.spec.gpus {
         assert!(g.timeline.is_empty() && g.legacy_timeline.is_empty());
         assert_eq!(g.peak_bytes, 1 << 30, "the rest is kept");
@@ -120,4 +120,73 @@ fn a_hostile_policy_is_cached_in_a_bounded_size() {
     assert!(size(&p) < 2 * 1024, "{} bytes kept", size(&p));
     // What memprof reads survives: the whole spec.
     assert_eq!(p.spec, spec);
+}
+
+/// The largest report a tenant can write, in 16 GPUs of full timelines and
+/// long strings, named after a victim's pod and owned by it.
+fn big_report() -> MemoryReport {
+    let points: Vec<_> = (0..memprof_api::MAX_TIMELINE_POINTS)
+        .map(|i| memprof_api::TimelinePoint {
+            t: i as i64,
+            max: i as u64,
+            min: i as u64,
+        })
+        .collect();
+    let gpu = memprof_api::GpuReport {
+        uuid: "G".repeat(96),
+        model: "M".repeat(96),
+        timeline: points,
+        ..Default::default()
+    };
+    let mut r = MemoryReport::new(
+        "victim-0",
+        MemoryReportSpec {
+            pod_name: "victim-0".into(),
+            sampled_at: "2027-01-15T08:00:00Z".into(),
+            gpus: vec![gpu; 16],
+            ..Default::default()
+        },
+    );
+    r.metadata.namespace = Some("ml".into());
+    r.metadata.owner_references = Some(vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+        kind: "Pod".into(),
+        name: "victim-0".into(),
+        uid: "victim-uid".into(),
+        api_version: "v1".into(),
+        ..Default::default()
+    }]);
+    r.metadata.annotations = Some(
+        [
+            (ANNOTATION_WRITER.to_string(), "v1.1.forged".to_string()),
+            ("note".to_string(), "x".repeat(100_000)),
+        ]
+        .into(),
+    );
+    r
+}
+
+#[test]
+fn a_report_no_pod_vouched_for_is_cached_as_its_name_only() {
+    use memprof_api::admission::{Key, KeyRing};
+    let key = Key::generate();
+    let ring = KeyRing::new(key.clone());
+    let mut refused = big_report();
+    assert!(size(&refused) > 100_000);
+    report(&mut refused, &ring);
+    assert!(size(&refused) < 1024, "{} bytes kept", size(&refused));
+    assert_eq!(refused.spec.pod_name, "victim-0", "still named in ReportsValid");
+    assert!(refused.spec.gpus.is_empty());
+
+    // The same content, written by its pod: what the roll-up reads is kept.
+    let mut genuine = big_report();
+    genuine.metadata.annotations = None;
+    memprof_api::writer::mark_as_written(&mut genuine, &key, "ml");
+    report(&mut genuine, &ring);
+    assert_eq!(genuine.spec.gpus.len(), 16);
+    assert!(genuine.annotations().contains_key(ANNOTATION_SPEC_DIGEST));
+
+    // Before the key is loaded nothing can be judged: slimmed, judged later.
+    let mut early = big_report();
+    report(&mut early, &KeyRing::default());
+    assert_eq!(early.spec.gpus.len(), 16);
 }

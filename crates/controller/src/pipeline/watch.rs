@@ -24,6 +24,10 @@ use tracing::warn;
 
 pub(super) use super::slim::LABEL_JOB_NAME;
 
+/// Reports per page of the reports' list: what a relist holds at once
+/// before slimming is this many of the largest report the CRD admits.
+const REPORT_PAGE: u32 = 50;
+
 /// The caches the pipeline reads.
 pub(super) struct Caches {
     pub jobs: Store<Job>,
@@ -82,7 +86,7 @@ where
 fn reflected<K>(
     api: Api<K>,
     config: watcher::Config,
-    slim: fn(&mut K),
+    slim: impl FnMut(&mut K) + Send + 'static,
     ready: watch::Sender<bool>,
 ) -> (
     Store<K>,
@@ -140,9 +144,12 @@ pub(super) fn start(client: &Client, setup: &Setup) -> (Caches, Changes) {
     let profile_cfg = cfg().labels(LABEL_JOB);
     let (profiles, profile_events) =
         reflected(scoped(client, ns), profile_cfg, slim::profile, next_ready());
-    let report_cfg = cfg().labels(LABEL_JOB);
+    // Small pages: a report is up to ~100 KiB as listed, before slimming.
+    let report_cfg = cfg().labels(LABEL_JOB).page_size(REPORT_PAGE);
+    let keys = setup.options.admission.clone();
+    let slim_report = move |r: &mut MemoryReport| slim::report(r, &keys.ring());
     let (reports, report_events) =
-        reflected(scoped(client, ns), report_cfg, slim::report, next_ready());
+        reflected(scoped(client, ns), report_cfg, slim_report, next_ready());
     let pod_cfg = cfg().labels(&format!("{LABEL_JOB_NAME},{managed}"));
     let (pods, pod_events) = reflected(scoped(client, ns), pod_cfg, slim::pod, next_ready());
     let (policies, policy_events) =

@@ -213,8 +213,12 @@ pub(super) async fn carry_out(
     ranks: Option<&JobCheckpoints>,
 ) -> Result<Option<Duration>> {
     let store = plans(exec);
-    let saved = store.save(&saved).await?;
     let id = record.id.as_str();
+    if let Some(why) = store.refuses(&saved).await? {
+        let end = (PHASE_FAILED, why);
+        return finish(exec, key, id, end, None, Outcome::default()).await;
+    }
+    let saved = store.save(&saved).await?;
     if let Err(refused) = verify(&saved.plan, &saved.json, record, &key.namespace, &key.name) {
         exec.metrics.plans_refused.inc();
         warn!(%id, error = %refused, "refusing a remediation plan that is not the recorded one");

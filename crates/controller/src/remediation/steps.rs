@@ -192,6 +192,11 @@ fn recorded(r: Recreated, key: &JobKey, plan: &Plan, out: &mut Steps) -> Option<
             out.job_uid = None;
             out.lost = Some(why);
         }
+        Recreated::Refused { why } => out.failed.push(format!(
+            "the API server would refuse Job {} with the new values: {why}; the Job was left \
+             running, untouched",
+            key.name
+        )),
     }
     None
 }
@@ -295,6 +300,11 @@ enum Recreated {
     Lost {
         why: String,
     },
+    /// The API server would refuse the new Job (a server-side dry run of
+    /// its creation said so): the old one was left running, untouched.
+    Refused {
+        why: String,
+    },
 }
 
 /// How long one reconcile polls for the garbage collector to remove the old Job.
@@ -367,6 +377,10 @@ async fn look(
     match current {
         Some(j) if j.uid().as_deref() == Some(old.as_str()) => {
             if j.metadata.deletion_timestamp.is_none() {
+                // Nothing is deleted that could not be created again.
+                if let Some(why) = refused_on_dry_run(jobs, key, plan, manifest).await? {
+                    return Ok(Look::Ended(Recreated::Refused { why }));
+                }
                 delete_job(jobs, name, old)
                     .await
                     .map_err(step_error(plan, key, "deleting"))?;
@@ -391,6 +405,33 @@ async fn look(
             delete_old_pods(exec, key, plan).await?;
             create(jobs, key, plan, manifest).await
         }
+    }
+}
+
+/// Whether the API server would refuse the planned Job for good, asked by
+/// a server-side dry run of its creation (validation, quota and admission
+/// webhooks all run; nothing is stored). The old Job still holds the name,
+/// so an acceptable manifest is answered 409 AlreadyExists, which the API
+/// server checks last: `None`. A refusal retrying cannot fix: `Some(why)`.
+async fn refused_on_dry_run(
+    jobs: &Api<DynamicObject>,
+    key: &JobKey,
+    plan: &Plan,
+    manifest: &serde_json::Value,
+) -> Result<Option<String>> {
+    let obj: DynamicObject = serde_json::from_value(manifest.clone())
+        .map_err(|e| Error::Serialize("the Job manifest", e))?;
+    let pp = PostParams {
+        dry_run: true,
+        field_manager: Some(REMEDIATION_MANAGER.into()),
+    };
+    match jobs.create(&pp, &obj).await {
+        Ok(_) => Ok(None),
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(None),
+        Err(kube::Error::Api(s)) if terminal_code(s.code) => {
+            Ok(Some(format!("{} ({})", s.message, s.code)))
+        }
+        Err(e) => Err(step_error(plan, key, "checking (dry run) the new")(e)),
     }
 }
 

@@ -20,7 +20,7 @@ use super::plan::Plan;
 use super::verify::plan_digest;
 use super::{Error, Result};
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, DeleteParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::Client;
 use memprof_api::{LABEL_JOB, LABEL_REMEDIATION, REMEDIATION_MANAGER};
 use std::collections::BTreeMap;
@@ -31,6 +31,15 @@ pub const KEY_PLAN: &str = "plan.json";
 pub const KEY_JOB: &str = "job.json";
 /// Label naming the namespace of the Job a plan is for (plans of every namespace share one).
 pub const LABEL_NAMESPACE: &str = "memprof.dev/namespace";
+
+/// Largest Job manifest a plan holds (its JSON): the ConfigMap keeps it
+/// twice (in the plan and alone) under the API server's 1 MiB object limit,
+/// and what a tenant's Job weighs must not weigh on the operator's namespace.
+pub const MAX_PLAN_JOB_BYTES: usize = 384 * 1024;
+/// Plans kept at once for one tenant namespace: remediations in flight, and
+/// Jobs that could not be created again, kept as their way back. A tenant
+/// churning Jobs cannot fill the operator's namespace.
+pub const MAX_PLANS_PER_NAMESPACE: usize = 4;
 
 /// Name of the ConfigMap holding plan `id`.
 pub fn config_map_name(id: &str) -> String {
@@ -107,6 +116,43 @@ impl PlanStore {
             }
             Err(e) => Err(Error::SavePlan(id.clone(), e)),
         }
+    }
+
+    /// Why `saved` may not be kept (`None`: it may): its Job is over
+    /// [`MAX_PLAN_JOB_BYTES`], or its namespace has
+    /// [`MAX_PLANS_PER_NAMESPACE`] other plans kept already.
+    pub async fn refuses(&self, saved: &Saved) -> Result<Option<String>> {
+        let plan = &saved.plan;
+        if let Some((_, manifest)) = plan.recreate() {
+            let bytes = serde_json::to_vec(manifest).map_or(usize::MAX, |v| v.len());
+            if bytes > MAX_PLAN_JOB_BYTES {
+                return Ok(Some(format!(
+                    "Job {} is {bytes} bytes as a manifest, over the {MAX_PLAN_JOB_BYTES} a \
+                     remediation plan keeps: it was left running, untouched (trim its \
+                     annotations, or remediate it in place with notifyTrainer or setConfigMapKey)",
+                    plan.job
+                )));
+            }
+        }
+        let lp = ListParams::default().labels(&format!("{LABEL_NAMESPACE}={}", plan.namespace));
+        let own = config_map_name(&plan.id);
+        let others = self
+            .api
+            .list_metadata(&lp)
+            .await
+            .map_err(|e| Error::SavePlan(plan.id.clone(), e))?
+            .items
+            .iter()
+            .filter(|cm| cm.metadata.name.as_deref() != Some(own.as_str()))
+            .count();
+        Ok((others >= MAX_PLANS_PER_NAMESPACE).then(|| {
+            format!(
+                "{others} remediation plans of namespace {} are kept in {} already (the most \
+                 one namespace may have): nothing was done; plans that stay hold Jobs that \
+                 could not be created again (docs/remediation.md, \"Restoring a Job\")",
+                plan.namespace, self.namespace
+            )
+        }))
     }
 
     /// The plan saved for `id`, if any.

@@ -17,12 +17,37 @@ use memprof_api::{MemoryProfile, MemoryProfileStatus};
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
+use crate::operator::reconcile::REPORT_REJECTED;
 use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 /// At most this many Events wait for one Job's next write (the oldest go first).
 const MAX_NOTICES: usize = 16;
+/// Of them, at most this many about refused reports: anyone who may write a
+/// report can have one refused, and those notices must never push out the
+/// Job's own (a risk change); the refused reports stay named in the
+/// profile's `ReportsValid` condition.
+const MAX_REFUSAL_NOTICES: usize = 4;
+
+/// Bounds what waits for a Job's next write: refusal notices beyond
+/// [`MAX_REFUSAL_NOTICES`] go first (oldest first), then any beyond
+/// [`MAX_NOTICES`], so a counted report's risk Event is displaced only by
+/// the Job's own newer ones.
+fn bound_notices(notices: &mut Vec<Notice>) {
+    let refusals = notices
+        .iter()
+        .filter(|n| n.plan.reason == REPORT_REJECTED)
+        .count();
+    let mut drop_refusals = refusals.saturating_sub(MAX_REFUSAL_NOTICES);
+    notices.retain(|n| {
+        let dropped = drop_refusals > 0 && n.plan.reason == REPORT_REJECTED;
+        drop_refusals -= usize::from(dropped);
+        !dropped
+    });
+    let excess = notices.len().saturating_sub(MAX_NOTICES);
+    notices.drain(..excess);
+}
 
 /// How the writer spaces and spreads its writes.
 #[derive(Clone, Copy, Debug)]
@@ -204,8 +229,7 @@ impl StatusWriter {
             let entry = entries.entry(key.clone()).or_default();
             entry.analysis = Some(analysis.status);
             entry.notices.extend(analysis.notices);
-            let excess = entry.notices.len().saturating_sub(MAX_NOTICES);
-            entry.notices.drain(..excess);
+            bound_notices(&mut entry.notices);
         }
         self.shared.queue.add(key.clone());
     }
@@ -356,6 +380,7 @@ impl Shared {
             }
             let newer = std::mem::replace(&mut e.notices, work.notices);
             e.notices.extend(newer);
+            bound_notices(&mut e.notices);
             let newer = std::mem::replace(&mut e.edits, work.edits);
             e.edits.extend(newer);
             if e.annotations.is_none() {
@@ -418,3 +443,41 @@ async fn serve(shared: &Shared, key: &JobKey) {
 #[path = "write.rs"]
 mod write;
 use write::{write_annotations, write_status};
+
+#[cfg(test)]
+mod notice_tests {
+    use super::*;
+    use crate::operator::reconcile::EventPlan;
+
+    fn notice(reason: &'static str, n: usize) -> Notice {
+        Notice {
+            plan: EventPlan {
+                reason,
+                warning: true,
+                note: format!("{n}"),
+            },
+            regarding: Default::default(),
+            related: None,
+        }
+    }
+
+    /// Refused reports that name a victim Job fill the queue: the victim's
+    /// own risk Event stays, and the refusals keep only their newest few.
+    #[test]
+    fn refused_reports_never_push_out_the_jobs_own_events() {
+        let mut queue = vec![notice("RiskCritical", 0)];
+        for i in 0..100 {
+            queue.push(notice(REPORT_REJECTED, i));
+            bound_notices(&mut queue);
+        }
+        assert_eq!(queue[0].plan.reason, "RiskCritical");
+        let refusals: Vec<_> = queue.iter().skip(1).map(|n| n.plan.note.as_str()).collect();
+        assert_eq!(refusals, ["96", "97", "98", "99"]);
+        // The Job's own Events are still bounded, the oldest going first.
+        for i in 0..40 {
+            queue.push(notice("RiskHigh", i));
+            bound_notices(&mut queue);
+        }
+        assert_eq!(queue.len(), MAX_NOTICES);
+    }
+}
