@@ -323,3 +323,45 @@ fn durations_are_written_the_same_way_everywhere() {
         );
     }
 }
+
+/// `analyze` took one file where `fragment` and `rollup` take many.
+#[test]
+fn analyze_takes_several_traces_each_under_its_name() {
+    let fixture = |n: &str| {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/traces")
+            .join(n)
+            .display()
+            .to_string()
+    };
+    let (a, b) = (fixture("leak300_h100.csv"), fixture("steady_h100.csv"));
+    let (out, _) = run(&["analyze", &a, &b], &[]);
+    let table = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let (ha, hb) = (format!("==> {a} <=="), format!("\n\n==> {b} <==\n"));
+    assert!(table.starts_with(&ha), "{table}");
+    assert!(table.find(&hb).is_some_and(|i| i > ha.len()), "{table}");
+    assert_eq!(table.matches("SUMMARY").count(), 2, "{table}");
+    let (out, _) = run(&["analyze", &a, &b, "-o", "json"], &[]);
+    let heads: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains(r#""event":"trace""#))
+        .map(String::from)
+        .collect();
+    assert_eq!(heads.len(), 2, "{heads:?}");
+    assert!(heads[1].contains("steady_h100.csv"), "{heads:?}");
+    // One file still reads as before: no heading.
+    let (out, _) = run(&["analyze", &a], &[]);
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("==>"));
+    // A missing file is said before any table.
+    let (out, _) = run(&["analyze", &a, "nope.csv"], &[]);
+    assert!(!out.status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "");
+    assert!(
+        stderr(&out).contains("cannot read nope.csv"),
+        "{}",
+        stderr(&out)
+    );
+    let e = one_line_failure(&["analyze", &a, &b, "--plot", "x.svg"]);
+    assert!(e.contains("one trace (2 given)"), "{e}");
+}

@@ -22,9 +22,11 @@ use std::path::PathBuf;
 /// Flags of `memprof analyze`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// The trace file (CSV `t_s,gpu,used_bytes,total_bytes`, as `--trace-out` writes);
-    /// with `--evaluate`, a record.sh folder, a folder of fixture traces, or one.
-    pub trace: String,
+    /// Trace files (CSV `t_s,gpu,used_bytes,total_bytes`, as `--trace-out`
+    /// writes), analysed one after another, each under its name; with
+    /// `--evaluate`, one record.sh folder, folder of fixture traces, or trace.
+    #[arg(required = true, value_name = "TRACE")]
+    pub traces: Vec<String>,
     /// Judge the verdicts on recordings with their truth (leak flag precision
     /// and recall, latency, time to OOM at half-life), from NVML alone and
     /// with the agent's pushes.
@@ -57,9 +59,16 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         None => Thresholds::default(),
     };
     thresholds.validate()?;
+    let several = args.traces.len() > 1;
+    if several && (args.evaluate || args.plot.is_some()) {
+        anyhow::bail!(
+            "--evaluate and --plot take one trace ({} given): run them once per file",
+            args.traces.len()
+        );
+    }
     if args.evaluate {
         let out = evaluate::run(
-            std::path::Path::new(&args.trace),
+            std::path::Path::new(&args.traces[0]),
             &thresholds,
             args.output.format,
         )?;
@@ -69,25 +78,63 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
     if let Some(p) = args.plot.as_deref() {
         crate::outfile::prepare_image("--plot", p)?;
     }
-    // The trace error's message already ends with its cause: one line, not
-    // the cause twice (`{:#}` prints the chain).
-    let rows = memprof_api::trace::read_trace(&args.trace).map_err(|e| anyhow::anyhow!("{e}"))?;
+    // Every file read before the first is analysed: a missing third file
+    // is said before two tables, not after them.
+    let traces = args
+        .traces
+        .iter()
+        .map(|t| {
+            // The trace error's message already ends with its cause: one
+            // line, not the cause twice (`{:#}` prints the chain).
+            let rows = memprof_api::trace::read_trace(t).map_err(|e| anyhow::anyhow!("{e}"))?;
+            Ok((t.as_str(), rows))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    for (i, (trace, rows)) in traces.iter().enumerate() {
+        if several {
+            write_stdout(&heading(trace, i, args.output.format))?;
+        }
+        analyze_one(&args, &thresholds, trace, rows)?;
+    }
+    Ok(0)
+}
+
+/// What precedes each trace's lines when several are analysed: a blank
+/// line and `==> FILE <==` (as `tail` heads files) before a table, a
+/// `{"event":"trace","file":…}` line before JSON lines, a comment in YAML.
+pub fn heading(trace: &str, index: usize, format: Format) -> String {
+    match format {
+        Format::Json => format!("{}\n", json!({"event": "trace", "file": trace})),
+        Format::Yaml => format!("# {trace}\n"),
+        Format::Table | Format::Wide => {
+            let gap = if index > 0 { "\n" } else { "" };
+            format!("{gap}==> {trace} <==\n")
+        }
+    }
+}
+
+/// One trace: its lines, then `--plot`.
+fn analyze_one(
+    args: &Args,
+    thresholds: &Thresholds,
+    trace: &str,
+    rows: &[TraceRow],
+) -> anyhow::Result<()> {
     let opts = Options {
         thresholds: thresholds.clone(),
         estimate_every: args.estimate_every.as_secs_f64(),
         ..Default::default()
     };
     let mut lines = vec![];
-    analyze(&rows, &opts, |l| lines.push(l));
-    let text = render(&lines, args.output.format, &args.trace, &rows);
+    analyze(rows, &opts, |l| lines.push(l));
+    let text = render(&lines, args.output.format, trace, rows);
     write_stdout(&text)?;
     if let Some(path) = &args.plot {
-        let gpu =
-            plot::pick_gpu(&rows, &lines, args.gpu).context("the trace has no GPU to draw")?;
-        let name = std::path::Path::new(&args.trace)
+        let gpu = plot::pick_gpu(rows, &lines, args.gpu).context("the trace has no GPU to draw")?;
+        let name = std::path::Path::new(trace)
             .file_name()
-            .map_or(args.trace.clone(), |n| n.to_string_lossy().into_owned());
-        let chart = plot::chart(&rows, &lines, &thresholds, gpu, &name);
+            .map_or(trace.to_string(), |n| n.to_string_lossy().into_owned());
+        let chart = plot::chart(rows, &lines, thresholds, gpu, &name);
         crate::plot::write_image(path, &chart.to_svg())?;
         if !args.output.format.is_structured() {
             write_stdout(&format!(
@@ -96,7 +143,7 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
             ))?;
         }
     }
-    Ok(0)
+    Ok(())
 }
 
 /// Writes to stdout; a closed pipe (`| head`) is not an error.
