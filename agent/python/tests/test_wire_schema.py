@@ -66,10 +66,13 @@ def test_every_push_kind_with_every_part_matches_the_push_schema(fake, monkeypat
     ("devices/0/allocatedBytes", lambda d: d["devices"][0].update(allocatedBytes=1.0)),
     ("(top)", lambda d: d.pop("time")),
     ("kind", lambda d: d.update(kind="periodic")),
+    ("breakdown/flags/0/kind", lambda d: d["breakdown"]["flags"][0].update(kind="huge")),
+    ("devices", lambda d: d["devices"].append(dict(d["devices"][0], index=99))),  # 17: over MAX_DEVICES
 ])
 def test_a_push_the_sidecars_type_would_not_read_as_sent_fails_the_contract(fake, monkeypatch, where, change):
     """A field the Rust type lacks (the sidecar would drop it), a float where
-    serde wants an integer, a missing required field, an unknown kind."""
+    serde wants an integer, a missing required field, an unknown kind or
+    flag, a list over its bound (the pushes are at their bounds)."""
     doc = copy.deepcopy(pushes_of_every_kind(fake, monkeypatch)[0])
     change(doc)
     found = wire.errors("push", doc)

@@ -47,12 +47,15 @@ pub struct Breakdown {
     pub batch_size: Option<u64>,
     /// Bytes per module type, at most [`MAX_MODULE_TYPES`], each type once.
     #[serde(default)]
+    #[schemars(length(max = MAX_MODULE_TYPES))]
     pub by_module_type: Vec<ModuleTypeBytes>,
     /// Flagged parameters, at most [`MAX_FLAGS`].
     #[serde(default)]
+    #[schemars(length(max = MAX_FLAGS))]
     pub flags: Vec<Flag>,
     /// Per top-level module (`trace_modules`), at most [`MAX_MODULE_PHASES`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = MAX_MODULE_PHASES))]
     pub phases: Option<Vec<ModulePhase>>,
     /// Peak of the optimizer step above what it started with.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -66,6 +69,7 @@ pub struct Breakdown {
 pub struct ModuleTypeBytes {
     /// `attention`, `mlp`, `embedding`, `norm`, `lora` or `other`.
     #[serde(rename = "type")]
+    #[schemars(with = "ModuleType")]
     pub type_: String,
     /// Parameters of modules of this type.
     pub parameters: u64,
@@ -82,12 +86,15 @@ pub struct ModuleTypeBytes {
 #[serde(rename_all = "camelCase")]
 pub struct Flag {
     /// `nan`, `inf` or `large`.
+    #[schemars(with = "FlagKind")]
     pub kind: String,
     /// Parameter name.
     #[serde(default)]
+    #[schemars(length(max = MAX_PARAMETER_NAME))]
     pub parameter: String,
     /// Detail.
     #[serde(default)]
+    #[schemars(length(max = MAX_FLAG_NOTE))]
     pub note: String,
 }
 
@@ -97,6 +104,7 @@ pub struct Flag {
 pub struct ModulePhase {
     /// Module name.
     #[serde(default)]
+    #[schemars(length(max = MAX_PARAMETER_NAME))]
     pub module: String,
     /// Bytes its forward leaves allocated (after minus before, at least 0).
     pub forward_bytes: u64,

@@ -50,6 +50,7 @@ pub struct Host {
     pub working_set_bytes: Option<u64>,
     /// `v2` or `v1`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = MAX_TAG))]
     pub cgroup: Option<String>,
 }
 
@@ -74,12 +75,15 @@ pub struct Grads {
     pub at: Option<f64>,
     /// Parameters whose gradient holds NaN or Inf (at most 16).
     #[serde(default)]
+    #[schemars(length(max = MAX_GRAD_NAMES), inner(length(max = MAX_GRAD_NAME)))]
     pub non_finite: Vec<String>,
     /// Parameters whose gradient norm jumped above its history, largest ratio first (at most 16).
     #[serde(default)]
+    #[schemars(length(max = MAX_GRAD_NAMES), inner(length(max = MAX_GRAD_NAME)))]
     pub large: Vec<String>,
     /// Parameters whose gradient norm is all but zero (at most 16).
     #[serde(default)]
+    #[schemars(length(max = MAX_GRAD_NAMES), inner(length(max = MAX_GRAD_NAME)))]
     pub vanishing: Vec<String>,
     /// How many were non-finite (the list may be cut).
     #[serde(default)]
@@ -129,12 +133,15 @@ pub struct Sizes {
     pub source: SizesSource,
     /// Live allocations by size.
     #[serde(default)]
+    #[schemars(length(max = MAX_SIZE_BUCKETS))]
     pub buckets: Vec<(u64, u64)>,
     /// `snapshot` only: free cached blocks by size.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = MAX_SIZE_BUCKETS))]
     pub free_buckets: Option<Vec<(u64, u64)>>,
     /// Allocations each pool served since the previous reading.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = MAX_SIZE_BUCKETS))]
     pub requests: Option<Vec<(u64, u64)>>,
     /// Seconds `requests` covers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -168,6 +175,7 @@ pub struct Tracking {
     pub at: Option<f64>,
     /// `history` (sites from the allocator's history) or `none`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = MAX_TAG))]
     pub site_source: Option<String>,
     /// Objects the newer sample walked.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -183,9 +191,11 @@ pub struct Tracking {
     pub sample_seconds: Option<f64>,
     /// Tensor groups that grew, largest byte growth first (at most 32).
     #[serde(default)]
+    #[schemars(length(max = MAX_TRACKED))]
     pub tensors: Vec<TrackedTensors>,
     /// Python object types that grew (at most 32).
     #[serde(default)]
+    #[schemars(length(max = MAX_TRACKED))]
     pub objects: Vec<TrackedType>,
 }
 
@@ -195,15 +205,19 @@ pub struct Tracking {
 pub struct TrackedTensors {
     /// `cuda:0`, `cpu`, …
     #[serde(default)]
+    #[schemars(length(max = MAX_TAG))]
     pub device: String,
     /// `torch.float32`, …
     #[serde(default)]
+    #[schemars(length(max = MAX_TAG))]
     pub dtype: String,
     /// Shape (at most 8 dimensions); absent when groups were merged.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = MAX_SHAPE_DIMS))]
     pub shape: Option<Vec<u64>>,
     /// First frame outside torch and the agent that allocated them, when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = MAX_SITE))]
     pub site: Option<String>,
     /// Growth of the count between the two samples.
     #[serde(default)]
@@ -225,6 +239,7 @@ pub struct TrackedTensors {
 pub struct TrackedType {
     /// `module.QualName`.
     #[serde(rename = "type", default)]
+    #[schemars(length(max = MAX_TAG))]
     pub type_: String,
     /// Growth of the count.
     #[serde(default)]
@@ -258,6 +273,7 @@ pub struct PreOom {
     /// Device entries as in `devices` (with `peaks`, only the fields that
     /// stay true after the unwinding, plus allocated and reserved bytes).
     #[serde(default)]
+    #[schemars(length(max = super::MAX_DEVICES))]
     pub devices: Vec<DeviceStats>,
 }
 
@@ -408,6 +424,7 @@ pub struct SitesSnapshot {
     pub source: super::SnapshotSource,
     /// The sites (one entry per allocating frame, `count` blocks), at most 16.
     #[serde(default)]
+    #[schemars(length(max = super::MAX_BLOCKS))]
     pub blocks: Vec<super::Block>,
     /// Live bytes in blocks without frames (allocated before recording began).
     #[serde(default)]
@@ -417,6 +434,7 @@ pub struct SitesSnapshot {
     pub history: Option<SitesHistory>,
     /// Why no snapshot could be taken (`source: none`), at most 1024 bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = super::MAX_MESSAGE))]
     pub error: Option<String>,
 }
 
@@ -432,6 +450,7 @@ pub struct SitesHistory {
     pub entries: Option<u64>,
     /// What turned it on (`risk high (sidecar)`, `the sidecar asked`, `asked`), at most 64 bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = super::MAX_NAME))]
     pub why: Option<String>,
 }
 

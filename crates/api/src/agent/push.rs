@@ -50,18 +50,22 @@ pub struct Push {
     pub step: Option<u64>,
     /// The phase the trainer was in when the numbers were read (`with phase("forward")`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = super::MAX_NAME))]
     pub phase: Option<String>,
     /// Resident set size of the trainer process, bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rss_bytes: Option<u64>,
     /// `torch.__version__`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = super::MAX_NAME))]
     pub torch_version: Option<String>,
     /// One entry per CUDA device the process sees.
     #[serde(default)]
+    #[schemars(length(max = super::MAX_DEVICES))]
     pub devices: Vec<DeviceStats>,
     /// Events recorded with `memprof_agent.record()` since the previous push, oldest first.
     #[serde(default)]
+    #[schemars(length(max = super::MAX_EVENTS))]
     pub events: Vec<Event>,
     /// Events recorded since the previous push that did not fit into `events`.
     #[serde(default)]
@@ -89,6 +93,7 @@ pub struct Push {
     pub pre_oom: Option<PreOom>,
     /// Acknowledgements of directives the sidecar relayed (contract B).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = super::MAX_ACKS))]
     pub acks: Vec<Ack>,
     /// Where the live memory was allocated, taken once when the risk reached
     /// critical (allocation history on since high), before any OOM.
@@ -105,9 +110,11 @@ pub struct DeviceStats {
     pub index: u32,
     /// GPU UUID with NVML's `GPU-` prefix, when torch tells it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = super::MAX_UUID))]
     pub uuid: Option<String>,
     /// Product name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = super::MAX_NAME))]
     pub name: Option<String>,
     /// Bytes allocated to tensors (`allocated_bytes.all.current`).
     pub allocated_bytes: u64,
@@ -152,15 +159,18 @@ pub struct Event {
     /// When it was recorded: seconds since the Unix epoch.
     pub t: f64,
     /// Event name.
+    #[schemars(length(max = super::MAX_NAME))]
     pub name: String,
     /// Free text.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = super::MAX_NOTE))]
     pub note: Option<String>,
     /// Step at the time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub step: Option<u64>,
     /// Phase at the time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = super::MAX_NAME))]
     pub phase: Option<String>,
     /// Allocated bytes of the current device, only when recorded with `memory=True`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -225,12 +235,14 @@ pub struct OomSnapshot {
     pub requested_bytes: Option<u64>,
     /// The exception's message, truncated.
     #[serde(default)]
+    #[schemars(length(max = super::MAX_MESSAGE))]
     pub message: String,
     /// Where the blocks came from.
     #[serde(default)]
     pub source: SnapshotSource,
     /// The largest live blocks, largest first.
     #[serde(default)]
+    #[schemars(length(max = super::MAX_BLOCKS))]
     pub blocks: Vec<Block>,
 }
 
@@ -245,6 +257,7 @@ pub struct Block {
     pub requested_bytes: Option<u64>,
     /// Allocator state, e.g. `active_allocated`.
     #[serde(default)]
+    #[schemars(length(max = super::MAX_NAME))]
     pub state: String,
     /// With stack frames, live blocks allocated at the same place are summed
     /// into one entry (`sizeBytes` is their total): how many they are.
@@ -252,6 +265,7 @@ pub struct Block {
     pub count: Option<u64>,
     /// Where it was allocated, innermost first (empty without history recording).
     #[serde(default)]
+    #[schemars(length(max = super::MAX_FRAMES))]
     pub frames: Vec<Frame>,
 }
 
@@ -260,11 +274,13 @@ pub struct Block {
 #[serde(rename_all = "camelCase")]
 pub struct Frame {
     /// Source file.
+    #[schemars(length(max = super::MAX_FRAME_TEXT))]
     pub filename: String,
     /// Line number.
     #[serde(default)]
     pub line: u32,
     /// Function name.
     #[serde(default)]
+    #[schemars(length(max = super::MAX_FRAME_TEXT))]
     pub name: String,
 }

@@ -100,9 +100,11 @@ impl Directive {
 #[serde(rename_all = "camelCase")]
 pub struct Ack {
     /// The directive's id.
+    #[schemars(length(min = 1, max = MAX_DIRECTIVE_ID))]
     pub id: String,
     /// What the trainer did (its callbacks' own words).
     #[serde(default)]
+    #[schemars(length(max = MAX_ACK_ACTION))]
     pub action: String,
     /// Whether it did what was asked.
     #[serde(default)]
