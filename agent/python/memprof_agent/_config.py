@@ -2,15 +2,16 @@
 and checked here only (VARS), and the one say-once helper (Once).
 
 get(name, env) returns a variable's value typed, or its default when it is
-unset or empty, or when its value cannot be used: then one warning per
-variable and value (a typo never stops the run, and is never silent).
+unset or empty (a flag set to empty is off), or when its value cannot be
+used: then one warning per variable and value (a typo never stops the run,
+and is never silent).
 Each variable is read when its part starts (VARS says when), from the
 environment of that moment: a test or a launcher may set it before.
 
 docs/agent.md's and README.md's tables of the variables are generated from
 VARS (`python3 agent/python/memprof_agent/_config.py --write`; a test fails
 when they are stale). The bootstrap (bootstrap/sitecustomize.py) reads
-MEMPROF_AGENT_DISABLE itself, with the same rule as `flag` here: it runs in
+MEMPROF_AGENT_DISABLE itself, with the same rule as `truthy` here: it runs in
 every Python process and must not import this package.
 
 Standard library only; imports nothing of the package (every module may
@@ -171,7 +172,8 @@ BY_NAME = {v.name: v for v in VARS}
 
 def get(name, env=None):
     """The value of variable `name` in `env` (default: os.environ now):
-    typed; its default when unset, empty or unusable (said once per value)."""
+    typed; its default when unset, empty (a flag: off) or unusable (said
+    once per value)."""
     var = BY_NAME[name]
     raw = (os.environ if env is None else env).get(name)
     if raw is None:
@@ -182,7 +184,7 @@ def get(name, env=None):
         return var.default
     except (TypeError, ValueError):
         fallback = "ignored" if var.default is None else "using " + var.default_text.replace("`", "")
-        SAY((name, raw), "memprof-agent: %s=%r is not %s; %s", name, raw, var.accepts, fallback)
+        SAY((name, raw), "memprof-agent: %s=%r is not %s; %s", name, raw, var.accepts.replace("`", ""), fallback)
         return var.default
 
 
