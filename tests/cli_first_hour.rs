@@ -97,7 +97,7 @@ fn profile_makes_the_missing_output_folder_with_host_and_rank_filled_in() {
         "--scenario",
         &scen,
         "--duration",
-        "1",
+        "3",
         "--output",
         &pattern,
         "--plot",
@@ -113,6 +113,42 @@ fn profile_makes_the_missing_output_folder_with_host_and_rank_filled_in() {
         .collect();
     assert_eq!(written.len(), 1, "{written:?}");
     assert!(written[0].ends_with("-rank0.json"), "{written:?}");
+    // The file holds what the table printed (issue 33 item 4).
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path("out/deeper").join(&written[0])).unwrap())
+            .unwrap();
+    let g = &report["gpus"][0];
+    let table = String::from_utf8_lossy(&out.stdout);
+    let row = table
+        .lines()
+        .find(|l| l.starts_with("0 "))
+        .expect("a row for GPU 0");
+    let cells: Vec<&str> = row
+        .split("   ")
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .collect();
+    // GPU MODEL USED FREE TOTAL PEAK | UTIL AVG | UTIL MAX | SAMPLES
+    let gib =
+        |v: &serde_json::Value| format!("{:.1}GiB", v.as_f64().unwrap() / (1u64 << 30) as f64);
+    assert_eq!(cells[3], gib(&g["freeBytes"]), "FREE of {row}");
+    assert_eq!(cells[8], g["samples"].to_string(), "SAMPLES of {row}");
+    match cells[6] {
+        "-" => assert!(g.get("utilizationAvgPercent").is_none(), "{g}"),
+        avg => assert_eq!(
+            avg,
+            format!("{:.0}%", g["utilizationAvgPercent"].as_f64().unwrap()),
+            "UTIL AVG of {row}"
+        ),
+    }
+    match cells[7] {
+        "-" => assert!(g.get("utilizationMaxPercent").is_none(), "{g}"),
+        max => assert_eq!(
+            max,
+            format!("{}%", g["utilizationMaxPercent"]),
+            "UTIL MAX of {row}"
+        ),
+    }
     assert!(dir.path("plots/p.svg").is_file());
     assert!(dir.path("traces/t.csv").is_file());
 }

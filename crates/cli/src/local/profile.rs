@@ -349,25 +349,34 @@ fn finish(
 ) -> Result<i32, ProfileError> {
     let rows =
         memprof_api::trace::read_trace(&files.trace.display().to_string()).unwrap_or_default();
-    let report: Option<MemoryReportSpec> = std::fs::read(&files.output)
+    let written: Option<serde_json::Value> = std::fs::read(&files.output)
         .ok()
         .and_then(|b| serde_json::from_slice(&b).ok());
-    let Some(report) = report else {
+    let report: Option<MemoryReportSpec> =
+        written.clone().and_then(|v| serde_json::from_value(v).ok());
+    let (Some(written), Some(report)) = (written, report) else {
         return Err(ProfileError::NoReport);
     };
     let counts = summary::sample_counts(&rows);
+    let run = summary::Run {
+        report: &report,
+        tracker: &watched.tracker,
+        samples: &counts,
+        transitions: &watched.transitions,
+        seconds: rows.last().map_or(started.elapsed().as_secs_f64(), |r| r.t),
+        pid: watched.pid,
+    };
     println!();
-    print!(
-        "{}",
-        summary::summary(&summary::Run {
-            report: &report,
-            tracker: &watched.tracker,
-            samples: &counts,
-            transitions: &watched.transitions,
-            seconds: rows.last().map_or(started.elapsed().as_secs_f64(), |r| r.t),
-            pid: watched.pid,
-        })
-    );
+    print!("{}", summary::summary(&run));
+    // The file holds what the table showed: free memory, utilization, samples.
+    if let Some(path) = &a.output {
+        let json = summary::with_run_numbers(&written, &run);
+        let text = serde_json::to_string_pretty(&json).unwrap_or_default() + "\n";
+        std::fs::write(path, text).map_err(|error| ProfileError::Write {
+            path: path.clone(),
+            error,
+        })?;
+    }
     if let Some(path) = &a.plot {
         let chart = summary::timeline(&rows, &watched.transitions, Some(&report));
         crate::plot::write_image(path, &chart.to_svg())

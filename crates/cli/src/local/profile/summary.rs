@@ -271,6 +271,60 @@ fn worst_of(r: &MemoryReportSpec, g: &GpuReport, worst: &BTreeMap<u32, RiskLevel
     seen.max(g.risk)
 }
 
+/// The numbers of one GPU the summary table shows beyond the report's own
+/// (free memory, utilization over the run, samples), computed here once for
+/// the table and for the JSON `--output` ([`with_run_numbers`]).
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunNumbers {
+    /// Total minus used memory at the end.
+    pub free_bytes: u64,
+    /// Mean utilization over the reports polled, percent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub utilization_avg_percent: Option<f64>,
+    /// Highest utilization over the reports polled, percent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub utilization_max_percent: Option<u32>,
+    /// Samples of this GPU in the trace (the sampler's GPUs only: one the
+    /// agent alone sees has none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub samples: Option<u64>,
+}
+
+/// [`RunNumbers`] of `g` over `run`.
+pub fn run_numbers(run: &Run<'_>, g: &GpuReport) -> RunNumbers {
+    let (avg, max) = run.tracker.utilization(&g.uuid);
+    RunNumbers {
+        free_bytes: g.total_bytes.saturating_sub(g.used_bytes),
+        utilization_avg_percent: avg,
+        utilization_max_percent: max,
+        samples: is_sampled(run.report, g).then(|| run.samples.get(&g.index).copied().unwrap_or(0)),
+    }
+}
+
+/// The report file as written, each GPU given its [`RunNumbers`] (what the
+/// table shows): matched by UUID and index, every other field kept as the
+/// sidecar wrote it, so `rollup`, `compare` and `fragment` read it as before.
+pub fn with_run_numbers(report_json: &serde_json::Value, run: &Run<'_>) -> serde_json::Value {
+    let mut out = report_json.clone();
+    let Some(gpus) = out.get_mut("gpus").and_then(|g| g.as_array_mut()) else {
+        return out;
+    };
+    for entry in gpus {
+        let found = run.report.gpus.iter().find(|g| {
+            entry["uuid"].as_str() == Some(g.uuid.as_str())
+                && entry["index"].as_u64() == Some(u64::from(g.index))
+        });
+        let (Some(g), Some(fields)) = (found, entry.as_object_mut()) else {
+            continue;
+        };
+        if let Ok(serde_json::Value::Object(numbers)) = serde_json::to_value(run_numbers(run, g)) {
+            fields.extend(numbers);
+        }
+    }
+    out
+}
+
 fn table(run: &Run<'_>) -> Table {
     let r = run.report;
     let mut t = Table::new([
@@ -279,29 +333,27 @@ fn table(run: &Run<'_>) -> Table {
     ]);
     let worst = worst_risks(run.transitions);
     for g in &r.gpus {
-        let (avg, max) = run.tracker.utilization(&g.uuid);
+        let n = run_numbers(run, g);
         let risk = match worst_of(r, g, &worst) {
             w if w > g.risk => format!("{} (was {w})", g.risk),
             _ => g.risk.to_string(),
-        };
-        let samples = match is_sampled(r, g) {
-            true => run.samples.get(&g.index).copied().unwrap_or(0).to_string(),
-            false => "-".into(),
         };
         t.row([
             gpu_label(r, g),
             g.model.clone(),
             format_bytes(g.used_bytes),
-            format_bytes(g.total_bytes.saturating_sub(g.used_bytes)),
+            format_bytes(n.free_bytes),
             format_bytes(g.total_bytes),
             format!(
                 "{} ({})",
                 format_bytes(g.peak_bytes),
                 percent(g.peak_bytes, g.total_bytes)
             ),
-            avg.map_or("-".into(), |a| format!("{a:.0}%")),
-            max.map_or("-".into(), |m| format!("{m}%")),
-            samples,
+            n.utilization_avg_percent
+                .map_or("-".into(), |a| format!("{a:.0}%")),
+            n.utilization_max_percent
+                .map_or("-".into(), |m| format!("{m}%")),
+            n.samples.map_or("-".into(), |s| s.to_string()),
             risk,
             growth(g),
             tto(g),
@@ -470,6 +522,51 @@ mod tests {
         ] {
             assert!(s.contains(want), "{want:?} missing from\n{s}");
         }
+    }
+
+    /// Issue 33: the JSON `--output` lacked what the table shows. Each GPU
+    /// of the file gets the table's free memory, utilization and samples.
+    #[test]
+    fn the_report_file_gets_the_numbers_the_table_shows() {
+        let mut tr = Tracker::default();
+        tr.observe(&report());
+        let mut r = report();
+        r.gpus[0].utilization_percent = Some(50);
+        tr.observe(&r);
+        let mut agent = gpu(0, RiskLevel::Low);
+        (agent.uuid, agent.source, agent.utilization_percent) =
+            ("GPU-real".into(), DataSource::Agent, None);
+        r.gpus.push(agent);
+        let samples = BTreeMap::from([(0, 30), (1, 31)]);
+        let run = Run {
+            report: &r,
+            tracker: &tr,
+            samples: &samples,
+            transitions: &[],
+            seconds: 30.0,
+            pid: None,
+        };
+        let written = serde_json::to_value(&r).unwrap();
+        let json = with_run_numbers(&written, &run);
+        let g = &json["gpus"];
+        assert_eq!(g[0]["freeBytes"], 30 * GIB);
+        assert_eq!(g[0]["utilizationAvgPercent"], 70.0);
+        assert_eq!(g[0]["utilizationMaxPercent"], 90);
+        assert_eq!(g[0]["samples"], 30);
+        assert_eq!(g[1]["samples"], 31);
+        // The agent's GPU has no samples and no utilization: left out, not 0.
+        assert_eq!(g[2]["freeBytes"], 30 * GIB);
+        assert!(g[2].get("samples").is_none() && g[2].get("utilizationAvgPercent").is_none());
+        // Every field the sidecar wrote is kept; the file still reads as a report.
+        assert_eq!(g[0]["peakBytes"], written["gpus"][0]["peakBytes"]);
+        let back: MemoryReportSpec = serde_json::from_value(json).unwrap();
+        assert_eq!(back, r);
+        // The table prints the same numbers.
+        let table = summary(&run);
+        assert!(
+            table.contains("70%") && table.contains("30.0GiB"),
+            "{table}"
+        );
     }
 
     /// The agent's CUDA ordinal 0 is not the simulated GPU 0: each keeps its
