@@ -153,7 +153,7 @@ fn arrays_created_by_the_sidecar_are_appended_to() {
         .iter()
         .map(|v| v["name"].as_str().unwrap())
         .collect();
-    assert_eq!(volumes, ["data", SOCKET_VOLUME, VOLUME]);
+    assert_eq!(volumes, ["data", SOCKET_VOLUME, "memprof-sa-token", VOLUME]);
 
     // A volume the sidecar itself needs (agentOnly + projected token) and ours.
     let mut j = job("python");

@@ -49,15 +49,19 @@ pub enum SidecarMode {
     Legacy,
 }
 
-/// What to do when the pod turns off `automountServiceAccountToken`: the
-/// sidecar needs a token to write its MemoryReport.
+/// Which token the sidecar writes its MemoryReport with. A report counts
+/// only when written with a token bound to its pod (`memprof_api::writer`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum ServiceAccountTokenMode {
-    /// Mount a projected token (plus the cluster CA and namespace) into the
-    /// sidecar only; the trainer containers still get no token.
+    /// Mount a projected, pod-bound token (plus the cluster CA and
+    /// namespace) into the sidecar only, whatever the pod's
+    /// `automountServiceAccountToken` says; the trainer containers keep
+    /// what they had.
     #[default]
     Project,
-    /// Leave the pod as it is (the sidecar then cannot write and says so).
+    /// Leave the pod as it is: the sidecar uses the pod's own token (a
+    /// legacy Secret token names no pod, and its reports do not count), or
+    /// none when automounting is off (it then cannot write and says so).
     Respect,
 }
 

@@ -210,8 +210,8 @@ fn gpu_access_modes() {
         Some("utility")
     );
     assert!(env(c, "MEMPROF_GPU_DISCOVERY").is_none());
-    assert_eq!(names(&pod_spec(&out)["volumes"]), [SOCKET_VOLUME]);
-    assert_eq!(names(&c["volumeMounts"]), [SOCKET_VOLUME]);
+    assert_eq!(names(&pod_spec(&out)["volumes"]), [SOCKET_VOLUME, TOKEN_VOLUME]);
+    assert_eq!(names(&c["volumeMounts"]), [SOCKET_VOLUME, TOKEN_VOLUME]);
     assert_eq!(c["securityContext"]["runAsNonRoot"], true);
     assert_eq!(c["securityContext"]["runAsUser"], 65532);
 
@@ -226,7 +226,7 @@ fn gpu_access_modes() {
         Some("podResources")
     );
     let vols = pod_spec(&out)["volumes"].as_array().unwrap();
-    assert_eq!(vols.len(), 2);
+    assert_eq!(vols.len(), 3, "socket, kubelet, token");
     assert_eq!(vols[1]["hostPath"]["path"], POD_RESOURCES_PATH);
     assert_eq!(c["volumeMounts"][1]["mountPath"], POD_RESOURCES_PATH);
     assert_eq!(c["volumeMounts"][1]["readOnly"], true);
@@ -242,7 +242,7 @@ fn gpu_access_modes() {
         Some("void")
     );
     assert!(env(c, "NVIDIA_DRIVER_CAPABILITIES").is_none());
-    assert_eq!(names(&pod_spec(&out)["volumes"]), [SOCKET_VOLUME]);
+    assert_eq!(names(&pod_spec(&out)["volumes"]), [SOCKET_VOLUME, TOKEN_VOLUME]);
 }
 
 #[test]
@@ -256,7 +256,7 @@ fn pod_resources_volume_appended_to_existing_volumes() {
     let (out, _) = mutated(Target::Job, &j, &cfg);
     assert_eq!(
         names(&pod_spec(&out)["volumes"]),
-        ["data", SOCKET_VOLUME, "memprof-pod-resources"]
+        ["data", SOCKET_VOLUME, "memprof-pod-resources", TOKEN_VOLUME]
     );
 }
 
@@ -465,28 +465,32 @@ fn template_without_metadata_or_annotations() {
 }
 
 #[test]
-fn service_account_token_projected_only_when_automount_is_off() {
-    let (out, _) = mutated(Target::Job, &job(), &cfg());
-    assert_eq!(names(&pod_spec(&out)["volumes"]), [SOCKET_VOLUME]);
-
-    let mut j = job();
-    j["spec"]["template"]["spec"]["automountServiceAccountToken"] = json!(false);
-    let (out, _) = mutated(Target::Job, &j, &cfg());
-    assert_eq!(pod_spec(&out)["volumes"][1]["name"], TOKEN_VOLUME);
-    assert_eq!(
-        sidecar(&out)["volumeMounts"][1]["mountPath"],
-        "/var/run/secrets/kubernetes.io/serviceaccount"
-    );
-    // Only the sidecar mounts it.
-    assert_eq!(
-        names(&pod_spec(&out)["containers"][0]["volumeMounts"]),
-        [SOCKET_VOLUME]
-    );
+fn service_account_token_is_projected_into_the_sidecar_unless_respected() {
+    // Whatever the pod says: only a pod-bound token makes the report count.
+    for automount in [None, Some(false), Some(true)] {
+        let mut j = job();
+        if let Some(a) = automount {
+            j["spec"]["template"]["spec"]["automountServiceAccountToken"] = json!(a);
+        }
+        let (out, _) = mutated(Target::Job, &j, &cfg());
+        assert_eq!(pod_spec(&out)["volumes"][1]["name"], TOKEN_VOLUME, "{automount:?}");
+        assert_eq!(
+            sidecar(&out)["volumeMounts"][1]["mountPath"],
+            "/var/run/secrets/kubernetes.io/serviceaccount"
+        );
+        // Only the sidecar mounts it.
+        assert_eq!(
+            names(&pod_spec(&out)["containers"][0]["volumeMounts"]),
+            [SOCKET_VOLUME]
+        );
+    }
 
     let respect = InjectionConfig {
         service_account_token: ServiceAccountTokenMode::Respect,
         ..cfg()
     };
+    let mut j = job();
+    j["spec"]["template"]["spec"]["automountServiceAccountToken"] = json!(false);
     let (out, _) = mutated(Target::Job, &j, &respect);
     assert_eq!(names(&pod_spec(&out)["volumes"]), [SOCKET_VOLUME]);
 }
