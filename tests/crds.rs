@@ -117,6 +117,56 @@ fn no_status_is_nullable_so_a_1_20_server_publishes_its_fields() {
     }
 }
 
+/// `kubectl explain memoryprofile.status` showed `<>` for 70 fields (issue
+/// 33): the API server publishes the schema to OpenAPI v2 without the type
+/// of a nullable property, an array without items or an object that keeps
+/// unknown fields (apiextensions-apiserver's `ToStructuralOpenAPIV2`).
+/// Every property of the status, at every depth, keeps its type there.
+#[test]
+fn every_profile_status_field_has_a_type_as_kubectl_explain_reads_it() {
+    fn walk(path: &str, v: &serde_json::Value, untyped: &mut Vec<String>) {
+        let published_type = match v.get("type").and_then(|t| t.as_str()) {
+            _ if v.get("nullable") == Some(&serde_json::json!(true)) => None,
+            _ if v.get("x-kubernetes-preserve-unknown-fields")
+                == Some(&serde_json::json!(true)) =>
+            {
+                None
+            }
+            Some("array") if v.get("items").is_none() => None,
+            t => t,
+        };
+        if published_type.is_none() {
+            untyped.push(path.to_string());
+        }
+        if let Some(props) = v.get("properties").and_then(|p| p.as_object()) {
+            for (name, sub) in props {
+                walk(&format!("{path}.{name}"), sub, untyped);
+            }
+        }
+        if let Some(items) = v.get("items") {
+            walk(&format!("{path}[]"), items, untyped);
+        }
+        if let Some(values) = v.get("additionalProperties").filter(|a| a.is_object()) {
+            walk(&format!("{path}{{}}"), values, untyped);
+        }
+    }
+    let crd = memprof::api::crds()
+        .into_iter()
+        .find(|c| c.spec.names.plural == "memoryprofiles")
+        .expect("the MemoryProfile CRD");
+    let schema = serde_json::to_value(&crd.spec.versions[0].schema).unwrap();
+    let mut untyped = vec![];
+    walk(
+        ".status",
+        &schema["openAPIV3Schema"]["properties"]["status"],
+        &mut untyped,
+    );
+    assert!(
+        untyped.is_empty(),
+        "status fields without a type in OpenAPI v2: {untyped:#?}"
+    );
+}
+
 /// What `kubectl explain memoryprofile.status` reads on this server: the
 /// fields of `status` in the published OpenAPI v2 document.
 #[tokio::test]
@@ -131,12 +181,16 @@ async fn the_served_openapi_lists_the_profile_status_fields() {
             let doc: serde_json::Value = client.request(req).await.map_err(|e| e.to_string())?;
             let status = &doc["definitions"]["dev.memprof.v1alpha1.MemoryProfile"]["properties"]
                 ["status"]["properties"];
-            let fields: Vec<String> = status
+            let fields: Vec<(String, Option<String>)> = status
                 .as_object()
-                .map(|o| o.keys().cloned().collect())
+                .map(|o| {
+                    o.iter()
+                        .map(|(k, v)| (k.clone(), v["type"].as_str().map(String::from)))
+                        .collect()
+                })
                 .unwrap_or_default();
             // Published asynchronously after the CRD is established.
-            if fields.contains(&"staleRanks".to_string()) {
+            if fields.iter().any(|(f, _)| f == "staleRanks") {
                 Ok(fields)
             } else {
                 Err(format!("status fields: {fields:?}"))
@@ -151,8 +205,15 @@ async fn the_served_openapi_lists_the_profile_status_fields() {
         "timeToOomSeconds",
         "conditions",
     ] {
-        assert!(fields.iter().any(|x| x == f), "{f} in {fields:?}");
+        assert!(fields.iter().any(|(x, _)| x == f), "{f} in {fields:?}");
     }
+    // Each with its type, as kubectl explain shows it (it showed `<>`).
+    let untyped: Vec<&String> = fields
+        .iter()
+        .filter(|(_, t)| t.is_none())
+        .map(|(f, _)| f)
+        .collect();
+    assert!(untyped.is_empty(), "published without a type: {untyped:?}");
 }
 
 /// The policy cache is bounded by the schema, selector included: the API

@@ -35,6 +35,7 @@ pub use processes::{AgentState, MAX_PROCESSES};
 use super::{assess, least_squares_slope, theil_sen, Assessment, GpuSeries, Sample};
 use crate::hysteresis::{FlagGate, Hold};
 use crate::risk::by_trend;
+use crate::verdict::{level_of, Cause, NamedCause};
 use memprof_api::agent::DeviceStats;
 use memprof_api::thresholds::Thresholds;
 use memprof_api::{MemoryGrowth, RiskLevel};
@@ -55,6 +56,8 @@ const RECENT_SECONDS: f64 = 60.0;
 const MAX_POINTS: usize = 256;
 /// Reserved memory's segment-sized rises kept (for the ceiling).
 const MAX_SEGMENTS: usize = 8;
+/// Memory outside the allocator is kept this long, seconds.
+const OTHERS_SECONDS: f64 = 120.0;
 /// A segment size is current this long after reserved memory last rose, seconds.
 const SEGMENT_FRESH_SECONDS: f64 = 30.0;
 /// A pace is trusted fully once watched this long (or as long as the time
@@ -72,6 +75,31 @@ pub struct AgentThresholds {
     pub fast: Thresholds,
     /// The floor and the phases on the user's horizon: slow leaks.
     pub floor_long: Thresholds,
+}
+
+/// r² the growth of memory outside the allocator needs to be a neighbour's.
+const NEIGHBOUR_R2: f64 = 0.8;
+
+/// One cause's predicted OOM.
+#[derive(Clone, Debug)]
+struct Forecast {
+    tto: f64,
+    growth: f64,
+    confidence: f64,
+    cause: NamedCause,
+}
+
+/// The earlier credible OOM of two: the one whose level ([`by_trend`]) is
+/// higher, then the sooner.
+fn earlier(a: Option<Forecast>, b: Forecast, th: &Thresholds) -> Option<Forecast> {
+    let Some(a) = a else { return Some(b) };
+    let la = by_trend(Some(a.tto), a.confidence, th);
+    let lb = by_trend(Some(b.tto), b.confidence, th);
+    Some(if lb > la || (lb == la && b.tto < a.tto) {
+        b
+    } else {
+        a
+    })
 }
 
 /// r² the long horizon's floor needs (as NVML's lower envelope).
@@ -116,6 +144,10 @@ pub struct AgentDevice {
     segments: VecDeque<(f64, f64)>,
     /// Free + reserved at the last push that told free memory.
     limit: Option<f64>,
+    /// Device memory outside this allocator's cache ((total − free) −
+    /// reserved: the CUDA context and other processes) at the pushes of the
+    /// last [`OTHERS_SECONDS`].
+    others: VecDeque<(f64, f64)>,
     leak: FlagGate,
     trend: fragment::Trend,
     peak_allocated: u64,
@@ -141,6 +173,10 @@ pub struct AllocatorAssessment {
     pub recent_retries: Option<u64>,
     /// What to do, when something is to be done.
     pub advice: Option<String>,
+    /// Growth of device memory outside this allocator's cache (the CUDA
+    /// context and other processes), bytes per second, over the last
+    /// [`OTHERS_SECONDS`]; `None` until the agent told free memory twice.
+    pub outside_growth: Option<f64>,
 }
 
 impl AgentDevice {
@@ -157,6 +193,7 @@ impl AgentDevice {
             retries: VecDeque::new(),
             segments: VecDeque::new(),
             limit: None,
+            others: VecDeque::new(),
             leak: FlagGate::default(),
             trend: fragment::Trend::default(),
             peak_allocated: 0,
@@ -199,6 +236,15 @@ impl AgentDevice {
                 used: d.reserved_bytes,
                 total,
             });
+            let outside = total
+                .saturating_sub(free)
+                .saturating_sub(d.reserved_bytes);
+            self.others.push_back((t, outside as f64));
+            while self.others.front().is_some_and(|p| t - p.0 > OTHERS_SECONDS)
+                || self.others.len() > MAX_POINTS
+            {
+                self.others.pop_front();
+            }
             self.floor_long.push(Sample {
                 t,
                 used: d.allocated_bytes.min(limit),
@@ -281,8 +327,21 @@ impl AgentDevice {
         Some((reserved + (free / step).floor() * step).min(limit))
     }
 
-    /// Risk and time to OOM: the peaks' level against the limit, and their
-    /// pace to the ceiling, trusted as far as it was watched.
+    /// Risk and time to OOM: the earliest credible OOM among the causes the
+    /// allocator can see (docs/analysis.md, "One verdict per GPU"):
+    /// - the peaks' pace to the ceiling: a **leak** when memory between
+    ///   steps rises with them, **growing demand** when it stays put; both
+    ///   alarm when the forecast is credible (an OOM is an OOM, leak or not);
+    /// - device memory (total − free, what NVML sees) growing **outside**
+    ///   this allocator: a **neighbour** filling the GPU, forecast as NVML
+    ///   would ([`assess`] of the device series);
+    /// - a cache that fills the limit while much of it holds no tensor and
+    ///   its free blocks do not serve the allocations (split blocks, or
+    ///   retries): **fragmentation** blocks the next allocation the cache
+    ///   cannot serve, judged on reserved memory against the limit.
+    ///
+    /// The level is [`level_of`] the chosen forecast, its confidence and the
+    /// usage it was judged on, as everywhere.
     fn risk(&self, th: &Thresholds) -> Assessment {
         let Some(last) = self.recent.last() else {
             return Assessment {
@@ -298,44 +357,153 @@ impl AgentDevice {
             peak: self.peak_allocated,
             ..Default::default()
         };
+        let mut best: Option<Forecast> = None;
         let pace = self.recent.pace(th.leak_bytes_per_second, limit);
-        let mut confidence = 0.0;
-        // A pace over memory between steps that stays put is the workload
-        // growing (longer sequences, a batch schedule): it may warn, not alarm.
-        let mut cap = RiskLevel::Critical;
         if let (Some(p), Some(ceiling)) = (pace, self.ceiling()) {
             let tto = ((ceiling - level) / p.slope).max(0.0);
-            a.growth_bytes_per_second = p.slope;
-            a.time_to_oom_seconds = Some(tto);
-            confidence = (p.span / tto.clamp(1.0, PACE_TRUST_SECONDS)).min(1.0);
-            if p.floor_flat {
-                cap = RiskLevel::Medium;
+            let rate = memprof_api::format_rate(p.slope);
+            let rate = rate.trim_start_matches('+');
+            let cause = if p.floor_flat {
+                NamedCause::new(
+                    Cause::GrowingDemand,
+                    format!(
+                        "step peaks rise {rate} while memory between steps stays put \
+                         (longer inputs, a growing batch)"
+                    ),
+                )
+            } else {
+                NamedCause::new(
+                    Cause::Leak,
+                    format!("step peaks and memory between steps rise {rate}"),
+                )
+            };
+            best = earlier(
+                best,
+                Forecast {
+                    tto,
+                    growth: p.slope,
+                    confidence: (p.span / tto.clamp(1.0, PACE_TRUST_SECONDS)).min(1.0),
+                    cause,
+                },
+                th,
+            );
+        }
+        if let Some(n) = self.neighbour(th) {
+            best = earlier(best, n, th);
+        }
+        let mut fraction = level / limit;
+        if let Some(f) = self.blocking_fragmentation(th) {
+            // What new segments can use is what the cache does not hold.
+            fraction = self.last.reserved_bytes as f64 / limit;
+            a.cause = Some(f);
+        }
+        let confidence = best.as_ref().map_or(0.0, |f| f.confidence);
+        let tto = best.as_ref().map(|f| f.tto);
+        let by_level = crate::risk::by_level(fraction, th);
+        let trend = by_trend(tto, confidence, th);
+        a.level_fraction = fraction;
+        a.risk = level_of(tto, confidence, fraction, th);
+        a.time_to_oom_seconds = tto;
+        if let Some(f) = best {
+            a.growth_bytes_per_second = f.growth;
+            if trend >= by_level || a.cause.is_none() {
+                a.cause = Some(f.cause);
             }
         }
-        let fraction = level / limit;
-        let by_level = crate::risk::by_level(fraction, th);
-        let trend = by_trend(a.time_to_oom_seconds, confidence, th).min(cap);
         if trend > by_level {
-            a.risk = trend;
             a.confidence = confidence;
             a.reason = format!(
-                "allocated memory grows {}, OOM predicted in {}",
-                memprof_api::format_rate(a.growth_bytes_per_second).trim_start_matches('+'),
-                memprof_api::format_duration(a.time_to_oom_seconds.unwrap_or(f64::INFINITY))
+                "{} {}, OOM predicted in {}",
+                a.cause.as_ref().map_or("", |c| c.cause.as_str()),
+                a.cause.as_ref().map_or("", |c| c.evidence.as_str()),
+                memprof_api::format_duration(tto.unwrap_or(f64::INFINITY))
             );
         } else {
-            a.risk = by_level;
-            a.confidence = if by_level > RiskLevel::Low {
+            a.confidence = if tto.is_some() {
+                confidence
+            } else if by_level > RiskLevel::Low {
                 1.0
             } else {
                 (self.used.observed_span() / th.trust_span_seconds).min(1.0)
             };
-            a.reason = format!(
-                "{:.1}% of the allocator's limit allocated",
-                100.0 * fraction
-            );
+            a.reason = match &a.cause {
+                Some(c) if c.cause == Cause::Fragmentation => c.evidence.clone(),
+                _ => format!(
+                    "{:.1}% of the allocator's limit allocated",
+                    100.0 * fraction
+                ),
+            };
         }
         a
+    }
+
+    /// Device memory growing outside this allocator (another process on a
+    /// shared GPU): the device series (total − free) forecast as NVML would,
+    /// when memory not in this allocator's cache grows faster than the leak
+    /// rate and accounts for at least half of the device's growth.
+    fn neighbour(&self, th: &Thresholds) -> Option<Forecast> {
+        let now = self.others.back()?.0;
+        let recent: Vec<(f64, f64)> = self
+            .others
+            .iter()
+            .filter(|p| now - p.0 <= th.fit_window_seconds)
+            .copied()
+            .collect();
+        let fit = theil_sen(&recent)?;
+        let device = assess(&self.used, th);
+        let tto = device.time_to_oom_seconds?;
+        let outside = fit.slope;
+        if outside <= th.leak_bytes_per_second
+            || fit.r2 < NEIGHBOUR_R2
+            || outside < device.growth_bytes_per_second / 2.0
+        {
+            return None;
+        }
+        let rate = memprof_api::format_rate(outside);
+        Some(Forecast {
+            tto,
+            growth: device.growth_bytes_per_second,
+            confidence: device.confidence,
+            cause: NamedCause::new(
+                Cause::Neighbour,
+                format!(
+                    "device memory outside the trainer's allocator grows {}; its limit is {} now",
+                    rate.trim_start_matches('+'),
+                    memprof_api::format_bytes(self.limit.unwrap_or(0.0) as u64)
+                ),
+            ),
+        })
+    }
+
+    /// The cache holds nearly all the allocator may reserve
+    /// (≥ `highFraction` of its limit), at least [`FRAGMENTATION_HIGH`] of
+    /// it holds no tensor, and its free blocks do not serve the allocations
+    /// (≥ [`SPLIT_HIGH`] in inactive split blocks, which the allocator
+    /// cannot release, or retries within the last minute): the next
+    /// allocation the free blocks cannot serve needs a segment that no
+    /// longer fits.
+    fn blocking_fragmentation(&self, th: &Thresholds) -> Option<NamedCause> {
+        let limit = self.limit?;
+        let d = &self.last;
+        let (idle, split) = fragmentation(d);
+        let idle = idle?;
+        let full = d.reserved_bytes as f64 >= th.high_fraction * limit;
+        let retries = recent_increase(&self.retries).unwrap_or(0);
+        let unserved = split.is_some_and(|s| s >= SPLIT_HIGH) || retries > 0;
+        (full && idle >= FRAGMENTATION_HIGH && unserved).then(|| {
+            NamedCause::new(
+                Cause::Fragmentation,
+                format!(
+                    "{} reserved, {} of it holding no tensor ({} in split blocks, {} retries \
+                     in the last minute), {} free on the device",
+                    memprof_api::format_bytes(d.reserved_bytes),
+                    memprof_api::format_bytes(d.reserved_bytes.saturating_sub(d.allocated_bytes)),
+                    memprof_api::format_bytes(d.inactive_split_bytes.unwrap_or(0)),
+                    retries,
+                    memprof_api::format_bytes((limit - d.reserved_bytes as f64).max(0.0) as u64),
+                ),
+            )
+        })
     }
 
     /// The cache over the run.
@@ -374,17 +542,35 @@ impl AgentDevice {
         let pace = (risk.growth_bytes_per_second > 0.0).then_some(risk.growth_bytes_per_second);
         let (fragmentation, split_fraction) = fragmentation(&self.last);
         let recent_retries = recent_increase(&self.retries);
+        let blocking = risk
+            .cause
+            .as_ref()
+            .is_some_and(|c| c.cause == Cause::Fragmentation);
         let advice = advice(&Facts {
             growth,
             pace,
             fragmentation,
             split: split_fraction,
             recent_retries,
+            blocking,
             device: &self.last,
             sizes,
         });
         risk.leak_suspected = leak;
+        let named = risk.cause.as_ref().map(|c| c.cause);
+        if leak && named.is_none_or(|c| c == Cause::GrowingDemand) {
+            let rate = pace.or(long.map(|f| f.slope)).unwrap_or(0.0);
+            risk.cause = Some(NamedCause::new(
+                Cause::Leak,
+                format!(
+                    "memory between steps grows {}",
+                    memprof_api::format_rate(rate).trim_start_matches('+')
+                ),
+            ));
+        }
         AllocatorAssessment {
+            outside_growth: theil_sen(&self.others.iter().copied().collect::<Vec<_>>())
+                .map(|f| f.slope),
             risk,
             growth,
             allocated_growth: pace.or(long.map(|f| f.slope)),

@@ -26,6 +26,7 @@ mod rollup;
 mod series;
 pub mod staircase;
 pub mod tracker;
+pub mod verdict;
 
 pub use fit::{least_squares_slope, theil_sen, LinearFit};
 pub use risk::{assess, Assessment};

@@ -8,6 +8,7 @@
 //! workload that grew in a few steps) may warn (medium), never alarm.
 
 use super::staircase::Staircase;
+use super::verdict::{level_of, Cause, NamedCause};
 use super::{least_squares_slope, theil_sen, GpuSeries};
 use memprof_api::thresholds::Thresholds;
 use memprof_api::RiskLevel;
@@ -37,6 +38,13 @@ pub struct Assessment {
     pub peak: u64,
     /// Why, in one sentence (for logs, events and `memprof analyze`).
     pub reason: String,
+    /// The fraction of memory the level by usage was judged on (NVML: the
+    /// upper envelope over total; the allocator: its newest peak over its
+    /// limit). With the time to OOM and the confidence it fixes the level
+    /// ([`crate::verdict::level_of`]).
+    pub level_fraction: f64,
+    /// What would cause the OOM, with its evidence, when something does.
+    pub cause: Option<NamedCause>,
 }
 
 /// Sustained growth: a regular run of rises, still going.
@@ -175,6 +183,14 @@ pub(crate) fn by_trend(tto: Option<f64>, confidence: f64, th: &Thresholds) -> Ri
     }
 }
 
+/// The confidence of a prediction that may warn but not alarm (a trend
+/// without a pace): at most half the confidence an alarm needs, so the
+/// level it implies ([`level_of`]) is at most medium and the published
+/// confidence says so.
+pub(crate) fn warn_only(confidence: f64, th: &Thresholds) -> f64 {
+    confidence.min(th.min_confidence / 2.0)
+}
+
 /// Growth, time to OOM, leak and sustained growth into `a`; returns the
 /// trend's confidence and the highest level it may reach. A regular run of
 /// rises after the start is sustained growth; the start's own climb
@@ -234,28 +250,80 @@ pub fn assess(series: &GpuSeries, th: &Thresholds) -> Assessment {
         ..Default::default()
     };
     let (confidence, cap) = growth(series, th, &upper, (total, level), &mut a);
-    let trend_risk = by_trend(a.time_to_oom_seconds, confidence, th).min(cap);
-    let level_risk = by_level(level / total, th);
-    let span_factor = (series.observed_span() / th.trust_span_seconds).min(1.0);
-    if trend_risk > level_risk {
-        a.risk = trend_risk;
-        a.confidence = confidence;
-        a.reason = growth_reason(&a);
+    let confidence = if cap < RiskLevel::Critical {
+        warn_only(confidence, th)
     } else {
-        a.risk = level_risk;
-        // A level is a measurement; for `low`, trust grows with what we watched.
-        a.confidence = if level_risk > RiskLevel::Low {
-            1.0
-        } else {
-            span_factor
-        };
-        a.reason = format!("{:.1}% of GPU memory in use", 100.0 * level / total);
-    }
-    if !a.confidence.is_finite() {
-        a.confidence = 0.0;
-    }
-    a.confidence = a.confidence.clamp(0.0, 1.0);
+        confidence
+    };
+    let confidence = if confidence.is_finite() {
+        confidence.clamp(0.0, 1.0)
+    } else {
+        0.0
+    };
+    let fraction = level / total;
+    a.level_fraction = fraction;
+    let level_risk = by_level(fraction, th);
+    let trend_risk = by_trend(a.time_to_oom_seconds, confidence, th);
+    a.risk = level_of(a.time_to_oom_seconds, confidence, fraction, th);
+    let span_factor = (series.observed_span() / th.trust_span_seconds).min(1.0);
+    // The confidence published is the time to OOM's, when one is given (so
+    // the level never contradicts it); else the level's: a measurement, and
+    // for `low`, trust grows with what we watched.
+    a.confidence = if a.time_to_oom_seconds.is_some() {
+        confidence
+    } else if level_risk > RiskLevel::Low {
+        1.0
+    } else {
+        span_factor.clamp(0.0, 1.0)
+    };
+    a.reason = if trend_risk > level_risk {
+        growth_reason(&a)
+    } else {
+        format!("{:.1}% of GPU memory in use", 100.0 * fraction)
+    };
+    a.cause = nvml_cause(&a, trend_risk, level_risk, th);
     a
+}
+
+/// What NVML can name: a leak (a regular staircase after the start), a
+/// spike (when the level, not a trend, makes the risk), else growth that
+/// is not (yet) a leak, which NVML cannot tell from the workload's demand.
+fn nvml_cause(
+    a: &Assessment,
+    trend_risk: RiskLevel,
+    level_risk: RiskLevel,
+    th: &Thresholds,
+) -> Option<NamedCause> {
+    let rate = memprof_api::format_rate(a.growth_bytes_per_second);
+    let rate = rate.trim_start_matches('+');
+    if a.leak_suspected {
+        let s = a.sustained.as_ref()?;
+        return Some(NamedCause::new(
+            Cause::Leak,
+            format!(
+                "device memory rises {} in {} regular steps of {} every {:.1} s",
+                rate,
+                s.rises,
+                memprof_api::format_bytes(s.step_bytes.max(0.0) as u64),
+                s.gap_seconds
+            ),
+        ));
+    }
+    if a.spike_detected && level_risk >= trend_risk && level_risk > RiskLevel::Low {
+        return Some(NamedCause::new(
+            Cause::Spike,
+            format!(
+                "device memory jumped by at least {:.0}% of the GPU within a bucket",
+                100.0 * th.spike_fraction
+            ),
+        ));
+    }
+    (trend_risk > RiskLevel::Low && a.growth_bytes_per_second > 0.0).then(|| {
+        NamedCause::new(
+            Cause::GrowingDemand,
+            format!("device memory grows {rate}, not (yet) a leak's regular steps"),
+        )
+    })
 }
 
 fn growth_reason(a: &Assessment) -> String {

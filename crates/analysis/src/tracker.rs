@@ -5,25 +5,40 @@
 //! --evaluate`) drive the same [`Tracker`], so what is measured on a
 //! recording is what a pod would have reported.
 //!
-//! Combination (docs/analysis.md): a GPU both see keeps NVML's numbers and
-//! takes risk, growth, time to OOM and the leak flag from the allocator
-//! while the agent's pushes are fresh ([`AGENT_FRESH_SECONDS`]); a GPU only
-//! the agent sees is assessed from the agent alone. Matching is by UUID
-//! when the sampler knows the GPU's, else by index.
+//! Combination (docs/analysis.md, "One verdict per GPU"): a GPU both see
+//! keeps NVML's numbers; while the agent's pushes are fresh
+//! ([`AGENT_FRESH_SECONDS`]) its verdict is the earliest credible OOM of the
+//! allocator's (which forecasts its own limit, falling as neighbours grow)
+//! and NVML's, NVML's counting when device memory outside the trainer's
+//! allocator grows at least half as fast as NVML sees it grow (a
+//! **neighbour**): the trainer's own cache is the allocator's to judge. A
+//! GPU only the agent sees is assessed from the agent alone. Matching is by
+//! UUID when the sampler knows the GPU's, else by index.
+//!
+//! Every verdict passes [`crate::verdict::check`] as published: its level
+//! is never below what its time to OOM, confidence and usage call for, and
+//! above it only while the hysteresis holds. A GPU that reached its ceiling
+//! while growing keeps its leak flag and says OOM now (time to OOM 0).
 //!
 //! Pure: time comes with each call.
 
 use crate::allocator::{AgentState, AllocatorAssessment};
 use crate::hysteresis::{FlagGate, Hold, LevelGate};
-use crate::{assess, Assessment, GpuSeries, Sample};
+use crate::verdict::{self, Cause, NamedCause};
+use crate::{assess, theil_sen, Assessment, GpuSeries, Sample};
 use memprof_api::agent::Push;
 use memprof_api::thresholds::Thresholds;
 use memprof_api::RiskLevel;
+use std::collections::VecDeque;
 
 /// The agent's assessment replaces NVML's for a GPU while its newest push
 /// is at most this old (sample time, seconds): a trainer that stopped
 /// pushing leaves the GPU to NVML again.
 pub const AGENT_FRESH_SECONDS: f64 = 30.0;
+/// Processes followed per GPU (NVML's per-process usage).
+pub const MAX_PROCESSES_PER_GPU: usize = 16;
+/// A process's usage is kept this long, seconds.
+const PROCESS_SECONDS: f64 = 120.0;
 
 /// What is published for one GPU after an analysis.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -32,8 +47,8 @@ pub struct GpuVerdict {
     pub index: u32,
     /// The sampler knows no such GPU: only the agent sees it.
     pub agent_only: bool,
-    /// Risk, growth, time to OOM and leak flag as published: `risk` and
-    /// `leak_suspected` after the hysteresis.
+    /// Risk, growth, time to OOM, leak flag and cause as published: `risk`
+    /// and `leak_suspected` after the hysteresis.
     pub assessment: Assessment,
     /// The risk before the hysteresis.
     pub raw_risk: RiskLevel,
@@ -41,15 +56,47 @@ pub struct GpuVerdict {
     pub raw_leak: bool,
     /// Whether the assessment is the allocator's (the agent's).
     pub from_agent: bool,
+    /// The published level is above what its own evidence calls for: the
+    /// hysteresis holds a level reached within `levelHoldSeconds`.
+    pub held: bool,
+    /// The agent's device for this GPU, in the order of
+    /// [`AgentState::devices`] and [`Tracker::agent_assessments`].
+    pub agent_device: Option<usize>,
+}
+
+/// One process on a GPU, as NVML's per-process usage shows it.
+#[derive(Clone, Debug, PartialEq)]
+struct Process {
+    pid: u32,
+    /// (time, bytes), the last [`PROCESS_SECONDS`].
+    usage: VecDeque<(f64, f64)>,
 }
 
 #[derive(Clone, Debug)]
 struct Gpu {
     index: u32,
     uuid: Option<String>,
-    series: GpuSeries,
     level: LevelGate,
     leak: FlagGate,
+    /// Until when the GPU counts as growing toward its ceiling.
+    growing_until: f64,
+    /// The newest cause of growth published.
+    growth_cause: Option<NamedCause>,
+    processes: Vec<Process>,
+}
+
+impl Gpu {
+    fn new(index: u32) -> Self {
+        Gpu {
+            index,
+            uuid: None,
+            level: LevelGate::default(),
+            leak: FlagGate::default(),
+            growing_until: f64::NEG_INFINITY,
+            growth_cause: None,
+            processes: Vec::new(),
+        }
+    }
 }
 
 /// Every GPU of a pod, and its trainer's agent, as the sidecar analyses them.
@@ -57,8 +104,12 @@ struct Gpu {
 pub struct Tracker {
     thresholds: Thresholds,
     hold: Hold,
+    /// NVML's history of each GPU of `gpus`, in the same order.
+    series: Vec<GpuSeries>,
     gpus: Vec<Gpu>,
-    agent_only: Vec<(u32, LevelGate, FlagGate)>,
+    /// NVML's own assessment of each GPU of `gpus` at the last analysis.
+    nvml: Vec<Assessment>,
+    agent_only: Vec<Gpu>,
     agent: AgentState,
     agent_received: Option<f64>,
     last_t: f64,
@@ -72,7 +123,9 @@ impl Tracker {
         Tracker {
             thresholds: th.clone(),
             hold: Hold::from_thresholds(th),
+            series: Vec::new(),
             gpus: Vec::new(),
+            nvml: Vec::new(),
             agent_only: Vec::new(),
             agent: AgentState::new(th),
             agent_received: None,
@@ -82,28 +135,71 @@ impl Tracker {
         }
     }
 
+    /// The thresholds in force.
+    pub fn thresholds(&self) -> &Thresholds {
+        &self.thresholds
+    }
+
+    fn gpu_at(&mut self, index: u32) -> Option<usize> {
+        match self.gpus.iter().position(|g| g.index == index) {
+            Some(i) => Some(i),
+            None if self.gpus.len() < memprof_api::MAX_GPUS_PER_REPORT => {
+                self.gpus.push(Gpu::new(index));
+                self.series.push(GpuSeries::new(&self.thresholds));
+                self.nvml.push(Assessment::default());
+                Some(self.gpus.len() - 1)
+            }
+            None => None,
+        }
+    }
+
+    /// Registers GPU `index` of the sampler before its first sample (so the
+    /// series are in the sampler's order from the start).
+    pub fn add_gpu(&mut self, index: u32, uuid: Option<&str>) {
+        if let (Some(at), Some(u)) = (self.gpu_at(index), uuid) {
+            self.gpus[at].uuid = Some(u.to_string());
+        }
+    }
+
     /// One NVML (or simulated) sample of GPU `index` at time `t`.
     pub fn sample(&mut self, t: f64, index: u32, uuid: Option<&str>, used: u64, total: u64) {
-        let at = match self.gpus.iter().position(|g| g.index == index) {
-            Some(i) => i,
-            None if self.gpus.len() < memprof_api::MAX_GPUS_PER_REPORT => {
-                self.gpus.push(Gpu {
-                    index,
-                    uuid: None,
-                    series: GpuSeries::new(&self.thresholds),
-                    level: LevelGate::default(),
-                    leak: FlagGate::default(),
-                });
-                self.gpus.len() - 1
-            }
-            None => return,
+        let Some(at) = self.gpu_at(index) else {
+            return;
         };
-        let g = &mut self.gpus[at];
         if let Some(u) = uuid {
-            g.uuid = Some(u.to_string());
+            self.gpus[at].uuid = Some(u.to_string());
         }
-        g.series.push(Sample { t, used, total });
+        self.series[at].push(Sample { t, used, total });
         self.last_t = self.last_t.max(t);
+    }
+
+    /// NVML's per-process usage of GPU `index` at `t`: (pid, bytes) of each
+    /// compute process. Names the process that grows when the verdict is a
+    /// neighbour's (or any growth NVML sees).
+    pub fn processes(&mut self, t: f64, index: u32, list: &[(u32, u64)]) {
+        let Some(at) = self.gpu_at(index) else {
+            return;
+        };
+        let procs = &mut self.gpus[at].processes;
+        procs.retain(|p| list.iter().any(|(pid, _)| *pid == p.pid));
+        for &(pid, bytes) in list {
+            let i = match procs.iter().position(|p| p.pid == pid) {
+                Some(i) => i,
+                None if procs.len() < MAX_PROCESSES_PER_GPU => {
+                    procs.push(Process {
+                        pid,
+                        usage: VecDeque::new(),
+                    });
+                    procs.len() - 1
+                }
+                None => continue,
+            };
+            let u = &mut procs[i].usage;
+            u.push_back((t, bytes as f64));
+            while u.front().is_some_and(|p| t - p.0 > PROCESS_SECONDS) {
+                u.pop_front();
+            }
+        }
     }
 
     /// One (validated) push of the agent, received after the latest sample.
@@ -125,10 +221,19 @@ impl Tracker {
 
     /// NVML's history of GPU `index`.
     pub fn series(&self, index: u32) -> Option<&GpuSeries> {
-        self.gpus
-            .iter()
-            .find(|g| g.index == index)
-            .map(|g| &g.series)
+        let at = self.gpus.iter().position(|g| g.index == index)?;
+        Some(&self.series[at])
+    }
+
+    /// NVML's history of every sampled GPU, in the order first sampled.
+    pub fn all_series(&self) -> &[GpuSeries] {
+        &self.series
+    }
+
+    /// NVML's own assessment of every sampled GPU at the last analysis (before
+    /// the agent and the hysteresis), in the order of [`Tracker::all_series`].
+    pub fn nvml_assessments(&self) -> &[Assessment] {
+        &self.nvml
     }
 
     fn agent_fresh(&self) -> bool {
@@ -141,10 +246,13 @@ impl Tracker {
         self.agent_assessments = self.agent.assess();
         let fresh = self.agent_fresh();
         let devices = self.agent.devices();
+        let pids = self.agent.pids();
+        let th = &self.thresholds;
         let mut matched = vec![false; devices.len()];
         let mut out = Vec::with_capacity(self.gpus.len());
-        for g in &mut self.gpus {
-            let nvml = assess(&g.series, &self.thresholds);
+        for (i, g) in self.gpus.iter_mut().enumerate() {
+            let nvml = assess(&self.series[i], th);
+            self.nvml[i] = nvml.clone();
             let found = devices.iter().position(|d| match &g.uuid {
                 Some(u) => d.uuid.as_deref() == Some(u.as_str()),
                 None => d.index == g.index,
@@ -153,43 +261,34 @@ impl Tracker {
                 matched[i] = true;
             }
             let agent = found
-                .map(|i| &self.agent_assessments[i].risk)
-                .filter(|a| fresh && a.risk > RiskLevel::None);
+                .map(|i| &self.agent_assessments[i])
+                .filter(|a| fresh && a.risk.risk > RiskLevel::None);
             let (a, from_agent) = match agent {
-                Some(a) => (a.clone(), true),
+                Some(aa) => fuse(aa, nvml, th),
                 None => (nvml, false),
             };
-            out.push(publish(
-                (g.index, false),
-                a,
-                from_agent,
-                t,
-                (&mut g.level, &mut g.leak),
-                self.hold,
-            ));
+            let mut v = publish(g, a, t, th, self.hold, &pids);
+            v.from_agent = from_agent;
+            v.agent_device = found;
+            out.push(v);
         }
         for (i, d) in devices.iter().enumerate() {
             if matched[i] {
                 continue;
             }
-            let at = match self.agent_only.iter().position(|(x, _, _)| *x == d.index) {
+            let at = match self.agent_only.iter().position(|g| g.index == d.index) {
                 Some(at) => at,
                 None => {
-                    self.agent_only
-                        .push((d.index, LevelGate::default(), FlagGate::default()));
+                    self.agent_only.push(Gpu::new(d.index));
                     self.agent_only.len() - 1
                 }
             };
-            let (_, level, leak) = &mut self.agent_only[at];
             let a = self.agent_assessments[i].risk.clone();
-            out.push(publish(
-                (d.index, true),
-                a,
-                true,
-                t,
-                (level, leak),
-                self.hold,
-            ));
+            let mut v = publish(&mut self.agent_only[at], a, t, th, self.hold, &pids);
+            v.agent_only = true;
+            v.from_agent = true;
+            v.agent_device = Some(i);
+            out.push(v);
         }
         out.truncate(memprof_api::MAX_GPUS_PER_REPORT);
         self.verdicts = out;
@@ -202,26 +301,127 @@ impl Tracker {
     }
 }
 
-/// The raw assessment through the GPU's gates.
+/// The agent-fed verdict of a GPU NVML sees too: the allocator's, or
+/// NVML's where NVML sees an earlier credible OOM from memory outside the
+/// trainer's allocator (a neighbour). Returns the verdict and whether it is
+/// the allocator's.
+fn fuse(aa: &AllocatorAssessment, nvml: Assessment, th: &Thresholds) -> (Assessment, bool) {
+    let a = &aa.risk;
+    let nvml_earlier = nvml.risk > a.risk
+        || (nvml.risk == a.risk
+            && nvml.risk >= RiskLevel::Medium
+            && nvml
+                .time_to_oom_seconds
+                .is_some_and(|n| a.time_to_oom_seconds.is_none_or(|x| n < x)));
+    let outside = aa.outside_growth.unwrap_or(0.0);
+    let growth = nvml.growth_bytes_per_second;
+    let neighbour =
+        growth > 0.0 && outside > th.leak_bytes_per_second && outside >= growth / 2.0;
+    if !(nvml_earlier && neighbour && nvml.time_to_oom_seconds.is_some()) {
+        return (a.clone(), true);
+    }
+    let mut n = nvml;
+    n.leak_suspected = a.leak_suspected;
+    n.cause = Some(NamedCause::new(
+        Cause::Neighbour,
+        format!(
+            "device memory grows {} outside the trainer's allocator, whose own pace is {}",
+            memprof_api::format_rate(outside).trim_start_matches('+'),
+            memprof_api::format_rate(a.growth_bytes_per_second.max(0.0))
+                .trim_start_matches('+'),
+        ),
+    ));
+    (n, false)
+}
+
+/// The fastest-growing process on a GPU that is not the trainer's: (pid,
+/// bytes now, bytes per second).
+fn growing_process(g: &Gpu, trainer: &[u32], th: &Thresholds) -> Option<(u32, f64, f64)> {
+    g.processes
+        .iter()
+        .filter(|p| !trainer.contains(&p.pid))
+        .filter_map(|p| {
+            let pts: Vec<(f64, f64)> = p.usage.iter().copied().collect();
+            let fit = theil_sen(&pts)?;
+            let now = pts.last()?.1;
+            (fit.slope > th.leak_bytes_per_second).then_some((p.pid, now, fit.slope))
+        })
+        .max_by(|a, b| a.2.total_cmp(&b.2))
+}
+
+/// The raw assessment through the GPU's gates, as published: at the
+/// ceiling after growing, OOM now and the leak flag kept; the level held
+/// by the hysteresis, never below its evidence; the verdict checked.
 fn publish(
-    (index, agent_only): (u32, bool),
+    g: &mut Gpu,
     mut a: Assessment,
-    from_agent: bool,
     t: f64,
-    (level, leak): (&mut LevelGate, &mut FlagGate),
+    th: &Thresholds,
     hold: Hold,
+    trainer: &[u32],
 ) -> GpuVerdict {
+    let growth = a.cause.as_ref().filter(|c| {
+        matches!(
+            c.cause,
+            Cause::Leak | Cause::GrowingDemand | Cause::Neighbour
+        ) && a.time_to_oom_seconds.is_some()
+    });
+    if let Some(c) = growth {
+        g.growth_cause = Some(c.clone());
+        g.growing_until = t + hold.seconds;
+    }
+    let at_ceiling = a.risk > RiskLevel::None
+        && a.level_fraction >= th.critical_fraction
+        && (t <= g.growing_until || g.leak.get());
+    if at_ceiling {
+        // Full after growing: the next allocation fails. Not a stale
+        // forecast of a pace that can no longer go on.
+        g.growing_until = t + hold.seconds;
+        a.time_to_oom_seconds = Some(0.0);
+        a.confidence = 1.0;
+        a.leak_suspected |= g.leak.get();
+        if let Some(c) = &g.growth_cause {
+            a.cause = Some(c.clone());
+        }
+        a.reason = format!(
+            "{:.1}% of memory in use after growing: at its ceiling, OOM now",
+            100.0 * a.level_fraction
+        );
+    }
+    // The level is what the evidence says, whoever computed it.
+    let due = verdict::evidence_level(&a, th);
+    a.risk = a.risk.max(due);
+    if let Some(c) = a.cause.as_mut() {
+        if matches!(c.cause, Cause::Neighbour | Cause::GrowingDemand | Cause::Leak) {
+            if let Some((pid, bytes, rate)) = growing_process(g, trainer, th) {
+                let named = format!(
+                    "; pid {pid} holds {}, {}",
+                    memprof_api::format_bytes(bytes as u64),
+                    memprof_api::format_rate(rate)
+                );
+                *c = NamedCause::new(c.cause, format!("{}{named}", c.evidence));
+            }
+        }
+    }
     let raw_risk = a.risk;
     let raw_leak = a.leak_suspected;
-    a.risk = level.update(t, raw_risk, hold);
-    a.leak_suspected = leak.update(t, raw_leak, hold);
+    a.risk = g.level.update(t, raw_risk, hold);
+    a.leak_suspected = g.leak.update(t, raw_leak, hold);
+    let held = a.risk > due;
+    debug_assert!(
+        verdict::check(&a, th, held).is_ok(),
+        "{:?}",
+        verdict::check(&a, th, held)
+    );
     GpuVerdict {
-        index,
-        agent_only,
+        index: g.index,
+        agent_only: false,
         assessment: a,
         raw_risk,
         raw_leak,
-        from_agent,
+        from_agent: false,
+        held,
+        agent_device: None,
     }
 }
 

@@ -55,8 +55,14 @@ pub struct MemoryProfileSpec {
 }
 
 /// What the operator concluded from the job's MemoryReports.
+// No field of the status is nullable in the CRD (`not_nullable`): the API
+// server publishes a nullable field to OpenAPI v2 without its type, so
+// `kubectl explain memoryprofile.status` showed `<>` for each. Every
+// optional field is left out when empty (`skip_serializing_if`), never
+// written as `null`, so the schema says no more than the JSON does.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = schemars::transform::RecursiveTransform(not_nullable))]
 pub struct MemoryProfileStatus {
     /// Ranks whose report counts and is fresh (not stale: see `ranksStale`).
     pub ranks_reporting: u32,
@@ -208,6 +214,41 @@ fn is_zero(n: &u32) -> bool {
     *n == 0
 }
 
+/// The schema of an `Option<T>` field as the schema of `T` (applied to
+/// every subschema of the status; see [`MemoryProfileStatus`]'s comment):
+/// `null` dropped from `type` and from `anyOf`, no `nullable`.
+fn not_nullable(schema: &mut schemars::Schema) {
+    use serde_json::Value;
+    let Some(obj) = schema.as_object_mut() else {
+        return;
+    };
+    obj.remove("nullable");
+    if let Some(Value::Array(types)) = obj.get_mut("type") {
+        types.retain(|t| t != "null");
+        if let [only] = types.as_slice() {
+            let only = only.clone();
+            obj.insert("type".into(), only);
+        }
+    }
+    let is_null = |v: &Value| {
+        v.get("type").is_some_and(|t| t == "null")
+            || v.get("enum")
+                .is_some_and(|e| *e == Value::Array(vec![Value::Null]))
+            || v.get("const").is_some_and(Value::is_null)
+    };
+    let Some(Value::Array(any_of)) = obj.get_mut("anyOf") else {
+        return;
+    };
+    any_of.retain(|v| !is_null(v));
+    if let [Value::Object(only)] = any_of.as_slice() {
+        let only = only.clone();
+        obj.remove("anyOf");
+        for (k, v) in only {
+            obj.entry(k).or_insert(v);
+        }
+    }
+}
+
 /// The analysis thresholds in effect for a Job.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
@@ -228,6 +269,58 @@ pub struct ThresholdsInEffect {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The schema says no status field is nullable (`not_nullable`): true
+    /// only while no field is ever written as `null`. Every optional object
+    /// and list entry of the status, filled with its defaults, writes none.
+    #[test]
+    fn no_status_field_is_written_as_null() {
+        fn nulls(path: &str, v: &serde_json::Value, found: &mut Vec<String>) {
+            match v {
+                serde_json::Value::Null => found.push(path.to_string()),
+                serde_json::Value::Array(a) => {
+                    a.iter().for_each(|x| nulls(&format!("{path}[]"), x, found))
+                }
+                serde_json::Value::Object(o) => o
+                    .iter()
+                    .for_each(|(k, x)| nulls(&format!("{path}.{k}"), x, found)),
+                _ => {}
+            }
+        }
+        let status = MemoryProfileStatus {
+            stale_ranks: vec![Default::default()],
+            allocator: Some(AllocatorRollup {
+                last_oom: Some(Default::default()),
+                ..Default::default()
+            }),
+            breakdown: Some(Default::default()),
+            bottleneck: Some(Default::default()),
+            top_ranks: vec![Default::default()],
+            ooms: vec![Default::default()],
+            allocation_sites: Some(Default::default()),
+            critical_allocation_sites: vec![Default::default()],
+            remediations: vec![RemediationRecord {
+                acknowledged: Some(Default::default()),
+                checkpoint: Some(Default::default()),
+                ..Default::default()
+            }],
+            remediation_totals: vec![Default::default()],
+            conditions: vec![Default::default()],
+            thresholds: Some(Default::default()),
+            batch_recommendation: Some(BatchRecommendation {
+                model: Some(Default::default()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let mut found = vec![];
+        nulls(
+            ".status",
+            &serde_json::to_value(&status).unwrap(),
+            &mut found,
+        );
+        assert!(found.is_empty(), "written as null: {found:?}");
+    }
 
     #[test]
     fn the_profile_lists_ooms_in_a_printer_column() {

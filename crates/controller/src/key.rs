@@ -17,6 +17,12 @@ pub struct JobKey {
 }
 
 impl JobKey {
+    /// A queue of Job keys whose namespaces (tenants) take turns: one
+    /// tenant's load delays another's Jobs by a turn, not by its length.
+    pub fn fair_queue() -> crate::queue::WorkQueue<JobKey> {
+        crate::queue::WorkQueue::grouped(|k: &JobKey| k.namespace.clone())
+    }
+
     /// The key of Job `name` in `namespace`.
     pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
         JobKey {

@@ -11,13 +11,16 @@
 //! reported from its numbers alone (`source: agent`).
 
 use crate::sampler::{self, Sampler};
-use memprof_analysis::allocator::{AgentDevice, AgentState, AllocatorAssessment};
-use memprof_analysis::{assess, Assessment, GpuSeries, Sample};
+use memprof_analysis::allocator::{AgentDevice, AgentState};
+use memprof_analysis::tracker::{GpuVerdict, Tracker};
+use memprof_analysis::{Assessment, GpuSeries};
 use memprof_api::thresholds::Thresholds;
 use memprof_api::{
     format_bytes, format_duration, Condition, DataSource, GpuReport, MemoryReportSpec,
     ReportSummary, RiskLevel, TimelinePoint, MAX_TIMELINE_POINTS,
 };
+
+pub use memprof_analysis::tracker::AGENT_FRESH_SECONDS;
 
 /// Who the report is about.
 #[derive(Clone, Debug, Default)]
@@ -32,43 +35,34 @@ pub struct Identity {
     pub rank: Option<u32>,
 }
 
-/// Samples GPUs and keeps their analysed history.
+/// Samples GPUs and keeps their analysed history: the analysis is the
+/// library's [`Tracker`] (NVML's series, the agent's pushes, the rule that
+/// combines them and the hysteresis of the published level and leak flag),
+/// the one `memprof analyze --evaluate` replays.
 pub struct Monitor {
     sampler: Box<dyn Sampler>,
-    thresholds: Thresholds,
-    series: Vec<GpuSeries>,
+    tracker: Tracker,
     utilization: Vec<Option<u32>>,
-    assessments: Vec<Assessment>,
-    agent: AgentState,
     /// The newest breakdown of each trainer process.
     breakdowns: memprof_analysis::breakdown::Latest,
-    agent_assessments: Vec<AllocatorAssessment>,
-    /// Sample time at which the newest agent push arrived.
-    agent_received: Option<f64>,
     worst: RiskLevel,
     last_t: f64,
 }
-
-/// The agent's assessment replaces NVML's for a GPU while its newest push
-/// is at most this old (sample time, seconds): a trainer that stopped
-/// pushing leaves the GPU to NVML again.
-pub const AGENT_FRESH_SECONDS: f64 = 30.0;
 
 impl Monitor {
     /// A monitor over `sampler`'s GPUs.
     pub fn new(sampler: Box<dyn Sampler>, thresholds: Thresholds) -> Self {
         let n = sampler.gpus().len();
+        let mut tracker = Tracker::new(&thresholds);
+        for g in sampler.gpus() {
+            tracker.add_gpu(g.index, Some(&g.uuid));
+        }
         Monitor {
-            series: (0..n).map(|_| GpuSeries::new(&thresholds)).collect(),
+            tracker,
             utilization: vec![None; n],
-            assessments: vec![Assessment::default(); n],
-            agent: AgentState::new(&thresholds),
             breakdowns: Default::default(),
-            agent_assessments: Vec::new(),
-            agent_received: None,
             worst: RiskLevel::None,
             sampler,
-            thresholds,
             last_t: 0.0,
         }
     }
@@ -77,24 +71,30 @@ impl Monitor {
     /// analysis runs separately, in [`Monitor::analyse`].
     pub fn sample(&mut self, t: f64) -> Result<(), sampler::Error> {
         let readings = self.sampler.sample(t)?;
-        for (i, r) in readings.iter().enumerate().take(self.series.len()) {
-            self.series[i].push(Sample {
-                t,
-                used: r.used_bytes,
-                total: r.total_bytes,
-            });
+        let gpus = self.sampler.gpus();
+        for (i, (r, g)) in readings.iter().zip(gpus).enumerate() {
+            self.tracker
+                .sample(t, g.index, Some(&g.uuid), r.used_bytes, r.total_bytes);
             self.utilization[i] = r.utilization_percent;
         }
         self.last_t = t;
         Ok(())
     }
 
-    /// Re-assesses every GPU, NVML's and the agent's; returns the worst risk.
+    /// Re-assesses every GPU, NVML's and the agent's; returns the worst
+    /// published risk.
     pub fn analyse(&mut self) -> RiskLevel {
-        for (i, s) in self.series.iter().enumerate() {
-            self.assessments[i] = assess(s, &self.thresholds);
+        if let Some(list) = self.sampler.processes() {
+            for g in self.sampler.gpus() {
+                let on: Vec<(u32, u64)> = list
+                    .iter()
+                    .filter(|p| p.gpu_index == g.index)
+                    .filter_map(|p| Some((p.pid, p.used_bytes?)))
+                    .collect();
+                self.tracker.processes(self.last_t, g.index, &on);
+            }
         }
-        self.agent_assessments = self.agent.assess();
+        self.tracker.analyse(self.last_t);
         self.worst = self
             .gpu_reports()
             .iter()
@@ -109,14 +109,21 @@ impl Monitor {
         self.worst
     }
 
-    /// The assessments of the last analysis, one per GPU.
+    /// NVML's own assessments of the last analysis (before the agent and the
+    /// hysteresis), one per sampled GPU.
     pub fn assessments(&self) -> &[Assessment] {
-        &self.assessments
+        self.tracker.nvml_assessments()
+    }
+
+    /// The published verdicts of the last analysis: the sampler's GPUs, then
+    /// the GPUs only the agent sees.
+    pub fn verdicts(&self) -> &[GpuVerdict] {
+        self.tracker.verdicts()
     }
 
     /// The history of every GPU.
     pub fn series(&self) -> &[GpuSeries] {
-        &self.series
+        self.tracker.all_series()
     }
 
     /// The sampler.
@@ -132,66 +139,52 @@ impl Monitor {
     /// Takes one push of the in-process agent (already validated). Its
     /// numbers count from the next [`Monitor::analyse`].
     pub fn agent_push(&mut self, push: memprof_api::agent::Push) {
-        self.agent.observe(&push);
+        self.tracker.push(&push);
         self.breakdowns.observe(&push);
-        self.agent_received = Some(self.last_t);
     }
 
     /// What the agent pushed so far.
     pub fn agent(&self) -> &AgentState {
-        &self.agent
+        self.tracker.agent()
     }
 
-    fn agent_fresh(&self) -> bool {
-        self.agent_received
-            .is_some_and(|at| self.last_t - at <= AGENT_FRESH_SECONDS)
-    }
-
-    /// One entry per GPU: the sampler's (with the allocator's assessment
-    /// where the agent sees the same GPU), then the GPUs only the agent sees.
+    /// One entry per GPU: the sampler's (with the agent-fed verdict where
+    /// the agent sees the same GPU), then the GPUs only the agent sees.
     fn gpu_reports(&self) -> Vec<GpuReport> {
-        let fresh = self.agent_fresh();
-        let agent = self.agent.devices();
-        let matched = |uuid: &str| {
-            agent
-                .iter()
-                .zip(&self.agent_assessments)
-                .find(|(d, _)| d.uuid.as_deref() == Some(uuid))
-        };
-        let sampled = self
-            .sampler
-            .gpus()
-            .iter()
-            .zip(&self.series)
-            .zip(&self.assessments)
-            .zip(&self.utilization);
-        let mut gpus: Vec<GpuReport> = sampled
-            .map(|(((info, series), a), util)| {
-                let mut g = self.sampled_gpu(info, series, a, *util);
-                if let Some((_, aa)) = matched(&info.uuid) {
-                    g.fragmentation = aa.fragmentation;
-                    if fresh && aa.risk.risk > RiskLevel::None {
-                        take_assessment(&mut g, &aa.risk);
-                        g.assessed_from = Some(DataSource::Agent);
-                    }
-                }
-                g
-            })
-            .collect();
-        let sampled_uuids: Vec<&str> = self
-            .sampler
-            .gpus()
-            .iter()
-            .map(|g| g.uuid.as_str())
-            .collect();
-        for (d, aa) in agent.iter().zip(&self.agent_assessments) {
-            if d.uuid
-                .as_deref()
-                .is_some_and(|u| sampled_uuids.contains(&u))
-            {
+        let verdicts = self.tracker.verdicts();
+        let assessments = self.tracker.agent_assessments();
+        let devices = self.tracker.agent().devices();
+        let mut gpus: Vec<GpuReport> = Vec::new();
+        for (i, info) in self.sampler.gpus().iter().enumerate() {
+            let Some(series) = self.tracker.series(info.index) else {
                 continue;
+            };
+            let v = verdicts
+                .iter()
+                .find(|v| !v.agent_only && v.index == info.index);
+            let default = Assessment::default();
+            let a = v.map_or(&default, |v| &v.assessment);
+            let util = self.utilization.get(i).copied().flatten();
+            let mut g = self.sampled_gpu(info, series, a, util);
+            if let Some(v) = v {
+                if let Some(aa) = v.agent_device.and_then(|d| assessments.get(d)) {
+                    g.fragmentation = aa.fragmentation;
+                }
+                if v.from_agent {
+                    g.assessed_from = Some(DataSource::Agent);
+                }
             }
-            if let Some(g) = agent_only_gpu(d, aa) {
+            gpus.push(g);
+        }
+        for v in verdicts.iter().filter(|v| v.agent_only) {
+            let Some(d) = v.agent_device.and_then(|d| devices.get(d)) else {
+                continue;
+            };
+            let frag = v
+                .agent_device
+                .and_then(|d| assessments.get(d))
+                .and_then(|aa| aa.fragmentation);
+            if let Some(g) = agent_only_gpu(d, &v.assessment, frag) {
                 gpus.push(g);
             }
         }
@@ -302,7 +295,7 @@ fn take_assessment(g: &mut GpuReport, a: &Assessment) {
 
 /// A GPU only the agent sees: memory in use is the device's (total − free,
 /// what NVML would show), the assessment the allocator's.
-fn agent_only_gpu(d: &AgentDevice, aa: &AllocatorAssessment) -> Option<GpuReport> {
+fn agent_only_gpu(d: &AgentDevice, a: &Assessment, fragmentation: Option<f64>) -> Option<GpuReport> {
     let used = d.used_series();
     let last = used.last()?;
     let mut g = GpuReport {
@@ -319,13 +312,13 @@ fn agent_only_gpu(d: &AgentDevice, aa: &AllocatorAssessment) -> Option<GpuReport
         total_bytes: last.total,
         used_bytes: last.used,
         peak_bytes: used.peak(),
-        spike_detected: aa.risk.spike_detected,
-        fragmentation: aa.fragmentation,
+        spike_detected: a.spike_detected,
+        fragmentation,
         source: DataSource::Agent,
         timeline: timeline(used),
         ..Default::default()
     };
-    take_assessment(&mut g, &aa.risk);
+    take_assessment(&mut g, a);
     Some(g)
 }
 

@@ -37,6 +37,9 @@ pub struct Facts<'a> {
     pub split: Option<f64>,
     /// Retries within the last minute.
     pub recent_retries: Option<u64>,
+    /// The verdict is fragmentation: the cache fills the limit and its free
+    /// blocks do not serve the allocations (advice before the first retry).
+    pub blocking: bool,
     /// The device's numbers.
     pub device: &'a DeviceStats,
     /// The allocation-size pattern, when the agent read one.
@@ -52,8 +55,12 @@ pub fn advice(f: &Facts) -> Option<String> {
     if f.growth == MemoryGrowth::Leak {
         return Some(leak_advice(f.pace));
     }
-    let retries = f.recent_retries.filter(|r| *r > 0)?;
-    let fragmented = f.fragmentation.is_some_and(|x| x >= FRAGMENTATION_HIGH)
+    let retries = f.recent_retries.unwrap_or(0);
+    if retries == 0 && !f.blocking {
+        return None;
+    }
+    let fragmented = f.blocking
+        || f.fragmentation.is_some_and(|x| x >= FRAGMENTATION_HIGH)
         || f.split.is_some_and(|s| s >= SPLIT_HIGH);
     let d = f.device;
     let idle = d.reserved_bytes.saturating_sub(d.allocated_bytes);
@@ -71,9 +78,16 @@ pub fn advice(f: &Facts) -> Option<String> {
     let seen = f
         .sizes
         .map_or(String::new(), |s| format!(" ({})", short(&s.pattern)));
+    let why = if retries > 0 {
+        format!("the allocator retried {retries} allocation(s) in the last minute")
+    } else {
+        "the cache fills what the allocator may reserve, so the next allocation its free \
+         blocks cannot serve fails"
+            .to_string()
+    };
     Some(format!(
         "fragmentation: {} of reserved memory holds no tensor ({} in inactive split blocks) \
-         and the allocator retried {retries} allocation(s) in the last minute{seen}: set \
+         and {why}{seen}: set \
          PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (PyTorch >= 2.1), or \
          max_split_size_mb:{split_mb} (a little above the largest common allocation, in MiB) \
          so large cached blocks are not split",

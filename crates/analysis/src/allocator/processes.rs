@@ -211,6 +211,11 @@ impl AgentState {
         &self.processes[s.process].state.devices()[s.device]
     }
 
+    /// The pids of the trainer processes that pushed (0 when one named none).
+    pub fn pids(&self) -> Vec<u32> {
+        self.processes.iter().map(|p| p.pid).collect()
+    }
+
     /// How many processes are followed now (over ones not yet forgotten included).
     pub fn processes_followed(&self) -> usize {
         self.processes.len()

@@ -40,7 +40,6 @@ mod watch;
 
 use crate::key::JobKey;
 use crate::operator::{self, Metrics};
-use crate::queue::WorkQueue;
 use crate::remediation::{self, Executor};
 use crate::status::{StatusWriter, WriterOptions};
 use futures::future::{BoxFuture, Shared};
@@ -133,7 +132,7 @@ pub async fn run(
         caches,
         writer.clone(),
         executor,
-        Arc::new(WorkQueue::default()),
+        Arc::new(JobKey::fair_queue()),
     ));
     if let Some(exec) = &ctx.executor {
         // Weak: the context holds the executor.

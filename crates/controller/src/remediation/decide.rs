@@ -95,6 +95,7 @@ mod tests {
         let now = Timestamp::from_second(1_800_000_000).unwrap();
         let status = MemoryProfileStatus {
             risk: RiskLevel::Critical,
+            ranks_reporting: 1,
             ..Default::default()
         };
         let mut clock = RiskClock::default();

@@ -152,6 +152,12 @@ fn evaluate_inner(
             ),
         };
     }
+    // Evidence first: a status with no counted report (a Job that runs
+    // nothing, reports all refused) says `none` because nothing was seen, and
+    // a trigger at `none` would act on that alone.
+    if st.ranks_reporting == 0 {
+        return (false, "no counted report: nothing to act on".into(), None);
+    }
     let (fired, why, recheck) = evaluate_report_trigger(t, st, clock, now);
     match fresh(st, last_acted) {
         Err(stale) if fired => (false, format!("{why}, but {stale}"), None),

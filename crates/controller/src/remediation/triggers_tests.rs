@@ -55,6 +55,7 @@ fn labels(team: &str) -> BTreeMap<String, String> {
 #[test]
 fn risk_must_hold_for_the_required_time() {
     let st = MemoryProfileStatus {
+        ranks_reporting: 1,
         risk: RiskLevel::Critical,
         ..Default::default()
     };
@@ -77,6 +78,7 @@ fn risk_must_hold_for_the_required_time() {
 #[test]
 fn report_triggers_ignore_numbers_from_before_the_last_remediation() {
     let mut st = MemoryProfileStatus {
+        ranks_reporting: 1,
         risk: RiskLevel::Critical,
         time_to_oom_seconds: Some(30.0),
         imbalance: Some(1.5),
@@ -128,6 +130,7 @@ fn oom_trigger_fires_on_ooms_newer_than_the_last_remediation() {
 fn cooldown_and_max_count_recorded_remediations_only() {
     let p = policy(vec![risk(RiskLevel::High, 0)]);
     let mut st = MemoryProfileStatus {
+        ranks_reporting: 1,
         risk: RiskLevel::Critical,
         last_report_time: Some(ts(1000).to_string()),
         ..Default::default()
@@ -167,6 +170,7 @@ fn max_remediations_above_the_kept_history_is_still_honoured() {
     p.spec.max_remediations = 20;
     p.spec.cooldown_seconds = 0;
     let mut st = MemoryProfileStatus {
+        ranks_reporting: 1,
         risk: RiskLevel::Critical,
         last_report_time: Some(ts(100_000).to_string()),
         ..Default::default()
@@ -186,6 +190,7 @@ fn max_remediations_above_the_kept_history_is_still_honoured() {
 fn a_failure_after_the_job_was_deleted_counts_and_starts_the_cooldown() {
     let p = policy(vec![risk(RiskLevel::High, 0)]);
     let mut st = MemoryProfileStatus {
+        ranks_reporting: 1,
         risk: RiskLevel::Critical,
         last_report_time: Some(ts(1000).to_string()),
         ..Default::default()
@@ -284,4 +289,22 @@ fn selectors_display_and_match() {
     all.spec.selector = Default::default();
     assert_eq!(selector_display(&all), "<all>");
     assert_eq!(selector_matches(&all, &BTreeMap::new()), Ok(true));
+}
+
+/// A policy that fires at risk `none` with no report at all (200 Jobs that
+/// run nothing) would act on every one of them: triggers computed from
+/// reports need one counted report first; OOM triggers need an OOM record.
+#[test]
+fn no_report_trigger_fires_without_a_counted_report() {
+    let clock = RiskClock::default();
+    let empty = MemoryProfileStatus::default();
+    let e = evaluate(&risk(RiskLevel::None, 0), &empty, &clock, None, ts(0));
+    assert!(!e.fired, "{}", e.why);
+    assert!(e.why.contains("no counted report"), "{}", e.why);
+    let seen = MemoryProfileStatus {
+        ranks_reporting: 1,
+        ..Default::default()
+    };
+    let e = evaluate(&risk(RiskLevel::None, 0), &seen, &clock, None, ts(0));
+    assert!(e.fired, "{}", e.why);
 }

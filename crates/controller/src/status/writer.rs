@@ -178,7 +178,7 @@ impl StatusWriter {
             metrics,
             opts,
             entries: Mutex::default(),
-            queue: WorkQueue::default(),
+            queue: JobKey::fair_queue(),
         };
         StatusWriter {
             shared: Arc::new(shared),

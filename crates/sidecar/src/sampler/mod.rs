@@ -84,4 +84,10 @@ pub trait Sampler: Send {
     fn active_processes(&mut self) -> Option<usize> {
         None
     }
+    /// The compute processes on these GPUs with the memory each holds, when
+    /// the backend can tell (NVML's per-process usage): the analysis names
+    /// the process that grows (a neighbour on a shared GPU).
+    fn processes(&mut self) -> Option<Vec<nvml::GpuProcess>> {
+        None
+    }
 }

@@ -304,7 +304,11 @@ impl NvmlSampler {
 
 impl Sampler for NvmlSampler {
     fn active_processes(&mut self) -> Option<usize> {
-        Some(self.processes().len())
+        Some(NvmlSampler::processes(self).len())
+    }
+
+    fn processes(&mut self) -> Option<Vec<GpuProcess>> {
+        Some(NvmlSampler::processes(self))
     }
 
     fn source(&self) -> DataSource {

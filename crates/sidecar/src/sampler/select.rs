@@ -67,6 +67,10 @@ impl Sampler for Selected {
     fn active_processes(&mut self) -> Option<usize> {
         self.inner.active_processes()
     }
+
+    fn processes(&mut self) -> Option<Vec<super::nvml::GpuProcess>> {
+        self.inner.processes()
+    }
 }
 
 #[cfg(test)]
