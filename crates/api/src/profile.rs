@@ -301,7 +301,10 @@ mod tests {
             critical_allocation_sites: vec![Default::default()],
             remediations: vec![RemediationRecord {
                 acknowledged: Some(Default::default()),
-                checkpoint: Some(Default::default()),
+                checkpoint: Some(crate::CheckpointOutcome {
+                    kept: Some(Default::default()),
+                    ..Default::default()
+                }),
                 ..Default::default()
             }],
             remediation_totals: vec![Default::default()],
