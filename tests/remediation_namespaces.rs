@@ -6,8 +6,8 @@
 //!     eval "$(bash hack/local-cluster.sh env)"
 //!     MEMPROF_REQUIRE_CLUSTER=1 cargo test --test remediation_namespaces
 //!
-//! Without `KUBECONFIG` every test is skipped with a message. The test
-//! binary holds this one test only: its operator watches all namespaces.
+//! Without `KUBECONFIG` every test is skipped with a message. Each test's
+//! operator watches all namespaces, so they run one at a time ([`ALONE`]).
 
 mod common;
 mod remediation_support;
@@ -46,11 +46,15 @@ async fn share_admission_key(client: &Client, ns: &str) {
         .unwrap_or_else(|e| panic!("copying the admission key into {ns}: {e}"));
 }
 
+/// One all-namespaces operator at a time in this binary.
+static ALONE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[tokio::test]
 async fn a_policy_never_acts_on_a_job_of_another_namespace() {
     let Some(client) = cluster().await else {
         return;
     };
+    let _alone = ALONE.lock().await;
     let (tenant, victim) = (
         TestNamespace::create(&client).await,
         TestNamespace::create(&client).await,
@@ -107,6 +111,79 @@ async fn a_policy_never_acts_on_a_job_of_another_namespace() {
             Ok(())
         },
     )
+    .await;
+    operator.stop().await;
+}
+
+/// A hostile tenant: Jobs that run nothing (parallelism 0, so no report
+/// ever), a policy that fires at risk `none` with no cooldown, rewritten
+/// again and again. It never acts (no counted report, no evidence), and
+/// another namespace's remediation still goes through.
+#[tokio::test]
+async fn a_tenant_with_jobs_that_run_nothing_and_a_policy_at_none_never_acts() {
+    let Some(client) = cluster().await else {
+        return;
+    };
+    let _alone = ALONE.lock().await;
+    let (hostile, quiet) = (
+        TestNamespace::create(&client).await,
+        TestNamespace::create(&client).await,
+    );
+    let (hostile, quiet) = (hostile.name.as_str(), quiet.name.as_str());
+    share_admission_key(&client, hostile).await;
+    share_admission_key(&client, quiet).await;
+    let mut setup = Setup::for_namespace("");
+    setup.remediation.plan_namespace = Some(quiet.into());
+    let operator = start_controller(&client, setup);
+
+    // Parallelism 0 with one completion owed: never done, never a pod.
+    let jobs = Api::<k8s_openapi::api::batch::v1::Job>::namespaced(client.clone(), hostile);
+    let mut idle = Vec::new();
+    for i in 0..20 {
+        let mut j = training_job_manifest(&format!("idle-{i}"), "32");
+        j.spec.as_mut().unwrap().parallelism = Some(0);
+        idle.push(jobs.create(&PostParams::default(), &j).await.unwrap());
+    }
+    let at_none = |generation: u32| {
+        json!({
+            "selector": {},
+            "triggers": [{"riskAtLeast": {"level": "none"}}],
+            "actions": [{"scaleBatch": {"env": "BATCH_SIZE", "factor": 0.5, "minimum": 1}}],
+            "cooldownSeconds": 0,
+            "maxRemediations": 90 + generation,
+        })
+    };
+    apply_policy(&client, hostile, "any", at_none(0)).await.unwrap();
+    apply_policy(&client, quiet, "shrink", shrink_policy(false))
+        .await
+        .unwrap();
+    let own = training_job(&client, quiet, "train", Some("32")).await;
+    low_report(&client, quiet, "train").await;
+    profile_with_status(&client, quiet, "train").await;
+    for generation in 1..=3 {
+        apply_policy(&client, hostile, "any", at_none(generation)).await.unwrap();
+    }
+    critical_report(&client, quiet, "train", 100).await;
+    eventually("the quiet namespace's Job recreated", || async {
+        match job(&client, quiet, "train").await {
+            Some(j) if j.uid() != own.uid() => Ok(()),
+            other => Err(format!("{:?}", other.map(|j| j.uid()))),
+        }
+    })
+    .await;
+    stays("the hostile namespace acted on nothing", Duration::from_secs(5), || async {
+        for j in &idle {
+            let name = j.name_any();
+            if !records(&client, hostile, &name).await.is_empty() {
+                return Err(format!("a remediation of {name}"));
+            }
+            let now = job(&client, hostile, &name).await.and_then(|j| j.uid());
+            if now != j.uid() {
+                return Err(format!("{name} was recreated"));
+            }
+        }
+        Ok(())
+    })
     .await;
     operator.stop().await;
 }

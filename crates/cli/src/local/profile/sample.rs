@@ -130,6 +130,24 @@ impl SampleArgs {
             }),
             None => Ok(()),
         };
+        if !(self.speed > 0.0 && self.speed.is_finite()) {
+            return usage(format!(
+                "--speed {}: give a positive factor, e.g. --speed 10",
+                self.speed
+            ));
+        }
+        // As the sidecar reads them: refused here, before it starts, not
+        // after a wait for a socket it never serves.
+        if let Some(json) = &self.thresholds {
+            serde_json::from_str::<memprof_api::thresholds::Thresholds>(json)
+                .map_err(|e| e.to_string())
+                .and_then(|t| t.validate().map_err(|e| e.to_string()))
+                .map_err(|e| {
+                    ProfileError::Usage(format!(
+                        "--thresholds {json}: {e}; write camelCase fields, e.g. '{{\"highTtoSeconds\":900}}'"
+                    ))
+                })?;
+        }
         read("--scenario", &self.scenario, "hack/scenarios/demo.yaml")?;
         read(
             "--trace",
