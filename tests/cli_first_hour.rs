@@ -277,6 +277,11 @@ fn mistakes_are_one_line_that_says_what_to_type() {
     }
     let e = one_line_failure(&["oom", "--monitor", "--scenario", "nope.yaml"]);
     assert!(e.contains("--scenario nope.yaml: cannot read it"), "{e}");
+    // Bad thresholds were the sidecar's, then "did not start serving its
+    // socket within 10 s".
+    let e = one_line_failure(&["profile", "--scenario", &scen, "--thresholds", "{bad"]);
+    assert!(e.starts_with("error: --thresholds {bad: "), "{e}");
+    assert!(!e.contains("socket"), "{e}");
     // A missing file to compare was "no Kubernetes cluster configured".
     let r = dir.s("r.json");
     std::fs::write(&r, r#"{"gpus":[]}"#).unwrap();

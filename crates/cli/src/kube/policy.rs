@@ -418,6 +418,8 @@ mod tests {
     #[test]
     fn explains_matching_triggers_and_the_concrete_action() {
         let status = MemoryProfileStatus {
+            // A counted rank: the triggers act on nothing else.
+            ranks_reporting: 1,
             risk: RiskLevel::Critical,
             last_report_time: Some("2027-01-15T08:00:00Z".into()),
             ..Default::default()
@@ -466,6 +468,8 @@ mod tests {
             observations: &seen,
         });
         let status = MemoryProfileStatus {
+            // A counted rank: the triggers act on nothing else.
+            ranks_reporting: 1,
             risk: RiskLevel::Critical,
             batch_recommendation: Some(rec),
             ..Default::default()
@@ -491,6 +495,8 @@ mod tests {
         }
         // Too little evidence: said, and the factor is what would happen.
         let thin = MemoryProfileStatus {
+            // A counted rank: the triggers act on nothing else.
+            ranks_reporting: 1,
             risk: RiskLevel::Critical,
             ..Default::default()
         };
@@ -512,6 +518,8 @@ mod tests {
     #[test]
     fn explains_the_accumulation_arithmetic() {
         let status = MemoryProfileStatus {
+            // A counted rank: the triggers act on nothing else.
+            ranks_reporting: 1,
             risk: RiskLevel::Critical,
             ..Default::default()
         };
@@ -530,6 +538,8 @@ mod tests {
     #[test]
     fn explains_the_checkpoint_wait_and_its_bound_now() {
         let status = MemoryProfileStatus {
+            // A counted rank: the triggers act on nothing else.
+            ranks_reporting: 1,
             risk: RiskLevel::Critical,
             time_to_oom_seconds: Some(150.0),
             ..Default::default()
@@ -552,6 +562,8 @@ mod tests {
     #[test]
     fn explains_cooldown_and_what_cannot_apply() {
         let status = MemoryProfileStatus {
+            // A counted rank: the triggers act on nothing else.
+            ranks_reporting: 1,
             risk: RiskLevel::Low,
             remediations: vec![RemediationRecord {
                 id: "x".into(),
