@@ -156,10 +156,11 @@ impl Backend {
 pub struct Args {
     #[command(flatten)]
     pub sample: SampleArgs,
-    /// Write the final report (the sidecar's MemoryReport spec) as JSON to
-    /// this file (what `memprof rollup` reads). `{rank}`, `{local_rank}` and
-    /// `{host}` are filled in from the launch (torchrun's RANK, LOCAL_RANK),
-    /// here and in `--trace-out` and `--plot`.
+    /// Write the final report (the sidecar's MemoryReport spec, each GPU with
+    /// the table's free memory, utilization and samples) as JSON to this file
+    /// (what `memprof rollup` reads). `{rank}`, `{local_rank}` and `{host}`
+    /// are filled in from the launch (torchrun's RANK, LOCAL_RANK), here and
+    /// in `--trace-out` and `--plot`; a missing folder is created first.
     #[arg(long, value_name = "FILE")]
     pub output: Option<PathBuf>,
     /// Draw every GPU's used memory over time, total memory and risk

@@ -121,13 +121,20 @@ impl SampleArgs {
             ),
             _ => {}
         }
+        // Only the file the backend reads (a directory opens, but is no file).
         let read = |flag: &str, path: &Option<PathBuf>, example: &str| match path {
-            Some(p) => std::fs::File::open(p).map(drop).map_err(|e| {
-                ProfileError::Usage(format!(
-                    "{flag} {}: cannot read it ({e}); name an existing file, e.g. {example}",
-                    p.display()
-                ))
-            }),
+            Some(p) => std::fs::File::open(p)
+                .and_then(|f| f.metadata())
+                .and_then(|m| match m.is_file() {
+                    true => Ok(()),
+                    false => Err(std::io::Error::other("a folder, not a file")),
+                })
+                .map_err(|e| {
+                    ProfileError::Usage(format!(
+                        "{flag} {}: cannot read it ({e}); name an existing file, e.g. {example}",
+                        p.display()
+                    ))
+                }),
             None => Ok(()),
         };
         if !(self.speed > 0.0 && self.speed.is_finite()) {
@@ -148,12 +155,15 @@ impl SampleArgs {
                     ))
                 })?;
         }
-        read("--scenario", &self.scenario, "hack/scenarios/demo.yaml")?;
-        read(
-            "--trace",
-            &self.trace,
-            "a CSV that `memprof profile --trace-out` wrote",
-        )?;
+        match self.backend() {
+            Backend::Sim => read("--scenario", &self.scenario, "hack/scenarios/demo.yaml")?,
+            Backend::Trace => read(
+                "--trace",
+                &self.trace,
+                "a CSV that `memprof profile --trace-out` wrote",
+            )?,
+            Backend::Nvml => {}
+        }
         Ok(())
     }
 }
