@@ -13,6 +13,12 @@
 //! cargo build --release --bin memprof-operator --example operator_memory
 //! target/release/examples/operator_memory --objects 1000
 //! ```
+//!
+//! With `--reports N` it measures refused reports instead (issue 34 item 5):
+//! N small MemoryReports that no pod wrote (no writer mark), then N of the
+//! largest the CRD admits, all claiming one profiled Job; RSS after each set
+//! is in the cache, and again after a restart of the operator with them in
+//! place (goal: maximal within 16 MiB of small).
 
 #[allow(dead_code)]
 #[path = "operator_scale/load.rs"]
@@ -42,6 +48,9 @@ struct Args {
     /// Jobs, and pods, of each set.
     #[arg(long, default_value_t = 1000)]
     objects: usize,
+    /// Measure this many refused reports (small, then maximal) instead of Jobs.
+    #[arg(long)]
+    reports: Option<usize>,
     /// The operator binary; default: `memprof-operator` next to this example's directory.
     #[arg(long)]
     operator_bin: Option<std::path::PathBuf>,
@@ -178,6 +187,123 @@ async fn one(
     result
 }
 
+/// The largest report the CRD admits, near enough: 16 GPUs, each with both
+/// timelines full and its strings at their bounds; or a small one. Named
+/// `name`, claiming Job `job`, with no writer mark (no pod vouches for it).
+fn report(name: &str, job: &str, maximal: bool) -> memprof::api::MemoryReport {
+    use memprof::api::{GpuReport, MemoryReportSpec, TimelinePoint, MAX_TIMELINE_POINTS};
+    let points: Vec<TimelinePoint> = (0..MAX_TIMELINE_POINTS)
+        .map(|i| TimelinePoint {
+            t: 100_000_000_000 + i as i64,
+            max: 999_999_000 + i as u64,
+            min: 899_999_000 + i as u64,
+        })
+        .collect();
+    let gpu = |i: u32| GpuReport {
+        index: i,
+        uuid: format!("GPU-{i:02}-{}", "u".repeat(88)),
+        model: "M".repeat(96),
+        total_bytes: 85_000_000_000,
+        used_bytes: 1,
+        peak_bytes: 1,
+        timeline: points.clone(),
+        legacy_timeline: points.clone(),
+        ..Default::default()
+    };
+    let gpus = if maximal { (0..16).map(gpu).collect() } else { vec![] };
+    let mut r = memprof::api::MemoryReport::new(
+        name,
+        MemoryReportSpec {
+            pod_name: name.into(),
+            sampled_at: "2027-01-15T08:00:00Z".into(),
+            interval_ms: 1000,
+            summary: memprof::api::ReportSummary {
+                used: "1Gi".into(),
+                peak: "1Gi".into(),
+                ..Default::default()
+            },
+            gpus,
+            ..Default::default()
+        },
+    );
+    r.metadata.labels = Some([(memprof::api::LABEL_JOB.to_string(), job.to_string())].into());
+    r
+}
+
+/// Creates `n` refused reports claiming Job `job-00000` in `ns`, 16 in flight.
+async fn create_reports(client: &Client, ns: &str, n: usize, maximal: bool) -> anyhow::Result<usize> {
+    let api: Api<memprof::api::MemoryReport> = Api::namespaced(client.clone(), ns);
+    let bytes = serde_json::to_vec(&report("x", "job-00000", maximal))?.len();
+    futures::stream::iter(0..n)
+        .map(|i| {
+            let api = api.clone();
+            async move {
+                let r = report(&format!("r-{i:05}"), "job-00000", maximal);
+                api.create(&PostParams::default(), &r).await?;
+                anyhow::Ok(())
+            }
+        })
+        .buffer_unordered(16)
+        .try_collect::<Vec<_>>()
+        .await?;
+    Ok(bytes)
+}
+
+/// One set of refused reports: the operator's RSS (KiB) with them cached,
+/// then after a restart with them in place.
+async fn one_reports(client: &Client, bin: &std::path::Path, n: usize, maximal: bool) -> anyhow::Result<(u64, u64)> {
+    let ns = format!("memprof-rmem-{}-{}", std::process::id(), if maximal { "max" } else { "small" });
+    setup::create_namespace(client, &ns).await?;
+    let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
+    jobs.create(&PostParams::default(), &job("job-00000", false)).await?;
+    let op = setup::Operator::start(bin, &ns, &[])?;
+    let result = async {
+        let t = Instant::now();
+        let bytes = create_reports(client, &ns, n, maximal).await?;
+        let created = t.elapsed().as_secs_f64();
+        tokio::time::sleep(Duration::from_secs(15)).await;
+        let live = measure::proc_usage(&op.pid.to_string());
+        anyhow::Ok((bytes, created, live))
+    }
+    .await;
+    op.stop().await;
+    let (bytes, created, live) = result?;
+    // A restart lists them all at once: the peak that matters at a rollout.
+    let op = setup::Operator::start(bin, &ns, &[])?;
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let restarted = measure::proc_usage(&op.pid.to_string());
+    op.stop().await;
+    println!(
+        "  {:>7}: {n} reports of {:.1} KiB each created in {created:.0} s; operator RSS {:.1} MiB \
+         (peak {:.1}); after a restart {:.1} MiB (peak {:.1})",
+        if maximal { "maximal" } else { "small" },
+        bytes as f64 / 1024.0,
+        live.rss_kib as f64 / 1024.0,
+        live.hwm_kib as f64 / 1024.0,
+        restarted.rss_kib as f64 / 1024.0,
+        restarted.hwm_kib as f64 / 1024.0,
+    );
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    namespaces.delete(&ns, &DeleteParams::background()).await?;
+    Ok((live.rss_kib, restarted.hwm_kib))
+}
+
+/// The refused-reports comparison (`--reports`).
+async fn reports(client: &Client, bin: &std::path::Path, n: usize) -> anyhow::Result<()> {
+    println!("operator_memory --reports: {n} refused reports, small then maximal");
+    let small = one_reports(client, bin, n, false).await?;
+    let maximal = one_reports(client, bin, n, true).await?;
+    for (what, a, b) in [("cached", small.0, maximal.0), ("restart peak", small.1, maximal.1)] {
+        let delta = b as i64 - a as i64;
+        let verdict = if delta <= GOAL_DELTA_KIB { "met" } else { "MISSED" };
+        println!(
+            "  {what}: maximal - small {:+.1} MiB (goal: within 16 MiB: {verdict})",
+            delta as f64 / 1024.0
+        );
+    }
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
@@ -193,6 +319,9 @@ async fn main() -> anyhow::Result<()> {
                 .ok_or_else(|| anyhow::anyhow!("no target dir"))?
         }
     };
+    if let Some(n) = args.reports {
+        return reports(&client, &bin, n).await;
+    }
     println!(
         "operator_memory: {} Jobs and {} pods, plain then hostile (~250 KiB of metadata each)",
         args.objects, args.objects

@@ -702,3 +702,55 @@ async fn a_pod_under_the_victims_service_account_cannot_speak_for_the_victims_po
     let _ = std::fs::remove_file(evil_cfg);
     operator.stop().await;
 }
+
+/// Refused reports that name a victim Job, written right after its genuine
+/// critical report, fill the Events waiting for the Job's next write: the
+/// victim's `RiskCritical` Event must still be published.
+#[tokio::test]
+async fn refused_reports_naming_a_victim_never_hide_its_risk_event() {
+    let Some(admin) = cluster().await else {
+        return;
+    };
+    let ns = TestNamespace::create(&admin).await;
+    let ns = ns.name.as_str();
+    let operator = start_operator(&admin, ns);
+    training_job(&admin, ns, "victim", Some("32")).await;
+    let pod = pod_identity(&admin, ns).await;
+    let reports = Api::<memprof::api::MemoryReport>::namespaced(pod, ns);
+    let flood: Vec<_> = (0..40)
+        .map(|i| {
+            let gpus = vec![gpu(0, 79, 79, RiskLevel::Critical, Some(5.0))];
+            let mut r = report("victim", 0, &at(100), gpus);
+            r.metadata.name = Some(format!("flood-{i}"));
+            r.spec.pod_name = format!("flood-{i}");
+            r
+        })
+        .collect();
+    // The status was just written: the critical one waits out the write
+    // spacing (1 s) with the flood's notices beside it.
+    low_report(&admin, ns, "victim").await;
+    profile_with_status(&admin, ns, "victim").await;
+    let gpus = vec![gpu(0, 79, 79, RiskLevel::Critical, Some(5.0))];
+    let critical = rank_report(&admin, ns, "victim", 0, &at(100), gpus).await;
+    let params = PatchParams::apply(memprof::api::SIDECAR_MANAGER).force();
+    // The genuine critical report and the flood at once: one roll-up sees both.
+    let genuine = apply_report(&admin, ns, &critical);
+    let (_, written) = futures::join!(genuine, futures::future::join_all(flood.iter().map(|r| {
+        let (reports, params) = (&reports, &params);
+        async move {
+            let name = r.metadata.name.as_deref().unwrap();
+            reports.patch(name, params, &Patch::Apply(r)).await
+        }
+    })));
+    written.into_iter().for_each(|w| {
+        w.unwrap();
+    });
+    eventually("the victim's RiskCritical Event", || async {
+        match count_events(&admin, ns, "RiskCritical", "victim").await {
+            0 => Err("none".to_string()),
+            _ => Ok(()),
+        }
+    })
+    .await;
+    operator.stop().await;
+}

@@ -103,9 +103,11 @@ const MAX_REPORT_OWNERS: usize = 4;
 /// A report: its writer mark and the digest of the spec as written (the
 /// trust check verifies the one against the other, `trust::check`), of its
 /// labels only the Job it claims, and of its spec what the roll-up reads.
-/// A report whose mark does not verify under `ring` (when a key is loaded)
-/// keeps only what names it in the `ReportsValid` condition: what no pod
-/// vouched for costs the cache a few hundred bytes, whatever its size.
+/// A report whose mark does not verify under `ring` keeps only what names it
+/// in the `ReportsValid` condition: what no pod vouched for costs the cache
+/// a few hundred bytes, whatever its size. (The reports' watch starts once
+/// the key is loaded; without one, nothing could be judged, and the report
+/// is slimmed and judged when read.)
 pub(super) fn report(r: &mut MemoryReport, ring: &KeyRing) {
     let digest = spec_digest(&r.spec);
     let mark = r

@@ -150,6 +150,14 @@ pub(super) fn start(client: &Client, setup: &Setup) -> (Caches, Changes) {
     let slim_report = move |r: &mut MemoryReport| slim::report(r, &keys.ring());
     let (reports, report_events) =
         reflected(scoped(client, ns), report_cfg, slim_report, next_ready());
+    // Listed only once the key is loaded, so that every report is judged as
+    // it enters the cache: one that no pod vouched for is never kept whole.
+    let gate = setup.options.admission.clone();
+    let report_events = futures::stream::once(async move {
+        gate.loaded().await;
+        report_events
+    })
+    .flatten();
     let pod_cfg = cfg().labels(&format!("{LABEL_JOB_NAME},{managed}"));
     let (pods, pod_events) = reflected(scoped(client, ns), pod_cfg, slim::pod, next_ready());
     let (policies, policy_events) =
