@@ -10,6 +10,7 @@
 //! - [`duration`]: the one parser of every duration flag (`5`, `5s`, `500ms`, `2m`);
 //! - [`output`]: `-o` formats and kubectl-style tables, shared by both;
 //! - [`outfile`]: files and folders a command writes, checked before it works;
+//! - [`memviz`]: the agent's OOM snapshot as the pickle PyTorch's memory_viz opens;
 //! - [`plot`]: SVG and text charts, shared by both;
 //! - [`render`]: verdicts in words (the agent's sections), shared by both.
 //!
@@ -21,6 +22,7 @@ pub mod duration;
 pub mod help;
 pub mod kube;
 pub mod local;
+pub mod memviz;
 pub mod nodecheck;
 pub mod outfile;
 pub mod output;

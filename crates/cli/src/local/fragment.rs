@@ -6,9 +6,14 @@
 //! agent's (PyTorch's allocator); NVML cannot see inside the cache, so a
 //! report without agent data says so instead.
 //!
+//! `--plot FILE` draws the trend (the terminal shows it as a sparkline):
+//! the cache's share of reserved memory over the run, one line per report,
+//! and the share in inactive split blocks dashed, 0 to 100 %.
+//!
 //! Exit status: 0; 1 when no report holds the agent's numbers.
 
 use crate::local::rollup::{self, Loaded, RollupError};
+use crate::plot::{LineChart, Series, Style, Unit};
 use crate::render::{analysis, details};
 use std::fmt::Write;
 use std::path::PathBuf;
@@ -19,10 +24,30 @@ pub struct Args {
     /// Report files (`memprof profile --output`), one or an array per file.
     #[arg(required = true, value_name = "FILE")]
     pub files: Vec<PathBuf>,
+    /// Draw the fragmentation trend to FILE (.svg or .png).
+    #[arg(long, value_name = "FILE")]
+    pub plot: Option<PathBuf>,
 }
 
-/// Prints the view; returns the exit code.
-pub async fn run(args: Args) -> Result<i32, RollupError> {
+/// Why `memprof fragment` could not show or draw the reports.
+#[derive(Debug, thiserror::Error)]
+pub enum FragmentError {
+    /// No file held a usable report.
+    #[error(transparent)]
+    Load(#[from] RollupError),
+    /// `--plot` names a file that cannot be written (checked before reading).
+    #[error(transparent)]
+    PlotPath(#[from] crate::outfile::OutFileError),
+    /// The chart could not be written.
+    #[error(transparent)]
+    Plot(#[from] crate::plot::ImageError),
+}
+
+/// Prints the view (and writes the chart); returns the exit code.
+pub async fn run(args: Args) -> Result<i32, FragmentError> {
+    if let Some(p) = &args.plot {
+        crate::outfile::prepare_image("--plot", p)?;
+    }
     let (loaded, bad) = rollup::load(&args.files);
     for b in &bad {
         eprintln!("memprof fragment: skipped {b}");
@@ -31,11 +56,95 @@ pub async fn run(args: Args) -> Result<i32, RollupError> {
         return Err(RollupError::Nothing {
             files: args.files.len(),
             why: bad.join("; "),
-        });
+        }
+        .into());
     }
     let (text, any) = render(&loaded);
     crate::output::print(&text);
+    if let Some(p) = &args.plot {
+        let c = chart(&loaded);
+        if c.series.is_empty() {
+            eprintln!(
+                "memprof fragment: no fragmentation trend in any report, nothing drawn to {}",
+                p.display()
+            );
+        } else {
+            crate::plot::write_image(p, &c.to_svg())?;
+            println!("plot written to {}", p.display());
+        }
+    }
     Ok(if any { 0 } else { 1 })
+}
+
+/// The trend of every report with one: the cache's share of reserved
+/// memory (reserved with no tensor in it) per interval, and the share in
+/// inactive split blocks where the agent sent it; x is seconds since the
+/// earliest point of any report, so ranks of one run line up.
+pub fn chart(loaded: &[Loaded]) -> LineChart {
+    let trends: Vec<_> = loaded
+        .iter()
+        .filter_map(|l| {
+            let a = l.spec.allocator.as_ref()?;
+            (!a.fragmentation_trend.is_empty()).then_some((l, &a.fragmentation_trend))
+        })
+        .collect();
+    let t0 = trends
+        .iter()
+        .filter_map(|(_, t)| t.first().map(|p| p.t))
+        .min()
+        .unwrap_or(0);
+    let mut series = Vec::new();
+    for (i, (l, points)) in trends.iter().enumerate() {
+        let name = match l.spec.rank {
+            Some(r) => format!("rank {r}"),
+            None => l.spec.pod_name.clone(),
+        };
+        let x = |p: &memprof_api::FragmentationPoint| (p.t - t0) as f64;
+        let share = |b: u64, p: &memprof_api::FragmentationPoint| {
+            100.0 * b as f64 / p.reserved_bytes.max(1) as f64
+        };
+        let color = crate::plot::palette(i);
+        series.push(
+            Series::new(
+                format!("{name} cache"),
+                points
+                    .iter()
+                    .map(|p| {
+                        (
+                            x(p),
+                            share(p.reserved_bytes.saturating_sub(p.allocated_bytes), p),
+                        )
+                    })
+                    .collect(),
+                Style::Line,
+            )
+            .with_color(color),
+        );
+        let split: Vec<_> = points
+            .iter()
+            .filter_map(|p| p.inactive_split_bytes.map(|b| (x(p), share(b, p))))
+            .collect();
+        if !split.is_empty() {
+            series.push(
+                Series::new(format!("{name} inactive split"), split, Style::Dashed)
+                    .with_color(color),
+            );
+        }
+    }
+    LineChart {
+        title: "Fragmentation over the run (the agent's trend, largest cache per interval)".into(),
+        x_label: "time since the first point".into(),
+        x_unit: Unit::Seconds,
+        y_label: "share of reserved memory holding no tensor".into(),
+        y_unit: Unit::Percent,
+        series,
+        // 0 and 100 % drawn, so a flat 60 % does not look like a climb.
+        hlines: vec![crate::plot::HLine {
+            y: 100.0,
+            label: "all reserved memory cached".into(),
+        }],
+        marks: vec![],
+    }
 }
 
 /// The view of every report; true when at least one had agent data.
@@ -135,5 +244,46 @@ mod tests {
         }
         let (_, any) = render(&[loaded("nvml.json", None)]);
         assert!(!any, "no agent data anywhere: exit 1");
+    }
+
+    #[test]
+    fn the_chart_has_a_line_per_report_on_one_clock_and_the_split_share_dashed() {
+        let point = |t, allocated, split| FragmentationPoint {
+            t,
+            reserved_bytes: 10 * G,
+            allocated_bytes: allocated * G,
+            inactive_split_bytes: split,
+            ..Default::default()
+        };
+        let a = |points| AllocatorStats {
+            fragmentation_trend: points,
+            ..Default::default()
+        };
+        let mut late = loaded("b.json", Some(a(vec![point(110, 5, None)])));
+        late.spec.rank = Some(1);
+        let c = chart(&[
+            loaded(
+                "a.json",
+                Some(a(vec![point(100, 9, Some(G)), point(120, 4, Some(2 * G))])),
+            ),
+            late,
+            loaded("nvml.json", None),
+        ]);
+        let names: Vec<_> = c.series.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["rank 0 cache", "rank 0 inactive split", "rank 1 cache"]
+        );
+        let pts = |i: usize| c.series[i].points.clone();
+        assert_eq!(pts(0), [(0.0, 10.0), (20.0, 60.0)]);
+        assert_eq!(pts(1), [(0.0, 10.0), (20.0, 20.0)]);
+        assert_eq!(
+            pts(2),
+            [(10.0, 50.0)],
+            "seconds since the earliest point of any report"
+        );
+        assert_eq!(c.series[0].color, c.series[1].color);
+        assert_eq!((c.x_unit, c.y_unit), (Unit::Seconds, Unit::Percent));
+        assert!(chart(&[loaded("nvml.json", None)]).series.is_empty());
     }
 }

@@ -170,6 +170,11 @@ pub struct Args {
     /// Keep every sample as a CSV trace (what `memprof analyze` reads).
     #[arg(long, value_name = "FILE")]
     pub trace_out: Option<PathBuf>,
+    /// After a CUDA OOM the agent saw, write its snapshot (the largest live
+    /// blocks and where they were allocated) to FILE as the pickle PyTorch's
+    /// memory_viz opens (`torch.cuda.memory._snapshot()`'s format).
+    #[arg(long, value_name = "FILE")]
+    pub oom_snapshot: Option<PathBuf>,
     /// Address of the sidecar's /healthz and /metrics (default: a free
     /// loopback port; the agent talks to it over a private Unix socket).
     #[arg(long, value_name = "ADDR")]
@@ -213,6 +218,9 @@ impl Args {
         if let Some(p) = &self.plot {
             prepare_image("--plot", p)?;
         }
+        if let Some(p) = &self.oom_snapshot {
+            prepare("--oom-snapshot", p)?;
+        }
         Ok(())
     }
 }
@@ -222,9 +230,14 @@ impl Args {
     /// `{local_rank}` and `{host}` in file names, `--devices local-rank`, and
     /// the report's name and node.
     pub fn for_launch(mut self, l: &launch::Launch) -> Result<Args, ProfileError> {
-        for p in [&mut self.output, &mut self.trace_out, &mut self.plot]
-            .into_iter()
-            .flatten()
+        for p in [
+            &mut self.output,
+            &mut self.trace_out,
+            &mut self.plot,
+            &mut self.oom_snapshot,
+        ]
+        .into_iter()
+        .flatten()
         {
             *p = l.expand(p)?;
         }
@@ -384,6 +397,9 @@ fn finish(
             .map_err(|e| ProfileError::Usage(format!("--plot: {e}")))?;
         println!("plot written to {}", path.display());
     }
+    if let Some(path) = &a.oom_snapshot {
+        write_oom_snapshot(path, &report)?;
+    }
     match live::nothing_seen(&report).filter(|_| !a.blind_ok) {
         Some(why) => {
             eprintln!("{}", blind_line(&why, a.sample.backend()));
@@ -395,6 +411,25 @@ fn finish(
         }
         None => Ok(watched.code),
     }
+}
+
+/// `--oom-snapshot`: the agent's newest OOM as memory_viz's pickle, or one
+/// line saying there was none (nothing is written then).
+fn write_oom_snapshot(path: &Path, report: &MemoryReportSpec) -> Result<(), ProfileError> {
+    match report.allocator.as_ref().and_then(|a| a.oom.as_ref()) {
+        Some(oom) => {
+            crate::memviz::write(path, oom).map_err(|error| ProfileError::Write {
+                path: path.into(),
+                error,
+            })?;
+            println!("{}", crate::memviz::written(path, oom));
+        }
+        None => eprintln!(
+            "memprof profile: the agent saw no CUDA OOM, nothing written to {} (--oom-snapshot)",
+            path.display()
+        ),
+    }
+    Ok(())
 }
 
 pub(crate) fn start_command(

@@ -28,6 +28,11 @@ pub struct Args {
     /// this are shown as `2/4` ranks reporting.
     #[arg(long, value_name = "N")]
     pub expected_ranks: Option<u32>,
+    /// Write the newest CUDA OOM's snapshot the reports hold (the largest
+    /// live blocks, where they were allocated) to FILE as the pickle
+    /// PyTorch's memory_viz opens.
+    #[arg(long, value_name = "FILE")]
+    pub oom_snapshot: Option<PathBuf>,
     #[command(flatten)]
     pub output: OutputArgs,
 }
@@ -42,6 +47,17 @@ pub enum RollupError {
         files: usize,
         /// What was wrong with them.
         why: String,
+    },
+    /// `--oom-snapshot` names a file that cannot be written (checked first).
+    #[error(transparent)]
+    OutFile(#[from] crate::outfile::OutFileError),
+    /// The snapshot could not be written.
+    #[error("--oom-snapshot {}: {error}", .path.display())]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// What the OS said.
+        error: std::io::Error,
     },
 }
 
@@ -143,6 +159,9 @@ pub fn agent_words(out: &mut String, spec: &MemoryReportSpec) {
 
 /// Runs the subcommand; returns the exit code.
 pub async fn run(args: Args) -> Result<i32, RollupError> {
+    if let Some(p) = &args.oom_snapshot {
+        crate::outfile::prepare("--oom-snapshot", p)?;
+    }
     let (loaded, bad) = load(&args.files);
     for b in &bad {
         eprintln!("memprof rollup: skipped {b}");
@@ -159,6 +178,23 @@ pub async fn run(args: Args) -> Result<i32, RollupError> {
         _ => render(&loaded, &st),
     };
     output::print(&text);
+    if let Some(path) = &args.oom_snapshot {
+        // The roll-up keeps the newest OOM of any rank, as a Job's profile does.
+        match st.allocator.as_ref().and_then(|a| a.last_oom.as_ref()) {
+            Some(o) => {
+                crate::memviz::write(path, &o.snapshot).map_err(|error| RollupError::Write {
+                    path: path.clone(),
+                    error,
+                })?;
+                // stderr: stdout may be `-o json` being piped.
+                eprintln!("{} (pod {})", crate::memviz::written(path, &o.snapshot), o.pod);
+            }
+            None => eprintln!(
+                "memprof rollup: no report holds a CUDA OOM, nothing written to {} (--oom-snapshot)",
+                path.display()
+            ),
+        }
+    }
     Ok(0)
 }
 

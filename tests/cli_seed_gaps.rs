@@ -1,0 +1,235 @@
+//! The seed tools' last gaps, as a user meets them (issue 33): the
+//! fragmentation trend drawn (`memprof fragment --plot`), the OOM snapshot
+//! exported as the pickle PyTorch's memory_viz opens (`--oom-snapshot` of
+//! `profile` and `rollup`, read back by Python's own `pickle`), and the demo
+//! built as the tests build it. No cluster; `profile` needs `cargo build -p
+//! memprof-sidecar` and python3.
+//!
+//! `tests/cli_support/oom-rank0.json` is what `memprof profile --backend sim
+//! --interval 1s --output` wrote around `tests/cli_support/oom_trainer.py
+//! agent/python/tests 62` (MEMPROF_AGENT_RECORD_HISTORY=1): a minute of a
+//! cache growing from 21 % to 75 % of reserved memory, then a CUDA OOM.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const MEMPROF: &str = env!("CARGO_BIN_EXE_memprof");
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn fixture() -> PathBuf {
+    root().join("tests/cli_support/oom-rank0.json")
+}
+
+/// A temporary directory removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> TempDir {
+        let p = std::env::temp_dir().join(format!("memprof-gaps-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).expect("temp dir");
+        TempDir(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn run(args: &[&std::ffi::OsStr]) -> (Output, String, String) {
+    let out = Command::new(MEMPROF)
+        .args(args)
+        .output()
+        .expect("memprof runs");
+    let (o, e) = (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
+    (out, o, e)
+}
+
+macro_rules! os {
+    ($($a:expr),* $(,)?) => { [$(std::ffi::OsStr::new($a)),*] };
+}
+
+#[test]
+fn fragment_draws_the_trend_it_shows_as_a_sparkline() {
+    let dir = TempDir::new("fragment");
+    // A folder that does not exist yet is made, as for every other output.
+    let svg = dir.0.join("plots/fragment.svg");
+    let (out, stdout, stderr) = run(&os![
+        "fragment",
+        fixture().as_os_str(),
+        "--plot",
+        svg.as_os_str()
+    ]);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("(7 points, 0-100%)"), "{stdout}");
+    assert!(
+        stdout.contains(&format!("plot written to {}", svg.display())),
+        "{stdout}"
+    );
+    let text = std::fs::read_to_string(&svg).expect("the chart");
+    assert!(
+        text.starts_with("<svg") || text.starts_with("<?xml"),
+        "{text}"
+    );
+    for want in [
+        "Fragmentation over the run",
+        "vm cache",
+        "vm inactive split",
+        "(%)",
+    ] {
+        assert!(text.contains(want), "{want:?} not in the chart");
+    }
+    let png = dir.0.join("fragment.png");
+    let (out, _, stderr) = run(&os![
+        "fragment",
+        fixture().as_os_str(),
+        "--plot",
+        png.as_os_str()
+    ]);
+    assert!(out.status.success(), "{stderr}");
+    assert!(std::fs::read(&png).unwrap().starts_with(b"\x89PNG"));
+
+    // The name is checked before any report is read.
+    let (out, stdout, stderr) = run(&os!["fragment", "missing.json", "--plot", "trend.txt"]);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(
+        stderr.contains("--plot trend.txt: name a .svg or .png file"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("missing.json"), "{stderr}");
+}
+
+/// Python's pickle reads the file back; the check prints what it found.
+fn load_pickle(path: &Path) -> serde_json::Value {
+    let py = r#"
+import json, pickle, sys
+d = pickle.load(open(sys.argv[1], "rb"))
+assert set(d) == {"segments", "device_traces"}, d.keys()
+assert isinstance(d["device_traces"], list) and all(t == [] for t in d["device_traces"])
+for s in d["segments"]:
+    for k in ("device", "address", "total_size", "allocated_size", "active_size", "stream", "segment_type", "blocks"):
+        assert k in s, k
+    assert sum(b["size"] for b in s["blocks"]) == s["total_size"]
+    for b in s["blocks"]:
+        assert b["state"] in ("active_allocated", "active_pending_free", "inactive")
+        assert isinstance(b["address"], int) and isinstance(b["requested_size"], int)
+        for f in b["frames"]:
+            assert set(f) == {"filename", "line", "name"} and isinstance(f["line"], int)
+json.dump(d, sys.stdout)
+"#;
+    let out = Command::new("python3")
+        .args(["-c", py])
+        .arg(path)
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "pickle.load: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn rollup_exports_the_newest_oom_as_memory_viz_reads_it() {
+    let dir = TempDir::new("rollup");
+    let file = dir.0.join("snapshots/oom.pickle");
+    let (out, stdout, stderr) = run(&os![
+        "rollup",
+        fixture().as_os_str(),
+        "--oom-snapshot",
+        file.as_os_str()
+    ]);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("4 block(s)) written to") && stderr.contains("pytorch.org/memory_viz"),
+        "{stderr}"
+    );
+    let d = load_pickle(&file);
+    let segs = d["segments"].as_array().unwrap();
+    // The roll-up keeps the 4 largest blocks of the newest OOM, largest first.
+    assert_eq!(segs.len(), 4);
+    assert_eq!(segs[0]["total_size"], 6u64 << 30);
+    assert_eq!(segs[0]["segment_type"], "large");
+    assert_eq!(segs[2]["segment_type"], "small");
+    assert_eq!(
+        segs[0]["blocks"][0]["frames"][0],
+        serde_json::json!({"filename": "train.py", "line": 42, "name": "leak"})
+    );
+    assert_eq!(d["device_traces"], serde_json::json!([[]]));
+
+    // Reports without an OOM: said, nothing written, still a roll-up.
+    let calm = dir.0.join("calm.json");
+    let mut spec: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(fixture()).unwrap()).unwrap();
+    spec["allocator"].as_object_mut().unwrap().remove("oom");
+    std::fs::write(&calm, spec.to_string()).unwrap();
+    let none = dir.0.join("none.pickle");
+    let (out, _, stderr) = run(&os![
+        "rollup",
+        calm.as_os_str(),
+        "--oom-snapshot",
+        none.as_os_str()
+    ]);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("no report holds a CUDA OOM, nothing written to"),
+        "{stderr}"
+    );
+    assert!(!none.exists());
+}
+
+#[test]
+fn profile_exports_the_agents_oom_snapshot_after_the_run() {
+    let sidecar = Path::new(MEMPROF).with_file_name("memprof-sidecar");
+    assert!(
+        sidecar.is_file(),
+        "run `cargo build -p memprof-sidecar` first"
+    );
+    let dir = TempDir::new("profile");
+    let scen = dir.0.join("scenario.yaml");
+    std::fs::write(
+        &scen,
+        "seed: 5\ntotalGiB: 80\ngpusPerRank: 1\ndefault: { baseGiB: 30, amplitudeGiB: 4, periodSeconds: 2, noiseGiB: 0.1 }\n",
+    )
+    .unwrap();
+    let file = dir.0.join("out/oom.pickle");
+    let out = Command::new(MEMPROF)
+        .args(["profile", "--backend", "sim", "--interval", "200ms"])
+        .arg("--scenario")
+        .arg(&scen)
+        .arg("--agent-path")
+        .arg(root().join("agent/python"))
+        .arg("--oom-snapshot")
+        .arg(&file)
+        .args(["--", "python3"])
+        .arg(root().join("tests/cli_support/oom_trainer.py"))
+        .arg(root().join("agent/python/tests"))
+        .arg("3")
+        .env("MEMPROF_AGENT_RECORD_HISTORY", "1")
+        .env_remove("MEMPROF_AGENT_SOCKET")
+        .env_remove("MEMPROF_AGENT_URL")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("8 block(s)) written to"), "{stdout}");
+    let d = load_pickle(&file);
+    let segs = d["segments"].as_array().unwrap();
+    // The report keeps the 8 largest blocks (the roll-up 4).
+    assert_eq!(segs.len(), 8);
+    assert_eq!(segs[1]["blocks"][0]["frames"][0]["name"], "forward");
+    assert_eq!(segs[1]["blocks"][0]["size"], 512u64 << 20);
+}
