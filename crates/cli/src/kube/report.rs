@@ -31,6 +31,11 @@ pub struct Args {
     /// heartbeats plus 30 s; 150 s by default).
     #[arg(long, value_name = "DURATION", value_parser = crate::duration::parse)]
     pub stale_after: Option<std::time::Duration>,
+    /// Write the Job's newest CUDA OOM snapshot (the largest live blocks and
+    /// where they were allocated) to FILE as the pickle PyTorch's memory_viz
+    /// opens; needs JOB.
+    #[arg(long, value_name = "FILE", requires = "job")]
+    pub oom_snapshot: Option<std::path::PathBuf>,
 }
 
 /// Now and `--stale-after`: what ages are measured against.
@@ -44,6 +49,9 @@ pub struct Clock {
 
 /// Fetches and prints (with `--watch`, again and again); returns the exit code.
 pub async fn run(args: Args) -> Result<i32, CliError> {
+    if let Some(p) = &args.oom_snapshot {
+        crate::outfile::prepare("--oom-snapshot", p).map_err(|e| CliError::Usage(e.to_string()))?;
+    }
     let (client, scope) = args.list.connect().await?;
     let selector = args.list.selector.as_deref();
     output::watch(args.watch, || async {
@@ -57,6 +65,9 @@ pub async fn run(args: Args) -> Result<i32, CliError> {
                 let (ns, job) = k::split_ref(job, &ns);
                 let profile = k::get_profile(&client, ns, job).await?;
                 let reports = k::job_reports(&client, ns, &profile.spec.job_name).await?;
+                if let Some(path) = &args.oom_snapshot {
+                    write_oom_snapshot(path, &profile, &reports)?;
+                }
                 Ok(render_job(&profile, &reports, &args.print, clock))
             }
             None => {
@@ -71,6 +82,48 @@ pub async fn run(args: Args) -> Result<i32, CliError> {
     })
     .await?;
     Ok(0)
+}
+
+/// The Job's newest OOM: the pod the roll-up names, its own report's
+/// snapshot (8 blocks, 4 frames each) when it still holds it, else the
+/// profile's copy (4 blocks, 2 frames each).
+pub fn newest_oom(
+    p: &MemoryProfile,
+    reports: &[MemoryReport],
+) -> Option<(String, memprof_api::OomSnapshotSummary)> {
+    let last = p.status.as_ref()?.allocator.as_ref()?.last_oom.as_ref()?;
+    let own = reports
+        .iter()
+        .filter(|r| r.spec.pod_name == last.pod)
+        .filter_map(|r| r.spec.allocator.as_ref()?.oom.clone())
+        .find(|o| o.time == last.snapshot.time);
+    Some((
+        last.pod.clone(),
+        own.unwrap_or_else(|| last.snapshot.clone()),
+    ))
+}
+
+/// `--oom-snapshot`: written, or one line saying the Job had no OOM (on
+/// stderr: stdout may be `-o json` being piped).
+fn write_oom_snapshot(
+    path: &std::path::Path,
+    p: &MemoryProfile,
+    reports: &[MemoryReport],
+) -> Result<(), CliError> {
+    match newest_oom(p, reports) {
+        Some((pod, oom)) => {
+            crate::memviz::write(path, &oom).map_err(|e| {
+                CliError::Usage(format!("--oom-snapshot {}: {e}", path.display()))
+            })?;
+            eprintln!("{} (pod {pod})", crate::memviz::written(path, &oom));
+        }
+        None => eprintln!(
+            "memprof report: no agent of job {} saw a CUDA OOM, nothing written to {} (--oom-snapshot)",
+            p.spec.job_name,
+            path.display()
+        ),
+    }
+    Ok(())
 }
 
 /// One Job: the profile in words and its ranks' table, or the profile and
@@ -425,6 +478,61 @@ mod tests {
             assert!(text.contains(want), "{want:?} not in:\n{text}");
         }
         assert!(!text.contains("MEMPROF_AGENT_RECORD_HISTORY"));
+    }
+
+    #[test]
+    fn the_oom_snapshot_comes_from_the_pods_own_report_when_it_still_holds_it() {
+        let snap = |blocks: usize, time: &str| OomSnapshotSummary {
+            time: time.into(),
+            blocks: vec![OomBlock::default(); blocks],
+            ..Default::default()
+        };
+        let mut p = MemoryProfile::new(
+            "train",
+            memprof_api::MemoryProfileSpec {
+                job_name: "train".into(),
+                expected_ranks: None,
+            },
+        );
+        assert!(newest_oom(&p, &[]).is_none(), "no status, no OOM");
+        p.status = Some(MemoryProfileStatus {
+            allocator: Some(AllocatorRollup {
+                last_oom: Some(AgentOomRecord {
+                    pod: "train-1".into(),
+                    rank: Some(1),
+                    snapshot: snap(4, "t1"),
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        let report = |pod: &str, oom: Option<OomSnapshotSummary>| {
+            MemoryReport::new(
+                pod,
+                memprof_api::MemoryReportSpec {
+                    pod_name: pod.into(),
+                    allocator: Some(memprof_api::AllocatorStats {
+                        oom,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+            )
+        };
+        let (pod, o) = newest_oom(&p, &[]).unwrap();
+        assert_eq!(
+            (pod.as_str(), o.blocks.len()),
+            ("train-1", 4),
+            "the profile's copy"
+        );
+        let reports = [
+            report("train-0", Some(snap(8, "t1"))),
+            report("train-1", Some(snap(8, "t1"))),
+        ];
+        assert_eq!(newest_oom(&p, &reports).unwrap().1.blocks.len(), 8);
+        // The pod's report moved on to a later OOM the roll-up has not seen.
+        let moved = [report("train-1", Some(snap(8, "t2")))];
+        assert_eq!(newest_oom(&p, &moved).unwrap().1.time, "t1");
     }
 
     #[test]

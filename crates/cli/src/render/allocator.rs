@@ -7,6 +7,11 @@ use std::fmt::Write;
 pub fn render(out: &mut String, a: &AllocatorRollup) {
     let growth = match a.growth {
         MemoryGrowth::Leak => "leak: allocated memory between steps keeps growing".to_string(),
+        // A trainer with no rank (a local run) has no rank to name.
+        MemoryGrowth::Cache if a.cache_ranks.is_empty() => {
+            "cache: reserved memory grows, allocated memory between steps is flat (not a leak)"
+                .to_string()
+        }
         MemoryGrowth::Cache => format!(
             "cache: reserved memory grows on ranks {:?}, allocated memory between steps is flat (not a leak)",
             a.cache_ranks
@@ -75,6 +80,13 @@ mod tests {
         render(&mut one, &a);
         assert!(one.contains("  step rate: 9.90 steps/s\n"), "{one}");
         assert!(!one.contains("slowest"), "{one}");
+        a.growth = MemoryGrowth::Cache;
+        let mut local = String::new();
+        render(&mut local, &a);
+        assert!(
+            local.contains("cache: reserved memory grows, allocated memory between steps is flat"),
+            "no `on ranks []` for a trainer without a rank: {local}"
+        );
         (a.ranks_with_agent, a.slowest_rank) = (4, Some(3));
         let mut four = String::new();
         render(&mut four, &a);
