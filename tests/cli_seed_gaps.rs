@@ -233,3 +233,21 @@ fn profile_exports_the_agents_oom_snapshot_after_the_run() {
     assert_eq!(segs[1]["blocks"][0]["frames"][0]["name"], "forward");
     assert_eq!(segs[1]["blocks"][0]["size"], 512u64 << 20);
 }
+
+#[test]
+fn watch_checks_where_its_keys_save_before_it_starts() {
+    let dir = TempDir::new("watch");
+    let file = dir.0.join("a-file");
+    std::fs::write(&file, "").unwrap();
+    let (out, _, stderr) = run(&os!["watch", "--save-dir", file.as_os_str()]);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains(&format!(
+            "--save-dir {}: is a file, not a folder",
+            file.display()
+        )),
+        "{stderr}"
+    );
+    let help = run(&os!["watch", "--help"]).1;
+    assert!(help.contains("--save-dir <DIR>"), "{help}");
+}

@@ -1,16 +1,20 @@
 //! `memprof watch [FLAGS] [-- COMMAND...]`: a live, full-screen view of this
 //! box's GPUs (as nvitop draws one), without a cluster: each GPU's memory,
 //! risk and time to OOM, a sparkline of the selected one, the trainer's
-//! allocator numbers when a command runs with the agent; keys switch views.
-//! Same sampling flags and sidecar as `memprof profile` (its numbers, its
+//! allocator numbers when a command runs with the agent; keys switch views
+//! and give seed 000's interactive commands ([`commands`]: `r` starts and
+//! stops a recording, `m` marks an event, `s` saves the report, `0`-`9`
+//! switch GPU; files go to `--save-dir`). Same sampling flags and sidecar as `memprof profile` (its numbers, its
 //! analysis); drawn with ratatui on crossterm, the terminal put back as it
 //! was on exit (also on a panic). Quitting stops the sidecar and sends the
 //! command SIGTERM.
 
+pub mod commands;
 pub mod view;
 
 use crate::local::profile::sidecar::{self, Sidecar};
 use crate::local::profile::{self, ProfileError, SampleArgs};
+use commands::Effect;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use view::State;
@@ -23,6 +27,10 @@ pub struct Args {
     /// The agent tree to start in a Python command with no code change.
     #[arg(long, value_name = "DIR")]
     pub agent_path: Option<PathBuf>,
+    /// Where `s` (save the report) and `r` (record) write their files;
+    /// made if missing.
+    #[arg(long, value_name = "DIR", default_value = ".")]
+    pub save_dir: PathBuf,
     /// A command to run and watch, after `--` (e.g. `-- python train.py`).
     #[arg(
         trailing_var_arg = true,
@@ -36,6 +44,7 @@ pub struct Args {
 pub async fn run(args: Args) -> Result<i32, ProfileError> {
     args.sample.check()?;
     crate::help::check_command::<Args>("watch", &args.command).map_err(ProfileError::Usage)?;
+    crate::outfile::prepare_dir("--save-dir", &args.save_dir)?;
     if !crate::output::stdout_is_terminal() {
         return Err(ProfileError::Usage(
             "memprof watch draws on a terminal; for logs or a pipe use `memprof profile`".into(),
@@ -61,7 +70,7 @@ pub async fn run(args: Args) -> Result<i32, ProfileError> {
             args.agent_path.as_deref(),
         )?),
     };
-    let shown = show(&mut side, command.as_mut()).await;
+    let shown = show(&mut side, command.as_mut(), &args.save_dir).await;
     if let Some(c) = command.as_mut() {
         if c.try_wait().ok().flatten().is_none() {
             if let Some(p) = c.id() {
@@ -85,6 +94,7 @@ pub async fn run(args: Args) -> Result<i32, ProfileError> {
 async fn show(
     side: &mut Sidecar,
     mut command: Option<&mut tokio::process::Child>,
+    save_dir: &std::path::Path,
 ) -> std::io::Result<()> {
     let mut terminal = ratatui::try_init()?;
     let (keys, mut key_rx) = tokio::sync::mpsc::unbounded_channel();
@@ -92,6 +102,7 @@ async fn show(
     let began = Instant::now();
     let mut state = State {
         pid: command.as_deref().and_then(tokio::process::Child::id),
+        save_dir: save_dir.into(),
         ..Default::default()
     };
     let mut last_poll: Option<Instant> = None;
@@ -110,10 +121,13 @@ async fn show(
             break Err(e);
         }
         tokio::select! {
-            k = key_rx.recv() => match k {
-                Some(c) if state.key(c) => break Ok(()),
-                Some(_) => {}
-                None => break Ok(()),
+            k = key_rx.recv() => match k.map(|c| state.key(c)) {
+                Some(Effect::Nothing) => {}
+                Some(Effect::Write { path, contents }) => {
+                    let written = std::fs::write(&path, contents);
+                    state.wrote(&path, written);
+                }
+                Some(Effect::Quit) | None => break Ok(()),
             },
             _ = tokio::time::sleep(Duration::from_millis(500)) => {}
             status = async { command.as_mut().unwrap().wait().await }, if command.is_some() && state.ended.is_none() => {
@@ -128,7 +142,8 @@ async fn show(
 }
 
 /// Reads keys on a thread of its own (crossterm's blocking reads) until the
-/// receiver is gone: `q`, Esc and Ctrl-C quit; arrows move the selection.
+/// receiver is gone: Esc and Ctrl-C as `q`, arrows as `j`/`k`, Tab, and
+/// every character (what each does is [`commands::action`]'s).
 fn read_keys(keys: tokio::sync::mpsc::UnboundedSender<char>) {
     use crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
     while !keys.is_closed() {

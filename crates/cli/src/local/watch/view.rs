@@ -1,9 +1,11 @@
 //! What `memprof watch` draws, as pure functions of a [`State`]: a header
-//! (source, worst risk, keys), then one of three views: `g` the GPUs (a row
-//! each, the selected one's used memory as a sparkline, the trainer process
-//! with its allocator numbers), `a` the agent's verdicts (the same renderer
-//! as `memprof report`), `l` the risk transitions. Tested on ratatui's
-//! TestBackend; the terminal loop is in the parent module.
+//! (source, worst risk, the recording, keys, the last command's outcome),
+//! then one of three views: `g` the GPUs (a row each, the selected one's
+//! used memory as a sparkline, the trainer process with its allocator
+//! numbers), `a` the agent's verdicts (the same renderer as `memprof
+//! report`), `l` the risk transitions and the marks. Tested on ratatui's
+//! TestBackend; the keys' commands are in [`super::commands`], the terminal
+//! loop in the parent module.
 
 use crate::local::profile::sidecar::Transition;
 use crate::local::profile::summary::{gpu_label, source_words, transition_line};
@@ -49,6 +51,16 @@ pub struct State {
     pub elapsed: f64,
     /// How the command ended, once it has.
     pub ended: Option<String>,
+    /// Where `s` (save) and `r` (record) write their files.
+    pub save_dir: std::path::PathBuf,
+    /// The recording under way (`r` starts and stops it).
+    pub recording: Option<super::commands::Recording>,
+    /// Events marked with `m`, oldest first.
+    pub marks: Vec<super::commands::Mark>,
+    /// Files written so far (numbers the next one).
+    pub files_written: u32,
+    /// What the last command did, shown under the keys.
+    pub notice: Option<String>,
 }
 
 impl State {
@@ -62,41 +74,22 @@ impl State {
             }
         }
         self.selected = self.selected.min(r.gpus.len().saturating_sub(1));
-        self.report = Some(r);
-    }
-
-    /// A key: switches views, moves the selection; true to quit.
-    pub fn key(&mut self, c: char) -> bool {
-        let gpus = self.report.as_ref().map_or(0, |r| r.gpus.len());
-        match c {
-            'q' => return true,
-            'g' => self.view = View::Gpus,
-            'a' => self.view = View::Agent,
-            'l' => self.view = View::Log,
-            '\t' => {
-                self.view = match self.view {
-                    View::Gpus => View::Agent,
-                    View::Agent => View::Log,
-                    View::Log => View::Gpus,
-                }
-            }
-            'j' | '↓' => self.selected = (self.selected + 1).min(gpus.saturating_sub(1)),
-            'k' | '↑' => self.selected = self.selected.saturating_sub(1),
-            _ => {}
+        if let Some(rec) = &mut self.recording {
+            rec.add(&r);
         }
-        false
+        self.report = Some(r);
     }
 }
 
 /// Draws the whole screen.
 pub fn draw(f: &mut Frame, s: &State) {
     let [head, body] =
-        Layout::vertical([Constraint::Length(2), Constraint::Min(0)]).areas(f.area());
+        Layout::vertical([Constraint::Length(3), Constraint::Min(0)]).areas(f.area());
     f.render_widget(header(s), head);
     match s.view {
         View::Gpus => gpus(f, body, s),
         View::Agent => text_view(f, body, "agent (as memprof report shows it)", agent_text(s)),
-        View::Log => text_view(f, body, "risk transitions", log_text(s)),
+        View::Log => text_view(f, body, "risk transitions and marks", log_text(s)),
     }
 }
 
@@ -136,6 +129,16 @@ fn header(s: &State) -> Paragraph<'static> {
     if let Some(e) = &s.ended {
         first.push(Span::raw(format!("  ({e})")));
     }
+    if let Some(rec) = &s.recording {
+        first.push(Span::styled(
+            format!(
+                "  ● REC {:.0} s, {} report(s)",
+                (s.elapsed - rec.started).max(0.0),
+                rec.reports.len()
+            ),
+            Style::new().fg(Color::Red).add_modifier(Modifier::BOLD),
+        ));
+    }
     let tab = |key: &str, name: &str, on: bool| {
         let st = match on {
             true => Style::new().add_modifier(Modifier::REVERSED),
@@ -147,9 +150,10 @@ fn header(s: &State) -> Paragraph<'static> {
         tab("g", "GPUs", s.view == View::Gpus),
         tab("a", "agent", s.view == View::Agent),
         tab("l", "log", s.view == View::Log),
-        Span::raw(" [tab] next  [j/k] select  [q] quit"),
+        Span::raw(" [tab] next  [j/k/0-9] GPU  [r] record  [m] mark  [s] save  [q] quit"),
     ]);
-    Paragraph::new(vec![Line::from(first), keys])
+    let notice = Line::from(s.notice.clone().unwrap_or_default());
+    Paragraph::new(vec![Line::from(first), keys, notice])
 }
 
 fn gpus(f: &mut Frame, area: Rect, s: &State) {
@@ -322,15 +326,22 @@ fn agent_text(s: &State) -> String {
 }
 
 fn log_text(s: &State) -> String {
-    match s.transitions.is_empty() {
-        true => "no risk transition yet".into(),
-        false => s
-            .transitions
-            .iter()
-            .map(transition_line)
-            .collect::<Vec<_>>()
-            .join("\n"),
+    let mut lines: Vec<(f64, String)> = s
+        .transitions
+        .iter()
+        .map(|t| (t.elapsed_seconds, transition_line(t)))
+        .collect();
+    lines.extend(s.marks.iter().map(|m| (m.at, m.line())));
+    if lines.is_empty() {
+        return "no risk transition or mark yet ([m] marks an event)".into();
     }
+    // In time order, a mark between the transitions it fell between.
+    lines.sort_by(|a, b| a.0.total_cmp(&b.0));
+    lines
+        .into_iter()
+        .map(|(_, l)| l)
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 fn text_view(f: &mut Frame, area: Rect, title: &str, text: String) {
@@ -342,4 +353,4 @@ fn text_view(f: &mut Frame, area: Rect, title: &str, text: String) {
 
 #[cfg(test)]
 #[path = "view_tests.rs"]
-mod tests;
+pub(crate) mod tests;

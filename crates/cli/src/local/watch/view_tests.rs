@@ -1,6 +1,7 @@
 //! The view drawn on ratatui's TestBackend: what a person sees, as text.
 
 use super::*;
+use crate::local::watch::commands::Effect;
 use memprof_api::{AllocatorStats, DataSource, MemoryGrowth, ReportSummary};
 use ratatui::backend::TestBackend;
 use ratatui::Terminal;
@@ -56,7 +57,7 @@ fn report(step: u64) -> MemoryReportSpec {
     }
 }
 
-fn screen(s: &State) -> String {
+pub(crate) fn screen(s: &State) -> String {
     let mut t = Terminal::new(TestBackend::new(120, 30)).unwrap();
     t.draw(|f| draw(f, s)).unwrap();
     let buf = t.backend().buffer().clone();
@@ -67,7 +68,7 @@ fn screen(s: &State) -> String {
         .join("\n")
 }
 
-fn watched() -> State {
+pub(crate) fn watched() -> State {
     let mut s = State {
         pid: Some(4242),
         elapsed: 12.0,
@@ -89,6 +90,7 @@ fn the_gpu_view_has_a_row_per_gpu_the_risk_a_sparkline_and_the_trainer() {
         "OOM in 2m50s",
         "[g] GPUs",
         "[q] quit",
+        "[r] record  [m] mark  [s] save",
         "memprof simulated GPU",
         "49.0GiB/80.0GiB (61%)",
         "2m50s",
@@ -131,7 +133,7 @@ fn the_gpu_view_has_a_row_per_gpu_the_risk_a_sparkline_and_the_trainer() {
 #[test]
 fn keys_switch_views_and_move_the_selection() {
     let mut s = watched();
-    assert!(!s.key('j'));
+    assert_eq!(s.key('j'), Effect::Nothing);
     assert_eq!(s.selected, 1);
     assert!(screen(&s).contains("GPU 1 used memory"));
     s.key('j');
@@ -148,7 +150,7 @@ fn keys_switch_views_and_move_the_selection() {
     assert!(agent.contains("the trainer's allocator"), "{agent}");
 
     s.key('l');
-    assert!(screen(&s).contains("no risk transition yet"));
+    assert!(screen(&s).contains("no risk transition or mark yet"));
     s.transitions.push(Transition {
         elapsed_seconds: 4.0,
         from: RiskLevel::Low,
@@ -159,7 +161,7 @@ fn keys_switch_views_and_move_the_selection() {
         time_to_oom_seconds: Some(170.0),
     });
     assert!(screen(&s).contains("risk low -> high (GPU 0), OOM in 2m50s"));
-    assert!(s.key('q'));
+    assert_eq!(s.key('q'), Effect::Quit);
 }
 
 #[test]

@@ -1,0 +1,234 @@
+//! The keys of `memprof watch` as commands (seed 000's interactive mode:
+//! start/stop a recording, mark an event, save a report, switch GPU), as
+//! pure functions: a key is an [`Action`] ([`action`]), an action changes
+//! the [`State`] and may ask for a file to be written ([`Effect`]); the
+//! terminal loop writes it and tells the state how that went
+//! ([`State::wrote`]). Nothing here touches a terminal or a file.
+//!
+//! Files go to `--save-dir` (default: the current folder), numbered in the
+//! order they are written:
+//! - `s`: `memprof-watch-report-N.json`, the newest report as `memprof
+//!   profile --output` writes it (so `memprof fragment`, `rollup` and
+//!   `--oom-snapshot` read it);
+//! - `r` … `r`: `memprof-watch-recording-N.json`, every report polled
+//!   while recording (one a second) and the marks made meanwhile.
+
+use super::view::{State, View};
+use memprof_api::{format_bytes, MemoryReportSpec};
+use std::path::PathBuf;
+
+/// Reports a recording keeps (an hour at one a second); older ones are
+/// dropped and counted, so a forgotten recording cannot grow without end.
+pub const RECORDING_LIMIT: usize = 3600;
+
+/// What a key asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// `q`, Esc, Ctrl-C.
+    Quit,
+    /// `g`, `a`, `l`.
+    Show(View),
+    /// Tab.
+    NextView,
+    /// `j`, ↓: the next GPU.
+    Down,
+    /// `k`, ↑: the previous GPU.
+    Up,
+    /// `0`-`9`: the GPU with that index.
+    Gpu(u32),
+    /// `r`: start the recording, or stop it and write it.
+    Record,
+    /// `m`: mark an event now.
+    Mark,
+    /// `s`: write the newest report.
+    Save,
+}
+
+/// The action of a key, if it has one.
+pub fn action(c: char) -> Option<Action> {
+    Some(match c {
+        'q' => Action::Quit,
+        'g' => Action::Show(View::Gpus),
+        'a' => Action::Show(View::Agent),
+        'l' => Action::Show(View::Log),
+        '\t' => Action::NextView,
+        'j' | '↓' => Action::Down,
+        'k' | '↑' => Action::Up,
+        'r' => Action::Record,
+        'm' => Action::Mark,
+        's' => Action::Save,
+        d => Action::Gpu(d.to_digit(10)?),
+    })
+}
+
+/// What the loop must do after an action.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Effect {
+    /// Nothing beyond redrawing.
+    Nothing,
+    /// Leave the view.
+    Quit,
+    /// Write `contents` to `path`, then call [`State::wrote`].
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// Its contents.
+        contents: String,
+    },
+}
+
+/// A recording under way.
+#[derive(Clone, Debug, Default)]
+pub struct Recording {
+    /// When it started, seconds since the watch began.
+    pub started: f64,
+    /// The reports polled since, oldest first.
+    pub reports: Vec<MemoryReportSpec>,
+    /// Reports dropped past [`RECORDING_LIMIT`].
+    pub dropped: usize,
+    /// Marks made before it started (those after are its own).
+    pub marks_before: usize,
+}
+
+impl Recording {
+    /// Keeps a polled report.
+    pub fn add(&mut self, r: &MemoryReportSpec) {
+        if self.reports.len() == RECORDING_LIMIT {
+            self.reports.remove(0);
+            self.dropped += 1;
+        }
+        self.reports.push(r.clone());
+    }
+}
+
+/// An event marked with `m`.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Mark {
+    /// 1 for the first mark.
+    pub number: usize,
+    /// Seconds since the watch began.
+    #[serde(rename = "elapsedSeconds")]
+    pub at: f64,
+    /// The GPU selected when it was made.
+    pub gpu: Option<u32>,
+    /// Its used memory then.
+    pub used_bytes: Option<u64>,
+}
+
+impl Mark {
+    /// The mark as the log view shows it (aligned with the transitions).
+    pub fn line(&self) -> String {
+        let on = match (self.gpu, self.used_bytes) {
+            (Some(g), Some(b)) => format!(" (GPU {g}: {} used)", format_bytes(b)),
+            _ => String::new(),
+        };
+        format!("{:>7.1}s  mark {}{on}", self.at, self.number)
+    }
+}
+
+impl State {
+    /// A key: its action applied (a key without one does nothing).
+    pub fn key(&mut self, c: char) -> Effect {
+        action(c).map_or(Effect::Nothing, |a| self.apply(a))
+    }
+
+    /// An action applied to the state; what the loop must do next.
+    pub fn apply(&mut self, a: Action) -> Effect {
+        let gpus = self.report.as_ref().map_or(0, |r| r.gpus.len());
+        match a {
+            Action::Quit => return Effect::Quit,
+            Action::Show(v) => self.view = v,
+            Action::NextView => {
+                self.view = match self.view {
+                    View::Gpus => View::Agent,
+                    View::Agent => View::Log,
+                    View::Log => View::Gpus,
+                }
+            }
+            Action::Down => self.selected = (self.selected + 1).min(gpus.saturating_sub(1)),
+            Action::Up => self.selected = self.selected.saturating_sub(1),
+            Action::Gpu(i) => {
+                let row = self
+                    .report
+                    .as_ref()
+                    .and_then(|r| r.gpus.iter().position(|g| g.index == i));
+                match row {
+                    Some(row) => {
+                        self.selected = row;
+                        self.view = View::Gpus;
+                        self.notice = Some(format!("GPU {i} selected"));
+                    }
+                    None => self.notice = Some(format!("no GPU {i} here ({gpus} GPU(s))")),
+                }
+            }
+            Action::Mark => {
+                let g = self.report.as_ref().and_then(|r| r.gpus.get(self.selected));
+                let m = Mark {
+                    number: self.marks.len() + 1,
+                    at: self.elapsed,
+                    gpu: g.map(|g| g.index),
+                    used_bytes: g.map(|g| g.used_bytes),
+                };
+                self.notice = Some(format!("{} ([l] lists the marks)", m.line().trim_start()));
+                self.marks.push(m);
+            }
+            Action::Save => {
+                let Some(r) = &self.report else {
+                    self.notice = Some("no report yet, nothing saved".into());
+                    return Effect::Nothing;
+                };
+                let contents = serde_json::to_string_pretty(r).unwrap_or_default() + "\n";
+                return self.file("report", contents);
+            }
+            Action::Record => match self.recording.take() {
+                None => {
+                    let mut rec = Recording {
+                        started: self.elapsed,
+                        marks_before: self.marks.len(),
+                        ..Default::default()
+                    };
+                    if let Some(r) = &self.report {
+                        rec.add(r);
+                    }
+                    self.recording = Some(rec);
+                    self.notice = Some("recording: [r] again stops it and writes the file".into());
+                }
+                Some(rec) => {
+                    let marks = &self.marks[rec.marks_before.min(self.marks.len())..];
+                    let doc = serde_json::json!({
+                        "startedAtSeconds": rec.started,
+                        "stoppedAtSeconds": self.elapsed,
+                        "droppedReports": rec.dropped,
+                        "marks": marks,
+                        "reports": rec.reports,
+                    });
+                    let contents = serde_json::to_string_pretty(&doc).unwrap_or_default() + "\n";
+                    return self.file("recording", contents);
+                }
+            },
+        }
+        Effect::Nothing
+    }
+
+    fn file(&mut self, what: &str, contents: String) -> Effect {
+        self.files_written += 1;
+        let name = format!("memprof-watch-{what}-{}.json", self.files_written);
+        Effect::Write {
+            path: self.save_dir.join(name),
+            contents,
+        }
+    }
+
+    /// How writing a file the state asked for went.
+    pub fn wrote(&mut self, path: &std::path::Path, result: std::io::Result<()>) {
+        self.notice = Some(match result {
+            Ok(()) => format!("wrote {}", path.display()),
+            Err(e) => format!("cannot write {}: {e}", path.display()),
+        });
+    }
+}
+
+#[cfg(test)]
+#[path = "commands_tests.rs"]
+mod tests;
