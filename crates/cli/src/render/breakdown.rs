@@ -97,6 +97,11 @@ fn parameters(out: &mut String, b: &MemoryBreakdown) {
     );
 }
 
+/// One row per module type: what the agent sends (its parameters and
+/// their weights, gradients and optimizer state), and what follows from it:
+/// the share of the model, the width of a weight (bytes per parameter) and
+/// how much of it holds gradients (trainable, as measured). The agent sends
+/// no per-parameter or per-layer rows (docs/cli.md says what field would).
 fn module_types(out: &mut String, b: &MemoryBreakdown) {
     if b.by_module_type.is_empty() {
         return;
@@ -104,19 +109,60 @@ fn module_types(out: &mut String, b: &MemoryBreakdown) {
     let _ = writeln!(out, "    by module type:");
     let _ = writeln!(
         out,
-        "      {:<10} {:>9} {:>10} {:>10} {:>10}",
-        "TYPE", "PARAMS", "WEIGHTS", "GRADIENTS", "OPTIMIZER"
+        "      {:<10} {:>9} {:>6} {:>7} {:>10} {:>10} {:>10}  {}",
+        "TYPE", "PARAMS", "SHARE", "WIDTH", "WEIGHTS", "GRADIENTS", "OPTIMIZER", "TRAINABLE"
     );
+    let all = b
+        .total_parameters
+        .max(b.by_module_type.iter().map(|m| m.parameters).sum())
+        .max(1);
     for m in &b.by_module_type {
         let _ = writeln!(
             out,
-            "      {:<10} {:>9} {:>10} {:>10} {:>10}",
+            "      {:<10} {:>9} {:>5.1}% {:>7} {:>10} {:>10} {:>10}  {}",
             m.type_.as_str(),
             count(m.parameters),
+            100.0 * m.parameters as f64 / all as f64,
+            width(m.parameters_bytes, m.parameters),
             format_bytes(m.parameters_bytes),
             format_bytes(m.gradients_bytes),
-            format_bytes(m.optimizer_bytes)
+            format_bytes(m.optimizer_bytes),
+            trainable(m.gradients_bytes, m.parameters_bytes)
         );
+    }
+    let _ = writeln!(
+        out,
+        "      (WIDTH: bytes per parameter; TRAINABLE: the share of the weights holding gradients when measured, none before the first backward)"
+    );
+}
+
+/// The width of a weight from bytes per parameter: `16-bit` for 2 bytes
+/// (within 6 %: a module type's count includes a few odd buffers), else
+/// the bytes themselves (`3.1 B`: mixed precisions).
+fn width(bytes: u64, params: u64) -> String {
+    if params == 0 {
+        return "-".into();
+    }
+    let per = bytes as f64 / params as f64;
+    for b in [1.0, 2.0, 4.0, 8.0] {
+        if (per - b).abs() <= 0.06 * b {
+            return format!("{}-bit", b as u32 * 8);
+        }
+    }
+    format!("{per:.1} B")
+}
+
+/// How much of a module type's weights have gradients, as gradient bytes
+/// against weight bytes (gradients take their parameter's dtype).
+fn trainable(gradients: u64, weights: u64) -> String {
+    if gradients == 0 {
+        return "none".into();
+    }
+    let share = gradients as f64 / weights.max(1) as f64;
+    if share >= 0.95 {
+        "all".into()
+    } else {
+        format!("~{:.0}%", 100.0 * share)
     }
 }
 
@@ -233,8 +279,9 @@ pub(crate) mod tests {
             "per-sample gradients           -",
             "activations (peak)        1.5GiB   74.5%",
             "parameters: 124.4M total, 811.0K trainable (0.65%)",
-            "lora          811.0K     3.0MiB     3.0MiB     6.0MiB",
-            "attention      28.0M     112MiB         0B         0B",
+            "TYPE          PARAMS  SHARE   WIDTH    WEIGHTS  GRADIENTS  OPTIMIZER  TRAINABLE",
+            "lora          811.0K   0.7%  32-bit     3.0MiB     3.0MiB     6.0MiB  all",
+            "attention      28.0M  22.5%  32-bit     112MiB         0B         0B  none",
             "flag nan: h.3.mlp.c_fc.weight: 2 NaN",
             "transformer                 +1.2GiB / +300MiB",
             "optimizer step peak: +12.0MiB",
@@ -242,6 +289,17 @@ pub(crate) mod tests {
             assert!(out.contains(want), "{want:?} not in:\n{out}");
         }
         assert!(!out.contains("other static"), "{out}");
+    }
+
+    #[test]
+    fn width_and_trainable_follow_from_the_bytes_the_agent_sends() {
+        assert_eq!(width(2 * 1000, 1000), "16-bit");
+        assert_eq!(width(4 * 1000 + 100, 1000), "32-bit", "a few buffers");
+        assert_eq!(width(3 * 1000, 1000), "3.0 B", "mixed precisions");
+        assert_eq!(width(0, 0), "-");
+        assert_eq!(trainable(0, 100), "none");
+        assert_eq!(trainable(100, 100), "all");
+        assert_eq!(trainable(40, 100), "~40%");
     }
 
     #[test]
