@@ -20,7 +20,10 @@ log "unit tests"
 cargo test --workspace --lib --bins
 
 log "agent tests (pytest; a real memprof-sidecar, a fake torch: no GPU needed)"
-cargo build --workspace --bins
+# The binaries with the tests' features (and the integration tests, run
+# below): a plain `cargo build --bins` would build every crate above tokio
+# a second time, without its test-util feature (tests/cli_seed_gaps.rs).
+cargo build --workspace --bins --tests
 python3 -m pip install --quiet --disable-pip-version-check pytest jsonschema
 MEMPROF_SIDECAR_BIN="$PWD/target/debug/memprof-sidecar" MEMPROF_BIN="$PWD/target/debug/memprof" \
     python3 -m pytest -q -p no:cacheprovider agent/python/tests

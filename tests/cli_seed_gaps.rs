@@ -251,3 +251,108 @@ fn watch_checks_where_its_keys_save_before_it_starts() {
     let help = run(&os!["watch", "--help"]).1;
     assert!(help.contains("--save-dir <DIR>"), "{help}");
 }
+
+/// The `cargo ...` line of a script that starts with `prefix`, as words.
+fn script_line(script: &str, prefix: &str) -> Vec<String> {
+    let text = std::fs::read_to_string(root().join(script)).unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.starts_with(prefix))
+        .unwrap_or_else(|| panic!("no `{prefix}` line in {script}"));
+    line.split_whitespace()
+        .map(|w| w.trim_matches('"').to_string())
+        .collect()
+}
+
+/// What cargo would build for `args` (cargo's unit graph), each unit as
+/// package, target, kind, mode, features and profile settings: equal units
+/// are one artifact, built once.
+fn plan(args: &[String]) -> std::collections::BTreeSet<String> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    // Without `cargo`, and without what follows `--` (the test binaries' flags).
+    let mut args: Vec<String> = args[1..]
+        .iter()
+        .take_while(|w| *w != "--")
+        .cloned()
+        .collect();
+    if args[0] == "test" {
+        args.push("--no-run".into());
+    }
+    let out = Command::new(cargo)
+        .args(&args)
+        .args(["--unit-graph", "-Z", "unstable-options"])
+        // The unit graph is an unstable flag; stable cargo prints it when told to.
+        .env("RUSTC_BOOTSTRAP", "1")
+        .current_dir(root())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "cargo {args:?} --unit-graph: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let g: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    g["units"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| {
+            let mut profile = u["profile"].clone();
+            // `dev` and `test` name the same settings for a dependency.
+            profile.as_object_mut().unwrap().remove("name");
+            format!(
+                "{} {} {} {} [{}] {profile}",
+                u["pkg_id"], u["target"]["name"], u["target"]["kind"], u["mode"], u["features"]
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn the_demo_builds_what_the_tests_build_and_shows_cargos_progress() {
+    let demo = script_line("hack/demo.sh", "cargo build");
+    assert!(
+        !demo.iter().any(|w| w == "--quiet" || w == "-q"),
+        "the demo's build shows cargo's progress: {demo:?}"
+    );
+    let demo_text = std::fs::read_to_string(root().join("hack/demo.sh")).unwrap();
+    let opening = demo_text
+        .find("log \"memprof demo: ")
+        .expect("an opening line");
+    assert!(
+        opening < demo_text.find("cargo build").unwrap()
+            && demo_text.contains("the first run takes 20-30 minutes"),
+        "the demo says up front how long its first run takes"
+    );
+    let test_build = script_line("hack/test.sh", "cargo build");
+    let unit = script_line("hack/test.sh", "cargo test --workspace --lib");
+    let integration = script_line("hack/test.sh", "cargo test --workspace --test");
+    let (demo, test_build, unit, integration) = (
+        plan(&demo),
+        plan(&test_build),
+        plan(&unit),
+        plan(&integration),
+    );
+    // `make test` after `make demo`: every artifact of the demo is one the
+    // tests build too (the same binaries, the same crates under them).
+    let extra: Vec<_> = demo.difference(&test_build).collect();
+    assert!(
+        extra.is_empty(),
+        "the demo builds what hack/test.sh's build does not: {extra:#?}"
+    );
+    // Within `make test`: the binaries for the agent's tests add no second
+    // build of a crate the unit and integration tests use.
+    let libs = |p: &std::collections::BTreeSet<String>| -> std::collections::BTreeSet<String> {
+        p.iter()
+            .filter(|u| u.contains("\"build\"") && !u.contains("[\"bin\"]"))
+            .cloned()
+            .collect()
+    };
+    let tested: std::collections::BTreeSet<String> =
+        libs(&unit).union(&libs(&integration)).cloned().collect();
+    let second: Vec<_> = libs(&test_build).difference(&tested).cloned().collect();
+    assert!(
+        second.is_empty(),
+        "built twice (other features): {second:#?}"
+    );
+}
