@@ -21,10 +21,13 @@ test-image:
 	bash tests/image.sh
 
 ## The demo: local control plane, operator, a 4-rank Job with simulated GPUs.
+## The first run on a fresh machine takes 20-30 min (memprof's debug build,
+## which `make test` reuses, and kube-apiserver once); later runs ~2 min.
 demo:
 	bash hack/demo.sh
 
-## Unit tests, then integration tests against a real kube-apiserver + etcd.
+## Unit tests, then integration tests against a real kube-apiserver + etcd
+## (the binaries built as `make demo` builds them: neither rebuilds the other's).
 test:
 	bash hack/test.sh
 
