@@ -118,6 +118,7 @@ for s in d["segments"]:
     for k in ("device", "address", "total_size", "allocated_size", "active_size", "stream", "segment_type", "blocks"):
         assert k in s, k
     assert sum(b["size"] for b in s["blocks"]) == s["total_size"]
+    assert s["segment_pool_id"] == (0, 0) and isinstance(s["frames"], list)
     for b in s["blocks"]:
         assert b["state"] in ("active_allocated", "active_pending_free", "inactive")
         assert isinstance(b["address"], int) and isinstance(b["requested_size"], int)

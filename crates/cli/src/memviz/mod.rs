@@ -87,9 +87,11 @@ fn segment(b: &OomBlock, device: i64, address: u64) -> Value {
         ("segment_type".into(), pool.into()),
         (
             "segment_pool_id".into(),
-            Value::List(vec![Value::Int(0), Value::Int(0)]),
+            Value::Tuple(vec![Value::Int(0), Value::Int(0)]),
         ),
         ("is_expandable".into(), Value::Bool(false)),
+        // The stack that made the segment: its (only) allocation's.
+        ("frames".into(), frames),
         ("blocks".into(), Value::List(blocks)),
     ])
 }

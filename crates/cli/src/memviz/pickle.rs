@@ -1,5 +1,5 @@
 //! A pickle (protocol 2) writer for the few kinds a memory snapshot holds:
-//! dicts with string keys, lists, strings, integers, booleans and None.
+//! dicts with string keys, lists, tuples, strings, integers, booleans and None.
 //! Hand-written: about forty lines of opcodes, where a crate would add a
 //! workspace dependency for one file format; Python's `pickle.load` (and
 //! so PyTorch's `memory_viz`) reads the result (tests/cli_seed_gaps.rs).
@@ -17,6 +17,8 @@ pub enum Value {
     Str(String),
     /// A `list`.
     List(Vec<Value>),
+    /// A `tuple`.
+    Tuple(Vec<Value>),
     /// A `dict` with `str` keys, in this order.
     Dict(Vec<(String, Value)>),
 }
@@ -56,6 +58,12 @@ fn write(out: &mut Vec<u8>, v: &Value) {
                 items.iter().for_each(|i| write(out, i));
                 out.push(b'e'); // APPENDS
             }
+        }
+        Value::Tuple(items) if items.is_empty() => out.push(b')'), // EMPTY_TUPLE
+        Value::Tuple(items) => {
+            out.push(b'('); // MARK
+            items.iter().for_each(|i| write(out, i));
+            out.push(b't'); // TUPLE
         }
         Value::Dict(items) => {
             out.push(b'}'); // EMPTY_DICT
@@ -121,5 +129,10 @@ mod tests {
         int(&mut out, -(1 << 40));
         assert_eq!(out, b"\x8a\x06\x00\x00\x00\x00\x00\xff".to_vec());
         assert_eq!(dumps(&Value::List(vec![])), b"\x80\x02].".to_vec());
+        assert_eq!(
+            dumps(&Value::Tuple(vec![Value::Int(0), Value::Int(0)])),
+            b"\x80\x02(J\x00\x00\x00\x00J\x00\x00\x00\x00t.".to_vec()
+        );
+        assert_eq!(dumps(&Value::Tuple(vec![])), b"\x80\x02).".to_vec());
     }
 }
