@@ -109,8 +109,8 @@ fn module_types(out: &mut String, b: &MemoryBreakdown) {
     let _ = writeln!(out, "    by module type:");
     let _ = writeln!(
         out,
-        "      {:<10} {:>9} {:>6} {:>7} {:>10} {:>10} {:>10}  {}",
-        "TYPE", "PARAMS", "SHARE", "WIDTH", "WEIGHTS", "GRADIENTS", "OPTIMIZER", "TRAINABLE"
+        "      {:<10} {:>9} {:>6} {:>7} {:>10} {:>10} {:>10}  TRAINABLE",
+        "TYPE", "PARAMS", "SHARE", "WIDTH", "WEIGHTS", "GRADIENTS", "OPTIMIZER"
     );
     let all = b
         .total_parameters
