@@ -7,9 +7,10 @@
 //!
 //! Files go to `--save-dir` (default: the current folder), numbered in the
 //! order they are written:
-//! - `s`: `memprof-watch-report-N.json`, the newest report as `memprof
-//!   profile --output` writes it (so `memprof fragment`, `rollup` and
-//!   `--oom-snapshot` read it);
+//! - `s`: `memprof-watch-report-N.json`, the newest report, the sidecar's
+//!   MemoryReport spec (what `memprof profile --output` holds, less the
+//!   table's per-GPU run numbers), so `memprof fragment` and `rollup` (and
+//!   its `--oom-snapshot`) read it;
 //! - `r` … `r`: `memprof-watch-recording-N.json`, every report polled
 //!   while recording (one a second) and the marks made meanwhile.
 

@@ -61,7 +61,7 @@ fn a_digit_switches_to_that_gpu_or_says_there_is_none() {
 }
 
 #[test]
-fn save_writes_the_newest_report_as_profile_output_does() {
+fn save_writes_the_newest_report_as_rollup_and_fragment_read_it() {
     let mut s = State::default();
     assert_eq!(s.key('s'), Effect::Nothing, "no report yet");
     assert_eq!(s.notice.as_deref(), Some("no report yet, nothing saved"));
