@@ -357,3 +357,29 @@ fn the_demo_builds_what_the_tests_build_and_shows_cargos_progress() {
         "built twice (other features): {second:#?}"
     );
 }
+
+#[test]
+fn report_checks_its_oom_snapshot_path_before_the_cluster_and_needs_a_job() {
+    let dir = TempDir::new("report");
+    let file = dir.0.join("a-file");
+    std::fs::write(&file, "").unwrap();
+    let inside = file.join("oom.pickle");
+    let out = Command::new(MEMPROF)
+        .args(["report", "train", "--oom-snapshot"])
+        .arg(&inside)
+        .env("KUBECONFIG", dir.0.join("no-such-kubeconfig"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains(&format!(
+            "--oom-snapshot {}: cannot create the folder",
+            inside.display()
+        )),
+        "checked before connecting: {stderr}"
+    );
+    let (out, _, stderr) = run(&os!["report", "--oom-snapshot", "x.pickle"]);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("<JOB>"), "{stderr}");
+}
