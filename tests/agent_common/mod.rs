@@ -6,13 +6,21 @@ use crate::common::{socket_request, AgentSocket};
 use std::process::{Child, Command, Stdio};
 
 /// A sidecar process, killed (by PID, through its handle) when dropped, and
-/// its socket's private directory.
-pub struct Sidecar(Child, AgentSocket);
+/// its socket's private directory; the webhook that marks its writes and
+/// the kubeconfig of its pod-bound token go with it.
+pub struct Sidecar(
+    Child,
+    AgentSocket,
+    #[allow(dead_code)] // held: the webhook serves while the sidecar runs
+    crate::webhook_support::Writers,
+    std::path::PathBuf,
+);
 
 impl Drop for Sidecar {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
+        let _ = std::fs::remove_file(&self.3);
     }
 }
 
@@ -24,10 +32,19 @@ impl Sidecar {
 }
 
 /// Starts a sidecar for the pod (rank 0 of Job `train`, NVML backend, a
-/// 100 ms interval, a 5 s heartbeat) and waits until its socket answers.
-pub async fn start(pod: &str, uid: &str, namespace: &str) -> Sidecar {
+/// 100 ms interval, a 5 s heartbeat) and waits until its socket answers. It
+/// writes with a token bound to the pod, and the webhook marks its writes
+/// as the pod's own, so the operator counts its report.
+pub async fn start(client: &kube::Client, pod: &str, uid: &str, namespace: &str) -> Sidecar {
+    memprof::operator::ensure_reporter_rbac(client, namespace, "default")
+        .await
+        .expect("reporter RBAC");
+    let ring = crate::common::admission_keys(namespace).await;
+    let writers = crate::webhook_support::serve_writers(client, namespace, ring).await;
+    let kubeconfig = crate::common::kubeconfig_bound_to(client, namespace, pod, uid).await;
     let socket = AgentSocket::new();
     let child = Command::new(crate::common::sidecar_binary())
+        .env("KUBECONFIG", &kubeconfig)
         .args(["--backend", "nvml", "--interval", "100ms"])
         .args(["--listen", "127.0.0.1:0"])
         .arg("--agent-socket")
@@ -43,7 +60,7 @@ pub async fn start(pod: &str, uid: &str, namespace: &str) -> Sidecar {
         .stderr(Stdio::inherit())
         .spawn()
         .expect("memprof-sidecar starts");
-    let sidecar = Sidecar(child, socket);
+    let sidecar = Sidecar(child, socket, writers, kubeconfig);
     let path = sidecar.socket();
     crate::common::eventually("the sidecar serves its socket", || async {
         match socket_request(&path, "GET", "/healthz", "").await.0 {
