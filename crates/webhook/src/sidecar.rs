@@ -432,10 +432,7 @@ pub fn build(
         volumes.push(volume);
         mounts.push(mount);
     }
-    // Always a projected token: the kubelet binds it to the pod, so the API
-    // server names the pod in every write the sidecar makes, which is what
-    // makes its report count (`memprof_api::writer`); a legacy Secret token
-    // (the default before 1.21-1.22) names only the service account.
+    // Pod-bound, so its writes count (`memprof_api::writer`): a legacy token names no pod.
     if cfg.service_account_token == ServiceAccountTokenMode::Project {
         volumes.push(token_volume());
         mounts.push(VolumeMount {

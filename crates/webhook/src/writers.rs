@@ -51,6 +51,22 @@ fn annotation_path() -> PointerBuf {
     PointerBuf::from_tokens(["metadata", "annotations", ANNOTATION_WRITER])
 }
 
+/// A write by no pod's bound token: let through unmarked (a planted mark
+/// removed), and the writer told it will not count.
+fn unvouched(name: &str, planted: bool) -> Verdict {
+    let mut verdict = Verdict::default();
+    if planted {
+        verdict.ops.push(PatchOperation::Remove(RemoveOperation {
+            path: annotation_path(),
+        }));
+    }
+    verdict.warnings.push(format!(
+        "memprof: MemoryReport {name} was not written with its pod's bound service-account \
+         token: the operator will not count it (only a pod's own sidecar writes its report)"
+    ));
+    verdict
+}
+
 /// The mark for `report` when `writer` is its own pod's bound identity
 /// (see the module docs).
 pub fn review(report: &MemoryReport, writer: &Writer<'_>, cfg: &MarkConfig) -> Verdict {
@@ -67,16 +83,7 @@ pub fn review(report: &MemoryReport, writer: &Writer<'_>, cfg: &MarkConfig) -> V
         writer.pod_names,
         writer.pod_uids,
     ) else {
-        if planted {
-            verdict.ops.push(PatchOperation::Remove(RemoveOperation {
-                path: annotation_path(),
-            }));
-        }
-        verdict.warnings.push(format!(
-            "memprof: MemoryReport {name} was not written with its pod's bound service-account \
-             token: the operator will not count it (only a pod's own sidecar writes its report)"
-        ));
-        return verdict;
+        return unvouched(name, planted);
     };
     let owned = report
         .metadata

@@ -128,6 +128,34 @@ fn objects<K: Send + 'static>(
         .boxed()
 }
 
+/// The reports' watch: small pages (a report is up to ~100 KiB as listed,
+/// before slimming), each report judged by its writer mark as it enters the
+/// cache, listed only once the key is loaded so that one no pod vouched for
+/// is never kept whole.
+fn reports(
+    client: &Client,
+    setup: &Setup,
+    ready: watch::Sender<bool>,
+) -> (
+    Store<MemoryReport>,
+    impl Stream<Item = watcher::Result<watcher::Event<MemoryReport>>> + Send,
+) {
+    let ns = setup.options.namespace.as_str();
+    let config = watcher::Config::default()
+        .labels(LABEL_JOB)
+        .page_size(REPORT_PAGE);
+    let keys = setup.options.admission.clone();
+    let slim_report = move |r: &mut MemoryReport| slim::report(r, &keys.ring());
+    let (store, events) = reflected(scoped(client, ns), config, slim_report, ready);
+    let gate = setup.options.admission.clone();
+    let events = futures::stream::once(async move {
+        gate.loaded().await;
+        events
+    })
+    .flatten();
+    (store, events)
+}
+
 /// Starts the watches of `setup`'s namespace (all when empty).
 pub(super) fn start(client: &Client, setup: &Setup) -> (Caches, Changes) {
     let ns = setup.options.namespace.as_str();
@@ -144,20 +172,7 @@ pub(super) fn start(client: &Client, setup: &Setup) -> (Caches, Changes) {
     let profile_cfg = cfg().labels(LABEL_JOB);
     let (profiles, profile_events) =
         reflected(scoped(client, ns), profile_cfg, slim::profile, next_ready());
-    // Small pages: a report is up to ~100 KiB as listed, before slimming.
-    let report_cfg = cfg().labels(LABEL_JOB).page_size(REPORT_PAGE);
-    let keys = setup.options.admission.clone();
-    let slim_report = move |r: &mut MemoryReport| slim::report(r, &keys.ring());
-    let (reports, report_events) =
-        reflected(scoped(client, ns), report_cfg, slim_report, next_ready());
-    // Listed only once the key is loaded, so that every report is judged as
-    // it enters the cache: one that no pod vouched for is never kept whole.
-    let gate = setup.options.admission.clone();
-    let report_events = futures::stream::once(async move {
-        gate.loaded().await;
-        report_events
-    })
-    .flatten();
+    let (reports, report_events) = reports(client, setup, next_ready());
     let pod_cfg = cfg().labels(&format!("{LABEL_JOB_NAME},{managed}"));
     let (pods, pod_events) = reflected(scoped(client, ns), pod_cfg, slim::pod, next_ready());
     let (policies, policy_events) =

@@ -14,7 +14,7 @@ use super::checkpoint::{self, Hold};
 use super::executor::{job_ref, Executor};
 use super::plan::{self, Plan, PlanError, PlanInput};
 use super::records::{last_action, pending_mut};
-use super::steps::{remediable, run_steps, wait_for_deletion, Ran};
+use super::steps::{remediable, run_steps, wait_for_deletion, Ran, Steps};
 use super::store::{config_map_name, PlanStore, Saved};
 use super::triggers::{add_to_totals, MAX_POLICY_TOTALS, PHASE_DONE, PHASE_FAILED, PHASE_SKIPPED};
 use super::verify::verify;
@@ -248,25 +248,31 @@ pub(super) async fn carry_out(
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .remove(id);
-    let done = ran.done.join("; ");
-    let (phase, mut message) = match (&ran.lost, ran.failed.is_empty()) {
-        (Some(lost), _) => (
-            PHASE_FAILED,
-            format!(
-                "the old Job was deleted but the new one cannot be created; restore it with: {}; \
-                 the API server said: {lost}",
-                store.restore_command(id)
-            ),
-        ),
-        (None, true) => (PHASE_DONE, format!("{}; {kept}{done}", plan.why)),
-        (None, false) => (PHASE_FAILED, ran.failed.join("; ")),
-    };
-    truncate_utf8(&mut message, 512);
+    let (phase, message) = ending(&ran, &plan.why, &kept, &store.restore_command(id));
     let outcome = Outcome {
         job_deleted: ran.job_deleted,
         keep_plan: ran.lost.is_some(),
     };
     finish(exec, key, id, (phase, message), ran.job_uid, outcome).await
+}
+
+/// The record's final phase and message for steps that ran: `restore` is
+/// the command that brings back a Job lost on the way.
+fn ending(ran: &Steps, why: &str, kept: &str, restore: &str) -> (&'static str, String) {
+    let done = ran.done.join("; ");
+    let (phase, mut message) = match (&ran.lost, ran.failed.is_empty()) {
+        (Some(lost), _) => (
+            PHASE_FAILED,
+            format!(
+                "the old Job was deleted but the new one cannot be created; restore it with: \
+                 {restore}; the API server said: {lost}"
+            ),
+        ),
+        (None, true) => (PHASE_DONE, format!("{why}; {kept}{done}")),
+        (None, false) => (PHASE_FAILED, ran.failed.join("; ")),
+    };
+    truncate_utf8(&mut message, 512);
+    (phase, message)
 }
 
 /// Marks record `id` with its final phase and message, counts it when it
