@@ -85,7 +85,11 @@ kubectl apply -f - >/dev/null <<JSON
  "metadata":{"name":"$NS"},
  "webhooks":[$(hook jobs.memprof.dev batch jobs '{}'),
              $(hook pods.memprof.dev "" pods '{"matchLabels":{"memprof.dev/inject":"true"}}'),
-             $(hook marks.memprof.dev "" pods '{"matchLabels":{"memprof.dev/managed":"true"}}')]}
+             $(hook marks.memprof.dev "" pods '{"matchLabels":{"memprof.dev/managed":"true"}}'),
+             {"name":"writers.memprof.dev","clientConfig":{"url":"https://127.0.0.1:$port/mutate"},
+              "rules":[{"apiGroups":["memprof.dev"],"apiVersions":["v1alpha1"],"operations":["CREATE","UPDATE"],"resources":["memoryreports"],"scope":"Namespaced"}],
+              "failurePolicy":"Ignore","sideEffects":"None","admissionReviewVersions":["v1"],"timeoutSeconds":5,
+              "namespaceSelector":{"matchLabels":{"memprof.dev/demo":"true"}}}]}
 JSON
 
 log "starting memprof-operator (its webhook on 127.0.0.1:$port)"
@@ -136,10 +140,29 @@ done
 mapfile -t pods < <(kubectl -n "$NS" get pods -l job-name=$JOB -o jsonpath='{range .items[*]}{.metadata.name} {.metadata.uid}{"\n"}{end}' | sort)
 [ "${#pods[@]}" -ge "$RANKS" ] || { echo "the Job controller created ${#pods[@]} pods, expected $RANKS" >&2; exit 1; }
 
-log "starting $RANKS simulated sidecars (rank 2 leaks, rank 3 is heavier)"
+# As a kubelet would: a service-account token bound to each pod, so that
+# the API server names the pod in every write its sidecar makes (only then
+# does the webhook mark the report as that pod's own, and the operator count it).
+pod_kubeconfig() { # pod, uid -> path of a kubeconfig acting as that pod
+    local token out="$workdir/kubeconfig-$1"
+    token=$(kubectl -n "$NS" create token default --duration 1h \
+        --bound-object-kind Pod --bound-object-name "$1" --bound-object-uid "$2")
+    # JSON is YAML: no YAML library needed to write a kubeconfig.
+    kubectl config view --raw -o json | python3 -c '
+import json, sys
+cfg = json.load(sys.stdin)
+for u in cfg["users"]:
+    u["user"] = {"token": sys.argv[1]}
+json.dump(cfg, open(sys.argv[2], "w"))' "$token" "$out"
+    chmod 600 "$out"
+    echo "$out"
+}
+
+log "starting $RANKS simulated sidecars (rank 2 leaks, rank 3 is heavier), each with its pod's bound token"
 for rank in $(seq 0 $((RANKS - 1))); do
     read -r pod uid <<<"${pods[$rank]}"
-    POD_NAME=$pod POD_UID=$uid POD_NAMESPACE=$NS NODE_NAME="sim-node-$((rank / 2))" MEMPROF_JOB_NAME=$JOB \
+    kc=$(pod_kubeconfig "$pod" "$uid")
+    KUBECONFIG=$kc POD_NAME=$pod POD_UID=$uid POD_NAMESPACE=$NS NODE_NAME="sim-node-$((rank / 2))" MEMPROF_JOB_NAME=$JOB \
         "$BIN/memprof-sidecar" --backend sim --scenario "$SCENARIO" --rank "$rank" \
         --listen 127.0.0.1:0 >"$workdir/sidecar-$rank.log" 2>&1 &
     pids+=($!)
