@@ -122,10 +122,17 @@ async fn untouched(admin: &Client, ns: &str, job: &Job) {
     .await;
 }
 
+/// A client writing as `pod` itself (its sidecar's bound token): the
+/// webhook marks such a write as the pod's own, so what these tests judge
+/// is the pod's admission alone.
+async fn as_pod(admin: &Client, ns: &str, pod: &Pod) -> Client {
+    client_as_pod(admin, ns, &pod.name_any(), &pod.uid().unwrap()).await
+}
+
 /// The positive control: the Job's own pod reporting critical gets it
 /// recreated with `BATCH_SIZE=24` (so "untouched" above was not a dead pipeline).
 async fn genuine_report_still_remediates(admin: &Client, ns: &str, job: &Job, pod: &Pod) {
-    let reporter = pod_identity(admin, ns).await;
+    let reporter = as_pod(admin, ns, pod).await;
     apply_report(&reporter, ns, &critical_of(pod, &job.name_any(), 300)).await;
     eventually("the Job recreated with BATCH_SIZE 24", || async {
         match job_of(admin, ns, &job.name_any()).await {
@@ -222,7 +229,7 @@ impl Setup {
         let ns = self.ns.name.as_str();
         let job = training_job(&self.admin, ns, "train", Some("32")).await;
         let pod = pods_of(&self.admin, ns, &job, 1).await.remove(0);
-        let reporter = pod_identity(&self.admin, ns).await;
+        let reporter = as_pod(&self.admin, ns, &pod).await;
         let healthy = vec![gpu(0, 30, 31, RiskLevel::Low, None)];
         apply_report(
             &reporter,
@@ -289,7 +296,7 @@ async fn pod_planted_with_a_victims_controller_reference_never_steers_its_job() 
         .unwrap();
     newer_than(&genuine).await;
     let planted = planted_pod(&attacker, &ns, "train-planted", &seen).await;
-    let reporter = pod_identity(&s.admin, &ns).await;
+    let reporter = as_pod(&s.admin, &ns, &planted).await;
     apply_report(&reporter, &ns, &critical_of(&planted, "train", 200)).await;
 
     s.refuses("train-planted", "has no memprof.dev/admission mark")
@@ -360,7 +367,7 @@ async fn pods_created_while_the_webhook_fails_open_never_steer_their_job() {
     // admits the Job and its pods, unmarked.
     let (job, genuine) = s.victim().await;
     assert!(!genuine.annotations().contains_key("memprof.dev/admission"));
-    let reporter = pod_identity(&s.admin, &ns).await;
+    let reporter = as_pod(&s.admin, &ns, &genuine).await;
     apply_report(&reporter, &ns, &critical_of(&genuine, "train", 200)).await;
     s.refuses(&genuine.name_any(), "has no memprof.dev/admission mark")
         .await;
@@ -422,7 +429,7 @@ async fn genuine_admission_mark_copied_onto_a_planted_pod_never_steers_its_job()
         original.annotations().get("memprof.dev/admission"),
         "the copy carries the genuine mark"
     );
-    let reporter = pod_identity(&s.admin, &ns).await;
+    let reporter = as_pod(&s.admin, &ns, &copied).await;
     apply_report(&reporter, &ns, &critical_of(&copied, "train", 200)).await;
     s.refuses("train-replayed", UNSEEN).await;
     untouched(&s.admin, &ns, &job).await;
@@ -465,7 +472,7 @@ async fn genuine_pod_deleted_and_recreated_with_its_mark_never_steers_its_job() 
         )
         .await
         .unwrap();
-    let reporter = pod_identity(&s.admin, &ns).await;
+    let reporter = as_pod(&s.admin, &ns, &replayed).await;
     apply_report(&reporter, &ns, &critical_of(&replayed, "train", 200)).await;
     s.refuses(&genuine.name_any(), UNSEEN).await;
     untouched(&s.admin, &ns, &job).await;

@@ -581,15 +581,6 @@ async fn job_planted_under_memprofs_remediation_id_is_not_taken_for_the_recreate
     assert_eq!(now.uid(), planted.uid(), "left alone, not taken over");
 }
 
-/// A client acting with the kubeconfig at `path` (a pod's bound token).
-async fn client_from(path: &std::path::Path) -> Client {
-    let kc = kube::config::Kubeconfig::read_from(path).unwrap();
-    let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
-        .await
-        .unwrap();
-    Client::try_from(cfg).unwrap()
-}
-
 /// Anyone who may create pods may run one under the victim Job's own
 /// service account and, with that pod's token, write the victim pod's
 /// report (same name, same owner): critical, with a checkpoint and an
@@ -613,8 +604,7 @@ async fn a_pod_under_the_victims_service_account_cannot_speak_for_the_victims_po
     let victim = training_job(&admin, ns, "victim", Some("32")).await;
     let pod = job_pods(&admin, ns, "victim", 1).await.remove(0);
     let (name, uid) = (pod.name_any(), pod.uid().unwrap());
-    let own = kubeconfig_bound_to(&admin, ns, &name, &uid).await;
-    let own_client = client_from(&own).await;
+    let own_client = client_as_pod(&admin, ns, &name, &uid).await;
     memprof::operator::ensure_reporter_rbac(&admin, ns, "default")
         .await
         .unwrap();
@@ -643,8 +633,7 @@ async fn a_pod_under_the_victims_service_account_cannot_speak_for_the_victims_po
         .create(&PostParams::default(), &evil)
         .await
         .unwrap();
-    let evil_cfg = kubeconfig_bound_to(&admin, ns, "evil", &evil.uid().unwrap()).await;
-    let evil_client = client_from(&evil_cfg).await;
+    let evil_client = client_as_pod(&admin, ns, "evil", &evil.uid().unwrap()).await;
     let mut forged = pod_report(
         &pod,
         "victim",
@@ -698,8 +687,6 @@ async fn a_pod_under_the_victims_service_account_cannot_speak_for_the_victims_po
     .await;
     let st = profile_with_status(&admin, ns, "victim").await.status.unwrap_or_default();
     assert_ne!(st.risk, RiskLevel::Critical, "{st:?}");
-    let _ = std::fs::remove_file(own);
-    let _ = std::fs::remove_file(evil_cfg);
     operator.stop().await;
 }
 

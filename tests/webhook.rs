@@ -382,9 +382,10 @@ async fn wait_for_url(client: &Client, name: &str, url: &str) {
         let plain = url
             .split_once("/mutate/")
             .map(|(b, _)| format!("{b}/mutate"));
-        let placed = urls.iter().all(|(n, u)| match n.as_str() {
-            "marks.memprof.dev" => u == url,
-            _ => Some(u) == plain.as_ref(),
+        let secret = memprof::webhook::paths::SECRET_PATH_WEBHOOKS;
+        let placed = urls.iter().all(|(n, u)| match secret.contains(&n.as_str()) {
+            true => u == url,
+            false => Some(u) == plain.as_ref(),
         });
         if placed {
             return;

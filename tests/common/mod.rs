@@ -665,3 +665,15 @@ pub async fn kubeconfig_bound_to(
     std::fs::write(&out, serde_yaml::to_string(&cfg).unwrap()).unwrap();
     out
 }
+
+/// A client acting as pod `pod` (uid `uid`) of `ns`: a token bound to the
+/// pod ([`kubeconfig_bound_to`]), as its sidecar has.
+pub async fn client_as_pod(admin: &Client, ns: &str, pod: &str, uid: &str) -> Client {
+    let path = kubeconfig_bound_to(admin, ns, pod, uid).await;
+    let kc = kube::config::Kubeconfig::read_from(&path).expect("the pod's kubeconfig");
+    let _ = std::fs::remove_file(&path);
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .expect("a config from the pod's kubeconfig");
+    Client::try_from(cfg).expect("a client as the pod")
+}
