@@ -210,7 +210,11 @@ fn report(name: &str, job: &str, maximal: bool) -> memprof::api::MemoryReport {
         legacy_timeline: points.clone(),
         ..Default::default()
     };
-    let gpus = if maximal { (0..16).map(gpu).collect() } else { vec![] };
+    let gpus = if maximal {
+        (0..16).map(gpu).collect()
+    } else {
+        vec![]
+    };
     let mut r = memprof::api::MemoryReport::new(
         name,
         MemoryReportSpec {
@@ -231,7 +235,12 @@ fn report(name: &str, job: &str, maximal: bool) -> memprof::api::MemoryReport {
 }
 
 /// Creates `n` refused reports claiming Job `job-00000` in `ns`, 16 in flight.
-async fn create_reports(client: &Client, ns: &str, n: usize, maximal: bool) -> anyhow::Result<usize> {
+async fn create_reports(
+    client: &Client,
+    ns: &str,
+    n: usize,
+    maximal: bool,
+) -> anyhow::Result<usize> {
     let api: Api<memprof::api::MemoryReport> = Api::namespaced(client.clone(), ns);
     let bytes = serde_json::to_vec(&report("x", "job-00000", maximal))?.len();
     futures::stream::iter(0..n)
@@ -251,11 +260,21 @@ async fn create_reports(client: &Client, ns: &str, n: usize, maximal: bool) -> a
 
 /// One set of refused reports: the operator's RSS (KiB) with them cached,
 /// then after a restart with them in place.
-async fn one_reports(client: &Client, bin: &std::path::Path, n: usize, maximal: bool) -> anyhow::Result<(u64, u64)> {
-    let ns = format!("memprof-rmem-{}-{}", std::process::id(), if maximal { "max" } else { "small" });
+async fn one_reports(
+    client: &Client,
+    bin: &std::path::Path,
+    n: usize,
+    maximal: bool,
+) -> anyhow::Result<(u64, u64)> {
+    let ns = format!(
+        "memprof-rmem-{}-{}",
+        std::process::id(),
+        if maximal { "max" } else { "small" }
+    );
     setup::create_namespace(client, &ns).await?;
     let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
-    jobs.create(&PostParams::default(), &job("job-00000", false)).await?;
+    jobs.create(&PostParams::default(), &job("job-00000", false))
+        .await?;
     let op = setup::Operator::start(bin, &ns, &[])?;
     let result = async {
         let t = Instant::now();
@@ -293,9 +312,16 @@ async fn reports(client: &Client, bin: &std::path::Path, n: usize) -> anyhow::Re
     println!("operator_memory --reports: {n} refused reports, small then maximal");
     let small = one_reports(client, bin, n, false).await?;
     let maximal = one_reports(client, bin, n, true).await?;
-    for (what, a, b) in [("cached", small.0, maximal.0), ("restart peak", small.1, maximal.1)] {
+    for (what, a, b) in [
+        ("cached", small.0, maximal.0),
+        ("restart peak", small.1, maximal.1),
+    ] {
         let delta = b as i64 - a as i64;
-        let verdict = if delta <= GOAL_DELTA_KIB { "met" } else { "MISSED" };
+        let verdict = if delta <= GOAL_DELTA_KIB {
+            "met"
+        } else {
+            "MISSED"
+        };
         println!(
             "  {what}: maximal - small {:+.1} MiB (goal: within 16 MiB: {verdict})",
             delta as f64 / 1024.0

@@ -59,7 +59,8 @@ async fn a_pushed_breakdown_ends_in_the_report_and_the_profile() {
         .await
         .remove(0);
 
-    let sidecar = agent_common::start(&client, &pod.name_any(), &pod.uid().unwrap(), &ns.name).await;
+    let sidecar =
+        agent_common::start(&client, &pod.name_any(), &pod.uid().unwrap(), &ns.name).await;
 
     // An impossible breakdown is refused with the field named.
     let t0 = jiff::Timestamp::now().as_second() as f64 - 30.0;

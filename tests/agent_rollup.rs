@@ -24,7 +24,8 @@ async fn an_agent_only_pod_rolls_up_with_risk_and_time_to_oom() {
         .await
         .remove(0);
 
-    let sidecar = agent_common::start(&client, &pod.name_any(), &pod.uid().unwrap(), &ns.name).await;
+    let sidecar =
+        agent_common::start(&client, &pod.name_any(), &pod.uid().unwrap(), &ns.name).await;
 
     // 200 s of a 100 MB/s leak, as the agent would push it once a second,
     // dated in the recent past (the operator ignores reports from the future).

@@ -153,7 +153,9 @@ async fn a_tenant_with_jobs_that_run_nothing_and_a_policy_at_none_never_acts() {
             "maxRemediations": 90 + generation,
         })
     };
-    apply_policy(&client, hostile, "any", at_none(0)).await.unwrap();
+    apply_policy(&client, hostile, "any", at_none(0))
+        .await
+        .unwrap();
     apply_policy(&client, quiet, "shrink", shrink_policy(false))
         .await
         .unwrap();
@@ -161,7 +163,9 @@ async fn a_tenant_with_jobs_that_run_nothing_and_a_policy_at_none_never_acts() {
     low_report(&client, quiet, "train").await;
     profile_with_status(&client, quiet, "train").await;
     for generation in 1..=3 {
-        apply_policy(&client, hostile, "any", at_none(generation)).await.unwrap();
+        apply_policy(&client, hostile, "any", at_none(generation))
+            .await
+            .unwrap();
     }
     critical_report(&client, quiet, "train", 100).await;
     eventually("the quiet namespace's Job recreated", || async {
@@ -171,19 +175,23 @@ async fn a_tenant_with_jobs_that_run_nothing_and_a_policy_at_none_never_acts() {
         }
     })
     .await;
-    stays("the hostile namespace acted on nothing", Duration::from_secs(5), || async {
-        for j in &idle {
-            let name = j.name_any();
-            if !records(&client, hostile, &name).await.is_empty() {
-                return Err(format!("a remediation of {name}"));
+    stays(
+        "the hostile namespace acted on nothing",
+        Duration::from_secs(5),
+        || async {
+            for j in &idle {
+                let name = j.name_any();
+                if !records(&client, hostile, &name).await.is_empty() {
+                    return Err(format!("a remediation of {name}"));
+                }
+                let now = job(&client, hostile, &name).await.and_then(|j| j.uid());
+                if now != j.uid() {
+                    return Err(format!("{name} was recreated"));
+                }
             }
-            let now = job(&client, hostile, &name).await.and_then(|j| j.uid());
-            if now != j.uid() {
-                return Err(format!("{name} was recreated"));
-            }
-        }
-        Ok(())
-    })
+            Ok(())
+        },
+    )
     .await;
     operator.stop().await;
 }

@@ -399,7 +399,9 @@ async fn job_that_cannot_be_created_again_is_never_deleted() {
     assert!(message.contains("would refuse Job train"), "{message}");
     assert!(message.contains("left running, untouched"), "{message}");
     assert!(!rec.job_deleted, "{rec:?}");
-    let still = job_of(&admin, ns, "train").await.expect("the Job is still there");
+    let still = job_of(&admin, ns, "train")
+        .await
+        .expect("the Job is still there");
     assert_eq!(still.uid(), job.uid());
     assert_eq!(env_of(&still, "BATCH_SIZE").as_deref(), Some("32"));
     // The Event follows the record's write.
@@ -415,7 +417,11 @@ async fn job_that_cannot_be_created_again_is_never_deleted() {
         .await
         .unwrap()
         .items;
-    assert!(kept.is_empty(), "no plan is kept: {:?}", kept.iter().map(|c| c.name_any()).collect::<Vec<_>>());
+    assert!(
+        kept.is_empty(),
+        "no plan is kept: {:?}",
+        kept.iter().map(|c| c.name_any()).collect::<Vec<_>>()
+    );
     operator.stop().await;
 }
 
@@ -439,7 +445,10 @@ async fn job_whose_annotations_leave_no_room_is_never_deleted_and_leaves_no_plan
     // values): 8 bytes are left, after team.example/notes and memprof.dev/enabled.
     let filler = "x".repeat(262_144 - 41 - 8);
     let mut job = training_job_manifest("train", "32");
-    job.metadata.annotations.get_or_insert_with(Default::default).insert("team.example/notes".into(), filler);
+    job.metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert("team.example/notes".into(), filler);
     let job = Api::<Job>::namespaced(admin.clone(), ns)
         .create(&PostParams::default(), &job)
         .await
@@ -610,16 +619,31 @@ async fn a_pod_under_the_victims_service_account_cannot_speak_for_the_victims_po
         .unwrap();
 
     // The victim's own sidecar: counted, once the webhook is active.
-    let low = pod_report(&pod, "victim", 0, &at(0), vec![gpu(0, 30, 31, RiskLevel::Low, None)]);
+    let low = pod_report(
+        &pod,
+        "victim",
+        0,
+        &at(0),
+        vec![gpu(0, 30, 31, RiskLevel::Low, None)],
+    );
     eventually("the victim's own report counted", || async {
         let api = Api::<memprof::api::MemoryReport>::namespaced(own_client.clone(), ns);
         let mut r = low.clone();
         r.spec.sampled_at = at(1 + jiff::Timestamp::now().as_second() as u64 % 60);
-        api.patch(&name, &PatchParams::apply(memprof::api::SIDECAR_MANAGER).force(), &Patch::Apply(&r))
+        api.patch(
+            &name,
+            &PatchParams::apply(memprof::api::SIDECAR_MANAGER).force(),
+            &Patch::Apply(&r),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+        let st = profile_with_status(&admin, ns, "victim")
             .await
-            .map_err(|e| e.to_string())?;
-        let st = profile_with_status(&admin, ns, "victim").await.status.unwrap_or_default();
-        (st.ranks_reporting == 1).then_some(()).ok_or(format!("{:?}", st.conditions))
+            .status
+            .unwrap_or_default();
+        (st.ranks_reporting == 1)
+            .then_some(())
+            .ok_or(format!("{:?}", st.conditions))
     })
     .await;
 
@@ -650,24 +674,39 @@ async fn a_pod_under_the_victims_service_account_cannot_speak_for_the_victims_po
         let forged = forged.clone();
         async move {
             Api::<memprof::api::MemoryReport>::namespaced(client, ns)
-                .patch(&forged.name_any(), &PatchParams::apply(memprof::api::SIDECAR_MANAGER).force(), &Patch::Apply(&forged))
+                .patch(
+                    &forged.name_any(),
+                    &PatchParams::apply(memprof::api::SIDECAR_MANAGER).force(),
+                    &Patch::Apply(&forged),
+                )
                 .await
         }
     };
 
     // 1. While the webhook serves, the write is refused and says why.
     let refused = apply(evil_client.clone()).await.expect_err("refused");
-    assert!(refused.to_string().contains("may write only its own MemoryReport"), "{refused}");
+    assert!(
+        refused
+            .to_string()
+            .contains("may write only its own MemoryReport"),
+        "{refused}"
+    );
 
     // 2. With the webhook gone (a webhook failing open), it is stored
     //    unmarked, and never counts.
     drop(writers);
     eventually("the forged write stored", || async {
-        apply(evil_client.clone()).await.map(|_| ()).map_err(|e| e.to_string())
+        apply(evil_client.clone())
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
     })
     .await;
     eventually("the forged report named in ReportsValid", || async {
-        let st = profile_with_status(&admin, ns, "victim").await.status.unwrap_or_default();
+        let st = profile_with_status(&admin, ns, "victim")
+            .await
+            .status
+            .unwrap_or_default();
         let named = st.conditions.iter().any(|c| {
             // Unmarked, or still carrying the mark of the victim's last
             // genuine write, which does not match what the attacker wrote.
@@ -676,16 +715,23 @@ async fn a_pod_under_the_victims_service_account_cannot_speak_for_the_victims_po
         named.then_some(()).ok_or(format!("{:?}", st.conditions))
     })
     .await;
-    stays("the victim Job untouched", Duration::from_secs(8), || async {
-        let j = job_of(&admin, ns, "victim").await;
-        let recs = records(&admin, ns, "victim").await;
-        match j {
-            Some(j) if j.uid() == victim.uid() && recs.is_empty() => Ok(()),
-            other => Err(format!("{:?} {recs:?}", other.map(|j| j.uid()))),
-        }
-    })
+    stays(
+        "the victim Job untouched",
+        Duration::from_secs(8),
+        || async {
+            let j = job_of(&admin, ns, "victim").await;
+            let recs = records(&admin, ns, "victim").await;
+            match j {
+                Some(j) if j.uid() == victim.uid() && recs.is_empty() => Ok(()),
+                other => Err(format!("{:?} {recs:?}", other.map(|j| j.uid()))),
+            }
+        },
+    )
     .await;
-    let st = profile_with_status(&admin, ns, "victim").await.status.unwrap_or_default();
+    let st = profile_with_status(&admin, ns, "victim")
+        .await
+        .status
+        .unwrap_or_default();
     assert_ne!(st.risk, RiskLevel::Critical, "{st:?}");
     operator.stop().await;
 }
@@ -722,13 +768,16 @@ async fn refused_reports_naming_a_victim_never_hide_its_risk_event() {
     let params = PatchParams::apply(memprof::api::SIDECAR_MANAGER).force();
     // The genuine critical report and the flood at once: one roll-up sees both.
     let genuine = apply_report(&admin, ns, &critical);
-    let (_, written) = futures::join!(genuine, futures::future::join_all(flood.iter().map(|r| {
-        let (reports, params) = (&reports, &params);
-        async move {
-            let name = r.metadata.name.as_deref().unwrap();
-            reports.patch(name, params, &Patch::Apply(r)).await
-        }
-    })));
+    let (_, written) = futures::join!(
+        genuine,
+        futures::future::join_all(flood.iter().map(|r| {
+            let (reports, params) = (&reports, &params);
+            async move {
+                let name = r.metadata.name.as_deref().unwrap();
+                reports.patch(name, params, &Patch::Apply(r)).await
+            }
+        }))
+    );
     written.into_iter().for_each(|w| {
         w.unwrap();
     });

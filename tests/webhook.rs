@@ -316,7 +316,10 @@ async fn the_secret_path_goes_only_to_a_marks_webhook_that_fails_open() {
             .await
             .unwrap();
         let refused = sync_paths(&client, &ns, "new").await.unwrap_err();
-        assert!(matches!(refused, PathError::FailsClosed { .. }), "{refused}");
+        assert!(
+            matches!(refused, PathError::FailsClosed { .. }),
+            "{refused}"
+        );
         wait_for_url(&client, &ns, "https://127.0.0.1:1/mutate/tok").await;
     })
     .await;
@@ -383,10 +386,12 @@ async fn wait_for_url(client: &Client, name: &str, url: &str) {
             .split_once("/mutate/")
             .map(|(b, _)| format!("{b}/mutate"));
         let secret = memprof::webhook::paths::SECRET_PATH_WEBHOOKS;
-        let placed = urls.iter().all(|(n, u)| match secret.contains(&n.as_str()) {
-            true => u == url,
-            false => Some(u) == plain.as_ref(),
-        });
+        let placed = urls
+            .iter()
+            .all(|(n, u)| match secret.contains(&n.as_str()) {
+                true => u == url,
+                false => Some(u) == plain.as_ref(),
+            });
         if placed {
             return;
         }

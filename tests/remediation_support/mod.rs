@@ -48,7 +48,10 @@ pub async fn training_job_with_env(client: &Client, ns: &str, name: &str, env: V
 
 /// The manifest [`training_job`] creates, with `BATCH_SIZE` `batch`.
 pub fn training_job_manifest(name: &str, batch: &str) -> Job {
-    job_manifest(name, json!([{"name": "BATCH_SIZE", "value": batch}, {"name": "LR", "value": "0.001"}]))
+    job_manifest(
+        name,
+        json!([{"name": "BATCH_SIZE", "value": batch}, {"name": "LR", "value": "0.001"}]),
+    )
 }
 
 fn job_manifest(name: &str, env: Value) -> Job {

@@ -58,7 +58,9 @@ impl Written<'_> {
             digest,
         } = self;
         // Newline-separated: no name, uid or base64url digest holds one.
-        format!("memprof.dev/writer {VERSION}\n{namespace}\n{report}\n{pod_uid}\n{digest}\n{issued}")
+        format!(
+            "memprof.dev/writer {VERSION}\n{namespace}\n{report}\n{pod_uid}\n{digest}\n{issued}"
+        )
     }
 }
 
@@ -155,7 +157,11 @@ pub fn bound_pod<'a>(
 /// Marks `report` as written by its first Pod owner in `namespace`, as the
 /// webhook marks a sidecar's write (tests that stand in for the webhook).
 #[cfg(any(test, feature = "test-support"))]
-pub fn mark_as_written(report: &mut crate::MemoryReport, key: &crate::admission::Key, namespace: &str) {
+pub fn mark_as_written(
+    report: &mut crate::MemoryReport,
+    key: &crate::admission::Key,
+    namespace: &str,
+) {
     let pod_uid = report
         .metadata
         .owner_references
@@ -278,7 +284,10 @@ mod tests {
         let names = vec!["train-0".to_string()];
         let uids = vec!["uid-0".to_string()];
         let sa = Some("system:serviceaccount:ml:default");
-        assert_eq!(bound_pod("ml", sa, &names, &uids), Some(("train-0", "uid-0")));
+        assert_eq!(
+            bound_pod("ml", sa, &names, &uids),
+            Some(("train-0", "uid-0"))
+        );
         assert_eq!(bound_pod("other", sa, &names, &uids), None);
         assert_eq!(bound_pod("ml", sa, &[], &[]), None, "a legacy token");
         assert_eq!(bound_pod("ml", Some("alice"), &names, &uids), None);

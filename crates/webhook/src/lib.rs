@@ -26,8 +26,8 @@ mod options;
 pub mod paths;
 mod retry;
 pub mod server;
-pub mod writers;
 pub mod sidecar;
+pub mod writers;
 
 pub use certs::{CertBundle, CertConfig, CertError};
 pub use config::{GpuAccess, InjectionConfig, MarkConfig, ServiceAccountTokenMode, SidecarMode};

@@ -210,7 +210,10 @@ fn gpu_access_modes() {
         Some("utility")
     );
     assert!(env(c, "MEMPROF_GPU_DISCOVERY").is_none());
-    assert_eq!(names(&pod_spec(&out)["volumes"]), [SOCKET_VOLUME, TOKEN_VOLUME]);
+    assert_eq!(
+        names(&pod_spec(&out)["volumes"]),
+        [SOCKET_VOLUME, TOKEN_VOLUME]
+    );
     assert_eq!(names(&c["volumeMounts"]), [SOCKET_VOLUME, TOKEN_VOLUME]);
     assert_eq!(c["securityContext"]["runAsNonRoot"], true);
     assert_eq!(c["securityContext"]["runAsUser"], 65532);
@@ -242,7 +245,10 @@ fn gpu_access_modes() {
         Some("void")
     );
     assert!(env(c, "NVIDIA_DRIVER_CAPABILITIES").is_none());
-    assert_eq!(names(&pod_spec(&out)["volumes"]), [SOCKET_VOLUME, TOKEN_VOLUME]);
+    assert_eq!(
+        names(&pod_spec(&out)["volumes"]),
+        [SOCKET_VOLUME, TOKEN_VOLUME]
+    );
 }
 
 #[test]
@@ -473,7 +479,11 @@ fn service_account_token_is_projected_into_the_sidecar_unless_respected() {
             j["spec"]["template"]["spec"]["automountServiceAccountToken"] = json!(a);
         }
         let (out, _) = mutated(Target::Job, &j, &cfg());
-        assert_eq!(pod_spec(&out)["volumes"][1]["name"], TOKEN_VOLUME, "{automount:?}");
+        assert_eq!(
+            pod_spec(&out)["volumes"][1]["name"],
+            TOKEN_VOLUME,
+            "{automount:?}"
+        );
         assert_eq!(
             sidecar(&out)["volumeMounts"][1]["mountPath"],
             "/var/run/secrets/kubernetes.io/serviceaccount"

@@ -202,7 +202,11 @@ mod tests {
         let key = Key::generate();
         let victim = report("victim-0", "uid-victim");
         let (names, uids) = (vec!["evil".to_string()], vec!["uid-evil".to_string()]);
-        let v = review(&victim, &writer(&names, &uids, Caller::ApiServer), &cfg(&key));
+        let v = review(
+            &victim,
+            &writer(&names, &uids, Caller::ApiServer),
+            &cfg(&key),
+        );
         assert!(v.denied.is_some(), "{v:?}");
         assert_eq!(mark_of(&v), None);
     }
@@ -214,7 +218,10 @@ mod tests {
         r.metadata.annotations = Some([(ANNOTATION_WRITER.to_string(), "v1.1.x".into())].into());
         let v = review(&r, &writer(&[], &[], Caller::ApiServer), &cfg(&key));
         assert_eq!(v.denied, None);
-        assert!(matches!(v.ops.as_slice(), [PatchOperation::Remove(_)]), "{v:?}");
+        assert!(
+            matches!(v.ops.as_slice(), [PatchOperation::Remove(_)]),
+            "{v:?}"
+        );
         assert_eq!(v.warnings.len(), 1);
     }
 

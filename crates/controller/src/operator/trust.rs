@@ -46,7 +46,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use memprof_api::admission::{
     self, KeyRing, MarkError, Subject, ANNOTATION_ADMISSION, MAX_MARK_LEN,
 };
-use memprof_api::writer::{self, Written, WriterError, ANNOTATION_WRITER};
+use memprof_api::writer::{self, WriterError, Written, ANNOTATION_WRITER};
 use memprof_api::MemoryReport;
 use std::collections::{BTreeMap, HashMap};
 

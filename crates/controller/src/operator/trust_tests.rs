@@ -276,7 +276,11 @@ fn a_report_its_pod_did_not_write_does_not_count() {
     unmarked.metadata.annotations = None;
     let s = run(&[&unmarked], &pods, 1);
     assert!(s.counted.is_empty());
-    assert!(s.refused[0].why.contains("no memprof.dev/writer mark"), "{:?}", s.refused);
+    assert!(
+        s.refused[0].why.contains("no memprof.dev/writer mark"),
+        "{:?}",
+        s.refused
+    );
 
     let mut edited = genuine.clone();
     edited.spec.last_checkpoint = Some(memprof_api::Checkpoint {
@@ -285,7 +289,11 @@ fn a_report_its_pod_did_not_write_does_not_count() {
     });
     let s = run(&[&edited], &pods, 1);
     assert!(s.counted.is_empty());
-    assert!(s.refused[0].why.contains("does not match its content"), "{:?}", s.refused);
+    assert!(
+        s.refused[0].why.contains("does not match its content"),
+        "{:?}",
+        s.refused
+    );
 
     // A mark the webhook gave another pod's write, copied onto the victim's.
     let mut other = report("train-1", Some(0), 50);

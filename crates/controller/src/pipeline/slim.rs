@@ -22,12 +22,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 use memprof_analysis::batchfit::ANNOTATION_BATCH_ENV;
 use memprof_api::admission::{KeyRing, ANNOTATION_ADMISSION, LABEL_MANAGED, MAX_MARK_LEN};
-use memprof_api::writer::{self, spec_digest, Written, ANNOTATION_WRITER};
 use memprof_api::thresholds::ANNOTATION_THRESHOLDS;
+use memprof_api::writer::{self, spec_digest, Written, ANNOTATION_WRITER};
 use memprof_api::{
-    truncate_utf8, MemoryProfile, MemoryReport, MemoryReportSpec, RemediationPolicy, ANNOTATION_BOTTLENECK,
-    ANNOTATION_ENABLED, ANNOTATION_IMBALANCE, ANNOTATION_OOM_RISK, ANNOTATION_REMEDIATION,
-    ANNOTATION_TIME_TO_OOM, LABEL_JOB,
+    truncate_utf8, MemoryProfile, MemoryReport, MemoryReportSpec, RemediationPolicy,
+    ANNOTATION_BOTTLENECK, ANNOTATION_ENABLED, ANNOTATION_IMBALANCE, ANNOTATION_OOM_RISK,
+    ANNOTATION_REMEDIATION, ANNOTATION_TIME_TO_OOM, LABEL_JOB,
 };
 use std::collections::BTreeMap;
 
@@ -123,7 +123,8 @@ pub(super) fn report(r: &mut MemoryReport, ring: &KeyRing) {
         refs.retain(|o| o.kind == "Pod");
         refs.truncate(MAX_REPORT_OWNERS);
     }
-    let vouched = ring.current().is_none() || written_by_an_owner(r, mark.as_deref(), &digest, ring);
+    let vouched =
+        ring.current().is_none() || written_by_an_owner(r, mark.as_deref(), &digest, ring);
     if vouched {
         report_spec(&mut r.spec);
     } else {

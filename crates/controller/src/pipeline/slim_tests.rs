@@ -148,13 +148,15 @@ fn big_report() -> MemoryReport {
         },
     );
     r.metadata.namespace = Some("ml".into());
-    r.metadata.owner_references = Some(vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
-        kind: "Pod".into(),
-        name: "victim-0".into(),
-        uid: "victim-uid".into(),
-        api_version: "v1".into(),
-        ..Default::default()
-    }]);
+    r.metadata.owner_references = Some(vec![
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+            kind: "Pod".into(),
+            name: "victim-0".into(),
+            uid: "victim-uid".into(),
+            api_version: "v1".into(),
+            ..Default::default()
+        },
+    ]);
     r.metadata.annotations = Some(
         [
             (ANNOTATION_WRITER.to_string(), "v1.1.forged".to_string()),
@@ -174,7 +176,10 @@ fn a_report_no_pod_vouched_for_is_cached_as_its_name_only() {
     assert!(size(&refused) > 100_000);
     report(&mut refused, &ring);
     assert!(size(&refused) < 1024, "{} bytes kept", size(&refused));
-    assert_eq!(refused.spec.pod_name, "victim-0", "still named in ReportsValid");
+    assert_eq!(
+        refused.spec.pod_name, "victim-0",
+        "still named in ReportsValid"
+    );
     assert!(refused.spec.gpus.is_empty());
 
     // The same content, written by its pod: what the roll-up reads is kept.
