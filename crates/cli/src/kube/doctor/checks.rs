@@ -148,13 +148,23 @@ fn mark_path(name: &str, cc: &WebhookClientConfig) -> Check {
         }
         (None, None) => String::new(),
     };
+    let (marked, lost) = match name {
+        "writers.memprof.dev" => (
+            "the reports its pods' sidecars write are marked",
+            "reports are written but not marked, so none counts",
+        ),
+        _ => (
+            "the Job controller's pods are marked",
+            "pods are injected but not marked, so none counts for its Job",
+        ),
+    };
     if path.len() > SECRET_PATH.len() && path.starts_with(SECRET_PATH) {
         return Check::ok(format!(
-            "webhook {name} is on the operator's secret path: the Job controller's pods are marked"
+            "webhook {name} is on the operator's secret path: {marked}"
         ));
     }
     Check::warn(
-        format!("webhook {name} calls {}, not the operator's secret path: pods are injected but not marked, so none counts for its Job", if path.is_empty() { "/" } else { &path }),
+        format!("webhook {name} calls {}, not the operator's secret path: {lost}", if path.is_empty() { "/" } else { &path }),
         "the operator sets it within 30 s of starting (--webhook-config-name, and get/patch on its MutatingWebhookConfiguration); after a helm upgrade, wait 30 s",
     )
 }
@@ -204,7 +214,7 @@ pub fn webhooks(configs: &[MutatingWebhookConfiguration]) -> (Vec<Check>, Vec<Ta
                     "that is deliberate (training is never blocked by memprof); the last check below finds Jobs it missed",
                 ));
             }
-            if w.name == "marks.memprof.dev" {
+            if ["marks.memprof.dev", "writers.memprof.dev"].contains(&w.name.as_str()) {
                 checks.push(mark_path(&w.name, cc));
             }
             targets.push(Target {

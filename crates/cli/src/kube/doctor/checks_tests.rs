@@ -110,6 +110,19 @@ fn webhooks_need_a_ca_bundle_and_failing_open_is_said() {
             .any(|l| l.level == Level::Warn && l.what.contains("not the operator's secret path")),
         "{lines:?}"
     );
+    // The writers webhook too: off the path, reports are not marked.
+    let writers_off: MutatingWebhookConfiguration = from(json!({
+        "metadata": {"name": "memprof"},
+        "webhooks": [{"name": "writers.memprof.dev", "sideEffects": "None", "admissionReviewVersions": ["v1"],
+             "clientConfig": {"service": {"namespace": "ops", "name": "w", "path": "/mutate"}, "caBundle": "Y2E="}}]
+    }));
+    let (lines, _) = webhooks(&[writers_off]);
+    assert!(
+        lines.iter().any(|l| l.level == Level::Warn
+            && l.what.contains("writers.memprof.dev")
+            && l.what.contains("reports are written but not marked")),
+        "{lines:?}"
+    );
     let (none, t) = webhooks(&[]);
     assert!(t.is_empty() && none[0].what.contains("no memprof webhook is registered"));
 }
