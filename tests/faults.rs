@@ -18,6 +18,7 @@ mod common;
 mod faults_support;
 #[path = "remediation_support/mod.rs"]
 mod remediation_support;
+mod webhook_support;
 
 use common::{eventually_within, TestNamespace};
 use faults_support::*;
@@ -173,7 +174,20 @@ async fn leaders_step_down_and_everything_catches_up_when_the_api_server_is_froz
     create_namespace(&client, ns).await;
     remediation_support::training_job(&client, ns, "train", Some("32")).await;
     let pod = remediation_support::first_pod(&client, ns, "train").await;
-    let (mut sidecar, files) = sidecar(&cluster.kubeconfig, ns, &pod, "train");
+    // The sidecar writes as its pod, beside the webhook that marks such
+    // writes (only then does its report count).
+    let ring = common::admission_keys_in(&client, ns).await;
+    let _writers = webhook_support::serve_writers(&client, ns, ring).await;
+    let bound = common::kubeconfig_bound_to_in(
+        &cluster.kubeconfig,
+        &client,
+        ns,
+        &pod.name_any(),
+        &pod.uid().unwrap(),
+    )
+    .await;
+    let bound = faults_support::TempFile(bound);
+    let (mut sidecar, files) = sidecar(&bound.0, ns, &pod, "train");
     let elect = ["--leader-elect", "--lease-duration-seconds", "6"];
     let mut a = operator("op-a", &cluster.kubeconfig, ns, &elect);
     let mut b = operator("op-b", &cluster.kubeconfig, ns, &elect);

@@ -627,6 +627,19 @@ pub async fn kubeconfig_bound_to(
     pod: &str,
     uid: &str,
 ) -> std::path::PathBuf {
+    let base = std::env::var("KUBECONFIG").expect("KUBECONFIG");
+    kubeconfig_bound_to_in(std::path::Path::new(&base), admin, ns, pod, uid).await
+}
+
+/// [`kubeconfig_bound_to`] for the cluster of kubeconfig `base`
+/// (tests/faults.rs runs control planes of its own).
+pub async fn kubeconfig_bound_to_in(
+    base: &std::path::Path,
+    admin: &Client,
+    ns: &str,
+    pod: &str,
+    uid: &str,
+) -> std::path::PathBuf {
     use k8s_openapi::api::authentication::v1::{
         BoundObjectReference, TokenRequest, TokenRequestSpec,
     };
@@ -654,9 +667,8 @@ pub async fn kubeconfig_bound_to(
             .ok_or_else(|| "no token in the answer".to_string())
     })
     .await;
-    let path = std::env::var("KUBECONFIG").expect("KUBECONFIG");
     let mut cfg: serde_yaml::Value =
-        serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        serde_yaml::from_str(&std::fs::read_to_string(base).unwrap()).unwrap();
     for u in cfg["users"].as_sequence_mut().unwrap() {
         // Only the token: a client certificate beside it would authenticate first.
         u["user"] = serde_yaml::to_value(BTreeMap::from([("token", token.clone())])).unwrap();
