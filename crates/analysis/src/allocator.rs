@@ -236,11 +236,12 @@ impl AgentDevice {
                 used: d.reserved_bytes,
                 total,
             });
-            let outside = total
-                .saturating_sub(free)
-                .saturating_sub(d.reserved_bytes);
+            let outside = total.saturating_sub(free).saturating_sub(d.reserved_bytes);
             self.others.push_back((t, outside as f64));
-            while self.others.front().is_some_and(|p| t - p.0 > OTHERS_SECONDS)
+            while self
+                .others
+                .front()
+                .is_some_and(|p| t - p.0 > OTHERS_SECONDS)
                 || self.others.len() > MAX_POINTS
             {
                 self.others.pop_front();
@@ -382,7 +383,15 @@ impl AgentDevice {
                 Forecast {
                     tto,
                     growth: p.slope,
-                    confidence: (p.span / tto.clamp(1.0, PACE_TRUST_SECONDS)).min(1.0),
+                    // A leak's pace is trusted once watched for the trust
+                    // span; a workload's demand can stop growing at any
+                    // time (a schedule does), so its pace is trusted only
+                    // as far ahead as it was watched.
+                    confidence: if p.floor_flat {
+                        (p.span / tto.max(1.0)).min(1.0)
+                    } else {
+                        (p.span / tto.clamp(1.0, PACE_TRUST_SECONDS)).min(1.0)
+                    },
                     cause,
                 },
                 th,

@@ -315,8 +315,7 @@ fn fuse(aa: &AllocatorAssessment, nvml: Assessment, th: &Thresholds) -> (Assessm
                 .is_some_and(|n| a.time_to_oom_seconds.is_none_or(|x| n < x)));
     let outside = aa.outside_growth.unwrap_or(0.0);
     let growth = nvml.growth_bytes_per_second;
-    let neighbour =
-        growth > 0.0 && outside > th.leak_bytes_per_second && outside >= growth / 2.0;
+    let neighbour = growth > 0.0 && outside > th.leak_bytes_per_second && outside >= growth / 2.0;
     if !(nvml_earlier && neighbour && nvml.time_to_oom_seconds.is_some()) {
         return (a.clone(), true);
     }
@@ -327,8 +326,7 @@ fn fuse(aa: &AllocatorAssessment, nvml: Assessment, th: &Thresholds) -> (Assessm
         format!(
             "device memory grows {} outside the trainer's allocator, whose own pace is {}",
             memprof_api::format_rate(outside).trim_start_matches('+'),
-            memprof_api::format_rate(a.growth_bytes_per_second.max(0.0))
-                .trim_start_matches('+'),
+            memprof_api::format_rate(a.growth_bytes_per_second.max(0.0)).trim_start_matches('+'),
         ),
     ));
     (n, false)
@@ -392,7 +390,10 @@ fn publish(
     let due = verdict::evidence_level(&a, th);
     a.risk = a.risk.max(due);
     if let Some(c) = a.cause.as_mut() {
-        if matches!(c.cause, Cause::Neighbour | Cause::GrowingDemand | Cause::Leak) {
+        if matches!(
+            c.cause,
+            Cause::Neighbour | Cause::GrowingDemand | Cause::Leak
+        ) {
             if let Some((pid, bytes, rate)) = growing_process(g, trainer, th) {
                 let named = format!(
                     "; pid {pid} holds {}, {}",

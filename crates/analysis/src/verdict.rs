@@ -1,0 +1,199 @@
+//! One rule from evidence to a level, and the check every published
+//! verdict passes (issue 29: "levels that hold").
+//!
+//! A GPU's verdict carries its level, its time to OOM with the confidence
+//! in it, and the fraction of memory its level was judged on. The level is
+//! a function of those three under the thresholds in force
+//! ([`level_of`]): the higher of the level by usage and the level the
+//! predicted OOM calls for at its confidence. A published verdict may sit
+//! above that only while the hysteresis holds a level the evidence reached
+//! within the hold ([`check`]); it never sits below it. So a reading that
+//! says `low` never carries a time to OOM of 20 s at confidence 1.0.
+//!
+//! Each verdict also names what would cause the OOM ([`Cause`]) with its
+//! evidence in a few words.
+
+use crate::risk::{by_level, by_trend};
+use crate::Assessment;
+use memprof_api::thresholds::Thresholds;
+use memprof_api::RiskLevel;
+
+/// What would run the GPU out of memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Cause {
+    /// Memory kept from step to step (the floor between steps rises with
+    /// the peaks; from NVML: a regular staircase after the start).
+    Leak,
+    /// The workload's own demand grows (longer sequences, a batch schedule):
+    /// the peaks rise while memory between steps stays put, or NVML sees
+    /// growth that is not (yet) a leak.
+    GrowingDemand,
+    /// Another process on the same GPU grows while the trainer's allocator
+    /// does not.
+    Neighbour,
+    /// Memory reserved but not allocated blocks the next allocations.
+    Fragmentation,
+    /// A sudden rise of at least `spikeFraction` of the GPU.
+    Spike,
+}
+
+impl Cause {
+    /// The name in reports and logs (camelCase, as the API spells enums).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Cause::Leak => "leak",
+            Cause::GrowingDemand => "growingDemand",
+            Cause::Neighbour => "neighbour",
+            Cause::Fragmentation => "fragmentation",
+            Cause::Spike => "spike",
+        }
+    }
+}
+
+impl std::fmt::Display for Cause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A cause with its evidence (one short sentence, bounded).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NamedCause {
+    /// The cause.
+    pub cause: Cause,
+    /// What showed it, e.g. "device memory +400 MiB/s outside the trainer's
+    /// allocator; pid 4242 holds 31 GiB".
+    pub evidence: String,
+}
+
+/// Evidence strings are cut to this many bytes.
+pub const MAX_EVIDENCE: usize = 200;
+
+impl NamedCause {
+    /// A cause with its evidence, cut to [`MAX_EVIDENCE`] bytes.
+    pub fn new(cause: Cause, evidence: impl Into<String>) -> Self {
+        let mut evidence = evidence.into();
+        if evidence.len() > MAX_EVIDENCE {
+            let mut end = MAX_EVIDENCE;
+            while !evidence.is_char_boundary(end) {
+                end -= 1;
+            }
+            evidence.truncate(end);
+        }
+        NamedCause { cause, evidence }
+    }
+}
+
+/// The level the evidence calls for: the higher of the level by usage
+/// (`fraction` of the memory the level is judged against) and the level of
+/// the predicted OOM `tto` at its `confidence` (an uncertain prediction may
+/// warn, never alarm). The only place a level is derived.
+pub fn level_of(tto: Option<f64>, confidence: f64, fraction: f64, th: &Thresholds) -> RiskLevel {
+    let confidence = if confidence.is_finite() {
+        confidence
+    } else {
+        0.0
+    };
+    by_level(fraction, th).max(by_trend(tto, confidence, th))
+}
+
+/// The level `a`'s own evidence calls for.
+pub fn evidence_level(a: &Assessment, th: &Thresholds) -> RiskLevel {
+    if a.risk == RiskLevel::None {
+        return RiskLevel::None;
+    }
+    level_of(a.time_to_oom_seconds, a.confidence, a.level_fraction, th)
+}
+
+/// A verdict that contradicts its own evidence.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Contradiction(pub String);
+
+impl std::fmt::Display for Contradiction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The invariant of a published verdict: its level is never below what its
+/// time to OOM, confidence and usage call for ([`level_of`]), and above it
+/// only while `held` (the hysteresis keeps a level reached within the hold).
+/// A verdict without data (`none`) carries no time to OOM.
+pub fn check(a: &Assessment, th: &Thresholds, held: bool) -> Result<(), Contradiction> {
+    let says = |why: &str| {
+        Contradiction(format!(
+            "{why}: risk {:?}, time to OOM {:?}, confidence {:.2}, usage {:.3}",
+            a.risk, a.time_to_oom_seconds, a.confidence, a.level_fraction
+        ))
+    };
+    if a.risk == RiskLevel::None {
+        return match a.time_to_oom_seconds {
+            None => Ok(()),
+            Some(_) => Err(says("no data, yet a time to OOM")),
+        };
+    }
+    if !(0.0..=1.0).contains(&a.confidence) {
+        return Err(says("confidence outside 0..1"));
+    }
+    let due = evidence_level(a, th);
+    if a.risk < due {
+        return Err(says(&format!("level below its evidence ({due:?})")));
+    }
+    if a.risk > due && !held {
+        return Err(says(&format!("level above its evidence ({due:?}) unheld")));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use RiskLevel::{Critical, High, Low, Medium};
+
+    fn verdict(risk: RiskLevel, tto: Option<f64>, confidence: f64, fraction: f64) -> Assessment {
+        Assessment {
+            risk,
+            time_to_oom_seconds: tto,
+            confidence,
+            level_fraction: fraction,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_level_is_the_higher_of_usage_and_a_credible_forecast() {
+        let th = Thresholds::default();
+        assert_eq!(level_of(None, 1.0, 0.5, &th), Low);
+        assert_eq!(level_of(Some(20.0), 1.0, 0.5, &th), Critical);
+        assert_eq!(level_of(Some(300.0), 1.0, 0.5, &th), High);
+        assert_eq!(level_of(Some(20.0), 0.4, 0.5, &th), Medium, "warns only");
+        assert_eq!(level_of(Some(20.0), 0.1, 0.5, &th), Low);
+        assert_eq!(level_of(Some(5000.0), 1.0, 0.96, &th), High);
+        assert_eq!(level_of(Some(20.0), f64::NAN, 0.5, &th), Low);
+    }
+
+    /// What the NVML-only sidecar published (issue 29): `low` with a time
+    /// to OOM of 20 s at confidence 1.0; high with 8 s.
+    #[test]
+    fn a_level_below_its_evidence_is_a_contradiction_held_or_not() {
+        let th = Thresholds::default();
+        assert!(check(&verdict(Low, Some(20.0), 1.0, 0.5), &th, false).is_err());
+        assert!(check(&verdict(Low, Some(20.0), 1.0, 0.5), &th, true).is_err());
+        assert!(check(&verdict(High, Some(8.0), 1.0, 0.5), &th, false).is_err());
+        assert!(check(&verdict(Critical, Some(8.0), 1.0, 0.5), &th, false).is_ok());
+        assert!(check(&verdict(Low, Some(20.0), 0.1, 0.5), &th, false).is_ok());
+        // Above the evidence only while held.
+        assert!(check(&verdict(High, None, 1.0, 0.5), &th, false).is_err());
+        assert!(check(&verdict(High, None, 1.0, 0.5), &th, true).is_ok());
+        assert!(check(&verdict(RiskLevel::None, Some(3.0), 0.0, 0.0), &th, false).is_err());
+        assert!(check(&verdict(RiskLevel::None, None, 0.0, 0.0), &th, false).is_ok());
+    }
+
+    #[test]
+    fn evidence_is_bounded_and_causes_are_named_in_camel_case() {
+        let c = NamedCause::new(Cause::GrowingDemand, "é".repeat(300));
+        assert!(c.evidence.len() <= MAX_EVIDENCE);
+        assert_eq!(c.cause.to_string(), "growingDemand");
+        assert_eq!(Cause::Neighbour.as_str(), "neighbour");
+    }
+}
