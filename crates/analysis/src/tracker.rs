@@ -82,6 +82,8 @@ struct Gpu {
     growing_until: f64,
     /// The newest cause of growth published.
     growth_cause: Option<NamedCause>,
+    /// The newest credible forecast: (time, time to OOM, confidence).
+    credible: Option<(f64, f64, f64)>,
     processes: Vec<Process>,
 }
 
@@ -94,6 +96,7 @@ impl Gpu {
             leak: FlagGate::default(),
             growing_until: f64::NEG_INFINITY,
             growth_cause: None,
+            credible: None,
             processes: Vec::new(),
         }
     }
@@ -347,6 +350,34 @@ fn growing_process(g: &Gpu, trainer: &[u32], th: &Thresholds) -> Option<(u32, f6
         .max_by(|a, b| a.2.total_cmp(&b.2))
 }
 
+/// A forecast less certain than the newest credible one, but at least as
+/// soon as that one aged (within a quarter), confirms it: it keeps that
+/// one's confidence instead of starting trust from nothing (a regular run
+/// of rises that restarts, or a staircase read as a bare envelope trend for
+/// a while, sent a steady simulated leak high -> medium -> high). Only
+/// within the fit window of the credible forecast, and while it has not
+/// aged past its OOM.
+fn confirm(g: &mut Gpu, a: &mut Assessment, t: f64, th: &Thresholds) {
+    let Some(tto) = a.time_to_oom_seconds else {
+        return;
+    };
+    if a.confidence >= th.min_confidence {
+        g.credible = Some((t, tto, a.confidence));
+        return;
+    }
+    let Some((t0, tto0, c0)) = g.credible else {
+        return;
+    };
+    let aged = tto0 - (t - t0);
+    if aged <= 0.0 || t - t0 > th.fit_window_seconds {
+        g.credible = None;
+        return;
+    }
+    if tto <= 1.25 * aged {
+        a.confidence = a.confidence.max(c0);
+    }
+}
+
 /// The raw assessment through the GPU's gates, as published: at the
 /// ceiling after growing, OOM now and the leak flag kept; the level held
 /// by the hysteresis, never below its evidence; the verdict checked.
@@ -386,6 +417,7 @@ fn publish(
             100.0 * a.level_fraction
         );
     }
+    confirm(g, &mut a, t, th);
     // The level is what the evidence says, whoever computed it.
     let due = verdict::evidence_level(&a, th);
     a.risk = a.risk.max(due);

@@ -272,7 +272,7 @@ impl Monitor {
                 source,
             },
             gpus,
-            allocator: self.agent.stats(),
+            allocator: self.agent().stats(),
             breakdown: self.breakdowns.report(),
             conditions,
             // The loop's own: its heartbeat and the trainers' acknowledgements.
@@ -295,7 +295,11 @@ fn take_assessment(g: &mut GpuReport, a: &Assessment) {
 
 /// A GPU only the agent sees: memory in use is the device's (total − free,
 /// what NVML would show), the assessment the allocator's.
-fn agent_only_gpu(d: &AgentDevice, a: &Assessment, fragmentation: Option<f64>) -> Option<GpuReport> {
+fn agent_only_gpu(
+    d: &AgentDevice,
+    a: &Assessment,
+    fragmentation: Option<f64>,
+) -> Option<GpuReport> {
     let used = d.used_series();
     let last = used.last()?;
     let mut g = GpuReport {
@@ -382,6 +386,60 @@ mod tests {
     fn leaking_monitor() -> Monitor {
         let s = Scenario::parse("default: { leakMiBPerSecond: 50, noiseGiB: 0 }").unwrap();
         Monitor::new(Box::new(SimSampler::new(s, 0)), Thresholds::default())
+    }
+
+    /// Issue 29: a steady 100 MiB/s simulated leak logged 17 `risk changed`
+    /// lines in 5.5 minutes (critical -> high at TTO 24 s and 8 s), and at
+    /// the ceiling lost its leak flag while its TTO stayed 4 s. Through the
+    /// sidecar's analysis, every published verdict agrees with its own
+    /// evidence, the escalation reads each level once, and at the ceiling
+    /// the GPU keeps its leak flag and says OOM now.
+    #[test]
+    fn a_steady_simulated_leak_escalates_once_per_level_and_never_contradicts_itself() {
+        let th = Thresholds::default();
+        let s = Scenario::parse("default: { leakMiBPerSecond: 100 }").unwrap();
+        let mut m = Monitor::new(Box::new(SimSampler::new(s, 7)), th.clone());
+        let mut published = Vec::new();
+        for i in 0..=700 {
+            let t = 1_000_000.0 + i as f64;
+            m.sample(t).unwrap();
+            m.analyse();
+            for v in m.verdicts() {
+                if let Err(e) = memprof_analysis::verdict::check(&v.assessment, &th, v.held) {
+                    panic!("t={i}: {e}");
+                }
+            }
+            let r = m.report(&Identity::default(), String::new(), 1000, vec![]);
+            let g = &r.gpus[0];
+            published.push((i, r.summary.risk, g.time_to_oom_seconds, g.leak_suspected));
+        }
+        let transitions = published.windows(2).filter(|w| w[0].1 != w[1].1).count();
+        let reached: std::collections::BTreeSet<RiskLevel> =
+            published.iter().map(|p| p.1).collect();
+        let changes: Vec<_> = published
+            .windows(2)
+            .filter(|w| w[0].1 != w[1].1)
+            .map(|w| w[1])
+            .collect();
+        assert!(
+            transitions <= reached.len() + 1,
+            "{transitions} transitions over {reached:?}: {changes:?}"
+        );
+        // At most one fall (the issue's goal: levels reached + 1), none to
+        // low, none once the leak is within two minutes of its OOM.
+        let falls = published.windows(2).filter(|w| w[1].1 < w[0].1).count();
+        assert!(falls <= 1, "{changes:?}");
+        assert!(published[40..].iter().all(|p| p.1 >= RiskLevel::Medium));
+        assert!(published[340..].iter().all(|p| p.1 == RiskLevel::Critical));
+        assert!(reached.contains(&RiskLevel::Critical));
+        // The peaks reach 80 GiB at ~410 s: full after growing is OOM now.
+        for p in &published[450..] {
+            assert_eq!(
+                (p.1, p.2, p.3),
+                (RiskLevel::Critical, Some(0.0), true),
+                "{p:?}"
+            );
+        }
     }
 
     #[test]
@@ -519,8 +577,10 @@ mod tests {
         assert!(g.fragmentation.is_some());
 
         // The trainer stops pushing: NVML's own assessment again.
-        for i in 201..=260 {
+        // (30 s until the pushes are stale, then the hold of the level and flag.)
+        for i in 201..=300 {
             m.sample(i as f64).unwrap();
+            m.analyse();
         }
         m.analyse();
         let g = &m
