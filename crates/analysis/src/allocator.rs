@@ -334,8 +334,8 @@ impl AgentDevice {
     ///   steps rises with them, **growing demand** when it stays put; both
     ///   alarm when the forecast is credible (an OOM is an OOM, leak or not);
     /// - device memory (total − free, what NVML sees) growing **outside**
-    ///   this allocator: a **neighbour** filling the GPU, forecast as NVML
-    ///   would ([`assess`] of the device series);
+    ///   this allocator: a **neighbour** filling the GPU, forecast to the
+    ///   moment it has taken the free memory;
     /// - a cache that fills the limit while much of it holds no tensor and
     ///   its free blocks do not serve the allocations (split blocks, or
     ///   retries): **fragmentation** blocks the next allocation the cache
@@ -447,9 +447,11 @@ impl AgentDevice {
     }
 
     /// Device memory growing outside this allocator (another process on a
-    /// shared GPU): the device series (total − free) forecast as NVML would,
-    /// when memory not in this allocator's cache grows faster than the leak
-    /// rate and accounts for at least half of the device's growth.
+    /// shared GPU): memory not in this allocator's cache grows steadily
+    /// (r² ≥ 0.8 over the last `fitWindowSeconds`) faster than the leak
+    /// rate; the device is full when it has taken the free memory. Like a
+    /// workload's demand, another process's growth can stop at any time, so
+    /// it is trusted as far ahead as it was watched.
     fn neighbour(&self, th: &Thresholds) -> Option<Forecast> {
         let now = self.others.back()?.0;
         let recent: Vec<(f64, f64)> = self
@@ -459,25 +461,22 @@ impl AgentDevice {
             .copied()
             .collect();
         let fit = theil_sen(&recent)?;
-        let device = assess(&self.used, th);
-        let tto = device.time_to_oom_seconds?;
-        let outside = fit.slope;
-        if outside <= th.leak_bytes_per_second
-            || fit.r2 < NEIGHBOUR_R2
-            || outside < device.growth_bytes_per_second / 2.0
-        {
+        let free = (self.limit? - self.last.reserved_bytes as f64).max(0.0);
+        if fit.slope <= th.leak_bytes_per_second || fit.r2 < NEIGHBOUR_R2 {
             return None;
         }
-        let rate = memprof_api::format_rate(outside);
+        let tto = free / fit.slope;
+        let rate = memprof_api::format_rate(fit.slope);
         Some(Forecast {
             tto,
-            growth: device.growth_bytes_per_second,
-            confidence: device.confidence,
+            growth: fit.slope,
+            confidence: (fit.span / tto.max(1.0)).min(1.0),
             cause: NamedCause::new(
                 Cause::Neighbour,
                 format!(
-                    "device memory outside the trainer's allocator grows {}; its limit is {} now",
+                    "device memory outside the trainer's allocator grows {}; {} free, the allocator's limit {}",
                     rate.trim_start_matches('+'),
+                    memprof_api::format_bytes(free as u64),
                     memprof_api::format_bytes(self.limit.unwrap_or(0.0) as u64)
                 ),
             ),

@@ -400,3 +400,94 @@ mod verdict;
 
 #[path = "allocator_process_tests.rs"]
 mod processes;
+
+/// Issue 29 item 4: sequence length ramping (the peaks rise 0.5 GB/s, memory
+/// between steps stays put) until it no longer fits. It was held at medium
+/// ("a pace over a flat floor may warn, never alarm") until the OOM; now the
+/// forecast alarms, named growing demand, not a leak.
+#[test]
+fn growing_demand_that_will_not_fit_alarms_from_its_forecast() {
+    let th = Thresholds::default();
+    let ramp = |t: f64| {
+        at(
+            20.0 * GB,
+            30.0 * GB + 0.5 * GB * t,
+            31.0 * GB + 0.5 * GB * t,
+        )
+    };
+    // The limit is 79.5 GB: the peaks reach it at t = 99 s.
+    let (_, all) = run(95, ramp);
+    let first = all
+        .iter()
+        .position(|a| a.risk.risk >= RiskLevel::High)
+        .expect("high before the OOM");
+    assert!(99 - first >= 50, "first high at {first} s");
+    for a in &all {
+        assert!(!a.risk.leak_suspected, "{a:?}");
+        assert!(crate::verdict::check(&a.risk, &th, false).is_ok(), "{a:?}");
+    }
+    let c = all[first].risk.cause.clone().unwrap();
+    assert_eq!(c.cause, crate::verdict::Cause::GrowingDemand, "{c:?}");
+    assert!(
+        all[90].risk.risk == RiskLevel::Critical,
+        "{:?}",
+        all[90].risk
+    );
+}
+
+/// Issue 29 item 3: 77 GB reserved, 0.3 GB allocated, the cache in split
+/// blocks: it sat at risk low with no advice until the OOM (the advice came
+/// 1 s after it, with the first retries). A full cache whose free blocks
+/// serve the allocations (no split blocks, no retries) is not a risk.
+#[test]
+fn a_fragmented_cache_that_fills_the_limit_is_high_with_its_advice_before_any_retry() {
+    let th = Thresholds::default();
+    let fragmented = At {
+        split: 40.0 * GB,
+        ..at(0.3 * GB, 0.3 * GB, 77.0 * GB)
+    };
+    let (_, all) = run(20, |_| fragmented);
+    let a = all.last().unwrap();
+    assert!(a.risk.risk >= RiskLevel::High, "{a:?}");
+    assert_eq!(
+        a.risk.cause.as_ref().map(|c| c.cause),
+        Some(crate::verdict::Cause::Fragmentation)
+    );
+    assert!(
+        a.advice.as_deref().unwrap().contains("expandable_segments"),
+        "{a:?}"
+    );
+    assert!(crate::verdict::check(&a.risk, &th, false).is_ok(), "{a:?}");
+    let (_, all) = run(20, |_| at(0.3 * GB, 0.3 * GB, 77.0 * GB));
+    let a = all.last().unwrap();
+    assert!(a.risk.risk <= RiskLevel::Low && a.advice.is_none(), "{a:?}");
+}
+
+/// Issue 29 item 2: another process on the GPU grows 400 MB/s while the
+/// trainer's allocator is flat; its limit falls. The allocator alone warned
+/// 2 s ahead; the device's memory outside the allocator now forecasts it.
+#[test]
+fn a_neighbour_filling_the_gpu_is_forecast_from_memory_outside_the_allocator() {
+    let th = Thresholds::default();
+    let neighbour = |t: f64| At {
+        others: 0.4 * GB * t,
+        ..at(30.0 * GB, 40.0 * GB, 42.0 * GB)
+    };
+    // Free memory runs out at t = (80 - 42 - 0.5) / 0.4 = 94 s.
+    let (_, all) = run(90, neighbour);
+    let first = all
+        .iter()
+        .position(|a| a.risk.risk >= RiskLevel::High)
+        .unwrap_or_else(|| panic!("{:?}", all[80].risk));
+    assert!(94 - first >= 30, "first high at {first} s");
+    let a = &all[first];
+    assert_eq!(
+        a.risk.cause.as_ref().map(|c| c.cause),
+        Some(crate::verdict::Cause::Neighbour),
+        "{a:?}"
+    );
+    assert!(!a.risk.leak_suspected);
+    assert!(all
+        .iter()
+        .all(|a| crate::verdict::check(&a.risk, &th, false).is_ok()));
+}

@@ -508,4 +508,54 @@ mod tests {
         assert_eq!(v.len(), 2);
         assert!(v[1].agent_only && v[1].from_agent);
     }
+
+    /// Issue 29 item 2: another process grows 400 MB/s until the card is
+    /// full while the trainer's allocator is flat. The agent-fed verdict
+    /// judged the allocator alone (2 s of warning, against NVML's 81 s); now
+    /// it never sees less than the NVML-only one, names the cause a
+    /// neighbour and the growing process by pid, and every published
+    /// verdict passes the invariant.
+    #[test]
+    fn a_neighbour_is_seen_with_the_agent_as_without_and_named() {
+        let th = Thresholds::default();
+        let mut with = Tracker::new(&th);
+        let mut without = Tracker::new(&th);
+        let trainer = 42 * G;
+        let mut first_high = None;
+        for s in 0..=100 {
+            let t = s as f64;
+            let others = (0.4e9 * t) as u64;
+            let used = (trainer + G / 2 + others).min(80 * G);
+            for tr in [&mut with, &mut without] {
+                tr.sample(t, 0, Some("GPU-a"), used, 80 * G);
+                tr.processes(t, 0, &[(100, trainer + G / 2), (200, others)]);
+            }
+            let mut p = push(t, 30 * G);
+            p.pid = 100;
+            p.devices[0].reserved_bytes = trainer;
+            p.devices[0].peak_allocated_bytes = Some(40 * G);
+            p.devices[0].free_bytes = Some((80 * G).saturating_sub(used));
+            with.push(&p);
+            let a = with.analyse(t)[0].clone();
+            let b = without.analyse(t)[0].clone();
+            for v in [&a, &b] {
+                verdict::check(&v.assessment, &th, v.held).unwrap();
+            }
+            assert!(
+                a.assessment.risk >= b.assessment.risk,
+                "t={t}: {:?} with the agent, {:?} without",
+                a.assessment,
+                b.assessment
+            );
+            if a.assessment.risk >= RiskLevel::High && first_high.is_none() {
+                first_high = Some(s);
+                let c = a.assessment.cause.clone().unwrap();
+                assert_eq!(c.cause, Cause::Neighbour, "{c:?}");
+                assert!(c.evidence.contains("pid 200"), "{c:?}");
+            }
+        }
+        // Full at t = (80 GiB - 42.5 GiB) / 0.4 GB/s = 100 s.
+        let first = first_high.expect("high before the GPU is full");
+        assert!(100 - first >= 30, "first high at {first} s");
+    }
 }
