@@ -539,6 +539,34 @@ mod tests {
         assert_eq!(all.last().unwrap().confidence, 1.0);
     }
 
+    /// Issue 29 item 1: readings published as `low` carried a time to OOM of
+    /// 20–180 s at confidence 1.0 (the level's confidence beside the trend's
+    /// forecast). Every NVML assessment now agrees with its own evidence.
+    #[test]
+    fn every_assessment_agrees_with_its_own_forecast_and_usage() {
+        let th = Thresholds::default();
+        let scenarios: [(&str, Box<dyn Fn(f64) -> f64>); 4] = [
+            ("training", Box::new(training)),
+            ("paced leak", Box::new(|t| training(t) * 0.5 + 100e6 * t)),
+            (
+                "batch steps",
+                Box::new(|t| 30.0 * GB + 12.0 * GB * (t / 120.0).floor().min(2.0)),
+            ),
+            (
+                "warm-up staircase",
+                Box::new(|t| 10.0 * GB + (t.min(30.0) / 5.0).floor() * 5.0 * GB),
+            ),
+        ];
+        for (name, f) in scenarios {
+            let (_, all) = run(&th, 450.0, 2.0, f);
+            for (i, a) in all.iter().enumerate() {
+                if let Err(e) = crate::verdict::check(a, &th, false) {
+                    panic!("{name} at {i} s: {e}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn no_samples_means_no_risk_and_no_confidence() {
         let th = Thresholds::default();
