@@ -539,13 +539,15 @@ mod tests {
         assert_eq!(all.last().unwrap().confidence, 1.0);
     }
 
+    type Used = dyn Fn(f64) -> f64;
+
     /// Issue 29 item 1: readings published as `low` carried a time to OOM of
     /// 20–180 s at confidence 1.0 (the level's confidence beside the trend's
     /// forecast). Every NVML assessment now agrees with its own evidence.
     #[test]
     fn every_assessment_agrees_with_its_own_forecast_and_usage() {
         let th = Thresholds::default();
-        let scenarios: [(&str, Box<dyn Fn(f64) -> f64>); 4] = [
+        let scenarios: [(&str, Box<Used>); 4] = [
             ("training", Box::new(training)),
             ("paced leak", Box::new(|t| training(t) * 0.5 + 100e6 * t)),
             (
