@@ -15,6 +15,7 @@
 use crate::local::rollup::{self, Loaded, RollupError};
 use crate::plot::{LineChart, Series, Style, Unit};
 use crate::render::{analysis, details};
+use memprof_api::FragmentationPoint;
 use std::fmt::Write;
 use std::path::PathBuf;
 
@@ -81,56 +82,17 @@ pub async fn run(args: Args) -> Result<i32, FragmentError> {
 /// inactive split blocks where the agent sent it; x is seconds since the
 /// earliest point of any report, so ranks of one run line up.
 pub fn chart(loaded: &[Loaded]) -> LineChart {
-    let trends: Vec<_> = loaded
-        .iter()
-        .filter_map(|l| {
-            let a = l.spec.allocator.as_ref()?;
-            (!a.fragmentation_trend.is_empty()).then_some((l, &a.fragmentation_trend))
-        })
-        .collect();
+    let trends = trends(loaded);
     let t0 = trends
         .iter()
         .filter_map(|(_, t)| t.first().map(|p| p.t))
         .min()
         .unwrap_or(0);
-    let mut series = Vec::new();
-    for (i, (l, points)) in trends.iter().enumerate() {
-        let name = match l.spec.rank {
-            Some(r) => format!("rank {r}"),
-            None => l.spec.pod_name.clone(),
-        };
-        let x = |p: &memprof_api::FragmentationPoint| (p.t - t0) as f64;
-        let share = |b: u64, p: &memprof_api::FragmentationPoint| {
-            100.0 * b as f64 / p.reserved_bytes.max(1) as f64
-        };
-        let color = crate::plot::palette(i);
-        series.push(
-            Series::new(
-                format!("{name} cache"),
-                points
-                    .iter()
-                    .map(|p| {
-                        (
-                            x(p),
-                            share(p.reserved_bytes.saturating_sub(p.allocated_bytes), p),
-                        )
-                    })
-                    .collect(),
-                Style::Line,
-            )
-            .with_color(color),
-        );
-        let split: Vec<_> = points
-            .iter()
-            .filter_map(|p| p.inactive_split_bytes.map(|b| (x(p), share(b, p))))
-            .collect();
-        if !split.is_empty() {
-            series.push(
-                Series::new(format!("{name} inactive split"), split, Style::Dashed)
-                    .with_color(color),
-            );
-        }
-    }
+    let series = trends
+        .iter()
+        .enumerate()
+        .flat_map(|(i, (l, points))| report_series(l, points, t0, crate::plot::palette(i)))
+        .collect();
     LineChart {
         title: "Fragmentation over the run (the agent's trend, largest cache per interval)".into(),
         x_label: "time since the first point".into(),
@@ -145,6 +107,49 @@ pub fn chart(loaded: &[Loaded]) -> LineChart {
         }],
         marks: vec![],
     }
+}
+
+/// The reports with a fragmentation trend, each with its points.
+fn trends(loaded: &[Loaded]) -> Vec<(&Loaded, &[FragmentationPoint])> {
+    loaded
+        .iter()
+        .filter_map(|l| {
+            let a = l.spec.allocator.as_ref()?;
+            (!a.fragmentation_trend.is_empty()).then_some((l, a.fragmentation_trend.as_slice()))
+        })
+        .collect()
+}
+
+/// One report's lines in one color: its cache share, and its inactive split
+/// share where the agent sent it; x in seconds since `t0`.
+fn report_series(l: &Loaded, points: &[FragmentationPoint], t0: i64, color: &str) -> Vec<Series> {
+    let name = match l.spec.rank {
+        Some(r) => format!("rank {r}"),
+        None => l.spec.pod_name.clone(),
+    };
+    let x = |p: &FragmentationPoint| (p.t - t0) as f64;
+    let share = |b: u64, p: &FragmentationPoint| 100.0 * b as f64 / p.reserved_bytes.max(1) as f64;
+    let cache = points
+        .iter()
+        .map(|p| {
+            (
+                x(p),
+                share(p.reserved_bytes.saturating_sub(p.allocated_bytes), p),
+            )
+        })
+        .collect();
+    let mut series =
+        vec![Series::new(format!("{name} cache"), cache, Style::Line).with_color(color)];
+    let split: Vec<_> = points
+        .iter()
+        .filter_map(|p| p.inactive_split_bytes.map(|b| (x(p), share(b, p))))
+        .collect();
+    if !split.is_empty() {
+        series.push(
+            Series::new(format!("{name} inactive split"), split, Style::Dashed).with_color(color),
+        );
+    }
+    series
 }
 
 /// The view of every report; true when at least one had agent data.

@@ -98,74 +98,92 @@ impl SampleArgs {
     /// Refuses flags the sidecar would refuse later, and a scenario or trace
     /// it could not read, with what to write instead: before anything starts.
     pub fn check(&self) -> Result<(), ProfileError> {
-        let usage = |m: String| Err(ProfileError::Usage(m));
+        self.check_source()?;
+        self.check_speed()?;
+        self.check_thresholds()?;
+        self.check_source_file()
+    }
+
+    /// One source of samples, and the flag its backend needs.
+    fn check_source(&self) -> Result<(), ProfileError> {
+        let usage = |m: &str| Err(ProfileError::Usage(m.into()));
         if self.backend.is_none() && self.scenario.is_some() && self.trace.is_some() {
-            return usage("--scenario and --trace are two sources: pass one, or say which with --backend sim|trace".into());
+            return usage("--scenario and --trace are two sources: pass one, or say which with --backend sim|trace");
         }
         match (self.backend(), &self.scenario, &self.trace) {
             (Backend::Sim, None, _) => {
-                return usage(
-                    "--backend sim needs --scenario FILE (e.g. hack/scenarios/demo.yaml)".into(),
-                )
+                usage("--backend sim needs --scenario FILE (e.g. hack/scenarios/demo.yaml)")
             }
-            (Backend::Trace, _, None) => return usage("--backend trace needs --trace FILE".into()),
-            (Backend::Nvml, Some(_), _) => {
-                return usage(
-                    "--scenario is for simulated GPUs: drop --backend nvml (or pass --backend sim)"
-                        .into(),
-                )
-            }
-            (Backend::Nvml, _, Some(_)) => return usage(
-                "--trace replays a recorded trace: drop --backend nvml (or pass --backend trace)"
-                    .into(),
+            (Backend::Trace, _, None) => usage("--backend trace needs --trace FILE"),
+            (Backend::Nvml, Some(_), _) => usage(
+                "--scenario is for simulated GPUs: drop --backend nvml (or pass --backend sim)",
             ),
-            _ => {}
+            (Backend::Nvml, _, Some(_)) => usage(
+                "--trace replays a recorded trace: drop --backend nvml (or pass --backend trace)",
+            ),
+            _ => Ok(()),
         }
-        // Only the file the backend reads (a directory opens, but is no file).
-        let read = |flag: &str, path: &Option<PathBuf>, example: &str| match path {
-            Some(p) => std::fs::File::open(p)
-                .and_then(|f| f.metadata())
-                .and_then(|m| match m.is_file() {
-                    true => Ok(()),
-                    false => Err(std::io::Error::other("a folder, not a file")),
-                })
-                .map_err(|e| {
-                    ProfileError::Usage(format!(
-                        "{flag} {}: cannot read it ({e}); name an existing file, e.g. {example}",
-                        p.display()
-                    ))
-                }),
-            None => Ok(()),
+    }
+
+    /// A positive, finite speed factor.
+    fn check_speed(&self) -> Result<(), ProfileError> {
+        if self.speed > 0.0 && self.speed.is_finite() {
+            return Ok(());
+        }
+        Err(ProfileError::Usage(format!(
+            "--speed {}: give a positive factor, e.g. --speed 10",
+            self.speed
+        )))
+    }
+
+    /// As the sidecar reads them: refused here, before it starts, not
+    /// after a wait for a socket it never serves.
+    fn check_thresholds(&self) -> Result<(), ProfileError> {
+        let Some(json) = &self.thresholds else {
+            return Ok(());
         };
-        if !(self.speed > 0.0 && self.speed.is_finite()) {
-            return usage(format!(
-                "--speed {}: give a positive factor, e.g. --speed 10",
-                self.speed
-            ));
-        }
-        // As the sidecar reads them: refused here, before it starts, not
-        // after a wait for a socket it never serves.
-        if let Some(json) = &self.thresholds {
-            serde_json::from_str::<memprof_api::thresholds::Thresholds>(json)
-                .map_err(|e| e.to_string())
-                .and_then(|t| t.validate().map_err(|e| e.to_string()))
-                .map_err(|e| {
-                    ProfileError::Usage(format!(
-                        "--thresholds {json}: {e}; write camelCase fields, e.g. '{{\"highTtoSeconds\":900}}'"
-                    ))
-                })?;
-        }
+        serde_json::from_str::<memprof_api::thresholds::Thresholds>(json)
+            .map_err(|e| e.to_string())
+            .and_then(|t| t.validate().map_err(|e| e.to_string()))
+            .map_err(|e| {
+                ProfileError::Usage(format!(
+                    "--thresholds {json}: {e}; write camelCase fields, e.g. '{{\"highTtoSeconds\":900}}'"
+                ))
+            })
+    }
+
+    /// Only the file the backend reads.
+    fn check_source_file(&self) -> Result<(), ProfileError> {
         match self.backend() {
-            Backend::Sim => read("--scenario", &self.scenario, "hack/scenarios/demo.yaml")?,
-            Backend::Trace => read(
+            Backend::Sim => readable("--scenario", &self.scenario, "hack/scenarios/demo.yaml"),
+            Backend::Trace => readable(
                 "--trace",
                 &self.trace,
                 "a CSV that `memprof profile --trace-out` wrote",
-            )?,
-            Backend::Nvml => {}
+            ),
+            Backend::Nvml => Ok(()),
         }
-        Ok(())
     }
+}
+
+/// The file `flag` names opens and is a file (a directory opens, but is no
+/// file); else what to name instead, e.g. `example`.
+fn readable(flag: &str, path: &Option<PathBuf>, example: &str) -> Result<(), ProfileError> {
+    let Some(p) = path else {
+        return Ok(());
+    };
+    std::fs::File::open(p)
+        .and_then(|f| f.metadata())
+        .and_then(|m| match m.is_file() {
+            true => Ok(()),
+            false => Err(std::io::Error::other("a folder, not a file")),
+        })
+        .map_err(|e| {
+            ProfileError::Usage(format!(
+                "{flag} {}: cannot read it ({e}); name an existing file, e.g. {example}",
+                p.display()
+            ))
+        })
 }
 
 /// A message of the sidecar in the words of these flags: it names its own

@@ -136,80 +136,110 @@ impl State {
 
     /// An action applied to the state; what the loop must do next.
     pub fn apply(&mut self, a: Action) -> Effect {
-        let gpus = self.report.as_ref().map_or(0, |r| r.gpus.len());
         match a {
             Action::Quit => return Effect::Quit,
             Action::Show(v) => self.view = v,
-            Action::NextView => {
-                self.view = match self.view {
-                    View::Gpus => View::Agent,
-                    View::Agent => View::Log,
-                    View::Log => View::Gpus,
-                }
-            }
-            Action::Down => self.selected = (self.selected + 1).min(gpus.saturating_sub(1)),
+            Action::NextView => self.next_view(),
+            Action::Down => self.selected = (self.selected + 1).min(self.gpus().saturating_sub(1)),
             Action::Up => self.selected = self.selected.saturating_sub(1),
-            Action::Gpu(i) => {
-                let row = self
-                    .report
-                    .as_ref()
-                    .and_then(|r| r.gpus.iter().position(|g| g.index == i));
-                match row {
-                    Some(row) => {
-                        self.selected = row;
-                        self.view = View::Gpus;
-                        self.notice = Some(format!("GPU {i} selected"));
-                    }
-                    None => self.notice = Some(format!("no GPU {i} here ({gpus} GPU(s))")),
-                }
-            }
-            Action::Mark => {
-                let g = self.report.as_ref().and_then(|r| r.gpus.get(self.selected));
-                let m = Mark {
-                    number: self.marks.len() + 1,
-                    at: self.elapsed,
-                    gpu: g.map(|g| g.index),
-                    used_bytes: g.map(|g| g.used_bytes),
-                };
-                self.notice = Some(format!("{} ([l] lists the marks)", m.line().trim_start()));
-                self.marks.push(m);
-            }
-            Action::Save => {
-                let Some(r) = &self.report else {
-                    self.notice = Some("no report yet, nothing saved".into());
-                    return Effect::Nothing;
-                };
-                let contents = serde_json::to_string_pretty(r).unwrap_or_default() + "\n";
-                return self.file("report", contents);
-            }
-            Action::Record => match self.recording.take() {
-                None => {
-                    let mut rec = Recording {
-                        started: self.elapsed,
-                        marks_before: self.marks.len(),
-                        ..Default::default()
-                    };
-                    if let Some(r) = &self.report {
-                        rec.add(r);
-                    }
-                    self.recording = Some(rec);
-                    self.notice = Some("recording: [r] again stops it and writes the file".into());
-                }
-                Some(rec) => {
-                    let marks = &self.marks[rec.marks_before.min(self.marks.len())..];
-                    let doc = serde_json::json!({
-                        "startedAtSeconds": rec.started,
-                        "stoppedAtSeconds": self.elapsed,
-                        "droppedReports": rec.dropped,
-                        "marks": marks,
-                        "reports": rec.reports,
-                    });
-                    let contents = serde_json::to_string_pretty(&doc).unwrap_or_default() + "\n";
-                    return self.file("recording", contents);
-                }
-            },
+            Action::Gpu(i) => self.select_gpu(i),
+            Action::Mark => self.mark(),
+            Action::Save => return self.save_report(),
+            Action::Record => return self.toggle_recording(),
         }
         Effect::Nothing
+    }
+
+    /// How many GPUs the latest report shows (none before the first).
+    fn gpus(&self) -> usize {
+        self.report.as_ref().map_or(0, |r| r.gpus.len())
+    }
+
+    /// The views in turn: GPUs, agent, log, and round again.
+    fn next_view(&mut self) {
+        self.view = match self.view {
+            View::Gpus => View::Agent,
+            View::Agent => View::Log,
+            View::Log => View::Gpus,
+        }
+    }
+
+    /// GPU `i` (by its index, not its row) selected and shown, or a notice that it is not here.
+    fn select_gpu(&mut self, i: u32) {
+        let row = self
+            .report
+            .as_ref()
+            .and_then(|r| r.gpus.iter().position(|g| g.index == i));
+        match row {
+            Some(row) => {
+                self.selected = row;
+                self.view = View::Gpus;
+                self.notice = Some(format!("GPU {i} selected"));
+            }
+            None => self.notice = Some(format!("no GPU {i} here ({} GPU(s))", self.gpus())),
+        }
+    }
+
+    /// A numbered mark at this moment, with the selected GPU's usage when there is one.
+    fn mark(&mut self) {
+        let g = self.report.as_ref().and_then(|r| r.gpus.get(self.selected));
+        let m = Mark {
+            number: self.marks.len() + 1,
+            at: self.elapsed,
+            gpu: g.map(|g| g.index),
+            used_bytes: g.map(|g| g.used_bytes),
+        };
+        self.notice = Some(format!("{} ([l] lists the marks)", m.line().trim_start()));
+        self.marks.push(m);
+    }
+
+    /// The latest report written to a file (nothing before the first report).
+    fn save_report(&mut self) -> Effect {
+        let Some(r) = &self.report else {
+            self.notice = Some("no report yet, nothing saved".into());
+            return Effect::Nothing;
+        };
+        let contents = serde_json::to_string_pretty(r).unwrap_or_default() + "\n";
+        self.file("report", contents)
+    }
+
+    /// A recording started, or the one under way stopped and written.
+    fn toggle_recording(&mut self) -> Effect {
+        match self.recording.take() {
+            None => {
+                self.start_recording();
+                Effect::Nothing
+            }
+            Some(rec) => self.write_recording(rec),
+        }
+    }
+
+    /// A recording begun from the report on screen now.
+    fn start_recording(&mut self) {
+        let mut rec = Recording {
+            started: self.elapsed,
+            marks_before: self.marks.len(),
+            ..Default::default()
+        };
+        if let Some(r) = &self.report {
+            rec.add(r);
+        }
+        self.recording = Some(rec);
+        self.notice = Some("recording: [r] again stops it and writes the file".into());
+    }
+
+    /// A stopped recording written with the marks made while it ran.
+    fn write_recording(&mut self, rec: Recording) -> Effect {
+        let marks = &self.marks[rec.marks_before.min(self.marks.len())..];
+        let doc = serde_json::json!({
+            "startedAtSeconds": rec.started,
+            "stoppedAtSeconds": self.elapsed,
+            "droppedReports": rec.dropped,
+            "marks": marks,
+            "reports": rec.reports,
+        });
+        let contents = serde_json::to_string_pretty(&doc).unwrap_or_default() + "\n";
+        self.file("recording", contents)
     }
 
     fn file(&mut self, what: &str, contents: String) -> Effect {
