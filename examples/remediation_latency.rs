@@ -6,6 +6,16 @@
 //!     eval "$(bash hack/local-cluster.sh env)"
 //!     cargo run --release --example remediation_latency -- 20 [SETTLE_MS]
 //!
+//!     cargo run --release --example remediation_latency -- 20 0 [HOSTILE_JOBS]
+//!
+//! With a third argument the operator watches every namespace, and a
+//! hostile tenant runs beside the timed one in a namespace of its own
+//! (issue 34 item 3): `HOSTILE_JOBS` profiled Jobs that run nothing
+//! (parallelism 0) and a policy firing at risk `none` with no cooldown,
+//! rewritten every 2 s. `0` is the baseline with the same operator. The API
+//! server's own read latency (a GET of the timed namespace's Jobs, twice a
+//! second) is printed beside the remediations'.
+//!
 //! `SETTLE_MS` (default 0) waits that long between the profile's first
 //! status and the critical report: 1100 lets the operator's per-Job write
 //! spacing (`--min-write-interval-ms`, 1 s) pass before the report, so the
@@ -95,12 +105,21 @@ fn report(job: &str, pod_uid: &str, risk: RiskLevel, used_gib: u64, seq: u64) ->
     r
 }
 
-async fn apply_report(client: &Client, ns: &str, r: &MemoryReport) -> anyhow::Result<()> {
+/// Writes `r` as its pod's sidecar does, marked as the webhook marks such a
+/// write (one HMAC and one SHA-256, microseconds, inside the timed span).
+async fn apply_report(
+    client: &Client,
+    ns: &str,
+    r: &MemoryReport,
+    key: &memprof::api::admission::Key,
+) -> anyhow::Result<()> {
+    let mut r = r.clone();
+    memprof::api::writer::mark_as_written(&mut r, key, ns);
     Api::<MemoryReport>::namespaced(client.clone(), ns)
         .patch(
             &r.name_any(),
             &PatchParams::apply(SIDECAR_MANAGER).force(),
-            &Patch::Apply(r),
+            &Patch::Apply(&r),
         )
         .await?;
     Ok(())
@@ -123,34 +142,97 @@ async fn main() -> anyhow::Result<()> {
         .map(|s| s.parse())
         .transpose()?
         .unwrap_or(0);
+    let hostile: Option<usize> = std::env::args().nth(3).map(|s| s.parse()).transpose()?;
     let client = Client::try_default().await?;
     setup::install_crds(&client).await?;
     let ns = format!("memprof-bench-{}", std::process::id());
     // Waits for the default ServiceAccount: rank 0's pod runs as it.
     setup::create_namespace(&client, &ns).await?;
+    let tenant = format!("{ns}-hostile");
+    if hostile.is_some() {
+        setup::create_namespace(&client, &tenant).await?;
+    }
     let namespaces: Api<Namespace> = Api::all(client.clone());
-    let result = bench(&client, &ns, runs, Duration::from_millis(settle)).await;
+    let result = bench(&client, &ns, runs, Duration::from_millis(settle), hostile.map(|n| (tenant.as_str(), n))).await;
     namespaces.delete(&ns, &DeleteParams::background()).await?;
+    if hostile.is_some() {
+        namespaces.delete(&tenant, &DeleteParams::background()).await?;
+    }
     result
+}
+
+/// The hostile tenant of `ns`: `jobs` profiled Jobs that run nothing, and
+/// a policy at risk `none` with no cooldown, rewritten every 2 s until `stop`.
+async fn hostile_tenant(client: Client, ns: String, jobs: usize, mut stop: tokio::sync::watch::Receiver<bool>) -> anyhow::Result<()> {
+    let api: Api<Job> = Api::namespaced(client.clone(), &ns);
+    for i in 0..jobs {
+        let job: Job = serde_json::from_value(json!({
+            "metadata": {"name": format!("idle-{i}"), "labels": {(LABEL_MANAGED): "true"},
+                         "annotations": {"memprof.dev/enabled": "true"}},
+            "spec": {"parallelism": 0, "template": {"spec": {"restartPolicy": "Never", "containers": [
+                {"name": "trainer", "image": "busybox", "env": [{"name": "BATCH_SIZE", "value": "32"}]}]}}},
+        }))?;
+        api.create(&PostParams::default(), &job).await?;
+    }
+    let policies = Api::<memprof::api::RemediationPolicy>::namespaced(client, &ns);
+    for generation in 0u32.. {
+        let policy = json!({
+            "apiVersion": "memprof.dev/v1alpha1", "kind": "RemediationPolicy",
+            "metadata": {"name": "any"},
+            "spec": {"selector": {}, "triggers": [{"riskAtLeast": {"level": "none"}}],
+                     "actions": [{"scaleBatch": {"env": "BATCH_SIZE", "factor": 0.5}}],
+                     "cooldownSeconds": 0, "maxRemediations": 1 + generation % 90},
+        });
+        policies
+            .patch("any", &PatchParams::apply("memprof-bench"), &Patch::Apply(&policy))
+            .await?;
+        tokio::select! {
+            _ = stop.wait_for(|s| *s) => return Ok(()),
+            () = tokio::time::sleep(Duration::from_secs(2)) => {}
+        }
+    }
+    Ok(())
+}
+
+/// The API server's own read latency: a GET of `ns`'s Jobs twice a second
+/// until `stop`; the sorted samples.
+async fn read_latency(client: Client, ns: String, mut stop: tokio::sync::watch::Receiver<bool>) -> Vec<Duration> {
+    let api: Api<Job> = Api::namespaced(client, &ns);
+    let mut samples = Vec::new();
+    loop {
+        let t = Instant::now();
+        if api.list(&Default::default()).await.is_ok() {
+            samples.push(t.elapsed());
+        }
+        tokio::select! {
+            _ = stop.wait_for(|s| *s) => break,
+            () = tokio::time::sleep(Duration::from_millis(500)) => {}
+        }
+    }
+    samples.sort();
+    samples
 }
 
 /// New Jobs as a watch sees them: (name, uid, when).
 type Seen = mpsc::UnboundedReceiver<(String, String, Instant)>;
 
-async fn bench(client: &Client, ns: &str, runs: usize, settle: Duration) -> anyhow::Result<()> {
+async fn bench(
+    client: &Client,
+    ns: &str,
+    runs: usize,
+    settle: Duration,
+    hostile: Option<(&str, usize)>,
+) -> anyhow::Result<()> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let ring = setup::admission_key(client, ns).await?;
     let key = ring.current().expect("ensure_keys returns a key").clone();
-    let operator = tokio::spawn({
-        let client = client.clone();
-        let setup = memprof::pipeline::Setup::for_namespace(ns);
-        setup.options.admission.set(ring);
-        let mut rx = stop_rx;
-        let stop = async move {
-            let _ = rx.wait_for(|s| *s).await;
-        };
-        async move { memprof::pipeline::run(client, setup, stop).await }
+    // Beside a tenant, the operator watches every namespace (baseline too).
+    let watched = if hostile.is_some() { "" } else { ns };
+    let operator = spawn_operator(client, watched, ns, ring, stop_rx.clone());
+    let tenant = hostile.map(|(t, n)| {
+        tokio::spawn(hostile_tenant(client.clone(), t.to_string(), n, stop_rx.clone()))
     });
+    let reads = tokio::spawn(read_latency(client.clone(), ns.to_string(), stop_rx));
     let jobs: Api<Job> = Api::namespaced(client.clone(), ns);
     let (watch, mut seen) = watch_new_jobs(jobs.clone());
     apply_policy(client, ns).await?;
@@ -163,9 +245,40 @@ async fn bench(client: &Client, ns: &str, runs: usize, settle: Duration) -> anyh
     }
     print_summary(&mut latencies);
     let _ = stop_tx.send(true);
+    let reads = reads.await?;
+    if let Some(t) = tenant {
+        t.await??;
+    }
+    if !reads.is_empty() {
+        println!(
+            "API server read latency (GET Jobs, {} samples): p50 {:.1} ms, p90 {:.1} ms",
+            reads.len(),
+            percentile(&reads, 0.5).as_secs_f64() * 1e3,
+            percentile(&reads, 0.9).as_secs_f64() * 1e3
+        );
+    }
     watch.abort();
     let _ = operator.await;
     Ok(())
+}
+
+/// The operator in-process (roll-up and remediation), watching `ns` (all
+/// namespaces when empty), its plans in `plans`, until `stop`.
+fn spawn_operator(
+    client: &Client,
+    ns: &str,
+    plans: &str,
+    ring: memprof::api::admission::KeyRing,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<memprof::operator::Result<()>> {
+    let client = client.clone();
+    let mut setup = memprof::pipeline::Setup::for_namespace(ns);
+    setup.remediation.plan_namespace = Some(plans.to_string());
+    setup.options.admission.set(ring);
+    let stop = async move {
+        let _ = stop.wait_for(|s| *s).await;
+    };
+    tokio::spawn(async move { memprof::pipeline::run(client, setup, stop).await })
 }
 
 /// Watches the Jobs of `jobs`: each applied Job's name, uid and arrival.
@@ -239,16 +352,13 @@ async fn one_run(
         .await?
         .uid()
         .unwrap_or_default();
-    apply_report(client, ns, &report(name, &pod_uid, RiskLevel::Low, 30, 0)).await?;
+    let low = report(name, &pod_uid, RiskLevel::Low, 30, 0);
+    apply_report(client, ns, &low, key).await?;
     wait_first_status(&Api::namespaced(client.clone(), ns), name).await?;
     tokio::time::sleep(settle).await;
     let start = Instant::now();
-    apply_report(
-        client,
-        ns,
-        &report(name, &pod_uid, RiskLevel::Critical, 79, 1),
-    )
-    .await?;
+    let critical = report(name, &pod_uid, RiskLevel::Critical, 79, 1);
+    apply_report(client, ns, &critical, key).await?;
     loop {
         let (n, uid, at) = tokio::time::timeout(Duration::from_secs(60), seen.recv())
             .await?
