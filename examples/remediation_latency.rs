@@ -153,17 +153,31 @@ async fn main() -> anyhow::Result<()> {
         setup::create_namespace(&client, &tenant).await?;
     }
     let namespaces: Api<Namespace> = Api::all(client.clone());
-    let result = bench(&client, &ns, runs, Duration::from_millis(settle), hostile.map(|n| (tenant.as_str(), n))).await;
+    let result = bench(
+        &client,
+        &ns,
+        runs,
+        Duration::from_millis(settle),
+        hostile.map(|n| (tenant.as_str(), n)),
+    )
+    .await;
     namespaces.delete(&ns, &DeleteParams::background()).await?;
     if hostile.is_some() {
-        namespaces.delete(&tenant, &DeleteParams::background()).await?;
+        namespaces
+            .delete(&tenant, &DeleteParams::background())
+            .await?;
     }
     result
 }
 
 /// The hostile tenant of `ns`: `jobs` profiled Jobs that run nothing, and
 /// a policy at risk `none` with no cooldown, rewritten every 2 s until `stop`.
-async fn hostile_tenant(client: Client, ns: String, jobs: usize, mut stop: tokio::sync::watch::Receiver<bool>) -> anyhow::Result<()> {
+async fn hostile_tenant(
+    client: Client,
+    ns: String,
+    jobs: usize,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<()> {
     let api: Api<Job> = Api::namespaced(client.clone(), &ns);
     for i in 0..jobs {
         let job: Job = serde_json::from_value(json!({
@@ -184,7 +198,11 @@ async fn hostile_tenant(client: Client, ns: String, jobs: usize, mut stop: tokio
                      "cooldownSeconds": 0, "maxRemediations": 1 + generation % 90},
         });
         policies
-            .patch("any", &PatchParams::apply("memprof-bench"), &Patch::Apply(&policy))
+            .patch(
+                "any",
+                &PatchParams::apply("memprof-bench"),
+                &Patch::Apply(&policy),
+            )
             .await?;
         tokio::select! {
             _ = stop.wait_for(|s| *s) => return Ok(()),
@@ -196,7 +214,11 @@ async fn hostile_tenant(client: Client, ns: String, jobs: usize, mut stop: tokio
 
 /// The API server's own read latency: a GET of `ns`'s Jobs twice a second
 /// until `stop`; the sorted samples.
-async fn read_latency(client: Client, ns: String, mut stop: tokio::sync::watch::Receiver<bool>) -> Vec<Duration> {
+async fn read_latency(
+    client: Client,
+    ns: String,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> Vec<Duration> {
     let api: Api<Job> = Api::namespaced(client, &ns);
     let mut samples = Vec::new();
     loop {
@@ -230,7 +252,12 @@ async fn bench(
     let watched = if hostile.is_some() { "" } else { ns };
     let operator = spawn_operator(client, watched, ns, ring, stop_rx.clone());
     let tenant = hostile.map(|(t, n)| {
-        tokio::spawn(hostile_tenant(client.clone(), t.to_string(), n, stop_rx.clone()))
+        tokio::spawn(hostile_tenant(
+            client.clone(),
+            t.to_string(),
+            n,
+            stop_rx.clone(),
+        ))
     });
     let reads = tokio::spawn(read_latency(client.clone(), ns.to_string(), stop_rx));
     let jobs: Api<Job> = Api::namespaced(client.clone(), ns);
