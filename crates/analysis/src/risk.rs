@@ -147,41 +147,7 @@ fn sustained(s: &Staircase) -> Sustained {
     }
 }
 
-pub(crate) fn by_level(fraction: f64, th: &Thresholds) -> RiskLevel {
-    if fraction >= th.critical_fraction {
-        RiskLevel::Critical
-    } else if fraction >= th.high_fraction {
-        RiskLevel::High
-    } else if fraction >= th.medium_fraction {
-        RiskLevel::Medium
-    } else {
-        RiskLevel::Low
-    }
-}
-
-/// The level a predicted OOM calls for, trusted by its confidence: an
-/// uncertain trend may warn (medium) but not alarm.
-pub(crate) fn by_trend(tto: Option<f64>, confidence: f64, th: &Thresholds) -> RiskLevel {
-    match tto {
-        Some(tto) if tto <= th.medium_tto_seconds => {
-            let raw = if tto <= th.critical_tto_seconds {
-                RiskLevel::Critical
-            } else if tto <= th.high_tto_seconds {
-                RiskLevel::High
-            } else {
-                RiskLevel::Medium
-            };
-            if confidence >= th.min_confidence {
-                raw
-            } else if confidence >= th.min_confidence / 2.0 {
-                raw.min(RiskLevel::Medium)
-            } else {
-                RiskLevel::Low
-            }
-        }
-        _ => RiskLevel::Low,
-    }
-}
+pub(crate) use crate::verdict::{by_level, by_trend};
 
 /// The confidence of a prediction that may warn but not alarm (a trend
 /// without a pace): at most half the confidence an alarm needs, so the

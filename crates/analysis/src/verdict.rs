@@ -13,7 +13,6 @@
 //! Each verdict also names what would cause the OOM ([`Cause`]) with its
 //! evidence in a few words.
 
-use crate::risk::{by_level, by_trend};
 use crate::Assessment;
 use memprof_api::thresholds::Thresholds;
 use memprof_api::RiskLevel;
@@ -143,6 +142,43 @@ pub fn check(a: &Assessment, th: &Thresholds, held: bool) -> Result<(), Contradi
         return Err(says(&format!("level above its evidence ({due:?}) unheld")));
     }
     Ok(())
+}
+
+/// The level the share of the device in use calls for.
+pub(crate) fn by_level(fraction: f64, th: &Thresholds) -> RiskLevel {
+    if fraction >= th.critical_fraction {
+        RiskLevel::Critical
+    } else if fraction >= th.high_fraction {
+        RiskLevel::High
+    } else if fraction >= th.medium_fraction {
+        RiskLevel::Medium
+    } else {
+        RiskLevel::Low
+    }
+}
+
+/// The level a predicted OOM calls for, trusted by its confidence: an
+/// uncertain trend may warn (medium) but not alarm.
+pub(crate) fn by_trend(tto: Option<f64>, confidence: f64, th: &Thresholds) -> RiskLevel {
+    match tto {
+        Some(tto) if tto <= th.medium_tto_seconds => {
+            let raw = if tto <= th.critical_tto_seconds {
+                RiskLevel::Critical
+            } else if tto <= th.high_tto_seconds {
+                RiskLevel::High
+            } else {
+                RiskLevel::Medium
+            };
+            if confidence >= th.min_confidence {
+                raw
+            } else if confidence >= th.min_confidence / 2.0 {
+                raw.min(RiskLevel::Medium)
+            } else {
+                RiskLevel::Low
+            }
+        }
+        _ => RiskLevel::Low,
+    }
 }
 
 #[cfg(test)]

@@ -45,3 +45,54 @@ pub async fn compare(args: crate::kube::compare::Args) -> anyhow::Result<i32> {
     }
     Ok(crate::kube::compare::run(args).await?)
 }
+
+/// Every command parses durations the same way ([`duration`]): pinned on
+/// two commands' flags here, above both, so that `duration` needs neither.
+#[cfg(test)]
+mod duration_flags {
+    use crate::duration::parse;
+    use std::time::Duration;
+
+    /// The forms on two commands, as clap parses them.
+    #[test]
+    fn every_form_on_profile_and_top() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Profile {
+            #[command(flatten)]
+            a: crate::local::profile::Args,
+        }
+        #[derive(Parser)]
+        struct Top {
+            #[command(flatten)]
+            a: crate::kube::top::Args,
+        }
+        for (form, want) in [
+            ("5", Duration::from_secs(5)),
+            ("5s", Duration::from_secs(5)),
+            ("500ms", Duration::from_millis(500)),
+            ("2m", Duration::from_secs(120)),
+        ] {
+            let p = Profile::try_parse_from(["p", "--duration", form])
+                .unwrap()
+                .a;
+            assert_eq!(p.sample.duration, want, "profile --duration {form}");
+            let t = Top::try_parse_from(["t", "--interval", form, "--stale-after", form])
+                .unwrap()
+                .a;
+            assert_eq!(t.watch.interval, want, "top --interval {form}");
+            assert_eq!(t.stale_after, Some(want), "top --stale-after {form}");
+        }
+        for form in ["5", "5s", "500ms"] {
+            let p = Profile::try_parse_from(["p", "--interval", form])
+                .unwrap()
+                .a;
+            assert_eq!(
+                p.sample.interval,
+                parse(form).unwrap(),
+                "profile --interval {form}"
+            );
+        }
+        assert!(Top::try_parse_from(["t", "--interval", "2x"]).is_err());
+    }
+}

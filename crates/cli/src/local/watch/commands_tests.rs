@@ -2,8 +2,10 @@
 //! interactive commands do in `memprof watch`.
 
 use super::*;
+use crate::local::watch::recording::RECORDING_LIMIT;
 use crate::local::watch::view::tests::{screen, watched};
 use memprof_api::GpuReport;
+use memprof_api::MemoryReportSpec;
 
 const G: u64 = 1 << 30;
 

@@ -10,6 +10,7 @@
 //! command SIGTERM.
 
 pub mod commands;
+pub mod recording;
 pub mod view;
 
 use crate::local::profile::sidecar::{self, Sidecar};

@@ -54,9 +54,9 @@ pub struct State {
     /// Where `s` (save) and `r` (record) write their files.
     pub save_dir: std::path::PathBuf,
     /// The recording under way (`r` starts and stops it).
-    pub recording: Option<super::commands::Recording>,
+    pub recording: Option<super::recording::Recording>,
     /// Events marked with `m`, oldest first.
-    pub marks: Vec<super::commands::Mark>,
+    pub marks: Vec<super::recording::Mark>,
     /// Files written so far (numbers the next one).
     pub files_written: u32,
     /// What the last command did, shown under the keys.
