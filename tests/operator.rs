@@ -349,7 +349,15 @@ async fn a_restarted_operator_emits_no_duplicate_events() {
 
     let second = start_operator(&client, &ns.name);
     nudge(&client, &ns.name, &profiles, "restart", 5).await;
-    assert_eq!(second.metrics.status_writes.get(), 1, "the nudge only");
+    // The writer counts a write once its answer is back, which can be just
+    // after the status shows (a loaded API server): wait for the count.
+    eventually("the nudge's write, and only it, counted", || async {
+        match second.metrics.status_writes.get() {
+            1 => Ok(()),
+            n => Err(format!("{n} status writes")),
+        }
+    })
+    .await;
     assert_eq!(
         count_events(&client, &ns.name, "RiskCritical", "restart").await,
         1
