@@ -50,6 +50,11 @@ pub const GLIBC_TUNABLES: &str = "glibc.malloc.mmap_threshold=131072";
 /// Requests in flight while setting up (the API server shares 2 cores with everything).
 const SETUP_CONCURRENCY: usize = 16;
 
+/// The key and namespace the workload's reports are marked under (as the
+/// webhook marks a pod's own writes: `memprof_api::writer`), once made.
+pub static WRITER_KEY: std::sync::OnceLock<(memprof::api::admission::Key, String)> =
+    std::sync::OnceLock::new();
+
 /// A pod standing for one rank: what its report names and is owned by.
 #[derive(Clone, Debug)]
 pub struct RankPod {
@@ -253,6 +258,8 @@ pub async fn create_workload(
         .current()
         .expect("ensure_keys returns a key")
         .clone();
+    // The load signs its reports as the webhook marks a sidecar's writes.
+    let _ = WRITER_KEY.set((key.clone(), ns.to_string()));
     let pod_api: Api<Pod> = Api::namespaced(client.clone(), ns);
     let wanted = (0..jobs).flat_map(|j| (0..ranks).map(move |r| (j, r)));
     let pods: Vec<RankPod> = futures::stream::iter(wanted)
