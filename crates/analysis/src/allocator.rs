@@ -102,6 +102,50 @@ fn earlier(a: Option<Forecast>, b: Forecast, th: &Thresholds) -> Option<Forecast
     })
 }
 
+/// The level, time to OOM, confidence, cause and reason of `a` from the
+/// earliest credible forecast and the usage in `a.level_fraction`
+/// ([`level_of`], as everywhere). The forecast names the cause when it
+/// makes the level (or nothing else is named); `watched` is how long the
+/// device has been watched (a low level's confidence grows with it).
+fn conclude(a: &mut Assessment, best: Option<Forecast>, th: &Thresholds, watched: f64) {
+    let confidence = best.as_ref().map_or(0.0, |f| f.confidence);
+    let tto = best.as_ref().map(|f| f.tto);
+    let by_level = crate::risk::by_level(a.level_fraction, th);
+    let trend = by_trend(tto, confidence, th);
+    a.risk = level_of(tto, confidence, a.level_fraction, th);
+    a.time_to_oom_seconds = tto;
+    if let Some(f) = best {
+        a.growth_bytes_per_second = f.growth;
+        if trend >= by_level || a.cause.is_none() {
+            a.cause = Some(f.cause);
+        }
+    }
+    if trend > by_level {
+        a.confidence = confidence;
+        a.reason = format!(
+            "{} {}, OOM predicted in {}",
+            a.cause.as_ref().map_or("", |c| c.cause.as_str()),
+            a.cause.as_ref().map_or("", |c| c.evidence.as_str()),
+            memprof_api::format_duration(tto.unwrap_or(f64::INFINITY))
+        );
+        return;
+    }
+    a.confidence = if tto.is_some() {
+        confidence
+    } else if by_level > RiskLevel::Low {
+        1.0
+    } else {
+        (watched / th.trust_span_seconds).min(1.0)
+    };
+    a.reason = match &a.cause {
+        Some(c) if c.cause == Cause::Fragmentation => c.evidence.clone(),
+        _ => format!(
+            "{:.1}% of the allocator's limit allocated",
+            100.0 * a.level_fraction
+        ),
+    };
+}
+
 /// r² the long horizon's floor needs (as NVML's lower envelope).
 const LONG_FLOOR_R2: f64 = 0.8;
 
@@ -356,94 +400,58 @@ impl AgentDevice {
             used: level as u64,
             total: limit as u64,
             peak: self.peak_allocated,
+            level_fraction: level / limit,
             ..Default::default()
         };
-        let mut best: Option<Forecast> = None;
-        let pace = self.recent.pace(th.leak_bytes_per_second, limit);
-        if let (Some(p), Some(ceiling)) = (pace, self.ceiling()) {
-            let tto = ((ceiling - level) / p.slope).max(0.0);
-            let rate = memprof_api::format_rate(p.slope);
-            let rate = rate.trim_start_matches('+');
-            let cause = if p.floor_flat {
-                NamedCause::new(
-                    Cause::GrowingDemand,
-                    format!(
-                        "step peaks rise {rate} while memory between steps stays put \
-                         (longer inputs, a growing batch)"
-                    ),
-                )
-            } else {
-                NamedCause::new(
-                    Cause::Leak,
-                    format!("step peaks and memory between steps rise {rate}"),
-                )
-            };
-            best = earlier(
-                best,
-                Forecast {
-                    tto,
-                    growth: p.slope,
-                    // A leak's pace is trusted once watched for the trust
-                    // span; a workload's demand can stop growing at any
-                    // time (a schedule does), so its pace is trusted only
-                    // as far ahead as it was watched.
-                    confidence: if p.floor_flat {
-                        (p.span / tto.max(1.0)).min(1.0)
-                    } else {
-                        (p.span / tto.clamp(1.0, PACE_TRUST_SECONDS)).min(1.0)
-                    },
-                    cause,
-                },
-                th,
-            );
-        }
+        let mut best = self.pace_forecast(th, limit, level);
         if let Some(n) = self.neighbour(th) {
             best = earlier(best, n, th);
         }
-        let mut fraction = level / limit;
         if let Some(f) = self.blocking_fragmentation(th) {
             // What new segments can use is what the cache does not hold.
-            fraction = self.last.reserved_bytes as f64 / limit;
+            a.level_fraction = self.last.reserved_bytes as f64 / limit;
             a.cause = Some(f);
         }
-        let confidence = best.as_ref().map_or(0.0, |f| f.confidence);
-        let tto = best.as_ref().map(|f| f.tto);
-        let by_level = crate::risk::by_level(fraction, th);
-        let trend = by_trend(tto, confidence, th);
-        a.level_fraction = fraction;
-        a.risk = level_of(tto, confidence, fraction, th);
-        a.time_to_oom_seconds = tto;
-        if let Some(f) = best {
-            a.growth_bytes_per_second = f.growth;
-            if trend >= by_level || a.cause.is_none() {
-                a.cause = Some(f.cause);
-            }
-        }
-        if trend > by_level {
-            a.confidence = confidence;
-            a.reason = format!(
-                "{} {}, OOM predicted in {}",
-                a.cause.as_ref().map_or("", |c| c.cause.as_str()),
-                a.cause.as_ref().map_or("", |c| c.evidence.as_str()),
-                memprof_api::format_duration(tto.unwrap_or(f64::INFINITY))
-            );
-        } else {
-            a.confidence = if tto.is_some() {
-                confidence
-            } else if by_level > RiskLevel::Low {
-                1.0
-            } else {
-                (self.used.observed_span() / th.trust_span_seconds).min(1.0)
-            };
-            a.reason = match &a.cause {
-                Some(c) if c.cause == Cause::Fragmentation => c.evidence.clone(),
-                _ => format!(
-                    "{:.1}% of the allocator's limit allocated",
-                    100.0 * fraction
-                ),
-            };
-        }
+        conclude(&mut a, best, th, self.used.observed_span());
         a
+    }
+
+    /// The peaks' pace to the ceiling: a leak when memory between steps
+    /// rises with them, growing demand when it stays put.
+    fn pace_forecast(&self, th: &Thresholds, limit: f64, level: f64) -> Option<Forecast> {
+        let p = self.recent.pace(th.leak_bytes_per_second, limit)?;
+        let ceiling = self.ceiling()?;
+        let tto = ((ceiling - level) / p.slope).max(0.0);
+        let rate = memprof_api::format_rate(p.slope);
+        let rate = rate.trim_start_matches('+');
+        let cause = if p.floor_flat {
+            NamedCause::new(
+                Cause::GrowingDemand,
+                format!(
+                    "step peaks rise {rate} while memory between steps stays put \
+                     (longer inputs, a growing batch)"
+                ),
+            )
+        } else {
+            NamedCause::new(
+                Cause::Leak,
+                format!("step peaks and memory between steps rise {rate}"),
+            )
+        };
+        Some(Forecast {
+            tto,
+            growth: p.slope,
+            // A leak's pace is trusted once watched for the trust span; a
+            // workload's demand can stop growing at any time (a schedule
+            // does), so its pace is trusted only as far ahead as it was
+            // watched.
+            confidence: if p.floor_flat {
+                (p.span / tto.max(1.0)).min(1.0)
+            } else {
+                (p.span / tto.clamp(1.0, PACE_TRUST_SECONDS)).min(1.0)
+            },
+            cause,
+        })
     }
 
     /// Device memory growing outside this allocator (another process on a
@@ -528,26 +536,13 @@ impl AgentDevice {
     ) -> AllocatorAssessment {
         let th = &ath.fast;
         let mut risk = self.risk(th);
-        let idle = IDLE_FRACTION * self.limit.unwrap_or(0.0);
-        let long = growth_of_floor(&self.floor_long, idle, &ath.floor_long, LONG_FLOOR_R2);
-        // A leak lifts every point of the step, so every phase's memory
-        // rises too; longer sequences lift the forward phase, not the floor.
-        let every_phase_rises = self.phases.iter().all(|(_, s)| {
-            phase_slope(s, idle, &ath.floor_long)
-                .is_none_or(|slope| slope > ath.floor_long.leak_bytes_per_second / 2.0)
-        });
-        let leak = self.leak.get() || (long.is_some_and(|f| f.leaks) && every_phase_rises);
+        let (leak, long) = self.leaks(ath);
         let reserved = assess(&self.reserved, th);
         let reserved_growth =
             (self.reserved.observed_span() > 0.0).then_some(reserved.growth_bytes_per_second);
-        let growth = if leak {
-            MemoryGrowth::Leak
-        } else if reserved_growth.is_some_and(|g| g > th.leak_bytes_per_second) {
-            MemoryGrowth::Cache
-        } else {
-            MemoryGrowth::None
-        };
+        let growth = growth_kind(leak, reserved_growth, th);
         let pace = (risk.growth_bytes_per_second > 0.0).then_some(risk.growth_bytes_per_second);
+        let allocated_growth = pace.or(long.map(|f| f.slope));
         let (fragmentation, split_fraction) = fragmentation(&self.last);
         let recent_retries = recent_increase(&self.retries);
         let blocking = risk
@@ -565,29 +560,62 @@ impl AgentDevice {
             sizes,
         });
         risk.leak_suspected = leak;
-        let named = risk.cause.as_ref().map(|c| c.cause);
-        if leak && named.is_none_or(|c| c == Cause::GrowingDemand) {
-            let rate = pace.or(long.map(|f| f.slope)).unwrap_or(0.0);
-            risk.cause = Some(NamedCause::new(
-                Cause::Leak,
-                format!(
-                    "memory between steps grows {}",
-                    memprof_api::format_rate(rate).trim_start_matches('+')
-                ),
-            ));
+        if leak {
+            name_leak(&mut risk, allocated_growth.unwrap_or(0.0));
         }
         AllocatorAssessment {
             outside_growth: theil_sen(&self.others.iter().copied().collect::<Vec<_>>())
                 .map(|f| f.slope),
             risk,
             growth,
-            allocated_growth: pace.or(long.map(|f| f.slope)),
+            allocated_growth,
             reserved_growth,
             fragmentation,
             split_fraction,
             recent_retries,
             advice,
         }
+    }
+
+    /// Whether memory leaks (the short pace's flag, or the floor rising on
+    /// the user's horizon with every phase), and the floor's growth there.
+    fn leaks(&self, ath: &AgentThresholds) -> (bool, Option<FloorGrowth>) {
+        let idle = IDLE_FRACTION * self.limit.unwrap_or(0.0);
+        let long = growth_of_floor(&self.floor_long, idle, &ath.floor_long, LONG_FLOOR_R2);
+        // A leak lifts every point of the step, so every phase's memory
+        // rises too; longer sequences lift the forward phase, not the floor.
+        let every_phase_rises = self.phases.iter().all(|(_, s)| {
+            phase_slope(s, idle, &ath.floor_long)
+                .is_none_or(|slope| slope > ath.floor_long.leak_bytes_per_second / 2.0)
+        });
+        let leak = self.leak.get() || (long.is_some_and(|f| f.leaks) && every_phase_rises);
+        (leak, long)
+    }
+}
+
+/// What grows: a leak, else the cache when reserved memory grows.
+fn growth_kind(leak: bool, reserved_growth: Option<f64>, th: &Thresholds) -> MemoryGrowth {
+    if leak {
+        MemoryGrowth::Leak
+    } else if reserved_growth.is_some_and(|g| g > th.leak_bytes_per_second) {
+        MemoryGrowth::Cache
+    } else {
+        MemoryGrowth::None
+    }
+}
+
+/// A leak names itself when nothing else, or only growing demand (the
+/// peaks' pace before the floor showed it), was named.
+fn name_leak(risk: &mut Assessment, rate: f64) {
+    let named = risk.cause.as_ref().map(|c| c.cause);
+    if named.is_none_or(|c| c == Cause::GrowingDemand) {
+        risk.cause = Some(NamedCause::new(
+            Cause::Leak,
+            format!(
+                "memory between steps grows {}",
+                memprof_api::format_rate(rate).trim_start_matches('+')
+            ),
+        ));
     }
 }
 

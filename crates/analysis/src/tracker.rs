@@ -389,53 +389,15 @@ fn publish(
     hold: Hold,
     trainer: &[u32],
 ) -> GpuVerdict {
-    let growth = a.cause.as_ref().filter(|c| {
-        matches!(
-            c.cause,
-            Cause::Leak | Cause::GrowingDemand | Cause::Neighbour
-        ) && a.time_to_oom_seconds.is_some()
-    });
-    if let Some(c) = growth {
-        g.growth_cause = Some(c.clone());
-        g.growing_until = t + hold.seconds;
-    }
-    let at_ceiling = a.risk > RiskLevel::None
-        && a.level_fraction >= th.critical_fraction
-        && (t <= g.growing_until || g.leak.get());
-    if at_ceiling {
-        // Full after growing: the next allocation fails. Not a stale
-        // forecast of a pace that can no longer go on.
-        g.growing_until = t + hold.seconds;
-        a.time_to_oom_seconds = Some(0.0);
-        a.confidence = 1.0;
-        a.leak_suspected |= g.leak.get();
-        if let Some(c) = &g.growth_cause {
-            a.cause = Some(c.clone());
-        }
-        a.reason = format!(
-            "{:.1}% of memory in use after growing: at its ceiling, OOM now",
-            100.0 * a.level_fraction
-        );
+    note_growth(g, &a, t, hold);
+    if at_ceiling(g, &a, t, th) {
+        oom_now(g, &mut a, t, hold);
     }
     confirm(g, &mut a, t, th);
     // The level is what the evidence says, whoever computed it.
     let due = verdict::evidence_level(&a, th);
     a.risk = a.risk.max(due);
-    if let Some(c) = a.cause.as_mut() {
-        if matches!(
-            c.cause,
-            Cause::Neighbour | Cause::GrowingDemand | Cause::Leak
-        ) {
-            if let Some((pid, bytes, rate)) = growing_process(g, trainer, th) {
-                let named = format!(
-                    "; pid {pid} holds {}, {}",
-                    memprof_api::format_bytes(bytes as u64),
-                    memprof_api::format_rate(rate)
-                );
-                *c = NamedCause::new(c.cause, format!("{}{named}", c.evidence));
-            }
-        }
-    }
+    name_growing_process(g, &mut a, trainer, th);
     let raw_risk = a.risk;
     let raw_leak = a.leak_suspected;
     a.risk = g.level.update(t, raw_risk, hold);
@@ -455,6 +417,71 @@ fn publish(
         from_agent: false,
         held,
         agent_device: None,
+    }
+}
+
+/// The causes of growth toward the ceiling (a forecast of one).
+fn growth_cause(a: &Assessment) -> Option<&NamedCause> {
+    a.cause.as_ref().filter(|c| {
+        matches!(
+            c.cause,
+            Cause::Leak | Cause::GrowingDemand | Cause::Neighbour
+        ) && a.time_to_oom_seconds.is_some()
+    })
+}
+
+/// Remembers a forecast growth and its cause for the hold: a GPU that then
+/// sits at its ceiling got there by growing.
+fn note_growth(g: &mut Gpu, a: &Assessment, t: f64, hold: Hold) {
+    if let Some(c) = growth_cause(a) {
+        g.growth_cause = Some(c.clone());
+        g.growing_until = t + hold.seconds;
+    }
+}
+
+/// Full, having grown within the hold (or while its leak flag is up).
+fn at_ceiling(g: &Gpu, a: &Assessment, t: f64, th: &Thresholds) -> bool {
+    a.risk > RiskLevel::None
+        && a.level_fraction >= th.critical_fraction
+        && (t <= g.growing_until || g.leak.get())
+}
+
+/// Full after growing: the next allocation fails. Not a stale forecast of
+/// a pace that can no longer go on: OOM now, the leak flag and the cause
+/// of the growth kept.
+fn oom_now(g: &mut Gpu, a: &mut Assessment, t: f64, hold: Hold) {
+    g.growing_until = t + hold.seconds;
+    a.time_to_oom_seconds = Some(0.0);
+    a.confidence = 1.0;
+    a.leak_suspected |= g.leak.get();
+    if let Some(c) = &g.growth_cause {
+        a.cause = Some(c.clone());
+    }
+    a.reason = format!(
+        "{:.1}% of memory in use after growing: at its ceiling, OOM now",
+        100.0 * a.level_fraction
+    );
+}
+
+/// Growth whose cause could be another process's: the evidence names the
+/// fastest-growing process that is not the trainer's, with its memory.
+fn name_growing_process(g: &Gpu, a: &mut Assessment, trainer: &[u32], th: &Thresholds) {
+    let Some(c) = a.cause.as_mut() else {
+        return;
+    };
+    if !matches!(
+        c.cause,
+        Cause::Neighbour | Cause::GrowingDemand | Cause::Leak
+    ) {
+        return;
+    }
+    if let Some((pid, bytes, rate)) = growing_process(g, trainer, th) {
+        let named = format!(
+            "; pid {pid} holds {}, {}",
+            memprof_api::format_bytes(bytes as u64),
+            memprof_api::format_rate(rate)
+        );
+        *c = NamedCause::new(c.cause, format!("{}{named}", c.evidence));
     }
 }
 
