@@ -449,6 +449,7 @@ fn status(step: u64) -> MemoryProfileStatus {
         total_bytes: 80 * GIB,
         time_to_oom_seconds: (r == 7).then_some(400.0),
         growth_bytes_per_second: if r == 7 { 1e8 } else { 0.0 },
+        cause: (r == 7).then_some(Cause::Leak),
         last_report_time: Some(timestamp(step)),
         stale: false,
     };

@@ -302,10 +302,10 @@ async fn stale_ranks_are_named_with_their_age() {
     let wide = ok(&["top", "-n", n, "-o", "wide"]).await;
     assert_eq!(cell(&wide, 1, "RANKS"), "1/2 (1 stale)", "{wide}");
     assert_eq!(cell(&wide, 1, "AGE"), "10m", "{wide}");
-    assert_eq!(cell(&wide, 1, "STALE"), "1", "{wide}");
+    assert_eq!(cell(&wide, 1, "STALE RANKS"), "1", "{wide}");
     // --stale-after: judged from the reports with the user's threshold.
     let lax = ok(&["report", "quiet", "-n", n, "--stale-after", "3600"]).await;
     assert!(!lax.contains("stale ranks"), "{lax}");
     let strict = ok(&["top", "-n", n, "-o", "wide", "--stale-after", "0"]).await;
-    assert_eq!(cell(&strict, 1, "STALE"), "0,1", "{strict}");
+    assert_eq!(cell(&strict, 1, "STALE RANKS"), "0,1", "{strict}");
 }

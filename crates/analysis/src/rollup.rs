@@ -73,8 +73,7 @@ pub fn validate_report(spec: &MemoryReportSpec) -> Result<(), String> {
 /// own summary does not show it), and `timeToOomSeconds`, which a policy's
 /// `timeToOomBelowSeconds` acts on, must not carry it.
 pub fn counted_tto(g: &GpuReport) -> Option<f64> {
-    g.time_to_oom_seconds
-        .filter(|_| g.risk >= RiskLevel::Medium)
+    g.counted_tto()
 }
 
 /// Orders GPUs from closest to OOM to farthest: risk, then time to OOM, then fullness.
@@ -85,6 +84,14 @@ fn severity(a: &GpuReport, b: &GpuReport) -> Ordering {
         .cmp(&a.risk)
         .then(tto(a).total_cmp(&tto(b)))
         .then(frac(b).total_cmp(&frac(a)))
+}
+
+/// The GPU closest to OOM (the first among equals): the one whose risk,
+/// time to OOM and cause a report's summary, a rank's line and the
+/// profile's bottleneck all show, so no view pairs one GPU's risk with
+/// another's time to OOM.
+pub fn worst_gpu(gpus: &[GpuReport]) -> Option<&GpuReport> {
+    gpus.iter().min_by(|a, b| severity(a, b))
 }
 
 fn location(spec: &MemoryReportSpec, g: &GpuReport) -> GpuLocation {
@@ -207,12 +214,13 @@ fn worst_ranks<'a>(
     st: &mut MemoryProfileStatus,
 ) {
     let mut worst_per_rank: Vec<(&MemoryReportSpec, &GpuReport)> = specs
-        .filter_map(|spec| Some((spec, spec.gpus.iter().min_by(|a, b| severity(a, b))?)))
+        .filter_map(|spec| Some((spec, worst_gpu(&spec.gpus)?)))
         .collect();
     worst_per_rank.sort_by(|a, b| severity(a.1, b.1));
     if let Some((spec, g)) = worst_per_rank.first() {
         st.risk = g.risk;
         st.confidence = g.confidence.clamp(0.0, 1.0);
+        st.cause = g.cause.clone();
         st.bottleneck = Some(location(spec, g));
     }
     st.time_to_oom_seconds = worst_per_rank
@@ -233,6 +241,7 @@ fn worst_ranks<'a>(
             total_bytes: g.total_bytes,
             time_to_oom_seconds: counted_tto(g),
             growth_bytes_per_second: g.growth_bytes_per_second,
+            cause: g.cause.as_ref().map(|c| c.cause),
             last_report_time: Some(spec.sampled_at.clone()),
             stale: false,
         })

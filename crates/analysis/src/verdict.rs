@@ -17,71 +17,8 @@ use crate::Assessment;
 use memprof_api::thresholds::Thresholds;
 use memprof_api::RiskLevel;
 
-/// What would run the GPU out of memory.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Cause {
-    /// Memory kept from step to step (the floor between steps rises with
-    /// the peaks; from NVML: a regular staircase after the start).
-    Leak,
-    /// The workload's own demand grows (longer sequences, a batch schedule):
-    /// the peaks rise while memory between steps stays put, or NVML sees
-    /// growth that is not (yet) a leak.
-    GrowingDemand,
-    /// Another process on the same GPU grows while the trainer's allocator
-    /// does not.
-    Neighbour,
-    /// Memory reserved but not allocated blocks the next allocations.
-    Fragmentation,
-    /// A sudden rise of at least `spikeFraction` of the GPU.
-    Spike,
-}
-
-impl Cause {
-    /// The name in reports and logs (camelCase, as the API spells enums).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Cause::Leak => "leak",
-            Cause::GrowingDemand => "growingDemand",
-            Cause::Neighbour => "neighbour",
-            Cause::Fragmentation => "fragmentation",
-            Cause::Spike => "spike",
-        }
-    }
-}
-
-impl std::fmt::Display for Cause {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// A cause with its evidence (one short sentence, bounded).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct NamedCause {
-    /// The cause.
-    pub cause: Cause,
-    /// What showed it, e.g. "device memory +400 MiB/s outside the trainer's
-    /// allocator; pid 4242 holds 31 GiB".
-    pub evidence: String,
-}
-
-/// Evidence strings are cut to this many bytes.
-pub const MAX_EVIDENCE: usize = 200;
-
-impl NamedCause {
-    /// A cause with its evidence, cut to [`MAX_EVIDENCE`] bytes.
-    pub fn new(cause: Cause, evidence: impl Into<String>) -> Self {
-        let mut evidence = evidence.into();
-        if evidence.len() > MAX_EVIDENCE {
-            let mut end = MAX_EVIDENCE;
-            while !evidence.is_char_boundary(end) {
-                end -= 1;
-            }
-            evidence.truncate(end);
-        }
-        NamedCause { cause, evidence }
-    }
-}
+// The vocabulary of causes is the API's: the report carries it as is.
+pub use memprof_api::{Cause, NamedCause, MAX_EVIDENCE};
 
 /// The level the evidence calls for: the higher of the level by usage
 /// (`fraction` of the memory the level is judged against) and the level of

@@ -38,6 +38,7 @@ pub use ranks::{
     printcolumn = r#"{"name":"PEAK","type":"string","jsonPath":".status.peak"}"#,
     printcolumn = r#"{"name":"RISK","type":"string","jsonPath":".status.risk"}"#,
     printcolumn = r#"{"name":"TTO","type":"string","jsonPath":".status.timeToOom"}"#,
+    printcolumn = r#"{"name":"CAUSE","type":"string","jsonPath":".status.cause.cause"}"#,
     printcolumn = r#"{"name":"IMBALANCE","type":"string","jsonPath":".status.imbalanceDisplay"}"#,
     printcolumn = r#"{"name":"OOMS","type":"integer","jsonPath":".status.oomCount"}"#,
     printcolumn = r#"{"name":"ACTION","type":"string","jsonPath":".status.lastAction"}"#,
@@ -118,6 +119,10 @@ pub struct MemoryProfileStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 32))]
     pub time_to_oom: Option<String>,
+    /// What would cause the OOM `risk` is about: the cause the bottleneck
+    /// GPU's verdict names, with its evidence (absent when it names none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cause: Option<crate::NamedCause>,
     /// Some GPU's memory keeps growing between steps.
     pub leak_suspected: bool,
     /// Ranks with a suspected leak (at most 8).

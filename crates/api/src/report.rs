@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 mod allocator;
 mod analysis;
 mod breakdown;
+mod cause;
 mod checkpoint;
 mod sites;
 pub mod timeline;
@@ -28,6 +29,7 @@ pub use analysis::{
 pub use breakdown::{
     FlagKind, MemoryBreakdown, ModulePhase, ModuleType, ModuleTypeBytes, ParameterFlag,
 };
+pub use cause::{Cause, NamedCause, MAX_EVIDENCE};
 pub use checkpoint::{
     step_in, Checkpoint, CheckpointOutcome, CHECKPOINT_EVENT, MAX_CHECKPOINT_NOTE,
 };
@@ -214,6 +216,11 @@ pub struct GpuReport {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0.0, max = 1.0))]
     pub fragmentation: Option<f64>,
+    /// What would cause the OOM this risk is about, with its evidence, when
+    /// the verdict names one (`leak`, `growingDemand`, `neighbour`,
+    /// `fragmentation`, `spike`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cause: Option<NamedCause>,
     /// Where the numbers came from.
     pub source: DataSource,
     /// Where the risk, growth, time to OOM and leak flag came from when not
@@ -246,6 +253,27 @@ pub struct GpuReport {
 }
 
 impl GpuReport {
+    /// The GPU's time to OOM as every view shows it and the roll-up counts
+    /// it: at medium risk or above. Below, it is a trend too young or too
+    /// irregular to act on (the report's summary does not show it, and a
+    /// policy's `timeToOomBelowSeconds` must not act on it).
+    pub fn counted_tto(&self) -> Option<f64> {
+        self.time_to_oom_seconds
+            .filter(|t| t.is_finite() && *t >= 0.0)
+            .filter(|_| self.risk >= RiskLevel::Medium)
+    }
+
+    /// [`GpuReport::counted_tto`] for a table cell: `-` when there is none.
+    pub fn tto_text(&self) -> String {
+        self.counted_tto()
+            .map_or_else(|| "-".into(), crate::format_duration)
+    }
+
+    /// The cause the verdict names, for a table cell: `-` when none.
+    pub fn cause_text(&self) -> &'static str {
+        self.cause.as_ref().map_or("-", |c| c.cause.as_str())
+    }
+
     /// The GPU's timeline points, from whichever form the report carries.
     pub fn points(&self) -> &[TimelinePoint] {
         if self.timeline.is_empty() {

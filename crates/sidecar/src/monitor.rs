@@ -200,7 +200,7 @@ impl Monitor {
         a: &Assessment,
         util: Option<u32>,
     ) -> GpuReport {
-        GpuReport {
+        let mut g = GpuReport {
             index: info.index,
             uuid: info.uuid.clone(),
             model: info.model.clone(),
@@ -208,18 +208,13 @@ impl Monitor {
             used_bytes: series.last().map_or(0, |s| s.used),
             peak_bytes: series.peak(),
             utilization_percent: util,
-            growth_bytes_per_second: finite(a.growth_bytes_per_second),
-            time_to_oom_seconds: a.time_to_oom_seconds.filter(|t| t.is_finite()),
-            risk: a.risk,
-            confidence: finite(a.confidence),
-            leak_suspected: a.leak_suspected,
             spike_detected: a.spike_detected,
-            fragmentation: None,
             source: self.sampler.source(),
-            assessed_from: None,
             timeline: timeline(series),
-            legacy_timeline: Vec::new(),
-        }
+            ..Default::default()
+        };
+        take_assessment(&mut g, a);
+        g
     }
 
     /// The report as of the last sample and analysis. `conditions` come from
@@ -238,20 +233,6 @@ impl Monitor {
         } else {
             self.sampler.source()
         };
-        let fullest = gpus.iter().max_by(|a, b| {
-            frac(a.used_bytes, a.total_bytes).total_cmp(&frac(b.used_bytes, b.total_bytes))
-        });
-        let peakiest = gpus.iter().max_by(|a, b| {
-            frac(a.peak_bytes, a.total_bytes).total_cmp(&frac(b.peak_bytes, b.total_bytes))
-        });
-        let human = |used: u64, total: u64| {
-            format!("{} ({:.0}%)", format_bytes(used), 100.0 * frac(used, total))
-        };
-        let risk = gpus.iter().map(|g| g.risk).max().unwrap_or_default();
-        let tto = gpus
-            .iter()
-            .filter_map(|g| g.time_to_oom_seconds)
-            .min_by(|a, b| a.total_cmp(b));
         MemoryReportSpec {
             pod_name: id.pod_name.clone(),
             node_name: id.node_name.clone(),
@@ -259,18 +240,7 @@ impl Monitor {
             rank: id.rank,
             sampled_at,
             interval_ms: interval_ms.max(1),
-            summary: ReportSummary {
-                gpu_count: gpus.len() as u32,
-                risk,
-                time_to_oom: if risk >= RiskLevel::Medium {
-                    tto.map(format_duration)
-                } else {
-                    None
-                },
-                used: fullest.map_or("-".into(), |g| human(g.used_bytes, g.total_bytes)),
-                peak: peakiest.map_or("-".into(), |g| human(g.peak_bytes, g.total_bytes)),
-                source,
-            },
+            summary: summary_of(&gpus, source),
             gpus,
             allocator: self.agent().stats(),
             breakdown: self.breakdowns.report(),
@@ -284,13 +254,40 @@ impl Monitor {
     }
 }
 
-/// Risk, growth, time to OOM and leak flag from another assessment.
+/// A report's summary of its GPUs: the risk and time to OOM of one GPU, the
+/// worst (as the roll-up takes a rank's), so the summary never pairs one
+/// GPU's risk with another's time to OOM; use and peak of the fullest.
+fn summary_of(gpus: &[GpuReport], source: DataSource) -> ReportSummary {
+    let fullest = gpus.iter().max_by(|a, b| {
+        frac(a.used_bytes, a.total_bytes).total_cmp(&frac(b.used_bytes, b.total_bytes))
+    });
+    let peakiest = gpus.iter().max_by(|a, b| {
+        frac(a.peak_bytes, a.total_bytes).total_cmp(&frac(b.peak_bytes, b.total_bytes))
+    });
+    let human = |used: u64, total: u64| {
+        format!("{} ({:.0}%)", format_bytes(used), 100.0 * frac(used, total))
+    };
+    let worst = memprof_analysis::worst_gpu(gpus);
+    ReportSummary {
+        gpu_count: gpus.len() as u32,
+        risk: worst.map(|g| g.risk).unwrap_or_default(),
+        time_to_oom: worst.and_then(GpuReport::counted_tto).map(format_duration),
+        used: fullest.map_or("-".into(), |g| human(g.used_bytes, g.total_bytes)),
+        peak: peakiest.map_or("-".into(), |g| human(g.peak_bytes, g.total_bytes)),
+        source,
+    }
+}
+
+/// The published verdict of a GPU: risk, growth, time to OOM, confidence,
+/// leak flag and the cause it names, all from one assessment (so a report
+/// never pairs one verdict's risk with another's cause or TTO).
 fn take_assessment(g: &mut GpuReport, a: &Assessment) {
     g.growth_bytes_per_second = finite(a.growth_bytes_per_second);
     g.time_to_oom_seconds = a.time_to_oom_seconds.filter(|t| t.is_finite());
     g.risk = a.risk;
     g.confidence = finite(a.confidence);
     g.leak_suspected = a.leak_suspected;
+    g.cause = a.cause.clone();
 }
 
 /// A GPU only the agent sees: memory in use is the device's (total − free,
@@ -382,6 +379,50 @@ fn timeline(series: &GpuSeries) -> Vec<TimelinePoint> {
 mod tests {
     use super::*;
     use crate::sampler::sim::{Scenario, SimSampler};
+
+    /// Two GPUs, one at high risk with 5 min to OOM, the other low with a
+    /// young trend of 20 s: the summary shows the high GPU's risk and time
+    /// to OOM (the low GPU's 20 s was paired with the worst risk before),
+    /// and the low GPU's trend is shown nowhere.
+    #[test]
+    fn the_summary_shows_one_gpus_risk_and_time_to_oom() {
+        let gpu = |index, risk, tto| GpuReport {
+            index,
+            total_bytes: 80 << 30,
+            risk,
+            time_to_oom_seconds: Some(tto),
+            ..Default::default()
+        };
+        let gpus = [gpu(0, RiskLevel::Low, 20.0), gpu(1, RiskLevel::High, 300.0)];
+        let s = summary_of(&gpus, DataSource::Sim);
+        assert_eq!(
+            (s.risk, s.time_to_oom.as_deref()),
+            (RiskLevel::High, Some("5m0s"))
+        );
+        assert_eq!(gpus[0].tto_text(), "-");
+        let calm = summary_of(&gpus[..1], DataSource::Sim);
+        assert_eq!((calm.risk, calm.time_to_oom), (RiskLevel::Low, None));
+    }
+
+    /// The verdict's cause reaches the report with its evidence (a 50 MiB/s
+    /// leak is medium with ~15 min to go).
+    #[test]
+    fn a_leaking_gpus_report_names_the_leak() {
+        let mut m = leaking_monitor();
+        let mut named = None;
+        for i in 0..=300 {
+            m.sample(1_000_000.0 + i as f64).unwrap();
+            m.analyse();
+            let r = m.report(&Identity::default(), String::new(), 1000, vec![]);
+            if r.gpus[0].risk >= RiskLevel::Medium {
+                named = r.gpus[0].cause.clone();
+                break;
+            }
+        }
+        let c = named.expect("a medium risk with a named cause");
+        assert_eq!(c.cause, memprof_api::Cause::Leak, "{c:?}");
+        assert!(!c.evidence.is_empty());
+    }
 
     fn leaking_monitor() -> Monitor {
         let s = Scenario::parse("default: { leakMiBPerSecond: 50, noiseGiB: 0 }").unwrap();

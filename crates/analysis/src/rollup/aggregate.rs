@@ -233,6 +233,7 @@ impl Aggregates {
             let g = e.worst_gpu().expect("only reports with a GPU are indexed");
             st.risk = g.risk;
             st.confidence = g.confidence.clamp(0.0, 1.0);
+            st.cause = g.cause.clone();
             st.bottleneck = Some(e.location(g));
         }
         st.time_to_oom_seconds = self.tto.first().map(|t| t.0);

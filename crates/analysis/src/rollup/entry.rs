@@ -7,7 +7,7 @@ use super::sites::{rank_sites, SitesOrder};
 use jiff::{SignedDuration, Timestamp};
 use memprof_api::{
     AllocatorRollup, GpuLocation, GpuReport, MemoryBreakdown, MemoryReportSpec,
-    RankAllocationSites, RankSummary, RiskLevel,
+    NamedCause, RankAllocationSites, RankSummary, RiskLevel,
 };
 use std::cmp::Reverse;
 use std::sync::Arc;
@@ -34,6 +34,7 @@ pub struct Gpu {
     pub growth: f64,
     pub leak: bool,
     pub fragmentation: Option<f64>,
+    pub cause: Option<NamedCause>,
 }
 
 impl Gpu {
@@ -50,6 +51,7 @@ impl Gpu {
             growth: g.growth_bytes_per_second,
             leak: g.leak_suspected,
             fragmentation: g.fragmentation,
+            cause: g.cause.clone(),
         }
     }
 
@@ -178,6 +180,7 @@ impl Entry {
             total_bytes: g.total,
             time_to_oom_seconds: g.tto,
             growth_bytes_per_second: g.growth,
+            cause: g.cause.as_ref().map(|c| c.cause),
             last_report_time: Some(self.sampled_at.clone()),
             stale: false,
         })
@@ -199,7 +202,10 @@ impl Entry {
         let gpus: usize = self
             .gpus
             .iter()
-            .map(|g| std::mem::size_of::<Gpu>() + g.uuid.len())
+            .map(|g| {
+                let evidence = g.cause.as_ref().map_or(0, |c| c.evidence.len());
+                std::mem::size_of::<Gpu>() + g.uuid.len() + evidence
+            })
             .sum();
         let agent = self.agent.as_ref().map_or(0, |a| {
             let oom = a.last_oom.as_ref().map_or(0, |o| {

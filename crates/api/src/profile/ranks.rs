@@ -46,6 +46,9 @@ pub struct RankSummary {
     pub time_to_oom_seconds: Option<f64>,
     /// Growth rate of that GPU's memory, bytes per second.
     pub growth_bytes_per_second: f64,
+    /// What that GPU's verdict says would cause its OOM, when it names a cause.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cause: Option<crate::Cause>,
     /// `sampledAt` of the rank's report (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 64))]

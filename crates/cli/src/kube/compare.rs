@@ -92,6 +92,8 @@ pub struct Side {
     pub risk: String,
     /// Smallest time to OOM, seconds.
     pub time_to_oom_seconds: Option<f64>,
+    /// What would cause the OOM (`leak`, `neighbour`, ...), when named.
+    pub cause: Option<String>,
     /// BATCH_SIZE from the Job's env, else the batch-fit recommendation's `current`.
     pub batch_size: Option<String>,
     /// Max/mean of per-GPU peaks.
@@ -123,6 +125,7 @@ pub fn side(p: &MemoryProfile, job: Option<&Job>) -> Side {
         peak_percent: st.peak_percent,
         risk: st.risk.to_string(),
         time_to_oom_seconds: st.time_to_oom_seconds,
+        cause: st.cause.as_ref().map(|c| c.cause.to_string()),
         batch_size: job.and_then(batch_env).or(from_status),
         imbalance: st.imbalance,
         gpus: st.gpu_count,
@@ -167,6 +170,8 @@ pub fn render(a: &Side, b: &Side, format: Format) -> String {
     t.row(["PEAK".into(), peak(a), peak(b), diff_peak]);
     t.row(["RISK".into(), a.risk.clone(), b.risk.clone(), String::new()]);
     t.row(["TTO".into(), tto(a), tto(b), String::new()]);
+    let cause = |s: &Side| s.cause.clone().unwrap_or_else(|| "-".into());
+    t.row(["CAUSE".into(), cause(a), cause(b), String::new()]);
     t.row(["BATCH SIZE".into(), batch(a), batch(b), String::new()]);
     t.row(["IMBALANCE".into(), imb(a), imb(b), String::new()]);
     t.row([

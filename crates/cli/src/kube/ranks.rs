@@ -177,7 +177,7 @@ pub fn job_age_of<'a>(
     from_operator.unwrap_or_else(|| job_age(reports, now, rule))
 }
 
-/// Whether `top -o wide` must read the reports to fill AGE and STALE: a
+/// Whether `top -o wide` must read the reports to fill AGE and STALE RANKS: a
 /// threshold of the user's, or a status without the operator's ages.
 pub fn needs_reports(statuses: &[Option<&MemoryProfileStatus>], rule: StaleRule) -> bool {
     rule != StaleRule::Operator

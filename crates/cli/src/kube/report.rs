@@ -199,7 +199,8 @@ pub fn render_ranks(
     }
     let wide = print.wide();
     let mut headers = vec![
-        "RANK", "POD", "NODE", "GPU", "USED", "PEAK", "TOTAL", "RISK", "TTO", "AGE", "RECENT",
+        "RANK", "POD", "NODE", "GPU", "USED", "PEAK", "TOTAL", "RISK", "TTO", "CAUSE", "AGE",
+        "RECENT",
     ];
     if wide {
         headers.extend(["GROWTH", "UTIL", "SOURCE", "UUID", "SAMPLED"]);
@@ -254,7 +255,8 @@ fn gpu_cells(
         format_bytes(g.peak_bytes),
         format_bytes(g.total_bytes),
         g.risk.to_string(),
-        g.time_to_oom_seconds.map_or("-".into(), format_duration),
+        g.tto_text(),
+        g.cause_text().to_string(),
         since.clone(),
         spark,
     ]
@@ -319,6 +321,9 @@ fn render_summary(out: &mut String, st: &MemoryProfileStatus) {
         st.confidence * 100.0,
         st.time_to_oom.as_deref().unwrap_or("-")
     );
+    if let Some(c) = &st.cause {
+        let _ = writeln!(out, "  cause: {}", c.line());
+    }
     let _ = writeln!(
         out,
         "  peak: {}   now: {} ({:.0}%)",
@@ -377,11 +382,13 @@ fn render_closest(out: &mut String, st: &MemoryProfileStatus) {
             let tto = r
                 .time_to_oom_seconds
                 .map_or("-".to_string(), format_duration);
+            let cause = r.cause.map_or("", |c| c.as_str());
             let _ =
                 writeln!(
                 out,
-                "    rank {rank:>4}  {:<8}  peak {:>9} / {:<9}  growth {:>11}  TTO {tto}  ({}{})",
+                "    rank {rank:>4}  {:<8}  peak {:>9} / {:<9}  growth {:>11}  TTO {tto}  {cause}{}({}{})",
                 r.risk.to_string(),
+                if cause.is_empty() { "" } else { "  " },
                 format_bytes(r.peak_bytes),
                 format_bytes(r.total_bytes),
                 format_rate(r.growth_bytes_per_second),

@@ -10,7 +10,7 @@ use crate::output::{self, printer, PrintArgs, Printed, Table, WatchArgs};
 use jiff::Timestamp;
 use kube::ResourceExt;
 use memprof_api::{
-    format_bytes, format_duration, MemoryProfile, MemoryReport, RiskLevel, LABEL_JOB,
+    format_bytes, MemoryProfile, MemoryReport, RiskLevel, LABEL_JOB,
 };
 
 /// Flags of `memprof top`.
@@ -23,7 +23,7 @@ pub struct Args {
     #[command(flatten)]
     pub watch: WatchArgs,
     /// Call a rank stale when its last report is older than this (`150`,
-    /// `2m`; a bare number is seconds; `-o wide`: AGE and STALE columns). Default: the operator's
+    /// `2m`; a bare number is seconds; `-o wide`: AGE and STALE RANKS columns). Default: the operator's
     /// verdict (two of the sidecar's heartbeats plus 30 s; 150 s by default).
     #[arg(long, value_name = "DURATION", value_parser = crate::duration::parse)]
     pub stale_after: Option<std::time::Duration>,
@@ -36,7 +36,7 @@ pub async fn run(args: Args) -> Result<i32, CliError> {
     output::watch(args.watch, || async {
         let profiles = k::list_profiles(&client, &scope, selector).await?;
         let rule = StaleRule::from_flag(args.stale_after);
-        // AGE and STALE come from the operator's status; the reports are
+        // AGE and STALE RANKS come from the operator's status; the reports are
         // listed (one more call) only where it cannot say (see ranks.rs).
         let statuses: Vec<_> = profiles.iter().map(|p| p.status.as_ref()).collect();
         let reports = if args.print.wide() && ranks::needs_reports(&statuses, rule) {
@@ -61,7 +61,7 @@ pub async fn run(args: Args) -> Result<i32, CliError> {
 pub struct View<'a> {
     /// Where `top` looked (NAMESPACE column with `-A`).
     pub scope: &'a Scope,
-    /// The reports in scope, where the statuses cannot give AGE and STALE
+    /// The reports in scope, where the statuses cannot give AGE and STALE RANKS
     /// (see [`ranks::needs_reports`]); empty otherwise.
     pub reports: &'a [MemoryReport],
     /// Now, for ages.
@@ -91,7 +91,7 @@ pub fn worst_first(profiles: &[MemoryProfile]) -> Vec<&MemoryProfile> {
 }
 
 /// What `top` prints: the table (NAMESPACE only with `-A`; `-o wide` adds
-/// GPUS, AGE, STALE, BOTTLENECK, ACTION), or the profiles as kubectl's
+/// GPUS, AGE, STALE RANKS, BOTTLENECK, ACTION), or the profiles as kubectl's
 /// printing flags ask.
 pub fn render(profiles: &[MemoryProfile], view: &View, print: &PrintArgs) -> Printed {
     let sorted: Vec<MemoryProfile> = worst_first(profiles).into_iter().cloned().collect();
@@ -114,6 +114,7 @@ fn table(profiles: &[&MemoryProfile], view: &View, wide: bool) -> Table {
         "JOB",
         "RISK",
         "TTO",
+        "CAUSE",
         "PEAK",
         "NOW%",
         "IMBALANCE",
@@ -121,7 +122,8 @@ fn table(profiles: &[&MemoryProfile], view: &View, wide: bool) -> Table {
         "LEAK",
     ]);
     if wide {
-        headers.extend(["GPUS", "AGE", "STALE", "BOTTLENECK", "ACTION"]);
+        // Which ranks are stale, not how many: named so a `1` reads as rank 1.
+        headers.extend(["GPUS", "AGE", "STALE RANKS", "BOTTLENECK", "ACTION"]);
     }
     let mut table = Table::new(headers);
     for p in profiles {
@@ -138,12 +140,17 @@ fn table(profiles: &[&MemoryProfile], view: &View, wide: bool) -> Table {
     table
 }
 
-fn cells_of(p: &MemoryProfile) -> [String; 8] {
+fn cells_of(p: &MemoryProfile) -> [String; 9] {
     let st = p.status.clone().unwrap_or_default();
     [
         p.spec.job_name.clone(),
         st.risk.to_string(),
-        st.time_to_oom_seconds.map_or("-".into(), format_duration),
+        // The profile's own text, as `kubectl get memoryprofiles` shows it.
+        st.time_to_oom.clone().unwrap_or_else(|| "-".into()),
+        st.cause
+            .as_ref()
+            .map_or("-", |c| c.cause.as_str())
+            .to_string(),
         format!(
             "{} ({:.0}%)",
             format_bytes(st.peak_used_bytes),
@@ -160,7 +167,7 @@ fn cells_of(p: &MemoryProfile) -> [String; 8] {
     ]
 }
 
-/// GPUS, AGE (since the least recent rank's last report), STALE (the stale
+/// GPUS, AGE (since the least recent rank's last report), STALE RANKS (the stale
 /// ranks, `+N` for those the status counted but did not list), BOTTLENECK,
 /// ACTION.
 fn wide_cells(p: &MemoryProfile, view: &View) -> [String; 5] {
@@ -202,6 +209,7 @@ mod tests {
         p.status = Some(MemoryProfileStatus {
             risk,
             time_to_oom_seconds: tto,
+            time_to_oom: tto.map(memprof_api::format_duration),
             ranks: "2/2".into(),
             peak_used_bytes: 60 << 30,
             peak_percent: 75.0,
@@ -264,7 +272,7 @@ mod tests {
         let one = text(&r, &view(&ns, &[]), &[]);
         assert!(
             one.starts_with(
-                "JOB    RISK       TTO    PEAK            NOW%   IMBALANCE   RANKS   LEAK\nsoon   critical   1m0s   60.0GiB (75%)   70%    1.30        2/2     yes\n"
+                "JOB    RISK       TTO    CAUSE   PEAK            NOW%   IMBALANCE   RANKS   LEAK\nsoon   critical   1m0s   -       60.0GiB (75%)   70%    1.30        2/2     yes\n"
             ),
             "{one}"
         );
@@ -275,7 +283,7 @@ mod tests {
             wide.lines()
                 .next()
                 .unwrap()
-                .ends_with("GPUS   AGE   STALE   BOTTLENECK   ACTION"),
+                .ends_with("GPUS   AGE   STALE RANKS   BOTTLENECK   ACTION"),
             "{wide}"
         );
     }
@@ -304,7 +312,7 @@ mod tests {
         let ns = Scope::Namespace("a".into());
         let wide = text(&ps, &view(&ns, &reports), &["-o", "wide"]);
         let row: Vec<&str> = wide.lines().nth(1).unwrap().split_whitespace().collect();
-        // ... LEAK GPUS AGE STALE BOTTLENECK ACTION
+        // ... LEAK GPUS AGE STALE RANKS BOTTLENECK ACTION
         assert_eq!(row[row.len() - 4..row.len() - 2], ["6m", "1"], "{wide}");
         // Not wide: no reports were read and no such columns.
         assert!(!text(&ps, &view(&ns, &[]), &[]).contains("STALE"));
@@ -325,7 +333,7 @@ mod tests {
             ..Default::default()
         }];
         let ns = Scope::Namespace("a".into());
-        // No reports at all: the status alone fills AGE and STALE.
+        // No reports at all: the status alone fills AGE and STALE RANKS.
         let wide = text(&[p], &view(&ns, &[]), &["-o", "wide"]);
         let row = wide.lines().nth(1).unwrap();
         assert!(row.contains("1/2 (1 stale)"), "{wide}");

@@ -13,7 +13,7 @@ use crate::output::{self, OutputArgs, Table};
 use jiff::Timestamp;
 use memprof_analysis::{JobRollup, RollupLimits};
 use memprof_api::{
-    format_bytes, format_duration, MemoryProfile, MemoryProfileStatus, MemoryReportSpec,
+    format_bytes, MemoryProfile, MemoryProfileStatus, MemoryReportSpec,
 };
 use std::fmt::Write;
 use std::path::{Path, PathBuf};
@@ -237,7 +237,8 @@ pub fn render(loaded: &[Loaded], st: &MemoryProfileStatus) -> String {
 
 fn ranks(loaded: &[Loaded]) -> Table {
     let mut t = Table::new([
-        "RANK", "NODE", "NAME", "GPU", "USED", "PEAK", "TOTAL", "RISK", "TTO", "SOURCE", "FILE",
+        "RANK", "NODE", "NAME", "GPU", "USED", "PEAK", "TOTAL", "RISK", "TTO", "CAUSE", "SOURCE",
+        "FILE",
     ]);
     for l in loaded {
         let s = &l.spec;
@@ -251,7 +252,8 @@ fn ranks(loaded: &[Loaded]) -> Table {
                 format_bytes(g.peak_bytes),
                 format_bytes(g.total_bytes),
                 g.risk.to_string(),
-                g.time_to_oom_seconds.map_or("-".into(), format_duration),
+                g.tto_text(),
+                g.cause_text().to_string(),
                 g.assessed_from.unwrap_or(g.source).to_string(),
                 l.file.display().to_string(),
             ]);

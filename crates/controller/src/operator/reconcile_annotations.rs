@@ -91,29 +91,32 @@ fn stable_imbalance(value: f64, current: Option<&str>) -> String {
     format!("{:.1}", (value * 10.0).round() / 10.0)
 }
 
-/// A time to OOM for humans, in steps that grow with it: `<1m`, whole
-/// minutes to 10 minutes, 5 minutes to an hour, hours to a day, then days.
+/// A time to OOM for humans, in steps that grow with it (`<1m`, whole
+/// minutes to 10 minutes, 5 minutes to an hour, hours to a day, then days),
+/// rounded down: a label never promises more time than the prediction
+/// gives (2m17s reads `2m`, never `3m`).
 fn tto_label(seconds: f64) -> String {
     let s = seconds.max(0.0);
     if s < 60.0 {
         return "<1m".into();
     }
-    if s < 570.0 {
-        return format!("{}m", (s / 60.0).round() as u64);
+    if s < 600.0 {
+        return format!("{}m", (s / 60.0).floor() as u64);
     }
-    if s < 3450.0 {
-        return format!("{}m", ((s / 300.0).round() as u64 * 5).max(10));
+    if s < 3600.0 {
+        return format!("{}m", (s / 300.0).floor() as u64 * 5);
     }
-    if s < 84_600.0 {
-        return format!("{}h", (s / 3600.0).round() as u64);
+    if s < 86_400.0 {
+        return format!("{}h", (s / 3600.0).floor() as u64);
     }
-    format!("{}d", (s / 86_400.0).round() as u64)
+    format!("{}d", (s / 86_400.0).floor() as u64)
 }
 
-/// The value a label stands for and its step, for labels [`tto_label`] makes.
+/// The least time a label stands for and its step, for labels
+/// [`tto_label`] makes.
 fn tto_value(label: &str) -> Option<(f64, f64)> {
     if label == "<1m" {
-        return Some((30.0, 60.0));
+        return Some((0.0, 60.0));
     }
     let (n, unit) = label.split_at(label.len().checked_sub(1)?);
     let n: f64 = n.parse().ok()?;
@@ -127,12 +130,20 @@ fn tto_value(label: &str) -> Option<(f64, f64)> {
 }
 
 /// Predictions jitter in proportion to themselves (a few % to tens of %
-/// between reports), so the band is also at least this share of the value.
-const TTO_RELATIVE_BAND: f64 = 0.25;
+/// between reports), so a rise must also pass this share of the label's
+/// value before the label follows it up (holding a lower label is safe: it
+/// only understates the time left).
+const TTO_RELATIVE_BAND: f64 = 0.5;
 
+/// The annotated label holds while it does not overstate the prediction
+/// (its least time is at most the prediction) and the prediction has not
+/// risen past the next label by a margin: so a falling prediction is
+/// followed at once, and noise around a boundary flips the label at most
+/// once (down), never back and forth.
 fn stable_tto(seconds: f64, current: Option<&str>) -> String {
     if let Some((shown, step)) = current.and_then(tto_value) {
-        if (seconds - shown).abs() < (BAND * step).max(TTO_RELATIVE_BAND * shown) {
+        let margin = (BAND * step).max(TTO_RELATIVE_BAND * shown);
+        if shown <= seconds && seconds < shown + step + margin {
             return current.unwrap_or_default().to_string();
         }
     }
@@ -248,7 +259,7 @@ mod tests {
         assert_eq!(on_job[ANNOTATION_TIME_TO_OOM], "10m");
         on_job = job_annotations(&noisy(1.40, 290.0), &on_job);
         assert_eq!(on_job[ANNOTATION_IMBALANCE], "1.4");
-        assert_eq!(on_job[ANNOTATION_TIME_TO_OOM], "5m");
+        assert_eq!(on_job[ANNOTATION_TIME_TO_OOM], "4m");
         // A steady leak: the time to OOM walks down minute by minute.
         let labels: Vec<_> = [250.0, 190.0, 130.0, 70.0, 30.0, 10.0]
             .iter()
@@ -257,8 +268,8 @@ mod tests {
                 on_job[ANNOTATION_TIME_TO_OOM].clone()
             })
             .collect();
-        // (Within a quarter of the value or 3/4 of a step, a label holds.)
-        assert_eq!(labels, ["5m", "3m", "2m", "1m", "1m", "<1m"]);
+        // (A label holds while it does not overstate: 250 s keeps `4m`.)
+        assert_eq!(labels, ["4m", "3m", "2m", "1m", "<1m", "<1m"]);
         // Below medium risk there is no time to OOM to show.
         let low = MemoryProfileStatus::default();
         assert_eq!(job_annotations(&low, &on_job)[ANNOTATION_TIME_TO_OOM], "-");
@@ -269,13 +280,14 @@ mod tests {
         for (s, label) in [
             (59.0, "<1m"),
             (89.0, "1m"),
-            (569.0, "9m"),
-            (570.0, "10m"),
+            (137.0, "2m"),
+            (599.0, "9m"),
+            (600.0, "10m"),
             (1000.0, "15m"),
-            (3449.0, "55m"),
-            (3450.0, "1h"),
-            (84_000.0, "23h"),
-            (86_000.0, "1d"),
+            (3599.0, "55m"),
+            (3600.0, "1h"),
+            (86_399.0, "23h"),
+            (86_400.0, "1d"),
             (200_000.0, "2d"),
         ] {
             assert_eq!(tto_label(s), label, "{s}");
@@ -283,6 +295,31 @@ mod tests {
             assert_eq!(tto_label(v), label, "{label} reads back");
         }
         assert_eq!(tto_value("4m20s"), None, "an older format is replaced");
+    }
+
+    /// A user reading the annotation never gets more time than the status
+    /// predicts: over a jittering, falling prediction (with rises), every
+    /// label's least time is at most the prediction it was written for.
+    #[test]
+    fn the_annotation_never_promises_more_time_than_the_prediction() {
+        let mut on_job = BTreeMap::new();
+        let mut flips = 0;
+        let mut last = String::new();
+        for i in 0..2000 {
+            let trend = 5000.0 - 2.4 * i as f64;
+            let jitter = ((i * 7919) % 97) as f64 / 97.0 - 0.5;
+            let tto = (trend * (1.0 + 0.3 * jitter)).max(0.0);
+            on_job = job_annotations(&noisy(1.0, tto), &on_job);
+            let label = on_job[ANNOTATION_TIME_TO_OOM].clone();
+            let (least, _) = tto_value(&label).unwrap();
+            assert!(least <= tto, "{label} for {tto:.0} s");
+            flips += usize::from(label != last);
+            last = label;
+        }
+        // A falling prediction walks down the labels, jitter or not.
+        // (About 20 labels from 1h23m down to <1m; 249 changes when a rise
+        // had to pass only a quarter of the value.)
+        assert!(flips <= 25, "{flips} label changes");
     }
 
     fn top(rank: u32, risk: RiskLevel, tto: Option<f64>) -> RankSummary {

@@ -72,7 +72,8 @@ pub fn risk_event(previous: RiskLevel, status: &MemoryProfileStatus) -> Option<E
         )
     };
     let mut note = format!(
-        "{what}; time to OOM {}; imbalance {}; bottleneck {}; ranks {}",
+        "{what}; cause {}; time to OOM {}; imbalance {}; bottleneck {}; ranks {}",
+        status.cause.as_ref().map_or_else(|| "-".into(), |c| c.line()),
         status.time_to_oom.as_deref().unwrap_or("-"),
         status.imbalance_display.as_deref().unwrap_or("-"),
         status
@@ -184,10 +185,27 @@ mod tests {
         assert!(lowered
             .note
             .starts_with("GPU OOM risk lowered to high (was critical)"));
+        assert!(critical.note.contains("; cause -;"), "{}", critical.note);
         assert_eq!(risk_event(High, &status(High)), None);
         assert_eq!(
             risk_reason(Critical, RiskLevel::None),
             Some("RiskLoweredToNone")
+        );
+    }
+
+    #[test]
+    fn a_risk_event_names_the_cause_and_its_evidence() {
+        let mut st = status(Critical);
+        st.cause = Some(memprof_api::NamedCause::new(
+            memprof_api::Cause::Neighbour,
+            "pid 4242 holds 31 GiB, +400 MiB/s",
+        ));
+        let plan = risk_event(High, &st).unwrap();
+        assert!(
+            plan.note
+                .contains("; cause neighbour: pid 4242 holds 31 GiB, +400 MiB/s;"),
+            "{}",
+            plan.note
         );
     }
 }

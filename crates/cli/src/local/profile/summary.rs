@@ -94,7 +94,7 @@ fn growth(g: &GpuReport) -> String {
 }
 
 fn tto(g: &GpuReport) -> String {
-    g.time_to_oom_seconds.map_or("-".into(), format_duration)
+    g.tto_text()
 }
 
 /// `sim` is said in words wherever numbers are shown: they are not hardware.
@@ -329,7 +329,7 @@ fn table(run: &Run<'_>) -> Table {
     let r = run.report;
     let mut t = Table::new([
         "GPU", "MODEL", "USED", "FREE", "TOTAL", "PEAK", "UTIL AVG", "UTIL MAX", "SAMPLES", "RISK",
-        "GROWTH", "TTO",
+        "GROWTH", "TTO", "CAUSE",
     ]);
     let worst = worst_risks(run.transitions);
     for g in &r.gpus {
@@ -357,6 +357,7 @@ fn table(run: &Run<'_>) -> Table {
             risk,
             growth(g),
             tto(g),
+            g.cause_text().to_string(),
         ]);
     }
     t

@@ -9,7 +9,7 @@
 
 use crate::local::profile::sidecar::Transition;
 use crate::local::profile::summary::{gpu_label, source_words, transition_line};
-use memprof_api::{format_bytes, format_duration, GpuReport, MemoryReportSpec, RiskLevel};
+use memprof_api::{format_bytes, GpuReport, MemoryReportSpec, RiskLevel};
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span};
@@ -124,6 +124,10 @@ fn header(s: &State) -> Paragraph<'static> {
             if let Some(tto) = &r.summary.time_to_oom {
                 first.push(Span::raw(format!("  OOM in {tto}")));
             }
+            // The summary's risk and TTO are the worst GPU's: so is its cause.
+            if let Some(c) = memprof_analysis::worst_gpu(&r.gpus).and_then(|g| g.cause.as_ref()) {
+                first.push(Span::raw(format!("  cause {}", c.cause)));
+            }
         }
     }
     if let Some(e) = &s.ended {
@@ -184,8 +188,9 @@ fn gpus(f: &mut Frame, area: Rect, s: &State) {
         // Newest samples at the right, as many as fit.
         let width = spark_area.width.saturating_sub(2) as usize;
         let shown = &data[data.len().saturating_sub(width)..];
+        let cause = g.cause.as_ref().map_or(String::new(), |c| format!(", {}", c.line()));
         let title = format!(
-            " GPU {} used memory, last {} samples (0 to {}) ",
+            " GPU {} used memory, last {} samples (0 to {}){cause} ",
             gpu_label(r, g),
             shown.len(),
             format_bytes(g.total_bytes)
@@ -223,7 +228,7 @@ fn gpu_row(r: &MemoryReportSpec, g: &GpuReport) -> Row<'static> {
                 .map_or("-".into(), |u| format!("{u}%")),
         ),
         Span::styled(g.risk.to_string(), risk_style(g.risk)),
-        Span::raw(g.time_to_oom_seconds.map_or("-".into(), format_duration)),
+        Span::raw(g.tto_text()),
         Span::raw(crate::render::rate(g.growth_bytes_per_second)),
         Span::raw(if g.leak_suspected { "leak" } else { "" }.to_string()),
     ])
