@@ -340,7 +340,7 @@ async fn annotated_job_and_its_pods_get_the_agent() {
     // Recreated as remediation recreates a Job: not injected twice.
     let old = serde_json::to_value(&created).unwrap();
     let mut again =
-        memprof::remediation::plan::recreated_job(&old, &[], "test-1", &Default::default(), false);
+        memprof::policy::plan::recreated_job(&old, &[], "test-1", &Default::default(), false);
     again["metadata"]["name"] = json!("train-again");
     let again: Job = serde_json::from_value(again).unwrap();
     let again = jobs.create(&PostParams::default(), &again).await.unwrap();

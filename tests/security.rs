@@ -16,7 +16,7 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use memprof::api::{MemoryProfile, RiskLevel};
 use memprof::pipeline::Setup;
-use memprof::remediation::triggers::record_id;
+use memprof::policy::triggers::record_id;
 use remediation_support::job as job_of;
 use remediation_support::*;
 use serde_json::json;

@@ -4,7 +4,8 @@
 //! stages' decisions live in [`operator`] (the roll-up of MemoryReports into
 //! MemoryProfiles, which reports count, leader election, metrics) and
 //! [`remediation`] (OOM records and the RemediationPolicy actions).
-//! Depends on `memprof-api` and `memprof-analysis`. Layers, each using only
+//! Depends on `memprof-api`, `memprof-analysis` and `memprof-policy` (what a
+//! RemediationPolicy decides; this crate carries it out). Layers, each using only
 //! those before it: `key`, `queue` → `operator` → `status` → `remediation`
 //! → `pipeline`.
 #![forbid(unsafe_code)]

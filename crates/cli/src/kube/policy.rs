@@ -13,8 +13,8 @@ use kube::ResourceExt;
 use memprof_api::{
     format_duration, MemoryProfile, MemoryProfileStatus, RemediationPolicy, LABEL_REMEDIABLE,
 };
-use memprof_controller::remediation::plan::{self, PlanInput};
-use memprof_controller::remediation::triggers::{self, Blocked, RiskClock};
+use memprof_policy::plan::{self, PlanInput};
+use memprof_policy::triggers::{self, Blocked, RiskClock};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;

@@ -11,7 +11,6 @@ use crate::key::JobKey;
 use crate::operator::reconcile::profiling_enabled;
 use crate::operator::trust;
 use crate::remediation::oom::SIDECAR_CONTAINER;
-use crate::remediation::triggers::PHASE_PENDING;
 use crate::remediation::{decide, notify, oom, CountedReports, JobCheckpoints};
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
@@ -21,6 +20,7 @@ use kube::ResourceExt;
 use memprof_api::{
     Acknowledgements, MemoryReport, MemoryReportSpec, RemediationRecord, MAX_HISTORY,
 };
+use memprof_policy::triggers::PHASE_PENDING;
 use std::sync::Arc;
 use std::time::Duration;
 

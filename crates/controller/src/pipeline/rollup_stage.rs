@@ -14,7 +14,6 @@ use crate::operator::reconcile::{
 };
 use crate::operator::thresholds;
 use crate::operator::{Error, Result};
-use crate::remediation::triggers::PHASE_PENDING;
 use crate::status::{Analysis, Notice};
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
@@ -26,6 +25,7 @@ use memprof_api::{
     MemoryProfile, MemoryProfileStatus, ANNOTATION_GPU_OOM, ANNOTATION_REMEDIATION,
     OPERATOR_MANAGER,
 };
+use memprof_policy::triggers::PHASE_PENDING;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;

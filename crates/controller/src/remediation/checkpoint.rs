@@ -21,8 +21,6 @@
 //! Job sooner), never blocking a reconcile.
 
 use super::executor::{job_ref, Executor};
-pub use super::plan::CheckpointGate;
-use super::plan::Plan;
 use super::Result;
 use crate::key::JobKey;
 use jiff::{SignedDuration, Timestamp};
@@ -31,6 +29,8 @@ use memprof_api::{
     Checkpoint, CheckpointOutcome, CheckpointWait, MemoryProfileStatus, RemediationPolicy,
     RemediationRecord,
 };
+pub use memprof_policy::plan::CheckpointGate;
+use memprof_policy::plan::Plan;
 use std::time::Duration;
 use tracing::info;
 

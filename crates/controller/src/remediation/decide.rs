@@ -1,10 +1,10 @@
 //! Pure: which policy, if any, acts on a Job now, and when to look again.
 
-use super::triggers::{self, Evaluation, RiskClock};
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
 use kube::ResourceExt;
 use memprof_api::{MemoryProfileStatus, RemediationPolicy};
+use memprof_policy::triggers::{self, Evaluation, RiskClock};
 use std::sync::Arc;
 use std::time::Duration;
 

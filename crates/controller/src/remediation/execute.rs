@@ -12,11 +12,9 @@
 
 use super::checkpoint::{self, Hold};
 use super::executor::{job_ref, Executor};
-use super::plan::{self, Plan, PlanError, PlanInput};
 use super::records::{last_action, pending_mut};
 use super::steps::{remediable, run_steps, wait_for_deletion, Ran, Steps};
 use super::store::{config_map_name, PlanStore, Saved};
-use super::triggers::{add_to_totals, MAX_POLICY_TOTALS, PHASE_DONE, PHASE_FAILED, PHASE_SKIPPED};
 use super::verify::verify;
 use super::{Error, JobCheckpoints, PhaseLabels, Result};
 use crate::key::JobKey;
@@ -26,6 +24,10 @@ use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
 use memprof_api::{truncate_utf8, RemediationPolicy, RemediationRecord};
+use memprof_policy::plan::{self, Plan, PlanError, PlanInput};
+use memprof_policy::triggers::{
+    add_to_totals, MAX_POLICY_TOTALS, PHASE_DONE, PHASE_FAILED, PHASE_SKIPPED,
+};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 use tracing::{info, warn};

@@ -2,8 +2,9 @@
 //! when a profiled Job's GPU memory gets dangerous (or runs out). This is
 //! the second stage of the controller's per-Job pipeline (`crate::pipeline`):
 //! on the same fetched and screened data as the roll-up, GPU OOMs are
-//! detected (`oom.rs`) and the policies evaluated (`triggers.rs`,
-//! `decide.rs`); a decision is planned (`plan.rs`), recorded
+//! detected (`oom.rs`) and the policies evaluated (`decide.rs`, on the
+//! pure triggers of `memprof_policy::triggers`); a decision is planned
+//! (`memprof_policy::plan`, pure too, so the CLI explains the same), recorded
 //! (`recording.rs`) and carried out (`execute.rs`, `steps.rs`) by a task of
 //! its own (`tasks.rs`), one per Job at a time, never by the reconcile.
 //!
@@ -43,14 +44,12 @@ mod execute;
 mod executor;
 pub mod notify;
 pub mod oom;
-pub mod plan;
 mod recording;
 mod records;
 mod status;
 mod steps;
 mod store;
 mod tasks;
-pub mod triggers;
 pub mod verify;
 
 pub use checkpoint::JobCheckpoints;

@@ -17,7 +17,6 @@
 //! most 16 directives per report, the newest kept.
 
 use super::executor::Executor;
-use super::plan::Plan;
 use super::{Error, Result};
 use crate::key::JobKey;
 use kube::api::{Api, Patch, PatchParams};
@@ -27,6 +26,7 @@ use memprof_api::{
     truncate_utf8, Acknowledgements, MemoryReport, NotifyLevel, RemediationRecord, MAX_ACK_RANKS,
     MAX_REPORT_DIRECTIVES, OPERATOR_MANAGER,
 };
+use memprof_policy::plan::Plan;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use tracing::info;

@@ -1,12 +1,12 @@
 //! Unit tests of `notify.rs`: the directive list, the answers and the tally,
 //! and the plan a `notifyTrainer` action makes.
 
-use super::super::plan::{build, PlanInput, Step};
 use super::*;
 use memprof_api::{
     AgentAck, MemoryReportSpec, MemoryReportStatus, NotifyTrainerAction, RemediationAction,
     RemediationPolicy, RemediationPolicySpec, RiskLevel,
 };
+use memprof_policy::plan::{build, PlanInput, Step};
 use std::collections::{BTreeMap, BTreeSet};
 
 fn d(id: &str) -> Directive {

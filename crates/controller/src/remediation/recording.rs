@@ -7,7 +7,6 @@ use super::decide::Decision;
 use super::executor::{job_ref, profile_ref, Executor};
 use super::records::{last_action, new_record};
 use super::store::Saved;
-use super::triggers::{self, push_record, PHASE_DRY_RUN, PHASE_PENDING, PHASE_SKIPPED};
 use super::{checkpoint, execute, oom, status, PhaseLabels, Result};
 use crate::key::JobKey;
 use jiff::Timestamp;
@@ -17,6 +16,7 @@ use kube::ResourceExt;
 use memprof_api::{
     MemoryProfileStatus, OomRecord, RemediationRecord, MAX_HISTORY, REASON_GPU_OUT_OF_MEMORY,
 };
+use memprof_policy::triggers::{self, push_record, PHASE_DRY_RUN, PHASE_PENDING, PHASE_SKIPPED};
 use std::sync::Arc;
 use std::time::Duration;
 use tracing::{info, warn};

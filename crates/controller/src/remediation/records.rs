@@ -1,9 +1,9 @@
 //! Pure: remediation records as the profile's status holds them.
 
-use super::triggers::{PHASE_DRY_RUN, PHASE_FAILED, PHASE_PENDING, PHASE_SKIPPED};
 use jiff::Timestamp;
 use kube::ResourceExt;
 use memprof_api::{truncate_utf8, MemoryProfileStatus, RemediationPolicy, RemediationRecord};
+use memprof_policy::triggers::{PHASE_DRY_RUN, PHASE_FAILED, PHASE_PENDING, PHASE_SKIPPED};
 
 /// The record `id` of `st` while it is still `Pending`: what every step of
 /// a remediation edits (once it is Done, Failed or gone, nothing may).

@@ -4,10 +4,6 @@
 //! is right again after a restart). Written only when it changes.
 
 use super::executor::Executor;
-use super::triggers::{
-    selector_display, selector_matches, trigger_name, PHASE_DONE, PHASE_FAILED, PHASE_PENDING,
-    PHASE_SKIPPED,
-};
 use crate::key::JobKey;
 use crate::operator::reconcile::profiling_enabled;
 use k8s_openapi::api::batch::v1::Job;
@@ -17,6 +13,10 @@ use kube::{Resource, ResourceExt};
 use memprof_api::{
     set_condition, truncate_utf8, Condition, MemoryProfileStatus, PolicyAction, RemediationPolicy,
     RemediationPolicyStatus, MAX_POLICY_STATUS_ITEMS, REMEDIATION_MANAGER,
+};
+use memprof_policy::triggers::{
+    selector_display, selector_matches, trigger_name, PHASE_DONE, PHASE_FAILED, PHASE_PENDING,
+    PHASE_SKIPPED,
 };
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -47,7 +47,7 @@ pub fn describe_actions(policy: &RemediationPolicy) -> String {
                     "event {}",
                     e.reason
                         .as_deref()
-                        .unwrap_or(super::plan::DEFAULT_EVENT_REASON)
+                        .unwrap_or(memprof_policy::plan::DEFAULT_EVENT_REASON)
                 )
             } else if let Some(s) = &a.scale_batch {
                 format!("scaleBatch {} x{}", s.env, s.factor)

@@ -2,7 +2,6 @@
 //! server holds now (see `execute.rs` and the protocol in `mod.rs`).
 
 use super::executor::{job_ref, Executor};
-use super::plan::{Plan, Step};
 use super::store::config_map_name;
 use super::{Error, Result};
 use crate::key::JobKey;
@@ -16,6 +15,7 @@ use kube::api::{
 use kube::runtime::events::EventType;
 use kube::ResourceExt;
 use memprof_api::{LABEL_REMEDIABLE, REMEDIATION_MANAGER};
+use memprof_policy::plan::{Plan, Step};
 use std::time::{Duration, Instant};
 use tracing::info;
 

@@ -16,13 +16,13 @@
 //! could not be created again: then its `job.json` is the way back (see
 //! docs/remediation.md, "Restoring a Job").
 
-use super::plan::Plan;
 use super::verify::plan_digest;
 use super::{Error, Result};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::Client;
 use memprof_api::{LABEL_JOB, LABEL_REMEDIATION, REMEDIATION_MANAGER};
+use memprof_policy::plan::Plan;
 use std::collections::BTreeMap;
 
 /// Key of the plan's JSON (what the digest covers).

@@ -9,8 +9,8 @@
 //! the operator writes): id, namespace, Job name and uid, and the SHA-256 of
 //! the plan as saved. A plan that fails any check is refused, never executed.
 
-use super::plan::{Plan, Step};
 use memprof_api::{RemediationRecord, ANNOTATION_REMEDIATION, ANNOTATION_REMEDIATION_NONCE};
+use memprof_policy::plan::{Plan, Step};
 use ring::digest::{digest, SHA256};
 use std::fmt::Write;
 
@@ -151,7 +151,7 @@ pub fn created_from(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::remediation::plan::nonce;
+    use memprof_policy::plan::nonce;
     use serde_json::json;
 
     fn plan() -> Plan {

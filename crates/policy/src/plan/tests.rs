@@ -1,4 +1,4 @@
-//! Unit tests of `plan.rs`, `plan_values.rs` and `plan_error.rs`: plans
+//! Unit tests of `plan.rs`, `plan/values.rs` and `plan/error.rs`: plans
 //! from plain JSON Jobs and policies.
 
 use super::*;

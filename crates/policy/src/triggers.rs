@@ -9,20 +9,18 @@
 //! is the one object that survives both.
 //!
 //! The history itself (record phases, totals, record ids) is in
-//! `triggers_history.rs`; a policy's verdict on a Job, which combines the
-//! triggers, the history and the selector, in `triggers_verdict.rs`.
+//! `triggers/history.rs`; a policy's verdict on a Job, which combines the
+//! triggers, the history and the selector, in `triggers/verdict.rs`.
 
 use jiff::Timestamp;
 use memprof_api::{MemoryProfileStatus, RiskLevel, Trigger};
 
-#[path = "triggers_history.rs"]
 mod history;
 pub use history::{
     add_to_totals, counts, history, push_record, record_id, History, MAX_POLICY_TOTALS, PHASE_DONE,
     PHASE_DRY_RUN, PHASE_FAILED, PHASE_PENDING, PHASE_SKIPPED,
 };
 
-#[path = "triggers_verdict.rs"]
 mod verdict;
 pub use verdict::{selector_display, selector_matches, verdict, Blocked, Verdict};
 
@@ -218,5 +216,4 @@ fn evaluate_report_trigger(
 }
 
 #[cfg(test)]
-#[path = "triggers_tests.rs"]
 mod tests;

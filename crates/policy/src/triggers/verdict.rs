@@ -1,7 +1,7 @@
 //! A policy's verdict on one Job: its selector, each trigger's evaluation
 //! on the Job's own OOMs, and what blocks it (cooldown, `maxRemediations`).
 //! Its own file because it is where the pieces meet: the triggers
-//! (`triggers.rs`) and the history (`triggers_history.rs`) stay pure parts
+//! (`triggers.rs`) and the history (`triggers/history.rs`) stay pure parts
 //! that know nothing of selectors or limits.
 
 use super::history::{history, History};

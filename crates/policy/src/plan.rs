@@ -227,7 +227,8 @@ pub fn build(input: &PlanInput<'_>) -> Result<Plan, PlanError> {
         // the separate steps would only touch the old Job about to go.
         plan.steps
             .retain(|s| !matches!(s, Step::Annotate { .. } | Step::Suspend));
-        // The recreated Job is recognised by this nonce (verify::created_from).
+        // The recreated Job is recognised by this nonce (the controller's
+        // remediation::verify::created_from).
         let mut annotations = recreation.annotations;
         annotations.insert(ANNOTATION_REMEDIATION_NONCE.into(), nonce());
         let changes = recreation.changes;
@@ -345,24 +346,19 @@ fn controller_of(job: &Value) -> Option<String> {
         })
 }
 
-#[path = "plan_error.rs"]
 mod error;
 pub use error::PlanError;
 
-#[path = "plan_values.rs"]
 mod values;
 pub use values::scale;
 use values::set_config_map_key_step;
 
-#[path = "plan_recreate.rs"]
 mod recreate;
 pub use recreate::{original_annotation, recreated_job};
 
-#[path = "plan_accum.rs"]
 pub mod accum;
 pub use accum::AccumulationChange;
 
-#[path = "plan_fit.rs"]
 mod fit;
 use fit::scale_batch;
 
@@ -381,5 +377,4 @@ pub fn nonce() -> String {
 }
 
 #[cfg(test)]
-#[path = "plan_tests.rs"]
 mod tests;

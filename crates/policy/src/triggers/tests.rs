@@ -1,5 +1,5 @@
-//! Unit tests of `triggers.rs`, `triggers_history.rs` and
-//! `triggers_verdict.rs`: triggers, history and verdicts on plain statuses.
+//! Unit tests of `triggers.rs`, `triggers/history.rs` and
+//! `triggers/verdict.rs`: triggers, history and verdicts on plain statuses.
 
 use super::*;
 use memprof_api::{
