@@ -85,18 +85,29 @@ class DeviceCache:
 
 
 def devices_in_use(torch):
-    """CUDA ordinals this process uses: the current device and every device
-    where the allocator holds memory. Not every visible device: calling
-    mem_get_info on a device the process never touched would create a CUDA
-    context there (torchrun ranks often see all 8 GPUs and use one)."""
+    """CUDA ordinals this process trains on: the devices where its allocator
+    holds memory, and of those only its local rank's when it is a rank of a
+    distributed run that holds memory there (one owner per GPU).
+
+    Not the current device by itself: a torchrun rank that puts its tensors
+    on cuda:LOCAL_RANK without set_device keeps current_device() == 0, and
+    reporting device 0 would speak for rank 0's GPU (mem_get_info there
+    would even create a CUDA context on it). Not every visible device
+    either: torchrun ranks often see all 8 GPUs and use one. A rank that
+    also holds memory on another rank's device (a stray tensor on cuda:0)
+    reports only its own; that memory shows on the other GPU's NVML
+    numbers, where the owner's sidecar sees it as another process."""
     cuda = torch.cuda
     count = min(int(cuda.device_count()), MAX_DEVICES)
-    current = cuda.current_device()
     used = []
     for i in range(count):
         stats = cuda.memory_stats(i)
-        if i == current or stats.get("reserved_bytes.all.current", 0) > 0:
+        if stats.get("reserved_bytes.all.current", 0) > 0:
             used.append((i, stats))
+    _, local_rank, world = ranks(torch)
+    own = [d for d in used if d[0] == local_rank]
+    if world is not None and world > 1 and own:
+        return own
     return used
 
 
