@@ -189,10 +189,12 @@ def _budget_exit():
     raise SystemExit(0)
 
 
-def breakdown(model, optimizer=None, batch_size=None):
+def breakdown(model, optimizer=None, batch_size=None, sequence_length=None):
     """What holds the memory now, as a dict (docs/agent.md "Breakdown"):
     parameters, gradients, optimizer state, per-sample gradients, by module
-    type, NaN/Inf and "large" flags, and the activations' peak when watch()
+    type, the largest parameters and layers, DP-SGD's norms and (given the
+    sequence length, for ghost clipping) temporary matrices, NaN/Inf and
+    "large" flags, and the activations' peak when watch()
     measured it for this model. Runs one norm per parameter on the device
     (once; not for every step). Pushes carry the latest breakdown. Never
     raises: a failure leaves what could be computed and a note."""
@@ -200,7 +202,8 @@ def breakdown(model, optimizer=None, batch_size=None):
         torch = _torchread.loaded_torch()
         step_no = MARKERS.step if isinstance(MARKERS.step, int) and not isinstance(MARKERS.step, bool) else None
         batch = batch_size if batch_size is not None else MARKERS.samples
-        result = _breakdown.compute(torch, model, optimizer, batch_size=batch, step=step_no)
+        result = _breakdown.compute(torch, model, optimizer, batch_size=batch, step=step_no,
+                                    sequence_length=sequence_length)
         w = _watched[0]
         if w is not None and w.model() is model and w.result is not None:
             for key in ("activationsPeakBytes", "optimizerStepPeakBytes"):

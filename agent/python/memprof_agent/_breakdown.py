@@ -10,6 +10,7 @@ that launches GPU work (_norms). Nothing here raises into the trainer."""
 import math
 import re
 
+from . import _dpsgd, _rows
 from . import _torchread as tr
 from ._config import Once
 
@@ -265,7 +266,8 @@ def empty(step=None, batch_size=None):
         "parametersBytes": 0, "gradientsBytes": 0, "optimizerBytes": 0,
         "perSampleGradientsBytes": None, "staticBytes": 0, "activationsPeakBytes": None,
         "batchSize": batch_size, "byModuleType": [], "flags": [], "phases": None,
-        "optimizerStepPeakBytes": None, "notes": [],
+        "optimizerStepPeakBytes": None, "parameterRows": [], "parametersLeftOut": None,
+        "layerRows": [], "layersLeftOut": None, "dpSgd": None, "notes": [],
     }
 
 
@@ -403,15 +405,18 @@ def _median(values):
 # --- the entry point ------------------------------------------------------------
 
 
-def compute(torch, model, optimizer=None, batch_size=None, step=None, flags=True):
+def compute(torch, model, optimizer=None, batch_size=None, step=None, flags=True, sequence_length=None):
     """The breakdown dict (C-2 shape plus `notes`). Each stage that fails
-    leaves what the others computed and a note; the failure is logged once."""
+    leaves what the others computed and a note; the failure is logged once.
+    `sequence_length` lets _dpsgd model ghost clipping's matrices."""
     out = empty(step=step, batch_size=batch_size)
     params, types = [], {}
     stages = (
         ("parameters", lambda: params.extend(unique_parameters(model))),
         ("module types", lambda: types.update(classify(model))),
         ("bytes", lambda: _count(torch, params, types, optimizer, out)),
+        ("rows", lambda: out.update(_rows.rows(params))),
+        ("dp-sgd", lambda: out.update(dpSgd=_dpsgd.dp_sgd(params, _Counter(), sequence_length))),
     )
     for name, run in stages:
         try:
@@ -437,6 +442,7 @@ PUSH_FIELDS = (
     "step", "totalParameters", "trainableParameters", "parametersBytes", "gradientsBytes",
     "optimizerBytes", "perSampleGradientsBytes", "staticBytes", "activationsPeakBytes", "batchSize",
     "byModuleType", "flags", "phases", "optimizerStepPeakBytes",
+    "parameterRows", "parametersLeftOut", "layerRows", "layersLeftOut", "dpSgd",
 )
 
 
@@ -464,4 +470,6 @@ def for_push(b):
              "forwardBytes": max(0, int(p["forwardBytes"])), "backwardBytes": max(0, int(p["backwardBytes"]))}
             for p in out["phases"][:32]
         ]
+    out.update(_rows.for_push(out))
+    out["parameterRows"], out["layerRows"] = out["parameterRows"] or None, out["layerRows"] or None
     return {k: v for k, v in out.items() if v is not None}

@@ -163,6 +163,10 @@ VARS = (
         "`1`: reference tracking from `start()` (report on stderr at exit)"),
     Var("MEMPROF_AGENT_TRACKING_EVERY", DEFAULT_TRACKING_EVERY, _whole, "a whole number >= 1", "`100`", "`start()`",
         "tracking: a sample every N `step()` calls"),
+    Var("MEMPROF_AGENT_OOM_SNAPSHOT", None, _text, "a path", "unset", "a CUDA OOM",
+        "write the allocator's snapshot (`torch.cuda.memory._snapshot()` pickled, for PyTorch's memory_viz) to this "
+        "file at the first CUDA OOM; `{pid}`, `{rank}`, `{device}`, `{host}` are filled in; at most one file per "
+        "process and 256 MiB (allocation traces dropped first)"),
     Var("MEMPROF_AGENT_SIZES", "auto", _sizes, "one of %s" % ", ".join(SIZES_MODES), "`auto`", "`start()`",
         "allocation-size histogram: `auto` (allocator snapshot, else pool counts), `snapshot` (the same), "
         "`stats` (pool counts only), `off`"),

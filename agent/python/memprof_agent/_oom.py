@@ -7,12 +7,16 @@ unwound (`preOom`, docs/agent.md): after it, the tensors of the failing
 step are freed, and a leak would look like cache or fragmentation. The
 observer runs before the exception exists, so what it reads is that state;
 the other triggers run after the unwinding and take the allocator's peaks
-since the previous push instead (upper bounds, marked `source: peaks`)."""
+since the previous push instead (upper bounds, marked `source: peaks`).
+When MEMPROF_AGENT_OOM_SNAPSHOT names a file, the allocator's own snapshot
+is written there too (_snapfile), after the push."""
 
+import os
 import sys
 import threading
 import time
 
+from . import _snapfile
 from . import _torchread as tr
 
 # After an OOM push, the exception hook and oom_guard do not push the same
@@ -49,6 +53,9 @@ def push(agent, device, requested, message, from_observer):
         agent.send(p, OOM_CAP, OOM_TIMEOUT)
         agent.write_output()
         agent.write_summary(MARKERS.calls if MARKERS.calls else None)
+        if torch is not None:
+            # After the push: the sidecar hears of the OOM first, whatever the file costs.
+            _snapfile.write(torch, os.getpid(), p.get("rank"), device)
     finally:
         if got:
             agent._lock.release()

@@ -83,6 +83,12 @@ pub fn from_push(p: &Push, b: &Breakdown) -> MemoryBreakdown {
             })
             .collect(),
         optimizer_step_peak_bytes: b.optimizer_step_peak_bytes,
+        // Validated with the push (at most MAX_ROWS each): carried as they came.
+        parameter_rows: b.parameter_rows.clone(),
+        parameters_left_out: b.parameters_left_out.clone(),
+        layer_rows: b.layer_rows.clone(),
+        layers_left_out: b.layers_left_out.clone(),
+        dp_sgd: b.dp_sgd.clone(),
     }
 }
 

@@ -18,12 +18,14 @@
 mod breakdown;
 mod extras;
 mod push;
+mod rows;
 pub use breakdown::{Breakdown, Flag, ModulePhase, ModuleTypeBytes};
 pub use extras::{
     Grads, Host, PreOom, PreOomSource, SitesHistory, SitesSnapshot, Sizes, SizesSource,
     TrackedTensors, TrackedType, Tracking, MAX_GRAD_NAME, MAX_GRAD_NAMES, MAX_SHAPE_DIMS, MAX_SITE,
     MAX_SIZE_BOUND, MAX_SIZE_BUCKETS, MAX_TAG, MAX_TRACKED,
 };
+pub use rows::{DpSgd, LayerRow, ParameterRow, RowsLeftOut, Source, MAX_DTYPE, MAX_ROWS};
 mod reply;
 mod schema;
 pub use push::{

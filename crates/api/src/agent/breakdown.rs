@@ -7,6 +7,7 @@
 //! part smaller than the parameters it includes) are refused with the field
 //! named, like the allocator's.
 
+use super::rows::{DpSgd, LayerRow, ParameterRow, RowsLeftOut, MAX_ROWS};
 use super::{
     bound_len, bound_str, Error, MAX_FLAGS, MAX_FLAG_NOTE, MAX_MODULE_PHASES, MAX_MODULE_TYPES,
     MAX_PARAMETER_NAME,
@@ -60,6 +61,24 @@ pub struct Breakdown {
     /// Peak of the optimizer step above what it started with.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub optimizer_step_peak_bytes: Option<u64>,
+    /// The largest parameters by bytes, at most [`MAX_ROWS`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_ROWS))]
+    pub parameter_rows: Vec<ParameterRow>,
+    /// What the parameters left out of `parameterRows` add up to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parameters_left_out: Option<RowsLeftOut>,
+    /// The largest layers by bytes, at most [`MAX_ROWS`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_ROWS))]
+    pub layer_rows: Vec<LayerRow>,
+    /// What the layers left out of `layerRows` add up to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layers_left_out: Option<RowsLeftOut>,
+    /// DP-SGD's per-sample gradient norms and temporary matrices, when
+    /// parameters hold per-sample state (Opacus).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dp_sgd: Option<DpSgd>,
 }
 
 /// The parameters of one module type. `type` is a string here, checked by
@@ -156,6 +175,10 @@ pub(super) fn validate(b: &Breakdown) -> Result<(), Error> {
             MAX_FLAG_NOTE,
         )?;
     }
+    super::rows::validate_rows(&b.parameter_rows, &b.layer_rows)?;
+    if let Some(d) = &b.dp_sgd {
+        super::rows::validate_dp_sgd(d)?;
+    }
     let phases = b.phases.as_deref().unwrap_or_default();
     bound_len("breakdown.phases", phases.len(), MAX_MODULE_PHASES)?;
     for (i, p) in phases.iter().enumerate() {
@@ -228,6 +251,7 @@ mod tests {
                 backward_bytes: 400 * M,
             }]),
             optimizer_step_peak_bytes: Some(12 * M),
+            ..Default::default()
         }
     }
 

@@ -4,13 +4,15 @@
 //! because it is one measurement with its own vocabulary (module types,
 //! parameter flags, module phases), independent of the rest of a report.
 
+use crate::agent::{DpSgd, LayerRow, ParameterRow, RowsLeftOut};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// What holds a trainer's GPU memory, measured by the in-process agent
 /// (`memprof_agent.breakdown`): parameters, gradients, optimizer state,
 /// per-sample gradients and the activations' peak above them, by module type.
-/// Bounded: 6 module types, 16 flags, 32 module phases.
+/// Bounded: 6 module types, 16 flags, 32 module phases, 16 parameter rows
+/// and 16 layer rows (with the totals of what they leave out).
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct MemoryBreakdown {
@@ -73,6 +75,24 @@ pub struct MemoryBreakdown {
     /// Peak allocated bytes of the optimizer step above what it started with.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub optimizer_step_peak_bytes: Option<u64>,
+    /// The largest parameters by bytes: name, shape, dtype, bytes, trainable (at most 16).
+    #[schemars(length(max = 16))]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub parameter_rows: Vec<ParameterRow>,
+    /// What the parameters left out of `parameterRows` add up to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parameters_left_out: Option<RowsLeftOut>,
+    /// The largest layers by bytes (a block such as `model.layers.3`, or a
+    /// module outside the blocks; at most 16).
+    #[schemars(length(max = 16))]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub layer_rows: Vec<LayerRow>,
+    /// What the layers left out of `layerRows` add up to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layers_left_out: Option<RowsLeftOut>,
+    /// DP-SGD's per-sample gradient norms and temporary matrices (Opacus).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dp_sgd: Option<DpSgd>,
 }
 
 /// A kind of module, recognised by its structure, not by one model's names.

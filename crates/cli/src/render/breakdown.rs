@@ -1,10 +1,12 @@
 //! The agent's memory breakdown in words, for `memprof report` and `memprof
 //! profile`'s summary (through [`super::agent_sections`]): what holds
 //! the memory of the job's heaviest rank (parameters, gradients, optimizer
-//! state, per-sample gradients, activations), by module type, and what the
-//! agent flagged.
+//! state, per-sample gradients, activations), by module type, its largest
+//! parameters and layers, DP-SGD's norms and temporary matrices, and what
+//! the agent flagged.
 
 use memprof_analysis::breakdown::weight;
+use memprof_api::agent::RowsLeftOut;
 use memprof_api::{format_bytes, MemoryBreakdown};
 use std::fmt::Write;
 
@@ -14,6 +16,9 @@ pub fn render_breakdown(out: &mut String, b: &MemoryBreakdown) {
     parts(out, b);
     parameters(out, b);
     module_types(out, b);
+    parameter_rows(out, b);
+    layer_rows(out, b);
+    dp_sgd(out, b);
     flags(out, b);
     phases(out, b);
 }
@@ -100,8 +105,7 @@ fn parameters(out: &mut String, b: &MemoryBreakdown) {
 /// One row per module type: what the agent sends (its parameters and
 /// their weights, gradients and optimizer state), and what follows from it:
 /// the share of the model, the width of a weight (bytes per parameter) and
-/// how much of it holds gradients (trainable, as measured). The agent sends
-/// no per-parameter or per-layer rows (docs/cli.md says what field would).
+/// how much of it holds gradients (trainable, as measured).
 fn module_types(out: &mut String, b: &MemoryBreakdown) {
     if b.by_module_type.is_empty() {
         return;
@@ -166,6 +170,140 @@ fn trainable(gradients: u64, weights: u64) -> String {
     }
 }
 
+/// The header of a list of rows: how many of how many, and what the rest
+/// adds up to, so that rows left out are never silently lost.
+fn rows_header(out: &mut String, what: &str, shown: usize, left: Option<&RowsLeftOut>) {
+    match left.filter(|l| l.rows > 0) {
+        Some(l) => {
+            let _ = writeln!(
+                out,
+                "    largest {what} ({shown} of {}; the other {}: {} parameters, {}):",
+                shown as u64 + l.rows,
+                l.rows,
+                count(l.parameters),
+                format_bytes(l.bytes)
+            );
+        }
+        None => {
+            let _ = writeln!(out, "    {what} (all {shown}):");
+        }
+    }
+}
+
+/// The name column's width: the longest name shown, at most 48 (a longer
+/// name pushes its row, never cut).
+fn name_width<'a>(names: impl Iterator<Item = &'a str>) -> usize {
+    names.map(str::len).max().unwrap_or(0).clamp(8, 48)
+}
+
+fn parameter_rows(out: &mut String, b: &MemoryBreakdown) {
+    if b.parameter_rows.is_empty() {
+        return;
+    }
+    rows_header(
+        out,
+        "parameters",
+        b.parameter_rows.len(),
+        b.parameters_left_out.as_ref(),
+    );
+    let w = name_width(b.parameter_rows.iter().map(|r| r.name.as_str()));
+    let _ = writeln!(
+        out,
+        "      {:<w$} {:>14} {:>9} {:>10}  TRAINABLE",
+        "NAME", "SHAPE", "DTYPE", "BYTES"
+    );
+    for r in &b.parameter_rows {
+        let shape: Vec<String> = r.shape.iter().map(u64::to_string).collect();
+        let _ = writeln!(
+            out,
+            "      {:<w$} {:>14} {:>9} {:>10}  {}",
+            r.name,
+            if shape.is_empty() {
+                "scalar".to_string()
+            } else {
+                shape.join("x")
+            },
+            r.dtype,
+            format_bytes(r.bytes),
+            if r.trainable { "yes" } else { "no" }
+        );
+    }
+}
+
+fn layer_rows(out: &mut String, b: &MemoryBreakdown) {
+    if b.layer_rows.is_empty() {
+        return;
+    }
+    rows_header(
+        out,
+        "layers",
+        b.layer_rows.len(),
+        b.layers_left_out.as_ref(),
+    );
+    let w = name_width(b.layer_rows.iter().map(|r| r.name.as_str()));
+    let _ = writeln!(
+        out,
+        "      {:<w$} {:>9} {:>10} {:>10}",
+        "LAYER", "PARAMS", "TRAINABLE", "BYTES"
+    );
+    for r in &b.layer_rows {
+        let _ = writeln!(
+            out,
+            "      {:<w$} {:>9} {:>10} {:>10}",
+            r.name,
+            count(r.parameters),
+            count(r.trainable_parameters),
+            format_bytes(r.bytes)
+        );
+    }
+}
+
+/// DP-SGD's memory beside the per-sample gradients (seed 004), each
+/// number with whether it was measured or modelled.
+fn dp_sgd(out: &mut String, b: &MemoryBreakdown) {
+    let Some(d) = &b.dp_sgd else {
+        return;
+    };
+    let samples = d
+        .samples
+        .map(|s| format!("{s} samples, "))
+        .unwrap_or_default();
+    let _ = writeln!(
+        out,
+        "    DP-SGD ({samples}{} parameters with per-sample state):",
+        d.parameters
+    );
+    let how = if d.norms_source == "measured" {
+        "measured: the parameters' _norm_sample"
+    } else {
+        "modelled: what the optimizer's clipping allocates"
+    };
+    let _ = writeln!(
+        out,
+        "      {:<29} {:>10}  {how}",
+        "per-sample gradient norms",
+        format_bytes(d.norms_bytes)
+    );
+    match (d.temp_matrices_bytes, d.sequence_length) {
+        (Some(t), Some(len)) => {
+            let _ = writeln!(
+                out,
+                "      {:<29} {:>10}  modelled: ghost clipping's ggT + aaT, 2 x {} x {len}^2 elements",
+                "temporary matrices (peak)",
+                format_bytes(t),
+                d.samples.unwrap_or(0)
+            );
+        }
+        _ => {
+            let _ = writeln!(
+                out,
+                "      {:<29} {:>10}  (ghost clipping only; pass sequence_length to breakdown())",
+                "temporary matrices (peak)", "-"
+            );
+        }
+    }
+}
+
 fn flags(out: &mut String, b: &MemoryBreakdown) {
     for f in &b.flags {
         let note = if f.note.is_empty() {
@@ -220,6 +358,7 @@ fn count(n: u64) -> String {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use memprof_api::agent::{DpSgd, LayerRow, ParameterRow};
     use memprof_api::{FlagKind, ModulePhase, ModuleType, ModuleTypeBytes, ParameterFlag};
 
     const M: u64 = 1 << 20;
@@ -327,5 +466,94 @@ pub(crate) mod tests {
             "{out}"
         );
         assert!(!out.contains("by module type") && !out.contains("optimizer step"));
+    }
+
+    fn with_rows() -> MemoryBreakdown {
+        let mut b = lora();
+        b.parameter_rows = vec![
+            ParameterRow {
+                name: "lm_head.weight".into(),
+                shape: vec![4000, 256],
+                dtype: "float32".into(),
+                bytes: 4_096_000,
+                trainable: false,
+            },
+            ParameterRow {
+                name: "layers.0.attn.q_proj.lora_A.default.weight".into(),
+                shape: vec![8, 256],
+                dtype: "bfloat16".into(),
+                bytes: 4096,
+                trainable: true,
+            },
+        ];
+        b.parameters_left_out = Some(RowsLeftOut {
+            rows: 50,
+            parameters: 2_000_000,
+            bytes: 8 * M,
+        });
+        b.layer_rows = vec![LayerRow {
+            name: "layers.0".into(),
+            parameters: 1_000_000,
+            trainable_parameters: 8192,
+            bytes: 4 * M,
+        }];
+        b
+    }
+
+    #[test]
+    fn parameter_and_layer_rows_with_what_they_leave_out() {
+        let mut out = String::new();
+        render_breakdown(&mut out, &with_rows());
+        for want in [
+            "largest parameters (2 of 52; the other 50: 2.0M parameters, 8.0MiB):",
+            "NAME                                                SHAPE     DTYPE      BYTES  TRAINABLE",
+            "lm_head.weight                                   4000x256   float32     3.9MiB  no",
+            "layers.0.attn.q_proj.lora_A.default.weight          8x256  bfloat16     4.0KiB  yes",
+            "layers (all 1):",
+            "LAYER       PARAMS  TRAINABLE      BYTES",
+            "layers.0      1.0M       8192     4.0MiB",
+        ] {
+            assert!(out.contains(want), "{want:?} not in:\n{out}");
+        }
+        assert!(!out.contains("DP-SGD"), "{out}");
+    }
+
+    #[test]
+    fn dp_sgd_says_what_was_measured_and_what_modelled() {
+        let mut b = lora();
+        b.dp_sgd = Some(DpSgd {
+            samples: Some(32),
+            parameters: 12,
+            norms_bytes: 1536,
+            norms_source: "measured".into(),
+            temp_matrices_bytes: Some(4 << 30),
+            sequence_length: Some(4096),
+        });
+        let mut out = String::new();
+        render_breakdown(&mut out, &b);
+        assert!(
+            out.contains("DP-SGD (32 samples, 12 parameters with per-sample state):"),
+            "{out}"
+        );
+        assert!(
+            out.contains(
+                "per-sample gradient norms         1.5KiB  measured: the parameters' _norm_sample"
+            ),
+            "{out}"
+        );
+        assert!(out.contains("temporary matrices (peak)         4.0GiB  modelled: ghost clipping's ggT + aaT, 2 x 32 x 4096^2 elements"), "{out}");
+        let d = b.dp_sgd.as_mut().unwrap();
+        d.norms_source = "modelled".into();
+        d.temp_matrices_bytes = None;
+        let mut out = String::new();
+        render_breakdown(&mut out, &b);
+        assert!(
+            out.contains("modelled: what the optimizer's clipping allocates"),
+            "{out}"
+        );
+        assert!(
+            out.contains("temporary matrices (peak)              -  (ghost clipping only"),
+            "{out}"
+        );
     }
 }
