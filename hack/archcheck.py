@@ -19,11 +19,23 @@ since a module and its submodules are one unit whose root file is its facade
 (the parent's imports of its children do count); and anything in a crate's
 entry file (lib.rs, main.rs), which only wires the folders together.
 
+Between crates it reads the workspace's manifests (`cargo metadata
+--no-deps`) and fails on
+
+- a memprof crate depending on one that is not in a lower layer of
+  `LAYERS` (the README's "How it fits together" says why each layer is
+  where it is), or on a crate the table does not place; and
+- a pure crate (`PURE`) with a normal or build dependency on anything that
+  talks to the network: kube's client or runtime (or kube with any feature
+  beyond its types), hyper, rustls, warp, or tokio's net.
+
 Stdlib only; run from the repository root (`make lint` runs it).
 """
 
+import json
 import os
 import re
+import subprocess
 import sys
 
 # Cycles being dissolved elsewhere; each entry names why it is tolerated.
@@ -117,7 +129,8 @@ def load_tree(entry, modules, files):
     while stack:
         mod = stack.pop()
         modules[mod.path] = mod
-        text = open(mod.file, encoding="utf-8").read()
+        with open(mod.file, encoding="utf-8") as f:
+            text = f.read()
         code = strip_comments_and_strings(text)
         files[mod.file] = (mod, code)
         attrs = {m.group(2): m.group(1) for m in PATH_ATTR_MOD.finditer(text)}
@@ -288,13 +301,104 @@ def check():
     return problems, n_files, n_edges
 
 
+# The workspace's crates by layer, lowest first: a crate may depend only on
+# crates of lower layers, so the roles never depend on each other and nothing
+# pure depends on a role. Written out in the README's "How it fits together".
+LAYERS = [
+    ["memprof-api"],
+    ["memprof-analysis"],
+    ["memprof-policy"],
+    ["memprof-controller", "memprof-sidecar", "memprof-webhook", "memprof-cli"],
+    ["memprof"],
+]
+
+# Crates of plain values and functions: a user of their types (the CLI's
+# local lab, a test) must not compile an HTTP client or a TLS stack for them.
+PURE = {"memprof-api", "memprof-analysis", "memprof-policy"}
+
+# What a pure crate may not name as a normal or build dependency.
+NETWORK_CRATES = {"kube-client", "kube-runtime", "hyper", "hyper-util", "rustls",
+                  "tokio-rustls", "warp", "reqwest"}
+# kube's features that are its types only (kube-core); any other pulls a client.
+KUBE_TYPE_FEATURES = {"derive", "jsonpatch", "admission"}
+TOKIO_NET_FEATURES = {"net", "full"}
+
+
+def layer_of(name):
+    for i, layer in enumerate(LAYERS):
+        if name in layer:
+            return i
+    return None
+
+
+def is_ours(name):
+    return name == "memprof" or name.startswith("memprof-")
+
+
+def network_reason(dep):
+    """Why a dependency talks to the network, or None."""
+    name, features = dep["name"], set(dep.get("features") or [])
+    if name in NETWORK_CRATES:
+        return name
+    if name == "kube":
+        extra = features - KUBE_TYPE_FEATURES
+        if dep.get("uses_default_features", True):
+            extra.add("default")
+        return f"kube features {sorted(extra)}" if extra else None
+    if name == "tokio" and features & TOKIO_NET_FEATURES:
+        return f"tokio features {sorted(features & TOKIO_NET_FEATURES)}"
+    return None
+
+
+def crate_problems(metadata):
+    """The layer and purity problems of a `cargo metadata` document."""
+    problems = []
+    for pkg in sorted(metadata["packages"], key=lambda p: p["name"]):
+        name = pkg["name"]
+        if not is_ours(name):
+            continue
+        layer = layer_of(name)
+        if layer is None:
+            problems.append(f"crate {name} has no layer: add it to LAYERS in hack/archcheck.py"
+                            " and to the README's \"How it fits together\"")
+            continue
+        for dep in pkg["dependencies"]:
+            problems += dependency_problems(name, layer, dep)
+    return problems
+
+
+def dependency_problems(name, layer, dep):
+    kind = dep.get("kind") or "normal"
+    target = dep["name"]
+    if is_ours(target) and target != name:
+        other = layer_of(target)
+        if other is None or other >= layer:
+            return [f"layer: {name} may not depend on {target} ({kind}); "
+                    f"see LAYERS in hack/archcheck.py"]
+    if name in PURE and kind != "dev":
+        why = network_reason(dep)
+        if why:
+            return [f"pure crate {name} depends on {why} ({kind}): "
+                    "move the code that needs it into a role crate"]
+    return []
+
+
+def cargo_metadata():
+    out = subprocess.run(["cargo", "metadata", "--format-version", "1", "--no-deps", "--offline"],
+                         check=True, capture_output=True, text=True).stdout
+    return json.loads(out)
+
+
 def main():
     os.chdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
     problems, n_files, n_edges = check()
+    crates = cargo_metadata()
+    problems += crate_problems(crates)
     for p in problems:
         print(p)
-    print(f"archcheck: {n_files} files, {n_edges} file edges, {len(problems)} problem(s)"
-          f" ({len(ALLOWED_FILE_CYCLES)} allowed cycle(s))")
+    n_crates = sum(is_ours(p["name"]) for p in crates["packages"])
+    print(f"archcheck: {n_crates} crates, {n_files} files, {n_edges} file edges,"
+          f" {len(problems)} problem(s) ({len(ALLOWED_FILE_CYCLES)} allowed cycle(s))")
     return 1 if problems else 0
 
 

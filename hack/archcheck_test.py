@@ -71,5 +71,68 @@ class ArchcheckTest(unittest.TestCase):
         self.assertEqual(len(self.run_on(files)), 1)
 
 
+def package(name, *deps):
+    """A package of `cargo metadata`: deps as (name, kind, features, default features)."""
+    return {"name": name, "dependencies": [
+        {"name": d[0], "kind": d[1], "features": d[2], "uses_default_features": d[3]}
+        for d in deps]}
+
+
+def workspace(*packages):
+    return {"packages": list(packages)}
+
+
+class CrateLayerTest(unittest.TestCase):
+    def test_todays_layering_passes(self):
+        problems = archcheck.crate_problems(workspace(
+            package("memprof-api", ("kube", None, ["derive"], False), ("tokio", None, ["sync"], False)),
+            package("memprof-analysis", ("memprof-api", None, [], True)),
+            package("memprof-policy", ("memprof-api", None, [], True),
+                    ("memprof-analysis", None, [], True), ("kube", None, [], False)),
+            package("memprof-cli", ("memprof-policy", None, [], True), ("hyper", None, ["client"], True),
+                    ("memprof-api", "dev", ["test-support"], True)),
+            package("memprof", ("memprof-cli", None, [], True), ("memprof-controller", None, [], True)),
+            package("serde", ("serde_derive", None, [], True)),
+        ))
+        self.assertEqual(problems, [])
+
+    def test_a_role_depending_on_another_role_is_refused(self):
+        problems = archcheck.crate_problems(workspace(
+            package("memprof-cli", ("memprof-controller", None, [], True))))
+        self.assertEqual(len(problems), 1)
+        self.assertIn("memprof-cli may not depend on memprof-controller", problems[0])
+
+    def test_a_pure_crate_depending_upward_is_refused_even_for_its_tests(self):
+        problems = archcheck.crate_problems(workspace(
+            package("memprof-analysis", ("memprof-policy", "dev", [], True))))
+        self.assertEqual(len(problems), 1)
+        self.assertIn("memprof-analysis may not depend on memprof-policy (dev)", problems[0])
+
+    def test_a_crate_without_a_layer_is_refused(self):
+        problems = archcheck.crate_problems(workspace(package("memprof-new")))
+        self.assertEqual(len(problems), 1)
+        self.assertIn("crate memprof-new has no layer", problems[0])
+
+    def test_a_pure_crate_that_talks_to_the_network_is_refused(self):
+        cases = [
+            (("kube", None, ["derive", "client"], False), "kube features ['client']"),
+            (("kube", None, ["derive"], True), "kube features ['default']"),
+            (("kube-runtime", None, [], True), "kube-runtime"),
+            (("hyper", None, [], True), "hyper"),
+            (("rustls", "build", [], False), "rustls"),
+            (("tokio", None, ["sync", "net"], False), "tokio features ['net']"),
+        ]
+        for dep, why in cases:
+            problems = archcheck.crate_problems(workspace(package("memprof-policy", dep)))
+            self.assertEqual(len(problems), 1, dep)
+            self.assertIn(f"pure crate memprof-policy depends on {why}", problems[0])
+
+    def test_tests_of_a_pure_crate_and_role_crates_may_use_the_network(self):
+        problems = archcheck.crate_problems(workspace(
+            package("memprof-api", ("hyper", "dev", ["client"], True)),
+            package("memprof-sidecar", ("kube", None, ["client", "runtime"], True))))
+        self.assertEqual(problems, [])
+
+
 if __name__ == "__main__":
     unittest.main()
