@@ -175,9 +175,11 @@ fn gpu_figures<'a>(
 ) -> Vec<f64> {
     let mut peaks = Vec::new();
     let mut leak_ranks = Vec::new();
+    let mut physical = std::collections::BTreeSet::new();
     for spec in specs {
         for g in &spec.gpus {
-            st.gpu_count += 1;
+            physical.insert(g.physical_key(&spec.pod_name));
+            st.gpu_count = physical.len() as u32;
             peaks.push(g.peak_bytes as f64);
             let peak_pct = 100.0 * g.peak_bytes as f64 / g.total_bytes.max(1) as f64;
             if peak_pct > st.peak_percent || st.peak == "-" {
@@ -312,6 +314,35 @@ mod tests {
         inc.upsert("r0", &medium[0]);
         let now: jiff::Timestamp = medium[0].sampled_at.parse().unwrap();
         assert_eq!(inc.status(now).time_to_oom_seconds, Some(30.0));
+    }
+
+    /// Two reports naming one GPU (ranks sharing a card, or a rank that
+    /// also reported its neighbour's GPU) count it once, in both roll-ups;
+    /// a `cuda:0` the agent could not name stays each pod's own.
+    #[test]
+    fn a_gpu_two_reports_name_is_one_gpu() {
+        let mut specs = [
+            report(0, 40, RiskLevel::Low, None),
+            report(1, 40, RiskLevel::Low, None),
+            report(2, 40, RiskLevel::Low, None),
+            report(3, 40, RiskLevel::Low, None),
+        ];
+        specs[1].gpus.push(GpuReport {
+            uuid: "gpu-0".into(),
+            ..specs[0].gpus[0].clone()
+        });
+        specs[2].gpus[0].uuid = "cuda:0".into();
+        specs[3].gpus[0].uuid = "cuda:0".into();
+        let inputs: Vec<_> = specs.iter().map(|spec| RollupInput { spec }).collect();
+        assert_eq!(rollup(&inputs, Some(4)).gpu_count, 4);
+        let mut inc = JobRollup::new(Some(4), RollupLimits::default());
+        for (i, spec) in specs.iter().enumerate() {
+            inc.upsert(&format!("r{i}"), spec);
+        }
+        let now: jiff::Timestamp = specs[3].sampled_at.parse().unwrap();
+        assert_eq!(inc.status(now).gpu_count, 4);
+        inc.remove("r1");
+        assert_eq!(inc.status(now).gpu_count, 3);
     }
 
     #[test]

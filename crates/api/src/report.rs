@@ -274,6 +274,23 @@ impl GpuReport {
         self.cause.as_ref().map_or("-", |c| c.cause.as_str())
     }
 
+    /// Which physical GPU this is, for counting GPUs across reports: its
+    /// UUID when it has a real one (`GPU-…`, `MIG-…`: two reports naming the
+    /// same UUID are one GPU), else the reporting pod's own index (a
+    /// `cuda:0` the agent could not name is only that pod's).
+    pub fn physical_key(&self, pod: &str) -> String {
+        let real = ["GPU-", "MIG-"].iter().any(|p| {
+            self.uuid
+                .get(..4)
+                .is_some_and(|u| u.eq_ignore_ascii_case(p))
+        });
+        if real {
+            self.uuid.to_ascii_uppercase()
+        } else {
+            format!("{pod}/{}/{}", self.index, self.uuid)
+        }
+    }
+
     /// The GPU's timeline points, from whichever form the report carries.
     pub fn points(&self) -> &[TimelinePoint] {
         if self.timeline.is_empty() {

@@ -26,6 +26,9 @@ const MAX_LISTED_RANKS: usize = 8;
 pub struct Aggregates {
     reports: usize,
     gpus: u64,
+    /// Physical GPUs (`GpuReport::physical_key`): two reports naming one
+    /// GPU count it once in `gpuCount`.
+    physical: Multiset<String>,
     /// GPUs with a peak above 0, fullest first.
     peak_pct: BTreeSet<(Reverse<OrdF64>, GpuOrder)>,
     /// GPUs with some memory in use, fullest first.
@@ -99,6 +102,7 @@ impl Aggregates {
                 self.peak_sum -= u128::from(g.peak);
                 self.leak_gpus -= u64::from(g.leak);
             }
+            count(&mut self.physical, Some(g.key.clone()), add);
             count(&mut self.peak_max, Some(g.peak), add);
             toggle(&mut self.peak_pct, peak, add);
             toggle(&mut self.used_pct, used, add);
@@ -162,7 +166,7 @@ impl Aggregates {
     /// the time to OOM, which is left un-aged. O(top-K + listed ranks).
     pub fn fill(&self, entries: &HashMap<Arc<str>, Entry>, st: &mut MemoryProfileStatus) {
         let entry = |o: &ReportOrder| &entries[&o.1];
-        st.gpu_count = self.gpus as u32;
+        st.gpu_count = self.physical.distinct_len() as u32;
         if let Some((Reverse(OrdF64(pct)), (o, i))) = self.peak_pct.first() {
             let bytes = entry(o).gpus[*i as usize].peak;
             st.peak_percent = pct.min(100.0);

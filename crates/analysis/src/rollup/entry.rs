@@ -6,8 +6,8 @@ use super::keys::{OrdF64, ReportOrder};
 use super::sites::{rank_sites, SitesOrder};
 use jiff::{SignedDuration, Timestamp};
 use memprof_api::{
-    AllocatorRollup, GpuLocation, GpuReport, MemoryBreakdown, MemoryReportSpec,
-    NamedCause, RankAllocationSites, RankSummary, RiskLevel,
+    AllocatorRollup, GpuLocation, GpuReport, MemoryBreakdown, MemoryReportSpec, NamedCause,
+    RankAllocationSites, RankSummary, RiskLevel,
 };
 use std::cmp::Reverse;
 use std::sync::Arc;
@@ -23,6 +23,8 @@ pub type DedupKey = (Option<Timestamp>, Timestamp, Arc<str>);
 /// What the roll-up keeps of one GPU.
 #[derive(Clone, Debug)]
 pub struct Gpu {
+    /// Which physical GPU (`GpuReport::physical_key`).
+    pub key: String,
     pub index: u32,
     pub uuid: String,
     pub total: u64,
@@ -38,8 +40,9 @@ pub struct Gpu {
 }
 
 impl Gpu {
-    fn of(g: &GpuReport) -> Self {
+    fn of(g: &GpuReport, pod: &str) -> Self {
         Gpu {
+            key: g.physical_key(pod),
             index: g.index,
             uuid: g.uuid.clone(),
             total: g.total_bytes,
@@ -113,7 +116,11 @@ impl Entry {
         let parsed = spec.sampled_at.parse::<Timestamp>().ok();
         let at = parsed.unwrap_or(Timestamp::MIN);
         let invalid = super::validate_report(spec).err();
-        let gpus: Vec<Gpu> = spec.gpus.iter().map(Gpu::of).collect();
+        let gpus: Vec<Gpu> = spec
+            .gpus
+            .iter()
+            .map(|g| Gpu::of(g, &spec.pod_name))
+            .collect();
         let worst = gpus
             .iter()
             .enumerate()
@@ -204,7 +211,7 @@ impl Entry {
             .iter()
             .map(|g| {
                 let evidence = g.cause.as_ref().map_or(0, |c| c.evidence.len());
-                std::mem::size_of::<Gpu>() + g.uuid.len() + evidence
+                std::mem::size_of::<Gpu>() + g.uuid.len() + g.key.len() + evidence
             })
             .sum();
         let agent = self.agent.as_ref().map_or(0, |a| {

@@ -81,6 +81,11 @@ impl<K: Ord> Multiset<K> {
             .flat_map(|(k, n)| std::iter::repeat_n(k, *n as usize))
     }
 
+    /// How many distinct elements (O(1)).
+    pub fn distinct_len(&self) -> usize {
+        self.0.len()
+    }
+
     /// Each distinct element once, ascending.
     pub fn distinct_iter(&self) -> impl Iterator<Item = &K> {
         self.0.keys()
