@@ -317,6 +317,7 @@ fn line(event: &str, t: f64, gpu: u32, a: &Assessment) -> Value {
         "timeToOomSeconds": a.time_to_oom_seconds.map(|x| (x * 10.0).round() / 10.0),
         "leakSuspected": a.leak_suspected,
         "spikeDetected": a.spike_detected,
+        "cause": a.cause.as_ref().map(|c| c.cause),
         "reason": a.reason,
     })
 }

@@ -1,11 +1,10 @@
 //! `memprof analyze --plot`: one GPU of a trace with its samples, its upper
-//! and lower envelopes (max and min per analysis bucket), the trend fitted
-//! the way the analysis fits it (Theil–Sen over the upper envelope in the
-//! fit window) at the moment the risk first became high, extended to where
-//! it crosses total memory (the predicted OOM), and the risk transitions.
+//! and lower envelopes (max and min per analysis bucket), the analysis's
+//! prediction at the moment the risk first became high (the time to OOM its
+//! risk table prints, drawn to where memory reaches the total: the
+//! predicted OOM), and the risk transitions.
 
 use crate::plot::{HLine, LineChart, Mark, Series, Style, Unit};
-use memprof_analysis::theil_sen;
 use memprof_api::format_duration;
 use memprof_api::thresholds::Thresholds;
 use memprof_api::trace::TraceRow;
@@ -70,12 +69,6 @@ pub fn chart(
         mine.first().map_or(0.0, |r| r.t),
         mine.last().map_or(0.0, |r| r.t),
     );
-    // The prediction that mattered: when the risk first became high (or
-    // critical); without one, at the end of the trace.
-    let fit_at = transitions
-        .iter()
-        .find(|(_, r)| r == "high" || r == "critical")
-        .map_or(span.1, |(t, _)| *t);
     let mut series = measured_series(&mine, &env, th.bucket_seconds);
     let mut marks: Vec<Mark> = transitions
         .iter()
@@ -84,7 +77,7 @@ pub fn chart(
             label: format!("risk {r}"),
         })
         .collect();
-    if let Some((line, oom)) = trend(&env, th.fit_window_seconds, fit_at, span, total) {
+    if let Some((line, oom)) = trend(lines, gpu, span, total) {
         series.push(line);
         marks.extend(oom);
     }
@@ -134,44 +127,51 @@ fn measured_series(mine: &[&TraceRow], env: &[(f64, f64, f64)], bucket: f64) -> 
     ]
 }
 
-/// The trend fitted over the upper envelope in the `window` seconds up to
-/// `fit_at`, drawn to where it crosses `total` (when that is within one
-/// more trace length of the end, `span` being the trace's first and last
-/// time), and the predicted OOM there; None without points to fit.
+/// The analysis's own prediction for `gpu`, as its risk table prints it:
+/// the line where the risk first became high (or critical), else the last
+/// line at medium or above; `(t, used bytes, time to OOM)`.
+fn prediction(lines: &[Value], gpu: u32) -> Option<(f64, f64, f64)> {
+    let mine: Vec<&Value> = lines
+        .iter()
+        .filter(|l| l["event"] == "risk" && l["gpu"].as_u64() == Some(u64::from(gpu)))
+        .collect();
+    let alarm = |l: &&&Value| matches!(l["risk"].as_str(), Some("high" | "critical"));
+    let warn = |l: &&&Value| matches!(l["risk"].as_str(), Some("medium" | "high" | "critical"));
+    let line = mine
+        .iter()
+        .find(alarm)
+        .or_else(|| mine.iter().rev().find(warn))?;
+    Some((
+        line["t"].as_f64()?,
+        line["usedBytes"].as_f64()?,
+        line["timeToOomSeconds"].as_f64()?,
+    ))
+}
+
+/// The analysis's prediction drawn: from the memory in use when it was made
+/// to total memory at the predicted OOM, labelled with the very time to OOM
+/// the risk table prints (one number, not a second fit of the plot's own);
+/// the predicted OOM is marked when it falls within one more trace length
+/// of the end. None when the analysis predicted no OOM.
 fn trend(
-    env: &[(f64, f64, f64)],
-    window: f64,
-    fit_at: f64,
+    lines: &[Value],
+    gpu: u32,
     (start, end): (f64, f64),
     total: f64,
 ) -> Option<(Series, Option<Mark>)> {
-    let points: Vec<(f64, f64)> = env
-        .iter()
-        .filter(|e| e.0 <= fit_at && e.0 > fit_at - window)
-        .map(|e| (e.0, e.2))
-        .collect();
-    let (fit, first) = (theil_sen(&points)?, points.first()?);
-    let crossing = (fit.slope > 0.0).then(|| (total - fit.intercept) / fit.slope);
-    let span = (end - start).max(1.0);
-    let limit = end.max(fit_at) + span;
-    let to = crossing
-        .filter(|c| *c <= limit && *c >= first.0)
-        .unwrap_or(fit_at.max(first.0));
-    let label = match crossing {
-        Some(c) => format!(
-            "trend at t={} (predicts OOM {} later)",
-            format_duration(fit_at),
-            format_duration(c - fit_at)
-        ),
-        None => format!("trend at t={} (no OOM predicted)", format_duration(fit_at)),
-    };
-    let line = Series::new(
-        label,
-        vec![(first.0, fit.at(first.0)), (to, fit.at(to))],
-        Style::Dashed,
+    let (at, used, tto) = prediction(lines, gpu)?;
+    let oom_at = at + tto;
+    let limit = end.max(at) + (end - start).max(1.0);
+    let label = format!(
+        "trend at t={} (predicts OOM {} later)",
+        format_duration(at),
+        format_duration(tto)
     );
-    let oom = crossing.filter(|c| *c <= limit).map(|c| Mark {
-        x: c,
+    let to = oom_at.min(limit);
+    let y = |x: f64| used + (total - used) * (x - at) / tto.max(f64::MIN_POSITIVE);
+    let line = Series::new(label, vec![(at, used), (to, y(to))], Style::Dashed);
+    let oom = (oom_at <= limit).then(|| Mark {
+        x: oom_at,
         label: "predicted OOM".into(),
     });
     Some((line, oom))
@@ -252,6 +252,44 @@ mod tests {
             "predicted {predicted} s, died {died} s"
         );
         assert_eq!(c.hlines[0].label, "total memory");
+    }
+
+    /// One number: the legend's time to OOM is the one the risk table
+    /// prints on the row where the risk became high, and the predicted OOM
+    /// is marked that long after it (the plot fitted its own trend before
+    /// and said 1m10s where the table said 1m37s).
+    #[test]
+    fn the_plot_states_the_time_to_oom_the_table_prints() {
+        for name in ["leak300_h100.csv", "leak1000_h100.csv"] {
+            let rows = fixture(name);
+            let lines = lines(&rows);
+            let gpu = pick_gpu(&rows, &lines, None).unwrap();
+            let c = chart(&rows, &lines, &Thresholds::default(), gpu, name);
+            let first_high = lines
+                .iter()
+                .find(|l| {
+                    l["event"] == "risk" && matches!(l["risk"].as_str(), Some("high" | "critical"))
+                })
+                .unwrap();
+            let (t, tto) = (
+                first_high["t"].as_f64().unwrap(),
+                first_high["timeToOomSeconds"].as_f64().unwrap(),
+            );
+            let table =
+                crate::local::analyze::render(&lines, crate::output::Format::Table, name, &rows);
+            let row = table
+                .lines()
+                .find(|l| l.starts_with(&format_duration(t)))
+                .unwrap_or_else(|| panic!("no row at {t}:\n{table}"));
+            assert!(row.contains(&format_duration(tto)), "{row}");
+            let legend = &c.series[3].name;
+            assert!(
+                legend.contains(&format!("predicts OOM {} later", format_duration(tto))),
+                "{legend} vs {row}"
+            );
+            let mark = c.marks.iter().find(|m| m.label == "predicted OOM").unwrap();
+            assert!((mark.x - (t + tto)).abs() < 1e-6);
+        }
     }
 
     #[test]
