@@ -383,3 +383,66 @@ fn report_checks_its_oom_snapshot_path_before_the_cluster_and_needs_a_job() {
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("<JOB>"), "{stderr}");
 }
+
+/// The model analysis' rows and DP-SGD's part, as `profile` shows them
+/// after a run and writes them to `--output` (a ghost-clipping trainer on
+/// the fake torch: every parameter holds `_norm_sample`).
+#[test]
+fn profile_shows_the_largest_parameters_layers_and_dp_sgd_in_text_and_json() {
+    let dir = TempDir::new("rows");
+    let json = dir.0.join("out.json");
+    let out = Command::new(MEMPROF)
+        .args(["profile", "--backend", "sim", "--interval", "200ms"])
+        .arg("--scenario")
+        .arg(root().join("hack/scenarios/demo.yaml"))
+        .arg("--agent-path")
+        .arg(root().join("agent/python"))
+        .arg("--output")
+        .arg(&json)
+        .args(["--", "python3"])
+        .arg(root().join("tests/cli_support/dp_trainer.py"))
+        .arg(root().join("agent/python/tests"))
+        .env_remove("MEMPROF_AGENT_SOCKET")
+        .env_remove("MEMPROF_AGENT_URL")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for want in [
+        "largest parameters (16 of 52; the other 36: 1.2M parameters, 4.5MiB):",
+        "head.weight               4000x256   float32     3.9MiB  yes",
+        "layers (all 9):",
+        "blocks.0    787.5K     787.5K     3.0MiB",
+        "DP-SGD (8 samples, 52 parameters with per-sample state):",
+        "per-sample gradient norms         1.6KiB  measured: the parameters' _norm_sample",
+        "temporary matrices (peak)        64.0MiB  modelled: ghost clipping's ggT + aaT, 2 x 8 x 1024^2 elements",
+    ] {
+        assert!(stdout.contains(want), "{want:?} not in:\n{stdout}");
+    }
+    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let b = &doc["breakdown"];
+    assert_eq!(b["parameterRows"].as_array().unwrap().len(), 16);
+    assert_eq!(
+        b["parameterRows"][0],
+        serde_json::json!({"name": "head.weight", "shape": [4000, 256], "dtype": "float32",
+            "bytes": 4_096_000, "trainable": true})
+    );
+    let shown: u64 = b["parameterRows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["bytes"].as_u64().unwrap())
+        .sum();
+    assert_eq!(
+        shown + b["parametersLeftOut"]["bytes"].as_u64().unwrap(),
+        b["parametersBytes"].as_u64().unwrap(),
+        "nothing lost"
+    );
+    assert_eq!(b["layerRows"].as_array().unwrap().len(), 9);
+    assert_eq!(b["dpSgd"]["tempMatricesBytes"], 2 * 8 * 1024 * 1024 * 4);
+    assert_eq!(b["dpSgd"]["normsSource"], "measured");
+}

@@ -10,14 +10,23 @@ What is measured and what is modelled (the object says which):
   (Opacus' DPOptimizer computes the norms inside its step, then frees
   them): what its clipping allocates, one [batch] norm per parameter, their
   [batch, parameters] stack, the per-sample norms and the clip factors,
-  (2 x parameters + 2) x batch elements of the per-sample gradients' dtype;
+  each a block of the CUDA caching allocator (a multiple of 512 bytes);
 - temporary matrices, modelled, for ghost clipping only and only when the
   trainer gives the sequence length T: Opacus forms ggT and aaT, two
   [batch, T, T] matrices, for one Linear layer at a time (layers run one
   after the other in backward, so the peak is the largest layer's pair, not
   the sum): 2 x batch x T^2 elements of that layer's weight dtype.
+bench/gpu/oom_snapshot_check.py measures both against real CUDA tensors.
 
 Pure walks over the parameters: no GPU work, nothing raised."""
+
+
+BLOCK = 512  # the CUDA caching allocator's smallest block and rounding
+
+
+def block(nbytes):
+    """What the caching allocator takes for a tensor of nbytes."""
+    return max(BLOCK, -(-int(nbytes) // BLOCK) * BLOCK)
 
 
 def _tensors(x):
@@ -53,7 +62,8 @@ def dp_sgd(params, counter, sequence_length=None):
     if with_norms:
         out["normsBytes"], out["normsSource"] = measured, "measured"
     else:
-        out["normsBytes"] = (2 * with_grads + 2) * (samples or 0) * itemsize
+        vector = block((samples or 0) * itemsize)
+        out["normsBytes"] = (with_grads + 2) * vector + block((samples or 0) * with_grads * itemsize)
         out["normsSource"] = "modelled"
     temp = temp_matrices(params, samples, sequence_length) if with_norms else None
     if temp is not None:
@@ -71,4 +81,4 @@ def temp_matrices(params, samples, sequence_length):
               if getattr(p, "requires_grad", False) and len(tuple(getattr(p, "shape", ()))) == 2]
     if not widths:
         return None
-    return 2 * samples * sequence_length * sequence_length * max(widths)
+    return 2 * block(samples * sequence_length * sequence_length * max(widths))

@@ -100,8 +100,13 @@ def test_norms_are_modelled_from_grad_sample_and_no_matrices_without_ghost_clipp
         p.grad_sample = ft.Tensor(16, *p.shape)
     b = memprof_agent.breakdown(model, sequence_length=512)
     d = b["dpSgd"]
-    # DPOptimizer's clipping: a [B] norm per parameter, their [B, 2] stack, norms and factors.
-    assert (d["normsBytes"], d["normsSource"], d["samples"]) == ((2 * 2 + 2) * 16 * 4, "modelled", 16)
+    # DPOptimizer's clipping: a [B] norm per parameter, their [B, 2] stack, norms and factors,
+    # each at least one 512-byte block of the caching allocator.
+    assert (d["normsBytes"], d["normsSource"], d["samples"]) == ((2 + 2) * 512 + 512, "modelled", 16)
+    for p in (model.head.weight, model.tok.weight):
+        p.grad_sample = ft.Tensor(1000, *p.shape)  # 4000-byte vectors: rounded up to 4096
+    d = memprof_agent.breakdown(model)["dpSgd"]
+    assert d["normsBytes"] == (2 + 2) * 4096 + 8192
     assert "tempMatricesBytes" not in d, "vanilla Opacus forms no ggT/aaT"
 
 
@@ -141,3 +146,19 @@ def test_rows_past_the_byte_bound_move_into_the_left_out_totals(fake):
     assert len(json.dumps(kept, separators=(",", ":"))) <= _rows.MAX_PARAMETER_JSON
     cut = _rows.MAX_ROWS - len(kept)
     assert pushed["parametersLeftOut"] == {"rows": 3 + cut, "parameters": 30 + cut * 10 ** 6, "bytes": 120 + cut * 4_000_000}
+
+
+def test_a_llama_sized_models_rows_all_fit_and_rows_at_their_longest_stop_at_the_byte_bound():
+    """Real rows (Llama's names, 20-digit-free numbers) keep all 16 of each;
+    rows at their longest (128-byte names, 8 dimensions, u64 numbers) stop
+    at the byte bound: docs/agent.md's figures."""
+    p = {"name": "model.layers.12.self_attn.q_proj.weight", "shape": [4096, 4096], "dtype": "bfloat16",
+         "bytes": 33554432, "trainable": True}
+    layer = {"name": "model.layers.12", "parameters": 218112000, "trainableParameters": 218112000, "bytes": 436224000}
+    assert len(_rows.fit([p] * 16, None, _rows.MAX_PARAMETER_JSON)[0]) == 16
+    assert len(_rows.fit([layer] * 16, None, _rows.MAX_LAYER_JSON)[0]) == 16
+    big = _rows.U64_MAX
+    p = {"name": "p" * 128, "shape": [big] * 8, "dtype": "d" * 32, "bytes": big, "trainable": True}
+    layer = {"name": "l" * 128, "parameters": big, "trainableParameters": big, "bytes": big}
+    assert len(_rows.fit([p] * 16, None, _rows.MAX_PARAMETER_JSON)[0]) == 6
+    assert len(_rows.fit([layer] * 16, None, _rows.MAX_LAYER_JSON)[0]) == 7

@@ -9,8 +9,9 @@ use serde::{Deserialize, Serialize};
 
 /// At most this many parameter rows and this many layer rows: the breakdown
 /// rides on every push (64 KiB each) and is stored whole in a MemoryReport
-/// and a MemoryProfile; 16 of each at their longest add about 10 KiB, and
-/// the left-out totals carry the rest.
+/// and a MemoryProfile. The agent also keeps each list within a few KiB of
+/// JSON (`_rows.py`: 16 real rows fit, rows at their longest stop sooner),
+/// and the left-out totals carry the rest.
 pub const MAX_ROWS: usize = 16;
 /// At most this many bytes in a row's `dtype` (`float32`, `bfloat16`, …).
 pub const MAX_DTYPE: usize = 32;
