@@ -30,7 +30,7 @@ pub mod verdict;
 
 pub use fit::{least_squares_slope, theil_sen, LinearFit};
 pub use risk::{assess, Assessment};
-pub use rollup::{critical_rank_sites, sites_section, worst_gpu, worst_rank_sites};
+pub use rollup::{critical_rank_sites, sites_section, summarize, worst_gpu, worst_rank_sites};
 pub use rollup::{
     report_limit, rollup, validate_report, JobRollup, ReportMeta, RollupInput, RollupLimits,
     MAX_STALE_LISTED,

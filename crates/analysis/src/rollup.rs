@@ -20,8 +20,8 @@ pub use members::report_limit;
 pub use sites::{critical_rank_sites, sites_section, worst_rank_sites};
 
 use memprof_api::{
-    format_bytes, format_duration, GpuLocation, GpuReport, MemoryProfileStatus, MemoryReportSpec,
-    RankSummary, RiskLevel, MAX_TOP_RANKS,
+    format_bytes, format_duration, DataSource, GpuLocation, GpuReport, MemoryProfileStatus,
+    MemoryReportSpec, RankSummary, ReportSummary, RiskLevel, MAX_TOP_RANKS,
 };
 use std::cmp::Ordering;
 
@@ -92,6 +92,38 @@ fn severity(a: &GpuReport, b: &GpuReport) -> Ordering {
 /// another's time to OOM.
 pub fn worst_gpu(gpus: &[GpuReport]) -> Option<&GpuReport> {
     gpus.iter().min_by(|a, b| severity(a, b))
+}
+
+/// A report's summary of its GPUs: the risk and time to OOM of one GPU, the
+/// worst (as the roll-up takes a rank's), so the summary never pairs one
+/// GPU's risk with another's time to OOM; use and peak of the fullest.
+pub fn summarize(gpus: &[GpuReport], source: DataSource) -> ReportSummary {
+    let fullest = gpus.iter().max_by(|a, b| {
+        gpu_frac(a.used_bytes, a.total_bytes).total_cmp(&gpu_frac(b.used_bytes, b.total_bytes))
+    });
+    let peakiest = gpus.iter().max_by(|a, b| {
+        gpu_frac(a.peak_bytes, a.total_bytes).total_cmp(&gpu_frac(b.peak_bytes, b.total_bytes))
+    });
+    let human = |used: u64, total: u64| {
+        format!(
+            "{} ({:.0}%)",
+            format_bytes(used),
+            100.0 * gpu_frac(used, total)
+        )
+    };
+    let worst = worst_gpu(gpus);
+    ReportSummary {
+        gpu_count: gpus.len() as u32,
+        risk: worst.map(|g| g.risk).unwrap_or_default(),
+        time_to_oom: worst.and_then(GpuReport::counted_tto).map(format_duration),
+        used: fullest.map_or("-".into(), |g| human(g.used_bytes, g.total_bytes)),
+        peak: peakiest.map_or("-".into(), |g| human(g.peak_bytes, g.total_bytes)),
+        source,
+    }
+}
+
+fn gpu_frac(used: u64, total: u64) -> f64 {
+    used as f64 / total.max(1) as f64
 }
 
 fn location(spec: &MemoryReportSpec, g: &GpuReport) -> GpuLocation {

@@ -28,6 +28,8 @@ pub mod outfile;
 pub mod output;
 pub mod plot;
 pub mod render;
+#[cfg(test)]
+mod views_agree;
 
 /// `memprof compare A B`: result files (sweep or profile summaries) are
 /// compared locally, anything else names two Jobs in the cluster. Either

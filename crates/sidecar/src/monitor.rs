@@ -16,8 +16,8 @@ use memprof_analysis::tracker::{GpuVerdict, Tracker};
 use memprof_analysis::{Assessment, GpuSeries};
 use memprof_api::thresholds::Thresholds;
 use memprof_api::{
-    format_bytes, format_duration, Condition, DataSource, GpuReport, MemoryReportSpec,
-    ReportSummary, RiskLevel, TimelinePoint, MAX_TIMELINE_POINTS,
+    Condition, DataSource, GpuReport, MemoryReportSpec, RiskLevel, TimelinePoint,
+    MAX_TIMELINE_POINTS,
 };
 
 pub use memprof_analysis::tracker::AGENT_FRESH_SECONDS;
@@ -240,7 +240,7 @@ impl Monitor {
             rank: id.rank,
             sampled_at,
             interval_ms: interval_ms.max(1),
-            summary: summary_of(&gpus, source),
+            summary: memprof_analysis::summarize(&gpus, source),
             gpus,
             allocator: self.agent().stats(),
             breakdown: self.breakdowns.report(),
@@ -251,30 +251,6 @@ impl Monitor {
             allocation_sites: None,
             last_checkpoint: None,
         }
-    }
-}
-
-/// A report's summary of its GPUs: the risk and time to OOM of one GPU, the
-/// worst (as the roll-up takes a rank's), so the summary never pairs one
-/// GPU's risk with another's time to OOM; use and peak of the fullest.
-fn summary_of(gpus: &[GpuReport], source: DataSource) -> ReportSummary {
-    let fullest = gpus.iter().max_by(|a, b| {
-        frac(a.used_bytes, a.total_bytes).total_cmp(&frac(b.used_bytes, b.total_bytes))
-    });
-    let peakiest = gpus.iter().max_by(|a, b| {
-        frac(a.peak_bytes, a.total_bytes).total_cmp(&frac(b.peak_bytes, b.total_bytes))
-    });
-    let human = |used: u64, total: u64| {
-        format!("{} ({:.0}%)", format_bytes(used), 100.0 * frac(used, total))
-    };
-    let worst = memprof_analysis::worst_gpu(gpus);
-    ReportSummary {
-        gpu_count: gpus.len() as u32,
-        risk: worst.map(|g| g.risk).unwrap_or_default(),
-        time_to_oom: worst.and_then(GpuReport::counted_tto).map(format_duration),
-        used: fullest.map_or("-".into(), |g| human(g.used_bytes, g.total_bytes)),
-        peak: peakiest.map_or("-".into(), |g| human(g.peak_bytes, g.total_bytes)),
-        source,
     }
 }
 
@@ -347,10 +323,6 @@ fn finite(v: f64) -> f64 {
     }
 }
 
-fn frac(used: u64, total: u64) -> f64 {
-    used as f64 / total.max(1) as f64
-}
-
 /// The newest buckets of a series as timeline points, merged pairwise until
 /// they fit the report's bound.
 fn timeline(series: &GpuSeries) -> Vec<TimelinePoint> {
@@ -394,13 +366,13 @@ mod tests {
             ..Default::default()
         };
         let gpus = [gpu(0, RiskLevel::Low, 20.0), gpu(1, RiskLevel::High, 300.0)];
-        let s = summary_of(&gpus, DataSource::Sim);
+        let s = memprof_analysis::summarize(&gpus, DataSource::Sim);
         assert_eq!(
             (s.risk, s.time_to_oom.as_deref()),
             (RiskLevel::High, Some("5m0s"))
         );
         assert_eq!(gpus[0].tto_text(), "-");
-        let calm = summary_of(&gpus[..1], DataSource::Sim);
+        let calm = memprof_analysis::summarize(&gpus[..1], DataSource::Sim);
         assert_eq!((calm.risk, calm.time_to_oom), (RiskLevel::Low, None));
     }
 
