@@ -3,7 +3,8 @@
 //! answer the agent ([`budget`], [`answer`]) and writes the pod's
 //! MemoryReport ([`writer`]), one step after the other in [`run`]. It serves
 //! the in-process agent on a Unix socket ([`socket`], [`server`]) and
-//! `/metrics` on TCP.
+//! `/metrics` on TCP. On Kubernetes it names the pods sharing a GPU whose
+//! verdict blames a neighbour ([`neighbours`], from the kubelet).
 //! Depends on `memprof-api` and `memprof-analysis` only: only the sidecar
 //! samples GPUs, and nothing the CLI, the controller or the webhook does
 //! rebuilds it.
@@ -20,6 +21,7 @@ pub mod gpus;
 pub mod identity;
 pub mod metrics;
 pub mod monitor;
+pub mod neighbours;
 pub mod run;
 pub mod sampler;
 pub mod server;

@@ -157,6 +157,8 @@ pub struct Sidecar {
     sample_error_logged: bool,
     alone: AloneDetector,
     agent_pushes_seen: u64,
+    /// The kubelet's names for a neighbour the verdict blames.
+    neighbours: crate::neighbours::Neighbours,
 }
 
 impl Sidecar {
@@ -215,6 +217,7 @@ impl Sidecar {
             sample_error_logged: false,
             alone: AloneDetector::new(args.alone_grace_seconds),
             agent_pushes_seen: 0,
+            neighbours: crate::neighbours::Neighbours::from_env(),
             id: setup.id,
             thresholds: setup.thresholds,
             args,
@@ -241,7 +244,8 @@ impl Sidecar {
             self.sample(t);
             self.take_pushes();
             if self.analysis_due() {
-                let report = self.analyse();
+                let mut report = self.analyse();
+                self.neighbours.name(&mut report).await;
                 let decision = self.decide(&report);
                 self.write(report, decision, t);
                 if self.trainer_gone() {
