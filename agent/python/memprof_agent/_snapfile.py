@@ -22,6 +22,7 @@ Never raises: each kind of failure is said once."""
 import os
 import pickle
 import socket
+import time
 
 from . import _config
 from ._config import Once
@@ -65,6 +66,7 @@ def write(torch, pid, rank=None, device=None, env=None):
     path = None
     try:
         path = path_for(template, pid, rank, device)
+        started = time.monotonic()
         data, dropped = encoded(torch.cuda.memory._snapshot())
         if data is None:
             _say("too large", "memprof-agent: OOM snapshot over %d MiB even without its traces; not written to %s",
@@ -72,8 +74,8 @@ def write(torch, pid, rank=None, device=None, env=None):
             return None
         _store(path, data)
         _written.append(path)
-        _config.log.warning("memprof-agent: CUDA OOM snapshot (%d bytes%s) written to %s: open it at "
-                            "https://pytorch.org/memory_viz", len(data),
+        _config.log.warning("memprof-agent: CUDA OOM snapshot (%d bytes in %.2f s%s) written to %s: open it at "
+                            "https://pytorch.org/memory_viz", len(data), time.monotonic() - started,
                             ", allocation traces dropped to stay under %d MiB" % (MAX_BYTES >> 20) if dropped else "",
                             path)
         return path
