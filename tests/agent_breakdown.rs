@@ -29,7 +29,15 @@ fn breakdown(activations_mib: u64) -> serde_json::Value {
              "gradientsBytes": 3 * MIB, "optimizerBytes": 6 * MIB}],
         "flags": [{"kind": "nan", "parameter": "h.3.mlp.c_fc.weight", "note": "2 NaN"}],
         "phases": [{"module": "transformer", "forwardBytes": 1200 * MIB, "backwardBytes": 300 * MIB}],
-        "optimizerStepPeakBytes": 12 * MIB
+        "optimizerStepPeakBytes": 12 * MIB,
+        "parameterRows": [{"name": "lm_head.weight", "shape": [50257, 768], "dtype": "bfloat16",
+                           "bytes": 77_194_752, "trainable": false}],
+        "parametersLeftOut": {"rows": 290, "parameters": 85_000_000, "bytes": 170_000_000},
+        "layerRows": [{"name": "transformer.h.0", "parameters": 7_087_872,
+                       "trainableParameters": 67_584, "bytes": 14_175_744}],
+        "layersLeftOut": {"rows": 14, "parameters": 110_000_000, "bytes": 220_000_000},
+        "dpSgd": {"samples": 16, "parameters": 148, "normsBytes": 9472, "normsSource": "measured",
+                  "tempMatricesBytes": 268_435_456, "sequenceLength": 1024}
     })
 }
 
@@ -73,6 +81,16 @@ async fn a_pushed_breakdown_ends_in_the_report_and_the_profile() {
         "{text}"
     );
 
+    // A layer with more trainable parameters than parameters cannot be.
+    let mut bad = breakdown(100);
+    bad["layerRows"][0]["trainableParameters"] = serde_json::json!(7_087_873);
+    let (code, text) = push(&sidecar, &body(t0, 11, 0, Some(bad))).await;
+    assert_eq!(code, 400, "{text}");
+    assert!(
+        text.contains("layerRows[0].trainableParameters 7087873 exceeds its parameters"),
+        "{text}"
+    );
+
     // Two trainer processes of the pod: rank 1's activations are larger,
     // and its newest breakdown is the one that counts.
     for i in 0..10 {
@@ -105,6 +123,24 @@ async fn a_pushed_breakdown_ends_in_the_report_and_the_profile() {
     assert_eq!(b.flags[0].kind, FlagKind::Nan);
     assert_eq!(b.phases[0].module, "transformer");
     assert!(b.time.is_some());
+    // The rows, what they leave out and DP-SGD's part, as pushed.
+    assert_eq!(b.parameter_rows[0].shape, vec![50257, 768]);
+    assert_eq!(b.parameter_rows[0].dtype, "bfloat16");
+    assert_eq!(b.parameters_left_out.as_ref().map(|l| l.rows), Some(290));
+    assert_eq!(b.layer_rows[0].trainable_parameters, 67_584);
+    assert_eq!(
+        b.layers_left_out.as_ref().map(|l| l.bytes),
+        Some(220_000_000)
+    );
+    let dp = b.dp_sgd.as_ref().unwrap();
+    assert_eq!(
+        (
+            dp.norms_bytes,
+            dp.norms_source.as_str(),
+            dp.temp_matrices_bytes
+        ),
+        (9472, "measured", Some(268_435_456))
+    );
 
     let profiles: Api<MemoryProfile> = Api::namespaced(client.clone(), &ns.name);
     let pb = common::eventually("the profile's breakdown", || async {
@@ -123,6 +159,13 @@ async fn a_pushed_breakdown_ends_in_the_report_and_the_profile() {
     assert_eq!(
         (pb.static_bytes, pb.activations_peak_bytes, pb.batch_size),
         (509 * MIB, Some(1491 * MIB), Some(16))
+    );
+    // The API server kept every row field: the CRD's schema has them.
+    assert_eq!(pb.parameter_rows, b.parameter_rows);
+    assert_eq!(pb.layer_rows, b.layer_rows);
+    assert_eq!(
+        (pb.parameters_left_out, pb.layers_left_out, pb.dp_sgd),
+        (b.parameters_left_out, b.layers_left_out, b.dp_sgd)
     );
     operator.stop().await;
 }
