@@ -446,3 +446,53 @@ fn profile_shows_the_largest_parameters_layers_and_dp_sgd_in_text_and_json() {
     assert_eq!(b["dpSgd"]["tempMatricesBytes"], 2 * 8 * 1024 * 1024 * 4);
     assert_eq!(b["dpSgd"]["normsSource"], "measured");
 }
+
+/// `MEMPROF_AGENT_OOM_SNAPSHOT` set for `profile` reaches the trainer: the
+/// agent writes the allocator's own snapshot at the OOM (the fake torch's,
+/// every block of it, not the summary's 8), named from the template.
+#[test]
+fn profile_passes_the_agents_snapshot_file_to_the_trainer() {
+    let dir = TempDir::new("agentsnap");
+    let template = dir.0.join("snaps/oom-{pid}-gpu{device}.pickle");
+    let out = Command::new(MEMPROF)
+        .args(["profile", "--backend", "sim", "--interval", "200ms"])
+        .arg("--scenario")
+        .arg(root().join("hack/scenarios/demo.yaml"))
+        .arg("--agent-path")
+        .arg(root().join("agent/python"))
+        .args(["--", "python3"])
+        .arg(root().join("tests/cli_support/oom_trainer.py"))
+        .arg(root().join("agent/python/tests"))
+        .arg("3")
+        .env("MEMPROF_AGENT_OOM_SNAPSHOT", &template)
+        .env_remove("MEMPROF_AGENT_SOCKET")
+        .env_remove("MEMPROF_AGENT_URL")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let files: Vec<_> = std::fs::read_dir(dir.0.join("snaps"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    assert!(
+        files[0].starts_with("oom-") && files[0].ends_with("-gpu0.pickle"),
+        "{files:?}"
+    );
+    assert!(
+        stderr.contains("memprof-agent: CUDA OOM snapshot ("),
+        "{stderr}"
+    );
+    let py = "import pickle, sys; d = pickle.load(open(sys.argv[1], 'rb')); \
+              print(len(d['segments']), sum(len(s['blocks']) for s in d['segments']))";
+    let read = Command::new("python3")
+        .args(["-c", py])
+        .arg(dir.0.join("snaps").join(&files[0]))
+        .output()
+        .unwrap();
+    let counts = String::from_utf8_lossy(&read.stdout);
+    // More blocks than any summary keeps: the allocator's snapshot, whole.
+    let blocks: usize = counts.split_whitespace().nth(1).unwrap().parse().unwrap();
+    assert!(blocks > 16, "{counts}");
+}
