@@ -14,8 +14,8 @@ use k8s_openapi::api::batch::v1::Job;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use memprof::api::{
-    MemoryProfile, MemoryProfileStatus, MemoryReport, RiskLevel, ANNOTATION_BOTTLENECK,
-    ANNOTATION_IMBALANCE, ANNOTATION_OOM_RISK, ANNOTATION_TIME_TO_OOM,
+    Cause, MemoryProfile, MemoryProfileStatus, MemoryReport, NamedCause, RiskLevel,
+    ANNOTATION_BOTTLENECK, ANNOTATION_IMBALANCE, ANNOTATION_OOM_RISK, ANNOTATION_TIME_TO_OOM,
 };
 
 async fn profile_status(
@@ -156,7 +156,12 @@ async fn reports_roll_up_into_status_annotations_and_one_event_per_transition() 
     // The leaking rank first, so the job's risk goes none → high in one step.
     // A time to OOM of an hour as the sidecar saw it; the profile shows it
     // aged by the report's age (`at()` is in the past).
-    let leaking = gpu(3, 50, 50, RiskLevel::High, Some(3600.0));
+    let mut leaking = gpu(3, 50, 50, RiskLevel::High, Some(3600.0));
+    let named = NamedCause::new(
+        Cause::Leak,
+        "device memory rises 95.4MiB/s in 9 regular steps",
+    );
+    leaking.cause = Some(named.clone());
     let r = rank_report(&client, &ns.name, "llm", 3, &at(3), vec![leaking]).await;
     apply_report(&client, &ns.name, &r).await;
     wait_status(&profiles, "llm", "risk high", |st| {
@@ -192,6 +197,9 @@ async fn reports_roll_up_into_status_annotations_and_one_event_per_transition() 
     assert_eq!(st.peak_used_bytes, 60 * GIB);
     assert!(st.leak_suspected);
     assert_eq!(st.top_ranks[0].location.rank, Some(3));
+    // The bottleneck's cause, with its evidence, in the profile and the Event.
+    assert_eq!(st.cause.as_ref(), Some(&named));
+    assert_eq!(st.top_ranks[0].cause, Some(Cause::Leak));
 
     let jobs: Api<Job> = Api::namespaced(client.clone(), &ns.name);
     let annotations = eventually("the Job annotations to match the status", || async {
@@ -215,6 +223,11 @@ async fn reports_roll_up_into_status_annotations_and_one_event_per_transition() 
         format!("rank=3 pod={} node=node-3 gpu=0", r.spec.pod_name)
     );
     wait_events(&client, &ns.name, "RiskHigh", "llm", 1).await;
+    let notes = event_notes(&client, &ns.name, "RiskHigh", "llm").await;
+    assert!(
+        notes[0].contains(&format!("; cause {};", named.line())),
+        "{notes:?}"
+    );
 
     // The leak is fixed: high → low once low held for the dwell (60 s), one RiskLoweredToLow.
     let fixed = gpu(3, 50, 50, RiskLevel::Low, None);

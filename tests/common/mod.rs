@@ -541,6 +541,20 @@ pub async fn count_events(client: &Client, ns: &str, reason: &str, regarding: &s
         .sum()
 }
 
+/// The notes of Events with `reason` regarding the object `name`.
+pub async fn event_notes(client: &Client, ns: &str, reason: &str, regarding: &str) -> Vec<String> {
+    Api::<Event>::namespaced(client.clone(), ns)
+        .list(&ListParams::default())
+        .await
+        .expect("listing events")
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(regarding))
+        .filter_map(|e| e.note)
+        .collect()
+}
+
 /// `memprof-sidecar`, a binary of another package of the workspace:
 /// `MEMPROF_SIDECAR_BIN`, else next to `memprof` (hack/test.sh builds the
 /// workspace first).
