@@ -27,7 +27,8 @@ Between crates it reads the workspace's manifests (`cargo metadata
   where it is), or on a crate the table does not place; and
 - a pure crate (`PURE`) with a normal or build dependency on anything that
   talks to the network: kube's client or runtime (or kube with any feature
-  beyond its types), hyper, rustls, warp, or tokio's net.
+  beyond its types), hyper, rustls, warp, or tokio's net; and
+- memprof-analysis (`TYPES_ONLY`) enabling any feature of memprof-api.
 
 Stdlib only; run from the repository root (`make lint` runs it).
 """
@@ -322,6 +323,10 @@ NETWORK_CRATES = {"kube-client", "kube-runtime", "hyper", "hyper-util", "rustls"
 # kube's features that are its types only (kube-core); any other pulls a client.
 KUBE_TYPE_FEATURES = {"derive", "jsonpatch", "admission"}
 TOKIO_NET_FEATURES = {"net", "full"}
+# Pure crates that use memprof-api's types only: none of its features (the
+# CRD kinds through kube's derive, the marks, YAML), so analysis builds on
+# serde, schemars and k8s-openapi alone.
+TYPES_ONLY = {"memprof-analysis"}
 
 
 def layer_of(name):
@@ -375,6 +380,8 @@ def dependency_problems(name, layer, dep):
         if other is None or other >= layer:
             return [f"layer: {name} may not depend on {target} ({kind}); "
                     f"see LAYERS in hack/archcheck.py"]
+    if name in TYPES_ONLY and kind != "dev" and target == "memprof-api" and dep.get("features"):
+        return [f"{name} uses memprof-api's types only: enable none of its features ({kind})"]
     if name in PURE and kind != "dev":
         why = network_reason(dep)
         if why:

@@ -127,6 +127,13 @@ class CrateLayerTest(unittest.TestCase):
             self.assertEqual(len(problems), 1, dep)
             self.assertIn(f"pure crate memprof-policy depends on {why}", problems[0])
 
+    def test_analysis_enables_no_feature_of_the_api_crate(self):
+        problems = archcheck.crate_problems(workspace(
+            package("memprof-analysis", ("memprof-api", None, ["crd"], True)),
+            package("memprof-policy", ("memprof-api", None, ["crd"], True))))
+        self.assertEqual(len(problems), 1)
+        self.assertIn("memprof-analysis uses memprof-api's types only", problems[0])
+
     def test_tests_of_a_pure_crate_and_role_crates_may_use_the_network(self):
         problems = archcheck.crate_problems(workspace(
             package("memprof-api", ("hyper", "dev", ["client"], True)),

@@ -7,8 +7,16 @@
 //! ([`agent`]), the analysis thresholds ([`thresholds`]), sampling intervals
 //! ([`interval`]), the trace CSV ([`trace`]) and the environment the webhook
 //! and the sidecar agree on ([`env`]). It depends on no other memprof crate.
+//!
+//! Features, so that the pure crates (memprof-analysis) build the types
+//! without what only the roles need: `crd` (the kinds `MemoryProfile`,
+//! `MemoryReport`, `RemediationPolicy` from kube's derive, and `crds`),
+//! `admission` (the admission and writer marks: the webhook, the operator,
+//! the CLI's doctor) and `crd-yaml` (`crds_yaml`, what `memprof crd` prints).
 #![forbid(unsafe_code)]
 
+// Compiled for the crate's own tests too (their dependencies are dev-dependencies).
+#[cfg(any(test, feature = "admission"))]
 pub mod admission;
 pub mod agent;
 mod common;
@@ -19,6 +27,7 @@ mod profile;
 mod report;
 pub mod thresholds;
 pub mod trace;
+#[cfg(any(test, feature = "admission"))]
 pub mod writer;
 
 pub use common::*;
@@ -26,7 +35,14 @@ pub use policy::*;
 pub use profile::*;
 pub use report::*;
 
-use kube::CustomResourceExt;
+// The CRDs themselves: only with the `crd` feature (the pure crates use the
+// types without kube's derive and its dependencies).
+#[cfg(any(test, feature = "crd"))]
+mod crd;
+#[cfg(any(test, feature = "crd"))]
+pub use crd::crds;
+#[cfg(feature = "crd-yaml")]
+pub use crd::crds_yaml;
 
 /// API group of every memprof resource.
 pub const GROUP: &str = "memprof.dev";
@@ -72,96 +88,3 @@ pub const MAX_TOP_RANKS: usize = 8;
 pub const MAX_HISTORY: usize = 16;
 /// Upper bound on conditions on one object.
 pub const MAX_CONDITIONS: usize = 8;
-
-/// Every CRD of the API, in a stable order.
-pub fn crds(
-) -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>
-{
-    // Each kind with the part of it that has exactly one writer.
-    let mut crds = vec![
-        (MemoryProfile::crd(), "status"),
-        (MemoryReport::crd(), "spec"),
-        (RemediationPolicy::crd(), "status"),
-    ];
-    for (crd, single_writer) in &mut crds {
-        for version in &mut crd.spec.versions {
-            if let Some(schema) = version
-                .schema
-                .as_mut()
-                .and_then(|s| s.open_api_v3_schema.as_mut())
-            {
-                drop_empty_string_defaults(schema);
-                status_not_nullable(schema);
-                atomic(schema, single_writer);
-            }
-        }
-    }
-    crds.into_iter().map(|(crd, _)| crd).collect()
-}
-
-/// Marks a top-level part `x-kubernetes-map-type: atomic`: the part one
-/// writer owns whole (a profile's and a policy's status: the operator's
-/// status writers, which always write all of it; a report's spec: its
-/// sidecar). Server-side apply then tracks it as one field instead of one
-/// per value: smaller `managedFields`, less work per write for the API
-/// server (docs/benchmarks.md, "Single-writer parts"), and a value someone
-/// else wrote there does not outlive the owner's next write.
-fn atomic(
-    schema: &mut k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::JSONSchemaProps,
-    part: &str,
-) {
-    if let Some(p) = schema.properties.as_mut().and_then(|p| p.get_mut(part)) {
-        p.x_kubernetes_map_type = Some("atomic".into());
-    }
-}
-
-/// Makes the top-level `status` not nullable (schemars marks an `Option`
-/// nullable): a server that publishes only OpenAPI v2 (1.20) drops nullable
-/// properties from it, so `kubectl explain <kind>.status` listed no field.
-/// The status subresource never holds a null status: the API server prunes a
-/// null field that is not nullable rather than store it.
-fn status_not_nullable(
-    schema: &mut k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::JSONSchemaProps,
-) {
-    if let Some(status) = schema.properties.as_mut().and_then(|p| p.get_mut("status")) {
-        status.nullable = None;
-    }
-}
-
-/// Removes `default: ""` from a schema, everywhere in it: a 1.20 API server
-/// reads an empty-string default as null and rejects the whole CRD ("must be
-/// of type string"). An absent field deserializes to "" through serde's
-/// `#[serde(default)]` all the same.
-fn drop_empty_string_defaults(
-    schema: &mut k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::JSONSchemaProps,
-) {
-    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::JSONSchemaPropsOrArray;
-    if matches!(&schema.default, Some(d) if d.0 == serde_json::Value::String(String::new())) {
-        schema.default = None;
-    }
-    for p in schema.properties.iter_mut().flat_map(|m| m.values_mut()) {
-        drop_empty_string_defaults(p);
-    }
-    match schema.items.as_mut() {
-        Some(JSONSchemaPropsOrArray::Schema(s)) => drop_empty_string_defaults(s),
-        Some(JSONSchemaPropsOrArray::Schemas(v)) => {
-            v.iter_mut().for_each(drop_empty_string_defaults)
-        }
-        None => {}
-    }
-    for list in [&mut schema.all_of, &mut schema.any_of, &mut schema.one_of] {
-        list.iter_mut()
-            .flatten()
-            .for_each(drop_empty_string_defaults);
-    }
-}
-
-/// Every CRD as one YAML stream: what `memprof crd` prints and `crds/` holds.
-pub fn crds_yaml() -> String {
-    let mut out = String::new();
-    for crd in crds() {
-        out.push_str("---\n");
-        out.push_str(&serde_yaml::to_string(&crd).expect("a CRD always serializes to YAML"));
-    }
-    out
-}

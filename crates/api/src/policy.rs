@@ -11,6 +11,8 @@
 
 use super::common::{Condition, RiskLevel};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+// The CRD kinds are generated only with the `crd` feature (see lib.rs).
+#[cfg(any(test, feature = "crd"))]
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -89,21 +91,25 @@ fn bounded_selector(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
 }
 
 /// When and how memprof remediates profiled Jobs that run out of GPU memory.
-#[derive(CustomResource, Clone, Debug, Deserialize, Serialize, JsonSchema, PartialEq)]
-#[kube(
-    group = "memprof.dev",
-    version = "v1alpha1",
-    kind = "RemediationPolicy",
-    namespaced,
-    shortname = "rpol",
-    category = "memprof",
-    status = "RemediationPolicyStatus",
-    printcolumn = r#"{"name":"SELECTOR","type":"string","jsonPath":".status.selector"}"#,
-    printcolumn = r#"{"name":"TRIGGERS","type":"string","jsonPath":".status.triggers"}"#,
-    printcolumn = r#"{"name":"DRYRUN","type":"boolean","jsonPath":".spec.dryRun"}"#,
-    printcolumn = r#"{"name":"MATCHED","type":"integer","jsonPath":".status.matchedCount"}"#,
-    printcolumn = r#"{"name":"ACTIONS","type":"integer","jsonPath":".status.actionCount"}"#,
-    printcolumn = r#"{"name":"AGE","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[cfg_attr(
+    any(test, feature = "crd"),
+    derive(CustomResource),
+    kube(
+        group = "memprof.dev",
+        version = "v1alpha1",
+        kind = "RemediationPolicy",
+        namespaced,
+        shortname = "rpol",
+        category = "memprof",
+        status = "RemediationPolicyStatus",
+        printcolumn = r#"{"name":"SELECTOR","type":"string","jsonPath":".status.selector"}"#,
+        printcolumn = r#"{"name":"TRIGGERS","type":"string","jsonPath":".status.triggers"}"#,
+        printcolumn = r#"{"name":"DRYRUN","type":"boolean","jsonPath":".spec.dryRun"}"#,
+        printcolumn = r#"{"name":"MATCHED","type":"integer","jsonPath":".status.matchedCount"}"#,
+        printcolumn = r#"{"name":"ACTIONS","type":"integer","jsonPath":".status.actionCount"}"#,
+        printcolumn = r#"{"name":"AGE","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+    )
 )]
 #[serde(rename_all = "camelCase")]
 pub struct RemediationPolicySpec {

@@ -5,6 +5,8 @@
 //! object at 1.5 MiB and rewrites all of it on every write).
 
 use super::common::{Condition, RiskLevel};
+// The CRD kinds are generated only with the `crd` feature (see lib.rs).
+#[cfg(any(test, feature = "crd"))]
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -23,26 +25,30 @@ pub use ranks::{
 };
 
 /// A profiled workload and what memprof concluded about its GPU memory.
-#[derive(CustomResource, Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
-#[kube(
-    group = "memprof.dev",
-    version = "v1alpha1",
-    kind = "MemoryProfile",
-    namespaced,
-    shortname = "mprof",
-    category = "memprof",
-    status = "MemoryProfileStatus",
-    printcolumn = r#"{"name":"JOB","type":"string","jsonPath":".spec.jobName"}"#,
-    printcolumn = r#"{"name":"RANKS","type":"string","jsonPath":".status.ranks"}"#,
-    printcolumn = r#"{"name":"GPUS","type":"integer","jsonPath":".status.gpuCount"}"#,
-    printcolumn = r#"{"name":"PEAK","type":"string","jsonPath":".status.peak"}"#,
-    printcolumn = r#"{"name":"RISK","type":"string","jsonPath":".status.risk"}"#,
-    printcolumn = r#"{"name":"TTO","type":"string","jsonPath":".status.timeToOom"}"#,
-    printcolumn = r#"{"name":"CAUSE","type":"string","jsonPath":".status.cause.cause"}"#,
-    printcolumn = r#"{"name":"IMBALANCE","type":"string","jsonPath":".status.imbalanceDisplay"}"#,
-    printcolumn = r#"{"name":"OOMS","type":"integer","jsonPath":".status.oomCount"}"#,
-    printcolumn = r#"{"name":"ACTION","type":"string","jsonPath":".status.lastAction"}"#,
-    printcolumn = r#"{"name":"AGE","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[cfg_attr(
+    any(test, feature = "crd"),
+    derive(CustomResource),
+    kube(
+        group = "memprof.dev",
+        version = "v1alpha1",
+        kind = "MemoryProfile",
+        namespaced,
+        shortname = "mprof",
+        category = "memprof",
+        status = "MemoryProfileStatus",
+        printcolumn = r#"{"name":"JOB","type":"string","jsonPath":".spec.jobName"}"#,
+        printcolumn = r#"{"name":"RANKS","type":"string","jsonPath":".status.ranks"}"#,
+        printcolumn = r#"{"name":"GPUS","type":"integer","jsonPath":".status.gpuCount"}"#,
+        printcolumn = r#"{"name":"PEAK","type":"string","jsonPath":".status.peak"}"#,
+        printcolumn = r#"{"name":"RISK","type":"string","jsonPath":".status.risk"}"#,
+        printcolumn = r#"{"name":"TTO","type":"string","jsonPath":".status.timeToOom"}"#,
+        printcolumn = r#"{"name":"CAUSE","type":"string","jsonPath":".status.cause.cause"}"#,
+        printcolumn = r#"{"name":"IMBALANCE","type":"string","jsonPath":".status.imbalanceDisplay"}"#,
+        printcolumn = r#"{"name":"OOMS","type":"integer","jsonPath":".status.oomCount"}"#,
+        printcolumn = r#"{"name":"ACTION","type":"string","jsonPath":".status.lastAction"}"#,
+        printcolumn = r#"{"name":"AGE","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+    )
 )]
 #[serde(rename_all = "camelCase")]
 pub struct MemoryProfileSpec {

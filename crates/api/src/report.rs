@@ -8,6 +8,8 @@
 //! `directives` for the pod's trainer, which the pod itself cannot write.
 
 use super::common::{Condition, DataSource, RiskLevel};
+// The CRD kinds are generated only with the `crd` feature (see lib.rs).
+#[cfg(any(test, feature = "crd"))]
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -41,24 +43,28 @@ pub use sites::{
 pub use timeline::{TimelinePoint, MAX_PACKED_TIMELINE, PACKED_TIMELINE_PATTERN};
 
 /// What one pod's sidecar saw of the pod's GPUs.
-#[derive(CustomResource, Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
-#[kube(
-    group = "memprof.dev",
-    version = "v1alpha1",
-    kind = "MemoryReport",
-    namespaced,
-    shortname = "mrep",
-    category = "memprof",
-    status = "MemoryReportStatus",
-    printcolumn = r#"{"name":"POD","type":"string","jsonPath":".spec.podName"}"#,
-    printcolumn = r#"{"name":"RANK","type":"integer","jsonPath":".spec.rank"}"#,
-    printcolumn = r#"{"name":"GPUS","type":"integer","jsonPath":".spec.summary.gpuCount"}"#,
-    printcolumn = r#"{"name":"USED","type":"string","jsonPath":".spec.summary.used"}"#,
-    printcolumn = r#"{"name":"PEAK","type":"string","jsonPath":".spec.summary.peak"}"#,
-    printcolumn = r#"{"name":"RISK","type":"string","jsonPath":".spec.summary.risk"}"#,
-    printcolumn = r#"{"name":"TTO","type":"string","jsonPath":".spec.summary.timeToOom"}"#,
-    printcolumn = r#"{"name":"SOURCE","type":"string","jsonPath":".spec.summary.source"}"#,
-    printcolumn = r#"{"name":"AGE","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[cfg_attr(
+    any(test, feature = "crd"),
+    derive(CustomResource),
+    kube(
+        group = "memprof.dev",
+        version = "v1alpha1",
+        kind = "MemoryReport",
+        namespaced,
+        shortname = "mrep",
+        category = "memprof",
+        status = "MemoryReportStatus",
+        printcolumn = r#"{"name":"POD","type":"string","jsonPath":".spec.podName"}"#,
+        printcolumn = r#"{"name":"RANK","type":"integer","jsonPath":".spec.rank"}"#,
+        printcolumn = r#"{"name":"GPUS","type":"integer","jsonPath":".spec.summary.gpuCount"}"#,
+        printcolumn = r#"{"name":"USED","type":"string","jsonPath":".spec.summary.used"}"#,
+        printcolumn = r#"{"name":"PEAK","type":"string","jsonPath":".spec.summary.peak"}"#,
+        printcolumn = r#"{"name":"RISK","type":"string","jsonPath":".spec.summary.risk"}"#,
+        printcolumn = r#"{"name":"TTO","type":"string","jsonPath":".spec.summary.timeToOom"}"#,
+        printcolumn = r#"{"name":"SOURCE","type":"string","jsonPath":".spec.summary.source"}"#,
+        printcolumn = r#"{"name":"AGE","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+    )
 )]
 #[serde(rename_all = "camelCase")]
 pub struct MemoryReportSpec {
