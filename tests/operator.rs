@@ -205,7 +205,7 @@ async fn reports_roll_up_into_status_annotations_and_one_event_per_transition() 
     let annotations = eventually("the Job annotations to match the status", || async {
         let job = jobs.get("llm").await.map_err(|e| e.to_string())?;
         let a = job.annotations().clone();
-        // One decimal on the Job (hysteresis: `reconcile_annotations.rs`).
+        // One decimal on the Job (hysteresis: `reconcile/annotations.rs`).
         if a.get(ANNOTATION_IMBALANCE).map(String::as_str) == Some("1.3") {
             Ok(a)
         } else {

@@ -29,7 +29,7 @@ const PEAK_BASE: u64 = 40 * GIB;
 /// `peakUsedBytes` names the newest write it took in. Every timed write must
 /// change something a user sees, or the operator rightly waits (a change of
 /// `lastReportTime` or of a peak under an unchanged text alone waits up to
-/// 30 s, `operator/reconcile_write.rs`) and the latency measured is the
+/// 30 s, `operator/reconcile/write.rs`) and the latency measured is the
 /// benchmark's: so the write that follows each batch is rank 1's or 2's by
 /// turns, never the rank the next batch starts with nor the last batch's
 /// (with fewer than 3 ranks that cannot hold), and the writes of the leaking rank

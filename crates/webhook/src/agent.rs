@@ -398,5 +398,4 @@ fn append_all(exists: bool, path: PointerBuf, values: Vec<Value>) -> Vec<PatchOp
 }
 
 #[cfg(test)]
-#[path = "agent_tests.rs"]
 mod tests;

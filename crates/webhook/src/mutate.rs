@@ -654,9 +654,7 @@ pub fn admit_review(body: &[u8], cfg: &InjectionConfig, caller: Caller) -> Value
 }
 
 #[cfg(test)]
-#[path = "mutate_tests.rs"]
 mod tests;
 
 #[cfg(test)]
-#[path = "mutate_marks_tests.rs"]
 mod marks_tests;

@@ -482,5 +482,4 @@ async fn refresh_cert(
 }
 
 #[cfg(test)]
-#[path = "options_tests.rs"]
 mod tests;

@@ -479,5 +479,4 @@ pub fn build(
 }
 
 #[cfg(test)]
-#[path = "sidecar_tests.rs"]
 mod tests;

@@ -569,5 +569,4 @@ where
 }
 
 #[cfg(test)]
-#[path = "leader_tests.rs"]
 mod tests;

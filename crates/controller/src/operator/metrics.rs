@@ -29,7 +29,7 @@ pub struct StepLabels {
 /// Label of `memprof_events_total`: the Event's reason.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
-    /// `RiskHigh`, `RiskLoweredToLow`, `ReportRejected` (`operator/reconcile_events.rs`).
+    /// `RiskHigh`, `RiskLoweredToLow`, `ReportRejected` (`operator/reconcile/events.rs`).
     pub reason: &'static str,
 }
 

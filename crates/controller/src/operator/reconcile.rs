@@ -14,13 +14,9 @@ use memprof_api::{
 };
 use std::collections::BTreeMap;
 
-#[path = "reconcile_annotations.rs"]
 mod annotations;
-#[path = "reconcile_conditions.rs"]
 mod conditions;
-#[path = "reconcile_events.rs"]
 mod events;
-#[path = "reconcile_write.rs"]
 mod write;
 pub use annotations::{annotations_outdated, gpu_oom_annotation, job_annotations, JOB_ANNOTATIONS};
 pub use conditions::{
@@ -33,7 +29,6 @@ pub use events::{
 };
 pub use write::{status_write_needed, Why, COSMETIC_INTERVAL};
 
-#[path = "reconcile_batch.rs"]
 mod batch;
 use batch::slim_containers;
 pub use batch::{batch_env, batch_of, with_batch_fit};
@@ -293,5 +288,4 @@ fn finish(
 }
 
 #[cfg(test)]
-#[path = "reconcile_tests.rs"]
 mod tests;

@@ -395,5 +395,4 @@ fn key(r: &MemoryReport, pod: Option<&PodFacts<'_>>) -> Key {
 }
 
 #[cfg(test)]
-#[path = "trust_tests.rs"]
 mod tests;

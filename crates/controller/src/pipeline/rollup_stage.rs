@@ -233,7 +233,7 @@ fn annotate(ctx: &Context, f: &Fetched, job: &Job, status: &MemoryProfileStatus)
         .writer
         .annotations(&f.key, job_rv)
         .unwrap_or_else(|| job.annotations().clone());
-    // Hysteresis: a value moves only when its rounded value does (`reconcile_annotations.rs`).
+    // Hysteresis: a value moves only when its rounded value does (`reconcile/annotations.rs`).
     let mut desired = job_annotations(status, &current);
     let uid = job.uid().unwrap_or_default();
     // The OOMs the remediation stage recorded (carried in `status`): the

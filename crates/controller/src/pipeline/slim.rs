@@ -264,5 +264,4 @@ pub(super) fn policy(p: &mut RemediationPolicy) {
 }
 
 #[cfg(test)]
-#[path = "slim_tests.rs"]
 mod tests;

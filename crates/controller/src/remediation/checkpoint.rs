@@ -374,5 +374,4 @@ async fn announce_wait(
 }
 
 #[cfg(test)]
-#[path = "checkpoint_tests.rs"]
 mod tests;

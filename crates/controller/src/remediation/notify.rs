@@ -380,5 +380,4 @@ impl Executor {
 }
 
 #[cfg(test)]
-#[path = "notify_tests.rs"]
 mod tests;

@@ -6,7 +6,7 @@
 //! | `ranksReporting`, `ranksExpected`, `ranks`, `gpuCount`, `peak*`, `current*`, `risk`, `confidence`, `timeToOom*`, `leak*`, `fragmentation`, `allocator`, `breakdown`, `imbalance*`, `bottleneck`, `topRanks`, `allocationSites` (the worst rank's, `memprof_analysis::worst_rank_sites`), `criticalAllocationSites`, `criticalRanksWithSitesOmitted` (every rank's taken at critical, `memprof_analysis::critical_rank_sites`), `lastReportTime`, `oldestReportTime`, `ranksStale`, `staleRanks`, `riskHeldUntil` | the roll-up stage (one `JobRollup` per Job, `pipeline/rollups.rs`) (`pipeline/rollup_stage.rs`, from `memprof_analysis` and `operator/reconcile.rs`) | [`StatusWriter::submit`]: the latest [`Analysis`] replaces the one before |
 //! | `conditions` (`Ready`, `ReportsValid`, `ReportsCounted`, `RanksStale`), `thresholds`, `batchRecommendation` | the roll-up stage | the same [`Analysis`] |
 //! | `ooms`, `oomCount`, `remediations`, `remediationTotals`, `lastAction` | the remediation stage (`pipeline/remediation_stage.rs`, `remediation/recording.rs`, `remediation/execute.rs`); `oomCount` grows in the edit that adds to `ooms`, and only that edit's task publishes the OOM's `GPUOutOfMemory` Event | [`StatusWriter::edit`]: a change applied to the newest status, answered once it is written |
-//! | Job annotations `memprof.dev/{oom-risk,time-to-oom,imbalance,bottleneck,gpu-oom}` | the roll-up stage (`operator/reconcile_annotations.rs`; `gpu-oom` from the Job's newest record in `ooms`) | [`StatusWriter::annotate`]: the whole set, applied after the status |
+//! | Job annotations `memprof.dev/{oom-risk,time-to-oom,imbalance,bottleneck,gpu-oom}` | the roll-up stage (`operator/reconcile/annotations.rs`; `gpu-oom` from the Job's newest record in `ooms`) | [`StatusWriter::annotate`]: the whole set, applied after the status |
 //!
 //! Every write is made here, by [`StatusWriter::run`]'s workers
 //! (`--concurrency` of them, 16 by default), field manager `memprof-operator`, carrying the
@@ -32,7 +32,7 @@
 //! served first in, first out; a Job's writes are at least
 //! `--min-write-interval-ms` apart (1 s by default), whatever the load; a
 //! change of cosmetic fields alone (`lastReportTime` and the others named in
-//! `operator/reconcile_write.rs`) is written at most every 30 s; nothing
+//! `operator/reconcile/write.rs`) is written at most every 30 s; nothing
 //! here is awaited by a reconcile, so a slow API server never holds one up.
 //! Remediation awaits its edits in its own task, which is how "recorded
 //! durably before acting" holds (docs/remediation.md).

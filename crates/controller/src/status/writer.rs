@@ -440,7 +440,6 @@ async fn serve(shared: &Shared, key: &JobKey) {
     }
 }
 
-#[path = "write.rs"]
 mod write;
 use write::{write_annotations, write_status};
 
