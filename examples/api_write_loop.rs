@@ -45,8 +45,8 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 #[allow(dead_code)] // the CRD and namespace helpers only
-#[path = "operator_scale/setup.rs"]
-mod setup;
+mod scale_support;
+use scale_support::setup;
 
 #[derive(Debug, Parser)]
 struct Args {

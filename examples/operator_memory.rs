@@ -20,15 +20,9 @@
 //! is in the cache, and again after a restart of the operator with them in
 //! place (goal: maximal within 16 MiB of small).
 
-#[allow(dead_code)]
-#[path = "operator_scale/load.rs"]
-mod load;
-#[path = "operator_scale/measure.rs"]
-#[allow(dead_code)]
-mod measure;
-#[path = "operator_scale/setup.rs"]
-#[allow(dead_code)]
-mod setup;
+#[allow(dead_code)] // the operator child and its /proc numbers only
+mod scale_support;
+use scale_support::{measure, setup};
 
 use clap::Parser;
 use futures::{StreamExt, TryStreamExt};

@@ -25,7 +25,7 @@
 //! Runs the operator (roll-up and remediation, one controller) in-process against the
 //! cluster in KUBECONFIG, in a temporary namespace it deletes afterwards.
 //! Each Job's rank 0 is a real pod, made and marked as in `operator_scale`
-//! (`operator_scale/setup.rs`): the operator counts only reports of pods
+//! (`scale_support/setup.rs`): the operator counts only reports of pods
 //! the Job controls and the webhook admitted.
 //! Time is measured on this machine's monotonic clock, from just before the
 //! report's server-side apply to the watch event of the new Job (so it
@@ -50,8 +50,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 #[allow(dead_code)] // the set-up helpers only, not the operator child
-#[path = "operator_scale/setup.rs"]
-mod setup;
+mod scale_support;
+use scale_support::setup;
 
 const GIB: u64 = 1 << 30;
 
@@ -359,7 +359,7 @@ async fn one_run(
 ) -> anyhow::Result<Duration> {
     // Managed as the webhook stamps a profiled Job; the template names a
     // ServiceAccount that does not exist, so the Job controller makes no
-    // pods of its own (operator_scale/setup.rs) and rank 0 is ours.
+    // pods of its own (scale_support/setup.rs) and rank 0 is ours.
     let job: Job = serde_json::from_value(json!({
         "metadata": {"name": name, "labels": {"bench": "remediation", (LABEL_MANAGED): "true"},
                      "annotations": {"memprof.dev/enabled": "true"}},

@@ -16,7 +16,6 @@
 
 mod common;
 mod faults_support;
-#[path = "remediation_support/mod.rs"]
 mod remediation_support;
 mod webhook_support;
 

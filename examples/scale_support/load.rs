@@ -2,7 +2,7 @@
 //! field manager `memprof-sidecar`, labels `memprof.dev/job` and
 //! `memprof.dev/profile`, an ownerReference to the pod), in bursts or paced.
 
-use crate::setup::{job_name, RankPod};
+use super::setup::{job_name, RankPod};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, Patch, PatchParams};

@@ -14,13 +14,12 @@
 //! target/release/examples/operator_scale --jobs 200 --ranks 16
 //! ```
 //!
-//! Setup (pods, first reports) is not timed: see `setup.rs` for how the
+//! Setup (pods, first reports) is not timed: see `scale_support/setup.rs` for how the
 //! pods come to exist. The run deletes its namespace and stops the operator
 //! by PID, also on failure and on Ctrl-C.
 
-mod load;
-mod measure;
-mod setup;
+mod scale_support;
+use scale_support::{load, measure, setup};
 
 use clap::Parser;
 use kube::api::{Api, DeleteParams};

@@ -14,7 +14,7 @@
 //! The clock starts when the write's response arrives and stops when the
 //! status arrives at this process's watch.
 
-use crate::load::Write;
+use super::load::Write;
 use futures::StreamExt;
 use kube::api::Api;
 use kube::runtime::{watcher, WatchStreamExt};
