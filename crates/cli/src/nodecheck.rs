@@ -288,5 +288,4 @@ pub fn run(args: &Args) -> i32 {
 }
 
 #[cfg(test)]
-#[path = "nodecheck_tests.rs"]
 mod tests;

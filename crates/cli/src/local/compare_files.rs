@@ -510,5 +510,4 @@ pub fn render(c: &Comparison, format: Format) -> String {
 }
 
 #[cfg(test)]
-#[path = "compare_files_tests.rs"]
 mod tests;

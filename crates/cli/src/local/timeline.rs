@@ -235,5 +235,4 @@ pub fn chart(events: &[Event]) -> LineChart {
 }
 
 #[cfg(test)]
-#[path = "timeline_tests.rs"]
 mod tests;

@@ -355,5 +355,4 @@ fn copy_bracket(b: &[char], i: usize, out: &mut String) -> Result<usize, String>
 }
 
 #[cfg(test)]
-#[path = "jsonpath_tests.rs"]
 mod tests;

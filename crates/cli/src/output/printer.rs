@@ -390,5 +390,4 @@ pub fn json(v: &Value) -> String {
 }
 
 #[cfg(test)]
-#[path = "printer_tests.rs"]
 mod tests;

@@ -220,5 +220,4 @@ fn sizes(out: &mut String, s: &AllocationSizes) {
 }
 
 #[cfg(test)]
-#[path = "analysis_tests.rs"]
 mod tests;

@@ -386,5 +386,4 @@ fn injected(j: &Job) -> bool {
 }
 
 #[cfg(test)]
-#[path = "checks_tests.rs"]
 mod tests;

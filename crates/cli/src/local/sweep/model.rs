@@ -423,5 +423,4 @@ fn verdict_lines(m: &Model) -> Vec<String> {
 }
 
 #[cfg(test)]
-#[path = "model_tests.rs"]
 mod tests;

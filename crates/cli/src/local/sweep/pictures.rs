@@ -324,5 +324,4 @@ pub fn slug(s: &str) -> String {
 }
 
 #[cfg(test)]
-#[path = "pictures_tests.rs"]
 mod tests;

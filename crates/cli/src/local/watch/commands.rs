@@ -207,5 +207,4 @@ impl State {
 }
 
 #[cfg(test)]
-#[path = "commands_tests.rs"]
 mod tests;
