@@ -190,6 +190,10 @@ pub struct PlanInput<'a> {
     pub why: &'a str,
     /// The Job's MemoryProfile `batchRecommendation`, for `scaleBatch` `mode: fit`.
     pub batch_fit: Option<&'a BatchRecommendation>,
+    /// The nonce a recreated Job carries (`memprof.dev/remediation-nonce`),
+    /// by which a restarted controller tells its Job from one anybody could
+    /// label with the id. Random, so the caller makes it: planning stays pure.
+    pub nonce: &'a str,
 }
 
 /// The wait a plan carries: decided once, saved with the plan.
@@ -230,7 +234,7 @@ pub fn build(input: &PlanInput<'_>) -> Result<Plan, PlanError> {
         // The recreated Job is recognised by this nonce (the controller's
         // remediation::verify::created_from).
         let mut annotations = recreation.annotations;
-        annotations.insert(ANNOTATION_REMEDIATION_NONCE.into(), nonce());
+        annotations.insert(ANNOTATION_REMEDIATION_NONCE.into(), input.nonce.to_string());
         let changes = recreation.changes;
         let manifest = recreated_job(job, &changes, input.id, &annotations, recreation.suspend);
         plan.steps.push(Step::Recreate { changes, manifest });
@@ -361,20 +365,6 @@ pub use accum::AccumulationChange;
 
 mod fit;
 use fit::scale_batch;
-
-/// A fresh nonce for a recreated Job's manifest: 128 random bits, hex.
-pub fn nonce() -> String {
-    use ring::rand::SecureRandom as _;
-    use std::fmt::Write as _;
-    let mut bytes = [0u8; 16];
-    ring::rand::SystemRandom::new()
-        .fill(&mut bytes)
-        .expect("the operating system's random generator works");
-    bytes.iter().fold(String::with_capacity(32), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    })
-}
 
 #[cfg(test)]
 mod tests;

@@ -221,6 +221,8 @@ fn action_lines(
         id: "preview",
         why: &why,
         batch_fit: status.batch_recommendation.as_ref(),
+        // Never shown: the summary names no annotation.
+        nonce: "preview",
     });
     let verb = match (v.acts(), p.spec.dry_run) {
         (true, false) => "acts now",

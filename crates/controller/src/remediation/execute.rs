@@ -12,6 +12,7 @@
 
 use super::checkpoint::{self, Hold};
 use super::executor::{job_ref, Executor};
+use super::nonce::nonce;
 use super::records::{last_action, pending_mut};
 use super::steps::{remediable, run_steps, wait_for_deletion, Ran, Steps};
 use super::store::{config_map_name, PlanStore, Saved};
@@ -74,6 +75,7 @@ pub(super) async fn plan_for(
         id,
         why,
         batch_fit,
+        nonce: &nonce(),
     })))
 }
 

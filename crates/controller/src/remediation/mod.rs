@@ -42,6 +42,7 @@ pub mod checkpoint;
 mod decide;
 mod execute;
 mod executor;
+pub mod nonce;
 pub mod notify;
 pub mod oom;
 mod recording;

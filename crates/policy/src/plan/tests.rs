@@ -73,6 +73,7 @@ fn build_for(p: &RemediationPolicy, j: &Value) -> Result<Plan, PlanError> {
         id: "abc123",
         why: "risk critical >= critical for 0s",
         batch_fit: None,
+        nonce: "n0nce",
     })
 }
 
@@ -124,6 +125,8 @@ fn scale_batch_recreates_the_job_with_server_fields_stripped() {
     assert_eq!(meta["ownerReferences"][0]["name"], "nightly");
     let a = &meta["annotations"];
     assert_eq!(a["memprof.dev/remediation"], "abc123");
+    // The caller's nonce, so that planning is a pure function of its input.
+    assert_eq!(a["memprof.dev/remediation-nonce"], "n0nce");
     assert_eq!(a["memprof.dev/original-batch_size"], "32");
     assert_eq!(a["example.com/shrunk"], "yes");
     assert_eq!(a["memprof.dev/enabled"], "true");
@@ -244,6 +247,7 @@ fn config_maps_not_opted_in_are_never_written() {
         id: "abc123",
         why: "test",
         batch_fit: None,
+        nonce: "n0nce",
     })
     .unwrap_err();
     assert_eq!(e.reason(), "ConfigMapNotOptedIn");
@@ -318,6 +322,7 @@ fn build_fit(
         id: "abc123",
         why: "test",
         batch_fit: fit,
+        nonce: "n0nce",
     })
     .unwrap()
 }

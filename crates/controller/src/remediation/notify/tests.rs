@@ -174,6 +174,7 @@ fn a_notify_trainer_action_plans_one_step_with_the_level_and_a_reason() {
         id: "abc",
         why: "risk critical",
         batch_fit: None,
+        nonce: "n0nce",
     };
     let plan = build(&input).unwrap();
     assert_eq!(
