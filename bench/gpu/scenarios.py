@@ -48,7 +48,7 @@ import sys  # noqa: E402
 
 # Imported by load_torch() once the arguments are checked, so that
 # `--parse-only` (record.sh --plan) needs no torch.
-torch = F = GPT = None
+torch = F = GPT = causes = None
 T_IMPORTED = None
 MB = 1_000_000
 GB = 1_000_000_000
@@ -77,6 +77,20 @@ def parse(argv=None):
     p.add_argument("--eval-batch", type=int, default=8)
     p.add_argument("--eval-seq", type=int, default=0, help="default --seq")
     p.add_argument("--keep-eval-graph", action="store_true", help="the validation-loss leak")
+    p.add_argument("--cause", default="", help="the summary's cause (default: leak with a leak, else steady)")
+    p.add_argument("--demand-mbps", type=float, default=0.0,
+                   help="growing demand: from --leak-at the sequence length ramps so the peak demand rises R MB/s")
+    p.add_argument("--max-seq", type=int, default=0, help="longest sequence of the ramp (the model's positions)")
+    p.add_argument("--accumulation", type=int, default=0,
+                   help="micro-batches per optimizer step through memprof_agent.MicroBatchLoop (0: no loop)")
+    p.add_argument("--split-helper", action="store_true",
+                   help="the loop acts on the sidecar's verdict (checkpoint on high, split on critical)")
+    p.add_argument("--neighbour-mbps", type=float, default=0.0,
+                   help="a second process grows R MB/s from --leak-at until the card is full")
+    p.add_argument("--fragment", action="store_true",
+                   help="from --leak-at, reserved-but-unallocated memory grows (pace from --life) to the OOM")
+    p.add_argument("--spikes", default="", help="T:FRAC,...: at T s take FRAC of the free memory at once")
+    p.add_argument("--varlen", default="", help="LO:HI: each step's sequence uniform in [LO, HI] x --seq")
     room = p.add_mutually_exclusive_group()
     room.add_argument("--headroom-gb", type=float, default=0.0, help="leave this much free after a ballast")
     room.add_argument("--fill-pct", type=float, default=0.0, help="ballast up to this %% of the GPU")
@@ -94,11 +108,35 @@ def parse(argv=None):
         a.eval_at = a.leak_at if a.keep_eval_graph else a.eval_every
     if a.keep_eval_graph and a.eval_every <= 0:
         p.error("--keep-eval-graph needs --eval-every")
-    if a.life and not (a.leak_mbps or a.keep_eval_graph):
-        p.error("--life needs a leak (--leak-mbps or --keep-eval-graph)")
+    grows = a.leak_mbps or a.keep_eval_graph or a.demand_mbps or a.neighbour_mbps or a.fragment
+    if a.life and not grows:
+        p.error("--life needs something that grows (a leak, --demand-mbps, --neighbour-mbps or --fragment)")
+    if a.fragment and not a.life:
+        p.error("--fragment needs --life (its pace is the free memory over the life)")
+    if a.split_helper and not a.accumulation:
+        p.error("--split-helper needs --accumulation")
+    a.cause = a.cause or default_cause(a)
+    if a.demand_mbps:
+        a.max_seq = max(a.max_seq or 16 * a.seq, 2 * a.seq)
+    a.max_seq = max(a.max_seq, 2 * a.seq if a.peak_every else a.seq, a.eval_seq, varlen_max(a))
     if not a.warmup_steps:
         a.warmup_steps = max(2 * a.peak_every, 10)
     return a
+
+
+def default_cause(a):
+    if a.leak_mbps or a.keep_eval_graph:
+        return "leak"
+    for flag, cause in ((a.demand_mbps, "growingDemand"), (a.neighbour_mbps, "neighbour"),
+                        (a.fragment, "fragmentation"), (a.spikes, "spike"), (a.varlen, "varlen"),
+                        (a.empty_cache_every, "churn")):
+        if flag:
+            return cause
+    return "steady"
+
+
+def varlen_max(a):
+    return int(float(a.varlen.partition(":")[2]) * a.seq) if a.varlen else 0
 
 
 def parse_schedule(text):
@@ -137,15 +175,20 @@ class Record:
             "emptyCacheEvery": a.empty_cache_every or None, "emptyCacheAt": [],
             "evalPasses": [], "batchChanges": [], "oomAt": None, "oomMessage": "",
             "steps": 0, "stepMsMedian": None, "exit": None, "end": None,
+            "cause": a.cause, "causeFrom": None, "allocConf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
+            "demandMBps": a.demand_mbps or None, "bytesPerToken": None, "seqAt": [],
+            "accumulation": a.accumulation or None, "splitHelper": a.split_helper, "splitAt": [],
+            "samplesPerStep": [], "neighbour": None, "fragmentMBps": None, "fragmentSegments": 0,
+            "spikesAt": [],
         }
         self.step_ms = []
         self.log = None
         if a.step_log:
             self.log = open(a.step_log, "w")
-            self.log.write("t,step,step_ms,allocated,reserved,max_reserved,dev_used,batch,kept,phase\n")
+            self.log.write("t,step,step_ms,allocated,reserved,max_reserved,dev_used,batch,kept,phase,seq\n")
         self._flushed = time.time()
 
-    def row(self, step, ms, batch, kept, phase):
+    def row(self, step, ms, batch, kept, phase, seq=0):
         """One log line; the allocator's numbers from one memory_stats() call."""
         if not self.log:
             return
@@ -155,7 +198,7 @@ class Record:
         self.log.write(
             f"{now:.3f},{step},{ms:.3f},{st.get('allocated_bytes.all.current', 0)},"
             f"{st.get('reserved_bytes.all.current', 0)},{st.get('reserved_bytes.all.peak', 0)},"
-            f"{total - free},{batch},{kept},{phase}\n"
+            f"{total - free},{batch},{kept},{phase},{seq}\n"
         )
         if now - self._flushed >= 1.0:  # a hard kill loses at most a second
             self.log.flush()
@@ -202,8 +245,7 @@ class Trainer:
         torch.cuda.set_device(self.dev)
         rec.s["cudaReadyAt"] = time.time()
         rec.s["device"] = torch.cuda.get_device_properties(0).name
-        max_len = max(2 * a.seq if a.peak_every else a.seq, a.eval_seq)
-        self.model = GPT(a.vocab, a.d_model, a.layers, a.heads, max_len).to(self.dev)
+        self.model = GPT(a.vocab, a.d_model, a.layers, a.heads, a.max_seq).to(self.dev)
         rec.s["model"]["params"] = sum(p.numel() for p in self.model.parameters())
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=3e-4, fused=True)
         self.gen = torch.Generator(device=self.dev).manual_seed(a.seed + 1)
@@ -216,6 +258,23 @@ class Trainer:
         self.leak_t0 = None     # the paced leak's origin: kept = rate x (t - leak_t0)
         self.next_eval = a.eval_at if a.eval_every > 0 else math.inf
         self.next_empty = a.empty_cache_every if a.empty_cache_every > 0 else math.inf
+        self.causes_init(a)
+
+    def causes_init(self, a):
+        """The causes other than a leak (causes.py); all but the neighbour
+        wait for the warm-up and --leak-at."""
+        self.ramp = causes.DemandRamp(a.seq, a.max_seq) if a.demand_mbps else None
+        self.varlen = causes.VarLen(a.seq, a.varlen, a.seed) if a.varlen else None
+        self.spikes = causes.Spikes(a.spikes) if a.spikes else None
+        path = (a.summary_json or a.name) + ".neighbour.json"
+        self.neighbour = causes.Neighbour(path) if a.neighbour_mbps else None
+        self.fragmenter = None
+        self.cause_started = False
+        self.demand_rise = 0
+        self.mb_loop = None
+        if a.accumulation:
+            import memprof_agent
+            self.mb_loop = memprof_agent.MicroBatchLoop(accumulation=a.accumulation, register=a.split_helper)
 
     def tokens(self, batch, seq):
         return torch.randint(0, self.a.vocab, (batch, seq + 1), device=self.dev, generator=self.gen)
@@ -225,20 +284,52 @@ class Trainer:
             logits = self.model(x[:, :-1])
             return F.cross_entropy(logits.float().view(-1, self.a.vocab), x[:, 1:].reshape(-1))
 
-    def train_step(self):
+    def seq_for_step(self):
         a = self.a
-        seq = 2 * a.seq if a.peak_every and self.step % a.peak_every == a.peak_every - 1 else a.seq
-        x = self.tokens(self.batch, seq)
+        if self.ramp:
+            return self.ramp.seq_at(time.time())
+        if self.varlen:
+            return self.varlen.next()
+        return 2 * a.seq if a.peak_every and self.step % a.peak_every == a.peak_every - 1 else a.seq
+
+    def train_step(self, seq=None):
+        seq = seq or self.seq_for_step()
         t0 = time.perf_counter()
-        self.loss_of(x).backward()
+        samples = self.backward(seq)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
         ms = (time.perf_counter() - t0) * 1e3
         self.rec.step_ms.append(ms)
-        self.rec.row(self.step, ms, self.batch, self.kept, "train")
+        self.rec.row(self.step, ms, self.batch, self.kept, "train", seq)
         self.step += 1
         self.rec.s["steps"] = self.step
+        if self.mb_loop:
+            self.note_loop(samples, seq)
+
+    def backward(self, seq):
+        """One optimizer step's gradients; returns the samples it saw. With
+        --accumulation, through MicroBatchLoop (which splits each micro-batch
+        once the sidecar says critical, with --split-helper)."""
+        if not self.mb_loop:
+            self.loss_of(self.tokens(self.batch, seq)).backward()
+            return self.batch
+        samples = 0
+        for _ in range(self.a.accumulation):
+            for part in self.mb_loop.parts(self.tokens(self.batch, seq)):
+                part.backward(self.loss_of(part.data))
+                samples += part.data.shape[0]
+        assert self.mb_loop.step_due()
+        return samples
+
+    def note_loop(self, samples, seq):
+        s = self.rec.s
+        if samples not in s["samplesPerStep"]:
+            s["samplesPerStep"].append(samples)
+        factor = self.mb_loop.factor
+        if factor != (s["splitAt"][-1][1] if s["splitAt"] else 1):
+            self.rec.note("splitAt", [round(time.time(), 3), factor, self.step, seq])
+            self.rec.write()
 
     def eval_pass(self, keep_graph, probe=False):
         """One evaluation pass; returns the bytes it left allocated. With
@@ -280,8 +371,10 @@ class Trainer:
             return a.headroom_gb * GB
         if a.fill_pct:
             return total * (1 - a.fill_pct / 100.0)
-        if not a.life:
-            return None
+        if not a.life or a.neighbour_mbps or a.fragment:
+            return None  # the neighbour and the fragmenter size themselves at the cause's start
+        if a.demand_mbps:
+            return max(a.demand_mbps * MB * a.life - self.demand_rise, 0)
         if a.keep_eval_graph:
             # The probe pass's memory is back in the cache: about one pass of
             # slack, so the pass at `life` is the first one that cannot fit.
@@ -305,6 +398,8 @@ class Trainer:
             probe = self.eval_pass(True, probe=True)
             s["probePassBytes"] = probe
             torch.cuda.synchronize()
+        if self.ramp:
+            self.measure_demand()
         free, total = torch.cuda.mem_get_info()
         s["freeAfterWarmupBytes"] = free
         want = self.headroom_for(free, total, probe)
@@ -318,6 +413,85 @@ class Trainer:
             s["ballastAt"] = time.time()
             s["headroomBytes"] = torch.cuda.mem_get_info()[0]
         self.rec.write()
+
+    def measure_demand(self):
+        """What one more position of the micro-batch costs at the peak: a
+        step at --seq and one at twice that. The cache then holds the longer
+        step's blocks: the rise the ballast need not leave room for."""
+        a, s = self.a, self.rec.s
+        peaks = [self.peak_of(a.seq), self.peak_of(2 * a.seq)]
+        if peaks[1] <= peaks[0]:
+            raise SystemExit("growing demand: a step at 2x --seq peaked no higher (%s): no pace to set" % peaks)
+        s["bytesPerToken"] = (peaks[1] - peaks[0]) / a.seq
+        self.demand_rise = peaks[1] - peaks[0]
+
+    def peak_of(self, seq, tries=3):
+        """A step's allocated peak: the largest of `tries` (the agent resets
+        the peak statistics at each push, which can only lower one reading)."""
+        peak = 0
+        for _ in range(tries):
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            self.train_step(seq)
+            peak = max(peak, torch.cuda.max_memory_allocated())
+        return peak
+
+    def start_cause(self, now, el):
+        """Once, after the warm-up and --leak-at: the ramp, the neighbour or
+        the fragmenter begins."""
+        a, s = self.a, self.rec.s
+        if self.cause_started or not self.leak_may_start(el):
+            return
+        self.cause_started = True
+        if self.ramp:
+            self.ramp.start(now, s["bytesPerToken"], a.demand_mbps)
+            s["causeFrom"] = now
+        if self.neighbour:
+            self.begin_neighbour()
+        if a.fragment:
+            torch.cuda.synchronize()
+            mbps = torch.cuda.mem_get_info()[0] / MB / a.life
+            self.fragmenter = causes.Fragmenter(torch, self.dev, time.time(), mbps)
+            s["fragmentMBps"], s["causeFrom"] = round(mbps, 1), self.fragmenter.t0
+        self.rec.write()
+
+    def begin_neighbour(self):
+        """The second process takes all but what its growth needs for --life."""
+        a, s = self.a, self.rec.s
+        if not self.neighbour.ready():
+            s["neighbour"] = {"error": "the neighbour process did not start"}
+            return
+        torch.cuda.synchronize()
+        free = torch.cuda.mem_get_info()[0]
+        self.neighbour.begin(max(int(free - a.neighbour_mbps * MB * a.life), 0), a.neighbour_mbps)
+        s["causeFrom"] = time.time()
+
+    def other_causes(self, now, el):
+        """The fragmenter's pace and the spikes, between two steps."""
+        s = self.rec.s
+        self.start_cause(now, el)
+        if self.fragmenter and self.fragmenter.due(now):
+            self.fragmenter.step(now)
+            s["fragmentSegments"] = len(self.fragmenter.streams)
+        if self.spikes and self.spikes.due(el):
+            n = self.spikes.take(torch, self.dev)
+            self.rec.note("spikesAt", [round(time.time(), 3), n])
+            s["causeFrom"] = s["causeFrom"] or now
+
+    def close(self):
+        """The neighbour stopped; its record into the summary. The card full
+        is an OOM on the device even when the trainer got through it."""
+        s = self.rec.s
+        if not (self.neighbour and self.neighbour.started):
+            if self.neighbour:
+                self.neighbour.stop()
+            return
+        n = self.neighbour.stop()
+        s["neighbour"] = n
+        s["causeFrom"] = n.get("from") or s["causeFrom"]
+        full = n.get("fullAt")
+        if full and (s["oomAt"] is None or full < s["oomAt"]):
+            s["oomAt"], s["oomBy"] = full, "neighbour"
 
     def leak_may_start(self, el):
         s = self.rec.s
@@ -371,6 +545,7 @@ class Trainer:
                 self.batch = b
                 self.rec.note("batchChanges", [round(now, 3), b])
             self.pace_leak(now, el)
+            self.other_causes(now, el)
             if el >= self.next_empty:
                 torch.cuda.empty_cache()
                 self.rec.note("emptyCacheAt", round(time.time(), 3))
@@ -387,6 +562,8 @@ def load_torch():
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from train import GPT
+    global causes
+    import causes
     T_IMPORTED = time.time()
 
 
@@ -423,10 +600,12 @@ def main():
     rec.s["start"] = time.time()
     signal.signal(signal.SIGTERM, _terminated)  # record.sh's budget: the summary still gets written
     kind = "error"
+    tr = None
     try:
-        kind = Trainer(a, rec).loop()
+        tr = Trainer(a, rec)
+        kind = tr.loop()
     except torch.OutOfMemoryError as e:
-        rec.s["oomAt"] = time.time()
+        rec.s["oomAt"], rec.s["oomBy"] = time.time(), "trainer"
         rec.s["oomMessage"] = str(e).splitlines()[0][:300]
         kind = "oom"
         raise  # as a real trainer dies: traceback, exit 1
@@ -434,6 +613,10 @@ def main():
         kind = "terminated"
         raise
     finally:
+        if tr is not None:
+            tr.close()
+        if a.cause == "leak":
+            rec.s["causeFrom"] = rec.s["leakFrom"]
         rec.finish(kind)
         print(json.dumps({k: v for k, v in rec.s.items() if not isinstance(v, list)}), flush=True)
 

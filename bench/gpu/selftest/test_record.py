@@ -31,7 +31,7 @@ import uds_http  # noqa: E402
 
 FILES = ("trace.csv", "events.jsonl", "sidecar.log", "report.json", "polls.jsonl", "pushes.jsonl",
          "steps.csv", "summary.json", "trainer.log")
-STEP_COLUMNS = "t,step,step_ms,allocated,reserved,max_reserved,dev_used,batch,kept,phase"
+STEP_COLUMNS = "t,step,step_ms,allocated,reserved,max_reserved,dev_used,batch,kept,phase,seq"
 
 
 def sidecar_bin():

@@ -1,4 +1,5 @@
 """torch.cuda, torch._C and torch.distributed of the stand-in (see __init__)."""
+import contextlib
 import time
 import types
 
@@ -61,3 +62,20 @@ memory._snapshot = lambda: {"segments": []}
 _C._cuda_attach_out_of_memory_observer = _attach
 distributed.is_available = lambda: False
 distributed.is_initialized = lambda: False
+
+
+class _Stream:
+    """A side stream: the stand-in's allocator has one pool for all."""
+
+    def __init__(self, device=None):
+        self.device = device
+
+
+@contextlib.contextmanager
+def _on_stream(s):
+    yield s
+
+
+cuda.Stream = _Stream
+cuda.stream = _on_stream
+cuda.init = lambda: None

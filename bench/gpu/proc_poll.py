@@ -1,0 +1,70 @@
+#!/usr/bin/env python3
+"""NVML's per-process usage beside a recording (bench/gpu/record.sh): the
+sidecar's verdict names a growing neighbour from it, but its trace CSV has
+no per-process column, so the offline judge (`memprof analyze --evaluate`)
+reads this file to see what the live sidecar saw.
+
+    proc_poll.py OUT.csv STOPFILE [--index N] [--interval 1]
+
+Once a second until STOPFILE exists: `nvidia-smi --query-compute-apps`
+(no pip package needed), one row per compute process, `t,index,pid,bytes`
+(Unix seconds; the GPU's NVML index, as the sidecar's trace numbers it;
+bytes from nvidia-smi's MiB). --index keeps one GPU's. A poll that finds no
+process writes nothing; without nvidia-smi (the selftest) the file keeps its
+header only.
+"""
+import argparse
+import os
+import shutil
+import subprocess
+import time
+
+MIB = 1 << 20
+
+
+def smi(*args):
+    out = subprocess.run(["nvidia-smi", *args, "--format=csv,noheader,nounits"],
+                         capture_output=True, text=True, timeout=10)
+    return [[c.strip() for c in line.split(",")] for line in out.stdout.splitlines() if line.strip()]
+
+
+def gpu_indices():
+    return {uuid: int(index) for index, uuid in smi("--query-gpu=index,uuid")}
+
+
+def poll(indices, only):
+    rows = []
+    for uuid, pid, used in smi("--query-compute-apps=gpu_uuid,pid,used_memory"):
+        index = indices.get(uuid)
+        if index is None or (only is not None and index != only) or not used.isdigit():
+            continue
+        rows.append((index, int(pid), int(used) * MIB))
+    return rows
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("out")
+    p.add_argument("stop")
+    p.add_argument("--index", type=int, default=None)
+    p.add_argument("--interval", type=float, default=1.0)
+    a = p.parse_args()
+    with open(a.out, "w") as f:
+        f.write("t,index,pid,bytes\n")
+        if not shutil.which("nvidia-smi"):
+            return
+        indices = gpu_indices()
+        while not os.path.exists(a.stop):
+            t0 = time.time()
+            try:
+                rows = poll(indices, a.index)
+            except (subprocess.SubprocessError, OSError, ValueError):
+                rows = []
+            for index, pid, used in rows:
+                f.write("%.3f,%d,%d,%d\n" % (t0, index, pid, used))
+            f.flush()
+            time.sleep(max(0.0, a.interval - (time.time() - t0)))
+
+
+if __name__ == "__main__":
+    main()
