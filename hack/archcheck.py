@@ -11,8 +11,9 @@ README's "How it fits together"). Inside each crate this script builds
   and its subfolders are one unit, so only folders apart from each other are
   compared),
 
-and fails, listing every file cycle (files that reach each other) and every
-pair of folders that import each other. Not edges: a module's root file
+and fails, listing every file cycle (files that reach each other), every
+pair of folders that import each other, and every `#[path]` outside the
+files still allowed one (`ALLOWED_PATH_ATTRS`): a module is a folder. Not edges: a module's root file
 declaring its children (`mod x;`) and re-exporting them (`pub use x::...`),
 which is wiring; a submodule naming its ancestors' own items (`super::Style`),
 since a module and its submodules are one unit whose root file is its facade
@@ -41,6 +42,24 @@ import sys
 
 # Cycles being dissolved elsewhere; each entry names why it is tolerated.
 ALLOWED_FILE_CYCLES = set()
+
+# Files that still mount a module with `#[path]`, to be made folders like the
+# rest (x.rs beside x/, where `mod child;` finds x/child.rs); no other may.
+ALLOWED_PATH_ATTRS = {
+    "crates/analysis/src/allocator.rs",
+    "crates/analysis/src/allocator_tests.rs",
+    "crates/analysis/src/batchfit.rs",
+    "crates/analysis/src/memmodel.rs",
+    "crates/analysis/src/memsearch.rs",
+    "crates/api/src/agent/extras.rs",
+    "crates/api/src/report/timeline.rs",
+    "crates/cli/src/local/watch/view.rs",
+    "crates/sidecar/src/run.rs",
+    "crates/sidecar/src/sampler/discovery.rs",
+}
+# Outside the crates' trees: crate roots of their own that mount shared modules.
+PATH_ATTR_DIRS = ("examples", "tests", "bench")
+PATH_ATTR = re.compile(r"#\[path\s*=")
 
 MOD_DECL = re.compile(r'^\s*(?:#\[path\s*=\s*"([^"]+)"\]\s*)?(?:pub(?:\([^)]*\))?\s+)?mod\s+(\w+)\s*;', re.M)
 PATH_ATTR_MOD = re.compile(r'#\[path\s*=\s*"([^"]+)"\]\s*(?:#\[[^\]]*\]\s*)*(?:pub(?:\([^)]*\))?\s+)?mod\s+(\w+)\s*;')
@@ -268,8 +287,29 @@ def crate_entries():
     return entries
 
 
+def path_attr_problems(codes):
+    """`#[path]` outside ALLOWED_PATH_ATTRS, from {file: code without comments}."""
+    return [f"#[path] in {f}: make the module a folder (x.rs beside x/, where "
+            "`mod child;` finds x/child.rs; a shared test module: `mod x_support;`)"
+            for f, code in sorted(codes.items())
+            if PATH_ATTR.search(code) and f not in ALLOWED_PATH_ATTRS]
+
+
+def loose_rust_files():
+    """{file: code} of the .rs files under PATH_ATTR_DIRS."""
+    codes = {}
+    for top in PATH_ATTR_DIRS:
+        for d, _, names in os.walk(top):
+            for n in names:
+                if n.endswith(".rs"):
+                    p = os.path.normpath(os.path.join(d, n))
+                    with open(p, encoding="utf-8") as f:
+                        codes[p] = strip_comments_and_strings(f.read())
+    return codes
+
+
 def check():
-    problems, n_files, n_edges = [], 0, 0
+    problems, n_files, n_edges = path_attr_problems(loose_rust_files()), 0, 0
     for entry in crate_entries():
         modules, files = {}, {}
         load_tree(entry, modules, files)
@@ -278,6 +318,7 @@ def check():
             if f == entry:
                 continue  # the entry file only wires folders together
             graph[f] = refs(mod, code, modules)
+        problems += path_attr_problems({f: code for f, (_, code) in files.items()})
         n_files += len(files)
         n_edges += sum(len(v) for v in graph.values())
         for comp in sccs(graph):

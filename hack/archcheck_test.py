@@ -58,6 +58,27 @@ class ArchcheckTest(unittest.TestCase):
         })
         self.assertIn("folders import each other: src/a/ <-> src/b/", problems)
 
+    def test_a_path_attribute_is_reported_but_not_in_a_comment(self):
+        problems = self.run_on({
+            "src/lib.rs": "pub mod a;\n",
+            "src/a.rs": "// once #[path = \"old.rs\"]\npub fn f() {}\n#[cfg(test)]\n#[path = \"a_tests.rs\"]\nmod tests;\n",
+            "src/a_tests.rs": "use super::*;\n",
+            "examples/x.rs": "#[path = \"y/setup.rs\"]\nmod setup;\nfn main() {}\n",
+        })
+        self.assertEqual(len(problems), 2, problems)
+        self.assertIn("#[path] in examples/x.rs", problems[0])
+        self.assertIn("#[path] in src/a.rs", problems[1])
+
+    def test_a_module_as_a_folder_passes(self):
+        problems = self.run_on({
+            "src/lib.rs": "pub mod a;\n",
+            "src/a.rs": "// was mounted with #[path]\n#[cfg(test)]\nmod tests;\n",
+            "src/a/tests.rs": "use super::*;\n",
+            "tests/t.rs": "mod t_support;\n",
+            "tests/t_support/mod.rs": "pub fn f() {}\n",
+        })
+        self.assertEqual(problems, [])
+
     def test_the_old_remediation_cycle_is_no_longer_allowed(self):
         # The one controller (issue 16) dissolved it: the allow-list is empty.
         remediation = "crates/controller/src/remediation"
