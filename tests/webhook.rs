@@ -207,6 +207,66 @@ async fn annotated_job_and_its_pods_get_the_sidecar() {
     .await;
 }
 
+/// `kubectl create -f JOB` with the Job on stdin, in `ns`; (success, stderr).
+async fn kubectl_create(ns: &str, job: &Job) -> (bool, String) {
+    use tokio::io::AsyncWriteExt as _;
+    let mut child = tokio::process::Command::new("kubectl")
+        .args(["create", "-n", ns, "-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("running kubectl");
+    let body = serde_json::to_vec(job).unwrap();
+    child.stdin.take().unwrap().write_all(&body).await.unwrap();
+    let out = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
+        .await
+        .expect("kubectl finished")
+        .expect("kubectl's output");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+/// A Job predicted (by annotation) to exceed its GPU is admitted with a
+/// warning that `kubectl create` prints; one predicted to fit is not.
+#[tokio::test]
+async fn kubectl_create_warns_of_a_job_predicted_not_to_fit_its_gpu() {
+    with_temp_ns(|client, ns| async move {
+        let server = start_server(&client).await;
+        register(&client, &ns, &server.url, &server.ca_pem).await;
+        wait_until_active(&client, &ns).await;
+        let predicted = |name: &str, peak: &str| {
+            let mut j = job(name, true);
+            j.metadata.annotations.as_mut().unwrap().extend([
+                ("memprof.dev/predicted-peak".to_string(), peak.to_string()),
+                ("memprof.dev/gpu-memory".to_string(), "80GiB".to_string()),
+                ("memprof.dev/predicted-by".to_string(), "memprof estimate".to_string()),
+            ]);
+            j
+        };
+        let (ok, stderr) = kubectl_create(&ns, &predicted("too-big", "85.3GiB")).await;
+        assert!(ok, "{stderr}");
+        assert!(
+            stderr.contains(
+                "Warning: memprof: predicted peak 85.3GiB per rank exceeds the GPU's 80.0GiB by 5.3GiB (memprof estimate)"
+            ),
+            "{stderr}"
+        );
+        let (ok, stderr) = kubectl_create(&ns, &predicted("fits", "41GiB")).await;
+        assert!(ok, "{stderr}");
+        assert!(!stderr.contains("memprof"), "{stderr}");
+        let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
+        let created = jobs.get("too-big").await.unwrap();
+        assert!(template_containers(&created).contains(&SIDECAR_CONTAINER.to_string()));
+        let _ = server.stop.send(());
+        server.done.await.unwrap().unwrap();
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn jobs_are_admitted_when_the_webhook_is_down() {
     with_temp_ns(|client, ns| async move {

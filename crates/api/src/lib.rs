@@ -59,6 +59,15 @@ pub const ANNOTATION_TIME_TO_OOM: &str = "memprof.dev/time-to-oom";
 pub const ANNOTATION_IMBALANCE: &str = "memprof.dev/imbalance";
 /// Job annotation: where the job will run out of memory first.
 pub const ANNOTATION_BOTTLENECK: &str = "memprof.dev/bottleneck";
+/// Job annotation (the user's): the predicted peak GPU memory per rank,
+/// e.g. `85.3GiB`, as `memprof estimate` prints it; with
+/// [`ANNOTATION_GPU_MEMORY`] the webhook warns at admission when it does
+/// not fit.
+pub const ANNOTATION_PREDICTED_PEAK: &str = "memprof.dev/predicted-peak";
+/// Job annotation (the user's): the memory of the GPU each rank gets, e.g. `80GiB`.
+pub const ANNOTATION_GPU_MEMORY: &str = "memprof.dev/gpu-memory";
+/// Job annotation (the user's): what the prediction is based on, in words.
+pub const ANNOTATION_PREDICTED_BY: &str = "memprof.dev/predicted-by";
 /// Label on a MemoryReport: the MemoryProfile it feeds.
 pub const LABEL_PROFILE: &str = "memprof.dev/profile";
 /// Label on a MemoryReport: the Job its pod belongs to.

@@ -24,6 +24,7 @@ pub mod marks;
 pub mod mutate;
 mod options;
 pub mod paths;
+pub mod prediction;
 mod retry;
 pub mod server;
 pub mod sidecar;

@@ -253,6 +253,10 @@ pub fn injection_patch(
     }
 
     let mut warnings = vec![];
+    if target == Target::Job {
+        // Said to whoever creates the Job (pods are the Job controller's).
+        warnings.extend(super::prediction::warning(|k| annotation(&view, k)));
+    }
     let ov = overrides(&view, cfg, &mut warnings);
     // GPU tenancy and the sidecar image (docs/security.md): the sidecar learns
     // the pod's GPU request from its spec, and build() ignores an image

@@ -397,48 +397,6 @@ fn exit_code(r: &SweepResult) -> i32 {
     }
 }
 
-/// `123`, `80GB`, `80 GiB`, `512MiB`: bytes.
-pub fn parse_bytes(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    let split = s
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: f64 = num
-        .parse()
-        .map_err(|_| format!("{s:?}: expected bytes, e.g. 80000000000, 80GB or 40GiB"))?;
-    let mult = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1.0,
-        "kb" => 1e3,
-        "mb" => 1e6,
-        "gb" => 1e9,
-        "tb" => 1e12,
-        "kib" => 1024.0,
-        "mib" => 1024f64.powi(2),
-        "gib" => 1024f64.powi(3),
-        "tib" => 1024f64.powi(4),
-        u => {
-            return Err(format!(
-                "{s:?}: unknown unit {u:?} (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)"
-            ))
-        }
-    };
-    Ok((n * mult).round() as u64)
-}
+/// Byte sizes are parsed in one place, beside `format_bytes`.
+pub use memprof_api::parse_bytes;
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn byte_sizes_take_decimal_and_binary_units() {
-        assert_eq!(parse_bytes("123"), Ok(123));
-        assert_eq!(parse_bytes("80GB"), Ok(80_000_000_000));
-        assert_eq!(parse_bytes("1.5 GiB"), Ok(1_610_612_736));
-        assert_eq!(parse_bytes("512MiB"), Ok(512 * 1024 * 1024));
-        assert!(parse_bytes("80 parsecs")
-            .unwrap_err()
-            .contains("unknown unit"));
-        assert!(parse_bytes("GB").is_err());
-    }
-}
