@@ -1,0 +1,171 @@
+"""Calibrates `memprof estimate` on a real GPU, in one run (about 3 min):
+
+1. the constants: the cuBLAS workspace the allocator holds after the first
+   matrix products, and, after each real run below, the device memory used
+   outside the allocator (CUDA context, cuBLAS handles, loaded kernels);
+2. NCCL: with 2 GPUs, the same LM under DDP over NCCL; its memory outside
+   the allocator minus the single-GPU run's is NCCL's buffers;
+3. the points: each configuration of estimate_workloads.py runs for real
+   (peak allocated/reserved) and under `python -m memprof_agent.estimate`
+   with no GPU visible (CUDA_VISIBLE_DEVICES=""), side by side.
+
+Points in CALIBRATION set the constants (the context); HELD_OUT points set
+nothing and give the error docs/estimate.md publishes.
+
+    python3 bench/gpu/estimate_calibrate.py --out DIR   # DIR/calibration.json, DIR/*.log
+"""
+
+import argparse
+import concurrent.futures as cf
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+WORKLOADS = os.path.join(HERE, "estimate_workloads.py")
+AGENT = os.path.join(ROOT, "agent", "python")
+
+CALIBRATION = [
+    ("lm-d1024-L8-b4-s1024", {"WORKLOAD": "lm", "BATCH": "4", "SEQ": "1024"}),
+    ("cnn-b64", {"WORKLOAD": "cnn", "BATCH": "64"}),
+]
+HELD_OUT = [
+    ("lm-d1024-L8-b8-s1024", {"WORKLOAD": "lm", "BATCH": "8", "SEQ": "1024"}),
+    ("lm-d1024-L8-b16-s2048", {"WORKLOAD": "lm", "BATCH": "16", "SEQ": "2048"}),
+    ("lm-d2048-L16-b4-s2048", {"WORKLOAD": "lm", "DIM": "2048", "LAYERS": "16", "BATCH": "4", "SEQ": "2048"}),
+    ("lora-d2048-L16-b8-s1024", {"WORKLOAD": "lora", "DIM": "2048", "LAYERS": "16", "BATCH": "8", "SEQ": "1024"}),
+    ("lora-d2048-L16-b16-s2048", {"WORKLOAD": "lora", "DIM": "2048", "LAYERS": "16", "BATCH": "16", "SEQ": "2048"}),
+    ("cnn-b128", {"WORKLOAD": "cnn", "BATCH": "128"}),
+    ("cnn-b256", {"WORKLOAD": "cnn", "BATCH": "256"}),
+]
+DDP = ("ddp2-lm-d1024-L8-b8-s1024", {"WORKLOAD": "lm", "BATCH": "8", "SEQ": "1024", "DDP": "1"})
+
+CONSTANTS = r"""
+import json, torch
+torch.empty(1, device="cuda")
+a = torch.randn(1024, 1024, device="cuda"); b = torch.randn(1024, 1024, device="cuda")
+alive = a.nbytes + b.nbytes
+before_ctx = torch.cuda.mem_get_info()
+c = a @ b
+with torch.autocast("cuda", dtype=torch.bfloat16):
+    d = a @ b
+torch.cuda.synchronize()
+alive += c.nbytes + d.nbytes
+free, total = torch.cuda.mem_get_info()
+print(json.dumps({"workspaceBytes": torch.cuda.memory_allocated() - alive,
+                  "contextAfterMatmulBytes": total - free - torch.cuda.memory_reserved(),
+                  "deviceTotalBytes": total, "gpu": torch.cuda.get_device_name(),
+                  "torch": torch.__version__}))
+"""
+
+
+def log_path(out, name):
+    return os.path.join(out, name + ".log")
+
+
+def constants(out):
+    r = subprocess.run([sys.executable, "-c", CONSTANTS], capture_output=True, text=True, check=True)
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def real(out, name, env, steps, nproc=1):
+    """Peaks of a real run (rank 0's)."""
+    report = os.path.join(out, name + ".real.json")
+    e = {**os.environ, **env, "STEPS": str(steps), "MEMPROF_CAL_REPORT": report}
+    cmd = [sys.executable, WORKLOADS]
+    if nproc > 1:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", WORKLOADS]
+    with open(log_path(out, name + ".real"), "w") as log:
+        try:
+            rc = subprocess.run(cmd, env=e, stdout=log, stderr=subprocess.STDOUT, timeout=150).returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+    if rc != 0 or not os.path.exists(report):
+        return {"error": f"exit {rc}"}
+    with open(report) as f:
+        return json.load(f)
+
+
+def fake(out, name, env, steps, workspace, world_size=1):
+    """The estimator's answer with no GPU visible."""
+    e = {**os.environ, **env, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": AGENT, "STEPS": str(steps)}
+    cmd = [sys.executable, "-m", "memprof_agent.estimate", "--steps", str(steps),
+           "--workspace-bytes", str(workspace), "--world-size", str(world_size), "--", WORKLOADS]
+    started = time.monotonic()
+    with open(log_path(out, name + ".fake"), "w") as log:
+        r = subprocess.run(cmd, env=e, stdout=subprocess.PIPE, stderr=log, text=True)
+    try:
+        answer = json.loads(r.stdout)
+    except ValueError:
+        return {"error": f"exit {r.returncode}, no JSON"}
+    answer["rank"]["wallSeconds"] = round(time.monotonic() - started, 2)
+    return answer["rank"]
+
+
+def point(name, split, env, real_peaks, fake_run):
+    return {"name": name, "split": split, "env": env, "real": real_peaks, "estimate": fake_run}
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    p.add_argument("--steps", type=int, default=3)
+    args = p.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    import torch
+
+    gpus = torch.cuda.device_count()
+    consts = constants(args.out)
+    print("constants", consts, flush=True)
+    ws = consts["workspaceBytes"]
+    configs = [(n, "calibration", e) for n, e in CALIBRATION] + [(n, "held-out", e) for n, e in HELD_OUT]
+    with cf.ThreadPoolExecutor(max_workers=6) as pool:
+        fakes = {n: pool.submit(fake, args.out, n, e, args.steps, ws) for n, _, e in configs}
+        if gpus >= 2:
+            fakes[DDP[0]] = pool.submit(fake, args.out, DDP[0], DDP[1], args.steps, ws, 2)
+        reals = {}
+        for n, _, e in configs:
+            reals[n] = real(args.out, n, e, args.steps)
+            print(n, reals[n], flush=True)
+        if gpus >= 2:
+            reals[DDP[0]] = real(args.out, DDP[0], DDP[1], args.steps, nproc=2)
+            print(DDP[0], reals[DDP[0]], flush=True)
+        points = [point(n, s, e, reals[n], fakes[n].result()) for n, s, e in configs]
+        if gpus >= 2:
+            points.append(point(DDP[0], "held-out", DDP[1], reals[DDP[0]], fakes[DDP[0]].result()))
+    result = summarize(consts, points, gpus)
+    with open(os.path.join(args.out, "calibration.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    print(json.dumps(result["constants"]), flush=True)
+
+
+def outside_allocator(real_peaks):
+    return real_peaks["deviceUsed"] - real_peaks["reservedNow"]
+
+
+def summarize(consts, points, gpus):
+    """The constants from the calibration points; NCCL from the DDP point."""
+    single = [p for p in points if p["split"] == "calibration" and "error" not in p["real"]]
+    context = max(outside_allocator(p["real"]) for p in single) if single else consts["contextAfterMatmulBytes"]
+    nccl = None
+    ddp = [p for p in points if p["name"].startswith("ddp2") and "error" not in p["real"]]
+    if ddp:
+        nccl = outside_allocator(ddp[0]["real"]) - context
+    return {
+        "kind": "memprofEstimateCalibration", "version": 1,
+        "gpu": consts["gpu"], "deviceTotalBytes": consts["deviceTotalBytes"], "torch": consts["torch"],
+        "constants": {"contextBytes": context, "workspaceBytes": consts["workspaceBytes"],
+                      "ncclBytes": nccl, "contextAfterMatmulBytes": consts["contextAfterMatmulBytes"]},
+        "gpus": gpus,
+        "points": points,
+        "contextSpread": statistics.pstdev([outside_allocator(p["real"]) for p in points
+                                            if "error" not in p["real"] and not p["name"].startswith("ddp2")] or [0]),
+    }
+
+
+if __name__ == "__main__":
+    main()
