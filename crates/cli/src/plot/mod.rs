@@ -5,6 +5,11 @@
 //! The SVG names only the generic `sans-serif` font family, so it renders
 //! wherever it is opened, with no font installed by us; every chart has a
 //! title, axis labels with units and a legend. All text is XML-escaped.
+//!
+//! Kept by hand rather than on `plotters`: one layout draws both the SVG and
+//! the terminal text, the output is byte-stable for the tests and the docs'
+//! captured charts, and three chart kinds need none of plotters' backends
+//! (resvg only rasterises the SVG to PNG).
 
 mod axis;
 mod heat;

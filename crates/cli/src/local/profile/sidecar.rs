@@ -22,43 +22,31 @@ use tokio::sync::mpsc;
 /// A directory only this user can enter (mode 0700), created afresh (never
 /// one that already exists, which someone else could have made) and removed
 /// with what it holds when dropped: where the sidecar's agent socket lives.
+/// `tempfile` makes it so (a fresh name, mode 0700 asked for, removal on drop).
 #[derive(Debug)]
-pub struct PrivateDir(PathBuf);
+pub struct PrivateDir(tempfile::TempDir);
 
 impl PrivateDir {
-    /// A new directory `memprof-WHAT-PID-N` under the temporary directory.
+    /// A new directory `memprof-WHAT-…` under the temporary directory.
     pub fn new(what: &str) -> Result<PrivateDir, ProfileError> {
-        use std::os::unix::fs::DirBuilderExt;
+        use std::os::unix::fs::PermissionsExt;
         let base = std::env::temp_dir();
-        let mut last = None;
-        for n in 0..100u32 {
-            let dir = base.join(format!("memprof-{what}-{}-{n}", std::process::id()));
-            match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
-                Ok(()) => return Ok(PrivateDir(dir)),
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
-                Err(e) => return Err(ProfileError::PrivateDir { dir, error: e }),
-            }
-        }
-        Err(ProfileError::PrivateDir {
-            dir: base,
-            error: last.unwrap_or_else(|| std::io::ErrorKind::AlreadyExists.into()),
-        })
+        tempfile::Builder::new()
+            .prefix(&format!("memprof-{what}-"))
+            .permissions(std::fs::Permissions::from_mode(0o700))
+            .tempdir_in(&base)
+            .map(PrivateDir)
+            .map_err(|error| ProfileError::PrivateDir { dir: base, error })
     }
 
     /// The directory.
     pub fn path(&self) -> &Path {
-        &self.0
+        self.0.path()
     }
 
     /// The agent socket's path in it.
     pub fn socket(&self) -> PathBuf {
-        self.0.join("agent.sock")
-    }
-}
-
-impl Drop for PrivateDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        self.0.path().join("agent.sock")
     }
 }
 
