@@ -189,7 +189,7 @@ pub fn format_bytes(bytes: u64) -> String {
 
 /// `123`, `80GB`, `80 GiB`, `512MiB`: bytes (decimal and binary units, as
 /// users write GPU memory), the inverse of [`format_bytes`] to its precision.
-pub fn parse_bytes(s: &str) -> Result<u64, String> {
+pub fn parse_bytes(s: &str) -> Result<u64, ByteSizeError> {
     let s = s.trim();
     let split = s
         .find(|c: char| !c.is_ascii_digit() && c != '.')
@@ -197,7 +197,7 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
     let (num, unit) = s.split_at(split);
     let n: f64 = num
         .parse()
-        .map_err(|_| format!("{s:?}: expected bytes, e.g. 80000000000, 80GB or 40GiB"))?;
+        .map_err(|_| ByteSizeError::NotANumber(s.into()))?;
     let mult = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1.0,
         "kb" => 1e3,
@@ -209,12 +209,29 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
         "gib" => 1024f64.powi(3),
         "tib" => 1024f64.powi(4),
         u => {
-            return Err(format!(
-                "{s:?}: unknown unit {u:?} (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)"
-            ))
+            return Err(ByteSizeError::Unit {
+                input: s.into(),
+                unit: u.into(),
+            })
         }
     };
     Ok((n * mult).round() as u64)
+}
+
+/// A byte size that cannot be read; each message shows what to write.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ByteSizeError {
+    /// No number first.
+    #[error("{0:?}: expected bytes, e.g. 80000000000, 80GB or 40GiB")]
+    NotANumber(String),
+    /// A unit memprof does not know.
+    #[error("{input:?}: unknown unit {unit:?} (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)")]
+    Unit {
+        /// The whole value.
+        input: String,
+        /// The unit in it.
+        unit: String,
+    },
 }
 
 /// Formats a rate of memory change in the same binary units as
@@ -257,6 +274,7 @@ mod tests {
         assert_eq!(parse_bytes("512MiB"), Ok(512 * 1024 * 1024));
         assert!(parse_bytes("80 parsecs")
             .unwrap_err()
+            .to_string()
             .contains("unknown unit"));
         assert!(parse_bytes("GB").is_err());
     }
