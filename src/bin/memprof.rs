@@ -70,6 +70,12 @@ enum Command {
     ///
     /// One process per configuration of the grid (`--vary BATCH_SIZE=8,16,32`).
     Sweep(memprof::cli::local::sweep::Args),
+    /// Will it fit? A script's GPU memory before launch, on the CPU, no GPU
+    ///
+    /// Runs the script unchanged under fake tensors, adds the constants
+    /// measured on a real GPU and says "fits with N GiB to spare" or "needs N
+    /// GiB more" (exit 0 or 2); `--vary BATCH=8,16,32` finds the largest that fits.
+    Estimate(memprof::cli::local::estimate::Args),
     /// Profiled jobs by risk, then time to OOM (like `kubectl top`).
     #[command(after_help = TOP_EXAMPLES)]
     Top(memprof::cli::kube::top::Args),
@@ -223,6 +229,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Policy { command } => memprof::cli::kube::policy::run(command).await?,
         Command::Oom(args) => std::process::exit(memprof::cli::local::oom::run(args).await?),
         Command::Sweep(args) => std::process::exit(memprof::cli::local::sweep::run(args).await?),
+        Command::Estimate(args) => {
+            std::process::exit(memprof::cli::local::estimate::run(args).await?)
+        }
         Command::Top(args) => std::process::exit(memprof::cli::kube::top::run(args).await?),
         Command::NodeCheck(args) => std::process::exit(memprof::cli::nodecheck::run(&args)),
         Command::Doctor(args) => std::process::exit(memprof::cli::kube::doctor::run(args).await?),

@@ -22,6 +22,7 @@ pub const GROUPS: &[(&str, &[&str])] = &[
             "oom",
             "analyze",
             "sweep",
+            "estimate",
             "rollup",
             "fragment",
             "timeline",

@@ -3,6 +3,7 @@
 
 pub mod analyze;
 pub mod compare_files;
+pub mod estimate;
 pub mod fragment;
 pub mod install_agent;
 pub mod oom;

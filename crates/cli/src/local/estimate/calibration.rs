@@ -1,0 +1,270 @@
+//! The recorded calibration (bench/estimate/calibration.json, written by
+//! bench/gpu/estimate_calibrate.py on a real GPU): the measured constants
+//! (CUDA context, cuBLAS workspace, NCCL buffers) and the points, each a
+//! real run's peaks beside the estimate of the same script. Built into the
+//! binary, so every estimate can say its error on them.
+
+use serde::{Deserialize, Serialize};
+
+/// The recorded file, as committed.
+pub const RECORDED: &str = include_str!("../../../../../bench/estimate/calibration.json");
+
+/// The calibration file.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Calibration {
+    /// The GPU it was measured on.
+    pub gpu: String,
+    /// torch there.
+    pub torch: String,
+    /// The measured constants.
+    pub constants: Constants,
+    /// Real peaks beside estimates.
+    pub points: Vec<Point>,
+}
+
+/// Bytes measured on the GPU, not modelled.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Constants {
+    /// Device memory outside the allocator after training steps (context,
+    /// cuBLAS handles, loaded kernels): the largest over the calibration split.
+    pub context_bytes: u64,
+    /// The cuBLAS workspace the allocator holds once matrix products ran.
+    pub workspace_bytes: u64,
+    /// NCCL's memory per rank beyond the context (2 GPUs, DDP), if measured.
+    pub nccl_bytes: Option<u64>,
+}
+
+/// One configuration, run for real and estimated.
+#[derive(Clone, Debug, Deserialize)]
+pub struct Point {
+    /// The configuration.
+    pub name: String,
+    /// `calibration` (may set constants) or `held-out` (sets nothing).
+    pub split: String,
+    /// The real run's peaks.
+    pub real: Real,
+    /// The estimate's peaks.
+    pub estimate: Estimated,
+}
+
+/// A real run's peaks (torch.cuda.max_memory_allocated/reserved).
+#[derive(Clone, Debug, Deserialize)]
+pub struct Real {
+    /// Peak allocated bytes.
+    #[serde(default)]
+    pub allocated: u64,
+    /// Peak reserved bytes.
+    #[serde(default)]
+    pub reserved: u64,
+    /// Why it did not run, if it did not.
+    pub error: Option<serde_json::Value>,
+}
+
+/// The estimate's peaks for the same configuration.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Estimated {
+    /// Modelled peak allocated bytes.
+    #[serde(default)]
+    pub allocated_peak_bytes: u64,
+    /// Modelled peak reserved bytes.
+    #[serde(default)]
+    pub reserved_peak_bytes: u64,
+    /// Why it did not run, if it did not.
+    pub error: Option<serde_json::Value>,
+}
+
+/// How far the estimates were from the real peaks.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Accuracy {
+    /// Where the points were measured.
+    pub gpu: String,
+    /// Points with both a real run and an estimate.
+    pub points: usize,
+    /// Of which held out (they set no constant).
+    pub held_out: usize,
+    /// Median |error| of peak allocated over the held-out points, percent.
+    pub median_allocated_pct: f64,
+    /// Median |error| of peak reserved over the held-out points, percent.
+    pub median_reserved_pct: f64,
+    /// The largest under-estimate of peak allocated over all points, percent (>= 0).
+    pub worst_allocated_under_pct: f64,
+    /// The largest under-estimate of peak reserved over all points, percent
+    /// (>= 0): the margin every verdict adds.
+    pub worst_reserved_under_pct: f64,
+    /// Held-out points that a margin from the calibration split alone would
+    /// have called fitting on a card as small as their real peak.
+    pub would_oom_with_calibration_margin: Vec<String>,
+}
+
+/// The recorded calibration; a build with a broken file cannot pass its tests.
+pub fn recorded() -> Calibration {
+    serde_json::from_str(RECORDED).expect("bench/estimate/calibration.json parses")
+}
+
+/// Signed error of an estimate, percent of the real value.
+pub fn error_pct(estimate: u64, real: u64) -> f64 {
+    if real == 0 {
+        return 0.0;
+    }
+    (estimate as f64 - real as f64) * 100.0 / real as f64
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+fn worst_under(points: &[&Point], field: fn(&Point) -> (u64, u64)) -> f64 {
+    points
+        .iter()
+        .map(|p| {
+            let (est, real) = field(p);
+            -error_pct(est, real)
+        })
+        .fold(0.0, f64::max)
+}
+
+fn allocated(p: &Point) -> (u64, u64) {
+    (p.estimate.allocated_peak_bytes, p.real.allocated)
+}
+
+fn reserved(p: &Point) -> (u64, u64) {
+    (p.estimate.reserved_peak_bytes, p.real.reserved)
+}
+
+/// The points that ran both ways.
+pub fn usable(c: &Calibration) -> Vec<&Point> {
+    let ok =
+        |p: &&Point| p.real.error.is_none() && p.estimate.error.is_none() && p.real.reserved > 0;
+    c.points.iter().filter(ok).collect()
+}
+
+/// The error table over the recorded points.
+pub fn accuracy(c: &Calibration) -> Accuracy {
+    let all = usable(c);
+    let held: Vec<&Point> = all
+        .iter()
+        .copied()
+        .filter(|p| p.split == "held-out")
+        .collect();
+    let fit: Vec<&Point> = all
+        .iter()
+        .copied()
+        .filter(|p| p.split != "held-out")
+        .collect();
+    let abs = |f: fn(&Point) -> (u64, u64)| {
+        held.iter()
+            .map(|p| {
+                let (e, r) = f(p);
+                error_pct(e, r).abs()
+            })
+            .collect::<Vec<_>>()
+    };
+    let fit_margin = worst_under(&fit, reserved) / 100.0;
+    let would_oom = held
+        .iter()
+        .filter(|p| {
+            (p.estimate.reserved_peak_bytes as f64) / (1.0 - fit_margin) < p.real.reserved as f64
+        })
+        .map(|p| p.name.clone())
+        .collect();
+    Accuracy {
+        gpu: c.gpu.clone(),
+        points: all.len(),
+        held_out: held.len(),
+        median_allocated_pct: median(abs(allocated)),
+        median_reserved_pct: median(abs(reserved)),
+        worst_allocated_under_pct: worst_under(&all, allocated),
+        worst_reserved_under_pct: worst_under(&all, reserved),
+        would_oom_with_calibration_margin: would_oom,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn point(name: &str, split: &str, est: u64, real: u64) -> Point {
+        Point {
+            name: name.into(),
+            split: split.into(),
+            real: Real {
+                allocated: real,
+                reserved: real,
+                error: None,
+            },
+            estimate: Estimated {
+                allocated_peak_bytes: est,
+                reserved_peak_bytes: est,
+                error: None,
+            },
+        }
+    }
+
+    fn calibration(points: Vec<Point>) -> Calibration {
+        Calibration {
+            gpu: "G".into(),
+            torch: "2.11.0".into(),
+            constants: Constants {
+                context_bytes: 1,
+                workspace_bytes: 2,
+                nccl_bytes: None,
+            },
+            points,
+        }
+    }
+
+    #[test]
+    fn the_recorded_file_parses_and_has_held_out_points() {
+        let c = recorded();
+        let a = accuracy(&c);
+        assert!(a.held_out >= 5, "{a:?}");
+        assert!(c.constants.context_bytes > 0 && c.constants.workspace_bytes > 0);
+    }
+
+    #[test]
+    fn medians_are_over_held_out_points_and_the_margin_over_all() {
+        let c = calibration(vec![
+            point("fit", "calibration", 80, 100), // -20 %: only in the margin
+            point("a", "held-out", 99, 100),      // -1 %
+            point("b", "held-out", 103, 100),     // +3 %
+            point("c", "held-out", 95, 100),      // -5 %
+        ]);
+        let a = accuracy(&c);
+        assert_eq!(a.median_reserved_pct, 3.0);
+        assert_eq!(a.worst_reserved_under_pct, 20.0);
+        assert!(a.would_oom_with_calibration_margin.is_empty());
+    }
+
+    #[test]
+    fn a_held_out_point_beyond_the_calibration_margin_is_named() {
+        let c = calibration(vec![
+            point("fit", "calibration", 95, 100), // margin 5 %
+            point("worse", "held-out", 80, 100),  // -20 %: would OOM
+        ]);
+        assert_eq!(
+            accuracy(&c).would_oom_with_calibration_margin,
+            vec!["worse"]
+        );
+        assert_eq!(accuracy(&c).worst_reserved_under_pct, 20.0);
+    }
+
+    #[test]
+    fn a_point_that_failed_is_left_out() {
+        let mut p = point("x", "held-out", 50, 100);
+        p.real.error = Some(serde_json::json!("exit 1"));
+        assert_eq!(accuracy(&calibration(vec![p])).points, 0);
+    }
+}
