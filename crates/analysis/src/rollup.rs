@@ -34,35 +34,56 @@ pub struct RollupInput<'a> {
 
 /// Why a report cannot be used. The API server's schema already rejects
 /// negative numbers and unknown enums; these are the cross-field checks a
-/// schema on a 1.20 server cannot express.
-pub fn validate_report(spec: &MemoryReportSpec) -> Result<(), String> {
+/// schema on a 1.20 server cannot express. Each message names the field, so
+/// the sidecar or agent that wrote it can be fixed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidReport {
+    /// `sampledAt` is not a time.
+    #[error("sampledAt {0:?} is not an RFC 3339 time")]
+    SampledAt(String),
+    /// A GPU of no memory.
+    #[error("gpu {0}: totalBytes is 0")]
+    NoTotal(u32),
+    /// More used (or peak) than the GPU has.
+    #[error("gpu {gpu}: {field} {bytes} exceeds totalBytes {total}")]
+    OverTotal {
+        /// The GPU's index.
+        gpu: u32,
+        /// `usedBytes` or `peakBytes`.
+        field: &'static str,
+        /// Its value.
+        bytes: u64,
+        /// The GPU's total.
+        total: u64,
+    },
+    /// NaN or infinite growth or confidence.
+    #[error("gpu {0}: growth and confidence must be finite numbers")]
+    NotFinite(u32),
+}
+
+/// Checks a report for what the schema cannot ([`InvalidReport`]).
+pub fn validate_report(spec: &MemoryReportSpec) -> Result<(), InvalidReport> {
     if spec.sampled_at.parse::<jiff::Timestamp>().is_err() {
-        return Err(format!(
-            "sampledAt {:?} is not an RFC 3339 time",
-            spec.sampled_at
-        ));
+        return Err(InvalidReport::SampledAt(spec.sampled_at.clone()));
     }
     for g in &spec.gpus {
+        let over = |field, bytes| InvalidReport::OverTotal {
+            gpu: g.index,
+            field,
+            bytes,
+            total: g.total_bytes,
+        };
         if g.total_bytes == 0 {
-            return Err(format!("gpu {}: totalBytes is 0", g.index));
+            return Err(InvalidReport::NoTotal(g.index));
         }
         if g.used_bytes > g.total_bytes {
-            return Err(format!(
-                "gpu {}: usedBytes {} exceeds totalBytes {}",
-                g.index, g.used_bytes, g.total_bytes
-            ));
+            return Err(over("usedBytes", g.used_bytes));
         }
         if g.peak_bytes > g.total_bytes {
-            return Err(format!(
-                "gpu {}: peakBytes {} exceeds totalBytes {}",
-                g.index, g.peak_bytes, g.total_bytes
-            ));
+            return Err(over("peakBytes", g.peak_bytes));
         }
         if !g.growth_bytes_per_second.is_finite() || !g.confidence.is_finite() {
-            return Err(format!(
-                "gpu {}: growth and confidence must be finite numbers",
-                g.index
-            ));
+            return Err(InvalidReport::NotFinite(g.index));
         }
     }
     Ok(())
@@ -452,6 +473,9 @@ mod tests {
         let mut r = report(0, 40, RiskLevel::Low, None);
         assert!(validate_report(&r).is_ok());
         r.gpus[0].used_bytes = 81 * G;
-        assert!(validate_report(&r).unwrap_err().contains("usedBytes"));
+        assert!(validate_report(&r)
+            .unwrap_err()
+            .to_string()
+            .contains("usedBytes"));
     }
 }

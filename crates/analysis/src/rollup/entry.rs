@@ -115,7 +115,7 @@ impl Entry {
     ) -> Self {
         let parsed = spec.sampled_at.parse::<Timestamp>().ok();
         let at = parsed.unwrap_or(Timestamp::MIN);
-        let invalid = super::validate_report(spec).err();
+        let invalid = super::validate_report(spec).err().map(|e| e.to_string());
         let gpus: Vec<Gpu> = spec
             .gpus
             .iter()
