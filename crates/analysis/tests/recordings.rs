@@ -1,9 +1,13 @@
 //! The verdicts on real H100 recordings (`tests/fixtures/recordings/dev`,
-//! recorded by `bench/gpu/record.sh dev`) and the repository's NVML traces
-//! (`tests/fixtures/traces`), replayed through the sidecar's analysis (the
-//! `Tracker`) from NVML alone and with the agent's pushes, judged against
-//! what really happened. What each number means: docs/analysis.md.
+//! recorded by `bench/gpu/record.sh dev`), on the H200 recordings of every
+//! cause of an OOM (`recordings/causes-dev`, `recordings/causes-heldout`)
+//! and on the repository's NVML traces (`tests/fixtures/traces`), replayed
+//! through the sidecar's analysis (the `Tracker`) from NVML alone and with
+//! the agent's pushes, beside two baselines, judged against what really
+//! happened. What each number means: docs/analysis.md; the per-cause
+//! numbers: docs/gpu-results.md.
 
+use memprof_analysis::evaluate::causes::goals;
 use memprof_analysis::evaluate::judge::Judged;
 use memprof_analysis::evaluate::recording::{
     read_fixture, read_scenario, set_scenarios, Recording,
@@ -201,4 +205,164 @@ fn on_the_fresh_set_no_false_flag_and_the_misses_are_the_known_ones() {
     assert!(one(&e.agent, "valloss").leak_flag.is_none());
     assert!(one(&e.agent, "growbatch").worst <= RiskLevel::Medium);
     assert_eq!(one(&e.nvml, "growbatch").worst, RiskLevel::High);
+}
+
+/// A summary's JSON of a scenario of the set `recordings/NAME`.
+fn summary(set: &str, scenario: &str) -> serde_json::Value {
+    let path = root()
+        .join("recordings")
+        .join(set)
+        .join(format!("{scenario}.summary.json"));
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// What the baselines give is a function of the NVML traces alone: pinned
+/// exactly. The dcgm-exporter alert never fires on the legitimate runs and
+/// flaps on the growing demand (5 changes for 1 level); the straight line
+/// fires on every legitimate run (the warm-up's rise extrapolates to the
+/// card within 600 s).
+fn baselines_as_first_judged(e: &Evaluation, set: &str) {
+    let used = goals("usedAlert90", &e.used_alert);
+    let line = goals("linear30s", &e.linear);
+    assert_eq!(
+        (used.false_high_seconds, used.false_leak_seconds),
+        (0.0, 0.0),
+        "{used:?}"
+    );
+    assert!(line.false_high_seconds >= 40.0, "{line:?}");
+    assert!(e
+        .used_alert
+        .iter()
+        .all(|j| j.named.is_none() && j.false_flags == 0));
+    if set == "causes-heldout" {
+        assert_eq!(one(&e.used_alert, "growdemand").transitions, 5);
+        assert_eq!(one(&e.linear, "neighbour").lead_high, Some(88.0));
+        assert_eq!(one(&e.used_alert, "neighbour").lead_high, Some(42.0));
+    }
+}
+
+/// Issue 29 on the held-out H200 set (never tuned on), as first judged at
+/// the commit that added it: what held, pinned so that a regression fails,
+/// with bounds an improvement keeps. No false high and no false leak flag
+/// on the legitimate runs from either source; every escalation within
+/// levels + 1 transitions; the neighbour's TTO at half-life within 1 % from
+/// either source and its first high 52 s (NVML) and 79 s (agent) before the
+/// card was full; the growing demand's first high 65 s before its OOM with
+/// the agent, 51 s from NVML. The misses, pinned as misses: the spike is
+/// never high; fragmentation goes high 4 s before its OOM; every cause but
+/// the spike gets a false leak flag from the agent-fed verdict; the
+/// neighbour is named `leak`.
+#[test]
+fn causes_heldout_per_cause_as_first_judged() {
+    let e = evaluation("causes-heldout", 8);
+    for (source, list) in [("nvml", &e.nvml), ("agent", &e.agent)] {
+        let g = goals(source, list);
+        assert_eq!(
+            (g.legitimate, g.false_high_seconds, g.false_leak_seconds),
+            (3, 0.0, 0.0),
+            "{g:?}"
+        );
+        assert_eq!(g.escalations_met, g.escalations, "{g:?}");
+        let n = one(list, "neighbour");
+        assert!(
+            n.tto_at_half
+                .as_ref()
+                .is_some_and(|t| t.error_percent.abs() <= 1.0),
+            "{n:?}"
+        );
+        assert!(one(list, "spike").lead_high.is_none());
+    }
+    assert!(one(&e.nvml, "neighbour").lead_high >= Some(52.0));
+    assert!(one(&e.agent, "neighbour").lead_high >= Some(79.0));
+    assert!(one(&e.agent, "growdemand").lead_high >= Some(65.0));
+    assert!(one(&e.nvml, "growdemand").lead_high >= Some(51.0));
+    assert!(one(&e.agent, "fragmentation").lead_high >= Some(4.0));
+    assert_eq!(
+        one(&e.agent, "fragmentation").named.as_deref(),
+        Some("fragmentation")
+    );
+    assert_eq!(
+        e.agent_totals.false_flag_scenarios, 4,
+        "{:?}",
+        e.agent_totals
+    );
+    assert_eq!(one(&e.agent, "neighbour").named.as_deref(), Some("leak"));
+    baselines_as_first_judged(&e, "causes-heldout");
+}
+
+/// The replay feeds NVML's per-process usage (NAME.processes.csv) to the
+/// tracker as the live sidecar's sampler does: from NVML alone, the
+/// verdict on the neighbour names the neighbour's pid (the process the
+/// recording started); without the file, no pid.
+#[test]
+fn the_neighbours_pid_reaches_the_verdict_through_the_recorded_process_usage() {
+    let recs = set("causes-heldout", 8);
+    let rec = recs.iter().find(|r| r.name == "neighbour").unwrap();
+    let pid = summary("causes-heldout", "neighbour")["neighbour"]["pid"]
+        .as_u64()
+        .unwrap() as u32;
+    assert!(!rec.processes.is_empty());
+    let with = evaluate(std::slice::from_ref(rec), &Thresholds::default());
+    assert_eq!(one(&with.nvml, "neighbour").named_pid, Some(pid));
+    let mut blind = rec.clone();
+    blind.processes.clear();
+    let without = evaluate(&[blind], &Thresholds::default());
+    assert_eq!(one(&without.nvml, "neighbour").named_pid, None);
+}
+
+/// Goal 4 of issue 29, on the GPU through the real `memprof-sidecar`: the
+/// held-out growing demand died of a CUDA OOM 75 s after its ramp began;
+/// the same run with the agent's `MicroBatchLoop` listening split its
+/// micro-batch on the sidecar's critical, 31 s into the ramp (44 s before
+/// the control's OOM), kept 12 samples per optimizer step on every step,
+/// and ran to its end, 106 s into the ramp, at sequences the control never
+/// survived.
+#[test]
+fn the_real_sidecar_split_the_micro_batch_before_the_oom_and_kept_the_global_batch() {
+    let control = summary("causes-heldout", "growdemand");
+    let split = summary("causes-heldout", "demandsplit");
+    let num = |v: &serde_json::Value, k: &str| v[k].as_f64().unwrap();
+    assert_eq!(control["exit"], "oom");
+    let control_life = num(&control, "oomAt") - num(&control, "causeFrom");
+    assert_eq!(split["exit"], "duration");
+    assert!(split["oomAt"].is_null());
+    let first = &split["splitAt"][0];
+    let split_after = first[0].as_f64().unwrap() - num(&split, "causeFrom");
+    assert_eq!(first[1], 2);
+    assert!(
+        split_after < control_life - 30.0,
+        "{split_after} vs {control_life}"
+    );
+    assert_eq!(split["samplesPerStep"], serde_json::json!([12]));
+    assert_eq!(control["samplesPerStep"], serde_json::json!([12]));
+    assert!(num(&split, "end") - num(&split, "causeFrom") > control_life + 25.0);
+}
+
+/// The dev set of the causes (tune on it): what held when it was
+/// committed, with bounds an improvement keeps: no false high and no false
+/// leak flag on the legitimate runs; every escalation within levels + 1
+/// transitions; the neighbour's first high 31 s (NVML) and 43 s (agent)
+/// before the card was full, its TTO at half-life within 5 %.
+#[test]
+fn causes_dev_per_cause_as_first_judged() {
+    let e = evaluation("causes-dev", 7);
+    for (source, list) in [("nvml", &e.nvml), ("agent", &e.agent)] {
+        let g = goals(source, list);
+        assert_eq!(
+            (g.legitimate, g.false_high_seconds, g.false_leak_seconds),
+            (3, 0.0, 0.0),
+            "{g:?}"
+        );
+        assert_eq!(g.escalations_met, g.escalations, "{g:?}");
+        let n = one(list, "neighbour");
+        assert!(
+            n.tto_at_half
+                .as_ref()
+                .is_some_and(|t| t.error_percent.abs() <= 5.0),
+            "{n:?}"
+        );
+    }
+    assert!(one(&e.nvml, "neighbour").lead_high >= Some(31.0));
+    assert!(one(&e.agent, "neighbour").lead_high >= Some(43.0));
+    baselines_as_first_judged(&e, "causes-dev");
 }

@@ -1,8 +1,11 @@
 //! A replay's readings against the truth: when the leak flag, high and
-//! critical came, false flags, the time to OOM at half the leak's life, and
-//! what the report said after the OOM; then the counts of issue 17 over a
-//! set (precision and recall of the leak flag, flags within 15 s of the leak
-//! becoming visible, time to OOM within 20 % at half-life).
+//! critical came, false flags, the time to OOM at half the cause's life,
+//! what the report said after the OOM, and per cause (issue 29) the lead of
+//! the first high before the OOM, the seconds of false high and false leak
+//! flag, and the risk transitions from the cause's start to its end; then
+//! the counts of issue 17 over a set (precision and recall of the leak flag,
+//! flags within 15 s of the leak becoming visible, time to OOM within 20 %
+//! at half-life).
 
 use super::recording::Recording;
 use super::replay::{Reading, Replay};
@@ -37,17 +40,34 @@ pub struct AfterOom {
     pub kept_from_before: bool,
 }
 
-/// One scenario, one mode. Times in seconds after the leak began (no leak:
-/// after the trainer's start); `None`: never.
+/// One scenario, one mode. Times in seconds after the cause began (the
+/// leak for a leak; no cause: after the trainer's start); `None`: never.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Judged {
     /// Scenario.
     pub name: String,
-    /// `oom`, `leak` or `none`.
+    /// `oom`, `leak`, `none` or `other`.
     pub truth: &'static str,
-    /// The leak's life (leak start to OOM).
+    /// What drove memory (the recording's `cause`).
+    pub cause: String,
+    /// The cause's life (its start to the OOM).
     pub life: Option<f64>,
+    /// Seconds from the first high (at or after the cause began) to the OOM.
+    pub lead_high: Option<f64>,
+    /// Seconds at high or critical before the end (on a legitimate run: all false).
+    pub high_seconds: f64,
+    /// Seconds with a leak flag where no leak ran (before it began, or at all).
+    pub false_leak_seconds: f64,
+    /// Risk changes from the cause's start to its end (the OOM, or the run's end).
+    pub transitions: usize,
+    /// Levels reached in that span above the one it began at.
+    pub levels: usize,
+    /// The cause the verdict named at its first high at or after the cause
+    /// began (never high: at its last reading before the end), if any.
+    pub named: Option<String>,
+    /// The process that reading's evidence named, if any.
+    pub named_pid: Option<u32>,
     /// When the leak became visible (1 % of the GPU kept).
     pub visible: Option<f64>,
     /// First leak flag at or after the leak began, before the end.
@@ -74,20 +94,95 @@ fn rel(t: Option<f64>, origin: f64) -> Option<f64> {
     t.map(|t| ((t - origin) * 10.0).round() / 10.0)
 }
 
+/// Seconds each reading stands for: to the next one, at most 2 s (the
+/// last: 1 s).
+fn spans(during: &[&Reading]) -> Vec<f64> {
+    (0..during.len())
+        .map(|i| {
+            during
+                .get(i + 1)
+                .map_or(1.0, |n| (n.t - during[i].t).clamp(0.0, 2.0))
+        })
+        .collect()
+}
+
+fn seconds_where(during: &[&Reading], pred: impl Fn(&Reading) -> bool) -> f64 {
+    let s: f64 = during
+        .iter()
+        .zip(spans(during))
+        .filter(|(r, _)| pred(r))
+        .map(|(_, d)| d)
+        .sum();
+    // + 0.0: an empty sum is -0.0, which prints as "-0".
+    (s * 10.0).round() / 10.0 + 0.0
+}
+
+/// Risk changes over `span`, and the levels reached above the first.
+fn escalation(span: &[&Reading]) -> (usize, usize) {
+    let changes = span.windows(2).filter(|w| w[0].risk != w[1].risk).count();
+    let first = span.first().map_or(RiskLevel::None, |r| r.risk);
+    let mut above: Vec<RiskLevel> = span.iter().map(|r| r.risk).filter(|l| *l > first).collect();
+    above.sort();
+    above.dedup();
+    (changes, above.len())
+}
+
+/// Issue 29's per-cause numbers of one replay (see [`Judged`]).
+struct PerCause {
+    lead_high: Option<f64>,
+    high_seconds: f64,
+    false_leak_seconds: f64,
+    transitions: usize,
+    levels: usize,
+}
+
+fn per_cause(rec: &Recording, during: &[&Reading], cause_from: Option<f64>) -> PerCause {
+    let truth = &rec.truth;
+    let from = cause_from.unwrap_or(truth.start);
+    let lead_high = truth.oom_at.and_then(|oom| {
+        let first = during
+            .iter()
+            .find(|r| r.t >= from && r.risk >= RiskLevel::High)?;
+        Some(((oom - first.t) * 10.0).round() / 10.0)
+    });
+    let leak_from = truth.leak_from.filter(|_| truth.kind.leaks());
+    let false_leak = seconds_where(during, |r| r.leak && leak_from.is_none_or(|f| r.t < f));
+    let high = seconds_where(during, |r| r.risk >= RiskLevel::High);
+    let span: Vec<&Reading> = during.iter().copied().filter(|r| r.t >= from).collect();
+    let (transitions, levels) = escalation(&span);
+    PerCause {
+        lead_high,
+        high_seconds: high,
+        false_leak_seconds: false_leak,
+        transitions,
+        levels,
+    }
+}
+
 /// Judges one replay of `rec`.
 pub fn judge(rec: &Recording, replay: &Replay) -> Judged {
     let truth = &rec.truth;
     let end = truth.oom_at.unwrap_or(truth.end);
     let during: Vec<&Reading> = replay.readings.iter().filter(|r| r.t <= end).collect();
     let leak_from = truth.leak_from.filter(|_| truth.kind.leaks());
-    let origin = leak_from.unwrap_or(truth.start);
+    let cause_from = truth
+        .cause_from
+        .filter(|_| !truth.legitimate())
+        .or(leak_from);
+    let origin = cause_from.unwrap_or(truth.start);
     let after = |pred: &dyn Fn(&Reading) -> bool| {
         during
             .iter()
-            .find(|r| leak_from.is_none_or(|f| r.t >= f) && pred(r))
+            .find(|r| cause_from.is_none_or(|f| r.t >= f) && pred(r))
             .map(|r| r.t)
     };
     let leak_flag = leak_from.and(after(&|r| r.leak));
+    let pc = per_cause(rec, &during, cause_from);
+    let at = during
+        .iter()
+        .find(|r| r.t >= origin && r.risk >= RiskLevel::High)
+        .or(during.last());
+    let named = at.and_then(|r| r.cause).map(|c| c.as_str().to_string());
     let before: Vec<&&Reading> = during
         .iter()
         .filter(|r| leak_from.is_none_or(|f| r.t < f))
@@ -96,10 +191,18 @@ pub fn judge(rec: &Recording, replay: &Replay) -> Judged {
     Judged {
         name: rec.name.clone(),
         truth: truth.kind.as_str(),
-        life: match (truth.oom_at, leak_from) {
+        cause: truth.cause.clone(),
+        life: match (truth.oom_at, cause_from) {
             (Some(o), Some(f)) => rel(Some(o), f),
             _ => None,
         },
+        lead_high: pc.lead_high,
+        high_seconds: pc.high_seconds,
+        false_leak_seconds: pc.false_leak_seconds,
+        transitions: pc.transitions,
+        levels: pc.levels,
+        named,
+        named_pid: at.and_then(|r| r.pid),
         visible: leak_from.and_then(|f| rel(truth.visible, f)),
         leak_flag: rel(leak_flag, origin),
         leak_flag_after_visible: match (leak_flag, truth.visible) {
@@ -111,7 +214,7 @@ pub fn judge(rec: &Recording, replay: &Replay) -> Judged {
         high: rel(after(&|r| r.risk >= RiskLevel::High), origin),
         critical: rel(after(&|r| r.risk >= RiskLevel::Critical), origin),
         worst: during.iter().map(|r| r.risk).max().unwrap_or_default(),
-        tto_at_half: tto_at_half(truth.oom_at, leak_from, &during),
+        tto_at_half: tto_at_half(truth.oom_at, cause_from, &during),
         after_oom: truth.oom_at.and_then(|_| after_oom(replay)),
     }
 }
@@ -170,7 +273,10 @@ pub struct Totals {
 
 /// Counts over `judged`.
 pub fn totals(judged: &[Judged]) -> Totals {
-    let leaks: Vec<&Judged> = judged.iter().filter(|j| j.truth != "none").collect();
+    let leaks: Vec<&Judged> = judged
+        .iter()
+        .filter(|j| matches!(j.truth, "oom" | "leak"))
+        .collect();
     let wrong = |j: &Judged| j.false_flags > 0;
     let true_flags = leaks
         .iter()
@@ -202,5 +308,144 @@ pub fn totals(judged: &[Judged]) -> Totals {
                     .is_some_and(|t| t.error_percent.abs() <= 20.0)
             })
             .count(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::evaluate::recording::{Truth, TruthKind};
+
+    /// A recording of `cause` that began at 10 s, its OOM at `oom` (None: the
+    /// run ended at 100 s).
+    fn rec(kind: TruthKind, cause: &str, oom: Option<f64>) -> Recording {
+        Recording {
+            name: cause.into(),
+            truth: Truth {
+                kind,
+                start: 0.0,
+                leak_from: (cause == "leak").then_some(10.0),
+                visible: None,
+                oom_at: oom,
+                end: oom.unwrap_or(100.0),
+                leak_rate: None,
+                cause: cause.into(),
+                cause_from: (!["churn", "steady"].contains(&cause)).then_some(10.0),
+            },
+            rows: Vec::new(),
+            pushes: Vec::new(),
+            refused_pushes: 0,
+            processes: Vec::new(),
+            uuid: None,
+            uuid_gpu: 0,
+        }
+    }
+
+    /// Readings once a second from 0 to 100 s.
+    fn replay(f: impl Fn(f64) -> (RiskLevel, Option<f64>, bool)) -> Replay {
+        let readings = (0..=100)
+            .map(|i| {
+                let t = i as f64;
+                let (risk, tto, leak) = f(t);
+                Reading {
+                    t,
+                    leak,
+                    risk,
+                    tto,
+                    from_agent: false,
+                    cause: None,
+                    pid: None,
+                }
+            })
+            .collect();
+        Replay {
+            readings,
+            allocator: None,
+        }
+    }
+
+    fn escalating(t: f64) -> RiskLevel {
+        match t {
+            t if t < 30.0 => RiskLevel::Low,
+            t if t < 50.0 => RiskLevel::Medium,
+            t if t < 70.0 => RiskLevel::High,
+            _ => RiskLevel::Critical,
+        }
+    }
+
+    #[test]
+    fn a_monotone_escalation_to_an_oom_is_scored_from_the_causes_start() {
+        // Growing demand from 10 s, OOM at 100 s; high at 50 s; an exact TTO.
+        let r = rec(TruthKind::Other, "growingDemand", Some(100.0));
+        let j = judge(&r, &replay(|t| (escalating(t), Some(100.0 - t), false)));
+        assert_eq!(j.life, Some(90.0));
+        assert_eq!(j.lead_high, Some(50.0));
+        assert_eq!(j.high, Some(40.0));
+        assert_eq!(j.tto_at_half.as_ref().map(|t| t.error_percent), Some(0.0));
+        assert_eq!((j.transitions, j.levels), (3, 3));
+        assert_eq!((j.high_seconds, j.false_leak_seconds), (51.0, 0.0));
+        // No leak ran: a leak flag on growing demand is false, from the start.
+        let j = judge(&r, &replay(|t| (escalating(t), None, t >= 60.0)));
+        assert_eq!(
+            (j.false_flags, j.false_leak_seconds, j.leak_flag),
+            (41, 41.0, None)
+        );
+    }
+
+    #[test]
+    fn a_flapping_escalation_counts_every_change() {
+        let r = rec(TruthKind::Other, "neighbour", Some(100.0));
+        let flap = |t: f64| {
+            let l = if t >= 40.0 && (t as i64) % 2 == 0 {
+                RiskLevel::High
+            } else {
+                RiskLevel::Medium
+            };
+            (l, None, false)
+        };
+        let j = judge(&r, &replay(flap));
+        assert_eq!(j.levels, 1);
+        assert!(j.transitions > j.levels + 1, "{j:?}");
+        assert_eq!(j.lead_high, Some(60.0));
+        // Before the cause began, nothing counts toward the escalation.
+        let j = judge(
+            &r,
+            &replay(|t| {
+                (
+                    if t < 10.0 {
+                        RiskLevel::High
+                    } else {
+                        RiskLevel::Low
+                    },
+                    None,
+                    false,
+                )
+            }),
+        );
+        assert_eq!((j.lead_high, j.transitions, j.levels), (None, 0, 0));
+    }
+
+    #[test]
+    fn a_legitimate_run_counts_its_false_seconds() {
+        let r = rec(TruthKind::None, "churn", None);
+        let j = judge(
+            &r,
+            &replay(|t| {
+                let high = (20.0..25.0).contains(&t);
+                (
+                    if high {
+                        RiskLevel::High
+                    } else {
+                        RiskLevel::Low
+                    },
+                    None,
+                    (50.0..53.0).contains(&t),
+                )
+            }),
+        );
+        assert_eq!((j.high_seconds, j.false_leak_seconds), (5.0, 3.0));
+        assert_eq!((j.life, j.lead_high), (None, None));
+        assert!(r.truth.legitimate());
+        assert!(!rec(TruthKind::None, "remediation", None).truth.legitimate());
     }
 }

@@ -1,11 +1,15 @@
 //! How good the verdicts are on recordings with their truth (issue 17
-//! items 6 and 7): each recording replayed through the sidecar's analysis
-//! ([`crate::tracker::Tracker`]) from its NVML trace alone and with the
-//! in-process agent's pushes, judged against what really happened.
-//! `memprof analyze --evaluate DIR` prints it; docs/analysis.md quotes it.
+//! items 6 and 7, issue 29's per-cause benchmark): each recording replayed
+//! through the sidecar's analysis ([`crate::tracker::Tracker`]) from its
+//! NVML trace alone and with the in-process agent's pushes, and two
+//! baselines computed from the same trace ([`baseline`]), judged against
+//! what really happened. `memprof analyze --evaluate DIR` prints it;
+//! docs/analysis.md and docs/gpu-results.md quote it.
 //!
 //! Pure: the caller reads the files ([`recording`] takes a reader).
 
+pub mod baseline;
+pub mod causes;
 pub mod judge;
 pub mod recording;
 pub mod replay;
@@ -28,6 +32,10 @@ pub struct Evaluation {
     pub nvml_totals: Totals,
     /// Counts with the agent.
     pub agent_totals: Totals,
+    /// The dcgm-exporter alert at 90 % of device memory used ([`baseline::used_alert`]).
+    pub used_alert: Vec<Judged>,
+    /// The straight line to the total ([`baseline::linear`]).
+    pub linear: Vec<Judged>,
 }
 
 /// Replays and judges every recording.
@@ -41,11 +49,21 @@ pub fn evaluate(recordings: &[Recording], th: &Thresholds) -> Evaluation {
         .filter(|r| !r.pushes.is_empty())
         .map(|r| judge(r, &replay(r, th, Mode::Agent)))
         .collect();
+    let used_alert = recordings
+        .iter()
+        .map(|r| judge(r, &baseline::used_alert(r)))
+        .collect();
+    let linear = recordings
+        .iter()
+        .map(|r| judge(r, &baseline::linear(r, th)))
+        .collect();
     Evaluation {
         nvml_totals: totals(&nvml),
         agent_totals: totals(&agent),
         nvml,
         agent,
+        used_alert,
+        linear,
     }
 }
 
@@ -81,6 +99,8 @@ pub fn render(e: &Evaluation) -> String {
     for (mode, t) in [("nvml", &e.nvml_totals), ("agent", &e.agent_totals)] {
         out.push_str(&totals_line(mode, t));
     }
+    out.push('\n');
+    out.push_str(&causes::render(e));
     out
 }
 

@@ -1,8 +1,9 @@
 //! Recordings with their truth, as `bench/gpu/record.sh` writes a set (one
 //! folder per set; per scenario NAME.trace.csv, NAME.pushes.jsonl,
 //! NAME.summary.json, NAME.steps.csv, NAME.sidecar.log; plan.txt and
-//! schedule.csv for the set) and as the repository's fixtures carry one (a
-//! trace CSV whose `#` lines say `leak_from_s=…`, `oom_at_s=…`).
+//! schedule.csv for the set; NAME.processes.csv, NVML's per-process usage,
+//! where recorded) and as the repository's fixtures carry one (a trace CSV
+//! whose `#` lines say `leak_from_s=…`, `oom_at_s=…`).
 //!
 //! Pure: files come through a reader the caller supplies (the CLI reads
 //! the folder), so parsing is unit-tested on strings.
@@ -20,6 +21,9 @@ pub enum TruthKind {
     Leak,
     /// No leak.
     None,
+    /// An OOM of another cause than a leak (the summary's `cause`: growing
+    /// demand, a neighbour, fragmentation, a spike).
+    Other,
 }
 
 impl TruthKind {
@@ -29,12 +33,24 @@ impl TruthKind {
             TruthKind::Oom => "oom",
             TruthKind::Leak => "leak",
             TruthKind::None => "none",
+            TruthKind::Other => "other",
         }
+    }
+
+    /// `oom`, `leak`, `none` or `other`.
+    pub fn parse(s: &str) -> Option<TruthKind> {
+        Some(match s {
+            "oom" => TruthKind::Oom,
+            "leak" => TruthKind::Leak,
+            "none" => TruthKind::None,
+            "other" => TruthKind::Other,
+            _ => return None,
+        })
     }
 
     /// Whether memory leaked.
     pub fn leaks(self) -> bool {
-        self != TruthKind::None
+        matches!(self, TruthKind::Oom | TruthKind::Leak)
     }
 }
 
@@ -55,6 +71,34 @@ pub struct Truth {
     pub end: f64,
     /// The leak's measured rate, bytes per second.
     pub leak_rate: Option<f64>,
+    /// What drove memory: `leak`, `growingDemand`, `neighbour`,
+    /// `fragmentation`, `spike`; `churn`, `varlen`, `steady` (or `legit` in
+    /// a set recorded before causes were named) for runs that must raise
+    /// nothing; `remediation` for a run the agent's helper kept alive.
+    pub cause: String,
+    /// When the cause began (the leak's start for a leak).
+    pub cause_from: Option<f64>,
+}
+
+/// Causes of runs on which nothing may be raised.
+pub const LEGITIMATE: [&str; 4] = ["churn", "varlen", "steady", "legit"];
+
+impl Truth {
+    /// Whether nothing may be raised on this run.
+    pub fn legitimate(&self) -> bool {
+        LEGITIMATE.contains(&self.cause.as_str())
+    }
+}
+
+/// NVML's per-process usage of one GPU at one poll.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProcessPoll {
+    /// Poll time, in the recording's clock.
+    pub t: f64,
+    /// The GPU's NVML index (as the trace numbers it).
+    pub index: u32,
+    /// (pid, bytes) of each compute process.
+    pub list: Vec<(u32, u64)>,
 }
 
 /// One scenario: its truth, its NVML trace and the agent's pushes.
@@ -70,8 +114,14 @@ pub struct Recording {
     pub pushes: Vec<(f64, Push)>,
     /// Pushes the sidecar's validation refuses (left out of the replay).
     pub refused_pushes: usize,
-    /// The UUID of GPU 0 as the agent named it (NVML's trace has none).
+    /// NVML's per-process usage, oldest first (empty where not recorded).
+    pub processes: Vec<ProcessPoll>,
+    /// The UUID of the trainer's GPU as the agent named it (NVML's trace
+    /// has none): the agent's device 0.
     pub uuid: Option<String>,
+    /// The trace's index of that GPU: the trace's only GPU (a sidecar
+    /// pinned to one GPU by UUID numbers it by its NVML index), else 0.
+    pub uuid_gpu: u32,
 }
 
 /// Why a recording could not be read; the message names the file.
@@ -105,12 +155,7 @@ pub fn set_scenarios(read: &dyn Fn(&str) -> Option<String>) -> Vec<(String, Trut
         .lines()
         .filter_map(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
-            let kind = match *f.get(2)? {
-                "oom" => TruthKind::Oom,
-                "leak" => TruthKind::Leak,
-                "none" => TruthKind::None,
-                _ => return None,
-            };
+            let kind = TruthKind::parse(f.get(2)?)?;
             Some((f.get(1)?.to_string(), kind))
         })
         .collect();
@@ -159,30 +204,98 @@ pub fn read_scenario(
         (Some(steps), Some(total)) => visible_at(&steps, total),
         _ => None,
     };
-    let oom_at = num("oomAt");
-    let end = num("end")
-        .or(oom_at)
-        .or(rows.last().map(|r| r.t))
-        .unwrap_or(start);
-    let uuid = pushes
-        .iter()
-        .find_map(|(_, p)| p.devices.iter().find(|d| d.index == 0)?.uuid.clone());
+    let processes = match read(&file("processes.csv")) {
+        Some(text) => parse_processes(&text).map_err(|(line, why)| {
+            invalid(&file("processes.csv"), format!("line {line}: {why}"))
+        })?,
+        None => Vec::new(),
+    };
+    let mut truth = truth_of(&summary, kind, start, visible);
+    if num("end").is_none() && num("oomAt").is_none() {
+        truth.end = rows.last().map_or(start, |r| r.t);
+    }
     Ok(Recording {
         name: name.into(),
-        truth: Truth {
-            kind,
-            start,
-            leak_from: num("leakFrom").filter(|_| kind.leaks()),
-            visible: visible.filter(|_| kind.leaks()),
-            oom_at: oom_at.filter(|_| kind == TruthKind::Oom),
-            end,
-            leak_rate: num("leakMeasuredMBps").map(|m| m * 1e6),
-        },
+        uuid: agent_uuid(&pushes),
+        uuid_gpu: only_gpu(&rows),
+        truth,
         rows,
         pushes,
         refused_pushes,
-        uuid,
+        processes,
     })
+}
+
+/// The truth a record.sh summary states (its end: the summary's `end`, else
+/// its OOM, else its start; the caller falls back on the trace).
+fn truth_of(summary: &Value, kind: TruthKind, start: f64, visible: Option<f64>) -> Truth {
+    let num = |k: &str| summary.get(k).and_then(Value::as_f64);
+    let leak_from = num("leakFrom").filter(|_| kind.leaks());
+    Truth {
+        kind,
+        start,
+        leak_from,
+        visible: visible.filter(|_| kind.leaks()),
+        oom_at: num("oomAt").filter(|_| kind != TruthKind::Leak),
+        end: num("end").or(num("oomAt")).unwrap_or(start),
+        leak_rate: num("leakMeasuredMBps").map(|m| m * 1e6),
+        cause_from: num("causeFrom").or(leak_from),
+        cause: summary
+            .get("cause")
+            .and_then(Value::as_str)
+            .map_or_else(|| default_cause(kind).to_string(), str::to_string),
+    }
+}
+
+/// The cause of a scenario recorded before causes were named.
+fn default_cause(kind: TruthKind) -> &'static str {
+    match kind {
+        TruthKind::Oom | TruthKind::Leak => "leak",
+        TruthKind::None => "legit",
+        TruthKind::Other => "other",
+    }
+}
+
+fn agent_uuid(pushes: &[(f64, Push)]) -> Option<String> {
+    pushes
+        .iter()
+        .find_map(|(_, p)| p.devices.iter().find(|d| d.index == 0)?.uuid.clone())
+}
+
+fn only_gpu(rows: &[TraceRow]) -> u32 {
+    match rows.first() {
+        Some(first) if rows.iter().all(|r| r.gpu == first.gpu) => first.gpu,
+        _ => 0,
+    }
+}
+
+/// `t,index,pid,bytes` rows (bench/gpu/proc_poll.py) grouped into polls:
+/// rows with the same time and GPU are one poll.
+pub fn parse_processes(text: &str) -> Result<Vec<ProcessPoll>, (usize, String)> {
+    let mut out: Vec<ProcessPoll> = Vec::new();
+    for (i, line) in text.lines().enumerate().skip(1) {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let f: Vec<&str> = line.split(',').collect();
+        let bad = |what: &str| (i + 1, format!("{what}: want t,index,pid,bytes"));
+        if f.len() != 4 {
+            return Err(bad("not 4 fields"));
+        }
+        let t: f64 = f[0].trim().parse().map_err(|_| bad("t"))?;
+        let index: u32 = f[1].trim().parse().map_err(|_| bad("index"))?;
+        let pid: u32 = f[2].trim().parse().map_err(|_| bad("pid"))?;
+        let bytes: u64 = f[3].trim().parse().map_err(|_| bad("bytes"))?;
+        match out.last_mut() {
+            Some(p) if p.t == t && p.index == index => p.list.push((pid, bytes)),
+            _ => out.push(ProcessPoll {
+                t,
+                index,
+                list: vec![(pid, bytes)],
+            }),
+        }
+    }
+    Ok(out)
 }
 
 /// The sidecar's clock origin (`--trace-out` writes seconds since it): the
@@ -263,10 +376,14 @@ pub fn read_fixture(name: &str, text: &str) -> Result<Recording, RecordingError>
             oom_at,
             end: oom_at.unwrap_or(last),
             leak_rate: meta("leak_mb_per_s").map(|m| m * 1e6),
+            cause: default_cause(kind).into(),
+            cause_from: leak_from,
         },
+        uuid_gpu: only_gpu(&rows),
         rows,
         pushes: Vec::new(),
         refused_pushes: 0,
+        processes: Vec::new(),
         uuid: None,
     })
 }
@@ -307,6 +424,53 @@ mod tests {
             read_scenario(&files, "flat", TruthKind::None),
             Err(RecordingError::Missing(f)) if f == "flat.summary.json"
         ));
+    }
+
+    #[test]
+    fn a_causes_scenario_reads_its_cause_and_the_process_usage() {
+        let files = |name: &str| -> Option<String> {
+            Some(match name {
+                "plan.txt" => "causes-dev n other 60 70 --x\ncauses-dev c none 18 22 --y\n".into(),
+                "n.summary.json" => r#"{"start": 100.0, "cause": "neighbour", "causeFrom": 110.0, "oomAt": 150.0, "end": 160.0}"#.into(),
+                "n.trace.csv" => "t_s,gpu,used_bytes,total_bytes\n0,1,10,1000\n1,1,20,1000\n".into(),
+                "n.processes.csv" => "t,index,pid,bytes\n101.0,1,7,5\n101.0,1,8,6\n102.0,1,7,5\n".into(),
+                "c.summary.json" => r#"{"start": 100.0, "cause": "churn", "end": 118.0}"#.into(),
+                "c.trace.csv" => "t_s,gpu,used_bytes,total_bytes\n0,0,10,1000\n".into(),
+                _ => return None,
+            })
+        };
+        let kinds: Vec<TruthKind> = set_scenarios(&files).into_iter().map(|(_, k)| k).collect();
+        assert_eq!(kinds, vec![TruthKind::Other, TruthKind::None]);
+        let n = read_scenario(&files, "n", TruthKind::Other).unwrap();
+        assert_eq!(
+            (n.truth.cause.as_str(), n.truth.cause_from, n.truth.oom_at),
+            ("neighbour", Some(110.0), Some(150.0))
+        );
+        assert!(!n.truth.kind.leaks() && !n.truth.legitimate() && n.truth.leak_from.is_none());
+        assert_eq!(n.uuid_gpu, 1);
+        assert_eq!(
+            n.processes,
+            vec![
+                ProcessPoll {
+                    t: 101.0,
+                    index: 1,
+                    list: vec![(7, 5), (8, 6)]
+                },
+                ProcessPoll {
+                    t: 102.0,
+                    index: 1,
+                    list: vec![(7, 5)]
+                },
+            ]
+        );
+        let c = read_scenario(&files, "c", TruthKind::None).unwrap();
+        assert!(c.truth.legitimate() && c.processes.is_empty());
+        assert_eq!(
+            parse_processes("t,index,pid,bytes\n1,0,x,5\n")
+                .unwrap_err()
+                .0,
+            2
+        );
     }
 
     #[test]

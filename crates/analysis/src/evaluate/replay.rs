@@ -1,11 +1,13 @@
-//! A recording through the sidecar's analysis: NVML samples and the
-//! agent's pushes in the order the sidecar got them, one analysis per
-//! second of samples, through the same [`Tracker`] the sidecar runs.
+//! A recording through the sidecar's analysis: NVML samples, NVML's
+//! per-process usage and the agent's pushes in the order the sidecar got
+//! them, one analysis per second of samples, through the same [`Tracker`]
+//! the sidecar runs. Per-process usage goes in both modes: the sidecar
+//! reads it from NVML whether or not an agent pushes.
 
 use super::recording::Recording;
 use crate::tracker::Tracker;
 use memprof_api::thresholds::Thresholds;
-use memprof_api::{AllocatorStats, RiskLevel};
+use memprof_api::{AllocatorStats, Cause, RiskLevel};
 
 /// With or without the in-process agent's pushes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -31,6 +33,18 @@ pub struct Reading {
     pub tto: Option<f64>,
     /// Some GPU was assessed from the allocator.
     pub from_agent: bool,
+    /// The cause the worst GPU's verdict named, if any.
+    pub cause: Option<Cause>,
+    /// The process its evidence names (`pid N holds …`: memory growing
+    /// outside the trainer, from NVML's per-process usage).
+    pub pid: Option<u32>,
+}
+
+/// The pid in a verdict's evidence (`…; pid 4242 holds 31 GiB, …`).
+pub fn named_pid(evidence: &str) -> Option<u32> {
+    let rest = &evidence[evidence.find("pid ")? + 4..];
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
 }
 
 /// The readings of a replay and the state it ended in.
@@ -44,9 +58,9 @@ pub struct Replay {
 }
 
 /// Replays `rec` with the thresholds `th`: samples grouped by time, pushes
-/// received up to a sample's time applied before it, an analysis once per
-/// second of trace time; pushes after the last sample (the final one) are
-/// applied, and analysed once, at the end.
+/// received and process polls made up to a sample's time applied before
+/// it, an analysis once per second of trace time; pushes after the last
+/// sample (the final one) are applied, and analysed once, at the end.
 pub fn replay(rec: &Recording, th: &Thresholds, mode: Mode) -> Replay {
     let mut tr = Tracker::new(th);
     let pushes: &[(f64, memprof_api::agent::Push)] = match mode {
@@ -54,6 +68,7 @@ pub fn replay(rec: &Recording, th: &Thresholds, mode: Mode) -> Replay {
         Mode::Agent => &rec.pushes,
     };
     let mut next_push = 0;
+    let mut next_poll = 0;
     let mut next_analysis = f64::NEG_INFINITY;
     let mut readings = Vec::new();
     let mut i = 0;
@@ -65,9 +80,16 @@ pub fn replay(rec: &Recording, th: &Thresholds, mode: Mode) -> Replay {
         }
         while i < rec.rows.len() && rec.rows[i].t == t {
             let r = &rec.rows[i];
-            let uuid = (r.gpu == 0).then_some(rec.uuid.as_deref()).flatten();
+            let uuid = (r.gpu == rec.uuid_gpu)
+                .then_some(rec.uuid.as_deref())
+                .flatten();
             tr.sample(t, r.gpu, uuid, r.used_bytes, r.total_bytes);
             i += 1;
+        }
+        while next_poll < rec.processes.len() && rec.processes[next_poll].t <= t {
+            let p = &rec.processes[next_poll];
+            tr.processes(p.t, p.index, &p.list);
+            next_poll += 1;
         }
         if t >= next_analysis {
             next_analysis = t + 1.0;
@@ -90,7 +112,13 @@ pub fn replay(rec: &Recording, th: &Thresholds, mode: Mode) -> Replay {
 
 fn reading(t: f64, tr: &mut Tracker) -> Reading {
     let v = tr.analyse(t);
+    let named = v
+        .iter()
+        .max_by_key(|g| g.assessment.risk)
+        .and_then(|g| g.assessment.cause.as_ref());
     Reading {
+        cause: named.map(|c| c.cause),
+        pid: named.and_then(|c| named_pid(&c.evidence)),
         t,
         leak: v.iter().any(|g| g.assessment.leak_suspected),
         risk: v
