@@ -7,7 +7,10 @@
 //! with the agent's pushes (`memprof_analysis::evaluate`), and judged: leak
 //! flag precision and recall, flag latency after the leak became visible,
 //! first high/critical, false flags, time to OOM at half the leak's life,
-//! and the verdict after the OOM. Tables, or `-o json|yaml`.
+//! and the verdict after the OOM; then per cause and source beside two
+//! baselines (a 90 % used alert, a straight line to the total): lead of the
+//! first high before the OOM, TTO error at half-life, false seconds on
+//! legitimate runs, risk transitions. Tables, or `-o json|yaml`.
 
 use crate::output::{structured, Format};
 use anyhow::Context as _;
@@ -67,6 +70,25 @@ pub fn run(path: &Path, th: &Thresholds, format: Format) -> anyhow::Result<Strin
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The held-out causes set through the command, as a user runs it:
+    /// the per-cause table, and in JSON the two baselines beside memprof's
+    /// sources for each of its eight recordings.
+    #[test]
+    fn the_causes_set_is_judged_per_cause_beside_the_baselines() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/fixtures/recordings/causes-heldout");
+        let text = run(&dir, &Thresholds::default(), Format::Table).unwrap();
+        assert!(text.contains("per cause and source"), "{text}");
+        assert!(text.contains("neighbour      neighbour"), "{text}");
+        assert!(text.contains("usedAlert90: first high"), "{text}");
+        let json = run(&dir, &Thresholds::default(), Format::Json).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+        for key in ["nvml", "agent", "usedAlert", "linear"] {
+            assert_eq!(v[key].as_array().map(Vec::len), Some(8), "{key}");
+        }
+        assert_eq!(v["linear"][0]["cause"], "growingDemand");
+    }
 
     #[test]
     fn the_repository_fixtures_evaluate_without_false_flags() {
