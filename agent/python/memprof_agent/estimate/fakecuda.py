@@ -212,8 +212,12 @@ def _patch_device_mesh():
         return
     original = device_mesh.init_device_mesh
 
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
     def init_device_mesh(device_type, *args, **kwargs):
-        return original("cpu" if device_type == "cuda" else device_type, *args, **kwargs)
+        # The mesh is small real data (rank layout, read with nonzero()).
+        with unset_fake_temporarily():
+            return original("cpu" if device_type == "cuda" else device_type, *args, **kwargs)
 
     device_mesh.init_device_mesh = init_device_mesh
     torch.distributed.init_device_mesh = init_device_mesh
