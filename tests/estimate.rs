@@ -108,6 +108,26 @@ fn a_run_that_fits_says_so_and_exits_0() {
 }
 
 #[test]
+fn vary_prints_the_largest_value_that_fits_and_passes_the_budget() {
+    let dir = TempDir::new("vary");
+    let run = answer(20 * GIB, None);
+    let vary = r#""vary":{"name":"BATCH","budgetBytes":1,"tried":[{"value":"8","fits":true},{"value":"32","fits":false},{"value":"16","fits":true}],"largest":"16"}"#;
+    let py = stub(&dir, &run.replace(r#""vary":null"#, vary), 0);
+    let o = estimate(&py, &["--vary", "BATCH=8,16,32"], &["train.py"]);
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}{err}");
+    assert!(
+        out.contains("largest BATCH that fits: 16 (tried 8 fits, 32 does not, 16 fits)"),
+        "{out}"
+    );
+    let args = std::fs::read_to_string(dir.0.join("args")).unwrap();
+    assert!(
+        args.contains("--vary BATCH=8,16,32") && args.contains("--budget-bytes "),
+        "{args}"
+    );
+}
+
+#[test]
 fn a_run_that_does_not_fit_says_how_much_more_and_exits_2() {
     let dir = TempDir::new("short");
     let py = stub(&dir, &answer(90 * GIB, None), 0);
