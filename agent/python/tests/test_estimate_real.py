@@ -95,3 +95,13 @@ def test_vary_bisects_real_fake_runs(tmp_path):
     assert code == 0, err
     assert answer["vary"]["largest"] in ("1024", "65536")
     assert all("reservedPeakBytes" in t for t in answer["vary"]["tried"])
+
+
+def test_the_fallback_tracker_finds_the_same_peaks(tmp_path):
+    code, tracked, err = estimate(tmp_path)
+    code, fallback, err = estimate(tmp_path, env={"MEMPROF_ESTIMATE_TRACKER": "dispatch"})
+    assert code == 0, err
+    assert fallback["tracker"] == "dispatch"
+    assert fallback["rank"]["otherBytes"] == fallback["rank"]["trackedPeakBytes"] > 0
+    for key in ("allocatedPeakBytes", "reservedPeakBytes"):
+        assert abs(fallback["rank"][key] - tracked["rank"][key]) <= 0.02 * tracked["rank"][key], key
