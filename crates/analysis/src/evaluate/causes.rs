@@ -227,8 +227,8 @@ pub fn render(e: &Evaluation) -> String {
         }
         out.push('\n');
     }
-    for (s, list) in &srcs {
-        out.push_str(&goals_line(&goals(s, list)));
+    for g in &e.goals {
+        out.push_str(&goals_line(g));
     }
     out
 }

@@ -36,6 +36,9 @@ pub struct Evaluation {
     pub used_alert: Vec<Judged>,
     /// The straight line to the total ([`baseline::linear`]).
     pub linear: Vec<Judged>,
+    /// Each source's counts against issue 29's goals, in the order nvml,
+    /// agent, usedAlert90, linear30s.
+    pub goals: Vec<causes::Goals>,
 }
 
 /// Replays and judges every recording.
@@ -49,14 +52,20 @@ pub fn evaluate(recordings: &[Recording], th: &Thresholds) -> Evaluation {
         .filter(|r| !r.pushes.is_empty())
         .map(|r| judge(r, &replay(r, th, Mode::Agent)))
         .collect();
-    let used_alert = recordings
+    let used_alert: Vec<Judged> = recordings
         .iter()
         .map(|r| judge(r, &baseline::used_alert(r)))
         .collect();
-    let linear = recordings
+    let linear: Vec<Judged> = recordings
         .iter()
         .map(|r| judge(r, &baseline::linear(r, th)))
         .collect();
+    let goals = vec![
+        causes::goals("nvml", &nvml),
+        causes::goals("agent", &agent),
+        causes::goals("usedAlert90", &used_alert),
+        causes::goals("linear30s", &linear),
+    ];
     Evaluation {
         nvml_totals: totals(&nvml),
         agent_totals: totals(&agent),
@@ -64,6 +73,7 @@ pub fn evaluate(recordings: &[Recording], th: &Thresholds) -> Evaluation {
         agent,
         used_alert,
         linear,
+        goals,
     }
 }
 

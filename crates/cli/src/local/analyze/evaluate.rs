@@ -88,6 +88,13 @@ mod tests {
             assert_eq!(v[key].as_array().map(Vec::len), Some(8), "{key}");
         }
         assert_eq!(v["linear"][0]["cause"], "growingDemand");
+        let goals = v["goals"].as_array().unwrap();
+        let names: Vec<&str> = goals
+            .iter()
+            .map(|g| g["source"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["nvml", "agent", "usedAlert90", "linear30s"]);
+        assert_eq!(goals[1]["legitimate"], 3);
     }
 
     #[test]
