@@ -248,10 +248,12 @@ fn baselines_as_first_judged(e: &Evaluation, set: &str) {
 /// levels + 1 transitions; the neighbour's TTO at half-life within 1 % from
 /// either source and its first high 52 s (NVML) and 79 s (agent) before the
 /// card was full; the growing demand's first high 65 s before its OOM with
-/// the agent, 51 s from NVML. The misses, pinned as misses: the spike is
-/// never high; fragmentation goes high 4 s before its OOM; every cause but
-/// the spike gets a false leak flag from the agent-fed verdict; the
-/// neighbour is named `leak`.
+/// the agent, 51 s from NVML; fragmentation named by the agent-fed verdict.
+/// Only bounds an improvement keeps (no miss pinned as a miss): a change
+/// tuned elsewhere learns nothing of this set from a test that passes, and
+/// fails only where it made a held-out number worse. The misses are in
+/// docs/gpu-results.md: the spike never high, fragmentation high 4 s
+/// before its OOM, 4 false leak flags from the agent-fed verdict.
 #[test]
 fn causes_heldout_per_cause_as_first_judged() {
     let e = evaluation("causes-heldout", 8);
@@ -270,7 +272,6 @@ fn causes_heldout_per_cause_as_first_judged() {
                 .is_some_and(|t| t.error_percent.abs() <= 1.0),
             "{n:?}"
         );
-        assert!(one(list, "spike").lead_high.is_none());
     }
     assert!(one(&e.nvml, "neighbour").lead_high >= Some(52.0));
     assert!(one(&e.agent, "neighbour").lead_high >= Some(79.0));
@@ -281,12 +282,12 @@ fn causes_heldout_per_cause_as_first_judged() {
         one(&e.agent, "fragmentation").named.as_deref(),
         Some("fragmentation")
     );
-    assert_eq!(
-        e.agent_totals.false_flag_scenarios, 4,
-        "{:?}",
-        e.agent_totals
+    assert!(
+        e.agent_totals.false_flag_scenarios <= 4 && e.nvml_totals.false_flag_scenarios <= 1,
+        "{:?} {:?}",
+        e.agent_totals,
+        e.nvml_totals
     );
-    assert_eq!(one(&e.agent, "neighbour").named.as_deref(), Some("leak"));
     baselines_as_first_judged(&e, "causes-heldout");
 }
 
