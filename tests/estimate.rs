@@ -254,3 +254,50 @@ fn accuracy_lists_the_recorded_runs() {
         "{out}"
     );
 }
+
+#[test]
+fn a_calibration_of_ones_own_replaces_the_recorded_one() {
+    let dir = TempDir::new("calibration");
+    let file = dir.0.join("calibration.json");
+    let point = |name: &str, split: &str, est: u64, real: u64| {
+        format!(
+            r#"{{"name":"{name}","split":"{split}","real":{{"allocated":{real},"reserved":{real}}},
+               "estimate":{{"allocatedPeakBytes":{est},"reservedPeakBytes":{est}}}}}"#
+        )
+    };
+    let own = format!(
+        r#"{{"gpu":"Our A100","torch":"2.5.1","constants":{{"contextBytes":500000000,"workspaceBytes":8388608,"ncclBytes":null}},
+            "points":[{},{}]}}"#,
+        point("ours-fit", "calibration", 95, 100),
+        point("ours-held", "held-out", 90, 100)
+    );
+    std::fs::write(&file, own).unwrap();
+    let path = file.display().to_string();
+    let o = Command::new(MEMPROF)
+        .args(["estimate", "--accuracy", "--calibration", &path])
+        .output()
+        .unwrap();
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(
+        out.contains("recorded on Our A100") && out.contains("ours-held"),
+        "{out}"
+    );
+    assert!(
+        out.contains("worst under-estimate 10.0 % allocated, 10.0 % reserved"),
+        "{out}"
+    );
+    assert!(out.contains("would have called ours-held fitting"), "{out}");
+
+    std::fs::write(&file, "{}").unwrap();
+    let o = Command::new(MEMPROF)
+        .args(["estimate", "--accuracy", "--calibration", &path])
+        .output()
+        .unwrap();
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("cannot use --calibration") && err.contains("estimate_calibrate.py"),
+        "{err}"
+    );
+}

@@ -46,6 +46,10 @@ pub struct Args {
     /// Print the error on the recorded calibration points and exit.
     #[arg(long)]
     pub accuracy: bool,
+    /// A calibration measured on your own cards (what
+    /// bench/gpu/estimate_calibrate.py writes) instead of the built-in one.
+    #[arg(long, value_name = "FILE")]
+    pub calibration: Option<PathBuf>,
     #[command(flatten)]
     #[allow(missing_docs)]
     pub output: OutputArgs,
@@ -140,7 +144,7 @@ pub struct Estimate {
 
 /// Runs the subcommand; returns the process exit code.
 pub async fn run(args: Args) -> anyhow::Result<i32> {
-    let cal = calibration::recorded();
+    let cal = calibration::load(args.calibration.as_deref())?;
     let accuracy = calibration::accuracy(&cal);
     if args.accuracy {
         print(

@@ -105,6 +105,33 @@ pub fn recorded() -> Calibration {
     serde_json::from_str(RECORDED).expect("bench/estimate/calibration.json parses")
 }
 
+/// A calibration file that could not be used.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot use --calibration {path}: {reason}; write one with `python3 bench/gpu/estimate_calibrate.py --out DIR` on the GPU (DIR/calibration.json)")]
+pub struct BadCalibration {
+    /// The file.
+    pub path: String,
+    /// Why.
+    pub reason: String,
+}
+
+/// The calibration at `path` (one measured on the user's own cards), else the recorded one.
+pub fn load(path: Option<&std::path::Path>) -> Result<Calibration, BadCalibration> {
+    let Some(path) = path else {
+        return Ok(recorded());
+    };
+    let bad = |reason: String| BadCalibration {
+        path: path.display().to_string(),
+        reason,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
+    let c: Calibration = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+    if usable(&c).is_empty() {
+        return Err(bad("no point has both a real run and an estimate".into()));
+    }
+    Ok(c)
+}
+
 /// Signed error of an estimate, percent of the real value.
 pub fn error_pct(estimate: u64, real: u64) -> f64 {
     if real == 0 {
