@@ -177,3 +177,43 @@ def test_vary_without_a_budget_is_refused():
     with pytest.raises(SystemExit) as e:
         cli.parse(["--vary", "B=1,2", "--", "train.py"])
     assert e.value.code == 2
+
+
+# -- running the script ------------------------------------------------------
+
+from memprof_agent.estimate import child  # noqa: E402
+
+
+def test_a_script_runs_as_main_with_its_arguments(tmp_path, monkeypatch):
+    out = tmp_path / "seen"
+    script = tmp_path / "train.py"
+    script.write_text(f"import sys\nif __name__ == '__main__':\n    open({str(out)!r}, 'w').write(' '.join(sys.argv))\n")
+    monkeypatch.setattr(child.sys, "argv", list(child.sys.argv))
+    child.run_script([str(script), "--lr", "1"])
+    assert out.read_text() == f"{script} --lr 1"
+
+
+def test_a_module_runs_with_dash_m(tmp_path, monkeypatch):
+    out = tmp_path / "seen"
+    (tmp_path / "trainmod.py").write_text(f"import sys\nopen({str(out)!r}, 'w').write(__name__ + ' ' + sys.argv[1])\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(child.sys, "argv", list(child.sys.argv))
+    child.run_script(["-m", "trainmod", "--bs=4"])
+    assert out.read_text() == "__main__ --bs=4"
+
+
+def test_the_step_budget_and_exit_0_end_a_run_quietly_but_an_error_exit_does_not(tmp_path, monkeypatch):
+    monkeypatch.setattr(child.sys, "argv", list(child.sys.argv))
+    script = tmp_path / "t.py"
+    script.write_text("from memprof_agent.estimate.child import StepBudgetReached\nraise StepBudgetReached()\n")
+    child.run_script([str(script)])
+    script.write_text("raise SystemExit(0)\n")
+    child.run_script([str(script)])
+    script.write_text("raise SystemExit('bad flag')\n")
+    with pytest.raises(SystemExit):
+        child.run_script([str(script)])
+
+
+def test_the_child_splits_its_flags_from_the_script():
+    args = child.parse(["--out", "f.json", "--steps", "3", "--", "train.py", "--steps", "9"])
+    assert (args.out, args.steps, args.command) == ("f.json", 3, ["train.py", "--steps", "9"])

@@ -63,10 +63,15 @@ def count_steps(steps, tracker):
 
 
 def run_script(command):
-    """The script as `python script ARGS` would run it; SystemExit(0) is an ordinary end."""
-    sys.argv = list(command)
+    """The script as `python script ARGS` (or `python -m module ARGS`) would
+    run it; SystemExit(0) is an ordinary end."""
     try:
-        runpy.run_path(command[0], run_name="__main__")
+        if command[0] == "-m" and len(command) > 1:
+            sys.argv = list(command[1:])
+            runpy.run_module(command[1], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = list(command)
+            runpy.run_path(command[0], run_name="__main__")
     except StepBudgetReached:
         pass
     except SystemExit as e:
