@@ -9,8 +9,9 @@
    (peak allocated/reserved) and under `python -m memprof_agent.estimate`
    with no GPU visible (CUDA_VISIBLE_DEVICES=""), side by side.
 
-Points in CALIBRATION set the constants (the context); HELD_OUT points set
-nothing and give the error docs/estimate.md publishes.
+Points in CALIBRATION set the constants (the context from the single-GPU
+ones, NCCL from the DDP one); HELD_OUT points set nothing and give the
+error docs/estimate.md publishes.
 
     python3 bench/gpu/estimate_calibrate.py --out DIR   # DIR/calibration.json, DIR/*.log
 """
@@ -136,7 +137,7 @@ def main():
             print(DDP[0], reals[DDP[0]], flush=True)
         points = [point(n, s, e, reals[n], fakes[n].result()) for n, s, e in configs]
         if gpus >= 2:
-            points.append(point(DDP[0], "held-out", DDP[1], reals[DDP[0]], fakes[DDP[0]].result()))
+            points.append(point(DDP[0], "calibration", DDP[1], reals[DDP[0]], fakes[DDP[0]].result()))
     result = summarize(consts, points, gpus)
     with open(os.path.join(args.out, "calibration.json"), "w") as f:
         json.dump(result, f, indent=1)
