@@ -150,7 +150,8 @@ def outside_allocator(real_peaks):
 
 def summarize(consts, points, gpus):
     """The constants from the calibration points; NCCL from the DDP point."""
-    single = [p for p in points if p["split"] == "calibration" and "error" not in p["real"]]
+    single = [p for p in points if p["split"] == "calibration" and "error" not in p["real"]
+              and not p["name"].startswith("ddp2")]
     context = max(outside_allocator(p["real"]) for p in single) if single else consts["contextAfterMatmulBytes"]
     nccl = None
     ddp = [p for p in points if p["name"].startswith("ddp2") and "error" not in p["real"]]
