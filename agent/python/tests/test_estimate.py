@@ -217,3 +217,25 @@ def test_the_step_budget_and_exit_0_end_a_run_quietly_but_an_error_exit_does_not
 def test_the_child_splits_its_flags_from_the_script():
     args = child.parse(["--out", "f.json", "--steps", "3", "--", "train.py", "--steps", "9"])
     assert (args.out, args.steps, args.command) == ("f.json", 3, ["train.py", "--steps", "9"])
+
+
+# -- the committed calibration -------------------------------------------------
+
+def test_the_committed_constants_follow_from_the_committed_points():
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    spec = importlib.util.spec_from_file_location(
+        "estimate_calibrate", root / "bench" / "gpu" / "estimate_calibrate.py")
+    calibrate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(calibrate)
+    recorded = json.loads((root / "bench" / "estimate" / "calibration.json").read_text())
+    c = recorded["constants"]
+    consts = {"gpu": recorded["gpu"], "deviceTotalBytes": recorded["deviceTotalBytes"],
+              "torch": recorded["torch"], "workspaceBytes": c["workspaceBytes"],
+              "contextAfterMatmulBytes": c["contextAfterMatmulBytes"]}
+    again = calibrate.summarize(consts, recorded["points"], recorded["gpus"])
+    assert again["constants"] == c
+    held = [p for p in recorded["points"] if p["split"] == "held-out"]
+    assert len(held) >= 5 and not any(p["name"].startswith("ddp") for p in held)
