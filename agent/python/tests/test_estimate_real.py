@@ -105,3 +105,37 @@ def test_the_fallback_tracker_finds_the_same_peaks(tmp_path):
     assert fallback["rank"]["otherBytes"] == fallback["rank"]["trackedPeakBytes"] > 0
     for key in ("allocatedPeakBytes", "reservedPeakBytes"):
         assert abs(fallback["rank"][key] - tracked["rank"][key]) <= 0.02 * tracked["rank"][key], key
+
+
+FSDP2 = """
+import os, torch
+from torch.distributed.fsdp import fully_shard
+torch.distributed.init_process_group("nccl")
+torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+mesh = torch.distributed.init_device_mesh("cuda", (int(os.environ["WORLD_SIZE"]),))
+model = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(4)]).to("cuda")
+for layer in model:
+    fully_shard(layer, mesh=mesh)
+fully_shard(model, mesh=mesh)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+for _ in range(3):
+    model(torch.randn(8, 1024, device="cuda")).sum().backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+def test_fsdp2_ranks_hold_their_shard(tmp_path):
+    fsdp = pytest.importorskip("torch.distributed.fsdp")
+    if not hasattr(fsdp, "fully_shard"):
+        pytest.skip("FSDP2's torch.distributed.fsdp.fully_shard needs torch >= 2.6")
+    script = tmp_path / "fsdp.py"
+    script.write_text(FSDP2)
+    e = {**os.environ, "PYTHONPATH": AGENT, "CUDA_VISIBLE_DEVICES": ""}
+    cmd = [sys.executable, "-m", "memprof_agent.estimate", "--world-size", "2", "--", str(script)]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=e, timeout=300)
+    assert r.returncode == 0, r.stderr
+    rank = json.loads(r.stdout)["rank"]
+    full = 4 * (1024 * 1024 * 4 + 1024 * 4)
+    assert rank["parametersBytes"] == full // 2
+    assert rank["gradientsBytes"] == full // 2
