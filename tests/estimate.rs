@@ -94,6 +94,11 @@ fn a_run_that_fits_says_so_and_exits_0() {
         out.contains("verdict: fits with ") && out.contains("GiB to spare"),
         "{out}"
     );
+    assert_eq!(
+        admission_warning(&out),
+        None,
+        "a fit is not warned of: {out}"
+    );
     assert!(
         out.contains("CUDA context") && out.contains("measured on NVIDIA H200"),
         "{out}"
@@ -138,6 +143,41 @@ fn a_run_that_does_not_fit_says_how_much_more_and_exits_2() {
         out.contains("verdict: needs ") && out.contains("GiB more"),
         "{out}"
     );
+    // The annotations it prints make the webhook warn at admission.
+    assert_eq!(
+        admission_warning(&out).map(|w| w.contains("exceeds the GPU's 80.0GiB")),
+        Some(true),
+        "{out}"
+    );
+}
+
+/// What the webhook says of a Job carrying the annotations `out` printed.
+fn admission_warning(out: &str) -> Option<String> {
+    let value = |key: &str| {
+        let line = out.lines().find(|l| l.trim_start().starts_with(key))?;
+        Some(
+            line.split_once(": ")?
+                .1
+                .trim()
+                .trim_matches('"')
+                .to_string(),
+        )
+    };
+    let pairs: Vec<(&str, String)> = [
+        "memprof.dev/predicted-peak",
+        "memprof.dev/gpu-memory",
+        "memprof.dev/predicted-by",
+    ]
+    .into_iter()
+    .filter_map(|k| Some((k, value(k)?)))
+    .collect();
+    assert_eq!(pairs.len(), 3, "{out}");
+    memprof::webhook::prediction::warning(|k| {
+        pairs
+            .iter()
+            .find(|(key, _)| *key == k)
+            .map(|(_, v)| v.as_str())
+    })
 }
 
 #[test]

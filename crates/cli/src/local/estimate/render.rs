@@ -76,11 +76,27 @@ pub fn table(e: &Estimate, cal: &Calibration) -> String {
         e.accuracy.worst_reserved_under_pct
     );
     let _ = writeln!(s, "verdict: {}", v.text);
+    s.push_str(&annotations(e));
     if let Some(vary) = &e.vary {
         s.push_str(&vary_line(vary));
     }
     s.push_str(&expected_error(&e.accuracy));
     s
+}
+
+/// The Job annotations that carry this verdict to admission, where the
+/// webhook warns when the peak exceeds the card (docs/install.md): the peak
+/// judged (with the margin, rounded up) against the card's memory.
+fn annotations(e: &Estimate) -> String {
+    let v = &e.verdict;
+    format!(
+        "to be warned at admission, annotate the Job:\n  \
+         memprof.dev/predicted-peak: \"{}GiB\"\n  \
+         memprof.dev/gpu-memory: \"{}GiB\"\n  \
+         memprof.dev/predicted-by: \"memprof estimate (with the calibration's worst under-estimate)\"\n",
+        gib_up(v.upper_bound_bytes),
+        gib_down(v.capacity_bytes),
+    )
 }
 
 fn vary_line(vary: &serde_json::Value) -> String {
