@@ -5,8 +5,9 @@
 //! every analysis checked against its own evidence ([`verdict::check`]),
 //! and each recorded leak's escalation counted.
 //!
-//! The replay is the judge's (samples grouped by time, pushes received up
-//! to a sample's time applied before it, one analysis per second of trace),
+//! The replay is the judge's (samples grouped by time, pushes received and
+//! NVML's per-process polls made up to a sample's time applied before it,
+//! one analysis per second of trace),
 //! kept here because the judge rolls a pod's GPUs up into one reading and
 //! this test needs each GPU's verdict and whether its level was held.
 
@@ -49,7 +50,7 @@ type Analysis = (f64, Vec<GpuVerdict>);
 fn replay(rec: &Recording, th: &Thresholds, with_agent: bool) -> Vec<Analysis> {
     let mut tr = Tracker::new(th);
     let pushes = if with_agent { &rec.pushes[..] } else { &[] };
-    let (mut next_push, mut next_analysis, mut i) = (0, f64::NEG_INFINITY, 0);
+    let (mut next_push, mut next_poll, mut next_analysis, mut i) = (0, 0, f64::NEG_INFINITY, 0);
     let mut out = Vec::new();
     while i < rec.rows.len() {
         let t = rec.rows[i].t;
@@ -59,9 +60,16 @@ fn replay(rec: &Recording, th: &Thresholds, with_agent: bool) -> Vec<Analysis> {
         }
         while i < rec.rows.len() && rec.rows[i].t == t {
             let r = &rec.rows[i];
-            let uuid = (r.gpu == 0).then_some(rec.uuid.as_deref()).flatten();
+            let uuid = (r.gpu == rec.uuid_gpu)
+                .then_some(rec.uuid.as_deref())
+                .flatten();
             tr.sample(t, r.gpu, uuid, r.used_bytes, r.total_bytes);
             i += 1;
+        }
+        while next_poll < rec.processes.len() && rec.processes[next_poll].t <= t {
+            let p = &rec.processes[next_poll];
+            tr.processes(p.t, p.index, &p.list);
+            next_poll += 1;
         }
         if t >= next_analysis {
             next_analysis = t + 1.0;
