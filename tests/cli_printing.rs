@@ -97,6 +97,71 @@ async fn printing_flags_print_what_kubectl_get_prints() {
     }
 }
 
+/// A profile carries its Job's labels, so `-l` selects what users
+/// labelled, in kubectl and in `memprof top`; `-o wide` adds the
+/// priority-1 columns.
+#[tokio::test]
+async fn a_jobs_labels_select_its_profile_and_wide_adds_columns() {
+    let Some(client) = cluster().await else {
+        return;
+    };
+    let ns = TestNamespace::create(&client).await;
+    let _op = start_operator(&client, &ns.name);
+    two_jobs(&client, &ns.name).await;
+    let n = ns.name.as_str();
+    let jobs: Api<k8s_openapi::api::batch::v1::Job> = Api::namespaced(client.clone(), n);
+    let label = serde_json::json!({ "metadata": { "labels": { "team": "ml" } } });
+    jobs.patch(
+        "train",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(&label),
+    )
+    .await
+    .unwrap();
+    let want = "memoryprofile.memprof.dev/train\n";
+    eventually("the label on the profile", || async {
+        let got = kubectl(&[
+            "get",
+            "memoryprofiles",
+            "-n",
+            n,
+            "-l",
+            "team=ml",
+            "-o",
+            "name",
+        ])
+        .await;
+        (got == want).then_some(()).ok_or(got)
+    })
+    .await;
+    assert_eq!(
+        ok(&["top", "-n", n, "-l", "team=ml", "-o", "name"]).await,
+        want
+    );
+    let wide = kubectl(&["get", "memoryprofiles", "-n", n, "-o", "wide"]).await;
+    let head = wide.lines().next().unwrap_or_default();
+    for col in [
+        "CAUSE",
+        "BOTTLENECK",
+        "CONFIDENCE",
+        "NOW%",
+        "LEAK",
+        "STALE",
+        "LAST REPORT",
+    ] {
+        assert!(head.contains(col), "{col} missing: {head}");
+    }
+    let narrow = kubectl(&["get", "memoryprofiles", "-n", n]).await;
+    assert!(
+        !narrow
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .contains("BOTTLENECK"),
+        "{narrow}"
+    );
+}
+
 #[tokio::test]
 async fn printing_flags_of_one_jobs_report_and_of_compare() {
     let Some(client) = cluster().await else {

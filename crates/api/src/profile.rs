@@ -47,7 +47,14 @@ pub use ranks::{
         printcolumn = r#"{"name":"IMBALANCE","type":"string","jsonPath":".status.imbalanceDisplay"}"#,
         printcolumn = r#"{"name":"OOMS","type":"integer","jsonPath":".status.oomCount"}"#,
         printcolumn = r#"{"name":"ACTION","type":"string","jsonPath":".status.lastAction"}"#,
-        printcolumn = r#"{"name":"AGE","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+        printcolumn = r#"{"name":"AGE","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    // `kubectl get memoryprofiles -o wide` (priority 1): where, how sure, how fresh.
+    printcolumn = r#"{"name":"BOTTLENECK","type":"string","jsonPath":".status.bottleneck.pod","priority":1}"#,
+    printcolumn = r#"{"name":"CONFIDENCE","type":"number","jsonPath":".status.confidence","priority":1}"#,
+    printcolumn = r#"{"name":"NOW%","type":"number","jsonPath":".status.currentPercent","priority":1}"#,
+    printcolumn = r#"{"name":"LEAK","type":"boolean","jsonPath":".status.leakSuspected","priority":1}"#,
+    printcolumn = r#"{"name":"STALE","type":"integer","jsonPath":".status.ranksStale","priority":1}"#,
+    printcolumn = r#"{"name":"LAST REPORT","type":"date","jsonPath":".status.lastReportTime","priority":1}"#
     )
 )]
 #[serde(rename_all = "camelCase")]

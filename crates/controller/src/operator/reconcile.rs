@@ -86,7 +86,9 @@ pub fn profile_for_job(job: &Job, namespace: &str, name: &str, uid: &str) -> Mem
         },
     );
     profile.metadata.namespace = Some(namespace.to_string());
-    profile.metadata.labels = Some(BTreeMap::from([(LABEL_JOB.to_string(), name.to_string())]));
+    let mut labels = workload_labels(job);
+    labels.insert(LABEL_JOB.to_string(), name.to_string());
+    profile.metadata.labels = Some(labels);
     profile.metadata.owner_references = Some(vec![OwnerReference {
         api_version: "batch/v1".into(),
         kind: "Job".into(),
@@ -97,6 +99,31 @@ pub fn profile_for_job(job: &Job, namespace: &str, name: &str, uid: &str) -> Mem
     }]);
     profile
 }
+
+/// Labels of the Job a profile carries, so that `kubectl get mprof -l
+/// team=ml` and `memprof top -l team=ml` select what users labelled: the
+/// Job's own labels, bounded (they are the Job creator's input, and the
+/// profile is written on every change): at most [`MAX_WORKLOAD_LABELS`], in
+/// key order, without memprof's own (`memprof.dev/`, which only memprof
+/// sets) or the Job controller's (`controller-uid`, `job-name`,
+/// `batch.kubernetes.io/…`, which name one run, not the workload).
+pub fn workload_labels(job: &Job) -> BTreeMap<String, String> {
+    let ours = |k: &str| {
+        k.starts_with("memprof.dev/")
+            || k.starts_with("batch.kubernetes.io/")
+            || k == "controller-uid"
+            || k == "job-name"
+    };
+    job.labels()
+        .iter()
+        .filter(|(k, _)| !ours(k))
+        .take(MAX_WORKLOAD_LABELS)
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+/// Labels a profile copies from its Job, at most.
+pub const MAX_WORKLOAD_LABELS: usize = 16;
 
 /// Whether `existing` lacks something of `desired` (spec, the job label, the
 /// owner reference). Fields other writers added are not a difference.

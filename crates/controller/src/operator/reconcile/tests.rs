@@ -280,6 +280,35 @@ fn profile_is_owned_by_its_job_and_adopts_nothing_stale() {
     );
 }
 
+/// `kubectl get mprof -l team=ml` selects the profiles of Jobs labelled
+/// so: a profile carries its Job's labels, bounded, without memprof's or
+/// the Job controller's, and a label the Job gains makes the profile
+/// outdated (so it is applied again).
+#[test]
+fn a_profile_carries_its_jobs_labels_bounded() {
+    let mut j = job(&[(ANNOTATION_ENABLED, "true")], Some(2));
+    let mut labels: BTreeMap<String, String> = (0..40)
+        .map(|i| (format!("k{i:02}"), format!("v{i}")))
+        .collect();
+    labels.insert("team".into(), "ml".into());
+    labels.insert("job-name".into(), "train".into());
+    labels.insert("controller-uid".into(), "uid-1".into());
+    labels.insert("memprof.dev/job".into(), "forged".into());
+    j.metadata.labels = Some(labels);
+    let p = profile_for_job(&j, "ns", "train", "uid-1");
+    let got = p.labels();
+    assert_eq!(got.get("memprof.dev/job").map(String::as_str), Some("train"));
+    assert!(!got.contains_key("job-name") && !got.contains_key("controller-uid"));
+    assert_eq!(got.len(), MAX_WORKLOAD_LABELS + 1, "{got:?}");
+    let mut few = job(&[(ANNOTATION_ENABLED, "true")], Some(2));
+    few.metadata.labels = Some(BTreeMap::from([("team".to_string(), "ml".to_string())]));
+    let before = profile_for_job(&few, "ns", "train", "uid-1");
+    assert_eq!(before.labels().get("team").map(String::as_str), Some("ml"));
+    few.labels_mut().insert("stage".into(), "pretrain".into());
+    let after = profile_for_job(&few, "ns", "train", "uid-1");
+    assert!(profile_outdated(Some(&before), &after));
+}
+
 #[test]
 fn status_rolls_up_and_carries_over_what_others_wrote() {
     let specs = four_ranks();
