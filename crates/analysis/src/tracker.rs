@@ -578,7 +578,9 @@ mod tests {
                 first_high = Some(s);
                 let c = a.assessment.cause.clone().unwrap();
                 assert_eq!(c.cause, Cause::Neighbour, "{c:?}");
-                assert!(c.evidence.contains("pid 200"), "{c:?}");
+                // The neighbour's pid and its memory now (0.4 GB/s x ~40 s).
+                assert!(c.evidence.contains("pid 200 holds "), "{c:?}");
+                assert!(c.evidence.contains("GiB"), "{c:?}");
             }
         }
         // Full at t = (80 GiB - 42.5 GiB) / 0.4 GB/s = 100 s.
