@@ -77,6 +77,11 @@ pub struct AgentThresholds {
     pub floor_long: Thresholds,
 }
 
+/// Reserved memory growing this many times as fast as the tensors is a
+/// cache that does not serve its own allocations (fragmentation), not a
+/// cache following a leak or a growing demand.
+const CACHE_OVER_TENSORS: f64 = 4.0;
+
 /// r² the growth of memory outside the allocator needs to be a neighbour's.
 const NEIGHBOUR_R2: f64 = 0.8;
 
@@ -407,6 +412,10 @@ impl AgentDevice {
         if let Some(n) = self.neighbour(th) {
             best = earlier(best, n, th);
         }
+        let tensors = best.as_ref().map_or(0.0, |f| f.growth);
+        if let Some(f) = self.filling_cache(th, tensors) {
+            best = earlier(best, f, th);
+        }
         if let Some(f) = self.blocking_fragmentation(th) {
             // What new segments can use is what the cache does not hold.
             a.level_fraction = self.last.reserved_bytes as f64 / limit;
@@ -486,6 +495,54 @@ impl AgentDevice {
                     rate.trim_start_matches('+'),
                     memprof_api::format_bytes(free as u64),
                     memprof_api::format_bytes(self.limit.unwrap_or(0.0) as u64)
+                ),
+            ),
+        })
+    }
+
+    /// Fragmentation before it blocks: reserved memory climbs steadily
+    /// toward the allocator's limit (its upper envelope over the fit
+    /// window: r² ≥ 0.8, watched for the trust span, rising in both halves,
+    /// in two thirds of its buckets and by no jump of a fifth of the rise,
+    /// where a start or an evaluation's cache rises in a few) at least
+    /// [`CACHE_OVER_TENSORS`] times as fast as the tensors grow
+    /// (`tensors`, the fastest pace seen of allocated memory), while at
+    /// least [`FRAGMENTATION_HIGH`] of it holds no tensor: the allocator
+    /// takes new segments instead of serving from its free blocks, and
+    /// the OOM comes when the next one no longer fits. Trusted as far
+    /// ahead as watched (a cache stops growing once it holds what it needs).
+    fn filling_cache(&self, th: &Thresholds, tensors: f64) -> Option<Forecast> {
+        let limit = self.limit?;
+        let d = &self.last;
+        let idle = fragmentation(d).0?;
+        if idle < FRAGMENTATION_HIGH {
+            return None;
+        }
+        let (upper, _) = self.reserved.envelopes(th.fit_window_seconds);
+        let fit = theil_sen(&upper)?;
+        let rise = fit.slope * fit.span;
+        if fit.slope <= th.leak_bytes_per_second.max(CACHE_OVER_TENSORS * tensors)
+            || fit.r2 < NEIGHBOUR_R2
+            || fit.span < th.trust_span_seconds
+            || !pace::both_halves(&upper, rise)
+            || pace::largest_jump(&upper) > 0.2 * rise
+            || !rises_almost_always(&upper)
+        {
+            return None;
+        }
+        let left = (limit - d.reserved_bytes as f64).max(0.0);
+        let tto = left / fit.slope;
+        Some(Forecast {
+            tto,
+            growth: fit.slope,
+            confidence: (fit.span / tto.max(1.0)).min(1.0),
+            cause: NamedCause::new(
+                Cause::Fragmentation,
+                format!(
+                    "reserved memory grows {} while {:.0}% of it holds no tensor; {} left under the allocator's limit",
+                    memprof_api::format_rate(fit.slope).trim_start_matches('+'),
+                    100.0 * idle,
+                    memprof_api::format_bytes(left as u64)
                 ),
             ),
         })
@@ -617,6 +674,15 @@ fn name_leak(risk: &mut Assessment, rate: f64) {
             ),
         ));
     }
+}
+
+/// At least two thirds of an envelope's steps rise: memory taken bucket
+/// after bucket, not a cache that grew in a few jumps (an evaluation's
+/// larger batch, a warm-up) and then holds what it needs.
+fn rises_almost_always(points: &[(f64, f64)]) -> bool {
+    let steps = points.len().saturating_sub(1);
+    let rising = points.windows(2).filter(|w| w[1].1 > w[0].1).count();
+    steps > 0 && 3 * rising >= 2 * steps
 }
 
 /// The slope of a series' lower envelope and whether it reads as a leak

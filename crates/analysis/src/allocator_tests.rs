@@ -463,6 +463,62 @@ fn a_fragmented_cache_that_fills_the_limit_is_high_with_its_advice_before_any_re
     assert!(a.risk.risk <= RiskLevel::Low && a.advice.is_none(), "{a:?}");
 }
 
+/// Issue 29 item 3, before the cache is full (the causes-dev fragmenter on
+/// an H200: reserved memory grew 2.4 GB/s, allocated 0.09 GB/s, the agent
+/// said medium and "leak" all along): reserved memory climbing toward the
+/// limit many times faster than the tensors, most of it holding none, is
+/// fragmentation forecast to the moment the next segment no longer fits,
+/// high with the expandable_segments advice while the cache still has room.
+#[test]
+fn a_cache_climbing_past_its_tensors_is_fragmentation_forecast_before_it_fills() {
+    let th = Thresholds::default();
+    let fragmenter = |t: f64| {
+        let allocated = 3.0 * GB + 0.09 * GB * t;
+        at(allocated, allocated + 0.5 * GB, 7.0 * GB + 1.2 * GB * t)
+    };
+    // The limit is 79.5 GB: reserved reaches it at t = 60 s.
+    let (_, all) = run(55, fragmenter);
+    let first = all
+        .iter()
+        .position(|a| a.risk.risk >= RiskLevel::High)
+        .expect("high before the cache fills");
+    assert!(60 - first >= 20, "first high at {first} s");
+    let a = &all[first];
+    assert_eq!(
+        a.risk.cause.as_ref().map(|c| c.cause),
+        Some(crate::verdict::Cause::Fragmentation),
+        "{a:?}"
+    );
+    assert!(
+        a.advice
+            .as_deref()
+            .is_some_and(|x| x.contains("expandable_segments")),
+        "{a:?}"
+    );
+    for a in &all {
+        assert!(crate::verdict::check(&a.risk, &th, false).is_ok(), "{a:?}");
+    }
+    // Evaluations with larger batches grow the cache by jumps (4 GB every
+    // 4 s for 40 s) over flat tensors, much of it then idle: a cache that
+    // holds what it needs, not fragmentation (it rises in one bucket of
+    // two, where the fragmenter's rises in every one).
+    let (_, all) = run(70, |t| {
+        let reserved = 20.0 * GB + 4.0 * GB * (t / 4.0).floor().min(10.0);
+        at(8.0 * GB, 10.0 * GB, reserved)
+    });
+    assert!(all.iter().all(|a| a.risk.risk <= RiskLevel::Low), "{all:?}");
+    // A cache that follows its tensors (a leak) is the leak's, not fragmentation.
+    let (_, all) = run(55, |t| {
+        let allocated = 20.0 * GB + 0.5 * GB * t;
+        at(allocated, allocated + 2.0 * GB, allocated + 4.0 * GB)
+    });
+    assert!(all.iter().all(|a| a
+        .risk
+        .cause
+        .as_ref()
+        .is_none_or(|c| c.cause != crate::verdict::Cause::Fragmentation)));
+}
+
 /// Issue 29 item 2: another process on the GPU grows 400 MB/s while the
 /// trainer's allocator is flat; its limit falls. The allocator alone warned
 /// 2 s ahead; the device's memory outside the allocator now forecasts it.

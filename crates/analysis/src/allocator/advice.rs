@@ -52,7 +52,9 @@ pub struct Facts<'a> {
 /// climb over an unfragmented one. Nothing otherwise: cached memory that is
 /// never missed costs nothing.
 pub fn advice(f: &Facts) -> Option<String> {
-    if f.growth == MemoryGrowth::Leak {
+    // Fragmentation that will block the next allocations is cured by the
+    // allocator's settings even where some tensors are kept as well.
+    if f.growth == MemoryGrowth::Leak && !f.blocking {
         return Some(leak_advice(f.pace));
     }
     let retries = f.recent_retries.unwrap_or(0);

@@ -152,7 +152,7 @@ impl Recent {
 }
 
 /// The largest rise from one bucket to the next, bytes.
-fn largest_jump(points: &[(f64, f64)]) -> f64 {
+pub(crate) fn largest_jump(points: &[(f64, f64)]) -> f64 {
     points
         .windows(2)
         .map(|w| w[1].1 - w[0].1)
@@ -160,7 +160,7 @@ fn largest_jump(points: &[(f64, f64)]) -> f64 {
 }
 
 /// Each half of the window rose by at least a quarter of the window's rise.
-fn both_halves(points: &[(f64, f64)], rise: f64) -> bool {
+pub(crate) fn both_halves(points: &[(f64, f64)], rise: f64) -> bool {
     let n = points.len();
     let half = n.div_ceil(2);
     let first = points[half - 1].1 - points[0].1;
