@@ -32,7 +32,7 @@ pub use fit::{least_squares_slope, theil_sen, LinearFit};
 pub use risk::{assess, Assessment};
 pub use rollup::{critical_rank_sites, sites_section, summarize, worst_gpu, worst_rank_sites};
 pub use rollup::{
-    report_limit, rollup, validate_report, InvalidReport, JobRollup, ReportMeta, RollupInput, RollupLimits,
-    MAX_STALE_LISTED,
+    report_limit, rollup, validate_report, InvalidReport, JobRollup, ReportMeta, RollupInput,
+    RollupLimits, MAX_STALE_LISTED,
 };
 pub use series::{GpuSeries, Sample};

@@ -9,9 +9,7 @@ use crate::kube::ranks::{self, StaleRule};
 use crate::output::{self, printer, PrintArgs, Printed, Table, WatchArgs};
 use jiff::Timestamp;
 use kube::ResourceExt;
-use memprof_api::{
-    format_bytes, MemoryProfile, MemoryReport, RiskLevel, LABEL_JOB,
-};
+use memprof_api::{format_bytes, MemoryProfile, MemoryReport, RiskLevel, LABEL_JOB};
 
 /// Flags of `memprof top`.
 #[derive(Debug, clap::Args)]

@@ -12,9 +12,7 @@
 use crate::output::{self, OutputArgs, Table};
 use jiff::Timestamp;
 use memprof_analysis::{JobRollup, RollupLimits};
-use memprof_api::{
-    format_bytes, MemoryProfile, MemoryProfileStatus, MemoryReportSpec,
-};
+use memprof_api::{format_bytes, MemoryProfile, MemoryProfileStatus, MemoryReportSpec};
 use std::fmt::Write;
 use std::path::{Path, PathBuf};
 

@@ -399,4 +399,3 @@ fn exit_code(r: &SweepResult) -> i32 {
 
 /// Byte sizes are parsed in one place, beside `format_bytes`.
 pub use memprof_api::parse_bytes;
-

@@ -188,7 +188,10 @@ fn gpus(f: &mut Frame, area: Rect, s: &State) {
         // Newest samples at the right, as many as fit.
         let width = spark_area.width.saturating_sub(2) as usize;
         let shown = &data[data.len().saturating_sub(width)..];
-        let cause = g.cause.as_ref().map_or(String::new(), |c| format!(", {}", c.line()));
+        let cause = g
+            .cause
+            .as_ref()
+            .map_or(String::new(), |c| format!(", {}", c.line()));
         let title = format!(
             " GPU {} used memory, last {} samples (0 to {}){cause} ",
             gpu_label(r, g),

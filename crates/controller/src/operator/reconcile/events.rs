@@ -73,7 +73,10 @@ pub fn risk_event(previous: RiskLevel, status: &MemoryProfileStatus) -> Option<E
     };
     let mut note = format!(
         "{what}; cause {}; time to OOM {}; imbalance {}; bottleneck {}; ranks {}",
-        status.cause.as_ref().map_or_else(|| "-".into(), |c| c.line()),
+        status
+            .cause
+            .as_ref()
+            .map_or_else(|| "-".into(), |c| c.line()),
         status.time_to_oom.as_deref().unwrap_or("-"),
         status.imbalance_display.as_deref().unwrap_or("-"),
         status

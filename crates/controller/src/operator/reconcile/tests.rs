@@ -297,7 +297,10 @@ fn a_profile_carries_its_jobs_labels_bounded() {
     j.metadata.labels = Some(labels);
     let p = profile_for_job(&j, "ns", "train", "uid-1");
     let got = p.labels();
-    assert_eq!(got.get("memprof.dev/job").map(String::as_str), Some("train"));
+    assert_eq!(
+        got.get("memprof.dev/job").map(String::as_str),
+        Some("train")
+    );
     assert!(!got.contains_key("job-name") && !got.contains_key("controller-uid"));
     assert_eq!(got.len(), MAX_WORKLOAD_LABELS + 1, "{got:?}");
     let mut few = job(&[(ANNOTATION_ENABLED, "true")], Some(2));
