@@ -46,16 +46,7 @@ ALLOWED_FILE_CYCLES = set()
 # Files that still mount a module with `#[path]`, to be made folders like the
 # rest (x.rs beside x/, where `mod child;` finds x/child.rs); no other may.
 ALLOWED_PATH_ATTRS = {
-    "crates/analysis/src/allocator.rs",
-    "crates/analysis/src/allocator_tests.rs",
-    "crates/analysis/src/batchfit.rs",
-    "crates/analysis/src/memmodel.rs",
-    "crates/analysis/src/memsearch.rs",
-    "crates/api/src/agent/extras.rs",
-    "crates/api/src/report/timeline.rs",
     "crates/cli/src/local/watch/view.rs",
-    "crates/sidecar/src/run.rs",
-    "crates/sidecar/src/sampler/discovery.rs",
 }
 # Outside the crates' trees: crate roots of their own that mount shared modules.
 PATH_ATTR_DIRS = ("examples", "tests", "bench")

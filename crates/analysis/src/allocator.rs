@@ -767,5 +767,4 @@ fn recent_rate(points: &VecDeque<(f64, u64)>) -> Option<f64> {
 }
 
 #[cfg(test)]
-#[path = "allocator_tests.rs"]
 mod tests;

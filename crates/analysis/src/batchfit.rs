@@ -491,5 +491,4 @@ pub fn policy_value(
 }
 
 #[cfg(test)]
-#[path = "batchfit_tests.rs"]
 mod tests;

@@ -591,5 +591,4 @@ pub fn signed_bytes(b: f64) -> String {
 }
 
 #[cfg(test)]
-#[path = "memmodel_tests.rs"]
 mod tests;

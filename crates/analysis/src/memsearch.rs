@@ -293,5 +293,4 @@ fn gcd(a: u64, b: u64) -> u64 {
 }
 
 #[cfg(test)]
-#[path = "memsearch_tests.rs"]
 mod tests;

@@ -525,5 +525,4 @@ async fn shutdown_signal() {
 }
 
 #[cfg(test)]
-#[path = "run_tests.rs"]
 mod tests;

@@ -462,5 +462,4 @@ pub(super) fn validate_sites(s: &SitesSnapshot) -> Result<(), Error> {
 }
 
 #[cfg(test)]
-#[path = "extras_tests.rs"]
 pub(super) mod tests;

@@ -122,5 +122,4 @@ pub mod packed {
 }
 
 #[cfg(test)]
-#[path = "timeline_tests.rs"]
 mod tests;

@@ -20,7 +20,7 @@
 //!    pushes what CUDA sees.
 //!
 //! The choice is the pure [`decide`]; the kubelet call is [`list_pod_resources`]
-//! (in `discovery_podresources.rs`); [`open_nvml_sampler`] puts them together
+//! (in `discovery/podresources.rs`); [`open_nvml_sampler`] puts them together
 //! for the sidecar.
 
 use super::nvml::{self, NvmlGpu, NvmlSampler};
@@ -54,7 +54,7 @@ pub enum DiscoveryMethod {
     /// NVML could not be loaded or initialised.
     NvmlUnavailable,
     /// The pod's GPUs are MIG devices, which are not sampled
-    /// (`discovery_mig.rs`).
+    /// (`discovery/mig.rs`).
     MigUnsupported,
 }
 
@@ -213,7 +213,7 @@ struct IdSource<'a> {
 }
 
 /// The GPUs `ids` name among NVML's, or why none does. MIG-enabled GPUs and
-/// MIG instance IDs are never sampled (`discovery_mig.rs`).
+/// MIG instance IDs are never sampled (`discovery/mig.rs`).
 fn from_ids(opts: &DiscoveryOptions, all: &[NvmlGpu], ids: &[String], src: IdSource) -> Discovery {
     let (found, missing) = match_ids(ids, all);
     let (found, mig_gpus) = mig::whole_and_mig(&found);
@@ -497,12 +497,9 @@ fn open_decided(d: Discovery) -> (Option<NvmlSampler>, Discovery) {
     }
 }
 
-#[path = "discovery_mig.rs"]
 pub mod mig;
-#[path = "discovery_options.rs"]
 mod options;
 pub use options::{DiscoveryMode, DiscoveryOptions};
-#[path = "discovery_podresources.rs"]
 mod podresources;
 #[cfg(test)]
 use podresources::{grpc_frame, grpc_unframe};
@@ -512,5 +509,4 @@ pub use podresources::{
 };
 
 #[cfg(test)]
-#[path = "discovery_tests.rs"]
 mod tests;

@@ -395,10 +395,8 @@ fn noisy_steady_training_is_never_a_leak() {
     }
 }
 
-#[path = "allocator_verdict_tests.rs"]
 mod verdict;
 
-#[path = "allocator_process_tests.rs"]
 mod processes;
 
 /// Issue 29 item 4: sequence length ramping (the peaks rise 0.5 GB/s, memory
