@@ -266,32 +266,44 @@ pub fn injection_patch(
     let port = ov.port.unwrap_or(cfg.port);
     warnings.extend(port_clash(spec, port));
 
-    let p = view.prefix;
-    let mut ops = vec![];
-    label_and_annotate(&view, &mut ops);
-    if annotation(&view, ANNOTATION_TERMINATION_MESSAGE) != Some("keep") {
-        termination_messages(&view, &mut ops);
-    }
-    add_volumes(&view, &parts.volumes, &mut ops);
-    add_sidecar(
-        &view,
-        to_json(&parts.container),
-        cfg.native_sidecar,
-        &mut ops,
-    );
-    // After the sidecar's operations, which may create the arrays it appends to.
-    let agent = super::agent::Request {
-        value: annotation(&view, super::agent::ANNOTATION_AGENT),
-        prefix: p,
-        spec,
-        sidecar: &parts.container,
-        port,
-    };
-    super::agent::inject(&agent, &cfg.agent, &mut ops, &mut warnings);
+    let ops = operations(&view, cfg, &parts, port, &mut warnings);
     Ok(Injection {
         patch: Some(Patch(ops)),
         warnings,
     })
+}
+
+/// The patch's operations, in order: labels and annotations, termination
+/// messages, volumes, the sidecar, then the agent (which may append to the
+/// arrays the sidecar's operations create).
+fn operations(
+    view: &View<'_>,
+    cfg: &InjectionConfig,
+    parts: &sidecar::SidecarParts,
+    port: u16,
+    warnings: &mut Vec<String>,
+) -> Vec<PatchOperation> {
+    let mut ops = vec![];
+    label_and_annotate(view, &mut ops);
+    if annotation(view, ANNOTATION_TERMINATION_MESSAGE) != Some("keep") {
+        termination_messages(view, &mut ops);
+    }
+    add_volumes(view, &parts.volumes, &mut ops);
+    add_sidecar(
+        view,
+        to_json(&parts.container),
+        cfg.native_sidecar,
+        &mut ops,
+    );
+    let agent = super::agent::Request {
+        value: annotation(view, super::agent::ANNOTATION_AGENT),
+        prefix: view.prefix,
+        spec: view.spec,
+        sidecar: &parts.container,
+        port,
+    };
+    super::agent::inject(&agent, &cfg.agent, &mut ops, warnings);
+    ops
 }
 
 /// Whether the pod already has a `memprof-sidecar` container (a second
