@@ -45,9 +45,7 @@ ALLOWED_FILE_CYCLES = set()
 
 # Files that still mount a module with `#[path]`, to be made folders like the
 # rest (x.rs beside x/, where `mod child;` finds x/child.rs); no other may.
-ALLOWED_PATH_ATTRS = {
-    "crates/cli/src/local/watch/view.rs",
-}
+ALLOWED_PATH_ATTRS = set()
 # Outside the crates' trees: crate roots of their own that mount shared modules.
 PATH_ATTR_DIRS = ("examples", "tests", "bench")
 PATH_ATTR = re.compile(r"#\[path\s*=")

@@ -10,6 +10,8 @@
 //! command SIGTERM.
 
 pub mod commands;
+#[cfg(test)]
+mod fixtures;
 pub mod recording;
 pub mod view;
 

@@ -360,5 +360,4 @@ fn text_view(f: &mut Frame, area: Rect, title: &str, text: String) {
 }
 
 #[cfg(test)]
-#[path = "view_tests.rs"]
-pub(crate) mod tests;
+mod tests;

@@ -2,10 +2,12 @@
 //! interactive commands do in `memprof watch`.
 
 use super::*;
+use crate::local::profile::sidecar::Transition;
+use crate::local::watch::fixtures::{screen, watched};
 use crate::local::watch::recording::RECORDING_LIMIT;
-use crate::local::watch::view::tests::{screen, watched};
 use memprof_api::GpuReport;
 use memprof_api::MemoryReportSpec;
+use memprof_api::RiskLevel;
 
 const G: u64 = 1 << 30;
 
@@ -157,4 +159,38 @@ fn a_forgotten_recording_keeps_the_last_hour() {
         rec.add(&r);
     }
     assert_eq!((rec.reports.len(), rec.dropped), (RECORDING_LIMIT, 5));
+}
+
+#[test]
+fn keys_switch_views_and_move_the_selection() {
+    let mut s = watched();
+    assert_eq!(s.key('j'), Effect::Nothing);
+    assert_eq!(s.selected, 1);
+    assert!(screen(&s).contains("GPU 1 used memory"));
+    s.key('j');
+    assert_eq!(s.selected, 1, "stays on the last GPU");
+    s.key('k');
+    assert_eq!(s.selected, 0);
+
+    s.key('a');
+    let agent = screen(&s);
+    assert!(
+        agent.contains("allocator (agent in 1 rank(s)): leak"),
+        "the agent view is report's renderer:\n{agent}"
+    );
+    assert!(agent.contains("the trainer's allocator"), "{agent}");
+
+    s.key('l');
+    assert!(screen(&s).contains("no risk transition or mark yet"));
+    s.transitions.push(Transition {
+        elapsed_seconds: 4.0,
+        from: RiskLevel::Low,
+        to: RiskLevel::High,
+        gpu: Some(0),
+        used_bytes: None,
+        growth_bytes_per_second: None,
+        time_to_oom_seconds: Some(170.0),
+    });
+    assert!(screen(&s).contains("risk low -> high (GPU 0), OOM in 2m50s"));
+    assert_eq!(s.key('q'), Effect::Quit);
 }
