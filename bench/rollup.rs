@@ -3,7 +3,7 @@
 //!
 //!     cargo bench -p memprof-analysis --bench rollup [-- --events N]
 //!
-//! Shapes: 2,048 ranks × 1 GPU and 256 ranks × 8 GPUs (issue 16's goal: at
+//! Shapes: 2,048 ranks × 1 GPU and 256 ranks × 8 GPUs (the goal: at
 //! most 1 ms of CPU per report event). An event is one rank's new report
 //! (new sample time, memory moved, now and then a new risk level or time to
 //! OOM), as the watch delivers it. "new" is `JobRollup::upsert` then

@@ -1,5 +1,5 @@
-//! Memory benchmark of the operator against hostile metadata (issue 15
-//! item 4; not a timed test): the release `memprof-operator` run as a child
+//! Memory benchmark of the operator against hostile metadata (not a timed
+//! test): the release `memprof-operator` run as a child
 //! process watches `--objects` profiled Jobs and as many pods labelled with
 //! their names, all labelled `memprof.dev/managed=true` (a tenant can set
 //! that label: it is a filter for cost, not proof), first plain, then each
@@ -14,7 +14,7 @@
 //! target/release/examples/operator_memory --objects 1000
 //! ```
 //!
-//! With `--reports N` it measures refused reports instead (issue 34 item 5):
+//! With `--reports N` it measures refused reports instead:
 //! N small MemoryReports that no pod wrote (no writer mark), then N of the
 //! largest the CRD admits, all claiming one profiled Job; RSS after each set
 //! is in the cache, and again after a restart of the operator with them in

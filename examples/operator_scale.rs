@@ -31,7 +31,7 @@ use setup::RankPod;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// Goals of the scale run (issue 16): report -> status p99 of one Job
+/// Goals of the scale run: report -> status p99 of one Job
 /// (2,048 x 1, 256 x 8), and of many Jobs at once (200 x 16).
 const GOAL_P99_MS_ONE_JOB: f64 = 1000.0;
 const GOAL_P99_MS_MANY_JOBS: f64 = 2000.0;

@@ -10,7 +10,7 @@
 //!
 //! With a third argument the operator watches every namespace, and a
 //! hostile tenant runs beside the timed one in a namespace of its own
-//! (issue 34 item 3): `HOSTILE_JOBS` profiled Jobs that run nothing
+//!: `HOSTILE_JOBS` profiled Jobs that run nothing
 //! (parallelism 0) and a policy firing at risk `none` with no cooldown,
 //! rewritten every 2 s. `0` is the baseline with the same operator. The API
 //! server's own read latency (a GET of the timed namespace's Jobs, twice a

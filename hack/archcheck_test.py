@@ -80,7 +80,7 @@ class ArchcheckTest(unittest.TestCase):
         self.assertEqual(problems, [])
 
     def test_the_old_remediation_cycle_is_no_longer_allowed(self):
-        # The one controller (issue 16) dissolved it: the allow-list is empty.
+        # The one controller dissolved it: the allow-list is empty.
         remediation = "crates/controller/src/remediation"
         files = {
             "crates/controller/src/lib.rs": "pub mod remediation;\n",

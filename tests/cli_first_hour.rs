@@ -1,4 +1,4 @@
-//! Issue 33, the first hour of a new user, run as that user runs it: the
+//! The first hour of a new user, run as that user runs it: the
 //! real `memprof` binary (and `memprof-sidecar` on the simulated backend; no
 //! GPU, no cluster). Every file a command writes is checked before the work
 //! starts; a mistake is one line saying what is wrong and what to type; a
@@ -113,7 +113,7 @@ fn profile_makes_the_missing_output_folder_with_host_and_rank_filled_in() {
         .collect();
     assert_eq!(written.len(), 1, "{written:?}");
     assert!(written[0].ends_with("-rank0.json"), "{written:?}");
-    // The file holds what the table printed (issue 33 item 4).
+    // The file holds what the table printed.
     let report: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.path("out/deeper").join(&written[0])).unwrap())
             .unwrap();

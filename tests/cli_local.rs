@@ -343,7 +343,7 @@ fn analyze_prints_tables_on_request_json_lines_and_draws_the_prediction() {
             "{want:?} missing from the plot's text:\n{t}"
         );
     }
-    // Every command that draws writes PNG too (issue 20), in-process.
+    // Every command that draws writes PNG too, in-process.
     let png = dir.path("a.png");
     let out = memprof(&["analyze", &trace, "--plot", &png.display().to_string()]);
     assert!(out.status.success(), "{}", text(&out.stderr));
@@ -377,7 +377,7 @@ fn memprof_within(args: &[&str], limit: Duration) -> Option<Output> {
     None
 }
 
-/// Issue 17 item 4: on a machine without the NVIDIA driver, the guard and
+/// On a machine without the NVIDIA driver, the guard and
 /// the profile saw nothing and passed (exit 0), and `oom --monitor` without
 /// `--duration` waited forever. Blind now means exit 4 and one line saying
 /// why. Needs a machine without the driver (what this one is; skipped where
@@ -443,7 +443,7 @@ fn a_devices_list_that_names_no_gpu_is_blind_too() {
 }
 
 /// A simulated machine with three GPUs: `--devices 0,1` samples, reports,
-/// traces and plots GPUs 0 and 1 only (issue 17: GPU 2 was reported and its
+/// traces and plots GPUs 0 and 1 only (GPU 2 was reported and its
 /// transitions drawn on a plot that did not show it).
 #[test]
 fn devices_are_chosen_at_the_source_so_no_other_gpu_reaches_report_trace_or_plot() {

@@ -1,4 +1,4 @@
-//! The seed tools' last gaps, as a user meets them (issue 33): the
+//! The seed tools' last gaps, as a user meets them: the
 //! fragmentation trend drawn (`memprof fragment --plot`), the OOM snapshot
 //! exported as the pickle PyTorch's memory_viz opens (`--oom-snapshot` of
 //! `profile` and `rollup`, read back by Python's own `pickle`), and the demo

@@ -100,7 +100,7 @@ fn every_string_and_list_a_report_or_profile_carries_is_bounded() {
 fn no_status_is_nullable_so_a_1_20_server_publishes_its_fields() {
     // A server that publishes only OpenAPI v2 (1.20) drops a nullable
     // property's type and fields: `kubectl explain memoryprofile.status`
-    // listed nothing (issue 17).
+    // listed nothing.
     for crd in memprof::api::crds() {
         let schema = serde_json::to_value(&crd.spec.versions[0].schema).unwrap();
         let status = &schema["openAPIV3Schema"]["properties"]["status"];

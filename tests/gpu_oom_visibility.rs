@@ -1,4 +1,4 @@
-//! A CUDA OOM of a profiled Job where people look (issue 18 item 5), and the
+//! A CUDA OOM of a profiled Job where people look, and the
 //! worst rank's allocation sites in the profile, and every rank's taken at
 //! critical (item 4), there and in `memprof report`, against a real
 //! control plane (`hack/local-cluster.sh up`; no kubelet: the test writes

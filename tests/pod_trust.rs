@@ -1,4 +1,4 @@
-//! Issue 15 items 1 and 2, as attacks against the real local control plane:
+//! As attacks against the real local control plane:
 //! whoever may create pods in a namespace tries to steer another user's Job
 //! through memprof (recreate it with a smaller batch) without any right on
 //! that Job. Each test is named after the attack it proves closed

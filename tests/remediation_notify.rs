@@ -1,4 +1,4 @@
-//! `notifyTrainer` against a real control plane (issue 18 item 2): a policy
+//! `notifyTrainer` against a real control plane: a policy
 //! fires on a Job of three ranks, the operator writes one directive into
 //! every counted rank's MemoryReport status (never into the report of a pod
 //! the Job's controller did not create), simulated sidecars write their

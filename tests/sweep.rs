@@ -197,7 +197,7 @@ fn an_oom_the_model_did_not_expect_bounds_the_search_and_is_a_disagreement() {
 
 #[test]
 fn a_quadratic_trainer_gets_a_verified_value_that_runs_not_a_line_extrapolated() {
-    // Issue 17 item 8, on the fake trainer: eager attention makes memory
+    // On the fake trainer: eager attention makes memory
     // quadratic in SEQ_LEN: 2 GB + 50 MB × u + 6 MB × u², u = SEQ_LEN/128,
     // on a 16 GB "GPU" (limit 14.4 GB). 5120 needs 13.6 GB and runs; 6144
     // needs 18.2 GB and OOMs. A line through 1024..4096 called 6144 safe.

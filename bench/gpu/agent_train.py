@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Trainer scenarios for the in-process agent (issue 9), beside train.py's:
+"""Trainer scenarios for the in-process agent, beside train.py's:
 
   grow   the model of train.py with a sequence length that grows every
          --grow-every seconds: the allocator's cache grows, nothing leaks;

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""GPU proof of memprof_agent.breakdown / watch / trace_modules (issue 10).
+"""GPU proof of memprof_agent.breakdown / watch / trace_modules.
 
 A small GPT (hand-written blocks, ~130M parameters, fp32 weights, bf16
 autocast) with peft LoRA adapters on the attention projections at r=8, 16,

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The causes of a CUDA OOM other than a leak, for scenarios.py (issue 29):
+"""The causes of a CUDA OOM other than a leak, for scenarios.py:
 each one a real memory pattern on a real GPU, with the time it began.
 
   DemandRamp    growing demand, no leak: the sequence length ramps so the

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""GPU proof of memprof_agent.watch_gradients (issue 19 item 4).
+"""GPU proof of memprof_agent.watch_gradients.
 
 A real trainer (bench/gpu/train.py's GPT, small: d=512, 6 layers, bf16
 autocast, AdamW, synthetic tokens) in three runs:

@@ -1,6 +1,5 @@
 #!/usr/bin/env python3
-"""What allocation-history recording costs on a real training step (issue 18
-item 4): the agent turns on torch.cuda.memory._record_memory_history(
+"""What allocation-history recording costs on a real training step: the agent turns on torch.cuda.memory._record_memory_history(
 max_entries=N, stacks="python") when the verdict reaches high, with
 N = memprof_agent._history.DEFAULT_ENTRIES_AT_HIGH unless configured.
 

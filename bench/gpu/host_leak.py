@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A trainer that leaks host memory (issue 19 item 2): a small model trains
+"""A trainer that leaks host memory: a small model trains
 on the GPU while a Python list keeps CPU tensors at a paced rate (a list of
 per-step CPU copies, the classic host leak), so the agent's `host` field
 (RSS and the cgroup) grows while GPU memory stays flat.

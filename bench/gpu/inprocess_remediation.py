@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""In-process remediation on a real GPU (issue 18 item 2): a trainer whose
+"""In-process remediation on a real GPU: a trainer whose
 configured micro-batch would hit a CUDA OOM when its sequences grow survives
 through memprof's in-process path (verdict in the push's answer -> on_risk
 -> MicroBatchLoop: checkpoint on high, split on critical) with the same

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Trainer scenarios for bench/gpu/record.sh (issue 17): real PyTorch training
+"""Trainer scenarios for bench/gpu/record.sh: real PyTorch training
 of train.py's GPT, shaped by options into the memory patterns memprof must
 judge. One process per scenario (the caching allocator's pools of one never
 pollute another's). Options combine:

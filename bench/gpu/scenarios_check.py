@@ -17,7 +17,7 @@ the truth (the poll nearest to it within 5 s); and the verdict after the OOM
 (the last poll's and the final report's growth, fragmentation and advice).
 The closing lines count, for the live sidecar and the NVML-only replay: leaks
 flagged, false flags, leak flags within 15 s of visible, and TTO within 20 %
-at half-life for leaks that lived 30 s or more (issue 17's targets).
+at half-life for leaks that lived 30 s or more (the recording campaign's targets).
 """
 import argparse
 import csv
@@ -158,7 +158,7 @@ def judge(items, s, visible):
 
 
 def after_oom(d, name, polls, s):
-    """What the sidecar said once the trainer was gone (issue 17 item 5)."""
+    """What the sidecar said once the trainer was gone."""
     oom = s.get("oomAt")
     if not oom:
         return None
@@ -206,7 +206,7 @@ def scenario(d, name, truth, memprof):
 
 
 def totals(results, key):
-    """Issue 17's counts for one series (live or nvml)."""
+    """The leak-flag and TTO counts for one series (live or nvml)."""
     leaks = [r for r in results if r["truth"] in ("oom", "leak") and r.get(key) and "error" not in r[key]]
     clean = [r for r in results if r["truth"] == "none" and r.get(key) and "error" not in r[key]]
     flagged = [r for r in leaks if r[key]["leakFlag"] is not None or r[key].get("allocatorLeak") is not None]

@@ -3,7 +3,7 @@
 transformer whose attention is written out, softmax(Q Kᵀ / √d) V, with no
 flash or memory-efficient kernel, so each layer keeps its (batch, heads,
 seq, seq) probability matrix for the backward pass: memory grows with
-SEQ_LEN² (issue 17 item 8). Random weights in bf16, full fine-tune with
+SEQ_LEN². Random weights in bf16, full fine-tune with
 AdamW, random tokens; nothing downloaded.
 
 Environment: SEQ_LEN (default 2048), BATCH_SIZE (2), and the model's size

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""GPU measurement of memprof_agent.track (issue 19 item 3) and of the
+"""GPU measurement of memprof_agent.track and of the
 size histogram's allocator snapshot (item 5).
 
 bench/gpu/train.py's GPT (d=1024, 8 layers, bf16 autocast, AdamW) on

@@ -80,7 +80,7 @@ pub async fn tenant(admin: &Client, ns: &str) -> Client {
 }
 
 /// Someone who may create (and read) pods in `ns` but not create, patch or
-/// delete Jobs: what issue 15 item 1's attacker has.
+/// delete Jobs: what a tenant attacking another's Job has.
 pub async fn pod_creator(admin: &Client, ns: &str) -> Client {
     let rules = json!([
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get", "list", "watch"]},

@@ -416,7 +416,7 @@ def tracking_report():
 
 
 def _configure_seed_parts(env):
-    """The environment of issue 19's parts, read at start()."""
+    """The environment of the seed tools' parts, read at start()."""
     _sizes.configure(env)
     if _tracking.configure_from_env(env):
         atexit.register(_tracking.print_at_exit)

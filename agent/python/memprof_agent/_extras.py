@@ -1,4 +1,4 @@
-"""The push fields of issue 19 (contract C): `host`, `grads`, `sizes`,
+"""The seed tools' push fields (contract C): `host`, `grads`, `sizes`,
 `tracking`, each from its module, each optional and bounded
 (docs/agent.md). One push contributor (_core.add_push_contributor),
 registered when the package is imported; a failing part is left out of

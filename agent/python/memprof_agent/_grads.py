@@ -1,5 +1,5 @@
 """watch_gradients(model): an opt-in check of the gradients after backward
-every N steps (issue 19 item 4, seed 001's gradient anomalies): NaN/Inf,
+every N steps (seed 001's gradient anomalies): NaN/Inf,
 unusually large (a parameter's gradient norm above FACTOR x the running
 median of that parameter's earlier norms) and vanishing (below EPS while
 the parameter is trainable), and the global norm.

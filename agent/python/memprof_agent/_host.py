@@ -1,4 +1,4 @@
-"""Host memory of the trainer's container (issue 19 item 2): the process
+"""Host memory of the trainer's container: the process
 RSS the push already carries, and the cgroup's memory limit and usage, so
 a host-memory leak (a growing list of CPU tensors, a DataLoader that
 hoards) can be measured against the limit the kernel will OOM-kill at.

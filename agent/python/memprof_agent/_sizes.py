@@ -1,4 +1,4 @@
-"""The allocation-size pattern (issue 19 item 5, seed 000's `fragment`):
+"""The allocation-size pattern (seed 000's `fragment`):
 a histogram of the live allocations' request sizes, and how many requests
 each pool took since the previous reading, pushed as `sizes` at most every
 MIN_INTERVAL seconds.

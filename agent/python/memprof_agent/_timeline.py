@@ -1,4 +1,4 @@
-"""The event timeline (issue 19 item 6, seed 002's GPUMemoryProfiler):
+"""The event timeline (seed 002's GPUMemoryProfiler):
 record(name, note) with allocated, reserved, max allocated, max reserved
 and the elapsed time; record_detailed() with tensors and parameter counts;
 per-stage deltas (against the previous event and against a named earlier
@@ -34,7 +34,7 @@ ORIGIN = time.monotonic()
 
 class Event(tuple):
     """The 7-tuple the push reads (t, name, note, step, phase, allocated,
-    reserved) plus `extra`: the push fields added by issue 19
+    reserved) plus `extra`: the seed tools' push fields
     (_core._event_json merges them)."""
 
 

@@ -1,4 +1,4 @@
-"""Reference tracking (issue 19 item 3, seed 000's --enable-tracking),
+"""Reference tracking (seed 000's --enable-tracking),
 opt-in: what kinds of objects grow between two points of a run.
 
 A sample walks gc.get_objects() once: Python objects counted by type, and

@@ -1,4 +1,4 @@
-"""watch_gradients (issue 19 item 4, seed 001): every N optimizer steps (or
+"""watch_gradients (seed 001): every N optimizer steps (or
 backward passes), NaN/Inf, unusually large and vanishing gradients and the
 global norm, with one device-to-host copy per device per check and nothing
 on the other steps; flags in the push (`grads`)."""

@@ -1,4 +1,4 @@
-"""The push's `host` (issue 19 item 2): the container's memory limit and
+"""The push's `host`: the container's memory limit and
 usage read from a fake cgroup tree (v2, v1, none; a pod's limit one level
 above the container's; a container without a cgroup namespace, whose own
 cgroup is mounted as the root)."""

@@ -1,6 +1,6 @@
 """Every push at its bounds, with the fields of both halves of the agent
-full at once (issue 19's host/grads/sizes/tracking and event extras;
-issue 18's acks, checkpoint events and sites; the OOM push's oom and
+full at once (the seed tools' host/grads/sizes/tracking and event extras;
+the acks, checkpoint events and sites; the OOM push's oom and
 preOom): what each push takes, what encode() sheds to keep it within the
 cap docs/agent.md states for it, and that a real sidecar takes the
 largest."""

@@ -1,4 +1,4 @@
-"""Issue 19's push fields together at their bounds: the body stays within
+"""The seed tools' push fields together at their bounds: the body stays within
 the periodic push's cap and a real memprof-sidecar takes it."""
 
 import json

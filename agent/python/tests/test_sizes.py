@@ -1,4 +1,4 @@
-"""The allocation-size pattern (issue 19 item 5): a power-of-two histogram
+"""The allocation-size pattern: a power-of-two histogram
 of the live allocations' requested sizes and of the free blocks from the
 allocator's snapshot, else pool counts from memory_stats(); requests per
 pool since the previous reading; at most every 10 s, cost-bounded."""

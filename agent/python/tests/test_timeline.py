@@ -1,4 +1,4 @@
-"""The event timeline (issue 19 item 6, seed 002): record() with allocated,
+"""The event timeline (seed 002): record() with allocated,
 reserved, max allocated, max reserved and elapsed; record_detailed();
 per-stage deltas; the console table, the JSON export keyed by event, the
 log file, the table at exit."""

@@ -1,5 +1,5 @@
-"""The two halves of the agent together (issue 18's transport, verdicts,
-callbacks and checkpoints; issue 19's host, timeline, gradients, sizes and
+"""The two halves of the agent together (the transport, verdicts,
+callbacks and checkpoints; the seed tools' host, timeline, gradients, sizes and
 tracking): one push-contributor registration, event extras through the
 checkpoint queue, step() doing both halves' work, markers still calling no
 torch API with everything armed."""

@@ -1,4 +1,4 @@
-"""Reference tracking (issue 19 item 3): opt-in samples of the live objects
+"""Reference tracking: opt-in samples of the live objects
 at step() boundaries; what grew between the last two, tensors by device,
 dtype, shape and allocating site, Python objects by type; in the push and
 on the terminal."""

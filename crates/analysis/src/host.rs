@@ -1,4 +1,4 @@
-//! Host memory (issue 19 item 2, seed 000's `leak` covered host memory too):
+//! Host memory (seed 000's `leak` covered host memory too):
 //! the trainer process's RSS and its container's cgroup, as the agent pushes
 //! them (`host`). A host-memory leak (a growing Python list of CPU tensors,
 //! a DataLoader whose workers hoard) gets the GPU's treatment: sustained

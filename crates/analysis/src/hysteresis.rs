@@ -1,4 +1,4 @@
-//! A GPU's published risk level moves only on evidence (issue 17 item 2):
+//! A GPU's published risk level moves only on evidence:
 //! it rises at once, and falls only after the lower level has held for a
 //! while, so that a one-sample dip of a noisy estimate does not send a
 //! `critical → high → critical` pair of Events and pages.
@@ -115,7 +115,7 @@ mod tests {
         );
     }
 
-    /// What the simulated steady leak did (issue 17 item 2): medium → low →
+    /// What the simulated steady leak did: medium → low →
     /// medium within 2 s, and critical → high 15 s after critical.
     #[test]
     fn a_dip_shorter_than_the_hold_publishes_nothing() {

@@ -4,7 +4,7 @@
 //! explain`. Pure: points in, a curve, its error and what it may be used
 //! for out.
 //!
-//! Why it is built this way (issue 17 item 8: a line through an
+//! Why it is built this way (a line through an
 //! eager-attention sweep called a crashing value safe):
 //! - **Curvature is allowed**: `peak = static + a·x + b·x²` with `b ≥ 0`.
 //!   Activations are linear in the batch, attention scores quadratic in the

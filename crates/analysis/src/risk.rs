@@ -507,7 +507,7 @@ mod tests {
 
     type Used = dyn Fn(f64) -> f64;
 
-    /// Issue 29 item 1: readings published as `low` carried a time to OOM of
+    /// Readings published as `low` carried a time to OOM of
     /// 20–180 s at confidence 1.0 (the level's confidence beside the trend's
     /// forecast). Every NVML assessment now agrees with its own evidence.
     #[test]

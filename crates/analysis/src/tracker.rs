@@ -536,7 +536,7 @@ mod tests {
         assert!(v[1].agent_only && v[1].from_agent);
     }
 
-    /// Issue 29 item 2: another process grows 400 MB/s until the card is
+    /// Another process grows 400 MB/s until the card is
     /// full while the trainer's allocator is flat. The agent-fed verdict
     /// judged the allocator alone (2 s of warning, against NVML's 81 s); now
     /// it never sees less than the NVML-only one, names the cause a

@@ -1,5 +1,5 @@
 //! One rule from evidence to a level, and the check every published
-//! verdict passes (issue 29: "levels that hold").
+//! verdict passes ("levels that hold").
 //!
 //! A GPU's verdict carries its level, its time to OOM with the confidence
 //! in it, and the fraction of memory its level was judged on. The level is
@@ -145,7 +145,7 @@ mod tests {
         assert_eq!(level_of(Some(20.0), f64::NAN, 0.5, &th), Low);
     }
 
-    /// What the NVML-only sidecar published (issue 29): `low` with a time
+    /// What the NVML-only sidecar published: `low` with a time
     /// to OOM of 20 s at confidence 1.0; high with 8 s.
     #[test]
     fn a_level_below_its_evidence_is_a_contradiction_held_or_not() {

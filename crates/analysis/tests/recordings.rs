@@ -63,7 +63,7 @@ fn dev_evaluation() -> Evaluation {
     evaluation("dev", 9)
 }
 
-/// Issue 17 item 7: with the agent, every leak is flagged within 15 s of
+/// With the agent, every leak is flagged within 15 s of
 /// becoming visible in allocated memory and nothing else is; the time to OOM
 /// at half the leak's life is within 20 % for every leak that lived 30 s or
 /// more. (Before: leak100 and valloss never flagged, the others 14.0–15.6 s
@@ -84,7 +84,7 @@ fn with_the_agent_every_leak_is_flagged_within_15_s_and_its_oom_predicted_within
     assert!(one(&e.agent, "steadyeval").worst <= RiskLevel::Low);
 }
 
-/// Issue 17 item 6: from NVML alone a leak is called only when the data show
+/// From NVML alone a leak is called only when the data show
 /// one (a regular staircase after the trainer's start): no false flag on
 /// the dev set or the fixtures, a batch that grew four times never above
 /// medium; what NVML cannot tell (a leak that starts with the trainer, a
@@ -134,7 +134,7 @@ fn from_nvml_alone_a_leak_is_called_only_when_the_data_show_one() {
     }
 }
 
-/// Issue 17 item 5: after a leak's OOM the report keeps the verdict from
+/// After a leak's OOM the report keeps the verdict from
 /// before it: a leak, not cache, not fragmentation. (Before: leak100 and
 /// valloss said `growth: cache` after their OOM.)
 #[test]
@@ -241,7 +241,7 @@ fn baselines_as_first_judged(e: &Evaluation, set: &str) {
     }
 }
 
-/// Issue 29 on the held-out H200 set (never tuned on), as first judged at
+/// The per-cause goals on the held-out H200 set (never tuned on), as first judged at
 /// the commit that added it: what held, pinned so that a regression fails,
 /// with bounds an improvement keeps. No false high and no false leak flag
 /// on the legitimate runs from either source; every escalation within
@@ -311,7 +311,7 @@ fn the_neighbours_pid_reaches_the_verdict_through_the_recorded_process_usage() {
     assert_eq!(one(&without.nvml, "neighbour").named_pid, None);
 }
 
-/// Goal 4 of issue 29, on the GPU through the real `memprof-sidecar`: the
+/// On the GPU through the real `memprof-sidecar`: the
 /// held-out growing demand died of a CUDA OOM 75 s after its ramp began;
 /// the same run with the agent's `MicroBatchLoop` listening split its
 /// micro-batch on the sidecar's critical, 31 s into the ramp (44 s before

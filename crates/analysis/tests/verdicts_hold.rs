@@ -98,7 +98,7 @@ fn transitions(analyses: &[Analysis]) -> Vec<(f64, RiskLevel)> {
         .collect()
 }
 
-/// Issue 29, "levels that hold": no published level contradicts its own
+/// "levels that hold": no published level contradicts its own
 /// time to OOM and confidence. Every recording, both modes, every GPU of
 /// every analysis (the replay runs the same Tracker the sidecar runs).
 #[test]
@@ -124,7 +124,7 @@ fn every_published_verdict_of_every_recording_agrees_with_its_evidence() {
     assert!(checked > 1000, "{checked} verdicts checked");
 }
 
-/// Issue 29: a monotone escalation reads low → medium → high → critical
+/// A monotone escalation reads low → medium → high → critical
 /// once each. Each recorded leak, from its start to its OOM, in both
 /// modes: at most (levels reached + 1) changes of the published level,
 /// and none of them a fall. (An OOM frees the trainer's memory: what

@@ -260,7 +260,7 @@ pub struct RemediationAction {
     pub notify_trainer: Option<NotifyTrainerAction>,
 }
 
-/// Run the trainers' `on_risk` callbacks at a level (issue 18 item 2).
+/// Run the trainers' `on_risk` callbacks at a level.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct NotifyTrainerAction {

@@ -401,7 +401,7 @@ mod tests {
         Monitor::new(Box::new(SimSampler::new(s, 0)), Thresholds::default())
     }
 
-    /// Issue 29: a steady 100 MiB/s simulated leak logged 17 `risk changed`
+    /// A steady 100 MiB/s simulated leak logged 17 `risk changed`
     /// lines in 5.5 minutes (critical -> high at TTO 24 s and 8 s), and at
     /// the ceiling lost its leak flag while its TTO stayed 4 s. Through the
     /// sidecar's analysis, every published verdict agrees with its own

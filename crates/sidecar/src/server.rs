@@ -371,7 +371,7 @@ mod tests {
         let _ = std::fs::remove_dir(&dir);
     }
 
-    /// Issue 15, item 3: a mesh relay (Istio hands inbound traffic to the app
+    /// A mesh relay (Istio hands inbound traffic to the app
     /// from 127.0.0.6, Linkerd and `kubectl port-forward` from 127.0.0.1)
     /// makes an outside connection look local. A TCP peer on loopback can
     /// neither push nor read the report: those are only on the socket.

@@ -111,7 +111,7 @@ fn unix(path: &Path, method: &str, path_: &str, body: &str) -> (u16, String) {
     }
 }
 
-/// Issue 15, item 3: Istio hands inbound traffic to the app from 127.0.0.6,
+/// Istio hands inbound traffic to the app from 127.0.0.6,
 /// Linkerd and `kubectl port-forward` from loopback. Through such a relay a
 /// pod in another namespace fed invented allocator data to a victim's
 /// sidecar (62 of 62 pushes accepted: report low to critical, numOoms from

@@ -1,4 +1,4 @@
-//! Fragmentation over time (issue 19 item 5, seed 000's `fragment`): the
+//! Fragmentation over time (seed 000's `fragment`): the
 //! allocator's cache over the whole run in a bounded trend, and the
 //! allocation-size pattern the agent reads (`sizes`), in words.
 

@@ -399,7 +399,7 @@ mod verdict;
 
 mod processes;
 
-/// Issue 29 item 4: sequence length ramping (the peaks rise 0.5 GB/s, memory
+/// Sequence length ramping (the peaks rise 0.5 GB/s, memory
 /// between steps stays put) until it no longer fits. It was held at medium
 /// ("a pace over a flat floor may warn, never alarm") until the OOM; now the
 /// forecast alarms, named growing demand, not a leak.
@@ -433,7 +433,7 @@ fn growing_demand_that_will_not_fit_alarms_from_its_forecast() {
     );
 }
 
-/// Issue 29 item 3: 77 GB reserved, 0.3 GB allocated, the cache in split
+/// 77 GB reserved, 0.3 GB allocated, the cache in split
 /// blocks: it sat at risk low with no advice until the OOM (the advice came
 /// 1 s after it, with the first retries). A full cache whose free blocks
 /// serve the allocations (no split blocks, no retries) is not a risk.
@@ -461,7 +461,7 @@ fn a_fragmented_cache_that_fills_the_limit_is_high_with_its_advice_before_any_re
     assert!(a.risk.risk <= RiskLevel::Low && a.advice.is_none(), "{a:?}");
 }
 
-/// Issue 29 item 3, before the cache is full (the causes-dev fragmenter on
+/// Before the cache is full (the causes-dev fragmenter on
 /// an H200: reserved memory grew 2.4 GB/s, allocated 0.09 GB/s, the agent
 /// said medium and "leak" all along): reserved memory climbing toward the
 /// limit many times faster than the tensors, most of it holding none, is
@@ -517,7 +517,7 @@ fn a_cache_climbing_past_its_tensors_is_fragmentation_forecast_before_it_fills()
         .is_none_or(|c| c.cause != crate::verdict::Cause::Fragmentation)));
 }
 
-/// Issue 29 item 2: another process on the GPU grows 400 MB/s while the
+/// Another process on the GPU grows 400 MB/s while the
 /// trainer's allocator is flat; its limit falls. The allocator alone warned
 /// 2 s ahead; the device's memory outside the allocator now forecasts it.
 #[test]

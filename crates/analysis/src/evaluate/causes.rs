@@ -1,4 +1,4 @@
-//! Issue 29's benchmark over a judged set: per recording (one cause each)
+//! The per-cause benchmark over a judged set: per recording (one cause each)
 //! and per source (memprof from NVML alone, memprof with the agent, the
 //! dcgm-exporter 90 % alert, the straight line), the lead of the first high
 //! before the OOM, the TTO error at half the cause's life, the seconds of

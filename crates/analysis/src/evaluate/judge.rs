@@ -1,9 +1,9 @@
 //! A replay's readings against the truth: when the leak flag, high and
 //! critical came, false flags, the time to OOM at half the cause's life,
-//! what the report said after the OOM, and per cause (issue 29) the lead of
+//! what the report said after the OOM, and per cause the lead of
 //! the first high before the OOM, the seconds of false high and false leak
 //! flag, and the risk transitions from the cause's start to its end; then
-//! the counts of issue 17 over a set (precision and recall of the leak flag,
+//! the counts over a set (precision and recall of the leak flag,
 //! flags within 15 s of the leak becoming visible, time to OOM within 20 %
 //! at half-life).
 
@@ -127,7 +127,7 @@ fn escalation(span: &[&Reading]) -> (usize, usize) {
     (changes, above.len())
 }
 
-/// Issue 29's per-cause numbers of one replay (see [`Judged`]).
+/// The per-cause numbers of one replay (see [`Judged`]).
 struct PerCause {
     lead_high: Option<f64>,
     high_seconds: f64,
@@ -247,7 +247,7 @@ fn after_oom(replay: &Replay) -> Option<AfterOom> {
     })
 }
 
-/// Issue 17's counts over one mode's judgements.
+/// The leak flag's counts over one mode's judgements.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Totals {

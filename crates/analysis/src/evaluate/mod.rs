@@ -1,5 +1,5 @@
-//! How good the verdicts are on recordings with their truth (issue 17
-//! items 6 and 7, issue 29's per-cause benchmark): each recording replayed
+//! How good the verdicts are on recordings with their truth (the leak
+//! flag and time to OOM per recording, and the per-cause benchmark): each recording replayed
 //! through the sidecar's analysis ([`crate::tracker::Tracker`]) from its
 //! NVML trace alone and with the in-process agent's pushes, and two
 //! baselines computed from the same trace ([`baseline`]), judged against
@@ -36,7 +36,7 @@ pub struct Evaluation {
     pub used_alert: Vec<Judged>,
     /// The straight line to the total ([`baseline::linear`]).
     pub linear: Vec<Judged>,
-    /// Each source's counts against issue 29's goals, in the order nvml,
+    /// Each source's counts against the verdict's goals (docs/gpu-results.md), in the order nvml,
     /// agent, usedAlert90, linear30s.
     pub goals: Vec<causes::Goals>,
 }

@@ -1,5 +1,5 @@
 //! The memory model on recorded real sweeps (docs/gpu/sweep-h100*.txt, the
-//! eager-attention sweep of issue 17) and on synthetic laws.
+//! eager-attention sweep recorded on an H100) and on synthetic laws.
 
 use super::*;
 
@@ -30,7 +30,7 @@ fn lora_fine() -> Vec<(f64, f64)> {
     ])
 }
 
-/// Issue 17 item 8: an eager-attention trainer, reserved peak per SEQ_LEN
+/// An eager-attention trainer, reserved peak per SEQ_LEN
 /// on an H100 80GB; 5120 runs, 6144 and 8192 OOM.
 fn eager_attention() -> Vec<(f64, f64)> {
     gib(&[

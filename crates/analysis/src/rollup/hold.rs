@@ -3,7 +3,7 @@
 //!
 //! Why: a steady simulated leak's profile went medium → low → medium within
 //! 2 s, and critical → high 15 s after reaching critical while the leak went
-//! on (issue 17 item 2): one rank's report dipping for a moment, or the worst
+//! on: one rank's report dipping for a moment, or the worst
 //! rank's sidecar lowering its own level while another's had not caught up.
 //! Each flap is a risk Event and a possible page. A level is held for
 //! `dwell` after the last moment some counted report was at or above it;

@@ -1,4 +1,4 @@
-//! The push fields of issue 19 and the OOM's state before the unwinding
+//! The seed tools' push fields (host, gradients, sizes, tracking) and the OOM's state before the unwinding
 //! (contract C): `host`, `grads`, `sizes`, `tracking` and `preOom`, with
 //! their checks. The rest of the push is in [`crate::agent`].
 //!

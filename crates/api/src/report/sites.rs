@@ -1,7 +1,7 @@
 //! What a report carries for the code and the operator beside the numbers:
-//! the top allocation sites of the pod's trainer (issue 18 item 4: the
+//! the top allocation sites of the pod's trainer (the
 //! snapshot the agent takes at critical, naming file and line), and the
-//! directives only the operator writes (`status.directives`, issue 18 item 2).
+//! directives only the operator writes (`status.directives`).
 
 use crate::agent::{self, Directive, SitesSnapshot};
 use crate::common::RiskLevel;

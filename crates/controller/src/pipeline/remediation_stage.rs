@@ -53,7 +53,7 @@ pub(super) fn run(ctx: &Arc<Context>, f: &Fetched) -> Option<Duration> {
     // scan: what is already recorded is not recorded again anyway.
     let scan = rollups::take_oom_scan(ctx, &f.key);
     // OOM evidence only from the Job's own pods, screened like reports
-    // (issue 15 item 2: `trust::admitted`).
+    // (`trust::admitted`).
     let job_uid = f.job.as_deref().and_then(|j| j.uid()).unwrap_or_default();
     let keys = ctx.setup.options.admission.ring();
     let pods = scan.pods.iter().map(|p| p.as_ref());

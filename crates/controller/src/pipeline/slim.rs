@@ -1,6 +1,6 @@
 //! What the caches keep of each object: only what the pipeline reads, each
 //! value bounded, so that what the operator holds per object is a constant
-//! that no tenant-written metadata can grow (issue 15 item 4: 200 Jobs with
+//! that no tenant-written metadata can grow (200 Jobs with
 //! 250 KiB of labels each grew the operator by 142.5 MiB).
 //!
 //! Dropped on the way into the cache, never read: managedFields, every

@@ -1,5 +1,5 @@
 //! `notifyTrainer`: tell every counted rank's trainer to act at a level,
-//! in-process and without a restart (issue 18 item 2).
+//! in-process and without a restart.
 //!
 //! The channel is each counted rank's MemoryReport `status.directives`:
 //! the status subresource, which the reporter Role does not grant, so only

@@ -505,7 +505,7 @@ fn service_account_token_is_projected_into_the_sidecar_unless_respected() {
     assert_eq!(names(&pod_spec(&out)["volumes"]), [SOCKET_VOLUME]);
 }
 
-/// Contract A, issue 15 item 3: the agent reaches the sidecar through a
+/// Contract A: the agent reaches the sidecar through a
 /// Unix socket on an emptyDir that only the pod's containers mount (the
 /// sidecar read-write, every trainer read-only), in both sidecar modes and
 /// for bare pods; nothing points the agent at a TCP port.

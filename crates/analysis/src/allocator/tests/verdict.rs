@@ -4,7 +4,7 @@
 use super::*;
 use memprof_api::agent::{OomSnapshot, PushKind};
 
-/// Issue 17 item 5, on the shape the H100 showed: a leak to a real OOM,
+/// On the shape the H100 showed: a leak to a real OOM,
 /// then the final push after the exception unwound (the step's tensors
 /// freed: 0.1 % of reserved allocated, retries up). Before, the report said
 /// `growth: cache`, fragmentation 0.999 and advised expandable_segments.
@@ -155,7 +155,7 @@ fn fragmentation_advice_names_the_size_pattern() {
     assert_eq!(trend.last().unwrap().alloc_retries, 12);
 }
 
-/// Issue 19 item 2 through the agent's pushes: host memory in the report.
+/// Through the agent's pushes: host memory in the report.
 #[test]
 fn host_memory_is_analysed_from_the_pushes() {
     let th = Thresholds::default();

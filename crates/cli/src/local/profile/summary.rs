@@ -525,7 +525,7 @@ mod tests {
         }
     }
 
-    /// Issue 33: the JSON `--output` lacked what the table shows. Each GPU
+    /// The JSON `--output` lacked what the table shows. Each GPU
     /// of the file gets the table's free memory, utilization and samples.
     #[test]
     fn the_report_file_gets_the_numbers_the_table_shows() {

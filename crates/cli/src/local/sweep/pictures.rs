@@ -1,4 +1,4 @@
-//! The pictures the seed tools drew for a sweep (issue 19 item 7): memory
+//! The pictures the seed tools drew for a sweep: memory
 //! over the steps of each configuration, the peak over two swept variables
 //! as a heatmap, and one step's forward/backward/optimizer timeline from the
 //! agent's `trace_modules()` numbers. Pure: a result in, charts out.

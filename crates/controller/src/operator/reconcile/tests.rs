@@ -447,7 +447,7 @@ fn condition<'a>(st: &'a MemoryProfileStatus, t: &str) -> &'a memprof_api::Condi
 
 #[test]
 fn a_dead_sidecar_goes_stale_and_its_critical_verdict_stays() {
-    // Issue 17 item 3: two ranks; rank 0's sidecar dies at 0 s carrying a
+    // Two ranks; rank 0's sidecar dies at 0 s carrying a
     // critical verdict, rank 1 keeps its 60 s heartbeat.
     let mut r = JobRollup::new(Some(2), RollupLimits::default());
     r.upsert("train-0", &sampled(0, RiskLevel::Critical, Some(300.0), 0));
@@ -498,7 +498,7 @@ fn a_dead_sidecar_goes_stale_and_its_critical_verdict_stays() {
 
 #[test]
 fn the_time_to_oom_is_the_reports_less_its_age_never_below_zero() {
-    // Issue 16 (chart review): the profile's time to OOM aged between reports.
+    // The profile's time to OOM aged between reports.
     let mut r = JobRollup::new(Some(1), RollupLimits::default());
     r.upsert("train-0", &sampled(0, RiskLevel::High, Some(300.0), 0));
     let tto = |t| desired_status_from(&r, &[], None, at(t)).status;

@@ -133,7 +133,7 @@ fn forged_reports_are_refused_with_the_reason() {
 #[test]
 fn a_pod_claiming_the_job_without_its_controllers_mark_never_counts() {
     let r = report("planted", Some(0), 90);
-    // Owner reference and everything else right, but no mark: issue 15 item 1.
+    // Owner reference and everything else right, but no mark: a pod anyone could create.
     let why = refused_for(&r, &[unmarked("planted", JOB, 0)]);
     assert!(why.contains("has no memprof.dev/admission mark"), "{why}");
     // A genuine pod's mark copied onto it.

@@ -336,7 +336,7 @@ fn a_machine_or_an_explicit_all_samples_every_gpu() {
     assert_condition(&d.condition, false, "AgentOnly", "not asked");
 }
 
-/// Issue 20 (MIG): under the device plugin's `single` strategy a pod's one
+/// Under the device plugin's `single` strategy a pod's one
 /// `nvidia.com/gpu` is a MIG instance; NVML enumerates the parent GPU only,
 /// so "no more GPUs than requested" would report the parent, whose memory is
 /// every tenant's. A MIG-enabled GPU is never reported as the pod's.
