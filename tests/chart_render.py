@@ -48,9 +48,9 @@ passed = failed = 0
 
 def bench_glibc_tunables() -> str:
     """The GLIBC_TUNABLES the benchmarks start the operator with: the chart must match."""
-    src = (ROOT / "examples" / "operator_scale" / "setup.rs").read_text()
+    src = (ROOT / "examples" / "scale_support" / "setup.rs").read_text()
     m = re.search(r'pub const GLIBC_TUNABLES: &str = "([^"]+)";', src)
-    assert m, "examples/operator_scale/setup.rs: GLIBC_TUNABLES not found"
+    assert m, "examples/scale_support/setup.rs: GLIBC_TUNABLES not found"
     return m.group(1)
 
 
