@@ -354,15 +354,25 @@ pub async fn apply_report(client: &Client, ns: &str, report: &MemoryReport) {
     let ring = admission_keys(ns).await;
     let mut report = report.clone();
     memprof::api::writer::mark_as_written(&mut report, ring.current().expect("a key"), ns);
-    let report = &report;
-    Api::<MemoryReport>::namespaced(client.clone(), ns)
-        .patch(
-            &name,
-            &PatchParams::apply(SIDECAR_MANAGER).force(),
-            &Patch::Apply(report),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("applying MemoryReport {name}: {e}"));
+    let api = Api::<MemoryReport>::namespaced(client.clone(), ns);
+    let params = PatchParams::apply(SIDECAR_MANAGER).force();
+    // As the sidecar's writer does, a write RBAC refuses is tried again: the
+    // operator grants a Job's service account leave to write its reports when
+    // it first sees the Job, which a pod's first write can precede.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        match api.patch(&name, &params, &Patch::Apply(&report)).await {
+            Ok(_) => return,
+            Err(kube::Error::Api(e))
+                if e.code == 403
+                    && e.message.contains("cannot patch resource")
+                    && std::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(std::time::Duration::from_millis(250)).await
+            }
+            Err(e) => panic!("applying MemoryReport {name}: {e}"),
+        }
+    }
 }
 
 /// RFC 3339 timestamp `offset` seconds after a base an hour before this
