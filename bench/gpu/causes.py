@@ -78,9 +78,13 @@ class Neighbour:
 
     def __init__(self, record_path):
         self.path = record_path
+        # Without the agent: a neighbour on a shared GPU is another pod's
+        # process, which cannot push to this pod's sidecar (the sets recorded
+        # before this line had it pushing, and the verdict followed it).
         self.proc = subprocess.Popen(
             [sys.executable, os.path.abspath(__file__), "neighbour", record_path],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            env=dict(os.environ, MEMPROF_AGENT_DISABLE="1"))
         self.started = False
 
     def ready(self):
