@@ -12,7 +12,8 @@
 //! this test needs each GPU's verdict and whether its level was held.
 
 use memprof_analysis::evaluate::recording::{read_scenario, set_scenarios, Recording};
-use memprof_analysis::tracker::{GpuVerdict, Tracker};
+use memprof_analysis::evaluate::replay::{drive, Mode};
+use memprof_analysis::tracker::GpuVerdict;
 use memprof_analysis::verdict;
 use memprof_api::thresholds::Thresholds;
 use memprof_api::RiskLevel;
@@ -46,42 +47,12 @@ fn all_sets() -> Vec<(String, Vec<Recording>)> {
 /// One analysis: its time and every GPU's published verdict.
 type Analysis = (f64, Vec<GpuVerdict>);
 
-/// `rec` through a Tracker, with the agent's pushes or without.
+/// `rec` through the judge's own replay ([`drive`]), with the agent's pushes
+/// or without: every analysis's time and published verdicts.
 fn replay(rec: &Recording, th: &Thresholds, with_agent: bool) -> Vec<Analysis> {
-    let mut tr = Tracker::new(th);
-    let pushes = if with_agent { &rec.pushes[..] } else { &[] };
-    let (mut next_push, mut next_poll, mut next_analysis, mut i) = (0, 0, f64::NEG_INFINITY, 0);
+    let mode = if with_agent { Mode::Agent } else { Mode::Nvml };
     let mut out = Vec::new();
-    while i < rec.rows.len() {
-        let t = rec.rows[i].t;
-        while next_push < pushes.len() && pushes[next_push].0 <= t {
-            tr.push(&pushes[next_push].1);
-            next_push += 1;
-        }
-        while i < rec.rows.len() && rec.rows[i].t == t {
-            let r = &rec.rows[i];
-            let uuid = (r.gpu == rec.uuid_gpu)
-                .then_some(rec.uuid.as_deref())
-                .flatten();
-            tr.sample(t, r.gpu, uuid, r.used_bytes, r.total_bytes);
-            i += 1;
-        }
-        while next_poll < rec.processes.len() && rec.processes[next_poll].t <= t {
-            let p = &rec.processes[next_poll];
-            tr.processes(p.t, p.index, &p.list);
-            next_poll += 1;
-        }
-        if t >= next_analysis {
-            next_analysis = t + 1.0;
-            out.push((t, tr.analyse(t).to_vec()));
-        }
-    }
-    if let Some(&(t, _)) = pushes.last() {
-        for (_, p) in &pushes[next_push..] {
-            tr.push(p);
-        }
-        out.push((t, tr.analyse(t).to_vec()));
-    }
+    drive(rec, th, mode, |t, v| out.push((t, v.to_vec())));
     out
 }
 

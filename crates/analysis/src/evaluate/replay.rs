@@ -5,7 +5,7 @@
 //! reads it from NVML whether or not an agent pushes.
 
 use super::recording::Recording;
-use crate::tracker::Tracker;
+use crate::tracker::{GpuVerdict, Tracker};
 use memprof_api::thresholds::Thresholds;
 use memprof_api::{AllocatorStats, Cause, RiskLevel};
 
@@ -57,35 +57,44 @@ pub struct Replay {
     pub allocator: Option<AllocatorStats>,
 }
 
-/// Replays `rec` with the thresholds `th`: samples grouped by time, pushes
-/// received and process polls made up to a sample's time applied before
-/// it, an analysis once per second of trace time; pushes after the last
-/// sample (the final one) are applied, and analysed once, at the end.
+/// Replays `rec` with the thresholds `th` ([`drive`]) into one reading per
+/// analysis, and the allocator section the report had at the end.
 pub fn replay(rec: &Recording, th: &Thresholds, mode: Mode) -> Replay {
+    let mut readings = Vec::new();
+    let tr = drive(rec, th, mode, |t, v| readings.push(reading(t, v)));
+    Replay {
+        readings,
+        allocator: tr.agent().stats(),
+    }
+}
+
+/// Drives the sidecar's [`Tracker`] through `rec` as the live sidecar met
+/// it: samples grouped by time, pushes received and process polls made up
+/// to a sample's time applied before it, an analysis once per second of
+/// trace time; pushes after the last sample (the final one) are applied,
+/// and analysed once, at the end. `each` sees every analysis's time and
+/// published verdicts; the tracker is returned as it ended. The one replay
+/// loop: the judge and the tests that check every verdict both use it.
+pub fn drive(
+    rec: &Recording,
+    th: &Thresholds,
+    mode: Mode,
+    mut each: impl FnMut(f64, &[GpuVerdict]),
+) -> Tracker {
     let mut tr = Tracker::new(th);
     let pushes: &[(f64, memprof_api::agent::Push)] = match mode {
         Mode::Nvml => &[],
         Mode::Agent => &rec.pushes,
     };
-    let mut next_push = 0;
-    let mut next_poll = 0;
+    let (mut next_push, mut next_poll, mut i) = (0, 0, 0);
     let mut next_analysis = f64::NEG_INFINITY;
-    let mut readings = Vec::new();
-    let mut i = 0;
     while i < rec.rows.len() {
         let t = rec.rows[i].t;
         while next_push < pushes.len() && pushes[next_push].0 <= t {
             tr.push(&pushes[next_push].1);
             next_push += 1;
         }
-        while i < rec.rows.len() && rec.rows[i].t == t {
-            let r = &rec.rows[i];
-            let uuid = (r.gpu == rec.uuid_gpu)
-                .then_some(rec.uuid.as_deref())
-                .flatten();
-            tr.sample(t, r.gpu, uuid, r.used_bytes, r.total_bytes);
-            i += 1;
-        }
+        i = sample_at(rec, &mut tr, i, t);
         while next_poll < rec.processes.len() && rec.processes[next_poll].t <= t {
             let p = &rec.processes[next_poll];
             tr.processes(p.t, p.index, &p.list);
@@ -93,7 +102,7 @@ pub fn replay(rec: &Recording, th: &Thresholds, mode: Mode) -> Replay {
         }
         if t >= next_analysis {
             next_analysis = t + 1.0;
-            readings.push(reading(t, &mut tr));
+            each(t, tr.analyse(t));
         }
     }
     if next_push < pushes.len() {
@@ -101,17 +110,25 @@ pub fn replay(rec: &Recording, th: &Thresholds, mode: Mode) -> Replay {
         for (_, p) in &pushes[next_push..] {
             tr.push(p);
         }
-        readings.push(reading(t, &mut tr));
+        each(t, tr.analyse(t));
     }
-    let allocator = tr.agent().stats();
-    Replay {
-        readings,
-        allocator,
-    }
+    tr
 }
 
-fn reading(t: f64, tr: &mut Tracker) -> Reading {
-    let v = tr.analyse(t);
+/// Feeds every row of time `t` from row `i` on; returns the next row.
+fn sample_at(rec: &Recording, tr: &mut Tracker, mut i: usize, t: f64) -> usize {
+    while i < rec.rows.len() && rec.rows[i].t == t {
+        let r = &rec.rows[i];
+        let uuid = (r.gpu == rec.uuid_gpu)
+            .then_some(rec.uuid.as_deref())
+            .flatten();
+        tr.sample(t, r.gpu, uuid, r.used_bytes, r.total_bytes);
+        i += 1;
+    }
+    i
+}
+
+fn reading(t: f64, v: &[GpuVerdict]) -> Reading {
     let named = v
         .iter()
         .max_by_key(|g| g.assessment.risk)
