@@ -9,7 +9,8 @@
 //! minute, and only while some GPU's verdict names a neighbour.
 
 use crate::sampler::discovery::{
-    list_pod_resources, strip_replica_suffix, DiscoveryOptions, ListPodResourcesResponse,
+    device_ids, list_pod_resources, same_uuid, strip_replica_suffix, DiscoveryOptions,
+    ListPodResourcesResponse,
 };
 use memprof_api::{Cause, MemoryReportSpec, NamedCause};
 use std::collections::BTreeMap;
@@ -66,13 +67,8 @@ pub fn sharing(
         if pod.namespace == namespace && pod.name == name {
             continue;
         }
-        let has = pod
-            .containers
-            .iter()
-            .flat_map(|c| &c.devices)
-            .filter(|d| resource_names.contains(&d.resource_name))
-            .flat_map(|d| &d.device_ids)
-            .any(|id| same_gpu(strip_replica_suffix(id), uuid));
+        let has = device_ids(pod, None, resource_names)
+            .any(|id| same_uuid(strip_replica_suffix(id), uuid));
         match (has, pod.namespace == namespace) {
             (true, true) => s
                 .same_namespace
@@ -83,15 +79,6 @@ pub fn sharing(
     }
     s.same_namespace.sort();
     s
-}
-
-/// UUIDs compared without case and without the `GPU-` prefix.
-fn same_gpu(a: &str, b: &str) -> bool {
-    let bare = |s: &str| match s.get(..4) {
-        Some(p) if p.eq_ignore_ascii_case("GPU-") => s[4..].to_ascii_lowercase(),
-        _ => s.to_ascii_lowercase(),
-    };
-    !a.is_empty() && bare(a) == bare(b)
 }
 
 /// The kubelet's words per GPU UUID, refreshed while a neighbour is named.

@@ -150,7 +150,7 @@ pub fn match_ids(ids: &[String], nvml: &[NvmlGpu]) -> (Vec<NvmlGpu>, Vec<String>
 
 /// UUIDs compared without case and without NVML's `GPU-` prefix (torch's
 /// `get_device_properties(i).uuid` has none).
-fn same_uuid(a: &str, b: &str) -> bool {
+pub fn same_uuid(a: &str, b: &str) -> bool {
     fn bare(s: &str) -> &str {
         match s.get(..4) {
             Some(p) if p.eq_ignore_ascii_case("GPU-") => &s[4..],
@@ -175,14 +175,25 @@ pub fn pod_gpu_ids(
         .iter()
         .find(|p| p.name == name && p.namespace == namespace)?;
     Some(
-        pod.containers
-            .iter()
-            .filter(|c| Some(c.name.as_str()) != own_container)
-            .flat_map(|c| &c.devices)
-            .filter(|d| resource_names.contains(&d.resource_name))
-            .flat_map(|d| d.device_ids.iter().cloned())
+        device_ids(pod, own_container, resource_names)
+            .cloned()
             .collect(),
     )
+}
+
+/// The device IDs a pod's containers (all but `skip`) hold of the given
+/// resource names, as the kubelet listed them.
+pub fn device_ids<'a>(
+    pod: &'a PodResources,
+    skip: Option<&'a str>,
+    resource_names: &'a [String],
+) -> impl Iterator<Item = &'a String> + 'a {
+    pod.containers
+        .iter()
+        .filter(move |c| Some(c.name.as_str()) != skip)
+        .flat_map(|c| &c.devices)
+        .filter(move |d| resource_names.contains(&d.resource_name))
+        .flat_map(|d| &d.device_ids)
 }
 
 fn uuids(gpus: &[NvmlGpu]) -> String {
