@@ -107,22 +107,9 @@ fn views() -> Vec<(&'static str, String)> {
             "compare",
             crate::kube::compare::render(&side, &side, Format::Table),
         ),
-        ("watch", screen(&watched)),
+        ("watch", crate::local::watch::fixtures::screen(&watched)),
         ("json", serde_json::to_string(&st).unwrap()),
     ]
-}
-
-/// What `watch` draws on a 140×30 terminal.
-fn screen(s: &crate::local::watch::view::State) -> String {
-    use ratatui::{backend::TestBackend, Terminal};
-    let mut t = Terminal::new(TestBackend::new(140, 30)).unwrap();
-    t.draw(|f| crate::local::watch::view::draw(f, s)).unwrap();
-    let buf = t.backend().buffer().clone();
-    buf.content()
-        .chunks(buf.area.width as usize)
-        .map(|row| row.iter().map(|c| c.symbol()).collect::<String>())
-        .collect::<Vec<_>>()
-        .join("\n")
 }
 
 #[test]

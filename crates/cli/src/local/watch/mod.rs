@@ -11,7 +11,7 @@
 
 pub mod commands;
 #[cfg(test)]
-mod fixtures;
+pub(crate) mod fixtures;
 pub mod recording;
 pub mod view;
 
