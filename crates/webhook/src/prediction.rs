@@ -51,6 +51,8 @@ pub fn warning<'a>(get: impl Fn(&str) -> Option<&'a str>) -> Option<String> {
         let basis: String = get(ANNOTATION_PREDICTED_BY)
             .unwrap_or(DEFAULT_BASIS)
             .chars()
+            // Said back to the user: no line breaks or escapes of theirs.
+            .filter(|c| !c.is_control())
             .take(MAX_BASIS)
             .collect();
         format!(
@@ -137,5 +139,12 @@ mod tests {
         ])
         .unwrap();
         assert!(w.len() < 400, "{}", w.len());
+        let w = warn(&[
+            (ANNOTATION_PREDICTED_PEAK, "81GiB"),
+            (ANNOTATION_GPU_MEMORY, "80GiB"),
+            (ANNOTATION_PREDICTED_BY, "mine\nWarning: forged\u{1b}[2J"),
+        ])
+        .unwrap();
+        assert!(w.contains("(mineWarning: forged[2J)"), "{w}");
     }
 }
