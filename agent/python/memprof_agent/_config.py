@@ -118,6 +118,18 @@ def _sizes(text):
     return raw
 
 
+ESTIMATE_TRACKERS = ("auto", "dispatch")
+
+
+def _tracker(text):
+    raw = text.strip().lower()
+    if not raw:
+        raise _Unset
+    if raw not in ESTIMATE_TRACKERS:
+        raise ValueError(raw)
+    return raw
+
+
 class Var:
     """One variable: its name, default, parser (text -> value; ValueError:
     unusable), what a good value looks like (`accepts`, said in the
@@ -167,6 +179,10 @@ VARS = (
         "write the allocator's snapshot (`torch.cuda.memory._snapshot()` pickled, for PyTorch's memory_viz) to this "
         "file at the first CUDA OOM; `{pid}`, `{rank}`, `{device}`, `{host}` are filled in; at most one file per "
         "process and 256 MiB (allocation traces dropped first)"),
+    Var("MEMPROF_ESTIMATE_TRACKER", "auto", _tracker, "one of %s" % ", ".join(ESTIMATE_TRACKERS), "`auto`",
+        "`memprof estimate`'s fake run",
+        "the fake run's tracker: `auto` (PyTorch's MemTracker where torch has it, else the dispatch tracker), "
+        "`dispatch` (the dispatch tracker: a way round a MemTracker that fails on some script)"),
     Var("MEMPROF_AGENT_SIZES", "auto", _sizes, "one of %s" % ", ".join(SIZES_MODES), "`auto`", "`start()`",
         "allocation-size histogram: `auto` (allocator snapshot, else pool counts), `snapshot` (the same), "
         "`stats` (pool counts only), `off`"),

@@ -17,14 +17,14 @@ PACKAGE = HERE.parent / "memprof_agent"
 
 def test_only_the_config_module_reads_the_agents_variables():
     named = set()
-    for path in sorted(PACKAGE.glob("*.py")):
+    for path in sorted(PACKAGE.rglob("*.py")):
         text = path.read_text()
-        named |= set(re.findall(r"MEMPROF_AGENT_[A-Z_]+[A-Z]", text))
+        named |= set(re.findall(r"MEMPROF_(?:AGENT|ESTIMATE)_[A-Z_]+[A-Z]", text))
         if path.name != "_config.py":
             reads = re.findall(r"""(?:environ|env)(?:\.get\(|\[)\s*["']MEMPROF_""", text)
             assert not reads, "%s reads the environment itself: %s" % (path.name, reads)
     assert named <= set(_config.BY_NAME), "named but not in _config.VARS: %s" % sorted(named - set(_config.BY_NAME))
-    assert len(_config.VARS) == len(_config.BY_NAME) == 17
+    assert len(_config.VARS) == len(_config.BY_NAME) == 18
 
 
 @pytest.mark.parametrize("name, raw, value", [

@@ -13,7 +13,6 @@ mode sees every op's output storages and their deaths, with no categories
 """
 
 import math
-import os
 import weakref
 
 import torch
@@ -21,6 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from . import allocator
+from .. import _config
 
 
 def _storage_nbytes(st):
@@ -145,7 +145,7 @@ def make_tracker():
     """MemTracker where torch has it, else the dispatch fallback (also when
     MEMPROF_ESTIMATE_TRACKER=dispatch: a way round a MemTracker that fails
     on some script)."""
-    if os.environ.get("MEMPROF_ESTIMATE_TRACKER") == "dispatch":
+    if _config.get("MEMPROF_ESTIMATE_TRACKER") == "dispatch":
         return DispatchTracker()
     cls = memtracker_class()
     return cls() if cls is not None else DispatchTracker()
