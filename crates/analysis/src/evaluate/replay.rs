@@ -143,10 +143,48 @@ fn reading(t: f64, v: &[GpuVerdict]) -> Reading {
             .map(|g| g.assessment.risk)
             .max()
             .unwrap_or_default(),
+        // The time to OOM the report shows (the worst GPU's, at medium or
+        // above: `memprof_analysis::summarize`), not one it keeps to itself.
         tto: v
             .iter()
-            .filter_map(|g| g.assessment.time_to_oom_seconds)
-            .min_by(f64::total_cmp),
+            .max_by_key(|g| g.assessment.risk)
+            .filter(|g| g.assessment.risk >= RiskLevel::Medium)
+            .and_then(|g| g.assessment.time_to_oom_seconds),
         from_agent: v.iter().any(|g| g.from_agent),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Assessment;
+
+    fn verdict(index: u32, risk: RiskLevel, tto: f64) -> GpuVerdict {
+        GpuVerdict {
+            index,
+            agent_only: false,
+            assessment: Assessment {
+                risk,
+                time_to_oom_seconds: Some(tto),
+                ..Default::default()
+            },
+            raw_risk: risk,
+            raw_leak: false,
+            from_agent: false,
+            held: false,
+            agent_device: None,
+        }
+    }
+
+    /// The judge scores the time to OOM the report shows: the worst GPU's,
+    /// at medium or above, never a low GPU's young trend.
+    #[test]
+    fn a_reading_takes_the_time_to_oom_the_report_shows() {
+        let v = [
+            verdict(0, RiskLevel::Low, 20.0),
+            verdict(1, RiskLevel::High, 300.0),
+        ];
+        assert_eq!(reading(0.0, &v).tto, Some(300.0));
+        assert_eq!(reading(0.0, &v[..1]).tto, None);
     }
 }
