@@ -241,22 +241,10 @@ fn baselines_as_first_judged(e: &Evaluation, set: &str) {
     }
 }
 
-/// The per-cause goals on the held-out H200 set (never tuned on), as first judged at
-/// the commit that added it: what held, pinned so that a regression fails,
-/// with bounds an improvement keeps. No false high and no false leak flag
-/// on the legitimate runs from either source; every escalation within
-/// levels + 1 transitions; the neighbour's TTO at half-life within 1 % from
-/// either source and its first high 52 s (NVML) and 79 s (agent) before the
-/// card was full; the growing demand's first high 65 s before its OOM with
-/// the agent, 51 s from NVML; fragmentation named by the agent-fed verdict.
-/// Only bounds an improvement keeps (no miss pinned as a miss): a change
-/// tuned elsewhere learns nothing of this set from a test that passes, and
-/// fails only where it made a held-out number worse. The misses are in
-/// docs/gpu-results.md: the spike never high, fragmentation high 4 s
-/// before its OOM, 4 false leak flags from the agent-fed verdict.
-#[test]
-fn causes_heldout_per_cause_as_first_judged() {
-    let e = evaluation("causes-heldout", 8);
+/// From both sources: no false high and no false leak flag on the three
+/// legitimate runs, every escalation within levels + 1 transitions, and
+/// the neighbour's time to OOM at half its life within `tto_percent`.
+fn legitimate_quiet_escalations_clean_neighbour_timed(e: &Evaluation, tto_percent: f64) {
     for (source, list) in [("nvml", &e.nvml), ("agent", &e.agent)] {
         let g = goals(source, list);
         assert_eq!(
@@ -269,15 +257,35 @@ fn causes_heldout_per_cause_as_first_judged() {
         assert!(
             n.tto_at_half
                 .as_ref()
-                .is_some_and(|t| t.error_percent.abs() <= 1.0),
+                .is_some_and(|t| t.error_percent.abs() <= tto_percent),
             "{n:?}"
         );
     }
+}
+
+/// The per-cause goals on the held-out H200 set (never tuned on), as first judged at
+/// the commit that added it: what held, pinned so that a regression fails,
+/// with bounds an improvement keeps. No false high and no false leak flag
+/// on the legitimate runs from either source; every escalation within
+/// levels + 1 transitions; the neighbour's TTO at half-life within 1 % from
+/// either source and its first high 52 s (NVML) and 79 s (agent) before the
+/// card was full; the growing demand's first high 65 s before its OOM with
+/// the agent, 51 s from NVML; fragmentation named by the agent-fed verdict.
+/// Only bounds an improvement keeps (no miss pinned as a miss): a change
+/// tuned elsewhere learns nothing of this set from a test that passes, and
+/// fails only where it made a held-out number worse. The misses are in
+/// docs/gpu-results.md: the spike never high, fragmentation high 4 s
+/// before its OOM as first judged (61 s since its forecast), 4 false leak flags from the agent-fed verdict.
+#[test]
+fn causes_heldout_per_cause_as_first_judged() {
+    let e = evaluation("causes-heldout", 8);
+    legitimate_quiet_escalations_clean_neighbour_timed(&e, 1.0);
     assert!(one(&e.nvml, "neighbour").lead_high >= Some(52.0));
     assert!(one(&e.agent, "neighbour").lead_high >= Some(79.0));
     assert!(one(&e.agent, "growdemand").lead_high >= Some(65.0));
     assert!(one(&e.nvml, "growdemand").lead_high >= Some(51.0));
-    assert!(one(&e.agent, "fragmentation").lead_high >= Some(4.0));
+    // 4.1 s as first judged; 61.1 s since the fragmentation forecast.
+    assert!(one(&e.agent, "fragmentation").lead_high >= Some(61.0));
     assert_eq!(
         one(&e.agent, "fragmentation").named.as_deref(),
         Some("fragmentation")
@@ -347,22 +355,7 @@ fn the_real_sidecar_split_the_micro_batch_before_the_oom_and_kept_the_global_bat
 #[test]
 fn causes_dev_per_cause_as_first_judged() {
     let e = evaluation("causes-dev", 7);
-    for (source, list) in [("nvml", &e.nvml), ("agent", &e.agent)] {
-        let g = goals(source, list);
-        assert_eq!(
-            (g.legitimate, g.false_high_seconds, g.false_leak_seconds),
-            (3, 0.0, 0.0),
-            "{g:?}"
-        );
-        assert_eq!(g.escalations_met, g.escalations, "{g:?}");
-        let n = one(list, "neighbour");
-        assert!(
-            n.tto_at_half
-                .as_ref()
-                .is_some_and(|t| t.error_percent.abs() <= 5.0),
-            "{n:?}"
-        );
-    }
+    legitimate_quiet_escalations_clean_neighbour_timed(&e, 5.0);
     assert!(one(&e.nvml, "neighbour").lead_high >= Some(31.0));
     assert!(one(&e.agent, "neighbour").lead_high >= Some(43.0));
     baselines_as_first_judged(&e, "causes-dev");
