@@ -27,6 +27,9 @@ mod profile;
 mod report;
 pub mod thresholds;
 pub mod trace;
+pub mod workload;
+#[cfg(any(test, feature = "admission"))]
+pub mod workload_mark;
 #[cfg(any(test, feature = "admission"))]
 pub mod writer;
 
