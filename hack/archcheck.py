@@ -339,6 +339,9 @@ LAYERS = [
     ["memprof-api"],
     ["memprof-analysis"],
     ["memprof-policy"],
+    # The runtime kit the roles share (retry schedules): below the roles so
+    # none depends on another for it; it depends on no memprof crate.
+    ["memprof-runtime"],
     ["memprof-controller", "memprof-sidecar", "memprof-webhook", "memprof-cli"],
     ["memprof"],
 ]

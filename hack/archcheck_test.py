@@ -110,8 +110,10 @@ class CrateLayerTest(unittest.TestCase):
             package("memprof-analysis", ("memprof-api", None, [], True)),
             package("memprof-policy", ("memprof-api", None, [], True),
                     ("memprof-analysis", None, [], True), ("kube", None, [], False)),
+            package("memprof-runtime", ("backon", None, [], True)),
             package("memprof-cli", ("memprof-policy", None, [], True), ("hyper", None, ["client"], True),
                     ("memprof-api", "dev", ["test-support"], True)),
+            package("memprof-sidecar", ("memprof-runtime", None, [], True)),
             package("memprof", ("memprof-cli", None, [], True), ("memprof-controller", None, [], True)),
             package("serde", ("serde_derive", None, [], True)),
         ))
@@ -122,6 +124,12 @@ class CrateLayerTest(unittest.TestCase):
             package("memprof-cli", ("memprof-controller", None, [], True))))
         self.assertEqual(len(problems), 1)
         self.assertIn("memprof-cli may not depend on memprof-controller", problems[0])
+
+    def test_the_runtime_kit_may_not_depend_on_a_role(self):
+        problems = archcheck.crate_problems(workspace(
+            package("memprof-runtime", ("memprof-sidecar", None, [], True))))
+        self.assertEqual(len(problems), 1)
+        self.assertIn("memprof-runtime may not depend on memprof-sidecar", problems[0])
 
     def test_a_pure_crate_depending_upward_is_refused_even_for_its_tests(self):
         problems = archcheck.crate_problems(workspace(

@@ -12,6 +12,7 @@ use anyhow::Context;
 use backon::Retryable;
 use memprof_api::thresholds::Thresholds;
 use memprof_api::{Condition, MemoryReportSpec};
+use memprof_runtime::backoff::REPORT_WRITE;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 use tokio::net::TcpListener;
@@ -204,7 +205,7 @@ pub fn start_writer(
     tokio::spawn(async move {
         let m = metrics.clone();
         let client = (|| kube::Client::try_default())
-            .retry(writer::backoff())
+            .retry(REPORT_WRITE.builder())
             .notify(move |e, _| {
                 tracing::error!(error = %e, "no Kubernetes client; reports are kept locally (GET /v1/report on the agent socket) until one works");
                 m.write_failed("no_client");
@@ -228,7 +229,7 @@ pub fn start_directives(
     tokio::spawn(async move {
         // The writer says it when there is no client; here it only waits.
         let client = (|| kube::Client::try_default())
-            .retry(writer::backoff())
+            .retry(REPORT_WRITE.builder())
             .await;
         if let Ok(client) = client {
             crate::directives::run(client, namespace, name, tx).await;

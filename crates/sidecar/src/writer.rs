@@ -9,10 +9,10 @@
 
 use crate::budget::Reason;
 use crate::metrics::Metrics;
-use backon::{BackoffBuilder, ExponentialBuilder};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, Patch, PatchParams};
 use memprof_api::{MemoryReport, MemoryReportSpec, LABEL_JOB, LABEL_PROFILE, SIDECAR_MANAGER};
+use memprof_runtime::backoff::REPORT_WRITE;
 use std::time::Duration;
 use tokio::sync::watch;
 
@@ -52,17 +52,6 @@ pub fn build(target: &Target, spec: MemoryReportSpec) -> MemoryReport {
     report
 }
 
-/// The writer's backoff (and the client's, in `setup`): 1 s, doubling, at
-/// most 60 s, never giving up, with jitter so that the ranks of a Job whose
-/// API server came back do not all write in the same second.
-pub fn backoff() -> ExponentialBuilder {
-    ExponentialBuilder::default()
-        .with_min_delay(Duration::from_secs(1))
-        .with_max_delay(Duration::from_secs(60))
-        .with_jitter()
-        .without_max_times()
-}
-
 /// What one write attempt came to.
 enum Outcome {
     /// Written: wait for the next report.
@@ -81,7 +70,7 @@ pub async fn run(
     metrics: Metrics,
 ) {
     let api: Api<MemoryReport> = Api::namespaced(client, &target.namespace);
-    let mut delays = backoff().build();
+    let mut delays = REPORT_WRITE.delays();
     let mut pending: Option<(Reason, MemoryReportSpec)> = None;
     loop {
         if pending.is_none() {
@@ -95,12 +84,12 @@ pub async fn run(
         };
         match write_once(&api, &target, reason, spec, &metrics).await {
             Outcome::Written | Outcome::Dropped => {
-                delays = backoff().build();
+                delays = REPORT_WRITE.delays();
                 pending = None;
             }
             Outcome::Retry => {
                 // `without_max_times`: the iterator never ends.
-                let delay = delays.next().unwrap_or(Duration::from_secs(60));
+                let delay = delays.next().unwrap_or(REPORT_WRITE.max());
                 tokio::time::sleep(delay).await;
                 // A newer report replaces the one that failed.
                 if rx.has_changed().unwrap_or(false) {
@@ -170,15 +159,6 @@ fn failure(e: &kube::Error, namespace: &str) -> (&'static str, Outcome) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_backoff_doubles_from_one_second_to_a_minute_and_never_ends() {
-        let delays: Vec<Duration> = backoff().build().take(12).collect();
-        assert_eq!(delays.len(), 12, "never gives up");
-        // Jitter adds up to one more delay on top.
-        assert!(delays[0] >= Duration::from_secs(1) && delays[0] <= Duration::from_secs(2));
-        assert!(delays[11] >= Duration::from_secs(60) && delays[11] <= Duration::from_secs(120));
-    }
 
     #[test]
     fn the_report_is_labelled_for_its_job_and_owned_by_its_pod() {

@@ -1,20 +1,15 @@
 //! The webhook's two loops against the API server: until it answers, and
-//! for as long as the operator runs. One backoff for both (backon: 1 s
-//! doubling to 30 s, never giving up), each failure logged with what to do.
+//! for as long as the operator runs. One backoff for both
+//! ([`memprof_runtime::backoff::WEBHOOK_API`]: 1 s doubling to 30 s, never
+//! giving up), each failure logged with what to do.
 
-use backon::{ExponentialBuilder, Retryable};
+use backon::Retryable;
+use memprof_runtime::backoff::WEBHOOK_API;
 use std::future::Future;
 use std::time::Duration;
 
 /// How often a kept-up thing (the admission key, the webhook's path) is read again.
 pub const REFRESH_EVERY: Duration = Duration::from_secs(30);
-
-fn backoff() -> ExponentialBuilder {
-    ExponentialBuilder::default()
-        .with_min_delay(Duration::from_secs(1))
-        .with_max_delay(REFRESH_EVERY)
-        .without_max_times()
-}
 
 /// Retries `f` until it succeeds, logging each failure as `what`: the
 /// webhook is not worth crashing the operator for.
@@ -25,7 +20,7 @@ where
     Fut: Future<Output = Result<T, E>>,
 {
     let logged = f
-        .retry(backoff())
+        .retry(WEBHOOK_API.builder())
         .notify(|e: &E, delay| tracing::error!(error = %e, retry_in = ?delay, "{what}"));
     match logged.await {
         Ok(v) => v,

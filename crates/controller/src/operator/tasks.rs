@@ -4,7 +4,8 @@
 //! panicking, is logged with its error, counted in
 //! `memprof_operator_task_failures_total{task}`, turns the operator unready
 //! (`/readyz` answers 503 naming it) and is started again after a backoff
-//! (1 s, doubling to 60 s; back to 1 s after a task ran for a minute).
+//! (`memprof_runtime::backoff::TASK_RESTART`: 1 s, doubling to 60 s; back
+//! to 1 s after a task ran for a minute).
 //!
 //! Readiness is per task: a task is ready once its start checks passed (it
 //! says so through its [`Ready`] handle), so one failing CRD check at start
@@ -12,6 +13,7 @@
 
 use super::leader::Stop;
 use futures::FutureExt;
+use memprof_runtime::backoff::TASK_RESTART;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -30,19 +32,8 @@ pub struct TaskLabels {
     pub task: &'static str,
 }
 
-/// First delay before a failed task is started again.
-const FIRST_BACKOFF: Duration = Duration::from_secs(1);
-/// Longest delay between two starts.
-const MAX_BACKOFF: Duration = Duration::from_secs(60);
-/// A task that ran this long before it failed starts over from [`FIRST_BACKOFF`].
+/// A task that ran this long before it failed starts over from the first delay.
 const HEALTHY_RUN: Duration = Duration::from_secs(60);
-
-/// Delay before the next start after `failures` failures in a row (1 or more).
-pub fn backoff(failures: u32) -> Duration {
-    FIRST_BACKOFF
-        .saturating_mul(1 << failures.saturating_sub(1).min(16))
-        .min(MAX_BACKOFF)
-}
 
 /// Where one task stands.
 #[derive(Clone, Debug, PartialEq)]
@@ -160,7 +151,7 @@ pub async fn supervise<F, Fut, E>(
         } else {
             in_a_row + 1
         };
-        let retry_in = backoff(in_a_row);
+        let retry_in = TASK_RESTART.after(in_a_row);
         failures.get_or_create(&TaskLabels { task }).inc();
         error!(task, %error, ?retry_in, "operator task ended: the operator is unready until it runs again");
         health.set(task, State::Failed { error, retry_in });
@@ -176,13 +167,6 @@ mod tests {
     use super::*;
 
     const S: Duration = Duration::from_secs(1);
-
-    #[test]
-    fn backoff_doubles_from_one_second_to_a_minute() {
-        let delays: Vec<u64> = (1..=8).map(|n| backoff(n).as_secs()).collect();
-        assert_eq!(delays, [1, 2, 4, 8, 16, 32, 60, 60]);
-        assert_eq!(backoff(u32::MAX), MAX_BACKOFF);
-    }
 
     #[test]
     fn readiness_names_every_task_that_is_not_ready() {

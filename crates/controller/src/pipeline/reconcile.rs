@@ -7,7 +7,6 @@ use super::{remediation_stage, rollup_stage};
 use crate::key::JobKey;
 use crate::operator::metrics::StepLabels;
 use crate::operator::Result;
-use backon::{BackoffBuilder, ExponentialBuilder};
 use k8s_openapi::api::batch::v1::Job;
 use kube::runtime::reflector::ObjectRef;
 use memprof_api::MemoryProfile;
@@ -93,13 +92,7 @@ fn failed(ctx: &Context, key: &JobKey, error: &crate::operator::Error) -> Durati
         s.failures = s.failures.saturating_add(1);
         s.failures
     });
-    let delay = ExponentialBuilder::default()
-        .with_min_delay(Duration::from_millis(500))
-        .with_max_delay(Duration::from_secs(300))
-        .without_max_times()
-        .build()
-        .nth(failures.saturating_sub(1).min(16) as usize)
-        .unwrap_or(Duration::from_secs(300));
+    let delay = memprof_runtime::backoff::RECONCILE.after(failures);
     warn!(job = %key, %error, failures, retry_in = ?delay, "reconcile failed");
     delay
 }

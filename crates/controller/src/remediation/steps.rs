@@ -5,7 +5,6 @@ use super::executor::{job_ref, Executor};
 use super::store::config_map_name;
 use super::{Error, Result};
 use crate::key::JobKey;
-use backon::{BackoffBuilder, ExponentialBuilder};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::{
@@ -16,6 +15,7 @@ use kube::runtime::events::EventType;
 use kube::ResourceExt;
 use memprof_api::{LABEL_REMEDIABLE, REMEDIATION_MANAGER};
 use memprof_policy::plan::{Plan, Step};
+use memprof_runtime::backoff;
 use std::time::{Duration, Instant};
 use tracing::info;
 
@@ -239,17 +239,9 @@ async fn set_config_map_key(
     }
 }
 
-/// Requeue delays while a Job's deletion is held up: doubling from 1 s to
-/// 5 min. The Job watch wakes the reconcile as soon as the Job goes, so a
-/// long delay costs no latency, only the polling.
+/// Requeue delay while a Job's deletion is held up ([`backoff::DELETION_WAIT`]).
 fn wait_delay(waits: u32) -> Duration {
-    ExponentialBuilder::default()
-        .with_min_delay(Duration::from_secs(1))
-        .with_max_delay(Duration::from_secs(300))
-        .without_max_times()
-        .build()
-        .nth(waits.saturating_sub(1).min(16) as usize)
-        .unwrap_or(Duration::from_secs(300))
+    backoff::DELETION_WAIT.after(waits)
 }
 
 /// Waits counted per remediation after which a held deletion is announced
@@ -335,16 +327,12 @@ async fn recreate(
     manifest: &serde_json::Value,
 ) -> Result<Recreated> {
     let deadline = Instant::now() + GC_WAIT;
-    let mut pauses = ExponentialBuilder::default()
-        .with_min_delay(Duration::from_millis(50))
-        .with_max_delay(Duration::from_secs(1))
-        .without_max_times()
-        .build();
+    let mut pauses = backoff::RECREATE_POLL.delays();
     loop {
         if let Look::Ended(r) = look(exec, jobs, key, plan, manifest, deadline).await? {
             return Ok(r);
         }
-        let pause = pauses.next().unwrap_or(Duration::from_secs(1));
+        let pause = pauses.next().unwrap_or(backoff::RECREATE_POLL.max());
         tokio::time::sleep(pause).await;
     }
 }

@@ -6,7 +6,6 @@ use super::decide::Decision;
 use super::executor::Executor;
 use super::{execute, recording, JobCheckpoints, Result, StepLabels};
 use crate::key::JobKey;
-use backon::{BackoffBuilder, ExponentialBuilder};
 use memprof_api::{OomRecord, RemediationRecord};
 use std::sync::Arc;
 use std::time::Duration;
@@ -53,13 +52,7 @@ impl Executor {
         self.metrics.reconcile_errors.get_or_create(&step).inc();
         let n = failures.entry(key.clone()).or_default();
         *n = n.saturating_add(1);
-        let delay = ExponentialBuilder::default()
-            .with_min_delay(Duration::from_millis(500))
-            .with_max_delay(Duration::from_secs(120))
-            .without_max_times()
-            .build()
-            .nth(n.saturating_sub(1).min(16) as usize)
-            .unwrap_or(Duration::from_secs(120));
+        let delay = memprof_runtime::backoff::REMEDIATION.after(*n);
         warn!(job = %key, %error, retry_in = ?delay, "remediation failed; retrying");
         Some(delay)
     }

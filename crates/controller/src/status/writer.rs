@@ -10,7 +10,6 @@ use crate::operator::reconcile::EventPlan;
 use crate::operator::reconcile::REPORT_REJECTED;
 use crate::operator::Metrics;
 use crate::queue::WorkQueue;
-use backon::{BackoffBuilder, ExponentialBuilder};
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::Recorder;
 use kube::{Client, ResourceExt};
@@ -398,14 +397,7 @@ impl Shared {
         let mut entries = self.entries();
         let e = entries.entry(key.clone()).or_default();
         e.failures = e.failures.saturating_add(1);
-        // The n-th delay of a doubling schedule from 500 ms to 1 min.
-        let delay = ExponentialBuilder::default()
-            .with_min_delay(Duration::from_millis(500))
-            .with_max_delay(Duration::from_secs(60))
-            .without_max_times()
-            .build()
-            .nth(e.failures.saturating_sub(1).min(16) as usize)
-            .unwrap_or(Duration::from_secs(60));
+        let delay = memprof_runtime::backoff::STATUS_WRITE.after(e.failures);
         (e.failures, delay)
     }
 }

@@ -1,0 +1,7 @@
+//! The runtime kit the roles share, below them all so that none of them
+//! depends on another for it: [`backoff`], every retry schedule in one place,
+//! named after what retries.
+
+#![forbid(unsafe_code)]
+
+pub mod backoff;
