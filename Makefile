@@ -1,7 +1,7 @@
 # memprof — run `make demo` to see it work, `make test` to prove it.
 CARGO ?= cargo
 
-.PHONY: all build release image test-image demo test unit lint fmt crds check-crds schema check-schema cluster-up cluster-down bench clean
+.PHONY: all build release image test-image demo test unit lint fmt crds check-crds schema check-schema docs check-docs cluster-up cluster-down bench clean
 
 all: build
 
@@ -39,6 +39,7 @@ lint:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	python3 hack/archcheck_test.py -q
 	python3 hack/archcheck.py
+	python3 hack/refdocs_test.py -q
 
 fmt:
 	$(CARGO) fmt --all
@@ -60,6 +61,18 @@ schema:
 
 check-schema: schema
 	git diff --exit-code agent/schema/ || (echo "agent/schema/ is stale: run 'make schema' and commit" && exit 1)
+
+## docs/reference/ is generated from the binaries' --help, crds/, agent/schema/
+## and the agent's config module (hack/refdocs.py); never edit it by hand.
+## The build is the one `make test` does, so neither rebuilds the other's
+## binaries; `make test` runs check-docs right after that build.
+docs:
+	$(CARGO) build --quiet --workspace --bins --tests
+	python3 hack/refdocs.py
+
+check-docs: docs
+	@test -z "$$(git status --porcelain docs/reference/)" || { git status --short docs/reference/; \
+		echo "docs/reference/ is stale: run 'make docs' and commit"; exit 1; }
 
 cluster-up:
 	bash hack/local-cluster.sh up

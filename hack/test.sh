@@ -24,6 +24,8 @@ log "agent tests (pytest; a real memprof-sidecar, a fake torch: no GPU needed)"
 # below): a plain `cargo build --bins` would build every crate above tokio
 # a second time, without its test-util feature (tests/cli_seed_gaps.rs).
 cargo build --workspace --bins --tests
+log "reference pages (docs/reference/) match the binaries just built"
+make --no-print-directory check-docs
 python3 -m pip install --quiet --disable-pip-version-check pytest jsonschema
 MEMPROF_SIDECAR_BIN="$PWD/target/debug/memprof-sidecar" MEMPROF_BIN="$PWD/target/debug/memprof" \
     python3 -m pytest -q -p no:cacheprovider agent/python/tests
