@@ -16,3 +16,4 @@ pub mod pipeline;
 pub mod queue;
 pub mod remediation;
 pub mod status;
+pub mod workload;

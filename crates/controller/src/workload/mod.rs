@@ -1,0 +1,18 @@
+//! Workloads: what one MemoryProfile is about when it is more than a Job.
+//! Pure: the I/O that reads each object from the API server is the
+//! caller's, so every rule here is tested on plain values.
+//!
+//! - `resolve.rs`: the top-level workload of a pod's controller, following
+//!   *controller* owner references through objects read from the API
+//!   server, each link proven by its workload mark, at most
+//!   [`memprof_api::workload::MAX_CHAIN`] links.
+//! - `rank.rs`: a pod's rank within its workload, from the rank labels its
+//!   creator set (bound by the marks), consistent with torchrun's node rank.
+//! - `action.rs`: how a workload's environment is changed, the least
+//!   disruptive way its kind allows.
+
+pub mod action;
+pub mod rank;
+pub mod resolve;
+
+pub use memprof_api::workload::WorkloadKind;
