@@ -3,7 +3,7 @@
 # agent (the startup hook on PYTHONPATH) and push to the pod's one sidecar
 # (--standalone --backend nvml, 1 s). Rank 1 leaks; rank 0 does not. The
 # sidecar's report, polled once a second, must call the leak from the
-# allocator's own numbers (docs/agent.md, "Several trainer processes").
+# allocator's own numbers (docs/agent-wire.md, "Several trainer processes").
 #
 #   bench/gpu/ranks_sidecar.sh OUTDIR NAME=SIDECAR_BINARY ...   (e.g. new=.gpu/new old=.gpu/old)
 # Then: python3 bench/gpu/ranks_check.py OUTDIR NAME ...

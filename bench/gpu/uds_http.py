@@ -1,6 +1,6 @@
 """HTTP/1.1 over a Unix socket, standard library only: how the bench scripts
 talk to a sidecar, whose POST /v1/agent and GET /v1/report are served only
-on its agent socket (docs/agent.md "Transport"; /metrics stays on TCP)."""
+on its agent socket (docs/agent-wire.md "Transport"; /metrics stays on TCP)."""
 import http.client
 import socket
 

@@ -72,7 +72,7 @@ pub async fn start(client: &kube::Client, pod: &str, uid: &str, namespace: &str)
     sidecar
 }
 
-/// Posts one agent push (the JSON of docs/agent.md) to the sidecar's socket;
+/// Posts one agent push (the JSON of docs/agent-wire.md) to the sidecar's socket;
 /// returns the status code and the whole response (its body the sidecar's
 /// answer, contract B).
 pub async fn push(sidecar: &Sidecar, body: &serde_json::Value) -> (u16, String) {

@@ -71,7 +71,7 @@ def start(interval=None, url=None, output=None, record_history=None, socket=None
     socket: the sidecar's Unix socket (MEMPROF_AGENT_SOCKET; default
         /var/run/memprof/agent.sock when it exists, else no sidecar).
     url: an http:// loopback URL instead, for old sidecars and tests
-        (MEMPROF_AGENT_URL; unauthenticated: docs/agent.md "Transport").
+        (MEMPROF_AGENT_URL; unauthenticated: docs/agent-wire.md "Transport").
     output: write a JSON report to this file at exit and after an OOM
         (MEMPROF_AGENT_OUTPUT), for use without a sidecar.
     record_history: record allocation stack frames from the start so an OOM

@@ -280,7 +280,7 @@ class Agent:
     # --- pushes -----------------------------------------------------------
 
     def build(self, kind, reset_peaks=True):
-        """A push of the current numbers (docs/agent.md)."""
+        """A push of the current numbers (docs/agent-wire.md)."""
         torch = tr.loaded_torch()
         push = {"version": 1, "kind": kind, "time": time.time(), "pid": self.pid}
         rank, local_rank, world = tr.ranks(torch)

@@ -1,4 +1,4 @@
-"""The sidecar's answer to a push (docs/agent.md "The answer"): its current
+"""The sidecar's answer to a push (docs/agent-wire.md "The answer"): its current
 verdict, directives for the trainer, and whether to record allocation
 history. An answer is input, not proof: anything missing, malformed or
 out of range is no verdict / no directive, never an error. Unknown fields

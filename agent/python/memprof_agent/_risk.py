@@ -16,7 +16,7 @@ re-arms nothing). A directive escalates like a verdict but never
 de-escalates (only verdicts say the risk went down).
 
 Directives are acknowledged in a later push with what the callbacks did
-(docs/agent.md "Directives and acks")."""
+(docs/agent-wire.md "Directives and acks")."""
 
 import collections
 import threading

@@ -9,7 +9,7 @@ has not (a CUDA context is ~500 MB of every GPU it touches)."""
 import os
 import sys
 
-# Bounds of the push format (docs/agent.md); the sidecar refuses more.
+# Bounds of the push format (docs/agent-wire.md); the sidecar refuses more.
 MAX_DEVICES = 16
 MAX_BLOCKS = 16
 MAX_FRAMES = 8
@@ -18,7 +18,7 @@ MAX_FRAME_TEXT = 256
 MAX_MESSAGE = 1024
 MAX_UUID = 96
 
-# memory_stats() keys -> push fields (docs/agent.md).
+# memory_stats() keys -> push fields (docs/agent-wire.md).
 _CURRENT = (
     ("allocatedBytes", "allocated_bytes.all.current"),
     ("reservedBytes", "reserved_bytes.all.current"),
@@ -340,7 +340,7 @@ def cuda_indices(tensors):
 
 def _make_consistent(entry):
     """The allocator's numbers are read without its lock held across keys;
-    keep the invariants the sidecar checks (docs/agent.md) true."""
+    keep the invariants the sidecar checks (docs/agent-wire.md) true."""
     reserved = entry["reservedBytes"]
     if entry["allocatedBytes"] > reserved:
         entry["allocatedBytes"] = reserved

@@ -1,5 +1,5 @@
 """Sending pushes to the sidecar: one HTTP/1.1 POST over the sidecar's Unix
-socket (docs/agent.md "Transport"), with a short timeout, no retry (the next
+socket (docs/agent-wire.md "Transport"), with a short timeout, no retry (the next
 push carries newer numbers), back-off while the sidecar is absent, and each
 kind of trouble said once. The answer's body (the sidecar's verdict, its
 directives) is read bounded in size and time and parsed by _reply.
@@ -24,7 +24,7 @@ import urllib.parse
 from . import _config, _reply
 from ._config import Once, log
 
-# Body caps (docs/agent.md): a periodic push stays under 64 KiB; the
+# Body caps (docs/agent-wire.md): a periodic push stays under 64 KiB; the
 # sidecar takes up to 256 KiB, which only an OOM push may need.
 SAMPLE_CAP = 64 * 1024
 OOM_CAP = 256 * 1024

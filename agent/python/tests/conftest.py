@@ -280,7 +280,7 @@ def wait_until(predicate, timeout=5.0):
 
 class UnixSidecar:
     """A stand-in for the sidecar's agent endpoint over AF_UNIX, speaking
-    contracts A and B (docs/agent.md): it records every push (its JSON)
+    contracts A and B (docs/agent-wire.md): it records every push (its JSON)
     and answers with what `answer(push)` returns: (status, body bytes or
     None). Default: 204 without a body (an old sidecar). For answers the
     real sidecar would not give on cue (a chosen verdict, directives);

@@ -2,7 +2,7 @@
 full at once (the seed tools' host/grads/sizes/tracking and event extras;
 the acks, checkpoint events and sites; the OOM push's oom and
 preOom): what each push takes, what encode() sheds to keep it within the
-cap docs/agent.md states for it, and that a real sidecar takes the
+cap docs/agent-wire.md states for it, and that a real sidecar takes the
 largest."""
 
 import json
@@ -117,7 +117,7 @@ def test_a_periodic_push_with_every_field_full_sheds_other_events_to_stay_under_
     (body,) = bodies
     doc = json.loads(body)
     print("sample: %d bytes before shedding, %d sent" % (raw[0], len(body)), sizes_of(doc))
-    assert raw[0] > SAMPLE_CAP, "at the bounds the events do not all fit (docs/agent.md says so)"
+    assert raw[0] > SAMPLE_CAP, "at the bounds the events do not all fit (docs/agent-wire.md says so)"
     assert len(body) <= SAMPLE_CAP
     assert len(doc["devices"]) == 16 and len(doc["acks"]) == _risk.MAX_ACKS
     assert [e["name"] for e in doc["events"]] == ["checkpoint"] * _core.MAX_CHECKPOINTS_UNSENT
@@ -155,7 +155,7 @@ def test_an_oom_push_with_every_field_full_fits_the_sidecars_cap_and_a_real_side
     assert raw[0] == len(body) <= OOM_CAP, "nothing shed"
     assert len(doc["oom"]["blocks"]) == len(doc["sites"]["blocks"]) == 16
     assert len(doc["preOom"]["devices"]) == 16 and len(doc["events"]) == 32 and len(doc["acks"]) == 16
-    # The per-field figures of docs/agent.md's Fields table.
+    # The per-field figures of docs/agent-wire.md's Fields table.
     KiB = 1024
     documented = {"devices": 8.5 * KiB, "events": 22 * KiB, "oom": 73 * KiB, "breakdown": 19 * KiB, "acks": 4 * KiB,
                   "sites": 72 * KiB, "preOom": 8.5 * KiB}
@@ -182,7 +182,7 @@ def test_strings_that_json_escapes_can_pass_64k_but_never_the_sidecars_cap(fake,
     """The bounds are in bytes of UTF-8; JSON escapes control characters
     to six bytes each (and non-ASCII to \\u escapes). Even with every
     string so, encode() brings every push under the 256 KiB the sidecar
-    takes (docs/agent.md "Transport")."""
+    takes (docs/agent-wire.md "Transport")."""
     wire_contract.exempt_because("every string, enum values too, is replaced by control characters")
     memprof_agent.start(interval=60, url="http://127.0.0.1:%d/v1/agent" % closed_port())
     agent = everything(fake, sites=False)

@@ -54,7 +54,7 @@ def test_the_fields_stay_bounded_and_a_real_sidecar_takes_the_push(sidecar, fake
     assert all(len(o["type"].encode()) <= 64 for o in doc["tracking"]["objects"])
     assert len(doc["sizes"]["buckets"]) == len(doc["sizes"]["freeBuckets"]) == 32
     assert len(doc["events"]) == 32 and doc["droppedEvents"] == 8
-    # The budget docs/agent.md states for these fields, and the cap with everything at once.
+    # The budget docs/agent-wire.md states for these fields, and the cap with everything at once.
     assert sizes["grads"] <= 7 * 1024 and sizes["tracking"] <= 15 * 1024 and sizes["sizes"] <= 2 * 1024 and sizes["host"] <= 256
     assert len(body) <= SAMPLE_CAP
     before = sidecar.agent_pushes()

@@ -1,5 +1,5 @@
 """Contracts A and B end to end: the agent and a real memprof-sidecar over
-the sidecar's Unix socket (docs/agent.md "Transport", "The answer"). The
+the sidecar's Unix socket (docs/agent-wire.md "Transport", "The answer"). The
 sidecar's own verdict, from its own analysis, reaches the trainer's
 callbacks; its TCP port takes no push."""
 

@@ -1,5 +1,5 @@
 //! The push format of the in-process agent (`agent/python/`, `memprof_agent`):
-//! what it `POST`s to the sidecar's `/v1/agent`, version 1. docs/agent.md
+//! what it `POST`s to the sidecar's `/v1/agent`, version 1. docs/agent-wire.md
 //! documents every field; this module is the contract's other half: serde
 //! types and a pure [`validate`] that names what is wrong.
 //!
@@ -76,7 +76,7 @@ pub const MAX_FLAG_NOTE: usize = 256;
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum Error {
     /// Not JSON of the push format.
-    #[error("not a memprof agent push (see docs/agent.md): {0}")]
+    #[error("not a memprof agent push (see docs/agent-wire.md): {0}")]
     Parse(String),
     /// A version this sidecar does not speak.
     #[error("push version {got} is not supported: this sidecar speaks version {VERSION}; upgrade the sidecar or pin the agent")]
@@ -143,7 +143,7 @@ pub enum Error {
     },
     /// A `host`, `grads`, `sizes`, `tracking` or `preOom` field out of its
     /// bounds or inconsistent.
-    #[error("{why}; send the fields as docs/agent.md describes them")]
+    #[error("{why}; send the fields as docs/agent-wire.md describes them")]
     Extra {
         /// Which field and which invariant.
         why: String,

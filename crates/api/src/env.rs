@@ -25,7 +25,7 @@ pub const PORT: &str = "MEMPROF_PORT";
 pub const LISTEN: &str = "MEMPROF_LISTEN";
 /// The Unix socket the sidecar serves `POST /v1/agent` and `GET /v1/report`
 /// on, and the agent pushes to: set in the sidecar and every trainer
-/// container (contract A, docs/agent.md "Transport").
+/// container (contract A, docs/agent-wire.md "Transport").
 pub const AGENT_SOCKET: &str = "MEMPROF_AGENT_SOCKET";
 /// Where the injection mounts the pod's private `emptyDir` holding the socket.
 pub const AGENT_SOCKET_DIR: &str = "/var/run/memprof";

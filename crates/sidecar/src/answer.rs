@@ -1,4 +1,4 @@
-//! What the sidecar answers a push with (contract B, docs/agent.md "The
+//! What the sidecar answers a push with (contract B, docs/agent-wire.md "The
 //! answer"): its verdict as of the last analysis, the directives for the
 //! trainer, and whether to record allocation history.
 //!

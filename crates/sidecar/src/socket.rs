@@ -1,4 +1,4 @@
-//! The Unix socket the agent pushes to (contract A, docs/agent.md
+//! The Unix socket the agent pushes to (contract A, docs/agent-wire.md
 //! "Transport"). What authenticates a push is where the socket lives: in a
 //! directory only the pod's own containers mount (the injection's private
 //! `emptyDir`) or, for `memprof profile`, a temporary directory only its user

@@ -1,6 +1,6 @@
 //! The push itself, as serde types: the envelope (`Push`), each device's
 //! allocator statistics, the trainer's events and the OOM snapshot. Its own
-//! file because these are the wire shapes a reader of docs/agent.md looks
+//! file because these are the wire shapes a reader of docs/agent-wire.md looks
 //! for; what is allowed in them (the bounds and invariants) is the parent's
 //! `validate`, the optional fields of contracts B and C are in `reply.rs`
 //! and `extras.rs`, the breakdown in `breakdown.rs`.

@@ -1,4 +1,4 @@
-//! Contract B (docs/agent.md, "The answer"): what the sidecar answers a push
+//! Contract B (docs/agent-wire.md, "The answer"): what the sidecar answers a push
 //! with, and the acknowledgements the agent sends back in a later push.
 //!
 //! The answer is the sidecar's current verdict for the pod, the directives

@@ -33,7 +33,7 @@ fn push() -> Push {
 
 #[test]
 fn a_documented_push_parses() {
-    // The example of docs/agent.md.
+    // The example of docs/agent-wire.md.
     let body = br#"{"version": 1, "kind": "sample", "time": 1795000000.5, "pid": 4242,
         "rank": 3, "step": 1200, "phase": "forward", "rssBytes": 5000000000,
         "devices": [{"index": 0, "uuid": "GPU-370fbfe4-cafa-4f4c-9b2e-000000000000",

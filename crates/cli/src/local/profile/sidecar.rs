@@ -6,7 +6,7 @@
 //!
 //! The agent socket lives in a [`PrivateDir`] (mode 0700, removed at exit):
 //! only this user's processes can push to the sidecar or read its report,
-//! as only the pod's containers can in a cluster (docs/agent.md, "Transport").
+//! as only the pod's containers can in a cluster (docs/agent-wire.md, "Transport").
 
 use super::ProfileError;
 use http_body_util::{BodyExt, Empty};
