@@ -259,8 +259,9 @@ OPENINGS = {
     "memprof": "You want every flag of a `memprof` command (also `kubectl memprof`). Run: "
                "`memprof <command> --help`; this page is that output for every command.",
     "memprof-sidecar": "You want to configure the sidecar the webhook injects (or run it by hand with "
-                       "`--standalone`). Run: `memprof-sidecar --help`; every flag has the environment "
-                       "variable shown beside it, which is how the chart and the webhook set it.",
+                       "`--standalone`). Run: `memprof-sidecar --help`; the environment variable beside a "
+                       "flag is how the webhook sets it (`--standalone`, `--output` and `--trace-out` "
+                       "have none: they are for running it by hand).",
     "memprof-operator": "You want to configure the operator (the chart's values set these). Run: "
                         "`memprof-operator --help`; every flag has the environment variable shown beside it.",
     "crds": "You want to know what a field of a MemoryProfile, MemoryReport or RemediationPolicy means. "
