@@ -344,12 +344,49 @@ def write(root, generated):
     return changed
 
 
+# --- the pages' openings ---------------------------------------------------
+
+
+def opening_problems(name, text):
+    """What is wrong with a page's opening: each docs page starts with the
+    task a reader comes with ("You want ...") and the command that does it
+    (a code span), before its first section."""
+    lines = text.split("\n")
+    if not lines or not lines[0].startswith("# "):
+        return ["%s: the first line is not the page's `# ` title" % name]
+    body = "\n".join(lines[1:]).split("\n## ", 1)[0]
+    first = body.strip().split("\n\n", 1)[0]
+    problems = []
+    if not first.startswith("You want"):
+        problems.append("%s: the first paragraph does not open with \"You want\" (the reader's task)" % name)
+    if "`" not in body:
+        problems.append("%s: no command (a code span) before the first section" % name)
+    return problems
+
+
+def check_openings(root):
+    """Every docs/*.md page's opening problems, sorted by page."""
+    problems = []
+    docs = os.path.join(root, "docs")
+    for name in sorted(os.listdir(docs)):
+        if name.endswith(".md"):
+            problems += opening_problems("docs/" + name, read(root, os.path.join("docs", name)))
+    return problems
+
+
 def main(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--root", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
     parser.add_argument("--bin-dir", default=None, help="where the built binaries are (default: ROOT/target/debug)")
+    parser.add_argument("--check-openings", action="store_true",
+                        help="only check that every docs/*.md page opens with the task and a command")
     args = parser.parse_args(argv)
     root = os.path.normpath(args.root)
+    if args.check_openings:
+        problems = check_openings(root)
+        for problem in problems:
+            print("refdocs: %s" % problem, file=sys.stderr)
+        return 1 if problems else 0
     try:
         changed = write(root, pages(root, args.bin_dir or os.path.join(root, "target", "debug")))
     except RefdocsError as e:

@@ -134,6 +134,22 @@ class WireSchemaTest(unittest.TestCase):
         self.assertEqual(refdocs.one_line("must be [`VERSION`](super::VERSION)."), "must be `VERSION`.")
 
 
+class OpeningTest(unittest.TestCase):
+    def test_a_page_that_opens_with_the_task_and_a_command_passes(self):
+        page = "# Install\n\nYou want memprof on a cluster. Run:\n\n```sh\nhelm install\n```\n\n## Install\n"
+        self.assertEqual(refdocs.opening_problems("docs/install.md", page), [])
+
+    def test_a_page_that_opens_with_the_machinery_is_named(self):
+        page = "# Agent\n\nThis page is the contract.\n\n## Transport\n\n`POST /v1/agent`\n"
+        self.assertEqual(refdocs.opening_problems("docs/agent.md", page), [
+            'docs/agent.md: the first paragraph does not open with "You want" (the reader\'s task)',
+            "docs/agent.md: no command (a code span) before the first section"])
+
+    def test_a_page_without_a_title_is_named(self):
+        self.assertEqual(refdocs.opening_problems("docs/x.md", "You want"), [
+            "docs/x.md: the first line is not the page's `# ` title"])
+
+
 class WriteTest(unittest.TestCase):
     def test_write_replaces_changed_pages_removes_others_and_then_changes_nothing(self):
         with tempfile.TemporaryDirectory() as root:
