@@ -21,6 +21,7 @@ pub mod host;
 pub mod hysteresis;
 pub mod memmodel;
 pub mod memsearch;
+pub mod recommend;
 mod risk;
 mod rollup;
 mod series;

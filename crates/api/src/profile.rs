@@ -15,6 +15,7 @@ mod acks;
 mod batch;
 mod history;
 mod ranks;
+mod recommendation;
 pub use acks::{Acknowledgements, MAX_ACK_RANKS};
 pub use batch::{BatchFitModel, BatchObservation, BatchRecommendation};
 pub use history::{
@@ -22,6 +23,9 @@ pub use history::{
 };
 pub use ranks::{
     AgentOomRecord, AllocatorRollup, GpuLocation, RankAllocationSites, RankSummary, StaleRank,
+};
+pub use recommendation::{
+    RecommendationBasis, RoleRecommendation, MAX_RECOMMENDED_ROLES, ROLE_WORKER,
 };
 
 /// A profiled workload and what memprof concluded about its GPU memory.
@@ -226,6 +230,11 @@ pub struct MemoryProfileStatus {
     /// from measurement (see `analysis::batchfit` and docs/remediation.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub batch_recommendation: Option<BatchRecommendation>,
+    /// The GPU memory to request per rank role, from what the trainers
+    /// measured (see `memprof_analysis::recommend` and docs/recommend.md).
+    #[schemars(length(max = 8))]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub recommendation: Vec<RoleRecommendation>,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -332,6 +341,7 @@ mod tests {
                 model: Some(Default::default()),
                 ..Default::default()
             }),
+            recommendation: vec![Default::default()],
             ..Default::default()
         };
         let mut found = vec![];

@@ -30,8 +30,10 @@ pub use events::{
 pub use write::{status_write_needed, Why, COSMETIC_INTERVAL};
 
 mod batch;
+mod recommend;
 use batch::slim_containers;
 pub use batch::{batch_env, batch_of, with_batch_fit};
+pub use recommend::{rank_role, with_recommendation};
 
 /// Whether a Job asked to be profiled (`memprof.dev/enabled: "true"`).
 pub fn profiling_enabled(job: &Job) -> bool {

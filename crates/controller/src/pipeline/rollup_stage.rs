@@ -10,7 +10,7 @@ use crate::operator::rbac::ensure_reporter_rbac;
 use crate::operator::reconcile::{
     annotations_outdated, gpu_oom_annotation, job_annotations, newly_rejected, profile_for_job,
     profile_is_stale, profile_outdated, profiling_enabled, rejected_in, rejection_event,
-    risk_event, with_batch_fit, DesiredStatus, JOB_ANNOTATIONS,
+    risk_event, with_batch_fit, with_recommendation, DesiredStatus, JOB_ANNOTATIONS,
 };
 use crate::operator::thresholds;
 use crate::operator::{Error, Result};
@@ -111,11 +111,30 @@ fn build(
         s.rollup.as_ref().map(|t| t.desired(previous, now))
     })?;
     with_batch_fit(&mut desired.status, job, previous);
+    let reports = counted_reports(ctx, f);
+    if let Err(e) = with_recommendation(&mut desired.status, job, reports.iter().map(|r| &r.spec)) {
+        warn!(job = %f.key, error = %e, "memprof.dev/recommend-phases ignored");
+    }
     let annotated = job.annotations().get(ANNOTATION_THRESHOLDS);
     let defaults = &ctx.setup.options.default_thresholds;
     let in_effect = resolve_thresholds(defaults, annotated.map(String::as_str));
     desired.status.thresholds = Some(in_effect.status());
     Some((desired, next))
+}
+
+/// The Job's reports the roll-up counts (screened, not refused), from the
+/// watch cache: O(ranks) per roll-up, for the recommendation's evidence.
+fn counted_reports(ctx: &Context, f: &Fetched) -> Vec<Arc<memprof_api::MemoryReport>> {
+    let names: Vec<String> = ctx.with_state(&f.key, |s| {
+        s.rollup.as_ref().map_or_else(Vec::new, |t| {
+            let counted = |n: &&String| !t.refused.contains_key(n.as_str());
+            t.known.iter().filter(counted).cloned().collect()
+        })
+    });
+    names
+        .iter()
+        .filter_map(|n| rollups::report_of(&ctx.caches, &f.key, n))
+        .collect()
 }
 
 /// The profile with our spec, labels and owner reference: the cached one,

@@ -3,6 +3,7 @@
 
 pub use crate::operator::reconcile::COSMETIC_INTERVAL;
 use crate::operator::reconcile::{status_write_needed, Why};
+use memprof_analysis::recommend::settle;
 use memprof_api::MemoryProfileStatus;
 use std::time::Duration;
 
@@ -23,6 +24,10 @@ pub fn compose(
     st.remediations = recorded.remediations;
     st.remediation_totals = recorded.remediation_totals;
     st.last_action = recorded.last_action;
+    // The API server is not ours: a recommendation is written again only
+    // when it moves by a rounding step (or newly seen phases change it).
+    let fresh = std::mem::take(&mut st.recommendation);
+    st.recommendation = settle(&recorded.recommendation, fresh);
     Some(st)
 }
 
@@ -89,6 +94,49 @@ mod tests {
         );
         assert_eq!(compose(Some(&server), None), Some(server.clone()));
         assert_eq!(compose(None, None), None);
+    }
+
+    /// A recommendation whose request moved within a rounding step is
+    /// composed as the server holds it, so nothing is written for it.
+    #[test]
+    fn a_recommendation_moving_within_a_step_is_not_written() {
+        use memprof_analysis::recommend::STEP_BYTES;
+        use memprof_api::RoleRecommendation;
+        let rec = |request: u64, steps: u64| RoleRecommendation {
+            role: "worker".into(),
+            request_bytes: Some(request),
+            basis: memprof_api::RecommendationBasis {
+                ranks_measured: 1,
+                steps,
+                ..Default::default()
+            },
+            reason: "r".into(),
+            ..Default::default()
+        };
+        let server = MemoryProfileStatus {
+            recommendation: vec![rec(100 * STEP_BYTES, 10)],
+            ..Default::default()
+        };
+        let fell = MemoryProfileStatus {
+            recommendation: vec![rec(99 * STEP_BYTES, 500)],
+            ..Default::default()
+        };
+        let st = compose(Some(&server), Some(&fell)).unwrap();
+        assert_eq!(st.recommendation, server.recommendation);
+        assert_eq!(
+            write_needed(Some(&server), &st, Some(Duration::from_secs(60))),
+            Need::No
+        );
+        let rose = MemoryProfileStatus {
+            recommendation: vec![rec(101 * STEP_BYTES, 500)],
+            ..Default::default()
+        };
+        let st = compose(Some(&server), Some(&rose)).unwrap();
+        assert_eq!(st.recommendation, rose.recommendation);
+        assert_eq!(
+            write_needed(Some(&server), &st, Some(Duration::from_secs(1))),
+            Need::Now
+        );
     }
 
     #[test]

@@ -1,0 +1,298 @@
+use super::*;
+use memprof_api::{
+    AgentEvent, AllocatorStats, Checkpoint, FragmentationPoint, GpuReport, PhasePeak,
+};
+
+const G: u64 = 1 << 30;
+const M: u64 = 1 << 20;
+
+/// A rank whose agent reports `reserved` now, `step`, and the given phases.
+fn report(reserved: u64, step: u64, phases: &[&str]) -> MemoryReportSpec {
+    MemoryReportSpec {
+        gpus: vec![GpuReport {
+            total_bytes: 80 * G,
+            // NVML's figure counts a neighbour's 30 GiB: never the peak.
+            used_bytes: reserved + 30 * G,
+            peak_bytes: reserved + 30 * G,
+            ..Default::default()
+        }],
+        allocator: Some(AllocatorStats {
+            allocated_bytes: reserved / 2,
+            reserved_bytes: reserved,
+            peak_allocated_bytes: Some(reserved - G),
+            step: Some(step),
+            phase_peaks: phases
+                .iter()
+                .map(|p| PhasePeak {
+                    phase: p.to_string(),
+                    allocated_bytes: G,
+                })
+                .collect(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn seen(reserved: u64) -> MemoryReportSpec {
+    report(reserved, 100, &["forward", "evaluation", "checkpoint"])
+}
+
+fn one_role(specs: &[MemoryReportSpec], ranks: u32) -> RoleRecommendation {
+    let evs: Vec<_> = specs
+        .iter()
+        .map(|s| ("worker".to_string(), evidence(s)))
+        .collect();
+    let phases = Phases::default();
+    let mut out = recommend(&evs, JobFacts { ranks, phases });
+    assert_eq!(out.len(), 1);
+    out.remove(0)
+}
+
+#[test]
+fn the_request_is_the_trainers_own_peak_plus_context_and_margin_rounded_up() {
+    let r = one_role(&[seen(40 * G)], 1);
+    assert_eq!(
+        r.peak_bytes,
+        Some(40 * G),
+        "the allocator's, not NVML's 70 GiB"
+    );
+    assert_eq!(r.context_bytes, CONTEXT_BYTES, "one rank: no NCCL buffers");
+    let floor = (40.0 * G as f64 * 0.02).ceil() as u64;
+    assert_eq!(r.margin_bytes, floor);
+    let exact = 40 * G + CONTEXT_BYTES + floor;
+    let request = r.request_bytes.unwrap();
+    assert!(
+        request >= exact && request - exact < STEP_BYTES,
+        "{request}"
+    );
+    assert_eq!(request % STEP_BYTES, 0);
+    assert_eq!(r.basis.source, "allocatorReserved");
+    assert_eq!(
+        (r.basis.ranks, r.basis.ranks_measured, r.basis.steps),
+        (1, 1, 100)
+    );
+    assert!(r.basis.evaluation_seen && r.basis.checkpoint_seen);
+    let two = one_role(&[seen(40 * G), seen(40 * G)], 2);
+    assert_eq!(two.context_bytes, CONTEXT_BYTES + NCCL_BYTES);
+}
+
+#[test]
+fn rounding_is_up_never_down() {
+    assert_eq!(round_up(1), STEP_BYTES);
+    assert_eq!(round_up(STEP_BYTES), STEP_BYTES);
+    assert_eq!(round_up(STEP_BYTES + 1), 2 * STEP_BYTES);
+    assert_eq!(round_up(0), 0);
+}
+
+#[test]
+fn the_peak_is_the_highest_reserved_the_run_showed_and_at_least_peak_allocated() {
+    let mut s = seen(20 * G);
+    let a = s.allocator.as_mut().unwrap();
+    // The cache was larger earlier in the run (empty_cache since).
+    a.fragmentation_trend = vec![
+        FragmentationPoint {
+            reserved_bytes: 30 * G,
+            ..Default::default()
+        },
+        FragmentationPoint {
+            reserved_bytes: 20 * G,
+            ..Default::default()
+        },
+    ];
+    assert_eq!(evidence(&s).peak, Some(30 * G));
+    let a = s.allocator.as_mut().unwrap();
+    a.fragmentation_trend.clear();
+    a.peak_allocated_bytes = Some(25 * G);
+    assert_eq!(evidence(&s).peak, Some(25 * G));
+    // A trainer cannot claim more than its card holds.
+    s.allocator.as_mut().unwrap().reserved_bytes = 500 * G;
+    assert_eq!(evidence(&s).peak, Some(80 * G));
+}
+
+#[test]
+fn no_request_until_the_steps_and_the_required_phases_were_seen() {
+    let early = one_role(
+        &[report(40 * G, 2, &["forward", "evaluation", "checkpoint"])],
+        1,
+    );
+    assert_eq!(early.request_bytes, None);
+    assert!(
+        early.reason.contains("2 of 3 training steps"),
+        "{}",
+        early.reason
+    );
+    let no_eval = one_role(&[report(40 * G, 50, &["forward", "checkpoint"])], 1);
+    assert_eq!(no_eval.request_bytes, None);
+    assert!(
+        no_eval.reason.contains("no evaluation phase yet"),
+        "{}",
+        no_eval.reason
+    );
+    let mut announced = report(40 * G, 50, &["validate"]);
+    assert!(evidence(&announced).evaluation, "valid… is evaluation");
+    assert!(!evidence(&announced).checkpoint);
+    announced.last_checkpoint = Some(Checkpoint::default());
+    assert!(
+        evidence(&announced).checkpoint,
+        "a checkpoint the agent announced"
+    );
+    let mut event = report(40 * G, 50, &[]);
+    event.allocator.as_mut().unwrap().events = vec![AgentEvent {
+        name: CHECKPOINT_EVENT.into(),
+        ..Default::default()
+    }];
+    assert!(evidence(&event).checkpoint);
+    assert!(one_role(&[announced], 1).request_bytes.is_some());
+    // Checkpoint seen on rank 0 only, evaluation on rank 1: the role saw both.
+    let split = one_role(
+        &[
+            report(40 * G, 50, &["checkpoint"]),
+            report(40 * G, 50, &["eval"]),
+        ],
+        2,
+    );
+    assert!(split.request_bytes.is_some(), "{}", split.reason);
+}
+
+#[test]
+fn a_job_without_evaluation_or_checkpoints_says_so_by_annotation() {
+    assert_eq!(required_phases(None), Ok(Phases::default()));
+    let none = required_phases(Some("none")).unwrap();
+    assert!(!none.evaluation && !none.checkpoint);
+    let ck = required_phases(Some(" checkpoint ")).unwrap();
+    assert!(ck.checkpoint && !ck.evaluation);
+    let e = required_phases(Some("evaluation,sleep")).unwrap_err();
+    assert!(e.to_string().contains("\"sleep\""), "{e}");
+    let evs = vec![("worker".to_string(), evidence(&report(40 * G, 9, &[])))];
+    let out = recommend(
+        &evs,
+        JobFacts {
+            ranks: 1,
+            phases: none,
+        },
+    );
+    assert!(out[0].request_bytes.is_some(), "{}", out[0].reason);
+    assert!(out[0].basis.phases_required.is_empty());
+}
+
+#[test]
+fn a_rank_without_the_agent_adds_no_peak_and_alone_gives_no_request() {
+    let nvml_only = MemoryReportSpec {
+        gpus: vec![GpuReport {
+            total_bytes: 80 * G,
+            peak_bytes: 70 * G,
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let alone = one_role(&[nvml_only.clone()], 1);
+    assert_eq!((alone.request_bytes, alone.peak_bytes), (None, None));
+    assert_eq!(alone.basis.source, "none");
+    assert!(
+        alone.reason.contains("memprof.dev/agent"),
+        "{}",
+        alone.reason
+    );
+    let mixed = one_role(&[nvml_only, seen(40 * G)], 2);
+    assert_eq!(mixed.peak_bytes, Some(40 * G), "NVML's 70 GiB never counts");
+    assert_eq!((mixed.basis.ranks, mixed.basis.ranks_measured), (2, 1));
+}
+
+#[test]
+fn the_margin_covers_the_spread_across_ranks_and_a_peak_still_rising() {
+    let r = one_role(&[seen(40 * G), seen(40 * G), seen(46 * G)], 3);
+    assert_eq!(r.peak_bytes, Some(46 * G));
+    assert_eq!(r.margin_bytes, 6 * G, "highest less the median");
+    let mut rising = seen(40 * G);
+    let point = |r| FragmentationPoint {
+        reserved_bytes: r,
+        ..Default::default()
+    };
+    rising.allocator.as_mut().unwrap().fragmentation_trend =
+        vec![point(30 * G), point(32 * G), point(36 * G), point(40 * G)];
+    let ev = evidence(&rising);
+    assert_eq!((ev.late_growth, ev.samples), (8 * G, 4));
+    assert_eq!(one_role(&[rising], 1).margin_bytes, 8 * G);
+}
+
+#[test]
+fn roles_are_recommended_apart_and_bounded() {
+    let evs: Vec<_> = (0..12)
+        .map(|i| (format!("role{i:02}"), evidence(&seen((10 + i) * G))))
+        .collect();
+    let out = recommend(
+        &evs,
+        JobFacts {
+            ranks: 12,
+            phases: Phases::default(),
+        },
+    );
+    assert_eq!(out.len(), MAX_RECOMMENDED_ROLES);
+    assert_eq!(out[0].role, "role00");
+    assert_eq!(out[1].peak_bytes, Some(11 * G));
+}
+
+/// A peak that creeps up by 1 MiB per report over 1,000 reports, and then
+/// wobbles at a step's edge, changes what is written a bounded number of
+/// times: once per 128 MiB step risen, never on a wobble.
+#[test]
+fn the_recommendation_is_rewritten_only_when_it_moves_by_a_step() {
+    let mut written: Vec<RoleRecommendation> = vec![];
+    let writes = std::cell::Cell::new(0);
+    let mut step = |reserved: u64| {
+        let next = settle(&written, vec![one_role(&[seen(reserved)], 1)]);
+        if next != written {
+            writes.set(writes.get() + 1);
+            written = next;
+        }
+        written[0].request_bytes.unwrap()
+    };
+    let start = 40 * G;
+    for i in 0..1000 {
+        step(start + i * M);
+    }
+    // 1,000 MiB of growth (the 2 % floor grows with it): at most 9 steps of 128 MiB, plus the first.
+    assert!(writes.get() <= 10, "{} writes", writes.get());
+    let before = writes.get();
+    let top = step(start + 1000 * M);
+    for i in 0..200 {
+        // ±100 MiB around the top: falls within a step are held.
+        let r = step(start + 1000 * M - (i % 2) * 100 * M);
+        assert!(r >= top);
+    }
+    let wobbling = writes.get() - before;
+    assert!(wobbling <= 1, "{wobbling} writes while wobbling");
+    // A fall of more than a step is written.
+    let low = step(start);
+    assert!(low < top);
+    // A rise is written at once, however small past the step.
+    let held = vec![one_role(&[seen(start)], 1)];
+    let up = settle(&held, vec![one_role(&[seen(start + 200 * M)], 1)]);
+    assert!(up[0].request_bytes > held[0].request_bytes);
+}
+
+#[test]
+fn phases_newly_seen_are_written_even_at_the_same_request() {
+    let before = vec![one_role(&[report(40 * G, 50, &["forward"])], 1)];
+    assert_eq!(before[0].request_bytes, None);
+    let same = settle(
+        &before,
+        vec![one_role(&[report(40 * G, 51, &["forward"])], 1)],
+    );
+    assert_eq!(same, before, "only the step count moved: nothing to write");
+    let after = settle(
+        &before,
+        vec![one_role(&[report(40 * G, 52, &["forward", "eval"])], 1)],
+    );
+    assert!(after[0].basis.evaluation_seen);
+}
+
+/// The constants are the measured ones (bench/estimate/calibration.json).
+#[test]
+fn the_context_constants_are_the_calibrated_ones() {
+    let cal: serde_json::Value =
+        serde_json::from_str(include_str!("../../../../bench/estimate/calibration.json")).unwrap();
+    assert_eq!(cal["constants"]["contextBytes"], CONTEXT_BYTES);
+    assert_eq!(cal["constants"]["ncclBytes"], NCCL_BYTES);
+}
