@@ -257,7 +257,9 @@ def env_page(table, opening):
 
 OPENINGS = {
     "memprof": "You want every flag of a `memprof` command (also `kubectl memprof`). Run: "
-               "`memprof <command> --help`; this page is that output for every command.",
+               "`memprof <command> --help`; this page is that output for every command, the last "
+               "three being those `memprof --help` hides: `crd` (`make crds`), `agent-schema` "
+               "(`make schema`) and `install-agent` (the agent's init container).",
     "memprof-sidecar": "You want to configure the sidecar the webhook injects (or run it by hand with "
                        "`--standalone`). Run: `memprof-sidecar --help`; the environment variable beside a "
                        "flag is how the webhook sets it (`--standalone`, `--output` and `--trace-out` "
@@ -296,9 +298,17 @@ def index_page():
     return "\n".join(lines) + "\n"
 
 
+# Commands `memprof --help` hides (the build's and the image's), listed here
+# because pages cite them; one that is gone fails the generator by name.
+HIDDEN = {"memprof": ("crd", "agent-schema", "install-agent")}
+
+
 def binary_page(bin_dir, program):
     binary = os.path.join(bin_dir, program)
-    return cli_page(command_tree(lambda path: run_help(binary, list(path))), program, OPENINGS[program])
+    tree = command_tree(lambda path: run_help(binary, list(path)))
+    for name in HIDDEN.get(program, ()):
+        tree += command_tree(lambda path: run_help(binary, list(path)), (name,))
+    return cli_page(tree, program, OPENINGS[program])
 
 
 def read(root, rel):

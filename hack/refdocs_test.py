@@ -66,6 +66,23 @@ class CliHelpTest(unittest.TestCase):
                 del os.environ["MEMPROF_PYTHON"]
         self.assertEqual(out, "[env: MEMPROF_PYTHON=] estimate --help\n")
 
+    def test_the_binary_page_adds_the_commands_help_hides_and_fails_when_one_is_gone(self):
+        with tempfile.TemporaryDirectory() as d:
+            fake = os.path.join(d, "memprof")
+            with open(fake, "w") as f:
+                f.write("#!/bin/sh\ncase \"$1\" in\n--help) printf 'Commands:\\n  top  Top\\n';;\n"
+                        "top|crd|agent-schema|install-agent) echo \"Usage: memprof $1\";;\n"
+                        "*) echo \"unrecognized subcommand '$1'\" >&2; exit 2;;\nesac\n")
+            os.chmod(fake, stat.S_IRWXU)
+            page = refdocs.binary_page(d, "memprof")
+            for name in ("top", "crd", "agent-schema", "install-agent"):
+                self.assertIn("## memprof %s\n\n```text\nUsage: memprof %s\n```" % (name, name), page)
+            with open(fake, "w") as f:
+                f.write("#!/bin/sh\ncase \"$1\" in\n--help) echo Usage;;\n"
+                        "*) echo \"unrecognized subcommand '$1'\" >&2; exit 2;;\nesac\n")
+            with self.assertRaisesRegex(refdocs.RefdocsError, "crd --help exited 2: unrecognized subcommand 'crd'"):
+                refdocs.binary_page(d, "memprof")
+
     def test_a_missing_binary_says_to_run_make_docs(self):
         with self.assertRaisesRegex(refdocs.RefdocsError, "make docs"):
             refdocs.run_help("/nonexistent/memprof", [])
