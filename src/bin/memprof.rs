@@ -82,6 +82,9 @@ enum Command {
     /// Draw a Job's per-rank timelines and per-GPU peaks (SVG or PNG, or text on a terminal).
     #[command(after_help = PLOT_EXAMPLES)]
     Plot(memprof::cli::kube::plot::Args),
+    /// The GPU memory to request per rank role, from what was measured,
+    /// in each GPU-sharing scheduler's dialect (HAMi, Volcano, KAI, Run:ai, DRA MPS)
+    Recommend(memprof::cli::kube::recommend::Args),
     /// Two Jobs, sweep results or reports side by side: what grew, where
     #[command(after_help = COMPARE_EXAMPLES)]
     Compare(memprof::cli::kube::compare::Args),
@@ -245,6 +248,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             memprof::cli::output::print(&answer);
         }
         Command::Plot(args) => std::process::exit(memprof::cli::kube::plot::run(args).await?),
+        Command::Recommend(args) => {
+            std::process::exit(memprof::cli::kube::recommend::run(args).await?)
+        }
         Command::Compare(args) => std::process::exit(memprof::cli::compare(args).await?),
         Command::InstallAgent {
             dir,

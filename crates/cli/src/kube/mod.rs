@@ -8,5 +8,6 @@ pub mod doctor;
 pub mod plot;
 pub mod policy;
 pub mod ranks;
+pub mod recommend;
 pub mod report;
 pub mod top;
