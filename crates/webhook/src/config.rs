@@ -115,6 +115,9 @@ pub struct InjectionConfig {
     pub security_context: Option<k8s_openapi::api::core::v1::SecurityContext>,
     /// The admission mark on pods the Job controller creates.
     pub marks: MarkConfig,
+    /// Who creates each link of a JobSet, TrainJob or PyTorchJob (the
+    /// workload mark, `workload_marks.rs`; signed with `marks.keys`).
+    pub workloads: crate::workload_marks::WorkloadIdentities,
 }
 
 /// How the webhook marks the pods the Job controller creates
@@ -162,6 +165,7 @@ impl Default for InjectionConfig {
             log_json: false,
             security_context: None,
             marks: MarkConfig::default(),
+            workloads: Default::default(),
         }
     }
 }

@@ -28,6 +28,7 @@ pub mod prediction;
 mod retry;
 pub mod server;
 pub mod sidecar;
+pub mod workload_marks;
 pub mod writers;
 
 pub use certs::{CertBundle, CertConfig, CertError};
@@ -36,6 +37,7 @@ pub use marks::Caller;
 pub use mutate::{admit_review, injection_patch, Injection, MutateError, Target};
 pub use options::{run, CertMode, Error, WebhookOptions};
 pub use server::{serve, ServerError, TlsCert};
+pub use workload_marks::WorkloadIdentities;
 
 /// Name of the injected container (init or regular); its presence makes
 /// injection a no-op, which is what keeps the webhook idempotent.

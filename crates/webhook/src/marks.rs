@@ -102,7 +102,7 @@ fn ptr(tokens: &[&str]) -> PointerBuf {
 
 /// Adds `key: value` to the map at `/metadata/<map>`, creating the map when
 /// neither the object nor an earlier operation in `ops` has it.
-fn add_to_metadata_map(
+pub(crate) fn add_to_metadata_map(
     ops: &mut Vec<PatchOperation>,
     had: bool,
     map: &str,

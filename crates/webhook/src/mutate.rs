@@ -512,6 +512,9 @@ fn decide(req: &WireRequest, cfg: &InjectionConfig, caller: Caller) -> Answer {
     if req.kind.group == memprof_api::GROUP && req.kind.kind == "MemoryReport" {
         return write_of_report(req, cfg, caller);
     }
+    if req.kind.group == "jobset.x-k8s.io" && req.kind.kind == "JobSet" {
+        return workload_link(req, cfg, caller);
+    }
     let Some(target) = Target::of(&req.kind) else {
         return Answer::default();
     };
@@ -526,7 +529,7 @@ fn decide(req: &WireRequest, cfg: &InjectionConfig, caller: Caller) -> Answer {
             let injection = injection_patch(target, obj, cfg)?;
             match target {
                 Target::Pod => mark(obj, req, cfg, caller, injection),
-                Target::Job => Ok(injection),
+                Target::Job => mark_job(obj, req, cfg, caller, injection),
             }
         });
     match result {
@@ -610,10 +613,96 @@ fn mark(
         caller,
     };
     super::marks::mark_pod(&pod, &creation, &cfg.marks, &mut ops, &mut warnings);
+    let (what, keys) = (super::workload_marks::Marked::Pod, &cfg.marks.keys);
+    super::workload_marks::mark_link(
+        what,
+        &pod.metadata,
+        &creation,
+        &cfg.workloads,
+        keys,
+        &mut ops,
+        &mut warnings,
+    );
     Ok(Injection {
         patch: (!ops.is_empty()).then_some(Patch(ops)),
         warnings,
     })
+}
+
+/// Who creates the object under review, as the request says.
+fn creation_of<'r>(req: &'r WireRequest, caller: Caller) -> super::marks::Creation<'r> {
+    super::marks::Creation {
+        namespace: req.namespace.as_deref().unwrap_or_default(),
+        username: req.user_info.username.as_deref(),
+        now: jiff::Timestamp::now(),
+        caller,
+    }
+}
+
+/// `injection` plus a JobSet child Job's workload mark (workload_marks.rs).
+fn mark_job(
+    obj: &Value,
+    req: &WireRequest,
+    cfg: &InjectionConfig,
+    caller: Caller,
+    injection: Injection,
+) -> Result<Injection, MutateError> {
+    let meta = object_meta(obj).map_err(|source| MutateError::Decode {
+        kind: "Job",
+        source,
+    })?;
+    let Injection {
+        patch,
+        mut warnings,
+    } = injection;
+    let mut ops = patch.map(|p| p.0).unwrap_or_default();
+    let (what, keys) = (super::workload_marks::Marked::Job, &cfg.marks.keys);
+    let creation = creation_of(req, caller);
+    super::workload_marks::mark_link(
+        what,
+        &meta,
+        &creation,
+        &cfg.workloads,
+        keys,
+        &mut ops,
+        &mut warnings,
+    );
+    Ok(Injection {
+        patch: (!ops.is_empty()).then_some(Patch(ops)),
+        warnings,
+    })
+}
+
+/// A TrainJob's JobSet: only its workload mark (nothing is injected into a JobSet).
+fn workload_link(req: &WireRequest, cfg: &InjectionConfig, caller: Caller) -> Answer {
+    let Some(meta) = req.object.as_ref().and_then(|o| object_meta(o).ok()) else {
+        return Answer::default();
+    };
+    if req.operation != "CREATE" {
+        return Answer::default();
+    }
+    let (mut ops, mut warnings) = (Vec::new(), Vec::new());
+    let (what, keys) = (super::workload_marks::Marked::JobSet, &cfg.marks.keys);
+    let creation = creation_of(req, caller);
+    super::workload_marks::mark_link(
+        what,
+        &meta,
+        &creation,
+        &cfg.workloads,
+        keys,
+        &mut ops,
+        &mut warnings,
+    );
+    Answer {
+        patch: (!ops.is_empty()).then_some(Patch(ops)),
+        warnings,
+        denied: None,
+    }
+}
+
+/// The metadata of any object under review.
+fn object_meta(obj: &Value) -> Result<ObjectMeta, serde_json::Error> {
+    ObjectMeta::deserialize(obj.get("metadata").unwrap_or(&Value::Null))
 }
 
 /// Answers a raw AdmissionReview body: the JSON `POST /mutate` returns.

@@ -163,6 +163,33 @@ pub struct WebhookOptions {
         default_values_t = DEFAULT_CONTROLLER_IDENTITIES.map(String::from)
     )]
     pub admission_controllers: Vec<String>,
+    /// Identities the JobSet controller creates a JobSet's child Jobs as,
+    /// comma-separated: only their Jobs roll up under a JobSet.
+    #[arg(
+        long = "jobset-identities",
+        env = "MEMPROF_JOBSET_IDENTITIES",
+        value_delimiter = ',',
+        default_values_t = memprof_api::workload::DEFAULT_JOBSET_IDENTITIES.map(String::from)
+    )]
+    pub jobset_identities: Vec<String>,
+    /// Identities Kubeflow Trainer creates a TrainJob's JobSet as,
+    /// comma-separated: only their JobSets roll up under a TrainJob.
+    #[arg(
+        long = "trainer-identities",
+        env = "MEMPROF_TRAINER_IDENTITIES",
+        value_delimiter = ',',
+        default_values_t = memprof_api::workload::DEFAULT_TRAINER_IDENTITIES.map(String::from)
+    )]
+    pub trainer_identities: Vec<String>,
+    /// Identities the training operator creates a PyTorchJob's pods as,
+    /// comma-separated: only their pods count for a PyTorchJob.
+    #[arg(
+        long = "training-operator-identities",
+        env = "MEMPROF_TRAINING_OPERATOR_IDENTITIES",
+        value_delimiter = ',',
+        default_values_t = memprof_api::workload::DEFAULT_TRAINING_OPERATOR_IDENTITIES.map(String::from)
+    )]
+    pub training_operator_identities: Vec<String>,
     /// Let a Job pick the sidecar image with the annotation `memprof.dev/sidecar-image`,
     /// among --allowed-sidecar-images. Off by default: the sidecar sees every GPU
     /// of the node (and, with --gpu-access=podResources, the kubelet's socket).
@@ -295,6 +322,11 @@ fn non_empty(s: &str) -> Option<String> {
     (!s.trim().is_empty()).then(|| s.trim().to_string())
 }
 
+/// A comma-separated flag's values, blanks dropped.
+fn listed(values: &[String]) -> Vec<String> {
+    values.iter().filter_map(|v| non_empty(v)).collect()
+}
+
 impl WebhookOptions {
     /// The injection settings, with the sidecar kind already resolved.
     pub fn injection_config(&self, native_sidecar: bool) -> InjectionConfig {
@@ -338,6 +370,11 @@ impl WebhookOptions {
                     .filter_map(|c| non_empty(c))
                     .collect(),
                 keys: Keys::default(),
+            },
+            workloads: crate::workload_marks::WorkloadIdentities {
+                jobset: listed(&self.jobset_identities),
+                trainer: listed(&self.trainer_identities),
+                training_operator: listed(&self.training_operator_identities),
             },
         }
     }

@@ -71,8 +71,13 @@ fn path_change(w: &MutatingWebhook, path: &str) -> Option<Value> {
 }
 
 /// The webhooks the API server calls on the secret path: those whose
-/// requests' `userInfo` becomes a mark (pods' creators, reports' writers).
-pub const SECRET_PATH_WEBHOOKS: [&str; 2] = [MARKS_WEBHOOK, WRITERS_WEBHOOK];
+/// requests' `userInfo` becomes a mark (pods' creators, reports' writers,
+/// the creators of a workload's links).
+pub const SECRET_PATH_WEBHOOKS: [&str; 3] = [MARKS_WEBHOOK, WRITERS_WEBHOOK, WORKLOADS_WEBHOOK];
+
+/// The webhook that marks a JobSet's child Jobs and a TrainJob's JobSet
+/// (`workload_marks.rs`); a PyTorchJob's pods come through the marks webhook.
+pub const WORKLOADS_WEBHOOK: &str = "workloads.memprof.dev";
 
 /// Puts the secret-path webhooks ([`SECRET_PATH_WEBHOOKS`]) of configuration
 /// `name` on the secret path of `token`. Returns whether anything changed.
