@@ -225,8 +225,8 @@ async fn serve_metrics(
             .map_err(|e| format!("cannot listen on --metrics-addr {addr}: {e}"))?,
     };
     ready.set();
-    // Spawned, not awaited in place: nested in this future, warp's
-    // server cannot be proven Send (a rustc limitation, see metrics.rs).
+    // Spawned, not awaited in place: a panic in the server is an error of
+    // this task, not of the operator's process.
     tokio::spawn(operator::serve(listener, registry, health, shutdown))
         .await
         .map_err(|e| format!("the metrics server panicked: {e}"))

@@ -12,14 +12,15 @@
 //! peer, whatever its address (a mesh relay's connection comes from
 //! loopback), never reaches either.
 
+use http_body_util::BodyExt;
+use hyper::{Method, StatusCode};
 use memprof_api::agent::{Push, PushReply};
 use memprof_api::MemoryReportSpec;
+use memprof_runtime::http::{self, Request, Response};
 use prometheus_client::registry::Registry;
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use tokio::sync::watch;
-use warp::http::StatusCode;
-use warp::Filter;
 
 /// Largest agent push accepted, bytes.
 pub const MAX_AGENT_BODY: u64 = memprof_api::agent::MAX_BODY_BYTES;
@@ -69,104 +70,84 @@ pub struct Shared {
     pub metrics: crate::metrics::Metrics,
 }
 
-fn reply(status: StatusCode, body: String) -> warp::reply::Response {
-    warp::Reply::into_response(warp::reply::with_status(body, status))
-}
-
-fn json(status: StatusCode, body: String) -> warp::reply::Response {
-    let mut resp = reply(status, body);
-    resp.headers_mut().insert(
-        "content-type",
-        warp::http::HeaderValue::from_static("application/json"),
-    );
-    resp
-}
-
 /// Handles one agent push: parses the body, hands it over, answers with the
 /// current verdict. Only ever called for a connection on the agent socket.
-pub fn agent_push(shared: &Shared, body: &[u8]) -> warp::reply::Response {
+pub fn agent_push(shared: &Shared, body: &[u8]) -> Response {
     match memprof_api::agent::parse(body) {
         Ok(push) => {
             shared.metrics.agent_pushes.inc();
             shared.agent.put(push);
             let answer = shared.answer.borrow().clone();
-            json(
+            http::typed(
                 StatusCode::OK,
+                http::JSON,
                 serde_json::to_string(&answer).unwrap_or_default(),
             )
         }
-        Err(e) => reply(
+        Err(e) => http::text(
             StatusCode::BAD_REQUEST,
             format!("invalid agent payload: {e}\n"),
         ),
     }
 }
 
-type Routes = warp::filters::BoxedFilter<(warp::reply::Response,)>;
-
-fn healthz() -> Routes {
-    warp::path!("healthz")
-        .and(warp::get())
-        .map(|| reply(StatusCode::OK, "ok\n".into()))
-        .boxed()
+fn healthz() -> Response {
+    http::text(StatusCode::OK, "ok\n")
 }
 
-/// `/healthz` and `/metrics`: what TCP serves.
-fn metrics_routes(shared: Shared) -> Routes {
-    let metrics = warp::path!("metrics").and(warp::get()).map(move || {
-        let body =
-            crate::metrics::render(&shared.registry.lock().expect("metrics registry poisoned"));
-        let mut resp = reply(StatusCode::OK, body);
-        resp.headers_mut().insert(
-            "content-type",
-            warp::http::HeaderValue::from_static(
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            ),
+fn metrics(shared: &Shared) -> Response {
+    let body = crate::metrics::render(&shared.registry.lock().expect("metrics registry poisoned"));
+    http::typed(StatusCode::OK, http::OPENMETRICS, body)
+}
+
+fn report(shared: &Shared) -> Response {
+    match &*shared.report.borrow() {
+        Some(r) => http::typed(
+            StatusCode::OK,
+            http::JSON,
+            serde_json::to_string_pretty(r).unwrap_or_default(),
+        ),
+        None => http::text(StatusCode::SERVICE_UNAVAILABLE, "no report yet\n"),
+    }
+}
+
+/// `POST /v1/agent`: refused on its Content-Length before a byte of the
+/// body is read, so a push over the limit costs the sidecar nothing.
+async fn agent(shared: &Shared, req: Request) -> Response {
+    let length = req
+        .headers()
+        .get(hyper::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    let Some(length) = length else {
+        return http::text(
+            StatusCode::LENGTH_REQUIRED,
+            "agent payload needs a Content-Length\n",
         );
-        resp
-    });
-    healthz().or(metrics).unify().boxed()
-}
-
-/// `POST /v1/agent`, `GET /v1/report`, `/healthz`: what the agent socket serves.
-fn agent_routes(shared: Shared) -> Routes {
-    let s = shared.clone();
-    let report =
-        warp::path!("v1" / "report")
-            .and(warp::get())
-            .map(move || match &*s.report.borrow() {
-                Some(r) => json(
-                    StatusCode::OK,
-                    serde_json::to_string_pretty(r).unwrap_or_default(),
-                ),
-                None => reply(StatusCode::SERVICE_UNAVAILABLE, "no report yet\n".into()),
-            });
-    let agent = warp::path!("v1" / "agent")
-        .and(warp::post())
-        .and(warp::body::content_length_limit(MAX_AGENT_BODY))
-        .and(warp::body::bytes())
-        .map(move |body: warp::hyper::body::Bytes| agent_push(&shared, &body));
-    healthz().or(report).unify().or(agent).unify().boxed()
-}
-
-/// Answers what no route took, saying where things are.
-async fn recover(rej: warp::Rejection, here: &'static str) -> warp::reply::Response {
-    let (status, msg) = if rej.find::<warp::reject::PayloadTooLarge>().is_some() {
-        (
+    };
+    if length > MAX_AGENT_BODY {
+        return http::text(
             StatusCode::PAYLOAD_TOO_LARGE,
             format!("agent payload over {MAX_AGENT_BODY} bytes\n"),
-        )
-    } else if rej.find::<warp::reject::LengthRequired>().is_some() {
-        (
-            StatusCode::LENGTH_REQUIRED,
-            "agent payload needs a Content-Length\n".to_string(),
-        )
-    } else if rej.is_not_found() {
-        (StatusCode::NOT_FOUND, format!("not found: {here}\n"))
+        );
+    }
+    match req.into_body().collect().await {
+        Ok(body) => agent_push(shared, &body.to_bytes()),
+        Err(e) => http::text(
+            StatusCode::BAD_REQUEST,
+            format!("cannot read the agent payload: {e}\n"),
+        ),
+    }
+}
+
+/// What no route took: 404 saying where things are, or 405 for a path
+/// served here under another method.
+fn unrouted(req: &Request, paths: &[&str], here: &str) -> Response {
+    if paths.contains(&req.uri().path()) {
+        let msg = format!("method {} not allowed: {here}\n", req.method());
+        http::text(StatusCode::METHOD_NOT_ALLOWED, msg)
     } else {
-        (StatusCode::METHOD_NOT_ALLOWED, format!("{rej:?}\n"))
-    };
-    reply(status, msg)
+        http::text(StatusCode::NOT_FOUND, format!("not found: {here}\n"))
+    }
 }
 
 const TCP_HERE: &str = "this port serves /healthz and /metrics; POST /v1/agent and GET \
@@ -174,20 +155,33 @@ const TCP_HERE: &str = "this port serves /healthz and /metrics; POST /v1/agent a
     docs/agent.md)";
 const SOCKET_HERE: &str = "this socket serves POST /v1/agent, GET /v1/report and /healthz";
 
+/// `/healthz` and `/metrics`: what TCP serves, whoever the peer is.
+async fn tcp_routes(shared: Shared, req: Request) -> Response {
+    match (req.method(), req.uri().path()) {
+        (&Method::GET, "/healthz") => healthz(),
+        (&Method::GET, "/metrics") => metrics(&shared),
+        _ => unrouted(&req, &["/healthz", "/metrics"], TCP_HERE),
+    }
+}
+
+/// `POST /v1/agent`, `GET /v1/report`, `/healthz`: what the agent socket serves.
+async fn socket_routes(shared: Shared, req: Request) -> Response {
+    match (req.method(), req.uri().path()) {
+        (&Method::GET, "/healthz") => healthz(),
+        (&Method::GET, "/v1/report") => report(&shared),
+        (&Method::POST, "/v1/agent") => agent(&shared, req).await,
+        _ => unrouted(&req, &["/healthz", "/v1/report", "/v1/agent"], SOCKET_HERE),
+    }
+}
+
 /// Serves `/healthz` and `/metrics` on `listener` until `shutdown` resolves.
 pub async fn serve_tcp(
     listener: tokio::net::TcpListener,
     shared: Shared,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) {
-    let routes = metrics_routes(shared).recover(|rej| async move {
-        Ok::<_, std::convert::Infallible>(recover(rej, TCP_HERE).await)
-    });
-    warp::serve(routes)
-        .incoming(listener)
-        .graceful(shutdown)
-        .run()
-        .await;
+    let handle = move |req| tcp_routes(shared.clone(), req);
+    http::serve(listener, handle, shutdown).await;
 }
 
 /// Serves the agent's endpoints on the agent socket until `shutdown` resolves.
@@ -196,14 +190,8 @@ pub async fn serve_socket(
     shared: Shared,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) {
-    let routes = agent_routes(shared).recover(|rej| async move {
-        Ok::<_, std::convert::Infallible>(recover(rej, SOCKET_HERE).await)
-    });
-    warp::serve(routes)
-        .incoming(listener)
-        .graceful(shutdown)
-        .run()
-        .await;
+    let handle = move |req| socket_routes(shared.clone(), req);
+    http::serve(listener, handle, shutdown).await;
 }
 
 #[cfg(test)]
@@ -404,6 +392,35 @@ mod tests {
             "{metrics}"
         );
         let _ = stop.send(true);
+    }
+
+    /// A path served under another method is 405; a push without a
+    /// Content-Length (chunked) is 411, before its body is read.
+    #[tokio::test]
+    async fn the_wrong_method_and_a_push_without_a_length_are_refused() {
+        let f = fixture();
+        let dir = std::env::temp_dir().join(format!("memprof-srv-m-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (listener, file) = crate::socket::bind(&dir.join("agent.sock")).unwrap();
+        let path = file.path().to_path_buf();
+        let (stop, stopped) = stopper();
+        tokio::spawn(serve_socket(listener, f.shared.clone(), stopped));
+        let conn = || async { tokio::net::UnixStream::connect(&path).await.unwrap() };
+
+        let (code, out) = request(conn().await, "GET", "/v1/agent", b"").await;
+        assert_eq!(code, 405, "{out}");
+        assert_eq!(request(conn().await, "POST", "/healthz", b"").await.0, 405);
+        let mut s = conn().await;
+        let head = "POST /v1/agent HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n\
+                    Connection: close\r\n\r\n2\r\n{}\r\n0\r\n\r\n";
+        s.write_all(head.as_bytes()).await.unwrap();
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out).await;
+        assert!(out.starts_with("HTTP/1.1 411"), "{out}");
+        assert!(f.inbox.drain().is_empty(), "refused pushes change nothing");
+        let _ = stop.send(true);
+        drop(file);
+        let _ = std::fs::remove_dir(&dir);
     }
 
     #[test]

@@ -9,6 +9,8 @@
 
 pub use super::job_gauges::{JobGauges, JobLabels, Published};
 use super::tasks::{Health, TaskLabels};
+use hyper::{Method, StatusCode};
+use memprof_runtime::http::{self, Request, Response};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -17,7 +19,6 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 use std::future::Future;
 use std::sync::Arc;
-use warp::Filter;
 
 /// Label of `memprof_reconcile_errors_total`: the step that failed.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -235,6 +236,27 @@ fn label_names(sample: &str) -> Vec<&str> {
     names
 }
 
+/// `GET /metrics`, `GET /healthz`, `GET /readyz`; 405 for another method
+/// on them, 404 (no body) elsewhere.
+fn route<B>(registry: &Registry, health: &Health, req: &hyper::Request<B>) -> Response {
+    match (req.method(), req.uri().path()) {
+        (&Method::GET, "/metrics") => {
+            http::typed(StatusCode::OK, http::OPENMETRICS, encode(registry))
+        }
+        (&Method::GET, "/healthz") => http::response(StatusCode::OK, "ok"),
+        (&Method::GET, "/readyz") => match health.readiness() {
+            Ok(()) => http::response(StatusCode::OK, "ok"),
+            Err(not_ready) => {
+                http::response(StatusCode::SERVICE_UNAVAILABLE, format!("{not_ready}\n"))
+            }
+        },
+        (_, "/metrics" | "/healthz" | "/readyz") => {
+            http::text(StatusCode::METHOD_NOT_ALLOWED, "HTTP method not allowed")
+        }
+        _ => http::response(StatusCode::NOT_FOUND, ""),
+    }
+}
+
 /// Serves `GET /metrics`, `GET /healthz` and `GET /readyz` (from `health`)
 /// on `listener` until `shutdown` resolves.
 pub async fn serve(
@@ -243,44 +265,11 @@ pub async fn serve(
     health: Arc<Health>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) {
-    let metrics = warp::path("metrics")
-        .and(warp::path::end())
-        .and(warp::get())
-        .map(move || {
-            // Owned values only: a reply borrowing `&str` makes the server
-            // future not `Send` for every lifetime, so it could not be spawned.
-            let mut reply = warp::reply::Response::new(encode(&registry).into());
-            reply.headers_mut().insert(
-                warp::http::header::CONTENT_TYPE,
-                warp::http::HeaderValue::from_static(
-                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                ),
-            );
-            reply
-        });
-    let healthz = warp::path("healthz")
-        .and(warp::path::end())
-        .and(warp::get())
-        .map(|| warp::reply::Response::new("ok".into()));
-    let readyz = warp::path("readyz")
-        .and(warp::path::end())
-        .and(warp::get())
-        .map(move || match health.readiness() {
-            Ok(()) => warp::reply::Response::new("ok".into()),
-            Err(not_ready) => {
-                let mut reply = warp::reply::Response::new(format!("{not_ready}\n").into());
-                *reply.status_mut() = warp::http::StatusCode::SERVICE_UNAVAILABLE;
-                reply
-            }
-        });
-    // Boxed: erases the `&'static str` path types, which otherwise make the
-    // server future fail the `Send` check of `tokio::spawn` (a rustc HRTB limitation).
-    let routes = metrics.or(healthz).unify().or(readyz).unify().boxed();
-    warp::serve(routes)
-        .incoming(listener)
-        .graceful(shutdown)
-        .run()
-        .await;
+    let handle = move |req: Request| {
+        let answer = route(&registry, &health, &req);
+        async move { answer }
+    };
+    http::serve(listener, handle, shutdown).await;
 }
 
 #[cfg(test)]
@@ -321,6 +310,26 @@ mod tests {
             ..Default::default()
         });
         p
+    }
+
+    #[test]
+    fn another_method_is_405_and_another_path_404() {
+        let (registry, health) = (Registry::default(), Health::new());
+        let req = |method: &str, path: &str| {
+            let req = hyper::Request::builder().method(method).uri(path);
+            route(&registry, &health, &req.body(()).unwrap())
+        };
+        assert_eq!(req("GET", "/readyz").status(), StatusCode::OK);
+        assert_eq!(
+            req("POST", "/metrics").status(),
+            StatusCode::METHOD_NOT_ALLOWED
+        );
+        assert_eq!(
+            req("DELETE", "/healthz").status(),
+            StatusCode::METHOD_NOT_ALLOWED
+        );
+        assert_eq!(req("GET", "/metrics/x").status(), StatusCode::NOT_FOUND);
+        assert_eq!(req("GET", "/").status(), StatusCode::NOT_FOUND);
     }
 
     #[test]
