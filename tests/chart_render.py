@@ -327,8 +327,9 @@ def check_webhook(case: str, docs: list[dict], cert_manager: bool) -> None:
     args = operator_args(docs)
     hooks = {w["name"]: w for w in mwc["webhooks"]}
     check(
-        f"{case}: jobs, pods, marks and writers webhooks",
-        set(hooks) == {"jobs.memprof.dev", "pods.memprof.dev", "marks.memprof.dev", "writers.memprof.dev"},
+        f"{case}: jobs, pods, marks, writers and workloads webhooks",
+        set(hooks) == {"jobs.memprof.dev", "pods.memprof.dev", "marks.memprof.dev", "writers.memprof.dev",
+                       "workloads.memprof.dev"},
         str(list(hooks)),
     )
     for name, w in hooks.items():
@@ -363,6 +364,19 @@ def check_webhook(case: str, docs: list[dict], cert_manager: bool) -> None:
         hooks["writers.memprof.dev"]["rules"] == [{"apiGroups": ["memprof.dev"], "apiVersions": ["v1alpha1"],
             "operations": ["CREATE", "UPDATE"], "resources": ["memoryreports"], "scope": "Namespaced"}]
         and "objectSelector" not in hooks["writers.memprof.dev"],
+    )
+    check(
+        f"{case}: workloads webhook sees Job and JobSet creations, on no label",
+        [(r["apiGroups"], r["resources"]) for r in hooks["workloads.memprof.dev"]["rules"]]
+        == [(["batch"], ["jobs"]), (["jobset.x-k8s.io"], ["jobsets"])]
+        and "objectSelector" not in hooks["workloads.memprof.dev"],
+    )
+    check(
+        f"{case}: the creators of each workload link are configured",
+        args.get("jobset-identities") == "system:serviceaccount:jobset-system:jobset-controller-manager"
+        and args.get("trainer-identities") == "system:serviceaccount:kubeflow-system:kubeflow-trainer-controller-manager"
+        and args.get("training-operator-identities") == "system:serviceaccount:kubeflow:training-operator",
+        str(args),
     )
     check(
         f"{case}: the Job controller's identities are configured",
