@@ -6,6 +6,7 @@
 //!   *controller* owner references through objects read from the API
 //!   server, each link proven by its workload mark, at most
 //!   [`memprof_api::workload::MAX_CHAIN`] links.
+//! - `read.rs`: the same steps, each object read from the API server.
 //! - `rank.rs`: a pod's rank within its workload, from the rank labels its
 //!   creator set (bound by the marks), consistent with torchrun's node rank.
 //! - `action.rs`: how a workload's environment is changed, the least
@@ -13,6 +14,7 @@
 
 pub mod action;
 pub mod rank;
+pub mod read;
 pub mod resolve;
 
 pub use memprof_api::workload::WorkloadKind;

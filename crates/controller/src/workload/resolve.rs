@@ -83,7 +83,8 @@ pub type Read<'a> = dyn FnMut(WorkloadKind, &str) -> Option<ObjectMeta> + 'a;
 /// Resolves the workload above `start` (the pod's controller, kind, name
 /// and uid from its owner reference), reading each object with `read`.
 /// At most `MAX_CHAIN` reads; a cycle cannot form (each kind's parent is a
-/// kind above it) and would be cut by the bound anyway.
+/// kind above it) and would be cut by the bound anyway. (`read.rs` runs the
+/// same steps with reads from the API server.)
 pub fn resolve(
     namespace: &str,
     start: Workload,
@@ -91,47 +92,88 @@ pub fn resolve(
     keys: &KeyRing,
     now: Timestamp,
 ) -> Result<Resolved, ResolveError> {
-    let meta = read(start.kind, &start.name)
-        .filter(|m| m.uid.as_deref() == Some(start.uid.as_str()))
+    let mut meta = first(&start, read(start.kind, &start.name))?;
+    let mut chain = vec![start];
+    loop {
+        let here = chain.last().expect("the chain starts with one object");
+        match step(namespace, here, &meta, chain.len(), keys, now) {
+            Step::Top => return Ok(resolved(chain, None)),
+            Step::Unproven(why) => return Ok(resolved(chain, Some(why))),
+            Step::Up(parent) => match accept(&parent, read(parent.kind, &parent.name)) {
+                Ok(up) => {
+                    chain.push(parent);
+                    meta = up;
+                }
+                Err(why) => return Ok(resolved(chain, Some(why))),
+            },
+        }
+    }
+}
+
+/// What comes after an object of the chain.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// It is the top: no controller memprof rolls up under, or the bound.
+    Top,
+    /// Its link up is claimed but not proven: it is the top, for this reason.
+    Unproven(Unproven),
+    /// Its link up to this controller is proven: read it next.
+    Up(Workload),
+}
+
+/// The step after `here` (whose metadata, as read, is `meta`), the chain
+/// holding `links` objects so far.
+pub fn step(
+    namespace: &str,
+    here: &Workload,
+    meta: &ObjectMeta,
+    links: usize,
+    keys: &KeyRing,
+    now: Timestamp,
+) -> Step {
+    if links >= MAX_CHAIN {
+        return Step::Top;
+    }
+    let Some(parent) = controller_above(here.kind, meta) else {
+        return Step::Top;
+    };
+    match proven(namespace, here, meta, &parent, keys, now) {
+        Ok(()) => Step::Up(parent),
+        Err(e) => Step::Unproven(e.into()),
+    }
+}
+
+/// The pod's own controller as read (`read`): it must exist by that uid.
+pub fn first(start: &Workload, read: Option<ObjectMeta>) -> Result<ObjectMeta, ResolveError> {
+    read.filter(|m| m.uid.as_deref() == Some(start.uid.as_str()))
         .ok_or_else(|| ResolveError::NoController {
             kind: start.kind.kind(),
             name: start.name.clone(),
             uid: start.uid.clone(),
-        })?;
-    let mut chain = vec![start];
-    let mut meta = meta;
-    let mut unproven = None;
-    while chain.len() < MAX_CHAIN {
-        let here = chain.last().expect("the chain starts with one object");
-        let Some(parent) = controller_above(here.kind, &meta) else {
-            break;
-        };
-        if let Err(e) = proven(namespace, here, &meta, &parent, keys, now) {
-            unproven = Some(e.into());
-            break;
-        }
-        let Some(up) = read(parent.kind, &parent.name)
-            .filter(|m| m.uid.as_deref() == Some(parent.uid.as_str()))
-        else {
-            unproven = Some(Unproven::Gone {
-                kind: parent.kind.kind(),
-                name: parent.name,
-                uid: parent.uid,
-            });
-            break;
-        };
-        chain.push(parent);
-        meta = up;
-    }
+        })
+}
+
+/// A controller as read (`read`): it must exist by the uid its child names.
+pub fn accept(parent: &Workload, read: Option<ObjectMeta>) -> Result<ObjectMeta, Unproven> {
+    read.filter(|m| m.uid.as_deref() == Some(parent.uid.as_str()))
+        .ok_or_else(|| Unproven::Gone {
+            kind: parent.kind.kind(),
+            name: parent.name.clone(),
+            uid: parent.uid.clone(),
+        })
+}
+
+/// The outcome for `chain` (never empty).
+pub fn resolved(chain: Vec<Workload>, unproven: Option<Unproven>) -> Resolved {
     let top = chain
         .last()
         .expect("the chain starts with one object")
         .clone();
-    Ok(Resolved {
+    Resolved {
         top,
         chain,
         unproven,
-    })
+    }
 }
 
 /// The controller owner reference of `meta` when it names the kind that
