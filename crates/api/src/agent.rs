@@ -19,7 +19,9 @@ mod breakdown;
 mod extras;
 mod push;
 mod rows;
-pub use breakdown::{Breakdown, Flag, ModulePhase, ModuleTypeBytes};
+pub use breakdown::{Breakdown, Flag, ModuleTypeBytes};
+// The report's type: a push's phases are copied into the report unchanged.
+pub use crate::ModulePhase;
 pub use extras::{
     Grads, Host, PreOom, PreOomSource, SitesHistory, SitesSnapshot, Sizes, SizesSource,
     TrackedTensors, TrackedType, Tracking, MAX_GRAD_NAME, MAX_GRAD_NAMES, MAX_SHAPE_DIMS, MAX_SITE,

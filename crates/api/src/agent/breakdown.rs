@@ -12,7 +12,9 @@ use super::{
     bound_len, bound_str, Error, MAX_FLAGS, MAX_FLAG_NOTE, MAX_MODULE_PHASES, MAX_MODULE_TYPES,
     MAX_PARAMETER_NAME,
 };
-use crate::{FlagKind, ModuleType};
+// A module phase is one type on the wire and in the report: the report
+// carries the agent's phases as they came (bounded by `validate`).
+use crate::{FlagKind, ModulePhase, ModuleType};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -115,20 +117,6 @@ pub struct Flag {
     #[serde(default)]
     #[schemars(length(max = MAX_FLAG_NOTE))]
     pub note: String,
-}
-
-/// What one top-level module adds in forward and backward.
-#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct ModulePhase {
-    /// Module name.
-    #[serde(default)]
-    #[schemars(length(max = MAX_PARAMETER_NAME))]
-    pub module: String,
-    /// Bytes its forward leaves allocated (after minus before, at least 0).
-    pub forward_bytes: u64,
-    /// Peak bytes its backward adds above the allocated bytes at its start.
-    pub backward_bytes: u64,
 }
 
 fn broken(why: String) -> Result<(), Error> {
