@@ -10,6 +10,6 @@
 pub use memprof_analysis as analysis;
 pub use memprof_api as api;
 pub use memprof_cli as cli;
-pub use memprof_controller::{key, operator, pipeline, remediation, status};
+pub use memprof_controller::{key, operator, pipeline, remediation, status, workload};
 pub use memprof_policy as policy;
 pub use memprof_webhook as webhook;

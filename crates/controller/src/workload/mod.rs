@@ -7,12 +7,14 @@
 //!   server, each link proven by its workload mark, at most
 //!   [`memprof_api::workload::MAX_CHAIN`] links.
 //! - `read.rs`: the same steps, each object read from the API server.
+//! - `pods.rs`: whether a pod is its PyTorchJob's own, and its rank labels.
 //! - `rank.rs`: a pod's rank within its workload, from the rank labels its
 //!   creator set (bound by the marks), consistent with torchrun's node rank.
 //! - `action.rs`: how a workload's environment is changed, the least
 //!   disruptive way its kind allows.
 
 pub mod action;
+pub mod pods;
 pub mod rank;
 pub mod read;
 pub mod resolve;
