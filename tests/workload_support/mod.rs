@@ -1,0 +1,174 @@
+//! What the workload tests share: the stand-in CRDs of JobSet, TrainJob and
+//! PyTorchJob (tests/fixtures/workloads/crds.yaml), objects of those kinds
+//! created as their controllers would, the workloads webhook registered on
+//! the secret path, and the identities that play the upper controllers
+//! (the local control plane runs none of them).
+#![allow(dead_code)]
+
+use crate::common::eventually;
+use crate::webhook_support::{Registration, NS_LABEL};
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use kube::Client;
+use memprof::api::workload::WorkloadKind;
+use memprof::workload::read::api_resource;
+use serde_json::{json, Value};
+
+/// Who plays the JobSet controller (creates child Jobs).
+pub const JOBSET_CONTROLLER: &str = "jobset-controller-test";
+/// Who plays the training operator (creates a PyTorchJob's pods).
+pub const TRAINING_OPERATOR: &str = "training-operator-test";
+/// Who plays Kubeflow Trainer (creates a TrainJob's JobSet).
+pub const TRAINER: &str = "trainer-test";
+
+/// Installs the stand-in CRDs (server-side apply: idempotent, shared by
+/// every test; left installed like memprof's own) and waits until served.
+pub async fn install_workload_crds(client: &Client) {
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/workloads/crds.yaml"
+    ))
+    .expect("the stand-in CRDs");
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let pp = PatchParams::apply("memprof-tests").force();
+    for doc in text.split("\n---\n") {
+        let crd: CustomResourceDefinition = serde_yaml::from_str(doc).expect("a CRD");
+        let name = crd.metadata.name.clone().unwrap();
+        api.patch(&name, &pp, &Patch::Apply(&crd))
+            .await
+            .expect("apply a stand-in CRD");
+        eventually(&format!("CRD {name} established"), || async {
+            let c = api.get(&name).await.map_err(|e| e.to_string())?;
+            let ok = c
+                .status
+                .and_then(|s| s.conditions)
+                .unwrap_or_default()
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True");
+            ok.then_some(()).ok_or("not yet".to_string())
+        })
+        .await;
+    }
+}
+
+/// The namespaced API of `kind`.
+pub fn api(client: &Client, ns: &str, kind: WorkloadKind) -> Api<DynamicObject> {
+    Api::namespaced_with(client.clone(), ns, &api_resource(kind))
+}
+
+/// Creates an object of `kind` from `manifest` (apiVersion and kind filled in).
+pub async fn create(
+    client: &Client,
+    ns: &str,
+    kind: WorkloadKind,
+    mut manifest: Value,
+) -> DynamicObject {
+    manifest["apiVersion"] = json!(kind.api_version());
+    manifest["kind"] = json!(kind.kind());
+    let obj: DynamicObject = serde_json::from_value(manifest).unwrap();
+    api(client, ns, kind)
+        .create(&PostParams::default(), &obj)
+        .await
+        .unwrap_or_else(|e| panic!("create a {}: {e}", kind.kind()))
+}
+
+/// A controller owner reference to `owner` (of `kind`), as its controller sets it.
+pub fn controller_ref(kind: WorkloadKind, owner: &DynamicObject) -> Value {
+    json!([{"apiVersion": kind.api_version(), "kind": kind.kind(),
+            "name": owner.metadata.name, "uid": owner.metadata.uid,
+            "controller": true, "blockOwnerDeletion": true}])
+}
+
+/// A JobSet of one replicated job `workers` of `replicas` Jobs of one pod.
+pub fn jobset(name: &str, replicas: u32, labels: Value) -> Value {
+    json!({"metadata": {"name": name, "labels": labels},
+           "spec": {"replicatedJobs": [{"name": "workers", "replicas": replicas,
+               "template": {"spec": {"parallelism": 1, "completions": 1,
+                   "template": {"spec": {"restartPolicy": "Never",
+                       "containers": [{"name": "trainer", "image": "busybox",
+                                       "env": [{"name": "BATCH_SIZE", "value": "32"}]}]}}}}}]}})
+}
+
+/// A PyTorchJob of one master and `workers` workers.
+pub fn pytorchjob(name: &str, workers: u32, labels: Value) -> Value {
+    let template = json!({"spec": {"containers": [{"name": "pytorch", "image": "busybox",
+        "env": [{"name": "BATCH_SIZE", "value": "32"}]}]}});
+    json!({"metadata": {"name": name, "labels": labels},
+           "spec": {"pytorchReplicaSpecs": {
+               "Master": {"replicas": 1, "template": template.clone()},
+               "Worker": {"replicas": workers, "template": template}}}})
+}
+
+/// The child Job `<jobset>-workers-<index>` as the JobSet controller
+/// writes it: controller reference, the JobSet's labels, one pod.
+pub fn child_job(js: &DynamicObject, index: u32) -> Value {
+    let name = js.metadata.name.clone().unwrap();
+    json!({"metadata": {"name": format!("{name}-workers-{index}"),
+            "labels": {"jobset.sigs.k8s.io/jobset-name": name,
+                       "jobset.sigs.k8s.io/replicatedjob-name": "workers",
+                       "jobset.sigs.k8s.io/job-index": index.to_string()},
+            "ownerReferences": controller_ref(WorkloadKind::JobSet, js)},
+           "spec": {"parallelism": 1, "completions": 1, "backoffLimit": 0,
+               "template": {"spec": {"restartPolicy": "Never",
+                   "containers": [{"name": "trainer", "image": "busybox"}]}}}})
+}
+
+/// The pod `<pytorchjob>-<type>-<index>` as the training operator writes it.
+pub fn pytorch_pod(pt: &DynamicObject, rtype: &str, index: u32) -> Value {
+    let name = pt.metadata.name.clone().unwrap();
+    json!({"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": format!("{name}-{rtype}-{index}"),
+            "labels": {"training.kubeflow.org/job-name": name,
+                       "training.kubeflow.org/replica-type": rtype,
+                       "training.kubeflow.org/replica-index": index.to_string(),
+                       // The webhook's marks selector (a filter, not proof).
+                       "memprof.dev/managed": "true"},
+            "ownerReferences": controller_ref(WorkloadKind::PyTorchJob, pt)},
+           "spec": {"restartPolicy": "Never", "containers": [{"name": "pytorch", "image": "busybox"}]}})
+}
+
+/// Registers the workloads webhook (Job and JobSet creations) on `url`,
+/// the secret path, for namespace `ns` only, as the chart does; deleted
+/// when the returned guard drops.
+pub async fn register_workloads(
+    client: &Client,
+    ns: &str,
+    url: &str,
+    ca_pem: &str,
+) -> Registration {
+    use base64::Engine as _;
+    let name = format!("{ns}-workloads");
+    let ca = base64::engine::general_purpose::STANDARD.encode(ca_pem);
+    let rule = |group: &str, version: &str, resource: &str| {
+        json!({"apiGroups": [group], "apiVersions": [version], "operations": ["CREATE"],
+               "resources": [resource], "scope": "Namespaced"})
+    };
+    let mwc: MutatingWebhookConfiguration = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "webhooks": [{
+            "name": memprof::webhook::paths::WORKLOADS_WEBHOOK,
+            "clientConfig": {"url": url, "caBundle": ca},
+            "rules": [rule("batch", "v1", "jobs"), rule("jobset.x-k8s.io", "v1alpha2", "jobsets")],
+            "failurePolicy": "Ignore", "sideEffects": "None",
+            "admissionReviewVersions": ["v1"], "timeoutSeconds": 2,
+            "namespaceSelector": {"matchLabels": {NS_LABEL: ns}},
+        }]
+    }))
+    .unwrap();
+    Api::<MutatingWebhookConfiguration>::all(client.clone())
+        .create(&PostParams::default(), &mwc)
+        .await
+        .expect("register the workloads webhook");
+    Registration(name)
+}
+
+/// The workload mark on an object's metadata, if any.
+pub fn workload_mark(
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) -> Option<String> {
+    meta.annotations
+        .as_ref()?
+        .get(memprof::api::workload_mark::ANNOTATION_WORKLOAD_MARK)
+        .cloned()
+}
