@@ -186,7 +186,7 @@ fn a_rank_without_the_agent_adds_no_peak_and_alone_gives_no_request() {
         }],
         ..Default::default()
     };
-    let alone = one_role(&[nvml_only.clone()], 1);
+    let alone = one_role(std::slice::from_ref(&nvml_only), 1);
     assert_eq!((alone.request_bytes, alone.peak_bytes), (None, None));
     assert_eq!(alone.basis.source, "none");
     assert!(
