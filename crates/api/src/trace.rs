@@ -94,7 +94,8 @@ pub fn parse_trace(text: &str) -> Result<Vec<TraceRow>, (usize, String)> {
     let mut last_t = f64::NEG_INFINITY;
     for record in records {
         let record = record.map_err(|e| csv_error(&e))?;
-        let row = parse_row(&record, extra, last_t).map_err(|why| (line_of(&record), why))?;
+        let row =
+            parse_row(&record, extra, last_t).map_err(|why| (line_of(&record), why.to_string()))?;
         last_t = row.t;
         rows.push(row);
     }
@@ -104,26 +105,66 @@ pub fn parse_trace(text: &str) -> Result<Vec<TraceRow>, (usize, String)> {
     Ok(rows)
 }
 
+/// What is wrong with one data row; the trace's error adds the file and line.
+#[derive(Debug, PartialEq, thiserror::Error)]
+pub enum RowError {
+    /// Fewer than the four columns every row has.
+    #[error("{0} fields, need at least 4")]
+    TooFewFields(usize),
+    /// `t_s` is not a number.
+    #[error("t_s {0:?} is not a number")]
+    TimeNotANumber(String),
+    /// `t_s` is before the previous row's.
+    #[error("t_s {t} goes back in time (previous {previous})")]
+    BackInTime {
+        /// This row's time.
+        t: f64,
+        /// The previous row's.
+        previous: f64,
+    },
+    /// A byte count or index is not a non-negative integer.
+    #[error("{column} {value:?} is not a non-negative integer")]
+    NotAnInteger {
+        /// The column.
+        column: &'static str,
+        /// What it holds.
+        value: String,
+    },
+    /// More used than there is, or no total.
+    #[error("used_bytes {used} must be within total_bytes {total} (> 0)")]
+    UsedOverTotal {
+        /// `used_bytes`.
+        used: u64,
+        /// `total_bytes`.
+        total: u64,
+    },
+}
+
 /// One data row, checked: numbers, time order, used within total.
-fn parse_row(f: &csv::StringRecord, extra: bool, last_t: f64) -> Result<TraceRow, String> {
+fn parse_row(f: &csv::StringRecord, extra: bool, last_t: f64) -> Result<TraceRow, RowError> {
     if f.len() < 4 {
-        return Err(format!("{} fields, need at least 4", f.len()));
+        return Err(RowError::TooFewFields(f.len()));
     }
-    let num = |k: usize, name: &str| -> Result<u64, String> {
-        f[k].parse::<u64>()
-            .map_err(|_| format!("{name} {:?} is not a non-negative integer", &f[k]))
+    let num = |k: usize, column: &'static str| -> Result<u64, RowError> {
+        f[k].parse::<u64>().map_err(|_| RowError::NotAnInteger {
+            column,
+            value: f[k].to_string(),
+        })
     };
-    let optional = |k: usize, name: &str| -> Result<Option<u64>, String> {
+    let optional = |k: usize, column: &'static str| -> Result<Option<u64>, RowError> {
         match f.get(k) {
-            Some(v) if extra && !v.is_empty() => num(k, name).map(Some),
+            Some(v) if extra && !v.is_empty() => num(k, column).map(Some),
             _ => Ok(None),
         }
     };
     let t: f64 = f[0]
         .parse()
-        .map_err(|_| format!("t_s {:?} is not a number", &f[0]))?;
+        .map_err(|_| RowError::TimeNotANumber(f[0].to_string()))?;
     if !t.is_finite() || t < last_t {
-        return Err(format!("t_s {t} goes back in time (previous {last_t})"));
+        return Err(RowError::BackInTime {
+            t,
+            previous: last_t,
+        });
     }
     let row = TraceRow {
         t,
@@ -134,10 +175,10 @@ fn parse_row(f: &csv::StringRecord, extra: bool, last_t: f64) -> Result<TraceRow
         reserved_bytes: optional(5, "reserved_bytes")?,
     };
     if row.total_bytes == 0 || row.used_bytes > row.total_bytes {
-        return Err(format!(
-            "used_bytes {} must be within total_bytes {} (> 0)",
-            row.used_bytes, row.total_bytes
-        ));
+        return Err(RowError::UsedOverTotal {
+            used: row.used_bytes,
+            total: row.total_bytes,
+        });
     }
     Ok(row)
 }
@@ -242,6 +283,24 @@ mod tests {
             parse_trace("t_s,gpu,used_bytes,total_bytes\n").unwrap_err(),
             (1, "no rows after the header".into())
         );
+    }
+
+    #[test]
+    fn a_bad_row_is_a_typed_error_that_says_what_is_wrong() {
+        let row = |fields: &[&str]| csv::StringRecord::from(fields.to_vec());
+        let err = parse_row(&row(&["1", "x", "1", "2"]), false, 0.0).unwrap_err();
+        assert_eq!(
+            err,
+            RowError::NotAnInteger {
+                column: "gpu",
+                value: "x".into()
+            }
+        );
+        assert_eq!(err.to_string(), "gpu \"x\" is not a non-negative integer");
+        let err = parse_row(&row(&["1", "0", "1", "2"]), false, 2.0).unwrap_err();
+        assert_eq!(err.to_string(), "t_s 1 goes back in time (previous 2)");
+        let err = parse_row(&row(&["a", "0", "1", "2"]), false, 0.0).unwrap_err();
+        assert_eq!(err, RowError::TimeNotANumber("a".into()));
     }
 
     #[test]

@@ -22,7 +22,7 @@ pub use history::{
 };
 
 mod verdict;
-pub use verdict::{selector_display, selector_matches, verdict, Blocked, Verdict};
+pub use verdict::{selector_display, selector_matches, verdict, Blocked, SelectorError, Verdict};
 
 /// Since when the job's risk has been at or above each level, as observed by
 /// this process. Lost on restart, deliberately: a restarted controller waits
@@ -84,10 +84,18 @@ pub fn trigger_name(t: &Trigger) -> String {
     "none".into()
 }
 
+/// A trigger that fired on reports no newer than the last remediation:
+/// it waits for the new Job's reports (part of the trigger's explanation).
+#[derive(Debug, thiserror::Error)]
+#[error("no report newer than the last remediation ({since})")]
+struct Stale {
+    since: Timestamp,
+}
+
 /// Whether the profile holds a report newer than `since`: triggers computed
 /// from reports must not fire again on the numbers that caused the last
 /// remediation (the old pods' reports outlive the old Job for a while).
-fn fresh(status: &MemoryProfileStatus, since: Option<Timestamp>) -> Result<(), String> {
+fn fresh(status: &MemoryProfileStatus, since: Option<Timestamp>) -> Result<(), Stale> {
     let Some(since) = since else { return Ok(()) };
     let newest = status
         .last_report_time
@@ -95,9 +103,7 @@ fn fresh(status: &MemoryProfileStatus, since: Option<Timestamp>) -> Result<(), S
         .and_then(|t| t.parse::<Timestamp>().ok());
     match newest {
         Some(t) if t > since => Ok(()),
-        _ => Err(format!(
-            "no report newer than the last remediation ({since})"
-        )),
+        _ => Err(Stale { since }),
     }
 }
 

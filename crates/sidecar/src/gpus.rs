@@ -99,21 +99,37 @@ impl AgentNamed {
     }
 }
 
+/// Why the simulated or replayed backend could not be opened; the sidecar
+/// samples nothing and says this in its `GpuVisible` condition.
+#[derive(Debug, thiserror::Error)]
+enum OpenError {
+    #[error("--backend sim needs --scenario FILE")]
+    NoScenario,
+    #[error("--backend trace needs --trace FILE")]
+    NoTrace,
+    #[error(transparent)]
+    Scenario(#[from] sampler::Error),
+    #[error(transparent)]
+    Trace(#[from] memprof_api::trace::TraceError),
+    #[error(transparent)]
+    Select(#[from] select::NoSuchGpu),
+}
+
 /// Opens the backend. Never fails the sidecar: when GPUs cannot be read the
 /// result is [`NoGpus`] with a `GpuVisible=False` condition saying why.
 pub async fn open(args: &crate::Args, rank: u32) -> Opened {
-    let result: Result<(Box<dyn Sampler>, Condition), String> = match args.backend {
+    let result: Result<(Box<dyn Sampler>, Condition), OpenError> = match args.backend {
         Backend::Sim => match &args.scenario {
-            None => Err("--backend sim needs --scenario FILE".into()),
-            Some(path) => sim::Scenario::from_file(path).map_err(|e| e.to_string()).map(|s| {
+            None => Err(OpenError::NoScenario),
+            Some(path) => sim::Scenario::from_file(path).map_err(OpenError::from).map(|s| {
                 let gpus = s.gpus_per_rank;
                 let c = Condition::new(GPU_VISIBLE, true, "Simulated", format!("{gpus} simulated GPU(s) from scenario {path}, rank {rank}: not hardware"));
                 (Box::new(sim::SimSampler::new(s, rank)) as Box<dyn Sampler>, c)
             }),
         },
         Backend::Trace => match &args.trace {
-            None => Err("--backend trace needs --trace FILE".into()),
-            Some(path) => memprof_api::trace::read_trace(path).map_err(|e| e.to_string()).map(|rows| {
+            None => Err(OpenError::NoTrace),
+            Some(path) => memprof_api::trace::read_trace(path).map_err(OpenError::from).map(|rows| {
                 let s = trace::TraceSampler::new(rows);
                 let c = Condition::new(GPU_VISIBLE, true, "Replayed", format!("{} GPU(s) replayed from trace {path}", s.gpus().len()));
                 (Box::new(s) as Box<dyn Sampler>, c)
@@ -128,7 +144,7 @@ pub async fn open(args: &crate::Args, rank: u32) -> Opened {
             tracing::error!("no GPU visible: {why}");
             (
                 Box::new(NoGpus) as Box<dyn Sampler>,
-                Condition::new(GPU_VISIBLE, false, "BackendUnavailable", why),
+                Condition::new(GPU_VISIBLE, false, "BackendUnavailable", why.to_string()),
             )
         }
     };
@@ -145,7 +161,7 @@ fn select(
     sampler: Box<dyn Sampler>,
     c: Condition,
     gpus: Option<&str>,
-) -> Result<(Box<dyn Sampler>, Condition), String> {
+) -> Result<(Box<dyn Sampler>, Condition), OpenError> {
     let wanted = gpus.map(memprof_api::env::split_list).unwrap_or_default();
     if wanted.is_empty() {
         return Ok((sampler, c));
@@ -176,7 +192,7 @@ async fn open_nvml(args: &crate::Args) -> Opened {
         Ok(o) => o,
         Err(why) => {
             return none(
-                Condition::new(GPU_VISIBLE, false, "InvalidDiscovery", why),
+                Condition::new(GPU_VISIBLE, false, "InvalidDiscovery", why.to_string()),
                 None,
             )
         }

@@ -15,8 +15,8 @@ use memprof_api::{
     RemediationPolicyStatus, MAX_POLICY_STATUS_ITEMS, REMEDIATION_MANAGER,
 };
 use memprof_policy::triggers::{
-    selector_display, selector_matches, trigger_name, PHASE_DONE, PHASE_FAILED, PHASE_PENDING,
-    PHASE_SKIPPED,
+    selector_display, selector_matches, trigger_name, SelectorError, PHASE_DONE, PHASE_FAILED,
+    PHASE_PENDING, PHASE_SKIPPED,
 };
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -142,7 +142,7 @@ fn matched(
     policy: &RemediationPolicy,
     jobs: &[JobView<'_>],
     st: &mut RemediationPolicyStatus,
-) -> Option<String> {
+) -> Option<SelectorError> {
     let mut selector_error = None;
     let mut matched: Vec<&JobView<'_>> = Vec::new();
     for j in jobs {

@@ -289,6 +289,13 @@ fn selectors_display_and_match() {
     all.spec.selector = Default::default();
     assert_eq!(selector_display(&all), "<all>");
     assert_eq!(selector_matches(&all, &BTreeMap::new()), Ok(true));
+    let mut bad = p.clone();
+    bad.spec.selector = serde_json::from_value(serde_json::json!({
+        "matchExpressions": [{"key": "team", "operator": "Near", "values": ["ml"]}]
+    }))
+    .unwrap();
+    let err = selector_matches(&bad, &labels("ml")).unwrap_err();
+    assert!(err.to_string().starts_with("invalid selector: "), "{err}");
 }
 
 /// A policy that fires at risk `none` with no report at all (200 Jobs that

@@ -32,7 +32,7 @@ pub struct Verdict {
     /// Policy name.
     pub policy: String,
     /// Whether the selector matches the Job's labels (`Err`: the selector is invalid).
-    pub matches: Result<bool, String>,
+    pub matches: Result<bool, SelectorError>,
     /// Each trigger's evaluation, in order.
     pub evaluations: Vec<Evaluation>,
     /// The policy's history with this Job.
@@ -70,13 +70,21 @@ impl Verdict {
     }
 }
 
+/// A policy whose `spec.selector` cannot be read (an operator outside
+/// `In`/`NotIn`/`Exists`/`DoesNotExist`, values where none may be). Whoever
+/// shows it says where to fix it: the policy's Ready condition adds
+/// `fix spec.selector`, `memprof policy explain` names the policy.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[error("invalid selector: {0}")]
+pub struct SelectorError(String);
+
 /// Whether a label selector matches a Job's labels.
 pub fn selector_matches(
     policy: &RemediationPolicy,
     labels: &BTreeMap<String, String>,
-) -> Result<bool, String> {
+) -> Result<bool, SelectorError> {
     let selector = Selector::try_from(policy.spec.selector.clone())
-        .map_err(|e| format!("invalid selector: {e}"))?;
+        .map_err(|e| SelectorError(e.to_string()))?;
     Ok(selector.matches(labels))
 }
 

@@ -510,7 +510,7 @@ fn open_decided(d: Discovery) -> (Option<NvmlSampler>, Discovery) {
 
 pub mod mig;
 mod options;
-pub use options::{DiscoveryMode, DiscoveryOptions};
+pub use options::{DiscoveryMode, DiscoveryOptions, OptionsError};
 mod podresources;
 #[cfg(test)]
 use podresources::{grpc_frame, grpc_unframe};

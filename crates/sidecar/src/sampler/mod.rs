@@ -55,7 +55,7 @@ pub enum Error {
         /// File path.
         path: String,
         /// What is wrong and how to fix it.
-        why: String,
+        why: sim::ScenarioError,
     },
     /// The GPU backend failed.
     #[error("GPU backend {backend}: {why}")]

@@ -9,6 +9,17 @@
 use super::{Error, GpuInfo, GpuReading, Sampler};
 use memprof_api::DataSource;
 
+/// A `--gpus` entry that names no GPU of the backend: the message lists
+/// what exists, so the fix is in the same line.
+#[derive(Debug, PartialEq, thiserror::Error)]
+#[error("--gpus {entry}: no such GPU; this backend has {have}")]
+pub struct NoSuchGpu {
+    /// The entry.
+    pub entry: String,
+    /// Every GPU of the backend, `index (uuid)`, comma-separated.
+    pub have: String,
+}
+
 /// The GPUs of `inner` that an entry of `wanted` names (an index or a UUID,
 /// case-insensitive), in `inner`'s order.
 pub struct Selected {
@@ -26,17 +37,17 @@ pub fn names(entry: &str, gpu: &GpuInfo) -> bool {
 impl Selected {
     /// `inner` narrowed to the GPUs `wanted` names; `Err` with what exists
     /// when an entry names none (a typo must not silently watch nothing).
-    pub fn new(inner: Box<dyn Sampler>, wanted: &[String]) -> Result<Self, String> {
+    pub fn new(inner: Box<dyn Sampler>, wanted: &[String]) -> Result<Self, NoSuchGpu> {
         let all = inner.gpus();
         if let Some(bad) = wanted.iter().find(|w| !all.iter().any(|g| names(w, g))) {
             let have: Vec<String> = all
                 .iter()
                 .map(|g| format!("{} ({})", g.index, g.uuid))
                 .collect();
-            return Err(format!(
-                "--gpus {bad}: no such GPU; this backend has {}",
-                have.join(", ")
-            ));
+            return Err(NoSuchGpu {
+                entry: bad.clone(),
+                have: have.join(", "),
+            });
         }
         let keep: Vec<usize> = (0..all.len())
             .filter(|&i| wanted.iter().any(|w| names(w, &all[i])))
@@ -96,6 +107,8 @@ mod tests {
     #[test]
     fn an_entry_that_names_no_gpu_is_an_error_that_lists_what_exists() {
         let e = Selected::new(three(), &["7".into()]).err().unwrap();
+        assert_eq!(e.entry, "7");
+        let e = e.to_string();
         assert!(
             e.contains("--gpus 7") && e.contains("2 (GPU-sim-0000-02)"),
             "{e}"

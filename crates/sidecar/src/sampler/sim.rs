@@ -145,6 +145,35 @@ pub struct PatternOverride {
     hold_fraction: Option<f64>,
 }
 
+/// What is wrong with a scenario; the file's error adds its path.
+#[derive(Debug, thiserror::Error)]
+pub enum ScenarioError {
+    /// Not YAML of a scenario (an unknown field, a wrong type).
+    #[error("{0}")]
+    Yaml(#[from] serde_yaml::Error),
+    /// `totalGiB` is zero, negative or NaN.
+    #[error("totalGiB must be positive")]
+    Total,
+    /// `gpusPerRank` outside 1..=16.
+    #[error("gpusPerRank must be between 1 and 16")]
+    GpusPerRank,
+    /// `batch` without an env or with negative sizes.
+    #[error("batch needs a non-empty env and non-negative staticGiB and perSampleGiB")]
+    Batch,
+    /// A `ranks` key that is not a number.
+    #[error("ranks key {0:?} is not a rank number")]
+    RankKey(String),
+    /// `periodSeconds` zero or negative.
+    #[error("periodSeconds must be positive")]
+    Period,
+    /// `holdFraction` outside [0, 1).
+    #[error("holdFraction must be at least 0 and below 1")]
+    HoldFraction,
+    /// A negative size.
+    #[error("baseGiB, amplitudeGiB, noiseGiB and spikeGiB must not be negative")]
+    Negative,
+}
+
 impl Scenario {
     /// Reads a scenario from a YAML or JSON file.
     pub fn from_file(path: &str) -> Result<Self, Error> {
@@ -159,48 +188,43 @@ impl Scenario {
     }
 
     /// Parses and validates a scenario (YAML is a superset of JSON).
-    pub fn parse(text: &str) -> Result<Self, String> {
-        let s: Scenario = serde_yaml::from_str(text).map_err(|e| e.to_string())?;
+    pub fn parse(text: &str) -> Result<Self, ScenarioError> {
+        let s: Scenario = serde_yaml::from_str(text)?;
         s.validate()?;
         Ok(s)
     }
 
-    fn validate(&self) -> Result<(), String> {
+    fn validate(&self) -> Result<(), ScenarioError> {
+        use ScenarioError as E;
         if self.total_gi_b.is_nan() || self.total_gi_b <= 0.0 {
-            return Err("totalGiB must be positive".into());
+            return Err(E::Total);
         }
         if self.gpus_per_rank == 0 || self.gpus_per_rank > 16 {
-            return Err("gpusPerRank must be between 1 and 16".into());
+            return Err(E::GpusPerRank);
         }
         if let Some(b) = &self.batch {
             let ok = |v: f64| v.is_finite() && v >= 0.0;
             if !ok(b.static_gi_b) || !ok(b.per_sample_gi_b) || b.env.is_empty() {
-                return Err(
-                    "batch needs a non-empty env and non-negative staticGiB and perSampleGiB"
-                        .into(),
-                );
+                return Err(E::Batch);
             }
         }
-        for key in self.ranks.keys() {
-            key.parse::<u32>()
-                .map_err(|_| format!("ranks key {key:?} is not a rank number"))?;
+        if let Some(key) = self.ranks.keys().find(|k| k.parse::<u32>().is_err()) {
+            return Err(E::RankKey(key.clone()));
         }
         for rank in std::iter::once(None).chain(self.ranks.keys().map(|k| k.parse().ok())) {
             let p = self.pattern(rank.unwrap_or(0));
             if p.period_seconds <= 0.0 {
-                return Err("periodSeconds must be positive".into());
+                return Err(E::Period);
             }
             if !(0.0..1.0).contains(&p.hold_fraction) {
-                return Err("holdFraction must be at least 0 and below 1".into());
+                return Err(E::HoldFraction);
             }
             if p.base_gi_b < 0.0
                 || p.amplitude_gi_b < 0.0
                 || p.noise_gi_b < 0.0
                 || p.spike_gi_b < 0.0
             {
-                return Err(
-                    "baseGiB, amplitudeGiB, noiseGiB and spikeGiB must not be negative".into(),
-                );
+                return Err(E::Negative);
             }
         }
         Ok(())
@@ -433,9 +457,11 @@ ranks:
         assert_eq!(s.pattern_at_batch(1, None).base_gi_b, 1.0);
         assert!(Scenario::parse("batch: { staticGiB: -1, perSampleGiB: 1 }")
             .unwrap_err()
+            .to_string()
             .contains("batch needs"));
         assert!(Scenario::parse("default: { holdFraction: 1 }")
             .unwrap_err()
+            .to_string()
             .contains("holdFraction"));
     }
 
@@ -443,15 +469,27 @@ ranks:
     fn bad_scenarios_are_named() {
         assert!(Scenario::parse("totalGiB: 0")
             .unwrap_err()
+            .to_string()
             .contains("totalGiB"));
         assert!(Scenario::parse("ranks: { x: {} }")
             .unwrap_err()
+            .to_string()
             .contains("not a rank number"));
         assert!(Scenario::parse("default: { periodSeconds: 0 }")
             .unwrap_err()
+            .to_string()
             .contains("periodSeconds"));
         assert!(Scenario::parse("bogus: 1")
             .unwrap_err()
+            .to_string()
             .contains("unknown field"));
+        assert!(matches!(
+            Scenario::parse("bogus: 1"),
+            Err(ScenarioError::Yaml(_))
+        ));
+        assert!(matches!(
+            Scenario::parse("ranks: { x: {} }"),
+            Err(ScenarioError::RankKey(k)) if k == "x"
+        ));
     }
 }

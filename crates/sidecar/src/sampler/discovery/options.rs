@@ -7,6 +7,18 @@ use memprof_api::DEFAULT_GPU_RESOURCE;
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// What in the discovery variables cannot be used; the sidecar shows it in
+/// the report's `GPUVisible` condition (`InvalidDiscovery`).
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum OptionsError {
+    /// `MEMPROF_GPU_DISCOVERY` names no mode.
+    #[error("unknown GPU discovery mode {0:?}: expected auto|explicit|podResources|all|agent")]
+    UnknownMode(String),
+    /// `MEMPROF_REQUESTED_GPUS` is not a count.
+    #[error("{}={:?} is not a number of GPUs", env::REQUESTED_GPUS, .0)]
+    RequestedGpus(String),
+}
+
 /// How to discover GPUs (`MEMPROF_GPU_DISCOVERY`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum DiscoveryMode {
@@ -24,7 +36,7 @@ pub enum DiscoveryMode {
 }
 
 impl std::str::FromStr for DiscoveryMode {
-    type Err = String;
+    type Err = OptionsError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         Ok(match s.trim().to_ascii_lowercase().as_str() {
             "" | "auto" => DiscoveryMode::Auto,
@@ -32,11 +44,7 @@ impl std::str::FromStr for DiscoveryMode {
             "podresources" | "pod-resources" | "kubelet" => DiscoveryMode::PodResources,
             "all" | "allvisible" => DiscoveryMode::All,
             "agent" | "agentonly" | "none" => DiscoveryMode::Agent,
-            other => {
-                return Err(format!(
-                    "unknown GPU discovery mode {other:?}: expected auto|explicit|podResources|all|agent"
-                ))
-            }
+            other => return Err(OptionsError::UnknownMode(other.to_string())),
         })
     }
 }
@@ -92,12 +100,12 @@ impl DiscoveryOptions {
     /// Options from the environment; unset variables keep the defaults. A
     /// process outside Kubernetes (no `KUBERNETES_SERVICE_HOST`) counts as
     /// owning the whole machine; callers that know better set `whole_machine`.
-    pub fn from_env() -> Result<Self, String> {
+    pub fn from_env() -> Result<Self, OptionsError> {
         Self::from_vars(|k| std::env::var(k).ok())
     }
 
     /// [`Self::from_env`] over any lookup of variables (tests pass a map).
-    pub fn from_vars(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
+    pub fn from_vars(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, OptionsError> {
         let var = |k: &str| lookup(k).filter(|v| !v.trim().is_empty());
         let mut o = DiscoveryOptions::default();
         if let Some(v) = var(env::GPUS) {
@@ -116,10 +124,11 @@ impl DiscoveryOptions {
             o.resource_names = split_list(&v);
         }
         if let Some(v) = var(env::REQUESTED_GPUS) {
-            o.requested_gpus =
-                Some(v.trim().parse().map_err(|_| {
-                    format!("{}={v:?} is not a number of GPUs", env::REQUESTED_GPUS)
-                })?);
+            o.requested_gpus = Some(
+                v.trim()
+                    .parse()
+                    .map_err(|_| OptionsError::RequestedGpus(v.clone()))?,
+            );
         }
         o.whole_machine = var(ENV_IN_KUBERNETES).is_none();
         Ok(o)

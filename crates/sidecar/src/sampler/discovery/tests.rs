@@ -138,6 +138,7 @@ fn modes_parse_and_name_the_choices_when_wrong() {
     assert!("gpu"
         .parse::<DiscoveryMode>()
         .unwrap_err()
+        .to_string()
         .contains("auto|explicit|podResources|all|agent"));
     assert_eq!(split_list(" GPU-a, ,GPU-b,"), strings(&["GPU-a", "GPU-b"]));
 }
@@ -429,7 +430,11 @@ fn the_requested_count_and_the_scope_come_from_the_environment() {
     );
 
     let e = DiscoveryOptions::from_vars(vars(&[("MEMPROF_REQUESTED_GPUS", "two")])).unwrap_err();
-    assert!(e.contains("MEMPROF_REQUESTED_GPUS"), "{e}");
+    assert_eq!(e, OptionsError::RequestedGpus("two".into()));
+    assert_eq!(
+        e.to_string(),
+        "MEMPROF_REQUESTED_GPUS=\"two\" is not a number of GPUs"
+    );
     assert!(
         !DiscoveryOptions::default().whole_machine,
         "safe by default"
