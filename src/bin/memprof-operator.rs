@@ -187,7 +187,7 @@ async fn connect() -> anyhow::Result<kube::Client> {
 
 /// A boxed start of a supervised task (one type for all tasks).
 type Start = Box<
-    dyn FnMut(operator::Ready) -> futures::future::BoxFuture<'static, Result<(), String>> + Send,
+    dyn FnMut(operator::Ready) -> futures::future::BoxFuture<'static, anyhow::Result<()>> + Send,
 >;
 
 fn metrics_task(
@@ -217,19 +217,19 @@ async fn serve_metrics(
     health: Arc<Health>,
     shutdown: Stop,
     ready: operator::Ready,
-) -> Result<(), String> {
+) -> anyhow::Result<()> {
     let listener = match listener {
         Some(l) => l,
         None => tokio::net::TcpListener::bind(addr)
             .await
-            .map_err(|e| format!("cannot listen on --metrics-addr {addr}: {e}"))?,
+            .map_err(|e| anyhow::anyhow!("cannot listen on --metrics-addr {addr}: {e}"))?,
     };
     ready.set();
     // Spawned, not awaited in place: a panic in the server is an error of
     // this task, not of the operator's process.
     tokio::spawn(operator::serve(listener, registry, health, shutdown))
         .await
-        .map_err(|e| format!("the metrics server panicked: {e}"))
+        .map_err(|e| anyhow::anyhow!("the metrics server panicked: {e}"))
 }
 
 /// Loads the admission-mark key from its Secret and keeps it fresh; ready
@@ -276,7 +276,9 @@ fn webhook_task(
             ready.set();
             memprof::webhook::run(client, opts, keys, metrics, shutdown)
                 .await
-                .map_err(|e| format!("admission webhook (pods are not injected meanwhile): {e}"))
+                .map_err(|e| {
+                    anyhow::anyhow!("admission webhook (pods are not injected meanwhile): {e}")
+                })
         }
         .boxed()
     })
@@ -307,9 +309,7 @@ fn operator_task(
     });
     Box::new(move |ready| {
         let (client, setup, shutdown) = (client.clone(), setup.clone(), shutdown.clone());
-        control(client, setup, election.clone(), shutdown, ready)
-            .map(|r| r.map_err(|e| e.to_string()))
-            .boxed()
+        control(client, setup, election.clone(), shutdown, ready).boxed()
     })
 }
 
@@ -319,7 +319,7 @@ async fn control(
     election: Option<(LeaderOptions, String)>,
     shutdown: Stop,
     ready: operator::Ready,
-) -> Result<(), String> {
+) -> anyhow::Result<()> {
     pipeline::check(&client, &setup).await?;
     // Until the key is loaded no pod verifies: rolling up would refuse
     // every report (and announce it).
@@ -330,7 +330,7 @@ async fn control(
         gauge.set(1);
         let ran = pipeline::run(client, setup, shutdown).await;
         gauge.set(0);
-        return ran.map_err(|e| e.to_string());
+        return Ok(ran?);
     };
     let elector = Elector::new(
         client.clone(),
@@ -343,8 +343,8 @@ async fn control(
         let (client, setup) = (client.clone(), setup.clone());
         async move { pipeline::run(client, setup, stop).await }
     })
-    .await
-    .map_err(|e| e.to_string())
+    .await?;
+    Ok(())
 }
 
 #[cfg(test)]

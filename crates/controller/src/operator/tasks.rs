@@ -35,6 +35,12 @@ pub struct TaskLabels {
 /// A task that ran this long before it failed starts over from the first delay.
 const HEALTHY_RUN: Duration = Duration::from_secs(60);
 
+/// The tasks that are not ready, one line each (`task: starting`, or
+/// `task: failed, retrying in Ns: why`): `/readyz` answers it with 503.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[error("{}", .0.join("\n"))]
+pub struct NotReady(pub Vec<String>);
+
 /// Where one task stands.
 #[derive(Clone, Debug, PartialEq)]
 pub enum State {
@@ -77,7 +83,7 @@ impl Health {
     }
 
     /// `Ok` when every task is ready, else one line per task that is not.
-    pub fn readiness(&self) -> Result<(), String> {
+    pub fn readiness(&self) -> Result<(), NotReady> {
         let tasks = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
         let not_ready: Vec<String> = tasks
             .iter()
@@ -93,7 +99,7 @@ impl Health {
         if not_ready.is_empty() {
             Ok(())
         } else {
-            Err(not_ready.join("\n"))
+            Err(NotReady(not_ready))
         }
     }
 }
@@ -181,10 +187,12 @@ mod tests {
                 retry_in: 2 * S,
             },
         );
+        let not_ready = health.readiness().unwrap_err();
         assert_eq!(
-            health.readiness(),
-            Err("metrics: starting\nremediation: failed, retrying in 2s: CRD missing".into())
+            not_ready.to_string(),
+            "metrics: starting\nremediation: failed, retrying in 2s: CRD missing"
         );
+        assert_eq!(not_ready.0.len(), 2, "one line per task");
     }
 
     fn never() -> Stop {
@@ -219,7 +227,9 @@ mod tests {
         tokio::time::sleep(S / 2).await;
         assert_eq!(count(&failures, "remediation"), 1);
         let not_ready = health.readiness().unwrap_err();
-        assert!(not_ready.contains("remediation: failed, retrying in 1s: CRD"));
+        assert!(not_ready
+            .to_string()
+            .contains("remediation: failed, retrying in 1s: CRD"));
         tokio::time::sleep(10 * S).await;
         assert_eq!(*starts.lock().unwrap(), [0, 1, 3, 7], "backoff 1, 2, 4 s");
         assert_eq!(count(&failures, "remediation"), 3);

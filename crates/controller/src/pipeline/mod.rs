@@ -81,16 +81,24 @@ impl Setup {
 /// A shutdown signal every task can wait on.
 type Stop = Shared<BoxFuture<'static, ()>>;
 
+/// A CRD this controller watches is not served; each error says which and
+/// how to install it.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckError {
+    /// MemoryProfile or MemoryReport.
+    #[error(transparent)]
+    Profiles(#[from] operator::Error),
+    /// RemediationPolicy, with remediation on.
+    #[error(transparent)]
+    Remediation(#[from] remediation::Error),
+}
+
 /// Checks that the CRDs this controller watches are served.
-pub async fn check(client: &Client, setup: &Setup) -> Result<(), String> {
+pub async fn check(client: &Client, setup: &Setup) -> Result<(), CheckError> {
     let ns = &setup.options.namespace;
-    operator::check_crds(client, ns)
-        .await
-        .map_err(|e| e.to_string())?;
+    operator::check_crds(client, ns).await?;
     if setup.remediation.enabled {
-        remediation::check(client, ns)
-            .await
-            .map_err(|e| e.to_string())?;
+        remediation::check(client, ns).await?;
     }
     Ok(())
 }

@@ -5,7 +5,7 @@
 use super::watch::{Caches, LABEL_JOB_NAME};
 use crate::key::JobKey;
 use crate::operator::reconcile::{desired_status_from, DesiredStatus, Rejected};
-use crate::operator::trust::{check, PodFacts};
+use crate::operator::trust::{check, PodFacts, Rejection};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::reflector::ObjectRef;
@@ -151,13 +151,13 @@ pub(super) fn screen_one(
     job_uid: &str,
     keys: &KeyRing,
     now: Timestamp,
-) -> Result<ReportMeta, String> {
+) -> Result<ReportMeta, Rejection> {
     let pod = pod_of(caches, key, &report.spec.pod_name);
     let facts = pod
         .as_deref()
         .and_then(|p| PodFacts::of(&p.metadata))
         .map(|(_, f)| f);
-    check(report, facts.as_ref(), job_uid, keys, now).map_err(|why| why.to_string())?;
+    check(report, facts.as_ref(), job_uid, keys, now)?;
     Ok(ReportMeta {
         pod_created: facts.and_then(|f| f.created),
         received: Some(now),
@@ -199,7 +199,7 @@ impl Tracked {
             }
             Err(why) => {
                 self.rollup.remove(name);
-                self.refused.insert(name.to_string(), why);
+                self.refused.insert(name.to_string(), why.to_string());
             }
         }
     }

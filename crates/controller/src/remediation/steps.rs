@@ -95,7 +95,7 @@ pub(super) async fn run_steps(exec: &Executor, key: &JobKey, plan: &Plan) -> Res
                 let cms: Api<ConfigMap> = Api::namespaced(exec.client.clone(), &key.namespace);
                 match set_config_map_key(&cms, &merge_params(), config_map, k, to).await {
                     Ok(Ok(())) => out.done.push(format!("set {config_map}/{k}={to}")),
-                    Ok(Err(why)) => out.failed.push(why),
+                    Ok(Err(why)) => out.failed.push(why.to_string()),
                     Err(e) => {
                         let step = format!("writing ConfigMap {}/{config_map} for", key.namespace);
                         return Err(step_error(plan, key, &step)(e));
@@ -207,6 +207,16 @@ pub(super) fn remediable(cm: &ConfigMap) -> bool {
     cm.labels().get(LABEL_REMEDIABLE).map(String::as_str) == Some("true")
 }
 
+/// Why a ConfigMap step cannot write, for good: the record says so and the
+/// Job's owner opts the ConfigMap in (or recreates it) to have it written.
+#[derive(Debug, thiserror::Error)]
+enum Unwritable {
+    #[error("ConfigMap {0} is gone")]
+    Gone(String),
+    #[error("ConfigMap {0} is not labelled {label}=true: not written", label = LABEL_REMEDIABLE)]
+    NotOptedIn(String),
+}
+
 /// Writes one key of an opted-in ConfigMap. `Ok(Err(why))`: a permanent
 /// failure for the record; `Err`: retry.
 async fn set_config_map_key(
@@ -215,16 +225,14 @@ async fn set_config_map_key(
     config_map: &str,
     key: &str,
     to: &str,
-) -> std::result::Result<std::result::Result<(), String>, kube::Error> {
+) -> std::result::Result<std::result::Result<(), Unwritable>, kube::Error> {
     // Read, check the opt-in label, then patch on that resourceVersion: a
     // label removed in between makes the patch fail (409) rather than write.
     let Some(cm) = cms.get_opt(config_map).await? else {
-        return Ok(Err(format!("ConfigMap {config_map} is gone")));
+        return Ok(Err(Unwritable::Gone(config_map.to_string())));
     };
     if !remediable(&cm) {
-        return Ok(Err(format!(
-            "ConfigMap {config_map} is not labelled {LABEL_REMEDIABLE}=true: not written"
-        )));
+        return Ok(Err(Unwritable::NotOptedIn(config_map.to_string())));
     }
     let body = serde_json::json!({
         "metadata": {"resourceVersion": cm.resource_version()},
@@ -233,7 +241,7 @@ async fn set_config_map_key(
     match cms.patch(config_map, merge, &Patch::Merge(&body)).await {
         Ok(_) => Ok(Ok(())),
         Err(kube::Error::Api(s)) if s.code == 404 => {
-            Ok(Err(format!("ConfigMap {config_map} is gone")))
+            Ok(Err(Unwritable::Gone(config_map.to_string())))
         }
         Err(e) => Err(e),
     }
@@ -503,6 +511,18 @@ mod tests {
     fn a_held_deletion_is_polled_ever_less_often() {
         let delays: Vec<u64> = (1..=12).map(|n| wait_delay(n).as_secs()).collect();
         assert_eq!(delays, [1, 2, 4, 8, 16, 32, 64, 128, 256, 300, 300, 300]);
+    }
+
+    #[test]
+    fn a_config_map_that_cannot_be_written_says_why_in_the_record() {
+        assert_eq!(
+            Unwritable::NotOptedIn("train-cfg".into()).to_string(),
+            "ConfigMap train-cfg is not labelled memprof.dev/remediable=true: not written"
+        );
+        assert_eq!(
+            Unwritable::Gone("train-cfg".into()).to_string(),
+            "ConfigMap train-cfg is gone"
+        );
     }
 
     #[test]
