@@ -11,12 +11,14 @@
 //! - `rank.rs`: a pod's rank within its workload, from the rank labels its
 //!   creator set (bound by the marks), consistent with torchrun's node rank.
 //! - `action.rs`: how a workload's environment is changed, the least
-//!   disruptive way its kind allows.
+//!   disruptive way its kind allows; `suspend.rs` carries out the suspend,
+//!   patch and resume on the API server.
 
 pub mod action;
 pub mod pods;
 pub mod rank;
 pub mod read;
 pub mod resolve;
+pub mod suspend;
 
 pub use memprof_api::workload::WorkloadKind;

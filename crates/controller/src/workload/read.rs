@@ -27,7 +27,7 @@ pub enum ReadError {
         /// Its resource's plural.
         plural: &'static str,
         /// The API server's answer.
-        source: kube::Error,
+        source: Box<kube::Error>,
     },
     /// The chain's own rules refused it.
     #[error(transparent)]
@@ -57,7 +57,7 @@ pub async fn read_meta(
         kind: kind.kind(),
         name: name.to_string(),
         plural: kind.plural(),
-        source,
+        source: Box::new(source),
     })?;
     Ok(got.map(|o| o.metadata))
 }
