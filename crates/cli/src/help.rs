@@ -150,7 +150,7 @@ pub fn better_suggestion(err: clap::Error, cmd: &Command) -> clap::Error {
 /// trailing arguments take any word clap does not know, so a mistyped
 /// `memprof profile --duraton 5` would otherwise run `--duraton 5`. The
 /// error names the closest flag of `A` and says to put the command after `--`.
-pub fn check_command<A: clap::Args>(name: &str, command: &[String]) -> Result<(), String> {
+pub fn check_command<A: clap::Args>(name: &str, command: &[String]) -> Result<(), UnknownFlag> {
     let Some(word) = command
         .first()
         .filter(|w| w.starts_with('-') && w.len() > 1)
@@ -167,10 +167,27 @@ pub fn check_command<A: clap::Args>(name: &str, command: &[String]) -> Result<()
     let close = suggest(flag, longs.iter().map(String::as_str))
         .map(|s| format!("did you mean {s}? "))
         .unwrap_or_default();
-    Err(format!(
-        "unknown flag {flag} for `memprof {name}`: {close}flags go before the command, \
-         and the command after `--` (memprof {name} [FLAGS] -- COMMAND...)"
-    ))
+    Err(UnknownFlag {
+        flag: flag.to_string(),
+        command: name.to_string(),
+        close,
+    })
+}
+
+/// A flag-looking first word of a command (see [`check_command`]): one
+/// line naming the closest flag and where the command goes.
+#[derive(Debug, PartialEq, thiserror::Error)]
+#[error(
+    "unknown flag {flag} for `memprof {command}`: {close}flags go before the command, \
+     and the command after `--` (memprof {command} [FLAGS] -- COMMAND...)"
+)]
+pub struct UnknownFlag {
+    /// The word, without its `=value`.
+    pub flag: String,
+    /// The memprof command (`profile`, `watch`, `sweep`).
+    pub command: String,
+    /// `did you mean --x? `, or empty.
+    close: String,
 }
 
 #[cfg(test)]
@@ -206,16 +223,22 @@ mod tests {
     fn a_flag_looking_word_before_the_command_is_a_mistyped_flag() {
         let words = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         let e = check_command::<Flags>("profile", &words(&["--duraton", "5"])).unwrap_err();
+        assert_eq!(e.flag, "--duraton");
+        let e = e.to_string();
         assert!(e.contains("unknown flag --duraton"), "{e}");
         assert!(e.contains("did you mean --duration?"), "{e}");
         assert!(e.contains("after `--`"), "{e}");
         assert!(!e.contains('\n'), "{e}");
-        let e = check_command::<Flags>("profile", &words(&["--devise=0"])).unwrap_err();
+        let e = check_command::<Flags>("profile", &words(&["--devise=0"]))
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("--devise for") && e.contains("--devices?"),
             "{e}"
         );
-        let e = check_command::<Flags>("profile", &words(&["--zzzzzz"])).unwrap_err();
+        let e = check_command::<Flags>("profile", &words(&["--zzzzzz"]))
+            .unwrap_err()
+            .to_string();
         assert!(!e.contains("did you mean"), "{e}");
         check_command::<Flags>("profile", &words(&["python", "--lr", "1"])).unwrap();
         check_command::<Flags>("profile", &[]).unwrap();

@@ -202,7 +202,8 @@ impl Args {
     /// before it is a mistyped flag, not a program.
     pub fn check(&self) -> Result<(), ProfileError> {
         self.sample.check()?;
-        crate::help::check_command::<Args>("profile", &self.command).map_err(ProfileError::Usage)
+        crate::help::check_command::<Args>("profile", &self.command)
+            .map_err(|e| ProfileError::Usage(e.to_string()))
     }
 
     /// Every file the run writes, checked (folders made) before it starts:

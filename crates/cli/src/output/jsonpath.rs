@@ -42,6 +42,18 @@ pub enum JsonPathError {
     },
 }
 
+/// Where a path's text breaks kubectl's syntax (the reason of a
+/// [`JsonPathError::Path`]).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+enum SyntaxError {
+    /// A character where a `.name` or a `[…]` must be.
+    #[error("unexpected {found:?} at character {at}")]
+    Unexpected { found: char, at: usize },
+    /// A `[` without its `]`.
+    #[error("unclosed [ at character {0}")]
+    UnclosedBracket(usize),
+}
+
 /// One piece of a parsed template.
 #[derive(Clone, Debug, PartialEq)]
 enum Node {
@@ -274,14 +286,14 @@ fn parse_path(p: &str) -> Result<Path, JsonPathError> {
         Some(rest) => (true, rest),
         None => (false, s.strip_prefix('@').unwrap_or(s)),
     };
-    let rfc = translate(body).map_err(|r| err(&r))?;
+    let rfc = translate(body).map_err(|r| err(&r.to_string()))?;
     let rfc = JsonPath::parse(&rfc).map_err(|e| err(&e.to_string()))?;
     Ok(Path { from_root, rfc })
 }
 
 /// `.a.b\.c[0]..d` → `$['a']['b.c'][0]..['d']`; brackets are copied as they
 /// are (RFC 9535 accepts kubectl's `[*]`, `[0]`, `[1:3]`, `['x']`, `[?(…)]`).
-fn translate(body: &str) -> Result<String, String> {
+fn translate(body: &str) -> Result<String, SyntaxError> {
     let mut out = String::from("$");
     let b: Vec<char> = body.chars().collect();
     let mut i = 0;
@@ -301,7 +313,7 @@ fn translate(body: &str) -> Result<String, String> {
             }
             '.' => i = read_name(&b, i + 1, &mut out),
             '[' => i = copy_bracket(&b, i, &mut out)?,
-            c => return Err(format!("unexpected {c:?} at character {i}")),
+            found => return Err(SyntaxError::Unexpected { found, at: i }),
         }
     }
     Ok(out)
@@ -328,7 +340,7 @@ fn read_name(b: &[char], mut i: usize, out: &mut String) -> usize {
 }
 
 /// Copies `[…]` (nested brackets and quotes respected) from `i`.
-fn copy_bracket(b: &[char], i: usize, out: &mut String) -> Result<usize, String> {
+fn copy_bracket(b: &[char], i: usize, out: &mut String) -> Result<usize, SyntaxError> {
     let (mut depth, mut quote, mut j) = (0usize, None::<char>, i);
     while j < b.len() {
         let c = b[j];
@@ -351,7 +363,7 @@ fn copy_bracket(b: &[char], i: usize, out: &mut String) -> Result<usize, String>
         }
         j += 1;
     }
-    Err(format!("unclosed [ at character {i}"))
+    Err(SyntaxError::UnclosedBracket(i))
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@
 //! API fields (no managedFields, whole floats as integers as the API server
 //! returns them).
 
-use super::jsonpath::{go_numbers, scalar, Template};
+use super::jsonpath::{go_numbers, scalar, JsonPathError, Template};
 use super::Table;
 use clap::builder::{PossibleValue, TypedValueParser};
 use serde_json::Value;
@@ -83,9 +83,13 @@ impl Output {
     }
 
     /// Parses a `-o` value (files named by `*-file=` are read here).
-    pub fn parse(s: &str) -> Result<Self, String> {
-        let read =
-            |f: &str| std::fs::read_to_string(f).map_err(|e| format!("cannot read {f}: {e}"));
+    pub fn parse(s: &str) -> Result<Self, OutputError> {
+        let read = |f: &str| {
+            std::fs::read_to_string(f).map_err(|source| OutputError::Read {
+                file: f.to_string(),
+                source,
+            })
+        };
         let (name, arg) = s.split_once('=').map_or((s, None), |(n, a)| (n, Some(a)));
         match (name, arg) {
             ("table", None) | ("", None) => Ok(Output::Table),
@@ -93,58 +97,91 @@ impl Output {
             ("json", None) => Ok(Output::Json),
             ("yaml", None) => Ok(Output::Yaml),
             ("name", None) => Ok(Output::Name),
-            ("jsonpath", Some(t)) => template(t).map(Output::JsonPath),
-            ("jsonpath-file", Some(f)) => template(&read(f)?).map(Output::JsonPath),
+            ("jsonpath", Some(t)) => Ok(Output::JsonPath(Template::parse(t)?)),
+            ("jsonpath-file", Some(f)) => Ok(Output::JsonPath(Template::parse(&read(f)?)?)),
             ("custom-columns", Some(spec)) => columns(spec).map(Output::CustomColumns),
             ("custom-columns-file", Some(f)) => columns_file(&read(f)?).map(Output::CustomColumns),
             ("jsonpath" | "jsonpath-file" | "custom-columns" | "custom-columns-file", None) => {
-                Err(format!("-o {name} needs a value: -o {name}=…"))
+                Err(OutputError::NeedsValue(name.to_string()))
             }
-            _ => Err(format!(
-                "unknown output format {s:?}: table, wide, json, yaml, name, jsonpath=TEMPLATE, jsonpath-file=FILE, custom-columns=SPEC, custom-columns-file=FILE"
-            )),
+            _ => Err(OutputError::Unknown(s.to_string())),
         }
     }
 }
 
-fn template(t: &str) -> Result<Template, String> {
-    Template::parse(t).map_err(|e| e.to_string())
+/// Why a `-o` value was refused; clap prints it after `-o: `.
+#[derive(Debug, thiserror::Error)]
+pub enum OutputError {
+    /// A `*-file=` that cannot be read.
+    #[error("cannot read {file}: {source}")]
+    Read {
+        /// The file.
+        file: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A template or column path that does not parse.
+    #[error(transparent)]
+    Template(#[from] JsonPathError),
+    /// `-o jsonpath` and the like without `=…`.
+    #[error("-o {0} needs a value: -o {0}=…")]
+    NeedsValue(String),
+    /// No such format.
+    #[error(
+        "unknown output format {0:?}: table, wide, json, yaml, name, jsonpath=TEMPLATE, \
+         jsonpath-file=FILE, custom-columns=SPEC, custom-columns-file=FILE"
+    )]
+    Unknown(String),
+    /// `-o custom-columns=` with nothing after it.
+    #[error("custom-columns format specified but no custom columns given")]
+    NoColumns,
+    /// A column without its header or its path.
+    #[error("unexpected custom-columns spec: {0}, expected <header>:<json-path-expr>")]
+    Column(String),
+    /// A columns file without its two lines.
+    #[error("a custom-columns file has two lines: the headers, then the paths")]
+    ColumnsFileLines,
+    /// A columns file whose lines do not pair up.
+    #[error("{headers} headers but {paths} paths in the custom-columns file")]
+    ColumnsFileMismatch {
+        /// Headers on the first line.
+        headers: usize,
+        /// Paths on the second.
+        paths: usize,
+    },
 }
 
 /// `NAME:.metadata.name,RISK:.status.risk`.
-fn columns(spec: &str) -> Result<Vec<Column>, String> {
+fn columns(spec: &str) -> Result<Vec<Column>, OutputError> {
     if spec.trim().is_empty() {
-        return Err("custom-columns format specified but no custom columns given".into());
+        return Err(OutputError::NoColumns);
     }
     spec.split(',')
         .map(|c| match c.split_once(':') {
             Some((h, p)) if !h.is_empty() && !p.is_empty() => Ok(Column {
                 header: h.to_string(),
-                path: template(p)?,
+                path: Template::parse(p)?,
             }),
-            _ => Err(format!(
-                "unexpected custom-columns spec: {c}, expected <header>:<json-path-expr>"
-            )),
+            _ => Err(OutputError::Column(c.to_string())),
         })
         .collect()
 }
 
 /// kubectl's columns file: a line of headers and a line of paths.
-fn columns_file(text: &str) -> Result<Vec<Column>, String> {
+fn columns_file(text: &str) -> Result<Vec<Column>, OutputError> {
     let mut lines = text.lines().filter(|l| !l.trim().is_empty());
     let (Some(h), Some(p)) = (lines.next(), lines.next()) else {
-        return Err("a custom-columns file has two lines: the headers, then the paths".into());
+        return Err(OutputError::ColumnsFileLines);
     };
     let (h, p): (Vec<_>, Vec<_>) = (
         h.split_whitespace().collect(),
         p.split_whitespace().collect(),
     );
     if h.len() != p.len() {
-        return Err(format!(
-            "{} headers but {} paths in the custom-columns file",
-            h.len(),
-            p.len()
-        ));
+        return Err(OutputError::ColumnsFileMismatch {
+            headers: h.len(),
+            paths: p.len(),
+        });
     }
     let spec: Vec<String> = h.iter().zip(&p).map(|(h, p)| format!("{h}:{p}")).collect();
     columns(&spec.join(","))
@@ -169,7 +206,7 @@ impl TypedValueParser for OutputParser {
                 .with_cmd(cmd)
         };
         let s = value.to_str().ok_or_else(|| fail("not UTF-8".into()))?;
-        let out = Output::parse(s).map_err(fail)?;
+        let out = Output::parse(s).map_err(|e| fail(e.to_string()))?;
         if self.0.contains(&out.kind()) {
             Ok(out)
         } else {
@@ -262,8 +299,8 @@ impl Default for PrintArgs {
     }
 }
 
-fn parse_sort_by(s: &str) -> Result<Template, String> {
-    template(s)
+fn parse_sort_by(s: &str) -> Result<Template, JsonPathError> {
+    Template::parse(s)
 }
 
 impl PrintArgs {

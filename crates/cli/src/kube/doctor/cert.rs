@@ -8,36 +8,64 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use std::sync::Arc;
 
+/// Why the certificate would be refused (rustls' words where it refused
+/// it); the doctor's check line says what to do about any of them.
+#[derive(Debug, thiserror::Error)]
+pub enum CertError {
+    /// The Secret's `tls.crt` does not parse.
+    #[error("tls.crt is not PEM: {0}")]
+    CertPem(rustls::pki_types::pem::Error),
+    /// The Secret's `tls.crt` is empty.
+    #[error("tls.crt holds no certificate")]
+    NoCert,
+    /// The webhook's `caBundle` does not parse.
+    #[error("caBundle is not PEM: {0}")]
+    CaPem(rustls::pki_types::pem::Error),
+    /// A `caBundle` certificate rustls cannot use, or none.
+    #[error("caBundle: {0}")]
+    Ca(rustls::Error),
+    /// The `caBundle` is empty.
+    #[error("caBundle holds no certificate")]
+    NoCa,
+    /// No verifier could be built over the `caBundle`.
+    #[error("{0}")]
+    Verifier(#[from] rustls::client::VerifierBuilderError),
+    /// The Service's name is not a DNS name.
+    #[error("{0}")]
+    Name(#[from] rustls::pki_types::InvalidDnsNameError),
+    /// The API server would refuse the chain.
+    #[error("{0}")]
+    Refused(#[from] rustls::Error),
+}
+
 /// Why the certificate would be refused, in rustls' words, or `Ok`.
 pub fn verify(
     cert_pem: &[u8],
     ca_pem: &[u8],
     dns_name: &str,
     now_seconds: u64,
-) -> Result<(), String> {
+) -> Result<(), CertError> {
     let chain: Vec<CertificateDer> = CertificateDer::pem_slice_iter(cert_pem)
         .collect::<Result<_, _>>()
-        .map_err(|e| format!("tls.crt is not PEM: {e}"))?;
-    let (leaf, rest) = chain.split_first().ok_or("tls.crt holds no certificate")?;
+        .map_err(CertError::CertPem)?;
+    let (leaf, rest) = chain.split_first().ok_or(CertError::NoCert)?;
     let mut roots = rustls::RootCertStore::empty();
     for ca in CertificateDer::pem_slice_iter(ca_pem) {
-        let ca = ca.map_err(|e| format!("caBundle is not PEM: {e}"))?;
-        roots.add(ca).map_err(|e| format!("caBundle: {e}"))?;
+        roots
+            .add(ca.map_err(CertError::CaPem)?)
+            .map_err(CertError::Ca)?;
     }
     if roots.is_empty() {
-        return Err("caBundle holds no certificate".into());
+        return Err(CertError::NoCa);
     }
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let verifier =
         rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
-            .build()
-            .map_err(|e| e.to_string())?;
-    let name = ServerName::try_from(dns_name.to_string()).map_err(|e| e.to_string())?;
+            .build()?;
+    let name = ServerName::try_from(dns_name.to_string())?;
     let now = UnixTime::since_unix_epoch(std::time::Duration::from_secs(now_seconds));
-    verifier
-        .verify_server_cert(leaf, rest, &name, &[], now)
-        .map(|_| ())
-        .map_err(|e| e.to_string())
+    verifier.verify_server_cert(leaf, rest, &name, &[], now)?;
+    Ok(())
 }
 
 /// The check line for the Secret `secret` of Service `ns/svc`.
@@ -126,7 +154,8 @@ mod tests {
             now(),
         )
         .unwrap_err();
-        assert!(e.to_lowercase().contains("expired"), "{e}");
+        assert!(matches!(e, CertError::Refused(_)), "{e}");
+        assert!(e.to_string().to_lowercase().contains("expired"), "{e}");
         let (cert, ca) = bundle(&["other.ops.svc"], 24);
         let e = verify(
             cert.as_bytes(),
@@ -135,7 +164,10 @@ mod tests {
             now(),
         )
         .unwrap_err();
-        assert!(e.to_lowercase().contains("not valid for name"), "{e}");
+        assert!(
+            e.to_string().to_lowercase().contains("not valid for name"),
+            "{e}"
+        );
         let (cert, _) = bundle(&["memprof-webhook.ops.svc"], 24);
         let (_, other_ca) = bundle(&["x"], 24);
         let e = verify(
@@ -146,7 +178,7 @@ mod tests {
         )
         .unwrap_err();
         // Another CA (of the same name, as rcgen's default): its key did not sign it.
-        let e = e.to_lowercase();
+        let e = e.to_string().to_lowercase();
         assert!(
             e.contains("unknown issuer") || e.contains("badsignature"),
             "{e}"

@@ -146,7 +146,8 @@ pub enum SweepError {
 /// run ended ok or in an OOM (both are results), 1 when none did, 130 when
 /// interrupted.
 pub async fn run(args: Args) -> anyhow::Result<i32> {
-    crate::help::check_command::<Args>("sweep", &args.command).map_err(SweepError::Flag)?;
+    crate::help::check_command::<Args>("sweep", &args.command)
+        .map_err(|e| SweepError::Flag(e.to_string()))?;
     let configs = plan_grid(&args)?;
     prepare_outputs(&args)?;
     let target = target_of(&args)?;

@@ -46,7 +46,8 @@ pub struct Args {
 /// Runs the view until `q` (or Ctrl-C); returns the exit code.
 pub async fn run(args: Args) -> Result<i32, ProfileError> {
     args.sample.check()?;
-    crate::help::check_command::<Args>("watch", &args.command).map_err(ProfileError::Usage)?;
+    crate::help::check_command::<Args>("watch", &args.command)
+        .map_err(|e| ProfileError::Usage(e.to_string()))?;
     crate::outfile::prepare_dir("--save-dir", &args.save_dir)?;
     if !crate::output::stdout_is_terminal() {
         return Err(ProfileError::Usage(

@@ -171,3 +171,34 @@ fn files_hold_templates_and_columns() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn a_refused_output_is_a_typed_error_with_kubectls_words() {
+    assert!(matches!(
+        Output::parse("jsonpath"),
+        Err(OutputError::NeedsValue(n)) if n == "jsonpath"
+    ));
+    assert_eq!(
+        Output::parse("jsonpath").unwrap_err().to_string(),
+        "-o jsonpath needs a value: -o jsonpath=…"
+    );
+    assert!(Output::parse("xml")
+        .unwrap_err()
+        .to_string()
+        .starts_with("unknown output format \"xml\": table, wide, json, yaml, name, jsonpath=TEMPLATE, jsonpath-file=FILE,"));
+    assert!(matches!(
+        Output::parse("custom-columns=NAME"),
+        Err(OutputError::Column(c)) if c == "NAME"
+    ));
+    assert!(matches!(
+        Output::parse("custom-columns=A:{"),
+        Err(OutputError::Template(_))
+    ));
+    assert!(matches!(
+        columns_file("A B\n.a\n"),
+        Err(OutputError::ColumnsFileMismatch {
+            headers: 2,
+            paths: 1
+        })
+    ));
+}
