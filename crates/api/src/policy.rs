@@ -368,6 +368,13 @@ pub struct ScaleBatchAction {
     /// the nearest value above it (the record says so).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub accumulation: Option<AccumulationEnv>,
+    /// Also give the recreated Job's pods the GPU memory the MemoryProfile
+    /// recommends (`status.recommendation`, the largest request of any
+    /// role), in this scheduler's terms: `hami`, `volcano`, `kaiScheduler`
+    /// or `runai`. A request the pod template already makes is never
+    /// lowered; without a recommendation nothing is set (the record says so).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_memory_request: Option<crate::GpuScheduler>,
 }
 
 /// The env var a trainer reads its gradient-accumulation steps from.

@@ -25,7 +25,8 @@ pub use ranks::{
     AgentOomRecord, AllocatorRollup, GpuLocation, RankAllocationSites, RankSummary, StaleRank,
 };
 pub use recommendation::{
-    RecommendationBasis, RoleRecommendation, MAX_RECOMMENDED_ROLES, ROLE_WORKER,
+    GpuScheduler, RecommendationBasis, RequestPlace, RoleRecommendation, MAX_RECOMMENDED_ROLES,
+    ROLE_WORKER,
 };
 
 /// A profiled workload and what memprof concluded about its GPU memory.

@@ -364,6 +364,8 @@ pub mod accum;
 pub use accum::AccumulationChange;
 
 mod fit;
+mod gpu_request;
+pub use gpu_request::{with_gpu_request, ANNOTATION_GPU_MEMORY_REQUEST};
 use fit::scale_batch;
 
 #[cfg(test)]

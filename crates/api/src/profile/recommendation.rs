@@ -75,3 +75,53 @@ pub struct RecommendationBasis {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub phases_required: Vec<String>,
 }
+
+/// A GPU-sharing scheduler a recommendation can be written for, on a pod
+/// template (the NVIDIA DRA driver's MPS limit lives in a claim's
+/// parameters, not in the pod template: `kubectl memprof recommend` prints
+/// it, a remediation does not write it).
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub enum GpuScheduler {
+    /// HAMi: container limit `nvidia.com/gpumem`, MiB.
+    #[default]
+    Hami,
+    /// Volcano vGPU: container limit `volcano.sh/vgpu-memory`, MiB.
+    Volcano,
+    /// KAI-Scheduler: pod annotation `gpu-memory`, MiB.
+    KaiScheduler,
+    /// Run:ai: pod annotation `gpu-memory`, counted in 10^6-byte MB (its
+    /// documentation does not say 10^6 or 2^20: the larger count is at
+    /// least the request either way).
+    Runai,
+}
+
+/// Where a scheduler reads the request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RequestPlace {
+    /// A resource limit of each GPU container, by this name.
+    ContainerLimit(&'static str),
+    /// A pod annotation, by this key.
+    PodAnnotation(&'static str),
+}
+
+impl GpuScheduler {
+    /// Where this scheduler reads the request.
+    pub fn place(self) -> RequestPlace {
+        match self {
+            GpuScheduler::Hami => RequestPlace::ContainerLimit("nvidia.com/gpumem"),
+            GpuScheduler::Volcano => RequestPlace::ContainerLimit("volcano.sh/vgpu-memory"),
+            GpuScheduler::KaiScheduler | GpuScheduler::Runai => {
+                RequestPlace::PodAnnotation("gpu-memory")
+            }
+        }
+    }
+
+    /// `bytes` in this scheduler's unit, rounded up (never below the request).
+    pub fn amount(self, bytes: u64) -> u64 {
+        match self {
+            GpuScheduler::Runai => bytes.div_ceil(1_000_000),
+            _ => bytes.div_ceil(1 << 20),
+        }
+    }
+}

@@ -15,7 +15,7 @@
 
 use crate::kube::client::{self as k, CliError, KubeArgs};
 use crate::output::{self, Format, OutputArgs, Table};
-use memprof_api::{format_bytes, MemoryProfile, RoleRecommendation};
+use memprof_api::{format_bytes, GpuScheduler, MemoryProfile, RoleRecommendation};
 use serde::Serialize;
 use serde_json::{json, Value};
 
@@ -59,12 +59,13 @@ pub struct RoleDialects {
     pub schedulers: Option<Value>,
 }
 
+// The units are the ones a remediation writes (`GpuScheduler::amount`).
 fn mib(bytes: u64) -> u64 {
-    bytes.div_ceil(1 << 20)
+    GpuScheduler::Hami.amount(bytes)
 }
 
 fn mb(bytes: u64) -> u64 {
-    bytes.div_ceil(1_000_000)
+    GpuScheduler::Runai.amount(bytes)
 }
 
 /// Each scheduler's fragment for a request of `bytes` per GPU.

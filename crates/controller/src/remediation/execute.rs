@@ -67,7 +67,7 @@ pub(super) async fn plan_for(
     let batch_fit = status
         .as_ref()
         .and_then(|s| s.batch_recommendation.as_ref());
-    Ok(Some(plan::build(&PlanInput {
+    let mut planned = plan::build(&PlanInput {
         policy,
         job: &job,
         config_maps: &config_maps,
@@ -76,7 +76,13 @@ pub(super) async fn plan_for(
         why,
         batch_fit,
         nonce: &nonce(),
-    })))
+    });
+    // `scaleBatch`'s `gpuMemoryRequest` reads the roll-up's recommendation too.
+    if let Ok(p) = planned.as_mut() {
+        let recommendation = status.as_ref().map(|s| s.recommendation.as_slice());
+        plan::with_gpu_request(p, policy, recommendation.unwrap_or_default());
+    }
+    Ok(Some(planned))
 }
 
 type ConfigMapData = BTreeMap<String, BTreeMap<String, String>>;

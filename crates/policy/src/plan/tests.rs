@@ -571,3 +571,46 @@ fn an_accumulation_var_memprof_cannot_read_is_said_not_guessed() {
         );
     }
 }
+
+/// `scaleBatch` with `gpuMemoryRequest`: the recreated Job's GPU container
+/// asks its scheduler for the recommendation (the largest role's), and
+/// without a recommendation the recreated Job says why it asks for nothing.
+#[test]
+fn scale_batch_gives_the_recreated_job_the_recommended_gpu_memory() {
+    let mut action = scale_batch(0.75, 1, None);
+    action.scale_batch.as_mut().unwrap().gpu_memory_request = Some(memprof_api::GpuScheduler::Hami);
+    let p = policy(vec![action]);
+    let mut j = job(json!("32"));
+    j["spec"]["template"]["spec"]["containers"][0]["resources"] =
+        json!({"limits": {"nvidia.com/gpu": "1"}});
+    let rec = |role: &str, bytes: Option<u64>| memprof_api::RoleRecommendation {
+        role: role.into(),
+        request_bytes: bytes,
+        ..Default::default()
+    };
+    let mut plan = build_for(&p, &j).unwrap();
+    let recs = [
+        rec("a", Some(10 << 30)),
+        rec("b", Some(12 << 30)),
+        rec("c", None),
+    ];
+    with_gpu_request(&mut plan, &p, &recs);
+    let (_, m) = plan.recreate().unwrap();
+    let limits = &m["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"];
+    assert_eq!(limits["nvidia.com/gpumem"], "12288", "{m}");
+    let note = &m["metadata"]["annotations"][ANNOTATION_GPU_MEMORY_REQUEST];
+    assert_eq!(note, "Hami limit nvidia.com/gpumem trainer=12288");
+    let mut plan = build_for(&p, &j).unwrap();
+    with_gpu_request(&mut plan, &p, &[]);
+    let (_, m) = plan.recreate().unwrap();
+    let limits = &m["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"];
+    assert!(limits["nvidia.com/gpumem"].is_null(), "{m}");
+    let note = m["metadata"]["annotations"][ANNOTATION_GPU_MEMORY_REQUEST].as_str();
+    assert!(note.unwrap().contains("no recommendation yet"), "{m}");
+    // A policy that does not ask leaves the recreated Job as it was.
+    let plain = policy(vec![scale_batch(0.75, 1, None)]);
+    let mut plan = build_for(&plain, &j).unwrap();
+    let before = plan.clone();
+    with_gpu_request(&mut plan, &plain, &recs);
+    assert_eq!(plan, before);
+}
