@@ -354,6 +354,18 @@ impl AgentDevice {
         &self.last
     }
 
+    /// The median of reserved memory's last rises, while fresh.
+    fn segment_step(&self) -> Option<f64> {
+        let now = self.recent.last().map_or(f64::NEG_INFINITY, |p| p.t);
+        let &(at, _) = self.segments.back()?;
+        if now - at > SEGMENT_FRESH_SECONDS {
+            return None;
+        }
+        let mut steps: Vec<f64> = self.segments.iter().map(|s| s.1).collect();
+        steps.sort_by(f64::total_cmp);
+        Some(steps[(steps.len() - 1) / 2])
+    }
+
     /// Where allocated memory runs out: reserved memory grows by segments,
     /// and the OOM comes when the next one no longer fits in free memory.
     /// The segment is the smaller of the newest rise of reserved memory and
@@ -369,12 +381,23 @@ impl AgentDevice {
         if now - at > SEGMENT_FRESH_SECONDS {
             return Some(limit);
         }
-        let mut steps: Vec<f64> = self.segments.iter().map(|s| s.1).collect();
-        steps.sort_by(f64::total_cmp);
-        let step = newest.min(steps[(steps.len() - 1) / 2]);
+        let step = self.segment_step()?.min(newest);
         let reserved = self.last.reserved_bytes as f64;
         let free = (limit - reserved).max(0.0);
         Some((reserved + (free / step).floor() * step).min(limit))
+    }
+
+    /// Where a growing demand runs out: the allocator releases the cache's
+    /// idle segments before it fails, so what counts as taken is the step's
+    /// peak (`peak`), and the next segments (of the size reserved memory
+    /// grew by lately) must fit in the rest of the limit.
+    fn released_ceiling(&self, peak: f64) -> Option<f64> {
+        let limit = self.limit?;
+        let Some(step) = self.segment_step() else {
+            return Some(limit);
+        };
+        let room = (limit - peak).max(0.0);
+        Some((peak + (room / step).floor() * step).min(limit))
     }
 
     /// Risk and time to OOM: the earliest credible OOM among the causes the
@@ -429,7 +452,16 @@ impl AgentDevice {
     /// rises with them, growing demand when it stays put.
     fn pace_forecast(&self, th: &Thresholds, limit: f64, level: f64) -> Option<Forecast> {
         let p = self.recent.pace(th.leak_bytes_per_second, limit)?;
-        let ceiling = self.ceiling()?;
+        // Segments fill up to the ceiling only where they keep what they
+        // hold (a leak). A demand that grows frees its activations every
+        // step, so the allocator releases its idle segments and tries
+        // again before it fails: the OOM comes when a step's peak no
+        // longer fits the limit.
+        let ceiling = if p.floor_flat {
+            self.released_ceiling(level)?
+        } else {
+            self.ceiling()?
+        };
         let tto = ((ceiling - level) / p.slope).max(0.0);
         let rate = memprof_api::format_rate(p.slope);
         let rate = rate.trim_start_matches('+');

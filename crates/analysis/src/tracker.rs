@@ -80,6 +80,11 @@ struct Gpu {
     leak: FlagGate,
     /// Until when the GPU counts as growing toward its ceiling.
     growing_until: f64,
+    /// Since when the GPU has sat at its ceiling after growing.
+    full_since: Option<f64>,
+    /// The soonest OOM a credible forecast promised while the GPU was
+    /// nearly full (at or above `highFraction`).
+    doom: Option<f64>,
     /// The newest cause of growth published.
     growth_cause: Option<NamedCause>,
     /// The newest credible forecast: (time, time to OOM, confidence).
@@ -95,6 +100,8 @@ impl Gpu {
             level: LevelGate::default(),
             leak: FlagGate::default(),
             growing_until: f64::NEG_INFINITY,
+            full_since: None,
+            doom: None,
             growth_cause: None,
             credible: None,
             processes: Vec::new(),
@@ -390,8 +397,15 @@ fn publish(
     trainer: &[u32],
 ) -> GpuVerdict {
     note_growth(g, &a, t, hold);
-    if at_ceiling(g, &a, t, th) {
+    if !at_ceiling(g, &a, t, th) {
+        g.full_since = None;
+    } else if t - *g.full_since.get_or_insert(t) <= full_trust_seconds(th) {
         oom_now(g, &mut a, t, hold);
+    } else {
+        full_and_running(g, &mut a, t);
+    }
+    if outlived(g, &a, t, th) {
+        full_and_running(g, &mut a, t);
     }
     confirm(g, &mut a, t, th);
     // The level is what the evidence says, whoever computed it.
@@ -460,6 +474,52 @@ fn oom_now(g: &mut Gpu, a: &mut Assessment, t: f64, hold: Hold) {
     a.reason = format!(
         "{:.1}% of memory in use after growing: at its ceiling, OOM now",
         100.0 * a.level_fraction
+    );
+}
+
+/// How long "OOM now" stands at the ceiling: two buckets, time for the
+/// growth that filled it to ask for the next block. A trainer still
+/// running after that is not failing its allocations.
+fn full_trust_seconds(th: &Thresholds) -> f64 {
+    2.0 * th.bucket_seconds
+}
+
+/// A nearly full GPU (at or above `highFraction`) that outlived the
+/// soonest OOM its credible forecasts promised by [`full_trust_seconds`]:
+/// those forecasts were refuted (a cache that fills the card reads as
+/// demand that never fails), so none is promised on a nearly full GPU
+/// until it empties (below half of `mediumFraction`: a new run), since
+/// device memory that dips a little each step is the same cache.
+fn outlived(g: &mut Gpu, a: &Assessment, t: f64, th: &Thresholds) -> bool {
+    if a.level_fraction < th.medium_fraction / 2.0 {
+        g.doom = None;
+    }
+    let due = a
+        .time_to_oom_seconds
+        .filter(|_| a.confidence >= th.min_confidence)
+        .map(|tto| t + tto);
+    if let Some(due) = due {
+        g.doom = Some(g.doom.map_or(due, |d| d.min(due)));
+    }
+    a.level_fraction >= th.high_fraction && g.doom.is_some_and(|d| t - d > full_trust_seconds(th))
+}
+
+/// Full for longer than [`full_trust_seconds`] and still running: a
+/// caching allocator holds the card and recycles its own cache, so device
+/// memory no longer shows the demand and cannot time the OOM (the agent's
+/// allocator numbers can). No time to OOM is promised; the level (the
+/// memory in use) stands, with the cause of the growth.
+fn full_and_running(g: &Gpu, a: &mut Assessment, t: f64) {
+    a.time_to_oom_seconds = None;
+    a.confidence = 1.0;
+    if let Some(c) = &g.growth_cause {
+        a.cause = Some(c.clone());
+    }
+    a.reason = format!(
+        "{:.1}% of memory in use and still running {:.0} s after the OOM first predicted: \
+         the cache holds the card, so its memory no longer shows when the next allocation fails",
+        100.0 * a.level_fraction,
+        t - g.doom.or(g.full_since).unwrap_or(t)
     );
 }
 

@@ -235,9 +235,9 @@ fn baselines_as_first_judged(e: &Evaluation, set: &str) {
         .iter()
         .all(|j| j.named.is_none() && j.false_flags == 0));
     if set == "causes-heldout" {
-        assert_eq!(one(&e.used_alert, "growdemand").transitions, 5);
-        assert_eq!(one(&e.linear, "neighbour").lead_high, Some(88.0));
-        assert_eq!(one(&e.used_alert, "neighbour").lead_high, Some(42.0));
+        assert_eq!(one(&e.used_alert, "growdemand").transitions, 9);
+        assert_eq!(one(&e.linear, "neighbour").lead_high, Some(97.3));
+        assert_eq!(one(&e.used_alert, "neighbour").lead_high, Some(32.3));
     }
 }
 
@@ -263,35 +263,46 @@ fn legitimate_quiet_escalations_clean_neighbour_timed(e: &Evaluation, tto_percen
     }
 }
 
-/// The per-cause goals on the held-out H200 set (never tuned on), as first judged at
-/// the commit that added it: what held, pinned so that a regression fails,
-/// with bounds an improvement keeps. No false high and no false leak flag
-/// on the legitimate runs from either source; every escalation within
-/// levels + 1 transitions; the neighbour's TTO at half-life within 1 % from
-/// either source and its first high 52 s (NVML) and 79 s (agent) before the
-/// card was full; the growing demand's first high 65 s before its OOM with
-/// the agent, 51 s from NVML; fragmentation named by the agent-fed verdict.
-/// Only bounds an improvement keeps (no miss pinned as a miss): a change
-/// tuned elsewhere learns nothing of this set from a test that passes, and
-/// fails only where it made a held-out number worse. The misses are in
-/// docs/gpu-results.md: the spike never high, fragmentation high 4 s
-/// before its OOM as first judged (61 s since its forecast), 4 false leak flags from the agent-fed verdict.
+/// The per-cause goals on the causes-heldout H200 set (recorded again
+/// with the neighbour outside the agent and lives of 98-115 s): what held
+/// after the analysis changes its first look informed (the floor read over
+/// the last few buckets and a scattered floor read as no leak, after it
+/// named its growing demand a leak; the released ceiling, after it timed
+/// that demand 28 % short), pinned with bounds an improvement keeps: no
+/// false high and no false leak flag on the legitimate runs from either
+/// source; every escalation within levels + 1 transitions; the neighbour's
+/// TTO at half-life within 5 % and its first high 71 s before the card was
+/// full from either source; the growing demand's first high 78 s (NVML)
+/// and 61 s (agent) before its OOM, named growing demand by the agent,
+/// its TTO at half-life within 10 % with the agent; fragmentation named by
+/// the agent 85 s before its OOM; a false leak flag in at most one
+/// scenario per source (NVML reads the neighbour's steps as a leak; the
+/// fragmenter keeps small blocks, which the agent reads as one). The sets
+/// never looked at before judging are causes-fresh and causes-fresh2.
 #[test]
 fn causes_heldout_per_cause_as_first_judged() {
-    let e = evaluation("causes-heldout", 8);
-    legitimate_quiet_escalations_clean_neighbour_timed(&e, 1.0);
-    assert!(one(&e.nvml, "neighbour").lead_high >= Some(52.0));
-    assert!(one(&e.agent, "neighbour").lead_high >= Some(79.0));
-    assert!(one(&e.agent, "growdemand").lead_high >= Some(65.0));
-    assert!(one(&e.nvml, "growdemand").lead_high >= Some(51.0));
-    // 4.1 s as first judged; 61.1 s since the fragmentation forecast.
-    assert!(one(&e.agent, "fragmentation").lead_high >= Some(61.0));
+    let e = evaluation("causes-heldout", 7);
+    legitimate_quiet_escalations_clean_neighbour_timed(&e, 5.0);
+    assert!(one(&e.nvml, "neighbour").lead_high >= Some(71.0));
+    assert!(one(&e.agent, "neighbour").lead_high >= Some(71.0));
+    assert!(one(&e.agent, "growdemand").lead_high >= Some(61.0));
+    assert!(one(&e.nvml, "growdemand").lead_high >= Some(78.0));
+    let demand = one(&e.agent, "growdemand");
+    assert_eq!(demand.named.as_deref(), Some("growingDemand"));
+    assert!(
+        demand
+            .tto_at_half
+            .as_ref()
+            .is_some_and(|t| t.error_percent.abs() <= 10.0),
+        "{demand:?}"
+    );
+    assert!(one(&e.agent, "fragmentation").lead_high >= Some(85.0));
     assert_eq!(
         one(&e.agent, "fragmentation").named.as_deref(),
         Some("fragmentation")
     );
     assert!(
-        e.agent_totals.false_flag_scenarios <= 4 && e.nvml_totals.false_flag_scenarios <= 1,
+        e.agent_totals.false_flag_scenarios <= 1 && e.nvml_totals.false_flag_scenarios <= 1,
         "{:?} {:?}",
         e.agent_totals,
         e.nvml_totals
@@ -305,7 +316,7 @@ fn causes_heldout_per_cause_as_first_judged() {
 /// recording started); without the file, no pid.
 #[test]
 fn the_neighbours_pid_reaches_the_verdict_through_the_recorded_process_usage() {
-    let recs = set("causes-heldout", 8);
+    let recs = set("causes-heldout", 7);
     let rec = recs.iter().find(|r| r.name == "neighbour").unwrap();
     let pid = summary("causes-heldout", "neighbour")["neighbour"]["pid"]
         .as_u64()
@@ -320,7 +331,7 @@ fn the_neighbours_pid_reaches_the_verdict_through_the_recorded_process_usage() {
 }
 
 /// On the GPU through the real `memprof-sidecar`: the
-/// held-out growing demand died of a CUDA OOM 75 s after its ramp began;
+/// first causes-heldout recording's growing demand (kept in `causes-split`) died of a CUDA OOM 75 s after its ramp began;
 /// the same run with the agent's `MicroBatchLoop` listening split its
 /// micro-batch on the sidecar's critical, 31 s into the ramp (44 s before
 /// the control's OOM), kept 12 samples per optimizer step on every step,
@@ -328,8 +339,8 @@ fn the_neighbours_pid_reaches_the_verdict_through_the_recorded_process_usage() {
 /// survived.
 #[test]
 fn the_real_sidecar_split_the_micro_batch_before_the_oom_and_kept_the_global_batch() {
-    let control = summary("causes-heldout", "growdemand");
-    let split = summary("causes-heldout", "demandsplit");
+    let control = summary("causes-split", "growdemand");
+    let split = summary("causes-split", "demandsplit");
     let num = |v: &serde_json::Value, k: &str| v[k].as_f64().unwrap();
     assert_eq!(control["exit"], "oom");
     let control_life = num(&control, "oomAt") - num(&control, "causeFrom");
@@ -350,13 +361,16 @@ fn the_real_sidecar_split_the_micro_batch_before_the_oom_and_kept_the_global_bat
 /// The dev set of the causes (tune on it): what held when it was
 /// committed, with bounds an improvement keeps: no false high and no false
 /// leak flag on the legitimate runs; every escalation within levels + 1
-/// transitions; the neighbour's first high 31 s (NVML) and 43 s (agent)
-/// before the card was full, its TTO at half-life within 5 %.
+/// transitions; the neighbour's first high 79 s before the card was full
+/// from either source, its TTO at half-life within 5 %; the growing
+/// demand's first high 77 s (NVML) and 60 s (agent) before its OOM.
 #[test]
 fn causes_dev_per_cause_as_first_judged() {
     let e = evaluation("causes-dev", 7);
     legitimate_quiet_escalations_clean_neighbour_timed(&e, 5.0);
-    assert!(one(&e.nvml, "neighbour").lead_high >= Some(31.0));
-    assert!(one(&e.agent, "neighbour").lead_high >= Some(43.0));
+    assert!(one(&e.nvml, "neighbour").lead_high >= Some(79.0));
+    assert!(one(&e.agent, "neighbour").lead_high >= Some(79.0));
+    assert!(one(&e.nvml, "growdemand").lead_high >= Some(77.0));
+    assert!(one(&e.agent, "growdemand").lead_high >= Some(60.0));
     baselines_as_first_judged(&e, "causes-dev");
 }

@@ -17,10 +17,9 @@
 //! gives the slope (a window that reaches back over the trainer's start or a
 //! step is not steady, so it is never used).
 //!
-//! A pace is a leak unless memory between steps visibly stays put: the
-//! floor (the lowest allocated bytes at the pushes of each bucket) rising at
-//! less than half the peaks' pace, with a spread small enough that a leak
-//! of that pace would have shown.
+//! A pace is a leak when memory between steps rises with it: the floor
+//! (the lowest allocated bytes at the pushes of the last few buckets)
+//! rising at least half the peaks' pace, along a line.
 
 use crate::theil_sen;
 use std::collections::VecDeque;
@@ -142,13 +141,41 @@ impl Recent {
         {
             return None;
         }
-        let floors: Vec<(f64, f64)> = b.iter().map(|x| (x.0, x.2)).collect();
+        let floors = lowest_recent(&b);
         Some(Pace {
             slope: fit.slope,
             span: fit.span,
-            floor_flat: floor_flat(&floors, fit.slope, fit.span),
+            floor_flat: floor_flat(&floors, fit.slope),
         })
     }
+}
+
+/// Buckets a floor point looks back over: 8 s. A push lands at a random
+/// point of a step, so one bucket's lowest push is often mid-step (its
+/// activations held); a step long enough (long sequences, accumulation)
+/// leaves whole buckets without a push between steps. The lowest over the
+/// last few buckets finds memory between steps again; a leak lifts it as
+/// it lifts every point, at the same pace.
+const FLOOR_BUCKETS: usize = 4;
+
+/// Each bucket's floor as the lowest floor of it and the
+/// [`FLOOR_BUCKETS`] − 1 before it, from the first bucket with that many
+/// before it: (middle, floor). A window too short for three such points
+/// keeps each bucket's own floor (a leak is judged within 8 s).
+fn lowest_recent(b: &[(f64, f64, f64)]) -> Vec<(f64, f64)> {
+    if b.len() < FLOOR_BUCKETS + 2 {
+        return b.iter().map(|x| (x.0, x.2)).collect();
+    }
+    (FLOOR_BUCKETS - 1..b.len())
+        .map(|i| {
+            let from = i + 1 - FLOOR_BUCKETS;
+            let low = b[from..=i]
+                .iter()
+                .map(|x| x.2)
+                .fold(f64::INFINITY, f64::min);
+            (b[i].0, low)
+        })
+        .collect()
 }
 
 /// The largest rise from one bucket to the next, bytes.
@@ -168,19 +195,21 @@ pub(crate) fn both_halves(points: &[(f64, f64)], rise: f64) -> bool {
     first >= rise / 4.0 && second >= rise / 4.0
 }
 
-/// Memory between steps stays put while the peaks rise at `slope`: the
-/// floor rises at less than half that, and its spread around its own line
-/// is under a quarter of what the peaks rose (so a leak would have shown).
-fn floor_flat(floors: &[(f64, f64)], slope: f64, span: f64) -> bool {
+/// r² the floor needs to read as a leak: a leak lifts memory between steps
+/// along a line.
+const FLOOR_LINE_R2: f64 = 0.8;
+
+/// Memory between steps is not seen to rise with the peaks (at `slope`):
+/// a leak lifts it at least half as fast, along a line (r² ≥
+/// [`FLOOR_LINE_R2`]). A floor that scatters (pushes caught mid-step, as
+/// long sequences make every step) shows no leak: the pace is then growing
+/// demand, which alarms from the same forecast but raises no leak flag
+/// until the floor draws a line.
+fn floor_flat(floors: &[(f64, f64)], slope: f64) -> bool {
     let Some(fit) = theil_sen(floors) else {
-        return false;
+        return true;
     };
-    if fit.slope >= slope / 2.0 {
-        return false;
-    }
-    let mut dev: Vec<f64> = floors.iter().map(|(t, y)| (y - fit.at(*t)).abs()).collect();
-    dev.sort_by(f64::total_cmp);
-    dev[dev.len() / 2] < 0.25 * slope * span
+    !(fit.slope >= slope / 2.0 && fit.r2 >= FLOOR_LINE_R2)
 }
 
 #[cfg(test)]

@@ -73,7 +73,7 @@ mod tests {
 
     /// The held-out causes set through the command, as a user runs it:
     /// the per-cause table, and in JSON the two baselines beside memprof's
-    /// sources for each of its eight recordings.
+    /// sources for each of its seven recordings.
     #[test]
     fn the_causes_set_is_judged_per_cause_beside_the_baselines() {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -85,7 +85,7 @@ mod tests {
         let json = run(&dir, &Thresholds::default(), Format::Json).unwrap();
         let v: serde_json::Value = serde_json::from_str(&json).unwrap();
         for key in ["nvml", "agent", "usedAlert", "linear"] {
-            assert_eq!(v[key].as_array().map(Vec::len), Some(8), "{key}");
+            assert_eq!(v[key].as_array().map(Vec::len), Some(7), "{key}");
         }
         assert_eq!(v["linear"][0]["cause"], "growingDemand");
         let goals = v["goals"].as_array().unwrap();
