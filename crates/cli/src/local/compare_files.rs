@@ -33,7 +33,7 @@ pub enum CompareFilesError {
         /// The file.
         path: String,
         /// What was wrong.
-        why: String,
+        why: LoadError,
     },
     /// One of each.
     #[error("{a} is a {ka} and {b} a {kb}: compare two sweep results or two reports")]
@@ -161,20 +161,35 @@ fn load_path(p: &Path) -> Result<Loaded, CompareFilesError> {
     })
 }
 
+/// Why a file is neither a sweep result nor a report (the file's error
+/// says which two commands write the ones it takes).
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// Not JSON at all.
+    #[error("not JSON ({0})")]
+    NotJson(serde_json::Error),
+    /// A sweep result of another memprof's format.
+    #[error("a sweep result this memprof cannot read ({0})")]
+    Sweep(serde_json::Error),
+    /// JSON of something else.
+    #[error("no \"kind\": \"memprofSweep\" and no \"gpus\" list")]
+    Neither,
+}
+
 /// Recognises a sweep result (`"kind": "memprofSweep"`) or a report (a
 /// spec with `gpus`, or an object with such a `spec`).
-pub fn load(text: &str) -> Result<Loaded, String> {
-    let v: Value = serde_json::from_str(text).map_err(|e| format!("not JSON ({e})"))?;
+pub fn load(text: &str) -> Result<Loaded, LoadError> {
+    let v: Value = serde_json::from_str(text).map_err(LoadError::NotJson)?;
     if v.get("kind").and_then(Value::as_str) == Some(KIND) {
         return serde_json::from_value(v)
             .map(|s| Loaded::Sweep(Box::new(s)))
-            .map_err(|e| format!("a sweep result this memprof cannot read ({e})"));
+            .map_err(LoadError::Sweep);
     }
     let spec = v.get("spec").filter(|s| s.is_object()).unwrap_or(&v);
     if spec.get("gpus").is_some_and(Value::is_array) {
         return Ok(Loaded::Report(spec.clone()));
     }
-    Err("no \"kind\": \"memprofSweep\" and no \"gpus\" list".into())
+    Err(LoadError::Neither)
 }
 
 /// Compares two loaded files of the same kind.

@@ -89,16 +89,28 @@ pub fn load(files: &[PathBuf]) -> (Vec<Loaded>, Vec<String>) {
     (ok, bad)
 }
 
-fn read(f: &Path) -> Result<Vec<MemoryReportSpec>, String> {
-    let bytes = std::fs::read(f).map_err(|e| e.to_string())?;
-    let v: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
+/// Why a file gave no reports; listed as skipped beside its name, so the
+/// user sees which file to regenerate (`memprof profile --output`).
+#[derive(Debug, thiserror::Error)]
+enum ReadError {
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("{0}")]
+    Json(#[from] serde_json::Error),
+    #[error("not a memprof report: {0}")]
+    NotAReport(serde_json::Error),
+}
+
+fn read(f: &Path) -> Result<Vec<MemoryReportSpec>, ReadError> {
+    let bytes = std::fs::read(f)?;
+    let v: serde_json::Value = serde_json::from_slice(&bytes)?;
     let items = match v {
         serde_json::Value::Array(items) => items,
         one => vec![one],
     };
     items
         .into_iter()
-        .map(|i| serde_json::from_value(i).map_err(|e| format!("not a memprof report: {e}")))
+        .map(|i| serde_json::from_value(i).map_err(ReadError::NotAReport))
         .collect()
 }
 

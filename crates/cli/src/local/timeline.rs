@@ -44,8 +44,8 @@ pub enum TimelineError {
     Format {
         /// The file.
         file: PathBuf,
-        /// What was wrong.
-        why: String,
+        /// What was wrong (serde's words: the field and the line).
+        why: serde_json::Error,
     },
     /// The picture could not be written.
     #[error(transparent)]
@@ -94,8 +94,8 @@ pub struct Event {
 }
 
 /// Reads an export into events ordered by time.
-pub fn parse(text: &str) -> Result<Vec<Event>, String> {
-    let doc: Export = serde_json::from_str(text).map_err(|e| e.to_string())?;
+pub fn parse(text: &str) -> Result<Vec<Event>, serde_json::Error> {
+    let doc: Export = serde_json::from_str(text)?;
     let mut events: Vec<Event> = doc
         .events
         .into_iter()

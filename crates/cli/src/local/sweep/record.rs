@@ -198,6 +198,28 @@ pub struct RunRecord {
     pub timeline: Vec<TimelinePoint>,
 }
 
+/// An agent summary file that is there but cannot be used: the run's
+/// record says so (`unreadable summary`) instead of its numbers.
+#[derive(Debug, thiserror::Error)]
+pub enum SummaryError {
+    /// It could not be read.
+    #[error("{}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// It is not the agent's summary (contract C-1).
+    #[error("{}: {source}", path.display())]
+    Parse {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        source: serde_json::Error,
+    },
+}
+
 /// Longest stderr tail kept in a record.
 pub const STDERR_TAIL_BYTES: usize = 2000;
 
@@ -207,7 +229,7 @@ pub fn record(
     config: &Config,
     exit: &Exit,
     duration_seconds: f64,
-    summary: Result<Option<AgentSummary>, String>,
+    summary: Result<Option<AgentSummary>, SummaryError>,
     stderr_tail: &str,
 ) -> RunRecord {
     let (summary, note) = match summary {

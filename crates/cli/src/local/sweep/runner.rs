@@ -6,7 +6,7 @@
 
 use crate::local::profile::{python_path, AgentTree};
 use crate::local::sweep::grid::Config;
-use crate::local::sweep::record::{AgentSummary, Exit};
+use crate::local::sweep::record::{AgentSummary, Exit, SummaryError};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -59,7 +59,7 @@ pub struct Outcome {
     /// Wall-clock seconds.
     pub duration_seconds: f64,
     /// The agent's summary: absent, or unreadable with the reason.
-    pub summary: Result<Option<AgentSummary>, String>,
+    pub summary: Result<Option<AgentSummary>, SummaryError>,
     /// The end of the process's stderr.
     pub stderr_tail: String,
     /// The sidecar's peak (busiest NVML GPU) when run with `--nvml`.
@@ -246,13 +246,21 @@ fn exit_code(status: Option<std::process::ExitStatus>) -> i32 {
     }
 }
 
-fn read_summary(path: &Path) -> Result<Option<AgentSummary>, String> {
+fn read_summary(path: &Path) -> Result<Option<AgentSummary>, SummaryError> {
     match std::fs::read(path) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(format!("{}: {e}", path.display())),
-        Ok(bytes) => serde_json::from_slice(&bytes)
-            .map(Some)
-            .map_err(|e| format!("{}: {e}", path.display())),
+        Err(source) => Err(SummaryError::Read {
+            path: path.to_path_buf(),
+            source,
+        }),
+        Ok(bytes) => {
+            serde_json::from_slice(&bytes)
+                .map(Some)
+                .map_err(|source| SummaryError::Parse {
+                    path: path.to_path_buf(),
+                    source,
+                })
+        }
     }
 }
 

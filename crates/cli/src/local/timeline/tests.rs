@@ -76,5 +76,8 @@ fn the_chart_has_the_four_lines_and_a_mark_per_event() {
 
 #[test]
 fn a_file_that_is_not_an_export_says_so() {
-    assert!(parse("{\"gpus\": []}").unwrap_err().contains("events"));
+    assert!(parse("{\"gpus\": []}")
+        .unwrap_err()
+        .to_string()
+        .contains("events"));
 }
