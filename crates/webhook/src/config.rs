@@ -117,7 +117,7 @@ pub struct InjectionConfig {
     pub marks: MarkConfig,
     /// Who creates each link of a JobSet, TrainJob or PyTorchJob (the
     /// workload mark, `workload_marks.rs`; signed with `marks.keys`).
-    pub workloads: crate::workload_marks::WorkloadIdentities,
+    pub workloads: WorkloadIdentities,
 }
 
 /// How the webhook marks the pods the Job controller creates
@@ -130,6 +130,30 @@ pub struct MarkConfig {
     /// The operator's key ring: marks are signed with its current key; none
     /// is signed until it is loaded.
     pub keys: Keys,
+}
+
+/// Who creates each link (`--jobset-identities`, `--trainer-identities`,
+/// `--training-operator-identities`; the chart's `workloads` values).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WorkloadIdentities {
+    /// Create a JobSet's child Jobs.
+    pub jobset: Vec<String>,
+    /// Create a TrainJob's JobSet.
+    pub trainer: Vec<String>,
+    /// Create a PyTorchJob's pods.
+    pub training_operator: Vec<String>,
+}
+
+impl Default for WorkloadIdentities {
+    fn default() -> Self {
+        use memprof_api::workload::*;
+        let own = |ids: &[&str]| ids.iter().map(|s| s.to_string()).collect();
+        WorkloadIdentities {
+            jobset: own(&DEFAULT_JOBSET_IDENTITIES),
+            trainer: own(&DEFAULT_TRAINER_IDENTITIES),
+            training_operator: own(&DEFAULT_TRAINING_OPERATOR_IDENTITIES),
+        }
+    }
 }
 
 impl Default for MarkConfig {

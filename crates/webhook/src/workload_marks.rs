@@ -6,40 +6,17 @@
 //! link, with the rank labels that creator set; a mark that arrives on any
 //! other object is removed.
 
+pub use crate::config::WorkloadIdentities;
 use crate::marks::{add_to_metadata_map, Caller, Creation};
 use json_patch::jsonptr::PointerBuf;
 use json_patch::{PatchOperation, RemoveOperation};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use memprof_api::admission::Keys;
 use memprof_api::workload::{
-    jobset_identity, pytorch_identity, WorkloadKind, DEFAULT_JOBSET_IDENTITIES,
-    DEFAULT_TRAINER_IDENTITIES, DEFAULT_TRAINING_OPERATOR_IDENTITIES, LABEL_JOBSET_JOB_INDEX,
+    jobset_identity, pytorch_identity, WorkloadKind, LABEL_JOBSET_JOB_INDEX,
     LABEL_JOBSET_REPLICATED_JOB, LABEL_PYTORCH_REPLICA_INDEX, LABEL_PYTORCH_REPLICA_TYPE,
 };
 use memprof_api::workload_mark::{sign, Link, ANNOTATION_WORKLOAD_MARK};
-
-/// Who creates each link (`--jobset-identities`, `--trainer-identities`,
-/// `--training-operator-identities`; the chart's `workloads` values).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct WorkloadIdentities {
-    /// Create a JobSet's child Jobs.
-    pub jobset: Vec<String>,
-    /// Create a TrainJob's JobSet.
-    pub trainer: Vec<String>,
-    /// Create a PyTorchJob's pods.
-    pub training_operator: Vec<String>,
-}
-
-impl Default for WorkloadIdentities {
-    fn default() -> Self {
-        let own = |ids: &[&str]| ids.iter().map(|s| s.to_string()).collect();
-        WorkloadIdentities {
-            jobset: own(&DEFAULT_JOBSET_IDENTITIES),
-            trainer: own(&DEFAULT_TRAINER_IDENTITIES),
-            training_operator: own(&DEFAULT_TRAINING_OPERATOR_IDENTITIES),
-        }
-    }
-}
 
 /// The kinds of object a workload mark goes on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -126,27 +103,9 @@ pub fn mark_link(
     let by_creator = creation
         .username
         .is_some_and(|u| creators.iter().any(|c| c == u));
-    let ring = keys.ring();
-    let name = meta.name.as_deref().filter(|n| !n.is_empty());
-    let mark = match (
-        controller_uid(meta, parent),
-        by_creator,
-        identity,
-        name,
-        ring.current(),
-    ) {
-        (Some(uid), true, Some(identity), Some(name), Some(key)) => {
-            let link = Link {
-                namespace: creation.namespace,
-                kind: what.kind(),
-                name,
-                controller_uid: uid,
-                identity: &identity,
-            };
-            sign(key, &link, creation.now)
-        }
-        _ => None,
-    };
+    let mark = by_creator
+        .then(|| sign_link(what, meta, creation, parent, identity, keys))
+        .flatten();
     match mark {
         Some(mark) => add_to_metadata_map(
             ops,
@@ -169,6 +128,27 @@ pub fn mark_link(
         }
         None => {}
     }
+}
+
+/// The mark of `meta`'s link up to its `parent`-kind controller, when it
+/// has one, a rank identity and a name, and the key is loaded.
+fn sign_link(
+    what: Marked,
+    meta: &ObjectMeta,
+    creation: &Creation<'_>,
+    parent: WorkloadKind,
+    identity: Option<String>,
+    keys: &Keys,
+) -> Option<String> {
+    let ring = keys.ring();
+    let link = Link {
+        namespace: creation.namespace,
+        kind: what.kind(),
+        name: meta.name.as_deref().filter(|n| !n.is_empty())?,
+        controller_uid: controller_uid(meta, parent)?,
+        identity: &identity?,
+    };
+    sign(ring.current()?, &link, creation.now)
 }
 
 #[cfg(test)]

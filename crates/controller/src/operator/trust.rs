@@ -218,6 +218,18 @@ pub fn check(
     }
     let facts = pod.ok_or_else(|| Rejection::NoSuchPod(pod_name.into()))?;
     admit(facts, job_uid, keys, now)?;
+    check_written(report, facts, keys, now)
+}
+
+/// Report rules 3–5 for a report of `pod`, whose pod rules the caller
+/// checked (here [`admit`]; a PyTorchJob's pods, `workload::pods`). O(1).
+pub fn check_written(
+    report: &MemoryReport,
+    facts: &PodFacts<'_>,
+    keys: &KeyRing,
+    now: Timestamp,
+) -> Result<(), Rejection> {
+    let pod_name = report.spec.pod_name.as_str();
     let owned = report
         .metadata
         .owner_references

@@ -10,6 +10,7 @@
 //! - `pods.rs`: whether a pod is its PyTorchJob's own, and its rank labels.
 //! - `rank.rs`: a pod's rank within its workload, from the rank labels its
 //!   creator set (bound by the marks), consistent with torchrun's node rank.
+//! - `rollup.rs`: one roll-up over every rank of the workload.
 //! - `action.rs`: how a workload's environment is changed, the least
 //!   disruptive way its kind allows; `suspend.rs` carries out the suspend,
 //!   patch and resume on the API server.
@@ -19,6 +20,7 @@ pub mod pods;
 pub mod rank;
 pub mod read;
 pub mod resolve;
+pub mod rollup;
 pub mod suspend;
 
 pub use memprof_api::workload::WorkloadKind;

@@ -4,6 +4,7 @@
 use super::*;
 use jiff::Timestamp;
 use memprof_api::admission::{Key, KeyRing};
+use memprof_api::workload::DEFAULT_TRAINER_IDENTITIES;
 use memprof_api::workload_mark::verify;
 use serde_json::json;
 

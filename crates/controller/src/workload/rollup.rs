@@ -1,0 +1,162 @@
+//! One roll-up over a whole workload: every counted report of every rank
+//! of a JobSet (across its child Jobs) or a PyTorchJob, numbered by its
+//! rank in the workload (`rank.rs`), so imbalance, the bottleneck and the
+//! top ranks span the workload, not one Job.
+//!
+//! A report counts when its pod counts for the workload and the report is
+//! that pod's own (`operator/trust.rs` rules 1 and 3–5):
+//! - JobSet (and TrainJob, through its JobSet): the pod is its Job's own
+//!   (the pod admission mark, trust rule 1–3) and that Job is a proven
+//!   child of the workload (`members`: Job uid → rank identity, from
+//!   `resolve.rs`); the rank is that identity's and the pod's completion
+//!   index in the JobSet's layout.
+//! - PyTorchJob: the pod is the PyTorchJob's own (`pods.rs`); the rank is
+//!   its replica identity's.
+//!
+//! The rank a sidecar wrote in its report is ignored: it is the pod's word.
+
+use super::pods::pytorch_pod;
+use super::rank::{JobSetShape, PyTorchShape};
+use crate::operator::trust::{admit, check_written, PodFacts};
+use jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use memprof_analysis::{JobRollup, ReportMeta, RollupLimits};
+use memprof_api::admission::KeyRing;
+use memprof_api::workload::{index, COMPLETION_INDEX};
+use memprof_api::MemoryReport;
+use std::collections::{BTreeMap, HashMap};
+
+/// How a workload's pods are numbered.
+#[derive(Clone, Debug)]
+pub enum Layout {
+    /// A JobSet's (a TrainJob's, through its JobSet): proven child Jobs by
+    /// uid, each with its rank identity (`<replicated job>/<job index>`).
+    JobSet {
+        /// The JobSet's layout.
+        shape: JobSetShape,
+        /// Proven child Jobs: uid → rank identity.
+        members: BTreeMap<String, String>,
+    },
+    /// A PyTorchJob's.
+    PyTorchJob {
+        /// The PyTorchJob's uid.
+        uid: String,
+        /// Its layout.
+        shape: PyTorchShape,
+    },
+}
+
+impl Layout {
+    /// Ranks of the whole workload.
+    pub fn ranks(&self) -> u32 {
+        match self {
+            Layout::JobSet { shape, .. } => shape.ranks(),
+            Layout::PyTorchJob { shape, .. } => shape.ranks(),
+        }
+    }
+
+    /// The rank of `pod` in the workload if it counts (its creation mark
+    /// and its rank identity), else why not.
+    fn rank_of(&self, pod: &ObjectMeta, keys: &KeyRing, now: Timestamp) -> Result<u32, String> {
+        let name = pod.name.as_deref().unwrap_or_default();
+        match self {
+            Layout::JobSet { shape, members } => {
+                let (_, facts) = PodFacts::of(pod).ok_or("pod has no name")?;
+                let job = facts
+                    .job_uid
+                    .ok_or(format!("pod {name} is not controlled by a Job"))?;
+                let identity = members.get(job).ok_or(format!(
+                    "pod {name}'s Job is not a proven child of this workload"
+                ))?;
+                admit(&facts, job, keys, now).map_err(|e| e.to_string())?;
+                let completion = completion_index(pod).unwrap_or(0);
+                shape.rank(identity, completion).ok_or(format!(
+                    "pod {name} ({identity}, completion index {completion}) is outside the JobSet's layout"
+                ))
+            }
+            Layout::PyTorchJob { uid, shape } => {
+                let identity = pytorch_pod(pod, uid, keys, now).map_err(|e| e.to_string())?;
+                shape.rank(&identity).ok_or(format!(
+                    "pod {name} ({identity}) is outside the PyTorchJob's replicas"
+                ))
+            }
+        }
+    }
+}
+
+/// An Indexed Job's completion index on its pod: the label (1.28+), else
+/// the annotation the Job controller writes.
+fn completion_index(pod: &ObjectMeta) -> Option<u32> {
+    let label = pod.labels.as_ref().and_then(|l| l.get(COMPLETION_INDEX));
+    let annotation = pod
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(COMPLETION_INDEX));
+    index(label.or(annotation)?)
+}
+
+/// A workload's roll-up and the reports it refused, with why.
+#[derive(Debug)]
+pub struct WorkloadRollup {
+    /// Every counted report, numbered by its rank in the workload.
+    pub rollup: JobRollup,
+    /// Reports claiming the workload that do not count: name → why.
+    pub refused: BTreeMap<String, String>,
+}
+
+/// Rolls up `reports` (those claiming the workload's Jobs or pods), `pods`
+/// being the cached pods by name. O(reports), two HMACs per report at most.
+pub fn roll_up(
+    reports: &[&MemoryReport],
+    pods: &HashMap<&str, &ObjectMeta>,
+    layout: &Layout,
+    keys: &KeyRing,
+    now: Timestamp,
+) -> WorkloadRollup {
+    let mut out = WorkloadRollup {
+        rollup: JobRollup::new(Some(layout.ranks()), RollupLimits::default()),
+        refused: BTreeMap::new(),
+    };
+    for report in reports {
+        let name = report.metadata.name.clone().unwrap_or_default();
+        match counted(report, pods, layout, keys, now) {
+            Ok((spec, meta)) => out.rollup.upsert_with(&name, &spec, meta),
+            Err(why) => {
+                out.refused.insert(name, why);
+            }
+        }
+    }
+    out
+}
+
+/// The report's spec numbered by its workload rank, if it counts.
+fn counted(
+    report: &MemoryReport,
+    pods: &HashMap<&str, &ObjectMeta>,
+    layout: &Layout,
+    keys: &KeyRing,
+    now: Timestamp,
+) -> Result<(memprof_api::MemoryReportSpec, ReportMeta), String> {
+    let pod_name = report.spec.pod_name.as_str();
+    if report.metadata.name.as_deref() != Some(pod_name) {
+        return Err(format!(
+            "not its pod's own report: describes pod {pod_name:?}"
+        ));
+    }
+    let pod = pods
+        .get(pod_name)
+        .ok_or(format!("pod {pod_name} does not exist"))?;
+    let rank = layout.rank_of(pod, keys, now)?;
+    let (_, facts) = PodFacts::of(pod).ok_or("pod has no name")?;
+    check_written(report, &facts, keys, now).map_err(|e| e.to_string())?;
+    let mut spec = report.spec.clone();
+    spec.rank = Some(rank);
+    let meta = ReportMeta {
+        pod_created: facts.created,
+        received: Some(now),
+    };
+    Ok((spec, meta))
+}
+
+#[cfg(test)]
+mod tests;
