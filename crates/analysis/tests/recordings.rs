@@ -374,3 +374,57 @@ fn causes_dev_per_cause_as_first_judged() {
     assert!(one(&e.agent, "growdemand").lead_high >= Some(60.0));
     baselines_as_first_judged(&e, "causes-dev");
 }
+
+/// The two sets nobody looked at before the analysis of d3db612 judged
+/// them (`recordings/causes-fresh`, `causes-fresh2`), as first judged:
+/// from both sources no false high and no false leak flag on the
+/// legitimate runs, every escalation within levels + 1 transitions, the
+/// neighbour's TTO at half-life within 2 % and its first high 73 s and
+/// 65 s before the card was full; the growing demand's first high 76 s and
+/// 94 s (NVML) and 57 s and 107 s (agent) before its OOM, its TTO at
+/// half-life within 10 % with the agent; fragmentation named by the agent
+/// 70 s and 90 s before its OOM, its TTO within 1 %. The misses (bounds
+/// here keep them from getting worse, never pin them as misses) are in
+/// docs/gpu-results.md: the agent's 57 s on causes-fresh's growing demand
+/// (the goal is 60), the growing demand of causes-fresh2 named a leak by
+/// the agent, NVML's time to OOM on a growing demand once the cache fills
+/// the card, a spike never high.
+#[test]
+fn causes_fresh_sets_as_first_judged() {
+    for (name, neighbour, demand_nvml, demand_agent, fragmentation) in [
+        ("causes-fresh", 73.0, 76.0, 57.0, 70.0),
+        ("causes-fresh2", 65.0, 94.0, 107.0, 90.0),
+    ] {
+        let e = evaluation(name, 7);
+        legitimate_quiet_escalations_clean_neighbour_timed(&e, 2.0);
+        assert!(
+            one(&e.nvml, "neighbour").lead_high >= Some(neighbour),
+            "{name}"
+        );
+        assert!(
+            one(&e.agent, "neighbour").lead_high >= Some(neighbour),
+            "{name}"
+        );
+        assert!(
+            one(&e.nvml, "growdemand").lead_high >= Some(demand_nvml),
+            "{name}"
+        );
+        let d = one(&e.agent, "growdemand");
+        assert!(d.lead_high >= Some(demand_agent), "{name}");
+        assert!(
+            d.tto_at_half
+                .as_ref()
+                .is_some_and(|t| t.error_percent.abs() <= 10.0),
+            "{name} {d:?}"
+        );
+        let f = one(&e.agent, "fragmentation");
+        assert!(f.lead_high >= Some(fragmentation), "{name}");
+        assert_eq!(f.named.as_deref(), Some("fragmentation"), "{name}");
+        assert!(
+            f.tto_at_half
+                .as_ref()
+                .is_some_and(|t| t.error_percent.abs() <= 1.0),
+            "{name} {f:?}"
+        );
+    }
+}
