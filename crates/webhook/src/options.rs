@@ -297,24 +297,29 @@ pub struct WebhookOptions {
     pub sidecar_security_context: String,
 }
 
-fn parse_thresholds(s: &str) -> Result<String, String> {
-    memprof_api::thresholds::parse_cluster(s)
-        .map(|_| s.to_string())
-        .map_err(|e| e.to_string())
+fn parse_thresholds(s: &str) -> Result<String, memprof_api::thresholds::ThresholdsError> {
+    memprof_api::thresholds::parse_cluster(s).map(|_| s.to_string())
 }
+
+/// `--sidecar-security-context` that is not a container securityContext.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "not a JSON securityContext ({0}); see `kubectl explain pod.spec.containers.securityContext`"
+)]
+pub struct SecurityContextError(serde_json::Error);
 
 fn security_context(
     s: &str,
-) -> Result<Option<k8s_openapi::api::core::v1::SecurityContext>, String> {
+) -> Result<Option<k8s_openapi::api::core::v1::SecurityContext>, SecurityContextError> {
     if s.trim().is_empty() {
         return Ok(None);
     }
-    serde_json::from_str(s).map(Some).map_err(|e| {
-        format!("not a JSON securityContext ({e}); see `kubectl explain pod.spec.containers.securityContext`")
-    })
+    serde_json::from_str(s)
+        .map(Some)
+        .map_err(SecurityContextError)
 }
 
-fn parse_security_context(s: &str) -> Result<String, String> {
+fn parse_security_context(s: &str) -> Result<String, SecurityContextError> {
     security_context(s).map(|_| s.to_string())
 }
 

@@ -51,7 +51,15 @@ fn flags_have_defaults_and_parse() {
     let sc = cfg.security_context.unwrap();
     assert_eq!(sc.run_as_user, Some(1000));
     assert!(Cli::try_parse_from(["x", "--default-thresholds={\"highTtoSeconds\":1}"]).is_err());
-    assert!(Cli::try_parse_from(["x", "--sidecar-security-context=root"]).is_err());
+    let Err(err) = Cli::try_parse_from(["x", "--sidecar-security-context=root"]) else {
+        panic!("a securityContext that is not JSON is refused");
+    };
+    assert!(
+        err.to_string().contains(
+            "not a JSON securityContext (expected value at line 1 column 1); see `kubectl explain"
+        ),
+        "{err}"
+    );
     let empty = Cli::try_parse_from(["x", "--default-thresholds=", "--sidecar-security-context="])
         .unwrap()
         .webhook
