@@ -296,3 +296,43 @@ fn the_context_constants_are_the_calibrated_ones() {
     assert_eq!(cal["constants"]["contextBytes"], CONTEXT_BYTES);
     assert_eq!(cal["constants"]["ncclBytes"], NCCL_BYTES);
 }
+
+/// The GPU check (bench/gpu/recommend_cap.py, docs/gpu/recommend-cap-h200.json)
+/// computed each request with a copy of this formula in Python: the same
+/// evidence, given to `recommend`, gives the same request, so the runs
+/// capped there were capped at what the operator would recommend.
+#[test]
+fn the_gpu_checks_requests_are_what_recommend_gives() {
+    let doc: serde_json::Value =
+        serde_json::from_str(include_str!("../../../../docs/gpu/recommend-cap-h200.json")).unwrap();
+    let rows = doc["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 4);
+    for row in rows {
+        let m = &row["measured"];
+        let n = |v: &serde_json::Value| v.as_u64().unwrap();
+        let trend = m["reservedAfterStep"].as_array().unwrap();
+        let mut spec = report(
+            n(&m["reserved"]),
+            trend.len() as u64,
+            &["evaluation", "checkpoint"],
+        );
+        let a = spec.allocator.as_mut().unwrap();
+        a.peak_allocated_bytes = Some(n(&m["allocated"]));
+        a.fragmentation_trend = trend
+            .iter()
+            .map(|r| FragmentationPoint {
+                reserved_bytes: n(r),
+                ..Default::default()
+            })
+            .collect();
+        spec.gpus[0].total_bytes = n(&m["deviceTotal"]);
+        let r = one_role(&[spec], 1);
+        assert_eq!(
+            r.request_bytes,
+            Some(n(&row["requestBytes"])),
+            "{}",
+            row["name"]
+        );
+        assert_eq!(r.margin_bytes, n(&row["marginBytes"]), "{}", row["name"]);
+    }
+}
