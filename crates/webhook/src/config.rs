@@ -230,17 +230,28 @@ pub fn image_allowed(patterns: &[String], image: &str) -> bool {
 
 /// Checks one `--allowed-sidecar-images` entry: `*` only at the end, no
 /// whitespace (empty entries are dropped later).
-pub fn parse_image_pattern(s: &str) -> Result<String, String> {
+pub fn parse_image_pattern(s: &str) -> Result<String, ImagePatternError> {
     let s = s.trim();
     if s.contains(char::is_whitespace) {
-        return Err(format!("image pattern {s:?} contains whitespace"));
+        return Err(ImagePatternError::Whitespace(s.to_string()));
     }
     if s.trim_end_matches('*').contains('*') || s.ends_with("**") {
-        return Err(format!(
-            "image pattern {s:?}: `*` may only end a prefix, e.g. `registry.example.com/memprof/*`"
-        ));
+        return Err(ImagePatternError::Star(s.to_string()));
     }
     Ok(s.to_string())
+}
+
+/// An `--allowed-sidecar-images` entry that is not an image or a prefix.
+#[derive(Debug, PartialEq, thiserror::Error)]
+pub enum ImagePatternError {
+    /// Blanks inside it (a list separated by spaces, not commas?).
+    #[error("image pattern {0:?} contains whitespace")]
+    Whitespace(String),
+    /// A `*` anywhere but once at the end.
+    #[error(
+        "image pattern {0:?}: `*` may only end a prefix, e.g. `registry.example.com/memprof/*`"
+    )]
+    Star(String),
 }
 
 /// Operator settings of the agent injection (`--agent-image`, `--agent-path`).
@@ -297,9 +308,16 @@ mod tests {
         assert_eq!(parse_image_pattern(" a/* "), Ok("a/*".into()));
         assert!(parse_image_pattern("a/*/b")
             .unwrap_err()
+            .to_string()
             .contains("may only end"));
-        assert!(parse_image_pattern("a/**").is_err());
-        assert!(parse_image_pattern("a b").is_err());
+        assert_eq!(
+            parse_image_pattern("a/**"),
+            Err(ImagePatternError::Star("a/**".into()))
+        );
+        assert_eq!(
+            parse_image_pattern("a b"),
+            Err(ImagePatternError::Whitespace("a b".into()))
+        );
     }
 
     #[test]
