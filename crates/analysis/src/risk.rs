@@ -404,6 +404,7 @@ mod tests {
         // ahead, at most two thirds of the 60 s trust span (24 s of rises).
         assert!(all[..31].iter().all(|a| a.risk <= RiskLevel::Medium));
         let alarm = all.iter().position(|a| a.risk > RiskLevel::Medium).unwrap();
+        assert!(alarm <= 32, "{alarm}");
         assert!(all[alarm].confidence >= th.min_confidence);
         assert!(all[alarm].time_to_oom_seconds.unwrap() <= th.critical_tto_seconds);
         // Once twice the gap went by without a rise, it is no pace any more;

@@ -647,4 +647,51 @@ mod tests {
         let first = first_high.expect("high before the GPU is full");
         assert!(100 - first >= 30, "first high at {first} s");
     }
+
+    /// A caching allocator fills the card and keeps running (its cache
+    /// recycled, its demand still below the card): from NVML alone the
+    /// card reads full after growing, "OOM now". That promise stands for
+    /// two buckets; a trainer alive past the OOM its credible forecasts
+    /// promised gets no time to OOM (the level stays critical, the cause
+    /// the growth's), until the card empties for a new run.
+    #[test]
+    fn a_full_gpu_that_outlived_its_predicted_oom_promises_no_time() {
+        let th = Thresholds::default();
+        let total = 80 * G;
+        // Held at the ceiling (98 %: "OOM now", then refuted), and just
+        // below it (96.5 %: the forecast's OOM passed, refuted).
+        for (held, level) in [
+            (total - G / 4, RiskLevel::Critical),
+            (total * 965 / 1000, RiskLevel::High),
+        ] {
+            let mut tr = Tracker::new(&th);
+            let mut last = None;
+            for s in 0..=200 {
+                let t = s as f64;
+                // Idle, a start to 40 GiB, then 0.5 GiB/s of cache, held.
+                let used = match s {
+                    0..=9 => G / 2,
+                    10..=19 => 40 * G,
+                    _ => (40 * G + (s - 20) * G / 2).min(held),
+                };
+                tr.sample(t, 0, Some("GPU-a"), used, total);
+                let v = tr.analyse(t)[0].clone();
+                verdict::check(&v.assessment, &th, v.held).unwrap();
+                last = Some(v.assessment);
+            }
+            let a = last.unwrap();
+            assert!(a.risk >= level, "{a:?}");
+            assert_eq!(a.time_to_oom_seconds, None, "{a:?}");
+            assert!(a.reason.contains("still running"), "{a:?}");
+        }
+        // The card empties (a new run): forecasts are believed again.
+        let mut g = Gpu::new(0);
+        g.doom = Some(10.0);
+        let idle = Assessment {
+            level_fraction: 0.01,
+            ..Default::default()
+        };
+        assert!(!outlived(&mut g, &idle, 100.0, &th));
+        assert_eq!(g.doom, None);
+    }
 }

@@ -545,3 +545,54 @@ fn a_neighbour_filling_the_gpu_is_forecast_from_memory_outside_the_allocator() {
         .iter()
         .all(|a| crate::verdict::check(&a.risk, &th, false).is_ok()));
 }
+
+/// Long sequences make every step long: a push lands mid-step, its
+/// allocated bytes anywhere between memory between steps and the step's
+/// peak. The peaks rise (growing demand), memory between steps stays put
+/// but is caught only now and then: never a leak flag, named growing
+/// demand (it was named a leak from the scattered floor).
+#[test]
+fn growing_demand_caught_mid_step_is_not_a_leak() {
+    let th = Thresholds::default();
+    let ramp = |t: f64| {
+        let peak = 30.0 * GB + 0.3 * GB * t;
+        // A fixed scatter: one push in four between steps, the rest mid-step.
+        let k = (t as u64 * 7919) % 4;
+        let share = [0.0, 0.9, 0.5, 0.75][k as usize];
+        at(
+            20.0 * GB + share * (peak - 20.0 * GB),
+            peak,
+            peak + 2.0 * GB,
+        )
+    };
+    let (_, all) = run(90, ramp);
+    for a in &all {
+        assert!(!a.risk.leak_suspected, "{a:?}");
+        assert!(crate::verdict::check(&a.risk, &th, false).is_ok(), "{a:?}");
+    }
+    let named = all[60].risk.cause.as_ref().map(|c| c.cause);
+    assert_eq!(named, Some(crate::verdict::Cause::GrowingDemand));
+}
+
+/// A growing demand frees its activations every step, so before it fails
+/// the allocator releases the cache's idle segments: the time to OOM
+/// counts what the step's peak leaves of the limit in whole segments, not
+/// what the cache leaves (8 GB segments; at t = 40 s the peak is 50 GB,
+/// reserved 56 GB, the limit 79.5 GB: 48 s, not the 44 s reserved memory's
+/// segments would give).
+#[test]
+fn a_growing_demands_ceiling_counts_the_caches_idle_segments_as_released() {
+    let seg = 8.0 * GB;
+    let ramp = |t: f64| {
+        let peak = 30.0 * GB + 0.5 * GB * t;
+        at(20.0 * GB, peak, ((peak + 4.0 * GB) / seg).ceil() * seg)
+    };
+    let (_, all) = run(40, ramp);
+    let a = &all[40].risk;
+    let tto = a.time_to_oom_seconds.expect("a forecast");
+    assert!((47.0..=49.0).contains(&tto), "{tto} {a:?}");
+    assert_eq!(
+        a.cause.as_ref().map(|c| c.cause),
+        Some(crate::verdict::Cause::GrowingDemand)
+    );
+}
