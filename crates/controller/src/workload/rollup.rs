@@ -15,9 +15,9 @@
 //!
 //! The rank a sidecar wrote in its report is ignored: it is the pod's word.
 
-use super::pods::pytorch_pod;
+use super::pods::{pytorch_pod, PodRefused};
 use super::rank::{JobSetShape, PyTorchShape};
-use crate::operator::trust::{admit, check_written, PodFacts};
+use crate::operator::trust::{admit, check_written, PodFacts, Rejection};
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use memprof_analysis::{JobRollup, ReportMeta, RollupLimits};
@@ -57,31 +57,68 @@ impl Layout {
 
     /// The rank of `pod` in the workload if it counts (its creation mark
     /// and its rank identity), else why not.
-    fn rank_of(&self, pod: &ObjectMeta, keys: &KeyRing, now: Timestamp) -> Result<u32, String> {
-        let name = pod.name.as_deref().unwrap_or_default();
+    fn rank_of(&self, pod: &ObjectMeta, keys: &KeyRing, now: Timestamp) -> Result<u32, Uncounted> {
+        let name = || pod.name.clone().unwrap_or_default();
         match self {
             Layout::JobSet { shape, members } => {
-                let (_, facts) = PodFacts::of(pod).ok_or("pod has no name")?;
-                let job = facts
-                    .job_uid
-                    .ok_or(format!("pod {name} is not controlled by a Job"))?;
-                let identity = members.get(job).ok_or(format!(
-                    "pod {name}'s Job is not a proven child of this workload"
-                ))?;
-                admit(&facts, job, keys, now).map_err(|e| e.to_string())?;
+                let (_, facts) = PodFacts::of(pod).ok_or(Uncounted::NoName)?;
+                let job = facts.job_uid.ok_or_else(|| Uncounted::NoJob(name()))?;
+                let identity = members
+                    .get(job)
+                    .ok_or_else(|| Uncounted::NotAChild(name()))?;
+                admit(&facts, job, keys, now)?;
                 let completion = completion_index(pod).unwrap_or(0);
-                shape.rank(identity, completion).ok_or(format!(
-                    "pod {name} ({identity}, completion index {completion}) is outside the JobSet's layout"
-                ))
+                shape
+                    .rank(identity, completion)
+                    .ok_or_else(|| Uncounted::OutsideJobSet {
+                        pod: name(),
+                        identity: identity.to_string(),
+                        completion,
+                    })
             }
             Layout::PyTorchJob { uid, shape } => {
-                let identity = pytorch_pod(pod, uid, keys, now).map_err(|e| e.to_string())?;
-                shape.rank(&identity).ok_or(format!(
-                    "pod {name} ({identity}) is outside the PyTorchJob's replicas"
-                ))
+                let identity = pytorch_pod(pod, uid, keys, now)?;
+                shape
+                    .rank(&identity)
+                    .ok_or_else(|| Uncounted::OutsidePyTorchJob {
+                        pod: name(),
+                        identity: identity.to_string(),
+                    })
             }
         }
     }
+}
+
+/// Why a report claiming the workload does not count (the profile lists
+/// it as refused with this reason; the pod's owner fixes what it names).
+#[derive(Debug, thiserror::Error)]
+enum Uncounted {
+    #[error("pod has no name")]
+    NoName,
+    #[error("pod {0} is not controlled by a Job")]
+    NoJob(String),
+    #[error("pod {0}'s Job is not a proven child of this workload")]
+    NotAChild(String),
+    #[error(
+        "pod {pod} ({identity}, completion index {completion}) is outside the JobSet's layout"
+    )]
+    OutsideJobSet {
+        pod: String,
+        identity: String,
+        completion: u32,
+    },
+    #[error("pod {pod} ({identity}) is outside the PyTorchJob's replicas")]
+    OutsidePyTorchJob { pod: String, identity: String },
+    #[error("not its pod's own report: describes pod {0:?}")]
+    NotOwnReport(String),
+    #[error("pod {0} does not exist")]
+    NoPod(String),
+    /// The pod's or the report's marks (trust rules 1–5).
+    #[error(transparent)]
+    Trust(#[from] Rejection),
+    /// Not the PyTorchJob's own pod.
+    #[error(transparent)]
+    PyTorch(#[from] PodRefused),
 }
 
 /// An Indexed Job's completion index on its pod: the label (1.28+), else
@@ -122,7 +159,7 @@ pub fn roll_up(
         match counted(report, pods, layout, keys, now) {
             Ok((spec, meta)) => out.rollup.upsert_with(&name, &spec, meta),
             Err(why) => {
-                out.refused.insert(name, why);
+                out.refused.insert(name, why.to_string());
             }
         }
     }
@@ -136,19 +173,17 @@ fn counted(
     layout: &Layout,
     keys: &KeyRing,
     now: Timestamp,
-) -> Result<(memprof_api::MemoryReportSpec, ReportMeta), String> {
+) -> Result<(memprof_api::MemoryReportSpec, ReportMeta), Uncounted> {
     let pod_name = report.spec.pod_name.as_str();
     if report.metadata.name.as_deref() != Some(pod_name) {
-        return Err(format!(
-            "not its pod's own report: describes pod {pod_name:?}"
-        ));
+        return Err(Uncounted::NotOwnReport(pod_name.to_string()));
     }
     let pod = pods
         .get(pod_name)
-        .ok_or(format!("pod {pod_name} does not exist"))?;
+        .ok_or_else(|| Uncounted::NoPod(pod_name.to_string()))?;
     let rank = layout.rank_of(pod, keys, now)?;
-    let (_, facts) = PodFacts::of(pod).ok_or("pod has no name")?;
-    check_written(report, &facts, keys, now).map_err(|e| e.to_string())?;
+    let (_, facts) = PodFacts::of(pod).ok_or(Uncounted::NoName)?;
+    check_written(report, &facts, keys, now)?;
     let mut spec = report.spec.clone();
     spec.rank = Some(rank);
     let meta = ReportMeta {
