@@ -249,6 +249,7 @@ fn summary_table(lines: &[Value]) -> Table {
         "FINAL RISK",
         "FIRST HIGH",
         "FIRST CRITICAL",
+        "FIRST SPIKE",
         "CEILING AT",
         "WARNING BEFORE CEILING",
     ]);
@@ -266,6 +267,7 @@ fn summary_table(lines: &[Value]) -> Table {
             l["finalRisk"].as_str().unwrap_or("-").to_string(),
             first("high").map_or("-".into(), format_duration),
             first("critical").map_or("-".into(), format_duration),
+            seconds(&l["firstSpikeAt"]),
             seconds(&l["ceilingAt"]),
             warned,
         ]);
@@ -301,6 +303,10 @@ struct Gpu {
     next_estimate: f64,
     first_at: BTreeMap<RiskLevel, f64>,
     ceiling_at: Option<f64>,
+    /// When a spike was first seen (a rise of `spikeFraction` of the GPU
+    /// within a bucket): a spike that leaves the risk low is no transition,
+    /// so it is said here and by its own `spike` line.
+    first_spike: Option<f64>,
     last: Option<Assessment>,
 }
 
@@ -323,9 +329,10 @@ fn line(event: &str, t: f64, gpu: u32, a: &Assessment) -> Value {
 }
 
 /// Analyses `rows`, calling `emit` with each JSON line: `risk` on every
-/// transition (with `from`), `estimate` every `estimate_every` seconds while a
-/// time to OOM exists, and one `summary` per GPU at the end (peak, first time
-/// at each risk level, first time within 1% of the ceiling).
+/// transition (with `from`), `spike` the first time a spike is seen,
+/// `estimate` every `estimate_every` seconds while a time to OOM exists, and
+/// one `summary` per GPU at the end (peak, first time at each risk level,
+/// first spike, first time within 1% of the ceiling).
 pub fn analyze(rows: &[TraceRow], opts: &Options, mut emit: impl FnMut(Value)) {
     let mut gpus: BTreeMap<u32, Gpu> = BTreeMap::new();
     for r in rows {
@@ -336,6 +343,7 @@ pub fn analyze(rows: &[TraceRow], opts: &Options, mut emit: impl FnMut(Value)) {
             next_estimate: r.t,
             first_at: BTreeMap::new(),
             ceiling_at: None,
+            first_spike: None,
             last: None,
         });
         g.series.push(Sample {
@@ -358,6 +366,10 @@ pub fn analyze(rows: &[TraceRow], opts: &Options, mut emit: impl FnMut(Value)) {
             g.risk = a.risk;
             g.first_at.entry(a.risk).or_insert(r.t);
         }
+        if a.spike_detected && g.first_spike.is_none() {
+            g.first_spike = Some(r.t);
+            emit(line("spike", r.t, r.gpu, &a));
+        }
         if opts.estimate_every > 0.0 && r.t >= g.next_estimate && a.time_to_oom_seconds.is_some() {
             g.next_estimate = r.t + opts.estimate_every;
             emit(line("estimate", r.t, r.gpu, &a));
@@ -378,6 +390,7 @@ pub fn analyze(rows: &[TraceRow], opts: &Options, mut emit: impl FnMut(Value)) {
             "finalRisk": g.last.as_ref().map(|a| a.risk),
             "firstAt": first,
             "ceilingAt": g.ceiling_at,
+            "firstSpikeAt": g.first_spike,
         }));
     }
 }
@@ -455,5 +468,31 @@ mod tests {
             ceiling - high >= 60.0,
             "high at {high}, ceiling at {ceiling}"
         );
+    }
+
+    /// The H100 recording of a 16 GiB spike (31 -> 48 GB on an 80 GB card,
+    /// 96 s in): the risk stays low (60 % in use), so no transition says
+    /// it; the spike line and the summary do. A leak's climb is no spike.
+    #[test]
+    fn a_spike_that_leaves_the_risk_low_is_still_said() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../tests/fixtures/traces/spike_h100.csv"
+        );
+        let rows = memprof_api::trace::read_trace(path).unwrap();
+        let mut lines = vec![];
+        analyze(&rows, &Options::default(), |l| lines.push(l));
+        let spikes: Vec<_> = lines.iter().filter(|l| l["event"] == "spike").collect();
+        assert_eq!(spikes.len(), 1, "{lines:?}");
+        let at = spikes[0]["t"].as_f64().unwrap();
+        assert!((96.0..=110.0).contains(&at), "{at}");
+        let summary = lines.last().unwrap();
+        assert_eq!(summary["firstSpikeAt"].as_f64(), Some(at));
+        assert_eq!(summary["finalRisk"], "low");
+        let table = render(&lines, Format::Table, "spike.csv", &rows);
+        assert!(table.contains("FIRST SPIKE"), "{table}");
+        let mut leak = vec![];
+        analyze(&leak_trace(), &Options::default(), |l| leak.push(l));
+        assert!(leak.last().unwrap()["firstSpikeAt"].is_null());
     }
 }
