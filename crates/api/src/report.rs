@@ -275,6 +275,22 @@ impl GpuReport {
             .map_or_else(|| "-".into(), crate::format_duration)
     }
 
+    /// The GPU's growth as every view shows it: where the verdict stands
+    /// behind a trend (medium risk or above, or a leak flag). Below, the
+    /// slope of a few noisy seconds (1 s sampling of a steady trainer's
+    /// saw-tooth reads as +200 MiB/s) is not a growth to show.
+    pub fn counted_growth(&self) -> Option<f64> {
+        Some(self.growth_bytes_per_second)
+            .filter(|g| g.is_finite())
+            .filter(|_| self.risk >= RiskLevel::Medium || self.leak_suspected)
+    }
+
+    /// [`GpuReport::counted_growth`] for a table cell: `-` when there is none.
+    pub fn growth_text(&self) -> String {
+        self.counted_growth()
+            .map_or_else(|| "-".into(), crate::format_rate)
+    }
+
     /// The cause the verdict names, for a table cell: `-` when none.
     pub fn cause_text(&self) -> &'static str {
         self.cause.as_ref().map_or("-", |c| c.cause.as_str())

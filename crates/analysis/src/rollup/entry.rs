@@ -51,7 +51,7 @@ impl Gpu {
             risk: g.risk,
             tto: super::counted_tto(g),
             confidence: g.confidence,
-            growth: g.growth_bytes_per_second,
+            growth: g.counted_growth().unwrap_or(0.0),
             leak: g.leak_suspected,
             fragmentation: g.fragmentation,
             cause: g.cause.clone(),

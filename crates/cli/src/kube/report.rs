@@ -265,7 +265,7 @@ fn gpu_cells(
 /// GROWTH, UTIL, SOURCE, UUID, SAMPLED of one GPU (`-o wide`).
 fn wide_cells(r: &MemoryReport, g: &memprof_api::GpuReport) -> [String; 5] {
     [
-        format_rate(g.growth_bytes_per_second),
+        g.growth_text(),
         g.utilization_percent
             .map_or("-".into(), |u| format!("{u}%")),
         g.source.to_string(),
@@ -391,7 +391,12 @@ fn render_closest(out: &mut String, st: &MemoryProfileStatus) {
                 if cause.is_empty() { "" } else { "  " },
                 format_bytes(r.peak_bytes),
                 format_bytes(r.total_bytes),
-                format_rate(r.growth_bytes_per_second),
+                // The roll-up keeps a growth only where the verdict stands behind it.
+                if r.growth_bytes_per_second == 0.0 {
+                    "-".to_string()
+                } else {
+                    format_rate(r.growth_bytes_per_second)
+                },
                 r.location.pod,
                 // The operator keeps a silent rank's last numbers: say they are old.
                 if r.stale { ", stale: its last report" } else { "" }

@@ -90,7 +90,7 @@ fn percent(used: u64, total: u64) -> String {
 }
 
 fn growth(g: &GpuReport) -> String {
-    crate::render::rate(g.growth_bytes_per_second)
+    g.growth_text()
 }
 
 fn tto(g: &GpuReport) -> String {

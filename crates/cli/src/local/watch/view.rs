@@ -232,7 +232,7 @@ fn gpu_row(r: &MemoryReportSpec, g: &GpuReport) -> Row<'static> {
         ),
         Span::styled(g.risk.to_string(), risk_style(g.risk)),
         Span::raw(g.tto_text()),
-        Span::raw(crate::render::rate(g.growth_bytes_per_second)),
+        Span::raw(g.growth_text()),
         Span::raw(if g.leak_suspected { "leak" } else { "" }.to_string()),
     ])
 }
