@@ -21,6 +21,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 use memprof_analysis::batchfit::ANNOTATION_BATCH_ENV;
+use memprof_analysis::recommend::ANNOTATION_RECOMMEND_PHASES;
 use memprof_api::admission::{KeyRing, ANNOTATION_ADMISSION, LABEL_MANAGED, MAX_MARK_LEN};
 use memprof_api::thresholds::ANNOTATION_THRESHOLDS;
 use memprof_api::writer::{self, spec_digest, Written, ANNOTATION_WRITER};
@@ -51,8 +52,9 @@ pub const MAX_CONTAINERS: usize = 8;
 pub const MAX_MESSAGE: usize = 512;
 
 /// The Job annotations memprof reads.
-const JOB_KEYS: [&str; 8] = [
+const JOB_KEYS: [&str; 9] = [
     ANNOTATION_ENABLED,
+    ANNOTATION_RECOMMEND_PHASES,
     ANNOTATION_THRESHOLDS,
     ANNOTATION_REMEDIATION,
     ANNOTATION_BATCH_ENV,
