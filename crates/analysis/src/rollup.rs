@@ -295,7 +295,7 @@ fn worst_ranks<'a>(
             peak_bytes: g.peak_bytes,
             total_bytes: g.total_bytes,
             time_to_oom_seconds: counted_tto(g),
-            growth_bytes_per_second: g.growth_bytes_per_second,
+            growth_bytes_per_second: g.counted_growth().unwrap_or(0.0),
             cause: g.cause.as_ref().map(|c| c.cause),
             last_report_time: Some(spec.sampled_at.clone()),
             stale: false,
