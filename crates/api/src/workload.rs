@@ -111,6 +111,10 @@ impl WorkloadKind {
     }
 }
 
+/// MemoryProfile label: the kind of workload it describes (absent: a Job).
+pub const LABEL_WORKLOAD_KIND: &str = "memprof.dev/workload-kind";
+/// Label the JobSet controller sets on its child Jobs: the JobSet's name.
+pub const LABEL_JOBSET_NAME: &str = "jobset.sigs.k8s.io/jobset-name";
 /// Label Kueue reads to admit a workload through a queue.
 pub const LABEL_KUEUE_QUEUE: &str = "kueue.x-k8s.io/queue-name";
 /// Label the JobSet controller sets on a child Job (and its pods): the replicated job.

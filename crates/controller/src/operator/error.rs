@@ -97,6 +97,13 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+
+    /// Reading a JobSet child's workload (its JobSet, its TrainJob) failed.
+    #[error(
+        "reading the workload above a Job: {0}; check the operator's RBAC (jobsets, trainjobs: \
+         get) and that their CRDs are installed"
+    )]
+    Workload(String),
 }
 
 impl Error {
@@ -110,6 +117,7 @@ impl Error {
             Error::DeleteProfile { .. } => "delete_profile",
             Error::WriteStatus { .. } => "write_status",
             Error::AnnotateJob { .. } => "annotate_job",
+            Error::Workload(_) => "workload",
         }
     }
 }

@@ -37,6 +37,7 @@ mod slim;
 mod state;
 mod tracked;
 mod watch;
+mod workloads;
 
 use crate::key::JobKey;
 use crate::operator::{self, Metrics};

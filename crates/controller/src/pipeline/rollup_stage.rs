@@ -32,7 +32,7 @@ use std::time::Duration;
 use tracing::{info, warn};
 
 /// Periodic look at a Job even without changes (a safety net: watches drive reconciles).
-const RESYNC: Duration = Duration::from_secs(300);
+pub(super) const RESYNC: Duration = Duration::from_secs(300);
 
 /// Runs the roll-up stage for the fetched Job; returns when to look again.
 pub(super) async fn run(ctx: &Arc<Context>, f: &Fetched) -> Result<Option<Duration>> {
@@ -47,6 +47,10 @@ pub(super) async fn run(ctx: &Arc<Context>, f: &Fetched) -> Result<Option<Durati
     if !profiling_enabled(job) {
         switch_off(ctx, f, job).await?;
         return Ok(None);
+    }
+    if let Some(workload) = super::workloads::member_of(ctx, &f.key, job).await? {
+        // A JobSet's child: its reports are its workload's (workloads.rs).
+        return super::workloads::run(ctx, &f.key, job, &workload).await;
     }
     let uid = job.uid().unwrap_or_default();
     let recreated = job.annotations().contains_key(ANNOTATION_REMEDIATION);

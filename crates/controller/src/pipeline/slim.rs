@@ -51,8 +51,10 @@ pub const MAX_CONTAINERS: usize = 8;
 /// kubelet keeps up to 4 KiB.
 pub const MAX_MESSAGE: usize = 512;
 
-/// The Job annotations memprof reads.
-const JOB_KEYS: [&str; 9] = [
+/// The Job annotations memprof reads (the workload mark: a JobSet's
+/// child's link, `crate::workload`).
+const JOB_KEYS: [&str; 10] = [
+    memprof_api::workload_mark::ANNOTATION_WORKLOAD_MARK,
     ANNOTATION_ENABLED,
     ANNOTATION_RECOMMEND_PHASES,
     ANNOTATION_THRESHOLDS,
@@ -95,7 +97,8 @@ pub(super) fn job(j: &mut Job) {
 pub(super) fn profile(p: &mut MemoryProfile) {
     p.managed_fields_mut().clear();
     p.annotations_mut().clear();
-    only(&mut p.metadata.labels, &[LABEL_JOB], MAX_LABEL_VALUE);
+    let kind = memprof_api::workload::LABEL_WORKLOAD_KIND;
+    only(&mut p.metadata.labels, &[LABEL_JOB, kind], MAX_LABEL_VALUE);
     p.metadata.finalizers = None;
 }
 

@@ -36,6 +36,8 @@ pub(super) struct JobState {
     pub rollup: Option<Tracked>,
     /// What changed since the last reconcile (noted by the dispatcher).
     pub pending: Pending,
+    /// The workload a JobSet's child Job rolls up under, as last read (`workloads.rs`).
+    pub workload: Option<crate::workload::read::Membership>,
 }
 
 /// Shared by the dispatcher, the workers and the remediation tasks.

@@ -11,6 +11,18 @@ use kube::Client;
 use memprof_api::admission::KeyRing;
 use memprof_api::workload::WorkloadKind;
 
+/// A Job's resolved workload as last read (the pipeline keeps one per Job
+/// and reads again after a while: `pipeline/workloads.rs`).
+#[derive(Clone, Debug)]
+pub struct Membership {
+    /// uid of the Job it was resolved for.
+    pub job_uid: String,
+    /// When it was read.
+    pub read: std::time::Instant,
+    /// Its workload when that is not the Job itself.
+    pub resolved: Option<Resolved>,
+}
+
 /// Why the workload could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum ReadError {

@@ -1,0 +1,279 @@
+//! Jobs that are a JobSet's children (a TrainJob's, through its JobSet):
+//! no profile of their own; one profile for the top-level workload, rolled
+//! up over every proven child Job's reports by workload rank
+//! (`crate::workload`).
+//!
+//! Whether a Job is a child is resolved from objects read from the API
+//! server (`workload::read`, at most 3 gets), once per Job and again every
+//! [`RESOLVE_AGAIN`]: a JobSet deleted, or replaced under its name, stops
+//! counting its old children within that. A Job whose link does not prove
+//! (`workload::resolve`) keeps its own profile, as any Job.
+//!
+//! Each reconcile of a child Job rolls the whole workload up again from the
+//! caches (O(the workload's reports)), and hands the status to the writer
+//! under the workload's key (its name): concurrent children compute the
+//! same status from the same caches. Not yet: Events and annotations on the
+//! top-level object, and remediation (docs/remediation.md).
+
+use super::state::Context;
+use super::tracked::{all_pods, all_reports, report_of};
+use crate::key::JobKey;
+use crate::operator::rbac::ensure_reporter_rbac;
+use crate::operator::reconcile::{desired_status_from, profile_outdated, Rejected};
+use crate::operator::{Error, Result};
+use crate::status::Analysis;
+use crate::workload::rank::JobSetShape;
+use crate::workload::read::{api_resource, resolve_live, Membership};
+use crate::workload::resolve::{link_identity, step, Resolved, Step, Workload};
+use crate::workload::rollup::{roll_up, Layout};
+use jiff::Timestamp;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::runtime::reflector::ObjectRef;
+use kube::ResourceExt;
+use memprof_api::workload::{WorkloadKind, LABEL_JOBSET_NAME, LABEL_WORKLOAD_KIND};
+use memprof_api::{MemoryProfile, MemoryProfileSpec, MemoryReport, LABEL_JOB, OPERATOR_MANAGER};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long a Job's resolved workload is trusted before it is read again.
+pub(super) const RESOLVE_AGAIN: Duration = Duration::from_secs(60);
+/// Periodic look at a workload even without changes (as for a Job).
+const RESYNC: Duration = Duration::from_secs(300);
+
+/// The workload `job` rolls up under when it is not itself (a proven
+/// JobSet child); `None` for a Job that is its own workload. Reads the API
+/// server only for a Job claiming a JobSet, at most every [`RESOLVE_AGAIN`].
+pub(super) async fn member_of(ctx: &Context, key: &JobKey, job: &Job) -> Result<Option<Resolved>> {
+    let claims = job.owner_references().iter().any(|o| {
+        o.controller == Some(true)
+            && WorkloadKind::of(&o.api_version, &o.kind) == Some(WorkloadKind::JobSet)
+    });
+    if !claims {
+        return Ok(None);
+    }
+    let uid = job.uid().unwrap_or_default();
+    let cached = ctx.with_state(key, |s| s.workload.clone());
+    if let Some(m) = cached.filter(|m| m.job_uid == uid && m.read.elapsed() < RESOLVE_AGAIN) {
+        return Ok(m.resolved);
+    }
+    let start = Workload {
+        kind: WorkloadKind::Job,
+        name: key.name.clone(),
+        uid: uid.clone(),
+    };
+    let keys = ctx.setup.options.admission.ring();
+    if keys.current().is_none() {
+        // No mark verifies yet: "not a child" would be a guess, and the Job
+        // would get a profile of its own. Look again once the key is loaded.
+        return Err(Error::Workload("the admission key is not loaded yet".into()));
+    }
+    let resolved = resolve_live(&ctx.client, &key.namespace, start, &keys)
+        .await
+        .map_err(|e| Error::Workload(e.to_string()))?;
+    let resolved = (resolved.top.kind != WorkloadKind::Job).then_some(resolved);
+    let m = Membership {
+        job_uid: uid,
+        read: Instant::now(),
+        resolved: resolved.clone(),
+    };
+    ctx.with_state(key, |s| s.workload = Some(m));
+    Ok(resolved)
+}
+
+/// Rolls `resolved`'s workload up and hands its status to the writer;
+/// returns when to look again.
+pub(super) async fn run(
+    ctx: &Context,
+    key: &JobKey,
+    job: &Job,
+    resolved: &Resolved,
+) -> Result<Option<Duration>> {
+    let Some(jobset) = resolved
+        .chain
+        .iter()
+        .find(|w| w.kind == WorkloadKind::JobSet)
+    else {
+        return Ok(None);
+    };
+    let ns = key.namespace.as_str();
+    let Some(shape) = read_shape(ctx, ns, jobset).await? else {
+        return Ok(None);
+    };
+    let now = Timestamp::now();
+    let members = members(ctx, ns, jobset, now);
+    let wkey = JobKey::new(ns, &resolved.top.name);
+    ensure_profile(ctx, &wkey, &resolved.top, shape.ranks(), job).await?;
+    let (reports, pods) = member_objects(ctx, ns, members.values().map(|(name, _)| name));
+    let report_refs: Vec<&MemoryReport> = reports.iter().map(|r| r.as_ref()).collect();
+    let pod_metas: HashMap<&str, &ObjectMeta> = pods
+        .iter()
+        .filter_map(|p| Some((p.metadata.name.as_deref()?, &p.metadata)))
+        .collect();
+    let members = members
+        .into_iter()
+        .map(|(uid, (_, id))| (uid, id))
+        .collect();
+    let layout = Layout::JobSet { shape, members };
+    let keys = ctx.setup.options.admission.ring();
+    let out = roll_up(&report_refs, &pod_metas, &layout, &keys, now);
+    let refused: Vec<Rejected> = out
+        .refused
+        .into_iter()
+        .map(|(name, why)| Rejected { name, why })
+        .collect();
+    let recorded = || cached_profile(ctx, &wkey).and_then(|p| p.status.clone());
+    let previous = ctx.writer.view(&wkey).or_else(recorded);
+    let desired = desired_status_from(&out.rollup, &refused, previous.as_ref(), now);
+    let analysis = Analysis {
+        status: desired.status,
+        notices: vec![],
+    };
+    ctx.writer.submit(&wkey, analysis);
+    let next = out
+        .rollup
+        .next_change(now)
+        .map(|t| Duration::try_from(now.duration_until(t)).unwrap_or_default());
+    Ok(Some(next.map_or(RESYNC, |d| {
+        d.clamp(Duration::from_millis(100), RESYNC)
+    })))
+}
+
+/// The JobSet's rank layout, from its spec as the API server holds it now.
+async fn read_shape(ctx: &Context, ns: &str, jobset: &Workload) -> Result<Option<JobSetShape>> {
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(ctx.client.clone(), ns, &api_resource(WorkloadKind::JobSet));
+    let got = api
+        .get_opt(&jobset.name)
+        .await
+        .map_err(|e| Error::Workload(e.to_string()))?;
+    let Some(js) = got.filter(|o| o.metadata.uid.as_deref() == Some(jobset.uid.as_str())) else {
+        return Ok(None);
+    };
+    JobSetShape::from_spec(&js.data["spec"])
+        .map(Some)
+        .map_err(|e| Error::Workload(format!("JobSet {}: {e}", jobset.name)))
+}
+
+/// The JobSet's proven child Jobs in the Job cache: uid → (name, rank identity).
+fn members(
+    ctx: &Context,
+    ns: &str,
+    jobset: &Workload,
+    now: Timestamp,
+) -> BTreeMap<String, (String, String)> {
+    let keys = ctx.setup.options.admission.ring();
+    let children = ctx.caches.jobs.state_filter(|j| {
+        j.metadata.namespace.as_deref() == Some(ns)
+            && j.labels().get(LABEL_JOBSET_NAME) == Some(&jobset.name)
+    });
+    children
+        .iter()
+        .filter_map(|j| {
+            let here = Workload {
+                kind: WorkloadKind::Job,
+                name: j.name_any(),
+                uid: j.uid()?,
+            };
+            match step(ns, &here, &j.metadata, 1, &keys, now) {
+                Step::Up(parent) if parent.uid == jobset.uid => {
+                    let identity = link_identity(WorkloadKind::Job, &j.metadata);
+                    Some((here.uid, (here.name, identity)))
+                }
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+/// Every report claiming, and every cached pod of, the Jobs named.
+#[allow(clippy::type_complexity)]
+fn member_objects<'a>(
+    ctx: &Context,
+    ns: &str,
+    jobs: impl Iterator<Item = &'a String>,
+) -> (
+    Vec<Arc<memprof_api::MemoryReport>>,
+    Vec<Arc<k8s_openapi::api::core::v1::Pod>>,
+) {
+    let (mut reports, mut pods) = (Vec::new(), Vec::new());
+    for name in jobs {
+        let key = JobKey::new(ns, name);
+        reports.extend(
+            all_reports(&ctx.caches, &key)
+                .iter()
+                .filter_map(|r| report_of(&ctx.caches, &key, r)),
+        );
+        pods.extend(all_pods(&ctx.caches, &key));
+    }
+    (reports, pods)
+}
+
+fn cached_profile(ctx: &Context, key: &JobKey) -> Option<Arc<MemoryProfile>> {
+    ctx.caches
+        .profiles
+        .get(&ObjectRef::new(&key.name).within(&key.namespace))
+}
+
+/// The workload's profile: named after it, owned by it, labelled with its kind.
+fn profile_for(key: &JobKey, top: &Workload, ranks: u32) -> MemoryProfile {
+    let mut p = MemoryProfile::new(
+        &key.name,
+        MemoryProfileSpec {
+            job_name: key.name.clone(),
+            expected_ranks: Some(ranks),
+        },
+    );
+    p.metadata.namespace = Some(key.namespace.clone());
+    p.metadata.labels = Some(BTreeMap::from([
+        (LABEL_JOB.to_string(), key.name.clone()),
+        (LABEL_WORKLOAD_KIND.to_string(), top.kind.kind().to_string()),
+    ]));
+    p.metadata.owner_references = Some(vec![OwnerReference {
+        api_version: top.kind.api_version().into(),
+        kind: top.kind.kind().into(),
+        name: top.name.clone(),
+        uid: top.uid.clone(),
+        controller: Some(false),
+        block_owner_deletion: Some(true),
+    }]);
+    p
+}
+
+/// Applies the workload's profile when missing or drifted (and grants the
+/// child Job's sidecars leave to write their reports, as for any Job).
+async fn ensure_profile(
+    ctx: &Context,
+    wkey: &JobKey,
+    top: &Workload,
+    ranks: u32,
+    job: &Job,
+) -> Result<()> {
+    let desired = profile_for(wkey, top, ranks);
+    if cached_profile(ctx, wkey).is_some_and(|p| !profile_outdated(Some(&p), &desired)) {
+        return Ok(());
+    }
+    let sa = job
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .and_then(|p| p.service_account_name.as_deref())
+        .unwrap_or("default");
+    if let Err(e) = ensure_reporter_rbac(&ctx.client, &wkey.namespace, sa).await {
+        tracing::warn!(error = %e, service_account = sa, "cannot grant the sidecars leave to write MemoryReports");
+    }
+    let api: Api<MemoryProfile> = Api::namespaced(ctx.client.clone(), &wkey.namespace);
+    let params = PatchParams::apply(OPERATOR_MANAGER).force();
+    let profile = api
+        .patch(&wkey.name, &params, &Patch::Apply(&desired))
+        .await
+        .map_err(|source| Error::ApplyProfile {
+            namespace: wkey.namespace.clone(),
+            name: wkey.name.clone(),
+            source,
+        })?;
+    ctx.writer.observe(wkey, &profile);
+    Ok(())
+}

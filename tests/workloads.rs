@@ -1,0 +1,155 @@
+//! One MemoryProfile per JobSet, against the real local control plane and
+//! the operator: the JobSet's child Jobs (created here as the JobSet
+//! controller creates them, with their workload marks as the webhook gives
+//! them; the real Job controller creates their pods) have no profile of
+//! their own, and the JobSet's profile rolls every rank up by its rank in
+//! the JobSet. A Job claiming the JobSet without the mark keeps its own
+//! profile and never counts in the JobSet's. (Stand-in CRDs: no JobSet
+//! controller runs here.)
+
+mod common;
+mod webhook_support;
+mod workload_support;
+
+use common::*;
+use k8s_openapi::api::batch::v1::Job;
+use kube::api::{Api, PostParams};
+use kube::{Client, ResourceExt};
+use memprof::api::workload::WorkloadKind;
+use memprof::api::workload_mark::{sign, Link, ANNOTATION_WORKLOAD_MARK};
+use memprof::api::{MemoryProfile, RiskLevel};
+use serde_json::json;
+use workload_support::*;
+
+/// Creates child Job `index` of `js`, profiled (annotated, managed labels
+/// as the webhook stamps them), with its workload mark as the webhook gives
+/// it at creation when `marked` (signed here under the namespace's key).
+async fn child(
+    admin: &Client,
+    ns: &str,
+    js: &kube::api::DynamicObject,
+    index: u32,
+    marked: bool,
+) -> Job {
+    let mut manifest = child_job(js, index);
+    let mut annotations = json!({"memprof.dev/enabled": "true"});
+    if marked {
+        let keys = admission_keys(ns).await;
+        let (name, identity) = (
+            format!("{}-workers-{index}", js.name_any()),
+            format!("workers/{index}"),
+        );
+        let link = Link {
+            namespace: ns,
+            kind: "Job",
+            name: &name,
+            controller_uid: js.metadata.uid.as_deref().unwrap(),
+            identity: &identity,
+        };
+        let mark = sign(keys.current().unwrap(), &link, jiff::Timestamp::now()).unwrap();
+        annotations[ANNOTATION_WORKLOAD_MARK] = json!(mark);
+    }
+    manifest["metadata"]["annotations"] = annotations;
+    manifest["metadata"]["labels"]["memprof.dev/managed"] = json!("true");
+    manifest["spec"]["template"]["metadata"] = json!({"labels": {"memprof.dev/managed": "true"}});
+    let job: Job = serde_json::from_value(manifest).unwrap();
+    Api::<Job>::namespaced(admin.clone(), ns)
+        .create(&PostParams::default(), &job)
+        .await
+        .unwrap()
+}
+
+/// Writes the report of the one pod of child Job `job`, its sidecar
+/// claiming rank 0 whatever its rank in the JobSet.
+async fn report_of_child(
+    admin: &Client,
+    ns: &str,
+    job: &str,
+    peak_gib: u64,
+    risk: RiskLevel,
+) -> String {
+    let pod = job_pods(admin, ns, job, 1).await.remove(0);
+    let gpus = vec![gpu(0, peak_gib, peak_gib, risk, None)];
+    apply_report(admin, ns, &pod_report(&pod, job, 0, &at(0), gpus)).await;
+    pod.name_any()
+}
+
+#[tokio::test]
+async fn a_jobset_gets_one_profile_rolled_up_over_its_child_jobs() {
+    let Some(admin) = cluster().await else { return };
+    install_workload_crds(&admin).await;
+    let ns = TestNamespace::create(&admin).await;
+    let op = start_operator(&admin, &ns.name);
+    let js = create(
+        &admin,
+        &ns.name,
+        WorkloadKind::JobSet,
+        jobset("train", 2, json!({})),
+    )
+    .await;
+    child(&admin, &ns.name, &js, 0, true).await;
+    child(&admin, &ns.name, &js, 1, true).await;
+    child(&admin, &ns.name, &js, 5, false).await; // claims the JobSet, unmarked
+    report_of_child(&admin, &ns.name, "train-workers-0", 40, RiskLevel::Low).await;
+    let hot = report_of_child(&admin, &ns.name, "train-workers-1", 76, RiskLevel::High).await;
+    report_of_child(&admin, &ns.name, "train-workers-5", 79, RiskLevel::Critical).await;
+    let profiles: Api<MemoryProfile> = Api::namespaced(admin.clone(), &ns.name);
+    let profile = eventually("the JobSet's profile with both ranks", || async {
+        let p = profiles
+            .get_opt("train")
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or("no profile")?;
+        let st = p.status.clone().unwrap_or_default();
+        (st.ranks == "2/2")
+            .then_some(p)
+            .ok_or(format!("ranks {:?}", st.ranks))
+    })
+    .await;
+    let st = profile.status.clone().unwrap();
+    let bottleneck = st.bottleneck.unwrap();
+    assert_eq!(
+        (bottleneck.rank, bottleneck.pod.as_str()),
+        (Some(1), hot.as_str()),
+        "ranked in the JobSet"
+    );
+    assert!(
+        (st.imbalance.unwrap() - 76.0 / 58.0).abs() < 0.01,
+        "{:?}",
+        st.imbalance
+    );
+    assert_eq!(
+        st.risk,
+        RiskLevel::High,
+        "the unmarked Job's critical report does not count"
+    );
+    let owner = &profile.owner_references()[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.uid.as_str()),
+        ("JobSet", js.metadata.uid.as_deref().unwrap())
+    );
+    assert_eq!(
+        profile
+            .labels()
+            .get("memprof.dev/workload-kind")
+            .map(String::as_str),
+        Some("JobSet")
+    );
+    // The children have no profile of their own; the unmarked claimant does.
+    for child in ["train-workers-0", "train-workers-1"] {
+        assert!(
+            profiles.get_opt(child).await.unwrap().is_none(),
+            "{child} has a profile"
+        );
+    }
+    eventually("the unmarked Job's own profile", || async {
+        profiles
+            .get_opt("train-workers-5")
+            .await
+            .map_err(|e| e.to_string())?
+            .map(|_| ())
+            .ok_or("none".to_string())
+    })
+    .await;
+    op.stop().await;
+}
