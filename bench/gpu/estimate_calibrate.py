@@ -44,6 +44,10 @@ HELD_OUT = [
     ("cnn-b256", {"WORKLOAD": "cnn", "BATCH": "256"}),
 ]
 DDP = ("ddp2-lm-d1024-L8-b8-s1024", {"WORKLOAD": "lm", "BATCH": "8", "SEQ": "1024", "DDP": "1"})
+# Held out, with --fsdp2-only (a later run than the calibration): an FSDP2 LM
+# on 2 GPUs, compared as every held-out point is.
+FSDP2 = ("fsdp2-lm-d2048-L16-b4-s2048",
+         {"WORKLOAD": "lm", "DIM": "2048", "LAYERS": "16", "BATCH": "4", "SEQ": "2048", "FSDP": "1"})
 
 CONSTANTS = r"""
 import json, torch
@@ -115,9 +119,14 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
     p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--fsdp2-only", action="store_true",
+                   help="only the held-out FSDP2 point, to DIR/fsdp2-point.json (2 GPUs)")
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
     import torch
+
+    if args.fsdp2_only:
+        return fsdp2_point(args)
 
     gpus = torch.cuda.device_count()
     consts = constants(args.out)
@@ -144,6 +153,24 @@ def main():
     print(json.dumps(result["constants"]), flush=True)
 
 
+def fsdp2_point(args):
+    """The FSDP2 point alone: its real run on 2 GPUs beside its fake run."""
+    ws = constants(args.out)["workspaceBytes"]
+    name, env = FSDP2
+    with cf.ThreadPoolExecutor(max_workers=1) as pool:
+        fake_run = pool.submit(fake, args.out, name, env, args.steps, ws, 2)
+        real_peaks = real(args.out, name, env, args.steps, nproc=2)
+        p = point(name, "held-out", env, real_peaks, fake_run.result())
+    with open(os.path.join(args.out, "fsdp2-point.json"), "w") as f:
+        json.dump(p, f, indent=1)
+    print(json.dumps(p), flush=True)
+
+
+def one_gpu(p):
+    """A single-GPU point: a DDP or FSDP2 run's memory outside the allocator holds NCCL too."""
+    return p["env"].get("DDP") != "1" and p["env"].get("FSDP") != "1"
+
+
 def outside_allocator(real_peaks):
     return real_peaks["deviceUsed"] - real_peaks["reservedNow"]
 
@@ -151,7 +178,7 @@ def outside_allocator(real_peaks):
 def summarize(consts, points, gpus):
     """The constants from the calibration points; NCCL from the DDP point."""
     single = [p for p in points if p["split"] == "calibration" and "error" not in p["real"]
-              and not p["name"].startswith("ddp2")]
+              and one_gpu(p)]
     context = max(outside_allocator(p["real"]) for p in single) if single else consts["contextAfterMatmulBytes"]
     nccl = None
     ddp = [p for p in points if p["name"].startswith("ddp2") and "error" not in p["real"]]
@@ -165,7 +192,7 @@ def summarize(consts, points, gpus):
         "gpus": gpus,
         "points": points,
         "contextSpread": statistics.pstdev([outside_allocator(p["real"]) for p in points
-                                            if "error" not in p["real"] and not p["name"].startswith("ddp2")] or [0]),
+                                            if "error" not in p["real"] and one_gpu(p)] or [0]),
     }
 
 

@@ -7,7 +7,9 @@ user writes them (cuda, autocast, AdamW), one per WORKLOAD:
           attention projections: only they train
     cnn   a small ResNet-like CNN on BATCH x 3 x 224 x 224, SGD with momentum
 
-DDP=1 wraps the model in DistributedDataParallel (run under torchrun).
+DDP=1 wraps the model in DistributedDataParallel, FSDP=1 shards it with
+FSDP2's fully_shard (each block, then the model, before the optimizer is
+made, as FSDP2 asks); both run under torchrun.
 STEPS optimizer steps. With MEMPROF_CAL_REPORT=FILE, rank 0 writes the real
 peaks (torch.cuda.max_memory_allocated/reserved) there at the end, and
 the device memory used beside the allocator's (the CUDA context, cuBLAS
@@ -83,7 +85,9 @@ def cnn():
         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, 1000))
 
 
-def build(kind, device):
+def build(kind, device, shard=None):
+    """The model and its optimizer; `shard` (FSDP2) is applied to the model
+    before the optimizer sees its parameters."""
     vocab, dim, layers, heads = env("VOCAB", 32000), env("DIM", 1024), env("LAYERS", 8), env("HEADS", 16)
     if kind == "cnn":
         model = cnn().to(device)
@@ -93,10 +97,24 @@ def build(kind, device):
         model.requires_grad_(False)
         for b in model.blocks:
             b.qkv, b.proj = LoRA(b.qkv, env("RANK", 16)), LoRA(b.proj, env("RANK", 16))
+        if shard:
+            shard(model)
         trainable = [p for p in model.parameters() if p.requires_grad]
         return model, torch.optim.AdamW(trainable, lr=1e-4)
     model = Decoder(vocab, dim, layers, heads).to(device)
+    if shard:
+        shard(model)
     return model, torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+
+def fsdp2(model):
+    """FSDP2 over every rank: each block its own unit, then the rest."""
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = torch.distributed.init_device_mesh("cuda", (torch.distributed.get_world_size(),))
+    for b in model.blocks:
+        fully_shard(b, mesh=mesh)
+    fully_shard(model, mesh=mesh)
 
 
 def batch(kind, device):
@@ -118,11 +136,11 @@ def loss_of(kind, model, x, y):
 def main():
     kind = E.get("WORKLOAD", "lm")
     rank = int(E.get("LOCAL_RANK", 0))
-    if E.get("DDP") == "1":
+    if E.get("DDP") == "1" or E.get("FSDP") == "1":
         torch.distributed.init_process_group("nccl")
     device = torch.device("cuda", rank) if torch.cuda.is_available() else torch.device("cpu")
     torch.cuda.set_device(device)
-    model, opt = build(kind, device)
+    model, opt = build(kind, device, fsdp2 if E.get("FSDP") == "1" else None)
     if E.get("DDP") == "1":
         model = nn.parallel.DistributedDataParallel(model, device_ids=[rank])
     for step in range(env("STEPS", 3)):
