@@ -151,5 +151,25 @@ async fn a_jobset_gets_one_profile_rolled_up_over_its_child_jobs() {
             .ok_or("none".to_string())
     })
     .await;
+    // `kubectl get memoryprofiles` names each profile's kind and workload.
+    let out = std::process::Command::new("kubectl")
+        .args(["get", "memoryprofiles", "-n", &ns.name])
+        .output()
+        .expect("kubectl");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let rows: Vec<Vec<&str>> = text
+        .lines()
+        .map(|l| l.split_whitespace().take(3).collect())
+        .collect();
+    assert_eq!(
+        rows.first().map(Vec::as_slice),
+        Some(&["NAME", "KIND", "JOB"][..]),
+        "{text}"
+    );
+    assert!(rows.contains(&vec!["train", "JobSet", "train"]), "{text}");
+    assert!(
+        rows.contains(&vec!["train-workers-5", "Job", "train-workers-5"]),
+        "{text}"
+    );
     op.stop().await;
 }

@@ -42,6 +42,8 @@ pub use recommendation::{
         shortname = "mprof",
         category = "memprof",
         status = "MemoryProfileStatus",
+        // The kind of workload (Job, JobSet, TrainJob) the profile is named after.
+        printcolumn = r#"{"name":"KIND","type":"string","jsonPath":".metadata.labels.memprof\\.dev/workload-kind"}"#,
         printcolumn = r#"{"name":"JOB","type":"string","jsonPath":".spec.jobName"}"#,
         printcolumn = r#"{"name":"RANKS","type":"string","jsonPath":".status.ranks"}"#,
         printcolumn = r#"{"name":"GPUS","type":"integer","jsonPath":".status.gpuCount"}"#,

@@ -90,6 +90,9 @@ pub fn profile_for_job(job: &Job, namespace: &str, name: &str, uid: &str) -> Mem
     profile.metadata.namespace = Some(namespace.to_string());
     let mut labels = workload_labels(job);
     labels.insert(LABEL_JOB.to_string(), name.to_string());
+    // The KIND column (a JobSet's profile says JobSet: pipeline/workloads.rs).
+    let kind = memprof_api::workload::LABEL_WORKLOAD_KIND;
+    labels.insert(kind.to_string(), "Job".to_string());
     profile.metadata.labels = Some(labels);
     profile.metadata.owner_references = Some(vec![OwnerReference {
         api_version: "batch/v1".into(),

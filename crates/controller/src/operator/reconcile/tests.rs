@@ -302,7 +302,12 @@ fn a_profile_carries_its_jobs_labels_bounded() {
         Some("train")
     );
     assert!(!got.contains_key("job-name") && !got.contains_key("controller-uid"));
-    assert_eq!(got.len(), MAX_WORKLOAD_LABELS + 1, "{got:?}");
+    // The Job's labels, bounded, then memprof's two: the Job and the KIND column's.
+    assert_eq!(
+        got.get("memprof.dev/workload-kind").map(String::as_str),
+        Some("Job")
+    );
+    assert_eq!(got.len(), MAX_WORKLOAD_LABELS + 2, "{got:?}");
     let mut few = job(&[(ANNOTATION_ENABLED, "true")], Some(2));
     few.metadata.labels = Some(BTreeMap::from([("team".to_string(), "ml".to_string())]));
     let before = profile_for_job(&few, "ns", "train", "uid-1");
