@@ -327,7 +327,7 @@ fn fuse(aa: &AllocatorAssessment, nvml: Assessment, th: &Thresholds) -> (Assessm
     let growth = nvml.growth_bytes_per_second;
     let neighbour = growth > 0.0 && outside > th.leak_bytes_per_second && outside >= growth / 2.0;
     if !(nvml_earlier && neighbour && nvml.time_to_oom_seconds.is_some()) {
-        return (a.clone(), true);
+        return (at_least_the_device(a.clone(), &nvml, th), true);
     }
     let mut n = nvml;
     n.leak_suspected = a.leak_suspected;
@@ -340,6 +340,31 @@ fn fuse(aa: &AllocatorAssessment, nvml: Assessment, th: &Thresholds) -> (Assessm
         ),
     ));
     (n, false)
+}
+
+/// The allocator's verdict, judged on no less memory than the device has
+/// in use: device memory (what NVML measures) is a measurement, not a
+/// forecast the allocator's numbers could explain away, so the agent-fed
+/// level is never below the level NVML's usage alone calls for. Where the
+/// device is fuller than the allocator's limit shows, its usage becomes
+/// the verdict's (and the reason says so); NVML's trends stay NVML's.
+fn at_least_the_device(mut a: Assessment, nvml: &Assessment, th: &Thresholds) -> Assessment {
+    let device = verdict::by_level(nvml.level_fraction, th);
+    if nvml.level_fraction <= a.level_fraction || device <= a.risk {
+        return a;
+    }
+    a.level_fraction = nvml.level_fraction;
+    a.used = nvml.used;
+    a.total = nvml.total;
+    a.risk = device;
+    if a.time_to_oom_seconds.is_none() {
+        a.confidence = 1.0;
+    }
+    a.reason = format!(
+        "{:.1}% of GPU memory in use (the allocator's limit shows less)",
+        100.0 * nvml.level_fraction
+    );
+    a
 }
 
 /// The fastest-growing process on a GPU that is not the trainer's: (pid,
@@ -693,5 +718,38 @@ mod tests {
         };
         assert!(!outlived(&mut g, &idle, 100.0, &th));
         assert_eq!(g.doom, None);
+    }
+
+    /// The allocator's limit shows 50 % in use while the device is 96 %
+    /// full (a cache the allocator holds beyond its tensors, or memory
+    /// outside it that does not grow): the agent-fed verdict is never below
+    /// what the device's usage alone calls for (high at 95 %), as the
+    /// NVML-only one is, and says why.
+    #[test]
+    fn the_agent_fed_verdict_is_never_below_the_devices_usage() {
+        let th = Thresholds::default();
+        let mut tr = Tracker::new(&th);
+        let total = 80 * G;
+        let used = total * 96 / 100;
+        let mut v = None;
+        for s in 0..=30 {
+            let t = s as f64;
+            tr.sample(t, 0, Some("GPU-a"), used, total);
+            let mut p = push(t, 30 * G);
+            p.devices[0].reserved_bytes = 31 * G;
+            p.devices[0].free_bytes = Some(29 * G);
+            tr.push(&p);
+            let a = tr.analyse(t)[0].clone();
+            verdict::check(&a.assessment, &th, a.held).unwrap();
+            v = Some(a);
+        }
+        let v = v.unwrap();
+        assert!(v.from_agent, "{v:?}");
+        assert!(v.assessment.risk >= RiskLevel::High, "{:?}", v.assessment);
+        assert!(
+            v.assessment.reason.contains("GPU memory in use"),
+            "{:?}",
+            v.assessment
+        );
     }
 }
