@@ -533,10 +533,11 @@ fn outlived(g: &mut Gpu, a: &Assessment, t: f64, th: &Thresholds) -> bool {
 /// caching allocator holds the card and recycles its own cache, so device
 /// memory no longer shows the demand and cannot time the OOM (the agent's
 /// allocator numbers can). No time to OOM is promised; the level (the
-/// memory in use) stands, with the cause of the growth.
+/// memory in use) stands, with the cause of the growth and the leak flag.
 fn full_and_running(g: &Gpu, a: &mut Assessment, t: f64) {
     a.time_to_oom_seconds = None;
     a.confidence = 1.0;
+    a.leak_suspected |= g.leak.get();
     if let Some(c) = &g.growth_cause {
         a.cause = Some(c.clone());
     }

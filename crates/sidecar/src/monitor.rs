@@ -377,7 +377,8 @@ mod tests {
     }
 
     /// The verdict's cause reaches the report with its evidence (a 50 MiB/s
-    /// leak is medium with ~15 min to go).
+    /// leak is medium with ~15 min to go; growth NVML cannot yet call a
+    /// leak is named growing demand until its regular steps make it one).
     #[test]
     fn a_leaking_gpus_report_names_the_leak() {
         let mut m = leaking_monitor();
@@ -386,8 +387,13 @@ mod tests {
             m.sample(1_000_000.0 + i as f64).unwrap();
             m.analyse();
             let r = m.report(&Identity::default(), String::new(), 1000, vec![]);
-            if r.gpus[0].risk >= RiskLevel::Medium {
-                named = r.gpus[0].cause.clone();
+            let cause = r.gpus[0].cause.clone();
+            if r.gpus[0].risk >= RiskLevel::Medium
+                && cause
+                    .as_ref()
+                    .is_some_and(|c| c.cause == memprof_api::Cause::Leak)
+            {
+                named = cause;
                 break;
             }
         }
@@ -406,7 +412,9 @@ mod tests {
     /// the ceiling lost its leak flag while its TTO stayed 4 s. Through the
     /// sidecar's analysis, every published verdict agrees with its own
     /// evidence, the escalation reads each level once, and at the ceiling
-    /// the GPU keeps its leak flag and says OOM now.
+    /// the GPU keeps its leak flag and says OOM now; still running two
+    /// buckets later (the simulated trainer never fails), it keeps the
+    /// flag and promises no time.
     #[test]
     fn a_steady_simulated_leak_escalates_once_per_level_and_never_contradicts_itself() {
         let th = Thresholds::default();
@@ -445,13 +453,14 @@ mod tests {
         assert!(published[40..].iter().all(|p| p.1 >= RiskLevel::Medium));
         assert!(published[340..].iter().all(|p| p.1 == RiskLevel::Critical));
         assert!(reached.contains(&RiskLevel::Critical));
-        // The peaks reach 80 GiB at ~410 s: full after growing is OOM now.
-        for p in &published[450..] {
-            assert_eq!(
-                (p.1, p.2, p.3),
-                (RiskLevel::Critical, Some(0.0), true),
-                "{p:?}"
-            );
+        // The peaks reach 80 GiB at ~410 s: full after growing is OOM now,
+        // then, still running, no time to OOM; critical and the leak flag stay.
+        let full = published
+            .iter()
+            .position(|p| p.2 == Some(0.0))
+            .expect("OOM now at the ceiling");
+        for p in &published[full + 25..] {
+            assert_eq!((p.1, p.2, p.3), (RiskLevel::Critical, None, true), "{p:?}");
         }
     }
 
