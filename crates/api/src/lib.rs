@@ -21,6 +21,7 @@ pub mod admission;
 pub mod agent;
 mod common;
 pub mod env;
+pub mod family;
 pub mod interval;
 mod policy;
 mod profile;

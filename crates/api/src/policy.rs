@@ -146,6 +146,13 @@ pub struct RemediationPolicySpec {
     /// for trainers that announce checkpoints (docs/remediation.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wait_for_checkpoint: Option<CheckpointWait>,
+    /// Refuse to create a selected profiled Job whose peak, predicted from
+    /// its family's measured history in this namespace (annotation
+    /// `memprof.dev/family`), exceeds its GPU; the admission webhook answers
+    /// with what to change. Off by default: such a Job is only warned about
+    /// (docs/estimate.md, "At admission").
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub deny_predicted_oom: bool,
 }
 
 /// How long a restart waits for the trainer's next checkpoint.
@@ -192,6 +199,7 @@ impl Default for RemediationPolicySpec {
             dry_run: false,
             allow_controlled_jobs: false,
             wait_for_checkpoint: None,
+            deny_predicted_oom: false,
         }
     }
 }

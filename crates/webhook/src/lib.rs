@@ -19,6 +19,7 @@
 pub mod agent;
 pub mod certs;
 mod config;
+pub mod history;
 pub mod keys;
 pub mod marks;
 pub mod mutate;

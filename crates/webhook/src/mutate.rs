@@ -705,35 +705,96 @@ fn object_meta(obj: &Value) -> Result<ObjectMeta, serde_json::Error> {
     ObjectMeta::deserialize(obj.get("metadata").unwrap_or(&Value::Null))
 }
 
-/// Answers a raw AdmissionReview body: the JSON `POST /mutate` returns.
-/// Allows all but a MemoryReport written by another pod (writers.rs). Marks only when `caller` is the API server (marks.rs). A body that is not a review still gets an allowing answer
-/// (with the request's uid when one can be found), so the object is admitted.
-///
-/// `patch` is written as base64, as Go encodes `[]byte` (kube's
-/// `AdmissionResponse` writes a JSON array of numbers, 2-3x larger).
-pub fn admit_review(body: &[u8], cfg: &InjectionConfig, caller: Caller) -> Value {
-    use base64::Engine as _;
-    let (api_version, uid, answer) = match serde_json::from_slice::<WireReview>(body) {
+/// A review read, not yet answered: what [`read_review`] parsed, for the
+/// server to look up what the answer needs (history.rs) before
+/// [`answer_review`].
+pub struct Review {
+    api_version: Option<String>,
+    uid: String,
+    request: Result<WireRequest, MutateError>,
+}
+
+/// Reads a raw AdmissionReview body. A body that is not a review still gets
+/// an allowing answer (with the request's uid when one can be found).
+pub fn read_review(body: &[u8]) -> Review {
+    match serde_json::from_slice::<WireReview>(body) {
         Ok(WireReview {
             api_version,
             request: Some(req),
-        }) => {
-            let answer = decide(&req, cfg, caller);
-            (api_version, req.uid, answer)
-        }
+        }) => Review {
+            api_version,
+            uid: req.uid.clone(),
+            request: Ok(req),
+        },
         parsed => {
             let e = match parsed {
                 Err(e) => MutateError::Review(e),
                 Ok(_) => MutateError::Review(serde::de::Error::missing_field("request")),
             };
-            tracing::warn!(error = %e, "malformed admission review");
             let v = serde_json::from_slice::<Value>(body).ok();
             let field = |p: &str| v.as_ref()?.pointer(p)?.as_str().map(str::to_string);
-            let (api_version, uid) = (field("/apiVersion"), field("/request/uid"));
-            let answer = Answer::warn(format!("memprof: {e}"));
-            (api_version, uid.unwrap_or_default(), answer)
+            Review {
+                api_version: field("/apiVersion"),
+                uid: field("/request/uid").unwrap_or_default(),
+                request: Err(e),
+            }
+        }
+    }
+}
+
+impl Review {
+    /// What the review's object asks of the measured history: a profiled
+    /// Job being created that names its family (history.rs); `Err` is a
+    /// warning about the family itself.
+    pub fn history_ask(&self) -> Option<Result<super::history::Ask, String>> {
+        let req = self.request.as_ref().ok()?;
+        if Target::of(&req.kind) != Some(Target::Job) || req.operation != "CREATE" {
+            return None;
+        }
+        super::history::ask_of(req.namespace.as_deref()?, req.object.as_ref()?)
+    }
+}
+
+/// Answers a raw AdmissionReview body: the JSON `POST /mutate` returns.
+/// Allows all but a MemoryReport written by another pod (writers.rs). Marks
+/// only when `caller` is the API server (marks.rs).
+pub fn admit_review(body: &[u8], cfg: &InjectionConfig, caller: Caller) -> Value {
+    answer_review(read_review(body), cfg, caller, Default::default())
+}
+
+/// The answer to a read review, with what the measured history adds
+/// (`history`: its warnings, and a denial where a policy opts in).
+///
+/// `patch` is written as base64, as Go encodes `[]byte` (kube's
+/// `AdmissionResponse` writes a JSON array of numbers, 2-3x larger).
+pub fn answer_review(
+    review: Review,
+    cfg: &InjectionConfig,
+    caller: Caller,
+    history: super::history::Verdict,
+) -> Value {
+    use base64::Engine as _;
+    let Review {
+        api_version,
+        uid,
+        request,
+    } = review;
+    let mut answer = match request {
+        Ok(req) => decide(&req, cfg, caller),
+        Err(e) => {
+            tracing::warn!(error = %e, "malformed admission review");
+            Answer::warn(format!("memprof: {e}"))
         }
     };
+    answer.warnings.extend(history.warnings);
+    if answer.denied.is_none() && history.denied.is_some() {
+        // Refused: nothing to inject.
+        answer = Answer {
+            patch: None,
+            denied: history.denied,
+            ..answer
+        };
+    }
     let Answer {
         patch,
         warnings,

@@ -483,9 +483,12 @@ pub async fn run(
         let keep = super::paths::keep_paths(client.clone(), name, keys, std::future::pending());
         tokio::spawn(keep)
     });
+    // Every replica reads the history: admissions go to all of them.
+    let history = Some(Arc::new(super::history::History::new(client.clone())));
     let refresher = tokio::spawn(refresh_cert(tls.clone(), client, opts, (cert, key)));
     let limits = super::server::ServerLimits::default();
-    let served = super::server::serve_with(listener, tls, config, limits, metrics, shutdown).await;
+    let served =
+        super::server::serve_all(listener, tls, config, (limits, metrics), history, shutdown).await;
     refresher.abort();
     if let Some(p) = paths {
         p.abort();

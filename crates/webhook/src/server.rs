@@ -11,6 +11,7 @@
 //! has a deadline. See docs/security.md, "Webhook exhaustion".
 
 use super::config::InjectionConfig;
+use super::history::History;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert};
@@ -137,6 +138,28 @@ pub async fn serve(
     serve_with(listener, tls, config, limits, metrics, shutdown).await
 }
 
+/// [`serve`], warning (or, where a policy opts in, refusing) at admission
+/// of a Job whose family's measured history predicts it will not fit its
+/// GPU (history.rs).
+pub async fn serve_with_history(
+    listener: TcpListener,
+    tls: TlsCert,
+    config: Arc<InjectionConfig>,
+    history: Arc<History>,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), ServerError> {
+    let (limits, metrics) = (ServerLimits::default(), ServerMetrics::unregistered());
+    serve_all(
+        listener,
+        tls,
+        config,
+        (limits, metrics),
+        Some(history),
+        shutdown,
+    )
+    .await
+}
+
 /// [`serve`] with explicit limits, counting what they refuse in `metrics`.
 pub async fn serve_with(
     listener: TcpListener,
@@ -146,10 +169,22 @@ pub async fn serve_with(
     metrics: Arc<ServerMetrics>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServerError> {
+    serve_all(listener, tls, config, (limits, metrics), None, shutdown).await
+}
+
+/// The server: its limits and metrics, and the history when it reads one.
+pub(crate) async fn serve_all(
+    listener: TcpListener,
+    tls: TlsCert,
+    config: Arc<InjectionConfig>,
+    (limits, metrics): (ServerLimits, Arc<ServerMetrics>),
+    history: Option<Arc<History>>,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), ServerError> {
     limits.validate()?;
     let acceptor = TlsAcceptor::from(tls.server_config()?);
     let max_connections = limits.max_connections;
-    let shared = Arc::new(handler::Shared::new(config, limits, metrics));
+    let shared = Arc::new(handler::Shared::new(config, limits, metrics, history));
     // One permit per open connection: what is left is what may still connect.
     let slots = Arc::new(Semaphore::new(max_connections));
     let (stop, stopped) = watch::channel(false);

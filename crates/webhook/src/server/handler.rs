@@ -3,8 +3,9 @@
 
 use super::limits::{ServerLimits, ServerMetrics};
 use crate::config::InjectionConfig;
+use crate::history::{History, Verdict};
 use crate::marks::{Caller, MUTATE_WITH_TOKEN};
-use crate::mutate::admit_review;
+use crate::mutate::{answer_review, read_review, Review};
 use bytes::{Bytes, BytesMut};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Body;
@@ -20,6 +21,8 @@ pub(super) struct Shared {
     pub config: Arc<InjectionConfig>,
     pub limits: ServerLimits,
     pub metrics: Arc<ServerMetrics>,
+    /// The measured history admissions are predicted from (None: not read).
+    pub history: Option<Arc<History>>,
     /// The limits applied to hyper, built once.
     pub builder: auto::Builder<TokioExecutor>,
     /// Body bytes all requests may buffer together, one permit per byte.
@@ -33,9 +36,11 @@ impl Shared {
         config: Arc<InjectionConfig>,
         limits: ServerLimits,
         metrics: Arc<ServerMetrics>,
+        history: Option<Arc<History>>,
     ) -> Self {
         Shared {
             config,
+            history,
             builder: limits.builder(),
             budget: Arc::new(Semaphore::new(limits.body_budget_bytes as usize)),
             large_reviews: Semaphore::new(limits.max_concurrent_reviews as usize),
@@ -213,9 +218,11 @@ where
             true => Some(shared.large_reviews.acquire().await),
             false => None,
         };
-        admit_review(&body.bytes, &shared.config, caller)
+        read_review(&body.bytes)
     };
     drop(body);
+    let history = history_of(&review, shared).await;
+    let review = answer_review(review, &shared.config, caller, history);
     let json = serde_json::to_vec(&review).expect("a JSON value always serialises");
     let mut reply = Response::new(Full::new(Bytes::from(json)));
     reply.headers_mut().insert(
@@ -223,6 +230,21 @@ where
         hyper::header::HeaderValue::from_static("application/json"),
     );
     reply
+}
+
+/// What the measured history adds to `review`: nothing unless it is a
+/// profiled Job that names its family and the server reads the history.
+async fn history_of(review: &Review, shared: &Shared) -> Verdict {
+    let (Some(history), Some(ask)) = (&shared.history, review.history_ask()) else {
+        return Verdict::default();
+    };
+    match ask {
+        Ok(ask) => history.check(&ask).await,
+        Err(warning) => Verdict {
+            warnings: vec![warning],
+            denied: None,
+        },
+    }
 }
 
 #[cfg(test)]

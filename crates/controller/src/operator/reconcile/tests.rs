@@ -586,3 +586,23 @@ fn a_held_level_survives_a_roll_up_built_afresh() {
         "RiskLoweredToHigh"
     );
 }
+
+#[test]
+fn a_profile_carries_its_jobs_family_for_the_admission_webhook() {
+    use memprof_api::family::{ANNOTATION_FAMILY, LABEL_FAMILY};
+    let j = job(
+        &[(ANNOTATION_ENABLED, "true"), (ANNOTATION_FAMILY, "llama")],
+        None,
+    );
+    let p = profile_for_job(&j, "ns", "train", "uid-1");
+    assert_eq!(
+        p.labels().get(LABEL_FAMILY).map(String::as_str),
+        Some("llama")
+    );
+    let bad = job(
+        &[(ANNOTATION_ENABLED, "true"), (ANNOTATION_FAMILY, "a b")],
+        None,
+    );
+    let p = profile_for_job(&bad, "ns", "train", "uid-1");
+    assert_eq!(p.labels().get(LABEL_FAMILY), None, "not a label value");
+}
