@@ -256,16 +256,27 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             dir,
             from,
             best_effort,
-        } => match memprof::cli::local::install_agent::install(&from, &dir) {
-            Ok(n) => println!(
-                "installed the memprof agent ({n} files) into {}",
-                dir.display()
-            ),
-            Err(e) if best_effort => {
-                eprintln!("memprof install-agent: {e}; the trainers start without the agent")
-            }
-            Err(e) => return Err(e.into()),
-        },
+        } => install_agent(&from, &dir, best_effort)?,
+    }
+    Ok(())
+}
+
+/// `memprof install-agent`: with `--best-effort`, a failure is said and the
+/// trainers start without the agent (an init container must not block the pod).
+fn install_agent(
+    from: &std::path::Path,
+    dir: &std::path::Path,
+    best_effort: bool,
+) -> anyhow::Result<()> {
+    match memprof::cli::local::install_agent::install(from, dir) {
+        Ok(n) => println!(
+            "installed the memprof agent ({n} files) into {}",
+            dir.display()
+        ),
+        Err(e) if best_effort => {
+            eprintln!("memprof install-agent: {e}; the trainers start without the agent")
+        }
+        Err(e) => return Err(e.into()),
     }
     Ok(())
 }

@@ -377,22 +377,27 @@ pub fn analyze(rows: &[TraceRow], opts: &Options, mut emit: impl FnMut(Value)) {
         g.last = Some(a);
     }
     for (index, g) in gpus {
-        let first: BTreeMap<String, f64> = g
-            .first_at
-            .iter()
-            .map(|(k, v)| (k.to_string(), *v))
-            .collect();
-        emit(json!({
-            "event": "summary",
-            "gpu": index,
-            "samples": g.series.sample_count(),
-            "peakBytes": g.series.peak(),
-            "finalRisk": g.last.as_ref().map(|a| a.risk),
-            "firstAt": first,
-            "ceilingAt": g.ceiling_at,
-            "firstSpikeAt": g.first_spike,
-        }));
+        emit(summary_line(index, &g));
     }
+}
+
+/// One GPU's `summary` line.
+fn summary_line(index: u32, g: &Gpu) -> Value {
+    let first: BTreeMap<String, f64> = g
+        .first_at
+        .iter()
+        .map(|(k, v)| (k.to_string(), *v))
+        .collect();
+    json!({
+        "event": "summary",
+        "gpu": index,
+        "samples": g.series.sample_count(),
+        "peakBytes": g.series.peak(),
+        "finalRisk": g.last.as_ref().map(|a| a.risk),
+        "firstAt": first,
+        "ceilingAt": g.ceiling_at,
+        "firstSpikeAt": g.first_spike,
+    })
 }
 
 #[cfg(test)]
