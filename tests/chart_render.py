@@ -169,6 +169,12 @@ def check_common(case: str, docs: list[dict], values: dict) -> None:
     check(f"{case}: operator writes directives (memoryreports/status get/patch)", grants("memprof.dev", "memoryreports/status", {"get", "patch"}))
     check(f"{case}: jobs verbs", grants("batch", "jobs", {"get", "list", "watch", "create", "delete", "patch"}))
     check(f"{case}: events.k8s.io", grants("events.k8s.io", "events", {"create", "patch"}))
+    # Every replica's webhook lists a Job's namespace's profiles (its
+    # family's measured history) and policies (denyPredictedOom) at admission.
+    check(
+        f"{case}: the webhook may list memoryprofiles and remediationpolicies in every namespace",
+        grants("memprof.dev", "memoryprofiles", {"list"}) and grants("memprof.dev", "remediationpolicies", {"list"}),
+    )
     ns_role = one(docs, "Role")
     ns_rules = ns_role["rules"] if ns_role else []
     self_signed = values.get("webhook", {}).get("certMode", "self") == "self"
