@@ -791,3 +791,56 @@ fn thresholds_log_format_and_security_context_reach_the_sidecar() {
     assert!(env(sidecar(&out), "MEMPROF_LOG_JSON").is_none());
     assert_eq!(sidecar(&out)["securityContext"]["runAsUser"], 65532);
 }
+
+#[test]
+fn only_a_profiled_job_created_with_a_family_asks_the_history() {
+    let mut j = job();
+    j["metadata"]["annotations"]["memprof.dev/family"] = json!("llama");
+    let ask = read_review(&review(("batch", "Job"), "CREATE", j.clone())).history_ask();
+    let ask = ask.unwrap().unwrap();
+    assert_eq!(
+        (ask.namespace.as_str(), ask.family.as_str()),
+        ("ml", "llama")
+    );
+    for body in [
+        review(("batch", "Job"), "UPDATE", j.clone()),
+        review(("", "Pod"), "CREATE", j),
+        review(("batch", "Job"), "CREATE", job()),
+    ] {
+        assert_eq!(read_review(&body).history_ask(), None);
+    }
+}
+
+#[test]
+fn the_historys_warnings_are_added_and_its_denial_drops_the_patch() {
+    let body = review(("batch", "Job"), "CREATE", job());
+    let warned = crate::history::Verdict {
+        warnings: vec!["memprof: predicted".into()],
+        denied: None,
+    };
+    let out = response(&answer_review(
+        read_review(&body),
+        &cfg(),
+        Caller::ApiServer,
+        warned,
+    ));
+    assert_eq!(out["allowed"], true);
+    assert!(out.get("patch").is_some(), "still injected: {out}");
+    assert_eq!(
+        out["warnings"].as_array().unwrap().last().unwrap(),
+        "memprof: predicted"
+    );
+    let denied = crate::history::Verdict {
+        warnings: vec![],
+        denied: Some("memprof: refused".into()),
+    };
+    let out = response(&answer_review(
+        read_review(&body),
+        &cfg(),
+        Caller::ApiServer,
+        denied,
+    ));
+    assert_eq!(out["allowed"], false);
+    assert_eq!(out["status"]["message"], "memprof: refused");
+    assert!(out.get("patch").is_none(), "{out}");
+}
