@@ -212,17 +212,19 @@ where
         }
     };
     let review = {
-        // Small reviews parse at once: their number and size are bounded.
+        // Small reviews parse at once: their number and size are bounded. A
+        // large one holds its slot until answered: its parsed object is held
+        // that long (across the history's LIST too).
         let large = body.bytes.len() > shared.limits.small_body_bytes as usize;
         let _slot = match large {
             true => Some(shared.large_reviews.acquire().await),
             false => None,
         };
-        read_review(&body.bytes)
+        let review = read_review(&body.bytes);
+        drop(body);
+        let history = history_of(&review, shared).await;
+        answer_review(review, &shared.config, caller, history)
     };
-    drop(body);
-    let history = history_of(&review, shared).await;
-    let review = answer_review(review, &shared.config, caller, history);
     let json = serde_json::to_vec(&review).expect("a JSON value always serialises");
     let mut reply = Response::new(Full::new(Bytes::from(json)));
     reply.headers_mut().insert(
