@@ -165,6 +165,14 @@
 #| causes-fresh2  varlen         none  15     19   --seed 807 --d-model 768 --layers 16 --heads 12 --seq 1024 --vocab 32000 --batch-schedule 4 --peak-every 0 --varlen 0.2:3 --duration 15
 #| causes-fresh2  steady         none  15     19   --seed 808 --d-model 768 --layers 16 --heads 12 --seq 1024 --vocab 32000 --batch-schedule 4 --peak-every 6 --duration 15
 #
+# leaks-long-a and leaks-long-b: leaks living >= 90 s (the goals' lives; the
+# leak sets above live 14-37 s), one set per GPU in one call, recorded after
+# the analysis of dde9cb3 and judged once as they came.
+#| leaks-long-a   leak400     oom   117    130  --seed 901 --d-model 1536 --layers 12 --heads 12 --seq 512 --vocab 32000 --batch-schedule 6 --peak-every 6 --leak-mbps 400 --leak-at 6 --life 105 --duration 125
+#| leaks-long-a   leak1200    oom   117    130  --seed 902 --d-model 1536 --layers 12 --heads 12 --seq 512 --vocab 32000 --batch-schedule 5 --peak-every 0 --leak-mbps 1200 --leak-at 6 --empty-cache-every 3 --life 105 --duration 125
+#| leaks-long-b   leak250     oom   117    130  --seed 911 --d-model 1024 --layers 12 --heads 16 --seq 1024 --vocab 32000 --batch-schedule 5 --peak-every 7 --leak-mbps 250 --leak-at 6 --life 105 --duration 125
+#| leaks-long-b   leak800     oom   112    125  --seed 912 --d-model 1024 --layers 12 --heads 16 --seq 1024 --vocab 32000 --batch-schedule 4 --peak-every 0 --leak-mbps 800 --leak-at 6 --life 100 --duration 120
+#
 # The selftest set rehearses the whole campaign on a machine without a GPU
 # (`python3 -m pytest -q bench/gpu/selftest`: a stand-in torch, the sim
 # backend); small model, short runs, the same code paths.
@@ -207,7 +215,7 @@ export PYTHONUNBUFFERED=1
 unset MEMPROF_AGENT_RECORD_HISTORY MEMPROF_AGENT_OUTPUT MEMPROF_AGENT_SUMMARY MEMPROF_AGENT_MAX_STEPS MEMPROF_AGENT_DISABLE
 
 usage() {
-  echo "usage: $0 OUTDIR dev|heldout|fresh|causes-dev|causes-heldout|causes-fresh|causes-fresh2|selftest [--plan]" >&2
+  echo "usage: $0 OUTDIR dev|heldout|fresh|causes-dev|causes-heldout|causes-fresh|causes-fresh2|leaks-long-a|leaks-long-b|selftest [--plan]" >&2
   exit 2
 }
 OUT=${1:-}

@@ -428,3 +428,41 @@ fn causes_fresh_sets_as_first_judged() {
         );
     }
 }
+
+/// Leaks living >= 90 s (`recordings/leaks-long-a`, `leaks-long-b`), never
+/// looked at before the analysis of dde9cb3 judged them, as first judged:
+/// with the agent every leak flagged within 8 s of becoming visible, its
+/// first high 89-95 s before the OOM and its TTO at half-life within 8 %;
+/// from NVML alone, TTO within 5 % everywhere, the first high 74 s and 77 s
+/// ahead on the two leaks that step (the others grow smoothly, which NVML
+/// may warn of but not alarm on: high 6 s and 10 s ahead, a miss in
+/// docs/gpu-results.md that bounds here keep from getting worse).
+#[test]
+fn leaks_living_90_s_as_first_judged() {
+    for (name, stepping, smooth) in [
+        ("leaks-long-a", ("leak400", 74.0), ("leak1200", 5.0)),
+        ("leaks-long-b", ("leak250", 77.0), ("leak800", 9.0)),
+    ] {
+        let e = evaluation(name, 2);
+        assert_eq!(e.agent_totals.true_flags, 2, "{name}");
+        assert_eq!(e.agent_totals.false_flag_scenarios, 0, "{name}");
+        for j in &e.agent {
+            assert!(
+                j.leak_flag_after_visible.is_some_and(|f| f <= 8.0),
+                "{name} {j:?}"
+            );
+            assert!(j.lead_high >= Some(89.0), "{name} {j:?}");
+            let t = j.tto_at_half.as_ref().unwrap();
+            assert!(t.error_percent.abs() <= 8.0, "{name} {j:?}");
+        }
+        for j in &e.nvml {
+            let t = j.tto_at_half.as_ref().unwrap();
+            assert!(t.error_percent.abs() <= 5.0, "{name} {j:?}");
+        }
+        assert!(
+            one(&e.nvml, stepping.0).lead_high >= Some(stepping.1),
+            "{name}"
+        );
+        assert!(one(&e.nvml, smooth.0).lead_high >= Some(smooth.1), "{name}");
+    }
+}
