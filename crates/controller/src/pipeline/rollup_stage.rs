@@ -50,7 +50,7 @@ pub(super) async fn run(ctx: &Arc<Context>, f: &Fetched) -> Result<Option<Durati
     }
     if let Some(workload) = super::workloads::member_of(ctx, &f.key, job).await? {
         // A JobSet's child: its reports are its workload's (workloads.rs).
-        return super::workloads::run(ctx, &f.key, job, &workload).await;
+        return super::workloads::run(ctx, &f.key, job, workload).await;
     }
     let uid = job.uid().unwrap_or_default();
     let recreated = job.annotations().contains_key(ANNOTATION_REMEDIATION);

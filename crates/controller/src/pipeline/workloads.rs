@@ -4,9 +4,9 @@
 //! (`crate::workload`).
 //!
 //! Whether a Job is a child is resolved from objects read from the API
-//! server (`workload::read`, at most 3 gets), once per Job and again every
-//! [`RESOLVE_AGAIN`]: a JobSet deleted, or replaced under its name, stops
-//! counting its old children within that. A Job whose link does not prove
+//! server (`workload::read`, at most 3 gets, and one more for the JobSet's
+//! rank layout), once per Job and again every [`RESOLVE_AGAIN`]: a JobSet
+//! deleted, replaced under its name or resized is seen within that. A Job whose link does not prove
 //! (`workload::resolve`) keeps its own profile, as any Job.
 //!
 //! Each reconcile of a child Job rolls the whole workload up again from the
@@ -46,7 +46,11 @@ const RESYNC: Duration = Duration::from_secs(300);
 /// The workload `job` rolls up under when it is not itself (a proven
 /// JobSet child); `None` for a Job that is its own workload. Reads the API
 /// server only for a Job claiming a JobSet, at most every [`RESOLVE_AGAIN`].
-pub(super) async fn member_of(ctx: &Context, key: &JobKey, job: &Job) -> Result<Option<Resolved>> {
+pub(super) async fn member_of(
+    ctx: &Context,
+    key: &JobKey,
+    job: &Job,
+) -> Result<Option<(Resolved, JobSetShape)>> {
     let claims = job.owner_references().iter().any(|o| {
         o.controller == Some(true)
             && WorkloadKind::of(&o.api_version, &o.kind) == Some(WorkloadKind::JobSet)
@@ -68,12 +72,25 @@ pub(super) async fn member_of(ctx: &Context, key: &JobKey, job: &Job) -> Result<
     if keys.current().is_none() {
         // No mark verifies yet: "not a child" would be a guess, and the Job
         // would get a profile of its own. Look again once the key is loaded.
-        return Err(Error::Workload("the admission key is not loaded yet".into()));
+        return Err(Error::Workload(
+            "the admission key is not loaded yet".into(),
+        ));
     }
     let resolved = resolve_live(&ctx.client, &key.namespace, start, &keys)
         .await
         .map_err(|e| Error::Workload(e.to_string()))?;
-    let resolved = (resolved.top.kind != WorkloadKind::Job).then_some(resolved);
+    let jobset = resolved
+        .chain
+        .iter()
+        .find(|w| w.kind == WorkloadKind::JobSet);
+    let resolved = match jobset.filter(|_| resolved.top.kind != WorkloadKind::Job) {
+        // The layout is read with the link: a JobSet's replicas change
+        // rarely, and reading it on every report event would cost a request each.
+        Some(js) => read_shape(ctx, &key.namespace, js)
+            .await?
+            .map(|s| (resolved, s)),
+        None => None,
+    };
     let m = Membership {
         job_uid: uid,
         read: Instant::now(),
@@ -89,7 +106,7 @@ pub(super) async fn run(
     ctx: &Context,
     key: &JobKey,
     job: &Job,
-    resolved: &Resolved,
+    (resolved, shape): (Resolved, JobSetShape),
 ) -> Result<Option<Duration>> {
     let Some(jobset) = resolved
         .chain
@@ -99,9 +116,6 @@ pub(super) async fn run(
         return Ok(None);
     };
     let ns = key.namespace.as_str();
-    let Some(shape) = read_shape(ctx, ns, jobset).await? else {
-        return Ok(None);
-    };
     let now = Timestamp::now();
     let members = members(ctx, ns, jobset, now);
     let wkey = JobKey::new(ns, &resolved.top.name);

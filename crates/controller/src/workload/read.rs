@@ -19,8 +19,9 @@ pub struct Membership {
     pub job_uid: String,
     /// When it was read.
     pub read: std::time::Instant,
-    /// Its workload when that is not the Job itself.
-    pub resolved: Option<Resolved>,
+    /// Its workload when that is not the Job itself, with its JobSet's
+    /// rank layout as read then.
+    pub resolved: Option<(Resolved, super::rank::JobSetShape)>,
 }
 
 /// Why the workload could not be read.
