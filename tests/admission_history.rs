@@ -271,3 +271,30 @@ async fn api_errors_fail_open_with_a_warning() {
     );
     assert!(stderr.contains("no prediction from it"), "{stderr}");
 }
+
+/// The other half of the loop: the operator copies a Job's family onto the
+/// Job's MemoryProfile as the label the webhook selects on.
+#[tokio::test]
+async fn the_operator_labels_a_jobs_profile_with_its_family() {
+    let Some(client) = cluster().await else {
+        return;
+    };
+    let ns = TestNamespace::create(&client).await;
+    let _op = common::start_operator(&client, &ns.name);
+    let mut j = job_at("train", 8, json!({}));
+    common::mark_managed(&mut j);
+    Api::<Job>::namespaced(client.clone(), &ns.name)
+        .create(&PostParams::default(), &j)
+        .await
+        .unwrap();
+    let profiles: Api<MemoryProfile> = Api::namespaced(client.clone(), &ns.name);
+    common::eventually("the profile to carry the Job's family", || async {
+        let p = profiles.get_opt("train").await.map_err(|e| e.to_string())?;
+        let labels = p.map(|p| p.metadata.labels.unwrap_or_default());
+        match labels.as_ref().and_then(|l| l.get("memprof.dev/family")) {
+            Some(f) if f == FAMILY => Ok(()),
+            _ => Err(format!("labels {labels:?}")),
+        }
+    })
+    .await;
+}

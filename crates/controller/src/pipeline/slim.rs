@@ -53,8 +53,10 @@ pub const MAX_MESSAGE: usize = 512;
 
 /// The Job annotations memprof reads (the workload mark: a JobSet's
 /// child's link, `crate::workload`).
-const JOB_KEYS: [&str; 10] = [
+const JOB_KEYS: [&str; 11] = [
     memprof_api::workload_mark::ANNOTATION_WORKLOAD_MARK,
+    // Copied onto the profile for the admission webhook's history.
+    memprof_api::family::ANNOTATION_FAMILY,
     ANNOTATION_ENABLED,
     ANNOTATION_RECOMMEND_PHASES,
     ANNOTATION_THRESHOLDS,

@@ -195,3 +195,18 @@ fn a_report_no_pod_vouched_for_is_cached_as_its_name_only() {
     report(&mut early, &KeyRing::default());
     assert_eq!(early.spec.gpus.len(), 16);
 }
+
+#[test]
+fn a_jobs_family_survives_the_cache_for_its_profile() {
+    let family = memprof_api::family::ANNOTATION_FAMILY;
+    let mut j: Job = serde_json::from_value(json!({
+        "metadata": {"name": "train", "annotations": {family: "llama", "memprof.dev/other": "x"}},
+    }))
+    .unwrap();
+    job(&mut j);
+    assert_eq!(
+        j.annotations().get(family).map(String::as_str),
+        Some("llama")
+    );
+    assert!(!j.annotations().contains_key("memprof.dev/other"));
+}
