@@ -36,7 +36,11 @@ pub fn ask_of(namespace: &str, job: &Value) -> Option<Result<Ask, String>> {
             .flatten()
             .find_map(|m| m.get("annotations")?.get(key)?.as_str())
     };
-    if annotation(ANNOTATION_ENABLED) != Some("true") {
+    // As the injection decides (mutate.rs): the opt-in is the Job's own.
+    let enabled = meta
+        .get("annotations")
+        .and_then(|a| a.get(ANNOTATION_ENABLED));
+    if enabled.and_then(Value::as_str) != Some("true") {
         return None;
     }
     let family = annotation(ANNOTATION_FAMILY)?;
@@ -130,6 +134,14 @@ mod tests {
         assert_eq!(
             ask_of("ns", &job(json!({ "memprof.dev/family": "x" }))),
             None
+        );
+        let mut on_template = job(json!({ "memprof.dev/family": "x" }));
+        on_template["spec"]["template"]["metadata"] =
+            json!({ "annotations": { "memprof.dev/enabled": "true" } });
+        assert_eq!(
+            ask_of("ns", &on_template),
+            None,
+            "not profiled: not injected either"
         );
         let bad = job(json!({ "memprof.dev/enabled": "true", "memprof.dev/family": "a b" }));
         let e = ask_of("ns", &bad).unwrap().unwrap_err();
