@@ -365,8 +365,8 @@ pub use accum::AccumulationChange;
 
 mod fit;
 mod gpu_request;
-pub use gpu_request::{with_gpu_request, ANNOTATION_GPU_MEMORY_REQUEST};
 use fit::scale_batch;
+pub use gpu_request::{with_gpu_request, ANNOTATION_GPU_MEMORY_REQUEST};
 
 #[cfg(test)]
 mod tests;
