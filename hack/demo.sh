@@ -65,7 +65,7 @@ log "building memprof (cargo's progress below)"
 # the dev-dependencies' features (tokio's test-util...), so the crates under
 # the binaries are the ones the tests link and neither build redoes the
 # other's (tests/cli_seed_gaps.rs compares the two build plans).
-cargo build --workspace --bins --test cli_first_hour
+cargo build --workspace --bins --test integration
 BIN=target/debug
 
 log "installing the CRDs"

@@ -41,13 +41,16 @@ export KUBECONFIG
 export MEMPROF_REQUIRE_CLUSTER=1
 
 log "integration tests against $(kubectl version -o json 2>/dev/null | python3 -c 'import json,sys; v=json.load(sys.stdin)["serverVersion"]; print("kube-apiserver", v["gitVersion"])' 2>/dev/null || echo 'the local control plane')"
-# One test binary at a time, a few tests in parallel: each test has its own namespace.
+# One test binary at a time, a few tests in parallel: each test has its own
+# namespace, and a test that must not overlap any other takes the cluster
+# alone (tests/common/alone.rs). memprof's integration tests are the one
+# binary `integration` (tests/main.rs).
 cargo test --workspace --test "*" -- --test-threads=4
 # Fault tests that freeze (SIGSTOP) or restart an API server: each starts a
 # control plane of its own, so nothing else sees it hang; one at a time, after
 # the rest, because their timing assertions want an idle machine.
 log "fault tests: frozen and restarted API servers"
-cargo test -p memprof --test faults -- --ignored --test-threads=1
+cargo test -p memprof --test integration -- --ignored --test-threads=1 faults::
 
 # promtool for tests/alert_rules.py (`promtool test rules`): Debian's
 # prometheus package, unpacked under target/ rather than installed, so that

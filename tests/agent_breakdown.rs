@@ -4,9 +4,8 @@
 //! trainer process and writes the heaviest into the pod's MemoryReport; the
 //! operator rolls it up into the Job's MemoryProfile with the pod and rank.
 
-mod agent_common;
-mod common;
-mod webhook_support;
+use crate::agent_common;
+use crate::common;
 
 use agent_common::push;
 use kube::api::Api;

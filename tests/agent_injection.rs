@@ -9,9 +9,9 @@
 //! a Job recreated from it (as remediation does) is not injected twice.
 //!
 //!     eval "$(bash hack/local-cluster.sh env)"
-//!     MEMPROF_REQUIRE_CLUSTER=1 cargo test -p memprof --test agent_injection
+//!     MEMPROF_REQUIRE_CLUSTER=1 cargo test -p memprof --test integration agent_injection::
 
-mod common;
+use crate::common;
 
 use common::{eventually, TestNamespace};
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
@@ -44,10 +44,14 @@ async fn cluster() -> Option<Client> {
         },
     };
     match found {
-        Ok(c) => Some(c),
+        Ok(c) => {
+            // Apart from a test that has the cluster alone, as common::cluster() is.
+            crate::common::alone::CLUSTER.share().await;
+            Some(c)
+        }
         Err(why) => {
             assert!(!required, "MEMPROF_REQUIRE_CLUSTER=1 but {why}");
-            eprintln!("SKIPPED: {why}. To run: eval \"$(bash hack/local-cluster.sh env)\" && MEMPROF_REQUIRE_CLUSTER=1 cargo test --test agent_injection");
+            eprintln!("SKIPPED: {why}. To run: eval \"$(bash hack/local-cluster.sh env)\" && MEMPROF_REQUIRE_CLUSTER=1 cargo test --test integration agent_injection::");
             None
         }
     }

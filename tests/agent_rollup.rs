@@ -3,9 +3,8 @@
 //! pushes are all it has, and the operator rolls its report up into the
 //! Job's MemoryProfile with a risk, a time to OOM and the allocator's verdict.
 
-mod agent_common;
-mod common;
-mod webhook_support;
+use crate::agent_common;
+use crate::common;
 
 use agent_common::push;
 use kube::api::Api;

@@ -7,13 +7,13 @@
 //!
 //!     cargo build -p memprof-sidecar
 //!     eval "$(bash hack/local-cluster.sh env)"
-//!     MEMPROF_REQUIRE_CLUSTER=1 cargo test --test batch_fit
+//!     MEMPROF_REQUIRE_CLUSTER=1 cargo test --test integration batch_fit::
 //!
 //! Without `KUBECONFIG` the test is skipped with a message.
 
-mod common;
-mod remediation_support;
-mod webhook_support;
+use crate::common;
+use crate::remediation_support;
+use crate::webhook_support;
 
 use common::*;
 use k8s_openapi::api::batch::v1::Job;

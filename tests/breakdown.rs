@@ -3,7 +3,7 @@
 //! never one from a forged report or one whose numbers cannot be true, and
 //! follows the reports as they change.
 
-mod common;
+use crate::common;
 
 use common::*;
 use kube::api::Api;

@@ -5,8 +5,8 @@
 //! kubectl's own plugin and completion mechanisms. kubectl's printing flags
 //! against `kubectl get` are in `tests/cli_printing.rs`.
 
-mod cli_support;
-mod common;
+use crate::cli_support;
+use crate::common;
 
 use cli_support::*;
 use common::*;

@@ -4,8 +4,8 @@
 //! uninjected. No kubelet or endpoints controller here: pod status and the
 //! Service's Endpoints are written through the API, as they would write them.
 
-mod cli_support;
-mod common;
+use crate::cli_support;
+use crate::common;
 
 use cli_support::*;
 use common::*;

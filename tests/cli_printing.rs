@@ -3,8 +3,8 @@
 //! objects on the local control plane; and stale ranks named by `report` and
 //! `top -o wide`.
 
-mod cli_support;
-mod common;
+use crate::cli_support;
+use crate::common;
 
 use cli_support::*;
 use common::*;

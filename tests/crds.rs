@@ -1,6 +1,6 @@
 //! `crds/` holds exactly what `memprof crd` prints: a stale copy fails here.
 
-mod common;
+use crate::common;
 
 #[test]
 fn crds_directory_matches_the_api_types() {

@@ -7,17 +7,17 @@
 //! it again, so that no other test ever sees that API server hang; they are
 //! `#[ignore]`d because they take a minute each and are timing-sensitive on
 //! a busy machine: hack/test.sh runs them after the other integration tests,
-//! one at a time (`cargo test -p memprof --test faults -- --ignored
+//! one at a time (`cargo test -p memprof --test integration faults:: -- --ignored
 //! --test-threads=1`). The others use the shared cluster, each in its own
 //! namespace, and run with the rest.
 //!
 //! The sidecar's outage lasts `MEMPROF_FAULT_OUTAGE_SECONDS` (default 20);
 //! `MEMPROF_FAULT_OUTAGE_SECONDS=300` is the five-minute version.
 
-mod common;
-mod faults_support;
-mod remediation_support;
-mod webhook_support;
+use crate::common;
+use crate::faults_support;
+use crate::remediation_support;
+use crate::webhook_support;
 
 use common::{eventually_within, TestNamespace};
 use faults_support::*;

@@ -5,13 +5,13 @@
 //! the pod's termination as a kubelet would).
 //!
 //!     eval "$(bash hack/local-cluster.sh env)"
-//!     MEMPROF_REQUIRE_CLUSTER=1 cargo test --test gpu_oom_visibility
+//!     MEMPROF_REQUIRE_CLUSTER=1 cargo test --test integration gpu_oom_visibility::
 //!
 //! Without `KUBECONFIG` every test is skipped with a message.
 
-mod cli_support;
-mod common;
-mod remediation_support;
+use crate::cli_support;
+use crate::common;
+use crate::remediation_support;
 
 use common::*;
 use kube::api::Api;

@@ -7,16 +7,16 @@
 //! operator's record says the rank acknowledged, with what it did.
 //!
 //!     eval "$(bash hack/local-cluster.sh env)"
-//!     MEMPROF_REQUIRE_CLUSTER=1 cargo test --test notify_end_to_end
+//!     MEMPROF_REQUIRE_CLUSTER=1 cargo test --test integration notify_end_to_end::
 //!
 //! Needs `python3` (the agent has no dependency beyond the standard library;
 //! the fake torch is the agent tests' own). Without `KUBECONFIG` the test is
 //! skipped with a message.
 
-mod common;
-mod remediation_support;
-mod sidecar_support;
-mod webhook_support;
+use crate::common;
+use crate::remediation_support;
+use crate::sidecar_support;
+use crate::webhook_support;
 
 use common::*;
 use remediation_support::{apply_policy, records};

@@ -7,7 +7,7 @@
 //! other's Jobs. No scheduler or kubelet: the Job controller's pods stay
 //! Pending, and reports are written the way the sidecar writes them.
 
-mod common;
+use crate::common;
 
 use common::*;
 use k8s_openapi::api::batch::v1::Job;

@@ -4,12 +4,12 @@
 //! scheduler or kubelet, so tests write pod statuses themselves).
 //!
 //!     eval "$(bash hack/local-cluster.sh env)"
-//!     MEMPROF_REQUIRE_CLUSTER=1 cargo test --test remediation
+//!     MEMPROF_REQUIRE_CLUSTER=1 cargo test --test integration remediation::
 //!
 //! Without `KUBECONFIG` every test is skipped with a message.
 
-mod common;
-mod remediation_support;
+use crate::common;
+use crate::remediation_support;
 
 use common::*;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};

@@ -4,12 +4,12 @@
 //! nearest value above, which the record says).
 //!
 //!     eval "$(bash hack/local-cluster.sh env)"
-//!     MEMPROF_REQUIRE_CLUSTER=1 cargo test --test remediation_accumulation
+//!     MEMPROF_REQUIRE_CLUSTER=1 cargo test --test integration remediation_accumulation::
 //!
 //! Without `KUBECONFIG` every test is skipped with a message.
 
-mod common;
-mod remediation_support;
+use crate::common;
+use crate::remediation_support;
 
 use common::*;
 use k8s_openapi::api::batch::v1::Job;

@@ -4,12 +4,12 @@
 //! restart kept or lost (docs/remediation.md, "Waiting for a checkpoint").
 //!
 //!     eval "$(bash hack/local-cluster.sh env)"
-//!     MEMPROF_REQUIRE_CLUSTER=1 cargo test --test remediation_checkpoint
+//!     MEMPROF_REQUIRE_CLUSTER=1 cargo test --test integration remediation_checkpoint::
 //!
 //! Without `KUBECONFIG` every test is skipped with a message.
 
-mod common;
-mod remediation_support;
+use crate::common;
+use crate::remediation_support;
 
 use common::*;
 use jiff::Timestamp;
@@ -214,10 +214,12 @@ async fn a_restart_waits_for_every_ranks_next_checkpoint_and_records_what_it_kep
         Some((newer, 1300)),
     )
     .await;
-    let done = recreated(&client, ns, &old, Duration::from_secs(20)).await;
+    // Margins a loaded 2-core machine honours: waiting out the 60 s bound
+    // would take over 50 s from here, an answer to the checkpoint seconds.
+    let done = recreated(&client, ns, &old, Duration::from_secs(40)).await;
     let took = both.elapsed();
     assert!(
-        took < Duration::from_secs(15),
+        took < Duration::from_secs(40),
         "recreated {took:?} after the last rank's checkpoint, long before the 60 s bound"
     );
     let c = done
@@ -229,8 +231,8 @@ async fn a_restart_waits_for_every_ranks_next_checkpoint_and_records_what_it_kep
     assert_eq!((c.bound_seconds, c.bound.as_str()), (60.0, "maxSeconds 60"));
     assert_eq!(c.kept.as_ref().and_then(|k| k.step), Some(1300));
     let lost = c.lost_seconds.unwrap();
-    assert!(lost < 15.0, "lost {lost} s since the checkpoint");
-    assert!(c.waited_seconds >= 5.0 && c.waited_seconds < 40.0, "{c:?}");
+    assert!(lost < 40.0, "lost {lost} s since the checkpoint");
+    assert!(c.waited_seconds >= 5.0 && c.waited_seconds < 50.0, "{c:?}");
     let msg = done.message.clone().unwrap();
     assert!(
         msg.contains("for a checkpoint; checkpoint step 1300 at"),
@@ -312,10 +314,11 @@ async fn a_trainer_that_never_checkpoints_is_not_waited_for() {
     let ns = ns.name.as_str();
     let started = Instant::now();
     critical(&client, ns, 600.0, None).await;
-    let done = recreated(&client, ns, &old, Duration::from_secs(30)).await;
+    // Waiting would take the policy's 600 s; a loaded machine takes seconds.
+    let done = recreated(&client, ns, &old, Duration::from_secs(120)).await;
     let took = started.elapsed();
     assert!(
-        took < Duration::from_secs(20),
+        took < Duration::from_secs(120),
         "{took:?}: as without the policy field"
     );
     let new = job(&client, ns, "train").await.unwrap();
@@ -366,10 +369,11 @@ async fn a_trainer_that_exits_during_the_wait_ends_it_at_once() {
     let exited = Instant::now();
     let pod = pods[1].name_any();
     terminate_container(&client, ns, &pod, "trainer", 1, "Segmentation fault").await;
-    let done = recreated(&client, ns, &old, Duration::from_secs(30)).await;
+    // Waiting would take the policy's 120 s; a loaded machine takes seconds.
+    let done = recreated(&client, ns, &old, Duration::from_secs(60)).await;
     let took = exited.elapsed();
     assert!(
-        took < Duration::from_secs(15),
+        took < Duration::from_secs(60),
         "{took:?}: long before the 120 s bound"
     );
     let c = done

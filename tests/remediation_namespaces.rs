@@ -4,13 +4,14 @@
 //! another tenant, however dangerous that Job's memory looks.
 //!
 //!     eval "$(bash hack/local-cluster.sh env)"
-//!     MEMPROF_REQUIRE_CLUSTER=1 cargo test --test remediation_namespaces
+//!     MEMPROF_REQUIRE_CLUSTER=1 cargo test --test integration remediation_namespaces::
 //!
 //! Without `KUBECONFIG` every test is skipped with a message. Each test's
-//! operator watches all namespaces, so they run one at a time ([`ALONE`]).
+//! operator watches all namespaces, so it has the cluster alone
+//! (`common::alone`): no other test's Jobs run while it does.
 
-mod common;
-mod remediation_support;
+use crate::common;
+use crate::remediation_support;
 
 use common::*;
 use k8s_openapi::api::core::v1::Secret;
@@ -46,15 +47,12 @@ async fn share_admission_key(client: &Client, ns: &str) {
         .unwrap_or_else(|e| panic!("copying the admission key into {ns}: {e}"));
 }
 
-/// One all-namespaces operator at a time in this binary.
-static ALONE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
 #[tokio::test]
 async fn a_policy_never_acts_on_a_job_of_another_namespace() {
     let Some(client) = cluster().await else {
         return;
     };
-    let _alone = ALONE.lock().await;
+    let _alone = common::alone::alone().await;
     let (tenant, victim) = (
         TestNamespace::create(&client).await,
         TestNamespace::create(&client).await,
@@ -124,7 +122,7 @@ async fn a_tenant_with_jobs_that_run_nothing_and_a_policy_at_none_never_acts() {
     let Some(client) = cluster().await else {
         return;
     };
-    let _alone = ALONE.lock().await;
+    let _alone = common::alone::alone().await;
     let (hostile, quiet) = (
         TestNamespace::create(&client).await,
         TestNamespace::create(&client).await,

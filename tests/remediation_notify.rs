@@ -7,12 +7,12 @@
 //! without writing any directive twice.
 //!
 //!     eval "$(bash hack/local-cluster.sh env)"
-//!     MEMPROF_REQUIRE_CLUSTER=1 cargo test --test remediation_notify
+//!     MEMPROF_REQUIRE_CLUSTER=1 cargo test --test integration remediation_notify::
 //!
 //! Without `KUBECONFIG` every test is skipped with a message.
 
-mod common;
-mod remediation_support;
+use crate::common;
+use crate::remediation_support;
 
 use common::*;
 use k8s_openapi::api::core::v1::Pod;

@@ -4,10 +4,10 @@
 //! shared cluster), or a pod's service account holding the reporter Role.
 //! Each test is named after the attack it proves closed (docs/security.md).
 
-mod common;
-mod remediation_support;
-mod tenant_support;
-mod webhook_support;
+use crate::common;
+use crate::remediation_support;
+use crate::tenant_support;
+use crate::webhook_support;
 
 use common::*;
 use k8s_openapi::api::batch::v1::Job;

@@ -13,10 +13,10 @@
 //! Run:
 //!
 //!     eval "$(bash hack/local-cluster.sh env)"
-//!     MEMPROF_REQUIRE_CLUSTER=1 cargo test --test sidecar_directives
+//!     MEMPROF_REQUIRE_CLUSTER=1 cargo test --test integration sidecar_directives::
 
-mod common;
-mod sidecar_support;
+use crate::common;
+use crate::sidecar_support;
 
 use common::{eventually, socket_request};
 use kube::api::{Api, Patch, PatchParams};

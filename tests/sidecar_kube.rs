@@ -3,7 +3,7 @@
 //! report follows a simulated leak to high risk, writes stay within budget,
 //! the report goes with its pod, and a sidecar without RBAC stays healthy.
 
-mod common;
+use crate::common;
 
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 use kube::api::{Api, DeleteParams, PostParams};

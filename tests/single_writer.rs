@@ -5,7 +5,7 @@
 //! apply tracks it as one field (what makes a write cheaper,
 //! docs/benchmarks.md "Single-writer parts").
 
-mod common;
+use crate::common;
 
 use common::{apply_report, at, cluster, gpu, report, TestNamespace};
 use kube::api::{Api, Patch, PatchParams, PostParams};

@@ -4,7 +4,7 @@
 //! an older version is refused and composed again, so it never undoes a
 //! write it did not see (`crates/controller/src/status/mod.rs`).
 
-mod common;
+use crate::common;
 
 use common::{cluster, eventually, TestNamespace};
 use kube::api::{Api, Patch, PatchParams, PostParams};

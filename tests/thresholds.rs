@@ -4,7 +4,7 @@
 //! source; an invalid annotation gives one Warning Event `InvalidThresholds`
 //! on the Job, and the cluster-wide thresholds stay in effect.
 
-mod common;
+use crate::common;
 
 use common::*;
 use k8s_openapi::api::batch::v1::Job;

@@ -8,9 +8,9 @@
 //! `MEMPROF_REQUIRE_CLUSTER=1`, which turns "no cluster" into a failure.
 //!
 //!     eval "$(bash hack/local-cluster.sh env)"
-//!     MEMPROF_REQUIRE_CLUSTER=1 cargo test -p memprof --test webhook
+//!     MEMPROF_REQUIRE_CLUSTER=1 cargo test -p memprof --test integration webhook::
 
-mod webhook_support;
+use crate::webhook_support;
 
 use futures::FutureExt as _;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
@@ -54,7 +54,11 @@ async fn cluster() -> Option<Client> {
         Ok::<_, String>(client)
     };
     match tokio::time::timeout(Duration::from_secs(15), connect).await {
-        Ok(Ok(client)) => Some(client),
+        Ok(Ok(client)) => {
+            // Apart from a test that has the cluster alone, as common::cluster() is.
+            crate::common::alone::CLUSTER.share().await;
+            Some(client)
+        }
         Ok(Err(e)) if !required => {
             skip(&format!("cannot reach the cluster in KUBECONFIG: {e}"));
             None
@@ -283,9 +287,10 @@ async fn jobs_are_admitted_when_the_webhook_is_down() {
             .await
             .expect("failurePolicy Ignore admits the Job");
         assert_eq!(template_containers(&created), ["trainer"]);
-        // Refused connection or 2 s webhook timeout, never the 10 s default.
+        // Refused connection or 2 s webhook timeout, never the 10 s default
+        // (under 9 s: the margin a loaded 2-core machine needs).
         assert!(
-            started.elapsed() < Duration::from_secs(5),
+            started.elapsed() < Duration::from_secs(9),
             "took {:?}",
             started.elapsed()
         );

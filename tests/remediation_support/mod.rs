@@ -250,7 +250,7 @@ pub fn spawn_operator(ns: &str, failpoint: Option<&str>) -> OperatorProcess {
     } else {
         let mut c = Command::new(std::env::current_exe().unwrap());
         c.args([
-            "child_operator",
+            "remediation::child_operator",
             "--exact",
             "--ignored",
             "--nocapture",
