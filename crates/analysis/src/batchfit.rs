@@ -405,20 +405,20 @@ pub fn largest_fitting(
     env: &str,
     at_most: u64,
     headroom_fraction: f64,
-) -> Result<Fitting, String> {
+) -> Result<Fitting, NoFit> {
     let Some(rec) = rec else {
-        return Err("no batch recommendation in the MemoryProfile yet".into());
+        return Err(NoFit::NoRecommendation);
     };
     if rec.env_var != env {
-        return Err(format!(
-            "the recommendation is for env {}, the policy scales {env}: set annotation {ANNOTATION_BATCH_ENV}: {env} on the Job",
-            rec.env_var
-        ));
+        return Err(NoFit::OtherEnv {
+            recommended: rec.env_var.clone(),
+            env: env.to_string(),
+        });
     }
     let (Some(model), Some(limit)) = (model_in(rec), rec.limit_bytes) else {
         let mut why = rec.reason.clone();
         memprof_api::truncate_utf8(&mut why, 160);
-        return Err(why);
+        return Err(NoFit::NoModel(why));
     };
     let target = limit as f64 * (1.0 - clamp_headroom(headroom_fraction));
     let measured = measured_of(&rec.observations);
@@ -427,11 +427,11 @@ pub fn largest_fitting(
         .largest_fitting(1.0, highest, target, 1.0, &measured)
         .or_else(|| model.largest_to_try(1.0, highest, target, 1.0, &measured));
     let Some(p) = found else {
-        return Err(format!(
-            "no batch up to {at_most} fits: one sample is predicted at {}, over {}",
-            format_bytes(model.curve.at(1.0).max(0.0) as u64),
-            format_bytes(target as u64)
-        ));
+        return Err(NoFit::NothingFits {
+            at_most,
+            one_sample: format_bytes(model.curve.at(1.0).max(0.0) as u64),
+            target: format_bytes(target as u64),
+        });
     };
     let value = p.x as u64;
     Ok(Fitting {
@@ -449,6 +449,60 @@ pub fn largest_fitting(
             p.support.describe()
         ),
     })
+}
+
+/// Why no batch is computed from a recommendation (the policy then falls
+/// back to its factor, saying this).
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum NoFit {
+    /// The roll-up has not written one.
+    #[error("no batch recommendation in the MemoryProfile yet")]
+    NoRecommendation,
+    /// The recommendation models another variable than the policy scales.
+    #[error(
+        "the recommendation is for env {recommended}, the policy scales {env}: set annotation {annotation}: {env} on the Job",
+        annotation = ANNOTATION_BATCH_ENV
+    )]
+    OtherEnv {
+        /// The variable the recommendation models.
+        recommended: String,
+        /// The variable the policy scales.
+        env: String,
+    },
+    /// The recommendation has no usable model: its own reason, bounded.
+    #[error("{0}")]
+    NoModel(String),
+    /// Not even one sample fits under the target.
+    #[error(
+        "no batch up to {at_most} fits: one sample is predicted at {one_sample}, over {target}"
+    )]
+    NothingFits {
+        /// The largest batch considered.
+        at_most: u64,
+        /// One sample's predicted peak, formatted.
+        one_sample: String,
+        /// The target, formatted.
+        target: String,
+    },
+    /// The only fitting value is one the measured batches do not back.
+    #[error("not backed: the curve would allow {value}, but that is {support}; the evidence backs no batch that fits")]
+    NotBacked {
+        /// What the curve would allow.
+        value: u64,
+        /// How far it is from the measured batches, in words.
+        support: String,
+    },
+}
+
+impl NoFit {
+    /// In a few words, for the record's note.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            NoFit::NotBacked { .. } => "not backed by the measured batches",
+            NoFit::NoModel(why) if why.starts_with("too little evidence") => "too little evidence",
+            _ => "no usable recommendation",
+        }
+    }
 }
 
 /// The value a `scaleBatch` with `mode: fit` sets, from a recommendation.
@@ -471,14 +525,13 @@ pub fn policy_value(
     minimum: u64,
     round_to: Option<u64>,
     at_most: u64,
-) -> Result<PolicyFit, String> {
+) -> Result<PolicyFit, NoFit> {
     let f = largest_fitting(rec, env, at_most, headroom_fraction)?;
     if !f.backed {
-        return Err(format!(
-            "not backed: the curve would allow {}, but that is {}; the evidence backs no batch that fits",
-            f.value,
-            f.support.describe()
-        ));
+        return Err(NoFit::NotBacked {
+            value: f.value,
+            support: f.support.describe(),
+        });
     }
     let mut value = f.value;
     if let Some(r) = round_to.filter(|r| *r > 1) {

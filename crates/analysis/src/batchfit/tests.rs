@@ -291,7 +291,14 @@ fn no_device_or_non_finite_numbers_are_insufficient_not_a_panic() {
         rec.reason
     );
     let err = largest_fitting(Some(&rec), "BATCH_SIZE", 16, 0.1).unwrap_err();
-    assert!(err.starts_with("no batch up to 16 fits"), "{err}");
+    assert!(
+        matches!(err, NoFit::NothingFits { at_most: 16, .. }),
+        "{err:?}"
+    );
+    assert!(
+        err.to_string().starts_with("no batch up to 16 fits"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -318,10 +325,15 @@ fn the_accumulation_query_gives_the_largest_backed_micro_batch_under_a_cap() {
     );
     let other = largest_fitting(Some(&rec), "MICRO_BATCH", 30, 0.1).unwrap_err();
     assert!(
-        other.contains("memprof.dev/batch-env: MICRO_BATCH"),
+        other
+            .to_string()
+            .contains("memprof.dev/batch-env: MICRO_BATCH"),
         "{other}"
     );
-    assert!(largest_fitting(None, "BATCH_SIZE", 30, 0.1).is_err());
+    assert_eq!(
+        largest_fitting(None, "BATCH_SIZE", 30, 0.1).unwrap_err(),
+        NoFit::NoRecommendation
+    );
 }
 
 #[test]
@@ -336,8 +348,9 @@ fn a_policy_value_is_backed_rounded_and_at_least_the_minimum() {
         two.reason
     );
     let err = policy_value(Some(&two), "BATCH_SIZE", 0.1, 1, None, 48).unwrap_err();
+    assert_eq!(err.kind(), "not backed by the measured batches");
     assert!(
-        err.starts_with("not backed: the curve would allow 25, but that is unsupported: 23 below the smallest measured value 48 (-48%)"),
+        err.to_string().starts_with("not backed: the curve would allow 25, but that is unsupported: 23 below the smallest measured value 48 (-48%)"),
         "{err}"
     );
     // Three (36, 48, 64): 25 is within the held-out step below 36.
@@ -349,12 +362,13 @@ fn a_policy_value_is_backed_rounded_and_at_least_the_minimum() {
     // 20 % headroom: 64 GiB < 66.5 GiB static: nothing fits.
     assert!(v(0.2, 4, None)
         .unwrap_err()
+        .to_string()
         .starts_with("no batch up to 36 fits"));
     assert!(v(0.1, 1, None).unwrap().note.contains("→ 25"));
     let thin = recommend(&evidence(&sim(&[48]), Some(48)));
-    assert!(policy_value(Some(&thin), "BATCH_SIZE", 0.1, 1, None, 48)
-        .unwrap_err()
-        .contains("too little evidence"));
+    let thin_err = policy_value(Some(&thin), "BATCH_SIZE", 0.1, 1, None, 48).unwrap_err();
+    assert!(thin_err.to_string().contains("too little evidence"));
+    assert_eq!(thin_err.kind(), "too little evidence");
     assert!(policy_value(None, "BATCH_SIZE", 0.1, 1, None, 48).is_err());
 }
 

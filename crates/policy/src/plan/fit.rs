@@ -74,7 +74,7 @@ pub(super) fn scale_batch(
 fn fallback(
     s: &ScaleBatchAction,
     from: u64,
-    computed: Result<batchfit::PolicyFit, String>,
+    computed: Result<batchfit::PolicyFit, batchfit::NoFit>,
 ) -> (String, String) {
     match computed {
         Ok(f) => (
@@ -86,13 +86,7 @@ fn fallback(
             ),
         ),
         Err(why) => {
-            let what = if why.starts_with("too little evidence") {
-                "too little evidence"
-            } else if why.starts_with("not backed") {
-                "not backed by the measured batches"
-            } else {
-                "no usable recommendation"
-            };
+            let what = why.kind();
             (
                 format!("fit: {what}, factor {}", s.factor),
                 format!("{why}; so the factor {} is used", s.factor),
