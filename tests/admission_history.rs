@@ -5,10 +5,10 @@
 //! by the test as the operator's roll-up would.
 //!
 //!     eval "$(bash hack/local-cluster.sh env)"
-//!     MEMPROF_REQUIRE_CLUSTER=1 cargo test -p memprof --test admission_history
+//!     MEMPROF_REQUIRE_CLUSTER=1 cargo test -p memprof --test integration admission_history::
 
-mod common;
-mod webhook_support;
+use crate::common;
+use crate::webhook_support;
 
 use common::{cluster, TestNamespace, GIB};
 use k8s_openapi::api::batch::v1::Job;

@@ -29,7 +29,9 @@ mod remediation_support;
 mod sidecar_support;
 mod tenant_support;
 mod webhook_support;
+mod workload_support;
 
+mod admission_history;
 mod agent_breakdown;
 mod agent_injection;
 mod agent_rollup;
@@ -49,6 +51,8 @@ mod gpu_oom_visibility;
 mod notify_end_to_end;
 mod operator;
 mod pod_trust;
+mod recommend;
+mod recommend_remediation;
 mod remediation;
 mod remediation_accumulation;
 mod remediation_checkpoint;
@@ -62,6 +66,9 @@ mod status_write;
 mod sweep;
 mod thresholds;
 mod webhook;
+mod workload_remediation;
+mod workload_trust;
+mod workloads;
 
 /// A test file that is neither declared above nor a `[[test]]` of its own is
 /// not compiled at all (no automatic test targets): it fails here instead of

@@ -4,10 +4,9 @@
 //! `status.recommendation` only once both were seen, and `memprof
 //! recommend` prints it in each scheduler's dialect.
 
-mod agent_common;
-mod cli_support;
-mod common;
-mod webhook_support;
+use crate::agent_common;
+use crate::cli_support;
+use crate::common;
 
 use agent_common::push;
 use kube::api::Api;

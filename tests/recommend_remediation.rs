@@ -5,10 +5,9 @@
 //! a smaller batch and, in KAI-Scheduler's terms, the GPU memory the
 //! profile recommended (the pod template's `gpu-memory` annotation, MiB).
 
-mod agent_common;
-mod common;
-mod remediation_support;
-mod webhook_support;
+use crate::agent_common;
+use crate::common;
+use crate::remediation_support;
 
 use agent_common::push;
 use k8s_openapi::api::batch::v1::Job;

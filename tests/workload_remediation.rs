@@ -7,9 +7,8 @@
 //! manage is recreated as Jobs are (the decision; the recreation itself is
 //! the Job protocol's).
 
-mod common;
-mod webhook_support;
-mod workload_support;
+use crate::common;
+use crate::workload_support;
 
 use common::*;
 use futures::StreamExt;

@@ -8,10 +8,10 @@
 //! server's admission (the webhook on its secret path), and the workload
 //! resolved from objects read back from the API server.
 
-mod common;
-mod tenant_support;
-mod webhook_support;
-mod workload_support;
+use crate::common;
+use crate::tenant_support;
+use crate::webhook_support;
+use crate::workload_support;
 
 use common::*;
 use k8s_openapi::api::batch::v1::Job;

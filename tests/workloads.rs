@@ -7,9 +7,8 @@
 //! profile and never counts in the JobSet's. (Stand-in CRDs: no JobSet
 //! controller runs here.)
 
-mod common;
-mod webhook_support;
-mod workload_support;
+use crate::common;
+use crate::workload_support;
 
 use common::*;
 use k8s_openapi::api::batch::v1::Job;
