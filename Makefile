@@ -40,6 +40,7 @@ lint:
 	python3 hack/archcheck_test.py -q
 	python3 hack/archcheck.py
 	python3 hack/refdocs_test.py -q
+	python3 hack/refdocs.py --check-openings
 
 fmt:
 	$(CARGO) fmt --all
