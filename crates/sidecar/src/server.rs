@@ -1,7 +1,7 @@
 //! The sidecar's local HTTP endpoints, on two listeners:
 //!
 //! - the agent socket (a Unix socket, [`crate::socket`]): `POST /v1/agent`
-//!   (pushes of the in-process agent, format in docs/agent.md and
+//!   (pushes of the in-process agent, format in docs/agent-wire.md and
 //!   `memprof_api::agent`, answered with the sidecar's verdict, contract B),
 //!   `GET /v1/report` (the latest report as JSON) and `/healthz`;
 //! - TCP: `/healthz` and `/metrics` only, on loopback unless Prometheus
@@ -152,7 +152,7 @@ fn unrouted(req: &Request, paths: &[&str], here: &str) -> Response {
 
 const TCP_HERE: &str = "this port serves /healthz and /metrics; POST /v1/agent and GET \
     /v1/report are served only on the sidecar's Unix socket (MEMPROF_AGENT_SOCKET, \
-    docs/agent.md)";
+    docs/agent-wire.md)";
 const SOCKET_HERE: &str = "this socket serves POST /v1/agent, GET /v1/report and /healthz";
 
 /// `/healthz` and `/metrics`: what TCP serves, whoever the peer is.
