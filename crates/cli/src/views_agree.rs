@@ -152,3 +152,29 @@ fn the_status_carries_the_bottlenecks_cause_and_the_counted_time() {
     assert_eq!(st.top_ranks[0].cause, Some(Cause::Neighbour));
     assert_eq!(st.top_ranks[1].time_to_oom_seconds, None);
 }
+
+/// The report's closest ranks read as their labels say: the peak over the
+/// GPU's total, then the growth, the time, the cause and the pod (the
+/// arguments had shifted one place: "peak  / 38.0GiB  growth 80.0GiB").
+#[test]
+fn the_reports_rank_lines_put_each_number_under_its_label() {
+    let text = crate::kube::report::render(&profile("train"));
+    let line = |rank: &str| {
+        text.lines()
+            .find(|l| l.trim_start().starts_with(&format!("rank {rank:>4}")))
+            .unwrap_or_else(|| panic!("no rank {rank} line in\n{text}"))
+            .to_string()
+    };
+    let zero = line("0");
+    assert!(zero.contains("peak   61.0GiB / 80.0GiB"), "{zero}");
+    assert!(
+        zero.contains(&format!("growth {:>11}", memprof_api::format_rate(1e8))),
+        "{zero}"
+    );
+    assert!(zero.contains("TTO 2m17s  neighbour  (train-0)"), "{zero}");
+    let one = line("1");
+    assert!(
+        one.contains("growth           -  TTO -  (train-1)"),
+        "{one}"
+    );
+}

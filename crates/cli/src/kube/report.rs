@@ -382,24 +382,28 @@ fn render_closest(out: &mut String, st: &MemoryProfileStatus) {
             let tto = r
                 .time_to_oom_seconds
                 .map_or("-".to_string(), format_duration);
-            let cause = r.cause.map_or("", |c| c.as_str());
-            let _ =
-                writeln!(
+            let cause = r
+                .cause
+                .map_or(String::new(), |c| format!("{}  ", c.as_str()));
+            let risk = r.risk.to_string();
+            let peak = format_bytes(r.peak_bytes);
+            let total = format_bytes(r.total_bytes);
+            // The roll-up keeps a growth only where the verdict stands behind it.
+            let growth = if r.growth_bytes_per_second == 0.0 {
+                "-".to_string()
+            } else {
+                format_rate(r.growth_bytes_per_second)
+            };
+            // The operator keeps a silent rank's last numbers: say they are old.
+            let stale = if r.stale {
+                ", stale: its last report"
+            } else {
+                ""
+            };
+            let pod = &r.location.pod;
+            let _ = writeln!(
                 out,
-                "    rank {rank:>4}  {:<8}  peak {:>9} / {:<9}  growth {:>11}  TTO {tto}  {cause}{}({}{})",
-                r.risk.to_string(),
-                if cause.is_empty() { "" } else { "  " },
-                format_bytes(r.peak_bytes),
-                format_bytes(r.total_bytes),
-                // The roll-up keeps a growth only where the verdict stands behind it.
-                if r.growth_bytes_per_second == 0.0 {
-                    "-".to_string()
-                } else {
-                    format_rate(r.growth_bytes_per_second)
-                },
-                r.location.pod,
-                // The operator keeps a silent rank's last numbers: say they are old.
-                if r.stale { ", stale: its last report" } else { "" }
+                "    rank {rank:>4}  {risk:<8}  peak {peak:>9} / {total:<9}  growth {growth:>11}  TTO {tto}  {cause}({pod}{stale})",
             );
         }
     }
