@@ -746,7 +746,9 @@ impl Review {
     /// What the review's object asks of the measured history: a profiled
     /// Job being created that names its family (history.rs); `Err` is a
     /// warning about the family itself.
-    pub fn history_ask(&self) -> Option<Result<super::history::Ask, String>> {
+    pub fn history_ask(
+        &self,
+    ) -> Option<Result<super::history::Ask, memprof_api::family::FamilyError>> {
         let req = self.request.as_ref().ok()?;
         if Target::of(&req.kind) != Some(Target::Job) || req.operation != "CREATE" {
             return None;

@@ -2,7 +2,7 @@
 //! its family, its literal env values (the batch the model needs), its
 //! annotated GPU memory and its labels (what a policy selects on). Pure.
 
-use memprof_api::family::{parse_family, ANNOTATION_FAMILY};
+use memprof_api::family::{parse_family, FamilyError, ANNOTATION_FAMILY};
 use memprof_api::{parse_bytes, ANNOTATION_ENABLED, ANNOTATION_GPU_MEMORY};
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -26,8 +26,8 @@ pub struct Ask {
 }
 
 /// What a Job's object asks: None unless it is profiled and names a family;
-/// `Err` (a warning) when the family cannot be a label value.
-pub fn ask_of(namespace: &str, job: &Value) -> Option<Result<Ask, String>> {
+/// `Err` (said as a warning) when the family cannot be a label value.
+pub fn ask_of(namespace: &str, job: &Value) -> Option<Result<Ask, FamilyError>> {
     let meta = job.get("metadata")?;
     let template = job.pointer("/spec/template/metadata");
     let annotation = |key: &str| {
@@ -46,7 +46,7 @@ pub fn ask_of(namespace: &str, job: &Value) -> Option<Result<Ask, String>> {
     let family = annotation(ANNOTATION_FAMILY)?;
     let family = match parse_family(family) {
         Ok(f) => f.to_string(),
-        Err(e) => return Some(Err(format!("memprof: {e}"))),
+        Err(e) => return Some(Err(e)),
     };
     let labels = meta
         .get("labels")
@@ -145,6 +145,6 @@ mod tests {
         );
         let bad = job(json!({ "memprof.dev/enabled": "true", "memprof.dev/family": "a b" }));
         let e = ask_of("ns", &bad).unwrap().unwrap_err();
-        assert!(e.contains("must be a label value"), "{e}");
+        assert!(e.to_string().contains("must be a label value"), "{e}");
     }
 }

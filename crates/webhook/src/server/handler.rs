@@ -242,8 +242,8 @@ async fn history_of(review: &Review, shared: &Shared) -> Verdict {
     };
     match ask {
         Ok(ask) => history.check(&ask).await,
-        Err(warning) => Verdict {
-            warnings: vec![warning],
+        Err(e) => Verdict {
+            warnings: vec![format!("memprof: {e}")],
             denied: None,
         },
     }
