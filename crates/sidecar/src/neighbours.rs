@@ -14,6 +14,7 @@ use crate::sampler::discovery::{
 };
 use memprof_api::{Cause, MemoryReportSpec, NamedCause};
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// How often the kubelet is asked again while a neighbour is named.
@@ -82,11 +83,14 @@ pub fn sharing(
 }
 
 /// The kubelet's words per GPU UUID, refreshed while a neighbour is named.
+/// The kubelet is asked in a task of its own: the sampling loop never waits
+/// for it (a report names what the last answer said, one analysis late at
+/// most after a refresh).
 pub struct Neighbours {
     /// None outside Kubernetes (no pod name, no PodResources socket).
-    opts: Option<DiscoveryOptions>,
+    opts: Option<Arc<DiscoveryOptions>>,
     asked: Option<Instant>,
-    words: BTreeMap<String, String>,
+    words: Arc<Mutex<BTreeMap<String, String>>>,
 }
 
 impl Neighbours {
@@ -97,15 +101,15 @@ impl Neighbours {
             o.pod_name.is_some() && o.pod_namespace.is_some() && o.pod_resources_socket.exists()
         });
         Neighbours {
-            opts,
+            opts: opts.map(Arc::new),
             asked: None,
-            words: BTreeMap::new(),
+            words: Arc::default(),
         }
     }
 
     /// Appends the kubelet's words to the evidence of every GPU whose cause
-    /// is `neighbour`, asking the kubelet first when due.
-    pub async fn name(&mut self, report: &mut MemoryReportSpec) {
+    /// is `neighbour`, starting a refresh of them when due.
+    pub fn name(&mut self, report: &mut MemoryReportSpec) {
         let blamed = report.gpus.iter().any(|g| {
             g.cause
                 .as_ref()
@@ -115,30 +119,38 @@ impl Neighbours {
             return;
         }
         if self.asked.is_none_or(|t| t.elapsed() >= REFRESH) {
-            self.refresh(report).await;
+            self.asked = Some(Instant::now());
+            self.refresh(report);
         }
-        name_in(report, &self.words);
+        name_in(
+            report,
+            &self.words.lock().unwrap_or_else(|e| e.into_inner()),
+        );
     }
 
-    async fn refresh(&mut self, report: &MemoryReportSpec) {
-        let Some(o) = &self.opts else { return };
-        self.asked = Some(Instant::now());
-        let (Some(ns), Some(pod)) = (&o.pod_namespace, &o.pod_name) else {
-            return;
-        };
-        match list_pod_resources(&o.pod_resources_socket, o.timeout).await {
-            Ok(resp) => {
-                self.words = report
-                    .gpus
-                    .iter()
-                    .filter_map(|g| {
-                        let s = sharing(&resp, ns, pod, &g.uuid, &o.resource_names);
-                        Some((g.uuid.clone(), s.words()?))
-                    })
-                    .collect();
+    /// Asks the kubelet, in a task, which pods share each of `report`'s GPUs.
+    fn refresh(&self, report: &MemoryReportSpec) {
+        let Some(o) = self.opts.clone() else { return };
+        let uuids: Vec<String> = report.gpus.iter().map(|g| g.uuid.clone()).collect();
+        let words = self.words.clone();
+        tokio::spawn(async move {
+            let (Some(ns), Some(pod)) = (&o.pod_namespace, &o.pod_name) else {
+                return;
+            };
+            match list_pod_resources(&o.pod_resources_socket, o.timeout).await {
+                Ok(resp) => {
+                    let fresh = uuids
+                        .iter()
+                        .filter_map(|u| {
+                            let s = sharing(&resp, ns, pod, u, &o.resource_names);
+                            Some((u.clone(), s.words()?))
+                        })
+                        .collect();
+                    *words.lock().unwrap_or_else(|e| e.into_inner()) = fresh;
+                }
+                Err(e) => tracing::debug!(error = %e, "PodResources: neighbours not named"),
             }
-            Err(e) => tracing::debug!(error = %e, "PodResources: neighbours not named"),
-        }
+        });
     }
 }
 

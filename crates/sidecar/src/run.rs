@@ -245,7 +245,7 @@ impl Sidecar {
             self.take_pushes();
             if self.analysis_due() {
                 let mut report = self.analyse();
-                self.neighbours.name(&mut report).await;
+                self.neighbours.name(&mut report);
                 let decision = self.decide(&report);
                 self.write(report, decision, t);
                 if self.trainer_gone() {
