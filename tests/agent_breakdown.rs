@@ -59,15 +59,12 @@ async fn a_pushed_breakdown_ends_in_the_report_and_the_profile() {
     let Some(client) = common::cluster().await else {
         return;
     };
-    let ns = common::TestNamespace::create(&client).await;
-    let operator = common::start_operator(&client, &ns.name);
-    common::create_job(&client, &ns.name, "train", 1, true).await;
-    let pod = common::job_pods(&client, &ns.name, "train", 1)
-        .await
-        .remove(0);
-
-    let sidecar =
-        agent_common::start(&client, &pod.name_any(), &pod.uid().unwrap(), &ns.name).await;
+    let agent_common::OneRank {
+        pod,
+        sidecar,
+        operator,
+        ns,
+    } = agent_common::one_rank(&client).await;
 
     // An impossible breakdown is refused with the field named.
     let t0 = jiff::Timestamp::now().as_second() as f64 - 30.0;

@@ -16,15 +16,12 @@ async fn an_agent_only_pod_rolls_up_with_risk_and_time_to_oom() {
     let Some(client) = common::cluster().await else {
         return;
     };
-    let ns = common::TestNamespace::create(&client).await;
-    let operator = common::start_operator(&client, &ns.name);
-    common::create_job(&client, &ns.name, "train", 1, true).await;
-    let pod = common::job_pods(&client, &ns.name, "train", 1)
-        .await
-        .remove(0);
-
-    let sidecar =
-        agent_common::start(&client, &pod.name_any(), &pod.uid().unwrap(), &ns.name).await;
+    let agent_common::OneRank {
+        pod,
+        sidecar,
+        operator,
+        ns,
+    } = agent_common::one_rank(&client).await;
 
     // 200 s of a 100 MB/s leak, as the agent would push it once a second,
     // dated in the recent past (the operator ignores reports from the future).

@@ -10,7 +10,6 @@ use crate::common;
 
 use agent_common::push;
 use kube::api::Api;
-use kube::ResourceExt;
 use memprof::api::{MemoryProfile, RoleRecommendation};
 
 const RESERVED: u64 = 20_000_000_000;
@@ -48,14 +47,12 @@ async fn the_recommendation_waits_for_evaluation_and_a_checkpoint_then_prints_pe
     let Some(client) = common::cluster().await else {
         return;
     };
-    let ns = common::TestNamespace::create(&client).await;
-    let operator = common::start_operator(&client, &ns.name);
-    common::create_job(&client, &ns.name, "train", 1, true).await;
-    let pod = common::job_pods(&client, &ns.name, "train", 1)
-        .await
-        .remove(0);
-    let sidecar =
-        agent_common::start(&client, &pod.name_any(), &pod.uid().unwrap(), &ns.name).await;
+    let agent_common::OneRank {
+        sidecar,
+        operator,
+        ns,
+        ..
+    } = agent_common::one_rank(&client).await;
     let profiles: Api<MemoryProfile> = Api::namespaced(client.clone(), &ns.name);
 
     // 1. Twenty training steps: steps enough, no evaluation, no checkpoint.

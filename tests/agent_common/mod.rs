@@ -78,3 +78,35 @@ pub async fn start(client: &kube::Client, pod: &str, uid: &str, namespace: &str)
 pub async fn push(sidecar: &Sidecar, body: &serde_json::Value) -> (u16, String) {
     socket_request(&sidecar.socket(), "POST", "/v1/agent", &body.to_string()).await
 }
+
+/// The set-up the agent end-to-end tests share: a namespace, an operator
+/// watching it, Job `train` with one pod, and a sidecar for that pod. The
+/// fields stop everything when dropped (the sidecar first).
+pub struct OneRank {
+    /// The Job's pod.
+    pub pod: k8s_openapi::api::core::v1::Pod,
+    /// The pod's sidecar.
+    pub sidecar: Sidecar,
+    /// The operator watching the namespace.
+    pub operator: crate::common::RunningOperator,
+    /// The test's namespace.
+    pub ns: crate::common::TestNamespace,
+}
+
+/// [`OneRank`] on the local control plane.
+pub async fn one_rank(client: &kube::Client) -> OneRank {
+    use kube::ResourceExt;
+    let ns = crate::common::TestNamespace::create(client).await;
+    let operator = crate::common::start_operator(client, &ns.name);
+    crate::common::create_job(client, &ns.name, "train", 1, true).await;
+    let pod = crate::common::job_pods(client, &ns.name, "train", 1)
+        .await
+        .remove(0);
+    let sidecar = start(client, &pod.name_any(), &pod.uid().unwrap(), &ns.name).await;
+    OneRank {
+        pod,
+        sidecar,
+        operator,
+        ns,
+    }
+}
