@@ -115,49 +115,15 @@ fn build(
         s.rollup.as_ref().map(|t| t.desired(previous, now))
     })?;
     with_batch_fit(&mut desired.status, job, previous);
-    let recommend_due = recommend(ctx, f, job, &mut desired.status, previous, now);
+    let reports = counted_reports(ctx, f);
+    if let Err(e) = with_recommendation(&mut desired.status, job, reports.iter().map(|r| &r.spec)) {
+        warn!(job = %f.key, error = %e, "memprof.dev/recommend-phases ignored");
+    }
     let annotated = job.annotations().get(ANNOTATION_THRESHOLDS);
     let defaults = &ctx.setup.options.default_thresholds;
     let in_effect = resolve_thresholds(defaults, annotated.map(String::as_str));
     desired.status.thresholds = Some(in_effect.status());
-    let next = match (next, recommend_due) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    };
     Some((desired, next))
-}
-
-/// The recommendation is computed again at most this often per Job: it
-/// reads every counted rank (O(ranks): ~0.1 ms at 2,048 ranks), where the
-/// rest of a roll-up costs O(1) per report event, and it is written only
-/// when it moves by a step.
-const RECOMMEND_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// Sets `status.recommendation`: computed when due (returning when it is
-/// next due, so a Job whose reports stopped still gets it), else the one
-/// already held.
-fn recommend(
-    ctx: &Context,
-    f: &Fetched,
-    job: &Job,
-    status: &mut MemoryProfileStatus,
-    previous: Option<&MemoryProfileStatus>,
-    now: Timestamp,
-) -> Option<Timestamp> {
-    let due = ctx.with_state(&f.key, |s| s.recommend_due);
-    if let Some(due) = due.filter(|d| now < *d) {
-        status.recommendation = previous
-            .map(|p| p.recommendation.clone())
-            .unwrap_or_default();
-        return Some(due);
-    }
-    let reports = counted_reports(ctx, f);
-    if let Err(e) = with_recommendation(status, job, reports.iter().map(|r| &r.spec)) {
-        warn!(job = %f.key, error = %e, "memprof.dev/recommend-phases ignored");
-    }
-    let next = now + RECOMMEND_EVERY;
-    ctx.with_state(&f.key, |s| s.recommend_due = Some(next));
-    None
 }
 
 /// The Job's reports the roll-up counts (screened, not refused), from the

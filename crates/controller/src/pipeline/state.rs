@@ -38,8 +38,6 @@ pub(super) struct JobState {
     pub pending: Pending,
     /// The workload a JobSet's child Job rolls up under, as last read (`workloads.rs`).
     pub workload: Option<crate::workload::read::Membership>,
-    /// When the recommendation is next computed (`rollup_stage.rs`).
-    pub recommend_due: Option<jiff::Timestamp>,
 }
 
 /// Shared by the dispatcher, the workers and the remediation tasks.
