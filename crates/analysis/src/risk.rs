@@ -149,6 +149,29 @@ fn pace_confidence(s: &Staircase, tto: f64, th: &Thresholds) -> f64 {
     }
 }
 
+/// A climb from idle that never paused (every slot rose: a leak or a
+/// demand that grows from the first step, or weights loading) is read as
+/// the trainer's start, which never makes a leak; but once its regular
+/// rises held for a span the pace is trusted over ([`start_trust_seconds`]
+/// scaled by the confidence an alarm needs), it is sustained growth: its forecast may alarm, however
+/// near the OOM it projects (a quick load projects a near one), and it
+/// still never raises the leak flag (NVML cannot tell it from a long load).
+fn start_sustained(s: &Staircase, th: &Thresholds) -> bool {
+    s.rises.len() >= 3 && s.span() >= start_trust_seconds(th) * th.min_confidence
+}
+
+/// The span over which a climb from idle earns full trust: the pace's
+/// trust span ([`PACE_TRUST_FRACTION`] of the trust span), with no credit
+/// for a near OOM.
+fn start_trust_seconds(th: &Thresholds) -> f64 {
+    PACE_TRUST_FRACTION * th.trust_span_seconds
+}
+
+/// Confidence of a start's climb: its span over [`start_trust_seconds`].
+fn start_confidence(s: &Staircase, th: &Thresholds) -> f64 {
+    (s.span() / start_trust_seconds(th)).min(1.0)
+}
+
 fn sustained(s: &Staircase) -> Sustained {
     Sustained {
         rate: s.rate(),
@@ -186,7 +209,7 @@ fn growth(
     let stairs = series
         .rises()
         .staircase(now, 2)
-        .filter(|s| !s.rises.iter().all(|r| r.start));
+        .filter(|s| !s.rises.iter().all(|r| r.start) || start_sustained(s, th));
     match &stairs {
         Some(s) => {
             a.growth_bytes_per_second = s.rate();
@@ -194,7 +217,12 @@ fn growth(
             a.time_to_oom_seconds = Some(tto);
             a.leak_suspected = staircase_leaks(s, th);
             a.sustained = Some(sustained(s));
-            (pace_confidence(s, tto, th), RiskLevel::Critical)
+            let c = if s.rises.iter().all(|r| r.start) {
+                start_confidence(s, th)
+            } else {
+                pace_confidence(s, tto, th)
+            };
+            (c, RiskLevel::Critical)
         }
         None => {
             let (growth, tto, c) =
@@ -429,6 +457,49 @@ mod tests {
         for a in &all {
             assert!(a.risk <= RiskLevel::Low, "{a:?}");
             assert!(!a.leak_suspected && !a.spike_detected, "{a:?}");
+        }
+    }
+
+    /// A leak from the first step never lets the start end (every slot
+    /// rises): the leaks-long recordings' smooth leaks, whose NVML-only
+    /// verdict went high 6-10 s before the OOM by level alone. Once the climb
+    /// held for the span a pace is trusted over, its forecast alarms; it is
+    /// never a leak flag (NVML cannot tell it from weights loading).
+    #[test]
+    fn a_climb_from_idle_that_never_pauses_alarms_once_it_held_and_is_no_leak() {
+        let th = Thresholds::default();
+        // Idle 5 s, 30 GB at once, then 0.8 GB/s: the OOM at ~67 s.
+        let used = |t: f64| match t {
+            t if t < 5.0 => 0.0,
+            t => 30.0 * GB + (t - 5.0) * 0.8 * GB,
+        };
+        let (_, all) = run(&th, 66.0, 10.0, used);
+        let first_high = all.iter().position(|a| a.risk >= RiskLevel::High);
+        let first_high = first_high.expect("a climb going on for 60 s alarms") as f64;
+        assert!(first_high <= 35.0, "first high at {first_high} s");
+        assert!(
+            first_high >= 5.0 + 20.0,
+            "a climb of a few seconds never alarms: {first_high}"
+        );
+        assert!(all.iter().all(|a| !a.leak_suspected));
+        let a = &all[40];
+        let tto = a.time_to_oom_seconds.expect("a forecast");
+        assert!((tto - (66.25 - 40.0)).abs() < 0.15 * 26.25, "{a:?}");
+    }
+
+    /// Weights loading for 20 s without a pause, then training: the climb
+    /// ended before it held long enough to be trusted.
+    #[test]
+    fn weights_loading_for_twenty_seconds_is_no_alarm() {
+        let th = Thresholds::default();
+        let (_, all) = run(&th, 200.0, 10.0, |t| match t {
+            t if t < 5.0 => 0.0,
+            t if t < 25.0 => (t - 5.0) * 2.5 * GB,
+            t => 50.0 * GB + training(t) * 0.25,
+        });
+        for a in &all {
+            assert!(a.risk <= RiskLevel::Medium, "{a:?}");
+            assert!(!a.leak_suspected, "{a:?}");
         }
     }
 

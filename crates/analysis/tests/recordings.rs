@@ -420,6 +420,11 @@ fn causes_fresh_sets_as_first_judged() {
         let f = one(&e.agent, "fragmentation");
         assert!(f.lead_high >= Some(fragmentation), "{name}");
         assert_eq!(f.named.as_deref(), Some("fragmentation"), "{name}");
+        // NVML alone: 6 s ahead as first judged (the fragmenter's reserved
+        // memory climbs from the start without a pause); 74 s and 95 s since
+        // the start's climb is trusted once it held.
+        let n = one(&e.nvml, "fragmentation");
+        assert!(n.lead_high >= Some(fragmentation + 4.0), "{name} {n:?}");
         assert!(
             f.tto_at_half
                 .as_ref()
@@ -434,14 +439,17 @@ fn causes_fresh_sets_as_first_judged() {
 /// with the agent every leak flagged within 8 s of becoming visible, its
 /// first high 89-95 s before the OOM and its TTO at half-life within 8 %;
 /// from NVML alone, TTO within 5 % everywhere, the first high 74 s and 77 s
-/// ahead on the two leaks that step (the others grow smoothly, which NVML
-/// may warn of but not alarm on: high 6 s and 10 s ahead, a miss in
-/// docs/gpu-results.md that bounds here keep from getting worse).
+/// ahead on the two leaks that step. The two that grow smoothly from the
+/// first step went high only 6 s and 10 s ahead as first judged (their
+/// climb never left the trainer's start, and 800 MB/s in 524 MB segments
+/// rose by one segment and two, turn about); since the start's climb is
+/// trusted once it held and such turns are read in pairs, 75 s ahead (seen
+/// data: the fresh smooth-leak sets judge that change).
 #[test]
 fn leaks_living_90_s_as_first_judged() {
     for (name, stepping, smooth) in [
-        ("leaks-long-a", ("leak400", 74.0), ("leak1200", 5.0)),
-        ("leaks-long-b", ("leak250", 77.0), ("leak800", 9.0)),
+        ("leaks-long-a", ("leak400", 74.0), ("leak1200", 74.0)),
+        ("leaks-long-b", ("leak250", 77.0), ("leak800", 74.0)),
     ] {
         let e = evaluation(name, 2);
         assert_eq!(e.agent_totals.true_flags, 2, "{name}");
