@@ -173,6 +173,22 @@
 #| leaks-long-b   leak250     oom   117    130  --seed 911 --d-model 1024 --layers 12 --heads 16 --seq 1024 --vocab 32000 --batch-schedule 5 --peak-every 7 --leak-mbps 250 --leak-at 6 --life 105 --duration 125
 #| leaks-long-b   leak800     oom   112    125  --seed 912 --d-model 1024 --layers 12 --heads 16 --seq 1024 --vocab 32000 --batch-schedule 4 --peak-every 0 --leak-mbps 800 --leak-at 6 --life 100 --duration 120
 #
+# smooth-a and smooth-b: recorded after the analysis of 3f64975 (a climb
+# from idle that never pauses is trusted once it held; one and two
+# segments a slot read in pairs), made on leaks-long and the causes sets;
+# judged once as they came. Leaks that grow smoothly from the first step
+# (the change's target) at other rates and models, and the change's known
+# cost put to the test: legitimate weights loading from idle at disk speed
+# (`--ballast-mbps`: 14 s, 33 s and 60 s climbs), then steady training.
+#| smooth-a       leak600     oom   117    130  --seed 1001 --d-model 1280 --layers 10 --heads 10 --seq 768 --vocab 32000 --batch-schedule 5 --peak-every 0 --leak-mbps 600 --leak-at 6 --life 100 --duration 125
+#| smooth-a       loadmid     none  50     60   --seed 1002 --d-model 1280 --layers 10 --heads 10 --seq 768 --vocab 32000 --batch-schedule 5 --peak-every 8 --fill-pct 35 --ballast-mbps 1500 --cause load --duration 48
+#| smooth-a       leak300     oom   117    130  --seed 1003 --d-model 1280 --layers 10 --heads 10 --seq 768 --vocab 32000 --batch-schedule 5 --peak-every 0 --leak-mbps 300 --leak-at 6 --life 100 --duration 125
+#| smooth-a       steady      none  15     19   --seed 1004 --d-model 1280 --layers 10 --heads 10 --seq 768 --vocab 32000 --batch-schedule 5 --peak-every 8 --duration 15
+#| smooth-b       leak1000    oom   117    130  --seed 1101 --d-model 896 --layers 14 --heads 14 --seq 1024 --vocab 32000 --batch-schedule 4 --peak-every 0 --leak-mbps 1000 --leak-at 6 --empty-cache-every 4 --life 100 --duration 125
+#| smooth-b       loadlong    none  75     85   --seed 1102 --d-model 896 --layers 14 --heads 14 --seq 1024 --vocab 32000 --batch-schedule 4 --peak-every 6 --fill-pct 50 --ballast-mbps 1200 --cause load --duration 75
+#| smooth-b       loadshort   none  25     32   --seed 1103 --d-model 896 --layers 14 --heads 14 --seq 1024 --vocab 32000 --batch-schedule 4 --peak-every 6 --fill-pct 20 --ballast-mbps 2000 --cause load --duration 25
+#| smooth-b       leak450     oom   117    130  --seed 1104 --d-model 896 --layers 14 --heads 14 --seq 1024 --vocab 32000 --batch-schedule 3 --peak-every 0 --leak-mbps 450 --leak-at 6 --life 100 --duration 125
+#
 # The selftest set rehearses the whole campaign on a machine without a GPU
 # (`python3 -m pytest -q bench/gpu/selftest`: a stand-in torch, the sim
 # backend); small model, short runs, the same code paths.
@@ -215,7 +231,7 @@ export PYTHONUNBUFFERED=1
 unset MEMPROF_AGENT_RECORD_HISTORY MEMPROF_AGENT_OUTPUT MEMPROF_AGENT_SUMMARY MEMPROF_AGENT_MAX_STEPS MEMPROF_AGENT_DISABLE
 
 usage() {
-  echo "usage: $0 OUTDIR dev|heldout|fresh|causes-dev|causes-heldout|causes-fresh|causes-fresh2|leaks-long-a|leaks-long-b|selftest [--plan]" >&2
+  echo "usage: $0 OUTDIR dev|heldout|fresh|causes-dev|causes-heldout|causes-fresh|causes-fresh2|leaks-long-a|leaks-long-b|smooth-a|smooth-b|selftest [--plan]" >&2
   exit 2
 }
 OUT=${1:-}

@@ -95,6 +95,8 @@ def parse(argv=None):
     room.add_argument("--headroom-gb", type=float, default=0.0, help="leave this much free after a ballast")
     room.add_argument("--fill-pct", type=float, default=0.0, help="ballast up to this %% of the GPU")
     room.add_argument("--life", type=float, default=0.0, help="ballast so the leak reaches the OOM about S s after it starts")
+    p.add_argument("--ballast-mbps", type=float, default=0.0,
+                   help="place the ballast at R MB/s in 256 MB pieces, no step meanwhile (weights loading)")
     p.add_argument("--go-file", default="", help="after the imports, wait for this file before touching CUDA")
     p.add_argument("--ready-file", default="", help="written once the imports are done")
     p.add_argument("--go-timeout", type=float, default=900.0)
@@ -405,7 +407,10 @@ class Trainer:
         want = self.headroom_for(free, total, probe)
         if want is not None:
             size = int(free - want)
-            if size > 0:
+            if size > 0 and a.ballast_mbps:
+                self.ballast = self.load_ballast(size, a.ballast_mbps)
+                s["ballastBytes"] = size
+            elif size > 0:
                 self.ballast = torch.empty(size, dtype=torch.uint8, device=self.dev)
                 self.ballast.fill_(1)
                 s["ballastBytes"] = size
@@ -413,6 +418,21 @@ class Trainer:
             s["ballastAt"] = time.time()
             s["headroomBytes"] = torch.cuda.mem_get_info()[0]
         self.rec.write()
+
+    def load_ballast(self, size, mbps):
+        """The ballast as weights arrive from a disk: 256 MB pieces at
+        `mbps`, nothing else running meanwhile (a legitimate climb from
+        idle that ends below the card)."""
+        piece, pieces, t0 = 256 * MB, [], time.time()
+        self.rec.s["ballastFrom"] = t0
+        while size > 0:
+            n = min(piece, size)
+            pieces.append(torch.ones(n, dtype=torch.uint8, device=self.dev))
+            size -= n
+            torch.cuda.synchronize()
+            due = t0 + (sum(x.numel() for x in pieces) / (mbps * MB))
+            time.sleep(max(0.0, due - time.time()))
+        return pieces
 
     def measure_demand(self):
         """What one more position of the micro-batch costs at the peak: a
