@@ -54,7 +54,7 @@ pub struct Sustained {
     pub rate: f64,
     /// Median rise, bytes.
     pub step_bytes: f64,
-    /// Median gap between rises, seconds.
+    /// Gap between rises at the pace (a step per gap), seconds.
     pub gap_seconds: f64,
     /// Rises in the run.
     pub rises: usize,

@@ -23,6 +23,7 @@
 //!
 //! Bounded: at most [`MAX_RISES`] rises are kept.
 
+use crate::least_squares_slope;
 use std::collections::VecDeque;
 
 /// A rise is at least this fraction of total memory (0.25 %: 212 MB on an
@@ -55,7 +56,8 @@ pub struct Staircase {
     pub rises: Vec<Rise>,
     /// Median rise, bytes.
     pub step: f64,
-    /// Median gap between rises, seconds.
+    /// Gap between rises at the run's pace (its step over the slope of
+    /// its levels), seconds.
     pub gap: f64,
     /// Some of the rises belong to the trainer's start.
     pub during_start: bool,
@@ -165,10 +167,20 @@ impl Rises {
         let best = (0..n.saturating_sub(1))
             .map(|from| &all[from..])
             .find(|run| regular(run))?;
-        let gap = median(best.windows(2).map(|w| w[1].t - w[0].t).collect());
+        // The gap the run's pace implies: its step over the least-squares
+        // slope of the levels it reached, not the median gap. Rises land on
+        // whole slots, so a rise every 1.6 s comes 2, 2, 1, 2, 1 s apart,
+        // whose median (2 s) reads the pace 20 % slow (smooth-a's leak300);
+        // for a staircase of equal steps at equal gaps the two agree.
+        let step = step_of(best).unwrap_or_else(|| median(best.iter().map(|r| r.size).collect()));
+        let levels: Vec<(f64, f64)> = best.iter().map(|r| (r.t, r.level)).collect();
+        let median_gap = median(best.windows(2).map(|w| w[1].t - w[0].t).collect());
+        let gap = least_squares_slope(&levels)
+            .filter(|slope| *slope > 0.0)
+            .map_or(median_gap, |slope| step / slope);
         let s = Staircase {
             rises: best.to_vec(),
-            step: step_of(best).unwrap_or_else(|| median(best.iter().map(|r| r.size).collect())),
+            step,
             gap,
             during_start: best.iter().any(|r| r.start),
         };
@@ -304,6 +316,23 @@ mod tests {
         assert!(s.rises.len() >= 16, "{s:?}");
         let rate = s.rate() / GB;
         assert!((rate - 0.786).abs() < 0.05, "{rate} GB/s");
+    }
+
+    /// smooth-a's leak300: one 0.49 GB segment every 1.63 s, which whole
+    /// 1 s slots see 2, 2, 1, 2, 1 s apart. The pace is the levels' slope
+    /// (0.30 GB/s), not a step per median gap (0.245 GB/s: 20 % slow).
+    #[test]
+    fn rises_on_whole_slots_keep_their_pace() {
+        let mut points = vec![(0.0, 0.0), (2.0, 1.4), (7.0, 60.0)];
+        let mut level = 60.0;
+        for i in 0..20 {
+            level += 0.49;
+            points.push((10.0 + i as f64 * 1.63, level));
+        }
+        let r = feed(&points);
+        let s = r.staircase(41.5, 4).expect("a regular pace");
+        let rate = s.rate() / GB;
+        assert!((rate - 0.30).abs() < 0.015, "{rate} GB/s");
     }
 
     /// The dev recording growbatch: batch 4 → 8 → 12 → 16 every 20 s.

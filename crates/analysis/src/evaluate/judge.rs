@@ -447,5 +447,6 @@ mod tests {
         assert_eq!((j.life, j.lead_high), (None, None));
         assert!(r.truth.legitimate());
         assert!(!rec(TruthKind::None, "remediation", None).truth.legitimate());
+        assert!(rec(TruthKind::None, "load", None).truth.legitimate());
     }
 }

@@ -80,8 +80,9 @@ pub struct Truth {
     pub cause_from: Option<f64>,
 }
 
-/// Causes of runs on which nothing may be raised.
-pub const LEGITIMATE: [&str; 4] = ["churn", "varlen", "steady", "legit"];
+/// Causes of runs on which nothing may be raised (`load`: weights arriving
+/// at disk speed, then steady training).
+pub const LEGITIMATE: [&str; 5] = ["churn", "varlen", "steady", "legit", "load"];
 
 impl Truth {
     /// Whether nothing may be raised on this run.
