@@ -189,6 +189,19 @@
 #| smooth-b       loadshort   none  25     32   --seed 1103 --d-model 896 --layers 14 --heads 14 --seq 1024 --vocab 32000 --batch-schedule 4 --peak-every 6 --fill-pct 20 --ballast-mbps 2000 --cause load --duration 25
 #| smooth-b       leak450     oom   117    130  --seed 1104 --d-model 896 --layers 14 --heads 14 --seq 1024 --vocab 32000 --batch-schedule 3 --peak-every 0 --leak-mbps 450 --leak-at 6 --life 100 --duration 125
 #
+# smooth-c and smooth-d: recorded after the analysis of the pace change
+# (a staircase's pace is the slope of its levels), which smooth-a's first
+# judgement informed; other models, rates and seeds; judged once as they
+# came. Every cause NVML can time (its pace changed for all of them).
+#| smooth-c       neighbour   other 118    133  --seed 1201 --d-model 1152 --layers 9 --heads 12 --seq 640 --vocab 32000 --batch-schedule 6 --peak-every 5 --empty-cache-every 3 --neighbour-mbps 420 --leak-at 10 --life 100 --duration 128
+#| smooth-c       growdemand  other 115    130  --seed 1202 --d-model 1152 --layers 9 --heads 12 --seq 640 --vocab 32000 --batch-schedule 6 --peak-every 0 --accumulation 2 --demand-mbps 250 --leak-at 5 --life 105 --max-seq 32768 --duration 125
+#| smooth-c       leak700     oom   117    130  --seed 1203 --d-model 1152 --layers 9 --heads 12 --seq 640 --vocab 32000 --batch-schedule 6 --peak-every 0 --leak-mbps 700 --leak-at 6 --life 100 --duration 125
+#| smooth-c       steady      none  15     19   --seed 1204 --d-model 1152 --layers 9 --heads 12 --seq 640 --vocab 32000 --batch-schedule 6 --peak-every 5 --duration 15
+#| smooth-d       leak350     oom   117    130  --seed 1301 --d-model 640 --layers 18 --heads 10 --seq 1536 --vocab 32000 --batch-schedule 3 --peak-every 5 --leak-mbps 350 --leak-at 6 --life 100 --duration 125
+#| smooth-d       leak900     oom   117    130  --seed 1302 --d-model 640 --layers 18 --heads 10 --seq 1536 --vocab 32000 --batch-schedule 3 --peak-every 0 --leak-mbps 900 --leak-at 6 --empty-cache-every 5 --life 100 --duration 125
+#| smooth-d       neighbour   other 118    133  --seed 1303 --d-model 640 --layers 18 --heads 10 --seq 1536 --vocab 32000 --batch-schedule 3 --peak-every 5 --empty-cache-every 4 --neighbour-mbps 350 --leak-at 10 --life 100 --duration 128
+#| smooth-d       varlen      none  15     19   --seed 1304 --d-model 640 --layers 18 --heads 10 --seq 1536 --vocab 32000 --batch-schedule 3 --peak-every 0 --varlen 0.3:2 --duration 15
+#
 # The selftest set rehearses the whole campaign on a machine without a GPU
 # (`python3 -m pytest -q bench/gpu/selftest`: a stand-in torch, the sim
 # backend); small model, short runs, the same code paths.
@@ -231,7 +244,7 @@ export PYTHONUNBUFFERED=1
 unset MEMPROF_AGENT_RECORD_HISTORY MEMPROF_AGENT_OUTPUT MEMPROF_AGENT_SUMMARY MEMPROF_AGENT_MAX_STEPS MEMPROF_AGENT_DISABLE
 
 usage() {
-  echo "usage: $0 OUTDIR dev|heldout|fresh|causes-dev|causes-heldout|causes-fresh|causes-fresh2|leaks-long-a|leaks-long-b|smooth-a|smooth-b|selftest [--plan]" >&2
+  echo "usage: $0 OUTDIR dev|heldout|fresh|causes-dev|causes-heldout|causes-fresh|causes-fresh2|leaks-long-a|leaks-long-b|smooth-a|smooth-b|smooth-c|smooth-d|selftest [--plan]" >&2
   exit 2
 }
 OUT=${1:-}
