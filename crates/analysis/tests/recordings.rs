@@ -474,3 +474,89 @@ fn leaks_living_90_s_as_first_judged() {
         assert!(one(&e.nvml, smooth.0).lead_high >= Some(smooth.1), "{name}");
     }
 }
+
+/// `recordings/smooth-c` and `smooth-d`, never looked at before the
+/// analysis of e8d5a94 judged them, as first judged: from NVML alone the
+/// time to OOM at half-life within 2 % on every leak and neighbour, and the
+/// first high >= 69 s before the OOM on five of the six causes (leak900,
+/// which rises smoothly with `empty_cache` every 5 s: 55 s, a miss in
+/// docs/gpu-results.md that the bound here keeps from getting worse); with
+/// the agent every first high >= 69 s ahead and every TTO within 7 %; no
+/// false high or leak flag on the legitimate runs from either source.
+#[test]
+fn smooth_sets_as_first_judged() {
+    for (name, nvml_leads) in [
+        (
+            "smooth-c",
+            [("neighbour", 69.0), ("growdemand", 88.0), ("leak700", 74.0)],
+        ),
+        (
+            "smooth-d",
+            [("leak350", 74.0), ("leak900", 55.0), ("neighbour", 71.0)],
+        ),
+    ] {
+        let e = evaluation(name, 4);
+        for (scenario, lead) in nvml_leads {
+            let n = one(&e.nvml, scenario);
+            assert!(n.lead_high >= Some(lead), "{name} {n:?}");
+            if scenario != "growdemand" {
+                let t = n.tto_at_half.as_ref().expect("a time at half-life");
+                assert!(t.error_percent.abs() <= 2.0, "{name} {n:?}");
+            }
+            let a = one(&e.agent, scenario);
+            assert!(a.lead_high >= Some(69.0), "{name} {a:?}");
+            let t = a.tto_at_half.as_ref().expect("a time at half-life");
+            assert!(t.error_percent.abs() <= 7.0, "{name} {a:?}");
+        }
+        for j in e.nvml.iter().chain(&e.agent).filter(|j| j.life.is_none()) {
+            assert_eq!(
+                (j.high_seconds, j.false_leak_seconds),
+                (0.0, 0.0),
+                "{name} {j:?}"
+            );
+        }
+    }
+}
+
+/// `recordings/smooth-a` and `smooth-b` (judged first with the analysis of
+/// 3f64975; the pace change that followed was made on them, so they are
+/// seen): smooth leaks from the first step go high >= 70 s before the OOM
+/// from NVML alone with their TTO within 1 %. Legitimate weights loading
+/// after the first steps (33 s, 60 s and 14 s climbs, then steady
+/// training) is a miss of both sources, the same before the start change
+/// (NVML reads a climb that paused once as running growth): seconds of high
+/// and of leak flag NVML 11/24, 34/48, 0/0, the agent 28/30, 56/56, 8/8,
+/// which bounds here keep from getting worse (docs/gpu-results.md).
+#[test]
+fn smooth_leaks_from_the_first_step_and_weights_loading() {
+    for (name, leaks, loads) in [
+        (
+            "smooth-a",
+            ["leak600", "leak300"],
+            vec![("loadmid", (11.0, 24.0), (28.0, 30.0))],
+        ),
+        (
+            "smooth-b",
+            ["leak1000", "leak450"],
+            vec![
+                ("loadlong", (34.0, 48.0), (56.0, 56.0)),
+                ("loadshort", (0.0, 0.0), (8.0, 8.0)),
+            ],
+        ),
+    ] {
+        let e = evaluation(name, 4);
+        for leak in leaks {
+            let n = one(&e.nvml, leak);
+            assert!(n.lead_high >= Some(70.0), "{name} {n:?}");
+            let t = n.tto_at_half.as_ref().expect("a time at half-life");
+            assert!(t.error_percent.abs() <= 1.0, "{name} {n:?}");
+        }
+        for (load, nvml, agent) in loads {
+            let (n, a) = (one(&e.nvml, load), one(&e.agent, load));
+            assert!(n.high_seconds <= nvml.0, "{name} {n:?}");
+            assert!(n.false_leak_seconds <= nvml.1, "{name} {n:?}");
+            assert!(a.high_seconds <= agent.0, "{name} {a:?}");
+            assert!(a.false_leak_seconds <= agent.1, "{name} {a:?}");
+        }
+    }
+}
