@@ -251,7 +251,13 @@ impl AgentDevice {
     }
 
     /// Adds one push's numbers for this device at time `t`.
-    fn observe(&mut self, t: f64, phase: Option<&str>, d: &DeviceStats, th: &AgentThresholds) {
+    fn observe(
+        &mut self,
+        t: f64,
+        (phase, step): (Option<&str>, Option<u64>),
+        d: &DeviceStats,
+        th: &AgentThresholds,
+    ) {
         if d.uuid.is_some() {
             self.uuid.clone_from(&d.uuid);
         }
@@ -271,6 +277,7 @@ impl AgentDevice {
             t,
             peak: peak as f64,
             floor: d.allocated_bytes as f64,
+            step,
         });
         if let (Some(free), Some(total)) = (d.free_bytes, d.total_bytes) {
             let limit = free.saturating_add(d.reserved_bytes);
@@ -341,7 +348,7 @@ impl AgentDevice {
             .unwrap_or(self.last.total_bytes.unwrap_or(0) as f64);
         self.recent
             .pace(th.leak_bytes_per_second, limit)
-            .is_some_and(|p| !p.floor_flat)
+            .is_some_and(|p| !p.floor_flat && !p.setup)
     }
 
     /// The device's own memory series (total − free), for its report entry.
@@ -457,11 +464,14 @@ impl AgentDevice {
         // step, so the allocator releases its idle segments and tries
         // again before it fails: the OOM comes when a step's peak no
         // longer fits the limit.
-        let ceiling = if p.floor_flat {
+        let ceiling = if p.floor_flat && !p.setup {
             self.released_ceiling(level)?
         } else {
             self.ceiling()?
         };
+        if p.setup {
+            return Some(setup_forecast(p, ceiling, level, th));
+        }
         let tto = ((ceiling - level) / p.slope).max(0.0);
         let rate = memprof_api::format_rate(p.slope);
         let rate = rate.trim_start_matches('+');
@@ -679,6 +689,27 @@ impl AgentDevice {
         });
         let leak = self.leak.get() || (long.is_some_and(|f| f.leaks) && every_phase_rises);
         (leak, long)
+    }
+}
+
+/// Memory that rose while no training step ran (weights loading, a second
+/// model, a cache being built): setup, which ends where what is loaded
+/// ends. Never a leak; it may warn, never alarm: a setup that will not fit
+/// fails before any training is lost, and one that fits is no OOM.
+fn setup_forecast(p: pace::Pace, ceiling: f64, level: f64, th: &Thresholds) -> Forecast {
+    let tto = ((ceiling - level) / p.slope).max(0.0);
+    let rate = memprof_api::format_rate(p.slope);
+    Forecast {
+        tto,
+        growth: p.slope,
+        confidence: crate::risk::warn_only((p.span / tto.max(1.0)).min(1.0), th),
+        cause: NamedCause::new(
+            Cause::GrowingDemand,
+            format!(
+                "memory rises {} while no training step runs (loading, setting up)",
+                rate.trim_start_matches('+')
+            ),
+        ),
     }
 }
 

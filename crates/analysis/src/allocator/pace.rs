@@ -49,6 +49,8 @@ pub struct Point {
     pub peak: f64,
     /// Allocated bytes at the push.
     pub floor: f64,
+    /// The trainer's step at the push, when the agent counts steps.
+    pub step: Option<u64>,
 }
 
 /// A steady rise of the peaks.
@@ -60,6 +62,9 @@ pub struct Pace {
     pub span: f64,
     /// Memory between steps stays put: not a leak.
     pub floor_flat: bool,
+    /// No training step ran in the window (every push counts steps, and
+    /// the count never moved): setup, not training ([`setup`]).
+    pub setup: bool,
 }
 
 /// The recent pushes of one device.
@@ -99,6 +104,34 @@ impl Recent {
             .iter()
             .rev()
             .find_map(|w| self.window(now - w, leak_rate, MIN_RISE_FRACTION * limit))
+    }
+
+    /// Seconds per training step over the pushes kept, from the first
+    /// and last pushes whose step count moved; `None` before two moves.
+    /// Why: a window holds setup only if steps would have shown in it (a
+    /// step longer than the window is no setup).
+    fn step_period(&self) -> Option<f64> {
+        let moved: Vec<(f64, u64)> = self
+            .points
+            .iter()
+            .zip(self.points.iter().skip(1))
+            .filter_map(|(a, b)| match (a.step, b.step) {
+                (Some(x), Some(y)) if y > x => Some((b.t, y)),
+                _ => None,
+            })
+            .collect();
+        let (first, last) = (moved.first()?, moved.last()?);
+        (last.1 > first.1 && last.0 > first.0)
+            .then(|| (last.0 - first.0) / (last.1 - first.1) as f64)
+    }
+
+    /// Whether the newest half of a window of `span` seconds (at least
+    /// three of the trainer's usual steps) ran no training step.
+    fn setup_since(&self, span: f64) -> bool {
+        let now = self.points.back().map_or(0.0, |p| p.t);
+        let tail = (span / 2.0).max(3.0 * self.step_period().unwrap_or(0.0));
+        self.points.front().is_some_and(|f| f.t <= now - tail)
+            && setup(self.points.iter().filter(|p| p.t >= now - tail))
     }
 
     /// Buckets of the points from `from`: (middle, lowest peak, lowest floor).
@@ -146,6 +179,7 @@ impl Recent {
             slope: fit.slope,
             span: fit.span,
             floor_flat: floor_flat(&floors, fit.slope),
+            setup: self.setup_since(fit.span),
         })
     }
 }
@@ -212,6 +246,20 @@ fn floor_flat(floors: &[(f64, f64)], slope: f64) -> bool {
     !(fit.slope >= slope / 2.0 && fit.r2 >= FLOOR_LINE_R2)
 }
 
+/// Whether no training step ran among `points`: each carries the
+/// trainer's step count and it never moved. A leak keeps memory from one
+/// step to the next, so memory that rose while no step ran (weights
+/// loading, a second model) is setup, whatever its pace (read over the
+/// newest half of the pace's window, and at least three of the trainer's
+/// usual steps: `Recent::setup_since`). Unknown steps (an agent that does
+/// not count them) are not evidence of setup.
+fn setup<'a>(mut points: impl Iterator<Item = &'a Point>) -> bool {
+    let Some(first) = points.next().and_then(|p| p.step) else {
+        return false;
+    };
+    points.all(|p| p.step == Some(first))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -225,7 +273,12 @@ mod tests {
         for i in 0..=secs {
             let t = i as f64;
             let (peak, floor) = f(t);
-            r.push(Point { t, peak, floor });
+            r.push(Point {
+                t,
+                peak,
+                floor,
+                step: Some(i as u64),
+            });
         }
         r
     }
@@ -279,6 +332,39 @@ mod tests {
         // A drift of a few MB is no pace either.
         let r = recent(60, |t| (10.8 * GB + 1e6 * t, 2.1 * GB));
         assert_eq!(r.pace(LEAK, LIMIT), None);
+    }
+
+    /// A leak in a trainer whose steps take 20 s each: a window with no
+    /// step in it is not setup, since steps that slow would not show.
+    #[test]
+    fn a_window_shorter_than_three_steps_is_no_setup() {
+        let mut r = Recent::default();
+        for i in 0..=60 {
+            let t = i as f64;
+            let rise = 0.1 * GB * t;
+            r.push(Point {
+                t,
+                peak: 20.0 * GB + rise,
+                floor: 10.0 * GB + rise,
+                step: Some(i / 20),
+            });
+        }
+        let p = r.pace(LEAK, LIMIT).expect("a pace");
+        assert!(!p.setup && !p.floor_flat, "{p:?}");
+        // Steps every second, then none for the last 30 s: setup there.
+        let mut r = Recent::default();
+        for i in 0..=60u64 {
+            let t = i as f64;
+            let rise = if i < 30 { 0.0 } else { 0.5 * GB * (t - 30.0) };
+            r.push(Point {
+                t,
+                peak: 20.0 * GB + rise,
+                floor: 10.0 * GB + rise,
+                step: Some(i.min(30)),
+            });
+        }
+        let p = r.pace(LEAK, LIMIT).expect("a pace");
+        assert!(p.setup, "{p:?}");
     }
 
     #[test]

@@ -117,7 +117,7 @@ impl Process {
             _ => (p.time, &p.devices),
         };
         for d in devices {
-            self.observe_device(t, p.phase.as_deref(), d);
+            self.observe_device(t, (p.phase.as_deref(), p.step), d);
         }
         if let Some(oom) = &p.oom {
             self.ooms.0 += 1;
@@ -127,7 +127,7 @@ impl Process {
         }
     }
 
-    fn observe_device(&mut self, t: f64, phase: Option<&str>, d: &DeviceStats) {
+    fn observe_device(&mut self, t: f64, at_step: (Option<&str>, Option<u64>), d: &DeviceStats) {
         let at = match self.devices.iter().position(|x| x.index == d.index) {
             Some(i) => i,
             None if self.devices.len() < memprof_api::agent::MAX_DEVICES => {
@@ -137,7 +137,7 @@ impl Process {
             }
             None => return,
         };
-        self.devices[at].observe(t, phase, d, &self.thresholds);
+        self.devices[at].observe(t, at_step, d, &self.thresholds);
     }
 
     /// Host memory is not what a CUDA OOM frees: read before and after it.
