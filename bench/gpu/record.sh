@@ -202,6 +202,20 @@
 #| smooth-d       neighbour   other 118    133  --seed 1303 --d-model 640 --layers 18 --heads 10 --seq 1536 --vocab 32000 --batch-schedule 3 --peak-every 5 --empty-cache-every 4 --neighbour-mbps 350 --leak-at 10 --life 100 --duration 128
 #| smooth-d       varlen      none  15     19   --seed 1304 --d-model 640 --layers 18 --heads 10 --seq 1536 --vocab 32000 --batch-schedule 3 --peak-every 0 --varlen 0.3:2 --duration 15
 #
+# setup-a and setup-b: recorded after the analysis of 71a34b6 (memory that
+# rises while no training step runs is setup, never a leak) and the agent's
+# own count of optimizer steps; judged once as they came. Weights loading
+# after the first steps at other sizes and speeds, beside leaks and a
+# growing demand whose steps run (what the change must not hide).
+#| setup-a        loadmid2    none  52     62   --seed 1401 --d-model 1024 --layers 10 --heads 16 --seq 896 --vocab 32000 --batch-schedule 5 --peak-every 6 --fill-pct 40 --ballast-mbps 1500 --cause load --duration 50
+#| setup-a        leak500     oom   117    130  --seed 1402 --d-model 1024 --layers 10 --heads 16 --seq 896 --vocab 32000 --batch-schedule 5 --peak-every 0 --leak-mbps 500 --leak-at 6 --life 100 --duration 125
+#| setup-a        loadlong2   none  92     100  --seed 1403 --d-model 1024 --layers 10 --heads 16 --seq 896 --vocab 32000 --batch-schedule 5 --peak-every 6 --fill-pct 55 --ballast-mbps 1000 --cause load --duration 92
+#| setup-a        steady      none  15     19   --seed 1404 --d-model 1024 --layers 10 --heads 16 --seq 896 --vocab 32000 --batch-schedule 5 --peak-every 6 --duration 15
+#| setup-b        loadshort2  none  28     35   --seed 1501 --d-model 1280 --layers 8 --heads 10 --seq 768 --vocab 32000 --batch-schedule 4 --peak-every 6 --fill-pct 25 --ballast-mbps 2000 --cause load --duration 28
+#| setup-b        growdemand  other 115    130  --seed 1502 --d-model 1280 --layers 8 --heads 10 --seq 768 --vocab 32000 --batch-schedule 4 --peak-every 0 --accumulation 2 --demand-mbps 220 --leak-at 5 --life 105 --max-seq 32768 --duration 125
+#| setup-b        leak800s    oom   117    130  --seed 1503 --d-model 1280 --layers 8 --heads 10 --seq 768 --vocab 32000 --batch-schedule 4 --peak-every 6 --leak-mbps 800 --leak-at 6 --life 100 --duration 125
+#| setup-b        load        none  68     78   --seed 1504 --d-model 1280 --layers 8 --heads 10 --seq 768 --vocab 32000 --batch-schedule 4 --peak-every 6 --fill-pct 45 --ballast-mbps 1200 --cause load --duration 68
+#
 # The selftest set rehearses the whole campaign on a machine without a GPU
 # (`python3 -m pytest -q bench/gpu/selftest`: a stand-in torch, the sim
 # backend); small model, short runs, the same code paths.
@@ -244,7 +258,7 @@ export PYTHONUNBUFFERED=1
 unset MEMPROF_AGENT_RECORD_HISTORY MEMPROF_AGENT_OUTPUT MEMPROF_AGENT_SUMMARY MEMPROF_AGENT_MAX_STEPS MEMPROF_AGENT_DISABLE
 
 usage() {
-  echo "usage: $0 OUTDIR dev|heldout|fresh|causes-dev|causes-heldout|causes-fresh|causes-fresh2|leaks-long-a|leaks-long-b|smooth-a|smooth-b|smooth-c|smooth-d|selftest [--plan]" >&2
+  echo "usage: $0 OUTDIR dev|heldout|fresh|causes-dev|causes-heldout|causes-fresh|causes-fresh2|leaks-long-a|leaks-long-b|smooth-a|smooth-b|smooth-c|smooth-d|setup-a|setup-b|selftest [--plan]" >&2
   exit 2
 }
 OUT=${1:-}
