@@ -82,6 +82,15 @@ pub enum Step {
         /// Why, for the trainers' logs (at most 256 bytes).
         reason: String,
     },
+    /// Suspend the top-level workload, set the changed environment in every
+    /// pod template and `annotations` on it, resume it: never deleted (a
+    /// Kueue-managed JobSet, TrainJob or PyTorchJob keeps its queue).
+    SuspendPatchResume {
+        /// The env changes to set.
+        changes: Vec<EnvChange>,
+        /// Annotations set on the workload with the environment.
+        annotations: BTreeMap<String, String>,
+    },
     /// Delete the Job and create `manifest` in its place.
     Recreate {
         /// The env changes baked into `manifest`.
@@ -111,6 +120,10 @@ pub struct Plan {
     pub why: String,
     /// Steps, in order.
     pub steps: Vec<Step>,
+    /// Kind of the top-level workload the plan acts on (`JobSet`,
+    /// `TrainJob`, `PyTorchJob`); absent for a batch/v1 Job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
     /// The wait for a checkpoint before the restart (`waitForCheckpoint`), decided with the plan.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint: Option<CheckpointGate>,
@@ -138,7 +151,7 @@ impl Plan {
                 Step::NotifyTrainer { level, .. } => {
                     format!("notifyTrainer {}", level.risk().as_str())
                 }
-                Step::Recreate { changes, .. } => {
+                Step::Recreate { changes, .. } | Step::SuspendPatchResume { changes, .. } => {
                     let mut seen = Vec::new();
                     for c in changes {
                         let note = c
@@ -273,6 +286,7 @@ fn empty_plan(input: &PlanInput<'_>) -> Result<Plan, PlanError> {
         job_uid: meta("uid")?,
         why: input.why.to_string(),
         steps: Vec::new(),
+        kind: None,
         checkpoint: None,
     })
 }

@@ -94,6 +94,13 @@ pub struct RemediationRecord {
     /// What the restart kept or lost, when the policy waits for a checkpoint.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint: Option<crate::CheckpointOutcome>,
+    /// How the workload's environment is changed, decided with the plan:
+    /// `suspend-patch-resume` (a Kueue-managed JobSet, TrainJob or
+    /// PyTorchJob: never deleted) or `recreate` (deleted and created again
+    /// under its name). Absent when the plan changes no environment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32))]
+    pub env_change: Option<String>,
 }
 
 /// How often one policy changed a workload, over its whole life.

@@ -11,14 +11,17 @@ use crate::key::JobKey;
 use crate::operator::reconcile::profiling_enabled;
 use crate::operator::trust;
 use crate::remediation::oom::SIDECAR_CONTAINER;
-use crate::remediation::{decide, notify, oom, CountedReports, JobCheckpoints};
+use crate::remediation::{
+    decide, notify, oom, CountedReports, Decision, Executor, JobCheckpoints, Target,
+};
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
 use memprof_api::{
-    Acknowledgements, MemoryReport, MemoryReportSpec, RemediationRecord, MAX_HISTORY,
+    Acknowledgements, MemoryProfileStatus, MemoryReport, MemoryReportSpec, RemediationRecord,
+    MAX_HISTORY,
 };
 use memprof_policy::triggers::PHASE_PENDING;
 use std::sync::Arc;
@@ -31,6 +34,10 @@ const RESYNC: Duration = Duration::from_secs(60);
 /// Runs the remediation stage for the fetched Job; returns when to look again.
 pub(super) fn run(ctx: &Arc<Context>, f: &Fetched) -> Option<Duration> {
     let exec = ctx.executor.clone()?;
+    if let Some(target) = exec.target(&f.key) {
+        // A top-level workload's profile (reconciled after a remediation task).
+        return run_workload(ctx, &f.key, &target);
+    }
     // The roll-up writes the first status; remediation builds on it.
     let view = ctx.writer.view(&f.key)?;
     if ctx.with_state(&f.key, |s| s.busy) {
@@ -67,17 +74,7 @@ pub(super) fn run(ctx: &Arc<Context>, f: &Fetched) -> Option<Duration> {
         .as_deref()
         .filter(|j| j.metadata.deletion_timestamp.is_none() && profiling_enabled(j));
     let (decision, again) = match live {
-        Some(job) => {
-            let clock = ctx.with_state(&f.key, |s| {
-                s.clock.observe(view.risk, now);
-                s.clock.clone()
-            });
-            let ns = Some(f.key.namespace.as_str());
-            let policies = exec
-                .policies()
-                .state_filter(|p| p.metadata.namespace.as_deref() == ns);
-            decide(&policies, job, &with_ooms, &clock, now, RESYNC)
-        }
+        Some(job) => decide_on(ctx, &exec, &f.key, job, &with_ooms, now),
         None => (None, RESYNC),
     };
     if decision.is_some() || !ooms.is_empty() {
@@ -86,6 +83,106 @@ pub(super) fn run(ctx: &Arc<Context>, f: &Fetched) -> Option<Duration> {
         ctx.spawn_task(key.clone(), exec.record(key, job_uid, ooms, decision));
     }
     Some(again)
+}
+
+/// The remediation stage of a top-level workload's profile `wkey`
+/// (JobSet, TrainJob, PyTorchJob): its policies are evaluated on its status
+/// and its labels as last read from the API server (`target`), and a
+/// decision recorded and carried out by the executor, which changes the
+/// workload the least disruptive way its kind allows
+/// (`remediation::workload`). Kind-generic: each kind's pipeline calls it
+/// after handing the workload's status to the writer, having said which
+/// Jobs' reports are its ranks' (`Executor::set_target`). GPU OOMs are
+/// not detected from a workload's pods yet (a Job's are).
+pub(super) fn run_workload(ctx: &Arc<Context>, wkey: &JobKey, target: &Target) -> Option<Duration> {
+    let exec = ctx.executor.clone()?;
+    let view = ctx.writer.view(wkey)?;
+    if ctx.with_state(wkey, |s| s.busy) {
+        return None;
+    }
+    if let Some(pending) = view.remediations.iter().find(|r| r.phase == PHASE_PENDING) {
+        let (key, record) = (wkey.clone(), pending.clone());
+        let ranks = checkpoints_of(ctx, &members(ctx, target));
+        ctx.spawn_task(key.clone(), exec.resume(key, record, ranks));
+        return None;
+    }
+    let now = Timestamp::now();
+    let open = notify::open_tallies(&view.remediations, now);
+    if !open.is_empty() {
+        let reports = ctx.counted(wkey);
+        if let Some(tallies) = tallies_changed(open, &reports) {
+            let key = wkey.clone();
+            ctx.spawn_task(key.clone(), exec.record_tallies(key, tallies));
+            return None;
+        }
+    }
+    // What a policy's selector reads: the workload's name, uid and labels.
+    let mut job = Job::default();
+    job.metadata.name = Some(wkey.name.clone());
+    job.metadata.namespace = Some(wkey.namespace.clone());
+    job.metadata.uid = Some(target.uid.clone());
+    job.metadata.labels = Some(target.labels.clone());
+    let (decision, again) = decide_on(ctx, &exec, wkey, &job, &view, now);
+    if decision.is_some() {
+        let key = wkey.clone();
+        let uid = Some(target.uid.clone());
+        ctx.spawn_task(key.clone(), exec.record(key, uid, vec![], decision));
+    }
+    Some(again)
+}
+
+/// The policies of `key`'s namespace evaluated on `job` (or the workload's
+/// stand-in) with `status`, the risk clock of `key` advanced to `now`.
+fn decide_on(
+    ctx: &Context,
+    exec: &Executor,
+    key: &JobKey,
+    job: &Job,
+    status: &MemoryProfileStatus,
+    now: Timestamp,
+) -> (Option<Decision>, Duration) {
+    let clock = ctx.with_state(key, |s| {
+        s.clock.observe(status.risk, now);
+        s.clock.clone()
+    });
+    let ns = Some(key.namespace.as_str());
+    let policies = exec
+        .policies()
+        .state_filter(|p| p.metadata.namespace.as_deref() == ns);
+    decide(&policies, job, status, &clock, now, RESYNC)
+}
+
+/// Each member Job of `target` in the Job cache, with its uid.
+fn members(ctx: &Context, target: &Target) -> Vec<(JobKey, String)> {
+    target
+        .members
+        .iter()
+        .filter_map(|k| {
+            let job = ctx
+                .caches
+                .jobs
+                .get(&ObjectRef::new(&k.name).within(&k.namespace))?;
+            Some((k.clone(), job.uid()?))
+        })
+        .collect()
+}
+
+/// The tallies of `open` that `reports` change; `None` when none does.
+fn tallies_changed(
+    open: Vec<(String, Acknowledgements)>,
+    reports: &[Arc<MemoryReport>],
+) -> Option<Vec<(String, Acknowledgements)>> {
+    let changed: Vec<_> = open
+        .into_iter()
+        .filter_map(|(id, was)| {
+            let t = notify::tally(reports.iter().map(|r| r.as_ref()), &id, was.not_delivered);
+            if t.ok + t.failed < was.ok + was.failed {
+                return None;
+            }
+            (t != was).then_some((id, t))
+        })
+        .collect();
+    (!changed.is_empty()).then_some(changed)
 }
 
 /// The `notifyTrainer` tallies of the Job's open records (`notify::open_tallies`)
@@ -142,6 +239,14 @@ fn counted_reports(ctx: &Context, key: &JobKey) -> Vec<Arc<MemoryReport>> {
 /// pending, and a restarted operator has none for the Job.
 impl CountedReports for Context {
     fn counted(&self, key: &JobKey) -> Vec<Arc<MemoryReport>> {
+        // A workload's ranks are its member Jobs' counted reports, all of them.
+        if let Some(target) = self.executor.as_ref().and_then(|e| e.target(key)) {
+            let members = members(self, &target);
+            return members
+                .iter()
+                .flat_map(|(k, uid)| screened_reports(self, k, uid))
+                .collect();
+        }
         let job = self
             .caches
             .jobs
@@ -182,11 +287,25 @@ fn counted_checkpoints(ctx: &Context, key: &JobKey, job: Option<&Job>) -> JobChe
     let Some(uid) = job.and_then(|j| j.uid()) else {
         return JobCheckpoints::default();
     };
-    let counted = screened_reports(ctx, key, &uid);
-    let mut ranks = JobCheckpoints::new(counted.iter().map(|r| r.spec.last_checkpoint.clone()));
+    checkpoints_of(ctx, &[(key.clone(), uid)])
+}
+
+/// The newest checkpoints of the counted ranks of every Job of `jobs`
+/// (key, uid): one Job's, or all of a workload's.
+fn checkpoints_of(ctx: &Context, jobs: &[(JobKey, String)]) -> JobCheckpoints {
+    let counted: Vec<(&JobKey, Arc<MemoryReport>)> = jobs
+        .iter()
+        .flat_map(|(key, uid)| {
+            screened_reports(ctx, key, uid)
+                .into_iter()
+                .map(move |r| (key, r))
+        })
+        .collect();
+    let mut ranks =
+        JobCheckpoints::new(counted.iter().map(|(_, r)| r.spec.last_checkpoint.clone()));
     let pods = counted
         .iter()
-        .filter_map(|r| pod_of(&ctx.caches, key, &r.spec.pod_name));
+        .filter_map(|(key, r)| pod_of(&ctx.caches, key, &r.spec.pod_name));
     ranks.exited = pods.filter(|p| trainer_exited(p)).count() as u32;
     ranks
 }

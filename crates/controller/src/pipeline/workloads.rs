@@ -12,8 +12,9 @@
 //! Each reconcile of a child Job rolls the whole workload up again from the
 //! caches (O(the workload's reports)), and hands the status to the writer
 //! under the workload's key (its name): concurrent children compute the
-//! same status from the same caches. Not yet: Events and annotations on the
-//! top-level object, and remediation (docs/remediation.md).
+//! same status from the same caches. Remediation acts on the top-level
+//! workload ([`remediate`]: the same stage whichever kind). Not yet: Events
+//! and annotations on the top-level object (docs/remediation.md).
 
 use super::state::Context;
 use super::tracked::{all_pods, all_reports, report_of};
@@ -21,6 +22,7 @@ use crate::key::JobKey;
 use crate::operator::rbac::ensure_reporter_rbac;
 use crate::operator::reconcile::{desired_status_from, profile_outdated, Rejected};
 use crate::operator::{Error, Result};
+use crate::remediation::Target;
 use crate::status::Analysis;
 use crate::workload::rank::JobSetShape;
 use crate::workload::read::{api_resource, resolve_live, Membership};
@@ -103,7 +105,7 @@ pub(super) async fn member_of(
 /// Rolls `resolved`'s workload up and hands its status to the writer;
 /// returns when to look again.
 pub(super) async fn run(
-    ctx: &Context,
+    ctx: &Arc<Context>,
     key: &JobKey,
     job: &Job,
     (resolved, shape): (Resolved, JobSetShape),
@@ -120,6 +122,7 @@ pub(super) async fn run(
     let members = members(ctx, ns, jobset, now);
     let wkey = JobKey::new(ns, &resolved.top.name);
     ensure_profile(ctx, &wkey, &resolved.top, shape.ranks(), job).await?;
+    let member_keys: Vec<JobKey> = members.values().map(|(n, _)| JobKey::new(ns, n)).collect();
     let (reports, pods) = member_objects(ctx, ns, members.values().map(|(name, _)| name));
     let report_refs: Vec<&MemoryReport> = reports.iter().map(|r| r.as_ref()).collect();
     let pod_metas: HashMap<&str, &ObjectMeta> = pods
@@ -146,13 +149,61 @@ pub(super) async fn run(
         notices: vec![],
     };
     ctx.writer.submit(&wkey, analysis);
+    let decided = remediate(ctx, &wkey, &resolved.top, member_keys).await?;
     let next = out
         .rollup
         .next_change(now)
         .map(|t| Duration::try_from(now.duration_until(t)).unwrap_or_default());
-    Ok(Some(next.map_or(RESYNC, |d| {
-        d.clamp(Duration::from_millis(100), RESYNC)
-    })))
+    let next = next.map_or(RESYNC, |d| d.clamp(Duration::from_millis(100), RESYNC));
+    Ok(Some(decided.map_or(next, |d| d.min(next))))
+}
+
+/// Remediation of workload `top`, whose profile is `wkey` and whose ranks
+/// are the reports of the Jobs `members` (a JobSet's child Jobs): says so
+/// to the executor, with the workload's labels as the API server holds
+/// them (read again at most every [`RESOLVE_AGAIN`], or when its uid
+/// changed), and runs the workload's remediation stage. Kind-generic: a
+/// PyTorchJob's pipeline calls it with its own top-level object.
+pub(super) async fn remediate(
+    ctx: &Arc<Context>,
+    wkey: &JobKey,
+    top: &Workload,
+    members: Vec<JobKey>,
+) -> Result<Option<Duration>> {
+    let Some(exec) = ctx.executor.clone() else {
+        return Ok(None);
+    };
+    let known = exec
+        .target(wkey)
+        .filter(|t| t.uid == top.uid && t.kind == top.kind && t.read.elapsed() < RESOLVE_AGAIN);
+    let (labels, read) = match known {
+        Some(t) => (t.labels, t.read),
+        None => (top_labels(ctx, &wkey.namespace, top).await?, Instant::now()),
+    };
+    let target = Target {
+        kind: top.kind,
+        uid: top.uid.clone(),
+        labels,
+        members,
+        read,
+    };
+    exec.set_target(wkey, target.clone());
+    Ok(super::remediation_stage::run_workload(ctx, wkey, &target))
+}
+
+/// The labels of workload `top` as the API server holds them now (a policy
+/// selects on them; Kueue's queue label decides how it is changed).
+async fn top_labels(ctx: &Context, ns: &str, top: &Workload) -> Result<BTreeMap<String, String>> {
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(ctx.client.clone(), ns, &api_resource(top.kind));
+    let got = api
+        .get_opt(&top.name)
+        .await
+        .map_err(|e| Error::Workload(e.to_string()))?;
+    Ok(got
+        .filter(|o| o.metadata.uid.as_deref() == Some(top.uid.as_str()))
+        .and_then(|o| o.metadata.labels)
+        .unwrap_or_default())
 }
 
 /// The JobSet's rank layout, from its spec as the API server holds it now.

@@ -20,7 +20,7 @@
 //! "look again" (at the deadline at the latest; a report's change wakes the
 //! Job sooner), never blocking a reconcile.
 
-use super::executor::{job_ref, Executor};
+use super::executor::Executor;
 use super::Result;
 use crate::key::JobKey;
 use jiff::{SignedDuration, Timestamp};
@@ -368,7 +368,7 @@ async fn announce_wait(
         ranks.with_checkpoint(),
         ranks.ranks.len()
     );
-    let regarding = job_ref(key, Some(plan.job_uid.clone()));
+    let regarding = exec.regarding(key, Some(plan.job_uid.clone()));
     exec.publish(EventType::Normal, REASON_WAITING, note, &regarding)
         .await;
 }

@@ -11,19 +11,22 @@
 //! in a reconcile.
 
 use super::checkpoint::{self, Hold};
-use super::executor::{job_ref, Executor};
+use super::executor::Executor;
 use super::nonce::nonce;
 use super::records::{last_action, pending_mut};
 use super::steps::{remediable, run_steps, wait_for_deletion, Ran, Steps};
 use super::store::{config_map_name, PlanStore, Saved};
 use super::verify::verify;
+use super::workload;
 use super::{Error, JobCheckpoints, PhaseLabels, Result};
 use crate::key::JobKey;
+use crate::workload::action::env_change;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
+use memprof_api::workload::WorkloadKind;
 use memprof_api::{truncate_utf8, RemediationPolicy, RemediationRecord};
 use memprof_policy::plan::{self, Plan, PlanError, PlanInput};
 use memprof_policy::triggers::{
@@ -47,20 +50,24 @@ pub(super) async fn plan_for(
     why: &str,
 ) -> Result<Option<Result<Plan, PlanError>>> {
     let (ns, name) = (key.namespace.as_str(), key.name.as_str());
-    let job = exec
-        .jobs(ns)
+    let kind = exec.kind_of(key);
+    let object = exec
+        .objects(ns, kind)
         .get_opt(name)
         .await
         .map_err(|source| Error::Read {
-            what: format!("Job {key}"),
+            what: format!("{} {key}", kind.kind()),
             source,
         })?;
-    let Some(job) =
-        job.filter(|j| expected_uid.is_empty() || j.uid().as_deref() == Some(expected_uid))
+    let Some(object) =
+        object.filter(|j| expected_uid.is_empty() || j.uid().as_deref() == Some(expected_uid))
     else {
         return Ok(None);
     };
-    let job = serde_json::to_value(&job).map_err(|e| Error::Serialize("Job", e))?;
+    // The Kueue queue is read from the object as the API server holds it now.
+    let how = env_change(kind, object.metadata.labels.as_ref());
+    let object = serde_json::to_value(&object).map_err(|e| Error::Serialize("Job", e))?;
+    let job = workload::job_view(kind, &object);
     let (config_maps, not_opted_in) = config_maps_of(exec, policy, ns).await?;
     // `scaleBatch` `mode: fit` reads the roll-up's recommendation (status: only the operator writes it).
     let status = exec.view(key);
@@ -81,6 +88,9 @@ pub(super) async fn plan_for(
     if let Ok(p) = planned.as_mut() {
         let recommendation = status.as_ref().map(|s| s.recommendation.as_slice());
         plan::with_gpu_request(p, policy, recommendation.unwrap_or_default());
+    }
+    if kind != WorkloadKind::Job {
+        planned = planned.map(|p| workload::for_workload(p, kind, &object, how));
     }
     Ok(Some(planned))
 }
@@ -189,11 +199,13 @@ async fn record_digest(
     saved: &Saved,
 ) -> Result<Option<RemediationRecord>> {
     let (id, digest, job_uid) = (id.to_string(), saved.digest(), saved.plan.job_uid.clone());
+    let how = workload::env_change_of(&saved.plan).map(|c| c.as_str().to_string());
     let written = exec
         .edit(key, move |st| {
             let r = pending_mut(st, &id)?;
             r.plan_digest = Some(digest.clone());
             r.job_uid = Some(job_uid.clone());
+            r.env_change.clone_from(&how);
             Some(r.clone())
         })
         .await?;
@@ -320,7 +332,7 @@ async fn finish(
     };
     exec.metrics.records.get_or_create(&labels).inc();
     exec.policy_status.notify_one();
-    let regarding = job_ref(key, job_uid);
+    let regarding = exec.regarding(key, job_uid);
     let note = format!(
         "RemediationPolicy {}: {}: {message}",
         record.policy, record.action

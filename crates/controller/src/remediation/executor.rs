@@ -5,16 +5,16 @@
 use super::{Error, Metrics, Result};
 use crate::key::JobKey;
 use crate::status::StatusWriter;
-use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::ObjectReference;
-use kube::api::{Api, ApiResource, DynamicObject};
+use kube::api::{Api, DynamicObject};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::Store;
 use kube::{Client, Resource};
+use memprof_api::workload::WorkloadKind;
 use memprof_api::{
     truncate_utf8, MemoryProfile, MemoryProfileStatus, RemediationPolicy, REMEDIATION_MANAGER,
 };
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
 use tracing::warn;
@@ -39,6 +39,27 @@ pub struct Executor {
     pub(super) policy_status: Notify,
     /// The pipeline's counted reports (`notifyTrainer`), set once it runs.
     pub(super) counted: std::sync::OnceLock<std::sync::Weak<dyn super::CountedReports>>,
+    /// Profiles that are a top-level workload's rather than a Job's, as the
+    /// pipeline last read the workload (`set_target`).
+    targets: Mutex<HashMap<JobKey, Target>>,
+}
+
+/// The top-level workload (JobSet, TrainJob, PyTorchJob) a profile is
+/// about, as the pipeline read it from the API server: what a policy's
+/// selector matches and how its environment is changed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Target {
+    /// Its kind.
+    pub kind: WorkloadKind,
+    /// Its uid.
+    pub uid: String,
+    /// Its labels (the selector's, and Kueue's queue).
+    pub labels: BTreeMap<String, String>,
+    /// The Jobs whose reports are its ranks' (a JobSet's child Jobs): the
+    /// checkpoint wait and `notifyTrainer` cover all of them.
+    pub members: Vec<JobKey>,
+    /// When its labels were read.
+    pub read: std::time::Instant,
 }
 
 impl Executor {
@@ -66,12 +87,49 @@ impl Executor {
             failures: Mutex::default(),
             policy_status: Notify::new(),
             counted: std::sync::OnceLock::new(),
+            targets: Mutex::default(),
         }
     }
 
-    /// Jobs of `ns` as untyped objects (a plan's manifest is kept whole).
-    pub(super) fn jobs(&self, ns: &str) -> Api<DynamicObject> {
-        Api::namespaced_with(self.client.clone(), ns, &ApiResource::erase::<Job>(&()))
+    /// Says that profile `key` is workload `target`'s (called by the
+    /// pipeline each time it reads the workload).
+    pub fn set_target(&self, key: &JobKey, target: Target) {
+        let mut targets = self.targets.lock().unwrap_or_else(|e| e.into_inner());
+        targets.insert(key.clone(), target);
+    }
+
+    /// The workload profile `key` is about, when it is not a Job's.
+    pub fn target(&self, key: &JobKey) -> Option<Target> {
+        let targets = self.targets.lock().unwrap_or_else(|e| e.into_inner());
+        targets.get(key).cloned()
+    }
+
+    /// Forgets that `key` is a workload's (it is gone).
+    pub fn forget_target(&self, key: &JobKey) {
+        let mut targets = self.targets.lock().unwrap_or_else(|e| e.into_inner());
+        targets.remove(key);
+    }
+
+    /// The kind profile `key` is about (a Job unless the pipeline said otherwise).
+    pub(super) fn kind_of(&self, key: &JobKey) -> WorkloadKind {
+        self.target(key).map_or(WorkloadKind::Job, |t| t.kind)
+    }
+
+    /// Objects of `kind` in `ns`, untyped (a plan's manifest is kept whole).
+    pub(super) fn objects(&self, ns: &str, kind: WorkloadKind) -> Api<DynamicObject> {
+        let resource = crate::workload::read::api_resource(kind);
+        Api::namespaced_with(self.client.clone(), ns, &resource)
+    }
+
+    /// What an Event about profile `key`'s workload regards: the Job, or
+    /// the top-level workload (by uid when known).
+    pub(super) fn regarding(&self, key: &JobKey, uid: Option<String>) -> ObjectReference {
+        let kind = self.kind_of(key);
+        ObjectReference {
+            api_version: Some(kind.api_version().into()),
+            kind: Some(kind.kind().into()),
+            ..job_ref(key, uid)
+        }
     }
 
     /// The RemediationPolicy cache.

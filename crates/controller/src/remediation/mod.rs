@@ -47,18 +47,21 @@ pub mod notify;
 pub mod oom;
 mod recording;
 mod records;
+mod request;
 mod status;
 mod steps;
 mod store;
+mod suspend_step;
 mod tasks;
 pub mod verify;
+pub mod workload;
 
 pub use checkpoint::JobCheckpoints;
 pub use decide::{decide, Decision};
-pub use executor::Executor;
+pub use executor::{Executor, Target};
 pub use notify::CountedReports;
+pub use request::{FAILPOINT_AFTER_DELETE, FAILPOINT_AFTER_SUSPEND, FAILPOINT_ENV};
 pub use status::{policy_status, policy_status_task};
-pub use steps::{FAILPOINT_AFTER_DELETE, FAILPOINT_ENV};
 
 use crate::status::advice;
 use kube::Client;

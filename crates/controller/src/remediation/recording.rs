@@ -4,9 +4,10 @@
 //! added a record announces and carries it out.
 
 use super::decide::Decision;
-use super::executor::{job_ref, profile_ref, Executor};
+use super::executor::{profile_ref, Executor};
 use super::records::{last_action, new_record};
 use super::store::Saved;
+use super::workload::env_change_of;
 use super::{checkpoint, execute, oom, status, PhaseLabels, Result};
 use crate::key::JobKey;
 use jiff::Timestamp;
@@ -54,7 +55,7 @@ pub(super) async fn record(
         return Ok(Some(AGAIN));
     };
     let regarding = match &job_uid {
-        Some(uid) => job_ref(key, Some(uid.clone())),
+        Some(uid) => exec.regarding(key, Some(uid.clone())),
         None => profile_ref(key),
     };
     announce_ooms(exec, &added, &regarding).await;
@@ -151,7 +152,8 @@ async fn plan(
     Ok(Some(match outcome {
         Ok(plan) if policy.spec.dry_run => {
             let why = format!("dry run: would act because {why}");
-            let rec = new_record(&d.id, policy, &plan.summary(), PHASE_DRY_RUN, now, why);
+            let mut rec = new_record(&d.id, policy, &plan.summary(), PHASE_DRY_RUN, now, why);
+            rec.env_change = env_change_of(&plan).map(|c| c.as_str().to_string());
             (rec, None)
         }
         Ok(mut plan) => {
@@ -165,6 +167,8 @@ async fn plan(
             let mut rec = new_record(&d.id, policy, &summary, PHASE_PENDING, now, why);
             rec.job_uid = Some(d.job_uid.clone());
             rec.plan_digest = Some(saved.digest());
+            // The record says how the environment will change before it is.
+            rec.env_change = env_change_of(&saved.plan).map(|c| c.as_str().to_string());
             (rec, Some(saved))
         }
         Err(e) => {

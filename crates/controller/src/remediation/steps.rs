@@ -1,8 +1,11 @@
 //! The steps of a plan, each idempotent and decided from what the API
 //! server holds now (see `execute.rs` and the protocol in `mod.rs`).
 
-use super::executor::{job_ref, Executor};
+use super::executor::Executor;
+use super::request::{failpoint, merge_params, terminal_code, FAILPOINT_AFTER_DELETE};
 use super::store::config_map_name;
+use super::suspend_step;
+use super::workload::kind_of;
 use super::{Error, Result};
 use crate::key::JobKey;
 use k8s_openapi::api::batch::v1::Job;
@@ -13,25 +16,12 @@ use kube::api::{
 };
 use kube::runtime::events::EventType;
 use kube::ResourceExt;
+use memprof_api::workload::WorkloadKind;
 use memprof_api::{LABEL_REMEDIABLE, REMEDIATION_MANAGER};
 use memprof_policy::plan::{Plan, Step};
 use memprof_runtime::backoff;
 use std::time::{Duration, Instant};
 use tracing::info;
-
-/// Environment variable naming a failpoint (tests only).
-pub const FAILPOINT_ENV: &str = "MEMPROF_FAILPOINT";
-/// Failpoint: abort the process right after the old Job's deletion was accepted.
-pub const FAILPOINT_AFTER_DELETE: &str = "remediation-after-delete";
-
-/// Dies here when `MEMPROF_FAILPOINT` names this point: the crash tests use
-/// it to kill the operator between two steps of the protocol.
-fn failpoint(name: &str) {
-    if std::env::var(FAILPOINT_ENV).is_ok_and(|v| v == name) {
-        eprintln!("{FAILPOINT_ENV}={name}: aborting on purpose");
-        std::process::abort();
-    }
-}
 
 /// What carrying out the steps came to.
 pub(super) enum Ran {
@@ -55,14 +45,6 @@ pub(super) struct Steps {
     pub lost: Option<String>,
 }
 
-/// What the steps write with: a merge patch as `memprof-remediation`.
-fn merge_params() -> PatchParams {
-    PatchParams {
-        field_manager: Some(REMEDIATION_MANAGER.into()),
-        ..Default::default()
-    }
-}
-
 /// Runs a verified plan's steps on Job `key`, in order.
 pub(super) async fn run_steps(exec: &Executor, key: &JobKey, plan: &Plan) -> Result<Ran> {
     let mut out = Steps {
@@ -75,16 +57,7 @@ pub(super) async fn run_steps(exec: &Executor, key: &JobKey, plan: &Plan) -> Res
                 annotate(exec, key, plan, k, value, &mut out).await?
             }
             Step::Event { reason, message } => {
-                let first = exec
-                    .published
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(format!("{}/{i}", plan.id));
-                if first {
-                    let regarding = job_ref(key, out.job_uid.clone());
-                    exec.publish(EventType::Warning, reason, message.clone(), &regarding)
-                        .await;
-                }
+                event(exec, key, plan, i, (reason, message), &out).await
             }
             Step::SetConfigMapKey {
                 config_map,
@@ -103,13 +76,20 @@ pub(super) async fn run_steps(exec: &Executor, key: &JobKey, plan: &Plan) -> Res
                 }
             }
             Step::Suspend => suspend(exec, key, plan, &mut out).await?,
+            Step::SuspendPatchResume {
+                changes,
+                annotations,
+            } => {
+                let ran = suspend_step::run(exec, key, plan, (changes, annotations)).await?;
+                note(&mut out, ran);
+            }
             Step::NotifyTrainer { level, reason } => {
                 let d = super::notify::directive(&plan.id, *level, reason);
                 let done = super::notify::deliver(exec, key, plan, &d).await?;
                 out.done.extend(done);
             }
             Step::Recreate { manifest, .. } => {
-                let jobs = exec.jobs(&key.namespace);
+                let jobs = exec.objects(&key.namespace, kind_of(plan));
                 let recreated = recreate(exec, &jobs, key, plan, manifest).await?;
                 if let Some(finalizers) = recorded(recreated, key, plan, &mut out) {
                     return Ok(Ran::Waiting { finalizers });
@@ -118,6 +98,36 @@ pub(super) async fn run_steps(exec: &Executor, key: &JobKey, plan: &Plan) -> Res
         }
     }
     Ok(Ran::Finished(out))
+}
+
+/// Step `event`: published once per plan step by this process (a retried
+/// plan does not repeat it).
+async fn event(
+    exec: &Executor,
+    key: &JobKey,
+    plan: &Plan,
+    i: usize,
+    (reason, message): (&str, &str),
+    out: &Steps,
+) {
+    let first = exec
+        .published
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(format!("{}/{i}", plan.id));
+    if first {
+        let regarding = exec.regarding(key, out.job_uid.clone());
+        exec.publish(EventType::Warning, reason, message.to_string(), &regarding)
+            .await;
+    }
+}
+
+/// Notes a step's outcome: what it did, or why it could not.
+fn note(out: &mut Steps, ran: std::result::Result<String, String>) {
+    match ran {
+        Ok(done) => out.done.push(done),
+        Err(failed) => out.failed.push(failed),
+    }
 }
 
 /// Step `annotate`: one annotation on the planned Job (its uid a precondition).
@@ -131,7 +141,7 @@ async fn annotate(
 ) -> Result<()> {
     // The uid makes the patch fail on any other Job of this name.
     let body = serde_json::json!({"metadata": {"uid": plan.job_uid, "annotations": {k: value}}});
-    let jobs = exec.jobs(&key.namespace);
+    let jobs = exec.objects(&key.namespace, kind_of(plan));
     match jobs
         .patch(&key.name, &merge_params(), &Patch::Merge(&body))
         .await
@@ -148,6 +158,10 @@ async fn annotate(
 /// Step `suspend`: `spec.suspend` on the planned Job, read back (a server
 /// without the field drops it silently).
 async fn suspend(exec: &Executor, key: &JobKey, plan: &Plan, out: &mut Steps) -> Result<()> {
+    if kind_of(plan) != WorkloadKind::Job {
+        note(out, suspend_step::suspend_only(exec, key, plan).await?);
+        return Ok(());
+    }
     let body = serde_json::json!({"metadata": {"uid": plan.job_uid}, "spec": {"suspend": true}});
     let typed: Api<Job> = Api::namespaced(exec.client.clone(), &key.namespace);
     match typed
@@ -279,7 +293,7 @@ pub(super) async fn wait_for_deletion(
         let note = format!(
             "remediation {id} waits for Job {key} to be deleted; finalizers holding it: {held}"
         );
-        let regarding = job_ref(key, None);
+        let regarding = exec.regarding(key, None);
         exec.publish(EventType::Warning, "RemediationWaiting", note, &regarding)
             .await;
     }
@@ -309,12 +323,6 @@ enum Recreated {
 
 /// How long one reconcile polls for the garbage collector to remove the old Job.
 const GC_WAIT: Duration = Duration::from_secs(4);
-
-/// An API error that retrying cannot fix: the manifest is invalid (400, 422),
-/// the operator may not create it (403), or the namespace is gone (404).
-fn terminal_code(code: u16) -> bool {
-    matches!(code, 400 | 403 | 404 | 422)
-}
 
 /// One look at the Job under the plan's name, and the step it calls for.
 enum Look {
@@ -352,7 +360,7 @@ fn step_error<'a>(
 ) -> impl Fn(kube::Error) -> Error + 'a {
     move |source| Error::Step {
         id: plan.id.clone(),
-        step: format!("{step} Job {key}"),
+        step: format!("{step} {} {key}", kind_of(plan).kind()),
         source,
     }
 }
@@ -483,9 +491,13 @@ async fn delete_job(jobs: &Api<DynamicObject>, name: &str, old: &str) -> kube::R
     }
 }
 
-/// Deletes the old Job's pods, orphaned by the deletion: the trainer must
-/// not keep running next to the new Job's.
+/// Deletes the old Job's pods (a workload's: what its controller created),
+/// orphaned by the deletion: the trainer must not keep running next to the
+/// new one's.
 async fn delete_old_pods(exec: &Executor, key: &JobKey, plan: &Plan) -> Result<()> {
+    if kind_of(plan) != WorkloadKind::Job {
+        return suspend_step::delete_old_children(exec, key, plan).await;
+    }
     let pods: Api<Pod> = Api::namespaced(exec.client.clone(), &key.namespace);
     for label in ["controller-uid", "batch.kubernetes.io/controller-uid"] {
         let lp = ListParams::default().labels(&format!("{label}={}", plan.job_uid));

@@ -113,7 +113,10 @@ pub fn in_scope(plan: &Plan, namespace: &str, job: &str) -> Result<(), Tampered>
         let meta = &manifest["metadata"];
         let ns_ok = meta["namespace"].as_str().is_none_or(|n| n == namespace);
         let name_ok = meta["name"].as_str() == Some(job);
-        let kind_ok = manifest["kind"] == "Job" && manifest["apiVersion"] == "batch/v1";
+        // A workload's plan recreates its own kind, a Job's a Job.
+        let kind = super::workload::kind_of(plan);
+        let kind_ok =
+            manifest["kind"] == kind.kind() && manifest["apiVersion"] == kind.api_version();
         if !(ns_ok && name_ok && kind_ok) {
             return Err(Tampered::OutOfScope {
                 index,
@@ -167,6 +170,7 @@ mod tests {
                 manifest: json!({"apiVersion": "batch/v1", "kind": "Job",
                     "metadata": {"name": "train", "namespace": "ml"}}),
             }],
+            kind: None,
             checkpoint: None,
         }
     }

@@ -1,0 +1,320 @@
+//! The Job remediation tests' JobSet twins, through the real executor and
+//! the operator, against the local control plane. The test plays the
+//! JobSet controller: it creates the child Jobs with controller owner
+//! references and workload marks as JobSet and the webhook do (the real Job
+//! controller creates their pods); no JobSet controller or Kueue runs here,
+//! so nothing recreates children after a change: what is checked is what
+//! memprof does to the top-level object, its children and the record.
+//!
+//! - a Kueue-managed JobSet is suspended, patched and resumed, never
+//!   deleted (twin of `remediation::critical_rank_recreates_the_job_…`);
+//! - one Kueue does not manage is recreated at the top level, its old
+//!   child Jobs deleted (the same twin);
+//! - a dry run changes nothing and says what it would do (twin of
+//!   `remediation::dry_run_changes_nothing_…`);
+//! - an operator killed mid suspend-patch-resume finishes it on restart
+//!   (twin of `remediation::operator_killed_between_delete_and_create_…`).
+
+use crate::common;
+use crate::remediation_support;
+use crate::workload_support;
+
+use common::*;
+use futures::StreamExt;
+use k8s_openapi::api::batch::v1::Job;
+use kube::api::{Api, DynamicObject, PostParams, WatchEvent, WatchParams};
+use kube::{Client, ResourceExt};
+use memprof::api::workload::WorkloadKind;
+use memprof::api::workload_mark::{sign, Link, ANNOTATION_WORKLOAD_MARK};
+use memprof::api::RiskLevel;
+use remediation_support::{apply_policy, records, shrink_policy, spawn_operator};
+use serde_json::{json, Value};
+use std::time::Duration;
+use workload_support::*;
+
+const BATCH: &str = "/spec/replicatedJobs/0/template/spec/template/spec/containers/0/env/0/value";
+
+/// Child Job `index` of `js` as the JobSet controller creates it, profiled
+/// and marked as the webhook marks it.
+async fn marked_child(admin: &Client, ns: &str, js: &DynamicObject, index: u32) -> Job {
+    let mut manifest = child_job(js, index);
+    let keys = admission_keys(ns).await;
+    let name = format!("{}-workers-{index}", js.name_any());
+    let identity = format!("workers/{index}");
+    let link = Link {
+        namespace: ns,
+        kind: "Job",
+        name: &name,
+        controller_uid: js.metadata.uid.as_deref().unwrap(),
+        identity: &identity,
+    };
+    let mark = sign(keys.current().unwrap(), &link, jiff::Timestamp::now()).unwrap();
+    manifest["metadata"]["annotations"] =
+        json!({"memprof.dev/enabled": "true", ANNOTATION_WORKLOAD_MARK: mark});
+    manifest["metadata"]["labels"]["memprof.dev/managed"] = json!("true");
+    manifest["spec"]["template"]["metadata"] = json!({"labels": {"memprof.dev/managed": "true"}});
+    let job: Job = serde_json::from_value(manifest).unwrap();
+    Api::<Job>::namespaced(admin.clone(), ns)
+        .create(&PostParams::default(), &job)
+        .await
+        .unwrap()
+}
+
+/// The report of child Job `job`'s one pod.
+async fn child_report(admin: &Client, ns: &str, job: &str, offset: u64, risk: RiskLevel) {
+    let pod = job_pods(admin, ns, job, 1).await.remove(0);
+    let peak = if risk == RiskLevel::Critical { 79 } else { 30 };
+    let gpus = vec![gpu(
+        0,
+        peak,
+        peak,
+        risk,
+        (risk == RiskLevel::Critical).then_some(5.0),
+    )];
+    apply_report(admin, ns, &pod_report(&pod, job, 0, &at(offset), gpus)).await;
+}
+
+/// JobSet `train` (labels `labels` and `team: ml`) of two marked child
+/// Jobs, each rank reporting low, its profile written with both ranks.
+async fn profiled_jobset(admin: &Client, ns: &str, labels: Value) -> DynamicObject {
+    let mut labels = labels;
+    labels["team"] = json!("ml");
+    let js = create(admin, ns, WorkloadKind::JobSet, jobset("train", 2, labels)).await;
+    for i in 0..2 {
+        marked_child(admin, ns, &js, i).await;
+        child_report(admin, ns, &format!("train-workers-{i}"), 0, RiskLevel::Low).await;
+    }
+    let profiles: Api<memprof::api::MemoryProfile> = Api::namespaced(admin.clone(), ns);
+    eventually("the JobSet's profile with both ranks", || async {
+        let p = profiles.get_opt("train").await.map_err(|e| e.to_string())?;
+        let ranks = p
+            .and_then(|p| p.status)
+            .map(|s| s.ranks)
+            .unwrap_or_default();
+        (ranks == "2/2").then_some(()).ok_or(ranks)
+    })
+    .await;
+    js
+}
+
+/// The record of the JobSet's profile once it is `phase`.
+async fn record_in(admin: &Client, ns: &str, phase: &str) -> memprof::api::RemediationRecord {
+    eventually(&format!("the record {phase}"), || async {
+        let recs = records(admin, ns, "train").await;
+        match recs.as_slice() {
+            [r] if r.phase == phase => Ok(r.clone()),
+            _ => Err(format!("{recs:?}")),
+        }
+    })
+    .await
+}
+
+/// Every watch event of JobSet `train` stored from `rv` on, for 3 s.
+async fn jobset_events(
+    admin: &Client,
+    ns: &str,
+    rv: &str,
+) -> Vec<(String, Option<String>, Option<bool>)> {
+    let wp = WatchParams::default()
+        .fields("metadata.name=train")
+        .timeout(3);
+    let api = api(admin, ns, WorkloadKind::JobSet);
+    let mut events = api.watch(&wp, rv).await.unwrap().boxed();
+    let mut seen = Vec::new();
+    while let Ok(Some(Ok(e))) = tokio::time::timeout(Duration::from_secs(5), events.next()).await {
+        let (what, o) = match e {
+            WatchEvent::Added(o) => ("ADDED", o),
+            WatchEvent::Modified(o) => ("MODIFIED", o),
+            WatchEvent::Deleted(o) => ("DELETED", o),
+            _ => continue,
+        };
+        let suspend = o.data.pointer("/spec/suspend").and_then(Value::as_bool);
+        seen.push((what.to_string(), o.metadata.uid.clone(), suspend));
+    }
+    seen
+}
+
+#[tokio::test]
+async fn a_kueue_managed_jobset_is_suspended_patched_and_resumed_by_the_executor_never_deleted() {
+    let Some(admin) = cluster().await else { return };
+    install_workload_crds(&admin).await;
+    let ns = TestNamespace::create(&admin).await;
+    let ns = ns.name.as_str();
+    let op = start_operator(&admin, ns);
+    apply_policy(&admin, ns, "shrink", shrink_policy(false))
+        .await
+        .unwrap();
+    let js = profiled_jobset(&admin, ns, json!({"kueue.x-k8s.io/queue-name": "team-a"})).await;
+    let (uid, rv) = (js.uid().unwrap(), js.resource_version().unwrap());
+    child_report(&admin, ns, "train-workers-1", 100, RiskLevel::Critical).await;
+    let rec = record_in(&admin, ns, "Done").await;
+    assert_eq!(
+        rec.env_change.as_deref(),
+        Some("suspend-patch-resume"),
+        "{rec:?}"
+    );
+    assert_eq!(rec.action, "scaleBatch BATCH_SIZE 32->24");
+    let after = api(&admin, ns, WorkloadKind::JobSet)
+        .get("train")
+        .await
+        .unwrap();
+    assert_eq!(after.uid().as_deref(), Some(uid.as_str()), "never deleted");
+    assert_eq!(after.data.pointer(BATCH), Some(&json!("24")));
+    assert_eq!(
+        after.data.pointer("/spec/suspend"),
+        Some(&json!(false)),
+        "resumed"
+    );
+    assert_eq!(
+        after.labels()["kueue.x-k8s.io/queue-name"],
+        "team-a",
+        "its queue kept"
+    );
+    assert_eq!(after.annotations()["memprof.dev/remediation"], rec.id);
+    let events = jobset_events(&admin, ns, &rv).await;
+    assert!(
+        events
+            .iter()
+            .all(|(what, u, _)| what == "MODIFIED" && u.as_deref() == Some(uid.as_str())),
+        "{events:?}"
+    );
+    let suspends: Vec<Option<bool>> = events.iter().map(|(_, _, s)| *s).collect();
+    let on = suspends
+        .iter()
+        .position(|s| *s == Some(true))
+        .expect("suspended");
+    assert!(
+        suspends[on..].contains(&Some(false)),
+        "resumed after: {suspends:?}"
+    );
+    // Its child Jobs are the JobSet controller's to replace: never memprof's.
+    for i in 0..2 {
+        let j = Api::<Job>::namespaced(admin.clone(), ns)
+            .get(&format!("train-workers-{i}"))
+            .await;
+        assert!(j.is_ok(), "child {i} left alone");
+    }
+    assert!(count_events(&admin, ns, "Remediated", "train").await >= 1);
+    op.stop().await;
+}
+
+#[tokio::test]
+async fn a_jobset_kueue_does_not_manage_is_recreated_at_the_top_level() {
+    let Some(admin) = cluster().await else { return };
+    install_workload_crds(&admin).await;
+    let ns = TestNamespace::create(&admin).await;
+    let ns = ns.name.as_str();
+    let op = start_operator(&admin, ns);
+    apply_policy(&admin, ns, "shrink", shrink_policy(false))
+        .await
+        .unwrap();
+    let js = profiled_jobset(&admin, ns, json!({})).await;
+    let old = js.uid().unwrap();
+    child_report(&admin, ns, "train-workers-1", 100, RiskLevel::Critical).await;
+    let rec = record_in(&admin, ns, "Done").await;
+    assert_eq!(rec.env_change.as_deref(), Some("recreate"), "{rec:?}");
+    assert!(rec.job_deleted);
+    let new = api(&admin, ns, WorkloadKind::JobSet)
+        .get("train")
+        .await
+        .unwrap();
+    assert_ne!(new.uid().as_deref(), Some(old.as_str()), "a new JobSet");
+    assert_eq!(new.data.pointer(BATCH), Some(&json!("24")));
+    assert_eq!(new.annotations()["memprof.dev/remediation"], rec.id);
+    assert_eq!(new.labels()["team"], "ml", "the rest is the user's");
+    // The old JobSet's children (orphaned by its deletion) are gone: they
+    // must not train next to the new one's.
+    let jobs = Api::<Job>::namespaced(admin.clone(), ns);
+    eventually("the old child Jobs deleted", || async {
+        let left: Vec<String> = jobs
+            .list(&Default::default())
+            .await
+            .map_err(|e| e.to_string())?
+            .items
+            .iter()
+            .filter(|j| j.metadata.deletion_timestamp.is_none())
+            .map(|j| j.name_any())
+            .collect();
+        left.is_empty().then_some(()).ok_or(format!("{left:?}"))
+    })
+    .await;
+    assert!(count_events(&admin, ns, "Remediated", "train").await >= 1);
+    op.stop().await;
+}
+
+#[tokio::test]
+async fn a_dry_run_on_a_jobset_changes_nothing_and_names_the_action_it_would_take() {
+    let Some(admin) = cluster().await else { return };
+    install_workload_crds(&admin).await;
+    let ns = TestNamespace::create(&admin).await;
+    let ns = ns.name.as_str();
+    let op = start_operator(&admin, ns);
+    apply_policy(&admin, ns, "shrink", shrink_policy(true))
+        .await
+        .unwrap();
+    let js = profiled_jobset(&admin, ns, json!({"kueue.x-k8s.io/queue-name": "team-a"})).await;
+    child_report(&admin, ns, "train-workers-0", 100, RiskLevel::Critical).await;
+    let rec = record_in(&admin, ns, "DryRun").await;
+    assert_eq!(
+        rec.env_change.as_deref(),
+        Some("suspend-patch-resume"),
+        "{rec:?}"
+    );
+    let after = api(&admin, ns, WorkloadKind::JobSet)
+        .get("train")
+        .await
+        .unwrap();
+    assert_eq!(after.resource_version(), js.resource_version(), "untouched");
+    assert!(count_events(&admin, ns, "RemediationDryRun", "train").await >= 1);
+    op.stop().await;
+}
+
+#[tokio::test]
+async fn an_operator_killed_mid_suspend_patch_resume_finishes_it_on_restart() {
+    let Some(admin) = cluster().await else { return };
+    install_workload_crds(&admin).await;
+    let ns = TestNamespace::create(&admin).await;
+    let ns = ns.name.as_str();
+    apply_policy(&admin, ns, "shrink", shrink_policy(false))
+        .await
+        .unwrap();
+    let mut crashing = spawn_operator(ns, Some(memprof::remediation::FAILPOINT_AFTER_SUSPEND));
+    let js = profiled_jobset(&admin, ns, json!({"kueue.x-k8s.io/queue-name": "team-a"})).await;
+    let uid = js.uid().unwrap();
+    child_report(&admin, ns, "train-workers-1", 100, RiskLevel::Critical).await;
+    let status = eventually("the operator to abort at the failpoint", || {
+        let r = crashing.child.try_wait();
+        async move {
+            match r.map_err(|e| e.to_string())? {
+                Some(s) => Ok(s),
+                None => Err("still running".into()),
+            }
+        }
+    })
+    .await;
+    assert!(!status.success(), "{status:?}");
+    // Suspended, not patched yet, the decision recorded and its plan saved.
+    let rec = record_in(&admin, ns, "Pending").await;
+    assert_eq!(rec.env_change.as_deref(), Some("suspend-patch-resume"));
+    let mid = api(&admin, ns, WorkloadKind::JobSet)
+        .get("train")
+        .await
+        .unwrap();
+    assert_eq!(mid.data.pointer("/spec/suspend"), Some(&json!(true)));
+    assert_eq!(mid.data.pointer(BATCH), Some(&json!("32")));
+    drop(crashing);
+    let _restarted = spawn_operator(ns, None);
+    let done = record_in(&admin, ns, "Done").await;
+    assert_eq!(done.id, rec.id);
+    let after = api(&admin, ns, WorkloadKind::JobSet)
+        .get("train")
+        .await
+        .unwrap();
+    assert_eq!(after.uid().as_deref(), Some(uid.as_str()), "never deleted");
+    assert_eq!(
+        after.data.pointer("/spec/suspend"),
+        Some(&json!(false)),
+        "never left suspended"
+    );
+    assert_eq!(after.data.pointer(BATCH), Some(&json!("24")));
+}
