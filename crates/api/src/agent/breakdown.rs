@@ -18,6 +18,9 @@ use crate::{FlagKind, ModulePhase, ModuleType};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+// Not the report's MemoryBreakdown, which adds whose and when (pod, rank, pid,
+// time) and holds module types and flag kinds as enums: strings here, so that
+// `validate` names the field of a wrong one.
 /// The trainer's memory broken down (`memprof_agent.breakdown`): bytes in
 /// parameters, gradients and optimizer state, by module type, and what the
 /// activations add at the peak of a step. Bytes unless said otherwise.
@@ -83,6 +86,7 @@ pub struct Breakdown {
     pub dp_sgd: Option<DpSgd>,
 }
 
+// The report's twin is crate::ModuleTypeBytes, with the type as the enum.
 /// The parameters of one module type. `type` is a string here, checked by
 /// [`validate`], so a wrong one is refused with its field's name.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
@@ -102,6 +106,8 @@ pub struct ModuleTypeBytes {
     pub optimizer_bytes: u64,
 }
 
+// Not the report's ParameterFlag (kind as FlagKind): a string here, so that
+// `validate` names the field of a wrong one.
 /// A flagged parameter.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]

@@ -30,6 +30,8 @@ pub const MAX_SITE: usize = 128;
 /// Longest short tag (`cgroup`, `source`, a device, a dtype, a type name), bytes.
 pub const MAX_TAG: usize = 64;
 
+// Not the report's HostMemory, which is what the sidecar concluded from these
+// readings (growth, leak, time to the limit, advice).
 /// The container's memory as the agent read it (`host`, every push).
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
@@ -54,6 +56,8 @@ pub struct Host {
     pub cgroup: Option<String>,
 }
 
+// Not the report's GradientCheck, which names at most 4 parameters per list
+// (the push 16) and leaves out every, checks and at.
 /// The latest gradient check of `watch_gradients()` (`grads`).
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
@@ -116,6 +120,8 @@ pub enum SizesSource {
     Stats,
 }
 
+// Not the report's AllocationSizes, which adds the pattern in words and the
+// dominant size, with an RFC 3339 time.
 /// The allocation-size pattern (`sizes`): histograms of `[upper_bytes,
 /// count]`, ascending, the upper bound inclusive.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
@@ -157,6 +163,7 @@ pub struct Sizes {
     pub snapshot_seconds: Option<f64>,
 }
 
+// Not the report's TrackedGrowth, which keeps 8 groups and 8 types (the push 32).
 /// What grew between the tracker's last two samples (`tracking`).
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
@@ -199,6 +206,7 @@ pub struct Tracking {
     pub objects: Vec<TrackedType>,
 }
 
+// Not the report's TensorGrowth, which is this group as one `device dtype shape` text.
 /// One group of live tensors (device, dtype, shape, allocating site).
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
@@ -233,6 +241,8 @@ pub struct TrackedTensors {
     pub live_bytes: u64,
 }
 
+// The fields of the report's ObjectGrowth, but each optional on the wire (an
+// agent may leave any out) and required in the CRD: one type would change a schema.
 /// One Python object type that grew.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
@@ -409,6 +419,7 @@ pub(super) fn validate_pre_oom(p: &PreOom) -> Result<(), Error> {
     Ok(())
 }
 
+// Not the report's AllocationSites, which groups these blocks by file and line.
 /// The agent's allocation-site snapshot at critical: live blocks grouped by
 /// their innermost user frame, largest first.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]

@@ -101,6 +101,8 @@ pub struct Push {
     pub sites: Option<SitesSnapshot>,
 }
 
+// Not the report's AllocatorStats, which is one device's numbers with the
+// sidecar's verdict on them (growth, limit, advice) and what it carries.
 /// One device's allocator statistics (`torch.cuda.memory_stats(i)`, read
 /// once per push) and its free/total memory (`torch.cuda.mem_get_info(i)`).
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
@@ -152,6 +154,8 @@ pub struct DeviceStats {
     pub total_bytes: Option<u64>,
 }
 
+// Not the report's AgentEvent, which keeps the newest 8 with an RFC 3339 time
+// and without the memory peaks: this is what the agent sends (up to 32).
 /// One `memprof_agent.record(name, note)` event.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
@@ -210,6 +214,9 @@ pub struct EventDetail {
     pub trainable_parameters: Option<u64>,
 }
 
+// A string in a report (OomSnapshotSummary and AllocationSites `source`): the
+// CRD takes any short string there and the operator must read every report,
+// also one the sidecar did not write. `as_str` is the one spelling.
 /// Where an OOM snapshot's blocks came from.
 #[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
@@ -223,6 +230,20 @@ pub enum SnapshotSource {
     None,
 }
 
+impl SnapshotSource {
+    /// The name on the wire (`history`, `segments`, `none`), which a
+    /// report's `source` fields carry as a string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SnapshotSource::History => "history",
+            SnapshotSource::Segments => "segments",
+            SnapshotSource::None => "none",
+        }
+    }
+}
+
+// Not the report's OomSnapshotSummary, which is bounded for etcd (8 blocks of 4
+// frames as text, a 512-byte message) and dated: this is the agent's whole snapshot.
 /// What held the memory at a CUDA out-of-memory error.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
@@ -246,6 +267,7 @@ pub struct OomSnapshot {
     pub blocks: Vec<Block>,
 }
 
+// Not the report's OomBlock, whose frames are `file:line function` text (at most 4).
 /// One live allocator block, or the live blocks of one allocation site.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]

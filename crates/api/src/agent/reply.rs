@@ -95,6 +95,8 @@ impl Directive {
     }
 }
 
+// Not the report's AgentAck, which adds when the sidecar got it and from which
+// process (time, pid, rank).
 /// The trainer's acknowledgement of a directive, in a push's `acks`.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]

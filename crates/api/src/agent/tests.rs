@@ -286,3 +286,14 @@ fn the_sites_history_and_error_the_agent_sends_are_read_and_bounded() {
     let err = validate(&p).unwrap_err().to_string();
     assert!(err.contains("sites.error"), "{err}");
 }
+
+#[test]
+fn a_snapshot_source_is_spelled_in_reports_as_on_the_wire() {
+    for s in [
+        SnapshotSource::History,
+        SnapshotSource::Segments,
+        SnapshotSource::None,
+    ] {
+        assert_eq!(serde_json::to_value(s).unwrap(), s.as_str());
+    }
+}

@@ -149,6 +149,7 @@ pub struct PhasePeak {
     pub allocated_bytes: u64,
 }
 
+// Two types with the push's agent::Event: why is said there.
 /// One event the trainer recorded.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
@@ -171,6 +172,7 @@ pub struct AgentEvent {
     pub allocated_bytes: Option<u64>,
 }
 
+// Two types with the push's agent::OomSnapshot: why is said there.
 /// What held the memory at a CUDA OOM: the largest live blocks.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
@@ -198,6 +200,7 @@ pub struct OomSnapshotSummary {
     pub blocks: Vec<OomBlock>,
 }
 
+// Two types with the push's agent::Block: why is said there.
 /// One live block at an OOM, or the live blocks of one allocation site.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]

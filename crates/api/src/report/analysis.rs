@@ -190,6 +190,7 @@ pub struct TensorGrowth {
     pub bytes: i64,
 }
 
+// Two types with the push's agent::TrackedType: why is said there.
 /// One Python object type that grew.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]

@@ -8,6 +8,7 @@ use crate::agent::{DpSgd, LayerRow, ParameterRow, RowsLeftOut};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+// Two types with the push's agent::Breakdown: why is said there.
 /// What holds a trainer's GPU memory, measured by the in-process agent
 /// (`memprof_agent.breakdown`): parameters, gradients, optimizer state,
 /// per-sample gradients and the activations' peak above them, by module type.
@@ -192,6 +193,7 @@ impl FlagKind {
     }
 }
 
+// Two types with the push's agent::Flag: why is said there.
 /// A parameter the agent flagged.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]

@@ -106,12 +106,7 @@ impl AllocationSites {
         AllocationSites {
             time,
             level: s.level,
-            source: match s.source {
-                agent::SnapshotSource::History => "history",
-                agent::SnapshotSource::Segments => "segments",
-                agent::SnapshotSource::None => "none",
-            }
-            .into(),
+            source: s.source.as_str().into(),
             sites,
             unattributed_bytes: s.unattributed_bytes.saturating_add(frameless),
         }
