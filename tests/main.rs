@@ -51,6 +51,7 @@ mod gpu_oom_visibility;
 mod notify_end_to_end;
 mod operator;
 mod pod_trust;
+mod pytorchjobs;
 mod recommend;
 mod recommend_remediation;
 mod remediation;

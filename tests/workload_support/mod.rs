@@ -128,7 +128,7 @@ pub fn pytorch_pod(pt: &DynamicObject, rtype: &str, index: u32) -> Value {
            "spec": {"restartPolicy": "Never", "containers": [{"name": "pytorch", "image": "busybox"}]}})
 }
 
-/// Registers the workloads webhook (Job and JobSet creations) on `url`,
+/// Registers the workloads webhook (Job, JobSet and PyTorchJob creations) on `url`,
 /// the secret path, for namespace `ns` only, as the chart does; deleted
 /// when the returned guard drops.
 pub async fn register_workloads(
@@ -149,7 +149,8 @@ pub async fn register_workloads(
         "webhooks": [{
             "name": memprof::webhook::paths::WORKLOADS_WEBHOOK,
             "clientConfig": {"url": url, "caBundle": ca},
-            "rules": [rule("batch", "v1", "jobs"), rule("jobset.x-k8s.io", "v1alpha2", "jobsets")],
+            "rules": [rule("batch", "v1", "jobs"), rule("jobset.x-k8s.io", "v1alpha2", "jobsets"),
+                      rule("kubeflow.org", "v1", "pytorchjobs")],
             "failurePolicy": "Ignore", "sideEffects": "None",
             "admissionReviewVersions": ["v1"], "timeoutSeconds": 2,
             "namespaceSelector": {"matchLabels": {NS_LABEL: ns}},

@@ -125,6 +125,9 @@ pub const LABEL_JOBSET_JOB_INDEX: &str = "jobset.sigs.k8s.io/job-index";
 pub const COMPLETION_INDEX: &str = "batch.kubernetes.io/job-completion-index";
 /// Label the training operator sets on a PyTorchJob's pods: `master` or `worker`.
 pub const LABEL_PYTORCH_REPLICA_TYPE: &str = "training.kubeflow.org/replica-type";
+/// Label the training operator puts on a PyTorchJob's pods: the
+/// PyTorchJob's name (a filter for the operator's watch, never proof).
+pub const LABEL_TRAINING_JOB_NAME: &str = "training.kubeflow.org/job-name";
 /// Label the training operator sets on a PyTorchJob's pods: the index within its type.
 pub const LABEL_PYTORCH_REPLICA_INDEX: &str = "training.kubeflow.org/replica-index";
 

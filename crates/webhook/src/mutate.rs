@@ -29,7 +29,7 @@ use super::{
 use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, Patch, PatchOperation};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Pod, PodSpec, Volume};
+use k8s_openapi::api::core::v1::{Pod, PodSpec, PodTemplateSpec, Volume};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::core::GroupVersionKind;
 use memprof_api::admission::LABEL_MANAGED;
@@ -64,13 +64,16 @@ pub enum MutateError {
     Review(serde_json::Error),
 }
 
-/// The two kinds the webhook mutates.
+/// The kinds the webhook injects into.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Target {
     /// `batch/v1` Job with `memprof.dev/enabled: "true"`: the pod template is patched.
     Job,
     /// `v1` Pod labelled `memprof.dev/inject=true`: the pod itself is patched.
     Pod,
+    /// `kubeflow.org/v1` PyTorchJob with `memprof.dev/enabled: "true"`:
+    /// each replica type's pod template is patched as a Job's is.
+    PyTorchJob,
 }
 
 impl Target {
@@ -83,6 +86,7 @@ impl Target {
         ) {
             ("batch", "v1", "Job") => Some(Target::Job),
             ("", "v1", "Pod") => Some(Target::Pod),
+            ("kubeflow.org", "v1", "PyTorchJob") => Some(Target::PyTorchJob),
             _ => None,
         }
     }
@@ -91,6 +95,7 @@ impl Target {
         match self {
             Target::Job => "Job",
             Target::Pod => "Pod",
+            Target::PyTorchJob => "PyTorchJob",
         }
     }
 }
@@ -207,6 +212,8 @@ fn view_of<'a>(
                 },
             })
         }
+        // Its replicas' views are `pytorchjob_patch`'s.
+        Target::PyTorchJob => None,
         Target::Pod => {
             let pod = pod.as_ref().expect("decoded for Target::Pod");
             if !is_true(&pod.metadata.labels, LABEL_INJECT) {
@@ -243,21 +250,76 @@ pub fn injection_patch(
     match target {
         Target::Job => job = Some(Job::deserialize(object).map_err(decode)?),
         Target::Pod => pod = Some(Pod::deserialize(object).map_err(decode)?),
+        Target::PyTorchJob => return pytorchjob_patch(object, cfg),
     }
     let Some(view) = view_of(target, &job, &pod)? else {
         return Ok(Injection::default());
     };
+    Ok(inject(target, &view, cfg))
+}
+
+/// Where each replica type's pod template sits in a PyTorchJob.
+const PYTORCH_TEMPLATES: [&[&str]; 2] = [
+    &["spec", "pytorchReplicaSpecs", "Master", "template"],
+    &["spec", "pytorchReplicaSpecs", "Worker", "template"],
+];
+
+/// A PyTorchJob's patch: each replica type's template injected as a Job's
+/// (the same [`inject`]), the sidecar told the PyTorchJob's name
+/// (`MEMPROF_JOB_NAME`): its reports then claim the PyTorchJob, whose
+/// profile the operator rolls them up in.
+fn pytorchjob_patch(object: &Value, cfg: &InjectionConfig) -> Result<Injection, MutateError> {
+    let decode = |source| MutateError::Decode {
+        kind: "PyTorchJob",
+        source,
+    };
+    let meta = object_meta(object).map_err(decode)?;
+    if !is_true(&meta.annotations, ANNOTATION_ENABLED) {
+        return Ok(Injection::default());
+    }
+    let (mut ops, mut warnings) = (Vec::new(), Vec::new());
+    for prefix in PYTORCH_TEMPLATES {
+        let at = PointerBuf::from_tokens(prefix.iter().copied());
+        let Ok(template) = at.resolve(object) else {
+            continue;
+        };
+        let template = PodTemplateSpec::deserialize(template).map_err(decode)?;
+        let spec = template.spec.as_ref().ok_or(MutateError::NoPodSpec)?;
+        let view = View {
+            prefix,
+            meta: &meta,
+            template_meta: template.metadata.as_ref(),
+            spec,
+            ctx: SidecarContext {
+                job_name: meta.name.clone().filter(|n| !n.is_empty()),
+                token_not_mounted: spec.automount_service_account_token == Some(false),
+                ..Default::default()
+            },
+        };
+        let one = inject(Target::PyTorchJob, &view, cfg);
+        ops.extend(one.patch.map(|p| p.0).unwrap_or_default());
+        warnings.extend(one.warnings);
+    }
+    Ok(Injection {
+        patch: (!ops.is_empty()).then_some(Patch(ops)),
+        warnings,
+    })
+}
+
+/// The injection into one pod template (or pod): nothing when it has a
+/// `memprof-sidecar` already.
+fn inject(target: Target, view: &View<'_>, cfg: &InjectionConfig) -> Injection {
     let spec = view.spec;
     if has_sidecar(spec) {
-        return Ok(Injection::default());
+        return Injection::default();
     }
 
     let mut warnings = vec![];
     if target == Target::Job {
         // Said to whoever creates the Job (pods are the Job controller's).
-        warnings.extend(super::prediction::warning(|k| annotation(&view, k)));
+        warnings.extend(super::prediction::warning(|k| annotation(view, k)));
     }
-    let ov = overrides(&view, cfg, &mut warnings);
+    let ov = overrides(view, cfg, &mut warnings);
     // GPU tenancy and the sidecar image (docs/security.md): the sidecar learns
     // the pod's GPU request from its spec, and build() ignores an image
     // override the operator does not allow, with a warning.
@@ -266,11 +328,11 @@ pub fn injection_patch(
     let port = ov.port.unwrap_or(cfg.port);
     warnings.extend(port_clash(spec, port));
 
-    let ops = operations(&view, cfg, &parts, port, &mut warnings);
-    Ok(Injection {
+    let ops = operations(view, cfg, &parts, port, &mut warnings);
+    Injection {
         patch: Some(Patch(ops)),
         warnings,
-    })
+    }
 }
 
 /// The patch's operations, in order: labels and annotations, termination
@@ -530,6 +592,8 @@ fn decide(req: &WireRequest, cfg: &InjectionConfig, caller: Caller) -> Answer {
             match target {
                 Target::Pod => mark(obj, req, cfg, caller, injection),
                 Target::Job => mark_job(obj, req, cfg, caller, injection),
+                // Its pods are marked when the training operator creates them.
+                Target::PyTorchJob => Ok(injection),
             }
         });
     match result {

@@ -22,7 +22,7 @@ pub(super) async fn dispatch(ctx: Arc<Context>, mut changes: Changes, stop: Stop
             continue;
         }
         match change {
-            Change::Job(key) => ctx.queue.add(key),
+            Change::Job(key) | Change::Workload(key) => ctx.queue.add(key),
             Change::Report(key, name) => {
                 ctx.setup.metrics.reports_seen.inc();
                 ctx.with_state(&key, |s| s.pending.report(&name));

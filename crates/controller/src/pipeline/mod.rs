@@ -23,12 +23,18 @@
 //! 6. **apply**: the status writer's workers write the status and the
 //!    annotations; nothing in a reconcile waits on them.
 //!
+//! A JobSet's child Jobs roll up under their JobSet (`workloads.rs`); a
+//! profiled PyTorchJob has watches of its own, when the kind is served
+//! (`pytorch_watch.rs`), and rolls up under its name's key (`pytorchjobs.rs`).
+//!
 //! Only the leader runs this (one Lease, `operator/leader.rs`, when
 //! `--leader-elect`). Everything that must survive a restart is in the
 //! profile's status; what this process keeps per Job (`state.rs`) is a
 //! cache of decisions already announced.
 
 mod dispatch;
+mod pytorch_watch;
+mod pytorchjobs;
 mod reconcile;
 mod remediation_stage;
 mod rollup_stage;
@@ -44,7 +50,7 @@ use crate::operator::{self, Metrics};
 use crate::remediation::{self, Executor};
 use crate::status::{StatusWriter, WriterOptions};
 use futures::future::{BoxFuture, Shared};
-use futures::FutureExt;
+use futures::{FutureExt, StreamExt};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::Client;
 use memprof_api::OPERATOR_MANAGER;
@@ -114,6 +120,8 @@ pub async fn run(
     let stop: Stop = shutdown.boxed().shared();
     let opts = &setup.options;
     let (caches, changes) = watch::start(&client, &setup);
+    let (pytorch, keys) = pytorch_watch::start(&client, &opts.namespace);
+    let changes = futures::stream::select(changes, keys.map(watch::Change::Workload)).boxed();
     let recorder = Recorder::new(client.clone(), reporter(opts));
     let writer = StatusWriter::new(
         client.clone(),
@@ -138,7 +146,7 @@ pub async fn run(
     let ctx = Arc::new(Context::new(
         client,
         setup.clone(),
-        caches,
+        (caches, pytorch),
         writer.clone(),
         executor,
         Arc::new(JobKey::fair_queue()),

@@ -3,7 +3,7 @@
 //! workers that run it, one Job at a time per key.
 
 use super::state::Context;
-use super::{remediation_stage, rollup_stage};
+use super::{pytorchjobs, remediation_stage, rollup_stage};
 use crate::key::JobKey;
 use crate::operator::metrics::StepLabels;
 use crate::operator::Result;
@@ -40,17 +40,28 @@ async fn reconcile(ctx: &Arc<Context>, key: &JobKey) -> Result<Option<Duration>>
         // Namespaced install: no write verbs here, so nothing to do either.
         return Ok(None);
     }
-    let fetched = fetch(ctx, key);
+    let mut fetched = fetch(ctx, key);
     if let Some(p) = &fetched.profile {
         ctx.writer.observe(key, p);
     }
+    // A PyTorchJob shares its name's key with a Job of that name: its
+    // path first, then the Job's, which leaves another workload's profile
+    // alone (`pytorchjobs.rs`). Its failure (a malformed spec) must not
+    // hold the Job's path up: said once both ran.
+    let workload = pytorchjobs::run(ctx, key).await;
+    if let Some(job) = fetched.job.clone() {
+        if pytorchjobs::namesake_job(ctx, key, &job, fetched.profile.as_deref()).await {
+            fetched.job = None;
+        }
+    }
     let again = rollup_stage::run(ctx, &fetched).await?;
     let decided = remediation_stage::run(ctx, &fetched);
-    if fetched.job.is_none() && fetched.profile.is_none() {
+    let workload = workload?;
+    if fetched.job.is_none() && fetched.profile.is_none() && workload.is_none() {
         ctx.forget(key);
         return Ok(None);
     }
-    Ok([again, decided].into_iter().flatten().min())
+    Ok([workload, again, decided].into_iter().flatten().min())
 }
 
 /// A worker: serves Job keys from the queue until it closes.

@@ -270,5 +270,67 @@ pub(super) fn policy(p: &mut RemediationPolicy) {
     p.metadata.owner_references = None;
 }
 
+/// A PyTorchJob (`pytorch_watch.rs`): its identity, the opt-in annotation,
+/// and of its spec only each replica type's `replicas` and service account
+/// (its rank layout, and whom the sidecars write as). Status, templates and
+/// everything else its creator wrote are dropped.
+pub(super) fn pytorchjob(o: &mut kube::api::DynamicObject) {
+    let meta = &mut o.metadata;
+    meta.managed_fields = None;
+    meta.finalizers = None;
+    meta.owner_references = None;
+    meta.labels = None;
+    only(&mut meta.annotations, &[ANNOTATION_ENABLED], MAX_ANNOTATION);
+    let specs = &o.data["spec"]["pytorchReplicaSpecs"];
+    let mut kept = serde_json::Map::new();
+    for rtype in ["Master", "Worker"] {
+        let Some(spec) = specs.get(rtype).filter(|s| s.is_object()) else {
+            continue;
+        };
+        let replicas = spec.get("replicas").filter(|r| r.is_u64()).cloned();
+        let sa = spec["template"]["spec"]["serviceAccountName"]
+            .as_str()
+            .filter(|s| s.len() <= MAX_LABEL_KEY);
+        let mut slim = serde_json::json!({});
+        if let Some(r) = replicas {
+            slim["replicas"] = r;
+        }
+        if let Some(sa) = sa {
+            slim["template"] = serde_json::json!({"spec": {"serviceAccountName": sa}});
+        }
+        kept.insert(rtype.to_string(), slim);
+    }
+    o.data = serde_json::json!({"spec": {"pytorchReplicaSpecs": kept}});
+}
+
+/// A PyTorchJob's pod: its identity, controller, the labels its rank is
+/// read from and its workload mark (`workload/pods.rs`), each bounded;
+/// neither spec nor status (no remediation reads them for this kind yet).
+pub(super) fn pytorch_pod(p: &mut Pod) {
+    let meta = &mut p.metadata;
+    meta.managed_fields = None;
+    meta.finalizers = None;
+    only(
+        &mut meta.annotations,
+        &[memprof_api::workload_mark::ANNOTATION_WORKLOAD_MARK],
+        MAX_MARK_LEN,
+    );
+    only(
+        &mut meta.labels,
+        &[
+            memprof_api::workload::LABEL_TRAINING_JOB_NAME,
+            memprof_api::workload::LABEL_PYTORCH_REPLICA_TYPE,
+            memprof_api::workload::LABEL_PYTORCH_REPLICA_INDEX,
+            LABEL_MANAGED,
+        ],
+        MAX_LABEL_VALUE,
+    );
+    if let Some(refs) = meta.owner_references.as_mut() {
+        refs.retain(|o| o.controller == Some(true));
+    }
+    p.spec = None;
+    p.status = None;
+}
+
 #[cfg(test)]
 mod tests;

@@ -2,6 +2,7 @@
 //! status writer, and per Job what this process already announced. Lost
 //! on restart by design: what must survive is in the profile's status.
 
+use super::pytorch_watch::Caches as PyTorchCaches;
 use super::tracked::{Pending, Tracked};
 use super::watch::Caches;
 use super::Setup;
@@ -38,6 +39,9 @@ pub(super) struct JobState {
     pub pending: Pending,
     /// The workload a JobSet's child Job rolls up under, as last read (`workloads.rs`).
     pub workload: Option<crate::workload::read::Membership>,
+    /// Claimants (by uid) already told that this name's profile is
+    /// another workload's (`pytorchjobs.rs`).
+    pub name_taken: BTreeSet<String>,
 }
 
 /// Shared by the dispatcher, the workers and the remediation tasks.
@@ -45,6 +49,8 @@ pub(super) struct Context {
     pub client: Client,
     pub setup: Setup,
     pub caches: Caches,
+    /// The PyTorchJob watches' (`pytorch_watch.rs`).
+    pub pytorch: PyTorchCaches,
     pub writer: StatusWriter,
     pub executor: Option<Arc<Executor>>,
     pub queue: Arc<WorkQueue<JobKey>>,
@@ -57,7 +63,7 @@ impl Context {
     pub fn new(
         client: Client,
         setup: Setup,
-        caches: Caches,
+        (caches, pytorch): (Caches, PyTorchCaches),
         writer: StatusWriter,
         executor: Option<Arc<Executor>>,
         queue: Arc<WorkQueue<JobKey>>,
@@ -66,6 +72,7 @@ impl Context {
             client,
             setup,
             caches,
+            pytorch,
             writer,
             executor,
             queue,
@@ -110,7 +117,7 @@ impl Context {
     /// profile" or "no such pod" would be a lie, and a restarted operator
     /// would announce changes that did not happen.
     pub async fn caches_ready(&self) -> Result<(), Error> {
-        for rx in &self.caches.ready {
+        for rx in self.caches.ready.iter().chain(&self.pytorch.ready) {
             let mut rx = rx.clone();
             rx.wait_for(|r| *r).await.map_err(|_| Error::CacheClosed)?;
         }

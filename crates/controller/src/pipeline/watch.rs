@@ -51,15 +51,20 @@ pub(super) enum Change {
     Policies(String),
     /// A report claiming the Job changed or went (by name).
     Report(JobKey, String),
+    /// A workload above Jobs (a PyTorchJob) or one of its pods changed:
+    /// the workload's key (`pytorch_watch.rs`).
+    Workload(JobKey),
 }
 
 impl Change {
     /// The namespace it happened in.
     pub(super) fn namespace(&self) -> &str {
         match self {
-            Change::Job(k) | Change::Pod(k, _) | Change::Profile(k, _) | Change::Report(k, _) => {
-                &k.namespace
-            }
+            Change::Job(k)
+            | Change::Pod(k, _)
+            | Change::Profile(k, _)
+            | Change::Report(k, _)
+            | Change::Workload(k) => &k.namespace,
             Change::Policies(ns) => ns,
         }
     }

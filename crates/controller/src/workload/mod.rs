@@ -11,11 +11,14 @@
 //! - `rank.rs`: a pod's rank within its workload, from the rank labels its
 //!   creator set (bound by the marks), consistent with torchrun's node rank.
 //! - `rollup.rs`: one roll-up over every rank of the workload.
+//! - `claim.rs`: whose a profile is when workloads of different kinds (or
+//!   uids) share its name: the one it already names as owner.
 //! - `action.rs`: how a workload's environment is changed, the least
 //!   disruptive way its kind allows; `suspend.rs` carries out the suspend,
 //!   patch and resume on the API server.
 
 pub mod action;
+pub mod claim;
 pub mod pods;
 pub mod rank;
 pub mod read;

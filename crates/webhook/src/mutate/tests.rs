@@ -844,3 +844,51 @@ fn the_historys_warnings_are_added_and_its_denial_drops_the_patch() {
     assert_eq!(out["status"]["message"], "memprof: refused");
     assert!(out.get("patch").is_none(), "{out}");
 }
+
+/// A PyTorchJob as the API server sends it: a master and workers.
+fn pytorchjob(annotated: bool) -> Value {
+    let template = json!({"spec": {"containers": [{"name": "pytorch", "image": "pytorch:2"}]}});
+    let annotations = if annotated {
+        json!({ "memprof.dev/enabled": "true" })
+    } else {
+        json!({})
+    };
+    json!({
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": { "name": "train", "namespace": "ml", "annotations": annotations },
+        "spec": { "pytorchReplicaSpecs": {
+            "Master": { "replicas": 1, "template": template.clone() },
+            "Worker": { "replicas": 3, "template": template }
+        }}
+    })
+}
+
+#[test]
+fn each_replica_of_an_annotated_pytorchjob_gets_the_sidecar_naming_the_pytorchjob() {
+    let (out, _) = mutated(Target::PyTorchJob, &pytorchjob(true), &cfg());
+    assert_eq!(out["metadata"]["labels"]["memprof.dev/managed"], "true");
+    for rtype in ["Master", "Worker"] {
+        let template = &out["spec"]["pytorchReplicaSpecs"][rtype]["template"];
+        assert_eq!(
+            template["metadata"]["labels"]["memprof.dev/managed"],
+            "true"
+        );
+        let containers = template["spec"]["containers"].as_array().unwrap();
+        let sidecar = containers
+            .iter()
+            .find(|c| c["name"] == crate::SIDECAR_CONTAINER)
+            .unwrap_or_else(|| panic!("{rtype} has no sidecar"));
+        let env = sidecar["env"].as_array().unwrap();
+        let job = env
+            .iter()
+            .find(|e| e["name"] == memprof_api::env::JOB_NAME)
+            .unwrap();
+        assert_eq!(
+            job["value"], "train",
+            "{rtype}: reports claim the PyTorchJob"
+        );
+    }
+    let plain = injection_patch(Target::PyTorchJob, &pytorchjob(false), &cfg()).unwrap();
+    assert_eq!(plain.patch, None, "not annotated: left alone");
+}

@@ -1,0 +1,144 @@
+//! The PyTorchJob watches (`pytorchjobs.rs` rolls them up): the profiled
+//! PyTorchJobs and their pods, each slimmed on the way into its cache
+//! (`slim.rs`), and the key of the PyTorchJob each event is about.
+//!
+//! The kind is optional: the watches start once the PyTorchJob API is
+//! served (looked for again every [`LOOK_AGAIN`] until it is); meanwhile
+//! the caches count as listed, empty, and the operator works without it.
+//! Apart from `watch.rs`, whose watches are always there.
+
+use super::slim;
+use crate::key::JobKey;
+use crate::workload::read::api_resource;
+use futures::stream::BoxStream;
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DynamicObject, ListParams};
+use kube::runtime::reflector::{store::Writer, Store};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Client, Resource, ResourceExt};
+use memprof_api::admission::LABEL_MANAGED;
+use memprof_api::workload::{WorkloadKind, LABEL_TRAINING_JOB_NAME};
+use std::time::Duration;
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+/// How often the operator looks again for a PyTorchJob API not served.
+const LOOK_AGAIN: Duration = Duration::from_secs(60);
+
+/// What the PyTorchJob watches keep.
+pub(super) struct Caches {
+    /// Profiled PyTorchJobs (labelled `memprof.dev/managed`).
+    pub jobs: Store<DynamicObject>,
+    /// Their pods (labelled with a PyTorchJob's name and managed).
+    pub pods: Store<Pod>,
+    /// One per cache: true once its first full list is in (or the kind is
+    /// not served).
+    pub ready: Vec<watch::Receiver<bool>>,
+}
+
+/// Waits until the PyTorchJob API is served in `api`'s scope; until then
+/// the caches are marked listed (empty is the truth).
+async fn served(api: &Api<DynamicObject>, ready: &[watch::Sender<bool>]) {
+    let mut said = false;
+    loop {
+        match api.list_metadata(&ListParams::default().limit(1)).await {
+            Ok(_) => return,
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(error) if !said => {
+                warn!(%error, "cannot list PyTorchJobs: none is profiled until this works (the chart grants get/list/watch on pytorchjobs.kubeflow.org)");
+                said = true;
+            }
+            Err(_) => {}
+        }
+        for r in ready {
+            r.send_replace(true);
+        }
+        tokio::time::sleep(LOOK_AGAIN).await;
+    }
+}
+
+/// Starts the watches of `ns` (all namespaces when empty): the caches, and
+/// the key of the PyTorchJob each change is about.
+pub(super) fn start(client: &Client, ns: &str) -> (Caches, BoxStream<'static, JobKey>) {
+    let ar = api_resource(WorkloadKind::PyTorchJob);
+    let (jobs_api, pods_api): (Api<DynamicObject>, Api<Pod>) = if ns.is_empty() {
+        (Api::all_with(client.clone(), &ar), Api::all(client.clone()))
+    } else {
+        (
+            Api::namespaced_with(client.clone(), ns, &ar),
+            Api::namespaced(client.clone(), ns),
+        )
+    };
+    let (jobs_writer, pods_writer) = (Writer::new(ar), Writer::<Pod>::default());
+    let (ready, ready_rx): (Vec<_>, Vec<_>) = (0..2).map(|_| watch::channel(false)).unzip();
+    let caches = Caches {
+        jobs: jobs_writer.as_reader(),
+        pods: pods_writer.as_reader(),
+        ready: ready_rx,
+    };
+    let keys = futures::stream::once(async move {
+        served(&jobs_api, &ready).await;
+        info!("the PyTorchJob API is served: profiling PyTorchJobs");
+        let [jobs_ready, pods_ready] = <[_; 2]>::try_from(ready).expect("two channels");
+        // Only what memprof manages (the webhook labels a profiled
+        // PyTorchJob and its templates): a filter for cost, never proof.
+        let managed = format!("{LABEL_MANAGED}=true");
+        let cfg = watcher::Config::default().labels(&managed);
+        let jobs = watcher(jobs_api, cfg)
+            .default_backoff()
+            .modify(slim::pytorchjob)
+            .reflect(jobs_writer);
+        let cfg =
+            watcher::Config::default().labels(&format!("{LABEL_TRAINING_JOB_NAME},{managed}"));
+        let pods = watcher(pods_api, cfg)
+            .default_backoff()
+            .modify(slim::pytorch_pod)
+            .reflect(pods_writer);
+        futures::stream::select(
+            keyed(jobs, jobs_ready, "PyTorchJob", |o| o.metadata.name.clone()),
+            keyed(pods, pods_ready, "Pod", |p: &Pod| {
+                p.labels().get(LABEL_TRAINING_JOB_NAME).cloned()
+            }),
+        )
+    })
+    .flatten()
+    .boxed();
+    (caches, keys)
+}
+
+/// The key (namespace, `name` of its PyTorchJob) each object an event is
+/// about gives, `ready` marked once the first list is in, errors logged.
+fn keyed<K: Resource + Send + 'static>(
+    events: impl Stream<Item = watcher::Result<watcher::Event<K>>> + Send + 'static,
+    ready: watch::Sender<bool>,
+    kind: &'static str,
+    name: impl Fn(&K) -> Option<String> + Send + Sync + 'static,
+) -> BoxStream<'static, JobKey> {
+    events
+        .filter_map(move |ev| {
+            let key = match ev {
+                Ok(
+                    watcher::Event::Apply(o)
+                    | watcher::Event::InitApply(o)
+                    | watcher::Event::Delete(o),
+                ) => o
+                    .meta()
+                    .namespace
+                    .clone()
+                    .zip(name(&o))
+                    .map(|(ns, n)| JobKey::new(&ns, &n)),
+                Ok(watcher::Event::InitDone) => {
+                    ready.send_replace(true);
+                    None
+                }
+                Ok(watcher::Event::Init) => None,
+                Err(error) => {
+                    warn!(kind, %error, "watch error; the watch retries with backoff");
+                    None
+                }
+            };
+            async move { key }
+        })
+        .boxed()
+}

@@ -1,0 +1,286 @@
+//! Kubeflow PyTorchJobs: one profile per profiled PyTorchJob (annotated
+//! `memprof.dev/enabled`, labelled `memprof.dev/managed` by the webhook),
+//! named after it and owned by it, rolled up over the reports of the pods
+//! proven its own (`workload::pods`: its controller reference, as the
+//! training operator writes it, and the workload mark the webhook gives
+//! only the training operator's pods) by rank (`workload::rank`: the
+//! master, then each worker, torchrun's RANK).
+//!
+//! The kind is optional (`pytorch_watch.rs`: its watches start once the
+//! API is served; the operator runs without it). A PyTorchJob and a Job of the same name share
+//! the queue key (namespace, name): one reconcile runs this path, then the
+//! Job's, never two at once. The profile is the workload's whose uid it
+//! already names as owner (`workload::claim`); a namesake of another kind
+//! or uid gets none, and a Warning Event that says why.
+//!
+//! Each reconcile rolls the whole PyTorchJob up again from the caches
+//! (O(its reports)), as a JobSet's (`workloads.rs`). Not yet: Events and
+//! annotations on the PyTorchJob, remediation (docs/remediation.md).
+
+use super::state::Context;
+use super::tracked::{all_reports, report_of};
+use crate::key::JobKey;
+use crate::operator::rbac::ensure_reporter_rbac;
+use crate::operator::reconcile::{desired_status_from, profile_outdated, Rejected};
+use crate::operator::{Error, Result};
+use crate::status::Analysis;
+use crate::workload::claim::{claim, taken_message, Claim};
+use crate::workload::rank::PyTorchShape;
+use crate::workload::read::api_resource;
+use crate::workload::rollup::{roll_up, Layout, WorkloadRollup};
+use jiff::Timestamp;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::ObjectRef;
+use kube::ResourceExt;
+use memprof_api::workload::{WorkloadKind, LABEL_TRAINING_JOB_NAME, LABEL_WORKLOAD_KIND};
+use memprof_api::{
+    MemoryProfile, MemoryProfileSpec, MemoryReport, ANNOTATION_ENABLED, LABEL_JOB, OPERATOR_MANAGER,
+};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+use tracing::warn;
+
+/// Periodic look at a PyTorchJob even without changes (as for a Job).
+const RESYNC: Duration = Duration::from_secs(300);
+
+/// The profiled PyTorchJob named by `key`, as cached.
+fn cached(ctx: &Context, key: &JobKey) -> Option<Arc<DynamicObject>> {
+    let at = ObjectRef::new_with(&key.name, api_resource(WorkloadKind::PyTorchJob))
+        .within(&key.namespace);
+    ctx.pytorch.jobs.get(&at)
+}
+
+fn cached_profile(ctx: &Context, key: &JobKey) -> Option<Arc<MemoryProfile>> {
+    ctx.caches
+        .profiles
+        .get(&ObjectRef::new(&key.name).within(&key.namespace))
+}
+
+/// Rolls up the PyTorchJob named by `key`, if one is profiled, and hands
+/// its status to the writer; returns when to look again (`None`: no
+/// profiled PyTorchJob of this name).
+pub(super) async fn run(ctx: &Context, key: &JobKey) -> Result<Option<Duration>> {
+    let Some(pt) = cached(ctx, key) else {
+        return Ok(None);
+    };
+    let enabled = pt.annotations().get(ANNOTATION_ENABLED).map(String::as_str) == Some("true");
+    if !enabled || pt.metadata.deletion_timestamp.is_some() {
+        return Ok(None);
+    }
+    let uid = pt.uid().unwrap_or_default();
+    let shape = PyTorchShape::from_spec(&pt.data["spec"])
+        .map_err(|e| Error::Workload(format!("PyTorchJob {}: {e}", key)))?;
+    if let Claim::Theirs(owner) = claim(
+        cached_profile(ctx, key).as_deref(),
+        WorkloadKind::PyTorchJob,
+        &uid,
+    ) {
+        let regarding = reference(WorkloadKind::PyTorchJob, key, &uid);
+        let note = taken_message(WorkloadKind::PyTorchJob, &key.name, &owner);
+        announce_taken(ctx, key, &uid, regarding, note).await;
+        return Ok(Some(RESYNC));
+    }
+    ensure_profile(ctx, key, &pt, shape.ranks()).await?;
+    let now = Timestamp::now();
+    let out = roll_up_now(ctx, key, Layout::PyTorchJob { uid, shape }, now);
+    let refused: Vec<Rejected> = out
+        .refused
+        .into_iter()
+        .map(|(name, why)| Rejected { name, why })
+        .collect();
+    let recorded = || cached_profile(ctx, key).and_then(|p| p.status.clone());
+    let previous = ctx.writer.view(key).or_else(recorded);
+    let desired = desired_status_from(&out.rollup, &refused, previous.as_ref(), now);
+    ctx.writer.submit(
+        key,
+        Analysis {
+            status: desired.status,
+            notices: vec![],
+        },
+    );
+    let next = out
+        .rollup
+        .next_change(now)
+        .map(|t| Duration::try_from(now.duration_until(t)).unwrap_or_default());
+    Ok(Some(next.map_or(RESYNC, |d| {
+        d.clamp(Duration::from_millis(100), RESYNC)
+    })))
+}
+
+/// The PyTorchJob's roll-up now, over every report claiming it and the
+/// cached pods of its name (the layout decides which count).
+fn roll_up_now(ctx: &Context, key: &JobKey, layout: Layout, now: Timestamp) -> WorkloadRollup {
+    let reports: Vec<Arc<MemoryReport>> = all_reports(&ctx.caches, key)
+        .iter()
+        .filter_map(|r| report_of(&ctx.caches, key, r))
+        .collect();
+    let ns = Some(key.namespace.as_str());
+    let pods = ctx.pytorch.pods.state_filter(|p| {
+        p.metadata.namespace.as_deref() == ns
+            && p.labels().get(LABEL_TRAINING_JOB_NAME) == Some(&key.name)
+    });
+    let report_refs: Vec<&MemoryReport> = reports.iter().map(|r| r.as_ref()).collect();
+    let pod_metas: HashMap<&str, &ObjectMeta> = pods
+        .iter()
+        .filter_map(|p| Some((p.metadata.name.as_deref()?, &p.metadata)))
+        .collect();
+    let keys = ctx.setup.options.admission.ring();
+    roll_up(&report_refs, &pod_metas, &layout, &keys, now)
+}
+
+/// The PyTorchJob's profile: named after it, owned by it, labelled with its kind.
+fn profile_for(key: &JobKey, uid: &str, ranks: u32) -> MemoryProfile {
+    let kind = WorkloadKind::PyTorchJob;
+    let mut p = MemoryProfile::new(
+        &key.name,
+        MemoryProfileSpec {
+            job_name: key.name.clone(),
+            expected_ranks: Some(ranks),
+        },
+    );
+    p.metadata.namespace = Some(key.namespace.clone());
+    p.metadata.labels = Some(BTreeMap::from([
+        (LABEL_JOB.to_string(), key.name.clone()),
+        (LABEL_WORKLOAD_KIND.to_string(), kind.kind().to_string()),
+    ]));
+    p.metadata.owner_references = Some(vec![OwnerReference {
+        api_version: kind.api_version().into(),
+        kind: kind.kind().into(),
+        name: key.name.clone(),
+        uid: uid.into(),
+        controller: Some(false),
+        block_owner_deletion: Some(true),
+    }]);
+    p
+}
+
+/// Creates the profile when there is none (a create, not an apply: a
+/// namesake that made it meanwhile keeps it), or applies it again when
+/// ours drifted; and grants each replica's service account leave to
+/// write its reports.
+async fn ensure_profile(ctx: &Context, key: &JobKey, pt: &DynamicObject, ranks: u32) -> Result<()> {
+    let desired = profile_for(key, &pt.uid().unwrap_or_default(), ranks);
+    let known = cached_profile(ctx, key);
+    if known
+        .as_deref()
+        .is_some_and(|p| !profile_outdated(Some(p), &desired))
+    {
+        return Ok(());
+    }
+    for sa in service_accounts(pt) {
+        if let Err(e) = ensure_reporter_rbac(&ctx.client, &key.namespace, &sa).await {
+            warn!(error = %e, service_account = sa, "cannot grant the sidecars leave to write MemoryReports");
+        }
+    }
+    let api: Api<MemoryProfile> = Api::namespaced(ctx.client.clone(), &key.namespace);
+    let failed = |source| Error::ApplyProfile {
+        namespace: key.namespace.clone(),
+        name: key.name.clone(),
+        source,
+    };
+    let profile = if known.is_none() {
+        let params = PostParams {
+            field_manager: Some(OPERATOR_MANAGER.into()),
+            ..Default::default()
+        };
+        match api.create(&params, &desired).await {
+            Ok(p) => p,
+            // A namesake's, made since the cache was read: the next
+            // reconcile (its watch event) judges whose it is.
+            Err(kube::Error::Api(e)) if e.code == 409 => return Ok(()),
+            Err(source) => return Err(failed(source)),
+        }
+    } else {
+        let params = PatchParams::apply(OPERATOR_MANAGER).force();
+        api.patch(&key.name, &params, &Patch::Apply(&desired))
+            .await
+            .map_err(failed)?
+    };
+    ctx.writer.observe(key, &profile);
+    Ok(())
+}
+
+/// The service accounts the PyTorchJob's replicas run as.
+fn service_accounts(pt: &DynamicObject) -> Vec<String> {
+    let specs = &pt.data["spec"]["pytorchReplicaSpecs"];
+    let mut out: Vec<String> = ["Master", "Worker"]
+        .iter()
+        .filter(|t| specs.get(**t).is_some())
+        .map(|t| {
+            specs[*t]["template"]["spec"]["serviceAccountName"]
+                .as_str()
+                .unwrap_or("default")
+                .to_string()
+        })
+        .collect();
+    out.dedup();
+    out
+}
+
+/// A reference to workload `kind` named by `key`, for Events.
+fn reference(kind: WorkloadKind, key: &JobKey, uid: &str) -> ObjectReference {
+    ObjectReference {
+        api_version: Some(kind.api_version().into()),
+        kind: Some(kind.kind().into()),
+        name: Some(key.name.clone()),
+        namespace: Some(key.namespace.clone()),
+        uid: Some(uid.into()),
+        ..Default::default()
+    }
+}
+
+/// Says once per claimant (by uid) that the profile of its name is
+/// another workload's: a Warning Event on the claimant, and the log.
+async fn announce_taken(
+    ctx: &Context,
+    key: &JobKey,
+    uid: &str,
+    regarding: ObjectReference,
+    note: String,
+) {
+    let first = ctx.with_state(key, |s| s.name_taken.insert(uid.to_string()));
+    if !first {
+        return;
+    }
+    warn!(workload = %key, "{note}");
+    let reporter = Reporter {
+        controller: OPERATOR_MANAGER.into(),
+        instance: None,
+    };
+    let event = Event {
+        type_: EventType::Warning,
+        reason: "ProfileNameTaken".into(),
+        note: Some(note),
+        action: "Profile".into(),
+        secondary: None,
+    };
+    let recorder = Recorder::new(ctx.client.clone(), reporter);
+    if let Err(error) = recorder.publish(&event, &regarding).await {
+        let advice = crate::status::advice(&error, "events.k8s.io events: create, patch");
+        warn!(%error, "cannot publish Event: {advice}; not retried");
+    }
+}
+
+/// Whether Job `job` must leave its name's `profile` alone because it is
+/// another workload's (a PyTorchJob's, a JobSet's): then the Job path
+/// neither rolls it up nor acts on it, and the Job is told once.
+pub(super) async fn namesake_job(
+    ctx: &Context,
+    key: &JobKey,
+    job: &Job,
+    profile: Option<&MemoryProfile>,
+) -> bool {
+    let uid = job.uid().unwrap_or_default();
+    let Claim::Theirs(owner) = claim(profile, WorkloadKind::Job, &uid) else {
+        return false;
+    };
+    let regarding = reference(WorkloadKind::Job, key, &uid);
+    let note = taken_message(WorkloadKind::Job, &key.name, &owner);
+    announce_taken(ctx, key, &uid, regarding, note).await;
+    true
+}
