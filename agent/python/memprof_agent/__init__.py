@@ -111,6 +111,7 @@ def start(interval=None, url=None, output=None, record_history=None, socket=None
                 history_entries=_config.get("MEMPROF_AGENT_HISTORY_ENTRIES", env),
                 history_at_high=_config.get("MEMPROF_AGENT_HISTORY_AT_HIGH", env),
                 history_entries_at_high=_config.get("MEMPROF_AGENT_HISTORY_ENTRIES_AT_HIGH", env),
+                auto_step=_config.get("MEMPROF_AGENT_AUTO_STEP", env),
             )
             agent.start()
             _agent = agent
@@ -143,6 +144,10 @@ def step(n=None, tokens=None, samples=None):
     throughput and the breakdown's batch size). Cheap: a few Python field
     writes and a clock read, no torch call.
 
+    Without any step() call, pushes carry the optimizer steps taken so far
+    as `step` (MEMPROF_AGENT_AUTO_STEP); the first call turns that off for
+    good: the pushes carry this numbering from then on.
+
     With MEMPROF_AGENT_MAX_STEPS=N, the (N+1)-th call ends the run after N
     steps: final push, summary, then SystemExit(0) from here.
 
@@ -152,6 +157,8 @@ def step(n=None, tokens=None, samples=None):
     the live objects; off: one field check)."""
     m = MARKERS
     try:
+        if m.auto is not None:  # optimizer steps were counted: this trainer numbers its own from now on
+            m.auto.user_step()
         m.step = n if n is not None else (m.step or 0) + 1
         m.calls += 1
         m.clock.append((time.monotonic(), m.calls, tokens, samples))

@@ -165,6 +165,9 @@ VARS = (
     Var("MEMPROF_AGENT_SUMMARY", None, _text, "a path", "unset", "import, `start()`",
         "write the run's summary (peaks, step time, throughput, breakdown) here at exit, at the step budget and "
         "before an OOM propagates"),
+    Var("MEMPROF_AGENT_AUTO_STEP", True, _flag, _FLAG, "`1`", "`start()`",
+        "`0`: pushes carry `step` only from `step()`; else, until the first `step()` call, the optimizer steps "
+        "taken so far (torch >= 2.0's global optimizer step hook)"),
     Var("MEMPROF_AGENT_MAX_STEPS", None, _whole, "a whole number >= 1", "unset", "import, `start()`",
         "step budget: the (N+1)-th `step()` call pushes, writes the summary and raises `SystemExit(0)`"),
     Var("MEMPROF_AGENT_TIMELINE", False, _flag, _FLAG, "unset", "import",

@@ -10,6 +10,7 @@ import os
 import threading
 import time
 
+from . import _autostep
 from . import _config
 from . import _history
 from . import _oom
@@ -52,6 +53,9 @@ class Markers:
         self.samples = None
         self.budget = None
         self.summary_path = None
+        # The optimizer step counter (_autostep.AutoStep) while its hook is
+        # in torch: step() hands over to the trainer's numbers through it.
+        self.auto = None
 
     def configure(self, env):
         """The step budget and the summary file from the environment."""
@@ -86,6 +90,9 @@ MARKERS.configure(os.environ)
 # The verdict, the trainer's on_risk callbacks and the directive acks
 # (_risk.py); module-level so that on_risk() works before start().
 RISK = _risk.Risk(MARKERS)
+# Step numbers from optimizer steps while the trainer never calls step()
+# (_autostep.py); armed by Agent.start() (MEMPROF_AGENT_AUTO_STEP).
+AUTO = _autostep.AutoStep(MARKERS)
 
 # Extra push fields: (function (kind, torch) -> dict or None, with_push),
 # called on the agent's thread for every push (kind "sample", "final" or
@@ -166,8 +173,10 @@ class Agent:
     to `target` (a _transport.Target or a URL)."""
 
     def __init__(self, interval, target, output, record_history, history_entries,
-                 history_at_high=True, history_entries_at_high=_history.DEFAULT_ENTRIES_AT_HIGH):
+                 history_at_high=True, history_entries_at_high=_history.DEFAULT_ENTRIES_AT_HIGH,
+                 auto_step=False):
         self.interval = interval
+        self.auto_step = auto_step
         self.output = output
         self.transport = Transport(target, interval)
         self.history = _history.History(record_history, history_entries, history_at_high,
@@ -191,6 +200,10 @@ class Agent:
     # --- life cycle -------------------------------------------------------
 
     def start(self):
+        try:  # before the thread: it arms the counter too (torch imported later)
+            AUTO.start(self.auto_step)
+        except Exception as exc:
+            AUTO.failure("cannot count optimizer steps", exc)
         self.history.start_if_asked()
         self._internal = [
             RISK.add("high", self._at_high, on_agent_thread=True, internal=True),
@@ -211,6 +224,7 @@ class Agent:
         for h in self._internal:
             h.remove()
         self._internal = []
+        AUTO.stop()
         try:
             atexit.unregister(self.at_exit)
         except Exception:
@@ -288,6 +302,8 @@ class Agent:
             if value is not None and value >= 0:
                 push[key] = value
         step = _as_int(MARKERS.step)
+        if step is None and AUTO.on:  # counting optimizer steps (_autostep.py), none taken yet
+            step = AUTO.steps
         if step is not None and step >= 0:
             push["step"] = step
         phase = MARKERS.phase()
@@ -347,6 +363,8 @@ class Agent:
             self.history.start_if_asked()
             if self._hooks is not None and not self._hooks.observing:
                 self._hooks.observing = _oom.attach_observer(self._hooks)
+            if AUTO.wanted():  # torch imported after start()
+                AUTO.arm(lazily=True)
             self._take_sites()
             push = self.build(kind)
             self.summary.observe(push)

@@ -7,7 +7,8 @@ Not a model of PyTorch's behaviour beyond the documented shapes of
 memory_stats() and memory._snapshot() (../shared/AGENT-FACTS.md), and, for
 the breakdown, the nn.Module / Parameter / optimizer surface it reads
 (named_modules, named_parameters(recurse=False), numel, element_size,
-data_ptr, .grad, optimizer.state, step hooks, forward/backward hooks),
+data_ptr, .grad, optimizer.state, step hooks, forward/backward hooks;
+torch.optim.optimizer's global step post-hook),
 with the same names and signatures as torch's."""
 
 import collections
@@ -630,8 +631,57 @@ class AdamW:
             like = dict(dtype=p.dtype, device=p.device, fill=0.0)
             self.state[p] = {"step": Tensor(dtype=float32, device=CPU, fill=1.0),
                              "exp_avg": Tensor(*p.shape, **like), "exp_avg_sq": Tensor(*p.shape, **like)}
-        for fn in self._post.values():
-            fn(self, (), {})
+        OPTIM[0].run_post_hooks(self, self._post)
+
+
+# torch.optim.optimizer's global step post-hooks (torch >= 2.0:
+# register_optimizer_step_post_hook), as torch runs them after an
+# optimizer's own (Optimizer.profile_hook_step): iterated live, so a hook
+# added or removed while they run makes step() raise, as it does there.
+# Made by exec into a module named torch.optim.optimizer, so the loop's
+# frames belong to that module, as torch's do.
+_OPTIMIZER_SOURCE = """
+import collections
+import itertools
+
+_global_optimizer_post_hooks = collections.OrderedDict()
+
+
+class _Handle:
+    _next = [0]
+
+    def __init__(self, hooks):
+        self.hooks, self.id = hooks, self._next[0]
+        self._next[0] += 1
+
+    def remove(self):
+        if self.id in self.hooks:
+            del self.hooks[self.id]
+
+
+def register_optimizer_step_post_hook(hook):
+    handle = _Handle(_global_optimizer_post_hooks)
+    _global_optimizer_post_hooks[handle.id] = hook
+    return handle
+
+
+def run_post_hooks(optimizer, own):
+    for post_hook in itertools.chain(own.values(), _global_optimizer_post_hooks.values()):
+        post_hook(optimizer, (), {})
+"""
+
+
+def optimizer_module(global_hook=True):
+    """A fresh torch.optim.optimizer; global_hook=False: as torch < 2.0,
+    without register_optimizer_step_post_hook."""
+    m = types.ModuleType("torch.optim.optimizer")
+    exec(compile(_OPTIMIZER_SOURCE, "<fake torch/optim/optimizer.py>", "exec"), m.__dict__)
+    if not global_hook:
+        del m.register_optimizer_step_post_hook
+    return m
+
+
+OPTIM = [optimizer_module()]
 
 
 def make_grads(model, fill=0.02, special=None):
@@ -681,7 +731,8 @@ def backward_grads(model, fill=0.02, special=None):
 STATE = [None]
 
 
-NAMES = ("torch", "torch.cuda", "torch.cuda.memory", "torch._C", "torch.distributed", "torch.nn", "torch.linalg", "torch.autograd")
+NAMES = ("torch", "torch.cuda", "torch.cuda.memory", "torch._C", "torch.distributed", "torch.nn", "torch.linalg", "torch.autograd",
+         "torch.optim", "torch.optim.optimizer")
 # The installed torch's modules the fake replaced, kept for real(): once
 # torch is imported, importing it again after uninstall() took it out of
 # sys.modules aborts the interpreter (its C extension initializes once).
@@ -729,12 +780,17 @@ def install():
     autograd = types.ModuleType("torch.autograd")
     autograd.Variable = type("Variable", (), {"_execution_engine": ENGINE})
     torch.autograd = autograd
+    optim = types.ModuleType("torch.optim")
+    optim.optimizer = OPTIM[0] = optimizer_module()
+    optim.AdamW = AdamW
+    torch.optim = optim
     ENGINE.callbacks = None
     torch.float32, torch.bfloat16, torch.float16 = float32, bfloat16, float16
     STATE[0] = fake
     del TAPE[:]
     modules = {"torch": torch, "torch.cuda": cuda, "torch.cuda.memory": memory, "torch._C": c,
-               "torch.distributed": dist, "torch.nn": nn, "torch.linalg": linalg, "torch.autograd": autograd}
+               "torch.distributed": dist, "torch.nn": nn, "torch.linalg": linalg, "torch.autograd": autograd,
+               "torch.optim": optim, "torch.optim.optimizer": optim.optimizer}
     for m in modules.values():
         m._memprof_fake = True
     sys.modules.update(modules)

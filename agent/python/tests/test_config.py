@@ -24,7 +24,7 @@ def test_only_the_config_module_reads_the_agents_variables():
             reads = re.findall(r"""(?:environ|env)(?:\.get\(|\[)\s*["']MEMPROF_""", text)
             assert not reads, "%s reads the environment itself: %s" % (path.name, reads)
     assert named <= set(_config.BY_NAME), "named but not in _config.VARS: %s" % sorted(named - set(_config.BY_NAME))
-    assert len(_config.VARS) == len(_config.BY_NAME) == 18
+    assert len(_config.VARS) == len(_config.BY_NAME) == 19
 
 
 @pytest.mark.parametrize("name, raw, value", [
@@ -34,6 +34,7 @@ def test_only_the_config_module_reads_the_agents_variables():
     ("MEMPROF_AGENT_HISTORY_AT_HIGH", "", False),  # set but empty: off, as before
     ("MEMPROF_AGENT_HISTORY_AT_HIGH", "OFF", False),
     ("MEMPROF_AGENT_DISABLE", "yes", True),
+    ("MEMPROF_AGENT_AUTO_STEP", "0", False),
     ("MEMPROF_AGENT_SIZES", " Stats ", "stats"),
     ("MEMPROF_AGENT_MAX_STEPS", "", None),
     ("MEMPROF_AGENT_OUTPUT", "", None),
