@@ -341,13 +341,23 @@ impl AgentDevice {
         });
     }
 
+    /// The recent pace is setup: memory rising while no training step runs.
+    fn setting_up(&self, th: &Thresholds) -> bool {
+        self.recent
+            .pace(th.leak_bytes_per_second, self.limit_or_total())
+            .is_some_and(|p| p.setup)
+    }
+
+    /// The allocator's limit, else the device's total.
+    fn limit_or_total(&self) -> f64 {
+        self.limit
+            .unwrap_or(self.last.total_bytes.unwrap_or(0) as f64)
+    }
+
     /// A pace of the peaks with memory between steps rising with it.
     fn short_leak(&self, th: &Thresholds) -> bool {
-        let limit = self
-            .limit
-            .unwrap_or(self.last.total_bytes.unwrap_or(0) as f64);
         self.recent
-            .pace(th.leak_bytes_per_second, limit)
+            .pace(th.leak_bytes_per_second, self.limit_or_total())
             .is_some_and(|p| !p.floor_flat && !p.setup)
     }
 
@@ -687,7 +697,9 @@ impl AgentDevice {
             phase_slope(s, idle, &ath.floor_long)
                 .is_none_or(|slope| slope > ath.floor_long.leak_bytes_per_second / 2.0)
         });
-        let leak = self.leak.get() || (long.is_some_and(|f| f.leaks) && every_phase_rises);
+        // Memory kept while no step runs is setup, on every horizon.
+        let leak = self.leak.get()
+            || (long.is_some_and(|f| f.leaks) && every_phase_rises && !self.setting_up(&ath.fast));
         (leak, long)
     }
 }

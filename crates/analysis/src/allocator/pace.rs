@@ -71,11 +71,21 @@ pub struct Pace {
 #[derive(Clone, Debug, Default)]
 pub struct Recent {
     points: VecDeque<Point>,
+    /// The first and the newest push whose step count moved, kept past the
+    /// points' two minutes: (time, step).
+    moves: Option<((f64, u64), (f64, u64))>,
 }
 
 impl Recent {
     /// Adds a push.
     pub fn push(&mut self, p: Point) {
+        let before = self.points.back().and_then(|b| b.step);
+        if let (Some(x), Some(y)) = (before, p.step) {
+            if y > x {
+                let first = self.moves.map_or((p.t, y), |m| m.0);
+                self.moves = Some((first, (p.t, y)));
+            }
+        }
         self.points.push_back(p);
         while self.points.len() > MAX_POINTS
             || self
@@ -90,6 +100,7 @@ impl Recent {
     /// Forgets everything (a new process).
     pub fn clear(&mut self) {
         self.points.clear();
+        self.moves = None;
     }
 
     /// The newest push.
@@ -106,30 +117,25 @@ impl Recent {
             .find_map(|w| self.window(now - w, leak_rate, MIN_RISE_FRACTION * limit))
     }
 
-    /// Seconds per training step over the pushes kept, from the first
-    /// and last pushes whose step count moved; `None` before two moves.
-    /// Why: a window holds setup only if steps would have shown in it (a
-    /// step longer than the window is no setup).
+    /// Seconds per training step, from the first and the newest pushes
+    /// whose step count moved; `None` before two moves. A process whose
+    /// steps never moved (inference, evaluation alone, a count that stays
+    /// 0 with no optimizer) never reads as setting up: its growth is judged
+    /// as any other. Why the period: a window holds setup only if steps
+    /// would have shown in it (a step longer than the window is no setup).
     fn step_period(&self) -> Option<f64> {
-        let moved: Vec<(f64, u64)> = self
-            .points
-            .iter()
-            .zip(self.points.iter().skip(1))
-            .filter_map(|(a, b)| match (a.step, b.step) {
-                (Some(x), Some(y)) if y > x => Some((b.t, y)),
-                _ => None,
-            })
-            .collect();
-        let (first, last) = (moved.first()?, moved.last()?);
-        (last.1 > first.1 && last.0 > first.0)
-            .then(|| (last.0 - first.0) / (last.1 - first.1) as f64)
+        let ((t0, s0), (t1, s1)) = self.moves?;
+        (s1 > s0 && t1 > t0).then(|| (t1 - t0) / (s1 - s0) as f64)
     }
 
     /// Whether the newest half of a window of `span` seconds (at least
     /// three of the trainer's usual steps) ran no training step.
     fn setup_since(&self, span: f64) -> bool {
         let now = self.points.back().map_or(0.0, |p| p.t);
-        let tail = (span / 2.0).max(3.0 * self.step_period().unwrap_or(0.0));
+        let Some(period) = self.step_period() else {
+            return false;
+        };
+        let tail = (span / 2.0).max(3.0 * period);
         self.points.front().is_some_and(|f| f.t <= now - tail)
             && setup(self.points.iter().filter(|p| p.t >= now - tail))
     }
@@ -251,8 +257,9 @@ fn floor_flat(floors: &[(f64, f64)], slope: f64) -> bool {
 /// step to the next, so memory that rose while no step ran (weights
 /// loading, a second model) is setup, whatever its pace (read over the
 /// newest half of the pace's window, and at least three of the trainer's
-/// usual steps: `Recent::setup_since`). Unknown steps (an agent that does
-/// not count them) are not evidence of setup.
+/// usual steps, once its steps were seen to move: `Recent::setup_since`).
+/// Unknown steps (an agent that does not count them) are not evidence of
+/// setup.
 fn setup<'a>(mut points: impl Iterator<Item = &'a Point>) -> bool {
     let Some(first) = points.next().and_then(|p| p.step) else {
         return false;
@@ -365,6 +372,25 @@ mod tests {
         }
         let p = r.pace(LEAK, LIMIT).expect("a pace");
         assert!(p.setup, "{p:?}");
+    }
+
+    /// A process whose step count never moved (no optimizer: inference,
+    /// evaluation alone) is never read as setting up: its leak is a leak.
+    #[test]
+    fn steps_that_never_moved_are_no_setup() {
+        let mut r = Recent::default();
+        for i in 0..=60 {
+            let t = i as f64;
+            let rise = 0.2 * GB * t;
+            r.push(Point {
+                t,
+                peak: 20.0 * GB + rise,
+                floor: 10.0 * GB + rise,
+                step: Some(0),
+            });
+        }
+        let p = r.pace(LEAK, LIMIT).expect("a pace");
+        assert!(!p.setup && !p.floor_flat, "{p:?}");
     }
 
     #[test]
