@@ -330,3 +330,97 @@ async fn the_webhook_injects_each_replica_of_an_annotated_pytorchjob() {
     );
     hooks.server.stop().await;
 }
+
+/// The PyTorchJob twins of the Job's pod-trust attacks (tests/pod_trust.rs),
+/// with the webhook down (it fails open, so nothing removes a copied mark):
+/// a pod the training operator's identity creates meanwhile has no mark; a
+/// tenant's pod carrying a genuine pod's mark under another name, and the
+/// genuine pod deleted and created again by the tenant with its mark once
+/// the mark's window has passed, do not verify. None of their critical
+/// reports counts; each is named in the profile.
+#[tokio::test]
+async fn pytorchjob_pods_planted_or_replayed_never_count() {
+    let Some(admin) = cluster().await else { return };
+    install_workload_crds(&admin).await;
+    let ns = TestNamespace::create(&admin).await;
+    let hooks = admission(&admin, &ns.name).await;
+    let rules = json!([{"apiGroups": [""], "resources": ["pods"],
+                        "verbs": ["create", "get", "list", "watch", "delete"]},
+        {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch"]}]);
+    let operator = user_with(&admin, &ns.name, TRAINING_OPERATOR, rules.clone()).await;
+    let tenant = user_with(&admin, &ns.name, &format!("tenant-{}", ns.name), rules).await;
+    let op = start_operator(&admin, &ns.name);
+    let pt = profiled(&admin, &ns.name, "victim", 2).await;
+    let master = create_pod(&operator, &ns.name, pytorch_pod(&pt, "master", 0)).await;
+    let worker = create_pod(&operator, &ns.name, pytorch_pod(&pt, "worker", 0)).await;
+    let mark = workload_mark(&worker.metadata).expect("the operator's pod is marked");
+    hooks.server.stop().await;
+
+    let unmarked = create_pod(&operator, &ns.name, pytorch_pod(&pt, "worker", 1)).await;
+    let mut planted = pytorch_pod(&pt, "worker", 0);
+    planted["metadata"]["name"] = json!("victim-worker-7");
+    planted["metadata"]["annotations"] =
+        json!({memprof::api::workload_mark::ANNOTATION_WORKLOAD_MARK: mark});
+    let planted = create_pod(&tenant, &ns.name, planted).await;
+    // Past the mark's window, the genuine worker deleted and made again
+    // with its name, labels, controller reference and mark.
+    let created = worker.creation_timestamp().unwrap().0;
+    let past = created + memprof::api::admission::MARK_LATE + jiff::SignedDuration::from_secs(2);
+    if let Ok(wait) = std::time::Duration::try_from(past - jiff::Timestamp::now()) {
+        tokio::time::sleep(wait).await;
+    }
+    let pods: Api<Pod> = Api::namespaced(tenant.clone(), &ns.name);
+    pods.delete(&worker.name_any(), &Default::default())
+        .await
+        .unwrap();
+    eventually("the genuine worker gone", || async {
+        match pods.get_opt(&worker.name_any()).await {
+            Ok(None) => Ok(()),
+            other => Err(format!("{:?}", other.map(|p| p.map(|p| p.uid())))),
+        }
+    })
+    .await;
+    let mut again = pytorch_pod(&pt, "worker", 0);
+    again["metadata"]["annotations"] = json!({memprof::api::workload_mark::ANNOTATION_WORKLOAD_MARK: workload_mark(&worker.metadata)});
+    let replayed = create_pod(&tenant, &ns.name, again).await;
+    assert_eq!(
+        workload_mark(&replayed.metadata),
+        workload_mark(&worker.metadata)
+    );
+
+    let low = vec![gpu(0, 40, 40, RiskLevel::Low, None)];
+    apply_report(
+        &admin,
+        &ns.name,
+        &pod_report(&master, "victim", 0, &at(0), low),
+    )
+    .await;
+    for pod in [&unmarked, &planted, &replayed] {
+        let critical = vec![gpu(0, 79, 79, RiskLevel::Critical, None)];
+        apply_report(
+            &admin,
+            &ns.name,
+            &pod_report(pod, "victim", 0, &at(0), critical),
+        )
+        .await;
+    }
+    let names = ["victim-worker-1", "victim-worker-7", "victim-worker-0"];
+    let profile = profile_when(
+        &admin,
+        &ns.name,
+        "victim",
+        "only the master counted, the others named",
+        |p: &MemoryProfile| {
+            let st = p.status.clone().unwrap_or_default();
+            let valid = st.conditions.iter().find(|c| c.type_ == "ReportsValid");
+            let message = valid.map(|c| c.message.clone()).unwrap_or_default();
+            let named = names.iter().all(|n| message.contains(n));
+            (st.ranks == "1/3" && named)
+                .then_some(())
+                .ok_or(format!("ranks {:?}, ReportsValid {message:?}", st.ranks))
+        },
+    )
+    .await;
+    assert_eq!(profile.status.unwrap().risk, RiskLevel::Low);
+    op.stop().await;
+}

@@ -210,3 +210,65 @@ fn a_jobs_family_survives_the_cache_for_its_profile() {
     );
     assert!(!j.annotations().contains_key("memprof.dev/other"));
 }
+
+#[test]
+fn a_hostile_pytorchjob_and_its_pod_are_cached_in_a_bounded_size_with_what_counts_them() {
+    let template = json!({"metadata": {"labels": hostile_map("t.example/")},
+        "spec": {"serviceAccountName": "trainer",
+                 "containers": [{"name": "pytorch", "image": "i", "args": ["x".repeat(100_000)]}]}});
+    let mut pt: kube::api::DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+        "metadata": {"name": "train", "namespace": "ml", "uid": "u",
+                     "labels": hostile_map("team.example/"),
+                     "annotations": hostile_map("note.example/")},
+        "spec": {"pytorchReplicaSpecs": {
+            "Master": {"replicas": 1, "template": template.clone()},
+            "Worker": {"replicas": 3, "template": template}},
+            "runPolicy": {"note": "y".repeat(100_000)}},
+        "status": {"note": "z".repeat(100_000)},
+    }))
+    .unwrap();
+    assert!(size(&pt) > 250_000);
+    pytorchjob(&mut pt);
+    assert!(size(&pt) < 1024, "{} bytes kept", size(&pt));
+    // What the roll-up reads survives: the opt-in, the layout, whom the sidecars run as.
+    assert_eq!(
+        pt.annotations().get(ANNOTATION_ENABLED).map(String::as_str),
+        Some("true")
+    );
+    let shape = crate::workload::rank::PyTorchShape::from_spec(&pt.data["spec"]).unwrap();
+    assert_eq!(shape.ranks(), 4);
+    let worker = &pt.data["spec"]["pytorchReplicaSpecs"]["Worker"];
+    assert_eq!(worker["template"]["spec"]["serviceAccountName"], "trainer");
+
+    let mut p: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "train-worker-0", "namespace": "ml",
+                     "labels": hostile_map("team.example/"),
+                     "annotations": hostile_map("note.example/"),
+                     "ownerReferences": [{"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+                                          "name": "train", "uid": "u", "controller": true}]},
+        "spec": {"containers": [{"name": "pytorch", "image": "i", "args": ["x".repeat(100_000)]}]},
+    }))
+    .unwrap();
+    let labels = p.labels_mut();
+    labels.insert(
+        memprof_api::workload::LABEL_PYTORCH_REPLICA_TYPE.into(),
+        "worker".into(),
+    );
+    labels.insert(
+        memprof_api::workload::LABEL_PYTORCH_REPLICA_INDEX.into(),
+        "0".into(),
+    );
+    let mark = memprof_api::workload_mark::ANNOTATION_WORKLOAD_MARK;
+    p.annotations_mut().insert(mark.into(), "v1.1.abc".into());
+    pytorch_pod(&mut p);
+    assert!(size(&p) < 2 * 1024, "{} bytes kept", size(&p));
+    assert_eq!(
+        p.labels().len(),
+        2,
+        "the replica labels only: {:?}",
+        p.labels()
+    );
+    assert!(p.annotations().contains_key(mark));
+    assert_eq!(p.owner_references().len(), 1);
+}
