@@ -13,7 +13,9 @@
 //! - a dry run changes nothing and says what it would do (twin of
 //!   `remediation::dry_run_changes_nothing_…`);
 //! - an operator killed mid suspend-patch-resume finishes it on restart
-//!   (twin of `remediation::operator_killed_between_delete_and_create_…`).
+//!   (twin of `remediation::operator_killed_between_delete_and_create_…`);
+//! - the JobSet's risk Events and `memprof.dev/` annotations go on the
+//!   JobSet, as a Job's go on the Job (twin of the operator's).
 
 use crate::common;
 use crate::remediation_support;
@@ -109,6 +111,33 @@ async fn record_in(admin: &Client, ns: &str, phase: &str) -> memprof::api::Remed
     .await
 }
 
+/// The kinds of the objects Events with `reason` about `name` regard.
+async fn event_kinds(admin: &Client, ns: &str, reason: &str, name: &str) -> Vec<String> {
+    Api::<k8s_openapi::api::events::v1::Event>::namespaced(admin.clone(), ns)
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .filter_map(|e| e.regarding)
+        .filter(|r| r.name.as_deref() == Some(name))
+        .filter_map(|r| r.kind)
+        .collect()
+}
+
+/// The kinds the `Remediated` Events about `train` regard, once there is
+/// one (published right after the record is written).
+async fn remediated_kinds(admin: &Client, ns: &str) -> Vec<String> {
+    eventually("the Remediated Event", || async {
+        let kinds = event_kinds(admin, ns, "Remediated", "train").await;
+        (!kinds.is_empty())
+            .then_some(kinds)
+            .ok_or("none".to_string())
+    })
+    .await
+}
+
 /// Every watch event of JobSet `train` stored from `rv` on, for 3 s.
 async fn jobset_events(
     admin: &Client,
@@ -194,7 +223,48 @@ async fn a_kueue_managed_jobset_is_suspended_patched_and_resumed_by_the_executor
             .await;
         assert!(j.is_ok(), "child {i} left alone");
     }
-    assert!(count_events(&admin, ns, "Remediated", "train").await >= 1);
+    let kinds = remediated_kinds(&admin, ns).await;
+    assert!(kinds.iter().all(|k| k == "JobSet"), "{kinds:?}");
+    op.stop().await;
+}
+
+#[tokio::test]
+async fn a_jobsets_risk_events_and_annotations_go_on_the_jobset() {
+    let Some(admin) = cluster().await else { return };
+    install_workload_crds(&admin).await;
+    let ns = TestNamespace::create(&admin).await;
+    let ns = ns.name.as_str();
+    let op = start_operator(&admin, ns);
+    profiled_jobset(&admin, ns, json!({})).await;
+    child_report(&admin, ns, "train-workers-1", 100, RiskLevel::Critical).await;
+    let jobsets = api(&admin, ns, WorkloadKind::JobSet);
+    eventually("the JobSet annotated with its risk", || async {
+        let js = jobsets.get("train").await.map_err(|e| e.to_string())?;
+        let risk = js.annotations().get("memprof.dev/oom-risk").cloned();
+        (risk.as_deref() == Some("critical"))
+            .then_some(())
+            .ok_or(format!("{risk:?}"))
+    })
+    .await;
+    let kinds = eventually("the risk Event about the JobSet", || async {
+        let kinds = event_kinds(&admin, ns, "RiskCritical", "train").await;
+        (!kinds.is_empty())
+            .then_some(kinds)
+            .ok_or("none".to_string())
+    })
+    .await;
+    assert!(kinds.iter().all(|k| k == "JobSet"), "{kinds:?}");
+    // The child Jobs carry none: their reports are the JobSet's.
+    for i in 0..2 {
+        let j = Api::<Job>::namespaced(admin.clone(), ns)
+            .get(&format!("train-workers-{i}"))
+            .await
+            .unwrap();
+        assert!(
+            !j.annotations().contains_key("memprof.dev/oom-risk"),
+            "child {i}"
+        );
+    }
     op.stop().await;
 }
 
@@ -238,7 +308,8 @@ async fn a_jobset_kueue_does_not_manage_is_recreated_at_the_top_level() {
         left.is_empty().then_some(()).ok_or(format!("{left:?}"))
     })
     .await;
-    assert!(count_events(&admin, ns, "Remediated", "train").await >= 1);
+    let kinds = remediated_kinds(&admin, ns).await;
+    assert!(kinds.iter().all(|k| k == "JobSet"), "{kinds:?}");
     op.stop().await;
 }
 
@@ -264,8 +335,14 @@ async fn a_dry_run_on_a_jobset_changes_nothing_and_names_the_action_it_would_tak
         .get("train")
         .await
         .unwrap();
-    assert_eq!(after.resource_version(), js.resource_version(), "untouched");
-    assert!(count_events(&admin, ns, "RemediationDryRun", "train").await >= 1);
+    assert_eq!(after.uid(), js.uid());
+    assert_eq!(after.data["spec"], js.data["spec"], "untouched");
+    assert!(!after.annotations().contains_key("memprof.dev/remediation"));
+    eventually("the RemediationDryRun Event", || async {
+        let n = count_events(&admin, ns, "RemediationDryRun", "train").await;
+        (n >= 1).then_some(()).ok_or(n.to_string())
+    })
+    .await;
     op.stop().await;
 }
 

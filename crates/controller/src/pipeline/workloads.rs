@@ -13,29 +13,37 @@
 //! caches (O(the workload's reports)), and hands the status to the writer
 //! under the workload's key (its name): concurrent children compute the
 //! same status from the same caches. Remediation acts on the top-level
-//! workload ([`remediate`]: the same stage whichever kind). Not yet: Events
-//! and annotations on the top-level object (docs/remediation.md).
+//! workload ([`remediate`]: the same stage whichever kind); its risk Events
+//! and `memprof.dev/` annotations go on the top-level object, through the
+//! status writer as a Job's do.
 
 use super::state::Context;
 use super::tracked::{all_pods, all_reports, report_of};
 use crate::key::JobKey;
 use crate::operator::rbac::ensure_reporter_rbac;
-use crate::operator::reconcile::{desired_status_from, profile_outdated, Rejected};
+use crate::operator::reconcile::{
+    annotations_outdated, desired_status_from, job_annotations, profile_outdated, risk_event,
+    Rejected,
+};
 use crate::operator::{Error, Result};
 use crate::remediation::Target;
-use crate::status::Analysis;
+use crate::status::{Analysis, Notice};
 use crate::workload::rank::JobSetShape;
 use crate::workload::read::{api_resource, resolve_live, Membership};
 use crate::workload::resolve::{link_identity, step, Resolved, Step, Workload};
 use crate::workload::rollup::{roll_up, Layout};
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
-use kube::ResourceExt;
+use kube::{Resource, ResourceExt};
 use memprof_api::workload::{WorkloadKind, LABEL_JOBSET_NAME, LABEL_WORKLOAD_KIND};
-use memprof_api::{MemoryProfile, MemoryProfileSpec, MemoryReport, LABEL_JOB, OPERATOR_MANAGER};
+use memprof_api::{
+    MemoryProfile, MemoryProfileSpec, MemoryProfileStatus, MemoryReport, LABEL_JOB,
+    OPERATOR_MANAGER,
+};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -144,12 +152,15 @@ pub(super) async fn run(
     let recorded = || cached_profile(ctx, &wkey).and_then(|p| p.status.clone());
     let previous = ctx.writer.view(&wkey).or_else(recorded);
     let desired = desired_status_from(&out.rollup, &refused, previous.as_ref(), now);
+    let top = &resolved.top;
+    let notices = notices(ctx, &wkey, top, previous.as_ref(), &desired.status);
+    annotate(ctx, &wkey, top, &desired.status);
     let analysis = Analysis {
         status: desired.status,
-        notices: vec![],
+        notices,
     };
     ctx.writer.submit(&wkey, analysis);
-    let decided = remediate(ctx, &wkey, &resolved.top, member_keys).await?;
+    let decided = remediate(ctx, &wkey, top, member_keys).await?;
     let next = out
         .rollup
         .next_change(now)
@@ -204,6 +215,56 @@ async fn top_labels(ctx: &Context, ns: &str, top: &Workload) -> Result<BTreeMap<
         .filter(|o| o.metadata.uid.as_deref() == Some(top.uid.as_str()))
         .and_then(|o| o.metadata.labels)
         .unwrap_or_default())
+}
+
+/// The Events a workload's status calls for against the one before it (a
+/// risk transition), about the top-level object, as a Job's are about the
+/// Job; published by the status writer once the status is written.
+fn notices(
+    ctx: &Context,
+    wkey: &JobKey,
+    top: &Workload,
+    previous: Option<&MemoryProfileStatus>,
+    status: &MemoryProfileStatus,
+) -> Vec<Notice> {
+    let previous_risk = previous.map(|s| s.risk).unwrap_or_default();
+    let Some(plan) = risk_event(previous_risk, status) else {
+        return vec![];
+    };
+    let related = cached_profile(ctx, wkey).map(|p| ObjectReference {
+        resource_version: None,
+        ..p.object_ref(&())
+    });
+    vec![Notice {
+        plan,
+        regarding: top_ref(wkey, top),
+        related,
+    }]
+}
+
+/// A reference to the top-level object for Events (by uid).
+fn top_ref(wkey: &JobKey, top: &Workload) -> ObjectReference {
+    ObjectReference {
+        api_version: Some(top.kind.api_version().into()),
+        kind: Some(top.kind.kind().into()),
+        name: Some(top.name.clone()),
+        namespace: Some(wkey.namespace.clone()),
+        uid: Some(top.uid.clone()),
+        ..Default::default()
+    }
+}
+
+/// Hands the top-level object's `memprof.dev/` annotations to the writer
+/// when a value differs from what memprof last put there (the writer's
+/// count and spacing apply, as for a Job). A restarted operator knows no
+/// earlier values: it writes them once.
+fn annotate(ctx: &Context, wkey: &JobKey, top: &Workload, status: &MemoryProfileStatus) {
+    let current = ctx.writer.annotations(wkey, 0).unwrap_or_default();
+    let desired = job_annotations(status, &current);
+    if annotations_outdated(&current, &desired) {
+        ctx.writer
+            .annotate_object(wkey, top.kind, &top.uid, desired);
+    }
 }
 
 /// The JobSet's rank layout, from its spec as the API server holds it now.

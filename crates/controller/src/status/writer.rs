@@ -108,9 +108,11 @@ struct Server {
     status: Option<Arc<MemoryProfileStatus>>,
 }
 
-/// Job annotations to apply (an empty set removes ours).
+/// Job annotations to apply (an empty set removes ours); on a top-level
+/// workload (JobSet, TrainJob, PyTorchJob) when its profile is one's.
 #[derive(Clone, Debug, PartialEq)]
 struct Annotations {
+    kind: memprof_api::workload::WorkloadKind,
     job_uid: String,
     values: BTreeMap<String, String>,
 }
@@ -235,8 +237,27 @@ impl StatusWriter {
 
     /// The annotations Job `key` (uid `job_uid`) should carry; an empty map removes ours.
     pub fn annotate(&self, key: &JobKey, job_uid: &str, values: BTreeMap<String, String>) {
+        self.annotate_object(
+            key,
+            memprof_api::workload::WorkloadKind::Job,
+            job_uid,
+            values,
+        );
+    }
+
+    /// The annotations the top-level object of `kind` under `key`'s name
+    /// (uid `uid`) should carry: the same writes as a Job's, counted and
+    /// spaced the same.
+    pub fn annotate_object(
+        &self,
+        key: &JobKey,
+        kind: memprof_api::workload::WorkloadKind,
+        uid: &str,
+        values: BTreeMap<String, String>,
+    ) {
         let wanted = Annotations {
-            job_uid: job_uid.to_string(),
+            kind,
+            job_uid: uid.to_string(),
             values,
         };
         self.entries().entry(key.clone()).or_default().annotations = Some(wanted);

@@ -5,8 +5,7 @@ use super::{compose, rv_num, write_needed, Annotations, Edit, Need, Notice, Serv
 use crate::key::JobKey;
 use crate::operator::metrics::ReasonLabels;
 use crate::status::patch::{self, WriteMode};
-use k8s_openapi::api::batch::v1::Job;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType};
 use kube::ResourceExt;
 use memprof_api::{MemoryProfile, MemoryProfileStatus, OPERATOR_MANAGER};
@@ -200,10 +199,14 @@ async fn publish(shared: &Shared, notice: &Notice) {
 /// `memprof-operator`, so applying fewer keys removes ours and only ours).
 /// The Job's uid is a precondition: a recreated Job gets its own.
 pub(super) async fn write_annotations(shared: &Shared, key: &JobKey, a: Annotations) -> bool {
-    let api: Api<Job> = Api::namespaced(shared.client.clone(), &key.namespace);
+    // A Job, or the top-level workload a profile is about (untyped: its
+    // fields are not this client's to round-trip).
+    let resource = crate::workload::read::api_resource(a.kind);
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(shared.client.clone(), &key.namespace, &resource);
     let body = serde_json::json!({
-        "apiVersion": "batch/v1",
-        "kind": "Job",
+        "apiVersion": a.kind.api_version(),
+        "kind": a.kind.kind(),
         "metadata": { "name": key.name, "uid": a.job_uid, "annotations": a.values },
     });
     let params = PatchParams::apply(OPERATOR_MANAGER).force();
