@@ -892,3 +892,28 @@ fn each_replica_of_an_annotated_pytorchjob_gets_the_sidecar_naming_the_pytorchjo
     let plain = injection_patch(Target::PyTorchJob, &pytorchjob(false), &cfg()).unwrap();
     assert_eq!(plain.patch, None, "not annotated: left alone");
 }
+
+#[test]
+fn each_replica_of_a_pytorchjob_asking_for_the_agent_gets_it() {
+    let mut pt = pytorchjob(true);
+    pt["metadata"]["annotations"][crate::agent::ANNOTATION_AGENT] = json!("python");
+    let (out, warnings) = mutated(Target::PyTorchJob, &pt, &cfg());
+    assert!(warnings.is_empty(), "{warnings:?}");
+    for rtype in ["Master", "Worker"] {
+        let spec = &out["spec"]["pytorchReplicaSpecs"][rtype]["template"]["spec"];
+        let inits = spec["initContainers"].as_array().into_iter().flatten();
+        let names: Vec<&str> = inits.filter_map(|c| c["name"].as_str()).collect();
+        assert!(
+            names.contains(&crate::agent::INSTALL_CONTAINER),
+            "{rtype}: {names:?}"
+        );
+        let trainer = &spec["containers"][0];
+        let mounts = trainer["volumeMounts"].as_array().into_iter().flatten();
+        assert!(
+            mounts
+                .into_iter()
+                .any(|m| m["name"] == crate::agent::VOLUME),
+            "{rtype}: the trainer mounts the agent"
+        );
+    }
+}
