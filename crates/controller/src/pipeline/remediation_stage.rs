@@ -102,7 +102,7 @@ pub(super) fn run_workload(ctx: &Arc<Context>, wkey: &JobKey, target: &Target) -
     }
     if let Some(pending) = view.remediations.iter().find(|r| r.phase == PHASE_PENDING) {
         let (key, record) = (wkey.clone(), pending.clone());
-        let ranks = checkpoints_of(ctx, &members(ctx, target));
+        let ranks = checkpoints_of(ctx, &target.ranks);
         ctx.spawn_task(key.clone(), exec.resume(key, record, ranks));
         return None;
     }
@@ -150,21 +150,6 @@ fn decide_on(
         .policies()
         .state_filter(|p| p.metadata.namespace.as_deref() == ns);
     decide(&policies, job, status, &clock, now, RESYNC)
-}
-
-/// Each member Job of `target` in the Job cache, with its uid.
-fn members(ctx: &Context, target: &Target) -> Vec<(JobKey, String)> {
-    target
-        .members
-        .iter()
-        .filter_map(|k| {
-            let job = ctx
-                .caches
-                .jobs
-                .get(&ObjectRef::new(&k.name).within(&k.namespace))?;
-            Some((k.clone(), job.uid()?))
-        })
-        .collect()
 }
 
 /// The tallies of `open` that `reports` change; `None` when none does.
@@ -241,9 +226,8 @@ impl CountedReports for Context {
     fn counted(&self, key: &JobKey) -> Vec<Arc<MemoryReport>> {
         // A workload's ranks are its member Jobs' counted reports, all of them.
         if let Some(target) = self.executor.as_ref().and_then(|e| e.target(key)) {
-            let members = members(self, &target);
-            return members
-                .iter()
+            let ranks = target.ranks.iter();
+            return ranks
                 .flat_map(|(k, uid)| screened_reports(self, k, uid))
                 .collect();
         }

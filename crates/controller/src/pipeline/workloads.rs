@@ -130,7 +130,10 @@ pub(super) async fn run(
     let members = members(ctx, ns, jobset, now);
     let wkey = JobKey::new(ns, &resolved.top.name);
     ensure_profile(ctx, &wkey, &resolved.top, shape.ranks(), job).await?;
-    let member_keys: Vec<JobKey> = members.values().map(|(n, _)| JobKey::new(ns, n)).collect();
+    let ranks: Vec<(JobKey, String)> = members
+        .iter()
+        .map(|(uid, (name, _))| (JobKey::new(ns, name), uid.clone()))
+        .collect();
     let (reports, pods) = member_objects(ctx, ns, members.values().map(|(name, _)| name));
     let report_refs: Vec<&MemoryReport> = reports.iter().map(|r| r.as_ref()).collect();
     let pod_metas: HashMap<&str, &ObjectMeta> = pods
@@ -160,7 +163,7 @@ pub(super) async fn run(
         notices,
     };
     ctx.writer.submit(&wkey, analysis);
-    let decided = remediate(ctx, &wkey, top, member_keys).await?;
+    let decided = remediate(ctx, &wkey, top, ranks).await?;
     let next = out
         .rollup
         .next_change(now)
@@ -169,17 +172,19 @@ pub(super) async fn run(
     Ok(Some(decided.map_or(next, |d| d.min(next))))
 }
 
-/// Remediation of workload `top`, whose profile is `wkey` and whose ranks
-/// are the reports of the Jobs `members` (a JobSet's child Jobs): says so
-/// to the executor, with the workload's labels as the API server holds
-/// them (read again at most every [`RESOLVE_AGAIN`], or when its uid
-/// changed), and runs the workload's remediation stage. Kind-generic: a
-/// PyTorchJob's pipeline calls it with its own top-level object.
+/// Remediation of workload `top` (kind, name, uid), whose profile is
+/// `wkey` and whose ranks' pods are those `ranks` names (the key their
+/// reports claim, the uid of the pods' controller: each child Job of a
+/// JobSet; a PyTorchJob's own key and uid): says so to the executor, with
+/// the workload's labels as the API server holds them (read again at most
+/// every [`RESOLVE_AGAIN`], or when its uid changed), and runs the
+/// workload's remediation stage. Kind-generic: a PyTorchJob's pipeline
+/// calls it as the JobSet's does, after handing the writer its status.
 pub(super) async fn remediate(
     ctx: &Arc<Context>,
     wkey: &JobKey,
     top: &Workload,
-    members: Vec<JobKey>,
+    ranks: Vec<(JobKey, String)>,
 ) -> Result<Option<Duration>> {
     let Some(exec) = ctx.executor.clone() else {
         return Ok(None);
@@ -195,7 +200,7 @@ pub(super) async fn remediate(
         kind: top.kind,
         uid: top.uid.clone(),
         labels,
-        members,
+        ranks,
         read,
     };
     exec.set_target(wkey, target.clone());

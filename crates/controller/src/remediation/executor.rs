@@ -55,9 +55,11 @@ pub struct Target {
     pub uid: String,
     /// Its labels (the selector's, and Kueue's queue).
     pub labels: BTreeMap<String, String>,
-    /// The Jobs whose reports are its ranks' (a JobSet's child Jobs): the
-    /// checkpoint wait and `notifyTrainer` cover all of them.
-    pub members: Vec<JobKey>,
+    /// Its ranks: the profile keys its reports claim and the uid of the
+    /// controller of their pods (a JobSet: each child Job's name and uid; a
+    /// PyTorchJob: its own name and uid). The checkpoint wait and
+    /// `notifyTrainer` cover every one.
+    pub ranks: Vec<(JobKey, String)>,
     /// When its labels were read.
     pub read: std::time::Instant,
 }

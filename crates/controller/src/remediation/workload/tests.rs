@@ -163,3 +163,40 @@ fn vars_name_the_accumulation_that_keeps_the_global_batch_once() {
         ]
     );
 }
+
+#[test]
+fn a_pytorchjob_is_planned_on_its_master_and_recreated_with_every_replica_changed() {
+    let template = json!({"spec": {"containers": [{"name": "pytorch", "image": "busybox",
+        "env": [{"name": "BATCH_SIZE", "value": "32"}]}]}});
+    let pt = json!({
+        "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+        "metadata": {"name": "train", "namespace": "ml", "uid": "pt-1", "labels": {"team": "ml"}},
+        "spec": {"runPolicy": {}, "pytorchReplicaSpecs": {
+            "Master": {"replicas": 1, "template": template.clone()},
+            "Worker": {"replicas": 3, "template": template}}},
+    });
+    let policy = RemediationPolicy::test("shrink", "ml", 0, 4);
+    let view = job_view(WorkloadKind::PyTorchJob, &pt);
+    let input = PlanInput {
+        policy: &policy,
+        job: &view,
+        config_maps: &BTreeMap::new(),
+        not_opted_in: &BTreeSet::new(),
+        id: "r1",
+        why: "risk critical",
+        batch_fit: None,
+        nonce: "n0",
+    };
+    let how = EnvChange::Recreate;
+    let plan = for_workload(build(&input).unwrap(), WorkloadKind::PyTorchJob, &pt, how);
+    assert_eq!(plan.kind.as_deref(), Some("PyTorchJob"));
+    let (_, manifest) = plan.recreate().expect("a recreation");
+    assert_eq!(manifest["apiVersion"], "kubeflow.org/v1");
+    for t in ["Master", "Worker"] {
+        let at = format!("/spec/pytorchReplicaSpecs/{t}/template/spec/containers/0/env/0/value");
+        assert_eq!(manifest.pointer(&at), Some(&json!("24")), "{t}");
+    }
+    let how = EnvChange::SuspendPatchResume;
+    let plan = for_workload(build(&input).unwrap(), WorkloadKind::PyTorchJob, &pt, how);
+    assert_eq!(env_change_of(&plan), Some(EnvChange::SuspendPatchResume));
+}
