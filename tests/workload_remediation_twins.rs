@@ -15,7 +15,9 @@
 //! - an operator killed mid suspend-patch-resume finishes it on restart
 //!   (twin of `remediation::operator_killed_between_delete_and_create_…`);
 //! - the JobSet's risk Events and `memprof.dev/` annotations go on the
-//!   JobSet, as a Job's go on the Job (twin of the operator's).
+//!   JobSet, as a Job's go on the Job (twin of the operator's);
+//! - `notifyTrainer` reaches every rank of the JobSet, across its child
+//!   Jobs (twin of `remediation_notify::notify_trainer_reaches_every_…`).
 
 use crate::common;
 use crate::remediation_support;
@@ -394,4 +396,49 @@ async fn an_operator_killed_mid_suspend_patch_resume_finishes_it_on_restart() {
         "never left suspended"
     );
     assert_eq!(after.data.pointer(BATCH), Some(&json!("24")));
+}
+
+#[tokio::test]
+async fn notify_trainer_reaches_every_rank_of_the_jobset_across_its_child_jobs() {
+    let Some(admin) = cluster().await else { return };
+    install_workload_crds(&admin).await;
+    let ns = TestNamespace::create(&admin).await;
+    let ns = ns.name.as_str();
+    let op = start_operator(&admin, ns);
+    let policy = json!({
+        "selector": {"matchLabels": {"team": "ml"}},
+        "triggers": [{"riskAtLeast": {"level": "critical"}}],
+        "actions": [{"notifyTrainer": {"level": "critical"}}],
+        "cooldownSeconds": 600,
+        "maxRemediations": 1,
+    });
+    apply_policy(&admin, ns, "tell", policy).await.unwrap();
+    let js = profiled_jobset(&admin, ns, json!({})).await;
+    child_report(&admin, ns, "train-workers-1", 100, RiskLevel::Critical).await;
+    let rec = record_in(&admin, ns, "Done").await;
+    assert_eq!(rec.env_change, None, "no environment changed");
+    let reports = Api::<memprof::api::MemoryReport>::namespaced(admin.clone(), ns);
+    for i in 0..2 {
+        let pod = job_pods(&admin, ns, &format!("train-workers-{i}"), 1)
+            .await
+            .remove(0);
+        let r = reports.get(&pod.name_any()).await.unwrap();
+        let ids: Vec<String> = r
+            .status
+            .map(|s| s.directives)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|d| d.id)
+            .collect();
+        assert_eq!(ids, vec![rec.id.clone()], "rank {i}'s report");
+    }
+    let after = api(&admin, ns, WorkloadKind::JobSet)
+        .get("train")
+        .await
+        .unwrap();
+    assert_eq!(
+        after.data["spec"], js.data["spec"],
+        "a notice changes nothing"
+    );
+    op.stop().await;
 }
