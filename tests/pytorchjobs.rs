@@ -200,6 +200,20 @@ async fn a_pytorchjob_gets_one_profile_ranked_master_then_workers() {
         Some("PyTorchJob")
     );
     assert_eq!(profile.spec.expected_ranks, Some(3));
+    // `kubectl get memoryprofiles` names the kind and the workload.
+    let out = std::process::Command::new("kubectl")
+        .args(["get", "memoryprofiles", "-n", &ns.name])
+        .output()
+        .expect("kubectl");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let rows: Vec<Vec<&str>> = text
+        .lines()
+        .map(|l| l.split_whitespace().take(3).collect())
+        .collect();
+    assert!(
+        rows.contains(&vec!["train", "PyTorchJob", "train"]),
+        "{text}"
+    );
     op.stop().await;
 }
 
