@@ -17,7 +17,9 @@
 //! - the JobSet's risk Events and `memprof.dev/` annotations go on the
 //!   JobSet, as a Job's go on the Job (twin of the operator's);
 //! - `notifyTrainer` reaches every rank of the JobSet, across its child
-//!   Jobs (twin of `remediation_notify::notify_trainer_reaches_every_…`).
+//!   Jobs (twin of `remediation_notify::notify_trainer_reaches_every_…`);
+//! - the checkpoint wait waits for every rank of the JobSet (twin of
+//!   `remediation_checkpoint::a_restart_waits_for_every_ranks_next_…`).
 
 use crate::common;
 use crate::remediation_support;
@@ -440,5 +442,79 @@ async fn notify_trainer_reaches_every_rank_of_the_jobset_across_its_child_jobs()
         after.data["spec"], js.data["spec"],
         "a notice changes nothing"
     );
+    op.stop().await;
+}
+
+/// Child Job `job`'s rank critical (600 s to OOM, sampled a second ago so
+/// that it counts from now), its trainer's last checkpoint `checkpoint`.
+async fn critical_with_checkpoint(
+    admin: &Client,
+    ns: &str,
+    job: &str,
+    checkpoint: (jiff::Timestamp, u64),
+) {
+    let pod = job_pods(admin, ns, job, 1).await.remove(0);
+    let sampled = jiff::Timestamp::now() - jiff::SignedDuration::from_secs(1);
+    let sampled = sampled.round(jiff::Unit::Second).unwrap().to_string();
+    let gpus = vec![gpu(0, 79, 79, RiskLevel::Critical, Some(600.0))];
+    let mut r = pod_report(&pod, job, 0, &sampled, gpus);
+    r.spec.last_checkpoint = Some(memprof::api::Checkpoint {
+        time: checkpoint.0.to_string(),
+        note: format!("step={}", checkpoint.1),
+        step: Some(checkpoint.1),
+    });
+    apply_report(admin, ns, &r).await;
+}
+
+#[tokio::test]
+async fn a_jobsets_change_waits_for_every_ranks_next_checkpoint_across_its_child_jobs() {
+    let Some(admin) = cluster().await else { return };
+    install_workload_crds(&admin).await;
+    let ns = TestNamespace::create(&admin).await;
+    let ns = ns.name.as_str();
+    let op = start_operator(&admin, ns);
+    let mut policy = shrink_policy(false);
+    policy["waitForCheckpoint"] = json!({"maxSeconds": 60, "marginSeconds": 5});
+    apply_policy(&admin, ns, "shrink", policy).await.unwrap();
+    profiled_jobset(&admin, ns, json!({"kueue.x-k8s.io/queue-name": "team-a"})).await;
+    let earlier = jiff::Timestamp::now() - jiff::SignedDuration::from_secs(600);
+    for i in 0..2 {
+        critical_with_checkpoint(&admin, ns, &format!("train-workers-{i}"), (earlier, 1200)).await;
+    }
+    record_in(&admin, ns, "Pending").await;
+    let jobsets = api(&admin, ns, WorkloadKind::JobSet);
+    let untouched = || async {
+        let js = jobsets.get("train").await.map_err(|e| e.to_string())?;
+        let batch = js.data.pointer(BATCH).cloned();
+        let pending = records(&admin, ns, "train")
+            .await
+            .iter()
+            .any(|r| r.phase == "Pending");
+        (batch == Some(json!("32")) && pending)
+            .then_some(())
+            .ok_or(format!("{batch:?}"))
+    };
+    remediation_support::stays(
+        "unchanged while no rank checkpointed",
+        Duration::from_secs(3),
+        untouched,
+    )
+    .await;
+    // One child Job's rank checkpoints: the other's work would be lost.
+    let newer = jiff::Timestamp::now();
+    critical_with_checkpoint(&admin, ns, "train-workers-0", (newer, 1300)).await;
+    remediation_support::stays(
+        "unchanged until every rank checkpointed",
+        Duration::from_secs(3),
+        untouched,
+    )
+    .await;
+    critical_with_checkpoint(&admin, ns, "train-workers-1", (newer, 1300)).await;
+    let rec = record_in(&admin, ns, "Done").await;
+    assert_eq!(rec.env_change.as_deref(), Some("suspend-patch-resume"));
+    let kept = rec.checkpoint.expect("what the change kept");
+    assert_eq!(kept.result, "checkpointed", "{kept:?}");
+    let js = jobsets.get("train").await.unwrap();
+    assert_eq!(js.data.pointer(BATCH), Some(&json!("24")));
     op.stop().await;
 }

@@ -152,7 +152,9 @@ pub fn attach(
     let Some(wait) = &policy.spec.wait_for_checkpoint else {
         return;
     };
-    if plan.recreate().is_none() {
+    // Both ways restart the pods: a recreation, and a suspension (the
+    // workload's controller removes them) to change the environment.
+    if super::workload::env_change_of(plan).is_none() {
         return;
     }
     let tto = status.and_then(|s| s.time_to_oom_seconds);
