@@ -19,7 +19,11 @@
 //! - `notifyTrainer` reaches every rank of the JobSet, across its child
 //!   Jobs (twin of `remediation_notify::notify_trainer_reaches_every_…`);
 //! - the checkpoint wait waits for every rank of the JobSet (twin of
-//!   `remediation_checkpoint::a_restart_waits_for_every_ranks_next_…`).
+//!   `remediation_checkpoint::a_restart_waits_for_every_ranks_next_…`);
+//! - `accumulation` keeps the global batch in every pod template (twin of
+//!   `remediation_accumulation::accumulation_keeps_the_global_batch_…`);
+//! - a JobSet without the env var is skipped once, saying why (twin of
+//!   `remediation::job_without_the_env_var_is_skipped_once_…`).
 
 use crate::common;
 use crate::remediation_support;
@@ -83,9 +87,21 @@ async fn child_report(admin: &Client, ns: &str, job: &str, offset: u64, risk: Ri
 /// JobSet `train` (labels `labels` and `team: ml`) of two marked child
 /// Jobs, each rank reporting low, its profile written with both ranks.
 async fn profiled_jobset(admin: &Client, ns: &str, labels: Value) -> DynamicObject {
+    profiled(admin, ns, labels, |_| {}).await
+}
+
+/// [`profiled_jobset`], its manifest changed by `edit` first.
+async fn profiled(
+    admin: &Client,
+    ns: &str,
+    labels: Value,
+    edit: impl FnOnce(&mut Value),
+) -> DynamicObject {
     let mut labels = labels;
     labels["team"] = json!("ml");
-    let js = create(admin, ns, WorkloadKind::JobSet, jobset("train", 2, labels)).await;
+    let mut manifest = jobset("train", 2, labels);
+    edit(&mut manifest);
+    let js = create(admin, ns, WorkloadKind::JobSet, manifest).await;
     for i in 0..2 {
         marked_child(admin, ns, &js, i).await;
         child_report(admin, ns, &format!("train-workers-{i}"), 0, RiskLevel::Low).await;
@@ -516,5 +532,90 @@ async fn a_jobsets_change_waits_for_every_ranks_next_checkpoint_across_its_child
     assert_eq!(kept.result, "checkpointed", "{kept:?}");
     let js = jobsets.get("train").await.unwrap();
     assert_eq!(js.data.pointer(BATCH), Some(&json!("24")));
+    op.stop().await;
+}
+
+#[tokio::test]
+async fn accumulation_keeps_the_global_batch_of_a_suspended_patched_jobset() {
+    let Some(admin) = cluster().await else { return };
+    install_workload_crds(&admin).await;
+    let ns = TestNamespace::create(&admin).await;
+    let ns = ns.name.as_str();
+    let op = start_operator(&admin, ns);
+    let mut policy = shrink_policy(false);
+    policy["actions"][0]["scaleBatch"]["accumulation"] = json!({"env": "GRAD_ACCUM_STEPS"});
+    apply_policy(&admin, ns, "shrink", policy).await.unwrap();
+    profiled_jobset(&admin, ns, json!({"kueue.x-k8s.io/queue-name": "team-a"})).await;
+    child_report(&admin, ns, "train-workers-0", 100, RiskLevel::Critical).await;
+    let rec = record_in(&admin, ns, "Done").await;
+    assert_eq!(
+        rec.action,
+        "scaleBatch BATCH_SIZE×GRAD_ACCUM_STEPS 32×1 → 16×2"
+    );
+    assert_eq!(rec.env_change.as_deref(), Some("suspend-patch-resume"));
+    let js = api(&admin, ns, WorkloadKind::JobSet)
+        .get("train")
+        .await
+        .unwrap();
+    let env = js
+        .data
+        .pointer("/spec/replicatedJobs/0/template/spec/template/spec/containers/0/env")
+        .cloned();
+    assert_eq!(
+        env,
+        Some(
+            json!([{"name": "BATCH_SIZE", "value": "16"}, {"name": "GRAD_ACCUM_STEPS", "value": "2"}])
+        )
+    );
+    op.stop().await;
+}
+
+#[tokio::test]
+async fn a_jobset_without_the_env_var_is_skipped_once_with_the_reason() {
+    let Some(admin) = cluster().await else { return };
+    install_workload_crds(&admin).await;
+    let ns = TestNamespace::create(&admin).await;
+    let ns = ns.name.as_str();
+    let op = start_operator(&admin, ns);
+    apply_policy(&admin, ns, "shrink", shrink_policy(false))
+        .await
+        .unwrap();
+    let no_env = |m: &mut Value| {
+        m["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]
+            ["env"] = json!([]);
+    };
+    let js = profiled(&admin, ns, json!({}), no_env).await;
+    child_report(&admin, ns, "train-workers-1", 100, RiskLevel::Critical).await;
+    let rec = record_in(&admin, ns, "Skipped").await;
+    let msg = rec.message.clone().unwrap_or_default();
+    assert!(msg.starts_with("NoSuchEnv:"), "{msg}");
+    // Once, however often the rank stays critical.
+    let mut t = 1_000;
+    remediation_support::stays("one Skipped record", Duration::from_secs(4), || {
+        t += 500;
+        let (admin, t) = (admin.clone(), t);
+        async move {
+            child_report(&admin, ns, "train-workers-1", t, RiskLevel::Critical).await;
+            let recs = records(&admin, ns, "train").await;
+            (recs.len() == 1).then_some(()).ok_or(format!("{recs:?}"))
+        }
+    })
+    .await;
+    let after = api(&admin, ns, WorkloadKind::JobSet)
+        .get("train")
+        .await
+        .unwrap();
+    assert_eq!(
+        (after.uid(), &after.data["spec"]),
+        (js.uid(), &js.data["spec"]),
+        "untouched"
+    );
+    eventually("one RemediationSkipped Event about the JobSet", || async {
+        let kinds = event_kinds(&admin, ns, "RemediationSkipped", "train").await;
+        (kinds == ["JobSet"])
+            .then_some(())
+            .ok_or(format!("{kinds:?}"))
+    })
+    .await;
     op.stop().await;
 }
