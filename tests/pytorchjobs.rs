@@ -16,7 +16,7 @@ use crate::workload_support;
 use common::*;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DynamicObject, ListParams, PostParams};
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use memprof::api::admission::Keys;
 use memprof::api::workload::WorkloadKind;
@@ -214,6 +214,20 @@ async fn a_pytorchjob_gets_one_profile_ranked_master_then_workers() {
         rows.contains(&vec!["train", "PyTorchJob", "train"]),
         "{text}"
     );
+    // Switched off: its profile goes.
+    let off = json!({"metadata": {"annotations": {"memprof.dev/enabled": "false"}}});
+    api(&admin, &ns.name, WorkloadKind::PyTorchJob)
+        .patch("train", &PatchParams::default(), &Patch::Merge(&off))
+        .await
+        .unwrap();
+    let profiles: Api<MemoryProfile> = Api::namespaced(admin.clone(), &ns.name);
+    eventually("the profile deleted once profiling is off", || async {
+        match profiles.get_opt("train").await {
+            Ok(None) => Ok(()),
+            other => Err(format!("{:?}", other.map(|p| p.map(|p| p.uid())))),
+        }
+    })
+    .await;
     op.stop().await;
 }
 

@@ -32,7 +32,7 @@ use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
-use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
@@ -43,7 +43,7 @@ use memprof_api::{
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
-use tracing::warn;
+use tracing::{info, warn};
 
 /// Periodic look at a PyTorchJob even without changes (as for a Job).
 const RESYNC: Duration = Duration::from_secs(300);
@@ -68,11 +68,15 @@ pub(super) async fn run(ctx: &Context, key: &JobKey) -> Result<Option<Duration>>
     let Some(pt) = cached(ctx, key) else {
         return Ok(None);
     };
-    let enabled = pt.annotations().get(ANNOTATION_ENABLED).map(String::as_str) == Some("true");
-    if !enabled || pt.metadata.deletion_timestamp.is_some() {
+    if pt.metadata.deletion_timestamp.is_some() {
+        // The garbage collector removes the profile with it.
         return Ok(None);
     }
     let uid = pt.uid().unwrap_or_default();
+    if pt.annotations().get(ANNOTATION_ENABLED).map(String::as_str) != Some("true") {
+        switch_off(ctx, key, &uid).await?;
+        return Ok(None);
+    }
     let shape = PyTorchShape::from_spec(&pt.data["spec"])
         .map_err(|e| Error::Workload(format!("PyTorchJob {}: {e}", key)))?;
     if let Claim::Theirs(owner) = claim(
@@ -110,6 +114,38 @@ pub(super) async fn run(ctx: &Context, key: &JobKey) -> Result<Option<Duration>>
     Ok(Some(next.map_or(RESYNC, |d| {
         d.clamp(Duration::from_millis(100), RESYNC)
     })))
+}
+
+/// Profiling was switched off: the PyTorchJob's own profile is deleted
+/// (never a namesake's, nor one that took the name meanwhile).
+async fn switch_off(ctx: &Context, key: &JobKey, uid: &str) -> Result<()> {
+    let profile = cached_profile(ctx, key);
+    let Some(p) = profile.filter(|p| claim(Some(p), WorkloadKind::PyTorchJob, uid) == Claim::Ours)
+    else {
+        return Ok(());
+    };
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: p.uid(),
+            resource_version: None,
+        }),
+        ..Default::default()
+    };
+    let api: Api<MemoryProfile> = Api::namespaced(ctx.client.clone(), &key.namespace);
+    match api.delete(&key.name, &params).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
+        Err(source) => {
+            return Err(Error::DeleteProfile {
+                namespace: key.namespace.clone(),
+                name: key.name.clone(),
+                source,
+            })
+        }
+    }
+    ctx.writer.forget(key);
+    info!(workload = %key, "profiling switched off: deleted the PyTorchJob's MemoryProfile");
+    Ok(())
 }
 
 /// The PyTorchJob's roll-up now, over every report claiming it and the
