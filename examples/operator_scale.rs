@@ -19,7 +19,8 @@
 //! by PID, also on failure and on Ctrl-C.
 
 mod scale_support;
-use scale_support::{load, measure, setup};
+use scale_support::ab::{self, Case};
+use scale_support::{jobset, load, measure, setup};
 
 use clap::Parser;
 use kube::api::{Api, DeleteParams};
@@ -74,6 +75,25 @@ struct Args {
     /// A flag for the operator (repeat for more), e.g. `--operator-arg=--concurrency=16`.
     #[arg(long = "operator-arg", allow_hyphen_values = true)]
     operator_args: Vec<String>,
+    /// `job`: `--jobs` Jobs of `--ranks` ranks. `jobset`: A/B in one run:
+    /// one Job of `--ranks` ranks against one JobSet of `--ranks` ranks
+    /// (child Jobs of `--pods-per-job` pods), each in its own namespace with
+    /// its own operator, `--repeat` times, the order swapped every time.
+    #[arg(long, value_enum, default_value_t = Workload::Job)]
+    workload: Workload,
+    /// Pods of each JobSet child Job (`--workload jobset`): 8 is one Job per
+    /// node of 8 GPUs, as JobSet runs multi-node training; 1 is a Job per rank.
+    #[arg(long, default_value_t = 8)]
+    pods_per_job: u32,
+    /// A/B pairs (`--workload jobset`).
+    #[arg(long, default_value_t = 1)]
+    repeat: u32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Workload {
+    Job,
+    Jobset,
 }
 
 impl Args {
@@ -87,13 +107,31 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let client = Client::try_default().await?;
     setup::install_crds(&client).await?;
-    let ns = format!("memprof-bench-{}", std::process::id());
-    setup::create_namespace(&client, &ns).await?;
+    match args.workload {
+        Workload::Job => run_case(&client, &args, Case::Jobs).await.map(|_| ()),
+        Workload::Jobset => {
+            anyhow::ensure!(
+                args.jobs == 1 && args.pods_per_job > 0 && args.ranks % args.pods_per_job == 0,
+                "--workload jobset compares one Job with one JobSet: --jobs 1, and --ranks a multiple of --pods-per-job"
+            );
+            let outcomes = ab::pairs(args.repeat, |case| run_case(&client, &args, case)).await?;
+            ab::print(&outcomes, args.ranks, args.pods_per_job);
+            Ok(())
+        }
+    }
+}
+
+/// One measured run in a namespace of its own, with an operator of its own.
+async fn run_case(client: &Client, args: &Args, case: Case) -> anyhow::Result<ab::Outcome> {
+    static RUNS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let run = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let ns = format!("memprof-bench-{}-{run}", std::process::id());
+    setup::create_namespace(client, &ns).await?;
     let operator =
-        operator_bin(&args).and_then(|bin| setup::Operator::start(&bin, &ns, &args.operator_args));
+        operator_bin(args).and_then(|bin| setup::Operator::start(&bin, &ns, &args.operator_args));
     let result = match &operator {
         Ok(op) => tokio::select! {
-            r = bench(&client, &ns, &args, op) => r,
+            r = bench(client, &ns, args, op, case) => r,
             _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
         },
         Err(e) => Err(anyhow::anyhow!("{e}")),
@@ -102,8 +140,8 @@ async fn main() -> anyhow::Result<()> {
     if let Ok(op) = operator {
         op.stop().await;
     }
-    let deleted = delete_namespace(&client, &ns).await;
-    result.and(deleted)
+    let deleted = delete_namespace(client, &ns).await;
+    result.and_then(|r| deleted.map(|()| r))
 }
 
 fn operator_bin(args: &Args) -> anyhow::Result<std::path::PathBuf> {
@@ -254,9 +292,15 @@ fn dump(
     Ok(())
 }
 
-async fn bench(client: &Client, ns: &str, args: &Args, op: &setup::Operator) -> anyhow::Result<()> {
+async fn bench(
+    client: &Client,
+    ns: &str,
+    args: &Args,
+    op: &setup::Operator,
+    case: Case,
+) -> anyhow::Result<ab::Outcome> {
     let started = Instant::now();
-    let pods = setup::create_workload(client, ns, args.jobs, args.ranks).await?;
+    let pods = create_pods(client, ns, args, case).await?;
     let pods_secs = started.elapsed().as_secs_f64();
     let (seen, watch) = measure::watch_profiles(Api::namespaced(client.clone(), ns));
     let mut driver = Driver::new(client, ns, args, &pods, seen.clone());
@@ -279,7 +323,7 @@ async fn bench(client: &Client, ns: &str, args: &Args, op: &setup::Operator) -> 
         .list(&Default::default())
         .await?;
 
-    print_header(args, pods.len(), pods_secs, create_secs);
+    print_header(args, case, pods.len(), pods_secs, create_secs);
     let goal = if args.jobs > 1 {
         GOAL_P99_MS_MANY_JOBS
     } else {
@@ -300,7 +344,54 @@ async fn bench(client: &Client, ns: &str, args: &Args, op: &setup::Operator) -> 
     );
     print_profiles(&profiles.items, args.ranks, max_status);
     print_usage(&before, &after);
-    Ok(())
+    Ok(outcome(case, &burst, &paced, &before, &after))
+}
+
+/// The workload of `case` and one pod per rank (setup, not measured).
+async fn create_pods(
+    client: &Client,
+    ns: &str,
+    args: &Args,
+    case: Case,
+) -> anyhow::Result<Vec<RankPod>> {
+    match case {
+        Case::Jobs => setup::create_workload(client, ns, args.jobs, args.ranks).await,
+        Case::JobSet => {
+            let replicas = args.ranks / args.pods_per_job;
+            jobset::create_jobset(client, ns, replicas, args.pods_per_job).await
+        }
+    }
+}
+
+/// What the A/B compares of one run.
+fn outcome(
+    case: Case,
+    burst: &Phase,
+    paced: &Phase,
+    before: &Snapshot,
+    after: &Snapshot,
+) -> ab::Outcome {
+    ab::Outcome {
+        case,
+        burst: measure::sorted(&burst.latencies),
+        paced: measure::sorted(&paced.latencies),
+        cpu_seconds: after.operator.cpu_seconds - before.operator.cpu_seconds,
+        events: metric_delta(
+            &before.metrics,
+            &after.metrics,
+            "memprof_reports_seen_total",
+        ),
+        reconciles: metric_delta(&before.metrics, &after.metrics, "memprof_reconciles_total"),
+        load: (before.load.clone(), after.load.clone()),
+    }
+}
+
+fn metric_delta(
+    before: &std::collections::BTreeMap<String, f64>,
+    after: &std::collections::BTreeMap<String, f64>,
+    name: &str,
+) -> f64 {
+    after.get(name).copied().unwrap_or(0.0) - before.get(name).copied().unwrap_or(0.0)
 }
 
 impl<'a> Driver<'a> {
@@ -384,9 +475,17 @@ impl Snapshot {
     }
 }
 
-fn print_header(args: &Args, pods: usize, pods_secs: f64, create_secs: f64) {
+fn print_header(args: &Args, case: Case, pods: usize, pods_secs: f64, create_secs: f64) {
+    let what = match case {
+        Case::Jobs => "Job(s)".to_string(),
+        Case::JobSet => format!(
+            "JobSet of {} child Jobs x {} pods",
+            args.ranks / args.pods_per_job,
+            args.pods_per_job
+        ),
+    };
     println!(
-        "operator_scale: {} Job(s) x {} ranks ({} GPU each) = {} pods and MemoryReports; \
+        "operator_scale: {} {what} x {} ranks ({} GPU each) = {} pods and MemoryReports; \
          2 cores shared by the API server, etcd, the operator and this load generator",
         args.jobs,
         args.ranks,

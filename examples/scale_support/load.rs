@@ -2,7 +2,7 @@
 //! field manager `memprof-sidecar`, labels `memprof.dev/job` and
 //! `memprof.dev/profile`, an ownerReference to the pod), in bursts or paced.
 
-use super::setup::{job_name, RankPod};
+use super::setup::RankPod;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, Patch, PatchParams};
@@ -95,7 +95,7 @@ pub fn report(pod: &RankPod, (second, peak): (i64, u64), shape: Shape) -> Memory
         })
         .collect::<Vec<_>>();
     let worst = gpus.iter().map(|g| g.risk).max().unwrap_or_default();
-    let job = job_name(pod.job);
+    let job = pod.owner.clone();
     let mut r = MemoryReport::new(
         &pod.name,
         MemoryReportSpec {
@@ -175,8 +175,12 @@ pub fn round_order(pods: &[RankPod]) -> Vec<&RankPod> {
 async fn write(api: &Api<MemoryReport>, mut r: MemoryReport, job: usize) -> anyhow::Result<Write> {
     let params = PatchParams::apply(SIDECAR_MANAGER).force();
     // Marked as the webhook marks a pod's own write, before the clock starts.
-    if let Some((key, ns)) = super::setup::WRITER_KEY.get() {
-        memprof::api::writer::mark_as_written(&mut r, key, ns);
+    let writer = super::setup::WRITER_KEY
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    if let Some((key, ns)) = writer {
+        memprof::api::writer::mark_as_written(&mut r, &key, &ns);
     }
     let started = Instant::now();
     let written = api.patch(&r.name_any(), &params, &Patch::Apply(&r)).await?;

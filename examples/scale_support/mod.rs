@@ -5,6 +5,8 @@
 //! and `examples/*/main.rs`, and each benchmark mounts this folder with
 //! `mod scale_support;`, as the tests mount `tests/*_support/`.
 
+pub mod ab;
+pub mod jobset;
 pub mod load;
 pub mod measure;
 pub mod setup;

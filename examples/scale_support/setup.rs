@@ -52,14 +52,23 @@ const SETUP_CONCURRENCY: usize = 16;
 
 /// The key and namespace the workload's reports are marked under (as the
 /// webhook marks a pod's own writes: `memprof_api::writer`), once made.
-pub static WRITER_KEY: std::sync::OnceLock<(memprof::api::admission::Key, String)> =
-    std::sync::OnceLock::new();
+/// Set again by each workload a run creates (`--workload jobset` makes two namespaces).
+pub static WRITER_KEY: std::sync::RwLock<Option<(Key, String)>> = std::sync::RwLock::new(None);
+
+/// Marks the load's writes under `key` in `ns` from now on.
+pub fn set_writer_key(key: &Key, ns: &str) {
+    *WRITER_KEY.write().unwrap_or_else(|e| e.into_inner()) = Some((key.clone(), ns.to_string()));
+}
 
 /// A pod standing for one rank: what its report names and is owned by.
 #[derive(Clone, Debug)]
 pub struct RankPod {
+    /// Its profile (the Job, or the JobSet whose child Job made it), by index.
     pub job: usize,
+    /// Its rank in that profile.
     pub rank: u32,
+    /// The Job that controls it: its report's `memprof.dev/job` label.
+    pub owner: String,
     pub name: String,
     pub uid: String,
 }
@@ -180,7 +189,7 @@ fn job(name: &str, ranks: u32) -> Job {
     job
 }
 
-fn trainer() -> Container {
+pub fn trainer() -> Container {
     Container {
         name: "trainer".into(),
         image: Some("busybox".into()),
@@ -259,7 +268,7 @@ pub async fn create_workload(
         .expect("ensure_keys returns a key")
         .clone();
     // The load signs its reports as the webhook marks a sidecar's writes.
-    let _ = WRITER_KEY.set((key.clone(), ns.to_string()));
+    set_writer_key(&key, ns);
     let pod_api: Api<Pod> = Api::namespaced(client.clone(), ns);
     let wanted = (0..jobs).flat_map(|j| (0..ranks).map(move |r| (j, r)));
     let pods: Vec<RankPod> = futures::stream::iter(wanted)
@@ -273,6 +282,7 @@ pub async fn create_workload(
                 anyhow::Ok(RankPod {
                     job: j,
                     rank,
+                    owner: job_name(j),
                     name,
                     uid: created.uid().unwrap_or_default(),
                 })
@@ -301,7 +311,7 @@ pub async fn admission_key(
 
 /// Waits until the Job controller counts `ranks` active pods in every Job,
 /// so that its own status writes are over before anything is timed.
-async fn wait_active(job_api: &Api<Job>, jobs: usize, ranks: u32) -> anyhow::Result<()> {
+pub async fn wait_active(job_api: &Api<Job>, jobs: usize, ranks: u32) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(180);
     loop {
         let listed = job_api.list(&ListParams::default()).await?;
