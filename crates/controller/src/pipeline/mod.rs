@@ -43,6 +43,8 @@ mod slim;
 mod state;
 mod tracked;
 mod watch;
+mod workload_index;
+mod workload_refresh;
 mod workloads;
 
 use crate::key::JobKey;

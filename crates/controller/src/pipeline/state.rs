@@ -39,6 +39,8 @@ pub(super) struct JobState {
     pub pending: Pending,
     /// The workload a JobSet's child Job rolls up under, as last read (`workloads.rs`).
     pub workload: Option<crate::workload::read::Membership>,
+    /// Under a JobSet's key: its roll-up, shared by its child Jobs' reconciles (`workload_index.rs`).
+    pub workload_rollup: Option<super::workload_index::Cell>,
     /// Claimants (by uid) already told that this name's profile is
     /// another workload's (`pytorchjobs.rs`).
     pub name_taken: BTreeSet<String>,

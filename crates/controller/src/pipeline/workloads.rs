@@ -9,42 +9,40 @@
 //! deleted, replaced under its name or resized is seen within that. A Job whose link does not prove
 //! (`workload::resolve`) keeps its own profile, as any Job.
 //!
-//! Each reconcile of a child Job rolls the whole workload up again from the
-//! caches (O(the workload's reports)), and hands the status to the writer
-//! under the workload's key (its name): concurrent children compute the
-//! same status from the same caches. Remediation acts on the top-level
+//! Each reconcile of a child Job brings the workload's one roll-up up to
+//! date with what changed under that child (`workload_refresh.rs`:
+//! O(changed reports), as for a Job), and hands the status to the writer
+//! under the workload's key (its name): concurrent children take turns on
+//! the roll-up. Remediation acts on the top-level
 //! workload ([`remediate`]: the same stage whichever kind); its risk Events
 //! and `memprof.dev/` annotations go on the top-level object, through the
 //! status writer as a Job's do.
 
 use super::state::Context;
-use super::tracked::{all_pods, all_reports, report_of};
+use super::workload_refresh::{refresh, Turn};
 use crate::key::JobKey;
 use crate::operator::rbac::ensure_reporter_rbac;
 use crate::operator::reconcile::{
-    annotations_outdated, desired_status_from, job_annotations, profile_outdated, risk_event,
-    Rejected,
+    annotations_outdated, job_annotations, profile_outdated, risk_event,
 };
 use crate::operator::{Error, Result};
 use crate::remediation::Target;
 use crate::status::{Analysis, Notice};
 use crate::workload::rank::JobSetShape;
 use crate::workload::read::{api_resource, resolve_live, Membership};
-use crate::workload::resolve::{link_identity, step, Resolved, Step, Workload};
-use crate::workload::rollup::{roll_up, Layout};
+use crate::workload::resolve::{Resolved, Workload};
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::ObjectReference;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
-use memprof_api::workload::{WorkloadKind, LABEL_JOBSET_NAME, LABEL_WORKLOAD_KIND};
+use memprof_api::workload::{WorkloadKind, LABEL_WORKLOAD_KIND};
 use memprof_api::{
-    MemoryProfile, MemoryProfileSpec, MemoryProfileStatus, MemoryReport, LABEL_JOB,
-    OPERATOR_MANAGER,
+    MemoryProfile, MemoryProfileSpec, MemoryProfileStatus, LABEL_JOB, OPERATOR_MANAGER,
 };
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -127,34 +125,19 @@ pub(super) async fn run(
     };
     let ns = key.namespace.as_str();
     let now = Timestamp::now();
-    let members = members(ctx, ns, jobset, now);
     let wkey = JobKey::new(ns, &resolved.top.name);
     ensure_profile(ctx, &wkey, &resolved.top, shape.ranks(), job).await?;
-    let ranks: Vec<(JobKey, String)> = members
-        .iter()
-        .map(|(uid, (name, _))| (JobKey::new(ns, name), uid.clone()))
-        .collect();
-    let (reports, pods) = member_objects(ctx, ns, members.values().map(|(name, _)| name));
-    let report_refs: Vec<&MemoryReport> = reports.iter().map(|r| r.as_ref()).collect();
-    let pod_metas: HashMap<&str, &ObjectMeta> = pods
-        .iter()
-        .filter_map(|p| Some((p.metadata.name.as_deref()?, &p.metadata)))
-        .collect();
-    let members = members
-        .into_iter()
-        .map(|(uid, (_, id))| (uid, id))
-        .collect();
-    let layout = Layout::JobSet { shape, members };
-    let keys = ctx.setup.options.admission.ring();
-    let out = roll_up(&report_refs, &pod_metas, &layout, &keys, now);
-    let refused: Vec<Rejected> = out
-        .refused
-        .into_iter()
-        .map(|(name, why)| Rejected { name, why })
-        .collect();
     let recorded = || cached_profile(ctx, &wkey).and_then(|p| p.status.clone());
     let previous = ctx.writer.view(&wkey).or_else(recorded);
-    let desired = desired_status_from(&out.rollup, &refused, previous.as_ref(), now);
+    // Incremental: the reports noted under this child since its last
+    // reconcile, not the whole JobSet (`workload_refresh.rs`).
+    let turn = Turn {
+        child: (key, job),
+        jobset,
+        shape: &shape,
+        wkey: &wkey,
+    };
+    let (desired, next_change, ranks) = refresh(ctx, &turn, previous.as_ref(), now);
     let top = &resolved.top;
     let notices = notices(ctx, &wkey, top, previous.as_ref(), &desired.status);
     annotate(ctx, &wkey, top, &desired.status);
@@ -164,10 +147,7 @@ pub(super) async fn run(
     };
     ctx.writer.submit(&wkey, analysis);
     let decided = remediate(ctx, &wkey, top, ranks).await?;
-    let next = out
-        .rollup
-        .next_change(now)
-        .map(|t| Duration::try_from(now.duration_until(t)).unwrap_or_default());
+    let next = next_change.map(|t| Duration::try_from(now.duration_until(t)).unwrap_or_default());
     let next = next.map_or(RESYNC, |d| d.clamp(Duration::from_millis(100), RESYNC));
     Ok(Some(decided.map_or(next, |d| d.min(next))))
 }
@@ -286,60 +266,6 @@ async fn read_shape(ctx: &Context, ns: &str, jobset: &Workload) -> Result<Option
     JobSetShape::from_spec(&js.data["spec"])
         .map(Some)
         .map_err(|e| Error::Workload(format!("JobSet {}: {e}", jobset.name)))
-}
-
-/// The JobSet's proven child Jobs in the Job cache: uid → (name, rank identity).
-fn members(
-    ctx: &Context,
-    ns: &str,
-    jobset: &Workload,
-    now: Timestamp,
-) -> BTreeMap<String, (String, String)> {
-    let keys = ctx.setup.options.admission.ring();
-    let children = ctx.caches.jobs.state_filter(|j| {
-        j.metadata.namespace.as_deref() == Some(ns)
-            && j.labels().get(LABEL_JOBSET_NAME) == Some(&jobset.name)
-    });
-    children
-        .iter()
-        .filter_map(|j| {
-            let here = Workload {
-                kind: WorkloadKind::Job,
-                name: j.name_any(),
-                uid: j.uid()?,
-            };
-            match step(ns, &here, &j.metadata, 1, &keys, now) {
-                Step::Up(parent) if parent.uid == jobset.uid => {
-                    let identity = link_identity(WorkloadKind::Job, &j.metadata);
-                    Some((here.uid, (here.name, identity)))
-                }
-                _ => None,
-            }
-        })
-        .collect()
-}
-
-/// Every report claiming, and every cached pod of, the Jobs named.
-#[allow(clippy::type_complexity)]
-fn member_objects<'a>(
-    ctx: &Context,
-    ns: &str,
-    jobs: impl Iterator<Item = &'a String>,
-) -> (
-    Vec<Arc<memprof_api::MemoryReport>>,
-    Vec<Arc<k8s_openapi::api::core::v1::Pod>>,
-) {
-    let (mut reports, mut pods) = (Vec::new(), Vec::new());
-    for name in jobs {
-        let key = JobKey::new(ns, name);
-        reports.extend(
-            all_reports(&ctx.caches, &key)
-                .iter()
-                .filter_map(|r| report_of(&ctx.caches, &key, r)),
-        );
-        pods.extend(all_pods(&ctx.caches, &key));
-    }
-    (reports, pods)
 }
 
 fn cached_profile(ctx: &Context, key: &JobKey) -> Option<Arc<MemoryProfile>> {

@@ -1,0 +1,293 @@
+//! A JobSet's roll-up kept between the reconciles of its child Jobs, so
+//! that a report event costs what it costs for a Job: O(changed reports)
+//! (times log ranks), not a pass over every rank of the JobSet.
+//!
+//! Before, each reconcile of a child Job found the JobSet's members by a
+//! scan of every cached Job (one workload-mark HMAC per child), then every
+//! member's reports and pods by a scan of the report and pod caches per
+//! member (O(children × cached reports)), and rolled all of them up again
+//! (two HMACs per report): at 2,048 ranks in 256 child Jobs of 8 pods,
+//! 853 ms per reconcile against a Job's 1.7 ms, the operator saturated at
+//! 6.4× a Job's CPU per report event (docs/benchmarks.md, "One JobSet
+//! against one Job").
+//!
+//! Now one [`WorkloadTracked`] per JobSet, held in the state of the
+//! JobSet's key (its profile's), behind a lock of its own so that
+//! concurrent children of one JobSet take turns on it and never block the
+//! other workers. Per reconcile of a child Job (`workload_refresh.rs`):
+//! - **membership**: the child's own entry is checked again only when the
+//!   Job changed in the cache (its resourceVersion): one HMAC, rarely;
+//! - **reports**: the reports the dispatcher noted under the child's key
+//!   (`Pending`, as for a Job) are screened again (`workload::rollup::screen`,
+//!   the same rules as the from-scratch `roll_up`) and upserted or removed;
+//! - every [`FULL_PASS`], when the JobSet's layout changes or the child's
+//!   pending names overflowed: a full pass, which finds the members by one
+//!   scan of the Job cache and their reports by one scan of the report
+//!   cache (O(cached Jobs + cached reports), not their product). It also
+//!   drops the reports of a child Job that is gone (whose reconciles stop
+//!   before the workload), at most [`FULL_PASS`] late.
+//!
+//! The roll-up persists like a Job's (`rollups.rs`): a risk level's dwell
+//! is measured across events, and carried over a restart from the status.
+
+use super::tracked::report_of;
+use super::watch::{Caches, LABEL_JOB_NAME};
+use crate::key::JobKey;
+use crate::operator::reconcile::{desired_status_from, DesiredStatus, Rejected};
+use crate::workload::rank::JobSetShape;
+use crate::workload::resolve::{link_identity, step, Step, Workload};
+use crate::workload::rollup::{screen, Layout};
+use jiff::Timestamp;
+use k8s_openapi::api::batch::v1::Job;
+use kube::runtime::reflector::ObjectRef;
+use kube::ResourceExt;
+use memprof_analysis::{JobRollup, RollupLimits};
+use memprof_api::admission::KeyRing;
+use memprof_api::workload::{WorkloadKind, LABEL_JOBSET_NAME};
+use memprof_api::{MemoryProfileStatus, LABEL_JOB};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// How often a JobSet's members and reports are all looked at again.
+pub(super) const FULL_PASS: Duration = Duration::from_secs(60);
+
+/// Where a JobSet's roll-up is kept: the JobSet key's state (`state.rs`).
+pub(super) type Cell = Arc<Mutex<Option<WorkloadTracked>>>;
+
+/// A proven child Job, as last checked.
+#[derive(Debug)]
+pub(super) struct Member {
+    pub(super) name: String,
+    /// The resourceVersion it was checked at.
+    rv: String,
+}
+
+/// A JobSet's roll-up and the screening verdict of every report claiming
+/// one of its child Jobs.
+#[derive(Debug)]
+pub(super) struct WorkloadTracked {
+    /// The JobSet's uid (another JobSet of the name starts afresh) and name.
+    pub(super) uid: String,
+    name: String,
+    /// Its layout, with the proven children's rank identities.
+    layout: Layout,
+    /// Proven children by uid.
+    pub(super) members: HashMap<String, Member>,
+    /// Their names (name → uid).
+    by_name: HashMap<String, String>,
+    pub(super) rollup: JobRollup,
+    /// Reports claiming a child that screening refused, with why.
+    refused: BTreeMap<String, String>,
+    /// Every report screened, with the child Job (name) it claims.
+    known: HashMap<String, String>,
+    pub(super) full_pass: Instant,
+}
+
+impl WorkloadTracked {
+    pub(super) fn new(jobset: &Workload, shape: &JobSetShape) -> Self {
+        WorkloadTracked {
+            uid: jobset.uid.clone(),
+            name: jobset.name.clone(),
+            layout: Layout::JobSet {
+                shape: shape.clone(),
+                members: BTreeMap::new(),
+            },
+            members: HashMap::new(),
+            by_name: HashMap::new(),
+            rollup: JobRollup::new(Some(shape.ranks()), RollupLimits::default()),
+            refused: BTreeMap::new(),
+            known: HashMap::new(),
+            // A full pass first.
+            full_pass: Instant::now() - FULL_PASS,
+        }
+    }
+
+    /// Takes `shape` as the layout; whether it changed.
+    pub(super) fn set_shape(&mut self, shape: &JobSetShape) -> bool {
+        let Layout::JobSet { shape: held, .. } = &mut self.layout else {
+            return false;
+        };
+        if held == shape {
+            return false;
+        }
+        *held = shape.clone();
+        self.rollup.set_expected_ranks(Some(shape.ranks()));
+        true
+    }
+
+    /// Every member and every report claiming one, looked at again.
+    pub(super) fn full(&mut self, caches: &Caches, ns: &str, keys: &KeyRing, now: Timestamp) {
+        let jobset = self.name.clone();
+        let children = caches.jobs.state_filter(|j| {
+            j.metadata.namespace.as_deref() == Some(ns)
+                && j.labels().get(LABEL_JOBSET_NAME) == Some(&jobset)
+        });
+        self.members.clear();
+        self.by_name.clear();
+        self.layout_members().clear();
+        for job in &children {
+            self.check(ns, job, keys, now);
+        }
+        let names: &HashMap<String, String> = &self.by_name;
+        let claiming = caches.reports.state_filter(|r| {
+            r.metadata.namespace.as_deref() == Some(ns)
+                && r.labels()
+                    .get(LABEL_JOB)
+                    .is_some_and(|j| names.contains_key(j))
+        });
+        let mut todo: BTreeSet<(String, String)> = std::mem::take(&mut self.known)
+            .into_iter()
+            .map(|(report, child)| (child, report))
+            .collect();
+        for r in &claiming {
+            if let (Some(child), Some(name)) = (r.labels().get(LABEL_JOB), r.metadata.name.clone())
+            {
+                todo.insert((child.clone(), name));
+            }
+        }
+        for (child, name) in &todo {
+            self.apply(caches, ns, child, name, keys, now);
+        }
+        self.full_pass = Instant::now();
+    }
+
+    fn layout_members(&mut self) -> &mut BTreeMap<String, String> {
+        match &mut self.layout {
+            Layout::JobSet { members, .. } => members,
+            Layout::PyTorchJob { .. } => unreachable!("a JobSet's layout"),
+        }
+    }
+
+    /// Checks `job`'s link to the JobSet (its workload mark, on the cached
+    /// object) and records it as a member or not; whether that changed
+    /// anything (membership or rank identity).
+    fn check(&mut self, ns: &str, job: &Job, keys: &KeyRing, now: Timestamp) -> bool {
+        let Some(uid) = job.uid() else {
+            return false;
+        };
+        let here = Workload {
+            kind: WorkloadKind::Job,
+            name: job.name_any(),
+            uid: uid.clone(),
+        };
+        let claims = job.labels().get(LABEL_JOBSET_NAME) == Some(&self.name);
+        let proven = claims
+            && matches!(step(ns, &here, &job.metadata, 1, keys, now),
+                        Step::Up(parent) if parent.uid == self.uid);
+        let identity = proven.then(|| link_identity(WorkloadKind::Job, &job.metadata));
+        let rv = job.resource_version().unwrap_or_default();
+        let before = self.layout_members().get(&uid).cloned();
+        match &identity {
+            Some(id) => {
+                self.layout_members().insert(uid.clone(), id.clone());
+                self.by_name.insert(here.name.clone(), uid.clone());
+                let name = here.name;
+                self.members.insert(uid, Member { name, rv });
+            }
+            None => {
+                self.layout_members().remove(&uid);
+                if let Some(gone) = self.members.remove(&uid) {
+                    self.by_name.remove(&gone.name);
+                }
+            }
+        }
+        before != identity
+    }
+
+    /// The reconciling child's link, checked again when the Job changed in
+    /// the cache since; its reports screened again when that changed anything.
+    pub(super) fn check_child(
+        &mut self,
+        caches: &Caches,
+        (key, job): (&JobKey, &Job),
+        keys: &KeyRing,
+        now: Timestamp,
+    ) {
+        let uid = job.uid().unwrap_or_default();
+        let rv = job.resource_version().unwrap_or_default();
+        if self.members.get(&uid).is_some_and(|m| m.rv == rv) {
+            return;
+        }
+        if !self.check(&key.namespace, job, keys, now) {
+            return;
+        }
+        let mut names: BTreeSet<String> = super::tracked::all_reports(caches, key);
+        let under = self.known.iter().filter(|(_, c)| **c == key.name);
+        names.extend(under.map(|(r, _)| r.clone()));
+        for name in &names {
+            self.apply(caches, &key.namespace, &key.name, name, keys, now);
+        }
+    }
+
+    /// Screens report `name`, claiming child Job `child`, again and updates the roll-up.
+    pub(super) fn apply(
+        &mut self,
+        caches: &Caches,
+        ns: &str,
+        child: &str,
+        name: &str,
+        keys: &KeyRing,
+        now: Timestamp,
+    ) {
+        let report = report_of(caches, &JobKey::new(ns, child), name)
+            .filter(|_| self.by_name.contains_key(child));
+        let Some(report) = report else {
+            // Gone, relabelled, or its Job is no member (any more): not
+            // this workload's, unless it now claims another child.
+            if self.known.get(name).is_none_or(|c| c == child) {
+                self.forget(name);
+            }
+            return;
+        };
+        self.known.insert(name.to_string(), child.to_string());
+        let pod = caches
+            .pods
+            .get(&ObjectRef::new(&report.spec.pod_name).within(ns))
+            .filter(|p| {
+                p.labels()
+                    .get(LABEL_JOB_NAME)
+                    .is_some_and(|j| self.by_name.contains_key(j))
+            });
+        match screen(
+            &report,
+            pod.as_deref().map(|p| &p.metadata),
+            &self.layout,
+            keys,
+            now,
+        ) {
+            Ok((spec, meta)) => {
+                self.refused.remove(name);
+                self.rollup.upsert_with(name, &spec, meta);
+            }
+            Err(why) => {
+                self.rollup.remove(name);
+                self.refused.insert(name.to_string(), why);
+            }
+        }
+    }
+
+    fn forget(&mut self, name: &str) {
+        self.rollup.remove(name);
+        self.refused.remove(name);
+        self.known.remove(name);
+    }
+
+    /// The status the roll-up calls for at `now`, and when it next changes with no event.
+    pub(super) fn desired(
+        &self,
+        previous: Option<&MemoryProfileStatus>,
+        now: Timestamp,
+    ) -> (DesiredStatus, Option<Timestamp>) {
+        let refused: Vec<Rejected> = self
+            .refused
+            .iter()
+            .map(|(name, why)| Rejected {
+                name: name.clone(),
+                why: why.clone(),
+            })
+            .collect();
+        let desired = desired_status_from(&self.rollup, &refused, previous, now);
+        (desired, self.rollup.next_change(now))
+    }
+}
