@@ -7,9 +7,9 @@
 //! master, then each worker, torchrun's RANK).
 //!
 //! The kind is optional (`pytorch_watch.rs`: its watches start once the
-//! API is served; the operator runs without it). A PyTorchJob and a Job of the same name share
-//! the queue key (namespace, name): one reconcile runs this path, then the
-//! Job's, never two at once. The profile is the workload's whose uid it
+//! API is served; the operator runs without it). A PyTorchJob and a Job of
+//! the same name share the queue key (namespace, name): one reconcile runs
+//! this path, then the Job's, never two at once. The profile is the workload's whose uid it
 //! already names as owner (`workload::claim`); a namesake of another kind
 //! or uid gets none, and a Warning Event that says why.
 //!
@@ -21,7 +21,9 @@ use super::state::Context;
 use super::tracked::{all_reports, report_of};
 use crate::key::JobKey;
 use crate::operator::rbac::ensure_reporter_rbac;
-use crate::operator::reconcile::{desired_status_from, profile_outdated, Rejected};
+use crate::operator::reconcile::{
+    desired_status_from, profile_outdated, profiling_enabled, Rejected,
+};
 use crate::operator::{Error, Result};
 use crate::status::Analysis;
 use crate::workload::claim::{claim, taken_message, Claim};
@@ -120,8 +122,7 @@ pub(super) async fn run(ctx: &Context, key: &JobKey) -> Result<Option<Duration>>
 /// (never a namesake's, nor one that took the name meanwhile).
 async fn switch_off(ctx: &Context, key: &JobKey, uid: &str) -> Result<()> {
     let profile = cached_profile(ctx, key);
-    let Some(p) = profile.filter(|p| claim(Some(p), WorkloadKind::PyTorchJob, uid) == Claim::Ours)
-    else {
+    let Some(p) = profile.filter(|p| p.owner_references().iter().any(|o| o.uid == uid)) else {
         return Ok(());
     };
     let params = DeleteParams {
@@ -302,15 +303,19 @@ async fn announce_taken(
     }
 }
 
-/// Whether Job `job` must leave its name's `profile` alone because it is
-/// another workload's (a PyTorchJob's, a JobSet's): then the Job path
-/// neither rolls it up nor acts on it, and the Job is told once.
+/// Whether profiled Job `job` must leave its name's `profile` alone
+/// because it is another workload's (a PyTorchJob's, a JobSet's): then the
+/// Job path neither rolls it up nor acts on it, and the Job is told once.
+/// (A Job not profiled only ever deletes a profile it owns: left alone.)
 pub(super) async fn namesake_job(
     ctx: &Context,
     key: &JobKey,
     job: &Job,
     profile: Option<&MemoryProfile>,
 ) -> bool {
+    if !profiling_enabled(job) {
+        return false;
+    }
     let uid = job.uid().unwrap_or_default();
     let Claim::Theirs(owner) = claim(profile, WorkloadKind::Job, &uid) else {
         return false;
