@@ -300,6 +300,8 @@ async fn a_jobset_kueue_does_not_manage_is_recreated_at_the_top_level() {
         .unwrap();
     let js = profiled_jobset(&admin, ns, json!({})).await;
     let old = js.uid().unwrap();
+    let profiles: Api<memprof::api::MemoryProfile> = Api::namespaced(admin.clone(), ns);
+    let profile = profiles.get("train").await.unwrap();
     child_report(&admin, ns, "train-workers-1", 100, RiskLevel::Critical).await;
     let rec = record_in(&admin, ns, "Done").await;
     assert_eq!(rec.env_change.as_deref(), Some("recreate"), "{rec:?}");
@@ -326,6 +328,17 @@ async fn a_jobset_kueue_does_not_manage_is_recreated_at_the_top_level() {
             .map(|j| j.name_any())
             .collect();
         left.is_empty().then_some(()).ok_or(format!("{left:?}"))
+    })
+    .await;
+    // The profile, and its history, outlive the old JobSet: never given
+    // back to it as owner (the garbage collector would take it).
+    remediation_support::stays("the profile kept", Duration::from_secs(4), || async {
+        let p = profiles.get_opt("train").await.map_err(|e| e.to_string())?;
+        let p = p.ok_or("the profile is gone")?;
+        let owners: Vec<String> = p.owner_references().iter().map(|o| o.uid.clone()).collect();
+        let ok = p.uid() == profile.uid() && !owners.contains(&old);
+        ok.then_some(())
+            .ok_or(format!("uid {:?}, owners {owners:?}", p.uid()))
     })
     .await;
     let kinds = remediated_kinds(&admin, ns).await;

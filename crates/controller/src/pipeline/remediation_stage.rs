@@ -98,12 +98,13 @@ pub(super) fn run_workload(ctx: &Arc<Context>, wkey: &JobKey, target: &Target) -
     let exec = ctx.executor.clone()?;
     let view = ctx.writer.view(wkey)?;
     if ctx.with_state(wkey, |s| s.busy) {
+        // Checked again, atomically, before spawning (`spawn_one`).
         return None;
     }
     if let Some(pending) = view.remediations.iter().find(|r| r.phase == PHASE_PENDING) {
         let (key, record) = (wkey.clone(), pending.clone());
         let ranks = checkpoints_of(ctx, &target.ranks);
-        ctx.spawn_task(key.clone(), exec.resume(key, record, ranks));
+        spawn_one(ctx, &key, exec.resume(key.clone(), record, ranks));
         return None;
     }
     let now = Timestamp::now();
@@ -112,7 +113,7 @@ pub(super) fn run_workload(ctx: &Arc<Context>, wkey: &JobKey, target: &Target) -
         let reports = ctx.counted(wkey);
         if let Some(tallies) = tallies_changed(open, &reports) {
             let key = wkey.clone();
-            ctx.spawn_task(key.clone(), exec.record_tallies(key, tallies));
+            spawn_one(ctx, &key, exec.record_tallies(key.clone(), tallies));
             return None;
         }
     }
@@ -126,9 +127,23 @@ pub(super) fn run_workload(ctx: &Arc<Context>, wkey: &JobKey, target: &Target) -
     if decision.is_some() {
         let key = wkey.clone();
         let uid = Some(target.uid.clone());
-        ctx.spawn_task(key.clone(), exec.record(key, uid, vec![], decision));
+        spawn_one(ctx, &key, exec.record(key.clone(), uid, vec![], decision));
     }
     Some(again)
+}
+
+/// Spawns `task` for workload profile `key` unless one runs: the check and
+/// the claim are one step, since a workload's child Jobs are reconciled
+/// concurrently (a Job's key by one worker at a time) and two tasks must
+/// never carry out one plan side by side.
+fn spawn_one(
+    ctx: &Arc<Context>,
+    key: &JobKey,
+    task: impl std::future::Future<Output = Option<Duration>> + Send + 'static,
+) {
+    if ctx.with_state(key, |s| !std::mem::replace(&mut s.busy, true)) {
+        ctx.spawn_task(key.clone(), task);
+    }
 }
 
 /// The policies of `key`'s namespace evaluated on `job` (or the workload's
