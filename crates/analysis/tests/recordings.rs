@@ -560,3 +560,41 @@ fn smooth_leaks_from_the_first_step_and_weights_loading() {
         }
     }
 }
+
+/// `recordings/setup-a` and `setup-b` (never looked at before the analysis
+/// of 6b00d1d judged them; the agent counts optimizer steps), as first
+/// judged: with the agent, weights loading after the first steps raised
+/// 6, 10, 10 and 9 s of high (33, 74, 10 and 49 s without the setup rule,
+/// on the same pushes), while the leaks and the growing demand, whose steps
+/// run, kept their first high >= 71 s before the OOM and their TTO at
+/// half-life within 3 %. NVML alone is unchanged by the rule (its loads:
+/// 9, 50, 0 and 31 s of high), a miss in docs/gpu-results.md that the
+/// bounds here keep from getting worse.
+#[test]
+fn setup_sets_as_first_judged() {
+    for (name, loads, causes) in [
+        (
+            "setup-a",
+            vec![("loadmid2", 9.0, 6.0), ("loadlong2", 50.0, 10.0)],
+            vec!["leak500"],
+        ),
+        (
+            "setup-b",
+            vec![("loadshort2", 0.0, 10.0), ("load", 31.0, 9.0)],
+            vec!["growdemand", "leak800s"],
+        ),
+    ] {
+        let e = evaluation(name, 4);
+        for (load, nvml, agent) in loads {
+            let (n, a) = (one(&e.nvml, load), one(&e.agent, load));
+            assert!(n.high_seconds <= nvml, "{name} {n:?}");
+            assert!(a.high_seconds <= agent, "{name} {a:?}");
+        }
+        for cause in causes {
+            let a = one(&e.agent, cause);
+            assert!(a.lead_high >= Some(71.0), "{name} {a:?}");
+            let t = a.tto_at_half.as_ref().expect("a time at half-life");
+            assert!(t.error_percent.abs() <= 3.0, "{name} {a:?}");
+        }
+    }
+}
