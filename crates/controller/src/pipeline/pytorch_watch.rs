@@ -142,3 +142,55 @@ fn keyed<K: Resource + Send + 'static>(
         })
         .boxed()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// An API server that serves nothing: every request is a 404, as for
+    /// a kind whose CRD is not installed. Returns its URL and the paths asked.
+    async fn serving_nothing() -> (String, tokio::sync::mpsc::UnboundedReceiver<String>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let (asked, paths) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                let mut buf = vec![0u8; 16 * 1024];
+                let n = conn.read(&mut buf).await.unwrap_or(0);
+                let head = String::from_utf8_lossy(&buf[..n]).to_string();
+                let path = head.split_whitespace().nth(1).unwrap_or("").to_string();
+                let _ = asked.send(path);
+                let body = r#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"the server could not find the requested resource","reason":"NotFound","code":404}"#;
+                let reply = format!(
+                    "HTTP/1.1 404 Not Found\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = conn.write_all(reply.as_bytes()).await;
+            }
+        });
+        (url, paths)
+    }
+
+    #[tokio::test]
+    async fn without_the_pytorchjob_api_the_caches_count_as_listed_and_nothing_is_watched() {
+        let (url, mut paths) = serving_nothing().await;
+        let client = Client::try_from(kube::Config::new(url.parse().unwrap())).unwrap();
+        let (caches, mut keys) = start(&client, "ml");
+        tokio::spawn(async move { keys.next().await });
+        for mut ready in caches.ready {
+            let listed = tokio::time::timeout(Duration::from_secs(10), ready.wait_for(|r| *r));
+            assert!(
+                listed.await.is_ok(),
+                "the operator's workers would wait forever"
+            );
+        }
+        assert!(caches.jobs.state().is_empty() && caches.pods.state().is_empty());
+        let asked = paths.recv().await.unwrap();
+        assert!(
+            asked.starts_with("/apis/kubeflow.org/v1/namespaces/ml/pytorchjobs?"),
+            "{asked}"
+        );
+        assert!(paths.try_recv().is_err(), "no watch started: {asked}");
+    }
+}
