@@ -12,6 +12,8 @@
 //! cargo build --release --bin memprof-operator --example operator_scale
 //! target/release/examples/operator_scale --jobs 1 --ranks 2048
 //! target/release/examples/operator_scale --jobs 200 --ranks 16
+//! # one Job against one JobSet of 256 child Jobs x 8 pods, A/B (scale_support/ab.rs)
+//! target/release/examples/operator_scale --workload jobset --ranks 2048 --pods-per-job 8
 //! ```
 //!
 //! Setup (pods, first reports) is not timed: see `scale_support/setup.rs` for how the
