@@ -68,6 +68,7 @@ mod sweep;
 mod thresholds;
 mod webhook;
 mod workload_remediation;
+mod workload_remediation_pytorch;
 mod workload_remediation_twins;
 mod workload_trust;
 mod workloads;

@@ -14,14 +14,16 @@ use crate::remediation::oom::SIDECAR_CONTAINER;
 use crate::remediation::{
     decide, notify, oom, CountedReports, Decision, Executor, JobCheckpoints, Target,
 };
+use crate::workload::read::api_resource;
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
+use memprof_api::workload::WorkloadKind;
 use memprof_api::{
-    Acknowledgements, MemoryProfileStatus, MemoryReport, MemoryReportSpec, RemediationRecord,
-    MAX_HISTORY,
+    Acknowledgements, MemoryProfile, MemoryProfileStatus, MemoryReport, MemoryReportSpec,
+    RemediationRecord, MAX_HISTORY,
 };
 use memprof_policy::triggers::PHASE_PENDING;
 use std::sync::Arc;
@@ -34,9 +36,11 @@ const RESYNC: Duration = Duration::from_secs(60);
 /// Runs the remediation stage for the fetched Job; returns when to look again.
 pub(super) fn run(ctx: &Arc<Context>, f: &Fetched) -> Option<Duration> {
     let exec = ctx.executor.clone()?;
-    if let Some(target) = exec.target(&f.key) {
-        // A top-level workload's profile (reconciled after a remediation task).
-        return run_workload(ctx, &f.key, &target);
+    match workload_target(ctx, &exec, f) {
+        Some(Some(target)) => return run_workload(ctx, &f.key, &target),
+        // Its labels are being read (a task): it is reconciled again then.
+        Some(None) => return None,
+        None => {}
     }
     // The roll-up writes the first status; remediation builds on it.
     let view = ctx.writer.view(&f.key)?;
@@ -130,6 +134,55 @@ pub(super) fn run_workload(ctx: &Arc<Context>, wkey: &JobKey, target: &Target) -
         spawn_one(ctx, &key, exec.record(key.clone(), uid, vec![], decision));
     }
     Some(again)
+}
+
+/// The top-level workload `f`'s profile is about (`None`: a Job's);
+/// `Some(None)` while its labels are read (a task spawned here).
+fn workload_target(
+    ctx: &Arc<Context>,
+    exec: &Arc<Executor>,
+    f: &Fetched,
+) -> Option<Option<Target>> {
+    if let Some((uid, ranks)) = pytorch_ranks(ctx, f) {
+        // Its labels (the selector's, Kueue's queue) are not in the slim
+        // cache: read by a task, again at most every 60 s.
+        let known = exec.target(&f.key).filter(|t| t.uid == uid);
+        if known.is_none_or(|t| t.read.elapsed() > Duration::from_secs(60)) {
+            let (key, kind) = (f.key.clone(), WorkloadKind::PyTorchJob);
+            let read = exec.clone().read_target(key.clone(), kind, uid, ranks);
+            spawn_one(ctx, &key, read);
+            return Some(None);
+        }
+    }
+    let job_uid = f.job.as_ref().and_then(|j| j.uid());
+    if job_uid.is_some() && profile_owner(ctx, &f.key) == job_uid {
+        // The name's profile is a Job's now (its workload gone and a Job
+        // created under the name): no workload's remediation is due.
+        exec.forget_target(&f.key);
+    }
+    // A top-level workload's profile (reconciled after a remediation task too).
+    exec.target(&f.key).map(Some)
+}
+
+/// The uid of the owner of profile `key` as cached, if any.
+fn profile_owner(ctx: &Context, key: &JobKey) -> Option<String> {
+    let at = ObjectRef::new(&key.name).within(&key.namespace);
+    let profile = ctx.caches.profiles.get(&at)?;
+    profile.owner_references().first().map(|o| o.uid.clone())
+}
+
+/// The uid and ranks of the PyTorchJob under `f`'s key, when it is
+/// profiled and the profile is its own (names its uid as owner): its ranks
+/// are the pods it controls whose reports claim its name.
+fn pytorch_ranks(ctx: &Context, f: &Fetched) -> Option<(String, Vec<(JobKey, String)>)> {
+    let kind = WorkloadKind::PyTorchJob;
+    let at = ObjectRef::new_with(&f.key.name, api_resource(kind)).within(&f.key.namespace);
+    let uid = ctx.pytorch.jobs.get(&at)?.uid()?;
+    // From the cache: the Job path's `Fetched` hides a workload's profile.
+    let at = ObjectRef::new(&f.key.name).within(&f.key.namespace);
+    let owns = |p: &Arc<MemoryProfile>| p.owner_references().iter().any(|o| o.uid == uid);
+    ctx.caches.profiles.get(&at).filter(owns)?;
+    Some((uid.clone(), vec![(f.key.clone(), uid)]))
 }
 
 /// Spawns `task` for workload profile `key` unless one runs: the check and

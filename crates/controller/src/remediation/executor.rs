@@ -106,6 +106,36 @@ impl Executor {
         targets.get(key).cloned()
     }
 
+    /// Reads the labels of workload `kind` `key` (uid `uid`) from the API
+    /// server and says that profile `key` is its, with `ranks`; returns
+    /// when to look again (a task of its own: a reconcile never awaits it).
+    pub async fn read_target(
+        self: Arc<Self>,
+        key: JobKey,
+        kind: WorkloadKind,
+        uid: String,
+        ranks: Vec<(JobKey, String)>,
+    ) -> Option<std::time::Duration> {
+        let got = self.objects(&key.namespace, kind).get_opt(&key.name).await;
+        let object = match got {
+            Ok(o) => o.filter(|o| o.metadata.uid.as_deref() == Some(uid.as_str()))?,
+            Err(error) => {
+                let advice = crate::status::advice(&error, "get on the workload");
+                warn!(%error, %key, "cannot read the workload's labels: {advice}; retrying");
+                return Some(std::time::Duration::from_secs(5));
+            }
+        };
+        let target = Target {
+            kind,
+            uid,
+            labels: object.metadata.labels.unwrap_or_default(),
+            ranks,
+            read: std::time::Instant::now(),
+        };
+        self.set_target(&key, target);
+        Some(std::time::Duration::ZERO)
+    }
+
     /// Forgets that `key` is a workload's (it is gone).
     pub fn forget_target(&self, key: &JobKey) {
         let mut targets = self.targets.lock().unwrap_or_else(|e| e.into_inner());

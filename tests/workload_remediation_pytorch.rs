@@ -1,0 +1,214 @@
+//! The Job remediation tests' PyTorchJob twins, through the real executor,
+//! the webhook (on its secret path) and the operator, against the local
+//! control plane. The test plays the training operator: it creates the
+//! pods as its identity (impersonated), with the stand-in CRD of
+//! tests/fixtures/workloads; nothing recreates pods after a change, so what
+//! is checked is what memprof does to the PyTorchJob, its pods and the
+//! record.
+//!
+//! - a Kueue-managed PyTorchJob is suspended (`runPolicy.suspend`), its
+//!   Master and Worker templates patched, resumed, never deleted;
+//! - one Kueue does not manage is recreated at the top level, its old pods
+//!   deleted (twins of `remediation::critical_rank_recreates_the_job_…`).
+
+use crate::common;
+use crate::remediation_support;
+use crate::tenant_support;
+use crate::webhook_support;
+use crate::workload_support;
+
+use common::*;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DynamicObject, PostParams};
+use kube::{Client, ResourceExt};
+use memprof::api::admission::Keys;
+use memprof::api::workload::WorkloadKind;
+use memprof::api::{MemoryProfile, RiskLevel};
+use memprof::webhook::{InjectionConfig, MarkConfig, WorkloadIdentities};
+use remediation_support::{apply_policy, records, shrink_policy};
+use serde_json::{json, Value};
+use tenant_support::*;
+use webhook_support::{
+    label_namespace, register, start_server_with, test_config, wait_until_active,
+};
+use workload_support::*;
+
+/// The env value of each replica type's first container.
+fn batches(pt: &DynamicObject) -> Vec<Option<Value>> {
+    ["Master", "Worker"]
+        .iter()
+        .map(|t| {
+            let at = format!("/spec/pytorchReplicaSpecs/{t}/template/spec/containers/0/env");
+            let env = pt.data.pointer(&at).and_then(Value::as_array).cloned();
+            env.unwrap_or_default()
+                .into_iter()
+                .find(|e| e["name"] == "BATCH_SIZE")
+                .map(|e| e["value"].clone())
+        })
+        .collect()
+}
+
+/// A profiled PyTorchJob `train` (a master, two workers; `labels` and
+/// `team: ml`) whose pods the training operator's identity created (marked
+/// by the webhook), each rank reporting low, its profile written with all
+/// three ranks. Returns it and its pods.
+async fn profiled_pytorchjob(admin: &Client, ns: &str, labels: Value) -> (DynamicObject, Vec<Pod>) {
+    label_namespace(admin, ns).await;
+    let config = InjectionConfig {
+        marks: MarkConfig {
+            keys: Keys::of(admission_keys(ns).await),
+            ..Default::default()
+        },
+        workloads: WorkloadIdentities {
+            training_operator: vec![TRAINING_OPERATOR.into()],
+            ..Default::default()
+        },
+        ..test_config(admin).await
+    };
+    let server = start_server_with(config).await;
+    register(admin, ns, &server.url, &server.ca_pem).await;
+    let hooks = webhook_support::Registration(ns.to_string());
+    let workloads = register_workloads(admin, ns, &server.url, &server.ca_pem).await;
+    wait_until_active(admin, ns).await;
+    let rules = json!([{"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get", "list", "watch"]},
+           {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch"]}]);
+    let operator = user_with(admin, ns, TRAINING_OPERATOR, rules).await;
+    let mut labels = labels;
+    labels["team"] = json!("ml");
+    labels["memprof.dev/managed"] = json!("true");
+    let mut manifest = pytorchjob("train", 2, labels);
+    manifest["metadata"]["annotations"] = json!({"memprof.dev/enabled": "true"});
+    let pt = create(admin, ns, WorkloadKind::PyTorchJob, manifest).await;
+    let mut pods = Vec::new();
+    for (rtype, index) in [("master", 0), ("worker", 0), ("worker", 1)] {
+        let pod: Pod = serde_json::from_value(pytorch_pod(&pt, rtype, index)).unwrap();
+        let api = Api::<Pod>::namespaced(operator.clone(), ns);
+        pods.push(api.create(&PostParams::default(), &pod).await.unwrap());
+    }
+    // The hooks are taken down before the reports are written, as the
+    // PyTorchJob roll-up test does.
+    drop((workloads, hooks));
+    server.stop().await;
+    for pod in &pods {
+        report(admin, ns, pod, 0, RiskLevel::Low).await;
+    }
+    let profiles: Api<MemoryProfile> = Api::namespaced(admin.clone(), ns);
+    eventually("the PyTorchJob's profile with 3 ranks", || async {
+        let p = profiles.get_opt("train").await.map_err(|e| e.to_string())?;
+        let ranks = p
+            .and_then(|p| p.status)
+            .map(|s| s.ranks)
+            .unwrap_or_default();
+        (ranks == "3/3").then_some(()).ok_or(ranks)
+    })
+    .await;
+    (pt, pods)
+}
+
+async fn report(admin: &Client, ns: &str, pod: &Pod, offset: u64, risk: RiskLevel) {
+    let peak = if risk == RiskLevel::Critical { 79 } else { 30 };
+    let tto = (risk == RiskLevel::Critical).then_some(5.0);
+    let gpus = vec![gpu(0, peak, peak, risk, tto)];
+    apply_report(admin, ns, &pod_report(pod, "train", 0, &at(offset), gpus)).await;
+}
+
+async fn done(admin: &Client, ns: &str) -> memprof::api::RemediationRecord {
+    let profiles: Api<MemoryProfile> = Api::namespaced(admin.clone(), ns);
+    eventually("the profile critical", || async {
+        let p = profiles.get("train").await.map_err(|e| e.to_string())?;
+        let st = p.status.unwrap_or_default();
+        (st.risk == RiskLevel::Critical)
+            .then_some(())
+            .ok_or(format!("{:?} {:?}", st.risk, st.ranks))
+    })
+    .await;
+    eventually("the record Done", || async {
+        let recs = records(admin, ns, "train").await;
+        match recs.as_slice() {
+            [r] if r.phase == "Done" => Ok(r.clone()),
+            _ => Err(format!("{recs:?}")),
+        }
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_kueue_managed_pytorchjob_is_suspended_patched_and_resumed_by_the_executor() {
+    let Some(admin) = cluster().await else { return };
+    install_workload_crds(&admin).await;
+    let ns = TestNamespace::create(&admin).await;
+    let ns = ns.name.as_str();
+    let op = start_operator(&admin, ns);
+    apply_policy(&admin, ns, "shrink", shrink_policy(false))
+        .await
+        .unwrap();
+    let queued = json!({"kueue.x-k8s.io/queue-name": "team-a"});
+    let (pt, pods) = profiled_pytorchjob(&admin, ns, queued).await;
+    report(&admin, ns, &pods[2], 100, RiskLevel::Critical).await;
+    let rec = done(&admin, ns).await;
+    assert_eq!(
+        rec.env_change.as_deref(),
+        Some("suspend-patch-resume"),
+        "{rec:?}"
+    );
+    assert_eq!(rec.action, "scaleBatch BATCH_SIZE 32->24");
+    let after = api(&admin, ns, WorkloadKind::PyTorchJob)
+        .get("train")
+        .await
+        .unwrap();
+    assert_eq!(after.uid(), pt.uid(), "never deleted");
+    assert_eq!(batches(&after), vec![Some(json!("24")), Some(json!("24"))]);
+    assert_eq!(
+        after.data.pointer("/spec/runPolicy/suspend"),
+        Some(&json!(false)),
+        "resumed"
+    );
+    assert_eq!(after.annotations()["memprof.dev/remediation"], rec.id);
+    // Its pods are the training operator's to replace: never memprof's.
+    for pod in &pods {
+        let p = Api::<Pod>::namespaced(admin.clone(), ns)
+            .get(&pod.name_any())
+            .await
+            .unwrap();
+        assert_eq!(p.uid(), pod.uid());
+    }
+    op.stop().await;
+}
+
+#[tokio::test]
+async fn a_pytorchjob_kueue_does_not_manage_is_recreated_at_the_top_level() {
+    let Some(admin) = cluster().await else { return };
+    install_workload_crds(&admin).await;
+    let ns = TestNamespace::create(&admin).await;
+    let ns = ns.name.as_str();
+    let op = start_operator(&admin, ns);
+    apply_policy(&admin, ns, "shrink", shrink_policy(false))
+        .await
+        .unwrap();
+    let (pt, pods) = profiled_pytorchjob(&admin, ns, json!({})).await;
+    report(&admin, ns, &pods[1], 100, RiskLevel::Critical).await;
+    let rec = done(&admin, ns).await;
+    assert_eq!(rec.env_change.as_deref(), Some("recreate"), "{rec:?}");
+    let new = api(&admin, ns, WorkloadKind::PyTorchJob)
+        .get("train")
+        .await
+        .unwrap();
+    assert_ne!(new.uid(), pt.uid(), "a new PyTorchJob");
+    assert_eq!(batches(&new), vec![Some(json!("24")), Some(json!("24"))]);
+    let podsapi = Api::<Pod>::namespaced(admin.clone(), ns);
+    eventually("the old pods deleted", || async {
+        let mut left = Vec::new();
+        for p in &pods {
+            if let Some(p) = podsapi
+                .get_opt(&p.name_any())
+                .await
+                .map_err(|e| e.to_string())?
+            {
+                left.push(p.name_any());
+            }
+        }
+        left.is_empty().then_some(()).ok_or(format!("{left:?}"))
+    })
+    .await;
+    op.stop().await;
+}
