@@ -45,7 +45,7 @@ pub struct Push {
     /// World size, when torch.distributed is initialized or `WORLD_SIZE` is set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub world_size: Option<u32>,
-    /// The step last passed to `memprof_agent.step(n)`.
+    /// The step last passed to `memprof_agent.step(n)`, else the optimizer steps the agent counted (0 before the first).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub step: Option<u64>,
     /// The phase the trainer was in when the numbers were read (`with phase("forward")`).
