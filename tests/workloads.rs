@@ -172,3 +172,57 @@ async fn a_jobset_gets_one_profile_rolled_up_over_its_child_jobs() {
     );
     op.stop().await;
 }
+
+/// A child Job that got a profile of its own while its link did not prove
+/// yet (the JobSet or the admission key not read at its first reconcile:
+/// seen once in the 2,048-rank benchmark) loses it once it proves its
+/// JobSet's child: one profile per workload.
+#[tokio::test]
+async fn a_child_s_own_profile_from_before_its_link_proved_is_deleted() {
+    let Some(admin) = cluster().await else { return };
+    install_workload_crds(&admin).await;
+    let ns = TestNamespace::create(&admin).await;
+    let js = create(
+        &admin,
+        &ns.name,
+        WorkloadKind::JobSet,
+        jobset("early", 1, json!({})),
+    )
+    .await;
+    let job = child(&admin, &ns.name, &js, 0, true).await;
+    let profiles: Api<MemoryProfile> = Api::namespaced(admin.clone(), &ns.name);
+    let mut own = MemoryProfile::new(
+        "early-workers-0",
+        memprof::api::MemoryProfileSpec {
+            job_name: "early-workers-0".into(),
+            expected_ranks: Some(1),
+        },
+    );
+    own.metadata.labels = Some([("memprof.dev/job".into(), "early-workers-0".into())].into());
+    own.metadata.owner_references = Some(vec![
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+            api_version: "batch/v1".into(),
+            kind: "Job".into(),
+            name: job.name_any(),
+            uid: job.uid().unwrap(),
+            controller: Some(true),
+            block_owner_deletion: Some(true),
+        },
+    ]);
+    profiles.create(&PostParams::default(), &own).await.unwrap();
+    let _op = start_operator(&admin, &ns.name);
+    eventually(
+        "the child's own profile deleted, the JobSet's made",
+        || async {
+            let child = profiles
+                .get_opt("early-workers-0")
+                .await
+                .map_err(|e| e.to_string())?;
+            let top = profiles.get_opt("early").await.map_err(|e| e.to_string())?;
+            (child.is_none() && top.is_some())
+                .then_some(())
+                .ok_or(format!("child {} top {}", child.is_some(), top.is_some()))
+        },
+    )
+    .await;
+}
