@@ -1,7 +1,7 @@
 # memprof — run `make demo` to see it work, `make test` to prove it.
 CARGO ?= cargo
 
-.PHONY: all build release image test-image demo test unit lint fmt crds check-crds schema check-schema docs check-docs cluster-up cluster-down bench clean
+.PHONY: all build release image test-image demo test unit lint fmt debug-bins crds check-crds schema check-schema docs check-docs cluster-up cluster-down bench clean
 
 all: build
 
@@ -45,9 +45,18 @@ lint:
 fmt:
 	$(CARGO) fmt --all
 
+## The debug binaries as `make test` builds them, with the tests' features
+## (dev-dependencies turn on tokio's test-util, which rebuilds every crate
+## above tokio): crds, schema and docs run this build's `memprof`, so that
+## CI's check-crds and the tests after it compile each dependency once.
+TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
+MEMPROF := $(TARGET_DIR)/debug/memprof
+debug-bins:
+	$(CARGO) build --quiet --workspace --bins --tests
+
 ## CRDs are generated from crates/api/src/; never edit crds/ by hand.
-crds:
-	$(CARGO) run --quiet --bin memprof -- crd > crds/memprof.yaml
+crds: debug-bins
+	$(MEMPROF) crd > crds/memprof.yaml.new && mv crds/memprof.yaml.new crds/memprof.yaml
 	cp crds/memprof.yaml charts/memprof/crds/memprof.yaml 2>/dev/null || true
 
 check-crds: crds check-schema
@@ -55,10 +64,10 @@ check-crds: crds check-schema
 
 ## The agent wire's JSON Schema is generated from crates/api/src/agent/ (the
 ## agent's tests validate against it); never edit agent/schema/ by hand.
-schema:
+schema: debug-bins
 	mkdir -p agent/schema
-	$(CARGO) run --quiet --bin memprof -- agent-schema push > agent/schema/push.json
-	$(CARGO) run --quiet --bin memprof -- agent-schema reply > agent/schema/reply.json
+	$(MEMPROF) agent-schema push > agent/schema/push.json.new && mv agent/schema/push.json.new agent/schema/push.json
+	$(MEMPROF) agent-schema reply > agent/schema/reply.json.new && mv agent/schema/reply.json.new agent/schema/reply.json
 
 check-schema: schema
 	git diff --exit-code agent/schema/ || (echo "agent/schema/ is stale: run 'make schema' and commit" && exit 1)
@@ -67,9 +76,8 @@ check-schema: schema
 ## and the agent's config module (hack/refdocs.py); never edit it by hand.
 ## The build is the one `make test` does, so neither rebuilds the other's
 ## binaries; `make test` runs check-docs right after that build.
-docs:
-	$(CARGO) build --quiet --workspace --bins --tests
-	python3 hack/refdocs.py
+docs: debug-bins
+	python3 hack/refdocs.py --bin-dir $(TARGET_DIR)/debug
 
 check-docs: docs
 	@test -z "$$(git status --porcelain docs/reference/)" || { git status --short docs/reference/; \

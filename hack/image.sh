@@ -11,6 +11,9 @@
 #   bash hack/image.sh --stage DIR      only the build context (rootfs/ and
 #                                       the Dockerfile), for `docker build`
 #   bash hack/image.sh --no-build       the release binaries already built
+#   bash hack/image.sh --build-only     only the release binaries (what
+#                                       --no-build takes; hack/test.sh runs
+#                                       it beside the integration tests)
 #
 # buildah runs with the vfs storage driver under a private storage root in a
 # temporary directory, removed at exit: nothing is left in the host's image
@@ -31,7 +34,7 @@ TARGET_DIR=${CARGO_TARGET_DIR:-target}
 AGENT_DIR=/opt/memprof/agent
 UID_GID=65532
 
-output="" stage_only="" build=1
+output="" stage_only="" build=1 build_only=0
 from_caller() { case $1 in /*) printf '%s\n' "$1" ;; *) printf '%s\n' "$CALLER_PWD/$1" ;; esac; }
 parse_args() {
     while [ $# -gt 0 ]; do
@@ -39,7 +42,8 @@ parse_args() {
             --output) output=$(from_caller "${2:?--output needs a file}"); shift 2 ;;
             --stage) stage_only=$(from_caller "${2:?--stage needs a directory}"); shift 2 ;;
             --no-build) build=0; shift ;;
-            -h | --help) sed -n '2,19p' "$0"; exit 0 ;;
+            --build-only) build_only=1; shift ;;
+            -h | --help) sed -n '2,21p' "$0"; exit 0 ;;
             *) die "unknown argument $1 (see --help)" ;;
         esac
     done
@@ -214,6 +218,7 @@ main() {
     local ver
     ver=$(version)
     [ "$build" = 0 ] || build_binaries
+    [ "$build_only" = 0 ] || return 0
     if [ -n "$stage_only" ]; then
         mkdir -p "$stage_only"
         stage_context "$stage_only"

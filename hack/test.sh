@@ -7,31 +7,79 @@ cd "$(dirname "$0")/.."
 
 log() { printf '[test] %s\n' "$*" >&2; }
 
-started_cluster=0
+# Each step's wall time, printed as it ends and as a table at exit (also on
+# failure), so a slow run says where its time went.
+steps=() step_name="" step_start=$SECONDS
+step() { # NAME: ends the running step, starts NAME
+    end_step
+    step_name=$1 step_start=$SECONDS
+    log "$1"
+}
+end_step() {
+    [ -n "$step_name" ] || return 0
+    local took=$((SECONDS - step_start))
+    steps+=("$(printf '%5d s  %s' "$took" "$step_name")")
+    log "($took s) $step_name"
+    step_name=""
+}
+
+started_cluster=0 release_pid=""
 cleanup() {
+    end_step
+    if [ -n "$release_pid" ]; then
+        # Its own process group (setsid below): cargo and its rustc children.
+        kill -- -"$release_pid" 2>/dev/null || kill "$release_pid" 2>/dev/null || true
+        wait "$release_pid" 2>/dev/null || true
+    fi
     if [ "$started_cluster" = 1 ]; then
         log "stopping the local control plane this run started"
         bash hack/local-cluster.sh down || true
     fi
+    if [ "${#steps[@]}" -gt 0 ]; then
+        printf '[test] wall time per step (%d s in all):\n' "$SECONDS" >&2
+        printf '[test]   %s\n' "${steps[@]}" >&2
+    fi
 }
 trap cleanup EXIT
 
-log "unit tests"
+# MEMPROF_TEST_IMAGE=0 skips the image test and its release build locally (CI runs it).
+test_image=${MEMPROF_TEST_IMAGE:-1}
+
+step "debug build: binaries, unit and integration tests (once, with the tests' features)"
+# The binaries with the tests' features (and every test target, run below): a
+# plain `cargo build --bins` would build every crate above tokio a second
+# time, without its test-util feature (tests/cli_seed_gaps.rs). After
+# `make check-crds` (CI) there is nothing left to build.
+cargo build --workspace --bins --tests
+
+if [ "$test_image" != 0 ]; then
+    # The image test's release build (~700 CPU-seconds from cold: 6 min of a
+    # 2-core machine alone) runs from here on beside the agent, integration,
+    # chart and alert tests, at the lowest CPU priority: those tests mostly
+    # wait (on the API server, on sidecars' sampling clocks), and the build
+    # takes only the CPU they leave. It is the build `make image` does
+    # (hack/image.sh --build-only); the image test below packages and runs
+    # exactly those binaries, after it finished and before the fault tests,
+    # which want an idle machine. Its own process group, so that an early
+    # exit stops the whole build (cleanup).
+    mkdir -p target
+    log "release build for the image test started beside the tests (nice 19; log: target/release-build.log)"
+    setsid --wait nice -n 19 bash hack/image.sh --build-only >target/release-build.log 2>&1 &
+    release_pid=$!
+fi
+
+step "unit tests"
 cargo test --workspace --lib --bins
 
-log "agent tests (pytest; a real memprof-sidecar, a fake torch: no GPU needed)"
-# The binaries with the tests' features (and the integration tests, run
-# below): a plain `cargo build --bins` would build every crate above tokio
-# a second time, without its test-util feature (tests/cli_seed_gaps.rs).
-cargo build --workspace --bins --tests
-log "reference pages (docs/reference/) match the binaries just built"
+step "reference pages (docs/reference/) match the binaries just built"
 make --no-print-directory check-docs
+step "agent tests (pytest; a real memprof-sidecar, a fake torch: no GPU needed)"
 python3 -m pip install --quiet --disable-pip-version-check pytest jsonschema
 MEMPROF_SIDECAR_BIN="$PWD/target/debug/memprof-sidecar" MEMPROF_BIN="$PWD/target/debug/memprof" \
     python3 -m pytest -q -p no:cacheprovider agent/python/tests
 
 if ! bash hack/local-cluster.sh status >/dev/null 2>&1; then
-    log "starting the local control plane (the first run builds kube-apiserver: ~10 min)"
+    step "starting the local control plane (the first run builds kube-apiserver: ~10 min)"
     bash hack/local-cluster.sh up >/dev/null
     started_cluster=1
 fi
@@ -40,17 +88,12 @@ export KUBECONFIG
 # Integration tests must fail, not skip, when the cluster is missing.
 export MEMPROF_REQUIRE_CLUSTER=1
 
-log "integration tests against $(kubectl version -o json 2>/dev/null | python3 -c 'import json,sys; v=json.load(sys.stdin)["serverVersion"]; print("kube-apiserver", v["gitVersion"])' 2>/dev/null || echo 'the local control plane')"
+step "integration tests against $(kubectl version -o json 2>/dev/null | python3 -c 'import json,sys; v=json.load(sys.stdin)["serverVersion"]; print("kube-apiserver", v["gitVersion"])' 2>/dev/null || echo 'the local control plane')"
 # One test binary at a time, a few tests in parallel: each test has its own
 # namespace, and a test that must not overlap any other takes the cluster
 # alone (tests/common/alone.rs). memprof's integration tests are the one
 # binary `integration` (tests/main.rs).
 cargo test --workspace --test "*" -- --test-threads=4
-# Fault tests that freeze (SIGSTOP) or restart an API server: each starts a
-# control plane of its own, so nothing else sees it hang; one at a time, after
-# the rest, because their timing assertions want an idle machine.
-log "fault tests: frozen and restarted API servers"
-cargo test -p memprof --test integration -- --ignored --test-threads=1 faults::
 
 # promtool for tests/alert_rules.py (`promtool test rules`): Debian's
 # prometheus package, unpacked under target/ rather than installed, so that
@@ -58,7 +101,7 @@ cargo test -p memprof --test integration -- --ignored --test-threads=1 faults::
 if [ -z "${PROMTOOL:-}" ] && ! command -v promtool >/dev/null; then
     PROMTOOL=$PWD/target/promtool/usr/bin/promtool
     if [ ! -x "$PROMTOOL" ]; then
-        log "fetching promtool (Debian package prometheus) into target/promtool"
+        step "fetching promtool (Debian package prometheus) into target/promtool"
         deb=$(mktemp -d)
         (cd "$deb" && { apt-get download prometheus >/dev/null 2>&1 ||
             { apt-get update -qq && apt-get download prometheus >/dev/null; }; })
@@ -68,16 +111,36 @@ if [ -z "${PROMTOOL:-}" ] && ! command -v promtool >/dev/null; then
 fi
 
 if ls tests/*.py >/dev/null 2>&1; then
-    log "chart tests (rendered by Helm's own code) and alert tests (promtool test rules)"
+    step "chart tests (rendered by Helm's own code) and alert tests (promtool test rules)"
     python3 -m pip install --quiet --disable-pip-version-check -r tests/requirements.txt
     for t in tests/*.py; do python3 "$t"; done
 fi
-# The release build this needs is ~760 CPU-seconds from cold (2 cores: ~7-10 min);
-# MEMPROF_TEST_IMAGE=0 skips it locally (CI runs it).
-if [ "${MEMPROF_TEST_IMAGE:-1}" = 0 ]; then
+
+if [ -n "$release_pid" ]; then
+    step "waiting for the image test's release build"
+    if ! wait "$release_pid"; then
+        release_pid=""
+        tail -n 40 target/release-build.log >&2
+        log "the release build failed (target/release-build.log)"
+        exit 1
+    fi
+    release_pid=""
+    grep -h 'Finished' target/release-build.log >&2 || true
+fi
+
+# Fault tests that freeze (SIGSTOP) or restart an API server: each starts a
+# control plane of its own, so nothing else sees it hang; one at a time, after
+# the rest and after the release build, because their timing assertions want
+# an idle machine. --workspace as above: `-p memprof` resolves features for
+# that package alone and would rebuild the CLI and the test binary (~25 s).
+step "fault tests: frozen and restarted API servers"
+cargo test --workspace --test integration -- --ignored --test-threads=1 faults::
+
+if [ "$test_image" = 0 ]; then
     log "image test SKIPPED (MEMPROF_TEST_IMAGE=0)"
 else
-    log "image test: make image (release build, buildah; installs buildah and skopeo if missing), binaries run inside it, push/pull through a loopback registry"
-    bash tests/image.sh
+    step "image test: make image from the release binaries built above (buildah; installs buildah and skopeo if missing), binaries run inside it, push/pull through a loopback registry"
+    bash tests/image.sh --no-build
 fi
+end_step
 log "all tests passed"

@@ -7,8 +7,8 @@
 //! it again, so that no other test ever sees that API server hang; they are
 //! `#[ignore]`d because they take a minute each and are timing-sensitive on
 //! a busy machine: hack/test.sh runs them after the other integration tests,
-//! one at a time (`cargo test -p memprof --test integration faults:: -- --ignored
-//! --test-threads=1`). The others use the shared cluster, each in its own
+//! one at a time (`cargo test --workspace --test integration -- --ignored
+//! --test-threads=1 faults::`). The others use the shared cluster, each in its own
 //! namespace, and run with the rest.
 //!
 //! The sidecar's outage lasts `MEMPROF_FAULT_OUTAGE_SECONDS` (default 20);
