@@ -266,13 +266,7 @@ impl AgentDevice {
         }
         let peak = d.peak_allocated_bytes.unwrap_or(d.allocated_bytes);
         self.peak_allocated = self.peak_allocated.max(peak);
-        let rose = d.reserved_bytes.saturating_sub(self.last.reserved_bytes);
-        if rose > 0 && self.last.reserved_bytes > 0 {
-            self.segments.push_back((t, rose as f64));
-            while self.segments.len() > MAX_SEGMENTS {
-                self.segments.pop_front();
-            }
-        }
+        self.note_segment(t, d);
         self.recent.push(Point {
             t,
             peak: peak as f64,
@@ -314,6 +308,17 @@ impl AgentDevice {
         self.last = d.clone();
         let raw = self.short_leak(&th.fast);
         self.leak.update(t, raw, Hold::from_thresholds(&th.fast));
+    }
+
+    /// Reserved memory's rise since the previous push: one more segment.
+    fn note_segment(&mut self, t: f64, d: &DeviceStats) {
+        let rose = d.reserved_bytes.saturating_sub(self.last.reserved_bytes);
+        if rose > 0 && self.last.reserved_bytes > 0 {
+            self.segments.push_back((t, rose as f64));
+            while self.segments.len() > MAX_SEGMENTS {
+                self.segments.pop_front();
+            }
+        }
     }
 
     fn observe_phase(

@@ -34,6 +34,19 @@ use tracing::{info, warn};
 /// Periodic look at a Job even without changes (a safety net: watches drive reconciles).
 pub(super) const RESYNC: Duration = Duration::from_secs(300);
 
+/// Deletes the profile of a Job now proven its JobSet's child, when it has
+/// one of its own: made while its link did not prove yet (the JobSet or the
+/// admission key not read yet), it is the child's no more.
+async fn drop_own_profile(ctx: &Arc<Context>, f: &Fetched, job: &Job) -> Result<()> {
+    if let Some(own) = f.profile.as_deref().filter(|p| owned_by(p, job)) {
+        delete_profile(ctx, own).await?;
+        ctx.writer.forget(&f.key);
+        ctx.with_state(&f.key, |s| s.profile = None);
+        info!(job = %f.key, "deleted the MemoryProfile of a Job now proven its JobSet's child");
+    }
+    Ok(())
+}
+
 /// Whether `profile` names `job` (by uid) as its owner.
 fn owned_by(profile: &MemoryProfile, job: &Job) -> bool {
     let uid = job.uid();
@@ -59,14 +72,7 @@ pub(super) async fn run(ctx: &Arc<Context>, f: &Fetched) -> Result<Option<Durati
     }
     if let Some(workload) = super::workloads::member_of(ctx, &f.key, job).await? {
         // A JobSet's child: its reports are its workload's (workloads.rs).
-        // A profile of its own, made while its link did not prove yet (the
-        // JobSet or the admission key not read yet), is the child's no more.
-        if let Some(own) = f.profile.as_deref().filter(|p| owned_by(p, job)) {
-            delete_profile(ctx, own).await?;
-            ctx.writer.forget(&f.key);
-            ctx.with_state(&f.key, |s| s.profile = None);
-            info!(job = %f.key, "deleted the MemoryProfile of a Job now proven its JobSet's child");
-        }
+        drop_own_profile(ctx, f, job).await?;
         return super::workloads::run(ctx, &f.key, job, workload).await;
     }
     let uid = job.uid().unwrap_or_default();
