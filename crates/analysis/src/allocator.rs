@@ -180,6 +180,10 @@ pub struct AgentDevice {
     pub name: Option<String>,
     /// Interval peaks and allocated bytes at each push.
     recent: Recent,
+    /// The pace of `recent` at the newest push (under the fast
+    /// thresholds and [`Self::limit_or_total`]): read by the leak flag at
+    /// each push and by the setup check at each assessment.
+    pace: Option<pace::Pace>,
     /// Device memory in use (total − free) against total: what NVML would see.
     used: GpuSeries,
     /// Reserved bytes against total.
@@ -235,6 +239,7 @@ impl AgentDevice {
             uuid: None,
             name: None,
             recent: Recent::default(),
+            pace: None,
             used: GpuSeries::new(&th.fast),
             reserved: GpuSeries::new(&th.fast),
             floor_long: GpuSeries::new(&th.floor_long),
@@ -306,7 +311,10 @@ impl AgentDevice {
         self.trend.push(t, d);
         push_point(&mut self.retries, (t, d.alloc_retries));
         self.last = d.clone();
-        let raw = self.short_leak(&th.fast);
+        self.pace = self
+            .recent
+            .pace(th.fast.leak_bytes_per_second, self.limit_or_total());
+        let raw = self.short_leak();
         self.leak.update(t, raw, Hold::from_thresholds(&th.fast));
     }
 
@@ -347,10 +355,8 @@ impl AgentDevice {
     }
 
     /// The recent pace is setup: memory rising while no training step runs.
-    fn setting_up(&self, th: &Thresholds) -> bool {
-        self.recent
-            .pace(th.leak_bytes_per_second, self.limit_or_total())
-            .is_some_and(|p| p.setup)
+    fn setting_up(&self) -> bool {
+        self.pace.is_some_and(|p| p.setup)
     }
 
     /// The allocator's limit, else the device's total.
@@ -360,10 +366,8 @@ impl AgentDevice {
     }
 
     /// A pace of the peaks with memory between steps rising with it.
-    fn short_leak(&self, th: &Thresholds) -> bool {
-        self.recent
-            .pace(th.leak_bytes_per_second, self.limit_or_total())
-            .is_some_and(|p| !p.floor_flat && !p.setup)
+    fn short_leak(&self) -> bool {
+        self.pace.is_some_and(|p| !p.floor_flat && !p.setup)
     }
 
     /// The device's own memory series (total − free), for its report entry.
@@ -704,7 +708,7 @@ impl AgentDevice {
         });
         // Memory kept while no step runs is setup, on every horizon.
         let leak = self.leak.get()
-            || (long.is_some_and(|f| f.leaks) && every_phase_rises && !self.setting_up(&ath.fast));
+            || (long.is_some_and(|f| f.leaks) && every_phase_rises && !self.setting_up());
         (leak, long)
     }
 }
