@@ -96,6 +96,26 @@ pub(super) struct Tracked {
     pub full_pass: Instant,
 }
 
+/// The status a roll-up and its refused reports call for at `now`, with
+/// `previous`'s remediation fields and conditions carried over, and when it
+/// next changes with no event: one home for a Job's and a workload's.
+pub(super) fn desired_of(
+    rollup: &JobRollup,
+    refused: &BTreeMap<String, String>,
+    previous: Option<&MemoryProfileStatus>,
+    now: Timestamp,
+) -> (DesiredStatus, Option<Timestamp>) {
+    let refused: Vec<Rejected> = refused
+        .iter()
+        .map(|(name, why)| Rejected {
+            name: name.clone(),
+            why: why.clone(),
+        })
+        .collect();
+    let desired = desired_status_from(rollup, &refused, previous, now);
+    (desired, rollup.next_change(now))
+}
+
 /// What the remediation stage looks at for new OOMs.
 #[derive(Default)]
 pub(super) struct OomScan {
@@ -212,16 +232,7 @@ impl Tracked {
         previous: Option<&MemoryProfileStatus>,
         now: Timestamp,
     ) -> (DesiredStatus, Option<Timestamp>) {
-        let refused: Vec<Rejected> = self
-            .refused
-            .iter()
-            .map(|(name, why)| Rejected {
-                name: name.clone(),
-                why: why.clone(),
-            })
-            .collect();
-        let desired = desired_status_from(&self.rollup, &refused, previous, now);
-        (desired, self.rollup.next_change(now))
+        desired_of(&self.rollup, &self.refused, previous, now)
     }
 
     /// Memory held for this Job (bytes, approx.).

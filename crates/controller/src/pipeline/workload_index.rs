@@ -30,10 +30,10 @@
 //! The roll-up persists like a Job's (`rollups.rs`): a risk level's dwell
 //! is measured across events, and carried over a restart from the status.
 
-use super::tracked::report_of;
+use super::tracked::{desired_of, report_of};
 use super::watch::{Caches, LABEL_JOB_NAME};
 use crate::key::JobKey;
-use crate::operator::reconcile::{desired_status_from, DesiredStatus, Rejected};
+use crate::operator::reconcile::DesiredStatus;
 use crate::workload::rank::JobSetShape;
 use crate::workload::resolve::{link_identity, step, Step, Workload};
 use crate::workload::rollup::{screen, Layout};
@@ -279,15 +279,6 @@ impl WorkloadTracked {
         previous: Option<&MemoryProfileStatus>,
         now: Timestamp,
     ) -> (DesiredStatus, Option<Timestamp>) {
-        let refused: Vec<Rejected> = self
-            .refused
-            .iter()
-            .map(|(name, why)| Rejected {
-                name: name.clone(),
-                why: why.clone(),
-            })
-            .collect();
-        let desired = desired_status_from(&self.rollup, &refused, previous, now);
-        (desired, self.rollup.next_change(now))
+        desired_of(&self.rollup, &self.refused, previous, now)
     }
 }
