@@ -167,11 +167,8 @@ fn largest_breakdown() -> Breakdown {
     }
 }
 
-#[test]
-fn an_oom_push_carries_a_bounded_snapshot() {
-    let mut p = push();
-    p.kind = PushKind::Oom;
-    assert_eq!(validate(&p), Err(Error::OomMismatch));
+/// An OOM snapshot with every list and string at its bound.
+fn largest_oom() -> OomSnapshot {
     let frame = Frame {
         filename: "f".repeat(MAX_FRAME_TEXT),
         line: 1,
@@ -184,19 +181,18 @@ fn an_oom_push_carries_a_bounded_snapshot() {
         state: "s".repeat(MAX_NAME),
         frames: vec![frame; MAX_FRAMES],
     };
-    p.oom = Some(OomSnapshot {
+    OomSnapshot {
         device: Some(0),
         requested_bytes: Some(G),
         message: "m".repeat(MAX_MESSAGE),
         source: SnapshotSource::History,
-        blocks: vec![block.clone(); MAX_BLOCKS],
-    });
-    p.devices = (0..MAX_DEVICES as u32).map(device).collect();
-    for d in &mut p.devices {
-        d.name = Some("n".repeat(MAX_NAME));
-        d.uuid = Some("u".repeat(MAX_UUID));
+        blocks: vec![block; MAX_BLOCKS],
     }
-    p.events = vec![
+}
+
+/// The event list at its bounds.
+fn largest_events() -> Vec<Event> {
+    vec![
         Event {
             t: 1.0,
             name: "e".repeat(MAX_NAME),
@@ -216,7 +212,40 @@ fn an_oom_push_carries_a_bounded_snapshot() {
             }),
         };
         MAX_EVENTS
-    ];
+    ]
+}
+
+/// The sites snapshot at its bounds (an OOM push may carry one the agent
+/// had not sent), with `blocks`.
+fn largest_sites(blocks: Vec<Block>) -> SitesSnapshot {
+    SitesSnapshot {
+        time: 1.0,
+        level: crate::RiskLevel::Critical,
+        source: SnapshotSource::History,
+        blocks,
+        unattributed_bytes: u64::MAX,
+        history: Some(SitesHistory {
+            on: true,
+            entries: Some(u64::MAX),
+            why: Some("w".repeat(MAX_NAME)),
+        }),
+        error: Some("e".repeat(MAX_MESSAGE)),
+    }
+}
+
+/// An OOM push with every field at its bound: the largest valid push.
+fn largest_oom_push() -> Push {
+    let mut p = push();
+    p.kind = PushKind::Oom;
+    let oom = largest_oom();
+    p.sites = Some(largest_sites(oom.blocks.clone()));
+    p.oom = Some(oom);
+    p.devices = (0..MAX_DEVICES as u32).map(device).collect();
+    for d in &mut p.devices {
+        d.name = Some("n".repeat(MAX_NAME));
+        d.uuid = Some("u".repeat(MAX_UUID));
+    }
+    p.events = largest_events();
     p.phase = Some("p".repeat(MAX_NAME));
     p.breakdown = Some(largest_breakdown());
     extras::tests::at_bounds(&mut p);
@@ -228,21 +257,15 @@ fn an_oom_push_carries_a_bounded_snapshot() {
         };
         MAX_ACKS
     ];
-    // The sites snapshot at its bounds too (an OOM push may carry one the agent had not sent).
-    let oom = p.oom.clone().unwrap();
-    p.sites = Some(SitesSnapshot {
-        time: 1.0,
-        level: crate::RiskLevel::Critical,
-        source: SnapshotSource::History,
-        blocks: oom.blocks.clone(),
-        unattributed_bytes: u64::MAX,
-        history: Some(SitesHistory {
-            on: true,
-            entries: Some(u64::MAX),
-            why: Some("w".repeat(MAX_NAME)),
-        }),
-        error: Some("e".repeat(MAX_MESSAGE)),
-    });
+    p
+}
+
+#[test]
+fn an_oom_push_carries_a_bounded_snapshot() {
+    let mut p = push();
+    p.kind = PushKind::Oom;
+    assert_eq!(validate(&p), Err(Error::OomMismatch));
+    let mut p = largest_oom_push();
     assert!(validate(&p).is_ok(), "{:?}", validate(&p));
     // The largest valid push fits the body cap.
     let size = serde_json::to_vec(&p).unwrap().len() as u64;

@@ -505,6 +505,44 @@ fn service_account_token_is_projected_into_the_sidecar_unless_respected() {
     assert_eq!(names(&pod_spec(&out)["volumes"]), [SOCKET_VOLUME]);
 }
 
+/// The sidecar mounts the socket's volume read-write (it creates the
+/// socket) and is told where the socket is.
+fn sidecar_creates_the_socket(side: &serde_json::Value) {
+    assert_eq!(
+        env_value(side, "MEMPROF_AGENT_SOCKET").as_deref(),
+        Some("/var/run/memprof/agent.sock")
+    );
+    let m = &side["volumeMounts"][0];
+    assert_eq!(
+        (&m["name"], &m["mountPath"]),
+        (&json!(SOCKET_VOLUME), &json!("/var/run/memprof"))
+    );
+    assert!(
+        m.get("readOnly").is_none(),
+        "the sidecar creates the socket"
+    );
+}
+
+/// A trainer container mounts the socket read-only and is pointed at it,
+/// never at a TCP port.
+fn trainer_reads_the_socket(t: &serde_json::Value) {
+    assert_eq!(
+        env_value(t, "MEMPROF_AGENT_SOCKET").as_deref(),
+        Some("/var/run/memprof/agent.sock"),
+        "{t}"
+    );
+    assert!(env(t, "MEMPROF_AGENT_URL").is_none(), "{t}");
+    let mounts = t["volumeMounts"].as_array().unwrap();
+    let socket = mounts
+        .iter()
+        .find(|m| m["name"] == SOCKET_VOLUME)
+        .expect("mounted");
+    assert_eq!(
+        (&socket["mountPath"], &socket["readOnly"]),
+        (&json!("/var/run/memprof"), &json!(true))
+    );
+}
+
 /// Contract A: the agent reaches the sidecar through a
 /// Unix socket on an emptyDir that only the pod's containers mount (the
 /// sidecar read-write, every trainer read-only), in both sidecar modes and
@@ -529,39 +567,11 @@ fn the_agent_socket_is_private_to_the_pod_in_both_sidecar_modes() {
         let volume = &spec["volumes"][0];
         assert_eq!(volume["name"], SOCKET_VOLUME);
         assert!(volume["emptyDir"].is_object(), "{volume}");
-        let side = sidecar(&out);
-        assert_eq!(
-            env_value(side, "MEMPROF_AGENT_SOCKET").as_deref(),
-            Some("/var/run/memprof/agent.sock")
-        );
-        let m = &side["volumeMounts"][0];
-        assert_eq!(
-            (&m["name"], &m["mountPath"]),
-            (&json!(SOCKET_VOLUME), &json!("/var/run/memprof"))
-        );
-        assert!(
-            m.get("readOnly").is_none(),
-            "the sidecar creates the socket"
-        );
+        sidecar_creates_the_socket(sidecar(&out));
         for t in spec["containers"].as_array().unwrap() {
-            if t["name"] == SIDECAR_CONTAINER {
-                continue;
+            if t["name"] != SIDECAR_CONTAINER {
+                trainer_reads_the_socket(t);
             }
-            assert_eq!(
-                env_value(t, "MEMPROF_AGENT_SOCKET").as_deref(),
-                Some("/var/run/memprof/agent.sock"),
-                "{t}"
-            );
-            assert!(env(t, "MEMPROF_AGENT_URL").is_none(), "{t}");
-            let mounts = t["volumeMounts"].as_array().unwrap();
-            let socket = mounts
-                .iter()
-                .find(|m| m["name"] == SOCKET_VOLUME)
-                .expect("mounted");
-            assert_eq!(
-                (&socket["mountPath"], &socket["readOnly"]),
-                (&json!("/var/run/memprof"), &json!(true))
-            );
         }
         if obj == &j {
             let helper = &spec["containers"][1];
