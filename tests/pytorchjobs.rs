@@ -111,9 +111,9 @@ async fn profile_when(
 /// critical report does not count.
 #[tokio::test]
 async fn a_pytorchjob_gets_one_profile_ranked_master_then_workers() {
-    let Some(admin) = cluster().await else { return };
-    install_workload_crds(&admin).await;
-    let ns = TestNamespace::create(&admin).await;
+    let Some((admin, ns)) = workload_cluster().await else {
+        return;
+    };
     let hooks = admission(&admin, &ns.name).await;
     let operator = user_with(&admin, &ns.name, TRAINING_OPERATOR, pod_rules()).await;
     let tenant_name = format!("tenant-{}", ns.name);
@@ -236,9 +236,9 @@ async fn a_pytorchjob_gets_one_profile_ranked_master_then_workers() {
 /// the Job gets a Warning saying whose the name's profile is.
 #[tokio::test]
 async fn a_job_named_like_a_pytorchjob_does_not_take_its_profile() {
-    let Some(admin) = cluster().await else { return };
-    install_workload_crds(&admin).await;
-    let ns = TestNamespace::create(&admin).await;
+    let Some((admin, ns)) = workload_cluster().await else {
+        return;
+    };
     let op = start_operator(&admin, &ns.name);
     let pt = profiled(&admin, &ns.name, "train", 1).await;
     let pt_uid = pt.metadata.uid.clone().unwrap();
@@ -311,9 +311,9 @@ async fn a_job_named_like_a_pytorchjob_does_not_take_its_profile() {
 /// watch; a PyTorchJob not annotated is left alone.
 #[tokio::test]
 async fn the_webhook_injects_each_replica_of_an_annotated_pytorchjob() {
-    let Some(admin) = cluster().await else { return };
-    install_workload_crds(&admin).await;
-    let ns = TestNamespace::create(&admin).await;
+    let Some((admin, ns)) = workload_cluster().await else {
+        return;
+    };
     let hooks = admission(&admin, &ns.name).await;
     let mut manifest = pytorchjob("train", 2, json!({}));
     manifest["metadata"]["annotations"] = json!({"memprof.dev/enabled": "true"});
@@ -368,9 +368,9 @@ async fn the_webhook_injects_each_replica_of_an_annotated_pytorchjob() {
 /// reports counts; each is named in the profile.
 #[tokio::test]
 async fn pytorchjob_pods_planted_or_replayed_never_count() {
-    let Some(admin) = cluster().await else { return };
-    install_workload_crds(&admin).await;
-    let ns = TestNamespace::create(&admin).await;
+    let Some((admin, ns)) = workload_cluster().await else {
+        return;
+    };
     let hooks = admission(&admin, &ns.name).await;
     let rules = json!([{"apiGroups": [""], "resources": ["pods"],
                         "verbs": ["create", "get", "list", "watch", "delete"]},

@@ -7,10 +7,8 @@
 //! manage is recreated as Jobs are (the decision; the recreation itself is
 //! the Job protocol's).
 
-use crate::common;
 use crate::workload_support;
 
-use common::*;
 use futures::StreamExt;
 use kube::api::{DynamicObject, WatchEvent, WatchParams};
 use kube::Client;
@@ -71,9 +69,9 @@ fn env_lists(kind: WorkloadKind, obj: &DynamicObject) -> Vec<Value> {
 }
 
 async fn suspended_patched_resumed(kind: WorkloadKind, manifest: Value) {
-    let Some(admin) = cluster().await else { return };
-    install_workload_crds(&admin).await;
-    let ns = TestNamespace::create(&admin).await;
+    let Some((admin, ns)) = workload_cluster().await else {
+        return;
+    };
     let before = create(&admin, &ns.name, kind, manifest).await;
     let name = before.metadata.name.clone().unwrap();
     assert_eq!(
@@ -133,9 +131,9 @@ async fn a_kueue_managed_pytorchjob_is_suspended_patched_and_resumed_never_delet
 /// recreated, as Jobs are; and a Job is never suspended by memprof.
 #[tokio::test]
 async fn a_workload_kueue_does_not_manage_is_recreated() {
-    let Some(admin) = cluster().await else { return };
-    install_workload_crds(&admin).await;
-    let ns = TestNamespace::create(&admin).await;
+    let Some((admin, ns)) = workload_cluster().await else {
+        return;
+    };
     for (kind, manifest) in [
         (WorkloadKind::JobSet, jobset("plain", 1, json!({}))),
         (WorkloadKind::PyTorchJob, pytorchjob("plain", 1, json!({}))),

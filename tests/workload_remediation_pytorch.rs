@@ -134,9 +134,9 @@ async fn done(admin: &Client, ns: &str) -> memprof::api::RemediationRecord {
 
 #[tokio::test]
 async fn a_kueue_managed_pytorchjob_is_suspended_patched_and_resumed_by_the_executor() {
-    let Some(admin) = cluster().await else { return };
-    install_workload_crds(&admin).await;
-    let ns = TestNamespace::create(&admin).await;
+    let Some((admin, ns)) = workload_cluster().await else {
+        return;
+    };
     let ns = ns.name.as_str();
     let op = start_operator(&admin, ns);
     apply_policy(&admin, ns, "shrink", shrink_policy(false))
@@ -177,9 +177,9 @@ async fn a_kueue_managed_pytorchjob_is_suspended_patched_and_resumed_by_the_exec
 
 #[tokio::test]
 async fn a_pytorchjob_kueue_does_not_manage_is_recreated_at_the_top_level() {
-    let Some(admin) = cluster().await else { return };
-    install_workload_crds(&admin).await;
-    let ns = TestNamespace::create(&admin).await;
+    let Some((admin, ns)) = workload_cluster().await else {
+        return;
+    };
     let ns = ns.name.as_str();
     let op = start_operator(&admin, ns);
     apply_policy(&admin, ns, "shrink", shrink_policy(false))

@@ -185,9 +185,9 @@ async fn jobset_events(
 
 #[tokio::test]
 async fn a_kueue_managed_jobset_is_suspended_patched_and_resumed_by_the_executor_never_deleted() {
-    let Some(admin) = cluster().await else { return };
-    install_workload_crds(&admin).await;
-    let ns = TestNamespace::create(&admin).await;
+    let Some((admin, ns)) = workload_cluster().await else {
+        return;
+    };
     let ns = ns.name.as_str();
     let op = start_operator(&admin, ns);
     apply_policy(&admin, ns, "shrink", shrink_policy(false))
@@ -250,9 +250,9 @@ async fn a_kueue_managed_jobset_is_suspended_patched_and_resumed_by_the_executor
 
 #[tokio::test]
 async fn a_jobsets_risk_events_and_annotations_go_on_the_jobset() {
-    let Some(admin) = cluster().await else { return };
-    install_workload_crds(&admin).await;
-    let ns = TestNamespace::create(&admin).await;
+    let Some((admin, ns)) = workload_cluster().await else {
+        return;
+    };
     let ns = ns.name.as_str();
     let op = start_operator(&admin, ns);
     profiled_jobset(&admin, ns, json!({})).await;
@@ -290,9 +290,9 @@ async fn a_jobsets_risk_events_and_annotations_go_on_the_jobset() {
 
 #[tokio::test]
 async fn a_jobset_kueue_does_not_manage_is_recreated_at_the_top_level() {
-    let Some(admin) = cluster().await else { return };
-    install_workload_crds(&admin).await;
-    let ns = TestNamespace::create(&admin).await;
+    let Some((admin, ns)) = workload_cluster().await else {
+        return;
+    };
     let ns = ns.name.as_str();
     let op = start_operator(&admin, ns);
     apply_policy(&admin, ns, "shrink", shrink_policy(false))
@@ -348,9 +348,9 @@ async fn a_jobset_kueue_does_not_manage_is_recreated_at_the_top_level() {
 
 #[tokio::test]
 async fn a_dry_run_on_a_jobset_changes_nothing_and_names_the_action_it_would_take() {
-    let Some(admin) = cluster().await else { return };
-    install_workload_crds(&admin).await;
-    let ns = TestNamespace::create(&admin).await;
+    let Some((admin, ns)) = workload_cluster().await else {
+        return;
+    };
     let ns = ns.name.as_str();
     let op = start_operator(&admin, ns);
     apply_policy(&admin, ns, "shrink", shrink_policy(true))
@@ -381,9 +381,9 @@ async fn a_dry_run_on_a_jobset_changes_nothing_and_names_the_action_it_would_tak
 
 #[tokio::test]
 async fn an_operator_killed_mid_suspend_patch_resume_finishes_it_on_restart() {
-    let Some(admin) = cluster().await else { return };
-    install_workload_crds(&admin).await;
-    let ns = TestNamespace::create(&admin).await;
+    let Some((admin, ns)) = workload_cluster().await else {
+        return;
+    };
     let ns = ns.name.as_str();
     apply_policy(&admin, ns, "shrink", shrink_policy(false))
         .await
@@ -431,9 +431,9 @@ async fn an_operator_killed_mid_suspend_patch_resume_finishes_it_on_restart() {
 
 #[tokio::test]
 async fn notify_trainer_reaches_every_rank_of_the_jobset_across_its_child_jobs() {
-    let Some(admin) = cluster().await else { return };
-    install_workload_crds(&admin).await;
-    let ns = TestNamespace::create(&admin).await;
+    let Some((admin, ns)) = workload_cluster().await else {
+        return;
+    };
     let ns = ns.name.as_str();
     let op = start_operator(&admin, ns);
     let policy = json!({
@@ -497,9 +497,9 @@ async fn critical_with_checkpoint(
 
 #[tokio::test]
 async fn a_jobsets_change_waits_for_every_ranks_next_checkpoint_across_its_child_jobs() {
-    let Some(admin) = cluster().await else { return };
-    install_workload_crds(&admin).await;
-    let ns = TestNamespace::create(&admin).await;
+    let Some((admin, ns)) = workload_cluster().await else {
+        return;
+    };
     let ns = ns.name.as_str();
     let op = start_operator(&admin, ns);
     let mut policy = shrink_policy(false);
@@ -550,9 +550,9 @@ async fn a_jobsets_change_waits_for_every_ranks_next_checkpoint_across_its_child
 
 #[tokio::test]
 async fn accumulation_keeps_the_global_batch_of_a_suspended_patched_jobset() {
-    let Some(admin) = cluster().await else { return };
-    install_workload_crds(&admin).await;
-    let ns = TestNamespace::create(&admin).await;
+    let Some((admin, ns)) = workload_cluster().await else {
+        return;
+    };
     let ns = ns.name.as_str();
     let op = start_operator(&admin, ns);
     let mut policy = shrink_policy(false);
@@ -585,9 +585,9 @@ async fn accumulation_keeps_the_global_batch_of_a_suspended_patched_jobset() {
 
 #[tokio::test]
 async fn a_jobset_without_the_env_var_is_skipped_once_with_the_reason() {
-    let Some(admin) = cluster().await else { return };
-    install_workload_crds(&admin).await;
-    let ns = TestNamespace::create(&admin).await;
+    let Some((admin, ns)) = workload_cluster().await else {
+        return;
+    };
     let ns = ns.name.as_str();
     let op = start_operator(&admin, ns);
     apply_policy(&admin, ns, "shrink", shrink_policy(false))

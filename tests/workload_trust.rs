@@ -95,9 +95,9 @@ async fn create_job(client: &Client, ns: &str, manifest: serde_json::Value) -> J
 /// the JobSet's; the genuine child relabelled to move its rank loses its link.
 #[tokio::test]
 async fn a_tenant_s_job_claiming_another_team_s_jobset_does_not_roll_up_under_it() {
-    let Some(admin) = cluster().await else { return };
-    install_workload_crds(&admin).await;
-    let ns = TestNamespace::create(&admin).await;
+    let Some((admin, ns)) = workload_cluster().await else {
+        return;
+    };
     let hooks = admission(&admin, &ns.name).await;
     let jobs_rules = json!([{"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["create", "get", "list", "watch"]}]);
     let controller = user_with(&admin, &ns.name, JOBSET_CONTROLLER, jobs_rules.clone()).await;
@@ -203,9 +203,9 @@ async fn a_tenant_s_job_claiming_another_team_s_jobset_does_not_roll_up_under_it
 /// trainer's own JobSet and its child Job roll up under the TrainJob.
 #[tokio::test]
 async fn a_jobset_the_tenant_made_under_another_team_s_trainjob_stays_the_tenant_s() {
-    let Some(admin) = cluster().await else { return };
-    install_workload_crds(&admin).await;
-    let ns = TestNamespace::create(&admin).await;
+    let Some((admin, ns)) = workload_cluster().await else {
+        return;
+    };
     let hooks = admission(&admin, &ns.name).await;
     let js_rules = json!([{"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"], "verbs": ["create", "get", "list", "watch"]},
                           {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch"]}]);
@@ -262,9 +262,9 @@ async fn a_jobset_the_tenant_made_under_another_team_s_trainjob_stays_the_tenant
 /// and the genuine pod relabelled to another rank no longer counts.
 #[tokio::test]
 async fn a_tenant_s_pod_claiming_another_team_s_pytorchjob_does_not_count() {
-    let Some(admin) = cluster().await else { return };
-    install_workload_crds(&admin).await;
-    let ns = TestNamespace::create(&admin).await;
+    let Some((admin, ns)) = workload_cluster().await else {
+        return;
+    };
     let hooks = admission(&admin, &ns.name).await;
     let operator = user_with(&admin, &ns.name, TRAINING_OPERATOR, pod_rules()).await;
     let tenant = user_with(

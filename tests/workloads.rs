@@ -75,9 +75,9 @@ async fn report_of_child(
 
 #[tokio::test]
 async fn a_jobset_gets_one_profile_rolled_up_over_its_child_jobs() {
-    let Some(admin) = cluster().await else { return };
-    install_workload_crds(&admin).await;
-    let ns = TestNamespace::create(&admin).await;
+    let Some((admin, ns)) = workload_cluster().await else {
+        return;
+    };
     let op = start_operator(&admin, &ns.name);
     let js = create(
         &admin,
@@ -179,9 +179,9 @@ async fn a_jobset_gets_one_profile_rolled_up_over_its_child_jobs() {
 /// JobSet's child: one profile per workload.
 #[tokio::test]
 async fn a_child_s_own_profile_from_before_its_link_proved_is_deleted() {
-    let Some(admin) = cluster().await else { return };
-    install_workload_crds(&admin).await;
-    let ns = TestNamespace::create(&admin).await;
+    let Some((admin, ns)) = workload_cluster().await else {
+        return;
+    };
     let js = create(
         &admin,
         &ns.name,

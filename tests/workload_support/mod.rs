@@ -5,7 +5,7 @@
 //! (the local control plane runs none of them).
 #![allow(dead_code)]
 
-use crate::common::eventually;
+use crate::common::{cluster, eventually, TestNamespace};
 use crate::webhook_support::{Registration, NS_LABEL};
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -21,6 +21,15 @@ pub const JOBSET_CONTROLLER: &str = "jobset-controller-test";
 pub const TRAINING_OPERATOR: &str = "training-operator-test";
 /// Who plays Kubeflow Trainer (creates a TrainJob's JobSet).
 pub const TRAINER: &str = "trainer-test";
+
+/// The cluster with the stand-in CRDs installed and a namespace of the
+/// test's own; `None` where no cluster is configured (the test is skipped).
+pub async fn workload_cluster() -> Option<(Client, TestNamespace)> {
+    let admin = cluster().await?;
+    install_workload_crds(&admin).await;
+    let ns = TestNamespace::create(&admin).await;
+    Some((admin, ns))
+}
 
 /// Installs the stand-in CRDs (server-side apply: idempotent, shared by
 /// every test; left installed like memprof's own) and waits until served.
