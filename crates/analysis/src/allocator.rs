@@ -311,11 +311,16 @@ impl AgentDevice {
         self.trend.push(t, d);
         push_point(&mut self.retries, (t, d.alloc_retries));
         self.last = d.clone();
+        self.note_pace(t, &th.fast);
+    }
+
+    /// The pace at the newest push, and the leak flag it raises.
+    fn note_pace(&mut self, t: f64, th: &Thresholds) {
         self.pace = self
             .recent
-            .pace(th.fast.leak_bytes_per_second, self.limit_or_total());
+            .pace(th.leak_bytes_per_second, self.limit_or_total());
         let raw = self.short_leak();
-        self.leak.update(t, raw, Hold::from_thresholds(&th.fast));
+        self.leak.update(t, raw, Hold::from_thresholds(th));
     }
 
     /// Reserved memory's rise since the previous push: one more segment.
