@@ -293,17 +293,12 @@ fn rfc3339(t: f64) -> String {
 fn oom_summary(t: f64, o: &memprof_api::agent::OomSnapshot) -> OomSnapshotSummary {
     let mut message = o.message.clone();
     truncate_utf8(&mut message, 512);
-    let source = match o.source {
-        memprof_api::agent::SnapshotSource::History => "history",
-        memprof_api::agent::SnapshotSource::Segments => "segments",
-        memprof_api::agent::SnapshotSource::None => "none",
-    };
     OomSnapshotSummary {
         time: rfc3339(t),
         device: o.device,
         requested_bytes: o.requested_bytes,
         message,
-        source: source.into(),
+        source: o.source.as_str().into(),
         blocks: o
             .blocks
             .iter()
