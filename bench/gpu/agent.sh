@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The in-process agent on a real GPU (issue 9): a real PyTorch trainer with
+# The in-process agent on a real GPU: a real PyTorch trainer with
 # the agent started by the startup hook (PYTHONPATH, no code change), the
 # real memprof-sidecar (--standalone --backend nvml, 1 s) beside it, its
 # report polled once a second.
@@ -9,7 +9,7 @@
 # Phases:
 #   leak:RATE,HEADROOM,MAXDUR   train.py's leak (RATE MB/s until the CUDA OOM), history on
 #   leakdefault:RATE,HEADROOM,MAXDUR  the same in the default deployment: history off
-#                               until the sidecar's verdict reaches high (issue 18 item 4)
+#                               until the sidecar's verdict reaches high
 #   grow:DUR                    agent_train.py grow (sequence length grows: cache, no leak)
 #   frag:DUR                    agent_train.py frag, then again with expandable_segments:True
 #   ab:DUR,WIN                  agent_train.py ab: step time with the agent on/off

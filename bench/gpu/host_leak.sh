@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU proof of the host-memory analysis (issue 19 item 2): two runs of
+# GPU proof of the host-memory analysis: two runs of
 # bench/gpu/host_leak.py under `memprof profile` (the standalone sidecar and
 # the in-process agent, no code change), ~100 s each:
 #   leak  a Python list keeps 30 MB/s of CPU tensors (GPU memory flat);

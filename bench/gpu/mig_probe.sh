@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# What NVML says about MIG on this machine, and what memprof does with it
-# (issue 20). Self-checking: exits non-zero if the sidecar would report a
+# What NVML says about MIG on this machine, and what memprof does with it.
+# Self-checking: exits non-zero if the sidecar would report a
 # MIG-enabled GPU's memory as a pod's. On a GPU without MIG mode (the lab's
 # H100) it records that NVML says so and that every GPU is sampled whole.
 #

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `memprof node-check` on a real GPU machine (issue 20): does it find the
+# `memprof node-check` on a real GPU machine: does it find the
 # GPU device nodes and say which gpuAccess mode to pick? Self-checking: exits
 # non-zero when nvidia-smi sees GPUs but node-check finds none, when the
 # number of /dev/nvidiaN it lists differs from nvidia-smi's count, or when it

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The recording campaign of issue 17: real PyTorch trainers on one GPU, each
+# The recording campaign: real PyTorch trainers on one GPU, each
 # beside the real release sidecar, recorded so that memprof's leak flag and
 # time to OOM can be tuned (SET=dev) and then judged on data they were not
 # tuned on (SET=heldout).
@@ -95,7 +95,7 @@
 #| heldout  slowleak    leak  90     96   --seed 108 --d-model 1280 --layers 10 --heads 10 --seq 768 --vocab 50304 --batch-schedule 6 --peak-every 12 --leak-mbps 22 --leak-at 4 --headroom-gb 30 --duration 90
 #| heldout  steadyeval  none  60     66   --seed 109 --d-model 1280 --layers 10 --heads 10 --seq 768 --vocab 50304 --batch-schedule 6 --peak-every 8 --eval-every 9 --eval-batches 5 --eval-batch 12 --eval-seq 1536 --duration 60
 #
-# The fresh set (recorded 2026-11-24 with the sidecar and agent after issue 17,
+# The fresh set (recorded 2026-11-24 with the sidecar and agent,
 # judged once before any tuning on it): another shape again (d 1536, 12
 # layers, 12 heads, seq 512, vocab 32000, a 2x sequence every 6 steps where
 # peak-every is 6), rates 2.5/0.9/0.3 GB/s, 600 and 150 MB/s, 40 MB/s,
@@ -110,7 +110,7 @@
 #| fresh    slowleak    leak  90     96   --seed 208 --d-model 1536 --layers 12 --heads 12 --seq 512 --vocab 32000 --batch-schedule 6 --peak-every 9 --leak-mbps 40 --leak-at 4 --headroom-gb 25 --duration 90
 #| fresh    steadyeval  none  60     66   --seed 209 --d-model 1536 --layers 12 --heads 12 --seq 512 --vocab 32000 --batch-schedule 8 --peak-every 6 --eval-every 10 --eval-batches 4 --eval-batch 16 --eval-seq 1024 --duration 60
 #
-# The causes sets (issue 29; recorded on an H200 with the sidecar and agent of
+# The causes sets (recorded on an H200 with the sidecar and agent of
 # that day): every cause of a CUDA OOM that is not a leak, each living
 # >= 90 s where it can, and legitimate runs that must raise nothing. Truth
 # `other`: an OOM of another cause, named by the summary's `cause` (with

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU proof of `memprof sweep` (issue 10): a batch sweep of a LoRA fine-tune
+# GPU proof of `memprof sweep`: a batch sweep of a LoRA fine-tune
 # (bench/gpu/sweep_trainer.py: Llama-shaped decoder, ~0.95B parameters in
 # bf16, peft LoRA r=16 on every projection, sequence 2048) over batch sizes
 # that straddle the GPU's memory, each in its own process with the agent

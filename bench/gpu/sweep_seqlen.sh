@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU proof of the sweep's memory model (issue 17 item 8): a sequence-length
+# GPU proof of the sweep's memory model: a sequence-length
 # sweep of an eager-attention decoder (bench/gpu/sweep_attn_trainer.py:
 # explicit softmax(QKᵀ)V, memory quadratic in SEQ_LEN) over the issue's grid
 # 1024,2048,3072,4096. The sweep fits its model, runs its verification

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A two-process torchrun on one GPU, profiled without Kubernetes and rolled
-# up locally (issue 19 item 9): torchrun starts one `memprof profile` per
+# up locally: torchrun starts one `memprof profile` per
 # rank (--no-python), each profile starts its sidecar (NVML, GPU 0) and the
 # rank's trainer with the agent auto-started (--agent-path, no code change);
 # then `memprof rollup` rolls the two reports up with the operator's roll-up.
