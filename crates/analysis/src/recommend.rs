@@ -172,6 +172,18 @@ pub struct JobFacts {
 /// One recommendation per role (at most [`MAX_RECOMMENDED_ROLES`], by
 /// name) from each counted rank's role and evidence.
 pub fn recommend(ranks: &[(String, RankEvidence)], job: JobFacts) -> Vec<RoleRecommendation> {
+    recommend_roles(ranks, job.ranks, |_| job.phases)
+}
+
+/// [`recommend`] where each role waits for phases of its own
+/// (`phases_of(role)`): a workload's roles are made from different
+/// templates (a JobSet's replicated jobs), each with its own annotation.
+/// `total_ranks` is the whole workload's (NCCL's buffers when more than one).
+pub fn recommend_roles<'a>(
+    ranks: impl IntoIterator<Item = &'a (String, RankEvidence)>,
+    total_ranks: u32,
+    phases_of: impl Fn(&str) -> Phases,
+) -> Vec<RoleRecommendation> {
     let mut roles: BTreeMap<&str, Vec<&RankEvidence>> = BTreeMap::new();
     for (role, ev) in ranks {
         roles.entry(role.as_str()).or_default().push(ev);
@@ -179,7 +191,13 @@ pub fn recommend(ranks: &[(String, RankEvidence)], job: JobFacts) -> Vec<RoleRec
     roles
         .into_iter()
         .take(MAX_RECOMMENDED_ROLES)
-        .map(|(role, evs)| for_role(role, &evs, job))
+        .map(|(role, evs)| {
+            let job = JobFacts {
+                ranks: total_ranks,
+                phases: phases_of(role),
+            };
+            for_role(role, &evs, job)
+        })
         .collect()
 }
 

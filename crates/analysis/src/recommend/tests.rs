@@ -233,6 +233,41 @@ fn roles_are_recommended_apart_and_bounded() {
     assert_eq!(out[1].peak_bytes, Some(11 * G));
 }
 
+/// Each role of a workload waits for its own phases: a driver that never
+/// evaluates gets its request from training steps while the workers still
+/// wait for their evaluation; NCCL's buffers count for the whole workload.
+#[test]
+fn each_role_waits_for_the_phases_it_requires() {
+    let evs = vec![
+        (
+            "driver".to_string(),
+            evidence(&report(2 * G, 10, &["forward"])),
+        ),
+        (
+            "workers".to_string(),
+            evidence(&report(20 * G, 10, &["forward"])),
+        ),
+    ];
+    let none = Phases {
+        evaluation: false,
+        checkpoint: false,
+    };
+    let phases_of = |role: &str| match role {
+        "driver" => none,
+        _ => Phases::default(),
+    };
+    let out = recommend_roles(&evs, 3, phases_of);
+    assert_eq!(out.len(), 2);
+    let (driver, workers) = (&out[0], &out[1]);
+    assert_eq!(driver.role, "driver");
+    assert!(driver.request_bytes.is_some(), "{driver:?}");
+    assert!(driver.basis.phases_required.is_empty());
+    assert_eq!(workers.request_bytes, None, "{workers:?}");
+    assert!(workers.reason.contains("no evaluation phase yet"));
+    assert_eq!(workers.basis.phases_required.len(), 2);
+    assert_eq!(driver.context_bytes, CONTEXT_BYTES + NCCL_BYTES, "3 ranks");
+}
+
 /// A peak that creeps up by 1 MiB per report over 1,000 reports, and then
 /// wobbles at a step's edge, changes what is written a bounded number of
 /// times: once per 128 MiB step risen, never on a wobble.

@@ -34,7 +34,7 @@ mod batch;
 mod recommend;
 use batch::slim_containers;
 pub use batch::{batch_env, batch_of, with_batch_fit};
-pub use recommend::{rank_role, with_recommendation};
+pub use recommend::{rank_role, with_recommendation, WorkloadEvidence};
 
 /// Whether a Job asked to be profiled (`memprof.dev/enabled: "true"`).
 pub fn profiling_enabled(job: &Job) -> bool {

@@ -93,7 +93,10 @@ pub(super) async fn run(ctx: &Context, key: &JobKey) -> Result<Option<Duration>>
     }
     ensure_profile(ctx, key, &pt, shape.ranks()).await?;
     let now = Timestamp::now();
-    let out = roll_up_now(ctx, key, Layout::PyTorchJob { uid, shape }, now);
+    let mut out = roll_up_now(ctx, key, Layout::PyTorchJob { uid, shape }, now);
+    if let Err(e) = out.evidence.require(None, pt.annotations()) {
+        warn!(workload = %key, error = %e, "memprof.dev/recommend-phases ignored");
+    }
     let refused: Vec<Rejected> = out
         .refused
         .into_iter()
@@ -101,7 +104,8 @@ pub(super) async fn run(ctx: &Context, key: &JobKey) -> Result<Option<Duration>>
         .collect();
     let recorded = || cached_profile(ctx, key).and_then(|p| p.status.clone());
     let previous = ctx.writer.view(key).or_else(recorded);
-    let desired = desired_status_from(&out.rollup, &refused, previous.as_ref(), now);
+    let mut desired = desired_status_from(&out.rollup, &refused, previous.as_ref(), now);
+    out.evidence.apply(&mut desired.status, shape.ranks());
     ctx.writer.submit(
         key,
         Analysis {

@@ -33,7 +33,7 @@
 use super::tracked::{desired_of, report_of};
 use super::watch::{Caches, LABEL_JOB_NAME};
 use crate::key::JobKey;
-use crate::operator::reconcile::DesiredStatus;
+use crate::operator::reconcile::{DesiredStatus, WorkloadEvidence};
 use crate::workload::rank::JobSetShape;
 use crate::workload::resolve::{link_identity, step, Step, Workload};
 use crate::workload::rollup::{screen, Layout};
@@ -43,7 +43,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
 use memprof_analysis::{JobRollup, RollupLimits};
 use memprof_api::admission::KeyRing;
-use memprof_api::workload::{WorkloadKind, LABEL_JOBSET_NAME};
+use memprof_api::workload::{split_identity, WorkloadKind, LABEL_JOBSET_NAME};
 use memprof_api::{MemoryProfileStatus, LABEL_JOB};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -81,6 +81,8 @@ pub(super) struct WorkloadTracked {
     refused: BTreeMap<String, String>,
     /// Every report screened, with the child Job (name) it claims.
     known: HashMap<String, String>,
+    /// The counted reports' recommendation evidence, by role.
+    evidence: WorkloadEvidence,
     pub(super) full_pass: Instant,
 }
 
@@ -98,6 +100,7 @@ impl WorkloadTracked {
             rollup: JobRollup::new(Some(shape.ranks()), RollupLimits::default()),
             refused: BTreeMap::new(),
             known: HashMap::new(),
+            evidence: WorkloadEvidence::default(),
             // A full pass first.
             full_pass: Instant::now() - FULL_PASS,
         }
@@ -180,6 +183,12 @@ impl WorkloadTracked {
         let before = self.layout_members().get(&uid).cloned();
         match &identity {
             Some(id) => {
+                // Its replicated job's phases: the JobSet controller copies
+                // the template's annotations onto each of its Jobs.
+                let role = split_identity(id).map(|(r, _)| r);
+                if let Err(e) = self.evidence.require(role, job.annotations()) {
+                    tracing::warn!(job = %here.name, error = %e, "memprof.dev/recommend-phases ignored");
+                }
                 self.layout_members().insert(uid.clone(), id.clone());
                 self.by_name.insert(here.name.clone(), uid.clone());
                 let name = here.name;
@@ -258,9 +267,12 @@ impl WorkloadTracked {
         ) {
             Ok((spec, meta)) => {
                 self.refused.remove(name);
+                let role = spec.rank.and_then(|r| self.layout.role(r));
+                self.evidence.upsert(name, role, &spec);
                 self.rollup.upsert_with(name, &spec, meta);
             }
             Err(why) => {
+                self.evidence.remove(name);
                 self.rollup.remove(name);
                 self.refused.insert(name.to_string(), why);
             }
@@ -268,6 +280,7 @@ impl WorkloadTracked {
     }
 
     fn forget(&mut self, name: &str) {
+        self.evidence.remove(name);
         self.rollup.remove(name);
         self.refused.remove(name);
         self.known.remove(name);
@@ -279,6 +292,9 @@ impl WorkloadTracked {
         previous: Option<&MemoryProfileStatus>,
         now: Timestamp,
     ) -> (DesiredStatus, Option<Timestamp>) {
-        desired_of(&self.rollup, &self.refused, previous, now)
+        let (mut desired, next) = desired_of(&self.rollup, &self.refused, previous, now);
+        self.evidence
+            .apply(&mut desired.status, self.layout.ranks());
+        (desired, next)
     }
 }

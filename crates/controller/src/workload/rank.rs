@@ -135,6 +135,13 @@ impl JobSetShape {
         }
         Some(g.first + index * g.per_job + completion)
     }
+
+    /// The replicated job rank `rank` belongs to (its role in the
+    /// recommendation); `None` outside the shape.
+    pub fn role(&self, rank: u32) -> Option<&str> {
+        let g = self.groups.iter().rev().find(|g| g.first <= rank)?;
+        (rank < g.first + g.replicas * g.per_job).then_some(g.name.as_str())
+    }
 }
 
 /// How a PyTorchJob's ranks are laid out: its masters, then its workers.
@@ -172,6 +179,16 @@ impl PyTorchShape {
         match rtype {
             "master" if index < self.masters => Some(index),
             "worker" if index < self.workers => Some(self.masters + index),
+            _ => None,
+        }
+    }
+
+    /// The replica type rank `rank` belongs to, as the PyTorchJob's spec
+    /// names it (`Master`, `Worker`); `None` outside the shape.
+    pub fn role(&self, rank: u32) -> Option<&'static str> {
+        match rank {
+            r if r < self.masters => Some("Master"),
+            r if r < self.ranks() => Some("Worker"),
             _ => None,
         }
     }

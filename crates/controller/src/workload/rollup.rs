@@ -14,9 +14,12 @@
 //!   its replica identity's.
 //!
 //! The rank a sidecar wrote in its report is ignored: it is the pod's word.
+//! So is any role: a counted report's recommendation evidence goes under
+//! the role of its workload rank ([`Layout::role`]).
 
 use super::pods::{pytorch_pod, PodRefused};
 use super::rank::{JobSetShape, PyTorchShape};
+use crate::operator::reconcile::WorkloadEvidence;
 use crate::operator::trust::{admit, check_written, PodFacts, Rejection};
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -52,6 +55,16 @@ impl Layout {
         match self {
             Layout::JobSet { shape, .. } => shape.ranks(),
             Layout::PyTorchJob { shape, .. } => shape.ranks(),
+        }
+    }
+
+    /// The role of workload rank `rank` in the recommendation: a JobSet's
+    /// replicated job (a TrainJob's, through its JobSet), a PyTorchJob's
+    /// replica type; `None` outside the layout.
+    pub fn role(&self, rank: u32) -> Option<&str> {
+        match self {
+            Layout::JobSet { shape, .. } => shape.role(rank),
+            Layout::PyTorchJob { shape, .. } => shape.role(rank),
         }
     }
 
@@ -139,6 +152,8 @@ pub struct WorkloadRollup {
     pub rollup: JobRollup,
     /// Reports claiming the workload that do not count: name → why.
     pub refused: BTreeMap<String, String>,
+    /// The counted reports' recommendation evidence, by role.
+    pub evidence: WorkloadEvidence,
 }
 
 /// Rolls up `reports` (those claiming the workload's Jobs or pods), `pods`
@@ -153,12 +168,17 @@ pub fn roll_up(
     let mut out = WorkloadRollup {
         rollup: JobRollup::new(Some(layout.ranks()), RollupLimits::default()),
         refused: BTreeMap::new(),
+        evidence: WorkloadEvidence::default(),
     };
     for report in reports {
         let name = report.metadata.name.clone().unwrap_or_default();
         let pod = pods.get(report.spec.pod_name.as_str()).copied();
         match counted(report, pod, layout, keys, now) {
-            Ok((spec, meta)) => out.rollup.upsert_with(&name, &spec, meta),
+            Ok((spec, meta)) => {
+                let role = spec.rank.and_then(|r| layout.role(r));
+                out.evidence.upsert(&name, role, &spec);
+                out.rollup.upsert_with(&name, &spec, meta);
+            }
             Err(why) => {
                 out.refused.insert(name, why.to_string());
             }

@@ -229,3 +229,66 @@ fn reports_still_obey_the_report_rules() {
     assert!(out.refused["pt-worker-1"].contains("does not exist"));
     assert_eq!(out.rollup.status(ts(20)).ranks_reporting, 0);
 }
+
+/// Each counted report's recommendation evidence goes under the role of
+/// its rank in the workload: a JobSet's replicated job, a PyTorchJob's
+/// replica type; a refused report adds none, whatever it claims.
+#[test]
+fn counted_reports_are_recommended_for_by_the_role_of_their_workload_rank() {
+    let spec = json!({"replicatedJobs": [
+        {"name": "driver", "replicas": 1, "template": {"spec": {"parallelism": 1}}},
+        {"name": "workers", "replicas": 2, "template": {"spec": {"parallelism": 1}}}]});
+    let layout = Layout::JobSet {
+        shape: JobSetShape::from_spec(&spec).unwrap(),
+        members: BTreeMap::from([
+            ("d".to_string(), "driver/0".to_string()),
+            ("w0".to_string(), "workers/0".to_string()),
+            ("w1".to_string(), "workers/1".to_string()),
+        ]),
+    };
+    let pods = vec![
+        job_pod("d-a", "d", 0),
+        job_pod("w0-a", "w0", 0),
+        job_pod("w1-a", "w1", 0),
+        job_pod("forged-a", "tenant-job", 0),
+    ];
+    let reports: Vec<_> = ["d-a", "w0-a", "w1-a", "forged-a"]
+        .iter()
+        .map(|p| report(p, 40, 0))
+        .collect();
+    let roles = |out: &WorkloadRollup| {
+        let mut st = memprof_api::MemoryProfileStatus::default();
+        out.evidence.apply(&mut st, 3);
+        st.recommendation
+            .iter()
+            .map(|r| (r.role.clone(), r.basis.ranks))
+            .collect::<Vec<_>>()
+    };
+    let out = run(&reports, &pods, &layout);
+    assert_eq!(
+        roles(&out),
+        [("driver".to_string(), 1), ("workers".to_string(), 2)]
+    );
+    let spec =
+        json!({"pytorchReplicaSpecs": {"Master": {"replicas": 1}, "Worker": {"replicas": 2}}});
+    let layout = Layout::PyTorchJob {
+        uid: "pt".into(),
+        shape: PyTorchShape::from_spec(&spec).unwrap(),
+    };
+    let pods = vec![
+        pytorch_pod_meta("pt-master-0", "pt", "master", 0, true),
+        pytorch_pod_meta("pt-worker-0", "pt", "worker", 0, true),
+        pytorch_pod_meta("pt-worker-1", "pt", "worker", 1, true),
+        pytorch_pod_meta("pt-master-9", "pt", "master", 0, false),
+    ];
+    let reports: Vec<_> = ["pt-master-0", "pt-worker-0", "pt-worker-1", "pt-master-9"]
+        .iter()
+        .map(|p| report(p, 40, 0))
+        .collect();
+    let out = run(&reports, &pods, &layout);
+    assert_eq!(
+        roles(&out),
+        [("Master".to_string(), 1), ("Worker".to_string(), 2)]
+    );
+    assert_eq!((layout.role(2), layout.role(3)), (Some("Worker"), None));
+}
