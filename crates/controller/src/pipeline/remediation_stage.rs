@@ -11,10 +11,13 @@ use crate::key::JobKey;
 use crate::operator::reconcile::profiling_enabled;
 use crate::operator::trust;
 use crate::remediation::oom::SIDECAR_CONTAINER;
+use crate::remediation::ranks::Counted;
 use crate::remediation::{
-    decide, notify, oom, CountedReports, Decision, Executor, JobCheckpoints, Target,
+    decide, notify, oom, CountedReports, Decision, Executor, JobCheckpoints, Ranks, Target,
 };
+use crate::workload::rank::PyTorchShape;
 use crate::workload::read::api_resource;
+use crate::workload::rollup::Layout;
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
@@ -26,6 +29,7 @@ use memprof_api::{
     RemediationRecord, MAX_HISTORY,
 };
 use memprof_policy::triggers::PHASE_PENDING;
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -107,7 +111,7 @@ pub(super) fn run_workload(ctx: &Arc<Context>, wkey: &JobKey, target: &Target) -
     }
     if let Some(pending) = view.remediations.iter().find(|r| r.phase == PHASE_PENDING) {
         let (key, record) = (wkey.clone(), pending.clone());
-        let ranks = checkpoints_of(ctx, &target.ranks);
+        let ranks = checkpoints_of(&workload_counted(ctx, &wkey.namespace, &target.ranks));
         spawn_one(ctx, &key, exec.resume(key.clone(), record, ranks));
         return None;
     }
@@ -147,11 +151,15 @@ fn workload_target(
         // Its labels (the selector's, Kueue's queue) are not in the slim
         // cache: read by a task, again at most every 60 s.
         let known = exec.target(&f.key).filter(|t| t.uid == uid);
-        if known.is_none_or(|t| t.read.elapsed() > Duration::from_secs(60)) {
-            let (key, kind) = (f.key.clone(), WorkloadKind::PyTorchJob);
-            let read = exec.clone().read_target(key.clone(), kind, uid, ranks);
-            spawn_one(ctx, &key, read);
-            return Some(None);
+        match known.filter(|t| t.read.elapsed() <= Duration::from_secs(60)) {
+            // Its layout as cached now (a resize is seen at once).
+            Some(t) => exec.set_target(&f.key, Target { ranks, ..t }),
+            None => {
+                let (key, kind) = (f.key.clone(), WorkloadKind::PyTorchJob);
+                let read = exec.clone().read_target(key.clone(), kind, uid, ranks);
+                spawn_one(ctx, &key, read);
+                return Some(None);
+            }
         }
     }
     let job_uid = f.job.as_ref().and_then(|j| j.uid());
@@ -173,16 +181,27 @@ fn profile_owner(ctx: &Context, key: &JobKey) -> Option<String> {
 
 /// The uid and ranks of the PyTorchJob under `f`'s key, when it is
 /// profiled and the profile is its own (names its uid as owner): its ranks
-/// are the pods it controls whose reports claim its name.
-fn pytorch_ranks(ctx: &Context, f: &Fetched) -> Option<(String, Vec<(JobKey, String)>)> {
+/// are the reports claiming its name whose pods its layout proves its own,
+/// as its roll-up counts them.
+fn pytorch_ranks(ctx: &Context, f: &Fetched) -> Option<(String, Ranks)> {
     let kind = WorkloadKind::PyTorchJob;
     let at = ObjectRef::new_with(&f.key.name, api_resource(kind)).within(&f.key.namespace);
-    let uid = ctx.pytorch.jobs.get(&at)?.uid()?;
+    let pt = ctx.pytorch.jobs.get(&at)?;
+    let uid = pt.uid()?;
     // From the cache: the Job path's `Fetched` hides a workload's profile.
     let at = ObjectRef::new(&f.key.name).within(&f.key.namespace);
     let owns = |p: &Arc<MemoryProfile>| p.owner_references().iter().any(|o| o.uid == uid);
     ctx.caches.profiles.get(&at).filter(owns)?;
-    Some((uid.clone(), vec![(f.key.clone(), uid)]))
+    // A malformed spec has no profile either (its pipeline says why).
+    let shape = PyTorchShape::from_spec(&pt.data["spec"]).ok()?;
+    let ranks = Ranks {
+        claims: BTreeSet::from([f.key.name.clone()]),
+        layout: Layout::PyTorchJob {
+            uid: uid.clone(),
+            shape,
+        },
+    };
+    Some((uid, ranks))
 }
 
 /// Spawns `task` for workload profile `key` unless one runs: the check and
@@ -292,12 +311,10 @@ fn counted_reports(ctx: &Context, key: &JobKey) -> Vec<Arc<MemoryReport>> {
 /// pending, and a restarted operator has none for the Job.
 impl CountedReports for Context {
     fn counted(&self, key: &JobKey) -> Vec<Arc<MemoryReport>> {
-        // A workload's ranks are its member Jobs' counted reports, all of them.
+        // A workload's ranks: exactly those its roll-up counts.
         if let Some(target) = self.executor.as_ref().and_then(|e| e.target(key)) {
-            let ranks = target.ranks.iter();
-            return ranks
-                .flat_map(|(k, uid)| screened_reports(self, k, uid))
-                .collect();
+            let counted = workload_counted(self, &key.namespace, &target.ranks);
+            return counted.into_iter().map(|(r, _)| r).collect();
         }
         let job = self
             .caches
@@ -339,25 +356,43 @@ fn counted_checkpoints(ctx: &Context, key: &JobKey, job: Option<&Job>) -> JobChe
     let Some(uid) = job.and_then(|j| j.uid()) else {
         return JobCheckpoints::default();
     };
-    checkpoints_of(ctx, &[(key.clone(), uid)])
-}
-
-/// The newest checkpoints of the counted ranks of every Job of `jobs`
-/// (key, uid): one Job's, or all of a workload's.
-fn checkpoints_of(ctx: &Context, jobs: &[(JobKey, String)]) -> JobCheckpoints {
-    let counted: Vec<(&JobKey, Arc<MemoryReport>)> = jobs
-        .iter()
-        .flat_map(|(key, uid)| {
-            screened_reports(ctx, key, uid)
-                .into_iter()
-                .map(move |r| (key, r))
+    let counted: Vec<Counted> = screened_reports(ctx, key, &uid)
+        .into_iter()
+        .map(|r| {
+            let pod = pod_of(&ctx.caches, key, &r.spec.pod_name);
+            (r, pod)
         })
         .collect();
+    checkpoints_of(&counted)
+}
+
+/// The reports of workload ranks `ranks` in namespace `ns` that count now,
+/// with their pods: one scan of the report cache (O(cached reports)),
+/// called only while a remediation is pending or a tally open.
+fn workload_counted(ctx: &Context, ns: &str, ranks: &Ranks) -> Vec<Counted> {
+    let claiming = ctx.caches.reports.state_filter(|r| {
+        r.metadata.namespace.as_deref() == Some(ns)
+            && r.labels()
+                .get(memprof_api::LABEL_JOB)
+                .is_some_and(|j| ranks.claims.contains(j))
+    });
+    // Where the cache of the layout's pods is: the training operator's
+    // pods are watched apart from the Job controller's.
+    let pods = match ranks.layout {
+        Layout::PyTorchJob { .. } => &ctx.pytorch.pods,
+        Layout::JobSet { .. } => &ctx.caches.pods,
+    };
+    let pod_of = |name: &str| pods.get(&ObjectRef::new(name).within(ns));
+    let keys = ctx.setup.options.admission.ring();
+    ranks.counted(claiming, pod_of, &keys, Timestamp::now())
+}
+
+/// The newest checkpoints of `counted` ranks (one Job's, or all of a
+/// workload's), and how many of their trainers have exited.
+fn checkpoints_of(counted: &[Counted]) -> JobCheckpoints {
     let mut ranks =
-        JobCheckpoints::new(counted.iter().map(|(_, r)| r.spec.last_checkpoint.clone()));
-    let pods = counted
-        .iter()
-        .filter_map(|(key, r)| pod_of(&ctx.caches, key, &r.spec.pod_name));
+        JobCheckpoints::new(counted.iter().map(|(r, _)| r.spec.last_checkpoint.clone()));
+    let pods = counted.iter().filter_map(|(_, p)| p.as_deref());
     ranks.exited = pods.filter(|p| trainer_exited(p)).count() as u32;
     ranks
 }

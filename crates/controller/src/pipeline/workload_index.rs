@@ -1,31 +1,37 @@
-//! A JobSet's roll-up kept between the reconciles of its child Jobs, so
-//! that a report event costs what it costs for a Job: O(changed reports)
-//! (times log ranks), not a pass over every rank of the JobSet.
+//! A workload's roll-up kept between reconciles, so that a report event
+//! costs what it costs for a Job: O(changed reports) (times log ranks),
+//! not a pass over every rank of the workload. One home for every kind
+//! above Jobs: a JobSet's (a TrainJob's, through its JobSet), rolled up
+//! across its child Jobs, and a PyTorchJob's, over the pods it controls.
 //!
-//! Before, each reconcile of a child Job found the JobSet's members by a
-//! scan of every cached Job (one workload-mark HMAC per child), then every
-//! member's reports and pods by a scan of the report and pod caches per
-//! member (O(children × cached reports)), and rolled all of them up again
-//! (two HMACs per report): at 2,048 ranks in 256 child Jobs of 8 pods,
-//! 853 ms per reconcile against a Job's 1.7 ms, the operator saturated at
-//! 6.4× a Job's CPU per report event (docs/benchmarks.md, "One JobSet
-//! against one Job").
+//! Before, each reconcile rolled the whole workload up again from the
+//! caches. A JobSet's child found the JobSet's members by a scan of every
+//! cached Job (one workload-mark HMAC per child), then every member's
+//! reports and pods by a scan of the report and pod caches per member
+//! (O(children × cached reports)), and rolled all of them up again (two
+//! HMACs per report): at 2,048 ranks in 256 child Jobs of 8 pods, 853 ms
+//! per reconcile against a Job's 1.7 ms (docs/benchmarks.md, "One JobSet
+//! against one Job"). A PyTorchJob scanned every cached report and
+//! PyTorchJob pod and verified every pod's mark again on each report event.
 //!
-//! Now one [`WorkloadTracked`] per JobSet, held in the state of the
-//! JobSet's key (its profile's), behind a lock of its own so that
+//! Now one [`WorkloadTracked`] per workload, held in the state of the
+//! workload's key (its profile's), behind a lock of its own so that
 //! concurrent children of one JobSet take turns on it and never block the
-//! other workers. Per reconcile of a child Job (`workload_refresh.rs`):
-//! - **membership**: the child's own entry is checked again only when the
-//!   Job changed in the cache (its resourceVersion): one HMAC, rarely;
-//! - **reports**: the reports the dispatcher noted under the child's key
-//!   (`Pending`, as for a Job) are screened again (`workload::rollup::screen`,
+//! other workers. Per reconcile (`workload_refresh.rs`):
+//! - **membership** (a JobSet's): the reconciling child's own entry is
+//!   checked again only when the Job changed in the cache (its
+//!   resourceVersion): one HMAC, rarely. A PyTorchJob's one member is
+//!   itself: its pods are proven one by one, by their own marks;
+//! - **reports**: the reports and pods the dispatcher noted under the key
+//!   the reports claim (`Pending`, as for a Job: a JobSet's child Job, a
+//!   PyTorchJob's own name) are screened again (`workload::rollup::screen`,
 //!   the same rules as the from-scratch `roll_up`) and upserted or removed;
-//! - every [`FULL_PASS`], when the JobSet's layout changes or the child's
-//!   pending names overflowed: a full pass, which finds the members by one
-//!   scan of the Job cache and their reports by one scan of the report
-//!   cache (O(cached Jobs + cached reports), not their product). It also
-//!   drops the reports of a child Job that is gone (whose reconciles stop
-//!   before the workload), at most [`FULL_PASS`] late.
+//! - every [`FULL_PASS`], when the workload's layout changes or the noted
+//!   names overflowed: a full pass, which finds a JobSet's members by one
+//!   scan of the Job cache and the reports by one scan of the report cache
+//!   (O(cached Jobs + cached reports), not their product). It also drops
+//!   the reports of a child Job that is gone (whose reconciles stop before
+//!   the workload), at most [`FULL_PASS`] late.
 //!
 //! The roll-up persists like a Job's (`rollups.rs`): a risk level's dwell
 //! is measured across events, and carried over a restart from the status.
@@ -34,6 +40,7 @@ use super::tracked::{desired_of, report_of};
 use super::watch::{Caches, LABEL_JOB_NAME};
 use crate::key::JobKey;
 use crate::operator::reconcile::{DesiredStatus, WorkloadEvidence};
+use crate::remediation::Ranks;
 use crate::workload::rank::JobSetShape;
 use crate::workload::resolve::{link_identity, step, Step, Workload};
 use crate::workload::rollup::{screen, Layout};
@@ -276,6 +283,14 @@ impl WorkloadTracked {
                 self.rollup.remove(name);
                 self.refused.insert(name.to_string(), why);
             }
+        }
+    }
+
+    /// Its ranks as proven now: what its remediation counts (`remediation::ranks`).
+    pub(super) fn ranks(&self) -> Ranks {
+        Ranks {
+            claims: self.by_name.keys().cloned().collect(),
+            layout: self.layout.clone(),
         }
     }
 

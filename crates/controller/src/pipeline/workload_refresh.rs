@@ -6,6 +6,7 @@ use super::state::Context;
 use super::workload_index::{Cell, WorkloadTracked, FULL_PASS};
 use crate::key::JobKey;
 use crate::operator::reconcile::DesiredStatus;
+use crate::remediation::Ranks;
 use crate::workload::rank::JobSetShape;
 use crate::workload::resolve::Workload;
 use jiff::Timestamp;
@@ -25,14 +26,14 @@ pub(super) struct Turn<'a> {
 
 /// Brings the JobSet's roll-up up to date with what changed under
 /// `turn.child` (everything, on a full pass) and returns the status it
-/// calls for, when that next changes with no event, and the proven child
-/// Jobs (key, uid: remediation's ranks).
+/// calls for, when that next changes with no event, and its ranks as
+/// proven now (remediation's).
 pub(super) fn refresh(
     ctx: &Context,
     turn: &Turn<'_>,
     previous: Option<&MemoryProfileStatus>,
     now: Timestamp,
-) -> (DesiredStatus, Option<Timestamp>, Vec<(JobKey, String)>) {
+) -> (DesiredStatus, Option<Timestamp>, Ranks) {
     let cell: Cell = ctx.with_state(turn.wkey, |s| {
         s.workload_rollup.get_or_insert_with(Cell::default).clone()
     });
@@ -63,9 +64,5 @@ pub(super) fn refresh(
         }
     }
     let (desired, next) = t.desired(previous, now);
-    let ranks = t.members.iter().map(|(uid, m)| {
-        let child = JobKey::new(&key.namespace, &m.name);
-        (child, uid.clone())
-    });
-    (desired, next, ranks.collect())
+    (desired, next, t.ranks())
 }

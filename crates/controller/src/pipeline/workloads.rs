@@ -26,7 +26,7 @@ use crate::operator::reconcile::{
     annotations_outdated, job_annotations, profile_outdated, risk_event,
 };
 use crate::operator::{Error, Result};
-use crate::remediation::Target;
+use crate::remediation::{Ranks, Target};
 use crate::status::{Analysis, Notice};
 use crate::workload::rank::JobSetShape;
 use crate::workload::read::{api_resource, resolve_live, Membership};
@@ -153,9 +153,8 @@ pub(super) async fn run(
 }
 
 /// Remediation of workload `top` (kind, name, uid), whose profile is
-/// `wkey` and whose ranks' pods are those `ranks` names (the key their
-/// reports claim, the uid of the pods' controller: each child Job of a
-/// JobSet; a PyTorchJob's own key and uid): says so to the executor, with
+/// `wkey` and whose ranks are `ranks` (as its roll-up proves them: the
+/// names their reports claim and the layout): says so to the executor, with
 /// the workload's labels as the API server holds them (read again at most
 /// every [`RESOLVE_AGAIN`], or when its uid changed), and runs the
 /// workload's remediation stage. Kind-generic: a PyTorchJob's pipeline
@@ -164,7 +163,7 @@ pub(super) async fn remediate(
     ctx: &Arc<Context>,
     wkey: &JobKey,
     top: &Workload,
-    ranks: Vec<(JobKey, String)>,
+    ranks: Ranks,
 ) -> Result<Option<Duration>> {
     let Some(exec) = ctx.executor.clone() else {
         return Ok(None);

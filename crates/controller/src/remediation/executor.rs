@@ -47,7 +47,7 @@ pub struct Executor {
 /// The top-level workload (JobSet, TrainJob, PyTorchJob) a profile is
 /// about, as the pipeline read it from the API server: what a policy's
 /// selector matches and how its environment is changed.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug)]
 pub struct Target {
     /// Its kind.
     pub kind: WorkloadKind,
@@ -55,11 +55,9 @@ pub struct Target {
     pub uid: String,
     /// Its labels (the selector's, and Kueue's queue).
     pub labels: BTreeMap<String, String>,
-    /// Its ranks: the profile keys its reports claim and the uid of the
-    /// controller of their pods (a JobSet: each child Job's name and uid; a
-    /// PyTorchJob: its own name and uid). The checkpoint wait and
-    /// `notifyTrainer` cover every one.
-    pub ranks: Vec<(JobKey, String)>,
+    /// Its ranks, as its roll-up proves them: the checkpoint wait and
+    /// `notifyTrainer` cover exactly these (`ranks.rs`).
+    pub ranks: super::Ranks,
     /// When its labels were read.
     pub read: std::time::Instant,
 }
@@ -114,7 +112,7 @@ impl Executor {
         key: JobKey,
         kind: WorkloadKind,
         uid: String,
-        ranks: Vec<(JobKey, String)>,
+        ranks: super::Ranks,
     ) -> Option<std::time::Duration> {
         let got = self.objects(&key.namespace, kind).get_opt(&key.name).await;
         let object = match got {

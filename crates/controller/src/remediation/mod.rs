@@ -45,6 +45,7 @@ mod executor;
 pub mod nonce;
 pub mod notify;
 pub mod oom;
+pub mod ranks;
 mod recording;
 mod records;
 mod request;
@@ -60,6 +61,7 @@ pub use checkpoint::JobCheckpoints;
 pub use decide::{decide, Decision};
 pub use executor::{Executor, Target};
 pub use notify::CountedReports;
+pub use ranks::Ranks;
 pub use request::{FAILPOINT_AFTER_DELETE, FAILPOINT_AFTER_SUSPEND, FAILPOINT_ENV};
 pub use status::{policy_status, policy_status_task};
 
