@@ -14,6 +14,7 @@ use crate::operator::reconcile::{
 };
 use crate::operator::thresholds;
 use crate::operator::{Error, Result};
+use crate::remediation::replaced_by_memprof;
 use crate::status::{Analysis, Notice};
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
@@ -25,7 +26,6 @@ use memprof_api::{
     MemoryProfile, MemoryProfileStatus, ANNOTATION_GPU_OOM, ANNOTATION_REMEDIATION,
     OPERATOR_MANAGER,
 };
-use memprof_policy::triggers::PHASE_PENDING;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -112,16 +112,6 @@ pub(super) async fn run(ctx: &Arc<Context>, f: &Fetched) -> Result<Option<Durati
         .map(|t| Duration::try_from(now.duration_until(t)).unwrap_or_default())
         .map(|d| d.max(Duration::from_millis(100)));
     Ok(Some(until_change.map_or(RESYNC, |d| d.min(RESYNC))))
-}
-
-/// Whether a remediation recorded in `status` deletes (or deleted) the Job
-/// with uid `job_uid` to create it again.
-fn replaced_by_memprof(status: Option<&MemoryProfileStatus>, job_uid: &str) -> bool {
-    status.is_some_and(|s| {
-        s.remediations.iter().any(|r| {
-            r.job_uid.as_deref() == Some(job_uid) && (r.phase == PHASE_PENDING || r.job_deleted)
-        })
-    })
 }
 
 /// Build: the status the Job's roll-up calls for now (`rollups.rs`), with
@@ -337,29 +327,5 @@ async fn delete_profile(ctx: &Context, profile: &MemoryProfile) -> Result<()> {
             name,
             source,
         }),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use memprof_api::RemediationRecord;
-
-    #[test]
-    fn a_job_memprof_is_replacing_is_not_adopted_again() {
-        let record = |phase: &str, deleted: bool| MemoryProfileStatus {
-            remediations: vec![RemediationRecord {
-                phase: phase.into(),
-                job_uid: Some("old".into()),
-                job_deleted: deleted,
-                ..Default::default()
-            }],
-            ..Default::default()
-        };
-        assert!(replaced_by_memprof(Some(&record("Pending", false)), "old"));
-        assert!(replaced_by_memprof(Some(&record("Done", true)), "old"));
-        assert!(!replaced_by_memprof(Some(&record("Done", true)), "new"));
-        assert!(!replaced_by_memprof(Some(&record("Skipped", false)), "old"));
-        assert!(!replaced_by_memprof(None, "old"));
     }
 }

@@ -38,7 +38,9 @@ pub type Counted = (Arc<MemoryReport>, Option<Arc<Pod>>);
 impl Ranks {
     /// Those of `reports` that claim one of the workload's names and count
     /// under its layout, each with its pod (`pod_of`: the cached pod of
-    /// that name). O(reports), two HMACs per report at most.
+    /// that name) and numbered by its rank in the workload, as the profile
+    /// numbers it (a tally names that rank, not the one its sidecar
+    /// wrote). O(reports), two HMACs per report at most.
     pub fn counted(
         &self,
         reports: impl IntoIterator<Item = Arc<MemoryReport>>,
@@ -56,11 +58,21 @@ impl Ranks {
             .filter_map(|r| {
                 let pod = pod_of(&r.spec.pod_name);
                 let meta = pod.as_deref().map(|p| &p.metadata);
-                screen(&r, meta, &self.layout, keys, now).ok()?;
-                Some((r, pod))
+                let (spec, _) = screen(&r, meta, &self.layout, keys, now).ok()?;
+                Some((numbered(r, spec.rank), pod))
             })
             .collect()
     }
+}
+
+/// `report` with `rank` as its rank (a copy only where they differ).
+fn numbered(report: Arc<MemoryReport>, rank: Option<u32>) -> Arc<MemoryReport> {
+    if report.spec.rank == rank {
+        return report;
+    }
+    let mut copy = MemoryReport::clone(&report);
+    copy.spec.rank = rank;
+    Arc::new(copy)
 }
 
 #[cfg(test)]

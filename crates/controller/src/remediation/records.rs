@@ -1,5 +1,6 @@
 //! Pure: remediation records as the profile's status holds them.
 
+use crate::workload::action::EnvChange;
 use jiff::Timestamp;
 use kube::ResourceExt;
 use memprof_api::{truncate_utf8, MemoryProfileStatus, RemediationPolicy, RemediationRecord};
@@ -58,9 +59,68 @@ pub(super) fn last_action(r: &RemediationRecord) -> String {
     s
 }
 
+/// Whether a remediation recorded in `status` deletes (or deleted) the
+/// workload of uid `uid` to create it again: a Job, or a JobSet, TrainJob
+/// or PyTorchJob recreated at the top level. Then no pipeline may make
+/// that uid the profile's owner again: it is (about to be) gone, and the
+/// garbage collector would delete the profile, and its history, with it.
+/// One rule for a Job's path and every workload's. A suspend-patch-resume
+/// keeps the workload and its uid: it replaces nothing.
+pub fn replaced_by_memprof(status: Option<&MemoryProfileStatus>, uid: &str) -> bool {
+    let keeps = Some(EnvChange::SuspendPatchResume.as_str());
+    status.is_some_and(|s| {
+        s.remediations.iter().any(|r| {
+            let pending = r.phase == PHASE_PENDING && r.env_change.as_deref() != keeps;
+            r.job_uid.as_deref() == Some(uid) && (pending || r.job_deleted)
+        })
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_workload_memprof_is_replacing_is_not_adopted_again() {
+        let record = |phase: &str, deleted: bool, how: Option<EnvChange>| MemoryProfileStatus {
+            remediations: vec![RemediationRecord {
+                phase: phase.into(),
+                job_uid: Some("old".into()),
+                job_deleted: deleted,
+                env_change: how.map(|h| h.as_str().to_string()),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let recreate = Some(EnvChange::Recreate);
+        assert!(replaced_by_memprof(
+            Some(&record("Pending", false, None)),
+            "old"
+        ));
+        assert!(replaced_by_memprof(
+            Some(&record("Pending", false, recreate)),
+            "old"
+        ));
+        assert!(replaced_by_memprof(
+            Some(&record("Done", true, recreate)),
+            "old"
+        ));
+        assert!(!replaced_by_memprof(
+            Some(&record("Done", true, recreate)),
+            "new"
+        ));
+        assert!(!replaced_by_memprof(
+            Some(&record("Skipped", false, None)),
+            "old"
+        ));
+        assert!(!replaced_by_memprof(None, "old"));
+        // Suspended, patched and resumed: the same workload, still the owner.
+        let kept = Some(EnvChange::SuspendPatchResume);
+        assert!(!replaced_by_memprof(
+            Some(&record("Pending", false, kept)),
+            "old"
+        ));
+    }
 
     #[test]
     fn last_action_says_what_happened_in_few_bytes() {

@@ -83,6 +83,8 @@ fn job_pod(name: &str, job_uid: &str) -> Pod {
 fn report(pod: &str, claims: &str) -> Arc<MemoryReport> {
     let spec = MemoryReportSpec {
         pod_name: pod.into(),
+        // Every sidecar says rank 7: the workload's numbering replaces it.
+        rank: Some(7),
         sampled_at: ts(10).to_string(),
         ..Default::default()
     };
@@ -109,13 +111,15 @@ fn counted(ranks: &Ranks, reports: Vec<Arc<MemoryReport>>, pods: Vec<Pod>) -> Ve
     out.iter()
         .map(|(r, pod)| {
             assert!(pod.is_some(), "each counted report comes with its pod");
-            r.spec.pod_name.clone()
+            let rank = r.spec.rank.map_or("-".into(), |n| n.to_string());
+            format!("{}@{rank}", r.spec.pod_name)
         })
         .collect()
 }
 
 /// A PyTorchJob's ranks are the training operator's pods' reports (no Job
-/// admission mark on them: a Job's rule counted none); a tenant's pod
+/// admission mark on them: a Job's rule counted none), numbered by their
+/// rank in the PyTorchJob, not the sidecar's word; a tenant's pod
 /// claiming the PyTorchJob, a rank outside its replicas and a report
 /// claiming another name are not counted.
 #[test]
@@ -144,7 +148,7 @@ fn a_pytorchjob_s_ranks_are_its_training_operator_s_pods_inside_its_replicas() {
     ];
     assert_eq!(
         counted(&ranks, reports, pods),
-        ["pt-worker-0", "pt-worker-1"]
+        ["pt-worker-0@0", "pt-worker-1@1"]
     );
 }
 
@@ -175,5 +179,5 @@ fn a_jobset_s_ranks_are_its_proven_children_s_pods() {
         report("w1", "js-workers-1"),
         report("tenant", "js-workers-1"),
     ];
-    assert_eq!(counted(&ranks, reports, pods), ["w0", "w1"]);
+    assert_eq!(counted(&ranks, reports, pods), ["w0@0", "w1@1"]);
 }
