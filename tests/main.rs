@@ -67,6 +67,7 @@ mod status_write;
 mod sweep;
 mod thresholds;
 mod webhook;
+mod workload_recommend;
 mod workload_remediation;
 mod workload_remediation_pytorch;
 mod workload_remediation_twins;

@@ -101,9 +101,11 @@ pub fn render(profile: &MemoryProfile, format: Format) -> (String, bool) {
         .unwrap_or_default();
     let complete = !recs.is_empty() && recs.iter().all(|r| r.request_bytes.is_some());
     let roles: Vec<RoleDialects> = recs.iter().map(role_dialects).collect();
+    let kind = kind(profile);
     if format.is_structured() {
         let doc = json!({
             "job": profile.spec.job_name,
+            "kind": kind,
             "namespace": profile.metadata.namespace,
             "roles": roles,
         });
@@ -111,12 +113,22 @@ pub fn render(profile: &MemoryProfile, format: Format) -> (String, bool) {
     }
     if recs.is_empty() {
         let text = format!(
-            "no recommendation for {} yet: the operator writes one once the Job's reports count\n",
+            "no recommendation for {kind} {} yet: the operator writes one once its reports count\n",
             profile.spec.job_name
         );
         return (text, false);
     }
     (table(recs), complete)
+}
+
+/// What the profile is about: a `Job`, or the workload kind the operator
+/// labelled it with (`JobSet`, `TrainJob`, `PyTorchJob`: one role per
+/// replicated job or replica type).
+fn kind(profile: &MemoryProfile) -> &str {
+    let labels = profile.metadata.labels.as_ref();
+    labels
+        .and_then(|l| l.get(memprof_api::workload::LABEL_WORKLOAD_KIND))
+        .map_or("Job", String::as_str)
 }
 
 fn table(recs: &[RoleRecommendation]) -> String {
@@ -217,5 +229,46 @@ mod tests {
         );
         let (yaml, _) = render(&profile, Format::Yaml);
         assert!(!yaml.contains("schedulers"), "{yaml}");
+        assert!(yaml.contains("kind: Job"), "{yaml}");
+    }
+
+    /// A workload's profile says its kind, and each of its roles.
+    #[test]
+    fn a_workload_profile_names_its_kind_and_every_role() {
+        let role = |name: &str, bytes: Option<u64>| RoleRecommendation {
+            role: name.into(),
+            request_bytes: bytes,
+            reason: "r".into(),
+            ..Default::default()
+        };
+        let mut profile = MemoryProfile::new(
+            "train",
+            memprof_api::MemoryProfileSpec {
+                job_name: "train".into(),
+                expected_ranks: Some(3),
+            },
+        );
+        let kind_label = memprof_api::workload::LABEL_WORKLOAD_KIND.to_string();
+        profile.metadata.labels = Some([(kind_label, "PyTorchJob".to_string())].into());
+        profile.status = Some(memprof_api::MemoryProfileStatus {
+            recommendation: vec![
+                role("Master", Some(8 << 30)),
+                role("Worker", Some(20 << 30)),
+            ],
+            ..Default::default()
+        });
+        let (yaml, complete) = render(&profile, Format::Yaml);
+        assert!(complete);
+        let doc: Value = serde_yaml::from_str(&yaml).unwrap();
+        assert_eq!(doc["kind"], "PyTorchJob", "{yaml}");
+        assert_eq!(doc["roles"][1]["role"], "Worker", "{yaml}");
+        let (text, _) = render(&profile, Format::Table);
+        assert!(text.contains("Master") && text.contains("Worker"), "{text}");
+        profile.status = None;
+        let (text, _) = render(&profile, Format::Table);
+        assert!(
+            text.starts_with("no recommendation for PyTorchJob train"),
+            "{text}"
+        );
     }
 }
