@@ -66,6 +66,7 @@ mod single_writer;
 mod status_write;
 mod sweep;
 mod thresholds;
+mod trainjobs;
 mod webhook;
 mod workload_recommend;
 mod workload_remediation;

@@ -9,7 +9,16 @@
 //! - a Kueue-managed PyTorchJob is suspended (`runPolicy.suspend`), its
 //!   Master and Worker templates patched, resumed, never deleted;
 //! - one Kueue does not manage is recreated at the top level, its old pods
-//!   deleted (twins of `remediation::critical_rank_recreates_the_job_…`).
+//!   deleted (twins of `remediation::critical_rank_recreates_the_job_…`);
+//! - `notifyTrainer` reaches its master and every worker, the tally naming
+//!   them by their rank in the PyTorchJob (twin of
+//!   `remediation_notify::notify_trainer_reaches_every_…`);
+//! - the checkpoint wait waits for every one of its ranks (twin of
+//!   `remediation_checkpoint::a_restart_waits_for_every_ranks_next_…`);
+//! - an operator killed mid suspend-patch-resume finishes it on restart
+//!   (twin of `remediation::operator_killed_between_delete_and_create_…`);
+//! - its risk Events and `memprof.dev/` annotations go on the PyTorchJob,
+//!   none on its pods (twin of the operator's for a Job).
 
 use crate::common;
 use crate::remediation_support;
@@ -25,8 +34,9 @@ use memprof::api::admission::Keys;
 use memprof::api::workload::WorkloadKind;
 use memprof::api::{MemoryProfile, RiskLevel};
 use memprof::webhook::{InjectionConfig, MarkConfig, WorkloadIdentities};
-use remediation_support::{apply_policy, records, shrink_policy};
+use remediation_support::{apply_policy, records, shrink_policy, spawn_operator, stays};
 use serde_json::{json, Value};
+use std::time::Duration;
 use tenant_support::*;
 use webhook_support::{
     label_namespace, register, start_server_with, test_config, wait_until_active,
@@ -210,5 +220,235 @@ async fn a_pytorchjob_kueue_does_not_manage_is_recreated_at_the_top_level() {
         left.is_empty().then_some(()).ok_or(format!("{left:?}"))
     })
     .await;
+    op.stop().await;
+}
+
+/// Rank `pod` critical (600 s to OOM, sampled a second ago so that it
+/// counts from now), its trainer's last checkpoint `checkpoint`.
+async fn critical_with_checkpoint(
+    admin: &Client,
+    ns: &str,
+    pod: &Pod,
+    checkpoint: (jiff::Timestamp, u64),
+) {
+    let sampled = jiff::Timestamp::now() - jiff::SignedDuration::from_secs(1);
+    let sampled = sampled.round(jiff::Unit::Second).unwrap().to_string();
+    let gpus = vec![gpu(0, 79, 79, RiskLevel::Critical, Some(600.0))];
+    let mut r = pod_report(pod, "train", 0, &sampled, gpus);
+    r.spec.last_checkpoint = Some(memprof::api::Checkpoint {
+        time: checkpoint.0.to_string(),
+        note: format!("step={}", checkpoint.1),
+        step: Some(checkpoint.1),
+    });
+    apply_report(admin, ns, &r).await;
+}
+
+/// The PyTorchJob `train` as stored now.
+async fn stored(admin: &Client, ns: &str) -> DynamicObject {
+    api(admin, ns, WorkloadKind::PyTorchJob)
+        .get("train")
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn notify_trainer_reaches_the_master_and_every_worker_of_the_pytorchjob() {
+    let Some((admin, ns)) = workload_cluster().await else {
+        return;
+    };
+    let ns = ns.name.as_str();
+    let op = start_operator(&admin, ns);
+    let policy = json!({
+        "selector": {"matchLabels": {"team": "ml"}},
+        "triggers": [{"riskAtLeast": {"level": "critical"}}],
+        "actions": [{"notifyTrainer": {"level": "critical"}}],
+        "cooldownSeconds": 600,
+        "maxRemediations": 1,
+    });
+    apply_policy(&admin, ns, "tell", policy).await.unwrap();
+    let (pt, pods) = profiled_pytorchjob(&admin, ns, json!({})).await;
+    report(&admin, ns, &pods[2], 100, RiskLevel::Critical).await;
+    let rec = done(&admin, ns).await;
+    assert_eq!(rec.env_change, None, "no environment changed");
+    let tally = rec.acknowledged.clone().expect("a tally from the start");
+    // Every sidecar here wrote rank 0: the tally names the PyTorchJob's ranks.
+    assert_eq!(
+        (tally.delivered, tally.summary.as_str()),
+        (3, "0/3 acknowledged (3 pending: ranks 0, 1, 2)")
+    );
+    let reports = Api::<memprof::api::MemoryReport>::namespaced(admin.clone(), ns);
+    for pod in &pods {
+        let r = reports.get(&pod.name_any()).await.unwrap();
+        let ids: Vec<String> = r
+            .status
+            .map(|s| s.directives)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|d| d.id)
+            .collect();
+        assert_eq!(ids, vec![rec.id.clone()], "{}'s report", pod.name_any());
+    }
+    let after = stored(&admin, ns).await;
+    assert_eq!(
+        after.data["spec"], pt.data["spec"],
+        "a notice changes nothing"
+    );
+    op.stop().await;
+}
+
+#[tokio::test]
+async fn a_pytorchjob_s_change_waits_for_every_rank_s_next_checkpoint() {
+    let Some((admin, ns)) = workload_cluster().await else {
+        return;
+    };
+    let ns = ns.name.as_str();
+    let op = start_operator(&admin, ns);
+    let mut policy = shrink_policy(false);
+    policy["waitForCheckpoint"] = json!({"maxSeconds": 60, "marginSeconds": 5});
+    apply_policy(&admin, ns, "shrink", policy).await.unwrap();
+    let queued = json!({"kueue.x-k8s.io/queue-name": "team-a"});
+    let (_, pods) = profiled_pytorchjob(&admin, ns, queued).await;
+    let earlier = jiff::Timestamp::now() - jiff::SignedDuration::from_secs(600);
+    for pod in &pods {
+        critical_with_checkpoint(&admin, ns, pod, (earlier, 1200)).await;
+    }
+    record_in(&admin, ns, "Pending").await;
+    let untouched = || async {
+        let batch = batches(&stored(&admin, ns).await);
+        let pending = records(&admin, ns, "train")
+            .await
+            .iter()
+            .any(|r| r.phase == "Pending");
+        (batch == [Some(json!("32")), Some(json!("32"))] && pending)
+            .then_some(())
+            .ok_or(format!("{batch:?}"))
+    };
+    stays(
+        "unchanged while no rank checkpointed",
+        Duration::from_secs(3),
+        untouched,
+    )
+    .await;
+    // The master and one worker checkpoint: the other worker's work would be lost.
+    let newer = jiff::Timestamp::now();
+    for pod in &pods[..2] {
+        critical_with_checkpoint(&admin, ns, pod, (newer, 1300)).await;
+    }
+    stays(
+        "unchanged until every rank checkpointed",
+        Duration::from_secs(3),
+        untouched,
+    )
+    .await;
+    critical_with_checkpoint(&admin, ns, &pods[2], (newer, 1300)).await;
+    let rec = record_in(&admin, ns, "Done").await;
+    assert_eq!(rec.env_change.as_deref(), Some("suspend-patch-resume"));
+    let kept = rec.checkpoint.expect("what the change kept");
+    assert_eq!(
+        (kept.result.as_str(), kept.ranks),
+        ("checkpointed", 3),
+        "{kept:?}"
+    );
+    assert_eq!(
+        batches(&stored(&admin, ns).await),
+        vec![Some(json!("24")), Some(json!("24"))]
+    );
+    op.stop().await;
+}
+
+#[tokio::test]
+async fn an_operator_killed_mid_suspend_patch_resume_of_a_pytorchjob_finishes_it_on_restart() {
+    let Some((admin, ns)) = workload_cluster().await else {
+        return;
+    };
+    let ns = ns.name.as_str();
+    apply_policy(&admin, ns, "shrink", shrink_policy(false))
+        .await
+        .unwrap();
+    let mut crashing = spawn_operator(ns, Some(memprof::remediation::FAILPOINT_AFTER_SUSPEND));
+    let queued = json!({"kueue.x-k8s.io/queue-name": "team-a"});
+    let (pt, pods) = profiled_pytorchjob(&admin, ns, queued).await;
+    report(&admin, ns, &pods[2], 100, RiskLevel::Critical).await;
+    let status = eventually("the operator to abort at the failpoint", || {
+        let r = crashing.child.try_wait();
+        async move {
+            match r.map_err(|e| e.to_string())? {
+                Some(s) => Ok(s),
+                None => Err("still running".into()),
+            }
+        }
+    })
+    .await;
+    assert!(!status.success(), "{status:?}");
+    // Suspended, not patched yet, the decision recorded and its plan saved.
+    let rec = record_in(&admin, ns, "Pending").await;
+    assert_eq!(rec.env_change.as_deref(), Some("suspend-patch-resume"));
+    let mid = stored(&admin, ns).await;
+    assert_eq!(
+        mid.data.pointer("/spec/runPolicy/suspend"),
+        Some(&json!(true))
+    );
+    assert_eq!(batches(&mid), vec![Some(json!("32")), Some(json!("32"))]);
+    drop(crashing);
+    let _restarted = spawn_operator(ns, None);
+    let done = record_in(&admin, ns, "Done").await;
+    assert_eq!(done.id, rec.id);
+    let after = stored(&admin, ns).await;
+    assert_eq!(after.uid(), pt.uid(), "never deleted");
+    assert_eq!(
+        after.data.pointer("/spec/runPolicy/suspend"),
+        Some(&json!(false)),
+        "never left suspended"
+    );
+    assert_eq!(batches(&after), vec![Some(json!("24")), Some(json!("24"))]);
+}
+
+#[tokio::test]
+async fn a_pytorchjob_s_risk_events_and_annotations_go_on_the_pytorchjob() {
+    let Some((admin, ns)) = workload_cluster().await else {
+        return;
+    };
+    let ns = ns.name.as_str();
+    let op = start_operator(&admin, ns);
+    let (_, pods) = profiled_pytorchjob(&admin, ns, json!({})).await;
+    report(&admin, ns, &pods[1], 100, RiskLevel::Critical).await;
+    eventually("the PyTorchJob annotated with its risk", || async {
+        let pt = api(&admin, ns, WorkloadKind::PyTorchJob)
+            .get("train")
+            .await
+            .map_err(|e| e.to_string())?;
+        let a = pt.annotations();
+        let got = (
+            a.get("memprof.dev/oom-risk"),
+            a.get("memprof.dev/bottleneck"),
+        );
+        match got {
+            (Some(risk), Some(b)) if risk == "critical" && b.contains(&pods[1].name_any()) => {
+                Ok(())
+            }
+            _ => Err(format!("{got:?}")),
+        }
+    })
+    .await;
+    let kinds = eventually("the risk Event about the PyTorchJob", || async {
+        let kinds = event_kinds(&admin, ns, "RiskCritical", "train").await;
+        (!kinds.is_empty())
+            .then_some(kinds)
+            .ok_or("none".to_string())
+    })
+    .await;
+    assert!(kinds.iter().all(|k| k == "PyTorchJob"), "{kinds:?}");
+    // Its pods carry none: their reports are the PyTorchJob's.
+    for pod in &pods {
+        let p = Api::<Pod>::namespaced(admin.clone(), ns)
+            .get(&pod.name_any())
+            .await
+            .unwrap();
+        assert!(
+            !p.annotations().contains_key("memprof.dev/oom-risk"),
+            "{}",
+            p.name_any()
+        );
+    }
     op.stop().await;
 }

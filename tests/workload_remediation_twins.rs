@@ -32,10 +32,9 @@ use crate::workload_support;
 use common::*;
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
-use kube::api::{Api, DynamicObject, PostParams, WatchEvent, WatchParams};
+use kube::api::{Api, DynamicObject, WatchEvent, WatchParams};
 use kube::{Client, ResourceExt};
 use memprof::api::workload::WorkloadKind;
-use memprof::api::workload_mark::{sign, Link, ANNOTATION_WORKLOAD_MARK};
 use memprof::api::RiskLevel;
 use remediation_support::{apply_policy, records, shrink_policy, spawn_operator};
 use serde_json::{json, Value};
@@ -43,46 +42,6 @@ use std::time::Duration;
 use workload_support::*;
 
 const BATCH: &str = "/spec/replicatedJobs/0/template/spec/template/spec/containers/0/env/0/value";
-
-/// Child Job `index` of `js` as the JobSet controller creates it, profiled
-/// and marked as the webhook marks it.
-async fn marked_child(admin: &Client, ns: &str, js: &DynamicObject, index: u32) -> Job {
-    let mut manifest = child_job(js, index);
-    let keys = admission_keys(ns).await;
-    let name = format!("{}-workers-{index}", js.name_any());
-    let identity = format!("workers/{index}");
-    let link = Link {
-        namespace: ns,
-        kind: "Job",
-        name: &name,
-        controller_uid: js.metadata.uid.as_deref().unwrap(),
-        identity: &identity,
-    };
-    let mark = sign(keys.current().unwrap(), &link, jiff::Timestamp::now()).unwrap();
-    manifest["metadata"]["annotations"] =
-        json!({"memprof.dev/enabled": "true", ANNOTATION_WORKLOAD_MARK: mark});
-    manifest["metadata"]["labels"]["memprof.dev/managed"] = json!("true");
-    manifest["spec"]["template"]["metadata"] = json!({"labels": {"memprof.dev/managed": "true"}});
-    let job: Job = serde_json::from_value(manifest).unwrap();
-    Api::<Job>::namespaced(admin.clone(), ns)
-        .create(&PostParams::default(), &job)
-        .await
-        .unwrap()
-}
-
-/// The report of child Job `job`'s one pod.
-async fn child_report(admin: &Client, ns: &str, job: &str, offset: u64, risk: RiskLevel) {
-    let pod = job_pods(admin, ns, job, 1).await.remove(0);
-    let peak = if risk == RiskLevel::Critical { 79 } else { 30 };
-    let gpus = vec![gpu(
-        0,
-        peak,
-        peak,
-        risk,
-        (risk == RiskLevel::Critical).then_some(5.0),
-    )];
-    apply_report(admin, ns, &pod_report(&pod, job, 0, &at(offset), gpus)).await;
-}
 
 /// JobSet `train` (labels `labels` and `team: ml`) of two marked child
 /// Jobs, each rank reporting low, its profile written with both ranks.
@@ -117,33 +76,6 @@ async fn profiled(
     })
     .await;
     js
-}
-
-/// The record of the JobSet's profile once it is `phase`.
-async fn record_in(admin: &Client, ns: &str, phase: &str) -> memprof::api::RemediationRecord {
-    eventually(&format!("the record {phase}"), || async {
-        let recs = records(admin, ns, "train").await;
-        match recs.as_slice() {
-            [r] if r.phase == phase => Ok(r.clone()),
-            _ => Err(format!("{recs:?}")),
-        }
-    })
-    .await
-}
-
-/// The kinds of the objects Events with `reason` about `name` regard.
-async fn event_kinds(admin: &Client, ns: &str, reason: &str, name: &str) -> Vec<String> {
-    Api::<k8s_openapi::api::events::v1::Event>::namespaced(admin.clone(), ns)
-        .list(&Default::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter(|e| e.reason.as_deref() == Some(reason))
-        .filter_map(|e| e.regarding)
-        .filter(|r| r.name.as_deref() == Some(name))
-        .filter_map(|r| r.kind)
-        .collect()
 }
 
 /// The kinds the `Remediated` Events about `train` regard, once there is
@@ -628,6 +560,70 @@ async fn a_jobset_without_the_env_var_is_skipped_once_with_the_reason() {
         (kinds == ["JobSet"])
             .then_some(())
             .ok_or(format!("{kinds:?}"))
+    })
+    .await;
+    op.stop().await;
+}
+
+/// While memprof recreates a JobSet, its profile is never given back to the
+/// old JobSet as owner by a child Job whose membership is still cached or
+/// read before the deletion shows (the garbage collector would delete the
+/// profile, and its history, with the old JobSet): twin of the Job path's
+/// `replaced_by_memprof`. Set up as the recreation leaves it: the record
+/// says memprof deleted this JobSet, and the garbage collector took the
+/// profile's owner reference off; the JobSet is still there, as the
+/// operator's view of it can be.
+#[tokio::test]
+async fn a_jobset_memprof_recreated_is_never_made_the_profile_s_owner_again() {
+    let Some((admin, ns)) = workload_cluster().await else {
+        return;
+    };
+    let ns = ns.name.as_str();
+    let op = start_operator(&admin, ns);
+    let js = profiled_jobset(&admin, ns, json!({})).await;
+    op.stop().await;
+    let old = js.uid().unwrap();
+    let profiles: Api<memprof::api::MemoryProfile> = Api::namespaced(admin.clone(), ns);
+    let record = json!({"id": "r1", "policy": "shrink", "action": "scaleBatch BATCH_SIZE 32->24",
+        "phase": "Done", "time": jiff::Timestamp::now().round(jiff::Unit::Second).unwrap().to_string(),
+        "jobUid": old, "jobDeleted": true, "envChange": "recreate"});
+    let pp = kube::api::PatchParams::default();
+    let status = json!({"status": {"remediations": [record]}});
+    profiles
+        .patch_status("train", &pp, &kube::api::Patch::Merge(&status))
+        .await
+        .unwrap();
+    let orphaned = json!({"metadata": {"ownerReferences": null}});
+    profiles
+        .patch("train", &pp, &kube::api::Patch::Merge(&orphaned))
+        .await
+        .unwrap();
+    let op = start_operator(&admin, ns);
+    let mut t = 1_000;
+    remediation_support::stays(
+        "the profile not owned by the old JobSet",
+        Duration::from_secs(6),
+        || {
+            t += 500;
+            let (admin, profiles, old, t) = (admin.clone(), profiles.clone(), old.clone(), t);
+            async move {
+                // Each report event reconciles a child of the old JobSet.
+                child_report(&admin, ns, "train-workers-1", t, RiskLevel::Low).await;
+                let p = profiles.get("train").await.map_err(|e| e.to_string())?;
+                let owners: Vec<String> =
+                    p.owner_references().iter().map(|o| o.uid.clone()).collect();
+                (!owners.contains(&old))
+                    .then_some(())
+                    .ok_or(format!("owned again by the old JobSet: {owners:?}"))
+            }
+        },
+    )
+    .await;
+    // The roll-up goes on: the status is still written.
+    eventually("the status written after the restart", || async {
+        let p = profiles.get("train").await.map_err(|e| e.to_string())?;
+        let recs = p.status.map(|s| s.remediations.len()).unwrap_or_default();
+        (recs == 1).then_some(()).ok_or(format!("{recs} records"))
     })
     .await;
     op.stop().await;

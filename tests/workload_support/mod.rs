@@ -5,13 +5,18 @@
 //! (the local control plane runs none of them).
 #![allow(dead_code)]
 
-use crate::common::{cluster, eventually, TestNamespace};
+use crate::common::{
+    admission_keys, apply_report, at, cluster, eventually, gpu, job_pods, pod_report, TestNamespace,
+};
 use crate::webhook_support::{Registration, NS_LABEL};
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
-use kube::Client;
+use kube::{Client, ResourceExt};
 use memprof::api::workload::WorkloadKind;
+use memprof::api::workload_mark::{sign, Link, ANNOTATION_WORKLOAD_MARK};
+use memprof::api::RiskLevel;
 use memprof::workload::read::api_resource;
 use serde_json::{json, Value};
 
@@ -171,6 +176,73 @@ pub async fn register_workloads(
         .await
         .expect("register the workloads webhook");
     Registration(name)
+}
+
+/// Child Job `index` of `js` as the JobSet controller creates it, profiled
+/// and marked as the webhook marks it.
+pub async fn marked_child(admin: &Client, ns: &str, js: &DynamicObject, index: u32) -> Job {
+    let mut manifest = child_job(js, index);
+    let keys = admission_keys(ns).await;
+    let name = format!("{}-workers-{index}", js.name_any());
+    let identity = format!("workers/{index}");
+    let link = Link {
+        namespace: ns,
+        kind: "Job",
+        name: &name,
+        controller_uid: js.metadata.uid.as_deref().unwrap(),
+        identity: &identity,
+    };
+    let mark = sign(keys.current().unwrap(), &link, jiff::Timestamp::now()).unwrap();
+    manifest["metadata"]["annotations"] =
+        json!({"memprof.dev/enabled": "true", ANNOTATION_WORKLOAD_MARK: mark});
+    manifest["metadata"]["labels"]["memprof.dev/managed"] = json!("true");
+    manifest["spec"]["template"]["metadata"] = json!({"labels": {"memprof.dev/managed": "true"}});
+    let job: Job = serde_json::from_value(manifest).unwrap();
+    Api::<Job>::namespaced(admin.clone(), ns)
+        .create(&PostParams::default(), &job)
+        .await
+        .unwrap()
+}
+
+/// The report of child Job `job`'s one pod.
+pub async fn child_report(admin: &Client, ns: &str, job: &str, offset: u64, risk: RiskLevel) {
+    let pod = job_pods(admin, ns, job, 1).await.remove(0);
+    let peak = if risk == RiskLevel::Critical { 79 } else { 30 };
+    let gpus = vec![gpu(
+        0,
+        peak,
+        peak,
+        risk,
+        (risk == RiskLevel::Critical).then_some(5.0),
+    )];
+    apply_report(admin, ns, &pod_report(&pod, job, 0, &at(offset), gpus)).await;
+}
+
+/// The one remediation record of profile `train` once it is `phase`.
+pub async fn record_in(admin: &Client, ns: &str, phase: &str) -> memprof::api::RemediationRecord {
+    eventually(&format!("the record {phase}"), || async {
+        let recs = crate::remediation_support::records(admin, ns, "train").await;
+        match recs.as_slice() {
+            [r] if r.phase == phase => Ok(r.clone()),
+            _ => Err(format!("{recs:?}")),
+        }
+    })
+    .await
+}
+
+/// The kinds of the objects Events with `reason` about `name` regard.
+pub async fn event_kinds(admin: &Client, ns: &str, reason: &str, name: &str) -> Vec<String> {
+    Api::<k8s_openapi::api::events::v1::Event>::namespaced(admin.clone(), ns)
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .filter_map(|e| e.regarding)
+        .filter(|r| r.name.as_deref() == Some(name))
+        .filter_map(|r| r.kind)
+        .collect()
 }
 
 /// The workload mark on an object's metadata, if any.

@@ -25,10 +25,12 @@ use crate::operator::reconcile::{
     desired_status_from, profile_outdated, profiling_enabled, Rejected,
 };
 use crate::operator::{Error, Result};
-use crate::status::Analysis;
+use crate::remediation::replaced_by_memprof;
+use crate::status::submit_workload;
 use crate::workload::claim::{claim, taken_message, Claim};
 use crate::workload::rank::PyTorchShape;
 use crate::workload::read::api_resource;
+use crate::workload::resolve::Workload;
 use crate::workload::rollup::{roll_up, Layout, WorkloadRollup};
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
@@ -91,8 +93,19 @@ pub(super) async fn run(ctx: &Context, key: &JobKey) -> Result<Option<Duration>>
         announce_taken(ctx, key, &uid, regarding, note).await;
         return Ok(Some(RESYNC));
     }
-    ensure_profile(ctx, key, &pt, shape.ranks()).await?;
     let now = Timestamp::now();
+    let recorded = || cached_profile(ctx, key).and_then(|p| p.status.clone());
+    let previous = ctx.writer.view(key).or_else(recorded);
+    // A cached PyTorchJob memprof is recreating: owned by it again, the
+    // profile would go with it.
+    if !replaced_by_memprof(previous.as_ref(), &uid) {
+        ensure_profile(ctx, key, &pt, shape.ranks()).await?;
+    }
+    let workload = Workload {
+        kind: WorkloadKind::PyTorchJob,
+        name: key.name.clone(),
+        uid: uid.clone(),
+    };
     let mut out = roll_up_now(ctx, key, Layout::PyTorchJob { uid, shape }, now);
     if let Err(e) = out.evidence.require(None, pt.annotations()) {
         warn!(workload = %key, error = %e, "memprof.dev/recommend-phases ignored");
@@ -102,17 +115,11 @@ pub(super) async fn run(ctx: &Context, key: &JobKey) -> Result<Option<Duration>>
         .into_iter()
         .map(|(name, why)| Rejected { name, why })
         .collect();
-    let recorded = || cached_profile(ctx, key).and_then(|p| p.status.clone());
-    let previous = ctx.writer.view(key).or_else(recorded);
     let mut desired = desired_status_from(&out.rollup, &refused, previous.as_ref(), now);
     out.evidence.apply(&mut desired.status, shape.ranks());
-    ctx.writer.submit(
-        key,
-        Analysis {
-            status: desired.status,
-            notices: vec![],
-        },
-    );
+    let profile = cached_profile(ctx, key);
+    let seen = (profile.as_deref(), previous.as_ref());
+    submit_workload(&ctx.writer, key, &workload, seen, desired.status);
     let next = out
         .rollup
         .next_change(now)

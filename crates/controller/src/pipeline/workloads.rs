@@ -16,32 +16,27 @@
 //! the roll-up. Remediation acts on the top-level
 //! workload ([`remediate`]: the same stage whichever kind); its risk Events
 //! and `memprof.dev/` annotations go on the top-level object, through the
-//! status writer as a Job's do.
+//! status writer as a Job's do (`status::submit_workload`).
 
 use super::state::Context;
 use super::workload_refresh::{refresh, Turn};
 use crate::key::JobKey;
 use crate::operator::rbac::ensure_reporter_rbac;
-use crate::operator::reconcile::{
-    annotations_outdated, job_annotations, profile_outdated, risk_event,
-};
+use crate::operator::reconcile::profile_outdated;
 use crate::operator::{Error, Result};
-use crate::remediation::{Ranks, Target};
-use crate::status::{Analysis, Notice};
+use crate::remediation::{replaced_by_memprof, Ranks, Target};
+use crate::status::submit_workload;
 use crate::workload::rank::JobSetShape;
 use crate::workload::read::{api_resource, resolve_live, Membership};
 use crate::workload::resolve::{Resolved, Workload};
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
-use kube::{Resource, ResourceExt};
+use kube::ResourceExt;
 use memprof_api::workload::{WorkloadKind, LABEL_WORKLOAD_KIND};
-use memprof_api::{
-    MemoryProfile, MemoryProfileSpec, MemoryProfileStatus, LABEL_JOB, OPERATOR_MANAGER,
-};
+use memprof_api::{MemoryProfile, MemoryProfileSpec, LABEL_JOB, OPERATOR_MANAGER};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -126,9 +121,13 @@ pub(super) async fn run(
     let ns = key.namespace.as_str();
     let now = Timestamp::now();
     let wkey = JobKey::new(ns, &resolved.top.name);
-    ensure_profile(ctx, &wkey, &resolved.top, shape.ranks(), job).await?;
     let recorded = || cached_profile(ctx, &wkey).and_then(|p| p.status.clone());
     let previous = ctx.writer.view(&wkey).or_else(recorded);
+    // A child's membership, cached, may still name a JobSet memprof is
+    // recreating: owned by it again, the profile would go with it.
+    if !replaced_by_memprof(previous.as_ref(), &resolved.top.uid) {
+        ensure_profile(ctx, &wkey, &resolved.top, shape.ranks(), job).await?;
+    }
     // Incremental: the reports noted under this child since its last
     // reconcile, not the whole JobSet (`workload_refresh.rs`).
     let turn = Turn {
@@ -139,13 +138,9 @@ pub(super) async fn run(
     };
     let (desired, next_change, ranks) = refresh(ctx, &turn, previous.as_ref(), now);
     let top = &resolved.top;
-    let notices = notices(ctx, &wkey, top, previous.as_ref(), &desired.status);
-    annotate(ctx, &wkey, top, &desired.status);
-    let analysis = Analysis {
-        status: desired.status,
-        notices,
-    };
-    ctx.writer.submit(&wkey, analysis);
+    let profile = cached_profile(ctx, &wkey);
+    let seen = (profile.as_deref(), previous.as_ref());
+    submit_workload(&ctx.writer, &wkey, top, seen, desired.status);
     let decided = remediate(ctx, &wkey, top, ranks).await?;
     let next = next_change.map(|t| Duration::try_from(now.duration_until(t)).unwrap_or_default());
     let next = next.map_or(RESYNC, |d| d.clamp(Duration::from_millis(100), RESYNC));
@@ -199,56 +194,6 @@ async fn top_labels(ctx: &Context, ns: &str, top: &Workload) -> Result<BTreeMap<
         .filter(|o| o.metadata.uid.as_deref() == Some(top.uid.as_str()))
         .and_then(|o| o.metadata.labels)
         .unwrap_or_default())
-}
-
-/// The Events a workload's status calls for against the one before it (a
-/// risk transition), about the top-level object, as a Job's are about the
-/// Job; published by the status writer once the status is written.
-fn notices(
-    ctx: &Context,
-    wkey: &JobKey,
-    top: &Workload,
-    previous: Option<&MemoryProfileStatus>,
-    status: &MemoryProfileStatus,
-) -> Vec<Notice> {
-    let previous_risk = previous.map(|s| s.risk).unwrap_or_default();
-    let Some(plan) = risk_event(previous_risk, status) else {
-        return vec![];
-    };
-    let related = cached_profile(ctx, wkey).map(|p| ObjectReference {
-        resource_version: None,
-        ..p.object_ref(&())
-    });
-    vec![Notice {
-        plan,
-        regarding: top_ref(wkey, top),
-        related,
-    }]
-}
-
-/// A reference to the top-level object for Events (by uid).
-fn top_ref(wkey: &JobKey, top: &Workload) -> ObjectReference {
-    ObjectReference {
-        api_version: Some(top.kind.api_version().into()),
-        kind: Some(top.kind.kind().into()),
-        name: Some(top.name.clone()),
-        namespace: Some(wkey.namespace.clone()),
-        uid: Some(top.uid.clone()),
-        ..Default::default()
-    }
-}
-
-/// Hands the top-level object's `memprof.dev/` annotations to the writer
-/// when a value differs from what memprof last put there (the writer's
-/// count and spacing apply, as for a Job). A restarted operator knows no
-/// earlier values: it writes them once.
-fn annotate(ctx: &Context, wkey: &JobKey, top: &Workload, status: &MemoryProfileStatus) {
-    let current = ctx.writer.annotations(wkey, 0).unwrap_or_default();
-    let desired = job_annotations(status, &current);
-    if annotations_outdated(&current, &desired) {
-        ctx.writer
-            .annotate_object(wkey, top.kind, &top.uid, desired);
-    }
 }
 
 /// The JobSet's rank layout, from its spec as the API server holds it now.
