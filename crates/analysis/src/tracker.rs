@@ -327,7 +327,8 @@ fn fuse(aa: &AllocatorAssessment, nvml: Assessment, th: &Thresholds) -> (Assessm
     let growth = nvml.growth_bytes_per_second;
     let neighbour = growth > 0.0 && outside > th.leak_bytes_per_second && outside >= growth / 2.0;
     if !(nvml_earlier && neighbour && nvml.time_to_oom_seconds.is_some()) {
-        return (at_least_the_device(a.clone(), &nvml, th), true);
+        let a = corroborated(a.clone(), &nvml, th);
+        return (at_least_the_device(a, &nvml, th), true);
     }
     let mut n = nvml;
     n.leak_suspected = a.leak_suspected;
@@ -340,6 +341,41 @@ fn fuse(aa: &AllocatorAssessment, nvml: Assessment, th: &Thresholds) -> (Assessm
         ),
     ));
     (n, false)
+}
+
+/// How far apart two forecasts of one OOM may be and still agree: a
+/// quarter, as a credible forecast confirms a later one ([`confirm`]).
+const AGREE: f64 = 1.25;
+
+/// A fragmented cache's OOM, as certain as NVML's where both foresee the
+/// same time. Where the allocator says its reserve grows and holds no
+/// tensor a new request can use (fragmentation), the device's memory is
+/// that reserve, so NVML's trend is the OOM's own clock, measured apart
+/// from the allocator's: the agent-fed verdict does not wait for the
+/// allocator's trust to build where NVML alone would already alarm. Not
+/// for a leak or a growing demand: there NVML reads the same allocations
+/// through a cache the allocator may reuse (or through setup, which NVML
+/// cannot tell from growth), so its agreement adds nothing the allocator
+/// does not already weigh.
+fn corroborated(mut a: Assessment, nvml: &Assessment, th: &Thresholds) -> Assessment {
+    let fragmented = a
+        .cause
+        .as_ref()
+        .is_some_and(|c| c.cause == Cause::Fragmentation);
+    let (Some(x), Some(n)) = (a.time_to_oom_seconds, nvml.time_to_oom_seconds) else {
+        return a;
+    };
+    let agree = x.max(n) <= AGREE * x.min(n);
+    if fragmented && agree && nvml.confidence >= th.min_confidence && nvml.confidence > a.confidence
+    {
+        a.confidence = nvml.confidence;
+        a.reason = format!(
+            "{}; the device's memory foresees the same OOM ({})",
+            a.reason,
+            memprof_api::format_duration(n)
+        );
+    }
+    a
 }
 
 /// The allocator's verdict, judged on no less memory than the device has
@@ -752,5 +788,58 @@ mod tests {
             "{:?}",
             v.assessment
         );
+    }
+
+    /// The allocator's and NVML's forecasts of one run, 80 s and `nvml_tto`
+    /// ahead: the allocator's cause `cause` at confidence 0.32, NVML's at
+    /// 0.65.
+    fn two_forecasts(cause: Cause, nvml_tto: f64) -> (AllocatorAssessment, Assessment) {
+        let aa = AllocatorAssessment {
+            risk: Assessment {
+                risk: RiskLevel::Medium,
+                confidence: 0.32,
+                time_to_oom_seconds: Some(80.0),
+                level_fraction: 0.3,
+                cause: Some(NamedCause::new(cause, "reserved memory grows")),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let nvml = Assessment {
+            risk: RiskLevel::Critical,
+            confidence: 0.65,
+            time_to_oom_seconds: Some(nvml_tto),
+            growth_bytes_per_second: 1.2e9,
+            level_fraction: 0.3,
+            ..Default::default()
+        };
+        (aa, nvml)
+    }
+
+    /// A fragmented cache that fills the card is NVML's growth and the
+    /// allocator's: where both foresee the same OOM, the agent-fed verdict
+    /// is as certain as NVML's (it alarmed 37 s later than NVML alone on a
+    /// recorded fragmenter), names fragmentation, and keeps the allocator's
+    /// time. A leak's forecast, or times a quarter apart, stay the
+    /// allocator's own.
+    #[test]
+    fn a_fragmented_cache_foreseen_by_both_sources_is_as_certain_as_nvml() {
+        let th = Thresholds::default();
+        let (aa, nvml) = two_forecasts(Cause::Fragmentation, 83.0);
+        let (a, from_agent) = fuse(&aa, nvml, &th);
+        assert!(from_agent);
+        assert_eq!(a.confidence, 0.65);
+        assert_eq!(a.time_to_oom_seconds, Some(80.0));
+        assert_eq!(a.cause.as_ref().unwrap().cause, Cause::Fragmentation);
+        assert!(verdict::evidence_level(&a, &th) >= RiskLevel::High, "{a:?}");
+        for (cause, tto) in [
+            (Cause::Leak, 83.0),
+            (Cause::GrowingDemand, 83.0),
+            (Cause::Fragmentation, 101.0),
+        ] {
+            let (aa, nvml) = two_forecasts(cause, tto);
+            let (a, _) = fuse(&aa, nvml, &th);
+            assert_eq!(a.confidence, 0.32, "{cause:?} {tto}");
+        }
     }
 }
