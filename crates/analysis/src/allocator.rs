@@ -591,7 +591,7 @@ impl AgentDevice {
             || fit.r2 < NEIGHBOUR_R2
             || fit.span < th.trust_span_seconds
             || !pace::both_halves(&upper, rise)
-            || pace::largest_jump(&upper) > 0.2 * rise
+            || pace::largest_jump(&upper) > pace::MAX_JUMP * rise
             || !rises_almost_always(&upper)
         {
             return None;

@@ -651,3 +651,23 @@ fn mixed_sets_as_first_judged() {
         }
     }
 }
+
+/// The allocator's forecast of a fragmented cache holds from one reading
+/// to the next: on `mixed-b`'s fragmenter its gate on the largest jump sat
+/// where the fragmenter's buckets land, so the forecast came and went
+/// every other second and the published time to OOM jumped between ~80 s
+/// and ~45 min 6 times (once now, as the OOM comes).
+#[test]
+fn a_fragmented_cache_s_time_to_oom_holds_from_one_reading_to_the_next() {
+    use memprof_analysis::evaluate::replay::{replay, Mode};
+    let recs = set("mixed-b", 4);
+    let rec = recs.iter().find(|r| r.name == "fragmentation").unwrap();
+    let r = replay(rec, &Thresholds::default(), Mode::Agent);
+    let jumps = r
+        .readings
+        .windows(2)
+        .filter_map(|w| Some((w[0].tto?, w[1].tto?)))
+        .filter(|(x, y)| x.max(*y) > 30.0 && x.max(*y) > 2.0 * x.min(*y))
+        .count();
+    assert!(jumps <= 1, "{jumps} jumps of the time to OOM");
+}
