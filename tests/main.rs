@@ -46,6 +46,7 @@ mod cli_printing;
 mod cli_seed_gaps;
 mod crds;
 mod estimate;
+mod estimate_points;
 mod faults;
 mod gpu_oom_visibility;
 mod notify_end_to_end;

@@ -8,6 +8,7 @@
 
 pub mod calibration;
 pub mod gpus;
+pub mod points;
 pub mod python;
 pub mod render;
 pub mod verdict;
@@ -50,6 +51,11 @@ pub struct Args {
     /// bench/gpu/estimate_calibrate.py writes) instead of the built-in one.
     #[arg(long, value_name = "FILE")]
     pub calibration: Option<PathBuf>,
+    /// Record this estimate in FILE (made if missing), where `memprof profile
+    /// --points FILE` of the same command on a GPU adds the measured peak as
+    /// a calibration point; the error and the margin count FILE's points.
+    #[arg(long, value_name = "FILE")]
+    pub points: Option<PathBuf>,
     #[command(flatten)]
     #[allow(missing_docs)]
     pub output: OutputArgs,
@@ -144,7 +150,14 @@ pub struct Estimate {
 
 /// Runs the subcommand; returns the process exit code.
 pub async fn run(args: Args) -> anyhow::Result<i32> {
-    let cal = calibration::load(args.calibration.as_deref())?;
+    let mut cal = calibration::load(args.calibration.as_deref())?;
+    let recorded = args.points.as_deref().map(points::load).transpose()?;
+    if let Some(r) = &recorded {
+        cal.points.extend(r.completed());
+    }
+    if args.points.is_some() && args.vary.is_some() && !args.accuracy {
+        return Err(points::PointsError::Vary.into());
+    }
     let accuracy = calibration::accuracy(&cal);
     if args.accuracy {
         print(
@@ -160,7 +173,37 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         &estimate,
         args.output.format,
     );
+    if let (Some(path), Some(points)) = (&args.points, recorded) {
+        eprintln!("{}", record(path, points, &args, &estimate)?);
+    }
     Ok(if estimate.verdict.fits { 0 } else { 2 })
+}
+
+/// `--points FILE`: the estimate recorded for a profiled run of the same
+/// command to measure; the line that says so.
+fn record(
+    path: &std::path::Path,
+    mut recorded: points::Points,
+    args: &Args,
+    e: &Estimate,
+) -> Result<String, points::PointsError> {
+    let (command, world_size) = points::key(&args.command, args.world_size);
+    let run = &e.ranks[0].run;
+    recorded.estimated(points::Entry {
+        command: command.clone(),
+        world_size,
+        gpu: e.gpu.clone(),
+        estimate: points::Peaks {
+            allocated_bytes: run.allocated_peak_bytes,
+            reserved_bytes: run.reserved_peak_bytes,
+        },
+        measured: None,
+    });
+    points::save(path, &recorded)?;
+    Ok(format!(
+        "memprof: estimate of `{command}` ({world_size} rank(s)) recorded in {p}; `memprof profile --points {p} -- COMMAND` on a GPU adds what it measures",
+        p = path.display()
+    ))
 }
 
 fn print<T: Serialize>(table: &str, value: &T, format: Format) {

@@ -175,6 +175,10 @@ pub struct Args {
     /// memory_viz opens (`torch.cuda.memory._snapshot()`'s format).
     #[arg(long, value_name = "FILE")]
     pub oom_snapshot: Option<PathBuf>,
+    /// Add this run's measured allocator peaks to FILE's estimate of the
+    /// same command (`memprof estimate --points FILE`): a calibration point.
+    #[arg(long, value_name = "FILE")]
+    pub points: Option<PathBuf>,
     /// Address of the sidecar's /healthz and /metrics (default: a free
     /// loopback port; the agent talks to it over a private Unix socket).
     #[arg(long, value_name = "ADDR")]
@@ -401,6 +405,7 @@ fn finish(
     if let Some(path) = &a.oom_snapshot {
         write_oom_snapshot(path, &report)?;
     }
+    add_point(a.points.as_deref(), &a.command, &report);
     match live::nothing_seen(&report).filter(|_| !a.blind_ok) {
         Some(why) => {
             eprintln!("{}", blind_line(&why, a.sample.backend()));
@@ -411,6 +416,16 @@ fn finish(
             })
         }
         None => Ok(watched.code),
+    }
+}
+
+/// `--points FILE`: the run's measurement beside FILE's estimate of the
+/// same command, said in one line; a file that cannot be used is said too,
+/// and leaves the run's exit status alone (the trainer's).
+fn add_point(points: Option<&Path>, command: &[String], report: &MemoryReportSpec) {
+    if let Some(path) = points {
+        let added = crate::local::estimate::points::add_profiled(path, command, report);
+        eprintln!("{}", added.unwrap_or_else(|e| format!("memprof: {e}")));
     }
 }
 

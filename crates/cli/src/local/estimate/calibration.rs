@@ -86,6 +86,8 @@ pub struct Accuracy {
     pub points: usize,
     /// Of which held out (they set no constant).
     pub held_out: usize,
+    /// Of the held-out, points profiled runs added (`--points`).
+    pub profiled: usize,
     /// Median |error| of peak allocated over the held-out points, percent.
     pub median_allocated_pct: f64,
     /// Median |error| of peak reserved over the held-out points, percent.
@@ -181,16 +183,10 @@ pub fn usable(c: &Calibration) -> Vec<&Point> {
 /// The error table over the recorded points.
 pub fn accuracy(c: &Calibration) -> Accuracy {
     let all = usable(c);
-    let held: Vec<&Point> = all
-        .iter()
-        .copied()
-        .filter(|p| p.split == "held-out")
-        .collect();
-    let fit: Vec<&Point> = all
-        .iter()
-        .copied()
-        .filter(|p| p.split != "held-out")
-        .collect();
+    // A profiled run's point set no constant either: it is held out.
+    let is_held = |p: &&Point| p.split == "held-out" || p.split == super::points::SPLIT_PROFILED;
+    let held: Vec<&Point> = all.iter().copied().filter(is_held).collect();
+    let fit: Vec<&Point> = all.iter().copied().filter(|p| !is_held(p)).collect();
     let abs = |f: fn(&Point) -> (u64, u64)| {
         held.iter()
             .map(|p| {
@@ -211,6 +207,10 @@ pub fn accuracy(c: &Calibration) -> Accuracy {
         gpu: c.gpu.clone(),
         points: all.len(),
         held_out: held.len(),
+        profiled: held
+            .iter()
+            .filter(|p| p.split == super::points::SPLIT_PROFILED)
+            .count(),
         median_allocated_pct: median(abs(allocated)),
         median_reserved_pct: median(abs(reserved)),
         worst_allocated_under_pct: worst_under(&all, allocated),

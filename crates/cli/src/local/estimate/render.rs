@@ -128,8 +128,12 @@ fn vary_line(vary: &serde_json::Value) -> String {
 
 /// One line: the expected error, from the recorded points.
 pub fn expected_error(a: &Accuracy) -> String {
+    let profiled = match a.profiled {
+        0 => String::new(),
+        n => format!(" ({n} of them profiled runs, --points)"),
+    };
     format!(
-        "expected error: median {:.1} % allocated, {:.1} % reserved on {} held-out runs on {}; worst under-estimate {:.1} % allocated, {:.1} % reserved (memprof estimate --accuracy)\n",
+        "expected error: median {:.1} % allocated, {:.1} % reserved on {} held-out runs{profiled} on {}; worst under-estimate {:.1} % allocated, {:.1} % reserved (memprof estimate --accuracy)\n",
         a.median_allocated_pct, a.median_reserved_pct, a.held_out, a.gpu, a.worst_allocated_under_pct, a.worst_reserved_under_pct
     )
 }
