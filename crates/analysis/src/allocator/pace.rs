@@ -77,6 +77,45 @@ pub struct Recent {
     /// The first and the newest push whose step count moved, kept past the
     /// points' two minutes: (time, step).
     moves: Option<((f64, u64), (f64, u64))>,
+    /// The newest stretch of at least the shortest window whose pushes'
+    /// step count stood still, once steps ran again ([`Stall`]).
+    stall: Option<Stall>,
+}
+
+/// Pushes between two moves of the step count: when they began and ended,
+/// and how far the peaks rose over them.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Stall {
+    from: f64,
+    to: f64,
+    rise: f64,
+}
+
+impl Stall {
+    /// The stepless stretch of pushes that ends at the newest of `points`
+    /// (all carrying `step`).
+    fn ending(points: &VecDeque<Point>, step: u64) -> Option<Stall> {
+        let last = points.back()?;
+        let mut first = last;
+        let mut top = last.peak;
+        for p in points.iter().rev().take_while(|p| p.step == Some(step)) {
+            first = p;
+            top = top.max(p.peak);
+        }
+        Some(Stall {
+            from: first.t,
+            to: last.t,
+            rise: top - first.peak,
+        })
+    }
+
+    /// Setup that ended: memory rose by a pace's least rise while no step
+    /// ran for at least three of the trainer's usual steps (`period`) and
+    /// the shortest window, the rule [`Recent::setup_since`] reads while it
+    /// lasts.
+    fn was_setup(&self, period: f64, min_rise: f64) -> bool {
+        self.to - self.from >= (3.0 * period).max(WINDOWS[0]) && self.rise >= min_rise
+    }
 }
 
 impl Recent {
@@ -87,6 +126,11 @@ impl Recent {
             if y > x {
                 let first = self.moves.map_or((p.t, y), |m| m.0);
                 self.moves = Some((first, (p.t, y)));
+                // A usual step is no stall: the newest long one is kept.
+                let stall = Stall::ending(&self.points, x);
+                if stall.is_some_and(|s| s.to - s.from >= WINDOWS[0]) {
+                    self.stall = stall;
+                }
             }
         }
         self.points.push_back(p);
@@ -104,6 +148,7 @@ impl Recent {
     pub fn clear(&mut self) {
         self.points.clear();
         self.moves = None;
+        self.stall = None;
     }
 
     /// The newest push.
@@ -143,6 +188,18 @@ impl Recent {
             && setup(self.points.iter().filter(|p| p.t >= now - tail))
     }
 
+    /// Whether a window from `from` reaches back into setup that has ended
+    /// (weights loaded while no step ran, then training). The rise of
+    /// setup is not a training pace, as the trainer's start is not: read
+    /// with the flat steps after it, it made a leak of a load the moment
+    /// steps ran again.
+    fn reaches_into_setup(&self, from: f64, min_rise: f64) -> bool {
+        match (self.stall, self.step_period()) {
+            (Some(s), Some(period)) => s.to > from && s.was_setup(period, min_rise),
+            _ => false,
+        }
+    }
+
     /// Buckets of the points from `from`: (middle, lowest peak, lowest floor).
     fn buckets(&self, from: f64) -> Vec<(f64, f64, f64)> {
         let mut out: Vec<(f64, f64, f64)> = Vec::new();
@@ -165,7 +222,7 @@ impl Recent {
 
     fn window(&self, from: f64, leak_rate: f64, min_rise: f64) -> Option<Pace> {
         // The window must be covered: its oldest push no later than a bucket in.
-        if self.points.front()?.t > from + BUCKET {
+        if self.points.front()?.t > from + BUCKET || self.reaches_into_setup(from, min_rise) {
             return None;
         }
         let b = self.buckets(from);
@@ -375,6 +432,49 @@ mod tests {
         }
         let p = r.pace(LEAK, LIMIT).expect("a pace");
         assert!(p.setup, "{p:?}");
+    }
+
+    /// Weights loaded while no step ran (30 s at 0.5 GB/s), then steady
+    /// training: no window reaches back into the load once steps run
+    /// again, so the load's rise is never a training pace (it was a leak
+    /// at confidence 1 the moment steps resumed). A leak after it is a
+    /// pace once a window fits after the load.
+    #[test]
+    fn a_window_never_reaches_back_into_setup_that_ended() {
+        let run = |leak: f64| {
+            let mut r = Recent::default();
+            let mut out = Vec::new();
+            for i in 0..=90u64 {
+                let t = i as f64;
+                let load = 0.5 * GB * (t - 20.0).clamp(0.0, 30.0);
+                let kept = leak * (t - 50.0).max(0.0);
+                let step = if i < 20 {
+                    i
+                } else if i < 50 {
+                    20
+                } else {
+                    i - 30
+                };
+                r.push(Point {
+                    t,
+                    peak: 20.0 * GB + load + kept,
+                    floor: 10.0 * GB + load + kept,
+                    step: Some(step),
+                });
+                out.push((t, r.pace(LEAK, LIMIT)));
+            }
+            out
+        };
+        for (t, p) in run(0.0) {
+            assert!(t <= 50.0 || p.is_none(), "at {t}: {p:?}");
+        }
+        let leak = run(0.1 * GB);
+        let (t, p) = leak
+            .iter()
+            .find(|(_, p)| p.is_some_and(|p| !p.setup))
+            .unwrap();
+        assert!(*t >= 58.0 && *t <= 62.0, "at {t}: {p:?}");
+        assert!(!p.unwrap().floor_flat && (p.unwrap().slope - 0.1 * GB).abs() < 0.02 * GB);
     }
 
     /// A process whose step count never moved (no optimizer: inference,
