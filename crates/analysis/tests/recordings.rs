@@ -603,13 +603,13 @@ fn setup_sets_as_first_judged() {
 /// of the fourth session's end judged them): a leak of kept evaluation
 /// graphs, a slow neighbour, a slow leak, a growing demand without
 /// accumulation, a fragmenter and 60 s legitimate runs, on two models no
-/// earlier set used. As first judged, every cause living >= 90 s went high
-/// >= 66 s before its OOM from each source that can see it, with every
+/// earlier set used. As first judged, every cause living at least 90 s went
+/// high at least 66 s before its OOM from each source that can see it, with every
 /// promised TTO at half-life within 5 %, and no legitimate run raised a
 /// high or a leak flag, except one miss: with the agent, the fragmenter
 /// went high 46 s ahead, 38 s after NVML alone. Since the two sources'
 /// agreement on a fragmented cache counts (`corroborated` in the tracker),
-/// it goes high 83 s ahead (docs/gpu-results.md).
+/// it goes high 84 s ahead (docs/gpu-results.md).
 #[test]
 fn mixed_sets_as_first_judged() {
     // (recording, NVML lead, agent lead), seconds; a TTO bound for both.
