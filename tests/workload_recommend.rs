@@ -4,19 +4,28 @@
 //! workload marks as the webhook gives them; stand-in CRDs, no JobSet
 //! controller runs here) gets one `status.recommendation` per replicated
 //! job, each waiting for the phases its own Jobs' annotation names, and
-//! `memprof recommend` prints it for the JobSet's profile.
+//! `memprof recommend` prints it for the JobSet's profile; a PyTorchJob
+//! (its pods created as the training operator's identity, marked by the
+//! webhook) gets one per replica type, `Master` and `Worker`.
 
 use crate::cli_support;
 use crate::common;
+use crate::tenant_support;
+use crate::webhook_support;
 use crate::workload_support;
 
 use common::*;
 use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DynamicObject, PostParams};
 use kube::{Client, ResourceExt};
+use memprof::api::admission::Keys;
 use memprof::api::workload::WorkloadKind;
 use memprof::api::workload_mark::{sign, Link, ANNOTATION_WORKLOAD_MARK};
-use memprof::api::{AllocatorStats, MemoryProfile, PhasePeak, RiskLevel, RoleRecommendation};
+use memprof::api::{
+    AllocatorStats, MemoryProfile, MemoryReport, PhasePeak, RiskLevel, RoleRecommendation,
+};
+use memprof::webhook::{InjectionConfig, MarkConfig, WorkloadIdentities};
 use serde_json::{json, Value};
 use workload_support::*;
 
@@ -80,8 +89,15 @@ async fn child(
 /// trainer's allocator at `reserved` bytes after 10 steps of `phases`.
 async fn trained(admin: &Client, ns: &str, job: &str, reserved: u64, phases: &[&str], t: u64) {
     let pod = job_pods(admin, ns, job, 1).await.remove(0);
+    let report = measured(&pod, job, reserved, phases, t);
+    apply_report(admin, ns, &report).await;
+}
+
+/// The report of `pod` (claiming `job`'s profile) whose trainer's
+/// allocator is at `reserved` bytes after 10 steps of `phases`.
+fn measured(pod: &Pod, job: &str, reserved: u64, phases: &[&str], t: u64) -> MemoryReport {
     let gpus = vec![gpu(0, 60, 60, RiskLevel::Low, None)];
-    let mut report = pod_report(&pod, job, 0, &at(t), gpus);
+    let mut report = pod_report(pod, job, 0, &at(t), gpus);
     report.spec.allocator = Some(AllocatorStats {
         allocated_bytes: reserved / 2,
         reserved_bytes: reserved,
@@ -96,10 +112,10 @@ async fn trained(admin: &Client, ns: &str, job: &str, reserved: u64, phases: &[&
             .collect(),
         ..Default::default()
     });
-    apply_report(admin, ns, &report).await;
+    report
 }
 
-/// The JobSet profile's recommendation once `done` holds for it.
+/// The profile `train`'s recommendation once `done` holds for it.
 async fn recommendation(
     profiles: &Api<MemoryProfile>,
     what: &str,
@@ -190,5 +206,84 @@ async fn each_replicated_job_of_a_jobset_gets_a_recommendation_once_its_phases_w
     let mib = request.div_ceil(1 << 20).to_string();
     let hami = &doc["roles"][1]["schedulers"]["hami"]["resources"]["limits"]["nvidia.com/gpumem"];
     assert_eq!(hami.as_str(), Some(mib.as_str()), "{doc:?}");
+    op.stop().await;
+}
+
+/// The webhook, told that [`TRAINING_OPERATOR`] creates PyTorchJobs' pods,
+/// registered (the chart's hooks and the workloads hook) for `ns` only.
+async fn pytorch_admission(
+    admin: &Client,
+    ns: &str,
+) -> (webhook_support::Server, [webhook_support::Registration; 2]) {
+    webhook_support::label_namespace(admin, ns).await;
+    let config = InjectionConfig {
+        marks: MarkConfig {
+            keys: Keys::of(admission_keys(ns).await),
+            ..Default::default()
+        },
+        workloads: WorkloadIdentities {
+            training_operator: vec![TRAINING_OPERATOR.into()],
+            ..Default::default()
+        },
+        ..webhook_support::test_config(admin).await
+    };
+    let server = webhook_support::start_server_with(config).await;
+    webhook_support::register(admin, ns, &server.url, &server.ca_pem).await;
+    let hooks = webhook_support::Registration(ns.to_string());
+    let workloads = register_workloads(admin, ns, &server.url, &server.ca_pem).await;
+    webhook_support::wait_until_active(admin, ns).await;
+    (server, [hooks, workloads])
+}
+
+#[tokio::test]
+async fn a_pytorchjob_gets_a_recommendation_per_replica_type() {
+    let Some((admin, ns)) = workload_cluster().await else {
+        return;
+    };
+    let n = ns.name.as_str();
+    let (server, hooks) = pytorch_admission(&admin, n).await;
+    // What tenant_support::user_with checks the Role by (a list of Jobs), and pod creation.
+    let rules = json!([{"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get"]},
+                       {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["list"]}]);
+    let operator = tenant_support::user_with(&admin, n, TRAINING_OPERATOR, rules).await;
+    let op = start_operator(&admin, n);
+    let mut manifest = pytorchjob("train", 2, json!({"memprof.dev/managed": "true"}));
+    manifest["metadata"]["annotations"] =
+        json!({"memprof.dev/enabled": "true", "memprof.dev/recommend-phases": "none"});
+    let pt = create(&admin, n, WorkloadKind::PyTorchJob, manifest).await;
+    let pods: Api<Pod> = Api::namespaced(operator.clone(), n);
+    let mut made = vec![];
+    for (rtype, index) in [("master", 0), ("worker", 0), ("worker", 1)] {
+        let pod: Pod = serde_json::from_value(pytorch_pod(&pt, rtype, index)).unwrap();
+        made.push(pods.create(&PostParams::default(), &pod).await.unwrap());
+    }
+    // The sidecars' writes: signed here as the writers webhook would (the
+    // hooks go first so that they do not unmark them).
+    drop(hooks);
+    server.stop().await;
+    for (pod, reserved) in made.iter().zip([6 * GB, 20 * GB, 24 * GB]) {
+        apply_report(
+            &admin,
+            n,
+            &measured(pod, "train", reserved, &["forward"], 0),
+        )
+        .await;
+    }
+    let profiles: Api<MemoryProfile> = Api::namespaced(admin.clone(), n);
+    let recs = recommendation(&profiles, "Master and Worker requests", |r| {
+        r.len() == 2 && r.iter().all(|r| r.request_bytes.is_some()) && r[1].basis.ranks == 2
+    })
+    .await;
+    let (master, worker) = (&recs[0], &recs[1]);
+    assert_eq!(
+        (master.role.as_str(), worker.role.as_str()),
+        ("Master", "Worker")
+    );
+    assert_eq!(master.peak_bytes, Some(6 * GB), "{master:?}");
+    assert_eq!(worker.peak_bytes, Some(24 * GB), "{worker:?}");
+    assert_eq!(worker.basis.ranks_measured, 2, "{worker:?}");
+    let args = ["recommend", "train", "-n", n, "-o", "json"];
+    let doc: Value = serde_json::from_str(&cli_support::ok(&args).await).unwrap();
+    assert_eq!(doc["kind"].as_str(), Some("PyTorchJob"), "{doc:?}");
     op.stop().await;
 }

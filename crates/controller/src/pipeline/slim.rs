@@ -280,7 +280,9 @@ pub(super) fn pytorchjob(o: &mut kube::api::DynamicObject) {
     meta.finalizers = None;
     meta.owner_references = None;
     meta.labels = None;
-    only(&mut meta.annotations, &[ANNOTATION_ENABLED], MAX_ANNOTATION);
+    // The opt-in, and the phases its recommendation waits for.
+    let keep = [ANNOTATION_ENABLED, ANNOTATION_RECOMMEND_PHASES];
+    only(&mut meta.annotations, &keep, MAX_ANNOTATION);
     let specs = &o.data["spec"]["pytorchReplicaSpecs"];
     let mut kept = serde_json::Map::new();
     for rtype in ["Master", "Worker"] {
