@@ -125,6 +125,8 @@ pub struct Tracker {
     last_t: f64,
     verdicts: Vec<GpuVerdict>,
     agent_assessments: Vec<AllocatorAssessment>,
+    /// The trainer's processes known without the agent ([`Tracker::own_processes`]).
+    own: Vec<u32>,
 }
 
 impl Tracker {
@@ -142,7 +144,17 @@ impl Tracker {
             last_t: f64::NEG_INFINITY,
             verdicts: Vec::new(),
             agent_assessments: Vec::new(),
+            own: Vec::new(),
         }
+    }
+
+    /// The trainer's processes as the host knows them without the agent
+    /// (`memprof profile`: the command it started and that command's
+    /// children), in NVML's pid namespace. With them, growth NVML sees in
+    /// another process is blamed on that process (cause `neighbour`, no
+    /// leak flag) instead of on the trainer.
+    pub fn own_processes(&mut self, pids: Vec<u32>) {
+        self.own = pids;
     }
 
     /// The thresholds in force.
@@ -251,12 +263,23 @@ impl Tracker {
             .is_some_and(|at| self.last_t - at <= AGENT_FRESH_SECONDS)
     }
 
+    /// The trainer's pids: the agent's and those known without it.
+    fn trainer_pids(&self) -> Vec<u32> {
+        let mut pids = self.agent.pids();
+        for p in &self.own {
+            if !pids.contains(p) {
+                pids.push(*p);
+            }
+        }
+        pids
+    }
+
     /// Re-assesses every GPU at time `t` (the sidecar: once per second).
     pub fn analyse(&mut self, t: f64) -> &[GpuVerdict] {
         self.agent_assessments = self.agent.assess();
         let fresh = self.agent_fresh();
         let devices = self.agent.devices();
-        let pids = self.agent.pids();
+        let pids = self.trainer_pids();
         let th = &self.thresholds;
         let mut matched = vec![false; devices.len()];
         let mut out = Vec::with_capacity(self.gpus.len());
@@ -273,10 +296,15 @@ impl Tracker {
             let agent = found
                 .map(|i| &self.agent_assessments[i])
                 .filter(|a| fresh && a.risk.risk > RiskLevel::None);
-            let (a, from_agent) = match agent {
+            let (mut a, from_agent) = match agent {
                 Some(aa) => fuse(aa, nvml, th),
                 None => (nvml, false),
             };
+            // The allocator sees growth inside its cache that NVML's
+            // per-process usage cannot: only NVML's own verdict is re-blamed.
+            if !from_agent {
+                blame_neighbour(g, &mut a, &pids, th);
+            }
             let mut v = publish(g, a, t, th, self.hold, &pids);
             v.from_agent = from_agent;
             v.agent_device = found;
@@ -410,10 +438,9 @@ fn growing_process(g: &Gpu, trainer: &[u32], th: &Thresholds) -> Option<(u32, f6
         .iter()
         .filter(|p| !trainer.contains(&p.pid))
         .filter_map(|p| {
-            let pts: Vec<(f64, f64)> = p.usage.iter().copied().collect();
-            let fit = theil_sen(&pts)?;
-            let now = pts.last()?.1;
-            (fit.slope > th.leak_bytes_per_second).then_some((p.pid, now, fit.slope))
+            let slope = usage_slope(p)?;
+            let now = p.usage.back()?.1;
+            (slope > th.leak_bytes_per_second).then_some((p.pid, now, slope))
         })
         .max_by(|a, b| a.2.total_cmp(&b.2))
 }
@@ -605,6 +632,71 @@ fn name_growing_process(g: &Gpu, a: &mut Assessment, trainer: &[u32], th: &Thres
         );
         *c = NamedCause::new(c.cause, format!("{}{named}", c.evidence));
     }
+}
+
+/// Growth NVML sees in another process is that process's, not the
+/// trainer's: where the trainer's own processes are on this GPU in NVML's
+/// list (so its pids and NVML's are one namespace), a leak is flagged only
+/// while they grow at least half of the device's pace, and where another
+/// process grows at least half of it while they do not, a growth named a
+/// leak or a growing demand is that neighbour's. Without the trainer's pids on the list (an
+/// agent in a container reports its own namespace's pid) nothing changes:
+/// a pid NVML shows could be the trainer's own.
+fn blame_neighbour(g: &Gpu, a: &mut Assessment, trainer: &[u32], th: &Thresholds) {
+    let own: Option<Vec<f64>> = g
+        .processes
+        .iter()
+        .filter(|p| trainer.contains(&p.pid))
+        .map(|p| recent_growth(p, th.bucket_seconds))
+        .collect();
+    let Some(own) = own.filter(|o| !o.is_empty()) else {
+        return;
+    };
+    let own_rate: f64 = own.iter().map(|s| s.max(0.0)).sum();
+    if own_rate <= th.leak_bytes_per_second || own_rate < a.growth_bytes_per_second / 2.0 {
+        a.leak_suspected = false;
+    }
+    let Some(c) = a.cause.as_ref() else {
+        return;
+    };
+    let Some((_, _, rate)) = growing_process(g, trainer, th) else {
+        return;
+    };
+    let named = matches!(c.cause, Cause::Leak | Cause::GrowingDemand);
+    if named && rate >= a.growth_bytes_per_second / 2.0 && own_rate < rate / 2.0 {
+        a.cause = Some(NamedCause::new(Cause::Neighbour, c.evidence.clone()));
+        a.leak_suspected = false;
+    }
+}
+
+/// A process's growth now, bytes per second: the highest usage of the
+/// newest `bucket` seconds over that of the bucket before (envelopes, as
+/// everywhere: a trainer that empties its cache dips between them). Not
+/// over all its history: a trainer whose start climb is still in view has
+/// not grown since a neighbour began to. `None` before two buckets.
+fn recent_growth(p: &Process, bucket: f64) -> Option<f64> {
+    let now = p.usage.back()?.0;
+    if p.usage.front()?.0 > now - 2.0 * bucket {
+        return None;
+    }
+    let top = |from: f64, to: f64| {
+        p.usage
+            .iter()
+            .filter(|u| u.0 > from && u.0 <= to)
+            .map(|u| u.1)
+            .fold(f64::NEG_INFINITY, f64::max)
+    };
+    let (newest, before) = (
+        top(now - bucket, now),
+        top(now - 2.0 * bucket, now - bucket),
+    );
+    (newest.is_finite() && before.is_finite()).then(|| (newest - before) / bucket)
+}
+
+/// A process's pace over its recent usage, bytes per second.
+fn usage_slope(p: &Process) -> Option<f64> {
+    let pts: Vec<(f64, f64)> = p.usage.iter().copied().collect();
+    theil_sen(&pts).map(|f| f.slope)
 }
 
 #[cfg(test)]
@@ -840,6 +932,47 @@ mod tests {
             let (aa, nvml) = two_forecasts(cause, tto);
             let (a, _) = fuse(&aa, nvml, &th);
             assert_eq!(a.confidence, 0.32, "{cause:?} {tto}");
+        }
+    }
+
+    /// From NVML alone, a neighbour growing in 512 MiB segments beside a
+    /// steady trainer (from 30 s on) reads as the trainer's growth. Told the trainer's
+    /// pids (`memprof profile` knows the command it started), the growth
+    /// is the neighbour's: cause `neighbour` naming its pid, no leak flag
+    /// at any reading. Told pids NVML does not list (another pid
+    /// namespace), nothing is re-named.
+    #[test]
+    fn nvml_alone_blames_a_neighbour_once_it_knows_the_trainers_pids() {
+        let th = Thresholds::default();
+        let run = |own: Vec<u32>| {
+            let mut tr = Tracker::new(&th);
+            tr.own_processes(own);
+            let trainer = 40 * G;
+            let mut at_high = None;
+            let mut leak = false;
+            for s in 0..=150 {
+                let t = s as f64;
+                // The neighbour starts 30 s after the trainer.
+                let others = (s.max(30) - 30) as u64 / 2 * (G / 2);
+                let used = (trainer + others).min(80 * G);
+                tr.sample(t, 0, Some("GPU-a"), used, 80 * G);
+                let list = [(100, trainer), (200, others)];
+                tr.processes(t, 0, &list[..if s < 30 { 1 } else { 2 }]);
+                let v = tr.analyse(t)[0].clone();
+                leak |= v.assessment.leak_suspected;
+                if v.assessment.risk >= RiskLevel::High && at_high.is_none() {
+                    at_high = v.assessment.cause.clone();
+                }
+            }
+            (at_high.expect("high before the GPU is full"), leak)
+        };
+        let (c, leak) = run(vec![100]);
+        assert_eq!(c.cause, Cause::Neighbour, "{c:?}");
+        assert!(c.evidence.contains("pid 200 holds "), "{c:?}");
+        assert!(!leak);
+        for own in [vec![], vec![4242]] {
+            let (c, _) = run(own.clone());
+            assert_ne!(c.cause, Cause::Neighbour, "{own:?}: {c:?}");
         }
     }
 }

@@ -14,7 +14,7 @@ use memprof_analysis::evaluate::recording::{
 };
 use memprof_analysis::evaluate::{evaluate, render, Evaluation};
 use memprof_api::thresholds::Thresholds;
-use memprof_api::{MemoryGrowth, RiskLevel};
+use memprof_api::{Cause, MemoryGrowth, RiskLevel};
 use std::path::{Path, PathBuf};
 
 fn root() -> PathBuf {
@@ -693,4 +693,60 @@ fn setup_that_ended_is_no_training_pace() {
         assert_eq!(a.high_seconds, 0.0, "{name} {a:?}");
         assert!(a.false_leak_seconds <= 2.0, "{name} {a:?}");
     }
+}
+
+/// Every recorded neighbour, from NVML alone told the trainer's pid (as
+/// `memprof profile` knows the command it started; the recordings' trainer
+/// is the process the agent pushed from): named `neighbour` with the
+/// neighbour's pid at its first high, and no leak flag at any reading,
+/// where NVML alone without the pid named each one a leak and raised the
+/// flag. Its first high comes as soon as before.
+#[test]
+fn nvml_told_the_trainers_pid_blames_every_recorded_neighbour() {
+    use memprof_analysis::evaluate::replay::{drive_tracker, Mode};
+    use memprof_analysis::tracker::Tracker;
+    let th = Thresholds::default();
+    let first_high = |tr: Tracker, rec: &Recording| {
+        let (mut at, mut leak) = (None, false);
+        drive_tracker(tr, rec, Mode::Nvml, |t, v| {
+            let a = &v[0].assessment;
+            if a.leak_suspected && std::env::var("DBG").is_ok() {
+                eprintln!(
+                    "{} leak {:?} {:?} {}",
+                    t - rec.truth.start,
+                    a.risk,
+                    a.cause.as_ref().map(|c| c.cause),
+                    a.reason
+                );
+            }
+            leak |= a.leak_suspected && t >= rec.truth.cause_from.unwrap_or(t);
+            if a.risk >= RiskLevel::High && at.is_none() {
+                at = Some((t, a.cause.clone().unwrap()));
+            }
+        });
+        (at.unwrap(), leak)
+    };
+    let mut seen = 0;
+    for (name, n) in [
+        ("causes-fresh", 7),
+        ("causes-fresh2", 7),
+        ("smooth-c", 4),
+        ("smooth-d", 4),
+        ("mixed-a", 5),
+    ] {
+        for rec in set(name, n).iter().filter(|r| r.truth.cause == "neighbour") {
+            let pid = rec.pushes[0].1.pid;
+            let mut told = Tracker::new(&th);
+            told.own_processes(vec![pid]);
+            let ((t, c), leak) = first_high(told, rec);
+            let ((t0, c0), leak0) = first_high(Tracker::new(&th), rec);
+            assert_eq!(c.cause, Cause::Neighbour, "{name}: {c:?}");
+            assert_ne!(c0.cause, Cause::Neighbour, "{name}: {c0:?}");
+            assert!(c.evidence.contains("pid ") && !c.evidence.contains(&format!("pid {pid} ")));
+            assert!(!leak && leak0, "{name}: leak flag {leak} told, {leak0} not");
+            assert!(t <= t0, "{name}: first high at {t}, {t0} before");
+            seen += 1;
+        }
+    }
+    assert_eq!(seen, 5);
 }

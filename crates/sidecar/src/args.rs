@@ -78,6 +78,12 @@ pub struct Args {
     /// Write the final report as JSON to this file.
     #[arg(long)]
     pub output: Option<String>,
+    /// A file holding the trainer's pid (`memprof profile` writes it once it
+    /// started the command): that process and its children are the
+    /// trainer's, and growth NVML sees in any other process is blamed on
+    /// that process (cause `neighbour`), not on the trainer.
+    #[arg(long)]
+    pub trainer_pid_file: Option<std::path::PathBuf>,
     /// Record every sample to this CSV trace (`t_s,gpu,used_bytes,total_bytes`).
     #[arg(long)]
     pub trace_out: Option<String>,

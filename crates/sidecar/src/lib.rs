@@ -27,6 +27,7 @@ pub mod sampler;
 pub mod server;
 pub mod setup;
 pub mod socket;
+pub mod trainer;
 pub mod writer;
 
 pub use args::Args;

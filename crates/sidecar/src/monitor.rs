@@ -81,6 +81,12 @@ impl Monitor {
         Ok(())
     }
 
+    /// The trainer's processes known without the agent (see
+    /// [`memprof_analysis::tracker::Tracker::own_processes`]).
+    pub fn own_processes(&mut self, pids: Vec<u32>) {
+        self.tracker.own_processes(pids);
+    }
+
     /// Re-assesses every GPU, NVML's and the agent's; returns the worst
     /// published risk.
     pub fn analyse(&mut self) -> RiskLevel {

@@ -335,6 +335,9 @@ impl Sidecar {
 
     /// Step 2: the report as of now, and the per-GPU gauges from it.
     fn analyse(&mut self) -> MemoryReportSpec {
+        if let Some(file) = &self.args.trainer_pid_file {
+            self.monitor.own_processes(crate::trainer::processes(file));
+        }
         self.monitor.analyse();
         let mut report = self.monitor.report(
             &self.id,

@@ -79,9 +79,19 @@ pub fn drive(
     rec: &Recording,
     th: &Thresholds,
     mode: Mode,
+    each: impl FnMut(f64, &[GpuVerdict]),
+) -> Tracker {
+    drive_tracker(Tracker::new(th), rec, mode, each)
+}
+
+/// [`drive`] with a tracker set up by the caller (the trainer's pids told,
+/// as `memprof profile` tells its sidecar the command it started).
+pub fn drive_tracker(
+    mut tr: Tracker,
+    rec: &Recording,
+    mode: Mode,
     mut each: impl FnMut(f64, &[GpuVerdict]),
 ) -> Tracker {
-    let mut tr = Tracker::new(th);
     let pushes: &[(f64, memprof_api::agent::Push)] = match mode {
         Mode::Nvml => &[],
         Mode::Agent => &rec.pushes,

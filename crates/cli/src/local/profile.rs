@@ -316,13 +316,16 @@ pub async fn profile(a: Args) -> Result<i32, ProfileError> {
     // Removed (socket and all) when the profile ends, however it ends.
     let private = sidecar::PrivateDir::new("profile")?;
     let started = Instant::now();
-    let mut side = Sidecar::start(
-        &exe,
-        &a.sample.sidecar_flags(&files.trace, &files.output),
-        &addr,
-        &private.socket(),
-    )
-    .await?;
+    // The command's pid, once started: the sidecar follows it and its
+    // children as the trainer's processes (growth in any other process on
+    // the GPU is then a neighbour's).
+    let trainer_pid = private.path().join("trainer.pid");
+    let mut flags = a.sample.sidecar_flags(&files.trace, &files.output);
+    flags.extend([
+        "--trainer-pid-file".into(),
+        trainer_pid.display().to_string(),
+    ]);
+    let mut side = Sidecar::start(&exe, &flags, &addr, &private.socket()).await?;
     let mut command = match a.command.is_empty() {
         true => None,
         false => Some(start_command(
@@ -331,6 +334,15 @@ pub async fn profile(a: Args) -> Result<i32, ProfileError> {
             a.agent_path.as_deref(),
         )?),
     };
+    if let Some(pid) = command.as_ref().and_then(tokio::process::Child::id) {
+        // Without it the sidecar only cannot tell whose growth it sees.
+        if let Err(e) = std::fs::write(&trainer_pid, pid.to_string()) {
+            eprintln!(
+                "memprof profile: {}: {e} (a neighbour's growth will read as the trainer's)",
+                trainer_pid.display()
+            );
+        }
+    }
     let watched = live::watch(&mut side, command.as_mut()).await;
     // The trainer's last push needs one sampling interval to be taken.
     if command.is_some() {
