@@ -710,15 +710,6 @@ fn nvml_told_the_trainers_pid_blames_every_recorded_neighbour() {
         let (mut at, mut leak) = (None, false);
         drive_tracker(tr, rec, Mode::Nvml, |t, v| {
             let a = &v[0].assessment;
-            if a.leak_suspected && std::env::var("DBG").is_ok() {
-                eprintln!(
-                    "{} leak {:?} {:?} {}",
-                    t - rec.truth.start,
-                    a.risk,
-                    a.cause.as_ref().map(|c| c.cause),
-                    a.reason
-                );
-            }
             leak |= a.leak_suspected && t >= rec.truth.cause_from.unwrap_or(t);
             if a.risk >= RiskLevel::High && at.is_none() {
                 at = Some((t, a.cause.clone().unwrap()));
