@@ -9,7 +9,8 @@
 //! - a Kueue-managed PyTorchJob is suspended (`runPolicy.suspend`), its
 //!   Master and Worker templates patched, resumed, never deleted;
 //! - one Kueue does not manage is recreated at the top level, its old pods
-//!   deleted (twins of `remediation::critical_rank_recreates_the_job_…`);
+//!   deleted, the profile and its history adopted by the new PyTorchJob
+//!   (twins of `remediation::critical_rank_recreates_the_job_…`);
 //! - `notifyTrainer` reaches its master and every worker, the tally naming
 //!   them by their rank in the PyTorchJob (twin of
 //!   `remediation_notify::notify_trainer_reaches_every_…`);
@@ -205,6 +206,18 @@ async fn a_pytorchjob_kueue_does_not_manage_is_recreated_at_the_top_level() {
         .unwrap();
     assert_ne!(new.uid(), pt.uid(), "a new PyTorchJob");
     assert_eq!(batches(&new), vec![Some(json!("24")), Some(json!("24"))]);
+    // The new PyTorchJob adopts the profile, its history kept: never the
+    // old one, which the garbage collector would take it with.
+    let profiles: Api<MemoryProfile> = Api::namespaced(admin.clone(), ns);
+    eventually("the profile owned by the new PyTorchJob", || async {
+        let p = profiles.get("train").await.map_err(|e| e.to_string())?;
+        let owners: Vec<String> = p.owner_references().iter().map(|o| o.uid.clone()).collect();
+        let kept = p.status.map(|s| s.remediations.len()).unwrap_or_default();
+        (owners == [new.uid().unwrap()] && kept == 1)
+            .then_some(())
+            .ok_or(format!("owners {owners:?}, {kept} records"))
+    })
+    .await;
     let podsapi = Api::<Pod>::namespaced(admin.clone(), ns);
     eventually("the old pods deleted", || async {
         let mut left = Vec::new();
