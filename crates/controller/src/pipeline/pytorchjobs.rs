@@ -14,8 +14,9 @@
 //! or uid gets none, and a Warning Event that says why.
 //!
 //! Each reconcile rolls the whole PyTorchJob up again from the caches
-//! (O(its reports)), as a JobSet's (`workloads.rs`). Not yet: Events and
-//! annotations on the PyTorchJob, remediation (docs/remediation.md).
+//! (O(its reports)), as a JobSet's (`workloads.rs`). Its remediation is the
+//! remediation stage's (`remediation_stage.rs`); its risk Events and
+//! `memprof.dev/` annotations go on the PyTorchJob (`status::submit_workload`).
 
 use super::state::Context;
 use super::tracked::{all_reports, report_of};
