@@ -387,7 +387,7 @@ mod warning {
 
     /// `ROUNDS` requests to each server in turn, after a warm-up of 200.
     async fn interleave(mut servers: [&mut Served; 3], bodies: [&Bytes; 3]) -> Vec<Vec<Duration>> {
-        let mut rows = vec![Vec::with_capacity(ROUNDS); 3];
+        let mut rows: Vec<Vec<Duration>> = (0..3).map(|_| Vec::with_capacity(ROUNDS)).collect();
         for round in 0..ROUNDS + 200 {
             for (i, s) in servers.iter_mut().enumerate() {
                 let t = Instant::now();
