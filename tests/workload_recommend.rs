@@ -287,3 +287,56 @@ async fn a_pytorchjob_gets_a_recommendation_per_replica_type() {
     assert_eq!(doc["kind"].as_str(), Some("PyTorchJob"), "{doc:?}");
     op.stop().await;
 }
+
+/// A TrainJob's profile recommends per replicated job of its JobSet (the
+/// runtime's), each waiting for the phases its Jobs carry (the TrainJob's
+/// `spec.annotations`, which Trainer puts on its JobSet's Jobs; the test
+/// plays Trainer and the JobSet controller).
+#[tokio::test]
+async fn a_trainjobs_profile_recommends_per_replicated_job_of_its_jobset() {
+    let Some((admin, ns)) = workload_cluster().await else {
+        return;
+    };
+    let n = ns.name.as_str();
+    let op = start_operator(&admin, n);
+    let phases = json!({"memprof.dev/recommend-phases": "none"});
+    let manifest = json!({"metadata": {"name": "train"},
+                          "spec": {"trainer": {"numNodes": 2}, "annotations": phases}});
+    let tj = create(&admin, n, WorkloadKind::TrainJob, manifest).await;
+    let mut js = two_roles();
+    js["metadata"]["labels"] = json!({"trainer.kubeflow.org/trainjob-name": "train"});
+    js["metadata"]["ownerReferences"] = controller_ref(WorkloadKind::TrainJob, &tj);
+    let keys = admission_keys(n).await;
+    let link = Link {
+        namespace: n,
+        kind: "JobSet",
+        name: "train",
+        controller_uid: tj.metadata.uid.as_deref().unwrap(),
+        identity: "",
+    };
+    let mark = sign(keys.current().unwrap(), &link, jiff::Timestamp::now()).unwrap();
+    js["metadata"]["annotations"] = json!({ANNOTATION_WORKLOAD_MARK: mark});
+    let js = create(&admin, n, WorkloadKind::JobSet, js).await;
+    for (rjob, index) in [("driver", 0), ("workers", 0), ("workers", 1)] {
+        child(&admin, n, &js, (rjob, index), phases.clone()).await;
+    }
+    trained(&admin, n, "train-driver-0", 3 * GB, &["forward"], 0).await;
+    trained(&admin, n, "train-workers-0", 30 * GB, &["forward"], 0).await;
+    trained(&admin, n, "train-workers-1", 31 * GB, &["forward"], 0).await;
+    let profiles: Api<MemoryProfile> = Api::namespaced(admin.clone(), n);
+    let recs = recommendation(&profiles, "the TrainJob's two roles", |r| {
+        r.len() == 2 && r.iter().all(|r| r.request_bytes.is_some()) && r[1].basis.ranks == 2
+    })
+    .await;
+    let roles: Vec<_> = recs
+        .iter()
+        .map(|r| (r.role.as_str(), r.peak_bytes))
+        .collect();
+    assert_eq!(
+        roles,
+        [("driver", Some(3 * GB)), ("workers", Some(31 * GB))]
+    );
+    let profile = profiles.get("train").await.unwrap();
+    assert_eq!(profile.owner_references()[0].kind, "TrainJob");
+    op.stop().await;
+}
