@@ -22,7 +22,7 @@ use serde_json::{json, Value};
 /// Flags of `memprof recommend`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Job name, or NAMESPACE/JOB.
+    /// Job or workload (JobSet, TrainJob, PyTorchJob) name, or NAMESPACE/NAME.
     pub job: String,
     #[command(flatten)]
     pub kube: KubeArgs,
