@@ -232,6 +232,16 @@
 #| mixed-b        leak180     oom   117    130  --seed 1703 --d-model 832 --layers 12 --heads 13 --seq 1280 --vocab 32000 --batch-schedule 4 --peak-every 5 --leak-mbps 180 --leak-at 6 --life 100 --duration 125
 #| mixed-b        churnlong   none  60     66   --seed 1704 --d-model 832 --layers 12 --heads 13 --seq 1280 --vocab 32000 --batch-schedule 4 --peak-every 5 --empty-cache-every 2.5 --duration 60
 #
+# mixed-c: recorded after the analysis of the fifth session (a fragmented
+# cache corroborated by NVML, no pace window reaching back into setup that
+# ended); another model, sizes and seeds; judged once as it came. What
+# those changes must hold on data they never saw: weights loading after the
+# first steps (legitimate), a fragmenter and a leak.
+#| mixed-c        loadmid3    none  55     62   --seed 1901 --d-model 960 --layers 10 --heads 12 --seq 896 --vocab 32000 --batch-schedule 5 --peak-every 6 --fill-pct 45 --ballast-mbps 1300 --cause load --duration 55
+#| mixed-c        fragmentation other 119  135  --seed 1902 --d-model 960 --layers 10 --heads 12 --seq 896 --vocab 32000 --batch-schedule 5 --peak-every 6 --fragment --leak-at 5 --life 105 --duration 129
+#| mixed-c        leak650     oom   117    130  --seed 1903 --d-model 960 --layers 10 --heads 12 --seq 896 --vocab 32000 --batch-schedule 5 --peak-every 6 --leak-mbps 650 --leak-at 6 --life 100 --duration 125
+#| mixed-c        loadlong3   none  80     88   --seed 1904 --d-model 960 --layers 10 --heads 12 --seq 896 --vocab 32000 --batch-schedule 5 --peak-every 6 --fill-pct 60 --ballast-mbps 900 --cause load --duration 80
+#
 # The selftest set rehearses the whole campaign on a machine without a GPU
 # (`python3 -m pytest -q bench/gpu/selftest`: a stand-in torch, the sim
 # backend); small model, short runs, the same code paths.
@@ -274,7 +284,7 @@ export PYTHONUNBUFFERED=1
 unset MEMPROF_AGENT_RECORD_HISTORY MEMPROF_AGENT_OUTPUT MEMPROF_AGENT_SUMMARY MEMPROF_AGENT_MAX_STEPS MEMPROF_AGENT_DISABLE
 
 usage() {
-  echo "usage: $0 OUTDIR dev|heldout|fresh|causes-dev|causes-heldout|causes-fresh|causes-fresh2|leaks-long-a|leaks-long-b|smooth-a|smooth-b|smooth-c|smooth-d|setup-a|setup-b|mixed-a|mixed-b|selftest [--plan]" >&2
+  echo "usage: $0 OUTDIR dev|heldout|fresh|causes-dev|causes-heldout|causes-fresh|causes-fresh2|leaks-long-a|leaks-long-b|smooth-a|smooth-b|smooth-c|smooth-d|setup-a|setup-b|mixed-a|mixed-b|mixed-c|selftest [--plan]" >&2
   exit 2
 }
 OUT=${1:-}
