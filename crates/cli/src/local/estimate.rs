@@ -8,14 +8,15 @@
 
 pub mod calibration;
 pub mod gpus;
-pub mod points;
 pub mod python;
 pub mod render;
 pub mod verdict;
 
+use crate::local::command_line::Launch;
+use crate::local::points;
 use crate::output::{Format, OutputArgs};
 use calibration::{Accuracy, Calibration};
-use python::{Answer, Launch, Request};
+use python::{Answer, Request};
 use serde::Serialize;
 use std::path::PathBuf;
 
@@ -153,7 +154,7 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
     let mut cal = calibration::load(args.calibration.as_deref())?;
     let recorded = args.points.as_deref().map(points::load).transpose()?;
     if let Some(r) = &recorded {
-        cal.points.extend(r.completed());
+        cal.points.extend(calibration::profiled(r));
     }
     if args.points.is_some() && args.vary.is_some() && !args.accuracy {
         return Err(points::PointsError::Vary.into());
@@ -224,7 +225,7 @@ pub fn estimate(
     if args.command.is_empty() {
         return Err(EstimateError::NoCommand);
     }
-    let launch = python::launch(&args.command, &args.python);
+    let launch = crate::local::command_line::launch(&args.command, &args.python);
     let world = args.world_size.or(launch.world_size).unwrap_or(1).max(1);
     let margin = accuracy.worst_reserved_under_pct / 100.0;
     let fixed = fixed_bytes(cal, world);

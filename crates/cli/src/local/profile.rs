@@ -436,7 +436,7 @@ fn finish(
 /// and leaves the run's exit status alone (the trainer's).
 fn add_point(points: Option<&Path>, command: &[String], report: &MemoryReportSpec) {
     if let Some(path) = points {
-        let added = crate::local::estimate::points::add_profiled(path, command, report);
+        let added = crate::local::points::add_profiled(path, command, report);
         eprintln!("{}", added.unwrap_or_else(|e| format!("memprof: {e}")));
     }
 }

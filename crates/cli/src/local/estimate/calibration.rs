@@ -5,6 +5,7 @@
 //! binary, so every estimate can say its error on them.
 
 use serde::{Deserialize, Serialize};
+use std::path::Path;
 
 /// The recorded file, as committed.
 pub const RECORDED: &str = include_str!("../../../../../bench/estimate/calibration.json");
@@ -134,12 +135,40 @@ pub fn load(path: Option<&std::path::Path>) -> Result<Calibration, BadCalibratio
     Ok(c)
 }
 
-/// Signed error of an estimate, percent of the real value.
-pub fn error_pct(estimate: u64, real: u64) -> f64 {
-    if real == 0 {
-        return 0.0;
+pub use crate::local::points::error_pct;
+use crate::local::points::{Entry, Points, SPLIT_PROFILED};
+
+/// The measured entries of a `--points` file as points (split
+/// `profiled`: held out, they set no constant).
+pub fn profiled(points: &Points) -> Vec<Point> {
+    points.entries.iter().filter_map(point).collect()
+}
+
+fn point(e: &Entry) -> Option<Point> {
+    let m = e.measured.as_ref()?;
+    // The table's RUN column: the script's file name, then its arguments.
+    let (script, rest) = e.command.split_once(' ').unwrap_or((&e.command, ""));
+    let base = Path::new(script).file_name().and_then(|f| f.to_str());
+    let mut name = format!("{} {rest}", base.unwrap_or(script))
+        .trim()
+        .to_string();
+    if name.chars().count() > 40 {
+        name = name.chars().take(39).collect::<String>() + "…";
     }
-    (estimate as f64 - real as f64) * 100.0 / real as f64
+    Some(Point {
+        name,
+        split: SPLIT_PROFILED.into(),
+        real: Real {
+            allocated: m.peaks.allocated_bytes,
+            reserved: m.peaks.reserved_bytes,
+            error: None,
+        },
+        estimate: Estimated {
+            allocated_peak_bytes: e.estimate.allocated_bytes,
+            reserved_peak_bytes: e.estimate.reserved_bytes,
+            error: None,
+        },
+    })
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -184,7 +213,7 @@ pub fn usable(c: &Calibration) -> Vec<&Point> {
 pub fn accuracy(c: &Calibration) -> Accuracy {
     let all = usable(c);
     // A profiled run's point set no constant either: it is held out.
-    let is_held = |p: &&Point| p.split == "held-out" || p.split == super::points::SPLIT_PROFILED;
+    let is_held = |p: &&Point| p.split == "held-out" || p.split == SPLIT_PROFILED;
     let held: Vec<&Point> = all.iter().copied().filter(is_held).collect();
     let fit: Vec<&Point> = all.iter().copied().filter(|p| !is_held(p)).collect();
     let abs = |f: fn(&Point) -> (u64, u64)| {
@@ -207,10 +236,7 @@ pub fn accuracy(c: &Calibration) -> Accuracy {
         gpu: c.gpu.clone(),
         points: all.len(),
         held_out: held.len(),
-        profiled: held
-            .iter()
-            .filter(|p| p.split == super::points::SPLIT_PROFILED)
-            .count(),
+        profiled: held.iter().filter(|p| p.split == SPLIT_PROFILED).count(),
         median_allocated_pct: median(abs(allocated)),
         median_reserved_pct: median(abs(reserved)),
         worst_allocated_under_pct: worst_under(&all, allocated),
@@ -304,6 +330,47 @@ mod tests {
             vec!["worse"]
         );
         assert_eq!(accuracy(&c).worst_reserved_under_pct, 20.0);
+    }
+
+    /// A profiled run's point is held out: it counts in the median error
+    /// and in the margin every verdict is judged with, named by its script.
+    #[test]
+    fn profiled_points_count_in_the_error_and_the_margin() {
+        use crate::local::points::{Measured, Peaks};
+        let mut cal = recorded();
+        let before = accuracy(&cal);
+        let g = 1u64 << 30;
+        let mut points = Points::default();
+        let peaks = |allocated, reserved| Peaks {
+            allocated_bytes: allocated,
+            reserved_bytes: reserved,
+        };
+        points.estimated(Entry {
+            command: "/src/train.py --lr 3e-4".into(),
+            world_size: 1,
+            gpu: "H100-80GB".into(),
+            estimate: peaks(40 * g, 50 * g),
+            measured: None,
+        });
+        points.estimated(Entry {
+            command: "pending.py".into(),
+            world_size: 1,
+            gpu: "H100-80GB".into(),
+            estimate: peaks(g, g),
+            measured: None,
+        });
+        points.entries[0].measured = Some(Measured {
+            peaks: peaks(60 * g, 100 * g),
+            on: "NVIDIA H200".into(),
+        });
+        let profiled = profiled(&points);
+        assert_eq!(profiled.len(), 1, "only what a run measured");
+        assert_eq!(profiled[0].name, "train.py --lr 3e-4");
+        cal.points.extend(profiled);
+        let after = accuracy(&cal);
+        assert_eq!(after.held_out, before.held_out + 1);
+        assert_eq!(after.profiled, 1);
+        assert_eq!(after.worst_reserved_under_pct, 50.0, "{after:?}");
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! measured (its caching allocator's peaks, from the agent) beside it: one
 //! point, estimate against measurement. Every estimate given the same FILE
 //! reports its error on those points with the recorded ones, and judges its
-//! margin with them (`calibration::accuracy`).
+//! margin with them (`estimate::calibration`, which reads them as points).
+//! Apart from `estimate/` because `profile` writes here too.
 //!
 //! A configuration is its command line without the interpreter
 //! (`python3 train.py --lr 3e-4` and `train.py --lr 3e-4` are one) and its
@@ -12,8 +13,7 @@
 //! environment instead is not part of it, so two runs that differ only
 //! there share a key. Both commands print the key they used.
 
-use super::calibration::{Estimated, Point, Real};
-use super::python;
+use crate::local::command_line;
 use memprof_api::MemoryReportSpec;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -100,10 +100,19 @@ pub enum PointsError {
     Vary,
 }
 
+/// Signed error of an estimate, percent of the real value (0 with no real
+/// value): the one rule for every error memprof prints of an estimate.
+pub fn error_pct(estimate: u64, real: u64) -> f64 {
+    if real == 0 {
+        return 0.0;
+    }
+    (estimate as f64 - real as f64) * 100.0 / real as f64
+}
+
 /// A configuration's key: the command line without the interpreter, and
 /// its ranks.
 pub fn key(command: &[String], world_size: Option<u32>) -> (String, u32) {
-    let launch = python::launch(command, "python3");
+    let launch = command_line::launch(command, "python3");
     let mut line = launch.script.join(" ");
     memprof_api::truncate_utf8(&mut line, MAX_KEY);
     (line, world_size.or(launch.world_size).unwrap_or(1).max(1))
@@ -168,42 +177,10 @@ impl Points {
         self.entries[at].measured = Some(m);
         Some(&self.entries[at])
     }
-
-    /// The measured entries as calibration points (split `profiled`).
-    pub fn completed(&self) -> Vec<Point> {
-        self.entries.iter().filter_map(point).collect()
-    }
 }
 
 fn same(a: &Entry, b: &Entry) -> bool {
     a.command == b.command && a.world_size == b.world_size
-}
-
-fn point(e: &Entry) -> Option<Point> {
-    let m = e.measured.as_ref()?;
-    // The table's RUN column: the script's file name, then its arguments.
-    let (script, rest) = e.command.split_once(' ').unwrap_or((&e.command, ""));
-    let base = Path::new(script).file_name().and_then(|f| f.to_str());
-    let mut name = format!("{} {rest}", base.unwrap_or(script))
-        .trim()
-        .to_string();
-    if name.chars().count() > 40 {
-        name = name.chars().take(39).collect::<String>() + "…";
-    }
-    Some(Point {
-        name,
-        split: SPLIT_PROFILED.into(),
-        real: Real {
-            allocated: m.peaks.allocated_bytes,
-            reserved: m.peaks.reserved_bytes,
-            error: None,
-        },
-        estimate: Estimated {
-            allocated_peak_bytes: e.estimate.allocated_bytes,
-            reserved_peak_bytes: e.estimate.reserved_bytes,
-            error: None,
-        },
-    })
 }
 
 /// What a profiled run's trainer measured, from its final report: `None`
@@ -257,7 +234,7 @@ pub fn add_profiled(
 
 fn said(e: &Entry, path: &Path) -> String {
     let m = e.measured.as_ref().expect("just measured");
-    let pct = |est: u64, real: u64| super::calibration::error_pct(est, real);
+    let pct = error_pct;
     format!(
         "memprof: point added to {}: `{}` estimated {} reserved, measured {} on {} ({:+.1}%; allocated {:+.1}%)",
         path.display(),

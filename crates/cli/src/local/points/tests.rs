@@ -2,7 +2,6 @@
 //! what a report without the agent adds.
 
 use super::*;
-use crate::local::estimate::calibration;
 use memprof_api::{AllocatorStats, FragmentationPoint, GpuReport};
 
 const G: u64 = 1 << 30;
@@ -88,38 +87,23 @@ fn a_profiled_run_turns_the_estimate_of_its_command_into_a_point() {
     p.estimated(entry("other.py", 5 * G));
     p.estimated(entry("train.py", 21 * G)); // pending: replaced
     assert_eq!(p.entries.len(), 2);
-    assert!(p.completed().is_empty(), "nothing measured yet");
+    assert!(p.entries.iter().all(|e| e.measured.is_none()));
     let m = measured(&report(22 * G, 22 * G, 20 * G)).unwrap();
     assert_eq!(p.profiled(("absent.py", 1), m.clone()), None);
     assert_eq!(p.profiled(("train.py", 2), m.clone()), None, "other ranks");
     let e = p.profiled(("train.py", 1), m).unwrap();
     assert_eq!(e.estimate.reserved_bytes, 21 * G);
-    let points = p.completed();
-    assert_eq!(points.len(), 1);
-    assert_eq!(
-        (points[0].split.as_str(), points[0].real.reserved),
-        ("profiled", 22 * G)
-    );
+    let measured: Vec<_> = p
+        .entries
+        .iter()
+        .filter_map(|e| e.measured.as_ref())
+        .collect();
+    assert_eq!(measured.len(), 1);
+    assert_eq!(measured[0].peaks.reserved_bytes, 22 * G);
     p.estimated(entry("train.py", 23 * G)); // measured: a new entry
     assert_eq!(p.entries.len(), 3);
-    assert_eq!(p.completed().len(), 1, "the point stays");
-}
-
-/// A profiled point is held out: it counts in the median error and in the
-/// margin every verdict is judged with.
-#[test]
-fn profiled_points_count_in_the_error_and_the_margin() {
-    let mut cal = calibration::recorded();
-    let before = calibration::accuracy(&cal);
-    let mut p = Points::default();
-    p.estimated(entry("train.py", 50 * G));
-    let m = measured(&report(100 * G, 100 * G, 60 * G)).unwrap();
-    p.profiled(("train.py", 1), m);
-    cal.points.extend(p.completed());
-    let after = calibration::accuracy(&cal);
-    assert_eq!(after.held_out, before.held_out + 1);
-    assert_eq!(after.profiled, 1);
-    assert_eq!(after.worst_reserved_under_pct, 50.0, "{after:?}");
+    let kept = p.entries.iter().filter(|e| e.measured.is_some()).count();
+    assert_eq!(kept, 1, "the point stays");
 }
 
 #[test]
@@ -146,7 +130,7 @@ fn the_file_is_written_whole_and_read_back() {
         said.contains("point added") && said.contains("-9.1%"),
         "{said}"
     );
-    assert_eq!(load(&path).unwrap().completed().len(), 1);
+    assert!(load(&path).unwrap().entries[0].measured.is_some());
     let none = add_profiled(&path, &words("python3 x.py"), &report(1, 1, 1)).unwrap();
     assert!(none.contains("no estimate of `x.py`"), "{none}");
     std::fs::write(&path, "{").unwrap();
