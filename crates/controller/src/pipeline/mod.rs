@@ -122,8 +122,8 @@ pub async fn run(
     let stop: Stop = shutdown.boxed().shared();
     let opts = &setup.options;
     let (caches, changes) = watch::start(&client, &setup);
-    let (pytorch, keys) = pytorch_watch::start(&client, &opts.namespace);
-    let changes = futures::stream::select(changes, keys.map(watch::Change::Workload)).boxed();
+    let (pytorch, pytorch_changes) = pytorch_watch::start(&client, &opts.namespace);
+    let changes = futures::stream::select(changes, pytorch_changes).boxed();
     let recorder = Recorder::new(client.clone(), reporter(opts));
     let writer = StatusWriter::new(
         client.clone(),

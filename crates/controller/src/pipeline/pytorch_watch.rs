@@ -1,6 +1,8 @@
 //! The PyTorchJob watches (`pytorchjobs.rs` rolls them up): the profiled
 //! PyTorchJobs and their pods, each slimmed on the way into its cache
-//! (`slim.rs`), and the key of the PyTorchJob each event is about.
+//! (`slim.rs`), and what each event is about: the PyTorchJob's key, and
+//! for a pod its name too (its report is screened again by name, as a
+//! Job's pod's is: the roll-up is kept between reconciles).
 //!
 //! The kind is optional: the watches start once the PyTorchJob API is
 //! served (looked for again every [`LOOK_AGAIN`] until it is); meanwhile
@@ -8,15 +10,15 @@
 //! Apart from `watch.rs`, whose watches are always there.
 
 use super::slim;
+use super::watch::{Change, Changes};
 use crate::key::JobKey;
 use crate::workload::read::api_resource;
-use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DynamicObject, ListParams};
 use kube::runtime::reflector::{store::Writer, Store};
 use kube::runtime::{watcher, WatchStreamExt};
-use kube::{Client, Resource, ResourceExt};
+use kube::{Client, Resource};
 use memprof_api::admission::LABEL_MANAGED;
 use memprof_api::workload::{WorkloadKind, LABEL_TRAINING_JOB_NAME};
 use std::time::Duration;
@@ -59,8 +61,8 @@ async fn served(api: &Api<DynamicObject>, ready: &[watch::Sender<bool>]) {
 }
 
 /// Starts the watches of `ns` (all namespaces when empty): the caches, and
-/// the key of the PyTorchJob each change is about.
-pub(super) fn start(client: &Client, ns: &str) -> (Caches, BoxStream<'static, JobKey>) {
+/// what each change is about.
+pub(super) fn start(client: &Client, ns: &str) -> (Caches, Changes) {
     let ar = api_resource(WorkloadKind::PyTorchJob);
     let (jobs_api, pods_api): (Api<DynamicObject>, Api<Pod>) = if ns.is_empty() {
         (Api::all_with(client.clone(), &ar), Api::all(client.clone()))
@@ -77,7 +79,7 @@ pub(super) fn start(client: &Client, ns: &str) -> (Caches, BoxStream<'static, Jo
         pods: pods_writer.as_reader(),
         ready: ready_rx,
     };
-    let keys = futures::stream::once(async move {
+    let changes = futures::stream::once(async move {
         served(&jobs_api, &ready).await;
         info!("the PyTorchJob API is served: profiling PyTorchJobs");
         let [jobs_ready, pods_ready] = <[_; 2]>::try_from(ready).expect("two channels");
@@ -96,38 +98,37 @@ pub(super) fn start(client: &Client, ns: &str) -> (Caches, BoxStream<'static, Jo
             .modify(slim::pytorch_pod)
             .reflect(pods_writer);
         futures::stream::select(
-            keyed(jobs, jobs_ready, "PyTorchJob", |o| o.metadata.name.clone()),
+            keyed(jobs, jobs_ready, "PyTorchJob", |o| {
+                JobKey::of(o).map(Change::Workload)
+            }),
             keyed(pods, pods_ready, "Pod", |p: &Pod| {
-                p.labels().get(LABEL_TRAINING_JOB_NAME).cloned()
+                let key = JobKey::from_label(p, LABEL_TRAINING_JOB_NAME)?;
+                Some(Change::Pod(key, p.metadata.name.clone()?))
             }),
         )
     })
     .flatten()
     .boxed();
-    (caches, keys)
+    (caches, changes)
 }
 
-/// The key (namespace, `name` of its PyTorchJob) each object an event is
-/// about gives, `ready` marked once the first list is in, errors logged.
+/// What each object an event is about (applied, listed or deleted)
+/// changed, as `change` names it; `ready` marked once the first list is
+/// in, errors logged.
 fn keyed<K: Resource + Send + 'static>(
     events: impl Stream<Item = watcher::Result<watcher::Event<K>>> + Send + 'static,
     ready: watch::Sender<bool>,
     kind: &'static str,
-    name: impl Fn(&K) -> Option<String> + Send + Sync + 'static,
-) -> BoxStream<'static, JobKey> {
+    change: impl Fn(&K) -> Option<Change> + Send + Sync + 'static,
+) -> Changes {
     events
         .filter_map(move |ev| {
-            let key = match ev {
+            let about = match ev {
                 Ok(
                     watcher::Event::Apply(o)
                     | watcher::Event::InitApply(o)
                     | watcher::Event::Delete(o),
-                ) => o
-                    .meta()
-                    .namespace
-                    .clone()
-                    .zip(name(&o))
-                    .map(|(ns, n)| JobKey::new(&ns, &n)),
+                ) => change(&o),
                 Ok(watcher::Event::InitDone) => {
                     ready.send_replace(true);
                     None
@@ -138,7 +139,7 @@ fn keyed<K: Resource + Send + 'static>(
                     None
                 }
             };
-            async move { key }
+            async move { about }
         })
         .boxed()
 }

@@ -13,18 +13,18 @@
 //! already names as owner (`workload::claim`); a namesake of another kind
 //! or uid gets none, and a Warning Event that says why.
 //!
-//! Each reconcile rolls the whole PyTorchJob up again from the caches
-//! (O(its reports)), as a JobSet's (`workloads.rs`). Its remediation is the
-//! remediation stage's (`remediation_stage.rs`); its risk Events and
-//! `memprof.dev/` annotations go on the PyTorchJob (`status::submit_workload`).
+//! Its roll-up is kept between reconciles, as a JobSet's
+//! (`workload_index.rs`): a report event, or a change of one of its pods
+//! (`pytorch_watch.rs` names the pod), screens that report again, not
+//! every rank. Its remediation is the remediation stage's, in the same
+//! reconcile (`remediation_stage.rs`); its risk Events and `memprof.dev/`
+//! annotations go on the PyTorchJob (`status::submit_workload`).
 
 use super::state::Context;
-use super::tracked::{all_reports, report_of};
+use super::workload_refresh::{drop_rollup, refresh, Turn};
 use crate::key::JobKey;
 use crate::operator::rbac::ensure_reporter_rbac;
-use crate::operator::reconcile::{
-    desired_status_from, profile_outdated, profiling_enabled, Rejected,
-};
+use crate::operator::reconcile::{profile_outdated, profiling_enabled};
 use crate::operator::{Error, Result};
 use crate::remediation::replaced_by_memprof;
 use crate::status::submit_workload;
@@ -32,20 +32,20 @@ use crate::workload::claim::{claim, taken_message, Claim};
 use crate::workload::rank::PyTorchShape;
 use crate::workload::read::api_resource;
 use crate::workload::resolve::Workload;
-use crate::workload::rollup::{roll_up, Layout, WorkloadRollup};
+use crate::workload::rollup::Layout;
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::ObjectReference;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
-use memprof_api::workload::{WorkloadKind, LABEL_TRAINING_JOB_NAME, LABEL_WORKLOAD_KIND};
+use memprof_api::workload::{WorkloadKind, LABEL_WORKLOAD_KIND};
 use memprof_api::{
-    MemoryProfile, MemoryProfileSpec, MemoryReport, ANNOTATION_ENABLED, LABEL_JOB, OPERATOR_MANAGER,
+    MemoryProfile, MemoryProfileSpec, ANNOTATION_ENABLED, LABEL_JOB, OPERATOR_MANAGER,
 };
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tracing::{info, warn};
@@ -102,28 +102,27 @@ pub(super) async fn run(ctx: &Context, key: &JobKey) -> Result<Option<Duration>>
     if !replaced_by_memprof(previous.as_ref(), &uid) {
         ensure_profile(ctx, key, &pt, shape.ranks()).await?;
     }
+    // Incremental: the reports and pods noted under its name since the
+    // last reconcile, not every rank (`workload_refresh.rs`).
     let workload = Workload {
         kind: WorkloadKind::PyTorchJob,
         name: key.name.clone(),
         uid: uid.clone(),
     };
-    let mut out = roll_up_now(ctx, key, Layout::PyTorchJob { uid, shape }, now);
-    if let Err(e) = out.evidence.require(None, pt.annotations()) {
-        warn!(workload = %key, error = %e, "memprof.dev/recommend-phases ignored");
-    }
-    let refused: Vec<Rejected> = out
-        .refused
-        .into_iter()
-        .map(|(name, why)| Rejected { name, why })
-        .collect();
-    let mut desired = desired_status_from(&out.rollup, &refused, previous.as_ref(), now);
-    out.evidence.apply(&mut desired.status, shape.ranks());
+    let turn = Turn {
+        claimed: key,
+        child: None,
+        workload: &workload,
+        layout: Layout::PyTorchJob { uid, shape },
+        annotations: Some(pt.annotations()),
+        wkey: key,
+    };
+    let out = refresh(ctx, &turn, previous.as_ref(), now);
     let profile = cached_profile(ctx, key);
     let seen = (profile.as_deref(), previous.as_ref());
-    submit_workload(&ctx.writer, key, &workload, seen, desired.status);
+    submit_workload(&ctx.writer, key, &workload, seen, out.desired.status);
     let next = out
-        .rollup
-        .next_change(now)
+        .next
         .map(|t| Duration::try_from(now.duration_until(t)).unwrap_or_default());
     Ok(Some(next.map_or(RESYNC, |d| {
         d.clamp(Duration::from_millis(100), RESYNC)
@@ -133,6 +132,7 @@ pub(super) async fn run(ctx: &Context, key: &JobKey) -> Result<Option<Duration>>
 /// Profiling was switched off: the PyTorchJob's own profile is deleted
 /// (never a namesake's, nor one that took the name meanwhile).
 async fn switch_off(ctx: &Context, key: &JobKey, uid: &str) -> Result<()> {
+    drop_rollup(ctx, key, uid);
     let profile = cached_profile(ctx, key);
     let Some(p) = profile.filter(|p| p.owner_references().iter().any(|o| o.uid == uid)) else {
         return Ok(());
@@ -159,27 +159,6 @@ async fn switch_off(ctx: &Context, key: &JobKey, uid: &str) -> Result<()> {
     ctx.writer.forget(key);
     info!(workload = %key, "profiling switched off: deleted the PyTorchJob's MemoryProfile");
     Ok(())
-}
-
-/// The PyTorchJob's roll-up now, over every report claiming it and the
-/// cached pods of its name (the layout decides which count).
-fn roll_up_now(ctx: &Context, key: &JobKey, layout: Layout, now: Timestamp) -> WorkloadRollup {
-    let reports: Vec<Arc<MemoryReport>> = all_reports(&ctx.caches, key)
-        .iter()
-        .filter_map(|r| report_of(&ctx.caches, key, r))
-        .collect();
-    let ns = Some(key.namespace.as_str());
-    let pods = ctx.pytorch.pods.state_filter(|p| {
-        p.metadata.namespace.as_deref() == ns
-            && p.labels().get(LABEL_TRAINING_JOB_NAME) == Some(&key.name)
-    });
-    let report_refs: Vec<&MemoryReport> = reports.iter().map(|r| r.as_ref()).collect();
-    let pod_metas: HashMap<&str, &ObjectMeta> = pods
-        .iter()
-        .filter_map(|p| Some((p.metadata.name.as_deref()?, &p.metadata)))
-        .collect();
-    let keys = ctx.setup.options.admission.ring();
-    roll_up(&report_refs, &pod_metas, &layout, &keys, now)
 }
 
 /// The PyTorchJob's profile: named after it, owned by it, labelled with its kind.

@@ -39,8 +39,15 @@ pub(super) struct JobState {
     pub pending: Pending,
     /// The workload a JobSet's child Job rolls up under, as last read (`workloads.rs`).
     pub workload: Option<crate::workload::read::Membership>,
-    /// Under a JobSet's key: its roll-up, shared by its child Jobs' reconciles (`workload_index.rs`).
+    /// Under a workload's key (a JobSet's, a PyTorchJob's): its roll-up,
+    /// shared by its reconciles (a JobSet's child Jobs') (`workload_index.rs`).
     pub workload_rollup: Option<super::workload_index::Cell>,
+    /// Under a JobSet's key: the remediation target last handed to the
+    /// executor and the ranks it was built from (`workloads::remediate`).
+    pub workload_target: Option<(
+        Arc<crate::remediation::Ranks>,
+        Arc<crate::remediation::Target>,
+    )>,
     /// Claimants (by uid) already told that this name's profile is
     /// another workload's (`pytorchjobs.rs`).
     pub name_taken: BTreeSet<String>,

@@ -43,7 +43,8 @@ pub(super) struct Caches {
 pub(super) enum Change {
     /// The Job itself changed.
     Job(JobKey),
-    /// A pod labelled with the Job's name changed (by name).
+    /// A pod labelled with the Job's name changed (by name), or a
+    /// PyTorchJob's pod (`pytorch_watch.rs`: the key is the PyTorchJob's).
     Pod(JobKey, String),
     /// The profile as the API server now holds it, or gone.
     Profile(JobKey, Option<Arc<MemoryProfile>>),
@@ -51,8 +52,7 @@ pub(super) enum Change {
     Policies(String),
     /// A report claiming the Job changed or went (by name).
     Report(JobKey, String),
-    /// A workload above Jobs (a PyTorchJob) or one of its pods changed:
-    /// the workload's key (`pytorch_watch.rs`).
+    /// A workload above Jobs (a PyTorchJob) changed: its key (`pytorch_watch.rs`).
     Workload(JobKey),
 }
 

@@ -41,26 +41,36 @@ use super::watch::{Caches, LABEL_JOB_NAME};
 use crate::key::JobKey;
 use crate::operator::reconcile::{DesiredStatus, WorkloadEvidence};
 use crate::remediation::Ranks;
-use crate::workload::rank::JobSetShape;
 use crate::workload::resolve::{link_identity, step, Step, Workload};
 use crate::workload::rollup::{screen, Layout};
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
-use kube::runtime::reflector::ObjectRef;
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::ResourceExt;
 use memprof_analysis::{JobRollup, RollupLimits};
 use memprof_api::admission::KeyRing;
-use memprof_api::workload::{split_identity, WorkloadKind, LABEL_JOBSET_NAME};
+use memprof_api::workload::{
+    split_identity, WorkloadKind, LABEL_JOBSET_NAME, LABEL_TRAINING_JOB_NAME,
+};
 use memprof_api::{MemoryProfileStatus, LABEL_JOB};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// How often a JobSet's members and reports are all looked at again.
+/// How often a workload's members and reports are all looked at again.
 pub(super) const FULL_PASS: Duration = Duration::from_secs(60);
 
-/// Where a JobSet's roll-up is kept: the JobSet key's state (`state.rs`).
+/// Where a workload's roll-up is kept: the workload key's state (`state.rs`).
 pub(super) type Cell = Arc<Mutex<Option<WorkloadTracked>>>;
+
+/// The caches a workload's roll-up reads: the reports (and a JobSet's
+/// child Jobs and their pods) from the operator's watches, a PyTorchJob's
+/// pods from its own (`pytorch_watch.rs`).
+pub(super) struct Sources<'a> {
+    pub caches: &'a Caches,
+    pub pytorch_pods: &'a Store<Pod>,
+}
 
 /// A proven child Job, as last checked.
 #[derive(Debug)]
@@ -70,77 +80,96 @@ pub(super) struct Member {
     rv: String,
 }
 
-/// A JobSet's roll-up and the screening verdict of every report claiming
-/// one of its child Jobs.
+/// A workload's roll-up and the screening verdict of every report
+/// claiming it (one of a JobSet's child Jobs, a PyTorchJob's own name).
 #[derive(Debug)]
 pub(super) struct WorkloadTracked {
-    /// The JobSet's uid (another JobSet of the name starts afresh) and name.
+    /// The workload's uid (another workload of the name starts afresh) and name.
     pub(super) uid: String,
     name: String,
-    /// Its layout, with the proven children's rank identities.
+    /// Its layout (a JobSet's with the proven children's rank identities).
     layout: Layout,
-    /// Proven children by uid.
-    pub(super) members: HashMap<String, Member>,
-    /// Their names (name → uid).
+    /// A JobSet's proven children by uid (a PyTorchJob has none).
+    members: HashMap<String, Member>,
+    /// The names the counted reports claim, each with the uid of their
+    /// pods' controller: a JobSet's proven children, a PyTorchJob's own.
     by_name: HashMap<String, String>,
     pub(super) rollup: JobRollup,
-    /// Reports claiming a child that screening refused, with why.
+    /// Reports claiming a member that screening refused, with why.
     refused: BTreeMap<String, String>,
-    /// Every report screened, with the child Job (name) it claims.
+    /// Every report screened, with the name (member) it claims.
     known: HashMap<String, String>,
     /// The counted reports' recommendation evidence, by role.
     evidence: WorkloadEvidence,
+    /// Its ranks for remediation, built once per change of the members
+    /// or the layout (`None`: changed since): a reconcile hands the same
+    /// `Arc` on, so a JobSet's child costs no copy of every child Job.
+    ranks: Option<Arc<Ranks>>,
     pub(super) full_pass: Instant,
 }
 
 impl WorkloadTracked {
-    pub(super) fn new(jobset: &Workload, shape: &JobSetShape) -> Self {
+    /// An empty roll-up of `workload` (a JobSet, a PyTorchJob) laid out by
+    /// `layout` (a JobSet's members are found by the first full pass).
+    pub(super) fn new(workload: &Workload, layout: Layout) -> Self {
+        let mut by_name = HashMap::new();
+        if let Layout::PyTorchJob { .. } = layout {
+            // Its reports claim its own name; its pods prove themselves.
+            by_name.insert(workload.name.clone(), workload.uid.clone());
+        }
         WorkloadTracked {
-            uid: jobset.uid.clone(),
-            name: jobset.name.clone(),
-            layout: Layout::JobSet {
-                shape: shape.clone(),
-                members: BTreeMap::new(),
-            },
+            uid: workload.uid.clone(),
+            name: workload.name.clone(),
+            rollup: JobRollup::new(Some(layout.ranks()), RollupLimits::default()),
+            layout,
             members: HashMap::new(),
-            by_name: HashMap::new(),
-            rollup: JobRollup::new(Some(shape.ranks()), RollupLimits::default()),
+            by_name,
             refused: BTreeMap::new(),
             known: HashMap::new(),
             evidence: WorkloadEvidence::default(),
+            ranks: None,
             // A full pass first.
             full_pass: Instant::now() - FULL_PASS,
         }
     }
 
-    /// Takes `shape` as the layout; whether it changed.
-    pub(super) fn set_shape(&mut self, shape: &JobSetShape) -> bool {
-        let Layout::JobSet { shape: held, .. } = &mut self.layout else {
-            return false;
+    /// Takes `layout`'s shape (its members are kept); whether it changed.
+    pub(super) fn set_layout(&mut self, layout: &Layout) -> bool {
+        let changed = match (&mut self.layout, layout) {
+            (Layout::JobSet { shape: held, .. }, Layout::JobSet { shape, .. }) if held != shape => {
+                *held = shape.clone();
+                true
+            }
+            (Layout::PyTorchJob { shape: held, .. }, Layout::PyTorchJob { shape, .. })
+                if held != shape =>
+            {
+                *held = *shape;
+                true
+            }
+            _ => false,
         };
-        if held == shape {
-            return false;
+        if changed {
+            self.rollup.set_expected_ranks(Some(self.layout.ranks()));
+            self.ranks = None;
         }
-        *held = shape.clone();
-        self.rollup.set_expected_ranks(Some(shape.ranks()));
-        true
+        changed
+    }
+
+    /// The phases the workload's own annotations ask its recommendation
+    /// to wait for (a PyTorchJob's: every role); an unreadable value is logged.
+    pub(super) fn require_phases(&mut self, annotations: &BTreeMap<String, String>) {
+        if let Err(e) = self.evidence.require(None, annotations) {
+            tracing::warn!(workload = %self.name, error = %e, "memprof.dev/recommend-phases ignored");
+        }
     }
 
     /// Every member and every report claiming one, looked at again.
-    pub(super) fn full(&mut self, caches: &Caches, ns: &str, keys: &KeyRing, now: Timestamp) {
-        let jobset = self.name.clone();
-        let children = caches.jobs.state_filter(|j| {
-            j.metadata.namespace.as_deref() == Some(ns)
-                && j.labels().get(LABEL_JOBSET_NAME) == Some(&jobset)
-        });
-        self.members.clear();
-        self.by_name.clear();
-        self.layout_members().clear();
-        for job in &children {
-            self.check(ns, job, keys, now);
+    pub(super) fn full(&mut self, src: &Sources<'_>, ns: &str, keys: &KeyRing, now: Timestamp) {
+        if let Layout::JobSet { .. } = self.layout {
+            self.find_members(src.caches, ns, keys, now);
         }
         let names: &HashMap<String, String> = &self.by_name;
-        let claiming = caches.reports.state_filter(|r| {
+        let claiming = src.caches.reports.state_filter(|r| {
             r.metadata.namespace.as_deref() == Some(ns)
                 && r.labels()
                     .get(LABEL_JOB)
@@ -157,9 +186,25 @@ impl WorkloadTracked {
             }
         }
         for (child, name) in &todo {
-            self.apply(caches, ns, child, name, keys, now);
+            self.apply(src, ns, child, name, keys, now);
         }
         self.full_pass = Instant::now();
+    }
+
+    /// A JobSet's members: every cached Job labelled with its name, checked.
+    fn find_members(&mut self, caches: &Caches, ns: &str, keys: &KeyRing, now: Timestamp) {
+        let jobset = self.name.clone();
+        let children = caches.jobs.state_filter(|j| {
+            j.metadata.namespace.as_deref() == Some(ns)
+                && j.labels().get(LABEL_JOBSET_NAME) == Some(&jobset)
+        });
+        self.members.clear();
+        self.by_name.clear();
+        self.layout_members().clear();
+        self.ranks = None;
+        for job in &children {
+            self.check(ns, job, keys, now);
+        }
     }
 
     fn layout_members(&mut self) -> &mut BTreeMap<String, String> {
@@ -208,14 +253,18 @@ impl WorkloadTracked {
                 }
             }
         }
-        before != identity
+        let changed = before != identity;
+        if changed {
+            self.ranks = None;
+        }
+        changed
     }
 
     /// The reconciling child's link, checked again when the Job changed in
     /// the cache since; its reports screened again when that changed anything.
     pub(super) fn check_child(
         &mut self,
-        caches: &Caches,
+        src: &Sources<'_>,
         (key, job): (&JobKey, &Job),
         keys: &KeyRing,
         now: Timestamp,
@@ -228,25 +277,41 @@ impl WorkloadTracked {
         if !self.check(&key.namespace, job, keys, now) {
             return;
         }
-        let mut names: BTreeSet<String> = super::tracked::all_reports(caches, key);
+        let mut names: BTreeSet<String> = super::tracked::all_reports(src.caches, key);
         let under = self.known.iter().filter(|(_, c)| **c == key.name);
         names.extend(under.map(|(r, _)| r.clone()));
         for name in &names {
-            self.apply(caches, &key.namespace, &key.name, name, keys, now);
+            self.apply(src, &key.namespace, &key.name, name, keys, now);
         }
     }
 
-    /// Screens report `name`, claiming child Job `child`, again and updates the roll-up.
+    /// The cached pod `name`, when it is labelled with a member's name (as
+    /// the from-scratch roll-up's pods are chosen): a JobSet's child Job's
+    /// pod in the Job pods' cache, a PyTorchJob's in its own.
+    fn pod(&self, src: &Sources<'_>, ns: &str, name: &str) -> Option<Arc<Pod>> {
+        let at = ObjectRef::new(name).within(ns);
+        let (pod, label) = match self.layout {
+            Layout::JobSet { .. } => (src.caches.pods.get(&at), LABEL_JOB_NAME),
+            Layout::PyTorchJob { .. } => (src.pytorch_pods.get(&at), LABEL_TRAINING_JOB_NAME),
+        };
+        pod.filter(|p| {
+            p.labels()
+                .get(label)
+                .is_some_and(|m| self.by_name.contains_key(m))
+        })
+    }
+
+    /// Screens report `name`, claiming member `child`, again and updates the roll-up.
     pub(super) fn apply(
         &mut self,
-        caches: &Caches,
+        src: &Sources<'_>,
         ns: &str,
         child: &str,
         name: &str,
         keys: &KeyRing,
         now: Timestamp,
     ) {
-        let report = report_of(caches, &JobKey::new(ns, child), name)
+        let report = report_of(src.caches, &JobKey::new(ns, child), name)
             .filter(|_| self.by_name.contains_key(child));
         let Some(report) = report else {
             // Gone, relabelled, or its Job is no member (any more): not
@@ -257,21 +322,9 @@ impl WorkloadTracked {
             return;
         };
         self.known.insert(name.to_string(), child.to_string());
-        let pod = caches
-            .pods
-            .get(&ObjectRef::new(&report.spec.pod_name).within(ns))
-            .filter(|p| {
-                p.labels()
-                    .get(LABEL_JOB_NAME)
-                    .is_some_and(|j| self.by_name.contains_key(j))
-            });
-        match screen(
-            &report,
-            pod.as_deref().map(|p| &p.metadata),
-            &self.layout,
-            keys,
-            now,
-        ) {
+        let pod = self.pod(src, ns, &report.spec.pod_name);
+        let meta = pod.as_deref().map(|p| &p.metadata);
+        match screen(&report, meta, &self.layout, keys, now) {
             Ok((spec, meta)) => {
                 self.refused.remove(name);
                 let role = spec.rank.and_then(|r| self.layout.role(r));
@@ -286,12 +339,19 @@ impl WorkloadTracked {
         }
     }
 
-    /// Its ranks as proven now: what its remediation counts (`remediation::ranks`).
-    pub(super) fn ranks(&self) -> Ranks {
-        Ranks {
-            claims: self.by_name.keys().cloned().collect(),
-            layout: self.layout.clone(),
-        }
+    /// Its ranks as proven now: what its remediation counts
+    /// (`remediation::ranks`). The same `Arc` until the members or the
+    /// layout change: O(members) once per change, not per reconcile.
+    pub(super) fn ranks(&mut self) -> Arc<Ranks> {
+        let (by_name, layout) = (&self.by_name, &self.layout);
+        self.ranks
+            .get_or_insert_with(|| {
+                Arc::new(Ranks {
+                    claims: by_name.keys().cloned().collect(),
+                    layout: layout.clone(),
+                })
+            })
+            .clone()
     }
 
     fn forget(&mut self, name: &str) {
@@ -313,3 +373,6 @@ impl WorkloadTracked {
         (desired, next)
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,68 +1,114 @@
-//! A JobSet's roll-up brought up to date by a reconcile of one of its
-//! child Jobs (`workloads.rs` calls [`refresh`]): the roll-up itself, and
-//! why it is kept between reconciles, are `workload_index.rs`'s.
+//! A workload's roll-up brought up to date by one reconcile: of one of a
+//! JobSet's child Jobs (`workloads.rs`), or of a PyTorchJob
+//! (`pytorchjobs.rs`); both call [`refresh`]. The roll-up itself, and why
+//! it is kept between reconciles, are `workload_index.rs`'s.
 
 use super::state::Context;
-use super::workload_index::{Cell, WorkloadTracked, FULL_PASS};
+use super::workload_index::{Cell, Sources, WorkloadTracked, FULL_PASS};
 use crate::key::JobKey;
 use crate::operator::reconcile::DesiredStatus;
 use crate::remediation::Ranks;
-use crate::workload::rank::JobSetShape;
 use crate::workload::resolve::Workload;
+use crate::workload::rollup::Layout;
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
 use memprof_api::MemoryProfileStatus;
+use std::collections::BTreeMap;
+use std::sync::Arc;
 
-/// The JobSet being rolled up and the child Job whose reconcile does it.
+/// The workload being rolled up and what this reconcile is about.
 pub(super) struct Turn<'a> {
-    /// The child Job's key and object.
-    pub child: (&'a JobKey, &'a Job),
-    /// The JobSet (its uid) and its layout as last read.
-    pub jobset: &'a Workload,
-    pub shape: &'a JobSetShape,
-    /// The JobSet's key (its profile's name).
+    /// The key the reports noted since claim (a JobSet's child Job, a
+    /// PyTorchJob's own name): those are screened again.
+    pub claimed: &'a JobKey,
+    /// A JobSet's child Job whose reconcile this is: its link is checked
+    /// again when it changed in the cache.
+    pub child: Option<&'a Job>,
+    /// The workload whose layout it is (its uid: another of the name
+    /// starts afresh): a JobSet (also under a TrainJob), a PyTorchJob.
+    pub workload: &'a Workload,
+    /// Its layout as last read (a JobSet's members are the roll-up's own).
+    pub layout: Layout,
+    /// The workload's own annotations, where its recommendation's phases
+    /// are read from them (a PyTorchJob's; a JobSet's are its Jobs').
+    pub annotations: Option<&'a BTreeMap<String, String>>,
+    /// The workload's key (its profile's name).
     pub wkey: &'a JobKey,
 }
 
-/// Brings the JobSet's roll-up up to date with what changed under
-/// `turn.child` (everything, on a full pass) and returns the status it
-/// calls for, when that next changes with no event, and its ranks as
-/// proven now (remediation's).
+/// What a refreshed roll-up calls for.
+pub(super) struct Refreshed {
+    /// The status, and when it next changes with no event.
+    pub desired: DesiredStatus,
+    pub next: Option<Timestamp>,
+    /// Its ranks as proven now (remediation's): the same `Arc` as the
+    /// last reconcile's while the members and layout are unchanged.
+    pub ranks: Arc<Ranks>,
+}
+
+/// Brings the workload's roll-up up to date with what changed under
+/// `turn.claimed` (everything, on a full pass).
 pub(super) fn refresh(
     ctx: &Context,
     turn: &Turn<'_>,
     previous: Option<&MemoryProfileStatus>,
     now: Timestamp,
-) -> (DesiredStatus, Option<Timestamp>, Ranks) {
+) -> Refreshed {
     let cell: Cell = ctx.with_state(turn.wkey, |s| {
         s.workload_rollup.get_or_insert_with(Cell::default).clone()
     });
-    let (key, _) = turn.child;
+    let key = turn.claimed;
     let (names, all) = ctx.with_state(key, |s| {
         let names = std::mem::take(&mut s.pending.reports);
         (names, std::mem::take(&mut s.pending.reports_all))
     });
     let mut held = cell.lock().unwrap_or_else(|e| e.into_inner());
     let keys = ctx.setup.options.admission.ring();
-    let replaced = held.as_ref().is_some_and(|t| t.uid != turn.jobset.uid);
+    let replaced = held.as_ref().is_some_and(|t| t.uid != turn.workload.uid);
     if replaced || held.is_none() {
-        let mut fresh = WorkloadTracked::new(turn.jobset, turn.shape);
+        let mut fresh = WorkloadTracked::new(turn.workload, turn.layout.clone());
         // A risk level held in the status carries over a restart of this
-        // process, never over to another JobSet of the same name.
+        // process, never over to another workload of the same name.
         if let Some(p) = previous.filter(|_| !replaced) {
             fresh.rollup.resume_from(p, now);
         }
         *held = Some(fresh);
     }
     let t = held.as_mut().expect("set above");
-    if t.set_shape(turn.shape) || all || t.full_pass.elapsed() >= FULL_PASS {
-        t.full(&ctx.caches, &key.namespace, &keys, now);
+    if let Some(annotations) = turn.annotations {
+        t.require_phases(annotations);
+    }
+    let src = Sources {
+        caches: &ctx.caches,
+        pytorch_pods: &ctx.pytorch.pods,
+    };
+    if t.set_layout(&turn.layout) || all || t.full_pass.elapsed() >= FULL_PASS {
+        t.full(&src, &key.namespace, &keys, now);
     } else {
-        t.check_child(&ctx.caches, turn.child, &keys, now);
+        if let Some(job) = turn.child {
+            t.check_child(&src, (key, job), &keys, now);
+        }
         for name in &names {
-            t.apply(&ctx.caches, &key.namespace, &key.name, name, &keys, now);
+            t.apply(&src, &key.namespace, &key.name, name, &keys, now);
         }
     }
     let (desired, next) = t.desired(previous, now);
-    (desired, next, t.ranks())
+    Refreshed {
+        desired,
+        next,
+        ranks: t.ranks(),
+    }
+}
+
+/// Drops the roll-up kept under `wkey` when it is workload `uid`'s
+/// (profiling switched off: what it held is not needed again).
+pub(super) fn drop_rollup(ctx: &Context, wkey: &JobKey, uid: &str) {
+    let cell = ctx.with_state(wkey, |s| s.workload_rollup.clone());
+    let Some(cell) = cell else {
+        return;
+    };
+    let mut held = cell.lock().unwrap_or_else(|e| e.into_inner());
+    if held.as_ref().is_some_and(|t| t.uid == uid) {
+        *held = None;
+    }
 }
