@@ -14,6 +14,8 @@
 //! target/release/examples/operator_scale --jobs 200 --ranks 16
 //! # one Job against one JobSet of 256 child Jobs x 8 pods, A/B (scale_support/ab.rs)
 //! target/release/examples/operator_scale --workload jobset --ranks 2048 --pods-per-job 8
+//! # one Job against one PyTorchJob of a master and 2,047 workers, A/B
+//! target/release/examples/operator_scale --workload pytorchjob --ranks 2048
 //! ```
 //!
 //! Setup (pods, first reports) is not timed: see `scale_support/setup.rs` for how the
@@ -22,7 +24,7 @@
 
 mod scale_support;
 use scale_support::ab::{self, Case};
-use scale_support::{jobset, load, measure, setup};
+use scale_support::{jobset, load, measure, pytorchjob, setup};
 
 use clap::Parser;
 use kube::api::{Api, DeleteParams};
@@ -81,13 +83,15 @@ struct Args {
     /// one Job of `--ranks` ranks against one JobSet of `--ranks` ranks
     /// (child Jobs of `--pods-per-job` pods), each in its own namespace with
     /// its own operator, `--repeat` times, the order swapped every time.
+    /// `pytorchjob`: the same A/B against one PyTorchJob of `--ranks` ranks
+    /// (a master and `--ranks - 1` workers).
     #[arg(long, value_enum, default_value_t = Workload::Job)]
     workload: Workload,
     /// Pods of each JobSet child Job (`--workload jobset`): 8 is one Job per
     /// node of 8 GPUs, as JobSet runs multi-node training; 1 is a Job per rank.
     #[arg(long, default_value_t = 8)]
     pods_per_job: u32,
-    /// A/B pairs (`--workload jobset`).
+    /// A/B pairs (`--workload jobset` or `pytorchjob`).
     #[arg(long, default_value_t = 1)]
     repeat: u32,
 }
@@ -96,6 +100,7 @@ struct Args {
 enum Workload {
     Job,
     Jobset,
+    Pytorchjob,
 }
 
 impl Args {
@@ -116,10 +121,40 @@ async fn main() -> anyhow::Result<()> {
                 args.jobs == 1 && args.pods_per_job > 0 && args.ranks % args.pods_per_job == 0,
                 "--workload jobset compares one Job with one JobSet: --jobs 1, and --ranks a multiple of --pods-per-job"
             );
-            let outcomes = ab::pairs(args.repeat, |case| run_case(&client, &args, case)).await?;
-            ab::print(&outcomes, args.ranks, args.pods_per_job);
-            Ok(())
+            compare(&client, &args, Case::JobSet).await
         }
+        Workload::Pytorchjob => {
+            anyhow::ensure!(
+                args.jobs == 1 && args.ranks > 0,
+                "--workload pytorchjob compares one Job with one PyTorchJob: --jobs 1"
+            );
+            // Served before its operator starts, which looks for the API once a minute.
+            jobset::install_workload_crds(&client).await?;
+            compare(&client, &args, Case::PyTorchJob).await
+        }
+    }
+}
+
+/// One Job against `other` of the same ranks, `--repeat` pairs (`ab.rs`).
+async fn compare(client: &Client, args: &Args, other: Case) -> anyhow::Result<()> {
+    let outcomes = ab::pairs(args.repeat, other, |case| run_case(client, args, case)).await?;
+    ab::print(&outcomes, args.ranks, other, &case_name(args, other));
+    Ok(())
+}
+
+/// What `case` profiles, in words.
+fn case_name(args: &Args, case: Case) -> String {
+    match case {
+        Case::Jobs => "Job(s)".to_string(),
+        Case::JobSet => format!(
+            "JobSet of {} child Jobs x {} pods",
+            args.ranks / args.pods_per_job.max(1),
+            args.pods_per_job
+        ),
+        Case::PyTorchJob => format!(
+            "PyTorchJob of 1 master and {} workers",
+            args.ranks.saturating_sub(1)
+        ),
     }
 }
 
@@ -362,6 +397,7 @@ async fn create_pods(
             let replicas = args.ranks / args.pods_per_job;
             jobset::create_jobset(client, ns, replicas, args.pods_per_job).await
         }
+        Case::PyTorchJob => pytorchjob::create_pytorchjob(client, ns, args.ranks).await,
     }
 }
 
@@ -478,14 +514,7 @@ impl Snapshot {
 }
 
 fn print_header(args: &Args, case: Case, pods: usize, pods_secs: f64, create_secs: f64) {
-    let what = match case {
-        Case::Jobs => "Job(s)".to_string(),
-        Case::JobSet => format!(
-            "JobSet of {} child Jobs x {} pods",
-            args.ranks / args.pods_per_job,
-            args.pods_per_job
-        ),
-    };
+    let what = case_name(args, case);
     println!(
         "operator_scale: {} {what} x {} ranks ({} GPU each) = {} pods and MemoryReports; \
          2 cores shared by the API server, etcd, the operator and this load generator",

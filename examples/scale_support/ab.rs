@@ -1,5 +1,6 @@
-//! `operator_scale --workload jobset`: one Job against one JobSet of the
-//! same ranks, same machine, same invocation. Each run has its own
+//! `operator_scale --workload jobset` and `--workload pytorchjob`: one Job
+//! against one JobSet (or one PyTorchJob) of the same ranks, same machine,
+//! same invocation. Each run has its own
 //! namespace and operator (so each CPU figure is one operator's), the runs
 //! alternate (Job, JobSet, then JobSet, Job, …) so that a machine shared
 //! with other work loads both alike, and the comparison is of medians over
@@ -15,6 +16,8 @@ pub enum Case {
     Jobs,
     /// One JobSet of `--ranks` ranks in child Jobs of `--pods-per-job` pods.
     JobSet,
+    /// One PyTorchJob of `--ranks` ranks (a master and `--ranks - 1` workers).
+    PyTorchJob,
 }
 
 /// What one run measured.
@@ -42,8 +45,9 @@ impl Outcome {
     }
 }
 
-/// `repeat` pairs, the order swapped every pair; stops at the first failure.
-pub async fn pairs<F, Fut>(repeat: u32, mut run: F) -> anyhow::Result<Vec<Outcome>>
+/// `repeat` pairs of a Job and `other`, the order swapped every pair;
+/// stops at the first failure.
+pub async fn pairs<F, Fut>(repeat: u32, other: Case, mut run: F) -> anyhow::Result<Vec<Outcome>>
 where
     F: FnMut(Case) -> Fut,
     Fut: Future<Output = anyhow::Result<Outcome>>,
@@ -51,9 +55,9 @@ where
     let mut out = Vec::new();
     for pair in 0..repeat.max(1) {
         let order = if pair % 2 == 0 {
-            [Case::Jobs, Case::JobSet]
+            [Case::Jobs, other]
         } else {
-            [Case::JobSet, Case::Jobs]
+            [other, Case::Jobs]
         };
         for case in order {
             println!("== pair {} of {}: {case:?}", pair + 1, repeat.max(1));
@@ -81,16 +85,13 @@ fn over_runs(outcomes: &[Outcome], case: Case, f: impl Fn(&Outcome) -> f64) -> (
 }
 
 /// Every run, then per measure the median over runs of each case, the
-/// range, and JobSet ÷ Job (goal: ≤ 1.10).
-pub fn print(outcomes: &[Outcome], ranks: u32, pods_per_job: u32) {
-    println!(
-        "\nA/B: 1 Job x {ranks} ranks against 1 JobSet of {} child Jobs x {pods_per_job} pods ({ranks} ranks)",
-        ranks / pods_per_job.max(1)
-    );
-    println!("  run  case     burst p50/p90 ms   paced p50/p90 ms   CPU ms/event  events  reconciles  load");
+/// range, and `other` ÷ Job (goal: ≤ 1.10); `what`: `other` in words.
+pub fn print(outcomes: &[Outcome], ranks: u32, other: Case, what: &str) {
+    println!("\nA/B: 1 Job x {ranks} ranks against 1 {what} ({ranks} ranks)");
+    println!("  run  case        burst p50/p90 ms   paced p50/p90 ms   CPU ms/event  events  reconciles  load");
     for (i, o) in outcomes.iter().enumerate() {
         println!(
-            "  {:>3}  {:<7}  {:>7.0} / {:>6.0}   {:>7.0} / {:>6.0}   {:>12.3}  {:>6.0}  {:>10.0}  {}-{}",
+            "  {:>3}  {:<10}  {:>7.0} / {:>6.0}   {:>7.0} / {:>6.0}   {:>12.3}  {:>6.0}  {:>10.0}  {}-{}",
             i + 1,
             format!("{:?}", o.case),
             percentile(&o.burst, 0.5),
@@ -118,7 +119,7 @@ pub fn print(outcomes: &[Outcome], ranks: u32, pods_per_job: u32) {
     println!("  medians over runs (range):");
     for (what, f) in measures {
         let (job, jl, jh) = over_runs(outcomes, Case::Jobs, f);
-        let (set, sl, sh) = over_runs(outcomes, Case::JobSet, f);
+        let (set, sl, sh) = over_runs(outcomes, other, f);
         let ratio = set / job;
         let verdict = if ratio <= 1.10 {
             "within 10 %"
@@ -126,7 +127,7 @@ pub fn print(outcomes: &[Outcome], ranks: u32, pods_per_job: u32) {
             "MISSED"
         };
         println!(
-            "    {what}: Job {job:.3} ({jl:.3}-{jh:.3}), JobSet {set:.3} ({sl:.3}-{sh:.3}): JobSet / Job {ratio:.2} (goal <= 1.10: {verdict})"
+            "    {what}: Job {job:.3} ({jl:.3}-{jh:.3}), {other:?} {set:.3} ({sl:.3}-{sh:.3}): {other:?} / Job {ratio:.2} (goal <= 1.10: {verdict})"
         );
     }
 }

@@ -9,4 +9,5 @@ pub mod ab;
 pub mod jobset;
 pub mod load;
 pub mod measure;
+pub mod pytorchjob;
 pub mod setup;
