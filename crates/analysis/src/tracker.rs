@@ -438,7 +438,10 @@ fn growing_process(g: &Gpu, trainer: &[u32], th: &Thresholds) -> Option<(u32, f6
         .iter()
         .filter(|p| !trainer.contains(&p.pid))
         .filter_map(|p| {
-            let slope = usage_slope(p)?;
+            // Its growth now: a slope through its whole history would count
+            // its first allocation (a neighbour that took 100 GB at once,
+            // then grew 0.4 GB/s, read +2.4 GiB/s on an H200).
+            let slope = recent_growth(p, th.bucket_seconds).or_else(|| usage_slope(p))?;
             let now = p.usage.back()?.1;
             (slope > th.leak_bytes_per_second).then_some((p.pid, now, slope))
         })
@@ -974,5 +977,29 @@ mod tests {
             let (c, _) = run(own.clone());
             assert_ne!(c.cause, Cause::Neighbour, "{own:?}: {c:?}");
         }
+    }
+
+    /// The rate the evidence gives a growing process is its growth now: a
+    /// neighbour that took 30 GiB at once and then grew 0.4 GB/s reads
+    /// 0.4 GB/s, not a slope through its first allocation (which read
+    /// +2.4 GiB/s for 0.4 GB/s on an H200).
+    #[test]
+    fn a_neighbours_rate_is_its_growth_now_not_its_first_allocation() {
+        let th = Thresholds::default();
+        let mut tr = Tracker::new(&th);
+        for s in 0..60u64 {
+            let t = s as f64;
+            tr.sample(t, 0, Some("GPU-a"), 70 * G, 80 * G);
+            // Its CUDA context from the start, 30 GiB at 30 s, then 0.4 GB/s.
+            let others = if s < 30 {
+                G / 2
+            } else {
+                30 * G + (0.4e9 * (t - 30.0)) as u64
+            };
+            tr.processes(t, 0, &[(100, 10 * G), (200, others)]);
+        }
+        let (pid, _, rate) = growing_process(&tr.gpus[0], &[100], &th).unwrap();
+        assert_eq!(pid, 200);
+        assert!((rate - 0.4e9).abs() < 0.04e9, "{rate}");
     }
 }
