@@ -74,8 +74,9 @@ pub struct Pace {
 #[derive(Clone, Debug, Default)]
 pub struct Recent {
     points: VecDeque<Point>,
-    /// The first and the newest push whose step count moved, kept past the
-    /// points' two minutes: (time, step).
+    /// The push before the first move of the step count, and the newest
+    /// push whose count moved, kept past the points' two minutes: (time,
+    /// step).
     moves: Option<((f64, u64), (f64, u64))>,
     /// The newest stretch of at least the shortest window whose pushes'
     /// step count stood still, once steps ran again ([`Stall`]).
@@ -121,10 +122,13 @@ impl Stall {
 impl Recent {
     /// Adds a push.
     pub fn push(&mut self, p: Point) {
-        let before = self.points.back().and_then(|b| b.step);
-        if let (Some(x), Some(y)) = (before, p.step) {
+        let before = self.points.back().and_then(|b| Some((b.t, b.step?)));
+        if let (Some((t0, x)), Some(y)) = (before, p.step) {
             if y > x {
-                let first = self.moves.map_or((p.t, y), |m| m.0);
+                // The first move counts from the push before it: y - x
+                // steps ran between the two (a warm-up of 12 steps inside
+                // one push interval gives the period at once).
+                let first = self.moves.map_or((t0, x), |m| m.0);
                 self.moves = Some((first, (p.t, y)));
                 // A usual step is no stall: the newest long one is kept.
                 let stall = Stall::ending(&self.points, x);
@@ -165,8 +169,9 @@ impl Recent {
             .find_map(|w| self.window(now - w, leak_rate, MIN_RISE_FRACTION * limit))
     }
 
-    /// Seconds per training step, from the first and the newest pushes
-    /// whose step count moved; `None` before two moves. A process whose
+    /// Seconds per training step, from the push before the first move of
+    /// the count to the newest push that moved it; `None` before a move. A
+    /// process whose
     /// steps never moved (inference, evaluation alone, a count that stays
     /// 0 with no optimizer) never reads as setting up: its growth is judged
     /// as any other. Why the period: a window holds setup only if steps
@@ -475,6 +480,26 @@ mod tests {
             .unwrap();
         assert!(*t >= 58.0 && *t <= 62.0, "at {t}: {p:?}");
         assert!(!p.unwrap().floor_flat && (p.unwrap().slope - 0.1 * GB).abs() < 0.02 * GB);
+    }
+
+    /// A warm-up of 12 steps inside one push interval, then weights
+    /// loading with no step: setup, though the count moved only once (the
+    /// period counts from the push before that move).
+    #[test]
+    fn one_move_of_many_steps_gives_the_period() {
+        let mut r = Recent::default();
+        for i in 0..=80u64 {
+            let t = i as f64 / 2.0;
+            let rise = if t < 5.0 { 0.0 } else { 1.0 * GB * (t - 5.0) };
+            r.push(Point {
+                t,
+                peak: 20.0 * GB + rise,
+                floor: 10.0 * GB + rise,
+                step: Some(if t < 4.5 { 0 } else { 12 }),
+            });
+        }
+        let p = r.pace(LEAK, LIMIT).expect("a pace");
+        assert!(p.setup, "{p:?}");
     }
 
     /// A process whose step count never moved (no optimizer: inference,
