@@ -180,25 +180,8 @@ fn from_scratch(f: &Fixture, layout: &Layout, now: Timestamp) -> MemoryProfileSt
 #[test]
 fn a_pytorchjob_s_kept_roll_up_agrees_with_the_from_scratch_one_after_every_event() {
     let mut f = Fixture::new();
+    let (layout, pods) = pytorchjob_of_three(&mut f);
     let uid = "pt-uid";
-    let shape = PyTorchShape::from_spec(&json!({"pytorchReplicaSpecs":
-        {"Master": {"replicas": 1}, "Worker": {"replicas": 2}}}))
-    .unwrap();
-    let layout = Layout::PyTorchJob {
-        uid: uid.into(),
-        shape,
-    };
-    let pods = [
-        pytorch_pod("pt-master-0", uid, ("master", 0), true),
-        pytorch_pod("pt-worker-0", uid, ("worker", 0), true),
-        pytorch_pod("pt-worker-1", uid, ("worker", 1), false),
-    ];
-    for (pod, peak) in pods.iter().zip([40, 50, 79]) {
-        f.pytorch_pods_w
-            .apply_watcher_event(&Event::Apply(pod.clone()));
-        let r = report(pod.metadata.name.as_deref().unwrap(), "pt", peak);
-        f.reports.apply_watcher_event(&Event::Apply(r));
-    }
     let workload = Workload {
         kind: WorkloadKind::PyTorchJob,
         name: "pt".into(),
@@ -243,6 +226,32 @@ fn a_pytorchjob_s_kept_roll_up_agrees_with_the_from_scratch_one_after_every_even
     (last.risk, last.risk_held_until) = (fresh.risk, None);
     fresh.risk_held_until = None;
     assert_eq!(last, fresh);
+}
+
+/// PyTorchJob `pt` (uid `pt-uid`) of a master and two workers in the
+/// caches, each pod with its report (peaks 40, 50 and 79 GiB); worker 1's
+/// pod is a tenant's, with no mark. Its layout and the three pods.
+fn pytorchjob_of_three(f: &mut Fixture) -> (Layout, [Pod; 3]) {
+    let uid = "pt-uid";
+    let shape = PyTorchShape::from_spec(&json!({"pytorchReplicaSpecs":
+        {"Master": {"replicas": 1}, "Worker": {"replicas": 2}}}))
+    .unwrap();
+    let pods = [
+        pytorch_pod("pt-master-0", uid, ("master", 0), true),
+        pytorch_pod("pt-worker-0", uid, ("worker", 0), true),
+        pytorch_pod("pt-worker-1", uid, ("worker", 1), false),
+    ];
+    for (pod, peak) in pods.iter().zip([40, 50, 79]) {
+        f.pytorch_pods_w
+            .apply_watcher_event(&Event::Apply(pod.clone()));
+        let r = report(pod.metadata.name.as_deref().unwrap(), "pt", peak);
+        f.reports.apply_watcher_event(&Event::Apply(r));
+    }
+    let layout = Layout::PyTorchJob {
+        uid: uid.into(),
+        shape,
+    };
+    (layout, pods)
 }
 
 /// A child Job of JobSet `js_uid`, index `i`, with the workload mark the
