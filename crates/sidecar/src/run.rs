@@ -335,7 +335,10 @@ impl Sidecar {
 
     /// Step 2: the report as of now, and the per-GPU gauges from it.
     fn analyse(&mut self) -> MemoryReportSpec {
-        if let Some(file) = &self.args.trainer_pid_file {
+        // Only NVML lists processes to match the pids against: the sim and
+        // trace backends would scan /proc each second for nothing.
+        let nvml = self.args.backend == crate::gpus::Backend::Nvml;
+        if let Some(file) = self.args.trainer_pid_file.as_ref().filter(|_| nvml) {
             self.monitor.own_processes(crate::trainer::processes(file));
         }
         self.monitor.analyse();
