@@ -4,7 +4,7 @@ sidecar's verdict names a growing neighbour from it, but its trace CSV has
 no per-process column, so the offline judge (`memprof analyze --evaluate`)
 reads this file to see what the live sidecar saw.
 
-    proc_poll.py OUT.csv STOPFILE [--index N] [--interval 1]
+    proc_poll.py OUT.csv STOPFILE [--index N] [--interval 1] [--utilization UTIL.csv]
 
 Once a second until STOPFILE exists: `nvidia-smi --query-compute-apps`
 (no pip package needed), one row per compute process, `t,index,pid,bytes`
@@ -12,6 +12,12 @@ Once a second until STOPFILE exists: `nvidia-smi --query-compute-apps`
 bytes from nvidia-smi's MiB). --index keeps one GPU's. A poll that finds no
 process writes nothing; without nvidia-smi (the selftest) the file keeps its
 header only.
+
+--utilization also writes NVML's GPU utilization at each poll to UTIL.csv,
+`t,index,percent` (`nvidia-smi --query-gpu=index,utilization.gpu`: the
+share of the last sample period in which a kernel ran). The sidecar reads
+the same counter; the judge replays it to tell memory that rises while the
+GPU computes nothing (weights arriving) from a training pace.
 """
 import argparse
 import os
@@ -42,13 +48,28 @@ def poll(indices, only):
     return rows
 
 
+def poll_utilization(only):
+    rows = []
+    for index, pct in smi("--query-gpu=index,utilization.gpu"):
+        if not (index.isdigit() and pct.isdigit()):
+            continue
+        if only is None or int(index) == only:
+            rows.append((int(index), int(pct)))
+    return rows
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("out")
     p.add_argument("stop")
     p.add_argument("--index", type=int, default=None)
     p.add_argument("--interval", type=float, default=1.0)
+    p.add_argument("--utilization", default=None)
     a = p.parse_args()
+    util = open(a.utilization, "w") if a.utilization else None
+    if util:
+        util.write("t,index,percent\n")
+        util.flush()
     with open(a.out, "w") as f:
         f.write("t,index,pid,bytes\n")
         if not shutil.which("nvidia-smi"):
@@ -63,6 +84,14 @@ def main():
             for index, pid, used in rows:
                 f.write("%.3f,%d,%d,%d\n" % (t0, index, pid, used))
             f.flush()
+            if util:
+                try:
+                    busy = poll_utilization(a.index)
+                except (subprocess.SubprocessError, OSError, ValueError):
+                    busy = []
+                for index, pct in busy:
+                    util.write("%.3f,%d,%d\n" % (t0, index, pct))
+                util.flush()
             time.sleep(max(0.0, a.interval - (time.time() - t0)))
 
 

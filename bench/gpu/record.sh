@@ -242,6 +242,20 @@
 #| mixed-c        leak650     oom   117    130  --seed 1903 --d-model 960 --layers 10 --heads 12 --seq 896 --vocab 32000 --batch-schedule 5 --peak-every 6 --leak-mbps 650 --leak-at 6 --life 100 --duration 125
 #| mixed-c        loadlong3   none  80     88   --seed 1904 --d-model 960 --layers 10 --heads 12 --seq 896 --vocab 32000 --batch-schedule 5 --peak-every 6 --fill-pct 60 --ballast-mbps 900 --cause load --duration 80
 #
+# busy-a and busy-b: recorded with NVML's GPU utilization beside the trace
+# (NAME.utilization.csv), for the rule that memory rising while the GPU
+# computes nothing is a load, not a training pace; weights copied from host
+# memory (no kernel runs), an input-bound trainer that leaks (idle between
+# steps), and every cause NVML can time; other models and seeds.
+#| busy-a         loadlong4   none  80     88   --seed 2001 --d-model 1088 --layers 11 --heads 8 --seq 832 --vocab 32000 --batch-schedule 5 --peak-every 6 --fill-pct 55 --ballast-mbps 1100 --ballast-from-host --cause load --duration 80
+#| busy-a         idleleak    oom   117    130  --seed 2002 --d-model 1088 --layers 11 --heads 8 --seq 832 --vocab 32000 --batch-schedule 5 --peak-every 6 --step-sleep 0.15 --leak-mbps 400 --leak-at 6 --life 100 --duration 125
+#| busy-a         leak550     oom   117    130  --seed 2003 --d-model 1088 --layers 11 --heads 8 --seq 832 --vocab 32000 --batch-schedule 5 --peak-every 0 --leak-mbps 550 --leak-at 6 --life 100 --duration 125
+#| busy-a         neighbour   other 118    133  --seed 2004 --d-model 1088 --layers 11 --heads 8 --seq 832 --vocab 32000 --batch-schedule 5 --peak-every 6 --empty-cache-every 3 --neighbour-mbps 380 --leak-at 10 --life 100 --duration 128
+#| busy-b         loadmid5    none  55     62   --seed 2101 --d-model 1216 --layers 8 --heads 8 --seq 960 --vocab 32000 --batch-schedule 4 --peak-every 5 --fill-pct 42 --ballast-mbps 1400 --ballast-from-host --cause load --duration 55
+#| busy-b         growdemand  other 115    130  --seed 2102 --d-model 1216 --layers 8 --heads 8 --seq 960 --vocab 32000 --batch-schedule 4 --peak-every 0 --accumulation 2 --demand-mbps 280 --leak-at 5 --life 105 --max-seq 32768 --duration 125
+#| busy-b         fragmentation other 119  135  --seed 2103 --d-model 1216 --layers 8 --heads 8 --seq 960 --vocab 32000 --batch-schedule 4 --peak-every 5 --fragment --leak-at 5 --life 105 --duration 129
+#| busy-b         loadlong5   none  80     88   --seed 2104 --d-model 1216 --layers 8 --heads 8 --seq 960 --vocab 32000 --batch-schedule 4 --peak-every 5 --fill-pct 58 --ballast-mbps 950 --ballast-from-host --cause load --duration 80
+#
 # The selftest set rehearses the whole campaign on a machine without a GPU
 # (`python3 -m pytest -q bench/gpu/selftest`: a stand-in torch, the sim
 # backend); small model, short runs, the same code paths.
@@ -392,7 +406,7 @@ start_sidecar() {
   $PY "$HERE/report_poll.py" "$SOCKDIR/$n.sock" "$OUT/$n.polls.jsonl" "$W/$n.pollstop" >"$W/$n.poll.err" 2>&1 &
   POLL_PID=$!
   PIDS+=("$!")
-  $PY "$HERE/proc_poll.py" "$OUT/$n.processes.csv" "$W/$n.pollstop" ${GPU_INDEX:+--index "$GPU_INDEX"} >"$W/$n.procpoll.err" 2>&1 &
+  $PY "$HERE/proc_poll.py" "$OUT/$n.processes.csv" "$W/$n.pollstop" ${GPU_INDEX:+--index "$GPU_INDEX"} --utilization "$OUT/$n.utilization.csv" >"$W/$n.procpoll.err" 2>&1 &
   PROCPOLL_PID=$!
   PIDS+=("$!")
   echo "$SOCKDIR/$n.sock" >"$W/$n.upstream.tmp" && mv "$W/$n.upstream.tmp" "$W/$n.upstream"

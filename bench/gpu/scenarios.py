@@ -97,6 +97,10 @@ def parse(argv=None):
     room.add_argument("--life", type=float, default=0.0, help="ballast so the leak reaches the OOM about S s after it starts")
     p.add_argument("--ballast-mbps", type=float, default=0.0,
                    help="place the ballast at R MB/s in 256 MB pieces, no step meanwhile (weights loading)")
+    p.add_argument("--ballast-from-host", action="store_true",
+                   help="with --ballast-mbps, each piece is copied from host memory (a weights load: copies, no kernel)")
+    p.add_argument("--step-sleep", type=float, default=0.0,
+                   help="seconds idle after each step (an input-bound trainer: a low utilization)")
     p.add_argument("--go-file", default="", help="after the imports, wait for this file before touching CUDA")
     p.add_argument("--ready-file", default="", help="written once the imports are done")
     p.add_argument("--go-timeout", type=float, default=900.0)
@@ -425,9 +429,13 @@ class Trainer:
         idle that ends below the card)."""
         piece, pieces, t0 = 256 * MB, [], time.time()
         self.rec.s["ballastFrom"] = t0
+        host = torch.ones(piece, dtype=torch.uint8) if self.a.ballast_from_host else None
         while size > 0:
             n = min(piece, size)
-            pieces.append(torch.ones(n, dtype=torch.uint8, device=self.dev))
+            if host is None:
+                pieces.append(torch.ones(n, dtype=torch.uint8, device=self.dev))
+            else:
+                pieces.append(torch.empty(n, dtype=torch.uint8, device=self.dev).copy_(host[:n]))
             size -= n
             torch.cuda.synchronize()
             due = t0 + (sum(x.numel() for x in pieces) / (mbps * MB))
@@ -573,6 +581,9 @@ class Trainer:
                     self.next_empty += a.empty_cache_every
             self.maybe_eval(now, el)
             self.train_step()
+            if a.step_sleep:
+                torch.cuda.synchronize()
+                time.sleep(a.step_sleep)
 
 
 def load_torch():
