@@ -69,6 +69,7 @@ mod sweep;
 mod thresholds;
 mod trainjobs;
 mod webhook;
+mod workload_checkpoint;
 mod workload_recommend;
 mod workload_remediation;
 mod workload_remediation_pytorch;

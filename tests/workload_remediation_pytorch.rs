@@ -45,7 +45,7 @@ use webhook_support::{
 use workload_support::*;
 
 /// The env value of each replica type's first container.
-fn batches(pt: &DynamicObject) -> Vec<Option<Value>> {
+pub(crate) fn batches(pt: &DynamicObject) -> Vec<Option<Value>> {
     ["Master", "Worker"]
         .iter()
         .map(|t| {
@@ -63,7 +63,11 @@ fn batches(pt: &DynamicObject) -> Vec<Option<Value>> {
 /// `team: ml`) whose pods the training operator's identity created (marked
 /// by the webhook), each rank reporting low, its profile written with all
 /// three ranks. Returns it and its pods.
-async fn profiled_pytorchjob(admin: &Client, ns: &str, labels: Value) -> (DynamicObject, Vec<Pod>) {
+pub(crate) async fn profiled_pytorchjob(
+    admin: &Client,
+    ns: &str,
+    labels: Value,
+) -> (DynamicObject, Vec<Pod>) {
     label_namespace(admin, ns).await;
     let config = InjectionConfig {
         marks: MarkConfig {
@@ -257,7 +261,7 @@ async fn critical_with_checkpoint(
 }
 
 /// The PyTorchJob `train` as stored now.
-async fn stored(admin: &Client, ns: &str) -> DynamicObject {
+pub(crate) async fn stored(admin: &Client, ns: &str) -> DynamicObject {
     api(admin, ns, WorkloadKind::PyTorchJob)
         .get("train")
         .await

@@ -41,11 +41,12 @@ use serde_json::{json, Value};
 use std::time::Duration;
 use workload_support::*;
 
-const BATCH: &str = "/spec/replicatedJobs/0/template/spec/template/spec/containers/0/env/0/value";
+pub(crate) const BATCH: &str =
+    "/spec/replicatedJobs/0/template/spec/template/spec/containers/0/env/0/value";
 
 /// JobSet `train` (labels `labels` and `team: ml`) of two marked child
 /// Jobs, each rank reporting low, its profile written with both ranks.
-async fn profiled_jobset(admin: &Client, ns: &str, labels: Value) -> DynamicObject {
+pub(crate) async fn profiled_jobset(admin: &Client, ns: &str, labels: Value) -> DynamicObject {
     profiled(admin, ns, labels, |_| {}).await
 }
 

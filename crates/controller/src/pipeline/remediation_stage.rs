@@ -23,7 +23,7 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
-use memprof_api::workload::WorkloadKind;
+use memprof_api::workload::{WorkloadKind, LABEL_WORKLOAD_KIND};
 use memprof_api::{
     Acknowledgements, MemoryProfile, MemoryProfileStatus, MemoryReport, MemoryReportSpec,
     RemediationRecord, MAX_HISTORY,
@@ -54,7 +54,11 @@ pub(super) fn run(ctx: &Arc<Context>, f: &Fetched) -> Option<Duration> {
     }
     if let Some(pending) = view.remediations.iter().find(|r| r.phase == PHASE_PENDING) {
         let (key, record) = (f.key.clone(), pending.clone());
-        let ranks = counted_checkpoints(ctx, &key, f.job.as_deref());
+        // A workload's profile whose pipeline has not handed its ranks over
+        // yet (a restarted operator): its checkpoints are not known here,
+        // and no ranks would end its wait as if none ever checkpointed.
+        let ranks = (!of_a_workload(f.profile.as_deref()))
+            .then(|| counted_checkpoints(ctx, &key, f.job.as_deref()));
         ctx.spawn_task(key.clone(), exec.resume(key, record, ranks));
         return None;
     }
@@ -112,7 +116,7 @@ pub(super) fn run_workload(ctx: &Arc<Context>, wkey: &JobKey, target: &Target) -
     if let Some(pending) = view.remediations.iter().find(|r| r.phase == PHASE_PENDING) {
         let (key, record) = (wkey.clone(), pending.clone());
         let ranks = checkpoints_of(&workload_counted(ctx, &wkey.namespace, &target.ranks));
-        spawn_one(ctx, &key, exec.resume(key.clone(), record, ranks));
+        spawn_one(ctx, &key, exec.resume(key.clone(), record, Some(ranks)));
         return None;
     }
     let now = Timestamp::now();
@@ -170,6 +174,13 @@ fn workload_target(
     }
     // A top-level workload's profile (reconciled after a remediation task too).
     exec.target(&f.key).map(Some)
+}
+
+/// Whether `profile` is a top-level workload's (labelled with a kind other
+/// than Job by the pipeline that made it), not a Job's.
+fn of_a_workload(profile: Option<&MemoryProfile>) -> bool {
+    let kind = profile.and_then(|p| p.labels().get(LABEL_WORKLOAD_KIND));
+    kind.is_some_and(|k| k != WorkloadKind::Job.kind())
 }
 
 /// The uid of the owner of profile `key` as cached, if any.

@@ -209,6 +209,13 @@ pub(super) fn pod(p: &mut Pod) {
         refs.retain(|o| o.controller == Some(true));
     }
     p.spec = None;
+    terminations_only(p);
+}
+
+/// Keeps of a pod's status at most [`MAX_CONTAINERS`] container statuses,
+/// each only its terminations ([`container`]): the OOM evidence, and what
+/// tells a checkpoint wait that a trainer exited.
+fn terminations_only(p: &mut Pod) {
     let statuses = p.status.take().and_then(|s| s.container_statuses);
     p.status = statuses.map(|c| PodStatus {
         container_statuses: Some(c.into_iter().take(MAX_CONTAINERS).map(container).collect()),
@@ -306,8 +313,10 @@ pub(super) fn pytorchjob(o: &mut kube::api::DynamicObject) {
 }
 
 /// A PyTorchJob's pod: its identity, controller, the labels its rank is
-/// read from and its workload mark (`workload/pods.rs`), each bounded;
-/// neither spec nor status (no remediation reads them for this kind yet).
+/// read from and its workload mark (`workload/pods.rs`), each bounded; no
+/// spec; of its status only its containers' terminations, as a Job's pod
+/// keeps them: a checkpoint wait sees a trainer exit by them, and a CUDA
+/// OOM is read from them.
 pub(super) fn pytorch_pod(p: &mut Pod) {
     let meta = &mut p.metadata;
     meta.managed_fields = None;
@@ -331,7 +340,7 @@ pub(super) fn pytorch_pod(p: &mut Pod) {
         refs.retain(|o| o.controller == Some(true));
     }
     p.spec = None;
-    p.status = None;
+    terminations_only(p);
 }
 
 #[cfg(test)]

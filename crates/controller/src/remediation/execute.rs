@@ -139,7 +139,7 @@ pub(super) async fn resume(
     exec: &Executor,
     key: &JobKey,
     record: &RemediationRecord,
-    ranks: &JobCheckpoints,
+    ranks: Option<&JobCheckpoints>,
 ) -> Result<Option<Duration>> {
     // Only the writer's newest status may say the remediation is still pending.
     let id = record.id.clone();
@@ -151,7 +151,7 @@ pub(super) async fn resume(
     };
     info!(id = %record.id, action = %record.action, "resuming a pending remediation");
     if let Some(saved) = plans(exec).load(&record.id).await? {
-        return carry_out(exec, key, saved, &record, Some(ranks)).await;
+        return carry_out(exec, key, saved, &record, ranks).await;
     }
     // No plan saved means no step was taken (the plan is saved first):
     // planning now, from the same Job as it is, is the same decision.
@@ -173,7 +173,7 @@ pub(super) async fn resume(
             }
             let saved = Saved::new(plan)?;
             match record_digest(exec, key, &record.id, &saved).await? {
-                Some(record) => carry_out(exec, key, saved, &record, Some(ranks)).await,
+                Some(record) => carry_out(exec, key, saved, &record, ranks).await,
                 None => Ok(Some(AGAIN)),
             }
         }

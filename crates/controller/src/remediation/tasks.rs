@@ -26,14 +26,15 @@ impl Executor {
     }
 
     /// Finishes the `Pending` record `record` of Job `key`, whose counted
-    /// ranks' checkpoints are `ranks` (what a restart may wait for).
+    /// ranks' checkpoints are `ranks` (what a restart may wait for; `None`:
+    /// not known yet, and a wait not over waits on).
     pub async fn resume(
         self: Arc<Self>,
         key: JobKey,
         record: RemediationRecord,
-        ranks: JobCheckpoints,
+        ranks: Option<JobCheckpoints>,
     ) -> Option<Duration> {
-        let outcome = execute::resume(&self, &key, &record, &ranks).await;
+        let outcome = execute::resume(&self, &key, &record, ranks.as_ref()).await;
         self.settle(&key, outcome)
     }
 

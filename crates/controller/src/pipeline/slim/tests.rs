@@ -272,3 +272,29 @@ fn a_hostile_pytorchjob_and_its_pod_are_cached_in_a_bounded_size_with_what_count
     assert!(p.annotations().contains_key(mark));
     assert_eq!(p.owner_references().len(), 1);
 }
+
+#[test]
+fn a_pytorchjob_pods_terminations_survive_the_cache_bounded_as_a_jobs_pods() {
+    // What a checkpoint wait reads to see a trainer exit, and an OOM's evidence.
+    let statuses: Vec<_> = (0..40)
+        .map(|i| {
+            json!({"name": format!("c{i}"), "image": "i".repeat(1000), "imageID": "", "ready": false,
+                   "restartCount": 0,
+                   "state": {"terminated": {"exitCode": 1, "message": format!("{}CUDA out of memory.", "line\n".repeat(500))}}})
+        })
+        .collect();
+    let mut p: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "train-worker-0", "namespace": "ml"},
+        "status": {"phase": "Failed", "containerStatuses": statuses},
+    }))
+    .unwrap();
+    pytorch_pod(&mut p);
+    assert!(size(&p) < 8 * 1024, "{} bytes kept", size(&p));
+    let status = p.status.unwrap();
+    assert_eq!(status.phase, None, "only the terminations");
+    let cs = status.container_statuses.unwrap();
+    assert_eq!(cs.len(), MAX_CONTAINERS);
+    let t = cs[0].state.clone().unwrap().terminated.unwrap();
+    assert_eq!(t.exit_code, 1);
+    assert!(t.message.unwrap().ends_with("CUDA out of memory."));
+}
