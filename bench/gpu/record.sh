@@ -256,6 +256,21 @@
 #| busy-b         fragmentation other 119  135  --seed 2103 --d-model 1216 --layers 8 --heads 8 --seq 960 --vocab 32000 --batch-schedule 4 --peak-every 5 --fragment --leak-at 5 --life 105 --duration 129
 #| busy-b         loadlong5   none  80     88   --seed 2104 --d-model 1216 --layers 8 --heads 8 --seq 960 --vocab 32000 --batch-schedule 4 --peak-every 5 --fill-pct 58 --ballast-mbps 950 --ballast-from-host --cause load --duration 80
 #
+# busy-c and busy-d: recorded after the idle-rise rule (5 % mean
+# utilization, chosen on busy-a and busy-b); other models, rates and seeds;
+# judged once as they came. A faster load, a trainer idle 300 ms after each
+# step that leaks (the rule's known risk), a load whose pieces are made on
+# the device (a fill kernel per piece, as the earlier sets' loads were).
+#| busy-c         loadfast    none  45     52   --seed 2201 --d-model 896 --layers 12 --heads 7 --seq 1152 --vocab 32000 --batch-schedule 4 --peak-every 5 --fill-pct 50 --ballast-mbps 2600 --ballast-from-host --cause load --duration 45
+#| busy-c         idleleak2   oom   117    130  --seed 2202 --d-model 896 --layers 12 --heads 7 --seq 1152 --vocab 32000 --batch-schedule 4 --peak-every 5 --step-sleep 0.3 --leak-mbps 350 --leak-at 6 --life 100 --duration 125
+#| busy-c         growdemand  other 115    130  --seed 2203 --d-model 896 --layers 12 --heads 7 --seq 1152 --vocab 32000 --batch-schedule 4 --peak-every 0 --accumulation 2 --demand-mbps 240 --leak-at 5 --life 105 --max-seq 32768 --duration 125
+#| busy-c         loadlong6   none  80     88   --seed 2204 --d-model 896 --layers 12 --heads 7 --seq 1152 --vocab 32000 --batch-schedule 4 --peak-every 5 --fill-pct 62 --ballast-mbps 1000 --ballast-from-host --cause load --duration 80
+#| busy-d         neighbour   other 118    133  --seed 2301 --d-model 1344 --layers 8 --heads 12 --seq 704 --vocab 32000 --batch-schedule 5 --peak-every 6 --empty-cache-every 4 --neighbour-mbps 300 --leak-at 10 --life 100 --duration 128
+#| busy-d         loadmid6    none  55     62   --seed 2302 --d-model 1344 --layers 8 --heads 12 --seq 704 --vocab 32000 --batch-schedule 5 --peak-every 6 --fill-pct 40 --ballast-mbps 1200 --ballast-from-host --cause load --duration 55
+#| busy-d         leak750     oom   117    130  --seed 2303 --d-model 1344 --layers 8 --heads 12 --seq 704 --vocab 32000 --batch-schedule 5 --peak-every 0 --leak-mbps 750 --leak-at 6 --life 100 --duration 125
+#| busy-d         loaddevice  none  55     62   --seed 2304 --d-model 1344 --layers 8 --heads 12 --seq 704 --vocab 32000 --batch-schedule 5 --peak-every 6 --fill-pct 45 --ballast-mbps 1300 --cause load --duration 55
+#| busy-d         steadylong  none  60     66   --seed 2305 --d-model 1344 --layers 8 --heads 12 --seq 704 --vocab 32000 --batch-schedule 5 --peak-every 6 --duration 60
+#
 # The selftest set rehearses the whole campaign on a machine without a GPU
 # (`python3 -m pytest -q bench/gpu/selftest`: a stand-in torch, the sim
 # backend); small model, short runs, the same code paths.
