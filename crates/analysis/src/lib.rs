@@ -15,6 +15,7 @@ pub mod allocator;
 mod allocator_rollup;
 pub mod batchfit;
 pub mod breakdown;
+pub mod busy;
 pub mod evaluate;
 mod fit;
 pub mod host;

@@ -194,7 +194,8 @@ pub(crate) fn warn_only(confidence: f64, th: &Thresholds) -> f64 {
 }
 
 /// Growth, time to OOM, leak and sustained growth into `a`; returns the
-/// trend's confidence and the highest level it may reach. A regular run of
+/// trend's confidence, the highest level it may reach, and whether the
+/// growth is setup (it rose while the GPU was idle). A regular run of
 /// rises after the start is sustained growth; the start's own climb
 /// (loading weights looks the same) is not, and without a run the envelope's
 /// trend may warn but not alarm.
@@ -204,13 +205,19 @@ fn growth(
     upper: &[(f64, f64)],
     (total, level): (f64, f64),
     a: &mut Assessment,
-) -> (f64, RiskLevel) {
+) -> (f64, RiskLevel, bool) {
     let now = series.last().map_or(0.0, |s| s.t);
     let stairs = series
         .rises()
         .staircase(now, 2)
         .filter(|s| !s.rises.iter().all(|r| r.start) || start_sustained(s, th));
     match &stairs {
+        Some(s) if rose_while_idle(series, s) => {
+            a.growth_bytes_per_second = s.rate();
+            let tto = (s.oom_at(total) - now).max(0.0);
+            a.time_to_oom_seconds = Some(tto);
+            (pace_confidence(s, tto, th), RiskLevel::Medium, true)
+        }
         Some(s) => {
             a.growth_bytes_per_second = s.rate();
             let tto = (s.oom_at(total) - now).max(0.0);
@@ -222,16 +229,28 @@ fn growth(
             } else {
                 pace_confidence(s, tto, th)
             };
-            (c, RiskLevel::Critical)
+            (c, RiskLevel::Critical, false)
         }
         None => {
             let (growth, tto, c) =
                 envelope_trend(upper, series, th, total - level).unwrap_or((0.0, None, 0.0));
             a.growth_bytes_per_second = growth;
             a.time_to_oom_seconds = tto;
-            (c, RiskLevel::Medium)
+            (c, RiskLevel::Medium, false)
         }
     }
+}
+
+/// The rises happened while the GPU computed next to nothing (NVML's
+/// utilization over them, `crate::busy`): weights arriving, not a training
+/// pace. Judged over the rises themselves, so training that resumed after
+/// a load does not make the load's rises a pace. Unknown utilization (the
+/// simulated and trace backends, a driver that does not say) changes
+/// nothing.
+fn rose_while_idle(series: &GpuSeries, s: &Staircase) -> bool {
+    let (first, last) = (s.rises[0].t, s.rises[s.rises.len() - 1].t);
+    let slot = series.bucket_seconds().min(1.0);
+    series.busy().idle_over(first, last + slot) == Some(true)
 }
 
 /// Assesses one GPU's history against the thresholds.
@@ -256,7 +275,7 @@ pub fn assess(series: &GpuSeries, th: &Thresholds) -> Assessment {
         spike_detected: spiked(series, th, active_from, total),
         ..Default::default()
     };
-    let (confidence, cap) = growth(series, th, &upper, (total, level), &mut a);
+    let (confidence, cap, setup) = growth(series, th, &upper, (total, level), &mut a);
     let confidence = if cap < RiskLevel::Critical {
         warn_only(confidence, th)
     } else {
@@ -288,7 +307,7 @@ pub fn assess(series: &GpuSeries, th: &Thresholds) -> Assessment {
     } else {
         format!("{:.1}% of GPU memory in use", 100.0 * fraction)
     };
-    a.cause = nvml_cause(&a, trend_risk, level_risk, th);
+    a.cause = nvml_cause(&a, (trend_risk, level_risk), setup, th);
     a
 }
 
@@ -297,12 +316,18 @@ pub fn assess(series: &GpuSeries, th: &Thresholds) -> Assessment {
 /// is not (yet) a leak, which NVML cannot tell from the workload's demand.
 fn nvml_cause(
     a: &Assessment,
-    trend_risk: RiskLevel,
-    level_risk: RiskLevel,
+    (trend_risk, level_risk): (RiskLevel, RiskLevel),
+    setup: bool,
     th: &Thresholds,
 ) -> Option<NamedCause> {
     let rate = memprof_api::format_rate(a.growth_bytes_per_second);
     let rate = rate.trim_start_matches('+');
+    if setup && trend_risk > RiskLevel::Low && level_risk <= trend_risk {
+        return Some(NamedCause::new(
+            Cause::GrowingDemand,
+            format!("device memory rises {rate} while the GPU computes next to nothing (loading, setting up)"),
+        ));
+    }
     if a.leak_suspected {
         let s = a.sustained.as_ref()?;
         return Some(NamedCause::new(

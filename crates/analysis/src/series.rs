@@ -1,5 +1,6 @@
 //! A GPU's recent memory history, bucketed into envelopes with bounded memory.
 
+use crate::busy::Busy;
 use crate::staircase::Rises;
 use memprof_api::thresholds::Thresholds;
 use std::collections::VecDeque;
@@ -41,6 +42,7 @@ pub struct GpuSeries {
     peak: u64,
     samples: u64,
     rises: Rises,
+    busy: Busy,
 }
 
 impl GpuSeries {
@@ -56,6 +58,7 @@ impl GpuSeries {
             peak: 0,
             samples: 0,
             rises: Rises::default(),
+            busy: Busy::new(2.0 * th.fit_window_seconds),
         }
     }
 
@@ -84,6 +87,17 @@ impl GpuSeries {
             }
         }
         self.last = Some(s);
+    }
+
+    /// NVML's utilization of the GPU at `t`, percent (kept as long as the
+    /// buckets): whether it computed while its memory rose.
+    pub fn push_utilization(&mut self, t: f64, percent: u32) {
+        self.busy.push(t, percent);
+    }
+
+    /// The utilization readings kept.
+    pub fn busy(&self) -> &Busy {
+        &self.busy
     }
 
     /// The newest sample.

@@ -195,6 +195,15 @@ impl Tracker {
         self.last_t = self.last_t.max(t);
     }
 
+    /// NVML's utilization of GPU `index` at `t`, percent: memory that rises
+    /// while the GPU computes next to nothing is setup, not a pace
+    /// ([`crate::busy`]).
+    pub fn utilization(&mut self, t: f64, index: u32, percent: u32) {
+        if let Some(at) = self.gpu_at(index) {
+            self.series[at].push_utilization(t, percent);
+        }
+    }
+
     /// NVML's per-process usage of GPU `index` at `t`: (pid, bytes) of each
     /// compute process. Names the process that grows when the verdict is a
     /// neighbour's (or any growth NVML sees).

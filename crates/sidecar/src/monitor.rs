@@ -75,6 +75,9 @@ impl Monitor {
         for (i, (r, g)) in readings.iter().zip(gpus).enumerate() {
             self.tracker
                 .sample(t, g.index, Some(&g.uuid), r.used_bytes, r.total_bytes);
+            if let Some(u) = r.utilization_percent {
+                self.tracker.utilization(t, g.index, u);
+            }
             self.utilization[i] = r.utilization_percent;
         }
         self.last_t = t;

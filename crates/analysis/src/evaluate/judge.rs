@@ -336,6 +336,7 @@ mod tests {
             pushes: Vec::new(),
             refused_pushes: 0,
             processes: Vec::new(),
+            utilization: Vec::new(),
             uuid: None,
             uuid_gpu: 0,
         }

@@ -102,6 +102,18 @@ pub struct ProcessPoll {
     pub list: Vec<(u32, u64)>,
 }
 
+/// NVML's utilization of one GPU at one time (bench/gpu/proc_poll.py's
+/// NAME.utilization.csv).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct UtilizationPoll {
+    /// Poll time, in the recording's clock.
+    pub t: f64,
+    /// The GPU's NVML index (as the trace numbers it).
+    pub index: u32,
+    /// Percent of the sample period in which a kernel ran.
+    pub percent: u32,
+}
+
 /// One scenario: its truth, its NVML trace and the agent's pushes.
 #[derive(Clone, Debug)]
 pub struct Recording {
@@ -117,6 +129,8 @@ pub struct Recording {
     pub refused_pushes: usize,
     /// NVML's per-process usage, oldest first (empty where not recorded).
     pub processes: Vec<ProcessPoll>,
+    /// NVML's utilization, oldest first (empty where not recorded).
+    pub utilization: Vec<UtilizationPoll>,
     /// The UUID of the trainer's GPU as the agent named it (NVML's trace
     /// has none): the agent's device 0.
     pub uuid: Option<String>,
@@ -211,6 +225,12 @@ pub fn read_scenario(
         })?,
         None => Vec::new(),
     };
+    let utilization = match read(&file("utilization.csv")) {
+        Some(text) => parse_utilization(&text).map_err(|(line, why)| {
+            invalid(&file("utilization.csv"), format!("line {line}: {why}"))
+        })?,
+        None => Vec::new(),
+    };
     let mut truth = truth_of(&summary, kind, start, visible);
     if num("end").is_none() && num("oomAt").is_none() {
         truth.end = rows.last().map_or(start, |r| r.t);
@@ -224,6 +244,7 @@ pub fn read_scenario(
         pushes,
         refused_pushes,
         processes,
+        utilization,
     })
 }
 
@@ -268,6 +289,33 @@ fn only_gpu(rows: &[TraceRow]) -> u32 {
         Some(first) if rows.iter().all(|r| r.gpu == first.gpu) => first.gpu,
         _ => 0,
     }
+}
+
+/// `t,index,percent` rows (bench/gpu/proc_poll.py --utilization), in time order.
+pub fn parse_utilization(text: &str) -> Result<Vec<UtilizationPoll>, (usize, String)> {
+    let mut out: Vec<UtilizationPoll> = Vec::new();
+    for (i, line) in text.lines().enumerate().skip(1) {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let f: Vec<&str> = line.split(',').map(str::trim).collect();
+        let bad = |what: &str| (i + 1, format!("{what}: want t,index,percent"));
+        let [t, index, percent] = f[..] else {
+            return Err(bad("not 3 fields"));
+        };
+        let p = UtilizationPoll {
+            t: t.parse().map_err(|_| bad("t"))?,
+            index: index.parse().map_err(|_| bad("index"))?,
+            percent: percent.parse().map_err(|_| bad("percent"))?,
+        };
+        if p.percent > 100 || out.last().is_some_and(|q| q.t > p.t) {
+            return Err(bad(
+                "a percent over 100 or a time before the previous row's",
+            ));
+        }
+        out.push(p);
+    }
+    Ok(out)
 }
 
 /// `t,index,pid,bytes` rows (bench/gpu/proc_poll.py) grouped into polls:
@@ -385,6 +433,7 @@ pub fn read_fixture(name: &str, text: &str) -> Result<Recording, RecordingError>
         pushes: Vec::new(),
         refused_pushes: 0,
         processes: Vec::new(),
+        utilization: Vec::new(),
         uuid: None,
     })
 }

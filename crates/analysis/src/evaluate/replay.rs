@@ -96,7 +96,7 @@ pub fn drive_tracker(
         Mode::Nvml => &[],
         Mode::Agent => &rec.pushes,
     };
-    let (mut next_push, mut next_poll, mut i) = (0, 0, 0);
+    let (mut next_push, mut next_poll, mut next_util, mut i) = (0, 0, 0, 0);
     let mut next_analysis = f64::NEG_INFINITY;
     while i < rec.rows.len() {
         let t = rec.rows[i].t;
@@ -109,6 +109,11 @@ pub fn drive_tracker(
             let p = &rec.processes[next_poll];
             tr.processes(p.t, p.index, &p.list);
             next_poll += 1;
+        }
+        while next_util < rec.utilization.len() && rec.utilization[next_util].t <= t {
+            let u = rec.utilization[next_util];
+            tr.utilization(u.t, u.index, u.percent);
+            next_util += 1;
         }
         if t >= next_analysis {
             next_analysis = t + 1.0;
