@@ -70,6 +70,7 @@ mod thresholds;
 mod trainjobs;
 mod webhook;
 mod workload_checkpoint;
+mod workload_oom;
 mod workload_recommend;
 mod workload_remediation;
 mod workload_remediation_pytorch;

@@ -209,6 +209,13 @@ async fn a_pytorchjob_kueue_does_not_manage_is_recreated_at_the_top_level() {
         .await
         .unwrap();
     assert_ne!(new.uid(), pt.uid(), "a new PyTorchJob");
+    let msg = rec.message.clone().unwrap_or_default();
+    let recreated = format!(
+        "PyTorchJob recreated (uid {} -> {})",
+        pt.uid().unwrap(),
+        new.uid().unwrap()
+    );
+    assert!(msg.contains(&recreated), "named by its kind: {msg}");
     assert_eq!(batches(&new), vec![Some(json!("24")), Some(json!("24"))]);
     // The new PyTorchJob adopts the profile, its history kept: never the
     // old one, which the garbage collector would take it with.

@@ -9,7 +9,8 @@
 //! - a Kueue-managed JobSet is suspended, patched and resumed, never
 //!   deleted (twin of `remediation::critical_rank_recreates_the_job_…`);
 //! - one Kueue does not manage is recreated at the top level, its old
-//!   child Jobs deleted (the same twin);
+//!   child Jobs deleted, the record and its Event saying "JobSet
+//!   recreated" (the same twin);
 //! - a dry run changes nothing and says what it would do (twin of
 //!   `remediation::dry_run_changes_nothing_…`);
 //! - an operator killed mid suspend-patch-resume finishes it on restart
@@ -244,6 +245,10 @@ async fn a_jobset_kueue_does_not_manage_is_recreated_at_the_top_level() {
         .await
         .unwrap();
     assert_ne!(new.uid().as_deref(), Some(old.as_str()), "a new JobSet");
+    // The record names what was recreated by its kind, never as a Job.
+    let recreated = format!("JobSet recreated (uid {old} -> {})", new.uid().unwrap());
+    let msg = rec.message.clone().unwrap_or_default();
+    assert!(msg.contains(&recreated), "{msg}");
     assert_eq!(new.data.pointer(BATCH), Some(&json!("24")));
     assert_eq!(new.annotations()["memprof.dev/remediation"], rec.id);
     assert_eq!(new.labels()["team"], "ml", "the rest is the user's");
@@ -276,6 +281,17 @@ async fn a_jobset_kueue_does_not_manage_is_recreated_at_the_top_level() {
     .await;
     let kinds = remediated_kinds(&admin, ns).await;
     assert!(kinds.iter().all(|k| k == "JobSet"), "{kinds:?}");
+    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(admin.clone(), ns);
+    let notes: Vec<String> = events
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("Remediated"))
+        .filter_map(|e| e.note)
+        .collect();
+    assert!(notes.iter().all(|n| n.contains(&recreated)), "{notes:?}");
     op.stop().await;
 }
 

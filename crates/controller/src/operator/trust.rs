@@ -297,6 +297,18 @@ impl<'p> Admitted<'p> {
         self.job_uid
     }
 
+    /// A rank's pod of a top-level workload (JobSet, TrainJob, PyTorchJob)
+    /// that the workload's roll-up proves its own (`remediation::Ranks::counted`:
+    /// its marks, its rank inside the layout, its report its own write): OOM
+    /// evidence of workload `workload_uid`, as an admitted pod is of its Job.
+    /// Only the pods `Ranks::counted` returns may be passed.
+    pub(crate) fn proven_rank(pod: &'p Pod, workload_uid: &'p str) -> Admitted<'p> {
+        Admitted {
+            pod,
+            job_uid: workload_uid,
+        }
+    }
+
     /// A pod taken as admitted, for unit tests of what reads admitted pods.
     #[cfg(test)]
     pub(crate) fn assume(pod: &'p Pod, job_uid: &'p str) -> Admitted<'p> {

@@ -9,14 +9,16 @@ use super::state::Context;
 use super::tracked::{all_reports, pod_of, screen_one};
 use crate::key::JobKey;
 use crate::operator::reconcile::profiling_enabled;
-use crate::operator::trust;
+use crate::operator::trust::{self, Admitted};
 use crate::remediation::oom::SIDECAR_CONTAINER;
 use crate::remediation::ranks::Counted;
 use crate::remediation::{
     decide, notify, oom, CountedReports, Decision, Executor, JobCheckpoints, Ranks, Target,
 };
+use crate::status::annotate_workload;
 use crate::workload::rank::PyTorchShape;
 use crate::workload::read::api_resource;
+use crate::workload::resolve::Workload;
 use crate::workload::rollup::Layout;
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
@@ -104,11 +106,18 @@ pub(super) fn run(ctx: &Arc<Context>, f: &Fetched) -> Option<Duration> {
 /// workload the least disruptive way its kind allows
 /// (`remediation::workload`). Kind-generic: each kind's pipeline calls it
 /// after handing the workload's status to the writer, having said which
-/// Jobs' reports are its ranks' (`Executor::set_target`). GPU OOMs are
-/// not detected from a workload's pods yet (a Job's are).
+/// Jobs' reports are its ranks' (`Executor::set_target`). New GPU OOMs of
+/// its ranks are recorded with the decision, as a Job's are ([`workload_ooms`]).
 pub(super) fn run_workload(ctx: &Arc<Context>, wkey: &JobKey, target: &Target) -> Option<Duration> {
     let exec = ctx.executor.clone()?;
     let view = ctx.writer.view(wkey)?;
+    // An OOM recorded since the roll-up handed the status over is annotated now.
+    let top = Workload {
+        kind: target.kind,
+        name: wkey.name.clone(),
+        uid: target.uid.clone(),
+    };
+    annotate_workload(&ctx.writer, wkey, &top, &view);
     if ctx.with_state(wkey, |s| s.busy) {
         // Checked again, atomically, before spawning (`spawn_one`).
         return None;
@@ -129,19 +138,60 @@ pub(super) fn run_workload(ctx: &Arc<Context>, wkey: &JobKey, target: &Target) -
             return None;
         }
     }
-    // What a policy's selector reads: the workload's name, uid and labels.
+    let ooms = workload_ooms(ctx, wkey, target, &view.ooms, now);
+    let mut with_ooms = view.clone();
+    with_ooms.ooms = oom::merge(&view.ooms, &ooms, MAX_HISTORY);
+    let job = stand_in(wkey, target);
+    let (decision, again) = decide_on(ctx, &exec, wkey, &job, &with_ooms, now);
+    if decision.is_some() || !ooms.is_empty() {
+        let key = wkey.clone();
+        let uid = Some(target.uid.clone());
+        spawn_one(ctx, &key, exec.record(key.clone(), uid, ooms, decision));
+    }
+    Some(again)
+}
+
+/// What a policy's selector reads of workload `target`: its name, uid and labels.
+fn stand_in(wkey: &JobKey, target: &Target) -> Job {
     let mut job = Job::default();
     job.metadata.name = Some(wkey.name.clone());
     job.metadata.namespace = Some(wkey.namespace.clone());
     job.metadata.uid = Some(target.uid.clone());
     job.metadata.labels = Some(target.labels.clone());
-    let (decision, again) = decide_on(ctx, &exec, wkey, &job, &view, now);
-    if decision.is_some() {
-        let key = wkey.clone();
-        let uid = Some(target.uid.clone());
-        spawn_one(ctx, &key, exec.record(key.clone(), uid, vec![], decision));
-    }
-    Some(again)
+    job
+}
+
+/// New GPU OOMs of workload `target` that `known` does not hold: among the
+/// ranks its roll-up noted since the last scan (every rank after a full
+/// pass), evidence read only from the pods its roll-up proves its own
+/// (`Ranks::counted`) and their counted reports, as a Job's only from its
+/// admitted pods. Taken only when scanned: until then the names stay noted.
+fn workload_ooms(
+    ctx: &Context,
+    wkey: &JobKey,
+    target: &Target,
+    known: &[memprof_api::OomRecord],
+    now: Timestamp,
+) -> Vec<memprof_api::OomRecord> {
+    let (all, names) = ctx.with_state(wkey, |s| {
+        let all = std::mem::take(&mut s.pending.oom_all);
+        (all, std::mem::take(&mut s.pending.oom))
+    });
+    let ns = wkey.namespace.as_str();
+    let counted = if all {
+        workload_counted(ctx, ns, &target.ranks)
+    } else {
+        let noted = names
+            .iter()
+            .filter_map(|n| ctx.caches.reports.get(&ObjectRef::new(n).within(ns)));
+        count_ranks(ctx, ns, &target.ranks, noted)
+    };
+    let pods = counted.iter().filter_map(|(_, p)| p.as_deref());
+    let proven: Vec<Admitted<'_>> = pods
+        .map(|p| Admitted::proven_rank(p, &target.uid))
+        .collect();
+    let specs: Vec<&MemoryReportSpec> = counted.iter().map(|(r, _)| &r.spec).collect();
+    oom::detect(&proven, &specs, known, now)
 }
 
 /// The top-level workload `f`'s profile is about (`None`: a Job's);
@@ -387,6 +437,17 @@ fn workload_counted(ctx: &Context, ns: &str, ranks: &Ranks) -> Vec<Counted> {
                 .get(memprof_api::LABEL_JOB)
                 .is_some_and(|j| ranks.claims.contains(j))
     });
+    count_ranks(ctx, ns, ranks, claiming)
+}
+
+/// Those of `reports` (in namespace `ns`) that count as workload ranks
+/// `ranks`, with their pods (`Ranks::counted`).
+fn count_ranks(
+    ctx: &Context,
+    ns: &str,
+    ranks: &Ranks,
+    reports: impl IntoIterator<Item = Arc<MemoryReport>>,
+) -> Vec<Counted> {
     // Where the cache of the layout's pods is: the training operator's
     // pods are watched apart from the Job controller's.
     let pods = match ranks.layout {
@@ -395,7 +456,7 @@ fn workload_counted(ctx: &Context, ns: &str, ranks: &Ranks) -> Vec<Counted> {
     };
     let pod_of = |name: &str| pods.get(&ObjectRef::new(name).within(ns));
     let keys = ctx.setup.options.admission.ring();
-    ranks.counted(claiming, pod_of, &keys, Timestamp::now())
+    ranks.counted(reports, pod_of, &keys, Timestamp::now())
 }
 
 /// The newest checkpoints of `counted` ranks (one Job's, or all of a

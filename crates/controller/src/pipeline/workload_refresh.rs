@@ -13,7 +13,7 @@ use crate::workload::rollup::Layout;
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
 use memprof_api::MemoryProfileStatus;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 /// The workload being rolled up and what this reconcile is about.
@@ -58,10 +58,7 @@ pub(super) fn refresh(
         s.workload_rollup.get_or_insert_with(Cell::default).clone()
     });
     let key = turn.claimed;
-    let (names, all) = ctx.with_state(key, |s| {
-        let names = std::mem::take(&mut s.pending.reports);
-        (names, std::mem::take(&mut s.pending.reports_all))
-    });
+    let (names, all, oom_all) = take_noted(ctx, turn);
     let mut held = cell.lock().unwrap_or_else(|e| e.into_inner());
     let keys = ctx.setup.options.admission.ring();
     let replaced = held.as_ref().is_some_and(|t| t.uid != turn.workload.uid);
@@ -82,7 +79,12 @@ pub(super) fn refresh(
         caches: &ctx.caches,
         pytorch_pods: &ctx.pytorch.pods,
     };
-    if t.set_layout(&turn.layout) || all || t.full_pass.elapsed() >= FULL_PASS {
+    let full = t.set_layout(&turn.layout) || all || t.full_pass.elapsed() >= FULL_PASS;
+    // What the workload's remediation stage scans for GPU OOMs (its pods
+    // and reports noted here; every rank after a full pass), kept until it scans.
+    let scan = names.iter().cloned();
+    ctx.with_state(turn.wkey, |s| s.pending.oom_scan(scan, full || oom_all));
+    if full {
         t.full(&src, &key.namespace, &keys, now);
     } else {
         if let Some(job) = turn.child {
@@ -98,6 +100,23 @@ pub(super) fn refresh(
         next,
         ranks: t.ranks(),
     }
+}
+
+/// What was noted under `turn.claimed` since its last reconcile: the
+/// reports to screen again, whether all are, and whether its pods' OOM
+/// scan overflowed. A child Job's pods noted for OOMs are among its
+/// reports' names (a pod's change notes both): scanned under the
+/// workload's key, not left to pile up under the child's.
+fn take_noted(ctx: &Context, turn: &Turn<'_>) -> (BTreeSet<String>, bool, bool) {
+    let child = turn.claimed != turn.wkey;
+    ctx.with_state(turn.claimed, |s| {
+        let names = std::mem::take(&mut s.pending.reports);
+        if child {
+            s.pending.oom.clear();
+        }
+        let oom_all = child && std::mem::take(&mut s.pending.oom_all);
+        (names, std::mem::take(&mut s.pending.reports_all), oom_all)
+    })
 }
 
 /// Drops the roll-up kept under `wkey` when it is workload `uid`'s

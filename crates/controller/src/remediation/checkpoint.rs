@@ -115,7 +115,7 @@ pub fn gate_for(
         _ => (max, format!("maxSeconds {}", wait.max_seconds)),
     };
     let no_wait = if oom_observed {
-        Some("a GPU OOM of this Job was already observed".to_string())
+        Some("a GPU OOM of this workload was already observed".to_string())
     } else if bound_seconds <= 0.0 {
         Some(format!("no time left ({bound})"))
     } else {
@@ -257,7 +257,7 @@ pub fn describe(o: &CheckpointOutcome, no_wait: Option<&str>) -> String {
         ),
         _ => format!(
             "did not wait for a checkpoint: {}",
-            no_wait.unwrap_or("no rank of the Job ever announced a checkpoint")
+            no_wait.unwrap_or("no rank ever announced a checkpoint")
         ),
     };
     let tail = match (&o.kept, o.lost_seconds) {

@@ -182,9 +182,11 @@ pub(super) async fn resume(
             finish(exec, key, &record.id, (PHASE_SKIPPED, msg), None, outcome).await
         }
         None => {
-            let msg =
-                "the Job or the policy disappeared before the plan was saved: nothing was done";
-            let end = (PHASE_FAILED, msg.to_string());
+            let msg = format!(
+                "the {} or the policy disappeared before the plan was saved: nothing was done",
+                exec.kind_of(key).kind()
+            );
+            let end = (PHASE_FAILED, msg);
             finish(exec, key, &record.id, end, None, outcome).await
         }
     }
@@ -270,7 +272,8 @@ pub(super) async fn carry_out(
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .remove(id);
-    let (phase, message) = ending(&ran, &plan.why, &kept, &store.restore_command(id));
+    let lost = (workload::kind_of(plan).kind(), store.restore_command(id));
+    let (phase, message) = ending(&ran, &plan.why, &kept, (lost.0, &lost.1));
     let outcome = Outcome {
         job_deleted: ran.job_deleted,
         keep_plan: ran.lost.is_some(),
@@ -279,14 +282,20 @@ pub(super) async fn carry_out(
 }
 
 /// The record's final phase and message for steps that ran: `restore` is
-/// the command that brings back a Job lost on the way.
-fn ending(ran: &Steps, why: &str, kept: &str, restore: &str) -> (&'static str, String) {
+/// the command that brings back the object of `kind` (a Job, a JobSet, …)
+/// lost on the way.
+fn ending(
+    ran: &Steps,
+    why: &str,
+    kept: &str,
+    (kind, restore): (&str, &str),
+) -> (&'static str, String) {
     let done = ran.done.join("; ");
     let (phase, mut message) = match (&ran.lost, ran.failed.is_empty()) {
         (Some(lost), _) => (
             PHASE_FAILED,
             format!(
-                "the old Job was deleted but the new one cannot be created; restore it with: \
+                "the old {kind} was deleted but the new one cannot be created; restore it with: \
                  {restore}; the API server said: {lost}"
             ),
         ),

@@ -147,9 +147,10 @@ async fn annotate(
         .await
     {
         Ok(_) => out.done.push(format!("annotated {k}")),
-        Err(kube::Error::Api(s)) if matches!(s.code, 404 | 409 | 422) => out
-            .failed
-            .push(format!("annotate {k}: the Job is gone or was replaced")),
+        Err(kube::Error::Api(s)) if matches!(s.code, 404 | 409 | 422) => out.failed.push(format!(
+            "annotate {k}: the {} is gone or was replaced",
+            kind_of(plan).kind()
+        )),
         Err(e) => return Err(step_error(plan, key, "annotating")(e)),
     }
     Ok(())
@@ -184,12 +185,14 @@ async fn suspend(exec: &Executor, key: &JobKey, plan: &Plan, out: &mut Steps) ->
     Ok(())
 }
 
-/// Notes how the recreation ended; `Some(finalizers)` while the old Job is held.
+/// Notes how the recreation ended, naming the planned object by its kind
+/// (a JobSet, a PyTorchJob, a Job); `Some(finalizers)` while the old one is held.
 fn recorded(r: Recreated, key: &JobKey, plan: &Plan, out: &mut Steps) -> Option<Vec<String>> {
+    let kind = kind_of(plan).kind();
     match r {
         Recreated::Done { uid } => {
             out.done
-                .push(format!("Job recreated (uid {} -> {uid})", plan.job_uid));
+                .push(format!("{kind} recreated (uid {} -> {uid})", plan.job_uid));
             out.job_uid = Some(uid);
             out.job_deleted = true;
         }
@@ -197,7 +200,7 @@ fn recorded(r: Recreated, key: &JobKey, plan: &Plan, out: &mut Steps) -> Option<
         Recreated::Foreign { uid } => {
             out.job_deleted = true;
             out.failed.push(format!(
-                "Job {} was recreated by someone else (uid {uid}) before memprof could: left alone",
+                "{kind} {} was recreated by someone else (uid {uid}) before memprof could: left alone",
                 key.name
             ))
         }
@@ -207,7 +210,7 @@ fn recorded(r: Recreated, key: &JobKey, plan: &Plan, out: &mut Steps) -> Option<
             out.lost = Some(why);
         }
         Recreated::Refused { why } => out.failed.push(format!(
-            "the API server would refuse Job {} with the new values: {why}; the Job was left \
+            "the API server would refuse {kind} {} with the new values: {why}; it was left \
              running, untouched",
             key.name
         )),
@@ -283,7 +286,8 @@ pub(super) async fn wait_for_deletion(
         *n = n.saturating_add(1);
         *n
     };
-    info!(%id, waits, ?finalizers, "waiting for the old Job to be deleted");
+    let kind = exec.kind_of(key).kind();
+    info!(%id, waits, ?finalizers, kind, "waiting for the old object to be deleted");
     if waits == WAITS_BEFORE_EVENT {
         let held = if finalizers.is_empty() {
             "-".to_string()
@@ -291,7 +295,7 @@ pub(super) async fn wait_for_deletion(
             finalizers.join(", ")
         };
         let note = format!(
-            "remediation {id} waits for Job {key} to be deleted; finalizers holding it: {held}"
+            "remediation {id} waits for {kind} {key} to be deleted; finalizers holding it: {held}"
         );
         let regarding = exec.regarding(key, None);
         exec.publish(EventType::Warning, "RemediationWaiting", note, &regarding)

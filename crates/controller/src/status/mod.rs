@@ -48,7 +48,7 @@ mod writer;
 pub use advice::advice;
 pub use compose::{compose, write_needed, Need, COSMETIC_INTERVAL};
 pub use patch::{merge_diff, WriteMode};
-pub use workload::submit_workload;
+pub use workload::{annotate_workload, submit_workload};
 pub use writer::{Notice, StatusWriter, WriteError, WriterOptions};
 
 use memprof_api::MemoryProfileStatus;

@@ -60,7 +60,7 @@ fn no_wait_when_the_oom_is_closer_than_the_margin_or_already_happened() {
     assert!(g
         .no_wait
         .unwrap()
-        .contains("OOM of this Job was already observed"));
+        .contains("OOM of this workload was already observed"));
 }
 
 #[test]
@@ -150,7 +150,7 @@ fn a_trainer_that_never_checkpoints_or_an_oom_is_not_waited_for() {
     assert_eq!((o.result.as_str(), o.kept.as_ref()), (NOT_WAITED, None));
     assert_eq!(
         describe(&o, None),
-        "did not wait for a checkpoint: no rank of the Job ever announced a checkpoint; \
+        "did not wait for a checkpoint: no rank ever announced a checkpoint; \
          the restart keeps no checkpoint memprof knows of"
     );
     let g = gate_for(&wait(600, 30), None, true, decided());
