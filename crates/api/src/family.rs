@@ -1,16 +1,25 @@
-//! The model-and-configuration family of a Job: a name its creator gives
-//! (annotation `memprof.dev/family`) so that the admission webhook can
-//! predict a new Job's peak from the measured history of earlier Jobs of the
-//! same family in the same namespace. The operator copies it onto the Job's
-//! MemoryProfile as a label, where the webhook selects on it.
+//! The model-and-configuration family of a workload: a name its creator
+//! gives (annotation `memprof.dev/family`) so that the admission webhook can
+//! predict a new workload's peak from the measured history of earlier ones of
+//! the same family in the same namespace. The operator copies it onto the
+//! workload's MemoryProfile as a label, where the webhook selects on it.
+//!
+//! Whatever the kind, the family is the annotation on the object its
+//! creator writes, the top of the workload ([`family_of`]): a Job's own, a
+//! JobSet's, a TrainJob's, a PyTorchJob's, never a child Job's or a pod's.
+//! The webhook reads it there when that object is created, the operator when
+//! it reads that object, so the two agree on one place.
 //!
 //! A family is the creator's input: it is a label value (so it can be
 //! selected on) and nothing more is trusted of it. Only profiles of the same
 //! namespace are ever read, so a family can only mislead its own namespace.
 
-/// Job annotation (the user's): the family, e.g. `llama-8b-lora`.
+use std::collections::BTreeMap;
+
+/// Workload annotation (the user's, on a Job, JobSet, TrainJob or
+/// PyTorchJob itself): the family, e.g. `llama-8b-lora`.
 pub const ANNOTATION_FAMILY: &str = "memprof.dev/family";
-/// MemoryProfile label (the operator's): its Job's family.
+/// MemoryProfile label (the operator's): its workload's family.
 pub const LABEL_FAMILY: &str = "memprof.dev/family";
 /// Longest family: a label value's limit.
 pub const MAX_FAMILY: usize = 63;
@@ -34,9 +43,35 @@ pub fn parse_family(value: &str) -> Result<&str, FamilyError> {
     valid.then_some(value).ok_or(FamilyError)
 }
 
+/// The family a workload's top-level object names in its `annotations`
+/// (its own metadata's, whatever its kind), when it is a valid label value:
+/// an invalid one names none (the webhook says why when it is created).
+pub fn family_of(annotations: &BTreeMap<String, String>) -> Option<&str> {
+    parse_family(annotations.get(ANNOTATION_FAMILY)?).ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn annotated(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn a_workloads_family_is_its_own_valid_annotation() {
+        let ok = annotated(&[(ANNOTATION_FAMILY, "llama-8b"), ("team", "ml")]);
+        assert_eq!(family_of(&ok), Some("llama-8b"));
+        assert_eq!(family_of(&annotated(&[("team", "ml")])), None, "none named");
+        let long = "x".repeat(MAX_FAMILY + 1);
+        for bad in ["a b", "-x", long.as_str()] {
+            let a = annotated(&[(ANNOTATION_FAMILY, bad)]);
+            assert_eq!(family_of(&a), None, "{bad:?} is no label value");
+        }
+    }
 
     #[test]
     fn a_family_is_a_label_value() {

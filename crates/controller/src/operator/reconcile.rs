@@ -8,7 +8,7 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::ResourceExt;
 use memprof_analysis::{JobRollup, ReportMeta, RollupLimits};
-use memprof_api::family::{parse_family, ANNOTATION_FAMILY, LABEL_FAMILY};
+use memprof_api::family::{family_of, LABEL_FAMILY};
 use memprof_api::{
     set_condition, MemoryProfile, MemoryProfileSpec, MemoryProfileStatus, MemoryReportSpec,
     ANNOTATION_ENABLED, LABEL_JOB,
@@ -97,8 +97,7 @@ pub fn profile_for_job(job: &Job, namespace: &str, name: &str, uid: &str) -> Mem
     // What the admission webhook selects a new Job's history on
     // (memprof_api::family); an invalid family is left out, the webhook
     // says why when that Job is created.
-    let family = job.annotations().get(ANNOTATION_FAMILY);
-    if let Some(family) = family.and_then(|f| parse_family(f).ok()) {
+    if let Some(family) = family_of(job.annotations()) {
         labels.insert(LABEL_FAMILY.to_string(), family.to_string());
     }
     profile.metadata.labels = Some(labels);

@@ -41,6 +41,7 @@ use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
+use memprof_api::family::{family_of, LABEL_FAMILY};
 use memprof_api::workload::{WorkloadKind, LABEL_WORKLOAD_KIND};
 use memprof_api::{
     MemoryProfile, MemoryProfileSpec, ANNOTATION_ENABLED, LABEL_JOB, OPERATOR_MANAGER,
@@ -161,8 +162,11 @@ async fn switch_off(ctx: &Context, key: &JobKey, uid: &str) -> Result<()> {
     Ok(())
 }
 
-/// The PyTorchJob's profile: named after it, owned by it, labelled with its kind.
-fn profile_for(key: &JobKey, uid: &str, ranks: u32) -> MemoryProfile {
+/// The PyTorchJob's profile: named after it, owned by it, labelled with its
+/// kind and the family it names on itself (`memprof_api::family`), which
+/// the admission webhook selects its history on.
+fn profile_for(key: &JobKey, pt: &DynamicObject, ranks: u32) -> MemoryProfile {
+    let uid = pt.uid().unwrap_or_default();
     let kind = WorkloadKind::PyTorchJob;
     let mut p = MemoryProfile::new(
         &key.name,
@@ -176,11 +180,15 @@ fn profile_for(key: &JobKey, uid: &str, ranks: u32) -> MemoryProfile {
         (LABEL_JOB.to_string(), key.name.clone()),
         (LABEL_WORKLOAD_KIND.to_string(), kind.kind().to_string()),
     ]));
+    if let Some(family) = family_of(pt.annotations()) {
+        p.labels_mut()
+            .insert(LABEL_FAMILY.to_string(), family.to_string());
+    }
     p.metadata.owner_references = Some(vec![OwnerReference {
         api_version: kind.api_version().into(),
         kind: kind.kind().into(),
         name: key.name.clone(),
-        uid: uid.into(),
+        uid,
         controller: Some(false),
         block_owner_deletion: Some(true),
     }]);
@@ -192,7 +200,7 @@ fn profile_for(key: &JobKey, uid: &str, ranks: u32) -> MemoryProfile {
 /// ours drifted; and grants each replica's service account leave to
 /// write its reports.
 async fn ensure_profile(ctx: &Context, key: &JobKey, pt: &DynamicObject, ranks: u32) -> Result<()> {
-    let desired = profile_for(key, &pt.uid().unwrap_or_default(), ranks);
+    let desired = profile_for(key, pt, ranks);
     let known = cached_profile(ctx, key);
     if known
         .as_deref()
@@ -315,4 +323,32 @@ pub(super) async fn namesake_job(
     let note = taken_message(WorkloadKind::Job, &key.name, &owner);
     announce_taken(ctx, key, &uid, regarding, note).await;
     true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the admission webhook selects a PyTorchJob's history on: the
+    /// family it names on itself, when that is a label value.
+    #[test]
+    fn a_pytorchjobs_profile_carries_its_own_family() {
+        let key = JobKey::new("ml", "train");
+        let pt = |family: &str| -> DynamicObject {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+                "metadata": {"name": "train", "uid": "pt-uid",
+                             "annotations": {"memprof.dev/family": family}},
+            }))
+            .unwrap()
+        };
+        let p = profile_for(&key, &pt("llama-8b"), 3);
+        assert_eq!(
+            p.labels().get(LABEL_FAMILY).map(String::as_str),
+            Some("llama-8b")
+        );
+        assert_eq!(p.owner_references()[0].uid, "pt-uid");
+        let bad = profile_for(&key, &pt("not a label"), 3);
+        assert!(!bad.labels().contains_key(LABEL_FAMILY));
+    }
 }

@@ -95,12 +95,19 @@ pub(super) fn job(j: &mut Job) {
     j.metadata.finalizers = None;
 }
 
-/// A profile: its status and identity; nothing else is read.
+/// A profile: its status and identity, and its family label (the
+/// pipelines compare it with the family the workload names, and apply the
+/// profile again only when it differs); nothing else is read.
 pub(super) fn profile(p: &mut MemoryProfile) {
     p.managed_fields_mut().clear();
     p.annotations_mut().clear();
     let kind = memprof_api::workload::LABEL_WORKLOAD_KIND;
-    only(&mut p.metadata.labels, &[LABEL_JOB, kind], MAX_LABEL_VALUE);
+    let family = memprof_api::family::LABEL_FAMILY;
+    only(
+        &mut p.metadata.labels,
+        &[LABEL_JOB, kind, family],
+        MAX_LABEL_VALUE,
+    );
     p.metadata.finalizers = None;
 }
 
@@ -287,8 +294,10 @@ pub(super) fn pytorchjob(o: &mut kube::api::DynamicObject) {
     meta.finalizers = None;
     meta.owner_references = None;
     meta.labels = None;
-    // The opt-in, and the phases its recommendation waits for.
-    let keep = [ANNOTATION_ENABLED, ANNOTATION_RECOMMEND_PHASES];
+    // The opt-in, the phases its recommendation waits for, and its family
+    // (copied onto its profile for the admission webhook's history).
+    let family = memprof_api::family::ANNOTATION_FAMILY;
+    let keep = [ANNOTATION_ENABLED, ANNOTATION_RECOMMEND_PHASES, family];
     only(&mut meta.annotations, &keep, MAX_ANNOTATION);
     let specs = &o.data["spec"]["pytorchReplicaSpecs"];
     let mut kept = serde_json::Map::new();

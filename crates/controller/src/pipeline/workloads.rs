@@ -36,6 +36,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
+use memprof_api::family::LABEL_FAMILY;
 use memprof_api::workload::{WorkloadKind, LABEL_WORKLOAD_KIND};
 use memprof_api::{MemoryProfile, MemoryProfileSpec, LABEL_JOB, OPERATOR_MANAGER};
 use std::collections::BTreeMap;
@@ -127,7 +128,8 @@ pub(super) async fn run(
     // A child's membership, cached, may still name a JobSet memprof is
     // recreating: owned by it again, the profile would go with it.
     if !replaced_by_memprof(previous.as_ref(), &resolved.top.uid) {
-        ensure_profile(ctx, &wkey, &resolved.top, shape.ranks(), job).await?;
+        let family = resolved.family.as_deref();
+        ensure_profile(ctx, &wkey, &resolved.top, (shape.ranks(), family), job).await?;
     }
     // Incremental: the reports noted under this child since its last
     // reconcile, not the whole JobSet (`workload_refresh.rs`).
@@ -260,8 +262,10 @@ fn cached_profile(ctx: &Context, key: &JobKey) -> Option<Arc<MemoryProfile>> {
         .get(&ObjectRef::new(&key.name).within(&key.namespace))
 }
 
-/// The workload's profile: named after it, owned by it, labelled with its kind.
-fn profile_for(key: &JobKey, top: &Workload, ranks: u32) -> MemoryProfile {
+/// The workload's profile: named after it, owned by it, labelled with its
+/// kind and the family its top-level object names (read with it:
+/// `Resolved::family`), which the admission webhook selects its history on.
+fn profile_for(key: &JobKey, top: &Workload, ranks: u32, family: Option<&str>) -> MemoryProfile {
     let mut p = MemoryProfile::new(
         &key.name,
         MemoryProfileSpec {
@@ -274,6 +278,10 @@ fn profile_for(key: &JobKey, top: &Workload, ranks: u32) -> MemoryProfile {
         (LABEL_JOB.to_string(), key.name.clone()),
         (LABEL_WORKLOAD_KIND.to_string(), top.kind.kind().to_string()),
     ]));
+    if let Some(family) = family {
+        p.labels_mut()
+            .insert(LABEL_FAMILY.to_string(), family.to_string());
+    }
     p.metadata.owner_references = Some(vec![OwnerReference {
         api_version: top.kind.api_version().into(),
         kind: top.kind.kind().into(),
@@ -291,10 +299,10 @@ async fn ensure_profile(
     ctx: &Context,
     wkey: &JobKey,
     top: &Workload,
-    ranks: u32,
+    (ranks, family): (u32, Option<&str>),
     job: &Job,
 ) -> Result<()> {
-    let desired = profile_for(wkey, top, ranks);
+    let desired = profile_for(wkey, top, ranks, family);
     if cached_profile(ctx, wkey).is_some_and(|p| !profile_outdated(Some(&p), &desired)) {
         return Ok(());
     }
@@ -319,4 +327,29 @@ async fn ensure_profile(
         })?;
     ctx.writer.observe(wkey, &profile);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the admission webhook selects a JobSet's or TrainJob's history
+    /// on: the family its top-level object named when it was read.
+    #[test]
+    fn a_workloads_profile_carries_the_family_its_top_names() {
+        let key = JobKey::new("ml", "train");
+        let top = Workload {
+            kind: WorkloadKind::JobSet,
+            name: "train".into(),
+            uid: "js-uid".into(),
+        };
+        let p = profile_for(&key, &top, 2, Some("llama-8b"));
+        assert_eq!(
+            p.labels().get(LABEL_FAMILY).map(String::as_str),
+            Some("llama-8b")
+        );
+        assert_eq!(p.labels()[LABEL_WORKLOAD_KIND], "JobSet");
+        let none = profile_for(&key, &top, 2, None);
+        assert!(!none.labels().contains_key(LABEL_FAMILY));
+    }
 }

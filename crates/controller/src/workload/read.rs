@@ -91,8 +91,8 @@ pub async fn resolve_live(
     loop {
         let here = chain.last().expect("the chain starts with one object");
         match step(namespace, here, &meta, chain.len(), keys, Timestamp::now()) {
-            Step::Top => return Ok(resolved(chain, None)),
-            Step::Unproven(why) => return Ok(resolved(chain, Some(why))),
+            Step::Top => return Ok(resolved(chain, None, &meta)),
+            Step::Unproven(why) => return Ok(resolved(chain, Some(why), &meta)),
             Step::Up(parent) => {
                 let read = read_meta(client, namespace, parent.kind, &parent.name).await?;
                 match accept(&parent, read) {
@@ -100,7 +100,7 @@ pub async fn resolve_live(
                         chain.push(parent);
                         meta = up;
                     }
-                    Err(why) => return Ok(resolved(chain, Some(why))),
+                    Err(why) => return Ok(resolved(chain, Some(why), &meta)),
                 }
             }
         }

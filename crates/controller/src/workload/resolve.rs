@@ -15,6 +15,7 @@
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use memprof_api::admission::KeyRing;
+use memprof_api::family::family_of;
 use memprof_api::workload::{
     jobset_identity, WorkloadKind, LABEL_JOBSET_JOB_INDEX, LABEL_JOBSET_REPLICATED_JOB, MAX_CHAIN,
 };
@@ -74,6 +75,10 @@ pub struct Resolved {
     pub chain: Vec<Workload>,
     /// Set when an owner reference above `top` was not followed.
     pub unproven: Option<Unproven>,
+    /// The family `top` names on itself, as read with it
+    /// (`memprof_api::family::family_of`: a label value, at most 63 bytes):
+    /// its profile's family label, what the admission webhook predicts from.
+    pub family: Option<String>,
 }
 
 /// What the caller read from the API server: the object's metadata, or
@@ -97,14 +102,14 @@ pub fn resolve(
     loop {
         let here = chain.last().expect("the chain starts with one object");
         match step(namespace, here, &meta, chain.len(), keys, now) {
-            Step::Top => return Ok(resolved(chain, None)),
-            Step::Unproven(why) => return Ok(resolved(chain, Some(why))),
+            Step::Top => return Ok(resolved(chain, None, &meta)),
+            Step::Unproven(why) => return Ok(resolved(chain, Some(why), &meta)),
             Step::Up(parent) => match accept(&parent, read(parent.kind, &parent.name)) {
                 Ok(up) => {
                     chain.push(parent);
                     meta = up;
                 }
-                Err(why) => return Ok(resolved(chain, Some(why))),
+                Err(why) => return Ok(resolved(chain, Some(why), &meta)),
             },
         }
     }
@@ -163,16 +168,23 @@ pub fn accept(parent: &Workload, read: Option<ObjectMeta>) -> Result<ObjectMeta,
         })
 }
 
-/// The outcome for `chain` (never empty).
-pub fn resolved(chain: Vec<Workload>, unproven: Option<Unproven>) -> Resolved {
+/// The outcome for `chain` (never empty), whose top's metadata is `top_meta`.
+pub fn resolved(
+    chain: Vec<Workload>,
+    unproven: Option<Unproven>,
+    top_meta: &ObjectMeta,
+) -> Resolved {
     let top = chain
         .last()
         .expect("the chain starts with one object")
         .clone();
+    let annotations = top_meta.annotations.as_ref();
+    let family = annotations.and_then(|a| family_of(a)).map(str::to_string);
     Resolved {
         top,
         chain,
         unproven,
+        family,
     }
 }
 

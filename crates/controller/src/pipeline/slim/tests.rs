@@ -211,6 +211,33 @@ fn a_jobs_family_survives_the_cache_for_its_profile() {
     assert!(!j.annotations().contains_key("memprof.dev/other"));
 }
 
+/// A workload's family survives the caches the pipelines compare with: a
+/// PyTorchJob's own annotation, and a profile's family label (without it
+/// every reconcile would see the profile drifted and apply it again).
+#[test]
+fn a_workloads_family_survives_the_cache_on_the_pytorchjob_and_its_profile() {
+    let family = memprof_api::family::ANNOTATION_FAMILY;
+    let mut pt: kube::api::DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+        "metadata": {"name": "train", "annotations": {family: "llama", "memprof.dev/other": "x"}},
+        "spec": {"pytorchReplicaSpecs": {}},
+    }))
+    .unwrap();
+    pytorchjob(&mut pt);
+    assert_eq!(
+        pt.annotations().get(family).map(String::as_str),
+        Some("llama")
+    );
+    assert!(!pt.annotations().contains_key("memprof.dev/other"));
+    let label = memprof_api::family::LABEL_FAMILY;
+    let mut p = MemoryProfile::new("train", Default::default());
+    p.labels_mut().insert(label.into(), "llama".into());
+    p.labels_mut().insert("team".into(), "ml".into());
+    profile(&mut p);
+    assert_eq!(p.labels().get(label).map(String::as_str), Some("llama"));
+    assert!(!p.labels().contains_key("team"));
+}
+
 #[test]
 fn a_hostile_pytorchjob_and_its_pod_are_cached_in_a_bounded_size_with_what_counts_them() {
     let template = json!({"metadata": {"labels": hostile_map("t.example/")},

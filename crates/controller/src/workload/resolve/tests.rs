@@ -346,3 +346,55 @@ fn resolution_reads_at_most_max_chain_objects() {
     assert_eq!(r.unwrap().top.kind, WorkloadKind::TrainJob);
     assert!(reads <= MAX_CHAIN);
 }
+
+/// `meta` with `family` as its `memprof.dev/family` annotation, kept beside
+/// any mark it carries.
+fn with_family(mut m: ObjectMeta, family: &str) -> ObjectMeta {
+    let family_key = memprof_api::family::ANNOTATION_FAMILY.to_string();
+    let annotations = m.annotations.get_or_insert_with(Default::default);
+    annotations.insert(family_key, family.into());
+    m
+}
+
+/// The profile's family is the one the top-level object names, never a
+/// child Job's or the JobSet's under a TrainJob; an invalid one is none.
+#[test]
+fn the_family_is_the_top_level_objects_own() {
+    let key = Key::generate();
+    let keys = KeyRing::new(key.clone());
+    let tj = with_family(meta("llm", "tj-uid", None, &[]), "llama-8b");
+    let js_meta = meta(
+        "llm",
+        "js-uid",
+        Some(owner(WorkloadKind::TrainJob, "llm", "tj-uid")),
+        &[],
+    );
+    let js = with_family(marked(&key, WorkloadKind::JobSet, js_meta), "jobset-says");
+    let child = meta(
+        "llm-workers-1",
+        "job-uid",
+        Some(owner(WorkloadKind::JobSet, "llm", "js-uid")),
+        &CHILD,
+    );
+    let j = with_family(marked(&key, WorkloadKind::Job, child), "child-says");
+    let mut objects = vec![
+        (WorkloadKind::TrainJob, tj),
+        (WorkloadKind::JobSet, js),
+        (WorkloadKind::Job, j),
+    ];
+    let start = job("llm-workers-1", "job-uid");
+    let r = Cluster::with(objects.clone())
+        .resolve(start.clone(), &keys)
+        .0;
+    assert_eq!(r.unwrap().family.as_deref(), Some("llama-8b"));
+    objects[0].1 = with_family(objects[0].1.clone(), "not a label value");
+    let r = Cluster::with(objects.clone())
+        .resolve(start.clone(), &keys)
+        .0;
+    assert_eq!(r.unwrap().family, None, "an invalid family is none");
+    // Under a TrainJob that is gone, the JobSet is the top: its family.
+    objects.remove(0);
+    let r = Cluster::with(objects).resolve(start, &keys).0.unwrap();
+    assert_eq!(r.top.kind, WorkloadKind::JobSet);
+    assert_eq!(r.family.as_deref(), Some("jobset-says"));
+}
