@@ -22,11 +22,15 @@ use std::sync::Arc;
 use tokio::sync::oneshot;
 use webhook_support::*;
 
-const FAMILY: &str = "llama-8b";
+pub(crate) const FAMILY: &str = "llama-8b";
 
 /// A webhook on 127.0.0.1 that reads the history through `reader`,
 /// registered for `ns` only; stopped and unregistered when dropped.
-struct Hook {
+pub(crate) struct Hook {
+    /// Where it is served (`/mutate`), for more registrations.
+    pub url: String,
+    /// Its CA.
+    pub ca_pem: String,
     stop: Option<oneshot::Sender<()>>,
     _registration: Registration,
 }
@@ -39,7 +43,7 @@ impl Drop for Hook {
     }
 }
 
-async fn hook(admin: &Client, reader: Client, ns: &str) -> Hook {
+pub(crate) async fn hook(admin: &Client, reader: Client, ns: &str) -> Hook {
     let config = test_config(admin).await;
     let bundle = certs::generate(
         &["127.0.0.1".to_string()],
@@ -69,6 +73,8 @@ async fn hook(admin: &Client, reader: Client, ns: &str) -> Hook {
     let registration = Registration(ns.to_string());
     wait_until_active(admin, ns).await;
     Hook {
+        url,
+        ca_pem: bundle.ca_pem,
         stop: Some(stop),
         _registration: registration,
     }
@@ -76,7 +82,7 @@ async fn hook(admin: &Client, reader: Client, ns: &str) -> Hook {
 
 /// A MemoryProfile of an earlier Job of `family` whose roll-up fitted
 /// `20 GiB + 1 GiB × batch` on three batches (8..32) on an 80 GiB GPU.
-async fn history(client: &Client, ns: &str, name: &str, family: &str) {
+pub(crate) async fn history(client: &Client, ns: &str, name: &str, family: &str) {
     let api: Api<MemoryProfile> = Api::namespaced(client.clone(), ns);
     let mut p = MemoryProfile::new(name, Default::default());
     p.spec.job_name = name.into();
@@ -139,8 +145,12 @@ fn job_at(name: &str, batch: u32, labels: serde_json::Value) -> Job {
     j
 }
 
-/// `kubectl create -f JOB` with the Job on stdin, in `ns`; (success, stderr).
-async fn kubectl_create(ns: &str, job: &Job) -> (bool, String) {
+/// `kubectl create -f -` with `object` (a Job, or any kind's manifest) on
+/// stdin, in `ns`; (success, stderr).
+pub(crate) async fn kubectl_create(
+    ns: &str,
+    object: &impl k8s_openapi::serde::Serialize,
+) -> (bool, String) {
     use tokio::io::AsyncWriteExt as _;
     let mut child = tokio::process::Command::new("kubectl")
         .args(["create", "-n", ns, "-f", "-"])
@@ -150,7 +160,7 @@ async fn kubectl_create(ns: &str, job: &Job) -> (bool, String) {
         .kill_on_drop(true)
         .spawn()
         .expect("running kubectl");
-    let body = serde_json::to_vec(job).unwrap();
+    let body = serde_json::to_vec(object).unwrap();
     child.stdin.take().unwrap().write_all(&body).await.unwrap();
     let out = tokio::time::timeout(common::TIMEOUT, child.wait_with_output())
         .await

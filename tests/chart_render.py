@@ -372,12 +372,13 @@ def check_webhook(case: str, docs: list[dict], cert_manager: bool) -> None:
         and "objectSelector" not in hooks["writers.memprof.dev"],
     )
     check(
-        f"{case}: workloads webhook sees Job, JobSet and PyTorchJob creations, on no label",
+        f"{case}: workloads webhook sees Job, JobSet, PyTorchJob and TrainJob creations, on no label",
         [(r["apiGroups"], r["apiVersions"], r["resources"], r["operations"])
          for r in hooks["workloads.memprof.dev"]["rules"]]
         == [(["batch"], ["v1"], ["jobs"], ["CREATE"]),
             (["jobset.x-k8s.io"], ["v1alpha2"], ["jobsets"], ["CREATE"]),
-            (["kubeflow.org"], ["v1"], ["pytorchjobs"], ["CREATE"])]
+            (["kubeflow.org"], ["v1"], ["pytorchjobs"], ["CREATE"]),
+            (["trainer.kubeflow.org"], ["v1alpha1"], ["trainjobs"], ["CREATE"])]
         and "objectSelector" not in hooks["workloads.memprof.dev"],
     )
     check(

@@ -32,6 +32,7 @@ mod webhook_support;
 mod workload_support;
 
 mod admission_history;
+mod admission_history_workloads;
 mod agent_breakdown;
 mod agent_injection;
 mod agent_rollup;

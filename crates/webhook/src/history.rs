@@ -1,9 +1,10 @@
-//! The admission warning from measured history: a profiled Job that names
-//! its family (`memprof.dev/family`) is predicted from the memory model the
-//! roll-up fitted for earlier Jobs of that family in the same namespace
-//! (their MemoryProfiles, labelled with the family by the operator), and
-//! warned about when the prediction exceeds its GPU. A RemediationPolicy
-//! of the namespace that selects the Job and sets `denyPredictedOom` turns
+//! The admission warning from measured history: a profiled workload (a
+//! Job, JobSet, TrainJob or PyTorchJob: `ask.rs`) that names its family
+//! (`memprof.dev/family`) is predicted from the memory model the roll-up
+//! fitted for earlier workloads of that family in the same namespace (their
+//! MemoryProfiles, labelled with the family by the operator), and warned
+//! about when the prediction exceeds its GPU. A RemediationPolicy of the
+//! namespace that selects the workload and sets `denyPredictedOom` turns
 //! the warning into a denial; nothing else does.
 //!
 //! Admission must stay fast and never wait on the API server: one bounded
@@ -98,7 +99,7 @@ impl History {
         };
         let outcome = predict(&fits, &ask.env, ask.gpu);
         let mut verdict = Verdict {
-            warnings: predict::warning(&outcome, &ask.family)
+            warnings: predict::warning(&outcome, ask.kind, &ask.family)
                 .into_iter()
                 .collect(),
             denied: None,

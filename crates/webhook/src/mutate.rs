@@ -808,16 +808,22 @@ pub fn read_review(body: &[u8]) -> Review {
 
 impl Review {
     /// What the review's object asks of the measured history: a profiled
-    /// Job being created that names its family (history.rs); `Err` is a
-    /// warning about the family itself.
+    /// workload (a Job, JobSet, TrainJob or PyTorchJob) being created that
+    /// names its family (history.rs); `Err` is a warning about the family
+    /// itself.
     pub fn history_ask(
         &self,
     ) -> Option<Result<super::history::Ask, memprof_api::family::FamilyError>> {
         let req = self.request.as_ref().ok()?;
-        if Target::of(&req.kind) != Some(Target::Job) || req.operation != "CREATE" {
+        let api_version = match req.kind.group.as_str() {
+            "" => req.kind.version.clone(),
+            group => format!("{group}/{}", req.kind.version),
+        };
+        let kind = memprof_api::workload::WorkloadKind::of(&api_version, &req.kind.kind)?;
+        if req.operation != "CREATE" {
             return None;
         }
-        super::history::ask_of(req.namespace.as_deref()?, req.object.as_ref()?)
+        super::history::ask_of(kind, req.namespace.as_deref()?, req.object.as_ref()?)
     }
 }
 

@@ -1,83 +1,185 @@
-//! What a Job under admission asks of the history, read from its object:
-//! its family, its literal env values (the batch the model needs), its
-//! annotated GPU memory and its labels (what a policy selects on). Pure.
+//! What a workload under admission asks of the history, read from its
+//! object: its family, its literal env values (the batch the model needs),
+//! its annotated GPU memory and its labels (what a policy selects on). Pure.
+//!
+//! Every kind memprof profiles as one workload asks the same way, each read
+//! where that kind keeps it ([`Shape`]): a Job, a JobSet (over its
+//! replicated jobs' pod templates), a TrainJob (its trainer's env) and a
+//! PyTorchJob (its Master's then Worker's template). The family is the one
+//! the object names on itself (`memprof_api::family`), where the operator
+//! reads it for the workload's profile. A JobSet's child Job asks nothing:
+//! it is predicted with its JobSet, and a refusal would fail the JobSet
+//! controller's creation of it, not tell its creator.
 
 use memprof_api::family::{parse_family, FamilyError, ANNOTATION_FAMILY};
+use memprof_api::workload::WorkloadKind;
 use memprof_api::{parse_bytes, ANNOTATION_ENABLED, ANNOTATION_GPU_MEMORY};
 use serde_json::Value;
 use std::collections::BTreeMap;
 
-/// Env values kept of one Job, at most: the model needs one.
+/// Env values kept of one workload, at most: the model needs one.
 const MAX_ENV: usize = 256;
+/// Pod templates read of one workload, at most (a JobSet's replicated jobs).
+const MAX_TEMPLATES: usize = 64;
 
-/// A profiled Job's question to the history.
+/// A profiled workload's question to the history.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Ask {
-    /// The Job's namespace: the only one whose history is read.
+    /// Its kind, as the warning names it (`Job`, `JobSet`, …).
+    pub kind: &'static str,
+    /// Its namespace: the only one whose history is read.
     pub namespace: String,
-    /// The Job's family, a valid label value.
+    /// Its family, a valid label value.
     pub family: String,
-    /// Literal env values of the Job's containers, first container first.
+    /// Literal env values of its containers, first container first.
     pub env: BTreeMap<String, String>,
     /// `memprof.dev/gpu-memory`, when set and readable.
     pub gpu: Option<u64>,
-    /// The Job's labels.
+    /// Its labels.
     pub labels: BTreeMap<String, String>,
 }
 
-/// What a Job's object asks: None unless it is profiled and names a family;
-/// `Err` (said as a warning) when the family cannot be a label value.
-pub fn ask_of(namespace: &str, job: &Value) -> Option<Result<Ask, FamilyError>> {
-    let meta = job.get("metadata")?;
-    let template = job.pointer("/spec/template/metadata");
-    let annotation = |key: &str| {
-        [Some(meta), template]
-            .into_iter()
-            .flatten()
+/// Where a kind keeps what the ask reads.
+struct Shape<'a> {
+    /// The metadata whose `memprof.dev/enabled: "true"` profiles it (where
+    /// its injection reads the opt-in); None: its opt-in is not in the object.
+    opt_in: Option<Vec<&'a Value>>,
+    /// The metadata read for the family, first that names one wins.
+    family: Vec<&'a Value>,
+    /// The metadata read for the GPU's memory, first that names it wins.
+    gpu: Vec<&'a Value>,
+    /// Its env lists, in rank order (the first that sets a name wins).
+    env: Vec<&'a Value>,
+}
+
+/// The ask of `obj`, a `kind` being created in `namespace`: None unless it
+/// is profiled and names a family; `Err` (said as a warning) when the
+/// family cannot be a label value.
+pub fn ask_of(
+    kind: WorkloadKind,
+    namespace: &str,
+    obj: &Value,
+) -> Option<Result<Ask, FamilyError>> {
+    let meta = obj.get("metadata")?;
+    let shape = shape_of(kind, obj, meta)?;
+    let annotation = |from: &[&Value], key: &str| {
+        from.iter()
             .find_map(|m| m.get("annotations")?.get(key)?.as_str())
+            .map(str::to_string)
     };
-    // As the injection decides (mutate.rs): the opt-in is the Job's own.
-    let enabled = meta
-        .get("annotations")
-        .and_then(|a| a.get(ANNOTATION_ENABLED));
-    if enabled.and_then(Value::as_str) != Some("true") {
+    let enabled = |m: &&Value| annotation(&[*m], ANNOTATION_ENABLED).as_deref() == Some("true");
+    if shape.opt_in.is_some_and(|o| !o.iter().any(enabled)) {
         return None;
     }
-    let family = annotation(ANNOTATION_FAMILY)?;
-    let family = match parse_family(family) {
+    let family = match parse_family(&annotation(&shape.family, ANNOTATION_FAMILY)?) {
         Ok(f) => f.to_string(),
         Err(e) => return Some(Err(e)),
     };
-    let labels = meta
-        .get("labels")
+    let gpu = annotation(&shape.gpu, ANNOTATION_GPU_MEMORY);
+    Some(Ok(Ask {
+        kind: kind.kind(),
+        namespace: namespace.to_string(),
+        family,
+        env: literal_env(&shape.env),
+        gpu: gpu.and_then(|g| parse_bytes(&g).ok()),
+        labels: labels_of(meta),
+    }))
+}
+
+/// Where `kind` keeps its opt-in, family, GPU annotation and env; None for
+/// a JobSet's child Job (asked with its JobSet).
+fn shape_of<'a>(kind: WorkloadKind, obj: &'a Value, meta: &'a Value) -> Option<Shape<'a>> {
+    if kind == WorkloadKind::Job && controlled_by_a_jobset(meta) {
+        return None;
+    }
+    let templates = pod_templates(kind, obj);
+    let template_meta = templates.iter().filter_map(|t| t.get("metadata"));
+    let own_then_templates: Vec<&Value> = std::iter::once(meta).chain(template_meta).collect();
+    let env = match kind {
+        WorkloadKind::TrainJob => obj.pointer("/spec/trainer/env").into_iter().collect(),
+        _ => templates
+            .iter()
+            .filter_map(|t| t.pointer("/spec/containers")?.as_array())
+            .flatten()
+            .filter_map(|c| c.get("env"))
+            .collect(),
+    };
+    let (opt_in, family) = match kind {
+        // As the injection decides (mutate.rs): the opt-in is the Job's own;
+        // its family may also be on its pod template.
+        WorkloadKind::Job => (Some(vec![meta]), own_then_templates.clone()),
+        // Its child Jobs' opt-in is their template's (the JobSet controller
+        // copies it onto them), or said on the JobSet itself.
+        WorkloadKind::JobSet => {
+            let jobs = replicated_jobs(obj).filter_map(|rj| rj.pointer("/template/metadata"));
+            (
+                Some(std::iter::once(meta).chain(jobs).collect()),
+                vec![meta],
+            )
+        }
+        WorkloadKind::PyTorchJob => (Some(vec![meta]), vec![meta]),
+        // Its opt-in is in its runtime, which is not read here: naming a
+        // family asks.
+        WorkloadKind::TrainJob => (None, vec![meta]),
+    };
+    Some(Shape {
+        opt_in,
+        family,
+        gpu: own_then_templates,
+        env,
+    })
+}
+
+/// The pod templates of `kind`'s object, in rank order, bounded.
+fn pod_templates(kind: WorkloadKind, obj: &Value) -> Vec<&Value> {
+    match kind {
+        WorkloadKind::Job => obj.pointer("/spec/template").into_iter().collect(),
+        WorkloadKind::JobSet => replicated_jobs(obj)
+            .filter_map(|rj| rj.pointer("/template/spec/template"))
+            .collect(),
+        WorkloadKind::PyTorchJob => ["Master", "Worker"]
+            .iter()
+            .filter_map(|r| obj.pointer(&format!("/spec/pytorchReplicaSpecs/{r}/template")))
+            .collect(),
+        WorkloadKind::TrainJob => Vec::new(),
+    }
+}
+
+/// A JobSet's replicated jobs, bounded.
+fn replicated_jobs(obj: &Value) -> impl Iterator<Item = &Value> {
+    let jobs = obj
+        .pointer("/spec/replicatedJobs")
+        .and_then(Value::as_array);
+    jobs.into_iter().flatten().take(MAX_TEMPLATES)
+}
+
+/// Whether a Job's controller owner reference names a JobSet (its word:
+/// it only decides that the Job asks nothing of its own).
+fn controlled_by_a_jobset(meta: &Value) -> bool {
+    let owners = meta.get("ownerReferences").and_then(Value::as_array);
+    owners.into_iter().flatten().any(|o| {
+        let field = |k: &str| o.get(k).and_then(Value::as_str).unwrap_or_default();
+        o.get("controller").and_then(Value::as_bool) == Some(true)
+            && WorkloadKind::of(field("apiVersion"), field("kind")) == Some(WorkloadKind::JobSet)
+    })
+}
+
+fn labels_of(meta: &Value) -> BTreeMap<String, String> {
+    meta.get("labels")
         .and_then(Value::as_object)
         .map(|m| {
             m.iter()
                 .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
                 .collect()
         })
-        .unwrap_or_default();
-    Some(Ok(Ask {
-        namespace: namespace.to_string(),
-        family,
-        env: literal_env(job),
-        gpu: annotation(ANNOTATION_GPU_MEMORY).and_then(|g| parse_bytes(g).ok()),
-        labels,
-    }))
+        .unwrap_or_default()
 }
 
-/// The literal env values of the pod template's containers (the first
-/// container that sets a name wins), bounded.
-fn literal_env(job: &Value) -> BTreeMap<String, String> {
+/// The literal values of `lists` (env arrays, in order; the first that
+/// sets a name wins), bounded.
+fn literal_env(lists: &[&Value]) -> BTreeMap<String, String> {
     let mut env = BTreeMap::new();
-    let containers = job
-        .pointer("/spec/template/spec/containers")
-        .and_then(Value::as_array);
-    let vars = containers
-        .into_iter()
-        .flatten()
-        .filter_map(|c| c.get("env")?.as_array())
-        .flatten();
+    let vars = lists.iter().filter_map(|l| l.as_array()).flatten();
     for var in vars.take(MAX_ENV) {
         if let (Some(name), Some(value)) = (
             var.get("name").and_then(Value::as_str),
@@ -113,7 +215,7 @@ mod tests {
             "memprof.dev/family": "llama",
             "memprof.dev/gpu-memory": "80GiB"
         }));
-        let a = ask_of("ns", &j).unwrap().unwrap();
+        let a = ask_of(WorkloadKind::Job, "ns", &j).unwrap().unwrap();
         assert_eq!((a.namespace.as_str(), a.family.as_str()), ("ns", "llama"));
         assert_eq!(
             a.env.get("BATCH_SIZE").map(String::as_str),
@@ -128,23 +230,125 @@ mod tests {
     #[test]
     fn no_family_or_not_profiled_asks_nothing_and_a_bad_family_is_said() {
         assert_eq!(
-            ask_of("ns", &job(json!({ "memprof.dev/enabled": "true" }))),
+            ask_of(
+                WorkloadKind::Job,
+                "ns",
+                &job(json!({ "memprof.dev/enabled": "true" }))
+            ),
             None
         );
         assert_eq!(
-            ask_of("ns", &job(json!({ "memprof.dev/family": "x" }))),
+            ask_of(
+                WorkloadKind::Job,
+                "ns",
+                &job(json!({ "memprof.dev/family": "x" }))
+            ),
             None
         );
         let mut on_template = job(json!({ "memprof.dev/family": "x" }));
         on_template["spec"]["template"]["metadata"] =
             json!({ "annotations": { "memprof.dev/enabled": "true" } });
         assert_eq!(
-            ask_of("ns", &on_template),
+            ask_of(WorkloadKind::Job, "ns", &on_template),
             None,
             "not profiled: not injected either"
         );
         let bad = job(json!({ "memprof.dev/enabled": "true", "memprof.dev/family": "a b" }));
-        let e = ask_of("ns", &bad).unwrap().unwrap_err();
+        let e = ask_of(WorkloadKind::Job, "ns", &bad).unwrap().unwrap_err();
         assert!(e.to_string().contains("must be a label value"), "{e}");
+    }
+
+    /// A JobSet of two replicated jobs, the first's template profiled
+    /// (as its child Jobs will be), `annotations` its own.
+    fn jobset(annotations: Value) -> Value {
+        let rj = |name: &str, batch: &str, job_annotations: Value| {
+            json!({ "name": name, "replicas": 2, "template": {
+                "metadata": { "annotations": job_annotations },
+                "spec": { "template": {
+                    "metadata": { "annotations": { "memprof.dev/gpu-memory": "40GiB" } },
+                    "spec": { "containers": [
+                        { "name": "t", "env": [{ "name": "BATCH_SIZE", "value": batch }] }]}}}}})
+        };
+        json!({
+            "metadata": { "annotations": annotations, "labels": { "team": "ml" } },
+            "spec": { "replicatedJobs": [
+                rj("driver", "16", json!({ "memprof.dev/enabled": "true" })),
+                rj("workers", "8", json!({ "memprof.dev/family": "child-says" }))
+            ]}
+        })
+    }
+
+    #[test]
+    fn a_jobset_asks_with_its_own_family_and_its_templates_env() {
+        let js = jobset(json!({ "memprof.dev/family": "llama" }));
+        let a = ask_of(WorkloadKind::JobSet, "ns", &js).unwrap().unwrap();
+        assert_eq!((a.kind, a.family.as_str()), ("JobSet", "llama"));
+        assert_eq!(a.env["BATCH_SIZE"], "16", "the first replicated job's");
+        assert_eq!(a.gpu, Some(40 << 30), "from a pod template");
+        assert_eq!(a.labels["team"], "ml");
+        // A family only in a replicated job's template is not the JobSet's:
+        // the operator labels the JobSet's profile with the JobSet's own.
+        assert_eq!(ask_of(WorkloadKind::JobSet, "ns", &jobset(json!({}))), None);
+        let mut unprofiled = jobset(json!({ "memprof.dev/family": "llama" }));
+        unprofiled["spec"]["replicatedJobs"][0]["template"]["metadata"] = json!({});
+        assert_eq!(
+            ask_of(WorkloadKind::JobSet, "ns", &unprofiled),
+            None,
+            "no replicated job profiled"
+        );
+        unprofiled["metadata"]["annotations"]["memprof.dev/enabled"] = json!("true");
+        assert!(ask_of(WorkloadKind::JobSet, "ns", &unprofiled).is_some());
+    }
+
+    #[test]
+    fn a_pytorchjob_asks_from_its_master_then_its_workers() {
+        let template = |batch: &str| {
+            json!({ "spec": { "containers": [
+                { "name": "pytorch", "env": [{ "name": "BATCH_SIZE", "value": batch },
+                                             { "name": "SEQ", "value": "2048" }] }]}})
+        };
+        let mut pt = json!({
+            "metadata": { "annotations": { "memprof.dev/family": "llama" } },
+            "spec": { "pytorchReplicaSpecs": {
+                "Worker": { "replicas": 3, "template": template("8") },
+                "Master": { "replicas": 1, "template": template("32") }}}
+        });
+        assert_eq!(
+            ask_of(WorkloadKind::PyTorchJob, "ns", &pt),
+            None,
+            "not profiled"
+        );
+        pt["metadata"]["annotations"]["memprof.dev/enabled"] = json!("true");
+        let a = ask_of(WorkloadKind::PyTorchJob, "ns", &pt)
+            .unwrap()
+            .unwrap();
+        assert_eq!((a.kind, a.family.as_str()), ("PyTorchJob", "llama"));
+        assert_eq!(a.env["BATCH_SIZE"], "32", "the master's first");
+        assert_eq!(a.env["SEQ"], "2048");
+        pt["metadata"]["annotations"]["memprof.dev/family"] = json!("a/b");
+        let bad = ask_of(WorkloadKind::PyTorchJob, "ns", &pt).unwrap();
+        assert!(bad.is_err(), "said as a warning");
+    }
+
+    #[test]
+    fn a_trainjob_asks_with_its_trainers_env_and_a_jobsets_child_job_asks_nothing() {
+        let tj = json!({
+            "metadata": { "annotations": { "memprof.dev/family": "llama",
+                                           "memprof.dev/gpu-memory": "80GiB" } },
+            "spec": { "trainer": { "env": [{ "name": "BATCH_SIZE", "value": "64" }] } }
+        });
+        let a = ask_of(WorkloadKind::TrainJob, "ns", &tj).unwrap().unwrap();
+        assert_eq!((a.kind, a.family.as_str()), ("TrainJob", "llama"));
+        assert_eq!(a.env["BATCH_SIZE"], "64");
+        assert_eq!(a.gpu, Some(80 << 30));
+        let mut child = job(json!({ "memprof.dev/enabled": "true", "memprof.dev/family": "x" }));
+        assert!(ask_of(WorkloadKind::Job, "ns", &child).is_some());
+        child["metadata"]["ownerReferences"] = json!([{ "apiVersion": "jobset.x-k8s.io/v1alpha2",
+            "kind": "JobSet", "name": "js", "uid": "u", "controller": true }]);
+        assert_eq!(
+            ask_of(WorkloadKind::Job, "ns", &child),
+            None,
+            "predicted with its JobSet"
+        );
     }
 }

@@ -1,6 +1,8 @@
-//! The policy opt-in to deny: a RemediationPolicy of the Job's namespace
-//! whose selector matches the Job and that sets `denyPredictedOom` refuses a
-//! Job whose predicted peak itself (not only its margin) exceeds its GPU.
+//! The policy opt-in to deny: a RemediationPolicy of the workload's
+//! namespace whose selector matches the workload's labels and that sets
+//! `denyPredictedOom` refuses a workload (a Job, JobSet, TrainJob or
+//! PyTorchJob) whose predicted peak itself (not only its margin) exceeds
+//! its GPU.
 //! Pure.
 
 use super::ask::Ask;
@@ -8,7 +10,7 @@ use super::predict::{advice, basis_words, clean, Prediction};
 use kube::core::{Selector, SelectorExt};
 use memprof_api::{format_bytes, RemediationPolicy};
 
-/// The denial for a Job predicted to exceed its GPU, when one of `policies`
+/// The denial for a workload predicted to exceed its GPU, when one of `policies`
 /// (those of its namespace that opt in) selects it; a policy whose selector
 /// cannot be read selects nothing. The first by name decides.
 pub fn denial(policies: &[RemediationPolicy], ask: &Ask, p: &Prediction) -> Option<String> {
@@ -22,9 +24,10 @@ pub fn denial(policies: &[RemediationPolicy], ask: &Ask, p: &Prediction) -> Opti
         .min_by_key(|pol| pol.metadata.name.clone())?;
     let name = clean(policy.metadata.name.as_deref().unwrap_or_default(), 253);
     Some(format!(
-        "memprof: RemediationPolicy {name} (denyPredictedOom) refuses this Job: its predicted peak \
+        "memprof: RemediationPolicy {name} (denyPredictedOom) refuses this {}: its predicted peak \
          {} per rank at {}={} exceeds the GPU's {} ({}). To create it: {}; or remove the \
          memprof.dev/family annotation to skip the prediction; or change the policy's selector",
+        ask.kind,
         format_bytes(p.peak),
         clean(&p.basis.env_var, 128),
         p.batch,
@@ -81,6 +84,7 @@ mod tests {
 
     fn ask(team: &str) -> Ask {
         Ask {
+            kind: "Job",
             family: "llama".into(),
             labels: [("team".to_string(), team.to_string())].into(),
             ..Default::default()
@@ -96,6 +100,15 @@ mod tests {
         let other = policy("other", true, Some("cv"));
         assert_eq!(denial(std::slice::from_ref(&other), &ask("ml"), &p), None);
         let on = policy("on", true, Some("ml"));
+        let jobset = Ask {
+            kind: "JobSet",
+            ..ask("ml")
+        };
+        let said = denial(std::slice::from_ref(&on), &jobset, &p).unwrap();
+        assert!(
+            said.contains("refuses this JobSet: its predicted"),
+            "{said}"
+        );
         let why = denial(&[other, on], &ask("ml"), &p).unwrap();
         assert!(
             why.starts_with("memprof: RemediationPolicy on (denyPredictedOom) refuses"),

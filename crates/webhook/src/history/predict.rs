@@ -177,14 +177,15 @@ pub fn basis_words(p: &Prediction, family: &str) -> String {
     )
 }
 
-/// The admission warning for an outcome, None when there is nothing to say.
-pub fn warning(outcome: &Outcome, family: &str) -> Option<String> {
+/// The admission warning for an outcome of a `kind` (`Job`, `JobSet`,
+/// `TrainJob`, `PyTorchJob`), None when there is nothing to say.
+pub fn warning(outcome: &Outcome, kind: &str, family: &str) -> Option<String> {
     let (p, verdict) = match outcome {
         Outcome::Exceeds(p) => (p, "is expected to run out of GPU memory"),
         Outcome::MayExceed(p) => (p, "may run out of GPU memory (within the model's error)"),
         Outcome::NoBatch { env_var } => {
             return Some(format!(
-                "memprof: {} is set but the Job sets no numeric {} in its containers' env; \
+                "memprof: {} is set but the {kind} sets no numeric {} in its containers' env; \
                  no prediction from the family's measured history",
                 memprof_api::family::ANNOTATION_FAMILY,
                 clean(env_var, 128),
@@ -195,7 +196,7 @@ pub fn warning(outcome: &Outcome, family: &str) -> Option<String> {
     let env_var = clean(&p.basis.env_var, 128);
     Some(format!(
         "memprof: predicted peak {} per rank at {env_var}={} (up to {} with the model's margin) \
-         against the GPU's {} ({}): this Job {verdict}; {}",
+         against the GPU's {} ({}): this {kind} {verdict}; {}",
         format_bytes(p.peak),
         p.batch,
         format_bytes(p.upper()),

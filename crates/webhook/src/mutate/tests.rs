@@ -821,6 +821,39 @@ fn only_a_profiled_job_created_with_a_family_asks_the_history() {
     }
 }
 
+/// A review of `kind` (`group`, `version`, `kind`) creating `object`.
+fn review_of(kind: (&str, &str, &str), object: Value) -> Vec<u8> {
+    let mut r: Value = serde_json::from_slice(&review((kind.0, kind.2), "CREATE", object)).unwrap();
+    r["request"]["kind"]["version"] = json!(kind.1);
+    serde_json::to_vec(&r).unwrap()
+}
+
+#[test]
+fn a_jobset_trainjob_or_pytorchjob_created_with_a_family_asks_the_history() {
+    let family = json!({ "memprof.dev/enabled": "true", "memprof.dev/family": "llama" });
+    let profiled = json!({ "metadata": { "annotations": family.clone() } });
+    let jobset = json!({ "metadata": { "annotations": family },
+        "spec": { "replicatedJobs": [{ "name": "w", "template": { "spec": {} } }] } });
+    for (kind, object) in [
+        (("jobset.x-k8s.io", "v1alpha2", "JobSet"), jobset),
+        (
+            ("trainer.kubeflow.org", "v1alpha1", "TrainJob"),
+            profiled.clone(),
+        ),
+        (("kubeflow.org", "v1", "PyTorchJob"), profiled.clone()),
+    ] {
+        let ask = read_review(&review_of(kind, object)).history_ask();
+        let ask = ask.unwrap_or_else(|| panic!("{kind:?} asks")).unwrap();
+        assert_eq!((ask.kind, ask.family.as_str()), (kind.2, "llama"));
+    }
+    let elsewhere = ("example.com", "v1", "PyTorchJob");
+    assert_eq!(
+        read_review(&review_of(elsewhere, profiled)).history_ask(),
+        None,
+        "another group's kind"
+    );
+}
+
 #[test]
 fn the_historys_warnings_are_added_and_its_denial_drops_the_patch() {
     let body = review(("batch", "Job"), "CREATE", job());

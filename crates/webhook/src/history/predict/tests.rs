@@ -51,7 +51,7 @@ fn a_batch_whose_peak_exceeds_the_gpu_is_predicted_to_run_out() {
         (p.peak, p.gpu, p.gpu_basis),
         (84 * GIB, 80 * GIB, GpuBasis::Measured)
     );
-    let w = warning(&Outcome::Exceeds(p), "llama").unwrap();
+    let w = warning(&Outcome::Exceeds(p), "Job", "llama").unwrap();
     assert!(
         w.starts_with("memprof: predicted peak 84.0GiB per rank at BATCH_SIZE=64"),
         "{w}"
@@ -74,13 +74,13 @@ fn a_batch_that_fits_says_nothing_and_the_margin_alone_warns_softly() {
     // 20 + 40 = 60 GiB: fits.
     let out = predict(&[fitted("a", 3)], &env("40"), None);
     assert!(matches!(out, Outcome::Fits(_)), "{out:?}");
-    assert_eq!(warning(&out, "f"), None);
+    assert_eq!(warning(&out, "Job", "f"), None);
     // 20 + 59.5 = 79.5 GiB, 80.5 GiB with the margin.
     let mut f = fitted("a", 3);
     f.model.static_bytes += (GIB / 2) as i64;
     let out = predict(&[f], &env("59"), None);
     assert!(matches!(out, Outcome::MayExceed(_)), "{out:?}");
-    assert!(warning(&out, "f").unwrap().contains("may run out"));
+    assert!(warning(&out, "Job", "f").unwrap().contains("may run out"));
 }
 
 #[test]
@@ -90,7 +90,7 @@ fn the_annotated_gpu_wins_over_the_measured_one() {
         panic!("{out:?}")
     };
     assert_eq!(p.gpu_basis, GpuBasis::Annotation);
-    assert!(warning(&out, "f")
+    assert!(warning(&out, "Job", "f")
         .unwrap()
         .contains("from memprof.dev/gpu-memory"));
     let mut f = fitted("a", 3);
@@ -111,7 +111,7 @@ fn the_most_measured_profile_is_the_basis() {
 #[test]
 fn no_history_or_no_batch_is_said_or_left_alone() {
     assert_eq!(predict(&[], &env("64"), None), Outcome::NoHistory);
-    assert_eq!(warning(&Outcome::NoHistory, "f"), None);
+    assert_eq!(warning(&Outcome::NoHistory, "Job", "f"), None);
     for e in [BTreeMap::new(), env("$(B)"), env("-1")] {
         let out = predict(&[fitted("a", 3)], &e, None);
         assert_eq!(
@@ -120,7 +120,7 @@ fn no_history_or_no_batch_is_said_or_left_alone() {
                 env_var: "BATCH_SIZE".into()
             }
         );
-        assert!(warning(&out, "f")
+        assert!(warning(&out, "Job", "f")
             .unwrap()
             .contains("sets no numeric BATCH_SIZE"));
     }
@@ -131,7 +131,7 @@ fn text_from_a_status_is_said_back_without_control_characters() {
     let mut f = fitted("a", 3);
     f.env_var = "B\nWarning: forged\u{1b}[2J".into();
     let e: BTreeMap<String, String> = [(f.env_var.clone(), "64".to_string())].into();
-    let w = warning(&predict(&[f], &e, None), "f").unwrap();
+    let w = warning(&predict(&[f], &e, None), "Job", "f").unwrap();
     assert!(!w.chars().any(char::is_control), "{w}");
     assert!(w.len() < 1200, "{}", w.len());
 }
