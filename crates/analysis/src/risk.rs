@@ -528,6 +528,51 @@ mod tests {
         }
     }
 
+    /// The same climb after the first steps, 1 GB/s for 60 s toward the
+    /// card's end, judged with the GPU's utilization over it.
+    fn climb_at_utilization(percent: u32) -> Vec<Assessment> {
+        let th = Thresholds::default();
+        let mut s = GpuSeries::new(&th);
+        let mut out = vec![];
+        for i in 0..=700 {
+            let t = i as f64 / 10.0;
+            let used = match t {
+                t if t < 10.0 => training(t) * 0.25,
+                t => 15.0 * GB + (t - 10.0).floor() * GB,
+            };
+            s.push(Sample {
+                t,
+                used: used as u64,
+                total: TOTAL,
+            });
+            if i % 10 == 0 {
+                s.push_utilization(t, if t < 10.0 { 90 } else { percent });
+                out.push(assess(&s, &th));
+            }
+        }
+        out
+    }
+
+    /// Memory that rises while the GPU computes next to nothing is weights
+    /// arriving (setup), not a training pace: it may warn, never alarm, and
+    /// is never a leak. The same climb while the GPU computes alarms.
+    #[test]
+    fn a_climb_while_the_gpu_is_idle_is_setup_and_while_it_computes_alarms() {
+        let idle = climb_at_utilization(3);
+        assert!(idle.iter().all(|a| a.risk <= RiskLevel::Medium), "{idle:?}");
+        assert!(idle.iter().all(|a| !a.leak_suspected));
+        let last = idle.last().unwrap();
+        let cause = last.cause.as_ref().expect("growth is named");
+        assert!(
+            cause.evidence.contains("computes next to nothing"),
+            "{cause:?}"
+        );
+        let busy = climb_at_utilization(60);
+        let high = busy.iter().position(|a| a.risk >= RiskLevel::High);
+        assert!(high.is_some_and(|t| t <= 45), "{:?}", busy.last());
+        assert!(busy.iter().any(|a| a.leak_suspected));
+    }
+
     #[test]
     fn a_linear_leak_is_predicted_within_20_percent_after_two_minutes() {
         let th = Thresholds::default();

@@ -166,13 +166,14 @@ impl Rises {
         let n = all.len();
         let best = (0..n.saturating_sub(1))
             .map(|from| &all[from..])
-            .find(|run| regular(run))?;
+            .find(|run| regular(run, MAX_PATTERN))?;
         // The gap the run's pace implies: its step over the least-squares
         // slope of the levels it reached, not the median gap. Rises land on
         // whole slots, so a rise every 1.6 s comes 2, 2, 1, 2, 1 s apart,
         // whose median (2 s) reads the pace 20 % slow (smooth-a's leak300);
         // for a staircase of equal steps at equal gaps the two agree.
-        let step = step_of(best).unwrap_or_else(|| median(best.iter().map(|r| r.size).collect()));
+        let step = step_of(best, MAX_PATTERN)
+            .unwrap_or_else(|| median(best.iter().map(|r| r.size).collect()));
         let levels: Vec<(f64, f64)> = best.iter().map(|r| (r.t, r.level)).collect();
         let median_gap = median(best.windows(2).map(|w| w[1].t - w[0].t).collect());
         let gap = least_squares_slope(&levels)
@@ -208,26 +209,41 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// Whether a run of rises (at least 2) has agreeing sizes and gaps.
-fn regular(run: &[Rise]) -> bool {
+fn regular(run: &[Rise], pattern: usize) -> bool {
     if run.len() < 2 {
         return false;
     }
     let gaps: Vec<f64> = run.windows(2).map(|w| w[1].t - w[0].t).collect();
     let gap = median(gaps.clone());
-    step_of(run).is_some() && gaps.iter().all(|g| *g >= 0.5 * gap && *g <= 2.0 * gap)
+    step_of(run, pattern).is_some() && gaps.iter().all(|g| *g >= 0.5 * gap && *g <= 2.0 * gap)
 }
 
+/// The longest repeating pattern of per-slot rises read as one pace
+/// ([`group_sums`]).
+const MAX_PATTERN: usize = 3;
+
 /// The run's typical rise when its sizes agree: their median, or, for a
-/// rise in every slot whose single sizes disagree, half the median of the
-/// pairs' sums ([`pair_sums`]).
-fn step_of(run: &[Rise]) -> Option<f64> {
+/// rise in every slot whose single sizes disagree, the median sum of the
+/// shortest groups of consecutive rises (at most `pattern`) that agree,
+/// over the group's length ([`group_sums`]).
+fn step_of(run: &[Rise], pattern: usize) -> Option<f64> {
     let sizes: Vec<f64> = run.iter().map(|r| r.size).collect();
     if sizes_agree(&sizes) {
         return Some(median(sizes));
     }
     let gap = median(run.windows(2).map(|w| w[1].t - w[0].t).collect());
-    let pairs = pair_sums(&sizes);
-    (gap <= 1.5 * SLOT_SECONDS && sizes_agree(&pairs)).then(|| median(pairs) / 2.0)
+    if gap > 1.5 * SLOT_SECONDS {
+        return None;
+    }
+    (2..=pattern).find_map(|k| {
+        let sums = group_sums(&sizes, k);
+        let agree = if k == 2 {
+            sizes_agree(&sums)
+        } else {
+            sums_all_close(&sums)
+        };
+        agree.then(|| median(sums) / k as f64)
+    })
 }
 
 /// At least 3 in 4 sizes within ±25 % of their median, none outside
@@ -244,18 +260,29 @@ fn sizes_agree(sizes: &[f64]) -> bool {
     4 * close >= 3 * sizes.len() && sizes.iter().all(|s| *s >= 0.4 * step && *s <= 2.5 * step)
 }
 
-/// The sums of consecutive pairs of sizes, newest pair whole (the oldest
-/// size left out when their number is odd); fewer than two pairs: none.
-/// Why: growth that takes one to two allocator segments per slot rises by
-/// one segment in one slot and two in the next (0.52 and 1.05 GB, turn
-/// about, for 800 MB/s in 524 MB segments on an H200): a steady pace whose
-/// single rises disagree by 2×, and whose pairs agree.
-fn pair_sums(sizes: &[f64]) -> Vec<f64> {
-    let pairs: Vec<f64> = sizes.rchunks_exact(2).map(|p| p[0] + p[1]).collect();
-    if pairs.len() < 2 {
+/// Every sum within a tenth of their median: a longer pattern is read only
+/// where it repeats closely, so that it never stretches a run back over
+/// rises of another pace (a load's before a leak's) that a looser test
+/// would let in.
+fn sums_all_close(sums: &[f64]) -> bool {
+    let m = median(sums.to_vec());
+    !sums.is_empty() && sums.iter().all(|s| (s - m).abs() <= 0.1 * m)
+}
+
+/// The sums of consecutive groups of `k` sizes, newest group whole (the
+/// oldest sizes left out when their number is not a multiple of `k`);
+/// fewer than two groups: none. Why: growth that lands in whole allocator
+/// segments rises by a pattern of segments per slot, not by one size: one
+/// segment then two, turn about (0.52 and 1.05 GB for 800 MB/s in 524 MB
+/// segments on an H200), or two, two, one (0.90, 0.90, 0.45 GB for
+/// 750 MB/s: busy-d's leak750). A steady pace whose single rises disagree
+/// by 2x, and whose groups over the pattern agree.
+fn group_sums(sizes: &[f64], k: usize) -> Vec<f64> {
+    let groups: Vec<f64> = sizes.rchunks_exact(k).map(|g| g.iter().sum()).collect();
+    if groups.len() < 2 {
         return vec![];
     }
-    pairs
+    groups
 }
 
 #[cfg(test)]
@@ -316,6 +343,38 @@ mod tests {
         assert!(s.rises.len() >= 16, "{s:?}");
         let rate = s.rate() / GB;
         assert!((rate - 0.786).abs() < 0.05, "{rate} GB/s");
+    }
+
+    /// busy-d's leak750 on an H200: 0.90, 0.90, 0.45 GB a slot, over and
+    /// over (two half-segments, two, then one). Neither the single rises
+    /// nor pairs agree; groups of three do. Read as one pace, its climb is
+    /// trusted once it held, and NVML went high 74.5 s before the OOM
+    /// instead of 9.5 s.
+    #[test]
+    fn two_two_one_segments_a_slot_are_a_regular_pace() {
+        let mut points = vec![(0.0, 0.0), (2.0, 1.4), (7.0, 75.0)];
+        let mut level = 75.0;
+        for i in 0..30 {
+            level += if i % 3 == 2 { 0.451 } else { 0.902 };
+            points.push((8.0 + i as f64, level));
+        }
+        let r = feed(&points);
+        let s = r.staircase(38.0, 4).expect("a regular pace");
+        assert!(s.span() >= 24.0, "{s:?}");
+        let rate = s.rate() / GB;
+        assert!((rate - 0.752).abs() < 0.04, "{rate} GB/s");
+    }
+
+    /// A pattern of three is read only where it repeats closely: rises
+    /// that merely agree as loosely as single sizes may (a faster climb
+    /// before, then a steadier one) are not stretched into one run.
+    #[test]
+    fn a_loose_pattern_of_three_is_no_pace() {
+        let sizes = [0.9, 0.9, 0.45, 1.3, 0.9, 0.45, 0.9, 0.5, 0.45];
+        assert!(group_sums(&sizes, 3).len() == 3);
+        assert!(!sums_all_close(&group_sums(&sizes, 3)));
+        let steady = [0.9, 0.9, 0.45, 0.9, 0.9, 0.45, 0.9, 0.9, 0.45];
+        assert!(sums_all_close(&group_sums(&steady, 3)));
     }
 
     /// smooth-a's leak300: one 0.49 GB segment every 1.63 s, which whole

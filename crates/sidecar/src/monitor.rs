@@ -523,6 +523,52 @@ mod tests {
         }
     }
 
+    /// One GPU whose memory climbs 1 GB/s from 10 s (weights arriving, or
+    /// a leak) at the utilization given.
+    struct Climb(u32, Vec<crate::sampler::GpuInfo>);
+    impl Sampler for Climb {
+        fn source(&self) -> DataSource {
+            DataSource::Nvml
+        }
+        fn gpus(&self) -> &[crate::sampler::GpuInfo] {
+            &self.1
+        }
+        fn sample(&mut self, t: f64) -> Result<Vec<crate::sampler::GpuReading>, sampler::Error> {
+            let used = 10e9 + (t - 10.0).max(0.0).floor() * 1e9;
+            Ok(vec![crate::sampler::GpuReading {
+                used_bytes: used as u64,
+                total_bytes: 80_000_000_000,
+                utilization_percent: Some(if t < 10.0 { 90 } else { self.0 }),
+            }])
+        }
+    }
+
+    fn worst_of_climb(percent: u32) -> RiskLevel {
+        let gpu = crate::sampler::GpuInfo {
+            index: 0,
+            uuid: "GPU-climb".into(),
+            ..Default::default()
+        };
+        let mut m = Monitor::new(Box::new(Climb(percent, vec![gpu])), Thresholds::default());
+        let mut worst = RiskLevel::None;
+        for i in 0..=600 {
+            let t = i as f64 / 10.0;
+            m.sample(t).unwrap();
+            if i % 10 == 0 {
+                worst = worst.max(m.analyse());
+            }
+        }
+        worst
+    }
+
+    /// The sampler's utilization reaches the analysis: the same climb on
+    /// an idle GPU is setup (at most medium), on a busy one an alarm.
+    #[test]
+    fn the_gpus_utilization_tells_a_load_from_a_leak() {
+        assert!(worst_of_climb(2) <= RiskLevel::Medium);
+        assert!(worst_of_climb(70) >= RiskLevel::High);
+    }
+
     /// No GPU visible to the sampler: what an `agentOnly` pod runs.
     struct NoGpus;
     impl Sampler for NoGpus {

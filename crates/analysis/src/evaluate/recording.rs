@@ -524,6 +524,21 @@ mod tests {
     }
 
     #[test]
+    fn utilization_rows_are_read_in_order_and_bad_ones_name_their_line() {
+        let u = parse_utilization("t,index,percent\n1.0,0,3\n\n2.0,0,90\n").unwrap();
+        assert_eq!(u.len(), 2);
+        assert_eq!((u[1].t, u[1].index, u[1].percent), (2.0, 0, 90));
+        for (bad, line) in [
+            ("t,index,percent\n1,0\n", 2),
+            ("t,index,percent\n1,0,101\n", 2),
+            ("t,index,percent\n2,0,1\n1,0,1\n", 3),
+            ("t,index,percent\n1,x,1\n", 2),
+        ] {
+            assert_eq!(parse_utilization(bad).unwrap_err().0, line, "{bad}");
+        }
+    }
+
+    #[test]
     fn a_fixture_trace_carries_its_truth_in_comments() {
         let text = "# leak_from_s=5\n# oom_at_s=20.5\nt_s,gpu,used_bytes,total_bytes\n0,0,1,10\n1,0,2,10\n";
         let r = read_fixture("f.csv", text).unwrap();
