@@ -71,6 +71,7 @@ mod thresholds;
 mod trainjobs;
 mod webhook;
 mod workload_checkpoint;
+mod workload_gpu_request;
 mod workload_oom;
 mod workload_recommend;
 mod workload_remediation;

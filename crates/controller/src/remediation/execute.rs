@@ -84,13 +84,19 @@ pub(super) async fn plan_for(
         batch_fit,
         nonce: &nonce(),
     });
-    // `scaleBatch`'s `gpuMemoryRequest` reads the roll-up's recommendation too.
+    // `scaleBatch`'s `gpuMemoryRequest` reads the roll-up's recommendation
+    // too: a workload's per pod template, by role (`workload::gpu`).
+    let recommendation = status.as_ref().map(|s| s.recommendation.as_slice());
+    let recommendation = recommendation.unwrap_or_default();
     if let Ok(p) = planned.as_mut() {
-        let recommendation = status.as_ref().map(|s| s.recommendation.as_slice());
-        plan::with_gpu_request(p, policy, recommendation.unwrap_or_default());
+        plan::with_gpu_request(p, policy, recommendation);
     }
     if kind != WorkloadKind::Job {
-        planned = planned.map(|p| workload::for_workload(p, kind, &object, how));
+        planned = planned.map(|p| {
+            let mut p = workload::for_workload(p, kind, &object, how);
+            workload::with_gpu_requests(&mut p, policy, recommendation);
+            p
+        });
     }
     Ok(Some(planned))
 }

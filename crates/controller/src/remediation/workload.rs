@@ -177,5 +177,8 @@ fn merge(target: &mut Value, patch: &Value) {
     }
 }
 
+mod gpu;
+pub use gpu::with_gpu_requests;
+
 #[cfg(test)]
 mod tests;
