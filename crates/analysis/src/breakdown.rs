@@ -92,11 +92,7 @@ pub fn from_push(p: &Push, b: &Breakdown) -> MemoryBreakdown {
     }
 }
 
-fn rfc3339(t: f64) -> String {
-    jiff::Timestamp::from_millisecond((t * 1000.0) as i64)
-        .map(|ts| ts.to_string())
-        .unwrap_or_default()
-}
+use memprof_api::rfc3339;
 
 /// The newest breakdown of each trainer process of a pod, bounded.
 #[derive(Clone, Debug, Default)]

@@ -42,6 +42,12 @@ impl LevelGate {
         self.level
     }
 
+    /// While the published level is above the readings: when it falls if
+    /// they stay lower (the first lower reading's time plus the hold).
+    pub fn falls_at(&self, hold: Hold) -> Option<f64> {
+        self.lower.map(|(since, _, _)| since + hold.seconds)
+    }
+
     /// Takes the raw reading at time `t` and returns the level to publish.
     /// A higher reading is published at once; a lower one only once lower
     /// readings have held for `hold` (then the highest of them is published,
@@ -105,6 +111,18 @@ mod tests {
             .iter()
             .map(|&(t, r)| g.update(t, r, HOLD))
             .collect()
+    }
+
+    #[test]
+    fn a_held_level_says_when_it_falls() {
+        let mut g = LevelGate::default();
+        assert_eq!(g.update(0.0, Critical, HOLD), Critical);
+        assert_eq!(g.falls_at(HOLD), Option::None, "not held");
+        g.update(5.0, Low, HOLD);
+        g.update(6.0, Low, HOLD);
+        assert_eq!(g.falls_at(HOLD), Some(35.0), "from the first lower reading");
+        g.update(7.0, Critical, HOLD);
+        assert_eq!(g.falls_at(HOLD), Option::None, "the evidence came back");
     }
 
     #[test]

@@ -59,6 +59,9 @@ pub struct GpuVerdict {
     /// The published level is above what its own evidence calls for: the
     /// hysteresis holds a level reached within `levelHoldSeconds`.
     pub held: bool,
+    /// While `held`: when the level falls if the evidence stays lower
+    /// (seconds, the samples' clock).
+    pub held_until: Option<f64>,
     /// The agent's device for this GPU, in the order of
     /// [`AgentState::devices`] and [`Tracker::agent_assessments`].
     pub agent_device: Option<usize>,
@@ -517,6 +520,7 @@ fn publish(
     a.risk = g.level.update(t, raw_risk, hold);
     a.leak_suspected = g.leak.update(t, raw_leak, hold);
     let held = a.risk > due;
+    let held_until = g.level.falls_at(hold).filter(|_| a.risk > raw_risk);
     debug_assert!(
         verdict::check(&a, th, held).is_ok(),
         "{:?}",
@@ -530,6 +534,7 @@ fn publish(
         raw_leak,
         from_agent: false,
         held,
+        held_until,
         agent_device: None,
     }
 }

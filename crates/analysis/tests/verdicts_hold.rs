@@ -86,6 +86,16 @@ fn every_published_verdict_of_every_recording_agrees_with_its_evidence() {
                         if let Err(e) = verdict::check(&v.assessment, &th, v.held) {
                             panic!("{set}/{} agent={with_agent} t={t:.1}: {e}", rec.name);
                         }
+                        // A level the hysteresis holds above the reading says
+                        // until when, and only such a level.
+                        let until = v.held_until.filter(|u| *u >= t);
+                        let gate_holds = v.assessment.risk > v.raw_risk;
+                        assert_eq!(
+                            gate_holds,
+                            until.is_some(),
+                            "{set}/{} t={t:.1} {v:?}",
+                            rec.name
+                        );
                         checked += 1;
                     }
                 }

@@ -248,6 +248,14 @@ pub fn format_rate(bytes_per_second: f64) -> String {
     format!("{sign}{}/s", format_bytes(bytes_per_second.abs() as u64))
 }
 
+/// Unix seconds as an RFC 3339 time (millisecond precision), the way every
+/// time in a report or profile is written; empty where out of range.
+pub fn rfc3339(unix_seconds: f64) -> String {
+    jiff::Timestamp::from_millisecond((unix_seconds * 1000.0) as i64)
+        .map(|ts| ts.to_string())
+        .unwrap_or_default()
+}
+
 /// Formats a duration in seconds for humans, like kubectl's ages: `45s`, `3m20s`, `2h5m`.
 pub fn format_duration(seconds: f64) -> String {
     if !seconds.is_finite() || seconds < 0.0 {

@@ -227,6 +227,15 @@ pub struct GpuReport {
     /// `fragmentation`, `spike`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cause: Option<NamedCause>,
+    /// While `risk` is held above what this GPU's evidence calls for now
+    /// (its time to OOM, confidence and usage): when it may fall, if the
+    /// evidence stays lower (RFC 3339). A level rises at once and falls only
+    /// once the lower evidence has lasted `levelHoldSeconds`, so a held
+    /// level may carry a time to OOM or confidence that alone would call
+    /// for less; this field says so.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub risk_held_until: Option<String>,
     /// Where the numbers came from.
     pub source: DataSource,
     /// Where the risk, growth, time to OOM and leak flag came from when not
@@ -291,6 +300,17 @@ impl GpuReport {
             .map_or_else(|| "-".into(), crate::format_rate)
     }
 
+    /// The GPU's risk for a table cell: `critical (held)` while the level
+    /// is held above its evidence ([`GpuReport::risk_held_until`]), so that
+    /// a view never shows a level its own time to OOM and confidence
+    /// contradict without saying why.
+    pub fn risk_text(&self) -> String {
+        match self.risk_held_until {
+            Some(_) => format!("{} (held)", self.risk),
+            None => self.risk.to_string(),
+        }
+    }
+
     /// The cause the verdict names, for a table cell: `-` when none.
     pub fn cause_text(&self) -> &'static str {
         self.cause.as_ref().map_or("-", |c| c.cause.as_str())
@@ -320,5 +340,21 @@ impl GpuReport {
         } else {
             &self.timeline
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_held_risk_reads_held_in_every_table() {
+        let mut g = GpuReport {
+            risk: RiskLevel::Critical,
+            ..Default::default()
+        };
+        assert_eq!(g.risk_text(), "critical");
+        g.risk_held_until = Some("2026-11-28T21:00:30Z".into());
+        assert_eq!(g.risk_text(), "critical (held)");
     }
 }

@@ -176,6 +176,7 @@ impl Monitor {
             let util = self.utilization.get(i).copied().flatten();
             let mut g = self.sampled_gpu(info, series, a, util);
             if let Some(v) = v {
+                g.risk_held_until = v.held_until.map(memprof_api::rfc3339);
                 if let Some(aa) = v.agent_device.and_then(|d| assessments.get(d)) {
                     g.fragmentation = aa.fragmentation;
                 }
@@ -193,7 +194,8 @@ impl Monitor {
                 .agent_device
                 .and_then(|d| assessments.get(d))
                 .and_then(|aa| aa.fragmentation);
-            if let Some(g) = agent_only_gpu(d, &v.assessment, frag) {
+            if let Some(mut g) = agent_only_gpu(d, &v.assessment, frag) {
+                g.risk_held_until = v.held_until.map(memprof_api::rfc3339);
                 gpus.push(g);
             }
         }
@@ -523,10 +525,9 @@ mod tests {
         }
     }
 
-    /// One GPU whose memory climbs 1 GB/s from 10 s (weights arriving, or
-    /// a leak) at the utilization given.
-    struct Climb(u32, Vec<crate::sampler::GpuInfo>);
-    impl Sampler for Climb {
+    /// One GPU whose memory and utilization at `t` the function gives.
+    struct Curve(fn(f64) -> (f64, u32), Vec<crate::sampler::GpuInfo>);
+    impl Sampler for Curve {
         fn source(&self) -> DataSource {
             DataSource::Nvml
         }
@@ -534,39 +535,67 @@ mod tests {
             &self.1
         }
         fn sample(&mut self, t: f64) -> Result<Vec<crate::sampler::GpuReading>, sampler::Error> {
-            let used = 10e9 + (t - 10.0).max(0.0).floor() * 1e9;
+            let (used, utilization) = (self.0)(t);
             Ok(vec![crate::sampler::GpuReading {
                 used_bytes: used as u64,
                 total_bytes: 80_000_000_000,
-                utilization_percent: Some(if t < 10.0 { 90 } else { self.0 }),
+                utilization_percent: Some(utilization),
             }])
         }
     }
 
-    fn worst_of_climb(percent: u32) -> RiskLevel {
+    /// A monitor over `curve` after `secs` seconds sampled at 10 Hz and
+    /// analysed each second; the worst risk published on the way.
+    fn run_curve(curve: fn(f64) -> (f64, u32), secs: usize) -> (Monitor, RiskLevel) {
         let gpu = crate::sampler::GpuInfo {
             index: 0,
-            uuid: "GPU-climb".into(),
+            uuid: "GPU-curve".into(),
             ..Default::default()
         };
-        let mut m = Monitor::new(Box::new(Climb(percent, vec![gpu])), Thresholds::default());
+        let mut m = Monitor::new(Box::new(Curve(curve, vec![gpu])), Thresholds::default());
         let mut worst = RiskLevel::None;
-        for i in 0..=600 {
+        for i in 0..=secs * 10 {
             let t = i as f64 / 10.0;
             m.sample(t).unwrap();
             if i % 10 == 0 {
                 worst = worst.max(m.analyse());
             }
         }
-        worst
+        (m, worst)
+    }
+
+    /// 1 GB/s from 10 s (weights arriving, or a leak).
+    fn climb(t: f64) -> f64 {
+        10e9 + (t - 10.0).max(0.0).floor() * 1e9
     }
 
     /// The sampler's utilization reaches the analysis: the same climb on
     /// an idle GPU is setup (at most medium), on a busy one an alarm.
     #[test]
     fn the_gpus_utilization_tells_a_load_from_a_leak() {
-        assert!(worst_of_climb(2) <= RiskLevel::Medium);
-        assert!(worst_of_climb(70) >= RiskLevel::High);
+        let idle = run_curve(|t| (climb(t), if t < 10.0 { 90 } else { 2 }), 60).1;
+        assert!(idle <= RiskLevel::Medium);
+        let busy = run_curve(|t| (climb(t), 70), 60).1;
+        assert!(busy >= RiskLevel::High);
+    }
+
+    /// A level held above its evidence says so in the report: the climb
+    /// ends (the trainer freed its memory at 62 s), the published level
+    /// stays for the hold, with `riskHeldUntil` and a view's `(held)`.
+    #[test]
+    fn a_held_level_is_reported_with_when_it_may_fall() {
+        let (m, worst) = run_curve(|t| (if t < 62.0 { climb(t) } else { 10e9 }, 70), 70);
+        assert!(worst >= RiskLevel::High);
+        let r = m.report(&Identity::default(), String::new(), 1000, vec![]);
+        let g = &r.gpus[0];
+        assert!(g.risk >= RiskLevel::High, "{g:?}");
+        let until = g.risk_held_until.as_deref().expect("held");
+        let until: jiff::Timestamp = until.parse().unwrap();
+        let first_lower = 62.0;
+        let hold = Thresholds::default().level_hold_seconds;
+        let until = until.as_millisecond() as f64 / 1000.0;
+        assert!(until > 70.0 && until >= first_lower + hold && until <= first_lower + hold + 10.0, "{until}");
+        assert!(g.risk_text().ends_with("(held)"));
     }
 
     /// No GPU visible to the sampler: what an `agentOnly` pod runs.

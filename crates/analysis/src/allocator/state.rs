@@ -283,11 +283,7 @@ impl Process {
     }
 }
 
-fn rfc3339(t: f64) -> String {
-    jiff::Timestamp::from_millisecond((t * 1000.0) as i64)
-        .map(|ts| ts.to_string())
-        .unwrap_or_default()
-}
+use memprof_api::rfc3339;
 
 /// The report's bounded view of an OOM snapshot.
 fn oom_summary(t: f64, o: &memprof_api::agent::OomSnapshot) -> OomSnapshotSummary {

@@ -187,6 +187,7 @@ mod tests {
             raw_leak: false,
             from_agent: false,
             held: false,
+            held_until: None,
             agent_device: None,
         }
     }

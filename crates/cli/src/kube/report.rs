@@ -254,7 +254,7 @@ fn gpu_cells(
         format_bytes(g.used_bytes),
         format_bytes(g.peak_bytes),
         format_bytes(g.total_bytes),
-        g.risk.to_string(),
+        g.risk_text(),
         g.tto_text(),
         g.cause_text().to_string(),
         since.clone(),

@@ -261,7 +261,7 @@ fn ranks(loaded: &[Loaded]) -> Table {
                 format_bytes(g.used_bytes),
                 format_bytes(g.peak_bytes),
                 format_bytes(g.total_bytes),
-                g.risk.to_string(),
+                g.risk_text(),
                 g.tto_text(),
                 g.cause_text().to_string(),
                 g.assessed_from.unwrap_or(g.source).to_string(),

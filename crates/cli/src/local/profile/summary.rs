@@ -336,7 +336,7 @@ fn table(run: &Run<'_>) -> Table {
         let n = run_numbers(run, g);
         let risk = match worst_of(r, g, &worst) {
             w if w > g.risk => format!("{} (was {w})", g.risk),
-            _ => g.risk.to_string(),
+            _ => g.risk_text(),
         };
         t.row([
             gpu_label(r, g),

@@ -230,7 +230,7 @@ fn gpu_row(r: &MemoryReportSpec, g: &GpuReport) -> Row<'static> {
             g.utilization_percent
                 .map_or("-".into(), |u| format!("{u}%")),
         ),
-        Span::styled(g.risk.to_string(), risk_style(g.risk)),
+        Span::styled(g.risk_text(), risk_style(g.risk)),
         Span::raw(g.tto_text()),
         Span::raw(g.growth_text()),
         Span::raw(if g.leak_suspected { "leak" } else { "" }.to_string()),
