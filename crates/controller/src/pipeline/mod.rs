@@ -44,6 +44,7 @@ mod state;
 mod tracked;
 mod watch;
 mod workload_index;
+mod workload_ooms;
 mod workload_refresh;
 mod workloads;
 

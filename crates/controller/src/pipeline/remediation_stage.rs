@@ -9,7 +9,7 @@ use super::state::Context;
 use super::tracked::{all_reports, pod_of, screen_one};
 use crate::key::JobKey;
 use crate::operator::reconcile::profiling_enabled;
-use crate::operator::trust::{self, Admitted};
+use crate::operator::trust;
 use crate::remediation::oom::SIDECAR_CONTAINER;
 use crate::remediation::ranks::Counted;
 use crate::remediation::{
@@ -23,7 +23,7 @@ use crate::workload::rollup::Layout;
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::ResourceExt;
 use memprof_api::workload::{WorkloadKind, LABEL_WORKLOAD_KIND};
 use memprof_api::{
@@ -107,7 +107,7 @@ pub(super) fn run(ctx: &Arc<Context>, f: &Fetched) -> Option<Duration> {
 /// (`remediation::workload`). Kind-generic: each kind's pipeline calls it
 /// after handing the workload's status to the writer, having said which
 /// Jobs' reports are its ranks' (`Executor::set_target`). New GPU OOMs of
-/// its ranks are recorded with the decision, as a Job's are ([`workload_ooms`]).
+/// its ranks are recorded with the decision, as a Job's are (`workload_ooms.rs`).
 pub(super) fn run_workload(ctx: &Arc<Context>, wkey: &JobKey, target: &Target) -> Option<Duration> {
     let exec = ctx.executor.clone()?;
     let view = ctx.writer.view(wkey)?;
@@ -138,7 +138,7 @@ pub(super) fn run_workload(ctx: &Arc<Context>, wkey: &JobKey, target: &Target) -
             return None;
         }
     }
-    let ooms = workload_ooms(ctx, wkey, target, &view.ooms, now);
+    let ooms = super::workload_ooms::scan(ctx, wkey, target, &view.ooms, now);
     let mut with_ooms = view.clone();
     with_ooms.ooms = oom::merge(&view.ooms, &ooms, MAX_HISTORY);
     let job = stand_in(wkey, target);
@@ -159,39 +159,6 @@ fn stand_in(wkey: &JobKey, target: &Target) -> Job {
     job.metadata.uid = Some(target.uid.clone());
     job.metadata.labels = Some(target.labels.clone());
     job
-}
-
-/// New GPU OOMs of workload `target` that `known` does not hold: among the
-/// ranks its roll-up noted since the last scan (every rank after a full
-/// pass), evidence read only from the pods its roll-up proves its own
-/// (`Ranks::counted`) and their counted reports, as a Job's only from its
-/// admitted pods. Taken only when scanned: until then the names stay noted.
-fn workload_ooms(
-    ctx: &Context,
-    wkey: &JobKey,
-    target: &Target,
-    known: &[memprof_api::OomRecord],
-    now: Timestamp,
-) -> Vec<memprof_api::OomRecord> {
-    let (all, names) = ctx.with_state(wkey, |s| {
-        let all = std::mem::take(&mut s.pending.oom_all);
-        (all, std::mem::take(&mut s.pending.oom))
-    });
-    let ns = wkey.namespace.as_str();
-    let counted = if all {
-        workload_counted(ctx, ns, &target.ranks)
-    } else {
-        let noted = names
-            .iter()
-            .filter_map(|n| ctx.caches.reports.get(&ObjectRef::new(n).within(ns)));
-        count_ranks(ctx, ns, &target.ranks, noted)
-    };
-    let pods = counted.iter().filter_map(|(_, p)| p.as_deref());
-    let proven: Vec<Admitted<'_>> = pods
-        .map(|p| Admitted::proven_rank(p, &target.uid))
-        .collect();
-    let specs: Vec<&MemoryReportSpec> = counted.iter().map(|(r, _)| &r.spec).collect();
-    oom::detect(&proven, &specs, known, now)
 }
 
 /// The top-level workload `f`'s profile is about (`None`: a Job's);
@@ -431,29 +398,38 @@ fn counted_checkpoints(ctx: &Context, key: &JobKey, job: Option<&Job>) -> JobChe
 /// with their pods: one scan of the report cache (O(cached reports)),
 /// called only while a remediation is pending or a tally open.
 fn workload_counted(ctx: &Context, ns: &str, ranks: &Ranks) -> Vec<Counted> {
-    let claiming = ctx.caches.reports.state_filter(|r| {
+    count_ranks(ctx, ns, ranks, claiming(ctx, ns, ranks))
+}
+
+/// The cached reports in namespace `ns` that claim one of `ranks`' names:
+/// one scan of the report cache (O(cached reports)).
+pub(super) fn claiming(ctx: &Context, ns: &str, ranks: &Ranks) -> Vec<Arc<MemoryReport>> {
+    ctx.caches.reports.state_filter(|r| {
         r.metadata.namespace.as_deref() == Some(ns)
             && r.labels()
                 .get(memprof_api::LABEL_JOB)
                 .is_some_and(|j| ranks.claims.contains(j))
-    });
-    count_ranks(ctx, ns, ranks, claiming)
+    })
+}
+
+/// Where the cache of `ranks`' pods is: the training operator's pods are
+/// watched apart from the Job controller's.
+pub(super) fn layout_pods<'c>(ctx: &'c Context, ranks: &Ranks) -> &'c Store<Pod> {
+    match ranks.layout {
+        Layout::PyTorchJob { .. } => &ctx.pytorch.pods,
+        Layout::JobSet { .. } => &ctx.caches.pods,
+    }
 }
 
 /// Those of `reports` (in namespace `ns`) that count as workload ranks
 /// `ranks`, with their pods (`Ranks::counted`).
-fn count_ranks(
+pub(super) fn count_ranks(
     ctx: &Context,
     ns: &str,
     ranks: &Ranks,
     reports: impl IntoIterator<Item = Arc<MemoryReport>>,
 ) -> Vec<Counted> {
-    // Where the cache of the layout's pods is: the training operator's
-    // pods are watched apart from the Job controller's.
-    let pods = match ranks.layout {
-        Layout::PyTorchJob { .. } => &ctx.pytorch.pods,
-        Layout::JobSet { .. } => &ctx.caches.pods,
-    };
+    let pods = layout_pods(ctx, ranks);
     let pod_of = |name: &str| pods.get(&ObjectRef::new(name).within(ns));
     let keys = ctx.setup.options.admission.ring();
     ranks.counted(reports, pod_of, &keys, Timestamp::now())

@@ -137,6 +137,13 @@ fn terminations(pod: &Pod) -> Vec<(&str, i32, &ContainerStateTerminated)> {
     out
 }
 
+/// Whether a container of `pod` other than the sidecar ended with a
+/// non-zero exit (now or before a restart): what every OOM read from a
+/// pod starts from. O(containers), no HMAC: a filter before proving the pod.
+pub fn failed_container(pod: &Pod) -> bool {
+    terminations(pod).iter().any(|(_, _, t)| t.exit_code != 0)
+}
+
 /// New OOMs among the Job's own `pods` and its counted `reports` that
 /// `known` does not hold yet, oldest first. `now` is the time of records
 /// whose evidence carries none.
@@ -353,6 +360,20 @@ mod tests {
             ..Default::default()
         });
         p
+    }
+
+    #[test]
+    fn only_a_trainers_failed_container_may_show_an_oom() {
+        assert!(failed_container(&pod("a", "trainer", 1, "boom", 0)));
+        assert!(!failed_container(&pod("a", "trainer", 0, "done", 0)));
+        assert!(!failed_container(&pod(
+            "a",
+            SIDECAR_CONTAINER,
+            1,
+            "boom",
+            0
+        )));
+        assert!(!failed_container(&Pod::default()), "no status yet");
     }
 
     fn report(pod: &str, used_gib: u64, at: i64) -> MemoryReportSpec {
