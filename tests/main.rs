@@ -53,6 +53,7 @@ mod gpu_oom_visibility;
 mod notify_end_to_end;
 mod operator;
 mod pod_trust;
+mod profile_writes;
 mod pytorchjobs;
 mod recommend;
 mod recommend_remediation;

@@ -6,13 +6,15 @@
 //! Dropped on the way into the cache, never read: managedFields, every
 //! annotation memprof does not read, values longer than memprof writes or
 //! reads, a pod's spec and all its status but the containers' terminations,
-//! a report's timelines. Bounded: a Job keeps at most [`MAX_LABELS`] labels
-//! (policies select Jobs by label: a Job with more is matched on the first
-//! ones by key, and a value longer than 63 characters, which the API server
-//! refuses anyway, is dropped); a pod at most [`MAX_CONTAINERS`] container
-//! statuses with messages cut to [`MAX_MESSAGE`] bytes.
+//! a report's timelines, a profile's labels but those memprof compares (its
+//! own and those its apply owns: [`profile`]). Bounded: a Job keeps at most
+//! [`MAX_LABELS`] labels (policies select Jobs by label: a Job with more is
+//! matched on the first ones by key, and a value longer than 63 characters,
+//! which the API server refuses anyway, is dropped); a pod at most
+//! [`MAX_CONTAINERS`] container statuses with messages cut to
+//! [`MAX_MESSAGE`] bytes.
 
-use crate::operator::reconcile::slim_job;
+use crate::operator::reconcile::{slim_job, MAX_WORKLOAD_LABELS};
 use crate::operator::trust::ANNOTATION_SPEC_DIGEST;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{
@@ -25,12 +27,13 @@ use memprof_analysis::recommend::ANNOTATION_RECOMMEND_PHASES;
 use memprof_api::admission::{KeyRing, ANNOTATION_ADMISSION, LABEL_MANAGED, MAX_MARK_LEN};
 use memprof_api::thresholds::ANNOTATION_THRESHOLDS;
 use memprof_api::writer::{self, spec_digest, Written, ANNOTATION_WRITER};
+use memprof_api::OPERATOR_MANAGER;
 use memprof_api::{
     truncate_utf8, MemoryProfile, MemoryReport, MemoryReportSpec, RemediationPolicy,
     ANNOTATION_BOTTLENECK, ANNOTATION_ENABLED, ANNOTATION_IMBALANCE, ANNOTATION_OOM_RISK,
     ANNOTATION_REMEDIATION, ANNOTATION_TIME_TO_OOM, LABEL_JOB,
 };
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// Pod annotation of indexed Jobs: the pod's completion index (its rank).
 const COMPLETION_INDEX: &str = "batch.kubernetes.io/job-completion-index";
@@ -95,20 +98,56 @@ pub(super) fn job(j: &mut Job) {
     j.metadata.finalizers = None;
 }
 
-/// A profile: its status and identity, and its family label (the
-/// pipelines compare it with the family the workload names, and apply the
-/// profile again only when it differs); nothing else is read.
+/// A profile: its status and identity, and the labels the pipelines
+/// compare with those they would apply (`profile_outdated`: a profile
+/// lacking one is applied again, with the sidecars' RBAC, on every
+/// reconcile). Those are the Job, kind and family labels, and the labels
+/// the operator's own apply owns on it (a Job's copied labels,
+/// `workload_labels`); labels anyone else wrote are neither compared nor
+/// kept, however many. Nothing else is read.
 pub(super) fn profile(p: &mut MemoryProfile) {
+    let applied = labels_we_applied(p);
     p.managed_fields_mut().clear();
     p.annotations_mut().clear();
-    let kind = memprof_api::workload::LABEL_WORKLOAD_KIND;
-    let family = memprof_api::family::LABEL_FAMILY;
-    only(
-        &mut p.metadata.labels,
-        &[LABEL_JOB, kind, family],
-        MAX_LABEL_VALUE,
-    );
+    let compared = |k: &String| PROFILE_LABELS.contains(&k.as_str()) || applied.contains(k);
+    if let Some(labels) = p.metadata.labels.as_mut() {
+        labels.retain(|k, v| compared(k) && v.len() <= MAX_LABEL_VALUE);
+    }
     p.metadata.finalizers = None;
+}
+
+/// The labels memprof gives every profile (and reads: the KIND column, the
+/// webhook's family history).
+const PROFILE_LABELS: [&str; 3] = [
+    LABEL_JOB,
+    memprof_api::workload::LABEL_WORKLOAD_KIND,
+    memprof_api::family::LABEL_FAMILY,
+];
+
+/// Keys of the other labels the operator's server-side apply owns on `p`,
+/// as its managedFields say: at most as many as it ever copies
+/// ([`MAX_WORKLOAD_LABELS`]). The managedFields are input too (anyone who
+/// may update the profile may rewrite them): a claim of more is cut, and a
+/// label dropped that way only makes the next reconcile apply the profile
+/// again, which rewrites the operator's entry.
+fn labels_we_applied(p: &MemoryProfile) -> BTreeSet<String> {
+    p.managed_fields()
+        .iter()
+        .filter(|e| e.manager.as_deref() == Some(OPERATOR_MANAGER))
+        .filter(|e| e.operation.as_deref() == Some("Apply"))
+        .filter_map(|e| {
+            e.fields_v1
+                .as_ref()?
+                .0
+                .pointer("/f:metadata/f:labels")?
+                .as_object()
+        })
+        .flat_map(|labels| labels.keys())
+        .filter_map(|k| k.strip_prefix("f:"))
+        .filter(|k| k.len() <= MAX_LABEL_KEY && !PROFILE_LABELS.contains(k))
+        .take(MAX_WORKLOAD_LABELS)
+        .map(str::to_string)
+        .collect()
 }
 
 /// Owner references a report keeps (its pod's is the one that counts).

@@ -238,6 +238,73 @@ fn a_workloads_family_survives_the_cache_on_the_pytorchjob_and_its_profile() {
     assert!(!p.labels().contains_key("team"));
 }
 
+/// `desired` as the API server answers once the operator applied it:
+/// an Apply entry of its manager naming the labels it set; and `others`,
+/// labels someone else wrote, with their own Update entry.
+fn as_applied(desired: &MemoryProfile, others: serde_json::Value) -> MemoryProfile {
+    let entry = |manager: &str, operation: &str, labels: Vec<&String>| {
+        let owned: serde_json::Map<_, _> = labels
+            .into_iter()
+            .map(|k| (format!("f:{k}"), json!({})))
+            .collect();
+        json!({"manager": manager, "operation": operation, "apiVersion": "memprof.dev/v1alpha1",
+               "fieldsType": "FieldsV1", "fieldsV1": {"f:metadata": {"f:labels": owned}}})
+    };
+    let mut v = serde_json::to_value(desired).unwrap();
+    let ours = entry(OPERATOR_MANAGER, "Apply", desired.labels().keys().collect());
+    let theirs = entry(
+        "kubectl-label",
+        "Update",
+        others.as_object().unwrap().keys().collect(),
+    );
+    v["metadata"]["managedFields"] = json!([ours, theirs]);
+    for (k, val) in others.as_object().unwrap() {
+        v["metadata"]["labels"][k] = val.clone();
+    }
+    serde_json::from_value(v).unwrap()
+}
+
+/// A Job's profile as the cache keeps it still carries the labels it copied
+/// from the Job: `profile_outdated` compares them, and without them a
+/// labelled Job's profile was applied again, with the sidecars' RBAC, on
+/// every reconcile. Labels others wrote on it are not kept, however many.
+#[test]
+fn a_jobs_copied_labels_survive_the_cache_for_its_profile_and_only_they() {
+    use crate::operator::reconcile::{profile_for_job, profile_outdated};
+    let j: Job = serde_json::from_value(json!({"metadata": {"name": "train",
+        "labels": {"team": "ml", "app.kubernetes.io/part-of": "llm"},
+        "annotations": {memprof_api::family::ANNOTATION_FAMILY: "llama"}}}))
+    .unwrap();
+    let desired = profile_for_job(&j, "ml", "train", "u");
+    assert!(desired.labels().contains_key("team"));
+    let mut cached = as_applied(&desired, hostile_map("other.example/"));
+    assert!(size(&cached) > 250_000);
+    profile(&mut cached);
+    assert!(
+        !profile_outdated(Some(&cached), &desired),
+        "kept {:?}",
+        cached.labels()
+    );
+    assert_eq!(
+        cached.labels(),
+        desired.labels(),
+        "only what the operator applied"
+    );
+    assert!(size(&cached) < 2 * 1024, "{} bytes kept", size(&cached));
+}
+
+/// The managedFields are input: an entry in the operator's name that claims
+/// every label of the profile keeps no more than the operator ever copies.
+#[test]
+fn a_claim_of_more_labels_in_the_operators_name_is_cut() {
+    let mut p = MemoryProfile::new("train", Default::default());
+    *p.labels_mut() = serde_json::from_value(hostile_map("other.example/")).unwrap();
+    p.labels_mut().retain(|_, v| v.len() <= MAX_LABEL_VALUE);
+    let mut forged = as_applied(&p, json!({}));
+    profile(&mut forged);
+    assert_eq!(forged.labels().len(), MAX_WORKLOAD_LABELS);
+}
+
 #[test]
 fn a_hostile_pytorchjob_and_its_pod_are_cached_in_a_bounded_size_with_what_counts_them() {
     let template = json!({"metadata": {"labels": hostile_map("t.example/")},
