@@ -5,10 +5,13 @@
 //! workload's MemoryProfile as a label, where the webhook selects on it.
 //!
 //! Whatever the kind, the family is the annotation on the object its
-//! creator writes, the top of the workload ([`family_of`]): a Job's own, a
-//! JobSet's, a TrainJob's, a PyTorchJob's, never a child Job's or a pod's.
-//! The webhook reads it there when that object is created, the operator when
-//! it reads that object, so the two agree on one place.
+//! creator writes, the top of the workload ([`named_family`]): a Job's own,
+//! a JobSet's, a TrainJob's, a PyTorchJob's, never a child Job's or a pod
+//! template's (a Job's pod template included: the operator keeps no
+//! template metadata, so a family there would be predicted from and never
+//! added to). The webhook reads it there when that object is created, the
+//! operator when it reads that object, both through [`named_family`], so
+//! the two agree on one place.
 //!
 //! A family is the creator's input: it is a label value (so it can be
 //! selected on) and nothing more is trusted of it. Only profiles of the same
@@ -44,10 +47,16 @@ pub fn parse_family(value: &str) -> Result<&str, FamilyError> {
 }
 
 /// The family a workload's top-level object names in its `annotations`
-/// (its own metadata's, whatever its kind), when it is a valid label value:
-/// an invalid one names none (the webhook says why when it is created).
+/// (its own metadata's, whatever its kind; nothing else is read): `None`
+/// when it names none, `Err` when the name cannot be a label value.
+pub fn named_family(annotations: &BTreeMap<String, String>) -> Option<Result<&str, FamilyError>> {
+    Some(parse_family(annotations.get(ANNOTATION_FAMILY)?))
+}
+
+/// The family of [`named_family`] when it is a valid label value: an
+/// invalid one names none (the webhook says why when it is created).
 pub fn family_of(annotations: &BTreeMap<String, String>) -> Option<&str> {
-    parse_family(annotations.get(ANNOTATION_FAMILY)?).ok()
+    named_family(annotations)?.ok()
 }
 
 #[cfg(test)]
@@ -70,7 +79,14 @@ mod tests {
         for bad in ["a b", "-x", long.as_str()] {
             let a = annotated(&[(ANNOTATION_FAMILY, bad)]);
             assert_eq!(family_of(&a), None, "{bad:?} is no label value");
+            assert_eq!(
+                named_family(&a),
+                Some(Err(FamilyError)),
+                "said by the webhook"
+            );
         }
+        assert_eq!(named_family(&ok), Some(Ok("llama-8b")));
+        assert_eq!(named_family(&annotated(&[("team", "ml")])), None);
     }
 
     #[test]

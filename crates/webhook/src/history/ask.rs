@@ -6,12 +6,13 @@
 //! where that kind keeps it ([`Shape`]): a Job, a JobSet (over its
 //! replicated jobs' pod templates), a TrainJob (its trainer's env) and a
 //! PyTorchJob (its Master's then Worker's template). The family is the one
-//! the object names on itself (`memprof_api::family`), where the operator
-//! reads it for the workload's profile. A JobSet's child Job asks nothing:
+//! the object names on itself, never on a pod template
+//! (`memprof_api::family::named_family`), where the operator reads it for
+//! the workload's profile. A JobSet's child Job asks nothing:
 //! it is predicted with its JobSet, and a refusal would fail the JobSet
 //! controller's creation of it, not tell its creator.
 
-use memprof_api::family::{parse_family, FamilyError, ANNOTATION_FAMILY};
+use memprof_api::family::{named_family, FamilyError};
 use memprof_api::workload::WorkloadKind;
 use memprof_api::{parse_bytes, ANNOTATION_ENABLED, ANNOTATION_GPU_MEMORY};
 use serde_json::Value;
@@ -44,8 +45,6 @@ struct Shape<'a> {
     /// The metadata whose `memprof.dev/enabled: "true"` profiles it (where
     /// its injection reads the opt-in); None: its opt-in is not in the object.
     opt_in: Option<Vec<&'a Value>>,
-    /// The metadata read for the family, first that names one wins.
-    family: Vec<&'a Value>,
     /// The metadata read for the GPU's memory, first that names it wins.
     gpu: Vec<&'a Value>,
     /// Its env lists, in rank order (the first that sets a name wins).
@@ -71,7 +70,7 @@ pub fn ask_of(
     if shape.opt_in.is_some_and(|o| !o.iter().any(enabled)) {
         return None;
     }
-    let family = match parse_family(&annotation(&shape.family, ANNOTATION_FAMILY)?) {
+    let family = match named_family(&string_map(meta, "annotations"))? {
         Ok(f) => f.to_string(),
         Err(e) => return Some(Err(e)),
     };
@@ -82,11 +81,11 @@ pub fn ask_of(
         family,
         env: literal_env(&shape.env),
         gpu: gpu.and_then(|g| parse_bytes(&g).ok()),
-        labels: labels_of(meta),
+        labels: string_map(meta, "labels"),
     }))
 }
 
-/// Where `kind` keeps its opt-in, family, GPU annotation and env; None for
+/// Where `kind` keeps its opt-in, GPU annotation and env; None for
 /// a JobSet's child Job (asked with its JobSet).
 fn shape_of<'a>(kind: WorkloadKind, obj: &'a Value, meta: &'a Value) -> Option<Shape<'a>> {
     if kind == WorkloadKind::Job && controlled_by_a_jobset(meta) {
@@ -104,27 +103,21 @@ fn shape_of<'a>(kind: WorkloadKind, obj: &'a Value, meta: &'a Value) -> Option<S
             .filter_map(|c| c.get("env"))
             .collect(),
     };
-    let (opt_in, family) = match kind {
-        // As the injection decides (mutate.rs): the opt-in is the Job's own;
-        // its family may also be on its pod template.
-        WorkloadKind::Job => (Some(vec![meta]), own_then_templates.clone()),
+    let opt_in = match kind {
+        // As the injection decides (mutate.rs): the opt-in is the object's own.
+        WorkloadKind::Job | WorkloadKind::PyTorchJob => Some(vec![meta]),
         // Its child Jobs' opt-in is their template's (the JobSet controller
         // copies it onto them), or said on the JobSet itself.
         WorkloadKind::JobSet => {
             let jobs = replicated_jobs(obj).filter_map(|rj| rj.pointer("/template/metadata"));
-            (
-                Some(std::iter::once(meta).chain(jobs).collect()),
-                vec![meta],
-            )
+            Some(std::iter::once(meta).chain(jobs).collect())
         }
-        WorkloadKind::PyTorchJob => (Some(vec![meta]), vec![meta]),
         // Its opt-in is in its runtime, which is not read here: naming a
         // family asks.
-        WorkloadKind::TrainJob => (None, vec![meta]),
+        WorkloadKind::TrainJob => None,
     };
     Some(Shape {
         opt_in,
-        family,
         gpu: own_then_templates,
         env,
     })
@@ -164,8 +157,9 @@ fn controlled_by_a_jobset(meta: &Value) -> bool {
     })
 }
 
-fn labels_of(meta: &Value) -> BTreeMap<String, String> {
-    meta.get("labels")
+/// `meta`'s labels or annotations (`key`), string values only.
+fn string_map(meta: &Value, key: &str) -> BTreeMap<String, String> {
+    meta.get(key)
         .and_then(Value::as_object)
         .map(|m| {
             m.iter()
@@ -256,6 +250,21 @@ mod tests {
         let bad = job(json!({ "memprof.dev/enabled": "true", "memprof.dev/family": "a b" }));
         let e = ask_of(WorkloadKind::Job, "ns", &bad).unwrap().unwrap_err();
         assert!(e.to_string().contains("must be a label value"), "{e}");
+    }
+
+    /// One rule with the operator (`memprof_api::family::named_family`): a
+    /// Job's family is its own annotation. One only on its pod template is
+    /// not read: the operator never labels the Job's profile with it, so the
+    /// Job would be predicted from a history it never joins.
+    #[test]
+    fn a_family_only_on_a_jobs_pod_template_asks_nothing() {
+        let mut j = job(json!({ "memprof.dev/enabled": "true" }));
+        j["spec"]["template"]["metadata"] =
+            json!({ "annotations": { "memprof.dev/family": "llama" } });
+        assert_eq!(ask_of(WorkloadKind::Job, "ns", &j), None);
+        j["metadata"]["annotations"]["memprof.dev/family"] = json!("own");
+        let a = ask_of(WorkloadKind::Job, "ns", &j).unwrap().unwrap();
+        assert_eq!(a.family, "own", "its own, not its template's");
     }
 
     /// A JobSet of two replicated jobs, the first's template profiled
