@@ -146,11 +146,12 @@ pub struct RemediationPolicySpec {
     /// for trainers that announce checkpoints (docs/remediation.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wait_for_checkpoint: Option<CheckpointWait>,
-    /// Refuse to create a selected profiled Job whose peak, predicted from
-    /// its family's measured history in this namespace (annotation
-    /// `memprof.dev/family`), exceeds its GPU; the admission webhook answers
-    /// with what to change. Off by default: such a Job is only warned about
-    /// (docs/estimate.md, "At admission").
+    /// Refuse to create a selected workload (a profiled Job, JobSet or
+    /// PyTorchJob, or a TrainJob) whose peak, predicted from its family's
+    /// measured history in this namespace (annotation `memprof.dev/family`
+    /// on the workload itself), exceeds its GPU; the admission webhook
+    /// answers with what to change. Off by default: such a workload is only
+    /// warned about (docs/estimate.md, "At admission").
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub deny_predicted_oom: bool,
 }
