@@ -5,8 +5,9 @@
 //! operator restart. Against the local control plane, the test playing
 //! the upper controllers as `workload_support` does.
 //!
-//! - a PyTorchJob's trainer that exits during the wait ends it at once
-//!   (twin of `a_trainer_that_exits_during_the_wait_ends_it_at_once`: its
+//! - a PyTorchJob's (recreated) or a JobSet's (suspended) trainer that
+//!   exits during the wait ends it at once (twins of
+//!   `a_trainer_that_exits_during_the_wait_ends_it_at_once`: a PyTorchJob's
 //!   pods' container statuses must reach the wait);
 //! - without a newer checkpoint the change goes at the bound, even across
 //!   an operator restart, for a PyTorchJob and a JobSet (twins of
@@ -156,6 +157,50 @@ async fn a_pytorchjob_trainer_that_exits_during_the_wait_ends_it_at_once() {
     let msg = done.message.unwrap();
     assert!(msg.contains("a rank's trainer exited"), "{msg}");
     assert_ne!(stored(&admin, ns).await.uid(), pt.uid(), "recreated");
+    op.stop().await;
+}
+
+#[tokio::test]
+async fn a_jobset_trainer_that_exits_during_the_wait_ends_it_at_once() {
+    let Some((admin, ns)) = workload_cluster().await else {
+        return;
+    };
+    let ns = ns.name.as_str();
+    let op = start_operator(&admin, ns);
+    waiting_policy(&admin, ns, 120, 5).await;
+    let queued = json!({"kueue.x-k8s.io/queue-name": "team-a"});
+    let js = profiled_jobset(&admin, ns, queued).await;
+    let earlier = Timestamp::now() - SignedDuration::from_secs(300);
+    jobset_critical(&admin, ns, 600.0, Some((earlier, 40))).await;
+    record_in(&admin, ns, "Pending").await;
+    // The second child Job's trainer dies (exit 1).
+    let pod = job_pods(&admin, ns, "train-workers-1", 1).await.remove(0);
+    let exited = Instant::now();
+    terminate_container(
+        &admin,
+        ns,
+        &pod.name_any(),
+        "trainer",
+        1,
+        "Segmentation fault",
+    )
+    .await;
+    let done = done_within(&admin, ns, Duration::from_secs(60)).await;
+    let took = exited.elapsed();
+    assert!(
+        took < Duration::from_secs(60),
+        "{took:?}: long before the 120 s bound"
+    );
+    let c = done.checkpoint.clone().expect("why the wait ended");
+    assert_eq!(c.result, "trainerExited", "{c:?}");
+    assert_eq!(c.kept.as_ref().and_then(|k| k.step), Some(40));
+    assert_eq!(done.env_change.as_deref(), Some("suspend-patch-resume"));
+    let after = api(&admin, ns, WorkloadKind::JobSet)
+        .get("train")
+        .await
+        .unwrap();
+    assert_eq!(after.uid(), js.uid(), "never deleted");
+    assert_eq!(after.data.pointer(BATCH), Some(&json!("24")));
     op.stop().await;
 }
 
