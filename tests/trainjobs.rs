@@ -15,7 +15,8 @@
 //!   untouched (twin of the JobSet's);
 //! - one Kueue does not manage is recreated at the top level, and its old
 //!   JobSet, found by the `trainer.kubeflow.org/trainjob-name` label, is
-//!   deleted with it (twin of the JobSet's).
+//!   deleted with it, the record saying "TrainJob recreated" (twin of the
+//!   JobSet's).
 
 use crate::common;
 use crate::remediation_support;
@@ -37,7 +38,7 @@ use workload_support::*;
 /// marks Trainer's, and two marked child Jobs, each rank reporting low, the
 /// TrainJob's profile written with both ranks. Returns the TrainJob and
 /// its JobSet.
-async fn profiled_trainjob(
+pub(crate) async fn profiled_trainjob(
     admin: &Client,
     ns: &str,
     labels: Value,
@@ -185,6 +186,13 @@ async fn a_trainjob_kueue_does_not_manage_is_recreated_and_its_old_jobset_delete
         .await
         .unwrap();
     assert_ne!(new.uid(), tj.uid(), "a new TrainJob");
+    let msg = rec.message.clone().unwrap_or_default();
+    let recreated = format!(
+        "TrainJob recreated (uid {} -> {})",
+        tj.uid().unwrap(),
+        new.uid().unwrap()
+    );
+    assert!(msg.contains(&recreated), "named by its kind: {msg}");
     assert_eq!(batch(&new), Some(json!("24")));
     // The old JobSet, orphaned by the TrainJob's deletion and found by its
     // label, must not train next to the new TrainJob's.

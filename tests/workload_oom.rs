@@ -1,7 +1,8 @@
 //! A CUDA OOM of a workload's rank (a JobSet's child Job's pod, a
-//! PyTorchJob's worker) against the local control plane: the JobSet and
-//! PyTorchJob twins of `remediation::cuda_oom_exit_is_recorded_once_and_…`
-//! and `gpu_oom_visibility::a_cuda_oom_is_annotated_announced_once_…`.
+//! TrainJob's through its JobSet, a PyTorchJob's worker) against the local
+//! control plane: the JobSet, TrainJob and PyTorchJob twins of
+//! `remediation::cuda_oom_exit_is_recorded_once_and_…` and
+//! `gpu_oom_visibility::a_cuda_oom_is_annotated_announced_once_…`.
 //! The OOM is recorded once in the workload's profile (its rank the rank
 //! in the workload), the `oomObserved` policy fires for the workload, and
 //! `memprof.dev/gpu-oom` and the Events go on the top-level object, never
@@ -19,6 +20,7 @@
 
 use crate::common;
 use crate::remediation_support;
+use crate::trainjobs::profiled_trainjob;
 use crate::workload_remediation_pytorch::profiled_pytorchjob;
 use crate::workload_remediation_twins::profiled_jobset;
 use crate::workload_support;
@@ -236,5 +238,32 @@ async fn a_cuda_oom_of_a_pytorchjob_worker_is_recorded_once_fires_the_policy_and
             p.name_any()
         );
     }
+    op.stop().await;
+}
+
+#[tokio::test]
+async fn a_cuda_oom_of_a_trainjob_rank_is_recorded_once_fires_the_policy_and_lands_on_the_trainjob()
+{
+    let Some((admin, ns)) = workload_cluster().await else {
+        return;
+    };
+    let ns = ns.name.as_str();
+    let op = start_operator(&admin, ns);
+    oom_policy(&admin, ns).await;
+    let (tj, _) = profiled_trainjob(&admin, ns, json!({})).await;
+    let pod = job_pods(&admin, ns, "train-workers-0", 1).await.remove(0);
+    let rank = Rank {
+        pod: pod.name_any(),
+        container: "trainer",
+        rank: 0,
+    };
+    let top = (WorkloadKind::TrainJob, tj.uid().unwrap());
+    let op = a_cuda_oom_of(&admin, ns, top, &rank, op).await;
+    // Neither its JobSet nor a child Job carries it.
+    let js = api(&admin, ns, WorkloadKind::JobSet)
+        .get("train")
+        .await
+        .unwrap();
+    assert!(!js.annotations().contains_key(ANNOTATION_GPU_OOM));
     op.stop().await;
 }
