@@ -594,7 +594,10 @@ mod tests {
         let first_lower = 62.0;
         let hold = Thresholds::default().level_hold_seconds;
         let until = until.as_millisecond() as f64 / 1000.0;
-        assert!(until > 70.0 && until >= first_lower + hold && until <= first_lower + hold + 10.0, "{until}");
+        assert!(
+            until > 70.0 && until >= first_lower + hold && until <= first_lower + hold + 10.0,
+            "{until}"
+        );
         assert!(g.risk_text().ends_with("(held)"));
     }
 
