@@ -45,6 +45,7 @@ mod tracked;
 mod watch;
 mod workload_index;
 mod workload_ooms;
+mod workload_ranks;
 mod workload_refresh;
 mod workloads;
 

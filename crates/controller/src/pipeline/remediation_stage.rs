@@ -7,6 +7,7 @@ use super::reconcile::Fetched;
 use super::rollups;
 use super::state::Context;
 use super::tracked::{all_reports, pod_of, screen_one};
+use super::workload_ranks::{claiming, count_ranks};
 use crate::key::JobKey;
 use crate::operator::reconcile::profiling_enabled;
 use crate::operator::trust;
@@ -23,7 +24,7 @@ use crate::workload::rollup::Layout;
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
 use memprof_api::workload::{WorkloadKind, LABEL_WORKLOAD_KIND};
 use memprof_api::{
@@ -399,40 +400,6 @@ fn counted_checkpoints(ctx: &Context, key: &JobKey, job: Option<&Job>) -> JobChe
 /// called only while a remediation is pending or a tally open.
 fn workload_counted(ctx: &Context, ns: &str, ranks: &Ranks) -> Vec<Counted> {
     count_ranks(ctx, ns, ranks, claiming(ctx, ns, ranks))
-}
-
-/// The cached reports in namespace `ns` that claim one of `ranks`' names:
-/// one scan of the report cache (O(cached reports)).
-pub(super) fn claiming(ctx: &Context, ns: &str, ranks: &Ranks) -> Vec<Arc<MemoryReport>> {
-    ctx.caches.reports.state_filter(|r| {
-        r.metadata.namespace.as_deref() == Some(ns)
-            && r.labels()
-                .get(memprof_api::LABEL_JOB)
-                .is_some_and(|j| ranks.claims.contains(j))
-    })
-}
-
-/// Where the cache of `ranks`' pods is: the training operator's pods are
-/// watched apart from the Job controller's.
-pub(super) fn layout_pods<'c>(ctx: &'c Context, ranks: &Ranks) -> &'c Store<Pod> {
-    match ranks.layout {
-        Layout::PyTorchJob { .. } => &ctx.pytorch.pods,
-        Layout::JobSet { .. } => &ctx.caches.pods,
-    }
-}
-
-/// Those of `reports` (in namespace `ns`) that count as workload ranks
-/// `ranks`, with their pods (`Ranks::counted`).
-pub(super) fn count_ranks(
-    ctx: &Context,
-    ns: &str,
-    ranks: &Ranks,
-    reports: impl IntoIterator<Item = Arc<MemoryReport>>,
-) -> Vec<Counted> {
-    let pods = layout_pods(ctx, ranks);
-    let pod_of = |name: &str| pods.get(&ObjectRef::new(name).within(ns));
-    let keys = ctx.setup.options.admission.ring();
-    ranks.counted(reports, pod_of, &keys, Timestamp::now())
 }
 
 /// The newest checkpoints of `counted` ranks (one Job's, or all of a

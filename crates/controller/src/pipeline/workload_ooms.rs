@@ -13,8 +13,8 @@
 //! HMACs per report, so only a rank that may show an OOM is proven: its
 //! pod has a container that failed, or its agent counted an OOM.
 
-use super::remediation_stage::{claiming, count_ranks, layout_pods};
 use super::state::Context;
+use super::workload_ranks::{claiming, count_ranks, layout_pods};
 use crate::key::JobKey;
 use crate::operator::trust::Admitted;
 use crate::remediation::{oom, Target};
