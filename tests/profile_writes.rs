@@ -1,6 +1,7 @@
 //! A MemoryProfile whose workload and reports did not change is not
-//! written again, whatever labels the workload carries: a Job's copied
-//! labels (`team`, …) and its family, a JobSet's and a PyTorchJob's family.
+//! written again, whatever labels the workload carries: the labels each
+//! profile copies from its workload (`team`, …: a Job's, a JobSet's, a
+//! PyTorchJob's) and its family.
 //! The API server is not memprof's: a profile applied again on every
 //! reconcile is a write (and two RBAC applies beside it) per report a
 //! sidecar writes. Counted on the wire (`profile_writes/wire.rs`), over
@@ -31,6 +32,13 @@ const TOUCHES: u32 = 3;
 fn tenant_labels() -> serde_json::Value {
     json!({"team": "ml", "app.kubernetes.io/part-of": "llm", "memprof.dev/managed": "true"})
 }
+
+/// What each profile copies of [`tenant_labels`], with its workload's family.
+const COPIED: [(&str, &str); 3] = [
+    ("team", "ml"),
+    ("app.kubernetes.io/part-of", "llm"),
+    ("memprof.dev/family", FAMILY),
+];
 
 fn profiled() -> serde_json::Value {
     json!({"memprof.dev/enabled": "true", "memprof.dev/family": FAMILY})
@@ -137,21 +145,13 @@ async fn a_labelled_jobs_profile_is_not_written_again_when_nothing_changed() {
         .create(&PostParams::default(), &job)
         .await
         .unwrap();
-    let copied = [("team", "ml"), ("app.kubernetes.io/part-of", "llm")];
-    labelled(&client, &ns.name, "train", &copied).await;
-    labelled(
-        &client,
-        &ns.name,
-        "train",
-        &[("memprof.dev/family", FAMILY)],
-    )
-    .await;
+    labelled(&client, &ns.name, "train", &COPIED).await;
     no_writes_over_touches((&client, &wire, &op), &ns.name, WorkloadKind::Job, "train").await;
     op.stop().await;
 }
 
 #[tokio::test]
-async fn a_jobsets_profile_with_its_family_is_not_written_again_when_nothing_changed() {
+async fn a_jobsets_profile_with_its_labels_is_not_written_again_when_nothing_changed() {
     let Some((client, ns)) = workload_support::workload_cluster().await else {
         return;
     };
@@ -162,13 +162,13 @@ async fn a_jobsets_profile_with_its_family_is_not_written_again_when_nothing_cha
     let js = create(&client, &ns.name, WorkloadKind::JobSet, js).await;
     let child = marked_child(&client, &ns.name, &js, 0).await;
     let child = child.metadata.name.unwrap();
-    labelled(&client, &ns.name, "js", &[("memprof.dev/family", FAMILY)]).await;
+    labelled(&client, &ns.name, "js", &COPIED).await;
     no_writes_over_touches((&client, &wire, &op), &ns.name, WorkloadKind::Job, &child).await;
     op.stop().await;
 }
 
 #[tokio::test]
-async fn a_pytorchjobs_profile_with_its_family_is_not_written_again_when_nothing_changed() {
+async fn a_pytorchjobs_profile_with_its_labels_is_not_written_again_when_nothing_changed() {
     let Some((client, ns)) = workload_support::workload_cluster().await else {
         return;
     };
@@ -177,7 +177,7 @@ async fn a_pytorchjobs_profile_with_its_family_is_not_written_again_when_nothing
     let mut pt = workload_support::pytorchjob("pt", 1, tenant_labels());
     pt["metadata"]["annotations"] = profiled();
     create(&client, &ns.name, WorkloadKind::PyTorchJob, pt).await;
-    labelled(&client, &ns.name, "pt", &[("memprof.dev/family", FAMILY)]).await;
+    labelled(&client, &ns.name, "pt", &COPIED).await;
     no_writes_over_touches(
         (&client, &wire, &op),
         &ns.name,

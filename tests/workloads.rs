@@ -4,15 +4,18 @@
 //! them; the real Job controller creates their pods) have no profile of
 //! their own, and the JobSet's profile rolls every rank up by its rank in
 //! the JobSet. A Job claiming the JobSet without the mark keeps its own
-//! profile and never counts in the JobSet's. (Stand-in CRDs: no JobSet
-//! controller runs here.)
+//! profile and never counts in the JobSet's. A workload's profile carries
+//! its top-level object's labels, so `kubectl get mprof -l team=ml` and
+//! `memprof top -l team=ml` select JobSets' and PyTorchJobs' profiles as
+//! they do Jobs'. (Stand-in CRDs: no JobSet controller runs here.)
 
+use crate::cli_support;
 use crate::common;
 use crate::workload_support;
 
 use common::*;
 use k8s_openapi::api::batch::v1::Job;
-use kube::api::{Api, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use memprof::api::workload::WorkloadKind;
 use memprof::api::workload_mark::{sign, Link, ANNOTATION_WORKLOAD_MARK};
@@ -225,4 +228,89 @@ async fn a_child_s_own_profile_from_before_its_link_proved_is_deleted() {
         },
     )
     .await;
+}
+
+/// Names of the MemoryProfiles `kubectl get ARGS -o name` lists, sorted.
+async fn kubectl_names(args: &[&str]) -> Result<Vec<String>, String> {
+    let mut cmd = tokio::process::Command::new("kubectl");
+    cmd.args(["get", "memoryprofiles", "-o", "name"])
+        .args(args)
+        .kill_on_drop(true);
+    let out = tokio::time::timeout(TIMEOUT, cmd.output())
+        .await
+        .map_err(|_| format!("kubectl {args:?} did not finish within {TIMEOUT:?}"))?
+        .map_err(|e| format!("running kubectl: {e}"))?;
+    let (stdout, stderr) = cli_support::texts(&out);
+    if !out.status.success() {
+        return Err(format!("kubectl {args:?}: {stderr}"));
+    }
+    let mut names: Vec<String> = stdout.lines().map(str::to_string).collect();
+    names.sort();
+    Ok(names)
+}
+
+/// Creates profiled JobSet `name` labelled `team` with one marked child
+/// Job, which is labelled `child_team` (the JobSet's profile must not take it).
+async fn labelled_jobset(admin: &Client, ns: &str, name: &str, team: &str, child_team: &str) {
+    let mut manifest = jobset(
+        name,
+        1,
+        json!({"team": team, "memprof.dev/managed": "true"}),
+    );
+    manifest["metadata"]["annotations"] = json!({"memprof.dev/enabled": "true"});
+    let js = create(admin, ns, WorkloadKind::JobSet, manifest).await;
+    let job = child(admin, ns, &js, 0, true).await;
+    let label = json!({"metadata": {"labels": {"team": child_team}}});
+    Api::<Job>::namespaced(admin.clone(), ns)
+        .patch(
+            &job.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&label),
+        )
+        .await
+        .expect("label the child Job");
+}
+
+/// A JobSet's and a PyTorchJob's profiles carry their own labels (never a
+/// child Job's), so `-l team=ml` lists them, in kubectl and in `memprof
+/// top`, and not another team's JobSet whose child claims `team=ml`.
+#[tokio::test]
+async fn a_workloads_labels_select_its_profile_in_kubectl_and_memprof_top() {
+    let Some((admin, ns)) = workload_cluster().await else {
+        return;
+    };
+    let n = ns.name.as_str();
+    let op = start_operator(&admin, n);
+    labelled_jobset(&admin, n, "js", "ml", "child-says").await;
+    labelled_jobset(&admin, n, "other", "infra", "ml").await;
+    let mut pt = pytorchjob(
+        "pt",
+        1,
+        json!({"team": "ml", "memprof.dev/managed": "true"}),
+    );
+    pt["metadata"]["annotations"] = json!({"memprof.dev/enabled": "true"});
+    create(&admin, n, WorkloadKind::PyTorchJob, pt).await;
+    let ml = [
+        "memoryprofile.memprof.dev/js",
+        "memoryprofile.memprof.dev/pt",
+    ];
+    eventually(
+        "the JobSet's and the PyTorchJob's profiles selected",
+        || async {
+            let all = kubectl_names(&["-n", n]).await?;
+            let selected = kubectl_names(&["-n", n, "-l", "team=ml"]).await?;
+            // Every profile made (the other team's too), and only team ml's selected.
+            (all.len() == 3 && selected == ml)
+                .then_some(())
+                .ok_or(format!("all {all:?}, team=ml {selected:?}"))
+        },
+    )
+    .await;
+    let top = cli_support::ok(&["top", "-n", n, "-l", "team=ml", "-o", "name"]).await;
+    let mut listed: Vec<&str> = top.lines().collect();
+    listed.sort();
+    assert_eq!(listed, ml, "memprof top -l team=ml:\n{top}");
+    let infra = kubectl_names(&["-n", n, "-l", "team=infra"]).await.unwrap();
+    assert_eq!(infra, ["memoryprofile.memprof.dev/other"]);
+    op.stop().await;
 }

@@ -89,7 +89,7 @@ pub fn profile_for_job(job: &Job, namespace: &str, name: &str, uid: &str) -> Mem
         },
     );
     profile.metadata.namespace = Some(namespace.to_string());
-    let mut labels = workload_labels(job);
+    let mut labels = workload_labels(job.labels());
     labels.insert(LABEL_JOB.to_string(), name.to_string());
     // The KIND column (a JobSet's profile says JobSet: pipeline/workloads.rs).
     let kind = memprof_api::workload::LABEL_WORKLOAD_KIND;
@@ -112,21 +112,24 @@ pub fn profile_for_job(job: &Job, namespace: &str, name: &str, uid: &str) -> Mem
     profile
 }
 
-/// Labels of the Job a profile carries, so that `kubectl get mprof -l
+/// Labels of a workload a profile carries, so that `kubectl get mprof -l
 /// team=ml` and `memprof top -l team=ml` select what users labelled: the
-/// Job's own labels, bounded (they are the Job creator's input, and the
-/// profile is written on every change): at most [`MAX_WORKLOAD_LABELS`], in
-/// key order, without memprof's own (`memprof.dev/`, which only memprof
-/// sets) or the Job controller's (`controller-uid`, `job-name`,
-/// `batch.kubernetes.io/…`, which name one run, not the workload).
-pub fn workload_labels(job: &Job) -> BTreeMap<String, String> {
+/// top-level workload's own `labels` (a Job's, a JobSet's, a TrainJob's, a
+/// PyTorchJob's, as memprof read that object; never a child's or a pod's),
+/// bounded (they are the workload creator's input, and the profile is
+/// written on every change): at most [`MAX_WORKLOAD_LABELS`], in key order,
+/// without memprof's own (`memprof.dev/`, which only memprof sets) or the
+/// Job controller's (`controller-uid`, `job-name`, `batch.kubernetes.io/…`,
+/// which name one run, not the workload). Every kind's profile copies
+/// through this one function, so one rule and one bound hold for all.
+pub fn workload_labels(labels: &BTreeMap<String, String>) -> BTreeMap<String, String> {
     let ours = |k: &str| {
         k.starts_with("memprof.dev/")
             || k.starts_with("batch.kubernetes.io/")
             || k == "controller-uid"
             || k == "job-name"
     };
-    job.labels()
+    labels
         .iter()
         .filter(|(k, _)| !ours(k))
         .take(MAX_WORKLOAD_LABELS)
@@ -134,7 +137,7 @@ pub fn workload_labels(job: &Job) -> BTreeMap<String, String> {
         .collect()
 }
 
-/// Labels a profile copies from its Job, at most.
+/// Labels a profile copies from its workload, at most.
 pub const MAX_WORKLOAD_LABELS: usize = 16;
 
 /// Whether `existing` lacks something of `desired` (spec, the job label, the

@@ -24,7 +24,7 @@ use super::state::Context;
 use super::workload_refresh::{drop_rollup, refresh, Turn};
 use crate::key::JobKey;
 use crate::operator::rbac::ensure_reporter_rbac;
-use crate::operator::reconcile::{profile_outdated, profiling_enabled};
+use crate::operator::reconcile::{profile_outdated, profiling_enabled, workload_labels};
 use crate::operator::{Error, Result};
 use crate::remediation::replaced_by_memprof;
 use crate::status::submit_workload;
@@ -46,7 +46,6 @@ use memprof_api::workload::{WorkloadKind, LABEL_WORKLOAD_KIND};
 use memprof_api::{
     MemoryProfile, MemoryProfileSpec, ANNOTATION_ENABLED, LABEL_JOB, OPERATOR_MANAGER,
 };
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tracing::{info, warn};
@@ -163,8 +162,10 @@ async fn switch_off(ctx: &Context, key: &JobKey, uid: &str) -> Result<()> {
 }
 
 /// The PyTorchJob's profile: named after it, owned by it, labelled with its
-/// kind and the family it names on itself (`memprof_api::family`), which
-/// the admission webhook selects its history on.
+/// kind, the family it names on itself (`memprof_api::family`), which the
+/// admission webhook selects its history on, and its own labels as the
+/// cache keeps them (`slim::pytorchjob`), bounded as a Job's profile copies
+/// a Job's (`workload_labels`), which `-l` selects on.
 fn profile_for(key: &JobKey, pt: &DynamicObject, ranks: u32) -> MemoryProfile {
     let uid = pt.uid().unwrap_or_default();
     let kind = WorkloadKind::PyTorchJob;
@@ -176,14 +177,13 @@ fn profile_for(key: &JobKey, pt: &DynamicObject, ranks: u32) -> MemoryProfile {
         },
     );
     p.metadata.namespace = Some(key.namespace.clone());
-    p.metadata.labels = Some(BTreeMap::from([
-        (LABEL_JOB.to_string(), key.name.clone()),
-        (LABEL_WORKLOAD_KIND.to_string(), kind.kind().to_string()),
-    ]));
+    let mut labels = workload_labels(pt.labels());
+    labels.insert(LABEL_JOB.to_string(), key.name.clone());
+    labels.insert(LABEL_WORKLOAD_KIND.to_string(), kind.kind().to_string());
     if let Some(family) = family_of(pt.annotations()) {
-        p.labels_mut()
-            .insert(LABEL_FAMILY.to_string(), family.to_string());
+        labels.insert(LABEL_FAMILY.to_string(), family.to_string());
     }
+    p.metadata.labels = Some(labels);
     p.metadata.owner_references = Some(vec![OwnerReference {
         api_version: kind.api_version().into(),
         kind: kind.kind().into(),
@@ -350,5 +350,29 @@ mod tests {
         assert_eq!(p.owner_references()[0].uid, "pt-uid");
         let bad = profile_for(&key, &pt("not a label"), 3);
         assert!(!bad.labels().contains_key(LABEL_FAMILY));
+    }
+
+    /// `kubectl get mprof -l team=ml` selects a PyTorchJob's profile: it
+    /// carries the PyTorchJob's labels, bounded as a Job's profile carries
+    /// a Job's; memprof's own labels are memprof's whatever it claims.
+    #[test]
+    fn a_pytorchjobs_profile_carries_its_labels_bounded() {
+        use crate::operator::reconcile::MAX_WORKLOAD_LABELS;
+        let key = JobKey::new("ml", "train");
+        let mut labels: serde_json::Map<String, serde_json::Value> =
+            (0..40).map(|i| (format!("k{i:02}"), "v".into())).collect();
+        labels.insert("app.kubernetes.io/part-of".into(), "llm".into());
+        labels.insert(LABEL_JOB.into(), "forged".into());
+        let pt: DynamicObject = serde_json::from_value(serde_json::json!({
+            "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+            "metadata": {"name": "train", "uid": "pt-uid", "labels": labels},
+        }))
+        .unwrap();
+        let p = profile_for(&key, &pt, 3);
+        let got = p.labels();
+        assert_eq!(got["app.kubernetes.io/part-of"], "llm");
+        assert_eq!(got[LABEL_JOB], "train");
+        assert_eq!(got[LABEL_WORKLOAD_KIND], "PyTorchJob");
+        assert_eq!(got.len(), MAX_WORKLOAD_LABELS + 2, "{got:?}");
     }
 }

@@ -10,11 +10,12 @@
 //! own and those its apply owns: [`profile`]). Bounded: a Job keeps at most
 //! [`MAX_LABELS`] labels (policies select Jobs by label: a Job with more is
 //! matched on the first ones by key, and a value longer than 63 characters,
-//! which the API server refuses anyway, is dropped); a pod at most
+//! which the API server refuses anyway, is dropped), a PyTorchJob only
+//! those its profile copies ([`MAX_WORKLOAD_LABELS`]); a pod at most
 //! [`MAX_CONTAINERS`] container statuses with messages cut to
 //! [`MAX_MESSAGE`] bytes.
 
-use crate::operator::reconcile::{slim_job, MAX_WORKLOAD_LABELS};
+use crate::operator::reconcile::{slim_job, workload_labels, MAX_WORKLOAD_LABELS};
 use crate::operator::trust::ANNOTATION_SPEC_DIGEST;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{
@@ -102,9 +103,10 @@ pub(super) fn job(j: &mut Job) {
 /// compare with those they would apply (`profile_outdated`: a profile
 /// lacking one is applied again, with the sidecars' RBAC, on every
 /// reconcile). Those are the Job, kind and family labels, and the labels
-/// the operator's own apply owns on it (a Job's copied labels,
+/// the operator's own apply owns on it (its workload's copied labels,
 /// `workload_labels`); labels anyone else wrote are neither compared nor
-/// kept, however many. Nothing else is read.
+/// kept, however many. Nothing else is read. The operator's own apply
+/// response is kept slimmed by this too (`rollup_stage.rs`).
 pub(super) fn profile(p: &mut MemoryProfile) {
     let applied = labels_we_applied(p);
     p.managed_fields_mut().clear();
@@ -324,15 +326,22 @@ pub(super) fn policy(p: &mut RemediationPolicy) {
 }
 
 /// A PyTorchJob (`pytorch_watch.rs`): its identity, the opt-in annotation,
-/// and of its spec only each replica type's `replicas` and service account
-/// (its rank layout, and whom the sidecars write as). Status, templates and
-/// everything else its creator wrote are dropped.
+/// the labels its profile copies (as the profile copies them, at most
+/// [`MAX_WORKLOAD_LABELS`]), and of its spec only each
+/// replica type's `replicas` and service account (its rank layout, and whom
+/// the sidecars write as). Status, templates and everything else its
+/// creator wrote are dropped.
 pub(super) fn pytorchjob(o: &mut kube::api::DynamicObject) {
     let meta = &mut o.metadata;
     meta.managed_fields = None;
     meta.finalizers = None;
     meta.owner_references = None;
-    meta.labels = None;
+    if let Some(labels) = meta.labels.as_mut() {
+        labels.retain(|k, v| k.len() <= MAX_LABEL_KEY && v.len() <= MAX_LABEL_VALUE);
+    }
+    // Copied from all of them, not from a Job's first [`MAX_LABELS`]: a
+    // creator's `memprof.dev/` keys, sorted first, would crowd out its own.
+    meta.labels = meta.labels.as_ref().map(workload_labels);
     // The opt-in, the phases its recommendation waits for, and its family
     // (copied onto its profile for the admission webhook's history).
     let family = memprof_api::family::ANNOTATION_FAMILY;

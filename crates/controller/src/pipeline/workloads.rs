@@ -128,8 +128,7 @@ pub(super) async fn run(
     // A child's membership, cached, may still name a JobSet memprof is
     // recreating: owned by it again, the profile would go with it.
     if !replaced_by_memprof(previous.as_ref(), &resolved.top.uid) {
-        let family = resolved.family.as_deref();
-        ensure_profile(ctx, &wkey, &resolved.top, (shape.ranks(), family), job).await?;
+        ensure_profile(ctx, &wkey, &resolved, shape.ranks(), job).await?;
     }
     // Incremental: the reports noted under this child since its last
     // reconcile, not the whole JobSet (`workload_refresh.rs`).
@@ -263,9 +262,12 @@ fn cached_profile(ctx: &Context, key: &JobKey) -> Option<Arc<MemoryProfile>> {
 }
 
 /// The workload's profile: named after it, owned by it, labelled with its
-/// kind and the family its top-level object names (read with it:
-/// `Resolved::family`), which the admission webhook selects its history on.
-fn profile_for(key: &JobKey, top: &Workload, ranks: u32, family: Option<&str>) -> MemoryProfile {
+/// kind, the family its top-level object names (read with it:
+/// `Resolved::family`), which the admission webhook selects its history on,
+/// and that object's own labels as read with it (`Resolved::labels`,
+/// bounded as a Job's profile copies a Job's), which `-l` selects on.
+fn profile_for(key: &JobKey, resolved: &Resolved, ranks: u32) -> MemoryProfile {
+    let top = &resolved.top;
     let mut p = MemoryProfile::new(
         &key.name,
         MemoryProfileSpec {
@@ -274,14 +276,13 @@ fn profile_for(key: &JobKey, top: &Workload, ranks: u32, family: Option<&str>) -
         },
     );
     p.metadata.namespace = Some(key.namespace.clone());
-    p.metadata.labels = Some(BTreeMap::from([
-        (LABEL_JOB.to_string(), key.name.clone()),
-        (LABEL_WORKLOAD_KIND.to_string(), top.kind.kind().to_string()),
-    ]));
-    if let Some(family) = family {
-        p.labels_mut()
-            .insert(LABEL_FAMILY.to_string(), family.to_string());
+    let mut labels = BTreeMap::clone(&resolved.labels);
+    labels.insert(LABEL_JOB.to_string(), key.name.clone());
+    labels.insert(LABEL_WORKLOAD_KIND.to_string(), top.kind.kind().to_string());
+    if let Some(family) = resolved.family.as_deref() {
+        labels.insert(LABEL_FAMILY.to_string(), family.to_string());
     }
+    p.metadata.labels = Some(labels);
     p.metadata.owner_references = Some(vec![OwnerReference {
         api_version: top.kind.api_version().into(),
         kind: top.kind.kind().into(),
@@ -298,11 +299,11 @@ fn profile_for(key: &JobKey, top: &Workload, ranks: u32, family: Option<&str>) -
 async fn ensure_profile(
     ctx: &Context,
     wkey: &JobKey,
-    top: &Workload,
-    (ranks, family): (u32, Option<&str>),
+    resolved: &Resolved,
+    ranks: u32,
     job: &Job,
 ) -> Result<()> {
-    let desired = profile_for(wkey, top, ranks, family);
+    let desired = profile_for(wkey, resolved, ranks);
     if cached_profile(ctx, wkey).is_some_and(|p| !profile_outdated(Some(&p), &desired)) {
         return Ok(());
     }
@@ -333,23 +334,58 @@ async fn ensure_profile(
 mod tests {
     use super::*;
 
+    /// A chain resolved to JobSet `train`, whose own metadata was `top`.
+    fn resolved_to(top: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> Resolved {
+        let jobset = Workload {
+            kind: WorkloadKind::JobSet,
+            name: "train".into(),
+            uid: "js-uid".into(),
+        };
+        crate::workload::resolve::resolved(vec![jobset], None, top)
+    }
+
     /// What the admission webhook selects a JobSet's or TrainJob's history
     /// on: the family its top-level object named when it was read.
     #[test]
     fn a_workloads_profile_carries_the_family_its_top_names() {
         let key = JobKey::new("ml", "train");
-        let top = Workload {
-            kind: WorkloadKind::JobSet,
-            name: "train".into(),
-            uid: "js-uid".into(),
-        };
-        let p = profile_for(&key, &top, 2, Some("llama-8b"));
+        let mut meta = k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta::default();
+        let family = memprof_api::family::ANNOTATION_FAMILY;
+        meta.annotations = Some(BTreeMap::from([(family.into(), "llama-8b".into())]));
+        let p = profile_for(&key, &resolved_to(&meta), 2);
         assert_eq!(
             p.labels().get(LABEL_FAMILY).map(String::as_str),
             Some("llama-8b")
         );
         assert_eq!(p.labels()[LABEL_WORKLOAD_KIND], "JobSet");
-        let none = profile_for(&key, &top, 2, None);
+        meta.annotations = None;
+        let none = profile_for(&key, &resolved_to(&meta), 2);
         assert!(!none.labels().contains_key(LABEL_FAMILY));
+    }
+
+    /// `kubectl get mprof -l team=ml` selects a JobSet's profile: it
+    /// carries its top-level object's labels, bounded as a Job's profile
+    /// carries a Job's, and memprof's own labels are memprof's whatever the
+    /// workload claims.
+    #[test]
+    fn a_workloads_profile_carries_its_tops_labels_bounded() {
+        use crate::operator::reconcile::MAX_WORKLOAD_LABELS;
+        let key = JobKey::new("ml", "train");
+        let mut labels: BTreeMap<String, String> = (0..40)
+            .map(|i| (format!("k{i:02}"), "v".to_string()))
+            .collect();
+        labels.insert("app.kubernetes.io/part-of".into(), "llm".into());
+        labels.insert(LABEL_JOB.into(), "forged".into());
+        labels.insert(LABEL_WORKLOAD_KIND.into(), "Job".into());
+        let meta = k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            labels: Some(labels),
+            ..Default::default()
+        };
+        let p = profile_for(&key, &resolved_to(&meta), 2);
+        let got = p.labels();
+        assert_eq!(got["app.kubernetes.io/part-of"], "llm");
+        assert_eq!(got[LABEL_JOB], "train");
+        assert_eq!(got[LABEL_WORKLOAD_KIND], "JobSet");
+        assert_eq!(got.len(), MAX_WORKLOAD_LABELS + 2, "{got:?}");
     }
 }

@@ -12,6 +12,7 @@
 //! tenant's Job, never counted in the JobSet), and the reason is kept for
 //! the profile's conditions.
 
+use crate::operator::reconcile::workload_labels;
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use memprof_api::admission::KeyRing;
@@ -20,6 +21,8 @@ use memprof_api::workload::{
     jobset_identity, WorkloadKind, LABEL_JOBSET_JOB_INDEX, LABEL_JOBSET_REPLICATED_JOB, MAX_CHAIN,
 };
 use memprof_api::workload_mark::{self, Link, LinkError, ANNOTATION_WORKLOAD_MARK};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// One object of a chain: its kind, name and uid.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -79,6 +82,11 @@ pub struct Resolved {
     /// (`memprof_api::family::family_of`: a label value, at most 63 bytes):
     /// its profile's family label, what the admission webhook predicts from.
     pub family: Option<String>,
+    /// The labels `top` carries, as read with it, bounded as every
+    /// workload's profile copies them (`workload_labels`: at most
+    /// `MAX_WORKLOAD_LABELS`): the profile's, so that `-l team=ml` selects
+    /// it. Shared: a JobSet child's membership is cloned on each reconcile.
+    pub labels: Arc<BTreeMap<String, String>>,
 }
 
 /// What the caller read from the API server: the object's metadata, or
@@ -168,7 +176,9 @@ pub fn accept(parent: &Workload, read: Option<ObjectMeta>) -> Result<ObjectMeta,
         })
 }
 
-/// The outcome for `chain` (never empty), whose top's metadata is `top_meta`.
+/// The outcome for `chain` (never empty), whose top's metadata is
+/// `top_meta`: what the profile takes of the top (its family, its labels)
+/// is read from the top alone, never from an object below it.
 pub fn resolved(
     chain: Vec<Workload>,
     unproven: Option<Unproven>,
@@ -180,11 +190,13 @@ pub fn resolved(
         .clone();
     let annotations = top_meta.annotations.as_ref();
     let family = annotations.and_then(|a| family_of(a)).map(str::to_string);
+    let labels = top_meta.labels.as_ref().map(workload_labels);
     Resolved {
         top,
         chain,
         unproven,
         family,
+        labels: Arc::new(labels.unwrap_or_default()),
     }
 }
 

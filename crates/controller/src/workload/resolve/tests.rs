@@ -398,3 +398,47 @@ fn the_family_is_the_top_level_objects_own() {
     assert_eq!(r.top.kind, WorkloadKind::JobSet);
     assert_eq!(r.family.as_deref(), Some("jobset-says"));
 }
+
+/// The labels a workload's profile copies are the top-level object's own,
+/// bounded as a Job's profile copies a Job's: a TrainJob's, never its
+/// JobSet's or a child Job's; the JobSet's where it is the top.
+#[test]
+fn the_labels_are_the_top_level_objects_own_bounded() {
+    use crate::operator::reconcile::MAX_WORKLOAD_LABELS;
+    let key = Key::generate();
+    let keys = KeyRing::new(key.clone());
+    let own = [("team", "ml"), ("memprof.dev/job", "forged")];
+    let tj = meta("llm", "tj-uid", None, &own);
+    let to_tj = Some(owner(WorkloadKind::TrainJob, "llm", "tj-uid"));
+    let js = meta("llm", "js-uid", to_tj, &[("team", "jobset-says")]);
+    let js = marked(&key, WorkloadKind::JobSet, js);
+    let mut child_labels = CHILD.to_vec();
+    child_labels.push(("team", "child-says"));
+    let to_js = Some(owner(WorkloadKind::JobSet, "llm", "js-uid"));
+    let child = meta("llm-workers-1", "job-uid", to_js, &child_labels);
+    let j = marked(&key, WorkloadKind::Job, child);
+    let mut objects = vec![
+        (WorkloadKind::TrainJob, tj),
+        (WorkloadKind::JobSet, js),
+        (WorkloadKind::Job, j),
+    ];
+    let start = job("llm-workers-1", "job-uid");
+    let resolve = |objects: &[(WorkloadKind, ObjectMeta)]| {
+        let r = Cluster::with(objects.to_vec()).resolve(start.clone(), &keys);
+        r.0.unwrap()
+    };
+    let team = |v: &str| BTreeMap::from([("team".to_string(), v.to_string())]);
+    let r = resolve(&objects);
+    assert_eq!(r.top.kind, WorkloadKind::TrainJob);
+    assert_eq!(*r.labels, team("ml"), "memprof's own key is not copied");
+    // A TrainJob of many labels: as many as a Job's profile copies.
+    let many: Vec<(String, String)> = (0..40).map(|i| (format!("k{i:02}"), "v".into())).collect();
+    let many: Vec<(&str, &str)> = many.iter().map(|(k, v)| (&**k, &**v)).collect();
+    objects[0].1.labels = meta("llm", "tj-uid", None, &many).labels;
+    assert_eq!(resolve(&objects).labels.len(), MAX_WORKLOAD_LABELS);
+    // Under a TrainJob that is gone, the JobSet is the top: its labels.
+    objects.remove(0);
+    let r = resolve(&objects);
+    assert_eq!(r.top.kind, WorkloadKind::JobSet);
+    assert_eq!(*r.labels, team("jobset-says"));
+}
