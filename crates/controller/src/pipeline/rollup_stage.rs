@@ -186,15 +186,25 @@ async fn ensure_profile(ctx: &Context, f: &Fetched, job: &Job) -> Result<Arc<Mem
     let profile = api
         .patch(name, &params, &Patch::Apply(&desired))
         .await
-        .map(Arc::new)
         .map_err(|source| Error::ApplyProfile {
             namespace: ns.clone(),
             name: name.clone(),
             source,
         })?;
     ctx.writer.observe(&f.key, &profile);
+    let profile = kept(profile);
     ctx.with_state(&f.key, |s| s.profile = Some(profile.clone()));
     Ok(profile)
+}
+
+/// What the Job's state keeps of the operator's own apply response: what
+/// the watch cache keeps of a profile (`slim::profile`), no more. The
+/// response carries whatever anyone else wrote on the profile (labels,
+/// annotations, their managedFields entries), unbounded; it is kept per
+/// profiled Job until the next apply, and compared as the cached copy is.
+fn kept(mut applied: MemoryProfile) -> Arc<MemoryProfile> {
+    super::slim::profile(&mut applied);
+    Arc::new(applied)
 }
 
 fn rv(p: &MemoryProfile) -> u64 {
@@ -327,5 +337,79 @@ async fn delete_profile(ctx: &Context, profile: &MemoryProfile) -> Result<()> {
             name,
             source,
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::operator::reconcile::profile_for_job;
+    use serde_json::json;
+
+    fn size(p: &MemoryProfile) -> usize {
+        serde_json::to_vec(p).unwrap().len()
+    }
+
+    /// ~250 KiB of metadata others wrote on the profile: `n` keys of
+    /// 60-byte values under `prefix`.
+    fn foreign(prefix: &str, n: usize) -> serde_json::Map<String, serde_json::Value> {
+        (0..n)
+            .map(|i| (format!("{prefix}k{i}"), json!("x".repeat(60))))
+            .collect()
+    }
+
+    /// `desired` as the API server answers the operator's apply once others
+    /// labelled and annotated the profile at length: their labels and
+    /// annotations, and the managedFields entries naming them.
+    fn answered(desired: &MemoryProfile) -> MemoryProfile {
+        let owned = |keys: Vec<&String>| -> serde_json::Map<String, serde_json::Value> {
+            keys.into_iter()
+                .map(|k| (format!("f:{k}"), json!({})))
+                .collect()
+        };
+        let (labels, notes) = (
+            foreign("other.example/", 2000),
+            foreign("note.example/", 2000),
+        );
+        let ours = owned(desired.labels().keys().collect());
+        let mut v = serde_json::to_value(desired).unwrap();
+        v["metadata"]["uid"] = json!("profile-uid");
+        v["metadata"]["resourceVersion"] = json!("42");
+        v["metadata"]["managedFields"] = json!([
+            {"manager": OPERATOR_MANAGER, "operation": "Apply", "apiVersion": "memprof.dev/v1alpha1",
+             "fieldsType": "FieldsV1", "fieldsV1": {"f:metadata": {"f:labels": ours}}},
+            {"manager": "kubectl-label", "operation": "Update", "apiVersion": "memprof.dev/v1alpha1",
+             "fieldsType": "FieldsV1", "fieldsV1": {"f:metadata": {
+                 "f:labels": owned(labels.keys().collect()),
+                 "f:annotations": owned(notes.keys().collect())}}},
+        ]);
+        for (k, val) in labels {
+            v["metadata"]["labels"][k] = val;
+        }
+        v["metadata"]["annotations"] = serde_json::Value::Object(notes);
+        serde_json::from_value(v).unwrap()
+    }
+
+    /// The apply response the Job's state keeps is bounded as the cache's
+    /// copy is, whatever others wrote on the profile, and still says what
+    /// the next reconcile compares: our labels, its uid and version.
+    #[test]
+    fn the_kept_apply_response_is_bounded_whatever_others_wrote_on_the_profile() {
+        let job: Job = serde_json::from_value(json!({"metadata": {"name": "train",
+            "labels": {"team": "ml"}}}))
+        .unwrap();
+        let desired = profile_for_job(&job, "ml", "train", "job-uid");
+        let response = answered(&desired);
+        assert!(size(&response) > 250_000, "{} bytes", size(&response));
+        let kept = kept(response);
+        assert!(size(&kept) < 2 * 1024, "{} bytes kept", size(&kept));
+        assert_eq!(
+            kept.labels(),
+            desired.labels(),
+            "only what the operator applied"
+        );
+        assert!(!profile_outdated(Some(&kept), &desired));
+        assert_eq!(kept.resource_version().as_deref(), Some("42"));
+        assert_eq!(kept.uid().as_deref(), Some("profile-uid"));
     }
 }
