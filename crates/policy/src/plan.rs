@@ -380,7 +380,7 @@ pub use accum::AccumulationChange;
 mod fit;
 mod gpu_request;
 use fit::scale_batch;
-pub use gpu_request::{with_gpu_request, ANNOTATION_GPU_MEMORY_REQUEST};
+pub use gpu_request::{asked_gpu_request, with_gpu_request, ANNOTATION_GPU_MEMORY_REQUEST};
 
 #[cfg(test)]
 mod tests;

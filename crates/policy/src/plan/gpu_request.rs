@@ -22,6 +22,18 @@ const GPU_LIMITS: [&str; 3] = [
     "nvidia.com/gpumem",
 ];
 
+/// The scheduler the first `scaleBatch` action of `policy` asks a GPU
+/// memory request for, if any: the one reading of the option, for a Job's
+/// plan and a workload's alike.
+pub fn asked_gpu_request(policy: &RemediationPolicy) -> Option<GpuScheduler> {
+    policy
+        .spec
+        .actions
+        .iter()
+        .filter_map(|a| a.scale_batch.as_ref())
+        .find_map(|s| s.gpu_memory_request)
+}
+
 /// Applies the first `scaleBatch` action's `gpuMemoryRequest` of `policy`
 /// to `plan`'s recreated Job, from `recommendation`. No recreation, or no
 /// action asking for it: nothing changes.
@@ -30,13 +42,7 @@ pub fn with_gpu_request(
     policy: &RemediationPolicy,
     recommendation: &[RoleRecommendation],
 ) {
-    let asked = policy
-        .spec
-        .actions
-        .iter()
-        .filter_map(|a| a.scale_batch.as_ref())
-        .find_map(|s| s.gpu_memory_request);
-    let Some(scheduler) = asked else {
+    let Some(scheduler) = asked_gpu_request(policy) else {
         return;
     };
     let manifest = plan.steps.iter_mut().find_map(|s| match s {

@@ -14,7 +14,9 @@
 use super::kind_of;
 use memprof_api::workload::WorkloadKind;
 use memprof_api::{RemediationPolicy, RoleRecommendation};
-use memprof_policy::plan::{with_gpu_request, Plan, Step, ANNOTATION_GPU_MEMORY_REQUEST};
+use memprof_policy::plan::{
+    asked_gpu_request, with_gpu_request, Plan, Step, ANNOTATION_GPU_MEMORY_REQUEST,
+};
 use serde_json::{json, Value};
 
 /// Applies `policy`'s `gpuMemoryRequest` (if it asks for one) to the
@@ -24,12 +26,7 @@ pub fn with_gpu_requests(
     policy: &RemediationPolicy,
     recommendation: &[RoleRecommendation],
 ) {
-    let asked = policy
-        .spec
-        .actions
-        .iter()
-        .filter_map(|a| a.scale_batch.as_ref())
-        .any(|s| s.gpu_memory_request.is_some());
+    let asked = asked_gpu_request(policy).is_some();
     let kind = kind_of(plan);
     if !asked || kind == WorkloadKind::Job {
         return;
