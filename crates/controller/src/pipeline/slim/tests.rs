@@ -331,6 +331,20 @@ fn a_pytorchjob_keeps_the_labels_its_profile_copies_and_no_more() {
     assert_eq!(*pt.labels(), want);
 }
 
+/// A PyTorchJob's pod whose creator piled labels, annotations and a huge
+/// argument list on it.
+fn hostile_pytorch_pod() -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": "train-worker-0", "namespace": "ml",
+                     "labels": hostile_map("team.example/"),
+                     "annotations": hostile_map("note.example/"),
+                     "ownerReferences": [{"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+                                          "name": "train", "uid": "u", "controller": true}]},
+        "spec": {"containers": [{"name": "pytorch", "image": "i", "args": ["x".repeat(100_000)]}]},
+    }))
+    .unwrap()
+}
+
 #[test]
 fn a_hostile_pytorchjob_and_its_pod_are_cached_in_a_bounded_size_with_what_counts_them() {
     let template = json!({"metadata": {"labels": hostile_map("t.example/")},
@@ -362,15 +376,7 @@ fn a_hostile_pytorchjob_and_its_pod_are_cached_in_a_bounded_size_with_what_count
     let worker = &pt.data["spec"]["pytorchReplicaSpecs"]["Worker"];
     assert_eq!(worker["template"]["spec"]["serviceAccountName"], "trainer");
 
-    let mut p: Pod = serde_json::from_value(json!({
-        "metadata": {"name": "train-worker-0", "namespace": "ml",
-                     "labels": hostile_map("team.example/"),
-                     "annotations": hostile_map("note.example/"),
-                     "ownerReferences": [{"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
-                                          "name": "train", "uid": "u", "controller": true}]},
-        "spec": {"containers": [{"name": "pytorch", "image": "i", "args": ["x".repeat(100_000)]}]},
-    }))
-    .unwrap();
+    let mut p = hostile_pytorch_pod();
     let labels = p.labels_mut();
     labels.insert(
         memprof_api::workload::LABEL_PYTORCH_REPLICA_TYPE.into(),
