@@ -27,6 +27,7 @@ _CURRENT = (
     ("requestedBytes", "requested_bytes.all.current"),
     ("peakAllocatedBytes", "allocated_bytes.all.peak"),
     ("peakReservedBytes", "reserved_bytes.all.peak"),
+    ("peakInactiveSplitBytes", "inactive_split_bytes.all.peak"),
     ("segments", "segment.all.current"),
     ("allocRetries", "num_alloc_retries"),
     ("numOoms", "num_ooms"),
@@ -159,19 +160,21 @@ class PeakCarry:
     def __init__(self):
         self.allocated = {}
         self.reserved = {}
+        self.split = {}
         self.held = 0
 
-    def carry(self, index, allocated, reserved):
+    def carry(self, index, allocated, reserved, split=None):
         self.allocated[index] = max(self.allocated.get(index, 0), int(allocated))
         self.reserved[index] = max(self.reserved.get(index, 0), int(reserved))
+        if split is not None:
+            self.split[index] = max(self.split.get(index, 0), int(split))
 
     def merge_into(self, index, entry):
-        allocated = self.allocated.pop(index, None)
-        reserved = self.reserved.pop(index, None)
-        if allocated is not None:
-            entry["peakAllocatedBytes"] = max(entry.get("peakAllocatedBytes", 0), allocated)
-        if reserved is not None:
-            entry["peakReservedBytes"] = max(entry.get("peakReservedBytes", 0), reserved)
+        for field, kept in (("peakAllocatedBytes", self.allocated), ("peakReservedBytes", self.reserved),
+                            ("peakInactiveSplitBytes", self.split)):
+            peak = kept.pop(index, None)
+            if peak is not None:
+                entry[field] = max(entry.get(field, 0), peak)
 
 
 PEAKS = PeakCarry()
@@ -319,8 +322,9 @@ def peak_and_reset(torch, index, window=None):
     stats = fast.stats(index)
     allocated = stats["allocated_bytes"]["all"]
     reserved = stats["reserved_bytes"]["all"]
+    split = stats.get("inactive_split_bytes", {}).get("all", {}).get("peak")
     peak = int(allocated["peak"])
-    PEAKS.carry(index, peak, reserved["peak"])
+    PEAKS.carry(index, peak, reserved["peak"], split)
     _hand_to_windows(index, peak)
     fast.reset(index)
     if window is not None:
@@ -351,6 +355,9 @@ def _make_consistent(entry):
         entry["peakAllocatedBytes"] = max(entry["peakAllocatedBytes"], entry["allocatedBytes"])
     if "peakReservedBytes" in entry:
         entry["peakReservedBytes"] = max(entry["peakReservedBytes"], reserved)
+    if "peakInactiveSplitBytes" in entry:
+        split = max(entry["peakInactiveSplitBytes"], entry.get("inactiveSplitBytes", 0))
+        entry["peakInactiveSplitBytes"] = min(split, entry.get("peakReservedBytes", split))
     total = entry.get("totalBytes")
     if total is not None:
         entry["freeBytes"] = min(entry["freeBytes"], total)

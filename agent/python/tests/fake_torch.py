@@ -33,6 +33,8 @@ class FakeTorch:
         self.reserved = 4 * GiB
         self.peak_allocated = 5 * GiB
         self.peak_reserved = 0  # the reserved peak is at least the current reserved
+        self.split = 64 << 20  # inactive split bytes now
+        self.peak_split = 0  # the split peak is at least the current split
         self.total = 80 * GiB
         self.num_ooms = 0
         self.retries = 0
@@ -78,7 +80,8 @@ class FakeTorch:
             "allocated_bytes.all.current": self.allocated,
             "reserved_bytes.all.current": self.reserved,
             "active_bytes.all.current": self.allocated,
-            "inactive_split_bytes.all.current": 64 << 20,
+            "inactive_split_bytes.all.current": self.split,
+            "inactive_split_bytes.all.peak": max(self.peak_split, self.split),
             "requested_bytes.all.current": self.allocated - 1000,
             "allocated_bytes.all.peak": max(self.peak_allocated, self.allocated),
             "reserved_bytes.all.peak": max(self.peak_reserved, self.reserved),
@@ -110,6 +113,7 @@ class FakeTorch:
         self.log("reset_peak_memory_stats")
         self.peak_allocated = self.allocated
         self.peak_reserved = self.reserved
+        self.peak_split = self.split
 
     def memory_stats_as_nested_dict(self, device=None):
         self.log("memory_stats_as_nested_dict")
@@ -126,6 +130,7 @@ class FakeTorch:
         self.log("_cuda_resetPeakMemoryStats")
         self.peak_allocated = self.allocated
         self.peak_reserved = self.reserved
+        self.peak_split = self.split
 
     def _nested(self):
         if self.raise_in_stats is not None:
@@ -133,6 +138,7 @@ class FakeTorch:
         return {
             "allocated_bytes": {"all": {"current": self.allocated, "peak": max(self.peak_allocated, self.allocated)}},
             "reserved_bytes": {"all": {"current": self.reserved, "peak": max(self.peak_reserved, self.reserved)}},
+            "inactive_split_bytes": {"all": {"current": self.split, "peak": max(self.peak_split, self.split)}},
         }
 
     def alloc(self, n):

@@ -204,6 +204,8 @@ pub struct AgentDevice {
     leak: FlagGate,
     trend: fragment::Trend,
     peak_allocated: u64,
+    /// Highest inactive split bytes any push told (`None`: no push told it).
+    peak_inactive_split: Option<u64>,
     last: DeviceStats,
 }
 
@@ -251,6 +253,7 @@ impl AgentDevice {
             leak: FlagGate::default(),
             trend: fragment::Trend::default(),
             peak_allocated: 0,
+            peak_inactive_split: None,
             last: DeviceStats::default(),
         }
     }
@@ -271,6 +274,9 @@ impl AgentDevice {
         }
         let peak = d.peak_allocated_bytes.unwrap_or(d.allocated_bytes);
         self.peak_allocated = self.peak_allocated.max(peak);
+        if let Some(split) = d.peak_inactive_split_bytes {
+            self.peak_inactive_split = Some(self.peak_inactive_split.unwrap_or(0).max(split));
+        }
         self.note_segment(t, d);
         self.recent.push(Point {
             t,

@@ -2,11 +2,18 @@
 //! should request (`status.recommendation`), from what its trainers'
 //! allocators measured, and when that value is worth writing again.
 //!
-//! The peak is the trainer's own: its caching allocator's reserved bytes
-//! (the highest of the reserved now and the reserved the agent's pushes
-//! showed over the run, never below its peak allocated), never NVML's used
-//! memory, which counts every process on the GPU, a neighbour's included. A
-//! rank without the agent's numbers has no measured peak and adds none.
+//! The peak is the trainer's own need, never NVML's used memory, which
+//! counts every process on the GPU, a neighbour's included. Two upper
+//! bounds of it come from the caching allocator, and the smaller is taken:
+//! its reserved bytes (the highest of the reserved now and the reserved the
+//! agent's pushes showed over the run, never below its peak allocated), and
+//! its peak allocated plus its peak of inactive split blocks. A capped
+//! allocator frees every cached segment that holds no live block and
+//! retries before it fails, so what it cannot give back is the live blocks
+//! and the free pieces split off beside them: a cache the trainer holds
+//! beyond that (a CNN's, 73 % over its allocated peak on the GPU) is not
+//! needed (docs/recommend.md, measured). A rank without the agent's numbers
+//! has no measured peak and adds none.
 //! To it come the memory outside the allocator (the CUDA context, NCCL's
 //! buffers for a Job of several ranks; measured on the GPU, see
 //! `bench/estimate/calibration.json`) and a margin for what the run did not
@@ -97,8 +104,13 @@ pub fn required_phases(value: Option<&str>) -> Result<Phases, PhasesError> {
 /// What one rank's report shows for the recommendation.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct RankEvidence {
-    /// The trainer's own peak (reserved, at least peak allocated), when its agent reports.
+    /// The trainer's own peak need, when its agent reports: the smaller of
+    /// the reserved peak (at least peak allocated) and, when the agent
+    /// tells it, peak allocated + peak inactive split.
     pub peak: Option<u64>,
+    /// The peak was bounded by the allocated and split peaks (the agent
+    /// told the split peak), not by the reserved peak alone.
+    pub held: bool,
     /// Training step reached.
     pub steps: u64,
     /// Growth of the highest reserved over the later half of the samples.
@@ -132,9 +144,12 @@ pub fn evidence(spec: &MemoryReportSpec) -> RankEvidence {
     let trend_max = |points: &[memprof_api::FragmentationPoint]| {
         points.iter().map(|p| p.reserved_bytes).max().unwrap_or(0)
     };
-    let mut peak = trend_max(trend)
-        .max(a.reserved_bytes)
-        .max(a.peak_allocated_bytes.unwrap_or(a.allocated_bytes));
+    let allocated = a.peak_allocated_bytes.unwrap_or(a.allocated_bytes);
+    let reserved = trend_max(trend).max(a.reserved_bytes).max(allocated);
+    let held = a
+        .peak_inactive_split_bytes
+        .map(|split| allocated.saturating_add(split));
+    let mut peak = held.map_or(reserved, |h| h.min(reserved));
     if let Some(card) = spec.gpus.iter().map(|g| g.total_bytes).max() {
         peak = peak.min(card);
     }
@@ -152,6 +167,7 @@ pub fn evidence(spec: &MemoryReportSpec) -> RankEvidence {
     let announced = a.events.iter().any(|e| e.name == CHECKPOINT_EVENT);
     RankEvidence {
         peak: (peak > 0).then_some(peak),
+        held: held.is_some(),
         steps: a.step.unwrap_or(0),
         late_growth,
         samples: trend.len() as u32,
@@ -213,6 +229,8 @@ fn basis(evs: &[&RankEvidence], phases: Phases) -> RecommendationBasis {
     RecommendationBasis {
         source: if measured.is_empty() {
             "none"
+        } else if measured.iter().all(|e| e.held) {
+            "allocatorHeld"
         } else {
             "allocatorReserved"
         }
@@ -268,7 +286,7 @@ fn for_role(role: &str, evs: &[&RankEvidence], job: JobFacts) -> RoleRecommendat
         .then(|| round_up(top.saturating_add(context).saturating_add(margin)));
     let reason = match request {
         Some(_) => format!(
-            "peak {} + context {} + margin {} (spread across ranks {}, late growth {}), rounded up",
+            "peak need {} + context {} + margin {} (spread across ranks {}, late growth {}), rounded up",
             memprof_api::format_bytes(top),
             memprof_api::format_bytes(context),
             memprof_api::format_bytes(margin),

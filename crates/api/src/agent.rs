@@ -306,6 +306,16 @@ fn validate_device(d: &DeviceStats) -> Result<(), Error> {
             "reservedBytes exceeds peakReservedBytes",
         ));
     }
+    if let Some(p) = d.peak_inactive_split_bytes {
+        pairs.push((
+            d.inactive_split_bytes.unwrap_or(0),
+            p,
+            "inactiveSplitBytes exceeds peakInactiveSplitBytes",
+        ));
+        if let Some(r) = d.peak_reserved_bytes {
+            pairs.push((p, r, "peakInactiveSplitBytes exceeds peakReservedBytes"));
+        }
+    }
     if let Some(t) = d.total_bytes {
         if t == 0 {
             return broken("totalBytes is 0".into());

@@ -260,6 +260,7 @@ impl Process {
             phase: self.phase.clone(),
             device: Some(dev.index),
             peak_allocated_bytes: Some(dev.peak_allocated),
+            peak_inactive_split_bytes: dev.peak_inactive_split,
             limit_bytes: limit,
             growth: a.growth,
             allocated_growth_bytes_per_second: a.allocated_growth.filter(|g| g.is_finite()),

@@ -628,3 +628,24 @@ fn memory_that_rises_while_no_step_runs_is_setup_not_a_leak() {
         "a leak while steps run"
     );
 }
+
+/// The report's split peak is the highest any push told (each push's peak
+/// covers its own interval), and absent while no push told one (an agent
+/// that does not read it), never a made-up 0.
+#[test]
+fn the_reported_split_peak_is_the_highest_any_push_told() {
+    let th = Thresholds::default();
+    let mut s = AgentState::new(&th);
+    s.observe(&push(0.0, Some(1), None, training(0.0)));
+    assert_eq!(s.stats().unwrap().peak_inactive_split_bytes, None);
+    for (i, split) in [3_000_000_000u64, 1_000_000_000].into_iter().enumerate() {
+        let mut p = push(1.0 + i as f64, Some(2 + i as u64), None, training(0.0));
+        p.devices[0].peak_inactive_split_bytes = Some(split);
+        s.observe(&p);
+    }
+    s.observe(&push(4.0, Some(5), None, training(0.0)));
+    assert_eq!(
+        s.stats().unwrap().peak_inactive_split_bytes,
+        Some(3_000_000_000)
+    );
+}

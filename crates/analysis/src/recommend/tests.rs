@@ -371,3 +371,93 @@ fn the_gpu_checks_requests_are_what_recommend_gives() {
         assert_eq!(r.margin_bytes, n(&row["marginBytes"]), "{}", row["name"]);
     }
 }
+
+/// A cache the trainer holds beyond its live segments is not needed: a
+/// capped allocator gives it back and retries. The need is the smaller of
+/// the reserved peak and the allocated + inactive split peaks.
+#[test]
+fn a_cache_beyond_the_live_segments_is_not_needed() {
+    let with_split = |split: Option<u64>| {
+        let mut spec = seen(20 * G);
+        let a = spec.allocator.as_mut().unwrap();
+        a.peak_allocated_bytes = Some(10 * G);
+        a.peak_inactive_split_bytes = split;
+        one_role(&[spec], 1)
+    };
+    let cnn = with_split(Some(G));
+    assert_eq!(cnn.peak_bytes, Some(11 * G), "allocated 10 + split 1");
+    assert_eq!(cnn.basis.source, "allocatorHeld");
+    let old_agent = with_split(None);
+    assert_eq!(old_agent.peak_bytes, Some(20 * G), "no split peak told");
+    assert_eq!(old_agent.basis.source, "allocatorReserved");
+    let lm = with_split(Some(12 * G));
+    assert_eq!(
+        lm.peak_bytes,
+        Some(20 * G),
+        "the reserved peak is the smaller"
+    );
+    assert_eq!(lm.basis.source, "allocatorHeld");
+    assert!(cnn.request_bytes.unwrap() < old_agent.request_bytes.unwrap());
+}
+
+/// A role is `allocatorHeld` only when every measured rank told its split
+/// peak: one rank judged by its reserved peak alone says so.
+#[test]
+fn one_rank_without_a_split_peak_makes_the_role_reserved_based() {
+    let mut told = seen(20 * G);
+    told.allocator.as_mut().unwrap().peak_inactive_split_bytes = Some(G);
+    let r = one_role(&[told.clone(), seen(20 * G)], 2);
+    assert_eq!(r.basis.source, "allocatorReserved");
+    assert_eq!(one_role(&[told], 1).basis.source, "allocatorHeld");
+}
+
+/// The GPU check of the need (bench/gpu/recommend_need.py,
+/// docs/gpu/recommend-need-h200.json) computed each `least-of` request with
+/// a copy of this formula in Python: the same evidence, given to
+/// `recommend`, gives the same request, so the runs capped there were
+/// capped at what the operator recommends.
+#[test]
+fn the_need_checks_requests_are_what_recommend_gives() {
+    let doc: serde_json::Value = serde_json::from_str(include_str!(
+        "../../../../docs/gpu/recommend-need-h200.json"
+    ))
+    .unwrap();
+    let rows = doc["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 14);
+    let n = |v: &serde_json::Value| v.as_u64().unwrap();
+    for row in rows {
+        let m = &row["measured"];
+        let trend = m["reservedAfterStep"].as_array().unwrap();
+        let mut spec = report(n(&m["reserved"]), trend.len() as u64, &["eval", "save"]);
+        let a = spec.allocator.as_mut().unwrap();
+        a.peak_allocated_bytes = Some(n(&m["allocated"]));
+        a.peak_inactive_split_bytes = Some(n(&m["inactiveSplitPeak"]));
+        a.fragmentation_trend = trend
+            .iter()
+            .map(|r| FragmentationPoint {
+                reserved_bytes: n(r),
+                ..Default::default()
+            })
+            .collect();
+        spec.gpus[0].total_bytes = n(&m["deviceTotal"]);
+        let r = one_role(&[spec], 1);
+        let checked = &row["least-of"];
+        assert_eq!(
+            r.request_bytes,
+            Some(n(&checked["requestBytes"])),
+            "{}",
+            row["name"]
+        );
+        assert_eq!(
+            r.peak_bytes,
+            Some(n(&checked["needBytes"])),
+            "{}",
+            row["name"]
+        );
+        assert_eq!(
+            checked["at"], 0,
+            "{}: capped at the request, it completed",
+            row["name"]
+        );
+    }
+}

@@ -137,6 +137,11 @@ pub struct DeviceStats {
     /// Highest reserved bytes since the previous push.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peak_reserved_bytes: Option<u64>,
+    /// Highest bytes in inactive split blocks since the previous push
+    /// (`inactive_split_bytes.all.peak`, then reset): with the allocated
+    /// peak, an upper bound of what a capped allocator cannot give back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_inactive_split_bytes: Option<u64>,
     /// Segments the allocator holds (`segment.all.current`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub segments: Option<u64>,

@@ -66,7 +66,18 @@ fn the_old_flat_body_and_other_versions_are_refused_with_the_reason() {
 #[test]
 fn allocator_invariants_are_checked() {
     type BreakIt = fn(&mut DeviceStats);
-    let cases: [(BreakIt, &str); 6] = [
+    let cases: [(BreakIt, &str); 8] = [
+        (
+            |d| d.peak_inactive_split_bytes = Some(G / 2),
+            "inactiveSplitBytes exceeds peakInactiveSplitBytes",
+        ),
+        (
+            |d| {
+                d.peak_reserved_bytes = Some(40 * G);
+                d.peak_inactive_split_bytes = Some(41 * G);
+            },
+            "peakInactiveSplitBytes exceeds peakReservedBytes",
+        ),
         (
             |d| d.allocated_bytes = 41 * G,
             "allocatedBytes exceeds reservedBytes",

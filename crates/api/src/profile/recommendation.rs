@@ -25,8 +25,9 @@ pub struct RoleRecommendation {
     /// Absent until the peak phases were seen (`basis`, `reason`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request_bytes: Option<u64>,
-    /// The highest peak of any rank's own trainer process: its caching
-    /// allocator's reserved bytes (at least its peak allocated), bytes.
+    /// The highest peak need of any rank's own trainer process, bytes: the
+    /// smaller of its caching allocator's reserved peak (at least its peak
+    /// allocated) and its allocated + inactive split peaks (`basis.source`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peak_bytes: Option<u64>,
     /// Memory outside the allocator: the CUDA context (and NCCL's buffers
@@ -52,7 +53,10 @@ pub struct RoleRecommendation {
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct RecommendationBasis {
-    /// `allocatorReserved` (the agent's allocator numbers) or `none`.
+    /// `allocatorHeld` (every measured rank's need is the smaller of its
+    /// reserved peak and its allocated + inactive split peaks),
+    /// `allocatorReserved` (some rank's agent tells no split peak: its
+    /// reserved peak) or `none`.
     #[schemars(length(max = 32))]
     pub source: String,
     /// Ranks of the role whose report counts.

@@ -48,6 +48,11 @@ pub struct AllocatorStats {
     /// Highest allocated bytes since the sidecar started (from the agent's per-interval peaks).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peak_allocated_bytes: Option<u64>,
+    /// Highest bytes in inactive split blocks since the sidecar started
+    /// (from the agent's per-interval peaks); with `peakAllocatedBytes`, an
+    /// upper bound of what a capped allocator could not give back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_inactive_split_bytes: Option<u64>,
     /// What allocated memory can grow to before a CUDA OOM: free device memory
     /// plus the allocator's reserved bytes (its cache is reclaimable), bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
