@@ -461,3 +461,40 @@ fn the_need_checks_requests_are_what_recommend_gives() {
         );
     }
 }
+
+/// Through the real parts (bench/gpu/recommend_through.py,
+/// docs/gpu/recommend-through-h200/): each workload trained with the agent
+/// pushing to a real `memprof-sidecar`, whose final report is kept. The
+/// request the script capped at (its copy of this formula, on the report)
+/// is what `recommend` gives for that report, and the run capped there
+/// completed.
+#[test]
+fn the_reports_requests_are_what_recommend_gives() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../docs/gpu/recommend-through-h200");
+    let read = |name: &str| std::fs::read_to_string(dir.join(name)).unwrap();
+    let doc: serde_json::Value = serde_json::from_str(&read("through.json")).unwrap();
+    let rows = doc["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 10);
+    for row in rows {
+        let name = row["name"].as_str().unwrap();
+        let spec: MemoryReportSpec =
+            serde_json::from_str(&read(&format!("{name}.report.json"))).unwrap();
+        assert!(
+            spec.allocator
+                .as_ref()
+                .unwrap()
+                .peak_inactive_split_bytes
+                .is_some(),
+            "{name}: the agent pushed its split peak through the sidecar"
+        );
+        let facts = JobFacts {
+            ranks: 1,
+            phases: required_phases(Some("none")).unwrap(),
+        };
+        let r = recommend(&[("worker".to_string(), evidence(&spec))], facts).remove(0);
+        assert_eq!(r.basis.source, "allocatorHeld", "{name}");
+        assert_eq!(r.request_bytes, row["requestBytes"].as_u64(), "{name}");
+        assert_eq!(row["at"], 0, "{name}: capped at the request, it completed");
+    }
+}
