@@ -276,63 +276,63 @@ fn validate_device(d: &DeviceStats) -> Result<(), Error> {
     bound_opt(|| format!("devices[{i}].uuid"), &d.uuid, MAX_UUID)?;
     bound_opt(|| format!("devices[{i}].name"), &d.name, MAX_NAME)?;
     let broken = |why: String| Err(Error::Inconsistent { index: i, why });
-    // Each pair: (smaller, larger, what the invariant says).
-    let mut pairs: Vec<(u64, u64, &str)> = vec![(
-        d.allocated_bytes,
-        d.reserved_bytes,
-        "allocatedBytes exceeds reservedBytes",
-    )];
-    if let Some(a) = d.active_bytes {
-        pairs.push((a, d.reserved_bytes, "activeBytes exceeds reservedBytes"));
+    match (d.total_bytes, d.free_bytes) {
+        (Some(0), _) => return broken("totalBytes is 0".into()),
+        (None, Some(_)) => return broken("freeBytes without totalBytes".into()),
+        _ => {}
     }
-    if let Some(s) = d.inactive_split_bytes {
-        pairs.push((
-            s,
-            d.reserved_bytes,
-            "inactiveSplitBytes exceeds reservedBytes",
-        ));
-    }
-    if let Some(p) = d.peak_allocated_bytes {
-        pairs.push((
-            d.allocated_bytes,
-            p,
-            "allocatedBytes exceeds peakAllocatedBytes",
-        ));
-    }
-    if let Some(p) = d.peak_reserved_bytes {
-        pairs.push((
-            d.reserved_bytes,
-            p,
-            "reservedBytes exceeds peakReservedBytes",
-        ));
-    }
-    if let Some(p) = d.peak_inactive_split_bytes {
-        pairs.push((
-            d.inactive_split_bytes.unwrap_or(0),
-            p,
-            "inactiveSplitBytes exceeds peakInactiveSplitBytes",
-        ));
-        if let Some(r) = d.peak_reserved_bytes {
-            pairs.push((p, r, "peakInactiveSplitBytes exceeds peakReservedBytes"));
-        }
-    }
-    if let Some(t) = d.total_bytes {
-        if t == 0 {
-            return broken("totalBytes is 0".into());
-        }
-        pairs.push((d.reserved_bytes, t, "reservedBytes exceeds totalBytes"));
-        if let Some(f) = d.free_bytes {
-            pairs.push((f, t, "freeBytes exceeds totalBytes"));
-        }
-    } else if d.free_bytes.is_some() {
-        return broken("freeBytes without totalBytes".into());
-    }
-    for (small, large, why) in pairs {
-        if small > large {
-            return broken(format!("{why} ({small} > {large})"));
+    for (small, large, why) in ordered_pairs(d) {
+        if let (Some(small), Some(large)) = (small, large) {
+            if small > large {
+                return broken(format!("{why} ({small} > {large})"));
+            }
         }
     }
     Ok(())
+}
+
+/// The device's numbers that must be in order: (smaller, larger, what the
+/// invariant says); a pair with a number the agent did not send is skipped.
+fn ordered_pairs(d: &DeviceStats) -> [(Option<u64>, Option<u64>, &'static str); 9] {
+    let (allocated, reserved) = (Some(d.allocated_bytes), Some(d.reserved_bytes));
+    let split_now = d
+        .peak_inactive_split_bytes
+        .map(|_| d.inactive_split_bytes.unwrap_or(0));
+    [
+        (allocated, reserved, "allocatedBytes exceeds reservedBytes"),
+        (
+            d.active_bytes,
+            reserved,
+            "activeBytes exceeds reservedBytes",
+        ),
+        (
+            d.inactive_split_bytes,
+            reserved,
+            "inactiveSplitBytes exceeds reservedBytes",
+        ),
+        (
+            allocated,
+            d.peak_allocated_bytes,
+            "allocatedBytes exceeds peakAllocatedBytes",
+        ),
+        (
+            reserved,
+            d.peak_reserved_bytes,
+            "reservedBytes exceeds peakReservedBytes",
+        ),
+        (
+            split_now,
+            d.peak_inactive_split_bytes,
+            "inactiveSplitBytes exceeds peakInactiveSplitBytes",
+        ),
+        (
+            d.peak_inactive_split_bytes,
+            d.peak_reserved_bytes,
+            "peakInactiveSplitBytes exceeds peakReservedBytes",
+        ),
+        (reserved, d.total_bytes, "reservedBytes exceeds totalBytes"),
+        (d.free_bytes, d.total_bytes, "freeBytes exceeds totalBytes"),
+    ]
 }
 
 fn validate_oom(o: &OomSnapshot) -> Result<(), Error> {
