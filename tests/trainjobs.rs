@@ -207,3 +207,36 @@ async fn a_trainjob_kueue_does_not_manage_is_recreated_and_its_old_jobset_delete
     .await;
     op.stop().await;
 }
+
+/// A TrainJob's profile carries the TrainJob's own labels (the top-level
+/// object read from the API server), so `-l team=ml` selects it, and never
+/// a label only its JobSet has (the JobSet is Trainer's, one level down).
+#[tokio::test]
+async fn a_trainjobs_labels_and_never_its_jobsets_are_on_its_profile() {
+    let Some((admin, ns)) = workload_cluster().await else {
+        return;
+    };
+    let ns = ns.name.as_str();
+    let op = start_operator(&admin, ns);
+    profiled_trainjob(&admin, ns, json!({"stage": "pretrain"})).await;
+    let profiles = Api::<MemoryProfile>::namespaced(admin.clone(), ns);
+    eventually("the TrainJob's labels on its profile", || async {
+        let p = profiles.get("train").await.map_err(|e| e.to_string())?;
+        let l = p.labels();
+        let has = |k: &str, v: &str| l.get(k).map(String::as_str) == Some(v);
+        (has("team", "ml") && has("stage", "pretrain"))
+            .then_some(())
+            .ok_or(format!("{l:?}"))
+    })
+    .await;
+    let p = profiles.get("train").await.unwrap();
+    assert!(
+        !p.labels()
+            .contains_key("trainer.kubeflow.org/trainjob-name"),
+        "the JobSet's own label was copied: {:?}",
+        p.labels()
+    );
+    let selected = crate::workloads::kubectl_names(&["-n", ns, "-l", "team=ml"]).await;
+    assert_eq!(selected.unwrap(), ["memoryprofile.memprof.dev/train"]);
+    op.stop().await;
+}

@@ -231,7 +231,7 @@ async fn a_child_s_own_profile_from_before_its_link_proved_is_deleted() {
 }
 
 /// Names of the MemoryProfiles `kubectl get ARGS -o name` lists, sorted.
-async fn kubectl_names(args: &[&str]) -> Result<Vec<String>, String> {
+pub(crate) async fn kubectl_names(args: &[&str]) -> Result<Vec<String>, String> {
     let mut cmd = tokio::process::Command::new("kubectl");
     cmd.args(["get", "memoryprofiles", "-o", "name"])
         .args(args)
