@@ -79,6 +79,7 @@ mod workload_remediation;
 mod workload_remediation_pytorch;
 mod workload_remediation_twins;
 mod workload_trust;
+mod workload_twins_more;
 mod workload_twins_pytorch;
 mod workloads;
 

@@ -1,0 +1,204 @@
+//! The JobSet and PyTorchJob twins of Job trust tests that had none: a
+//! tenant who may create pods in the namespace plants a pod that claims
+//! another team's JobSet (through its child Job) or PyTorchJob, with the
+//! workload's labels and controller reference, and makes it exit with a
+//! CUDA OOM. The twin of
+//! `pod_trust::pod_with_only_the_jobs_label_and_a_cuda_oom_exit_never_fires_a_policy`:
+//! no OOM is recorded and the `oomObserved` policy never fires for the
+//! workload; the same exit of the workload's own rank does. The upper
+//! controllers are played as `workload_support` does.
+//!
+//! Run them:
+//!
+//!     eval "$(bash hack/local-cluster.sh env)"
+//!     MEMPROF_REQUIRE_CLUSTER=1 cargo test --test integration workload_twins_more::
+//!
+//! Without `KUBECONFIG` every test is skipped with a message.
+
+use crate::common;
+use crate::remediation_support;
+use crate::tenant_support;
+use crate::workload_remediation_pytorch::profiled_pytorchjob;
+use crate::workload_remediation_twins::profiled_jobset;
+use crate::workload_support;
+
+use common::*;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, PostParams};
+use kube::{Client, ResourceExt};
+use memprof::api::workload::WorkloadKind;
+use memprof::api::{MemoryProfile, RiskLevel};
+use remediation_support::{apply_policy, stays, terminate_container};
+use serde_json::{json, Value};
+use std::time::Duration;
+use tenant_support::pod_creator;
+use workload_support::*;
+
+/// What a trainer prints when PyTorch runs out of GPU memory.
+const CUDA_OOM: &str =
+    "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB";
+
+/// On an observed OOM of a `team: ml` workload, annotate it.
+async fn oom_policy(admin: &Client, ns: &str) {
+    let spec = json!({
+        "selector": {"matchLabels": {"team": "ml"}},
+        "triggers": [{"oomObserved": true}],
+        "actions": [{"annotate": {"key": "example.com/gpu-oom", "value": "seen"}}],
+    });
+    apply_policy(admin, ns, "on-oom", spec).await.unwrap();
+}
+
+/// The tenant creates `manifest`; a report for it, as its own sidecar
+/// would write one, names it rank 0 of `job`; its container `container`
+/// exits with a CUDA OOM (written as the kubelet would). Returns once
+/// `train`'s profile names the pod among the reports it refused: the
+/// roll-up has read it, so the OOM scan has had its chance.
+async fn planted_oom(admin: &Client, ns: &str, manifest: Value, job: &str, container: &str) {
+    let tenant = pod_creator(admin, ns).await;
+    let pod: Pod = serde_json::from_value(manifest).unwrap();
+    let pod = Api::<Pod>::namespaced(tenant, ns)
+        .create(&PostParams::default(), &pod)
+        .await
+        .expect("the tenant may create pods");
+    let name = pod.name_any();
+    let low = vec![gpu(0, 30, 30, RiskLevel::Low, None)];
+    apply_report(admin, ns, &pod_report(&pod, job, 0, &at(1), low)).await;
+    terminate_container(admin, ns, &name, container, 1, CUDA_OOM).await;
+    let profiles = Api::<MemoryProfile>::namespaced(admin.clone(), ns);
+    eventually("the planted pod's report refused", || async {
+        let p = profiles.get("train").await.map_err(|e| e.to_string())?;
+        let st = p.status.unwrap_or_default();
+        let valid = st.conditions.iter().find(|c| c.type_ == "ReportsValid");
+        let message = valid.map(|c| c.message.clone()).unwrap_or_default();
+        message.contains(&name).then_some(()).ok_or(message)
+    })
+    .await;
+}
+
+/// No OOM recorded and no remediation on `train`'s profile, and the
+/// workload never annotated by the policy.
+async fn untouched(admin: &Client, ns: &str, kind: WorkloadKind) {
+    let profiles = Api::<MemoryProfile>::namespaced(admin.clone(), ns);
+    stays(
+        "no OOM recorded, no policy fired",
+        Duration::from_secs(5),
+        || async {
+            let p = profiles.get("train").await.map_err(|e| e.to_string())?;
+            let st = p.status.unwrap_or_default();
+            let top = api(admin, ns, kind)
+                .get("train")
+                .await
+                .map_err(|e| e.to_string())?;
+            let seen = top.annotations().get("example.com/gpu-oom").cloned();
+            (st.ooms.is_empty() && st.remediations.is_empty() && seen.is_none())
+                .then_some(())
+                .ok_or(format!("{:?} {:?} {seen:?}", st.ooms, st.remediations))
+        },
+    )
+    .await;
+}
+
+/// The genuine rank `pod`'s same exit is recorded on the workload (uid
+/// `uid`) and fires the policy.
+async fn genuine_fires(
+    admin: &Client,
+    ns: &str,
+    kind: WorkloadKind,
+    uid: &str,
+    pod: &str,
+    c: &str,
+) {
+    terminate_container(admin, ns, pod, c, 1, CUDA_OOM).await;
+    let profiles = Api::<MemoryProfile>::namespaced(admin.clone(), ns);
+    let oom = eventually("the genuine rank's OOM recorded", || async {
+        let st = profiles
+            .get("train")
+            .await
+            .map_err(|e| e.to_string())?
+            .status;
+        let ooms = st.map(|s| s.ooms).unwrap_or_default();
+        ooms.into_iter().next().ok_or("none".to_string())
+    })
+    .await;
+    assert_eq!(oom.pod, pod);
+    assert_eq!(oom.job_uid.as_deref(), Some(uid), "the workload's");
+    eventually("the workload annotated by the policy", || async {
+        let top = api(admin, ns, kind)
+            .get("train")
+            .await
+            .map_err(|e| e.to_string())?;
+        let seen = top.annotations().get("example.com/gpu-oom").cloned();
+        (seen.as_deref() == Some("seen"))
+            .then_some(())
+            .ok_or(format!("{seen:?}"))
+    })
+    .await;
+}
+
+/// A pod with `job`'s labels and its JobSet's, created by the tenant. No
+/// controller reference and no `controller-uid`: the Job controller would
+/// adopt such a pod and delete it as one too many for its parallelism, so
+/// the labels are all a tenant's pod can keep of the claim.
+fn pod_claiming_child(job: &Job, name: &str) -> Value {
+    let mut labels = job.labels().clone();
+    labels.insert("job-name".into(), job.name_any());
+    labels.insert("batch.kubernetes.io/job-name".into(), job.name_any());
+    json!({"metadata": {"name": name, "labels": labels},
+           "spec": {"restartPolicy": "Never",
+                    "containers": [{"name": "trainer", "image": "busybox"}]}})
+}
+
+#[tokio::test]
+async fn a_tenant_s_pod_claiming_a_jobset_s_child_with_a_cuda_oom_never_fires_a_policy() {
+    let Some((admin, ns)) = workload_cluster().await else {
+        return;
+    };
+    let ns = ns.name.as_str();
+    let op = start_operator(&admin, ns);
+    oom_policy(&admin, ns).await;
+    let js = profiled_jobset(&admin, ns, json!({})).await;
+    let child = Api::<Job>::namespaced(admin.clone(), ns)
+        .get("train-workers-1")
+        .await
+        .unwrap();
+    let planted = pod_claiming_child(&child, "train-workers-1-planted");
+    planted_oom(&admin, ns, planted, "train-workers-1", "trainer").await;
+    untouched(&admin, ns, WorkloadKind::JobSet).await;
+
+    let genuine = job_pods(&admin, ns, "train-workers-1", 1).await;
+    let genuine = genuine[0].name_any();
+    let uid = js.uid().unwrap();
+    genuine_fires(&admin, ns, WorkloadKind::JobSet, &uid, &genuine, "trainer").await;
+    op.stop().await;
+}
+
+#[tokio::test]
+async fn a_tenant_s_pod_claiming_a_pytorchjob_with_a_cuda_oom_never_fires_a_policy() {
+    let Some((admin, ns)) = workload_cluster().await else {
+        return;
+    };
+    let ns = ns.name.as_str();
+    let op = start_operator(&admin, ns);
+    oom_policy(&admin, ns).await;
+    let (pt, pods) = profiled_pytorchjob(&admin, ns, json!({})).await;
+    // The PyTorchJob's labels and controller reference, named as a worker
+    // the operator has not made (the webhook is down: it is not marked).
+    let mut planted = pytorch_pod(&pt, "worker", 2);
+    planted["metadata"]["name"] = json!("train-worker-9");
+    planted_oom(&admin, ns, planted, "train", "pytorch").await;
+    untouched(&admin, ns, WorkloadKind::PyTorchJob).await;
+
+    let uid = pt.uid().unwrap();
+    let worker = pods[2].name_any();
+    genuine_fires(
+        &admin,
+        ns,
+        WorkloadKind::PyTorchJob,
+        &uid,
+        &worker,
+        "pytorch",
+    )
+    .await;
+    op.stop().await;
+}
