@@ -25,11 +25,13 @@ use crate::workload_support;
 use common::*;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, PostParams};
 use kube::{Client, ResourceExt};
 use memprof::api::workload::WorkloadKind;
 use memprof::api::{MemoryProfile, RiskLevel};
-use remediation_support::{apply_policy, stays, terminate_container};
+use memprof::pipeline::Setup;
+use remediation_support::{apply_policy, records, stays, terminate_container};
 use serde_json::{json, Value};
 use std::time::Duration;
 use tenant_support::pod_creator;
@@ -201,4 +203,103 @@ async fn a_tenant_s_pod_claiming_a_pytorchjob_with_a_cuda_oom_never_fires_a_poli
     )
     .await;
     op.stop().await;
+}
+
+/// Gives `ns` the admission key the all-namespaces operator holds (the
+/// `default` namespace's), so that the workloads' marks in `ns` are
+/// genuine and their reports count: the victim's workload is then spared
+/// by the policy's namespace alone, not by a failed trust check. The
+/// Job test's helper (`remediation_namespaces`), which is private there.
+async fn share_admission_key(client: &Client, ns: &str) {
+    admission_keys("").await;
+    let name = memprof::api::admission::DEFAULT_KEY_SECRET;
+    let source = Api::<Secret>::namespaced(client.clone(), "default")
+        .get(name)
+        .await
+        .expect("the operator's admission key");
+    let mut copy = Secret {
+        data: source.data.clone(),
+        type_: source.type_.clone(),
+        ..Default::default()
+    };
+    copy.metadata.name = Some(name.into());
+    copy.metadata.labels = source.metadata.labels.clone();
+    copy.metadata.annotations = source.metadata.annotations.clone();
+    Api::<Secret>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &copy)
+        .await
+        .unwrap_or_else(|e| panic!("copying the admission key into {ns}: {e}"));
+}
+
+/// JobSet `train` of `ns`, profiled, its rank 1 then critical.
+async fn critical_jobset(admin: &Client, ns: &str) -> String {
+    let js = profiled_jobset(admin, ns, json!({})).await;
+    child_report(admin, ns, "train-workers-1", 100, RiskLevel::Critical).await;
+    js.uid().unwrap()
+}
+
+/// The twin of `remediation_namespaces::a_policy_never_acts_on_a_job_of_another_namespace`:
+/// a tenant's policy selecting everything in its namespace never acts on
+/// another team's JobSet, critical and counted under the same operator;
+/// the tenant's own JobSet is acted on.
+#[tokio::test]
+async fn a_policy_never_acts_on_a_jobset_of_another_namespace() {
+    let Some((admin, tenant)) = workload_cluster().await else {
+        return;
+    };
+    let _alone = common::alone::alone().await;
+    let victim = TestNamespace::create(&admin).await;
+    let (tenant, victim) = (tenant.name.as_str(), victim.name.as_str());
+    share_admission_key(&admin, tenant).await;
+    share_admission_key(&admin, victim).await;
+    let operator = start_controller(&admin, Setup::for_namespace(""));
+    let spec = json!({
+        "selector": {},
+        "triggers": [{"riskAtLeast": {"level": "critical"}}],
+        "actions": [{"annotate": {"key": "example.com/acted", "value": "yes"}}],
+    });
+    apply_policy(&admin, tenant, "annotate-all", spec)
+        .await
+        .unwrap();
+
+    let victim_uid = critical_jobset(&admin, victim).await;
+    critical_jobset(&admin, tenant).await;
+    // The positive control: the tenant's own JobSet is acted on.
+    eventually("the tenant's own JobSet annotated", || async {
+        let js = api(&admin, tenant, WorkloadKind::JobSet).get("train").await;
+        let js = js.map_err(|e| e.to_string())?;
+        let seen = js.annotations().get("example.com/acted").cloned();
+        (seen.as_deref() == Some("yes"))
+            .then_some(())
+            .ok_or(format!("{seen:?}"))
+    })
+    .await;
+    let profiles = Api::<MemoryProfile>::namespaced(admin.clone(), victim);
+    eventually("the victim's JobSet critical", || async {
+        let st = profiles
+            .get("train")
+            .await
+            .map_err(|e| e.to_string())?
+            .status;
+        let risk = st.map(|s| s.risk).unwrap_or_default();
+        (risk == RiskLevel::Critical)
+            .then_some(())
+            .ok_or(format!("{risk:?}"))
+    })
+    .await;
+    stays(
+        "the victim's JobSet untouched",
+        Duration::from_secs(5),
+        || async {
+            let js = api(&admin, victim, WorkloadKind::JobSet).get("train").await;
+            let js = js.map_err(|e| e.to_string())?;
+            let seen = js.annotations().get("example.com/acted").cloned();
+            let recs = records(&admin, victim, "train").await;
+            (js.uid().as_deref() == Some(victim_uid.as_str()) && seen.is_none() && recs.is_empty())
+                .then_some(())
+                .ok_or(format!("{seen:?} {recs:?}"))
+        },
+    )
+    .await;
+    operator.stop().await;
 }
