@@ -209,6 +209,45 @@ async fn each_replicated_job_of_a_jobset_gets_a_recommendation_once_its_phases_w
     op.stop().await;
 }
 
+/// A role's recommendation that waits for its phases counts every rank
+/// of the role that reports, whatever the order of their reports: one
+/// written while a rank had not reported yet is written again once it
+/// has (the status names the ranks it is of). Before, the status writer
+/// kept a waiting recommendation whole while its stage was unchanged, so
+/// the workers' stayed of one rank when the writer ran between the two
+/// workers' first reports (the test above, intermittently).
+#[tokio::test]
+async fn a_waiting_recommendation_counts_a_rank_that_reports_after_it_was_written() {
+    let Some((admin, ns)) = workload_cluster().await else {
+        return;
+    };
+    let op = start_operator(&admin, &ns.name);
+    let js = create(&admin, &ns.name, WorkloadKind::JobSet, two_roles()).await;
+    let none = json!({"memprof.dev/recommend-phases": "none"});
+    child(&admin, &ns.name, &js, ("driver", 0), none).await;
+    child(&admin, &ns.name, &js, ("workers", 0), json!({})).await;
+    child(&admin, &ns.name, &js, ("workers", 1), json!({})).await;
+    let n = ns.name.as_str();
+    trained(&admin, n, "train-driver-0", 4 * GB, &["forward"], 0).await;
+    trained(&admin, n, "train-workers-0", 20 * GB, &["forward"], 0).await;
+    let profiles: Api<MemoryProfile> = Api::namespaced(admin.clone(), n);
+    // The order that was rare: written with one worker counted ...
+    recommendation(&profiles, "the workers' wait, of one rank", |r| {
+        r.len() == 2 && r[1].basis.ranks == 1
+    })
+    .await;
+    // ... then the other worker's first report.
+    trained(&admin, n, "train-workers-1", 22 * GB, &["forward"], 0).await;
+    let recs = recommendation(&profiles, "the workers' wait, of both ranks", |r| {
+        r.len() == 2 && r[1].basis.ranks == 2
+    })
+    .await;
+    let workers = &recs[1];
+    assert_eq!(workers.peak_bytes, Some(22 * GB), "{workers:?}");
+    assert_eq!(workers.request_bytes, None, "{workers:?}");
+    op.stop().await;
+}
+
 /// The webhook, told that [`TRAINING_OPERATOR`] creates PyTorchJobs' pods,
 /// registered (the chart's hooks and the workloads hook) for `ns` only.
 async fn pytorch_admission(
