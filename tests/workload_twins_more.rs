@@ -231,19 +231,38 @@ async fn share_admission_key(client: &Client, ns: &str) {
         .unwrap_or_else(|e| panic!("copying the admission key into {ns}: {e}"));
 }
 
-/// JobSet `train` of `ns`, profiled, its rank 1 then critical.
-async fn critical_jobset(admin: &Client, ns: &str) -> String {
-    let js = profiled_jobset(admin, ns, json!({})).await;
-    child_report(admin, ns, "train-workers-1", 100, RiskLevel::Critical).await;
-    js.uid().unwrap()
+/// Workload `train` of `kind` in `ns`, profiled, one of its ranks then
+/// critical. Returns its uid.
+async fn critical_workload(admin: &Client, ns: &str, kind: WorkloadKind) -> String {
+    let critical = vec![gpu(0, 79, 79, RiskLevel::Critical, Some(5.0))];
+    match kind {
+        WorkloadKind::JobSet => {
+            let js = profiled_jobset(admin, ns, json!({})).await;
+            child_report(admin, ns, "train-workers-1", 100, RiskLevel::Critical).await;
+            js.uid().unwrap()
+        }
+        _ => {
+            let (pt, pods) = profiled_pytorchjob(admin, ns, json!({})).await;
+            let report = pod_report(&pods[2], "train", 0, &at(100), critical);
+            apply_report(admin, ns, &report).await;
+            pt.uid().unwrap()
+        }
+    }
 }
 
-/// The twin of `remediation_namespaces::a_policy_never_acts_on_a_job_of_another_namespace`:
-/// a tenant's policy selecting everything in its namespace never acts on
-/// another team's JobSet, critical and counted under the same operator;
-/// the tenant's own JobSet is acted on.
-#[tokio::test]
-async fn a_policy_never_acts_on_a_jobset_of_another_namespace() {
+/// Whether workload `train` of `kind` in `ns` carries the policy's annotation.
+async fn acted_on(admin: &Client, ns: &str, kind: WorkloadKind) -> Result<(String, bool), String> {
+    let top = api(admin, ns, kind).get("train").await;
+    let top = top.map_err(|e| e.to_string())?;
+    let seen = top.annotations().get("example.com/acted").is_some();
+    Ok((top.uid().unwrap_or_default(), seen))
+}
+
+/// The twin of `remediation_namespaces::a_policy_never_acts_on_a_job_of_another_namespace`
+/// for `kind`: a tenant's policy selecting everything in its namespace
+/// never acts on another team's workload, critical and counted under the
+/// same all-namespaces operator; the tenant's own workload is acted on.
+async fn a_policy_never_acts_across_namespaces(kind: WorkloadKind) {
     let Some((admin, tenant)) = workload_cluster().await else {
         return;
     };
@@ -262,20 +281,16 @@ async fn a_policy_never_acts_on_a_jobset_of_another_namespace() {
         .await
         .unwrap();
 
-    let victim_uid = critical_jobset(&admin, victim).await;
-    critical_jobset(&admin, tenant).await;
-    // The positive control: the tenant's own JobSet is acted on.
-    eventually("the tenant's own JobSet annotated", || async {
-        let js = api(&admin, tenant, WorkloadKind::JobSet).get("train").await;
-        let js = js.map_err(|e| e.to_string())?;
-        let seen = js.annotations().get("example.com/acted").cloned();
-        (seen.as_deref() == Some("yes"))
-            .then_some(())
-            .ok_or(format!("{seen:?}"))
+    let victim_uid = critical_workload(&admin, victim, kind).await;
+    critical_workload(&admin, tenant, kind).await;
+    // The positive control: the tenant's own workload is acted on.
+    eventually("the tenant's own workload annotated", || async {
+        let (_, seen) = acted_on(&admin, tenant, kind).await?;
+        seen.then_some(()).ok_or("not yet".to_string())
     })
     .await;
     let profiles = Api::<MemoryProfile>::namespaced(admin.clone(), victim);
-    eventually("the victim's JobSet critical", || async {
+    eventually("the victim's workload critical", || async {
         let st = profiles
             .get("train")
             .await
@@ -288,18 +303,26 @@ async fn a_policy_never_acts_on_a_jobset_of_another_namespace() {
     })
     .await;
     stays(
-        "the victim's JobSet untouched",
+        "the victim's workload untouched",
         Duration::from_secs(5),
         || async {
-            let js = api(&admin, victim, WorkloadKind::JobSet).get("train").await;
-            let js = js.map_err(|e| e.to_string())?;
-            let seen = js.annotations().get("example.com/acted").cloned();
+            let (uid, seen) = acted_on(&admin, victim, kind).await?;
             let recs = records(&admin, victim, "train").await;
-            (js.uid().as_deref() == Some(victim_uid.as_str()) && seen.is_none() && recs.is_empty())
+            (uid == victim_uid && !seen && recs.is_empty())
                 .then_some(())
-                .ok_or(format!("{seen:?} {recs:?}"))
+                .ok_or(format!("{uid} {seen} {recs:?}"))
         },
     )
     .await;
     operator.stop().await;
+}
+
+#[tokio::test]
+async fn a_policy_never_acts_on_a_jobset_of_another_namespace() {
+    a_policy_never_acts_across_namespaces(WorkloadKind::JobSet).await;
+}
+
+#[tokio::test]
+async fn a_policy_never_acts_on_a_pytorchjob_of_another_namespace() {
+    a_policy_never_acts_across_namespaces(WorkloadKind::PyTorchJob).await;
 }
