@@ -26,12 +26,14 @@ use common::*;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::core::v1::Secret;
+use kube::api::DynamicObject;
 use kube::api::{Api, PostParams};
 use kube::{Client, ResourceExt};
 use memprof::api::workload::WorkloadKind;
+use memprof::api::RemediationRecord;
 use memprof::api::{MemoryProfile, RiskLevel};
 use memprof::pipeline::Setup;
-use remediation_support::{apply_policy, records, stays, terminate_container};
+use remediation_support::{apply_policy, records, shrink_policy, stays, terminate_container};
 use serde_json::{json, Value};
 use std::time::Duration;
 use tenant_support::pod_creator;
@@ -325,4 +327,103 @@ async fn a_policy_never_acts_on_a_jobset_of_another_namespace() {
 #[tokio::test]
 async fn a_policy_never_acts_on_a_pytorchjob_of_another_namespace() {
     a_policy_never_acts_across_namespaces(WorkloadKind::PyTorchJob).await;
+}
+
+/// The trainer's variables of the Job test: 7 × 2 = 14 per rank; the
+/// factor 0.75 allows 5, and no micro-batch in [3, 5] divides 14.
+fn seven_by_two(env: &mut Value) {
+    let vars = env.as_array_mut().expect("an env list");
+    vars.retain(|v| v["name"] != "BATCH_SIZE" && v["name"] != "GRAD_ACCUM_STEPS");
+    vars.push(json!({"name": "BATCH_SIZE", "value": "7"}));
+    vars.push(json!({"name": "GRAD_ACCUM_STEPS", "value": "2"}));
+}
+
+/// The env lists of a workload's pod templates, by kind.
+fn env_pointers(kind: WorkloadKind) -> Vec<&'static str> {
+    match kind {
+        WorkloadKind::JobSet => {
+            vec!["/spec/replicatedJobs/0/template/spec/template/spec/containers/0/env"]
+        }
+        _ => vec![
+            "/spec/pytorchReplicaSpecs/Master/template/spec/containers/0/env",
+            "/spec/pytorchReplicaSpecs/Worker/template/spec/containers/0/env",
+        ],
+    }
+}
+
+/// `keep_global_policy` of the Job test, on a Kueue-managed workload of
+/// `kind` whose every template runs 7 × 2 before its rank goes critical.
+/// Returns the Done record and the workload after it.
+async fn accumulated(kind: WorkloadKind) -> Option<(RemediationRecord, DynamicObject)> {
+    let (admin, ns) = workload_cluster().await?;
+    let ns = ns.name.as_str();
+    let op = start_operator(&admin, ns);
+    let mut policy = shrink_policy(false);
+    policy["actions"][0]["scaleBatch"]["accumulation"] = json!({"env": "GRAD_ACCUM_STEPS"});
+    policy["actions"][0]["scaleBatch"]["minimum"] = json!(1);
+    apply_policy(&admin, ns, "keep", policy).await.unwrap();
+    let queued = json!({"kueue.x-k8s.io/queue-name": "team-a"});
+    let critical_pod = match kind {
+        WorkloadKind::JobSet => {
+            profiled_jobset(&admin, ns, queued).await;
+            None
+        }
+        _ => Some(profiled_pytorchjob(&admin, ns, queued).await.1.remove(0)),
+    };
+    // Before any rank is critical: the plan is made on the spec as it is then.
+    let objects = api(&admin, ns, kind);
+    let mut top = objects.get("train").await.unwrap();
+    for at in env_pointers(kind) {
+        seven_by_two(top.data.pointer_mut(at).expect("the template's env"));
+    }
+    objects
+        .replace("train", &PostParams::default(), &top)
+        .await
+        .unwrap();
+    match critical_pod {
+        None => child_report(&admin, ns, "train-workers-0", 100, RiskLevel::Critical).await,
+        Some(pod) => {
+            let gpus = vec![gpu(0, 79, 79, RiskLevel::Critical, Some(5.0))];
+            apply_report(&admin, ns, &pod_report(&pod, "train", 0, &at(100), gpus)).await;
+        }
+    }
+    let rec = record_in(&admin, ns, "Done").await;
+    let after = objects.get("train").await.unwrap();
+    op.stop().await;
+    Some((rec, after))
+}
+
+/// The twin of `remediation_accumulation::accumulation_takes_the_nearest_global_batch_above_and_says_so`
+/// for `kind`: every template gets 5 × 3, and the record says the batch
+/// per rank went 14 → 15.
+async fn nearest_above(kind: WorkloadKind) {
+    let Some((rec, top)) = accumulated(kind).await else {
+        return;
+    };
+    assert_eq!(
+        rec.action,
+        "scaleBatch BATCH_SIZE×GRAD_ACCUM_STEPS 7×2 → 5×3 (batch per rank 14 → 15, nearest not below)"
+    );
+    for at in env_pointers(kind) {
+        let env = top.data.pointer(at).and_then(|e| e.as_array()).cloned();
+        let value = |name: &str| {
+            let found = env.iter().flatten().find(|e| e["name"] == name);
+            found.map(|e| e["value"].clone())
+        };
+        assert_eq!(
+            (value("BATCH_SIZE"), value("GRAD_ACCUM_STEPS")),
+            (Some(json!("5")), Some(json!("3"))),
+            "{at}: {env:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn accumulation_takes_the_nearest_global_batch_above_for_a_jobset() {
+    nearest_above(WorkloadKind::JobSet).await;
+}
+
+#[tokio::test]
+async fn accumulation_takes_the_nearest_global_batch_above_for_a_pytorchjob() {
+    nearest_above(WorkloadKind::PyTorchJob).await;
 }
