@@ -337,7 +337,10 @@ fn holds(prev: &RoleRecommendation, new: &RoleRecommendation) -> bool {
         (
             r.basis.evaluation_seen,
             r.basis.checkpoint_seen,
-            r.basis.ranks_measured > 0,
+            // The ranks it is of: one written before a rank reported is
+            // written again once it has (the status would name too few).
+            r.basis.ranks,
+            r.basis.ranks_measured,
             r.basis.steps >= MIN_STEPS,
             r.basis.phases_required.clone(),
         )

@@ -498,3 +498,18 @@ fn the_reports_requests_are_what_recommend_gives() {
         assert_eq!(row["at"], 0, "{name}: capped at the request, it completed");
     }
 }
+
+/// A waiting recommendation written while one rank of the role had
+/// reported is written again once the other has: the basis names the ranks
+/// that count, not those that had when it was first written.
+#[test]
+fn a_waiting_recommendation_is_written_again_when_a_rank_reports() {
+    let first = report(20 * G, 10, &["forward"]);
+    let written = settle(&[], vec![one_role(&[first.clone()], 2)]);
+    assert_eq!(written[0].request_bytes, None);
+    assert_eq!(written[0].basis.ranks, 1);
+    let both = vec![one_role(&[first, report(22 * G, 10, &["forward"])], 2)];
+    let next = settle(&written, both);
+    assert_eq!(next[0].basis.ranks, 2, "{next:?}");
+    assert_eq!(next[0].peak_bytes, Some(22 * G));
+}
