@@ -26,11 +26,11 @@ use common::*;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::DynamicObject;
 use kube::api::{Api, PostParams};
+use kube::api::{DynamicObject, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use memprof::api::workload::WorkloadKind;
-use memprof::api::RemediationRecord;
+use memprof::api::{AllocatorStats, RemediationRecord};
 use memprof::api::{MemoryProfile, RiskLevel};
 use memprof::pipeline::Setup;
 use remediation_support::{apply_policy, records, shrink_policy, stays, terminate_container};
@@ -426,4 +426,101 @@ async fn accumulation_takes_the_nearest_global_batch_above_for_a_jobset() {
 #[tokio::test]
 async fn accumulation_takes_the_nearest_global_batch_above_for_a_pytorchjob() {
     nearest_above(WorkloadKind::PyTorchJob).await;
+}
+
+/// The report of child Job `job`'s pod whose trainer's allocator is at
+/// `reserved` bytes after 10 training steps, its GPU at `risk`.
+async fn measured_child(admin: &Client, ns: &str, job: &str, reserved: u64, risk: RiskLevel) {
+    const GB: u64 = 1_000_000_000;
+    let pod = job_pods(admin, ns, job, 1).await.remove(0);
+    let peak = if risk == RiskLevel::Critical { 79 } else { 60 };
+    let tto = (risk == RiskLevel::Critical).then_some(5.0);
+    let gpus = vec![gpu(0, peak, peak, risk, tto)];
+    let t = if risk == RiskLevel::Critical { 100 } else { 50 };
+    let mut report = pod_report(&pod, job, 0, &at(t), gpus);
+    report.spec.allocator = Some(AllocatorStats {
+        allocated_bytes: reserved / 2,
+        reserved_bytes: reserved,
+        peak_allocated_bytes: Some(reserved - GB),
+        step: Some(10),
+        ..Default::default()
+    });
+    apply_report(admin, ns, &report).await;
+}
+
+/// The twin of `recommend_remediation::a_recreated_job_asks_kai_for_the_recommended_gpu_memory`
+/// for a JobSet Kueue does not manage: recreated at the top level, its
+/// pod template asks KAI-Scheduler for the profile's recommended request
+/// (the `gpu-memory` annotation, MiB), and the new JobSet says so.
+#[tokio::test]
+async fn a_recreated_jobset_asks_kai_for_the_recommended_gpu_memory() {
+    let Some((admin, ns)) = workload_cluster().await else {
+        return;
+    };
+    let ns = ns.name.as_str();
+    let op = start_operator(&admin, ns);
+    let policy = json!({
+        "selector": {"matchLabels": {"team": "ml"}},
+        "triggers": [{"riskAtLeast": {"level": "critical"}}],
+        "actions": [{"scaleBatch": {"env": "BATCH_SIZE", "factor": 0.75, "minimum": 4,
+                                    "gpuMemoryRequest": "kaiScheduler"}}],
+        "cooldownSeconds": 0,
+        "maxRemediations": 1,
+    });
+    apply_policy(&admin, ns, "kai", policy).await.unwrap();
+    let js = profiled_jobset(&admin, ns, json!({})).await;
+    let objects = api(&admin, ns, WorkloadKind::JobSet);
+    // It waits for no evaluation or checkpoint: a JobSet's phases are its
+    // replicated job's template's, which the JobSet controller copies onto
+    // each of its Jobs (played here on the child Jobs).
+    let phases = json!({"metadata": {"annotations": {"memprof.dev/recommend-phases": "none"}}});
+    for job in ["train-workers-0", "train-workers-1"] {
+        Api::<Job>::namespaced(admin.clone(), ns)
+            .patch(job, &PatchParams::default(), &Patch::Merge(&phases))
+            .await
+            .unwrap();
+    }
+    for job in ["train-workers-0", "train-workers-1"] {
+        measured_child(&admin, ns, job, 20_000_000_000, RiskLevel::Low).await;
+    }
+    let profiles: Api<MemoryProfile> = Api::namespaced(admin.clone(), ns);
+    let rec = eventually("a request recommended", || async {
+        let p = profiles.get("train").await.map_err(|e| e.to_string())?;
+        let recs = p.status.map(|s| s.recommendation).unwrap_or_default();
+        let first = recs.first().and_then(|r| r.request_bytes);
+        first.ok_or(format!("{recs:?}"))
+    })
+    .await;
+    let mib = rec.div_ceil(1 << 20);
+
+    measured_child(
+        &admin,
+        ns,
+        "train-workers-1",
+        20_000_000_000,
+        RiskLevel::Critical,
+    )
+    .await;
+    let done = record_in(&admin, ns, "Done").await;
+    assert_eq!(done.env_change.as_deref(), Some("recreate"), "{done:?}");
+    let new = eventually("the new JobSet", || async {
+        let top = objects.get("train").await.map_err(|e| e.to_string())?;
+        (top.uid() != js.uid())
+            .then_some(top)
+            .ok_or("the old one".to_string())
+    })
+    .await;
+    let at = "/spec/replicatedJobs/0/template/spec/template/metadata/annotations/gpu-memory";
+    let asked: Option<u64> = new.data.pointer(at).and_then(|v| v.as_str()?.parse().ok());
+    assert!(asked.is_some_and(|a| a >= mib), "{asked:?} < {mib}");
+    let note = new
+        .annotations()
+        .get("memprof.dev/gpu-memory-request")
+        .cloned();
+    assert!(
+        note.as_deref()
+            .is_some_and(|n| n.contains("KaiScheduler annotation gpu-memory=")),
+        "{note:?}"
+    );
+    op.stop().await;
 }
