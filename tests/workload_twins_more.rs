@@ -1,4 +1,8 @@
-//! The JobSet and PyTorchJob twins of Job trust tests that had none: a
+//! The JobSet and PyTorchJob twins of Job tests that had none (the table:
+//! docs/security.md and docs/remediation.md, "Twins per kind"): a policy
+//! of one namespace never acts on another's workload; accumulation takes
+//! the nearest global batch above; a recreated JobSet asks KAI for its
+//! recommended request; and a planted pod's CUDA OOM. For the last: a
 //! tenant who may create pods in the namespace plants a pod that claims
 //! another team's JobSet (through its child Job) or PyTorchJob, with the
 //! workload's labels and controller reference, and makes it exit with a
