@@ -505,7 +505,7 @@ fn the_reports_requests_are_what_recommend_gives() {
 #[test]
 fn a_waiting_recommendation_is_written_again_when_a_rank_reports() {
     let first = report(20 * G, 10, &["forward"]);
-    let written = settle(&[], vec![one_role(&[first.clone()], 2)]);
+    let written = settle(&[], vec![one_role(std::slice::from_ref(&first), 2)]);
     assert_eq!(written[0].request_bytes, None);
     assert_eq!(written[0].basis.ranks, 1);
     let both = vec![one_role(&[first, report(22 * G, 10, &["forward"])], 2)];
