@@ -452,6 +452,20 @@ async fn measured_child(admin: &Client, ns: &str, job: &str, reserved: u64, risk
     apply_report(admin, ns, &report).await;
 }
 
+/// The request `train`'s profile recommends for its first role, MiB,
+/// once there is one.
+async fn recommended_mib(admin: &Client, ns: &str) -> u64 {
+    let profiles: Api<MemoryProfile> = Api::namespaced(admin.clone(), ns);
+    let rec = eventually("a request recommended", || async {
+        let p = profiles.get("train").await.map_err(|e| e.to_string())?;
+        let recs = p.status.map(|s| s.recommendation).unwrap_or_default();
+        let first = recs.first().and_then(|r| r.request_bytes);
+        first.ok_or(format!("{recs:?}"))
+    })
+    .await;
+    rec.div_ceil(1 << 20)
+}
+
 /// The twin of `recommend_remediation::a_recreated_job_asks_kai_for_the_recommended_gpu_memory`
 /// for a JobSet Kueue does not manage: recreated at the top level, its
 /// pod template asks KAI-Scheduler for the profile's recommended request
@@ -487,15 +501,7 @@ async fn a_recreated_jobset_asks_kai_for_the_recommended_gpu_memory() {
     for job in ["train-workers-0", "train-workers-1"] {
         measured_child(&admin, ns, job, 20_000_000_000, RiskLevel::Low).await;
     }
-    let profiles: Api<MemoryProfile> = Api::namespaced(admin.clone(), ns);
-    let rec = eventually("a request recommended", || async {
-        let p = profiles.get("train").await.map_err(|e| e.to_string())?;
-        let recs = p.status.map(|s| s.recommendation).unwrap_or_default();
-        let first = recs.first().and_then(|r| r.request_bytes);
-        first.ok_or(format!("{recs:?}"))
-    })
-    .await;
-    let mib = rec.div_ceil(1 << 20);
+    let mib = recommended_mib(&admin, ns).await;
 
     measured_child(
         &admin,
