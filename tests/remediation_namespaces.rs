@@ -26,7 +26,7 @@ use std::time::Duration;
 /// `default` namespace's in these tests), so that the pods of `ns` carry
 /// genuine marks and their reports count: the victim's Job is then spared
 /// by the policy's namespace alone, not by a failed trust check.
-async fn share_admission_key(client: &Client, ns: &str) {
+pub(crate) async fn share_admission_key(client: &Client, ns: &str) {
     admission_keys("").await;
     let name = memprof::api::admission::DEFAULT_KEY_SECRET;
     let source = Api::<Secret>::namespaced(client.clone(), "default")

@@ -20,6 +20,7 @@
 //! Without `KUBECONFIG` every test is skipped with a message.
 
 use crate::common;
+use crate::remediation_namespaces::share_admission_key;
 use crate::remediation_support;
 use crate::tenant_support;
 use crate::workload_remediation_pytorch::profiled_pytorchjob;
@@ -29,7 +30,6 @@ use crate::workload_support;
 use common::*;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, PostParams};
 use kube::api::{DynamicObject, Patch, PatchParams};
 use kube::{Client, ResourceExt};
@@ -209,32 +209,6 @@ async fn a_tenant_s_pod_claiming_a_pytorchjob_with_a_cuda_oom_never_fires_a_poli
     )
     .await;
     op.stop().await;
-}
-
-/// Gives `ns` the admission key the all-namespaces operator holds (the
-/// `default` namespace's), so that the workloads' marks in `ns` are
-/// genuine and their reports count: the victim's workload is then spared
-/// by the policy's namespace alone, not by a failed trust check. The
-/// Job test's helper (`remediation_namespaces`), which is private there.
-async fn share_admission_key(client: &Client, ns: &str) {
-    admission_keys("").await;
-    let name = memprof::api::admission::DEFAULT_KEY_SECRET;
-    let source = Api::<Secret>::namespaced(client.clone(), "default")
-        .get(name)
-        .await
-        .expect("the operator's admission key");
-    let mut copy = Secret {
-        data: source.data.clone(),
-        type_: source.type_.clone(),
-        ..Default::default()
-    };
-    copy.metadata.name = Some(name.into());
-    copy.metadata.labels = source.metadata.labels.clone();
-    copy.metadata.annotations = source.metadata.annotations.clone();
-    Api::<Secret>::namespaced(client.clone(), ns)
-        .create(&PostParams::default(), &copy)
-        .await
-        .unwrap_or_else(|e| panic!("copying the admission key into {ns}: {e}"));
 }
 
 /// Workload `train` of `kind` in `ns`, profiled, one of its ranks then
