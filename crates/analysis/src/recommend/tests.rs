@@ -332,6 +332,30 @@ fn the_context_constants_are_the_calibrated_ones() {
     assert_eq!(cal["constants"]["ncclBytes"], NCCL_BYTES);
 }
 
+/// The report of a GPU check's uncapped run `m` (bench/gpu/recommend_cap.py's
+/// measure): its reserved and allocated peaks, the reserved after each of
+/// its steps as the fragmentation trend, both phases seen.
+fn measured_spec(m: &serde_json::Value) -> MemoryReportSpec {
+    let n = |v: &serde_json::Value| v.as_u64().unwrap();
+    let trend = m["reservedAfterStep"].as_array().unwrap();
+    let mut spec = report(
+        n(&m["reserved"]),
+        trend.len() as u64,
+        &["evaluation", "checkpoint"],
+    );
+    let a = spec.allocator.as_mut().unwrap();
+    a.peak_allocated_bytes = Some(n(&m["allocated"]));
+    a.fragmentation_trend = trend
+        .iter()
+        .map(|r| FragmentationPoint {
+            reserved_bytes: n(r),
+            ..Default::default()
+        })
+        .collect();
+    spec.gpus[0].total_bytes = n(&m["deviceTotal"]);
+    spec
+}
+
 /// The GPU check (bench/gpu/recommend_cap.py, docs/gpu/recommend-cap-h200.json)
 /// computed each request with a copy of this formula in Python: the same
 /// evidence, given to `recommend`, gives the same request, so the runs
@@ -343,25 +367,8 @@ fn the_gpu_checks_requests_are_what_recommend_gives() {
     let rows = doc["rows"].as_array().unwrap();
     assert_eq!(rows.len(), 4);
     for row in rows {
-        let m = &row["measured"];
         let n = |v: &serde_json::Value| v.as_u64().unwrap();
-        let trend = m["reservedAfterStep"].as_array().unwrap();
-        let mut spec = report(
-            n(&m["reserved"]),
-            trend.len() as u64,
-            &["evaluation", "checkpoint"],
-        );
-        let a = spec.allocator.as_mut().unwrap();
-        a.peak_allocated_bytes = Some(n(&m["allocated"]));
-        a.fragmentation_trend = trend
-            .iter()
-            .map(|r| FragmentationPoint {
-                reserved_bytes: n(r),
-                ..Default::default()
-            })
-            .collect();
-        spec.gpus[0].total_bytes = n(&m["deviceTotal"]);
-        let r = one_role(&[spec], 1);
+        let r = one_role(&[measured_spec(&row["measured"])], 1);
         assert_eq!(
             r.request_bytes,
             Some(n(&row["requestBytes"])),
@@ -427,19 +434,9 @@ fn the_need_checks_requests_are_what_recommend_gives() {
     let n = |v: &serde_json::Value| v.as_u64().unwrap();
     for row in rows {
         let m = &row["measured"];
-        let trend = m["reservedAfterStep"].as_array().unwrap();
-        let mut spec = report(n(&m["reserved"]), trend.len() as u64, &["eval", "save"]);
+        let mut spec = measured_spec(m);
         let a = spec.allocator.as_mut().unwrap();
-        a.peak_allocated_bytes = Some(n(&m["allocated"]));
         a.peak_inactive_split_bytes = Some(n(&m["inactiveSplitPeak"]));
-        a.fragmentation_trend = trend
-            .iter()
-            .map(|r| FragmentationPoint {
-                reserved_bytes: n(r),
-                ..Default::default()
-            })
-            .collect();
-        spec.gpus[0].total_bytes = n(&m["deviceTotal"]);
         let r = one_role(&[spec], 1);
         let checked = &row["least-of"];
         assert_eq!(
