@@ -179,6 +179,13 @@ impl JobRollup {
         self.members.over_limit()
     }
 
+    /// Whether report `name` is in the roll-up and valid: what counts for
+    /// anything built beside the roll-up (the recommendation's evidence),
+    /// so that both count the same reports. O(1).
+    pub fn is_valid(&self, name: &str) -> bool {
+        self.entries.get(name).is_some_and(Entry::valid)
+    }
+
     /// Counted reports that failed validation, in (rank, name) order, with
     /// why: O(rejected).
     pub fn rejected(&self) -> impl Iterator<Item = (&str, &str)> + '_ {

@@ -144,7 +144,10 @@ fn build(
 fn counted_reports(ctx: &Context, f: &Fetched) -> Vec<Arc<memprof_api::MemoryReport>> {
     let names: Vec<String> = ctx.with_state(&f.key, |s| {
         s.rollup.as_ref().map_or_else(Vec::new, |t| {
-            let counted = |n: &&String| !t.refused.contains_key(n.as_str());
+            // Trusted (not refused) and valid: an impossible report is in
+            // the roll-up's rejected list and must not size a request.
+            let counted =
+                |n: &&String| !t.refused.contains_key(n.as_str()) && t.rollup.is_valid(n.as_str());
             t.known.iter().filter(counted).cloned().collect()
         })
     });

@@ -42,7 +42,7 @@ use crate::key::JobKey;
 use crate::operator::reconcile::{DesiredStatus, WorkloadEvidence};
 use crate::remediation::Ranks;
 use crate::workload::resolve::{link_identity, step, Step, Workload};
-use crate::workload::rollup::{screen, Layout};
+use crate::workload::rollup::{count, screen, Layout};
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
@@ -325,11 +325,15 @@ impl WorkloadTracked {
         let pod = self.pod(src, ns, &report.spec.pod_name);
         let meta = pod.as_deref().map(|p| &p.metadata);
         match screen(&report, meta, &self.layout, keys, now) {
-            Ok((spec, meta)) => {
+            Ok(screened) => {
                 self.refused.remove(name);
-                let role = spec.rank.and_then(|r| self.layout.role(r));
-                self.evidence.upsert(name, role, &spec);
-                self.rollup.upsert_with(name, &spec, meta);
+                count(
+                    &mut self.rollup,
+                    &mut self.evidence,
+                    &self.layout,
+                    name,
+                    screened,
+                );
             }
             Err(why) => {
                 self.evidence.remove(name);

@@ -174,10 +174,8 @@ pub fn roll_up(
         let name = report.metadata.name.clone().unwrap_or_default();
         let pod = pods.get(report.spec.pod_name.as_str()).copied();
         match counted(report, pod, layout, keys, now) {
-            Ok((spec, meta)) => {
-                let role = spec.rank.and_then(|r| layout.role(r));
-                out.evidence.upsert(&name, role, &spec);
-                out.rollup.upsert_with(&name, &spec, meta);
+            Ok(screened) => {
+                count(&mut out.rollup, &mut out.evidence, layout, &name, screened);
             }
             Err(why) => {
                 out.refused.insert(name, why.to_string());
@@ -185,6 +183,24 @@ pub fn roll_up(
         }
     }
     out
+}
+
+/// Counts screened report `name`: into the roll-up, and into the
+/// recommendation's evidence only while the roll-up finds it valid, so
+/// that both count the same reports (an impossible report sizes no request).
+pub fn count(
+    rollup: &mut JobRollup,
+    evidence: &mut WorkloadEvidence,
+    layout: &Layout,
+    name: &str,
+    (spec, meta): (memprof_api::MemoryReportSpec, ReportMeta),
+) {
+    rollup.upsert_with(name, &spec, meta);
+    if rollup.is_valid(name) {
+        evidence.upsert(name, spec.rank.and_then(|r| layout.role(r)), &spec);
+    } else {
+        evidence.remove(name);
+    }
 }
 
 /// Screens one report claiming the workload, as [`roll_up`] screens each

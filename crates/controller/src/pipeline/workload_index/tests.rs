@@ -349,3 +349,34 @@ fn a_jobset_s_ranks_are_built_again_only_when_its_members_or_layout_change() {
     assert!(!Arc::ptr_eq(&joined, &resized));
     assert_eq!(resized.layout.ranks(), 4);
 }
+
+/// An impossible report (more used than the GPU holds) is kept out of the
+/// recommendation's evidence as the roll-up keeps it out of its counts,
+/// kept and from scratch alike: it sizes no request.
+#[test]
+fn an_impossible_report_sizes_no_request() {
+    let mut f = Fixture::new();
+    let (layout, _) = pytorchjob_of_three(&mut f);
+    let impossible = report("pt-master-0", "pt", 90);
+    f.reports.apply_watcher_event(&Event::Apply(impossible));
+    let workload = Workload {
+        kind: WorkloadKind::PyTorchJob,
+        name: "pt".into(),
+        uid: "pt-uid".into(),
+    };
+    let mut t = WorkloadTracked::new(&workload, layout.clone());
+    let now = ts(20);
+    t.full(&f.src(), NS, &keys(), now);
+    let kept = t.desired(None, now).0.status;
+    let roles: Vec<(&str, u32)> = kept
+        .recommendation
+        .iter()
+        .map(|r| (r.role.as_str(), r.basis.ranks))
+        .collect();
+    assert_eq!(
+        roles,
+        [("Worker", 1)],
+        "the master's impossible report counted"
+    );
+    assert_eq!(kept, from_scratch(&f, &layout, now));
+}
