@@ -132,18 +132,24 @@ async fn recommendation(
     .await
 }
 
+/// JobSet `train` (two_roles) and its three marked child Jobs: the
+/// driver, which never evaluates nor saves and says so on its template,
+/// and two workers.
+async fn driver_and_two_workers(admin: &Client, ns: &str) {
+    let js = create(admin, ns, WorkloadKind::JobSet, two_roles()).await;
+    let none = json!({"memprof.dev/recommend-phases": "none"});
+    child(admin, ns, &js, ("driver", 0), none).await;
+    child(admin, ns, &js, ("workers", 0), json!({})).await;
+    child(admin, ns, &js, ("workers", 1), json!({})).await;
+}
+
 #[tokio::test]
 async fn each_replicated_job_of_a_jobset_gets_a_recommendation_once_its_phases_were_seen() {
     let Some((admin, ns)) = workload_cluster().await else {
         return;
     };
     let op = start_operator(&admin, &ns.name);
-    let js = create(&admin, &ns.name, WorkloadKind::JobSet, two_roles()).await;
-    // The driver never evaluates nor saves, and says so on its template.
-    let none = json!({"memprof.dev/recommend-phases": "none"});
-    child(&admin, &ns.name, &js, ("driver", 0), none).await;
-    child(&admin, &ns.name, &js, ("workers", 0), json!({})).await;
-    child(&admin, &ns.name, &js, ("workers", 1), json!({})).await;
+    driver_and_two_workers(&admin, &ns.name).await;
     let n = ns.name.as_str();
     trained(&admin, n, "train-driver-0", 4 * GB, &["forward"], 0).await;
     trained(&admin, n, "train-workers-0", 20 * GB, &["forward"], 0).await;
@@ -222,11 +228,7 @@ async fn a_waiting_recommendation_counts_a_rank_that_reports_after_it_was_writte
         return;
     };
     let op = start_operator(&admin, &ns.name);
-    let js = create(&admin, &ns.name, WorkloadKind::JobSet, two_roles()).await;
-    let none = json!({"memprof.dev/recommend-phases": "none"});
-    child(&admin, &ns.name, &js, ("driver", 0), none).await;
-    child(&admin, &ns.name, &js, ("workers", 0), json!({})).await;
-    child(&admin, &ns.name, &js, ("workers", 1), json!({})).await;
+    driver_and_two_workers(&admin, &ns.name).await;
     let n = ns.name.as_str();
     trained(&admin, n, "train-driver-0", 4 * GB, &["forward"], 0).await;
     trained(&admin, n, "train-workers-0", 20 * GB, &["forward"], 0).await;
