@@ -81,6 +81,8 @@ mod workload_remediation_twins;
 mod workload_trust;
 mod workload_twins_more;
 mod workload_twins_pytorch;
+mod workload_twins_recreate;
+mod workload_twins_trust;
 mod workloads;
 
 /// A test file that is neither declared above nor a `[[test]]` of its own is
