@@ -82,6 +82,7 @@ mod workload_trust;
 mod workload_twins_more;
 mod workload_twins_pytorch;
 mod workload_twins_recreate;
+mod workload_twins_restart;
 mod workload_twins_trust;
 mod workloads;
 
