@@ -24,7 +24,7 @@ use std::time::Duration;
 use tenant_support::*;
 
 /// The operator keeping its remediation plans in `plan_ns` (the operator's own namespace).
-fn operator_with_plans_in(client: &Client, ns: &str, plan_ns: &str) -> RunningOperator {
+pub(crate) fn operator_with_plans_in(client: &Client, ns: &str, plan_ns: &str) -> RunningOperator {
     let mut setup = Setup::for_namespace(ns);
     setup.remediation.plan_namespace = Some(plan_ns.into());
     start_controller(client, setup)
@@ -32,7 +32,7 @@ fn operator_with_plans_in(client: &Client, ns: &str, plan_ns: &str) -> RunningOp
 
 /// The remediation id the operator will use for the first `risk>=critical`
 /// decision of `policy` on `job`: deterministic, so a tenant can compute it too.
-async fn first_id(client: &Client, ns: &str, policy: &str, job: &Job) -> String {
+pub(crate) async fn first_id(client: &Client, ns: &str, policy: &str, job: &Job) -> String {
     let p = Api::<memprof::api::RemediationPolicy>::namespaced(client.clone(), ns)
         .get(policy)
         .await
@@ -48,7 +48,7 @@ async fn first_id(client: &Client, ns: &str, policy: &str, job: &Job) -> String 
 
 /// A plan that, executed with the operator's rights, would create a Job in
 /// another namespace under that namespace's service account.
-fn evil_plan(id: &str, victim_ns: &str) -> String {
+pub(crate) fn evil_plan(id: &str, victim_ns: &str) -> String {
     json!({
         "id": id, "policy": "shrink", "namespace": victim_ns, "job": "pwned",
         "jobUid": "00000000-0000-0000-0000-000000000000", "why": "tenant",
@@ -63,7 +63,7 @@ fn evil_plan(id: &str, victim_ns: &str) -> String {
     .to_string()
 }
 
-fn plan_config_map(id: &str, json: &str) -> ConfigMap {
+pub(crate) fn plan_config_map(id: &str, json: &str) -> ConfigMap {
     serde_json::from_value(json!({
         "metadata": {"name": format!("memprof-remediation-{id}")},
         "data": {"plan.json": json},
@@ -71,7 +71,7 @@ fn plan_config_map(id: &str, json: &str) -> ConfigMap {
     .unwrap()
 }
 
-async fn job_exists(client: &Client, ns: &str, name: &str) -> bool {
+pub(crate) async fn job_exists(client: &Client, ns: &str, name: &str) -> bool {
     Api::<Job>::namespaced(client.clone(), ns)
         .get_opt(name)
         .await
