@@ -271,6 +271,24 @@
 #| busy-d         loaddevice  none  55     62   --seed 2304 --d-model 1344 --layers 8 --heads 12 --seq 704 --vocab 32000 --batch-schedule 5 --peak-every 6 --fill-pct 45 --ballast-mbps 1300 --cause load --duration 55
 #| busy-d         steadylong  none  60     66   --seed 2305 --d-model 1344 --layers 8 --heads 12 --seq 704 --vocab 32000 --batch-schedule 5 --peak-every 6 --duration 60
 #
+# pcie-a and pcie-b: recorded with NVML's PCIe receive throughput beside the
+# trace (NAME.received.csv), for the rule that memory rising as fast as
+# bytes arrive from the host, while the GPU computes little, is a load (its
+# share and utilization bound were set on a probe, bench/gpu/pcie_probe.py,
+# not on these sets; both judged once as they came). Loads from host memory
+# at 2.6 GB/s (busy-c's miss), 4 GB/s and full speed; a trainer idle
+# 300 ms a step that leaks on the GPU, a paced leak, a steady run.
+#| pcie-a         loadfast2   none  45     52   --seed 2401 --d-model 1152 --layers 9 --heads 9 --seq 896 --vocab 32000 --batch-schedule 4 --peak-every 5 --fill-pct 50 --ballast-mbps 2600 --ballast-from-host --cause load --duration 45
+#| pcie-a         loadfull    none  45     52   --seed 2402 --d-model 1152 --layers 9 --heads 9 --seq 896 --vocab 32000 --batch-schedule 4 --peak-every 5 --fill-pct 60 --ballast-mbps 100000 --ballast-from-host --cause load --duration 45
+#| pcie-a         idleleak3   oom   117    130  --seed 2403 --d-model 1152 --layers 9 --heads 9 --seq 896 --vocab 32000 --batch-schedule 4 --peak-every 5 --step-sleep 0.3 --leak-mbps 300 --leak-at 6 --life 100 --duration 125
+#| pcie-a         load4g      none  45     52   --seed 2404 --d-model 1152 --layers 9 --heads 9 --seq 896 --vocab 32000 --batch-schedule 4 --peak-every 5 --fill-pct 55 --ballast-mbps 4000 --ballast-from-host --cause load --duration 45
+#| pcie-a         leak500     oom   117    130  --seed 2405 --d-model 1152 --layers 9 --heads 9 --seq 896 --vocab 32000 --batch-schedule 4 --peak-every 0 --leak-mbps 500 --leak-at 6 --life 100 --duration 125
+#| pcie-b         loadfast3   none  45     52   --seed 2501 --d-model 1024 --layers 10 --heads 8 --seq 1024 --vocab 32000 --batch-schedule 5 --peak-every 6 --fill-pct 45 --ballast-mbps 3000 --ballast-from-host --cause load --duration 45
+#| pcie-b         growdemand  other 115    130  --seed 2502 --d-model 1024 --layers 10 --heads 8 --seq 1024 --vocab 32000 --batch-schedule 5 --peak-every 0 --accumulation 2 --demand-mbps 260 --leak-at 5 --life 105 --max-seq 32768 --duration 125
+#| pcie-b         loadfull2   none  45     52   --seed 2503 --d-model 1024 --layers 10 --heads 8 --seq 1024 --vocab 32000 --batch-schedule 5 --peak-every 6 --fill-pct 65 --ballast-mbps 100000 --ballast-from-host --cause load --duration 45
+#| pcie-b         idleleak4   oom   117    130  --seed 2504 --d-model 1024 --layers 10 --heads 8 --seq 1024 --vocab 32000 --batch-schedule 5 --peak-every 6 --step-sleep 0.15 --leak-mbps 400 --leak-at 6 --life 100 --duration 125
+#| pcie-b         steadylong  none  60     66   --seed 2505 --d-model 1024 --layers 10 --heads 8 --seq 1024 --vocab 32000 --batch-schedule 5 --peak-every 6 --duration 60
+#
 # The selftest set rehearses the whole campaign on a machine without a GPU
 # (`python3 -m pytest -q bench/gpu/selftest`: a stand-in torch, the sim
 # backend); small model, short runs, the same code paths.
@@ -421,7 +439,7 @@ start_sidecar() {
   $PY "$HERE/report_poll.py" "$SOCKDIR/$n.sock" "$OUT/$n.polls.jsonl" "$W/$n.pollstop" >"$W/$n.poll.err" 2>&1 &
   POLL_PID=$!
   PIDS+=("$!")
-  $PY "$HERE/proc_poll.py" "$OUT/$n.processes.csv" "$W/$n.pollstop" ${GPU_INDEX:+--index "$GPU_INDEX"} --utilization "$OUT/$n.utilization.csv" >"$W/$n.procpoll.err" 2>&1 &
+  $PY "$HERE/proc_poll.py" "$OUT/$n.processes.csv" "$W/$n.pollstop" ${GPU_INDEX:+--index "$GPU_INDEX"} --utilization "$OUT/$n.utilization.csv" --received "$OUT/$n.received.csv" >"$W/$n.procpoll.err" 2>&1 &
   PROCPOLL_PID=$!
   PIDS+=("$!")
   echo "$SOCKDIR/$n.sock" >"$W/$n.upstream.tmp" && mv "$W/$n.upstream.tmp" "$W/$n.upstream"

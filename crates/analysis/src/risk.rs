@@ -7,6 +7,7 @@
 //! start, still going. A trend of the upper envelope without such a run (a
 //! workload that grew in a few steps) may warn (medium), never alarm.
 
+use super::busy::Setup;
 use super::staircase::Staircase;
 use super::verdict::{level_of, Cause, NamedCause};
 use super::{least_squares_slope, theil_sen, GpuSeries};
@@ -195,7 +196,7 @@ pub(crate) fn warn_only(confidence: f64, th: &Thresholds) -> f64 {
 
 /// Growth, time to OOM, leak and sustained growth into `a`; returns the
 /// trend's confidence, the highest level it may reach, and whether the
-/// growth is setup (it rose while the GPU was idle). A regular run of
+/// growth is setup (and why: `crate::busy`). A regular run of
 /// rises after the start is sustained growth; the start's own climb
 /// (loading weights looks the same) is not, and without a run the envelope's
 /// trend may warn but not alarm.
@@ -205,18 +206,19 @@ fn growth(
     upper: &[(f64, f64)],
     (total, level): (f64, f64),
     a: &mut Assessment,
-) -> (f64, RiskLevel, bool) {
+) -> (f64, RiskLevel, Option<Setup>) {
     let now = series.last().map_or(0.0, |s| s.t);
     let stairs = series
         .rises()
         .staircase(now, 2)
         .filter(|s| !s.rises.iter().all(|r| r.start) || start_sustained(s, th));
+    let setup = stairs.as_ref().and_then(|s| rose_as_setup(series, s));
     match &stairs {
-        Some(s) if rose_while_idle(series, s) => {
+        Some(s) if setup.is_some() => {
             a.growth_bytes_per_second = s.rate();
             let tto = (s.oom_at(total) - now).max(0.0);
             a.time_to_oom_seconds = Some(tto);
-            (pace_confidence(s, tto, th), RiskLevel::Medium, true)
+            (pace_confidence(s, tto, th), RiskLevel::Medium, setup)
         }
         Some(s) => {
             a.growth_bytes_per_second = s.rate();
@@ -229,28 +231,29 @@ fn growth(
             } else {
                 pace_confidence(s, tto, th)
             };
-            (c, RiskLevel::Critical, false)
+            (c, RiskLevel::Critical, None)
         }
         None => {
             let (growth, tto, c) =
                 envelope_trend(upper, series, th, total - level).unwrap_or((0.0, None, 0.0));
             a.growth_bytes_per_second = growth;
             a.time_to_oom_seconds = tto;
-            (c, RiskLevel::Medium, false)
+            (c, RiskLevel::Medium, None)
         }
     }
 }
 
-/// The rises happened while the GPU computed next to nothing (NVML's
-/// utilization over them, `crate::busy`): weights arriving, not a training
-/// pace. Judged over the rises themselves, so training that resumed after
-/// a load does not make the load's rises a pace. Unknown utilization (the
-/// simulated and trace backends, a driver that does not say) changes
-/// nothing.
-fn rose_while_idle(series: &GpuSeries, s: &Staircase) -> bool {
+/// Why the rises are setup, if they are (`crate::busy`): they happened
+/// while the GPU computed next to nothing, or bytes arriving from the
+/// host account for them while it computed little: weights arriving, not
+/// a training pace. Judged over the rises themselves, so training that
+/// resumed after a load does not make the load's rises a pace. Unknown
+/// utilization and PCIe throughput (the simulated and trace backends, a
+/// driver that does not say) change nothing.
+fn rose_as_setup(series: &GpuSeries, s: &Staircase) -> Option<Setup> {
     let (first, last) = (s.rises[0].t, s.rises[s.rises.len() - 1].t);
     let slot = series.bucket_seconds().min(1.0);
-    series.busy().idle_over(first, last + slot) == Some(true)
+    series.busy().setup_over(first, last + slot, s.rate())
 }
 
 /// Assesses one GPU's history against the thresholds.
@@ -317,15 +320,19 @@ pub fn assess(series: &GpuSeries, th: &Thresholds) -> Assessment {
 fn nvml_cause(
     a: &Assessment,
     (trend_risk, level_risk): (RiskLevel, RiskLevel),
-    setup: bool,
+    setup: Option<Setup>,
     th: &Thresholds,
 ) -> Option<NamedCause> {
     let rate = memprof_api::format_rate(a.growth_bytes_per_second);
     let rate = rate.trim_start_matches('+');
-    if setup && trend_risk > RiskLevel::Low && level_risk <= trend_risk {
+    if let Some(why) = setup.filter(|_| trend_risk > RiskLevel::Low && level_risk <= trend_risk) {
+        let doing = match why {
+            Setup::Idle => "while the GPU computes next to nothing",
+            Setup::Copied => "as fast as bytes arrive from the host while the GPU computes little",
+        };
         return Some(NamedCause::new(
             Cause::GrowingDemand,
-            format!("device memory rises {rate} while the GPU computes next to nothing (loading, setting up)"),
+            format!("device memory rises {rate} {doing} (loading, setting up)"),
         ));
     }
     if a.leak_suspected {
@@ -531,6 +538,12 @@ mod tests {
     /// The same climb after the first steps, 1 GB/s for 60 s toward the
     /// card's end, judged with the GPU's utilization over it.
     fn climb_at_utilization(percent: u32) -> Vec<Assessment> {
+        climb_beside(percent, None)
+    }
+
+    /// The climb, with the bytes per second received over PCIe during it
+    /// when `received` says.
+    fn climb_beside(percent: u32, received: Option<u64>) -> Vec<Assessment> {
         let th = Thresholds::default();
         let mut s = GpuSeries::new(&th);
         let mut out = vec![];
@@ -547,6 +560,9 @@ mod tests {
             });
             if i % 10 == 0 {
                 s.push_utilization(t, if t < 10.0 { 90 } else { percent });
+                if let Some(rx) = received {
+                    s.push_received(t, if t < 10.0 { 0 } else { rx });
+                }
                 out.push(assess(&s, &th));
             }
         }
@@ -571,6 +587,30 @@ mod tests {
         let high = busy.iter().position(|a| a.risk >= RiskLevel::High);
         assert!(high.is_some_and(|t| t <= 45), "{:?}", busy.last());
         assert!(busy.iter().any(|a| a.leak_suspected));
+    }
+
+    /// A load too fast for the utilization rule (a pageable copy at full
+    /// speed read 13 % on an H200): the bytes arriving from the host
+    /// account for the climb, so it is setup. The same climb at the same
+    /// utilization with nothing received (a leak made on the GPU) alarms
+    /// and is a leak.
+    #[test]
+    fn a_climb_the_hosts_bytes_account_for_is_setup_and_one_they_do_not_alarms() {
+        let load = climb_beside(13, Some(1_060_000_000));
+        assert!(load.iter().all(|a| a.risk <= RiskLevel::Medium), "{load:?}");
+        assert!(load.iter().all(|a| !a.leak_suspected));
+        let cause = load.last().unwrap().cause.clone().expect("growth is named");
+        assert!(
+            cause.evidence.contains("bytes arrive from the host"),
+            "{cause:?}"
+        );
+        let leak = climb_beside(13, Some(10_000_000));
+        let high = leak.iter().position(|a| a.risk >= RiskLevel::High);
+        assert!(high.is_some_and(|t| t <= 45), "{:?}", leak.last());
+        assert!(leak.iter().any(|a| a.leak_suspected));
+        // Without PCIe readings the 13 % climb is judged as before: a pace.
+        let unknown = climb_beside(13, None);
+        assert!(unknown.iter().any(|a| a.risk >= RiskLevel::High));
     }
 
     #[test]

@@ -95,7 +95,14 @@ impl GpuSeries {
         self.busy.push(t, percent);
     }
 
-    /// The utilization readings kept.
+    /// NVML's PCIe receive throughput of the GPU at `t`, bytes per second
+    /// (kept as long as the buckets): whether the host's bytes account for
+    /// a rise.
+    pub fn push_received(&mut self, t: f64, bytes_per_second: u64) {
+        self.busy.push_received(t, bytes_per_second);
+    }
+
+    /// The utilization and PCIe readings kept.
     pub fn busy(&self) -> &Busy {
         &self.busy
     }

@@ -207,6 +207,15 @@ impl Tracker {
         }
     }
 
+    /// NVML's PCIe receive throughput of GPU `index` at `t`, bytes per
+    /// second: memory that rises as fast as the host's bytes arrive, while
+    /// the GPU computes little, is a load ([`crate::busy`]).
+    pub fn pcie_received(&mut self, t: f64, index: u32, bytes_per_second: u64) {
+        if let Some(at) = self.gpu_at(index) {
+            self.series[at].push_received(t, bytes_per_second);
+        }
+    }
+
     /// NVML's per-process usage of GPU `index` at `t`: (pid, bytes) of each
     /// compute process. Names the process that grows when the verdict is a
     /// neighbour's (or any growth NVML sees).

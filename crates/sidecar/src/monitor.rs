@@ -78,6 +78,9 @@ impl Monitor {
             if let Some(u) = r.utilization_percent {
                 self.tracker.utilization(t, g.index, u);
             }
+            if let Some(rx) = r.received_bytes_per_second {
+                self.tracker.pcie_received(t, g.index, rx);
+            }
             self.utilization[i] = r.utilization_percent;
         }
         self.last_t = t;
@@ -525,8 +528,12 @@ mod tests {
         }
     }
 
-    /// One GPU whose memory and utilization at `t` the function gives.
-    struct Curve(fn(f64) -> (f64, u32), Vec<crate::sampler::GpuInfo>);
+    /// What a curve gives at `t`: memory used, utilization and the bytes
+    /// per second received over PCIe.
+    type Reading = (f64, u32, Option<u64>);
+
+    /// One GPU whose memory and activity at `t` the function gives.
+    struct Curve(fn(f64) -> Reading, Vec<crate::sampler::GpuInfo>);
     impl Sampler for Curve {
         fn source(&self) -> DataSource {
             DataSource::Nvml
@@ -535,18 +542,19 @@ mod tests {
             &self.1
         }
         fn sample(&mut self, t: f64) -> Result<Vec<crate::sampler::GpuReading>, sampler::Error> {
-            let (used, utilization) = (self.0)(t);
+            let (used, utilization, received) = (self.0)(t);
             Ok(vec![crate::sampler::GpuReading {
                 used_bytes: used as u64,
                 total_bytes: 80_000_000_000,
                 utilization_percent: Some(utilization),
+                received_bytes_per_second: received,
             }])
         }
     }
 
     /// A monitor over `curve` after `secs` seconds sampled at 10 Hz and
     /// analysed each second; the worst risk published on the way.
-    fn run_curve(curve: fn(f64) -> (f64, u32), secs: usize) -> (Monitor, RiskLevel) {
+    fn run_curve(curve: fn(f64) -> Reading, secs: usize) -> (Monitor, RiskLevel) {
         let gpu = crate::sampler::GpuInfo {
             index: 0,
             uuid: "GPU-curve".into(),
@@ -573,10 +581,25 @@ mod tests {
     /// an idle GPU is setup (at most medium), on a busy one an alarm.
     #[test]
     fn the_gpus_utilization_tells_a_load_from_a_leak() {
-        let idle = run_curve(|t| (climb(t), if t < 10.0 { 90 } else { 2 }), 60).1;
+        let idle = run_curve(|t| (climb(t), if t < 10.0 { 90 } else { 2 }, None), 60).1;
         assert!(idle <= RiskLevel::Medium);
-        let busy = run_curve(|t| (climb(t), 70), 60).1;
+        let busy = run_curve(|t| (climb(t), 70, None), 60).1;
         assert!(busy >= RiskLevel::High);
+    }
+
+    /// The sampler's PCIe throughput reaches the analysis: the same climb
+    /// at 13 % (a load too fast for the utilization rule) is setup when
+    /// the host's bytes arrive at its pace, an alarm when none arrive.
+    #[test]
+    fn the_bytes_the_gpu_receives_tell_a_fast_load_from_a_leak() {
+        let load = run_curve(
+            |t| (climb(t), 13, Some(if t < 10.0 { 0 } else { 1_050_000_000 })),
+            60,
+        )
+        .1;
+        assert!(load <= RiskLevel::Medium, "{load:?}");
+        let leak = run_curve(|t| (climb(t), 13, Some(0)), 60).1;
+        assert!(leak >= RiskLevel::High, "{leak:?}");
     }
 
     /// A level held above its evidence says so in the report: the climb
@@ -584,7 +607,7 @@ mod tests {
     /// stays for the hold, with `riskHeldUntil` and a view's `(held)`.
     #[test]
     fn a_held_level_is_reported_with_when_it_may_fall() {
-        let (m, worst) = run_curve(|t| (if t < 62.0 { climb(t) } else { 10e9 }, 70), 70);
+        let (m, worst) = run_curve(|t| (if t < 62.0 { climb(t) } else { 10e9 }, 70, None), 70);
         assert!(worst >= RiskLevel::High);
         let r = m.report(&Identity::default(), String::new(), 1000, vec![]);
         let g = &r.gpus[0];

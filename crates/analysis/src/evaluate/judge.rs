@@ -337,6 +337,7 @@ mod tests {
             refused_pushes: 0,
             processes: Vec::new(),
             utilization: Vec::new(),
+            received: Vec::new(),
             uuid: None,
             uuid_gpu: 0,
         }

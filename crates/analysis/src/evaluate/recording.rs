@@ -114,6 +114,18 @@ pub struct UtilizationPoll {
     pub percent: u32,
 }
 
+/// NVML's PCIe receive throughput of one GPU at one time
+/// (bench/gpu/proc_poll.py's NAME.received.csv).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ReceivedPoll {
+    /// Poll time, in the recording's clock.
+    pub t: f64,
+    /// The GPU's NVML index (as the trace numbers it).
+    pub index: u32,
+    /// Bytes per second received over PCIe (NVML samples 20 ms).
+    pub bytes_per_second: u64,
+}
+
 /// One scenario: its truth, its NVML trace and the agent's pushes.
 #[derive(Clone, Debug)]
 pub struct Recording {
@@ -131,6 +143,9 @@ pub struct Recording {
     pub processes: Vec<ProcessPoll>,
     /// NVML's utilization, oldest first (empty where not recorded).
     pub utilization: Vec<UtilizationPoll>,
+    /// NVML's PCIe receive throughput, oldest first (empty where not
+    /// recorded: every set before 2026-11-29).
+    pub received: Vec<ReceivedPoll>,
     /// The UUID of the trainer's GPU as the agent named it (NVML's trace
     /// has none): the agent's device 0.
     pub uuid: Option<String>,
@@ -231,6 +246,11 @@ pub fn read_scenario(
         })?,
         None => Vec::new(),
     };
+    let received = match read(&file("received.csv")) {
+        Some(text) => parse_received(&text)
+            .map_err(|(line, why)| invalid(&file("received.csv"), format!("line {line}: {why}")))?,
+        None => Vec::new(),
+    };
     let mut truth = truth_of(&summary, kind, start, visible);
     if num("end").is_none() && num("oomAt").is_none() {
         truth.end = rows.last().map_or(start, |r| r.t);
@@ -245,6 +265,7 @@ pub fn read_scenario(
         refused_pushes,
         processes,
         utilization,
+        received,
     })
 }
 
@@ -293,27 +314,57 @@ fn only_gpu(rows: &[TraceRow]) -> u32 {
 
 /// `t,index,percent` rows (bench/gpu/proc_poll.py --utilization), in time order.
 pub fn parse_utilization(text: &str) -> Result<Vec<UtilizationPoll>, (usize, String)> {
-    let mut out: Vec<UtilizationPoll> = Vec::new();
+    let rows = parse_timed(text, "percent", |v| {
+        v.parse::<u32>().ok().filter(|&p| p <= 100)
+    })?;
+    Ok(rows
+        .into_iter()
+        .map(|(t, index, percent)| UtilizationPoll { t, index, percent })
+        .collect())
+}
+
+/// `t,index,bytes_per_second` rows (bench/gpu/proc_poll.py --received), in
+/// time order.
+pub fn parse_received(text: &str) -> Result<Vec<ReceivedPoll>, (usize, String)> {
+    let rows = parse_timed(text, "bytes_per_second", |v| v.parse::<u64>().ok())?;
+    Ok(rows
+        .into_iter()
+        .map(|(t, index, bytes_per_second)| ReceivedPoll {
+            t,
+            index,
+            bytes_per_second,
+        })
+        .collect())
+}
+
+/// One poller row: time, GPU index, value.
+type Timed<V> = (f64, u32, V);
+
+/// `t,index,VALUE` rows in time order (the pollers' CSVs, a header line
+/// first): `value` reads the third field, `None` where it is not valid.
+/// An error names the line (1-based) and what is wrong there.
+fn parse_timed<V>(
+    text: &str,
+    name: &str,
+    value: impl Fn(&str) -> Option<V>,
+) -> Result<Vec<Timed<V>>, (usize, String)> {
+    let mut out: Vec<Timed<V>> = Vec::new();
     for (i, line) in text.lines().enumerate().skip(1) {
         if line.trim().is_empty() {
             continue;
         }
         let f: Vec<&str> = line.split(',').map(str::trim).collect();
-        let bad = |what: &str| (i + 1, format!("{what}: want t,index,percent"));
-        let [t, index, percent] = f[..] else {
+        let bad = |what: &str| (i + 1, format!("{what}: want t,index,{name}"));
+        let [t, index, v] = f[..] else {
             return Err(bad("not 3 fields"));
         };
-        let p = UtilizationPoll {
-            t: t.parse().map_err(|_| bad("t"))?,
-            index: index.parse().map_err(|_| bad("index"))?,
-            percent: percent.parse().map_err(|_| bad("percent"))?,
-        };
-        if p.percent > 100 || out.last().is_some_and(|q| q.t > p.t) {
-            return Err(bad(
-                "a percent over 100 or a time before the previous row's",
-            ));
+        let t: f64 = t.parse().map_err(|_| bad("t"))?;
+        let index = index.parse().map_err(|_| bad("index"))?;
+        let v = value(v).ok_or_else(|| bad(name))?;
+        if out.last().is_some_and(|q| q.0 > t) {
+            return Err(bad("a time before the previous row's"));
         }
-        out.push(p);
+        out.push((t, index, v));
     }
     Ok(out)
 }
@@ -434,6 +485,7 @@ pub fn read_fixture(name: &str, text: &str) -> Result<Recording, RecordingError>
         refused_pushes: 0,
         processes: Vec::new(),
         utilization: Vec::new(),
+        received: Vec::new(),
         uuid: None,
     })
 }
@@ -535,6 +587,22 @@ mod tests {
             ("t,index,percent\n1,x,1\n", 2),
         ] {
             assert_eq!(parse_utilization(bad).unwrap_err().0, line, "{bad}");
+        }
+    }
+
+    #[test]
+    fn pcie_rows_are_read_in_order_and_bad_ones_name_their_line() {
+        let r = parse_received("t,index,bytes_per_second\n1.0,0,5\n2.0,1,6300000000\n").unwrap();
+        assert_eq!(
+            (r[1].t, r[1].index, r[1].bytes_per_second),
+            (2.0, 1, 6_300_000_000)
+        );
+        for (bad, line) in [
+            ("h\n1,0\n", 2),
+            ("h\n1,0,-5\n", 2),
+            ("h\n2,0,1\n1,0,1\n", 3),
+        ] {
+            assert_eq!(parse_received(bad).unwrap_err().0, line, "{bad}");
         }
     }
 

@@ -96,7 +96,7 @@ pub fn drive_tracker(
         Mode::Nvml => &[],
         Mode::Agent => &rec.pushes,
     };
-    let (mut next_push, mut next_poll, mut next_util, mut i) = (0, 0, 0, 0);
+    let (mut next_push, mut next_poll, mut next_util, mut next_rx, mut i) = (0, 0, 0, 0, 0);
     let mut next_analysis = f64::NEG_INFINITY;
     while i < rec.rows.len() {
         let t = rec.rows[i].t;
@@ -114,6 +114,11 @@ pub fn drive_tracker(
             let u = rec.utilization[next_util];
             tr.utilization(u.t, u.index, u.percent);
             next_util += 1;
+        }
+        while next_rx < rec.received.len() && rec.received[next_rx].t <= t {
+            let r = rec.received[next_rx];
+            tr.pcie_received(r.t, r.index, r.bytes_per_second);
+            next_rx += 1;
         }
         if t >= next_analysis {
             next_analysis = t + 1.0;

@@ -36,6 +36,9 @@ pub struct GpuReading {
     pub total_bytes: u64,
     /// Utilization, percent, when the backend knows it.
     pub utilization_percent: Option<u32>,
+    /// Bytes per second received over PCIe, when the backend knows it
+    /// (NVML: a 20 ms glimpse, read with the utilization).
+    pub received_bytes_per_second: Option<u64>,
 }
 
 /// Errors of samplers. Messages say what to do.

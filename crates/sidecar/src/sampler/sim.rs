@@ -370,6 +370,7 @@ impl Sampler for SimSampler {
                     used_bytes: (clean + noise).clamp(0.0, total) as u64,
                     total_bytes: g.total_bytes,
                     utilization_percent: Some(if clean > 0.0 { 90 } else { 0 }),
+                    received_bytes_per_second: None,
                 }
             })
             .collect())

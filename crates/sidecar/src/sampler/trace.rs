@@ -76,7 +76,7 @@ impl Sampler for TraceSampler {
                 self.current[pos] = GpuReading {
                     used_bytes: r.used_bytes,
                     total_bytes: r.total_bytes,
-                    utilization_percent: None,
+                    ..Default::default()
                 };
             }
             self.next += 1;
