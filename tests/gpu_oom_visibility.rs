@@ -175,7 +175,7 @@ async fn a_cuda_oom_is_annotated_announced_once_and_counted() {
 
 /// Sites taken at `level` by rank `rank`'s agent, one per size (GiB), in
 /// the given order.
-fn sites_at(level: RiskLevel, rank: u32, sizes_gib: &[u64]) -> AllocationSites {
+pub(crate) fn sites_at(level: RiskLevel, rank: u32, sizes_gib: &[u64]) -> AllocationSites {
     AllocationSites {
         time: at(0),
         level,

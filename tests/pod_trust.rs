@@ -35,7 +35,7 @@ const LOCAL_JOB_CONTROLLER: &str = "memprof-admin";
 
 /// How long "nothing happens" is watched: the operator reacts to a counted
 /// critical report within about a second (the positive controls below).
-const QUIET: Duration = Duration::from_secs(8);
+pub(crate) const QUIET: Duration = Duration::from_secs(8);
 
 /// A pod of `creator` that claims Job `job` as its controller, carries the
 /// Job's selector labels and a finalizer of its own (so the Job controller's
@@ -65,7 +65,7 @@ async fn planted_pod(creator: &Client, ns: &str, name: &str, job: &Job) -> Pod {
 /// `creationTimestamp` counts in: the Job controller deletes the newest of
 /// the pods beyond its parallelism, and among pods of the same second any
 /// one (the attack of the issue plants a pod after the genuine one).
-async fn newer_than(pod: &Pod) {
+pub(crate) async fn newer_than(pod: &Pod) {
     let created = pod.creation_timestamp().unwrap().0;
     let later = created + jiff::SignedDuration::from_millis(1100);
     if let Ok(wait) = Duration::try_from(later - jiff::Timestamp::now()) {
@@ -74,7 +74,7 @@ async fn newer_than(pod: &Pod) {
 }
 
 /// Removes the test's finalizers so the namespace can go.
-async fn release(admin: &Client, ns: &str, name: &str) {
+pub(crate) async fn release(admin: &Client, ns: &str, name: &str) {
     let pods: Api<Pod> = Api::namespaced(admin.clone(), ns);
     let patch = json!({"metadata": {"finalizers": null}});
     let _ = pods
@@ -87,7 +87,7 @@ async fn release(admin: &Client, ns: &str, name: &str) {
 }
 
 /// The critical report `pod`'s sidecar would write for rank 0 of `job`.
-fn critical_of(pod: &Pod, job: &str, offset: u64) -> memprof::api::MemoryReport {
+pub(crate) fn critical_of(pod: &Pod, job: &str, offset: u64) -> memprof::api::MemoryReport {
     let gpus = vec![gpu(0, 79, 79, RiskLevel::Critical, Some(5.0))];
     pod_report(pod, job, 0, &at(offset), gpus)
 }
@@ -125,7 +125,7 @@ async fn untouched(admin: &Client, ns: &str, job: &Job) {
 /// A client writing as `pod` itself (its sidecar's bound token): the
 /// webhook marks such a write as the pod's own, so what these tests judge
 /// is the pod's admission alone.
-async fn as_pod(admin: &Client, ns: &str, pod: &Pod) -> Client {
+pub(crate) async fn as_pod(admin: &Client, ns: &str, pod: &Pod) -> Client {
     client_as_pod(admin, ns, &pod.name_any(), &pod.uid().unwrap()).await
 }
 
@@ -148,7 +148,7 @@ async fn genuine_report_still_remediates(admin: &Client, ns: &str, job: &Job, po
 }
 
 /// The pods of Job `job` (by controller uid) as they are, oldest first.
-async fn pods_of(client: &Client, ns: &str, job: &Job, n: usize) -> Vec<Pod> {
+pub(crate) async fn pods_of(client: &Client, ns: &str, job: &Job, n: usize) -> Vec<Pod> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     let uid = job.uid().unwrap();
     eventually("the Job controller's pods", || async {
@@ -166,16 +166,16 @@ async fn pods_of(client: &Client, ns: &str, job: &Job, n: usize) -> Vec<Pod> {
 
 /// How the webhook stands while the victim's Job creates its pods.
 #[derive(Clone, Copy, PartialEq)]
-enum Webhook {
+pub(crate) enum Webhook {
     /// Serving, marking the Job controller's pods.
     Serving,
     /// Registered (`failurePolicy: Ignore`) but not answering.
     FailedOpen,
 }
 
-struct Setup {
-    admin: Client,
-    ns: TestNamespace,
+pub(crate) struct Setup {
+    pub(crate) admin: Client,
+    pub(crate) ns: TestNamespace,
     _registration: Registration,
     webhook: Option<webhook_support::Server>,
     /// The one controller: roll-up and remediation.
@@ -186,7 +186,7 @@ impl Setup {
     /// The webhook (as the chart registers it, marking the local Job
     /// controller's pods with the namespace's admission key), the operator
     /// (roll-up and remediation) on a fresh namespace, and the shrink policy.
-    async fn start(webhook: Webhook) -> Option<Setup> {
+    pub(crate) async fn start(webhook: Webhook) -> Option<Setup> {
         let admin = cluster().await?;
         let ns = TestNamespace::create(&admin).await;
         label_namespace(&admin, &ns.name).await;
@@ -243,7 +243,7 @@ impl Setup {
 
     /// Waits until the profile's `ReportsValid` condition refuses `report`
     /// because `why` (the caches may first see the report, then its pod).
-    async fn refuses(&self, report: &str, why: &str) {
+    pub(crate) async fn refuses(&self, report: &str, why: &str) {
         let profiles: Api<MemoryProfile> = Api::namespaced(self.admin.clone(), &self.ns.name);
         eventually("the report named in ReportsValid", || async {
             let st = profiles
@@ -269,7 +269,7 @@ impl Setup {
         .await
     }
 
-    async fn stop(self) {
+    pub(crate) async fn stop(self) {
         self.operator.stop().await;
         if let Some(server) = self.webhook {
             server.stop().await;
@@ -380,9 +380,9 @@ async fn pods_created_while_the_webhook_fails_open_never_steer_their_job() {
 /// Why a report of a pod without `memprof.dev/managed` is refused: the
 /// operator's pod watch selects on that label (contract D), so the pod is
 /// not in its cache at all.
-const UNSEEN: &str = "does not exist";
+pub(crate) const UNSEEN: &str = "does not exist";
 
-fn copy_of(pod: &Pod, name: &str) -> Pod {
+pub(crate) fn copy_of(pod: &Pod, name: &str) -> Pod {
     let mut copy = Pod {
         metadata: pod.metadata.clone(),
         spec: pod.spec.clone(),

@@ -213,7 +213,7 @@ async fn a_tenant_s_pod_claiming_a_pytorchjob_with_a_cuda_oom_never_fires_a_poli
 
 /// Workload `train` of `kind` in `ns`, profiled, one of its ranks then
 /// critical. Returns its uid.
-async fn critical_workload(admin: &Client, ns: &str, kind: WorkloadKind) -> String {
+pub(crate) async fn critical_workload(admin: &Client, ns: &str, kind: WorkloadKind) -> String {
     let critical = vec![gpu(0, 79, 79, RiskLevel::Critical, Some(5.0))];
     match kind {
         WorkloadKind::JobSet => {
