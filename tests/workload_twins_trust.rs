@@ -21,6 +21,12 @@
 //!   `memprof report`, under the workload's own ranks (twin of
 //!   `gpu_oom_visibility::every_ranks_sites_at_critical_…`).
 //!
+//! `security::refused_reports_naming_a_victim_never_hide_its_risk_event`
+//! has no twin: a workload's roll-up queues no Event about a refused
+//! report (they are named in its `ReportsValid` condition only;
+//! `status/workload.rs` queues its risk Event alone), so no refusal can
+//! wait beside, or push out, its risk Event.
+//!
 //! Run them:
 //!
 //!     eval "$(bash hack/local-cluster.sh env)"
