@@ -45,7 +45,7 @@ fn outage() -> Duration {
     Duration::from_secs(secs)
 }
 
-async fn create_namespace(client: &Client, name: &str) {
+pub(crate) async fn create_namespace(client: &Client, name: &str) {
     let mut ns = Namespace::default();
     ns.metadata.name = Some(name.into());
     Api::<Namespace>::all(client.clone())

@@ -13,12 +13,19 @@
 //! - an operator killed between deleting the old workload and creating
 //!   the new one finishes on restart, once, from its saved plan, and the
 //!   old workload's children are deleted (twin of
-//!   `remediation::operator_killed_between_delete_and_create_…`).
+//!   `remediation::operator_killed_between_delete_and_create_…`);
+//! - a recreation whose old workload is held by a finalizer while the API
+//!   server restarts finishes exactly once (twin of
+//!   `faults::a_remediation_interrupted_by_an_api_server_restart_…`): on a
+//!   control plane of its own, so `#[ignore]`d, in the submodule `faults`
+//!   that hack/test.sh's fault pass picks up by name.
 //!
 //! The upper controllers are played as `workload_support` does. Run them:
 //!
 //!     eval "$(bash hack/local-cluster.sh env)"
 //!     MEMPROF_REQUIRE_CLUSTER=1 cargo test --test integration workload_twins_restart::
+//!     MEMPROF_REQUIRE_CLUSTER=1 cargo test --test integration -- --ignored \
+//!         --test-threads=1 workload_twins_restart::faults::
 //!
 //! Without `KUBECONFIG` every test is skipped with a message.
 
@@ -96,14 +103,6 @@ impl Profiled {
         .await
     }
 
-    /// `BATCH_SIZE` in each of `obj`'s pod templates.
-    fn batches(&self, obj: &DynamicObject) -> Vec<Option<Value>> {
-        match self.kind {
-            WorkloadKind::JobSet => vec![obj.data.pointer(BATCH).cloned()],
-            _ => batches(obj),
-        }
-    }
-
     /// The old workload's children still there (not being deleted): a
     /// JobSet's child Jobs, a PyTorchJob's pods.
     async fn old_children(&self, admin: &Client, ns: &str) -> Result<Vec<String>, String> {
@@ -133,6 +132,16 @@ impl Profiled {
         };
         Ok(names)
     }
+}
+
+/// Whether `BATCH_SIZE` is 24 (32 × 0.75) in each of `obj`'s pod
+/// templates (a workload of `kind`).
+fn shrunk(kind: WorkloadKind, obj: &DynamicObject) -> bool {
+    let batches = match kind {
+        WorkloadKind::JobSet => vec![obj.data.pointer(BATCH).cloned()],
+        _ => batches(obj),
+    };
+    batches.iter().all(|b| *b == Some(json!("24")))
 }
 
 /// Waits until `op` has exited (at its failpoint) and says how.
@@ -325,7 +334,7 @@ async fn killed_between_delete_and_create(kind: WorkloadKind) {
     drop(crashing);
     let _restarted = spawn_operator(ns, None);
     let new = w.recreated(&admin, ns).await;
-    assert!(w.batches(&new).iter().all(|b| *b == Some(json!("24"))));
+    assert!(shrunk(kind, &new), "{:?}", new.data["spec"]);
     assert_eq!(new.annotations()["memprof.dev/remediation"], rec.id);
     let done = record_in(&admin, ns, "Done").await;
     assert_eq!(done.id, rec.id);
@@ -362,4 +371,210 @@ async fn an_operator_killed_between_deleting_and_creating_a_jobset_finishes_on_r
 #[tokio::test]
 async fn an_operator_killed_between_deleting_and_creating_a_pytorchjob_finishes_on_restart() {
     killed_between_delete_and_create(WorkloadKind::PyTorchJob).await;
+}
+
+/// The twins of `faults::a_remediation_interrupted_by_an_api_server_restart_finishes_exactly_once`:
+/// on a control plane of their own (the API server restarts), so
+/// `#[ignore]`d and named `…::faults::…` for hack/test.sh's fault pass
+/// (`-- --ignored --test-threads=1 faults::`), as the Job test is.
+mod faults {
+    use super::*;
+    use crate::faults::create_namespace;
+    use crate::faults_support::{operator, PrivateCluster};
+    use memprof::api::workload_mark::{sign, Link, ANNOTATION_WORKLOAD_MARK};
+    use remediation_support::{first_pod, profile_with_status, terminate_container};
+
+    /// Pod `<pt>-<rtype>-<index>` of PyTorchJob `pt` as the training
+    /// operator creates it, with the workload mark the webhook gives it
+    /// (under `ns`'s key on `admin`'s cluster; `marked_child` for a Job).
+    async fn marked_pytorch_pod(
+        admin: &Client,
+        ns: &str,
+        pt: &DynamicObject,
+        (rtype, index): (&str, u32),
+    ) -> Pod {
+        let mut manifest = pytorch_pod(pt, rtype, index);
+        let name = format!("{}-{rtype}-{index}", pt.name_any());
+        let identity = format!("{rtype}/{index}");
+        let link = Link {
+            namespace: ns,
+            kind: "Pod",
+            name: &name,
+            controller_uid: pt.metadata.uid.as_deref().unwrap(),
+            identity: &identity,
+        };
+        let keys = admission_keys_in(admin, ns).await;
+        let mark = sign(keys.current().unwrap(), &link, jiff::Timestamp::now()).unwrap();
+        manifest["metadata"]["annotations"] = json!({ANNOTATION_WORKLOAD_MARK: mark});
+        let pod: Pod = serde_json::from_value(manifest).unwrap();
+        Api::<Pod>::namespaced(admin.clone(), ns)
+            .create(&Default::default(), &pod)
+            .await
+            .unwrap()
+    }
+
+    /// Rank `pod` (of `job`) reports low, as `apply_report` writes it but
+    /// marked under `ns`'s key on `client`'s cluster (`apply_report` takes
+    /// the shared cluster's): the workload's roll-up counts only a report
+    /// its pod's own write, and its OOM scan reads only counted ranks.
+    async fn low_report_on(client: &Client, ns: &str, pod: &Pod, job: &str) {
+        let low = vec![gpu(0, 30, 30, RiskLevel::Low, None)];
+        let mut report = pod_report(pod, job, 0, &at(0), low);
+        let ring = admission_keys_in(client, ns).await;
+        memprof::api::writer::mark_as_written(&mut report, ring.current().unwrap(), ns);
+        let params = PatchParams::apply(memprof::api::SIDECAR_MANAGER).force();
+        Api::<memprof::api::MemoryReport>::namespaced(client.clone(), ns)
+            .patch(&pod.name_any(), &params, &Patch::Apply(&report))
+            .await
+            .unwrap();
+    }
+
+    /// `train` of `kind` (labels `team: ml`) held by a finalizer of the
+    /// test's from its creation, its ranks marked and reporting low, its
+    /// profile written (the operator running). Returns its uid and a
+    /// rank's pod and container.
+    async fn held_workload(
+        client: &Client,
+        ns: &str,
+        kind: WorkloadKind,
+    ) -> (String, Pod, &'static str) {
+        let mut manifest = match kind {
+            WorkloadKind::JobSet => jobset("train", 2, json!({"team": "ml"})),
+            _ => {
+                let labels = json!({"team": "ml", "memprof.dev/managed": "true"});
+                let mut m = pytorchjob("train", 2, labels);
+                m["metadata"]["annotations"] = json!({"memprof.dev/enabled": "true"});
+                m
+            }
+        };
+        manifest["metadata"]["finalizers"] = json!(["memprof.dev/test-hold"]);
+        let top = create(client, ns, kind, manifest).await;
+        let mut pods = Vec::new();
+        if kind == WorkloadKind::JobSet {
+            for i in 0..2 {
+                let job = marked_child(client, ns, &top, i).await.name_any();
+                let pod = first_pod(client, ns, &job).await;
+                low_report_on(client, ns, &pod, &job).await;
+                pods.push(pod);
+            }
+        } else {
+            for rank in [("master", 0), ("worker", 0), ("worker", 1)] {
+                let pod = marked_pytorch_pod(client, ns, &top, rank).await;
+                low_report_on(client, ns, &pod, "train").await;
+                pods.push(pod);
+            }
+        }
+        profile_with_status(client, ns, "train").await;
+        let container = if kind == WorkloadKind::JobSet {
+            "trainer"
+        } else {
+            "pytorch"
+        };
+        (top.uid().unwrap(), pods.remove(1), container)
+    }
+
+    /// Waits until `train` (of `kind`, uid `old`) is being deleted, held by
+    /// the test's finalizer, its remediation Pending.
+    async fn held_mid_remediation(client: &Client, ns: &str, kind: WorkloadKind, old: &str) {
+        let objects = api(client, ns, kind);
+        eventually(
+            "the old workload deleted, held by our finalizer",
+            || async {
+                let o = objects.get("train").await.map_err(|e| e.to_string())?;
+                let recs = records(client, ns, "train").await;
+                let seen = (
+                    o.uid().as_deref() == Some(old),
+                    o.metadata.deletion_timestamp.is_some(),
+                    recs.iter().any(|r| r.phase == "Pending"),
+                );
+                (seen == (true, true, true)).then_some(()).ok_or(format!(
+                    "(same one, being deleted, pending record) = {seen:?}"
+                ))
+            },
+        )
+        .await;
+    }
+
+    /// Takes the test's finalizer off `train`, retried while the API
+    /// server comes back.
+    async fn release(objects: &Api<DynamicObject>) {
+        eventually("the finalizer removed", || async {
+            let release = json!({"metadata": {"finalizers": null}});
+            let pp = PatchParams::default();
+            let patched = objects.patch("train", &pp, &Patch::Merge(&release)).await;
+            patched.map(|_| ()).map_err(|e| e.to_string())
+        })
+        .await;
+    }
+
+    /// Waits until `train` is recreated (not uid `old`) with the smaller
+    /// batch and its one remediation Done; checks that it stays one
+    /// workload and one record. Returns the remediation id.
+    async fn done_exactly_once(client: &Client, ns: &str, kind: WorkloadKind, old: &str) -> String {
+        let objects = api(client, ns, kind);
+        let new = eventually("recreated", || async {
+            let now = objects.get_opt("train").await.map_err(|e| e.to_string())?;
+            match now {
+                Some(o) if o.uid().as_deref() != Some(old) => Ok(o),
+                other => Err(format!("uid {:?}", other.and_then(|o| o.uid()))),
+            }
+        })
+        .await;
+        assert!(shrunk(kind, &new), "{:?}", new.data["spec"]);
+        let done = record_in(client, ns, "Done").await;
+        stays(
+            "one remediation, one workload",
+            Duration::from_secs(5),
+            || async {
+                let rs = records(client, ns, "train").await;
+                let now = objects.get_opt("train").await.map_err(|e| e.to_string())?;
+                let now = now.and_then(|o| o.uid());
+                (rs.len() == 1 && now == new.uid())
+                    .then_some(())
+                    .ok_or(format!("{} records, uid {now:?}", rs.len()))
+            },
+        )
+        .await;
+        done.id
+    }
+
+    /// What the Job test checks, for `kind`: `train`'s remediation begun,
+    /// its old workload deleted but held by the test's finalizer, the API
+    /// server restarts; once the finalizer goes, the workload is recreated
+    /// with the smaller batch and the remediation is Done, exactly once.
+    async fn interrupted_by_an_api_server_restart(kind: WorkloadKind) {
+        let cluster = PrivateCluster::up(&format!("restart-{}", kind.plural())).await;
+        let client = cluster.client.clone();
+        let ns = "faults";
+        create_namespace(&client, ns).await;
+        install_workload_crds(&client).await;
+        apply_policy(&client, ns, "shrink", shrink_policy(false))
+            .await
+            .unwrap();
+        let mut op = operator("op", &cluster.kubeconfig, ns, &[]);
+        let (old, rank, container) = held_workload(&client, ns, kind).await;
+        let oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB";
+        terminate_container(&client, ns, &rank.name_any(), container, 1, oom).await;
+        held_mid_remediation(&client, ns, kind, &old).await;
+        cluster.restart_apiserver().await;
+        release(&api(&client, ns, kind)).await;
+        let id = done_exactly_once(&client, ns, kind, &old).await;
+        eprintln!(
+            "remediation {id} of a {} done across an API server restart",
+            kind.kind()
+        );
+        assert!(op.alive(), "the operator lived through the restart");
+    }
+
+    #[tokio::test]
+    #[ignore = "restarts an API server of its own: hack/test.sh runs it with --ignored, alone"]
+    async fn a_jobset_recreation_interrupted_by_an_api_server_restart_finishes_exactly_once() {
+        interrupted_by_an_api_server_restart(WorkloadKind::JobSet).await;
+    }
+
+    #[tokio::test]
+    #[ignore = "restarts an API server of its own: hack/test.sh runs it with --ignored, alone"]
+    async fn a_pytorchjob_recreation_interrupted_by_an_api_server_restart_finishes_exactly_once() {
+        interrupted_by_an_api_server_restart(WorkloadKind::PyTorchJob).await;
+    }
 }

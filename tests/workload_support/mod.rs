@@ -6,7 +6,8 @@
 #![allow(dead_code)]
 
 use crate::common::{
-    admission_keys, apply_report, at, cluster, eventually, gpu, job_pods, pod_report, TestNamespace,
+    admission_keys_in, apply_report, at, cluster, eventually, gpu, job_pods, pod_report,
+    TestNamespace,
 };
 use crate::webhook_support::{Registration, NS_LABEL};
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
@@ -179,10 +180,11 @@ pub async fn register_workloads(
 }
 
 /// Child Job `index` of `js` as the JobSet controller creates it, profiled
-/// and marked as the webhook marks it.
+/// and marked as the webhook marks it (under `ns`'s key on `admin`'s
+/// cluster: tests/faults.rs runs control planes of its own).
 pub async fn marked_child(admin: &Client, ns: &str, js: &DynamicObject, index: u32) -> Job {
     let mut manifest = child_job(js, index);
-    let keys = admission_keys(ns).await;
+    let keys = admission_keys_in(admin, ns).await;
     let name = format!("{}-workers-{index}", js.name_any());
     let identity = format!("workers/{index}");
     let link = Link {
