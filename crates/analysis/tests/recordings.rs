@@ -866,3 +866,68 @@ fn busy_sets_held_out_as_first_judged() {
         assert_eq!((j.high_seconds, j.false_leak_seconds), (0.0, 0.0), "{j:?}");
     }
 }
+
+/// The set's recordings with NVML's PCIe receive throughput left out (as
+/// a sampler that does not read it sees them).
+fn without_pcie(name: &str, n: usize) -> Evaluation {
+    let mut recs = set(name, n);
+    for r in &mut recs {
+        assert!(!r.received.is_empty(), "{name} {}: PCIe recorded", r.name);
+        r.received.clear();
+    }
+    evaluate(&recs, &Thresholds::default())
+}
+
+/// `recordings/pcie-a` and `pcie-b`, recorded with NVML's PCIe receive
+/// throughput beside each trace after the copy rule (its share and
+/// utilization bound set on bench/gpu/pcie_probe.py's output, not on
+/// these), judged once as they came. From NVML alone, five loads from
+/// host memory (2.6, 3 and 4 GB/s, two at full speed) raise no high and no
+/// leak flag; without the PCIe readings two of them raised 8 s and
+/// 19 s of high (26 s of leak flag). No cause changed with the readings.
+/// A trainer idle 300 ms a step (utilization 5.9 %) that leaks on the GPU
+/// went high only 33.9 s before its OOM from NVML alone, the idle rule's
+/// known risk (with the readings or without), 60.9 s with the agent.
+/// The agent-fed verdict flagged the two fastest loads as leaks for
+/// 35 s, held from a flag raised two seconds into each load; the rule
+/// that a rise gathered since the step count last moved is setup
+/// (`allocator::pace`) was made on pcie-a after that judgement, so
+/// pcie-a's loads are seen for it.
+#[test]
+fn pcie_sets_as_first_judged() {
+    let a = evaluation("pcie-a", 5);
+    let b = evaluation("pcie-b", 5);
+    let (blind_a, blind_b) = (without_pcie("pcie-a", 5), without_pcie("pcie-b", 5));
+    let false_secs = |j: &Judged| (j.high_seconds, j.false_leak_seconds);
+    for (e, blind, load) in [
+        (&a, &blind_a, "loadfast2"),
+        (&a, &blind_a, "loadfull"),
+        (&a, &blind_a, "load4g"),
+        (&b, &blind_b, "loadfast3"),
+        (&b, &blind_b, "loadfull2"),
+    ] {
+        assert_eq!(false_secs(one(&e.nvml, load)), (0.0, 0.0), "{load}");
+        assert_eq!(false_secs(one(&e.agent, load)), (0.0, 0.0), "{load}");
+        // The two full-speed loads are over before any trend from NVML.
+        assert!(one(&blind.nvml, load).high_seconds <= 19.0, "{load}");
+    }
+    assert!(one(&blind_a.nvml, "loadfast2").high_seconds >= 8.0);
+    assert!(false_secs(one(&blind_b.nvml, "loadfast3")) >= (19.0, 26.0));
+    for (e, cause, nvml, agent) in [
+        (&a, "leak500", 74.0, 89.0),
+        (&b, "idleleak4", 73.0, 90.0),
+        (&b, "growdemand", 69.0, 67.0),
+        (&a, "idleleak3", 33.0, 60.0),
+    ] {
+        assert!(one(&e.nvml, cause).lead_high >= Some(nvml), "{cause}");
+        assert!(one(&e.agent, cause).lead_high >= Some(agent), "{cause}");
+    }
+    for j in b
+        .nvml
+        .iter()
+        .chain(&b.agent)
+        .filter(|j| j.name == "steadylong")
+    {
+        assert_eq!(false_secs(j), (0.0, 0.0), "{j:?}");
+    }
+}

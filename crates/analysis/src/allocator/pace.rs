@@ -250,8 +250,45 @@ impl Recent {
             slope: fit.slope,
             span: fit.span,
             floor_flat: floor_flat(&floors, fit.slope),
-            setup: self.setup_since(fit.span),
+            setup: self.setup_since(fit.span) || self.rose_while_stalled(from, min_rise),
         })
+    }
+
+    /// Whether most of the window's rise came after the step count last
+    /// moved: the peaks rose by at least half the window's rise since the
+    /// trainer's first step (and a
+    /// pace's least) since the push that last moved it, over at least two
+    /// more pushes and three of the trainer's usual steps. A fast load
+    /// rises so much in its first seconds that the window's newest half
+    /// still holds the last steps ([`Recent::setup_since`] reads it only
+    /// later), and a leak flag raised then was held for half a minute. A
+    /// leak keeps memory at every step, so its rise is spread over its
+    /// steps, never gathered where none ran.
+    fn rose_while_stalled(&self, from: f64, min_rise: f64) -> bool {
+        let (Some(period), Some(last)) = (self.step_period(), self.points.back()) else {
+            return false;
+        };
+        let run: Vec<&Point> = self
+            .points
+            .iter()
+            .rev()
+            .take_while(|p| p.step.is_some() && p.step == last.step)
+            .collect();
+        let moved = run[run.len() - 1];
+        // The window's rise counts from the trainer's first step: the climb
+        // before it (the model placed) is its start, never a pace.
+        let before_first = self.moves.map_or(f64::NEG_INFINITY, |((t0, _), _)| t0);
+        let lowest = self
+            .points
+            .iter()
+            .filter(|p| p.t >= from && p.t > before_first)
+            .map(|p| p.peak)
+            .fold(f64::INFINITY, f64::min);
+        let stalled_rise = last.peak - moved.peak;
+        run.len() > 2
+            && last.t - moved.t >= 3.0 * period
+            && stalled_rise >= min_rise
+            && stalled_rise >= 0.5 * (last.peak - lowest)
     }
 }
 
@@ -404,6 +441,47 @@ mod tests {
         // A drift of a few MB is no pace either.
         let r = recent(60, |t| (10.8 * GB + 1e6 * t, 2.1 * GB));
         assert_eq!(r.pace(LEAK, LIMIT), None);
+    }
+
+    /// As recorded on an H200 (pcie-a load4g): ten warm-up steps in two
+    /// seconds lift the peaks 0.9 -> 8.6 GB (the trainer's start), then
+    /// weights arrive at 4 GB/s with no step. Two seconds into the load
+    /// the window's newest half still holds the last steps, so only the
+    /// rise since the count last moved tells it is setup; it was a leak
+    /// flag then, held for 35 s. The same rise with a step at every push
+    /// (a leak) is no setup.
+    #[test]
+    fn a_fast_load_after_the_first_steps_is_setup_at_once() {
+        let run = |steps_go_on: bool| {
+            let mut r = Recent::default();
+            for (t, peak, floor, step) in [
+                (0.29, 0.0, 0.0, 0),
+                (1.30, 0.0, 0.0, 0),
+                (2.33, 0.88, 0.88, 0),
+                (3.37, 0.88, 0.88, 0),
+                (4.39, 0.88, 0.88, 0),
+                (5.50, 0.88, 0.88, 0),
+                (6.52, 5.83, 2.84, 4),
+                (7.53, 8.57, 5.79, 10),
+                (8.53, 9.88, 9.88, 10),
+                (9.53, 13.98, 13.98, 10),
+            ] {
+                let step = if steps_go_on && t > 7.0 {
+                    (t * 10.0) as u64
+                } else {
+                    step
+                };
+                r.push(Point {
+                    t,
+                    peak: peak * GB,
+                    floor: floor * GB,
+                    step: Some(step),
+                });
+            }
+            r.pace(LEAK, 140.0 * GB)
+        };
+        assert!(run(false).expect("a pace").setup);
+        assert!(!run(true).expect("a pace").setup);
     }
 
     /// A leak in a trainer whose steps take 20 s each: a window with no
