@@ -7,7 +7,9 @@
 pub mod alone;
 
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
-use k8s_openapi::api::core::v1::{Container, Namespace, Pod, PodSpec, PodTemplateSpec};
+use k8s_openapi::api::core::v1::{
+    Container, Namespace, Pod, PodSpec, PodTemplateSpec, ServiceAccount,
+};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -107,7 +109,29 @@ impl TestNamespace {
             .create(&PostParams::default(), &ns)
             .await
             .unwrap_or_else(|e| panic!("creating namespace {name}: {e}"));
+        pods_may_be_created(client, &name).await;
         TestNamespace { name }
+    }
+}
+
+/// Waits until the namespace's `default` service account has its token:
+/// until then kube-apiserver v1.20 (the local control plane's) refuses a
+/// pod created directly, "No API token found for service account
+/// default" (500). The token controller takes ~0.1 s idle, seconds on a
+/// loaded 2-core machine, where a test that created pods at once failed.
+async fn pods_may_be_created(client: &Client, ns: &str) {
+    let accounts = Api::<ServiceAccount>::namespaced(client.clone(), ns);
+    let start = Instant::now();
+    loop {
+        let account = accounts.get_opt("default").await.ok().flatten();
+        if account.is_some_and(|a| a.secrets.is_some_and(|s| !s.is_empty())) {
+            return;
+        }
+        assert!(
+            start.elapsed() < TIMEOUT,
+            "namespace {ns}: no token for its default service account within {TIMEOUT:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
