@@ -289,6 +289,17 @@
 #| pcie-b         idleleak4   oom   117    130  --seed 2504 --d-model 1024 --layers 10 --heads 8 --seq 1024 --vocab 32000 --batch-schedule 5 --peak-every 6 --step-sleep 0.15 --leak-mbps 400 --leak-at 6 --life 100 --duration 125
 #| pcie-b         steadylong  none  60     66   --seed 2505 --d-model 1024 --layers 10 --heads 8 --seq 1024 --vocab 32000 --batch-schedule 5 --peak-every 6 --duration 60
 #
+# pcie-c: recorded after the rule that a rise gathered since the step count
+# last moved is setup (made on pcie-a's two fastest loads); other models,
+# rates and seeds; judged once as it came, for both rules and the live
+# sidecar that carries them.
+#| pcie-c         loadmid7    none  45     52   --seed 2601 --d-model 1280 --layers 8 --heads 10 --seq 768 --vocab 32000 --batch-schedule 6 --peak-every 4 --fill-pct 50 --ballast-mbps 5000 --ballast-from-host --cause load --duration 45
+#| pcie-c         leak400     oom   117    130  --seed 2602 --d-model 1280 --layers 8 --heads 10 --seq 768 --vocab 32000 --batch-schedule 6 --peak-every 0 --leak-mbps 400 --leak-at 6 --life 100 --duration 125
+#| pcie-c         loadfull3   none  45     52   --seed 2603 --d-model 1280 --layers 8 --heads 10 --seq 768 --vocab 32000 --batch-schedule 6 --peak-every 4 --fill-pct 70 --ballast-mbps 100000 --ballast-from-host --cause load --duration 45
+#| pcie-c         idleleak5   oom   117    130  --seed 2604 --d-model 1280 --layers 8 --heads 10 --seq 768 --vocab 32000 --batch-schedule 6 --peak-every 4 --step-sleep 0.2 --leak-mbps 350 --leak-at 6 --life 100 --duration 125
+#| pcie-c         load2g      none  45     52   --seed 2605 --d-model 1280 --layers 8 --heads 10 --seq 768 --vocab 32000 --batch-schedule 6 --peak-every 4 --fill-pct 45 --ballast-mbps 2000 --ballast-from-host --cause load --duration 45
+#| pcie-c         steadyeval  none  60     66   --seed 2606 --d-model 1280 --layers 8 --heads 10 --seq 768 --vocab 32000 --batch-schedule 6 --peak-every 4 --eval-every 12 --eval-batches 4 --eval-batch 8 --duration 60
+#
 # The selftest set rehearses the whole campaign on a machine without a GPU
 # (`python3 -m pytest -q bench/gpu/selftest`: a stand-in torch, the sim
 # backend); small model, short runs, the same code paths.

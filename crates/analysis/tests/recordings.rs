@@ -931,3 +931,31 @@ fn pcie_sets_as_first_judged() {
         assert_eq!(false_secs(j), (0.0, 0.0), "{j:?}");
     }
 }
+
+/// `recordings/pcie-c`, recorded after both rules (the PCIe copy rule and
+/// the rise gathered since the steps last moved), never tuned on, judged
+/// once: four legitimate runs (loads from host memory at 2 and 5 GB/s and
+/// at full speed, steady training with evaluation passes) raise no high
+/// and no leak flag from either source (without the PCIe readings the
+/// 2 GB/s load raised 10 s of each from NVML alone); two leaks, one in a
+/// trainer idle 200 ms a step, go high >= 70 s before their OOM from NVML
+/// alone and >= 87 s with the agent, their time to OOM at half-life within
+/// 6 %.
+#[test]
+fn pcie_c_never_tuned_on() {
+    let e = evaluation("pcie-c", 6);
+    let blind = without_pcie("pcie-c", 6);
+    for run in ["loadmid7", "loadfull3", "load2g", "steadyeval"] {
+        for j in [one(&e.nvml, run), one(&e.agent, run)] {
+            assert_eq!((j.high_seconds, j.false_leak_seconds), (0.0, 0.0), "{j:?}");
+        }
+    }
+    assert!(one(&blind.nvml, "load2g").high_seconds >= 10.0);
+    for (cause, nvml, agent) in [("leak400", 70.0, 87.0), ("idleleak5", 70.0, 91.0)] {
+        for (j, lead) in [(one(&e.nvml, cause), nvml), (one(&e.agent, cause), agent)] {
+            assert!(j.lead_high >= Some(lead), "{j:?}");
+            let t = j.tto_at_half.as_ref().expect("a time at half-life");
+            assert!(t.error_percent.abs() <= 6.5, "{j:?}");
+        }
+    }
+}
