@@ -63,6 +63,32 @@ pub(crate) fn evil_plan(id: &str, victim_ns: &str) -> String {
     .to_string()
 }
 
+/// The tenant's attack: the plan ConfigMap under memprof's next
+/// remediation `id`, in the tenant's namespace `ns`, aimed at `victim_ns`;
+/// and the check that the operator's plan namespace `plans` is out of the
+/// tenant's reach.
+pub(crate) async fn plant_plan(
+    tenant: &Client,
+    (ns, plans): (&str, &str),
+    id: &str,
+    victim_ns: &str,
+) {
+    Api::<ConfigMap>::namespaced(tenant.clone(), ns)
+        .create(
+            &PostParams::default(),
+            &plan_config_map(id, &evil_plan(id, victim_ns)),
+        )
+        .await
+        .expect("edit lets the tenant write ConfigMaps in its namespace");
+    let denied = Api::<ConfigMap>::namespaced(tenant.clone(), plans)
+        .create(&PostParams::default(), &plan_config_map(id, "{}"))
+        .await;
+    assert!(
+        matches!(denied, Err(kube::Error::Api(ref s)) if s.code == 403),
+        "{denied:?}"
+    );
+}
+
 pub(crate) fn plan_config_map(id: &str, json: &str) -> ConfigMap {
     serde_json::from_value(json!({
         "metadata": {"name": format!("memprof-remediation-{id}")},
@@ -110,21 +136,7 @@ async fn tenant_planted_plan_config_map_is_never_executed() {
     // The attack: pre-create the plan ConfigMap the operator would use, in
     // the tenant's namespace, with a plan aimed at another namespace.
     let id = first_id(&admin, ns, "shrink", &job).await;
-    Api::<ConfigMap>::namespaced(tenant.clone(), ns)
-        .create(
-            &PostParams::default(),
-            &plan_config_map(&id, &evil_plan(&id, &victim_ns.name)),
-        )
-        .await
-        .expect("edit lets the tenant write ConfigMaps in its namespace");
-    // The operator's namespace is out of the tenant's reach.
-    let denied = Api::<ConfigMap>::namespaced(tenant.clone(), plans)
-        .create(&PostParams::default(), &plan_config_map(&id, "{}"))
-        .await;
-    assert!(
-        matches!(denied, Err(kube::Error::Api(ref s)) if s.code == 403),
-        "{denied:?}"
-    );
+    plant_plan(&tenant, (ns, plans), &id, &victim_ns.name).await;
 
     critical_report(&admin, ns, "train", 100).await;
     let new = eventually(

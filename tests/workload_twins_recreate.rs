@@ -30,7 +30,9 @@
 
 use crate::common;
 use crate::remediation_support;
-use crate::security::{evil_plan, first_id, job_exists, operator_with_plans_in, plan_config_map};
+use crate::security::{
+    evil_plan, first_id, job_exists, operator_with_plans_in, plan_config_map, plant_plan,
+};
 use crate::tenant_support;
 use crate::workload_remediation_pytorch::{batches as pytorch_batches, profiled_pytorchjob};
 use crate::workload_remediation_twins::{profiled_jobset, BATCH};
@@ -131,20 +133,7 @@ async fn a_planted_plan_is_never_executed(kind: WorkloadKind) {
 
     // The attack: the plan ConfigMap under the id memprof will use.
     let id = w.first_id(&admin, ns, "shrink").await;
-    Api::<ConfigMap>::namespaced(tenant.clone(), ns)
-        .create(
-            &PostParams::default(),
-            &plan_config_map(&id, &evil_plan(&id, &victim_ns.name)),
-        )
-        .await
-        .expect("edit lets the tenant write ConfigMaps in its namespace");
-    let denied = Api::<ConfigMap>::namespaced(tenant.clone(), plans)
-        .create(&PostParams::default(), &plan_config_map(&id, "{}"))
-        .await;
-    assert!(
-        matches!(denied, Err(kube::Error::Api(ref s)) if s.code == 403),
-        "{denied:?}"
-    );
+    plant_plan(&tenant, (ns, plans), &id, &victim_ns.name).await;
 
     w.critical(&admin, ns).await;
     let old = w.object.uid();
