@@ -33,9 +33,13 @@ const LIB_NAMES: [&str; 2] = ["libnvidia-ml.so.1", "libnvidia-ml.so"];
 
 /// NVML refreshes utilization every 1/6 s to 1 s depending on the product;
 /// reading it more often returns the same number for an extra driver call.
-/// The PCIe receive throughput is read with it: that call samples the link
-/// for 20 ms (21 ms measured on an H200), so once a second per GPU.
 const UTILIZATION_EVERY: Duration = Duration::from_secs(1);
+/// The PCIe receive throughput is read with it, of at most this many GPUs
+/// each time, in turn: that call samples the link for 20 ms (21 ms
+/// measured on an H200) and the sidecar's one thread waits for it, so an
+/// eight-GPU sidecar reads each GPU's every 4 s (42 ms a second) instead
+/// of blocking 170 ms each second. A reading holds until the next.
+const PCIE_READS_PER_REFRESH: usize = 2;
 
 /// The process-wide NVML handle. `Device<'nvml>` borrows the `Nvml` it came
 /// from, so keeping devices in a sampler needs an `Nvml` that outlives it:
@@ -203,14 +207,19 @@ pub struct Activity {
 }
 
 impl Activity {
-    fn read(d: &Device<'static>) -> Self {
+    /// Utilization now, and the PCIe throughput when `pcie` (else the
+    /// previous reading's).
+    fn read(d: &Device<'static>, previous: Activity, pcie: bool) -> Self {
         Activity {
             utilization_percent: d.utilization_rates().ok().map(|u| u.gpu.min(100)),
             // NVML says KB/s.
-            received_bytes_per_second: d
-                .pcie_throughput(PcieUtilCounter::Receive)
-                .ok()
-                .map(|kb| u64::from(kb) * 1000),
+            received_bytes_per_second: if pcie {
+                d.pcie_throughput(PcieUtilCounter::Receive)
+                    .ok()
+                    .map(|kb| u64::from(kb) * 1000)
+            } else {
+                previous.received_bytes_per_second
+            },
         }
     }
 }
@@ -231,6 +240,8 @@ pub struct NvmlSampler {
     devices: Vec<Device<'static>>,
     gpus: Vec<GpuInfo>,
     activity: Vec<Activity>,
+    /// The GPU whose PCIe throughput is read first at the next refresh.
+    pcie_next: usize,
     utilization_read: Option<Instant>,
     utilization_every: Duration,
 }
@@ -271,6 +282,7 @@ impl NvmlSampler {
         }
         Ok(NvmlSampler {
             activity: vec![Activity::default(); devices.len()],
+            pcie_next: 0,
             devices,
             gpus,
             utilization_read: None,
@@ -354,24 +366,57 @@ impl Sampler for NvmlSampler {
         if refresh {
             self.utilization_read = Some(now);
         }
-        let mut out = Vec::with_capacity(self.devices.len());
+        let n = self.devices.len();
+        let pcie = |i: usize| pcie_turn(i, n, self.pcie_next);
+        let mut out = Vec::with_capacity(n);
         for (i, d) in self.devices.iter().enumerate() {
             let index = self.gpus[i].index;
             let mem = d
                 .memory_info()
                 .map_err(|e| call_error("memory info", index, e))?;
             if refresh {
-                self.activity[i] = Activity::read(d);
+                self.activity[i] = Activity::read(d, self.activity[i], pcie(i));
             }
             out.push(MemoryDetail::from(&mem).reading(self.activity[i]));
+        }
+        if refresh {
+            self.pcie_next = (self.pcie_next + PCIE_READS_PER_REFRESH) % n.max(1);
         }
         Ok(out)
     }
 }
 
+/// Whether GPU `i` of `n` has its PCIe throughput read at a refresh that
+/// starts with GPU `next`: [`PCIE_READS_PER_REFRESH`] of them, in turn.
+fn pcie_turn(i: usize, n: usize, next: usize) -> bool {
+    (i + n - next % n.max(1)) % n.max(1) < PCIE_READS_PER_REFRESH
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each GPU's PCIe throughput is read in turn, at most two a refresh:
+    /// every refresh for one or two GPUs, every fourth for eight.
+    #[test]
+    fn pcie_is_read_for_at_most_two_gpus_a_refresh_each_in_turn() {
+        assert!(pcie_turn(0, 1, 0));
+        for n in [1usize, 2, 3, 8] {
+            let mut next = 0;
+            let mut reads = vec![0; n];
+            for _ in 0..8 {
+                let turn: Vec<usize> = (0..n).filter(|&i| pcie_turn(i, n, next)).collect();
+                assert!(turn.len() <= PCIE_READS_PER_REFRESH, "{n}: {turn:?}");
+                turn.iter().for_each(|&i| reads[i] += 1);
+                next = (next + PCIE_READS_PER_REFRESH) % n;
+            }
+            let fewest = *reads.iter().min().unwrap();
+            assert!(
+                fewest >= 8 * PCIE_READS_PER_REFRESH.min(n) / n,
+                "{n}: {reads:?}"
+            );
+        }
+    }
 
     const GIB: u64 = 1 << 30;
 
