@@ -274,7 +274,11 @@ impl Recent {
             .rev()
             .take_while(|p| p.step.is_some() && p.step == last.step)
             .collect();
-        let moved = run[run.len() - 1];
+        // A newest push without a step count (an agent that stopped
+        // counting) says nothing of setup.
+        let Some(&moved) = run.last() else {
+            return false;
+        };
         // The window's rise counts from the trainer's first step: the climb
         // before it (the model placed) is its start, never a pace.
         let before_first = self.moves.map_or(f64::NEG_INFINITY, |((t0, _), _)| t0);
@@ -482,6 +486,25 @@ mod tests {
         };
         assert!(run(false).expect("a pace").setup);
         assert!(!run(true).expect("a pace").setup);
+    }
+
+    /// Steps counted, then pushes without a count (as an agent-only pod's
+    /// were in a fresh-clone run, where this panicked on an empty run):
+    /// no setup is read from pushes that carry no step.
+    #[test]
+    fn pushes_without_a_step_after_steps_are_no_setup_and_no_panic() {
+        let mut r = Recent::default();
+        for i in 0..=20u64 {
+            let t = i as f64;
+            r.push(Point {
+                t,
+                peak: 20.0 * GB + 0.5 * GB * t,
+                floor: 10.0 * GB + 0.5 * GB * t,
+                step: (i < 10).then_some(i),
+            });
+        }
+        let p = r.pace(LEAK, LIMIT).expect("a pace");
+        assert!(!p.setup, "{p:?}");
     }
 
     /// A leak in a trainer whose steps take 20 s each: a window with no
