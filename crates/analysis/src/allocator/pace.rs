@@ -255,10 +255,10 @@ impl Recent {
     }
 
     /// Whether most of the window's rise came after the step count last
-    /// moved: the peaks rose by at least half the window's rise since the
-    /// trainer's first step (and a
-    /// pace's least) since the push that last moved it, over at least two
-    /// more pushes and three of the trainer's usual steps. A fast load
+    /// moved: since the push that last moved it, over at least two more
+    /// pushes and three of the trainer's usual steps, the peaks rose by a
+    /// pace's least rise and by at least half the window's rise (counted
+    /// from the trainer's first step). A fast load
     /// rises so much in its first seconds that the window's newest half
     /// still holds the last steps ([`Recent::setup_since`] reads it only
     /// later), and a leak flag raised then was held for half a minute. A
