@@ -21,11 +21,11 @@
 //!   `memprof report`, under the workload's own ranks (twin of
 //!   `gpu_oom_visibility::every_ranks_sites_at_critical_…`).
 //!
-//! `security::refused_reports_naming_a_victim_never_hide_its_risk_event`
-//! has no twin: a workload's roll-up queues no Event about a refused
-//! report (they are named in its `ReportsValid` condition only;
-//! `status/workload.rs` queues its risk Event alone), so no refusal can
-//! wait beside, or push out, its risk Event.
+//! - a refused report gets its one `ReportRejected` Event, about the
+//!   workload's profile, and a flood of refused reports naming a rank,
+//!   written with its genuine critical report, never hides the workload's
+//!   `RiskCritical` Event nor brings that refusal's Event again (twin of
+//!   `security::refused_reports_naming_a_victim_never_hide_its_risk_event`).
 //!
 //! Run them:
 //!
@@ -562,6 +562,108 @@ async fn forged_reports_for_a_jobset_are_named_and_never_acted_on() {
 #[tokio::test]
 async fn forged_reports_for_a_pytorchjob_are_named_and_never_acted_on() {
     forged_reports_named_and_never_acted_on(WorkloadKind::PyTorchJob).await;
+}
+
+// ---------------------------------------------------------------------------
+// Refused reports' Events beside the risk Event (security.rs).
+
+/// A report claiming rank 0 of Job `job`, critical, named `name` after a
+/// pod that does not exist: refused, whoever writes it.
+fn refused(job: &str, name: &str) -> MemoryReport {
+    let gpus = vec![gpu(0, 79, 79, RiskLevel::Critical, Some(5.0))];
+    let mut r = report(job, 0, &at(100), gpus);
+    r.metadata.name = Some(name.into());
+    r.spec.pod_name = name.into();
+    r
+}
+
+/// The `ReportRejected` Events about profile `train` naming report
+/// `name`, a repeat counted in its Event's series as the Recorder counts it.
+async fn rejections_of(admin: &Client, ns: &str, name: &str) -> i32 {
+    let named = format!("MemoryReport {name} ignored");
+    Api::<k8s_openapi::api::events::v1::Event>::namespaced(admin.clone(), ns)
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some("ReportRejected"))
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("train"))
+        .filter(|e| e.note.as_deref().is_some_and(|n| n.contains(&named)))
+        .map(|e| e.series.as_ref().map_or(1, |s| s.count))
+        .sum()
+}
+
+/// The twin for `kind` of
+/// `security::refused_reports_naming_a_victim_never_hide_its_risk_event`:
+/// a refused report claiming the workload's last rank gets its one
+/// `ReportRejected` Event, about the workload's profile; then 40 more,
+/// written with that rank's genuine critical report (the status just
+/// written: the critical one waits out the write spacing with the flood's
+/// notices beside it), never hide the workload's `RiskCritical` Event, and
+/// the first refusal is not announced again.
+async fn refused_reports_never_hide_the_risk_event(kind: WorkloadKind) {
+    let Some((admin, ns)) = workload_cluster().await else {
+        return;
+    };
+    let ns = ns.name.as_str();
+    let operator = start_operator(&admin, ns);
+    let (_, pod, job, _) = victim(&admin, ns, kind).await;
+    let reporter = pod_identity(&admin, ns).await;
+    write_as(&reporter, ns, &refused(&job, "forged-first"))
+        .await
+        .unwrap();
+    eventually("the refused report's one ReportRejected Event", || async {
+        match rejections_of(&admin, ns, "forged-first").await {
+            1 => Ok(()),
+            n => Err(format!("{n}")),
+        }
+    })
+    .await;
+    let kinds = event_kinds(&admin, ns, "ReportRejected", "train").await;
+    assert_eq!(kinds, ["MemoryProfile"], "about the workload's profile");
+    let flood: Vec<_> = (0..40)
+        .map(|i| refused(&job, &format!("flood-{i}")))
+        .collect();
+    let critical = vec![gpu(0, 79, 79, RiskLevel::Critical, Some(5.0))];
+    let critical = pod_report(&pod, &job, 0, &at(100), critical);
+    let (_, written) = futures::join!(
+        apply_report(&admin, ns, &critical),
+        futures::future::join_all(flood.iter().map(|r| write_as(&reporter, ns, r)))
+    );
+    written.into_iter().for_each(|w| {
+        w.unwrap();
+    });
+    eventually("the workload's RiskCritical Event", || async {
+        let kinds = event_kinds(&admin, ns, "RiskCritical", "train").await;
+        kinds
+            .contains(&kind.kind().to_string())
+            .then_some(())
+            .ok_or(format!("{kinds:?}"))
+    })
+    .await;
+    stays(
+        "the first refusal announced once",
+        Duration::from_secs(4),
+        || async {
+            match rejections_of(&admin, ns, "forged-first").await {
+                1 => Ok(()),
+                n => Err(format!("{n}")),
+            }
+        },
+    )
+    .await;
+    operator.stop().await;
+}
+
+#[tokio::test]
+async fn refused_reports_naming_a_jobset_s_rank_never_hide_its_risk_event() {
+    refused_reports_never_hide_the_risk_event(WorkloadKind::JobSet).await;
+}
+
+#[tokio::test]
+async fn refused_reports_naming_a_pytorchjob_s_rank_never_hide_its_risk_event() {
+    refused_reports_never_hide_the_risk_event(WorkloadKind::PyTorchJob).await;
 }
 
 // ---------------------------------------------------------------------------

@@ -18,7 +18,8 @@
 //! (`pytorch_watch.rs` names the pod), screens that report again, not
 //! every rank. Its remediation is the remediation stage's, in the same
 //! reconcile (`remediation_stage.rs`); its risk Events and `memprof.dev/`
-//! annotations go on the PyTorchJob (`status::submit_workload`).
+//! annotations go on the PyTorchJob, its refused reports' `ReportRejected`
+//! Events on its profile (`workload_refresh::submit`).
 
 use super::state::Context;
 use super::workload_refresh::{drop_rollup, refresh, Turn};
@@ -27,7 +28,6 @@ use crate::operator::rbac::ensure_reporter_rbac;
 use crate::operator::reconcile::{profile_outdated, profiling_enabled, workload_labels};
 use crate::operator::{Error, Result};
 use crate::remediation::replaced_by_memprof;
-use crate::status::submit_workload;
 use crate::workload::claim::{claim, taken_message, Claim};
 use crate::workload::rank::PyTorchShape;
 use crate::workload::read::api_resource;
@@ -120,7 +120,7 @@ pub(super) async fn run(ctx: &Context, key: &JobKey) -> Result<Option<Duration>>
     let out = refresh(ctx, &turn, previous.as_ref(), now);
     let profile = cached_profile(ctx, key);
     let seen = (profile.as_deref(), previous.as_ref());
-    submit_workload(&ctx.writer, key, &workload, seen, out.desired.status);
+    super::workload_refresh::submit(ctx, (key, &workload), seen, out.desired);
     let next = out
         .next
         .map(|t| Duration::try_from(now.duration_until(t)).unwrap_or_default());

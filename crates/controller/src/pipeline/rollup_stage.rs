@@ -8,19 +8,18 @@ use super::rollups;
 use super::state::Context;
 use crate::operator::rbac::ensure_reporter_rbac;
 use crate::operator::reconcile::{
-    annotations_outdated, gpu_oom_annotation, job_annotations, newly_rejected, profile_for_job,
-    profile_is_stale, profile_outdated, profiling_enabled, rejected_in, rejection_event,
-    risk_event, with_batch_fit, with_recommendation, DesiredStatus, JOB_ANNOTATIONS,
+    annotations_outdated, gpu_oom_annotation, job_annotations, profile_for_job, profile_is_stale,
+    profile_outdated, profiling_enabled, risk_event, with_batch_fit, with_recommendation,
+    DesiredStatus, JOB_ANNOTATIONS,
 };
 use crate::operator::thresholds;
 use crate::operator::{Error, Result};
 use crate::remediation::replaced_by_memprof;
-use crate::status::{Analysis, Notice};
+use crate::status::{announce_refused, object_reference, Analysis, Notice};
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
-use kube::{Resource, ResourceExt};
+use kube::ResourceExt;
 use memprof_api::thresholds::{resolve as resolve_thresholds, ANNOTATION_THRESHOLDS};
 use memprof_api::{
     MemoryProfile, MemoryProfileStatus, ANNOTATION_GPU_OOM, ANNOTATION_REMEDIATION,
@@ -216,14 +215,6 @@ fn rv(p: &MemoryProfile) -> u64 {
         .unwrap_or(0)
 }
 
-fn reference<K: Resource<DynamicType = ()>>(obj: &K) -> ObjectReference {
-    ObjectReference {
-        // The Recorder de-duplicates by reference: the version must not split a series.
-        resource_version: None,
-        ..obj.object_ref(&())
-    }
-}
-
 /// The Events this status calls for against the one before it: a risk
 /// transition, invalid thresholds, reports rejected for the first time.
 /// Published by the status writer once the status is written, so a
@@ -236,7 +227,7 @@ fn notices(
     previous: Option<&MemoryProfileStatus>,
     desired: &DesiredStatus,
 ) -> Vec<Notice> {
-    let (job_ref, profile_ref) = (reference(job), reference(profile));
+    let (job_ref, profile_ref) = (object_reference(job), object_reference(profile));
     let about_job = |plan| Notice {
         plan,
         regarding: job_ref.clone(),
@@ -254,20 +245,12 @@ fn notices(
         warn!(job = %f.key, note = %plan.note, "invalid memprof.dev/thresholds");
         out.push(about_job(plan));
     }
-    let mut announced = rejected_in(previous);
-    ctx.with_state(&f.key, |s| announced.extend(s.announced.iter().cloned()));
-    for rejected in newly_rejected(&desired.rejected, &announced) {
-        warn!(report = %rejected.name, why = %rejected.why, "MemoryReport rejected");
-        let related =
-            rollups::report_of(&ctx.caches, &f.key, &rejected.name).map(|r| reference(&*r));
-        out.push(Notice {
-            plan: rejection_event(rejected),
-            regarding: profile_ref.clone(),
-            related,
-        });
-    }
-    let names = desired.rejected.iter().map(|r| r.name.clone()).collect();
-    ctx.with_state(&f.key, |s| s.announced = names);
+    let report =
+        |name: &str| rollups::report_of(&ctx.caches, &f.key, name).map(|r| object_reference(&*r));
+    let rejected = &desired.rejected;
+    out.extend(ctx.with_state(&f.key, |s| {
+        announce_refused(rejected, previous, &mut s.announced, &profile_ref, report)
+    }));
     out
 }
 

@@ -8,11 +8,13 @@ use super::workload_index::{Cell, Sources, WorkloadTracked, FULL_PASS};
 use crate::key::JobKey;
 use crate::operator::reconcile::DesiredStatus;
 use crate::remediation::Ranks;
+use crate::status::{object_reference, submit_workload, workload_notices};
 use crate::workload::resolve::Workload;
 use crate::workload::rollup::Layout;
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
-use memprof_api::MemoryProfileStatus;
+use kube::runtime::reflector::ObjectRef;
+use memprof_api::{MemoryProfile, MemoryProfileStatus};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
@@ -102,6 +104,29 @@ pub(super) fn refresh(
     }
 }
 
+/// Hands workload `top`'s refreshed status `desired` to the writer under
+/// its profile's key `wkey` (`seen`: the profile as cached and the status
+/// before), with the Events it calls for (`status::workload_notices`):
+/// each refused report announced once, under `wkey` as a Job's under its
+/// own key; in one turn of the state's lock, so two child Jobs of a JobSet
+/// reconciled at once never announce one report twice.
+pub(super) fn submit(
+    ctx: &Context,
+    (wkey, top): (&JobKey, &Workload),
+    seen: (Option<&MemoryProfile>, Option<&MemoryProfileStatus>),
+    desired: DesiredStatus,
+) {
+    // The report by name: a JobSet's reports claim its child Jobs, not `wkey`.
+    let report = |name: &str| {
+        let at = ObjectRef::new(name).within(&wkey.namespace);
+        ctx.caches.reports.get(&at).map(|r| object_reference(&*r))
+    };
+    let notices = ctx.with_state(wkey, |s| {
+        workload_notices((wkey, top), seen, &desired, &mut s.announced, report)
+    });
+    submit_workload(&ctx.writer, (wkey, top), desired.status, notices);
+}
+
 /// What was noted under `turn.claimed` since its last reconcile: the
 /// reports to screen again, whether all are, and whether its pods' OOM
 /// scan overflowed. A child Job's pods noted for OOMs are among its
@@ -129,5 +154,7 @@ pub(super) fn drop_rollup(ctx: &Context, wkey: &JobKey, uid: &str) {
     let mut held = cell.lock().unwrap_or_else(|e| e.into_inner());
     if held.as_ref().is_some_and(|t| t.uid == uid) {
         *held = None;
+        // A profile made again starts with nothing announced, as a Job's.
+        ctx.with_state(wkey, |s| s.announced.clear());
     }
 }

@@ -16,7 +16,8 @@
 //! the roll-up. Remediation acts on the top-level
 //! workload ([`remediate`]: the same stage whichever kind); its risk Events
 //! and `memprof.dev/` annotations go on the top-level object, through the
-//! status writer as a Job's do (`status::submit_workload`).
+//! status writer as a Job's do (`workload_refresh::submit`), and so do the
+//! `ReportRejected` Events of its refused reports, on its profile.
 
 use super::state::Context;
 use super::workload_refresh::{refresh, Refreshed, Turn};
@@ -25,7 +26,6 @@ use crate::operator::rbac::ensure_reporter_rbac;
 use crate::operator::reconcile::profile_outdated;
 use crate::operator::{Error, Result};
 use crate::remediation::{replaced_by_memprof, Executor, Ranks, Target};
-use crate::status::submit_workload;
 use crate::workload::rank::JobSetShape;
 use crate::workload::read::{api_resource, resolve_live, Membership};
 use crate::workload::resolve::{Resolved, Workload};
@@ -151,7 +151,7 @@ pub(super) async fn run(
     let top = &resolved.top;
     let profile = cached_profile(ctx, &wkey);
     let seen = (profile.as_deref(), previous.as_ref());
-    submit_workload(&ctx.writer, &wkey, top, seen, desired.status);
+    super::workload_refresh::submit(ctx, (&wkey, top), seen, desired);
     let decided = remediate(ctx, &wkey, top, ranks).await?;
     let next = next_change.map(|t| Duration::try_from(now.duration_until(t)).unwrap_or_default());
     let next = next.map_or(RESYNC, |d| d.clamp(Duration::from_millis(100), RESYNC));

@@ -42,13 +42,15 @@
 mod advice;
 mod compose;
 mod patch;
+mod refusals;
 mod workload;
 mod writer;
 
 pub use advice::advice;
 pub use compose::{compose, write_needed, Need, COSMETIC_INTERVAL};
 pub use patch::{merge_diff, WriteMode};
-pub use workload::{annotate_workload, submit_workload};
+pub use refusals::announce_refused;
+pub use workload::{annotate_workload, object_reference, submit_workload, workload_notices};
 pub use writer::{Notice, StatusWriter, WriteError, WriterOptions};
 
 use memprof_api::MemoryProfileStatus;

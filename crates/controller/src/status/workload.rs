@@ -3,46 +3,60 @@
 //! (`memprof.dev/gpu-oom` among them)
 //! a Job's status brings on the Job go on the workload itself, where its
 //! team looks (`kubectl describe pytorchjob`), never on its child Jobs or
-//! pods. One home for every kind, so each kind's pipeline hands over the
-//! same: what differs is only who the workload is.
+//! pods; a refused report's `ReportRejected` Event regards the workload's
+//! profile, as a Job's regards the Job's (`refusals.rs`). One home for
+//! every kind, so each kind's pipeline hands over the same: what differs
+//! is only who the workload is.
 
+use super::refusals::announce_refused;
 use super::{Analysis, Notice, StatusWriter};
 use crate::key::JobKey;
 use crate::operator::reconcile::{
-    annotations_outdated, gpu_oom_annotation, job_annotations, risk_event,
+    annotations_outdated, gpu_oom_annotation, job_annotations, risk_event, DesiredStatus,
 };
 use crate::workload::resolve::Workload;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Resource;
 use memprof_api::{MemoryProfile, MemoryProfileStatus, ANNOTATION_GPU_OOM};
+use std::collections::BTreeSet;
 
-/// Hands `status`, the status of workload `top`'s profile `wkey`
-/// (`profile` as cached, the one before it `previous`), to `writer`, with
-/// the risk Event of the change and the workload's annotations when a
-/// value differs from what memprof last put there (counted and spaced as a
-/// Job's). A restarted operator knows no earlier values: it writes them once.
-pub fn submit_workload(
-    writer: &StatusWriter,
-    wkey: &JobKey,
-    top: &Workload,
+/// The Events workload `top`'s roll-up `desired` calls for against
+/// `previous`, the status of its profile `wkey` before it (`profile` as
+/// last known): the risk Event of the change, regarding the workload, and
+/// one `ReportRejected` per report refused for the first time, regarding
+/// the profile and related to the report as `report` finds it, as for a
+/// Job (`announce_refused`, with `announced` kept under `wkey`).
+pub fn workload_notices(
+    (wkey, top): (&JobKey, &Workload),
     (profile, previous): (Option<&MemoryProfile>, Option<&MemoryProfileStatus>),
-    status: MemoryProfileStatus,
-) {
+    desired: &DesiredStatus,
+    announced: &mut BTreeSet<String>,
+    report: impl Fn(&str) -> Option<ObjectReference>,
+) -> Vec<Notice> {
+    let profile_ref = profile.map_or_else(|| profile_by_name(wkey), object_reference);
     let previous_risk = previous.map(|s| s.risk).unwrap_or_default();
-    let notices = risk_event(previous_risk, &status).map(|plan| Notice {
+    let risk = risk_event(previous_risk, &desired.status).map(|plan| Notice {
         plan,
         regarding: reference(wkey, top),
-        related: profile.map(|p| ObjectReference {
-            resource_version: None,
-            ..p.object_ref(&())
-        }),
+        related: Some(profile_ref.clone()),
     });
+    let refused = announce_refused(&desired.rejected, previous, announced, &profile_ref, report);
+    risk.into_iter().chain(refused).collect()
+}
+
+/// Hands `status`, the status of workload `top`'s profile `wkey`, to
+/// `writer` with `notices` (`workload_notices`), and the workload's
+/// annotations when a value differs from what memprof last put there
+/// (counted and spaced as a Job's). A restarted operator knows no earlier
+/// values: it writes them once.
+pub fn submit_workload(
+    writer: &StatusWriter,
+    (wkey, top): (&JobKey, &Workload),
+    status: MemoryProfileStatus,
+    notices: Vec<Notice>,
+) {
     annotate_workload(writer, wkey, top, &status);
-    let analysis = Analysis {
-        status,
-        notices: notices.into_iter().collect(),
-    };
-    writer.submit(wkey, analysis);
+    writer.submit(wkey, Analysis { status, notices });
 }
 
 /// Hands workload `top`'s `memprof.dev/` annotations for `status` to
@@ -69,6 +83,27 @@ pub fn annotate_workload(
     }
 }
 
+/// A reference to `obj` for Events: the Recorder de-duplicates by
+/// reference, so the version must not split a series.
+pub fn object_reference<K: Resource<DynamicType = ()>>(obj: &K) -> ObjectReference {
+    ObjectReference {
+        resource_version: None,
+        ..obj.object_ref(&())
+    }
+}
+
+/// The profile `wkey` by name, while no copy of it was seen yet (the
+/// cache lags the apply that made it): its Events still regard it.
+fn profile_by_name(wkey: &JobKey) -> ObjectReference {
+    ObjectReference {
+        api_version: Some(MemoryProfile::api_version(&()).into()),
+        kind: Some(MemoryProfile::kind(&()).into()),
+        name: Some(wkey.name.clone()),
+        namespace: Some(wkey.namespace.clone()),
+        ..Default::default()
+    }
+}
+
 /// A reference to the top-level object for Events (by uid).
 fn reference(wkey: &JobKey, top: &Workload) -> ObjectReference {
     ObjectReference {
@@ -78,5 +113,101 @@ fn reference(wkey: &JobKey, top: &Workload) -> ObjectReference {
         namespace: Some(wkey.namespace.clone()),
         uid: Some(top.uid.clone()),
         ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::operator::reconcile::{Rejected, REPORT_REJECTED};
+    use memprof_api::workload::WorkloadKind;
+    use memprof_api::{MemoryProfileSpec, RiskLevel};
+
+    fn jobset() -> (JobKey, Workload) {
+        let top = Workload {
+            kind: WorkloadKind::JobSet,
+            name: "train".into(),
+            uid: "js-uid".into(),
+        };
+        (JobKey::new("ml", "train"), top)
+    }
+
+    fn profile() -> MemoryProfile {
+        let mut p = MemoryProfile::new("train", MemoryProfileSpec::default());
+        p.metadata.namespace = Some("ml".into());
+        p.metadata.uid = Some("profile-uid".into());
+        p
+    }
+
+    /// A critical roll-up with one report of a rank refused.
+    fn critical_with_a_refusal() -> DesiredStatus {
+        DesiredStatus {
+            status: MemoryProfileStatus {
+                risk: RiskLevel::Critical,
+                ..Default::default()
+            },
+            rejected: vec![Rejected {
+                name: "forged-0".into(),
+                why: "pod forged-0 is not the workload's".into(),
+            }],
+        }
+    }
+
+    fn report(name: &str) -> Option<ObjectReference> {
+        Some(ObjectReference {
+            kind: Some("MemoryReport".into()),
+            name: Some(name.into()),
+            ..Default::default()
+        })
+    }
+
+    /// docs/security.md, "Forged reports", per kind: a workload's refused
+    /// report gets its one `ReportRejected` Event, about the workload's
+    /// profile and naming the report, beside the risk Event about the
+    /// workload; the next roll-up announces it no more.
+    #[test]
+    fn a_workloads_refused_report_is_announced_once_about_its_profile() {
+        let (wkey, top) = jobset();
+        let (profile, desired) = (profile(), critical_with_a_refusal());
+        let mut announced = BTreeSet::new();
+        let seen = (Some(&profile), None);
+        let first = workload_notices((&wkey, &top), seen, &desired, &mut announced, report);
+        let reasons: Vec<_> = first.iter().map(|n| n.plan.reason).collect();
+        assert_eq!(reasons, ["RiskCritical", REPORT_REJECTED]);
+        assert_eq!(first[0].regarding.kind.as_deref(), Some("JobSet"));
+        let refusal = &first[1];
+        assert_eq!(refusal.regarding, object_reference(&profile));
+        assert_eq!(refusal.related, report("forged-0"));
+        assert!(
+            refusal.plan.note.contains("forged-0"),
+            "{}",
+            refusal.plan.note
+        );
+        let seen = (Some(&profile), Some(&desired.status));
+        let next = workload_notices((&wkey, &top), seen, &desired, &mut announced, report);
+        assert!(next.is_empty(), "{next:?}");
+    }
+
+    /// Before any copy of a new profile is seen, its refusals still regard
+    /// it, by name.
+    #[test]
+    fn a_refusal_before_the_profile_is_seen_regards_it_by_name() {
+        let (wkey, top) = jobset();
+        let desired = critical_with_a_refusal();
+        let mut announced = BTreeSet::new();
+        let out = workload_notices(
+            (&wkey, &top),
+            (None, None),
+            &desired,
+            &mut announced,
+            report,
+        );
+        let refusal = out
+            .iter()
+            .find(|n| n.plan.reason == REPORT_REJECTED)
+            .unwrap();
+        assert_eq!(refusal.regarding.kind.as_deref(), Some("MemoryProfile"));
+        assert_eq!(refusal.regarding.name.as_deref(), Some("train"));
+        assert_eq!(refusal.regarding.namespace.as_deref(), Some("ml"));
     }
 }
