@@ -349,15 +349,20 @@ async fn accumulated(kind: WorkloadKind) -> Option<(RemediationRecord, DynamicOb
         _ => Some(profiled_pytorchjob(&admin, ns, queued).await.1.remove(0)),
     };
     // Before any rank is critical: the plan is made on the spec as it is then.
+    // Read, change and replace again while the operator's own writes to the
+    // workload (its annotations) make the replace a conflict (409).
     let objects = api(&admin, ns, kind);
-    let mut top = objects.get("train").await.unwrap();
-    for at in env_pointers(kind) {
-        seven_by_two(top.data.pointer_mut(at).expect("the template's env"));
-    }
-    objects
-        .replace("train", &PostParams::default(), &top)
-        .await
-        .unwrap();
+    eventually("the templates at 7 x 2", || async {
+        let mut top = objects.get("train").await.map_err(|e| e.to_string())?;
+        for at in env_pointers(kind) {
+            seven_by_two(top.data.pointer_mut(at).expect("the template's env"));
+        }
+        objects
+            .replace("train", &PostParams::default(), &top)
+            .await
+            .map_err(|e| e.to_string())
+    })
+    .await;
     match critical_pod {
         None => child_report(&admin, ns, "train-workers-0", 100, RiskLevel::Critical).await,
         Some(pod) => {
