@@ -63,6 +63,26 @@ pub(crate) fn evil_plan(id: &str, victim_ns: &str) -> String {
     .to_string()
 }
 
+/// A ConfigMap not opted in to memprof (`someone-elses`, batch 64) and a
+/// policy that would set its `batch` key to 8 at critical: what
+/// `config_map_not_opted_in_is_never_written` and its twins start from.
+pub(crate) async fn someone_elses_config_map_under_a_policy(
+    admin: &Client,
+    ns: &str,
+) -> Api<ConfigMap> {
+    let cms: Api<ConfigMap> = Api::namespaced(admin.clone(), ns);
+    let cm: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "someone-elses"}, "data": {"batch": "64"}}))
+    .unwrap();
+    cms.create(&PostParams::default(), &cm).await.unwrap();
+    let spec = json!({
+        "triggers": [{"riskAtLeast": {"level": "critical"}}],
+        "actions": [{"setConfigMapKey": {"configMap": "someone-elses", "key": "batch", "value": "8"}}],
+    });
+    apply_policy(admin, ns, "cm", spec).await.unwrap();
+    cms
+}
+
 /// The tenant's attack: the plan ConfigMap under memprof's next
 /// remediation `id`, in the tenant's namespace `ns`, aimed at `victim_ns`;
 /// and the check that the operator's plan namespace `plans` is out of the
@@ -320,16 +340,7 @@ async fn config_map_not_opted_in_is_never_written() {
     let ns = TestNamespace::create(&admin).await;
     let ns = ns.name.as_str();
     let operator = start_operator(&admin, ns);
-    let cms: Api<ConfigMap> = Api::namespaced(admin.clone(), ns);
-    let cm: ConfigMap = serde_json::from_value(json!({
-        "metadata": {"name": "someone-elses"}, "data": {"batch": "64"}}))
-    .unwrap();
-    cms.create(&PostParams::default(), &cm).await.unwrap();
-    let spec = json!({
-        "triggers": [{"riskAtLeast": {"level": "critical"}}],
-        "actions": [{"setConfigMapKey": {"configMap": "someone-elses", "key": "batch", "value": "8"}}],
-    });
-    apply_policy(&admin, ns, "cm", spec).await.unwrap();
+    let cms = someone_elses_config_map_under_a_policy(&admin, ns).await;
     training_job(&admin, ns, "train", Some("32")).await;
     low_report(&admin, ns, "train").await;
     profile_with_status(&admin, ns, "train").await;

@@ -32,6 +32,7 @@ use crate::common;
 use crate::remediation_support;
 use crate::security::{
     evil_plan, first_id, job_exists, operator_with_plans_in, plan_config_map, plant_plan,
+    someone_elses_config_map_under_a_policy,
 };
 use crate::tenant_support;
 use crate::workload_remediation_pytorch::{batches as pytorch_batches, profiled_pytorchjob};
@@ -241,16 +242,7 @@ async fn an_unopted_config_map_is_never_written(kind: WorkloadKind) {
     };
     let ns = ns.name.as_str();
     let operator = start_operator(&admin, ns);
-    let cms: Api<ConfigMap> = Api::namespaced(admin.clone(), ns);
-    let cm: ConfigMap = serde_json::from_value(json!({
-        "metadata": {"name": "someone-elses"}, "data": {"batch": "64"}}))
-    .unwrap();
-    cms.create(&PostParams::default(), &cm).await.unwrap();
-    let spec = json!({
-        "triggers": [{"riskAtLeast": {"level": "critical"}}],
-        "actions": [{"setConfigMapKey": {"configMap": "someone-elses", "key": "batch", "value": "8"}}],
-    });
-    apply_policy(&admin, ns, "cm", spec).await.unwrap();
+    let cms = someone_elses_config_map_under_a_policy(&admin, ns).await;
     let w = profiled(&admin, ns, kind).await;
     w.critical(&admin, ns).await;
     let rec = record_in(&admin, ns, "Skipped").await;
