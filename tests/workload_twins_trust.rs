@@ -124,6 +124,18 @@ async fn victim_jobset(s: &Setup) -> (DynamicObject, Vec<Pod>) {
     (js, pods)
 }
 
+/// The planted pod reports the rank it claims (child Job 1's) critical,
+/// writing with its own bound token: the report is refused as one the
+/// admission webhook never saw written, and the JobSet stays as it was.
+async fn planted_rank_is_refused(s: &Setup, js: &DynamicObject, planted: &Pod) {
+    let (admin, ns) = (&s.admin, s.ns.name.as_str());
+    let reporter = pod_trust::as_pod(admin, ns, planted).await;
+    let critical = pod_trust::critical_of(planted, "train-workers-1", 200);
+    apply_report(&reporter, ns, &critical).await;
+    s.refuses(&planted.name_any(), pod_trust::UNSEEN).await;
+    jobset_untouched(s, js).await;
+}
+
 /// The JobSet stays the one it was, with BATCH_SIZE 32, nothing recorded.
 async fn jobset_untouched(s: &Setup, js: &DynamicObject) {
     let (admin, ns) = (&s.admin, s.ns.name.as_str());
@@ -201,12 +213,7 @@ async fn genuine_admission_mark_copied_onto_a_planted_pod_never_steers_its_jobse
         original.annotations().get("memprof.dev/admission"),
         "the copy carries the genuine mark"
     );
-    let reporter = pod_trust::as_pod(admin, ns, &copied).await;
-    let critical = pod_trust::critical_of(&copied, "train-workers-1", 200);
-    apply_report(&reporter, ns, &critical).await;
-    s.refuses("train-workers-1-replayed", pod_trust::UNSEEN)
-        .await;
-    jobset_untouched(&s, &js).await;
+    planted_rank_is_refused(&s, &js, &copied).await;
     genuine_report_still_remediates(&s, &js, &pods[1]).await;
     pod_trust::release(admin, ns, "train-workers-1-replayed").await;
     s.stop().await;
@@ -240,11 +247,7 @@ async fn genuine_pod_deleted_and_recreated_with_its_mark_never_steers_its_jobset
     let copy = pod_trust::copy_of(&original, &name);
     let replayed = pods_api.create(&PostParams::default(), &copy).await;
     let replayed = replayed.unwrap();
-    let reporter = pod_trust::as_pod(admin, ns, &replayed).await;
-    let critical = pod_trust::critical_of(&replayed, "train-workers-1", 200);
-    apply_report(&reporter, ns, &critical).await;
-    s.refuses(&name, pod_trust::UNSEEN).await;
-    jobset_untouched(&s, &js).await;
+    planted_rank_is_refused(&s, &js, &replayed).await;
     pod_trust::release(admin, ns, &name).await;
     s.stop().await;
 }
