@@ -300,6 +300,18 @@
 #| pcie-c         load2g      none  45     52   --seed 2605 --d-model 1280 --layers 8 --heads 10 --seq 768 --vocab 32000 --batch-schedule 6 --peak-every 4 --fill-pct 45 --ballast-mbps 2000 --ballast-from-host --cause load --duration 45
 #| pcie-c         steadyeval  none  60     66   --seed 2606 --d-model 1280 --layers 8 --heads 10 --seq 768 --vocab 32000 --batch-schedule 6 --peak-every 4 --eval-every 12 --eval-batches 4 --eval-batch 8 --duration 60
 #
+# pcie-d: recorded after rises were read by their schedule (a rise late by
+# a step keeps the pace) and PCIe readings were made to decide whether an
+# idle rise is setup; never tuned on: a trainer idle 800 ms a step that
+# leaks (about 2 % busy), a smooth leak with empty_cache every 3 s, a
+# paced fill made on the GPU itself (no bytes from the host), a load from
+# host memory, variable-length batches.
+#| pcie-d         idleleak6   oom   117    130  --seed 2701 --d-model 1152 --layers 10 --heads 9 --seq 832 --vocab 32000 --batch-schedule 5 --peak-every 5 --step-sleep 0.8 --leak-mbps 320 --leak-at 6 --life 100 --duration 125
+#| pcie-d         leakec3     oom   117    130  --seed 2702 --d-model 1152 --layers 10 --heads 9 --seq 832 --vocab 32000 --batch-schedule 5 --peak-every 0 --leak-mbps 700 --leak-at 6 --empty-cache-every 3 --life 100 --duration 125
+#| pcie-d         loaddevice2 none  55     62   --seed 2703 --d-model 1152 --layers 10 --heads 9 --seq 832 --vocab 32000 --batch-schedule 5 --peak-every 5 --fill-pct 45 --ballast-mbps 1200 --cause load --duration 55
+#| pcie-d         load1g      none  45     52   --seed 2704 --d-model 1152 --layers 10 --heads 9 --seq 832 --vocab 32000 --batch-schedule 5 --peak-every 5 --fill-pct 40 --ballast-mbps 1500 --ballast-from-host --cause load --duration 45
+#| pcie-d         varlen2     none  40     46   --seed 2705 --d-model 1152 --layers 10 --heads 9 --seq 832 --vocab 32000 --batch-schedule 5 --peak-every 0 --varlen 0.3:2 --duration 40
+#
 # The selftest set rehearses the whole campaign on a machine without a GPU
 # (`python3 -m pytest -q bench/gpu/selftest`: a stand-in torch, the sim
 # backend); small model, short runs, the same code paths.
