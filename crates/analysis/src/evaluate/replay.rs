@@ -4,9 +4,11 @@
 //! the sidecar runs. Per-process usage goes in both modes: the sidecar
 //! reads it from NVML whether or not an agent pushes.
 
-use super::recording::Recording;
+use super::recording::{ProcessPoll, ReceivedPoll, Recording, UtilizationPoll};
 use crate::tracker::{GpuVerdict, Tracker};
+use memprof_api::agent::Push;
 use memprof_api::thresholds::Thresholds;
+use memprof_api::trace::TraceRow;
 use memprof_api::{AllocatorStats, Cause, RiskLevel};
 
 /// With or without the in-process agent's pushes.
@@ -87,36 +89,95 @@ pub fn drive(
 /// [`drive`] with a tracker set up by the caller (the trainer's pids told,
 /// as `memprof profile` tells its sidecar the command it started).
 pub fn drive_tracker(
-    mut tr: Tracker,
+    tr: Tracker,
     rec: &Recording,
     mode: Mode,
+    each: impl FnMut(f64, &[GpuVerdict]),
+) -> Tracker {
+    drive_inputs(tr, &Inputs::of(rec, mode), each)
+}
+
+/// What a replay feeds the tracker, each list oldest first: a recording's
+/// readings ([`Inputs::of`]) or a bare NVML trace's ([`Inputs::trace`],
+/// `memprof analyze`), so that every offline view publishes what the
+/// sidecar would have.
+#[derive(Clone, Copy, Debug)]
+pub struct Inputs<'a> {
+    /// NVML samples.
+    pub rows: &'a [TraceRow],
+    /// The agent's pushes with the time the sidecar received them.
+    pub pushes: &'a [(f64, Push)],
+    /// NVML's per-process usage.
+    pub processes: &'a [ProcessPoll],
+    /// NVML's utilization.
+    pub utilization: &'a [UtilizationPoll],
+    /// NVML's PCIe receive throughput.
+    pub received: &'a [ReceivedPoll],
+    /// The UUID of GPU `uuid_gpu` as the agent named it.
+    pub uuid: Option<&'a str>,
+    /// The trace's index of that GPU.
+    pub uuid_gpu: u32,
+}
+
+impl<'a> Inputs<'a> {
+    /// A recording's readings; its pushes only with the agent.
+    pub fn of(rec: &'a Recording, mode: Mode) -> Self {
+        Inputs {
+            rows: &rec.rows,
+            pushes: match mode {
+                Mode::Nvml => &[],
+                Mode::Agent => &rec.pushes,
+            },
+            processes: &rec.processes,
+            utilization: &rec.utilization,
+            received: &rec.received,
+            uuid: rec.uuid.as_deref(),
+            uuid_gpu: rec.uuid_gpu,
+        }
+    }
+
+    /// NVML's samples alone.
+    pub fn trace(rows: &'a [TraceRow]) -> Self {
+        Inputs {
+            rows,
+            pushes: &[],
+            processes: &[],
+            utilization: &[],
+            received: &[],
+            uuid: None,
+            uuid_gpu: 0,
+        }
+    }
+}
+
+/// The replay loop over `inputs` ([`drive`]).
+pub fn drive_inputs(
+    mut tr: Tracker,
+    inputs: &Inputs<'_>,
     mut each: impl FnMut(f64, &[GpuVerdict]),
 ) -> Tracker {
-    let pushes: &[(f64, memprof_api::agent::Push)] = match mode {
-        Mode::Nvml => &[],
-        Mode::Agent => &rec.pushes,
-    };
+    let (pushes, rows) = (inputs.pushes, inputs.rows);
     let (mut next_push, mut next_poll, mut next_util, mut next_rx, mut i) = (0, 0, 0, 0, 0);
     let mut next_analysis = f64::NEG_INFINITY;
-    while i < rec.rows.len() {
-        let t = rec.rows[i].t;
+    while i < rows.len() {
+        let t = rows[i].t;
         while next_push < pushes.len() && pushes[next_push].0 <= t {
             tr.push(&pushes[next_push].1);
             next_push += 1;
         }
-        i = sample_at(rec, &mut tr, i, t);
-        while next_poll < rec.processes.len() && rec.processes[next_poll].t <= t {
-            let p = &rec.processes[next_poll];
+        i = sample_at(inputs, &mut tr, i, t);
+        while next_poll < inputs.processes.len() && inputs.processes[next_poll].t <= t {
+            let p = &inputs.processes[next_poll];
             tr.processes(p.t, p.index, &p.list);
             next_poll += 1;
         }
-        while next_util < rec.utilization.len() && rec.utilization[next_util].t <= t {
-            let u = rec.utilization[next_util];
+        while next_util < inputs.utilization.len() && inputs.utilization[next_util].t <= t {
+            let u = inputs.utilization[next_util];
             tr.utilization(u.t, u.index, u.percent);
             next_util += 1;
         }
-        while next_rx < rec.received.len() && rec.received[next_rx].t <= t {
-            let r = rec.received[next_rx];
+        while next_rx < inputs.received.len() && inputs.received[next_rx].t <= t {
+            let r = inputs.received[next_rx];
             tr.pcie_received(r.t, r.index, r.bytes_per_second);
             next_rx += 1;
         }
@@ -136,12 +197,10 @@ pub fn drive_tracker(
 }
 
 /// Feeds every row of time `t` from row `i` on; returns the next row.
-fn sample_at(rec: &Recording, tr: &mut Tracker, mut i: usize, t: f64) -> usize {
-    while i < rec.rows.len() && rec.rows[i].t == t {
-        let r = &rec.rows[i];
-        let uuid = (r.gpu == rec.uuid_gpu)
-            .then_some(rec.uuid.as_deref())
-            .flatten();
+fn sample_at(inputs: &Inputs<'_>, tr: &mut Tracker, mut i: usize, t: f64) -> usize {
+    while i < inputs.rows.len() && inputs.rows[i].t == t {
+        let r = &inputs.rows[i];
+        let uuid = (r.gpu == inputs.uuid_gpu).then_some(inputs.uuid).flatten();
         tr.sample(t, r.gpu, uuid, r.used_bytes, r.total_bytes);
         i += 1;
     }

@@ -10,7 +10,9 @@ pub mod plot;
 
 use crate::output::{Format, OutputArgs, Table};
 use anyhow::Context as _;
-use memprof_analysis::{assess, Assessment, GpuSeries, Sample};
+use memprof_analysis::evaluate::replay::{drive_inputs, Inputs};
+use memprof_analysis::tracker::Tracker;
+use memprof_analysis::Assessment;
 use memprof_api::thresholds::Thresholds;
 use memprof_api::trace::TraceRow;
 use memprof_api::{format_bytes, format_duration, RiskLevel};
@@ -123,7 +125,6 @@ fn analyze_one(
     let opts = Options {
         thresholds: thresholds.clone(),
         estimate_every: args.estimate_every.as_secs_f64(),
-        ..Default::default()
     };
     let mut lines = vec![];
     analyze(rows, &opts, |l| lines.push(l));
@@ -280,8 +281,6 @@ fn summary_table(lines: &[Value]) -> Table {
 pub struct Options {
     /// Analysis thresholds.
     pub thresholds: Thresholds,
-    /// Trace seconds between two analyses (the sidecar analyses every second).
-    pub analyse_every: f64,
     /// Trace seconds between two `estimate` lines (0: none).
     pub estimate_every: f64,
 }
@@ -290,16 +289,15 @@ impl Default for Options {
     fn default() -> Self {
         Options {
             thresholds: Thresholds::default(),
-            analyse_every: 1.0,
             estimate_every: 10.0,
         }
     }
 }
 
+/// What the offline view keeps of one GPU's published verdicts.
+#[derive(Default)]
 struct Gpu {
-    series: GpuSeries,
     risk: RiskLevel,
-    next_analysis: f64,
     next_estimate: f64,
     first_at: BTreeMap<RiskLevel, f64>,
     ceiling_at: Option<f64>,
@@ -308,6 +306,8 @@ struct Gpu {
     /// so it is said here and by its own `spike` line.
     first_spike: Option<f64>,
     last: Option<Assessment>,
+    samples: u64,
+    peak: u64,
 }
 
 fn line(event: &str, t: f64, gpu: u32, a: &Assessment) -> Value {
@@ -328,57 +328,74 @@ fn line(event: &str, t: f64, gpu: u32, a: &Assessment) -> Value {
     })
 }
 
-/// Analyses `rows`, calling `emit` with each JSON line: `risk` on every
-/// transition (with `from`), `spike` the first time a spike is seen,
-/// `estimate` every `estimate_every` seconds while a time to OOM exists, and
-/// one `summary` per GPU at the end (peak, first time at each risk level,
-/// first spike, first time within 1% of the ceiling).
+/// Analyses `rows` as the sidecar does (the same [`Tracker`], one analysis
+/// per second of trace, the published level and leak flag after its
+/// hysteresis: what a report would have said, not the raw assessment),
+/// calling `emit` with each JSON line: `risk` on every transition (with
+/// `from`), `spike` the first time a spike is seen, `estimate` every
+/// `estimate_every` seconds while a time to OOM exists, and one `summary`
+/// per GPU at the end (peak, first time at each risk level, first spike,
+/// first time within 1% of the ceiling).
 pub fn analyze(rows: &[TraceRow], opts: &Options, mut emit: impl FnMut(Value)) {
+    let mut gpus = ceilings(rows);
+    let tracker = drive_inputs(
+        Tracker::new(&opts.thresholds),
+        &Inputs::trace(rows),
+        |t, verdicts| {
+            for v in verdicts {
+                let g = gpus.entry(v.index).or_default();
+                published(g, t, v.index, &v.assessment, opts, &mut emit);
+            }
+        },
+    );
+    for (index, g) in &mut gpus {
+        if let Some(series) = tracker.series(*index) {
+            (g.samples, g.peak) = (series.sample_count(), series.peak());
+        }
+        emit(summary_line(*index, g));
+    }
+}
+
+/// Each GPU of `rows`, with when it first came within 1 % of its ceiling.
+fn ceilings(rows: &[TraceRow]) -> BTreeMap<u32, Gpu> {
     let mut gpus: BTreeMap<u32, Gpu> = BTreeMap::new();
     for r in rows {
         let g = gpus.entry(r.gpu).or_insert_with(|| Gpu {
-            series: GpuSeries::new(&opts.thresholds),
-            risk: RiskLevel::None,
-            next_analysis: r.t,
             next_estimate: r.t,
-            first_at: BTreeMap::new(),
-            ceiling_at: None,
-            first_spike: None,
-            last: None,
-        });
-        g.series.push(Sample {
-            t: r.t,
-            used: r.used_bytes,
-            total: r.total_bytes,
+            ..Default::default()
         });
         if g.ceiling_at.is_none() && r.used_bytes as f64 >= 0.99 * r.total_bytes as f64 {
             g.ceiling_at = Some(r.t);
         }
-        if r.t < g.next_analysis {
-            continue;
-        }
-        g.next_analysis = r.t + opts.analyse_every;
-        let a = assess(&g.series, &opts.thresholds);
-        if a.risk != g.risk {
-            let mut l = line("risk", r.t, r.gpu, &a);
-            l["from"] = json!(g.risk);
-            emit(l);
-            g.risk = a.risk;
-            g.first_at.entry(a.risk).or_insert(r.t);
-        }
-        if a.spike_detected && g.first_spike.is_none() {
-            g.first_spike = Some(r.t);
-            emit(line("spike", r.t, r.gpu, &a));
-        }
-        if opts.estimate_every > 0.0 && r.t >= g.next_estimate && a.time_to_oom_seconds.is_some() {
-            g.next_estimate = r.t + opts.estimate_every;
-            emit(line("estimate", r.t, r.gpu, &a));
-        }
-        g.last = Some(a);
     }
-    for (index, g) in gpus {
-        emit(summary_line(index, &g));
+    gpus
+}
+
+/// One published verdict of GPU `index` at `t`: the lines it makes.
+fn published(
+    g: &mut Gpu,
+    t: f64,
+    index: u32,
+    a: &Assessment,
+    opts: &Options,
+    emit: &mut impl FnMut(Value),
+) {
+    if a.risk != g.risk {
+        let mut l = line("risk", t, index, a);
+        l["from"] = json!(g.risk);
+        emit(l);
+        g.risk = a.risk;
+        g.first_at.entry(a.risk).or_insert(t);
     }
+    if a.spike_detected && g.first_spike.is_none() {
+        g.first_spike = Some(t);
+        emit(line("spike", t, index, a));
+    }
+    if opts.estimate_every > 0.0 && t >= g.next_estimate && a.time_to_oom_seconds.is_some() {
+        g.next_estimate = t + opts.estimate_every;
+        emit(line("estimate", t, index, a));
+    }
+    g.last = Some(a.clone());
 }
 
 /// One GPU's `summary` line.
@@ -391,8 +408,8 @@ fn summary_line(index: u32, g: &Gpu) -> Value {
     json!({
         "event": "summary",
         "gpu": index,
-        "samples": g.series.sample_count(),
-        "peakBytes": g.series.peak(),
+        "samples": g.samples,
+        "peakBytes": g.peak,
         "finalRisk": g.last.as_ref().map(|a| a.risk),
         "firstAt": first,
         "ceilingAt": g.ceiling_at,
@@ -420,6 +437,35 @@ mod tests {
                 }
             })
             .collect()
+    }
+
+    /// smooth-d's leak900 on an H200 (a 0.9 GB/s leak whose rises
+    /// `empty_cache` breaks up): the raw assessment went low, medium,
+    /// critical and back 12 times; the view prints what the sidecar
+    /// publishes, its hysteresis included, so a leak escalates once per
+    /// level, as the report and `--evaluate` say.
+    #[test]
+    fn the_view_prints_the_levels_the_sidecar_publishes() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../tests/fixtures/recordings/smooth-d/leak900.trace.csv"
+        );
+        let rows = memprof_api::trace::read_trace(path).expect("the recorded trace");
+        let mut lines = vec![];
+        analyze(&rows, &Options::default(), |l| lines.push(l));
+        let levels: Vec<RiskLevel> = lines
+            .iter()
+            .filter(|l| l["event"] == "risk")
+            .map(|l| serde_json::from_value(l["risk"].clone()).unwrap())
+            .collect();
+        assert!(levels.windows(2).all(|w| w[0] < w[1]), "{levels:?}");
+        let mut published = vec![];
+        let inputs = Inputs::trace(&rows);
+        drive_inputs(Tracker::new(&Thresholds::default()), &inputs, |_, v| {
+            published.push(v[0].assessment.risk)
+        });
+        published.dedup();
+        assert_eq!(levels, published, "the table is the sidecar's levels");
     }
 
     #[test]
