@@ -7,7 +7,8 @@ Nothing is changed, only left out: pushes keep `t` (when the sidecar received
 it) and `push`; step logs keep `t,kept`, every step until the leak's kept
 bytes reach 1 % of the GPU (what `memprof analyze --evaluate` calls visible)
 and every 25th after; traces, summaries, sidecar logs, per-process usage
-(NAME.processes.csv) and GPU utilization (NAME.utilization.csv), where
+(NAME.processes.csv), GPU utilization (NAME.utilization.csv) and PCIe
+receive throughput (NAME.received.csv), where
 recorded, device.txt and
 plan.txt are copied whole (plan.txt without a scenario that was never
 recorded); polls, risk events, final reports and trainer
@@ -64,8 +65,8 @@ def main():
                 continue
             plan.write(line)
             visible = gpu_total(os.path.join(src, f"{n}.trace.csv")) // 100
-            for ext in ("trace.csv", "summary.json", "sidecar.log", "processes.csv", "utilization.csv"):
-                if ext in ("processes.csv", "utilization.csv") and not os.path.exists(os.path.join(src, f"{n}.{ext}")):
+            for ext in ("trace.csv", "summary.json", "sidecar.log", "processes.csv", "utilization.csv", "received.csv"):
+                if ext in ("processes.csv", "utilization.csv", "received.csv") and not os.path.exists(os.path.join(src, f"{n}.{ext}")):
                     continue  # recorded before proc_poll.py
                 shutil.copy(os.path.join(src, f"{n}.{ext}"), dst)
             trim_pushes(os.path.join(src, f"{n}.pushes.jsonl"), os.path.join(dst, f"{n}.pushes.jsonl"))

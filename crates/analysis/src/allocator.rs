@@ -60,6 +60,10 @@ const MAX_SEGMENTS: usize = 8;
 const OTHERS_SECONDS: f64 = 120.0;
 /// A segment size is current this long after reserved memory last rose, seconds.
 const SEGMENT_FRESH_SECONDS: f64 = 30.0;
+/// Pushes a pace's time to OOM looks back over for the trainer's largest
+/// step, seconds ([`pace::Recent::highest_lifted`]): a trainer whose every
+/// fifth step is its largest, 0.8 s apart, takes one each 4 s.
+const STEP_CYCLE_SECONDS: f64 = 10.0;
 /// A pace is trusted fully once watched this long (or as long as the time
 /// to OOM it projects, when shorter), seconds: allocated memory is smooth
 /// and each push carries its interval's exact peak.
@@ -502,6 +506,10 @@ impl AgentDevice {
         if p.setup {
             return Some(setup_forecast(p, ceiling, level, th));
         }
+        let level = self
+            .recent
+            .highest_lifted(p.slope, STEP_CYCLE_SECONDS)
+            .map_or(level, |h| h.max(level));
         let tto = ((ceiling - level) / p.slope).max(0.0);
         let rate = memprof_api::format_rate(p.slope);
         let rate = rate.trim_start_matches('+');

@@ -18,8 +18,9 @@
 //!   does not rise: its rises never make a leak;
 //! - a **regular staircase** is the longest run of recent rises whose sizes
 //!   agree (at least 3 in 4 within ±25 % of their median, none outside
-//!   0.4–2.5×) and whose gaps agree (each within 0.5–2× their median), still
-//!   going (the last rise no older than twice the usual gap plus a slot).
+//!   0.4–2.5×) and whose gaps agree (each within 0.5–2× their median, or
+//!   their times keep one schedule: [`on_schedule`]), still going (the last
+//!   rise no older than twice the usual gap plus a slot).
 //!
 //! Bounded: at most [`MAX_RISES`] rises are kept.
 

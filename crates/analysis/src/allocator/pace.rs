@@ -160,6 +160,22 @@ impl Recent {
         self.points.back()
     }
 
+    /// The highest interval peak of the last `span` seconds, each lifted
+    /// to the newest push by `slope` bytes per second: the largest step
+    /// the trainer takes, where it stands now. Why: a push's interval peak
+    /// holds the largest step of its interval, and a trainer that waits
+    /// between steps runs one step or none per push, so the newest peak is
+    /// often a small step; the OOM comes when the largest one no longer
+    /// fits.
+    pub fn highest_lifted(&self, slope: f64, span: f64) -> Option<f64> {
+        let now = self.points.back()?.t;
+        self.points
+            .iter()
+            .filter(|p| p.t >= now - span)
+            .map(|p| p.peak + slope * (now - p.t))
+            .reduce(f64::max)
+    }
+
     /// The longest steady window ending at the newest push, if any.
     pub fn pace(&self, leak_rate: f64, limit: f64) -> Option<Pace> {
         let now = self.points.back()?.t;
@@ -394,6 +410,34 @@ mod tests {
             });
         }
         r
+    }
+
+    /// A trainer whose every fifth push holds its largest step (2 GB over
+    /// the others), leaking 0.3 GB/s: the level a forecast starts from is
+    /// that step, lifted by the pace to now, not the newest push's.
+    #[test]
+    fn the_largest_recent_step_lifted_to_now_is_the_level() {
+        let gb = 1e9;
+        let r = recent(20, |t| {
+            let big = if t as u64 % 5 == 0 { 2.0 * gb } else { 0.0 };
+            (50.0 * gb + 0.3 * gb * t + big, 40.0 * gb + 0.3 * gb * t)
+        });
+        // The newest push (t = 20) is a big one: itself.
+        let h = r.highest_lifted(0.3 * gb, 10.0).unwrap();
+        assert!((h - 58.0 * gb).abs() < 1e6, "{h}");
+        // Two pushes later the big step is 2 s old: lifted by 0.6 GB.
+        let mut r2 = r.clone();
+        for t in [21.0, 22.0] {
+            r2.push(Point {
+                t,
+                peak: 50.0 * gb + 0.3 * gb * t,
+                floor: 40.0 * gb,
+                step: Some(t as u64),
+            });
+        }
+        let h = r2.highest_lifted(0.3 * gb, 10.0).unwrap();
+        assert!((h - 58.6 * gb).abs() < 1e6, "{h}");
+        assert!(h > r2.last().unwrap().peak + 1.9 * gb);
     }
 
     #[test]
