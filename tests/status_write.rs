@@ -77,7 +77,7 @@ async fn check(client: &kube::Client, mode: WriteMode) {
         status: st,
         notices: Vec::new(),
     };
-    writer.submit(&key, analysis(status(1, Some(400.0))));
+    writer.submit(&key, "job-uid", analysis(status(1, Some(400.0))));
     assert_eq!(
         written(&profiles, "job", 1).await.time_to_oom_seconds,
         Some(400.0)
@@ -96,7 +96,7 @@ async fn check(client: &kube::Client, mode: WriteMode) {
         .await
         .unwrap();
 
-    writer.submit(&key, analysis(status(2, None)));
+    writer.submit(&key, "job-uid", analysis(status(2, None)));
     let st = written(&profiles, "job", 2).await;
     assert_eq!(
         st.time_to_oom_seconds, None,

@@ -21,6 +21,7 @@
 //! annotations go on the PyTorchJob, its refused reports' `ReportRejected`
 //! Events on its profile (`workload_refresh::submit`).
 
+use super::namesakes::{created, may_create, taken, write_profile, Ensured, DEFERRED};
 use super::state::Context;
 use super::workload_refresh::{drop_rollup, refresh, Turn};
 use crate::key::JobKey;
@@ -28,24 +29,20 @@ use crate::operator::rbac::ensure_reporter_rbac;
 use crate::operator::reconcile::{profile_outdated, profiling_enabled, workload_labels};
 use crate::operator::{Error, Result};
 use crate::remediation::replaced_by_memprof;
-use crate::workload::claim::{claim, taken_message, Claim};
+use crate::workload::claim::Claimant;
 use crate::workload::rank::PyTorchShape;
 use crate::workload::read::api_resource;
 use crate::workload::resolve::Workload;
 use crate::workload::rollup::Layout;
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::api::{Api, DeleteParams, DynamicObject, Preconditions};
 use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
 use memprof_api::family::{family_of, LABEL_FAMILY};
 use memprof_api::workload::{WorkloadKind, LABEL_WORKLOAD_KIND};
-use memprof_api::{
-    MemoryProfile, MemoryProfileSpec, ANNOTATION_ENABLED, LABEL_JOB, OPERATOR_MANAGER,
-};
+use memprof_api::{MemoryProfile, MemoryProfileSpec, ANNOTATION_ENABLED, LABEL_JOB};
 use std::sync::Arc;
 use std::time::Duration;
 use tracing::{info, warn};
@@ -66,41 +63,61 @@ fn cached_profile(ctx: &Context, key: &JobKey) -> Option<Arc<MemoryProfile>> {
         .get(&ObjectRef::new(&key.name).within(&key.namespace))
 }
 
+/// What the PyTorchJob path did in one reconcile.
+#[derive(Default)]
+pub(super) struct Ran {
+    /// When to look again (`None`: no profiled PyTorchJob of this name).
+    pub again: Option<Duration>,
+    /// The profile it created now, which the watch cache may not hold yet:
+    /// a Job of the name is judged on it.
+    pub made: Option<Arc<MemoryProfile>>,
+}
+
+impl Ran {
+    fn again(after: Duration) -> Ran {
+        Ran {
+            again: Some(after),
+            made: None,
+        }
+    }
+}
+
 /// Rolls up the PyTorchJob named by `key`, if one is profiled, and hands
-/// its status to the writer; returns when to look again (`None`: no
-/// profiled PyTorchJob of this name).
-pub(super) async fn run(ctx: &Context, key: &JobKey) -> Result<Option<Duration>> {
+/// its status to the writer.
+pub(super) async fn run(ctx: &Context, key: &JobKey) -> Result<Ran> {
     let Some(pt) = cached(ctx, key) else {
-        return Ok(None);
+        return Ok(Ran::default());
     };
     if pt.metadata.deletion_timestamp.is_some() {
         // The garbage collector removes the profile with it.
-        return Ok(None);
+        return Ok(Ran::default());
     }
     let uid = pt.uid().unwrap_or_default();
     if pt.annotations().get(ANNOTATION_ENABLED).map(String::as_str) != Some("true") {
         switch_off(ctx, key, &uid).await?;
-        return Ok(None);
+        return Ok(Ran::default());
     }
     let shape = PyTorchShape::from_spec(&pt.data["spec"])
         .map_err(|e| Error::Workload(format!("PyTorchJob {}: {e}", key)))?;
-    if let Claim::Theirs(owner) = claim(
-        cached_profile(ctx, key).as_deref(),
-        WorkloadKind::PyTorchJob,
-        &uid,
-    ) {
-        let regarding = reference(WorkloadKind::PyTorchJob, key, &uid);
-        let note = taken_message(WorkloadKind::PyTorchJob, &key.name, &owner);
-        announce_taken(ctx, key, &uid, regarding, note).await;
-        return Ok(Some(RESYNC));
+    let (profile, me) = (
+        cached_profile(ctx, key),
+        (WorkloadKind::PyTorchJob, uid.as_str()),
+    );
+    if taken(ctx, key, me, profile.as_deref()).await {
+        return Ok(Ran::again(RESYNC));
     }
     let now = Timestamp::now();
     let recorded = || cached_profile(ctx, key).and_then(|p| p.status.clone());
     let previous = ctx.writer.view(key).or_else(recorded);
     // A cached PyTorchJob memprof is recreating: owned by it again, the
     // profile would go with it.
+    let mut made = None;
     if !replaced_by_memprof(previous.as_ref(), &uid) {
-        ensure_profile(ctx, key, &pt, shape.ranks()).await?;
+        match ensure_profile(ctx, key, &pt, shape.ranks()).await? {
+            Ensured::Held => {}
+            Ensured::Made(p) => made = Some(p),
+            Ensured::Deferred => return Ok(Ran::again(DEFERRED)),
+        }
     }
     // Incremental: the reports and pods noted under its name since the
     // last reconcile, not every rank (`workload_refresh.rs`).
@@ -121,12 +138,17 @@ pub(super) async fn run(ctx: &Context, key: &JobKey) -> Result<Option<Duration>>
     let profile = cached_profile(ctx, key);
     let seen = (profile.as_deref(), previous.as_ref());
     super::workload_refresh::submit(ctx, (key, &workload), seen, out.desired);
-    let next = out
-        .next
-        .map(|t| Duration::try_from(now.duration_until(t)).unwrap_or_default());
-    Ok(Some(next.map_or(RESYNC, |d| {
-        d.clamp(Duration::from_millis(100), RESYNC)
-    })))
+    Ok(Ran {
+        again: Some(look_again(now, out.next)),
+        made,
+    })
+}
+
+/// When to look again: when the roll-up next changes with no event
+/// (`next`), within 100 ms and [`RESYNC`].
+fn look_again(now: Timestamp, next: Option<Timestamp>) -> Duration {
+    let next = next.map(|t| Duration::try_from(now.duration_until(t)).unwrap_or_default());
+    next.map_or(RESYNC, |d| d.clamp(Duration::from_millis(100), RESYNC))
 }
 
 /// Profiling was switched off: the PyTorchJob's own profile is deleted
@@ -195,50 +217,43 @@ fn profile_for(key: &JobKey, pt: &DynamicObject, ranks: u32) -> MemoryProfile {
     p
 }
 
-/// Creates the profile when there is none (a create, not an apply: a
-/// namesake that made it meanwhile keeps it), or applies it again when
-/// ours drifted; and grants each replica's service account leave to
-/// write its reports.
-async fn ensure_profile(ctx: &Context, key: &JobKey, pt: &DynamicObject, ranks: u32) -> Result<()> {
+/// Creates the profile when there is none and no profiled namesake comes
+/// first (a create, not an apply: a namesake that made it meanwhile keeps
+/// it), or applies it again when ours drifted; and grants each replica's
+/// service account leave to write its reports.
+async fn ensure_profile(
+    ctx: &Context,
+    key: &JobKey,
+    pt: &DynamicObject,
+    ranks: u32,
+) -> Result<Ensured> {
     let desired = profile_for(key, pt, ranks);
     let known = cached_profile(ctx, key);
     if known
         .as_deref()
         .is_some_and(|p| !profile_outdated(Some(p), &desired))
     {
-        return Ok(());
+        return Ok(Ensured::Held);
+    }
+    let me = Claimant {
+        kind: WorkloadKind::PyTorchJob,
+        uid: pt.uid().unwrap_or_default(),
+        created: created(&pt.metadata),
+    };
+    if known.is_none() && !may_create(ctx, key, &me).await? {
+        return Ok(Ensured::Deferred);
     }
     for sa in service_accounts(pt) {
         if let Err(e) = ensure_reporter_rbac(&ctx.client, &key.namespace, &sa).await {
             warn!(error = %e, service_account = sa, "cannot grant the sidecars leave to write MemoryReports");
         }
     }
-    let api: Api<MemoryProfile> = Api::namespaced(ctx.client.clone(), &key.namespace);
-    let failed = |source| Error::ApplyProfile {
-        namespace: key.namespace.clone(),
-        name: key.name.clone(),
-        source,
-    };
-    let profile = if known.is_none() {
-        let params = PostParams {
-            field_manager: Some(OPERATOR_MANAGER.into()),
-            ..Default::default()
-        };
-        match api.create(&params, &desired).await {
-            Ok(p) => p,
-            // A namesake's, made since the cache was read: the next
-            // reconcile (its watch event) judges whose it is.
-            Err(kube::Error::Api(e)) if e.code == 409 => return Ok(()),
-            Err(source) => return Err(failed(source)),
-        }
-    } else {
-        let params = PatchParams::apply(OPERATOR_MANAGER).force();
-        api.patch(&key.name, &params, &Patch::Apply(&desired))
-            .await
-            .map_err(failed)?
-    };
-    ctx.writer.observe(key, &profile);
-    Ok(())
+    let missing = known.is_none();
+    Ok(match write_profile(ctx, key, &desired, missing).await? {
+        Some(p) if missing => Ensured::Made(Arc::new(p)),
+        Some(_) => Ensured::Held,
+        None => Ensured::Deferred,
+    })
 }
 
 /// The service accounts the PyTorchJob's replicas run as.
@@ -258,50 +273,6 @@ fn service_accounts(pt: &DynamicObject) -> Vec<String> {
     out
 }
 
-/// A reference to workload `kind` named by `key`, for Events.
-fn reference(kind: WorkloadKind, key: &JobKey, uid: &str) -> ObjectReference {
-    ObjectReference {
-        api_version: Some(kind.api_version().into()),
-        kind: Some(kind.kind().into()),
-        name: Some(key.name.clone()),
-        namespace: Some(key.namespace.clone()),
-        uid: Some(uid.into()),
-        ..Default::default()
-    }
-}
-
-/// Says once per claimant (by uid) that the profile of its name is
-/// another workload's: a Warning Event on the claimant, and the log.
-async fn announce_taken(
-    ctx: &Context,
-    key: &JobKey,
-    uid: &str,
-    regarding: ObjectReference,
-    note: String,
-) {
-    let first = ctx.with_state(key, |s| s.name_taken.insert(uid.to_string()));
-    if !first {
-        return;
-    }
-    warn!(workload = %key, "{note}");
-    let reporter = Reporter {
-        controller: OPERATOR_MANAGER.into(),
-        instance: None,
-    };
-    let event = Event {
-        type_: EventType::Warning,
-        reason: "ProfileNameTaken".into(),
-        note: Some(note),
-        action: "Profile".into(),
-        secondary: None,
-    };
-    let recorder = Recorder::new(ctx.client.clone(), reporter);
-    if let Err(error) = recorder.publish(&event, &regarding).await {
-        let advice = crate::status::advice(&error, "events.k8s.io events: create, patch");
-        warn!(%error, "cannot publish Event: {advice}; not retried");
-    }
-}
-
 /// Whether profiled Job `job` must leave its name's `profile` alone
 /// because it is another workload's (a PyTorchJob's, a JobSet's): then the
 /// Job path neither rolls it up nor acts on it, and the Job is told once.
@@ -316,13 +287,7 @@ pub(super) async fn namesake_job(
         return false;
     }
     let uid = job.uid().unwrap_or_default();
-    let Claim::Theirs(owner) = claim(profile, WorkloadKind::Job, &uid) else {
-        return false;
-    };
-    let regarding = reference(WorkloadKind::Job, key, &uid);
-    let note = taken_message(WorkloadKind::Job, &key.name, &owner);
-    announce_taken(ctx, key, &uid, regarding, note).await;
-    true
+    taken(ctx, key, (WorkloadKind::Job, &uid), profile).await
 }
 
 #[cfg(test)]

@@ -49,6 +49,11 @@ async fn reconcile(ctx: &Arc<Context>, key: &JobKey) -> Result<Option<Duration>>
     // alone (`pytorchjobs.rs`). Its failure (a malformed spec) must not
     // hold the Job's path up: said once both ran.
     let workload = pytorchjobs::run(ctx, key).await;
+    // The Job's claim is judged on the profile as the PyTorchJob's path
+    // left it: made just now (not in the cache yet), or as cached now. The
+    // profile fetched before that path ran may be none when it is not.
+    let made = workload.as_ref().ok().and_then(|w| w.made.clone());
+    fetched.profile = made.or_else(|| fetch(ctx, key).profile);
     if let Some(job) = fetched.job.clone() {
         if pytorchjobs::namesake_job(ctx, key, &job, fetched.profile.as_deref()).await {
             fetched.job = None;
@@ -56,7 +61,7 @@ async fn reconcile(ctx: &Arc<Context>, key: &JobKey) -> Result<Option<Duration>>
     }
     let again = rollup_stage::run(ctx, &fetched).await?;
     let decided = remediation_stage::run(ctx, &fetched);
-    let workload = workload?;
+    let workload = workload?.again;
     if fetched.job.is_none() && fetched.profile.is_none() && workload.is_none() {
         ctx.forget(key);
         return Ok(None);

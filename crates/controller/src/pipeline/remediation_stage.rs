@@ -84,10 +84,12 @@ pub(super) fn run(ctx: &Arc<Context>, f: &Fetched) -> Option<Duration> {
     let ooms = oom::detect(&admitted, &specs, &view.ooms, now);
     let mut with_ooms = view.clone();
     with_ooms.ooms = oom::merge(&view.ooms, &ooms, MAX_HISTORY);
+    // A decision only on the Job's own roll-up, never a namesake's.
+    let own = |j: &Job| ctx.writer.analysed_by(&f.key, &j.uid().unwrap_or_default());
     let live = f
         .job
         .as_deref()
-        .filter(|j| j.metadata.deletion_timestamp.is_none() && profiling_enabled(j));
+        .filter(|j| j.metadata.deletion_timestamp.is_none() && profiling_enabled(j) && own(j));
     let (decision, again) = match live {
         Some(job) => decide_on(ctx, &exec, &f.key, job, &with_ooms, now),
         None => (None, RESYNC),
@@ -112,13 +114,17 @@ pub(super) fn run(ctx: &Arc<Context>, f: &Fetched) -> Option<Duration> {
 pub(super) fn run_workload(ctx: &Arc<Context>, wkey: &JobKey, target: &Target) -> Option<Duration> {
     let exec = ctx.executor.clone()?;
     let view = ctx.writer.view(wkey)?;
+    // Its own roll-up, never what a namesake handed over under its name.
+    let own = ctx.writer.analysed_by(wkey, &target.uid);
     // An OOM recorded since the roll-up handed the status over is annotated now.
     let top = Workload {
         kind: target.kind,
         name: wkey.name.clone(),
         uid: target.uid.clone(),
     };
-    annotate_workload(&ctx.writer, wkey, &top, &view);
+    if own {
+        annotate_workload(&ctx.writer, wkey, &top, &view);
+    }
     if ctx.with_state(wkey, |s| s.busy) {
         // Checked again, atomically, before spawning (`spawn_one`).
         return None;
@@ -128,6 +134,9 @@ pub(super) fn run_workload(ctx: &Arc<Context>, wkey: &JobKey, target: &Target) -
         let ranks = checkpoints_of(&workload_counted(ctx, &wkey.namespace, &target.ranks));
         spawn_one(ctx, &key, exec.resume(key.clone(), record, Some(ranks)));
         return None;
+    }
+    if !own {
+        return Some(RESYNC);
     }
     let now = Timestamp::now();
     let open = notify::open_tallies(&view.remediations, now);

@@ -3,6 +3,7 @@
 //! Job's annotations, all handed to the status writer. Deciding is
 //! `operator/reconcile.rs`'s (pure); this file only fetches and hands over.
 
+use super::namesakes::{created, may_create, write_profile, DEFERRED};
 use super::reconcile::Fetched;
 use super::rollups;
 use super::state::Context;
@@ -16,15 +17,14 @@ use crate::operator::thresholds;
 use crate::operator::{Error, Result};
 use crate::remediation::replaced_by_memprof;
 use crate::status::{announce_refused, object_reference, Analysis, Notice};
+use crate::workload::claim::Claimant;
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
+use kube::api::{Api, DeleteParams, Preconditions};
 use kube::ResourceExt;
 use memprof_api::thresholds::{resolve as resolve_thresholds, ANNOTATION_THRESHOLDS};
-use memprof_api::{
-    MemoryProfile, MemoryProfileStatus, ANNOTATION_GPU_OOM, ANNOTATION_REMEDIATION,
-    OPERATOR_MANAGER,
-};
+use memprof_api::workload::WorkloadKind;
+use memprof_api::{MemoryProfile, MemoryProfileStatus, ANNOTATION_GPU_OOM, ANNOTATION_REMEDIATION};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -92,7 +92,10 @@ pub(super) async fn run(ctx: &Arc<Context>, f: &Fetched) -> Result<Option<Durati
         // and the garbage collector would delete it with its history.
         return Ok(None);
     }
-    let profile = ensure_profile(ctx, f, job).await?;
+    let Some(profile) = ensure_profile(ctx, f, job).await? else {
+        // Left to a namesake that comes first, or made by one meanwhile.
+        return Ok(Some(DEFERRED));
+    };
     let now = Timestamp::now();
     rollups::refresh(ctx, &f.key, job, previous.as_ref(), now);
     let Some((desired, next_change)) = build(ctx, f, job, previous.as_ref(), now) else {
@@ -104,7 +107,7 @@ pub(super) async fn run(ctx: &Arc<Context>, f: &Fetched) -> Result<Option<Durati
         status: desired.status,
         notices,
     };
-    ctx.writer.submit(&f.key, analysis);
+    ctx.writer.submit(&f.key, &uid, analysis);
     // A rank going stale or a held risk level ending changes the status
     // with no event: look again then (JobRollup::next_change).
     let until_change = next_change
@@ -158,8 +161,15 @@ fn counted_reports(ctx: &Context, f: &Fetched) -> Vec<Arc<memprof_api::MemoryRep
 
 /// The profile with our spec, labels and owner reference: the cached one,
 /// or the one our last apply returned (fresher while the cache lags), or
-/// applied now.
-async fn ensure_profile(ctx: &Context, f: &Fetched, job: &Job) -> Result<Arc<MemoryProfile>> {
+/// applied now (ours, drifted), or created now when there is none and no
+/// profiled namesake comes first (`namesakes::may_create`; a create, never
+/// an apply, which would take over one a namesake made meanwhile).
+/// `None`: not made.
+async fn ensure_profile(
+    ctx: &Context,
+    f: &Fetched,
+    job: &Job,
+) -> Result<Option<Arc<MemoryProfile>>> {
     let (ns, name) = (&f.key.namespace, &f.key.name);
     let desired = profile_for_job(job, ns, name, &job.uid().unwrap_or_default());
     let applied = ctx.with_state(&f.key, |s| s.profile.clone());
@@ -167,8 +177,19 @@ async fn ensure_profile(ctx: &Context, f: &Fetched, job: &Job) -> Result<Arc<Mem
         (Some(c), Some(a)) if a.uid() == c.uid() && rv(&a) > rv(&c) => Some(a),
         (cached, _) => cached,
     };
-    if let Some(p) = known.filter(|p| !profile_outdated(Some(p), &desired)) {
-        return Ok(p);
+    if let Some(p) = known
+        .as_ref()
+        .filter(|p| !profile_outdated(Some(p), &desired))
+    {
+        return Ok(Some(p.clone()));
+    }
+    let me = Claimant {
+        kind: WorkloadKind::Job,
+        uid: job.uid().unwrap_or_default(),
+        created: created(&job.metadata),
+    };
+    if known.is_none() && !may_create(ctx, &f.key, &me).await? {
+        return Ok(None);
     }
     // First sight of this Job (or its profile drifted): its sidecars run
     // under the pod template's service account and need leave to write
@@ -183,20 +204,12 @@ async fn ensure_profile(ctx: &Context, f: &Fetched, job: &Job) -> Result<Arc<Mem
     if let Err(e) = ensure_reporter_rbac(&ctx.client, ns, sa).await {
         warn!(error = %e, service_account = sa, "cannot grant the sidecars leave to write MemoryReports");
     }
-    let api: Api<MemoryProfile> = Api::namespaced(ctx.client.clone(), ns);
-    let params = PatchParams::apply(OPERATOR_MANAGER).force();
-    let profile = api
-        .patch(name, &params, &Patch::Apply(&desired))
-        .await
-        .map_err(|source| Error::ApplyProfile {
-            namespace: ns.clone(),
-            name: name.clone(),
-            source,
-        })?;
-    ctx.writer.observe(&f.key, &profile);
+    let Some(profile) = write_profile(ctx, &f.key, &desired, known.is_none()).await? else {
+        return Ok(None);
+    };
     let profile = kept(profile);
     ctx.with_state(&f.key, |s| s.profile = Some(profile.clone()));
-    Ok(profile)
+    Ok(Some(profile))
 }
 
 /// What the Job's state keeps of the operator's own apply response: what
@@ -362,7 +375,7 @@ mod tests {
         v["metadata"]["uid"] = json!("profile-uid");
         v["metadata"]["resourceVersion"] = json!("42");
         v["metadata"]["managedFields"] = json!([
-            {"manager": OPERATOR_MANAGER, "operation": "Apply", "apiVersion": "memprof.dev/v1alpha1",
+            {"manager": memprof_api::OPERATOR_MANAGER, "operation": "Apply", "apiVersion": "memprof.dev/v1alpha1",
              "fieldsType": "FieldsV1", "fieldsV1": {"f:metadata": {"f:labels": ours}}},
             {"manager": "kubectl-label", "operation": "Update", "apiVersion": "memprof.dev/v1alpha1",
              "fieldsType": "FieldsV1", "fieldsV1": {"f:metadata": {

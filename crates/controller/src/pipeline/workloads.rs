@@ -19,6 +19,7 @@
 //! status writer as a Job's do (`workload_refresh::submit`), and so do the
 //! `ReportRejected` Events of its refused reports, on its profile.
 
+use super::namesakes::{may_create, taken, write_profile, Ensured, DEFERRED};
 use super::state::Context;
 use super::workload_refresh::{refresh, Refreshed, Turn};
 use crate::key::JobKey;
@@ -26,6 +27,7 @@ use crate::operator::rbac::ensure_reporter_rbac;
 use crate::operator::reconcile::profile_outdated;
 use crate::operator::{Error, Result};
 use crate::remediation::{replaced_by_memprof, Executor, Ranks, Target};
+use crate::workload::claim::Claimant;
 use crate::workload::rank::JobSetShape;
 use crate::workload::read::{api_resource, resolve_live, Membership};
 use crate::workload::resolve::{Resolved, Workload};
@@ -33,12 +35,12 @@ use crate::workload::rollup::Layout;
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::api::{Api, DynamicObject};
 use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
 use memprof_api::family::LABEL_FAMILY;
 use memprof_api::workload::{WorkloadKind, LABEL_WORKLOAD_KIND};
-use memprof_api::{MemoryProfile, MemoryProfileSpec, LABEL_JOB, OPERATOR_MANAGER};
+use memprof_api::{MemoryProfile, MemoryProfileSpec, LABEL_JOB};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -123,12 +125,20 @@ pub(super) async fn run(
     let ns = key.namespace.as_str();
     let now = Timestamp::now();
     let wkey = JobKey::new(ns, &resolved.top.name);
+    let top = &resolved.top;
+    let profile = cached_profile(ctx, &wkey);
+    if taken(ctx, &wkey, (top.kind, &top.uid), profile.as_deref()).await {
+        return Ok(Some(RESYNC));
+    }
     let recorded = || cached_profile(ctx, &wkey).and_then(|p| p.status.clone());
     let previous = ctx.writer.view(&wkey).or_else(recorded);
     // A child's membership, cached, may still name a JobSet memprof is
     // recreating: owned by it again, the profile would go with it.
-    if !replaced_by_memprof(previous.as_ref(), &resolved.top.uid) {
-        ensure_profile(ctx, &wkey, &resolved, shape.ranks(), job).await?;
+    if !replaced_by_memprof(previous.as_ref(), &top.uid) {
+        let ensured = ensure_profile(ctx, &wkey, &resolved, shape.ranks(), job).await?;
+        if matches!(ensured, Ensured::Deferred) {
+            return Ok(Some(DEFERRED));
+        }
     }
     // Incremental: the reports noted under this child since its last
     // reconcile, not the whole JobSet (`workload_refresh.rs`).
@@ -148,7 +158,6 @@ pub(super) async fn run(
         next: next_change,
         ranks,
     } = refresh(ctx, &turn, previous.as_ref(), now);
-    let top = &resolved.top;
     let profile = cached_profile(ctx, &wkey);
     let seen = (profile.as_deref(), previous.as_ref());
     super::workload_refresh::submit(ctx, (&wkey, top), seen, desired);
@@ -294,18 +303,28 @@ fn profile_for(key: &JobKey, resolved: &Resolved, ranks: u32) -> MemoryProfile {
     p
 }
 
-/// Applies the workload's profile when missing or drifted (and grants the
-/// child Job's sidecars leave to write their reports, as for any Job).
+/// Creates the workload's profile when missing and no profiled namesake
+/// comes first (a create, never an apply, which would take over one a
+/// namesake made meanwhile), applies it again when ours drifted (and
+/// grants the child Job's sidecars leave to write their reports, as for
+/// any Job).
 async fn ensure_profile(
     ctx: &Context,
     wkey: &JobKey,
     resolved: &Resolved,
     ranks: u32,
     job: &Job,
-) -> Result<()> {
+) -> Result<Ensured> {
     let desired = profile_for(wkey, resolved, ranks);
-    if cached_profile(ctx, wkey).is_some_and(|p| !profile_outdated(Some(&p), &desired)) {
-        return Ok(());
+    let known = cached_profile(ctx, wkey);
+    if known
+        .as_deref()
+        .is_some_and(|p| !profile_outdated(Some(p), &desired))
+    {
+        return Ok(Ensured::Held);
+    }
+    if known.is_none() && !comes_first(ctx, wkey, resolved).await? {
+        return Ok(Ensured::Deferred);
     }
     let sa = job
         .spec
@@ -316,18 +335,33 @@ async fn ensure_profile(
     if let Err(e) = ensure_reporter_rbac(&ctx.client, &wkey.namespace, sa).await {
         tracing::warn!(error = %e, service_account = sa, "cannot grant the sidecars leave to write MemoryReports");
     }
-    let api: Api<MemoryProfile> = Api::namespaced(ctx.client.clone(), &wkey.namespace);
-    let params = PatchParams::apply(OPERATOR_MANAGER).force();
-    let profile = api
-        .patch(&wkey.name, &params, &Patch::Apply(&desired))
-        .await
-        .map_err(|source| Error::ApplyProfile {
-            namespace: wkey.namespace.clone(),
-            name: wkey.name.clone(),
-            source,
-        })?;
-    ctx.writer.observe(wkey, &profile);
-    Ok(())
+    let missing = known.is_none();
+    Ok(match write_profile(ctx, wkey, &desired, missing).await? {
+        Some(p) if missing => Ensured::Made(Arc::new(p)),
+        Some(_) => Ensured::Held,
+        None => Ensured::Deferred,
+    })
+}
+
+/// Whether `resolved`'s workload (a JobSet, or the TrainJob above it) may
+/// create the missing profile `wkey`: no profiled Job or PyTorchJob of its
+/// name was created before its JobSet (`namesakes::may_create`).
+async fn comes_first(ctx: &Context, wkey: &JobKey, resolved: &Resolved) -> Result<bool> {
+    let top = &resolved.top;
+    let jobset = resolved
+        .chain
+        .iter()
+        .find(|w| w.kind == WorkloadKind::JobSet);
+    let name = jobset.map_or(top.name.as_str(), |js| js.name.as_str());
+    // Read as a namesake reads it; not read (gone, its children named
+    // otherwise): not stamped, after any namesake.
+    let read = super::namesakes::jobset(ctx, &wkey.namespace, name).await?;
+    let me = Claimant {
+        kind: top.kind,
+        uid: top.uid.clone(),
+        created: read.and_then(|js| js.created),
+    };
+    may_create(ctx, wkey, &me).await
 }
 
 #[cfg(test)]

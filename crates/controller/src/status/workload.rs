@@ -56,7 +56,7 @@ pub fn submit_workload(
     notices: Vec<Notice>,
 ) {
     annotate_workload(writer, wkey, top, &status);
-    writer.submit(wkey, Analysis { status, notices });
+    writer.submit(wkey, &top.uid, Analysis { status, notices });
 }
 
 /// Hands workload `top`'s `memprof.dev/` annotations for `status` to

@@ -121,6 +121,10 @@ struct Annotations {
 struct Entry {
     server: Option<Server>,
     analysis: Option<MemoryProfileStatus>,
+    /// The uid of the workload whose roll-up handed the newest analysis
+    /// over: a Job and a workload of one name share the key, and neither
+    /// decides on the other's.
+    analysis_by: Option<String>,
     /// The analysis a pass is writing now: still what the next decision
     /// builds on until the write is answered.
     writing: Option<MemoryProfileStatus>,
@@ -223,12 +227,14 @@ impl StatusWriter {
         self.shared.queue.forget(key);
     }
 
-    /// The roll-up's newest wanted status for `key` (replacing any not written yet).
-    pub fn submit(&self, key: &JobKey, analysis: Analysis) {
+    /// The roll-up's newest wanted status for `key` (replacing any not
+    /// written yet), of the workload of uid `by`.
+    pub fn submit(&self, key: &JobKey, by: &str, analysis: Analysis) {
         {
             let mut entries = self.entries();
             let entry = entries.entry(key.clone()).or_default();
             entry.analysis = Some(analysis.status);
+            entry.analysis_by = Some(by.to_string());
             entry.notices.extend(analysis.notices);
             bound_notices(&mut entry.notices);
         }
@@ -286,6 +292,16 @@ impl StatusWriter {
         let entry = entries.get(key)?;
         let server = entry.server.as_ref().and_then(|s| s.status.as_deref());
         compose(server, entry.analysis.as_ref().or(entry.writing.as_ref()))
+    }
+
+    /// Whether the newest analysis of `key` is the roll-up of workload
+    /// `uid`: what its remediation may decide on. Not when a namesake of
+    /// another kind or uid handed one over under the name last, nor when
+    /// none was handed over since this process started.
+    pub fn analysed_by(&self, key: &JobKey, uid: &str) -> bool {
+        let entries = self.entries();
+        let by = entries.get(key).and_then(|e| e.analysis_by.as_deref());
+        by == Some(uid)
     }
 
     /// Whether the writer has heard of the profile of `key`.
