@@ -73,6 +73,7 @@ mod trainjobs;
 mod webhook;
 mod workload_checkpoint;
 mod workload_gpu_request;
+mod workload_namesakes;
 mod workload_oom;
 mod workload_recommend;
 mod workload_remediation;
