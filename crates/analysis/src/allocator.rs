@@ -60,6 +60,11 @@ const MAX_SEGMENTS: usize = 8;
 const OTHERS_SECONDS: f64 = 120.0;
 /// A segment size is current this long after reserved memory last rose, seconds.
 const SEGMENT_FRESH_SECONDS: f64 = 30.0;
+/// How long training steps must have run for NVML's clock to stand for
+/// the trainer's own leak, seconds (`tracker::own_leak_sooner`): longer
+/// than NVML's leak flag takes to see a regular run (4 rises over 10 s),
+/// so a run that reaches back over a load (no step ran) is not taken.
+const STEPPING_SECONDS: f64 = 20.0;
 /// Pushes a pace's time to OOM looks back over for the trainer's largest
 /// step, seconds ([`pace::Recent::highest_lifted`]): a trainer whose every
 /// fifth step is its largest, 0.8 s apart, takes one each 4 s.
@@ -236,6 +241,9 @@ pub struct AllocatorAssessment {
     /// context and other processes), bytes per second, over the last
     /// [`OTHERS_SECONDS`]; `None` until the agent told free memory twice.
     pub outside_growth: Option<f64>,
+    /// Training steps ran throughout the last [`STEPPING_SECONDS`] (the
+    /// pushes' step count kept moving).
+    pub stepping: bool,
 }
 
 impl AgentDevice {
@@ -711,6 +719,7 @@ impl AgentDevice {
             split_fraction,
             recent_retries,
             advice,
+            stepping: self.recent.stepping_throughout(STEPPING_SECONDS),
         }
     }
 

@@ -375,6 +375,9 @@ fn fuse(aa: &AllocatorAssessment, nvml: Assessment, th: &Thresholds) -> (Assessm
     let outside = aa.outside_growth.unwrap_or(0.0);
     let growth = nvml.growth_bytes_per_second;
     let neighbour = growth > 0.0 && outside > th.leak_bytes_per_second && outside >= growth / 2.0;
+    if nvml_earlier && own_leak_sooner(aa, &nvml) {
+        return (own_leak_by_nvml(aa, nvml), false);
+    }
     if !(nvml_earlier && neighbour && nvml.time_to_oom_seconds.is_some()) {
         let a = corroborated(a.clone(), &nvml, th);
         return (at_least_the_device(a, &nvml, th), true);
@@ -390,6 +393,38 @@ fn fuse(aa: &AllocatorAssessment, nvml: Assessment, th: &Thresholds) -> (Assessm
         ),
     ));
     (n, false)
+}
+
+/// Whether NVML reads as a leak, with a time to OOM, what the allocator
+/// shows is the trainer's own: its allocated memory rising at least half
+/// NVML's pace while training steps run. Why: a trainer that waits between
+/// steps catches its largest step in some pushes only, so its peaks
+/// scatter and the allocator's pace comes late (busy-c's idleleak2: the
+/// agent-fed verdict went high 64 s before the OOM, NVML alone 72 s),
+/// while NVML's staircase keeps time. Steps running rule out setup (a load
+/// runs none), and the allocated rise rules out a cache the allocator
+/// reuses.
+fn own_leak_sooner(aa: &AllocatorAssessment, nvml: &Assessment) -> bool {
+    let growth = nvml.growth_bytes_per_second;
+    nvml.leak_suspected
+        && nvml.time_to_oom_seconds.is_some()
+        && aa.stepping
+        && growth > 0.0
+        && aa.allocated_growth.is_some_and(|g| g >= growth / 2.0)
+}
+
+/// NVML's verdict on the trainer's own leak, named from both sources.
+fn own_leak_by_nvml(aa: &AllocatorAssessment, nvml: Assessment) -> Assessment {
+    let mut n = nvml;
+    n.cause = Some(NamedCause::new(
+        Cause::Leak,
+        format!(
+            "device memory rises {} in regular steps while the trainer's tensors rise {}",
+            memprof_api::format_rate(n.growth_bytes_per_second).trim_start_matches('+'),
+            memprof_api::format_rate(aa.allocated_growth.unwrap_or(0.0)).trim_start_matches('+'),
+        ),
+    ));
+    n
 }
 
 /// How far apart two forecasts of one OOM may be and still agree: a
@@ -958,6 +993,40 @@ mod tests {
             let (aa, nvml) = two_forecasts(cause, tto);
             let (a, _) = fuse(&aa, nvml, &th);
             assert_eq!(a.confidence, 0.32, "{cause:?} {tto}");
+        }
+    }
+
+    /// A trainer that waits between steps and leaks: NVML's staircase
+    /// calls the leak (critical, 50 s) while the allocator's scattered
+    /// peaks make no pace yet (medium, 80 s). Its tensors rise at NVML's
+    /// pace while steps run, so NVML's clock is the trainer's: the
+    /// agent-fed verdict takes it, named a leak. Not while no step runs
+    /// (a load), nor where the tensors rise much slower (a cache the
+    /// allocator reuses), nor without NVML's leak flag.
+    #[test]
+    fn nvml_s_clock_stands_for_the_trainer_s_own_leak_while_steps_run() {
+        let th = Thresholds::default();
+        let (mut aa, mut nvml) = two_forecasts(Cause::Leak, 50.0);
+        aa.stepping = true;
+        aa.allocated_growth = Some(1.1e9);
+        nvml.leak_suspected = true;
+        let (a, from_agent) = fuse(&aa, nvml.clone(), &th);
+        assert!(!from_agent);
+        assert_eq!(
+            (a.risk, a.time_to_oom_seconds),
+            (RiskLevel::Critical, Some(50.0))
+        );
+        assert_eq!(a.cause.as_ref().unwrap().cause, Cause::Leak);
+        let mut load = aa.clone();
+        load.stepping = false;
+        let mut cache = aa.clone();
+        cache.allocated_growth = Some(0.3e9);
+        let mut unflagged = nvml.clone();
+        unflagged.leak_suspected = false;
+        for (aa, nvml) in [(&load, &nvml), (&cache, &nvml), (&aa, &unflagged)] {
+            let (a, from_agent) = fuse(aa, nvml.clone(), &th);
+            assert!(from_agent, "{aa:?} {nvml:?}");
+            assert_eq!(a.time_to_oom_seconds, Some(80.0));
         }
     }
 

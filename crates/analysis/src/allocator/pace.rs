@@ -160,6 +160,37 @@ impl Recent {
         self.points.back()
     }
 
+    /// Whether training steps ran throughout the last `span` seconds: the
+    /// pushes cover it and the step count never stood still longer than
+    /// three of the trainer's usual steps (at least 4 s). `false` where
+    /// pushes carry no count, or it never moved. A load runs no step, and
+    /// a forecast that reaches back over one is not the trainer's pace.
+    pub fn stepping_throughout(&self, span: f64) -> bool {
+        let (Some(period), Some(last)) = (self.step_period(), self.points.back()) else {
+            return false;
+        };
+        let from = last.t - span;
+        if self.points.front().is_none_or(|f| f.t > from) {
+            return false;
+        }
+        let still = (3.0 * period).max(4.0);
+        let mut moved_at = from;
+        let mut step = None;
+        for p in self.points.iter().filter(|p| p.t >= from) {
+            if p.step.is_none() {
+                return false;
+            }
+            if step.is_some_and(|s| s != p.step) {
+                if p.t - moved_at > still {
+                    return false;
+                }
+                moved_at = p.t;
+            }
+            step = Some(p.step);
+        }
+        last.t - moved_at <= still
+    }
+
     /// The highest interval peak of the last `span` seconds, each lifted
     /// to the newest push by `slope` bytes per second: the largest step
     /// the trainer takes, where it stands now. Why: a push's interval peak
@@ -410,6 +441,38 @@ mod tests {
             });
         }
         r
+    }
+
+    /// Steps every push for 25 s: training throughout the last 20 s. A
+    /// 10 s stretch without a step in it (a load), a window the pushes do
+    /// not cover, or pushes without a count: not.
+    #[test]
+    fn steps_throughout_a_span_are_training_and_a_stall_is_not() {
+        let r = recent(25, |t| (t, t));
+        assert!(r.stepping_throughout(20.0));
+        assert!(!r.stepping_throughout(30.0), "not covered");
+        let mut stalled = Recent::default();
+        for i in 0..=25 {
+            let step = if (8..18).contains(&i) { 8 } else { i };
+            stalled.push(Point {
+                t: i as f64,
+                peak: 1.0,
+                floor: 1.0,
+                step: Some(step),
+            });
+        }
+        assert!(!stalled.stepping_throughout(20.0));
+        assert!(stalled.stepping_throughout(6.0), "steps again since");
+        let mut uncounted = Recent::default();
+        for i in 0..=25 {
+            uncounted.push(Point {
+                t: i as f64,
+                peak: 1.0,
+                floor: 1.0,
+                step: None,
+            });
+        }
+        assert!(!uncounted.stepping_throughout(20.0));
     }
 
     /// A trainer whose every fifth push holds its largest step (2 GB over
