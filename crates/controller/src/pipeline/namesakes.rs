@@ -111,13 +111,18 @@ fn pytorchjob(ctx: &Context, key: &JobKey) -> Option<Claimant> {
 pub(super) async fn jobset(ctx: &Context, ns: &str, name: &str) -> Result<Option<Claimant>> {
     let api: Api<DynamicObject> =
         Api::namespaced_with(ctx.client.clone(), ns, &api_resource(WorkloadKind::JobSet));
-    // Not served (no JobSet CRD): answered 404, none.
-    let got = api.get_opt(name).await.map_err(|e| {
-        Error::Workload(format!(
-            "reading JobSet {ns}/{name} to know whose the profile of its name is: {e} \
-             (the operator needs get on jobsets.jobset.x-k8s.io)"
-        ))
-    })?;
+    let got = match api.get_opt(name).await {
+        Ok(got) => got,
+        // Not served (no JobSet CRD: 404, none), or not the operator's to
+        // read: then it profiles no JobSet either (its links are read the
+        // same way), and none claims the name.
+        Err(kube::Error::Api(e)) if e.code == 403 => None,
+        Err(e) => {
+            return Err(Error::Workload(format!(
+                "reading JobSet {ns}/{name} to know whose the profile of its name is: {e}"
+            )))
+        }
+    };
     let Some(js) = got.filter(|o| o.metadata.deletion_timestamp.is_none()) else {
         return Ok(None);
     };
