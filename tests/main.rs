@@ -62,6 +62,7 @@ mod remediation_accumulation;
 mod remediation_checkpoint;
 mod remediation_namespaces;
 mod remediation_notify;
+mod remediation_trust;
 mod security;
 mod sidecar_directives;
 mod sidecar_kube;

@@ -4,6 +4,7 @@
 //! decision is unit-tested on plain values; `controller.rs` only fetches from
 //! the watch caches and applies what this module returns.
 
+use crate::remediation::made_by_memprof;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::ResourceExt;
@@ -162,24 +163,38 @@ pub fn profile_outdated(existing: Option<&MemoryProfile>, desired: &MemoryProfil
 /// Whether `existing` belongs to an earlier Job of the same name (deleted and
 /// recreated before the garbage collector removed its profile): its status
 /// describes another run, so it must go rather than be adopted — unless
-/// memprof itself recreated the Job (a remediation, annotated
-/// `memprof.dev/remediation`): then it is the same workload, and the profile's
-/// history (OOMs, remediations) must survive the recreation.
+/// memprof itself recreated the Job: then it is the same workload, and the
+/// profile's history (OOMs, remediations) must survive the recreation.
+/// `remediation` is the new Job's `memprof.dev/remediation` annotation:
+/// anyone who may create Jobs can write it, so it proves nothing by itself;
+/// it counts only where memprof's own record in this profile's history, of
+/// that id, says memprof replaced the earlier Job the profile names
+/// (`remediation::made_by_memprof`), in the status as cached or as the
+/// status writer last wrote it (`written`: a record may be newer than the
+/// cache). A profile's history passes to a new Job of its name only when
+/// memprof's own record says memprof made that Job.
 pub fn profile_is_stale(
     existing: &MemoryProfile,
     job_name: &str,
     job_uid: &str,
-    recreated_by_memprof: bool,
+    remediation: Option<&str>,
+    written: Option<&MemoryProfileStatus>,
 ) -> bool {
-    if recreated_by_memprof {
-        return false;
-    }
-    let jobs: Vec<_> = existing
+    let jobs: Vec<&str> = existing
         .owner_references()
         .iter()
         .filter(|o| o.kind == "Job" && o.name == job_name)
+        .map(|o| o.uid.as_str())
         .collect();
-    !jobs.is_empty() && jobs.iter().all(|o| o.uid != job_uid)
+    if jobs.is_empty() || jobs.contains(&job_uid) {
+        return false;
+    }
+    let made = |id: &str| {
+        [existing.status.as_ref(), written]
+            .into_iter()
+            .any(|status| made_by_memprof(status, id, &jobs, job_uid))
+    };
+    !remediation.is_some_and(made)
 }
 
 /// A report as the reconcile sees it: its object name and spec.

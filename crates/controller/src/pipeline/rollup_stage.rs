@@ -75,9 +75,14 @@ pub(super) async fn run(ctx: &Arc<Context>, f: &Fetched) -> Result<Option<Durati
         return super::workloads::run(ctx, &f.key, job, workload).await;
     }
     let uid = job.uid().unwrap_or_default();
-    let recreated = job.annotations().contains_key(ANNOTATION_REMEDIATION);
-    let stale = f.profile.as_deref();
-    if let Some(stale) = stale.filter(|p| profile_is_stale(p, &f.key.name, &uid, recreated)) {
+    let remediation = job.annotations().get(ANNOTATION_REMEDIATION);
+    let remediation = remediation.map(String::as_str);
+    let written = ctx.writer.view(&f.key);
+    let stale = f.profile.as_deref().filter(|p| {
+        let (name, history) = (f.key.name.as_str(), written.as_ref());
+        profile_is_stale(p, name, &uid, remediation, history)
+    });
+    if let Some(stale) = stale {
         delete_profile(ctx, stale).await?;
         ctx.writer.forget(&f.key);
         ctx.with_state(&f.key, |s| s.profile = None);
@@ -85,7 +90,7 @@ pub(super) async fn run(ctx: &Arc<Context>, f: &Fetched) -> Result<Option<Durati
         return Ok(Some(Duration::from_secs(1)));
     }
     let recorded = f.profile.as_ref().and_then(|p| p.status.clone());
-    let previous = ctx.writer.view(&f.key).or(recorded);
+    let previous = written.or(recorded);
     if replaced_by_memprof(previous.as_ref(), &uid) {
         // The watch has not shown this Job's deletion yet: adopting the
         // profile again would give it an owner that is (about to be) gone,

@@ -272,12 +272,49 @@ fn profile_is_owned_by_its_job_and_adopts_nothing_stale() {
     let mut scaled = p.clone();
     scaled.spec.expected_ranks = Some(8);
     assert!(profile_outdated(Some(&scaled), &p));
-    assert!(!profile_is_stale(&p, "train", "uid-1", false));
-    assert!(profile_is_stale(&p, "train", "uid-2", false));
+    assert!(!profile_is_stale(&p, "train", "uid-1", None, None));
+    assert!(profile_is_stale(&p, "train", "uid-2", None, None));
+}
+
+/// The new Job's `memprof.dev/remediation` keeps the earlier Job's profile
+/// only where memprof's own record of that id recreated the Job the
+/// profile names; any other value a tenant writes or copies proves nothing.
+#[test]
+fn only_memprof_s_own_record_keeps_an_earlier_job_s_profile() {
+    let j = job(&[(ANNOTATION_ENABLED, "true")], Some(1));
+    let mut p = profile_for_job(&j, "ns", "train", "uid-1");
+    let record = |id: &str, old: &str| memprof_api::RemediationRecord {
+        id: id.into(),
+        phase: "Done".into(),
+        job_uid: Some(old.into()),
+        job_deleted: true,
+        env_change: Some("recreate".into()),
+        ..Default::default()
+    };
+    let history = MemoryProfileStatus {
+        // "r-0" made uid-1 from uid-0; "r-1" replaced uid-1.
+        remediations: vec![record("r-0", "uid-0"), record("r-1", "uid-1")],
+        ..Default::default()
+    };
+    p.status = Some(history.clone());
     assert!(
-        !profile_is_stale(&p, "train", "uid-2", true),
+        !profile_is_stale(&p, "train", "uid-2", Some("r-1"), None),
         "a remediation keeps the history"
     );
+    for forged in ["", "anything", "r-0", "r-of-another-profile"] {
+        let stale = profile_is_stale(&p, "train", "uid-2", Some(forged), Some(&history));
+        assert!(stale, "{forged}");
+    }
+    p.status = None;
+    assert!(profile_is_stale(&p, "train", "uid-2", Some("r-1"), None));
+    // The record written, the cache not caught up yet: the writer's status.
+    assert!(!profile_is_stale(
+        &p,
+        "train",
+        "uid-2",
+        Some("r-1"),
+        Some(&history)
+    ));
 }
 
 /// `kubectl get mprof -l team=ml` selects the profiles of Jobs labelled

@@ -1,0 +1,256 @@
+//! A Job's `memprof.dev/remediation` annotation is input, not proof that
+//! memprof recreated it: anyone who may create Jobs can write it, and copy
+//! a genuine value from any Job memprof made. A profile's history passes to
+//! a new Job of its name only when memprof's own record says memprof made
+//! that Job (`operator::reconcile::profile_is_stale`,
+//! `remediation::made_by_memprof`); docs/security.md.
+//!
+//!     eval "$(bash hack/local-cluster.sh env)"
+//!     MEMPROF_REQUIRE_CLUSTER=1 cargo test --test integration remediation_trust::
+
+use crate::common;
+use crate::remediation_support;
+
+use common::*;
+use k8s_openapi::api::batch::v1::Job;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use memprof::api::{MemoryProfile, RemediationRecord};
+use remediation_support::*;
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+const REMEDIATION: &str = "memprof.dev/remediation";
+const NONCE: &str = "memprof.dev/remediation-nonce";
+/// The test's finalizer on a profile whose Job was deleted: the garbage
+/// collector's deletion of the profile then waits, so the tenant's Job is
+/// seen while the profile still names the deleted Job (what a slower
+/// collector leaves to chance) and whether memprof adopts it shows.
+const HOLD: &str = "memprof.dev/test-hold";
+
+/// A Job memprof recreated (scaleBatch on a critical rank), with the
+/// record of that recreation.
+struct Remediated {
+    job: Job,
+    record: RemediationRecord,
+    profile_uid: String,
+}
+
+/// Creates Job `name` and has memprof recreate it; checks the genuine path:
+/// the recreated Job keeps the profile and its history.
+async fn remediated(client: &Client, ns: &str, name: &str) -> Remediated {
+    let old = training_job(client, ns, name, Some("32")).await;
+    let old_uid = old.uid().unwrap();
+    first_pod(client, ns, name).await;
+    low_report(client, ns, name).await;
+    let profile = profile_with_status(client, ns, name).await;
+    critical_report(client, ns, name, 100).await;
+    let record = eventually("the recreation recorded Done", || async {
+        let recs = records(client, ns, name).await;
+        match recs.as_slice() {
+            [r] if r.phase == "Done" && r.job_deleted => Ok(r.clone()),
+            _ => Err(format!("{recs:?}")),
+        }
+    })
+    .await;
+    let job = job(client, ns, name).await.expect("the recreated Job");
+    assert_ne!(job.uid(), Some(old_uid.clone()));
+    assert_eq!(job.annotations()[REMEDIATION], record.id);
+    assert_eq!(record.job_uid.as_deref(), Some(old_uid.as_str()));
+    let new_uid = job.uid().unwrap();
+    let profiles = Api::<MemoryProfile>::namespaced(client.clone(), ns);
+    eventually(
+        "the profile, with its history, owned by the new Job",
+        || async {
+            let p = profiles.get(name).await.map_err(|e| e.to_string())?;
+            let owners: Vec<_> = p.owner_references().iter().map(|o| o.uid.clone()).collect();
+            let history = p.status.as_ref().map_or(0, |s| s.remediations.len());
+            (owners == [new_uid.clone()] && p.uid() == profile.uid() && history == 1)
+                .then_some(())
+                .ok_or(format!("{owners:?}, {history} records"))
+        },
+    )
+    .await;
+    Remediated {
+        job,
+        record,
+        profile_uid: profile.uid().unwrap(),
+    }
+}
+
+/// Keeps profile `name` from being deleted while held; released when dropped.
+struct Held {
+    ns: String,
+    name: String,
+}
+
+impl Held {
+    async fn hold(client: &Client, ns: &str, name: &str) -> Held {
+        let hold = json!({"metadata": {"finalizers": [HOLD]}});
+        Api::<MemoryProfile>::namespaced(client.clone(), ns)
+            .patch(name, &PatchParams::default(), &Patch::Merge(&hold))
+            .await
+            .unwrap_or_else(|e| panic!("holding MemoryProfile {name}: {e}"));
+        Held {
+            ns: ns.into(),
+            name: name.into(),
+        }
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let (ns, name) = (self.ns.clone(), self.name.clone());
+        // The test's runtime may be unwinding: a thread of its own, so that
+        // the namespace can go whatever happened.
+        let released = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a current-thread runtime");
+            rt.block_on(async {
+                let client = Client::try_default().await.map_err(|e| e.to_string())?;
+                let release = json!({"metadata": {"finalizers": null}});
+                let api = Api::<MemoryProfile>::namespaced(client, &ns);
+                match api
+                    .patch(&name, &PatchParams::default(), &Patch::Merge(&release))
+                    .await
+                {
+                    Ok(_) => Ok(()),
+                    Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+                    Err(e) => Err(e.to_string()),
+                }
+            })
+        })
+        .join();
+        if let Ok(Err(e)) = released {
+            eprintln!(
+                "warning: could not release MemoryProfile {}: {e}",
+                self.name
+            );
+        }
+    }
+}
+
+/// The team deletes its Job `name` (not memprof: background propagation,
+/// as `kubectl delete` does); a tenant creates a Job of that name annotated
+/// `annotations`. The earlier profile must not pass to it: never adopted,
+/// and once gone, the tenant's Job gets a fresh profile without history.
+async fn tenant_takes_the_name(
+    client: &Client,
+    ns: &str,
+    operator: &RunningOperator,
+    earlier: &Remediated,
+    annotations: BTreeMap<String, String>,
+) {
+    let name = earlier.job.name_any();
+    let held = Held::hold(client, ns, &name).await;
+    let jobs = Api::<Job>::namespaced(client.clone(), ns);
+    jobs.delete(&name, &DeleteParams::background())
+        .await
+        .unwrap_or_else(|e| panic!("deleting Job {name}: {e}"));
+    let profiles = Api::<MemoryProfile>::namespaced(client.clone(), ns);
+    eventually_within(GC_TIMEOUT, "the Job gone, its profile held", || async {
+        let gone = job(client, ns, &name).await.is_none();
+        let p = profiles.get(&name).await.map_err(|e| e.to_string())?;
+        (gone && p.metadata.deletion_timestamp.is_some())
+            .then_some(())
+            .ok_or(format!("Job gone: {gone}"))
+    })
+    .await;
+
+    let mut tenant = training_job_manifest(&name, "32");
+    tenant.annotations_mut().extend(annotations.clone());
+    let tenant = jobs
+        .create(&PostParams::default(), &tenant)
+        .await
+        .unwrap_or_else(|e| panic!("creating the tenant's Job {name}: {e}"));
+    let tenant_uid = tenant.uid().unwrap();
+    let not_adopted = || async {
+        let p = profiles.get(&name).await.map_err(|e| e.to_string())?;
+        let owners: Vec<_> = p.owner_references().iter().map(|o| o.uid.clone()).collect();
+        if owners.contains(&tenant_uid) {
+            return Err(format!(
+                "the earlier profile (history: {:?}) adopted by the tenant's Job {annotations:?}",
+                p.status.map(|s| s.remediations)
+            ));
+        }
+        Ok(())
+    };
+    // Until the operator has looked at the tenant's Job several times (a
+    // stale profile is deleted and looked at again every second).
+    let seen = operator.metrics.reconciles.get() + 5;
+    eventually("the operator looking at the tenant's Job", || async {
+        if let Err(adopted) = not_adopted().await {
+            panic!("{adopted}");
+        }
+        let n = operator.metrics.reconciles.get();
+        (n >= seen).then_some(()).ok_or(format!("{n} reconciles"))
+    })
+    .await;
+    stays(
+        "the earlier profile not adopted",
+        Duration::from_secs(3),
+        not_adopted,
+    )
+    .await;
+
+    drop(held);
+    eventually(
+        "a fresh profile of the tenant's Job, without history",
+        || async {
+            let p = profiles.get_opt(&name).await.map_err(|e| e.to_string())?;
+            let p = p.ok_or("no profile yet")?;
+            let owners: Vec<_> = p.owner_references().iter().map(|o| o.uid.clone()).collect();
+            let history = p.status.as_ref().map(|s| s.remediations.len());
+            let fresh = p.uid().as_deref() != Some(earlier.profile_uid.as_str());
+            (fresh && owners == [tenant_uid.clone()] && history.unwrap_or(0) == 0)
+                .then_some(())
+                .ok_or(format!(
+                    "fresh: {fresh}, owners {owners:?}, history {history:?}"
+                ))
+        },
+    )
+    .await;
+}
+
+/// The annotations memprof stamped on a Job it recreated (id and nonce).
+fn stamped(job: &Job) -> BTreeMap<String, String> {
+    let a = job.annotations();
+    [REMEDIATION, NONCE]
+        .into_iter()
+        .map(|k| (k.to_string(), a[k].clone()))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_tenant_s_remediation_annotation_never_inherits_an_earlier_job_s_profile() {
+    let Some(client) = cluster().await else {
+        return;
+    };
+    init_logs();
+    let ns = TestNamespace::create(&client).await;
+    let ns = ns.name.as_str();
+    let operator = start_operator(&client, ns);
+    apply_policy(&client, ns, "shrink", shrink_policy(false))
+        .await
+        .unwrap();
+    // Three teams' Jobs, each recreated by memprof once (the genuine path
+    // keeps the profile and its history): real records to copy from.
+    let alpha = remediated(&client, ns, "alpha").await;
+    let beta = remediated(&client, ns, "beta").await;
+    let gamma = remediated(&client, ns, "gamma").await;
+
+    // (a) A made-up value.
+    let made_up = BTreeMap::from([(REMEDIATION.to_string(), "anything".to_string())]);
+    tenant_takes_the_name(&client, ns, &operator, &alpha, made_up).await;
+    // (b) A real record's id and nonce, of another profile (alpha's Job as
+    // memprof made it).
+    assert_ne!(alpha.record.id, beta.record.id);
+    tenant_takes_the_name(&client, ns, &operator, &beta, stamped(&alpha.job)).await;
+    // (c) The profile's own real record, of the recreation that made the
+    // Job now deleted: memprof made that Job, not the tenant's.
+    tenant_takes_the_name(&client, ns, &operator, &gamma, stamped(&gamma.job)).await;
+    operator.stop().await;
+}
