@@ -80,6 +80,7 @@ mod workload_recommend;
 mod workload_remediation;
 mod workload_remediation_pytorch;
 mod workload_remediation_twins;
+mod workload_thresholds;
 mod workload_trust;
 mod workload_twins_more;
 mod workload_twins_pytorch;

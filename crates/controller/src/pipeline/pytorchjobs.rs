@@ -132,6 +132,7 @@ pub(super) async fn run(ctx: &Context, key: &JobKey) -> Result<Ran> {
         workload: &workload,
         layout: Layout::PyTorchJob { uid, shape },
         annotations: Some(pt.annotations()),
+        injected_from: pt.annotations(),
         wkey: key,
     };
     let out = refresh(ctx, &turn, previous.as_ref(), now);

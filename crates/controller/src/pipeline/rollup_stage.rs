@@ -22,7 +22,6 @@ use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
 use kube::api::{Api, DeleteParams, Preconditions};
 use kube::ResourceExt;
-use memprof_api::thresholds::{resolve as resolve_thresholds, ANNOTATION_THRESHOLDS};
 use memprof_api::workload::WorkloadKind;
 use memprof_api::{MemoryProfile, MemoryProfileStatus, ANNOTATION_GPU_OOM, ANNOTATION_REMEDIATION};
 use std::collections::BTreeMap;
@@ -139,10 +138,8 @@ fn build(
     if let Err(e) = with_recommendation(&mut desired.status, job, reports.iter().map(|r| &r.spec)) {
         warn!(job = %f.key, error = %e, "memprof.dev/recommend-phases ignored");
     }
-    let annotated = job.annotations().get(ANNOTATION_THRESHOLDS);
     let defaults = &ctx.setup.options.default_thresholds;
-    let in_effect = resolve_thresholds(defaults, annotated.map(String::as_str));
-    desired.status.thresholds = Some(in_effect.status());
+    desired.status.thresholds = Some(thresholds::in_effect(defaults, job.annotations()));
     Some((desired, next))
 }
 

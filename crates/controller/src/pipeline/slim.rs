@@ -342,10 +342,16 @@ pub(super) fn pytorchjob(o: &mut kube::api::DynamicObject) {
     // Copied from all of them, not from a Job's first [`MAX_LABELS`]: a
     // creator's `memprof.dev/` keys, sorted first, would crowd out its own.
     meta.labels = meta.labels.as_ref().map(workload_labels);
-    // The opt-in, the phases its recommendation waits for, and its family
-    // (copied onto its profile for the admission webhook's history).
+    // The opt-in, the phases its recommendation waits for, the thresholds
+    // its sidecars were given (shown in its profile's status), and its
+    // family (copied onto its profile for the admission webhook's history).
     let family = memprof_api::family::ANNOTATION_FAMILY;
-    let keep = [ANNOTATION_ENABLED, ANNOTATION_RECOMMEND_PHASES, family];
+    let keep = [
+        ANNOTATION_ENABLED,
+        ANNOTATION_RECOMMEND_PHASES,
+        ANNOTATION_THRESHOLDS,
+        family,
+    ];
     only(&mut meta.annotations, &keep, MAX_ANNOTATION);
     let specs = &o.data["spec"]["pytorchReplicaSpecs"];
     let mut kept = serde_json::Map::new();

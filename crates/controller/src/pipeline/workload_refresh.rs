@@ -7,6 +7,7 @@ use super::state::Context;
 use super::workload_index::{Cell, Sources, WorkloadTracked, FULL_PASS};
 use crate::key::JobKey;
 use crate::operator::reconcile::DesiredStatus;
+use crate::operator::thresholds::in_effect;
 use crate::remediation::Ranks;
 use crate::status::{object_reference, submit_workload, workload_notices};
 use crate::workload::resolve::Workload;
@@ -34,6 +35,12 @@ pub(super) struct Turn<'a> {
     /// The workload's own annotations, where its recommendation's phases
     /// are read from them (a PyTorchJob's; a JobSet's are its Jobs').
     pub annotations: Option<&'a BTreeMap<String, String>>,
+    /// The annotations its sidecars were injected from, where its
+    /// `memprof.dev/thresholds` is read (`operator::thresholds::in_effect`):
+    /// a PyTorchJob's own; a JobSet's child Job's (copied from its
+    /// replicated job's template, a TrainJob's `spec.annotations`), not
+    /// the JobSet's metadata, which no sidecar is given.
+    pub injected_from: &'a BTreeMap<String, String>,
     /// The workload's key (its profile's name).
     pub wkey: &'a JobKey,
 }
@@ -96,7 +103,9 @@ pub(super) fn refresh(
             t.apply(&src, &key.namespace, &key.name, name, &keys, now);
         }
     }
-    let (desired, next) = t.desired(previous, now);
+    let (mut desired, next) = t.desired(previous, now);
+    let defaults = &ctx.setup.options.default_thresholds;
+    desired.status.thresholds = Some(in_effect(defaults, turn.injected_from));
     Refreshed {
         desired,
         next,

@@ -151,6 +151,7 @@ pub(super) async fn run(
             members: BTreeMap::new(),
         },
         annotations: None,
+        injected_from: job.annotations(),
         wkey: &wkey,
     };
     let Refreshed {

@@ -8,7 +8,7 @@
 //! | `recommendation` | the roll-up stage (`operator/reconcile/recommend.rs`, from `memprof_analysis::recommend`), kept as the server holds it unless it moves by a rounding step ([`compose`]) | the same [`Analysis`] |
 //! | `ooms`, `oomCount`, `remediations`, `remediationTotals`, `lastAction` | the remediation stage (`pipeline/remediation_stage.rs`, `remediation/recording.rs`, `remediation/execute.rs`); `oomCount` grows in the edit that adds to `ooms`, and only that edit's task publishes the OOM's `GPUOutOfMemory` Event | [`StatusWriter::edit`]: a change applied to the newest status, answered once it is written |
 //! | Job annotations `memprof.dev/{oom-risk,time-to-oom,imbalance,bottleneck,gpu-oom}` | the roll-up stage (`operator/reconcile/annotations.rs`; `gpu-oom` from the Job's newest record in `ooms`) | [`StatusWriter::annotate`]: the whole set, applied after the status |
-//! | the same annotations (but `gpu-oom`) and the risk Events of a JobSet's, TrainJob's or PyTorchJob's profile, on that top-level object | the workload's pipeline (`pipeline/workloads.rs`, `pipeline/pytorchjobs.rs`), through [`submit_workload`] (`workload.rs`) | [`StatusWriter::annotate_object`] and the [`Analysis`]'s notices |
+//! | the same annotations (but `gpu-oom`) and the risk and `InvalidThresholds` Events of a JobSet's, TrainJob's or PyTorchJob's profile, on that top-level object | the workload's pipeline (`pipeline/workloads.rs`, `pipeline/pytorchjobs.rs`), through [`submit_workload`] (`workload.rs`) | [`StatusWriter::annotate_object`] and the [`Analysis`]'s notices |
 //!
 //! Every write is made here, by [`StatusWriter::run`]'s workers
 //! (`--concurrency` of them, 16 by default), field manager `memprof-operator`, carrying the

@@ -14,6 +14,7 @@ use crate::key::JobKey;
 use crate::operator::reconcile::{
     annotations_outdated, gpu_oom_annotation, job_annotations, risk_event, DesiredStatus,
 };
+use crate::operator::thresholds::invalid_event;
 use crate::workload::resolve::Workload;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Resource;
@@ -22,8 +23,9 @@ use std::collections::BTreeSet;
 
 /// The Events workload `top`'s roll-up `desired` calls for against
 /// `previous`, the status of its profile `wkey` before it (`profile` as
-/// last known): the risk Event of the change, regarding the workload, and
-/// one `ReportRejected` per report refused for the first time, regarding
+/// last known): the risk Event of the change and the `InvalidThresholds`
+/// Warning of a newly refused `memprof.dev/thresholds`, regarding the
+/// workload, and one `ReportRejected` per report refused for the first time, regarding
 /// the profile and related to the report as `report` finds it, as for a
 /// Job (`announce_refused`, with `announced` kept under `wkey`).
 pub fn workload_notices(
@@ -40,8 +42,16 @@ pub fn workload_notices(
         regarding: reference(wkey, top),
         related: Some(profile_ref.clone()),
     });
+    // Once per distinct message, against the status before, as a Job's.
+    let was = previous.and_then(|s| s.thresholds.as_ref());
+    let now = desired.status.thresholds.as_ref();
+    let invalid = now.and_then(|t| invalid_event(was, t)).map(|plan| Notice {
+        plan,
+        regarding: reference(wkey, top),
+        related: Some(profile_ref.clone()),
+    });
     let refused = announce_refused(&desired.rejected, previous, announced, &profile_ref, report);
-    risk.into_iter().chain(refused).collect()
+    risk.into_iter().chain(invalid).chain(refused).collect()
 }
 
 /// Hands `status`, the status of workload `top`'s profile `wkey`, to
@@ -186,6 +196,39 @@ mod tests {
         let seen = (Some(&profile), Some(&desired.status));
         let next = workload_notices((&wkey, &top), seen, &desired, &mut announced, report);
         assert!(next.is_empty(), "{next:?}");
+    }
+
+    /// A workload's refused `memprof.dev/thresholds` is announced as a
+    /// Job's: one Warning `InvalidThresholds`, regarding the workload,
+    /// again only when the message changes.
+    #[test]
+    fn a_workloads_refused_thresholds_are_announced_once_on_it() {
+        use memprof_api::thresholds::resolve;
+        let (wkey, top) = jobset();
+        let profile = profile();
+        let refused = resolve(&Default::default(), Some(r#"{"highTtoSeconds": 5}"#));
+        let desired = DesiredStatus {
+            status: MemoryProfileStatus {
+                thresholds: Some(refused.status()),
+                ..Default::default()
+            },
+            rejected: Vec::new(),
+        };
+        let mut announced = BTreeSet::new();
+        let seen = (Some(&profile), None);
+        let first = workload_notices((&wkey, &top), seen, &desired, &mut announced, report);
+        assert_eq!(first.len(), 1, "{first:?}");
+        let ev = &first[0];
+        assert_eq!(
+            (ev.plan.reason, ev.plan.warning),
+            ("InvalidThresholds", true)
+        );
+        assert_eq!(ev.regarding.kind.as_deref(), Some("JobSet"));
+        assert_eq!(ev.regarding.uid.as_deref(), Some("js-uid"));
+        assert_eq!(ev.related, Some(object_reference(&profile)));
+        let seen = (Some(&profile), Some(&desired.status));
+        let next = workload_notices((&wkey, &top), seen, &desired, &mut announced, report);
+        assert!(next.is_empty(), "announced once: {next:?}");
     }
 
     /// Before any copy of a new profile is seen, its refusals still regard
