@@ -509,3 +509,56 @@ mod notice_tests {
         assert_eq!(queue.len(), MAX_NOTICES);
     }
 }
+
+#[cfg(test)]
+mod analysed_by_tests {
+    use super::*;
+    use kube::runtime::events::Reporter;
+    use memprof_api::MemoryProfileSpec;
+
+    /// A writer whose workers never run: handing over and asking are
+    /// bookkeeping, no request is made (the address is never dialled).
+    fn writer() -> StatusWriter {
+        let config = kube::Config::new("http://127.0.0.1:1".parse().unwrap());
+        let client = Client::try_from(config).unwrap();
+        let recorder = Recorder::new(client.clone(), Reporter::from("test"));
+        let metrics = Metrics::register(&mut Default::default());
+        StatusWriter::new(client, recorder, metrics, WriterOptions::default())
+    }
+
+    fn analysis() -> Analysis {
+        Analysis {
+            status: MemoryProfileStatus::default(),
+            notices: Vec::new(),
+        }
+    }
+
+    /// Remediation decides only on a workload's own roll-up: the writer
+    /// says whose was handed over last under a name, per name, and says
+    /// no while none was (a profile seen on the server is no roll-up),
+    /// once another uid handed one over, and once the name is forgotten.
+    #[tokio::test]
+    async fn analysed_by_names_whose_roll_up_was_handed_over_last() {
+        let w = writer();
+        let (key, other) = (JobKey::new("ml", "train"), JobKey::new("ml", "eval"));
+        let mut seen = MemoryProfile::new("train", MemoryProfileSpec::default());
+        seen.metadata.uid = Some("profile-uid".into());
+        seen.status = Some(MemoryProfileStatus::default());
+        w.observe(&key, &seen);
+        assert!(!w.analysed_by(&key, "js-uid"), "none handed over yet");
+        w.submit(&key, "js-uid", analysis());
+        assert!(w.analysed_by(&key, "js-uid"));
+        assert!(!w.analysed_by(&key, "pt-uid"));
+        assert!(!w.analysed_by(&other, "js-uid"), "per name");
+        // A namesake of another kind hands its roll-up over under the name.
+        w.submit(&key, "pt-uid", analysis());
+        assert!(!w.analysed_by(&key, "js-uid"));
+        assert!(w.analysed_by(&key, "pt-uid"));
+        // Annotations wanted for another uid are no roll-up.
+        w.annotate(&key, "job-uid", BTreeMap::new());
+        assert!(w.analysed_by(&key, "pt-uid"));
+        assert!(!w.analysed_by(&key, "job-uid"));
+        w.forget(&key);
+        assert!(!w.analysed_by(&key, "pt-uid"), "forgotten");
+    }
+}
