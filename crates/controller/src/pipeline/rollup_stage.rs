@@ -54,6 +54,34 @@ fn owned_by(profile: &MemoryProfile, job: &Job) -> bool {
         .any(|o| Some(&o.uid) == uid.as_ref())
 }
 
+/// Deletes the fetched profile when it is an earlier Job's of this name
+/// that memprof's own record does not say it replaced
+/// (`profile_is_stale`, against the status as `written` last); true when
+/// deleted.
+async fn drop_stale(
+    ctx: &Arc<Context>,
+    f: &Fetched,
+    job: &Job,
+    written: Option<&MemoryProfileStatus>,
+) -> Result<bool> {
+    let uid = job.uid().unwrap_or_default();
+    let remediation = job.annotations().get(ANNOTATION_REMEDIATION);
+    let remediation = remediation.map(String::as_str);
+    let name = f.key.name.as_str();
+    let stale = f
+        .profile
+        .as_deref()
+        .filter(|p| profile_is_stale(p, name, &uid, remediation, written));
+    let Some(stale) = stale else {
+        return Ok(false);
+    };
+    delete_profile(ctx, stale).await?;
+    ctx.writer.forget(&f.key);
+    ctx.with_state(&f.key, |s| s.profile = None);
+    info!(job = %f.key, "deleted the MemoryProfile of an earlier Job with this name");
+    Ok(true)
+}
+
 /// Runs the roll-up stage for the fetched Job; returns when to look again.
 pub(super) async fn run(ctx: &Arc<Context>, f: &Fetched) -> Result<Option<Duration>> {
     let Some(job) = f.job.as_deref() else {
@@ -74,18 +102,8 @@ pub(super) async fn run(ctx: &Arc<Context>, f: &Fetched) -> Result<Option<Durati
         return super::workloads::run(ctx, &f.key, job, workload).await;
     }
     let uid = job.uid().unwrap_or_default();
-    let remediation = job.annotations().get(ANNOTATION_REMEDIATION);
-    let remediation = remediation.map(String::as_str);
     let written = ctx.writer.view(&f.key);
-    let stale = f.profile.as_deref().filter(|p| {
-        let (name, history) = (f.key.name.as_str(), written.as_ref());
-        profile_is_stale(p, name, &uid, remediation, history)
-    });
-    if let Some(stale) = stale {
-        delete_profile(ctx, stale).await?;
-        ctx.writer.forget(&f.key);
-        ctx.with_state(&f.key, |s| s.profile = None);
-        info!(job = %f.key, "deleted the MemoryProfile of an earlier Job with this name");
+    if drop_stale(ctx, f, job, written.as_ref()).await? {
         return Ok(Some(Duration::from_secs(1)));
     }
     let recorded = f.profile.as_ref().and_then(|p| p.status.clone());
