@@ -17,8 +17,9 @@ use memprof_api::{MemoryProfileStatus, RiskLevel, Trigger};
 
 mod history;
 pub use history::{
-    add_to_totals, counts, history, push_record, record_id, History, MAX_POLICY_TOTALS, PHASE_DONE,
-    PHASE_DRY_RUN, PHASE_FAILED, PHASE_PENDING, PHASE_SKIPPED,
+    add_to_totals, counts, history, made_by_memprof, push_record, record_id, History,
+    ENV_CHANGE_RECREATE, MAX_POLICY_TOTALS, PHASE_DONE, PHASE_DRY_RUN, PHASE_FAILED, PHASE_PENDING,
+    PHASE_SKIPPED,
 };
 
 mod verdict;

@@ -4,7 +4,6 @@
 //! decision is unit-tested on plain values; `controller.rs` only fetches from
 //! the watch caches and applies what this module returns.
 
-use crate::remediation::made_by_memprof;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::ResourceExt;
@@ -14,6 +13,7 @@ use memprof_api::{
     set_condition, MemoryProfile, MemoryProfileSpec, MemoryProfileStatus, MemoryReportSpec,
     ANNOTATION_ENABLED, LABEL_JOB,
 };
+use memprof_policy::triggers::made_by_memprof;
 use std::collections::BTreeMap;
 
 mod annotations;
@@ -169,7 +169,7 @@ pub fn profile_outdated(existing: Option<&MemoryProfile>, desired: &MemoryProfil
 /// anyone who may create Jobs can write it, so it proves nothing by itself;
 /// it counts only where memprof's own record in this profile's history, of
 /// that id, says memprof replaced the earlier Job the profile names
-/// (`remediation::made_by_memprof`), in the status as cached or as the
+/// (`memprof_policy::triggers::made_by_memprof`), in the status as cached or as the
 /// status writer last wrote it (`written`: a record may be newer than the
 /// cache). A profile's history passes to a new Job of its name only when
 /// memprof's own record says memprof made that Job.

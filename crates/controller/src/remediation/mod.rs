@@ -62,7 +62,7 @@ pub use decide::{decide, Decision};
 pub use executor::{Executor, Target};
 pub use notify::CountedReports;
 pub use ranks::Ranks;
-pub use records::{made_by_memprof, replaced_by_memprof};
+pub use records::replaced_by_memprof;
 pub use request::{FAILPOINT_AFTER_DELETE, FAILPOINT_AFTER_SUSPEND, FAILPOINT_ENV};
 pub use status::{policy_status, policy_status_task};
 

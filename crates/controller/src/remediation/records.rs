@@ -4,9 +4,7 @@ use crate::workload::action::EnvChange;
 use jiff::Timestamp;
 use kube::ResourceExt;
 use memprof_api::{truncate_utf8, MemoryProfileStatus, RemediationPolicy, RemediationRecord};
-use memprof_policy::triggers::{
-    PHASE_DONE, PHASE_DRY_RUN, PHASE_FAILED, PHASE_PENDING, PHASE_SKIPPED,
-};
+use memprof_policy::triggers::{PHASE_DRY_RUN, PHASE_FAILED, PHASE_PENDING, PHASE_SKIPPED};
 
 /// The record `id` of `st` while it is still `Pending`: what every step of
 /// a remediation edits (once it is Done, Failed or gone, nothing may).
@@ -78,91 +76,9 @@ pub fn replaced_by_memprof(status: Option<&MemoryProfileStatus>, uid: &str) -> b
     })
 }
 
-/// Whether a record memprof wrote in `status` says memprof made the Job of
-/// uid `job_uid`, annotated `memprof.dev/remediation: <annotated>`, to
-/// replace one of `replaced` (uids of earlier Jobs of its name the profile
-/// names as owners): a record of that id, for one of those Jobs (its
-/// `jobUid`), that recreates it (`Pending` with `envChange: recreate`) or
-/// did (`Done` with `jobDeleted`). The annotation is anyone's to write and
-/// its value anyone's to copy, so it counts only as a pointer to such a
-/// record: a made-up id matches none, and the id of a record for another
-/// Job (an earlier namesake's, another profile's) names another uid.
-pub fn made_by_memprof(
-    status: Option<&MemoryProfileStatus>,
-    annotated: &str,
-    replaced: &[&str],
-    job_uid: &str,
-) -> bool {
-    let recreate = Some(EnvChange::Recreate.as_str());
-    let recreates = |r: &RemediationRecord| match r.phase.as_str() {
-        PHASE_PENDING => r.env_change.as_deref() == recreate,
-        PHASE_DONE => r.job_deleted,
-        _ => false,
-    };
-    !annotated.is_empty()
-        && status.is_some_and(|s| {
-            s.remediations.iter().any(|r| {
-                let old = r.job_uid.as_deref().unwrap_or_default();
-                r.id == annotated
-                    && !old.is_empty()
-                    && old != job_uid
-                    && replaced.contains(&old)
-                    && recreates(r)
-            })
-        })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn only_memprof_s_own_record_of_a_recreation_of_the_replaced_job_counts() {
-        let record = |id: &str, phase: &str, old: &str, how: Option<EnvChange>| RemediationRecord {
-            id: id.into(),
-            phase: phase.into(),
-            job_uid: Some(old.into()),
-            job_deleted: phase == PHASE_DONE,
-            env_change: how.map(|h| h.as_str().to_string()),
-            ..Default::default()
-        };
-        let recreate = Some(EnvChange::Recreate);
-        let status = MemoryProfileStatus {
-            remediations: vec![
-                // An earlier recreation: the Job of uid "older" replaced by "old".
-                record("r-older", PHASE_DONE, "older", recreate),
-                record("r-done", PHASE_DONE, "old", recreate),
-                record("r-pending", PHASE_PENDING, "old", recreate),
-                record("r-notify", PHASE_PENDING, "old", None),
-                record("r-failed", PHASE_FAILED, "old", recreate),
-                record("r-dry", PHASE_DRY_RUN, "old", recreate),
-            ],
-            ..Default::default()
-        };
-        let st = Some(&status);
-        let replaced = ["old"];
-        assert!(made_by_memprof(st, "r-done", &replaced, "new"));
-        assert!(made_by_memprof(st, "r-pending", &replaced, "new"));
-        // Anything else a tenant may write or copy proves nothing.
-        for id in ["", "made-up", "r-older", "r-notify", "r-failed", "r-dry"] {
-            assert!(!made_by_memprof(st, id, &replaced, "new"), "{id}");
-        }
-        // Not the Job the profile names as owner, or that very Job.
-        assert!(!made_by_memprof(st, "r-done", &["other"], "new"));
-        assert!(!made_by_memprof(st, "r-done", &replaced, "old"));
-        assert!(!made_by_memprof(None, "r-done", &replaced, "new"));
-        // A record of a suspend-patch-resume replaces nothing.
-        let kept = MemoryProfileStatus {
-            remediations: vec![record(
-                "r-spr",
-                PHASE_PENDING,
-                "old",
-                Some(EnvChange::SuspendPatchResume),
-            )],
-            ..Default::default()
-        };
-        assert!(!made_by_memprof(Some(&kept), "r-spr", &replaced, "new"));
-    }
 
     #[test]
     fn a_workload_memprof_is_replacing_is_not_adopted_again() {

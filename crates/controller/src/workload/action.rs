@@ -30,7 +30,7 @@ impl EnvChange {
     pub fn as_str(self) -> &'static str {
         match self {
             EnvChange::SuspendPatchResume => "suspend-patch-resume",
-            EnvChange::Recreate => "recreate",
+            EnvChange::Recreate => memprof_policy::triggers::ENV_CHANGE_RECREATE,
         }
     }
 }

@@ -17,6 +17,9 @@ pub const PHASE_SKIPPED: &str = "Skipped";
 pub const PHASE_FAILED: &str = "Failed";
 /// Record phase: dry run; what would have been done.
 pub const PHASE_DRY_RUN: &str = "DryRun";
+/// A record's `envChange` when memprof deleted the workload and created it
+/// again (the other way, suspend-patch-resume, keeps it).
+pub const ENV_CHANGE_RECREATE: &str = "recreate";
 
 /// What a policy did to one Job so far, from the profile's records.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -147,5 +150,92 @@ pub fn push_record(records: &mut Vec<RemediationRecord>, record: RemediationReco
             }
             None => break,
         }
+    }
+}
+
+/// Whether a record memprof wrote in `status` says memprof made the Job of
+/// uid `job_uid`, annotated `memprof.dev/remediation: <annotated>`, to
+/// replace one of `replaced` (uids of earlier Jobs of its name the profile
+/// names as owners): a record of that id, for one of those Jobs (its
+/// `jobUid`), that recreates it (`Pending` with `envChange: recreate`) or
+/// did (`Done` with `jobDeleted`). The annotation is anyone's to write and
+/// its value anyone's to copy, so it counts only as a pointer to such a
+/// record: a made-up id matches none, and the id of a record for another
+/// Job (an earlier namesake's, another profile's) names another uid.
+pub fn made_by_memprof(
+    status: Option<&MemoryProfileStatus>,
+    annotated: &str,
+    replaced: &[&str],
+    job_uid: &str,
+) -> bool {
+    let recreate = Some(ENV_CHANGE_RECREATE);
+    let recreates = |r: &RemediationRecord| match r.phase.as_str() {
+        PHASE_PENDING => r.env_change.as_deref() == recreate,
+        PHASE_DONE => r.job_deleted,
+        _ => false,
+    };
+    !annotated.is_empty()
+        && status.is_some_and(|s| {
+            s.remediations.iter().any(|r| {
+                let old = r.job_uid.as_deref().unwrap_or_default();
+                r.id == annotated
+                    && !old.is_empty()
+                    && old != job_uid
+                    && replaced.contains(&old)
+                    && recreates(r)
+            })
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_memprof_s_own_record_of_a_recreation_of_the_replaced_job_counts() {
+        let record = |id: &str, phase: &str, old: &str, how: Option<&str>| RemediationRecord {
+            id: id.into(),
+            phase: phase.into(),
+            job_uid: Some(old.into()),
+            job_deleted: phase == PHASE_DONE,
+            env_change: how.map(str::to_string),
+            ..Default::default()
+        };
+        let recreate = Some(ENV_CHANGE_RECREATE);
+        let status = MemoryProfileStatus {
+            remediations: vec![
+                // An earlier recreation: the Job of uid "older" replaced by "old".
+                record("r-older", PHASE_DONE, "older", recreate),
+                record("r-done", PHASE_DONE, "old", recreate),
+                record("r-pending", PHASE_PENDING, "old", recreate),
+                record("r-notify", PHASE_PENDING, "old", None),
+                record("r-failed", PHASE_FAILED, "old", recreate),
+                record("r-dry", PHASE_DRY_RUN, "old", recreate),
+            ],
+            ..Default::default()
+        };
+        let st = Some(&status);
+        let replaced = ["old"];
+        assert!(made_by_memprof(st, "r-done", &replaced, "new"));
+        assert!(made_by_memprof(st, "r-pending", &replaced, "new"));
+        // Anything else a tenant may write or copy proves nothing.
+        for id in ["", "made-up", "r-older", "r-notify", "r-failed", "r-dry"] {
+            assert!(!made_by_memprof(st, id, &replaced, "new"), "{id}");
+        }
+        // Not the Job the profile names as owner, or that very Job.
+        assert!(!made_by_memprof(st, "r-done", &["other"], "new"));
+        assert!(!made_by_memprof(st, "r-done", &replaced, "old"));
+        assert!(!made_by_memprof(None, "r-done", &replaced, "new"));
+        // A record of a suspend-patch-resume replaces nothing.
+        let kept = MemoryProfileStatus {
+            remediations: vec![record(
+                "r-spr",
+                PHASE_PENDING,
+                "old",
+                Some("suspend-patch-resume"),
+            )],
+            ..Default::default()
+        };
+        assert!(!made_by_memprof(Some(&kept), "r-spr", &replaced, "new"));
     }
 }
