@@ -113,10 +113,12 @@ pub(super) async fn jobset(ctx: &Context, ns: &str, name: &str) -> Result<Option
         Api::namespaced_with(ctx.client.clone(), ns, &api_resource(WorkloadKind::JobSet));
     let got = match api.get_opt(name).await {
         Ok(got) => got,
-        // Not served (no JobSet CRD: 404, none), or not the operator's to
-        // read: then it profiles no JobSet either (its links are read the
-        // same way), and none claims the name.
-        Err(kube::Error::Api(e)) if e.code == 403 => None,
+        // Not served (no JobSet CRD: a plain-text 404 that `get_opt` does
+        // not read as "none"), or not the operator's to read: then it
+        // profiles no JobSet either (its links are read the same way), and
+        // none claims the name. Read as an error, no Job on a cluster
+        // without JobSets got a profile (the fault tests' control planes).
+        Err(kube::Error::Api(e)) if e.code == 403 || e.code == 404 => None,
         Err(e) => {
             return Err(Error::Workload(format!(
                 "reading JobSet {ns}/{name} to know whose the profile of its name is: {e}"
