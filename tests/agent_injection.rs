@@ -128,21 +128,12 @@ impl Drop for Webhook {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
-        // As TestNamespace: the runtime may be unwinding; a thread of its own.
         let name = self.name.clone();
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("a current-thread runtime");
-            rt.block_on(async {
-                if let Ok(client) = Client::try_default().await {
-                    let api = Api::<MutatingWebhookConfiguration>::all(client);
-                    let _ = api.delete(&name, &DeleteParams::default()).await;
-                }
-            })
-        })
-        .join();
+        let _ = common::from_drop(move |client| async move {
+            let api = Api::<MutatingWebhookConfiguration>::all(client);
+            let _ = api.delete(&name, &DeleteParams::default()).await;
+            Ok(())
+        });
     }
 }
 

@@ -10,7 +10,6 @@
 
 use crate::common;
 use crate::tenant_support;
-use crate::webhook_support;
 use crate::workload_support;
 
 use common::*;
@@ -18,55 +17,11 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
-use memprof::api::admission::Keys;
 use memprof::api::workload::WorkloadKind;
 use memprof::api::{MemoryProfile, RiskLevel};
-use memprof::webhook::{InjectionConfig, MarkConfig, WorkloadIdentities};
 use serde_json::{json, Value};
 use tenant_support::*;
-use webhook_support::{
-    label_namespace, register, start_server_with, test_config, wait_until_active,
-};
 use workload_support::*;
-
-/// The webhook, told that [`TRAINING_OPERATOR`] creates PyTorchJobs' pods,
-/// registered (the chart's hooks and the workloads hook, with its
-/// PyTorchJob rule) for `ns` only, under the key the operator verifies with.
-struct Admission {
-    server: webhook_support::Server,
-    _workloads: webhook_support::Registration,
-    _hooks: webhook_support::Registration,
-}
-
-async fn admission(admin: &Client, ns: &str) -> Admission {
-    label_namespace(admin, ns).await;
-    let config = InjectionConfig {
-        marks: MarkConfig {
-            keys: Keys::of(admission_keys(ns).await),
-            ..Default::default()
-        },
-        workloads: WorkloadIdentities {
-            training_operator: vec![TRAINING_OPERATOR.into()],
-            ..Default::default()
-        },
-        ..test_config(admin).await
-    };
-    let server = start_server_with(config).await;
-    register(admin, ns, &server.url, &server.ca_pem).await;
-    let hooks = webhook_support::Registration(ns.to_string());
-    let workloads = register_workloads(admin, ns, &server.url, &server.ca_pem).await;
-    wait_until_active(admin, ns).await;
-    Admission {
-        server,
-        _workloads: workloads,
-        _hooks: hooks,
-    }
-}
-
-fn pod_rules() -> Value {
-    json!([{"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get", "list", "watch"]},
-           {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch"]}])
-}
 
 /// A profiled PyTorchJob of one master and `workers` workers, as the
 /// webhook leaves it (annotated, labelled managed).
@@ -114,16 +69,13 @@ async fn a_pytorchjob_gets_one_profile_ranked_master_then_workers() {
     let Some((admin, ns)) = workload_cluster().await else {
         return;
     };
-    let hooks = admission(&admin, &ns.name).await;
-    let operator = user_with(&admin, &ns.name, TRAINING_OPERATOR, pod_rules()).await;
+    let hooks = pytorch_admission(&admin, &ns.name).await;
+    let operator = user_with(&admin, &ns.name, TRAINING_OPERATOR, pod_creator_rules()).await;
     let tenant_name = format!("tenant-{}", ns.name);
-    let tenant = user_with(&admin, &ns.name, &tenant_name, pod_rules()).await;
+    let tenant = user_with(&admin, &ns.name, &tenant_name, pod_creator_rules()).await;
     let op = start_operator(&admin, &ns.name);
     let pt = profiled(&admin, &ns.name, "train", 2).await;
-    let mut pods = Vec::new();
-    for (rtype, index) in [("master", 0), ("worker", 0), ("worker", 1)] {
-        pods.push(create_pod(&operator, &ns.name, pytorch_pod(&pt, rtype, index)).await);
-    }
+    let pods = pytorch_pods(&operator, &ns.name, &pt).await;
     let mut claim = pytorch_pod(&pt, "worker", 1);
     claim["metadata"]["name"] = json!("train-worker-9");
     let forged = create_pod(&tenant, &ns.name, claim).await;
@@ -137,13 +89,7 @@ async fn a_pytorchjob_gets_one_profile_ranked_master_then_workers() {
     );
     // The sidecars' writes: signed here as the writers webhook would (the
     // hooks are taken down first so that they do not unmark them).
-    let Admission {
-        server,
-        _workloads,
-        _hooks,
-    } = hooks;
-    drop((_workloads, _hooks));
-    server.stop().await;
+    hooks.stop().await;
     for (pod, (peak, risk, claimed)) in pods.iter().chain([&forged]).zip([
         (40, RiskLevel::Low, 0),
         (50, RiskLevel::Low, 0),
@@ -314,7 +260,7 @@ async fn the_webhook_injects_each_replica_of_an_annotated_pytorchjob() {
     let Some((admin, ns)) = workload_cluster().await else {
         return;
     };
-    let hooks = admission(&admin, &ns.name).await;
+    let hooks = pytorch_admission(&admin, &ns.name).await;
     let mut manifest = pytorchjob("train", 2, json!({}));
     manifest["metadata"]["annotations"] = json!({"memprof.dev/enabled": "true"});
     let pt = create(&admin, &ns.name, WorkloadKind::PyTorchJob, manifest).await;
@@ -371,7 +317,7 @@ async fn pytorchjob_pods_planted_or_replayed_never_count() {
     let Some((admin, ns)) = workload_cluster().await else {
         return;
     };
-    let hooks = admission(&admin, &ns.name).await;
+    let hooks = pytorch_admission(&admin, &ns.name).await;
     let rules = json!([{"apiGroups": [""], "resources": ["pods"],
                         "verbs": ["create", "get", "list", "watch", "delete"]},
         {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch"]}]);

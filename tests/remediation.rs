@@ -27,10 +27,7 @@ async fn critical_rank_recreates_the_job_with_a_smaller_batch_exactly_once() {
     };
     let ns = TestNamespace::create(&client).await;
     let ns = ns.name.as_str();
-    let operator = start_operator(&client, ns);
-    apply_policy(&client, ns, "shrink", shrink_policy(false))
-        .await
-        .unwrap();
+    let operator = operator_shrinking(&client, ns, false).await;
     let old = training_job(&client, ns, "train", Some("32")).await;
     let old_uid = old.uid().unwrap();
     let old_pod = first_pod(&client, ns, "train").await;
@@ -221,10 +218,7 @@ async fn dry_run_changes_nothing_but_records_what_it_would_do() {
     };
     let ns = TestNamespace::create(&client).await;
     let ns = ns.name.as_str();
-    let operator = start_operator(&client, ns);
-    apply_policy(&client, ns, "shrink", shrink_policy(true))
-        .await
-        .unwrap();
+    let operator = operator_shrinking(&client, ns, true).await;
     let created = training_job(&client, ns, "train", Some("32")).await;
     low_report(&client, ns, "train").await;
     profile_with_status(&client, ns, "train").await;
@@ -272,10 +266,7 @@ async fn job_without_the_env_var_is_skipped_once_with_the_reason() {
     };
     let ns = TestNamespace::create(&client).await;
     let ns = ns.name.as_str();
-    let operator = start_operator(&client, ns);
-    apply_policy(&client, ns, "shrink", shrink_policy(false))
-        .await
-        .unwrap();
+    let operator = operator_shrinking(&client, ns, false).await;
     let created = training_job(&client, ns, "train", None).await;
     low_report(&client, ns, "train").await;
     profile_with_status(&client, ns, "train").await;
@@ -461,9 +452,7 @@ async fn operator_killed_between_delete_and_create_finishes_on_restart() {
     };
     let ns = TestNamespace::create(&client).await;
     let ns = ns.name.as_str();
-    apply_policy(&client, ns, "shrink", shrink_policy(false))
-        .await
-        .unwrap();
+    apply_shrink(&client, ns, false).await;
     let old = training_job(&client, ns, "train", Some("32")).await;
     let old_uid = old.uid().unwrap();
 

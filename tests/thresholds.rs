@@ -91,21 +91,7 @@ async fn thresholds_in_effect_show_their_source_and_an_invalid_annotation_warns_
     let message = t.message.unwrap();
     assert!(message.contains("highTtoSeconds"), "{message}");
     assert!(message.contains("critical <= high <= medium"), "{message}");
-    eventually("one InvalidThresholds Event on the Job", || async {
-        match count_events(&client, &ns.name, "InvalidThresholds", "train").await {
-            1 => Ok(()),
-            n => Err(format!("{n} event(s)")),
-        }
-    })
-    .await;
-    let events: Api<k8s_openapi::api::events::v1::Event> =
-        Api::namespaced(client.clone(), &ns.name);
-    let listed = events.list(&Default::default()).await.unwrap();
-    let ev = listed
-        .items
-        .iter()
-        .find(|e| e.reason.as_deref() == Some("InvalidThresholds"))
-        .unwrap();
+    let ev = the_one_event(&client, &ns.name, "InvalidThresholds", "train").await;
     assert_eq!(ev.type_.as_deref(), Some("Warning"));
     assert_eq!(
         ev.regarding.as_ref().and_then(|r| r.kind.as_deref()),
@@ -118,4 +104,84 @@ async fn thresholds_in_effect_show_their_source_and_an_invalid_annotation_warns_
             .contains("cluster-wide"),
         "{ev:?}"
     );
+}
+
+/// A profiled Job whose pod template (not the Job) carries `thresholds`.
+async fn create_job_with_template_thresholds(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    thresholds: &str,
+) {
+    let mut job: Job = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "annotations": {memprof::api::ANNOTATION_ENABLED: "true"}},
+        "spec": {"parallelism": 1, "completions": 1, "template": {
+            "spec": {"restartPolicy": "Never", "containers": [{"name": "trainer", "image": "busybox"}]}}},
+    }))
+    .unwrap();
+    mark_managed(&mut job);
+    let template = job
+        .spec
+        .as_mut()
+        .and_then(|s| s.template.metadata.as_mut())
+        .unwrap();
+    template.annotations =
+        Some([(ANNOTATION_THRESHOLDS.to_string(), thresholds.to_string())].into());
+    Api::<Job>::namespaced(client.clone(), ns)
+        .create(&kube::api::PostParams::default(), &job)
+        .await
+        .expect("creating the Job");
+}
+
+/// `{"criticalTtoSeconds": value}` padded with spaces to `len` bytes.
+fn padded(value: u32, len: usize) -> String {
+    let text = format!(r#"{{"criticalTtoSeconds": {value}}}"#);
+    format!("{}{text}", " ".repeat(len - text.len()))
+}
+
+/// The status shows the thresholds the webhook gives the sidecars: a
+/// template-only annotation (the webhook reads the Job's, else its pod
+/// template's), a Job's own of 600 bytes (over the 512 the cache keeps of
+/// other values, under the parser's 4096), and one over 4096 refused as too
+/// long with the Warning, never read as no annotation.
+#[tokio::test]
+async fn the_status_shows_the_thresholds_the_sidecars_were_given_whatever_their_length() {
+    let Some(client) = cluster().await else {
+        return;
+    };
+    let ns = TestNamespace::create(&client).await;
+    let _op = start_operator_with(&client, Options::for_namespace(&ns.name));
+    let template = r#"{"criticalTtoSeconds": 300}"#;
+    create_job_with_template_thresholds(&client, &ns.name, "train", template).await;
+    let profiles: Api<MemoryProfile> = Api::namespaced(client.clone(), &ns.name);
+    let t = wait_thresholds(&profiles, "train", "the template's thresholds", |t| {
+        t.source == "annotation"
+    })
+    .await;
+    assert_eq!(t.values["criticalTtoSeconds"], 300.0);
+
+    annotate(&client, &ns.name, "train", &padded(200, 600)).await;
+    let t = wait_thresholds(&profiles, "train", "the Job's 600-byte thresholds", |t| {
+        t.values["criticalTtoSeconds"] == 200.0
+    })
+    .await;
+    assert_eq!((t.source.as_str(), t.message), ("annotation", None));
+
+    annotate(&client, &ns.name, "train", &padded(200, 5000)).await;
+    let t = wait_thresholds(
+        &profiles,
+        "train",
+        "the over-long annotation refused",
+        |t| t.message.is_some(),
+    )
+    .await;
+    assert_eq!(t.source, "default");
+    assert!(t.message.unwrap().contains("longer than 4096 bytes"));
+    eventually("the InvalidThresholds Warning on the Job", || async {
+        match count_events(&client, &ns.name, "InvalidThresholds", "train").await {
+            0 => Err("none yet".to_string()),
+            _ => Ok(()),
+        }
+    })
+    .await;
 }

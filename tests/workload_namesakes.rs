@@ -26,29 +26,20 @@
 
 use crate::common;
 use crate::remediation_support;
-use crate::tenant_support;
-use crate::webhook_support;
 use crate::workload_remediation_pytorch::{batches, profiled_pytorchjob};
 use crate::workload_remediation_twins::{profiled_jobset, BATCH};
 use crate::workload_support;
 
 use common::*;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, DynamicObject, PostParams};
 use kube::{Client, ResourceExt};
-use memprof::api::admission::Keys;
 use memprof::api::workload::WorkloadKind;
 use memprof::api::{MemoryProfile, RiskLevel};
 use memprof::remediation::FAILPOINT_AFTER_DELETE;
-use memprof::webhook::{InjectionConfig, MarkConfig, WorkloadIdentities};
-use remediation_support::{apply_policy, records, shrink_policy, spawn_operator, stays};
+use remediation_support::{records, shrinking_workload_cluster, spawn_operator, stays};
 use serde_json::json;
 use std::time::Duration;
-use tenant_support::user_with;
-use webhook_support::{
-    label_namespace, register, start_server_with, test_config, wait_until_active,
-};
 use workload_support::*;
 
 /// A tenant's profiled Job `name` (no `team` label: no policy selects
@@ -71,52 +62,6 @@ async fn tenant_job(admin: &Client, ns: &str, name: &str) -> Job {
     let gpus = vec![gpu(0, 79, 79, RiskLevel::Critical, Some(5.0))];
     apply_report(admin, ns, &pod_report(&pod, name, 0, &at(100), gpus)).await;
     job
-}
-
-/// PyTorchJob `train` (`team: ml`, a master and two workers) and its pods
-/// as the training operator makes them (marked by the webhook, taken down
-/// after), each rank reporting low; no operator runs.
-async fn pytorchjob_reporting_low(admin: &Client, ns: &str) -> (DynamicObject, Vec<Pod>) {
-    label_namespace(admin, ns).await;
-    let config = InjectionConfig {
-        marks: MarkConfig {
-            keys: Keys::of(admission_keys(ns).await),
-            ..Default::default()
-        },
-        workloads: WorkloadIdentities {
-            training_operator: vec![TRAINING_OPERATOR.into()],
-            ..Default::default()
-        },
-        ..test_config(admin).await
-    };
-    let server = start_server_with(config).await;
-    register(admin, ns, &server.url, &server.ca_pem).await;
-    let hooks = webhook_support::Registration(ns.to_string());
-    let workloads = register_workloads(admin, ns, &server.url, &server.ca_pem).await;
-    wait_until_active(admin, ns).await;
-    let rules = json!([{"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get", "list", "watch"]},
-           {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch"]}]);
-    let operator = user_with(admin, ns, TRAINING_OPERATOR, rules).await;
-    let mut manifest = pytorchjob(
-        "train",
-        2,
-        json!({"team": "ml", "memprof.dev/managed": "true"}),
-    );
-    manifest["metadata"]["annotations"] = json!({"memprof.dev/enabled": "true"});
-    let pt = create(admin, ns, WorkloadKind::PyTorchJob, manifest).await;
-    let mut pods = Vec::new();
-    for (rtype, index) in [("master", 0), ("worker", 0), ("worker", 1)] {
-        let pod: Pod = serde_json::from_value(pytorch_pod(&pt, rtype, index)).unwrap();
-        let api = Api::<Pod>::namespaced(operator.clone(), ns);
-        pods.push(api.create(&PostParams::default(), &pod).await.unwrap());
-    }
-    drop((workloads, hooks));
-    server.stop().await;
-    for pod in &pods {
-        let gpus = vec![gpu(0, 30, 30, RiskLevel::Low, None)];
-        apply_report(admin, ns, &pod_report(pod, "train", 0, &at(0), gpus)).await;
-    }
-    (pt, pods)
 }
 
 /// JobSet `name` (`team: ml`) of two marked child Jobs, each reporting low.
@@ -172,14 +117,11 @@ async fn told_taken(admin: &Client, ns: &str, uid: &str) -> Result<(), String> {
 /// the PyTorchJob: its uid and batch stay, no record is written.
 #[tokio::test]
 async fn a_job_made_while_the_operator_is_down_does_not_take_or_steer_a_pytorchjob_s_profile() {
-    let Some((admin, ns)) = workload_cluster().await else {
+    let Some((admin, ns)) = shrinking_workload_cluster().await else {
         return;
     };
     let ns = ns.name.as_str();
-    apply_policy(&admin, ns, "shrink", shrink_policy(false))
-        .await
-        .unwrap();
-    let (pt, _pods) = pytorchjob_reporting_low(&admin, ns).await;
+    let (pt, _pods) = pytorchjob_reporting_low(&admin, ns, json!({})).await;
     let job = tenant_job(&admin, ns, "train").await;
     let op = start_operator(&admin, ns);
     let profile = with_status(&admin, ns, "train").await;
@@ -232,13 +174,10 @@ async fn a_job_made_while_the_operator_is_down_does_not_take_or_steer_a_pytorchj
 /// either JobSet on the Jobs' critical reports.
 #[tokio::test]
 async fn jobsets_and_jobs_of_one_name_made_while_the_operator_is_down_each_keep_their_own() {
-    let Some((admin, ns)) = workload_cluster().await else {
+    let Some((admin, ns)) = shrinking_workload_cluster().await else {
         return;
     };
     let ns = ns.name.as_str();
-    apply_policy(&admin, ns, "shrink", shrink_policy(false))
-        .await
-        .unwrap();
     let early = jobset_reporting_low(&admin, ns, "early").await;
     let early_job = tenant_job(&admin, ns, "early").await;
     let late_job = tenant_job(&admin, ns, "late").await;
@@ -306,13 +245,10 @@ async fn jobsets_and_jobs_of_one_name_made_while_the_operator_is_down_each_keep_
 /// Job's, the new workload adopts it with its record, and deleting the
 /// Job leaves it.
 async fn recreated_next_to_a_namesake_job(kind: WorkloadKind) {
-    let Some((admin, ns)) = workload_cluster().await else {
+    let Some((admin, ns)) = shrinking_workload_cluster().await else {
         return;
     };
     let ns = ns.name.as_str();
-    apply_policy(&admin, ns, "shrink", shrink_policy(false))
-        .await
-        .unwrap();
     let mut crashing = spawn_operator(ns, Some(FAILPOINT_AFTER_DELETE));
     let old = match kind {
         WorkloadKind::JobSet => {

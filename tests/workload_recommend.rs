@@ -11,7 +11,6 @@
 use crate::cli_support;
 use crate::common;
 use crate::tenant_support;
-use crate::webhook_support;
 use crate::workload_support;
 
 use common::*;
@@ -19,13 +18,11 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DynamicObject, PostParams};
 use kube::{Client, ResourceExt};
-use memprof::api::admission::Keys;
 use memprof::api::workload::WorkloadKind;
 use memprof::api::workload_mark::{sign, Link, ANNOTATION_WORKLOAD_MARK};
 use memprof::api::{
     AllocatorStats, MemoryProfile, MemoryReport, PhasePeak, RiskLevel, RoleRecommendation,
 };
-use memprof::webhook::{InjectionConfig, MarkConfig, WorkloadIdentities};
 use serde_json::{json, Value};
 use workload_support::*;
 
@@ -57,15 +54,7 @@ async fn child(
     let jobset = js.name_any();
     let name = format!("{jobset}-{rjob}-{index}");
     let identity = format!("{rjob}/{index}");
-    let keys = admission_keys(ns).await;
-    let link = Link {
-        namespace: ns,
-        kind: "Job",
-        name: &name,
-        controller_uid: js.metadata.uid.as_deref().unwrap(),
-        identity: &identity,
-    };
-    let mark = sign(keys.current().unwrap(), &link, jiff::Timestamp::now()).unwrap();
+    let mark = child_mark(admin, ns, js, &name, &identity).await;
     annotations["memprof.dev/enabled"] = json!("true");
     annotations[ANNOTATION_WORKLOAD_MARK] = json!(mark);
     let manifest = json!({"metadata": {"name": name, "annotations": annotations,
@@ -250,39 +239,13 @@ async fn a_waiting_recommendation_counts_a_rank_that_reports_after_it_was_writte
     op.stop().await;
 }
 
-/// The webhook, told that [`TRAINING_OPERATOR`] creates PyTorchJobs' pods,
-/// registered (the chart's hooks and the workloads hook) for `ns` only.
-async fn pytorch_admission(
-    admin: &Client,
-    ns: &str,
-) -> (webhook_support::Server, [webhook_support::Registration; 2]) {
-    webhook_support::label_namespace(admin, ns).await;
-    let config = InjectionConfig {
-        marks: MarkConfig {
-            keys: Keys::of(admission_keys(ns).await),
-            ..Default::default()
-        },
-        workloads: WorkloadIdentities {
-            training_operator: vec![TRAINING_OPERATOR.into()],
-            ..Default::default()
-        },
-        ..webhook_support::test_config(admin).await
-    };
-    let server = webhook_support::start_server_with(config).await;
-    webhook_support::register(admin, ns, &server.url, &server.ca_pem).await;
-    let hooks = webhook_support::Registration(ns.to_string());
-    let workloads = register_workloads(admin, ns, &server.url, &server.ca_pem).await;
-    webhook_support::wait_until_active(admin, ns).await;
-    (server, [hooks, workloads])
-}
-
 #[tokio::test]
 async fn a_pytorchjob_gets_a_recommendation_per_replica_type() {
     let Some((admin, ns)) = workload_cluster().await else {
         return;
     };
     let n = ns.name.as_str();
-    let (server, hooks) = pytorch_admission(&admin, n).await;
+    let hooks = pytorch_admission(&admin, n).await;
     // What tenant_support::user_with checks the Role by (a list of Jobs), and pod creation.
     let rules = json!([{"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get"]},
                        {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["list"]}]);
@@ -292,16 +255,10 @@ async fn a_pytorchjob_gets_a_recommendation_per_replica_type() {
     manifest["metadata"]["annotations"] =
         json!({"memprof.dev/enabled": "true", "memprof.dev/recommend-phases": "none"});
     let pt = create(&admin, n, WorkloadKind::PyTorchJob, manifest).await;
-    let pods: Api<Pod> = Api::namespaced(operator.clone(), n);
-    let mut made = vec![];
-    for (rtype, index) in [("master", 0), ("worker", 0), ("worker", 1)] {
-        let pod: Pod = serde_json::from_value(pytorch_pod(&pt, rtype, index)).unwrap();
-        made.push(pods.create(&PostParams::default(), &pod).await.unwrap());
-    }
+    let made = pytorch_pods(&operator, n, &pt).await;
     // The sidecars' writes: signed here as the writers webhook would (the
     // hooks go first so that they do not unmark them).
-    drop(hooks);
-    server.stop().await;
+    hooks.stop().await;
     for (pod, reserved) in made.iter().zip([6 * GB, 20 * GB, 24 * GB]) {
         apply_report(
             &admin,

@@ -23,25 +23,20 @@
 
 use crate::common;
 use crate::remediation_support;
-use crate::tenant_support;
-use crate::webhook_support;
 use crate::workload_support;
 
 use common::*;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DynamicObject, PostParams};
+use kube::api::{Api, DynamicObject};
 use kube::{Client, ResourceExt};
-use memprof::api::admission::Keys;
 use memprof::api::workload::WorkloadKind;
 use memprof::api::{MemoryProfile, RiskLevel};
-use memprof::webhook::{InjectionConfig, MarkConfig, WorkloadIdentities};
-use remediation_support::{apply_policy, records, shrink_policy, spawn_operator, stays};
+use remediation_support::{
+    apply_policy, operator_shrinking, records, shrink_policy, shrinking_workload_cluster,
+    spawn_operator, stays,
+};
 use serde_json::{json, Value};
 use std::time::Duration;
-use tenant_support::*;
-use webhook_support::{
-    label_namespace, register, start_server_with, test_config, wait_until_active,
-};
 use workload_support::*;
 
 /// The env value of each replica type's first container.
@@ -61,52 +56,15 @@ pub(crate) fn batches(pt: &DynamicObject) -> Vec<Option<Value>> {
 
 /// A profiled PyTorchJob `train` (a master, two workers; `labels` and
 /// `team: ml`) whose pods the training operator's identity created (marked
-/// by the webhook), each rank reporting low, its profile written with all
-/// three ranks. Returns it and its pods.
+/// by the webhook), each rank reporting low
+/// ([`pytorchjob_reporting_low`]), its profile written with all three
+/// ranks. Returns it and its pods.
 pub(crate) async fn profiled_pytorchjob(
     admin: &Client,
     ns: &str,
     labels: Value,
 ) -> (DynamicObject, Vec<Pod>) {
-    label_namespace(admin, ns).await;
-    let config = InjectionConfig {
-        marks: MarkConfig {
-            keys: Keys::of(admission_keys(ns).await),
-            ..Default::default()
-        },
-        workloads: WorkloadIdentities {
-            training_operator: vec![TRAINING_OPERATOR.into()],
-            ..Default::default()
-        },
-        ..test_config(admin).await
-    };
-    let server = start_server_with(config).await;
-    register(admin, ns, &server.url, &server.ca_pem).await;
-    let hooks = webhook_support::Registration(ns.to_string());
-    let workloads = register_workloads(admin, ns, &server.url, &server.ca_pem).await;
-    wait_until_active(admin, ns).await;
-    let rules = json!([{"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get", "list", "watch"]},
-           {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch"]}]);
-    let operator = user_with(admin, ns, TRAINING_OPERATOR, rules).await;
-    let mut labels = labels;
-    labels["team"] = json!("ml");
-    labels["memprof.dev/managed"] = json!("true");
-    let mut manifest = pytorchjob("train", 2, labels);
-    manifest["metadata"]["annotations"] = json!({"memprof.dev/enabled": "true"});
-    let pt = create(admin, ns, WorkloadKind::PyTorchJob, manifest).await;
-    let mut pods = Vec::new();
-    for (rtype, index) in [("master", 0), ("worker", 0), ("worker", 1)] {
-        let pod: Pod = serde_json::from_value(pytorch_pod(&pt, rtype, index)).unwrap();
-        let api = Api::<Pod>::namespaced(operator.clone(), ns);
-        pods.push(api.create(&PostParams::default(), &pod).await.unwrap());
-    }
-    // The hooks are taken down before the reports are written, as the
-    // PyTorchJob roll-up test does.
-    drop((workloads, hooks));
-    server.stop().await;
-    for pod in &pods {
-        report(admin, ns, pod, 0, RiskLevel::Low).await;
-    }
+    let (pt, pods) = pytorchjob_reporting_low(admin, ns, labels).await;
     let profiles: Api<MemoryProfile> = Api::namespaced(admin.clone(), ns);
     eventually("the PyTorchJob's profile with 3 ranks", || async {
         let p = profiles.get_opt("train").await.map_err(|e| e.to_string())?;
@@ -153,10 +111,7 @@ async fn a_kueue_managed_pytorchjob_is_suspended_patched_and_resumed_by_the_exec
         return;
     };
     let ns = ns.name.as_str();
-    let op = start_operator(&admin, ns);
-    apply_policy(&admin, ns, "shrink", shrink_policy(false))
-        .await
-        .unwrap();
+    let op = operator_shrinking(&admin, ns, false).await;
     let queued = json!({"kueue.x-k8s.io/queue-name": "team-a"});
     let (pt, pods) = profiled_pytorchjob(&admin, ns, queued).await;
     report(&admin, ns, &pods[2], 100, RiskLevel::Critical).await;
@@ -196,10 +151,7 @@ async fn a_pytorchjob_kueue_does_not_manage_is_recreated_at_the_top_level() {
         return;
     };
     let ns = ns.name.as_str();
-    let op = start_operator(&admin, ns);
-    apply_policy(&admin, ns, "shrink", shrink_policy(false))
-        .await
-        .unwrap();
+    let op = operator_shrinking(&admin, ns, false).await;
     let (pt, pods) = profiled_pytorchjob(&admin, ns, json!({})).await;
     report(&admin, ns, &pods[1], 100, RiskLevel::Critical).await;
     let rec = done(&admin, ns).await;
@@ -382,13 +334,10 @@ async fn a_pytorchjob_s_change_waits_for_every_rank_s_next_checkpoint() {
 
 #[tokio::test]
 async fn an_operator_killed_mid_suspend_patch_resume_of_a_pytorchjob_finishes_it_on_restart() {
-    let Some((admin, ns)) = workload_cluster().await else {
+    let Some((admin, ns)) = shrinking_workload_cluster().await else {
         return;
     };
     let ns = ns.name.as_str();
-    apply_policy(&admin, ns, "shrink", shrink_policy(false))
-        .await
-        .unwrap();
     let mut crashing = spawn_operator(ns, Some(memprof::remediation::FAILPOINT_AFTER_SUSPEND));
     let queued = json!({"kueue.x-k8s.io/queue-name": "team-a"});
     let (pt, pods) = profiled_pytorchjob(&admin, ns, queued).await;

@@ -11,13 +11,10 @@ use crate::common;
 use crate::workload_support;
 
 use common::*;
-use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::events::v1::Event;
-use kube::api::{Api, DynamicObject, PostParams};
+use kube::api::Api;
 use kube::{Client, ResourceExt};
 use memprof::api::thresholds::{parse_cluster, Thresholds, ANNOTATION_THRESHOLDS};
 use memprof::api::workload::WorkloadKind;
-use memprof::api::workload_mark::{sign, Link, ANNOTATION_WORKLOAD_MARK};
 use memprof::api::{MemoryProfile, ThresholdsInEffect};
 use memprof::operator::Options;
 use serde_json::{json, Value};
@@ -41,41 +38,6 @@ async fn wait_thresholds(
         ok(&t).then_some(t.clone()).ok_or(format!("{t:?}"))
     })
     .await
-}
-
-/// Creates child Job `index` of `js` as the JobSet controller does, with
-/// `annotations` (its replicated job template's) and the workload mark the
-/// webhook gives it, signed here under the namespace's key.
-async fn marked_child(
-    admin: &Client,
-    ns: &str,
-    js: &DynamicObject,
-    index: u32,
-    mut annotations: Value,
-) -> Job {
-    let mut manifest = child_job(js, index);
-    let keys = admission_keys(ns).await;
-    let (name, identity) = (
-        format!("{}-workers-{index}", js.name_any()),
-        format!("workers/{index}"),
-    );
-    let link = Link {
-        namespace: ns,
-        kind: "Job",
-        name: &name,
-        controller_uid: js.metadata.uid.as_deref().unwrap(),
-        identity: &identity,
-    };
-    let mark = sign(keys.current().unwrap(), &link, jiff::Timestamp::now()).unwrap();
-    annotations[ANNOTATION_WORKLOAD_MARK] = json!(mark);
-    manifest["metadata"]["annotations"] = annotations;
-    manifest["metadata"]["labels"]["memprof.dev/managed"] = json!("true");
-    manifest["spec"]["template"]["metadata"] = json!({"labels": {"memprof.dev/managed": "true"}});
-    let job: Job = serde_json::from_value(manifest).unwrap();
-    Api::<Job>::namespaced(admin.clone(), ns)
-        .create(&PostParams::default(), &job)
-        .await
-        .unwrap()
 }
 
 /// The built-in thresholds as a status lists them.
@@ -102,8 +64,8 @@ async fn a_jobsets_profile_carries_its_annotated_thresholds() {
     manifest["spec"]["replicatedJobs"][0]["template"]["metadata"] =
         json!({"annotations": annotations.clone()});
     let js = create(&admin, &ns.name, WorkloadKind::JobSet, manifest).await;
-    marked_child(&admin, &ns.name, &js, 0, annotations.clone()).await;
-    marked_child(&admin, &ns.name, &js, 1, annotations).await;
+    create_child(&admin, &ns.name, &js, 0, annotations.clone(), true).await;
+    create_child(&admin, &ns.name, &js, 1, annotations, true).await;
     let t = wait_thresholds(&admin, &ns.name, "train", "the JobSet's thresholds", |t| {
         t.source == "annotation"
     })
@@ -152,22 +114,7 @@ async fn a_pytorchjobs_refused_thresholds_warn_on_it_and_the_defaults_apply() {
     assert_eq!(t.values, cluster_wide);
     let message = t.message.unwrap();
     assert!(message.contains("highTTOSeconds"), "{message}");
-    eventually("one InvalidThresholds Event on the PyTorchJob", || async {
-        match count_events(&admin, &ns.name, "InvalidThresholds", "train").await {
-            1 => Ok(()),
-            n => Err(format!("{n} event(s)")),
-        }
-    })
-    .await;
-    let listed = Api::<Event>::namespaced(admin.clone(), &ns.name)
-        .list(&Default::default())
-        .await
-        .unwrap();
-    let ev = listed
-        .items
-        .iter()
-        .find(|e| e.reason.as_deref() == Some("InvalidThresholds"))
-        .unwrap();
+    let ev = the_one_event(&admin, &ns.name, "InvalidThresholds", "train").await;
     assert_eq!(ev.type_.as_deref(), Some("Warning"));
     let regarding = ev.regarding.as_ref().unwrap();
     assert_eq!(regarding.kind.as_deref(), Some("PyTorchJob"));

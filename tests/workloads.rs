@@ -18,14 +18,13 @@ use k8s_openapi::api::batch::v1::Job;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use memprof::api::workload::WorkloadKind;
-use memprof::api::workload_mark::{sign, Link, ANNOTATION_WORKLOAD_MARK};
 use memprof::api::{MemoryProfile, RiskLevel};
 use serde_json::json;
 use workload_support::*;
 
 /// Creates child Job `index` of `js`, profiled (annotated, managed labels
 /// as the webhook stamps them), with its workload mark as the webhook gives
-/// it at creation when `marked` (signed here under the namespace's key).
+/// it at creation when `marked` ([`create_child`]).
 async fn child(
     admin: &Client,
     ns: &str,
@@ -33,32 +32,8 @@ async fn child(
     index: u32,
     marked: bool,
 ) -> Job {
-    let mut manifest = child_job(js, index);
-    let mut annotations = json!({"memprof.dev/enabled": "true"});
-    if marked {
-        let keys = admission_keys(ns).await;
-        let (name, identity) = (
-            format!("{}-workers-{index}", js.name_any()),
-            format!("workers/{index}"),
-        );
-        let link = Link {
-            namespace: ns,
-            kind: "Job",
-            name: &name,
-            controller_uid: js.metadata.uid.as_deref().unwrap(),
-            identity: &identity,
-        };
-        let mark = sign(keys.current().unwrap(), &link, jiff::Timestamp::now()).unwrap();
-        annotations[ANNOTATION_WORKLOAD_MARK] = json!(mark);
-    }
-    manifest["metadata"]["annotations"] = annotations;
-    manifest["metadata"]["labels"]["memprof.dev/managed"] = json!("true");
-    manifest["spec"]["template"]["metadata"] = json!({"labels": {"memprof.dev/managed": "true"}});
-    let job: Job = serde_json::from_value(manifest).unwrap();
-    Api::<Job>::namespaced(admin.clone(), ns)
-        .create(&PostParams::default(), &job)
-        .await
-        .unwrap()
+    let profiled = json!({"memprof.dev/enabled": "true"});
+    create_child(admin, ns, js, index, profiled, marked).await
 }
 
 /// Writes the report of the one pod of child Job `job`, its sidecar

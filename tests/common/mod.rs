@@ -135,27 +135,41 @@ async fn pods_may_be_created(client: &Client, ns: &str) {
     }
 }
 
+/// Runs `request`, with a client of its own, on a thread and runtime of
+/// its own, and waits for it: the clean-up a guard's `Drop` sends, when
+/// the test's runtime may be unwinding or gone. Its error or the client's;
+/// a panic on that thread has printed its own message and counts as done.
+pub fn from_drop<F, Fut>(request: F) -> Result<(), String>
+where
+    F: FnOnce(Client) -> Fut + Send + 'static,
+    Fut: Future<Output = Result<(), String>>,
+{
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a current-thread runtime");
+        rt.block_on(async {
+            let client = Client::try_default().await.map_err(|e| e.to_string())?;
+            request(client).await
+        })
+    })
+    .join()
+    .unwrap_or(Ok(()))
+}
+
 impl Drop for TestNamespace {
     fn drop(&mut self) {
         let name = self.name.clone();
-        // The test's runtime may be unwinding or gone: use a thread with its own
-        // runtime and client, and wait for the request (not for the deletion).
-        let deleted = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("a current-thread runtime");
-            rt.block_on(async {
-                let client = Client::try_default().await.map_err(|e| e.to_string())?;
-                Api::<Namespace>::all(client)
-                    .delete(&name, &DeleteParams::background())
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| e.to_string())
-            })
-        })
-        .join();
-        if let Ok(Err(e)) = deleted {
+        // Waits for the request, not for the deletion.
+        let deleted = from_drop(move |client| async move {
+            Api::<Namespace>::all(client)
+                .delete(&name, &DeleteParams::background())
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        });
+        if let Err(e) = deleted {
             eprintln!(
                 "warning: could not delete test namespace {}: {e}",
                 self.name
@@ -575,22 +589,8 @@ pub async fn rank_report(
     pod_report(&pods[rank as usize], job, rank, sampled_at, gpus)
 }
 
-/// Events with `reason` regarding the object `name`, counting repeats of a series.
-pub async fn count_events(client: &Client, ns: &str, reason: &str, regarding: &str) -> i32 {
-    Api::<Event>::namespaced(client.clone(), ns)
-        .list(&ListParams::default())
-        .await
-        .expect("listing events")
-        .items
-        .iter()
-        .filter(|e| e.reason.as_deref() == Some(reason))
-        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(regarding))
-        .map(|e| e.series.as_ref().map_or(1, |s| s.count))
-        .sum()
-}
-
-/// The notes of Events with `reason` regarding the object `name`.
-pub async fn event_notes(client: &Client, ns: &str, reason: &str, regarding: &str) -> Vec<String> {
+/// The Events in `ns` with `reason`.
+async fn events_with(client: &Client, ns: &str, reason: &str) -> Vec<Event> {
     Api::<Event>::namespaced(client.clone(), ns)
         .list(&ListParams::default())
         .await
@@ -598,7 +598,44 @@ pub async fn event_notes(client: &Client, ns: &str, reason: &str, regarding: &st
         .items
         .into_iter()
         .filter(|e| e.reason.as_deref() == Some(reason))
-        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(regarding))
+        .collect()
+}
+
+/// Whether `event` regards the object `name`.
+fn regards(event: &Event, name: &str) -> bool {
+    event.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+}
+
+/// Events with `reason` regarding the object `name`, counting repeats of a series.
+pub async fn count_events(client: &Client, ns: &str, reason: &str, regarding: &str) -> i32 {
+    events_with(client, ns, reason)
+        .await
+        .iter()
+        .filter(|e| regards(e, regarding))
+        .map(|e| e.series.as_ref().map_or(1, |s| s.count))
+        .sum()
+}
+
+/// The first Event with `reason` in `ns`, once exactly one (a series
+/// counting its repeats) regards the object `regarding`.
+pub async fn the_one_event(client: &Client, ns: &str, reason: &str, regarding: &str) -> Event {
+    eventually(&format!("one {reason} Event on {regarding}"), || async {
+        match count_events(client, ns, reason, regarding).await {
+            1 => Ok(()),
+            n => Err(format!("{n} event(s)")),
+        }
+    })
+    .await;
+    let first = events_with(client, ns, reason).await.into_iter().next();
+    first.unwrap_or_else(|| panic!("no {reason} Event in {ns}"))
+}
+
+/// The notes of Events with `reason` regarding the object `name`.
+pub async fn event_notes(client: &Client, ns: &str, reason: &str, regarding: &str) -> Vec<String> {
+    events_with(client, ns, reason)
+        .await
+        .into_iter()
+        .filter(|e| regards(e, regarding))
         .filter_map(|e| e.note)
         .collect()
 }

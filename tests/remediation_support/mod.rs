@@ -5,7 +5,9 @@
 //! process that can be killed.
 #![allow(dead_code)]
 
-use crate::common::{apply_report, at, eventually, gpu, rank_report};
+use crate::common::{
+    apply_report, at, eventually, gpu, rank_report, start_operator, RunningOperator, TestNamespace,
+};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
@@ -309,6 +311,31 @@ pub fn shrink_policy(dry_run: bool) -> serde_json::Value {
         "maxRemediations": 3,
         "dryRun": dry_run,
     })
+}
+
+/// Applies [`shrink_policy`] (`dry_run` as given) in `ns`, as policy `shrink`.
+pub async fn apply_shrink(client: &Client, ns: &str, dry_run: bool) {
+    apply_policy(client, ns, "shrink", shrink_policy(dry_run))
+        .await
+        .unwrap_or_else(|e| panic!("applying the shrink policy in {ns}: {e}"));
+}
+
+/// The remediation tests' start: the operator watching `ns`, then the
+/// shrink policy applied there ([`apply_shrink`]).
+pub async fn operator_shrinking(client: &Client, ns: &str, dry_run: bool) -> RunningOperator {
+    let operator = start_operator(client, ns);
+    apply_shrink(client, ns, dry_run).await;
+    operator
+}
+
+/// The workload tests' cluster and namespace
+/// ([`workload_cluster`](crate::workload_support::workload_cluster)) with
+/// the shrink policy applied there, no operator running yet; `None` where
+/// no cluster is configured (the test is skipped).
+pub async fn shrinking_workload_cluster() -> Option<(Client, TestNamespace)> {
+    let (admin, ns) = crate::workload_support::workload_cluster().await?;
+    apply_shrink(&admin, &ns.name, false).await;
+    Some((admin, ns))
 }
 
 /// What the sim sidecar of rank 0 writes when its GPU is about to run out.

@@ -104,20 +104,11 @@ pub struct Registration(pub String);
 impl Drop for Registration {
     fn drop(&mut self) {
         let name = self.0.clone();
-        // As TestNamespace: the test's runtime may be gone.
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("a current-thread runtime");
-            rt.block_on(async {
-                if let Ok(client) = Client::try_default().await {
-                    let api = Api::<MutatingWebhookConfiguration>::all(client);
-                    let _ = api.delete(&name, &Default::default()).await;
-                }
-            })
-        })
-        .join();
+        let _ = crate::common::from_drop(move |client| async move {
+            let api = Api::<MutatingWebhookConfiguration>::all(client);
+            let _ = api.delete(&name, &Default::default()).await;
+            Ok(())
+        });
     }
 }
 

@@ -6,18 +6,25 @@
 #![allow(dead_code)]
 
 use crate::common::{
-    admission_keys_in, apply_report, at, cluster, eventually, gpu, job_pods, pod_report,
-    TestNamespace,
+    admission_keys, admission_keys_in, apply_report, at, cluster, eventually, gpu, job_pods,
+    pod_report, TestNamespace,
 };
-use crate::webhook_support::{Registration, NS_LABEL};
+use crate::tenant_support::user_with;
+use crate::webhook_support::{
+    label_namespace, register, start_server_with, test_config, wait_until_active, Registration,
+    Server, NS_LABEL,
+};
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
+use memprof::api::admission::Keys;
 use memprof::api::workload::WorkloadKind;
 use memprof::api::workload_mark::{sign, Link, ANNOTATION_WORKLOAD_MARK};
 use memprof::api::RiskLevel;
+use memprof::webhook::{InjectionConfig, MarkConfig, WorkloadIdentities};
 use memprof::workload::read::api_resource;
 use serde_json::{json, Value};
 
@@ -179,24 +186,46 @@ pub async fn register_workloads(
     Registration(name)
 }
 
-/// Child Job `index` of `js` as the JobSet controller creates it, profiled
-/// and marked as the webhook marks it (under `ns`'s key on `admin`'s
-/// cluster: tests/faults.rs runs control planes of its own).
-pub async fn marked_child(admin: &Client, ns: &str, js: &DynamicObject, index: u32) -> Job {
-    let mut manifest = child_job(js, index);
+/// The workload mark the webhook gives child Job `name` of `js`, at
+/// `identity` in it (`<replicated job>/<index>`), under `ns`'s key on
+/// `admin`'s cluster (tests/faults.rs runs control planes of its own).
+pub async fn child_mark(
+    admin: &Client,
+    ns: &str,
+    js: &DynamicObject,
+    name: &str,
+    identity: &str,
+) -> String {
     let keys = admission_keys_in(admin, ns).await;
-    let name = format!("{}-workers-{index}", js.name_any());
-    let identity = format!("workers/{index}");
     let link = Link {
         namespace: ns,
         kind: "Job",
-        name: &name,
+        name,
         controller_uid: js.metadata.uid.as_deref().unwrap(),
-        identity: &identity,
+        identity,
     };
-    let mark = sign(keys.current().unwrap(), &link, jiff::Timestamp::now()).unwrap();
-    manifest["metadata"]["annotations"] =
-        json!({"memprof.dev/enabled": "true", ANNOTATION_WORKLOAD_MARK: mark});
+    sign(keys.current().unwrap(), &link, jiff::Timestamp::now()).unwrap()
+}
+
+/// Child Job `index` of `js` as the JobSet controller creates it, with
+/// `annotations` (its replicated job template's) and the managed labels the
+/// webhook stamps; with the workload mark it gives at creation when
+/// `marked` ([`child_mark`]).
+pub async fn create_child(
+    admin: &Client,
+    ns: &str,
+    js: &DynamicObject,
+    index: u32,
+    mut annotations: Value,
+    marked: bool,
+) -> Job {
+    let mut manifest = child_job(js, index);
+    if marked {
+        let name = format!("{}-workers-{index}", js.name_any());
+        let mark = child_mark(admin, ns, js, &name, &format!("workers/{index}")).await;
+        annotations[ANNOTATION_WORKLOAD_MARK] = json!(mark);
+    }
+    manifest["metadata"]["annotations"] = annotations;
     manifest["metadata"]["labels"]["memprof.dev/managed"] = json!("true");
     manifest["spec"]["template"]["metadata"] = json!({"labels": {"memprof.dev/managed": "true"}});
     let job: Job = serde_json::from_value(manifest).unwrap();
@@ -204,6 +233,102 @@ pub async fn marked_child(admin: &Client, ns: &str, js: &DynamicObject, index: u
         .create(&PostParams::default(), &job)
         .await
         .unwrap()
+}
+
+/// Child Job `index` of `js` as the JobSet controller creates it, profiled
+/// and marked as the webhook marks it ([`create_child`]).
+pub async fn marked_child(admin: &Client, ns: &str, js: &DynamicObject, index: u32) -> Job {
+    let profiled = json!({"memprof.dev/enabled": "true"});
+    create_child(admin, ns, js, index, profiled, true).await
+}
+
+/// The webhook, told that [`TRAINING_OPERATOR`] creates PyTorchJobs' pods,
+/// registered (the chart's hooks and the workloads hook, with its
+/// PyTorchJob rule) for `ns` only, under the key the operator verifies with.
+pub struct PytorchAdmission {
+    pub server: Server,
+    pub workloads: Registration,
+    pub hooks: Registration,
+}
+
+impl PytorchAdmission {
+    /// Takes the hooks down: both registrations, then the server.
+    pub async fn stop(self) {
+        drop((self.workloads, self.hooks));
+        self.server.stop().await;
+    }
+}
+
+/// Starts and registers [`PytorchAdmission`] for `ns`, labelled for it,
+/// and waits until the API server calls it.
+pub async fn pytorch_admission(admin: &Client, ns: &str) -> PytorchAdmission {
+    label_namespace(admin, ns).await;
+    let config = InjectionConfig {
+        marks: MarkConfig {
+            keys: Keys::of(admission_keys(ns).await),
+            ..Default::default()
+        },
+        workloads: WorkloadIdentities {
+            training_operator: vec![TRAINING_OPERATOR.into()],
+            ..Default::default()
+        },
+        ..test_config(admin).await
+    };
+    let server = start_server_with(config).await;
+    register(admin, ns, &server.url, &server.ca_pem).await;
+    let hooks = Registration(ns.to_string());
+    let workloads = register_workloads(admin, ns, &server.url, &server.ca_pem).await;
+    wait_until_active(admin, ns).await;
+    PytorchAdmission {
+        server,
+        workloads,
+        hooks,
+    }
+}
+
+/// What the training operator's identity may do here: create and read
+/// pods, and list Jobs (what `tenant_support::user_with` checks its Role by).
+pub fn pod_creator_rules() -> Value {
+    json!([{"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get", "list", "watch"]},
+           {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch"]}])
+}
+
+/// The pods of `pt`, its master and two workers, created as `operator`
+/// (the training operator's identity) creates them.
+pub async fn pytorch_pods(operator: &Client, ns: &str, pt: &DynamicObject) -> Vec<Pod> {
+    let api = Api::<Pod>::namespaced(operator.clone(), ns);
+    let mut pods = Vec::new();
+    for (rtype, index) in [("master", 0), ("worker", 0), ("worker", 1)] {
+        let pod: Pod = serde_json::from_value(pytorch_pod(pt, rtype, index)).unwrap();
+        pods.push(api.create(&PostParams::default(), &pod).await.unwrap());
+    }
+    pods
+}
+
+/// PyTorchJob `train` (`labels` and `team: ml`, profiled; a master and two
+/// workers) and its pods as the training operator makes them (marked by the
+/// webhook, [`pytorch_admission`], taken down before the reports are
+/// written), each rank reporting low. Waits for no profile: no operator
+/// need run.
+pub async fn pytorchjob_reporting_low(
+    admin: &Client,
+    ns: &str,
+    mut labels: Value,
+) -> (DynamicObject, Vec<Pod>) {
+    let hooks = pytorch_admission(admin, ns).await;
+    let operator = user_with(admin, ns, TRAINING_OPERATOR, pod_creator_rules()).await;
+    labels["team"] = json!("ml");
+    labels["memprof.dev/managed"] = json!("true");
+    let mut manifest = pytorchjob("train", 2, labels);
+    manifest["metadata"]["annotations"] = json!({"memprof.dev/enabled": "true"});
+    let pt = create(admin, ns, WorkloadKind::PyTorchJob, manifest).await;
+    let pods = pytorch_pods(&operator, ns, &pt).await;
+    hooks.stop().await;
+    for pod in &pods {
+        let gpus = vec![gpu(0, 30, 30, RiskLevel::Low, None)];
+        apply_report(admin, ns, &pod_report(pod, "train", 0, &at(0), gpus)).await;
+    }
+    (pt, pods)
 }
 
 /// The report of child Job `job`'s one pod.

@@ -28,7 +28,23 @@ use std::collections::BTreeMap;
 /// Job annotation: per-Job thresholds, JSON of camelCase [`Thresholds`] fields.
 pub const ANNOTATION_THRESHOLDS: &str = "memprof.dev/thresholds";
 /// Longest annotation value read (a full set of fields is ~400 bytes).
-const MAX_ANNOTATION: usize = 4096;
+pub const MAX_ANNOTATION: usize = 4096;
+/// What a cache keeps in place of an annotation value longer than
+/// [`MAX_ANNOTATION`] (the operator's, which bounds what it holds per
+/// object): the parser refuses it as too long, as it refuses the value it
+/// stands for, so the refusal is announced rather than the annotation read
+/// as absent. A tenant who writes it gets the same refusal everywhere.
+pub const TOO_LONG: &str = "\0memprof: a value over the length read";
+
+/// `value` as a cache keeps it: itself up to [`MAX_ANNOTATION`] bytes,
+/// [`TOO_LONG`] beyond (which [`parse_overrides`] refuses as the value).
+pub fn bounded(value: &str) -> &str {
+    if value.len() > MAX_ANNOTATION {
+        TOO_LONG
+    } else {
+        value
+    }
+}
 /// Longest piece of the tenant's text (a key, the parser's words, which
 /// quote the value) an error repeats: the error goes into admission
 /// warnings, the status and an Event, and must keep its advice.
@@ -125,7 +141,7 @@ pub fn parse_overrides(
     text: &str,
     base: &Thresholds,
 ) -> Result<Map<String, Value>, ThresholdsError> {
-    if text.len() > MAX_ANNOTATION {
+    if text.len() > MAX_ANNOTATION || text == TOO_LONG {
         return Err(ThresholdsError::TooLong { origin });
     }
     let overrides: Map<String, Value> =
@@ -488,6 +504,23 @@ mod tests {
         }
         assert!(parse_cluster(r#"{"bucketSeconds": -1}"#).is_err());
         assert_eq!(parse_cluster("").unwrap(), Map::new());
+    }
+
+    #[test]
+    fn a_value_over_the_bound_and_its_cached_marker_are_refused_alike() {
+        let fits = format!(
+            r#"{{"highTtoSeconds": 900{}}}"#,
+            " ".repeat(MAX_ANNOTATION - 30)
+        );
+        assert!(fits.len() <= MAX_ANNOTATION && fits.len() > 512);
+        assert_eq!(bounded(&fits), fits, "kept as written up to the bound");
+        assert_eq!(resolve(&Map::new(), Some(&fits)).source, Source::Annotation);
+        let long = format!(r#"{{"highTtoSeconds": 900{}}}"#, " ".repeat(MAX_ANNOTATION));
+        assert_eq!(bounded(&long), TOO_LONG);
+        let as_written = resolve(&Map::new(), Some(&long));
+        let as_cached = resolve(&Map::new(), Some(bounded(&long)));
+        assert_eq!(as_written, as_cached);
+        assert!(as_cached.error.unwrap().contains("longer than 4096 bytes"));
     }
 
     #[test]

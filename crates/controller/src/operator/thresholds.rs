@@ -18,7 +18,10 @@ pub const REASON_INVALID: &str = "InvalidThresholds";
 /// or TrainJob's child Job's, which the JobSet controller copies from the
 /// replicated job's template and Trainer from the TrainJob's
 /// `spec.annotations`), over the cluster-wide `defaults`: what its
-/// profile's `status.thresholds` shows. Read with the webhook's parser and
+/// profile's `status.thresholds` shows. As cached, those annotations carry
+/// the value the webhook read (the object's, else its pod template's) and
+/// a value over the parser's bound as the marker it refuses as too long
+/// (`pipeline/slim.rs`, `thresholds_given`). Read with the webhook's parser and
 /// bounds (`memprof_api::thresholds::resolve`), so the status says what the
 /// sidecars were given.
 pub fn in_effect(

@@ -45,8 +45,8 @@ pub const MAX_LABELS: usize = 32;
 /// Longest label key (253 prefix + `/` + 63 name) and value the API server allows.
 const MAX_LABEL_KEY: usize = 317;
 const MAX_LABEL_VALUE: usize = 63;
-/// Longest annotation value kept (memprof's own are far shorter; the
-/// thresholds spec is the longest it reads).
+/// Longest annotation value kept (memprof's own are far shorter), but the
+/// thresholds': see [`thresholds_given`].
 const MAX_ANNOTATION: usize = 512;
 /// Container statuses a pod keeps (the OOM evidence).
 pub const MAX_CONTAINERS: usize = 8;
@@ -56,14 +56,13 @@ pub const MAX_CONTAINERS: usize = 8;
 pub const MAX_MESSAGE: usize = 512;
 
 /// The Job annotations memprof reads (the workload mark: a JobSet's
-/// child's link, `crate::workload`).
-const JOB_KEYS: [&str; 11] = [
+/// child's link, `crate::workload`), but the thresholds ([`thresholds_given`]).
+const JOB_KEYS: [&str; 10] = [
     memprof_api::workload_mark::ANNOTATION_WORKLOAD_MARK,
     // Copied onto the profile for the admission webhook's history.
     memprof_api::family::ANNOTATION_FAMILY,
     ANNOTATION_ENABLED,
     ANNOTATION_RECOMMEND_PHASES,
-    ANNOTATION_THRESHOLDS,
     ANNOTATION_REMEDIATION,
     ANNOTATION_BATCH_ENV,
     ANNOTATION_OOM_RISK,
@@ -91,12 +90,46 @@ fn bounded_labels(meta: &mut ObjectMeta) {
 }
 
 /// A Job: see [`slim_job`] (spec and status), then only the annotations
-/// memprof reads and at most [`MAX_LABELS`] labels.
+/// memprof reads and at most [`MAX_LABELS`] labels. Its thresholds
+/// annotation is the one its sidecars were given ([`thresholds_given`]).
 pub(super) fn job(j: &mut Job) {
+    let template = j.spec.as_ref().and_then(|s| s.template.metadata.as_ref());
+    let thresholds = thresholds_given([thresholds_of(Some(&j.metadata)), thresholds_of(template)]);
     slim_job(j);
     only(&mut j.metadata.annotations, &JOB_KEYS, MAX_ANNOTATION);
+    keep_thresholds(&mut j.metadata, thresholds);
     bounded_labels(&mut j.metadata);
     j.metadata.finalizers = None;
+}
+
+/// The `memprof.dev/thresholds` value the sidecars were given, as the
+/// profile's `status.thresholds` reads it (`operator::thresholds::in_effect`)
+/// from the cached object's own annotations: the first of `given` (the
+/// values where the webhook looks, in its order: the object's own, then its
+/// pod template's, `annotation` in the webhook's `mutate.rs`), so a
+/// template-only annotation shows as the sidecars use it. Bounded by what
+/// the parser reads, not by [`MAX_ANNOTATION`]: a valid value of 600 bytes
+/// is kept, and one over the parser's bound is kept as the marker the
+/// parser refuses as too long ([`memprof_api::thresholds::bounded`]), so
+/// the status says it was refused and the `InvalidThresholds` Warning
+/// announces it; dropped, it would read as no annotation at all.
+fn thresholds_given<'a>(given: impl IntoIterator<Item = Option<&'a str>>) -> Option<String> {
+    let value = given.into_iter().flatten().next()?;
+    Some(memprof_api::thresholds::bounded(value).to_string())
+}
+
+/// `meta`'s `memprof.dev/thresholds` value.
+fn thresholds_of(meta: Option<&ObjectMeta>) -> Option<&str> {
+    let annotations = meta?.annotations.as_ref()?;
+    annotations.get(ANNOTATION_THRESHOLDS).map(String::as_str)
+}
+
+/// Puts `thresholds` ([`thresholds_given`]) among `meta`'s annotations.
+fn keep_thresholds(meta: &mut ObjectMeta, thresholds: Option<String>) {
+    if let Some(t) = thresholds {
+        let annotations = meta.annotations.get_or_insert_with(BTreeMap::new);
+        annotations.insert(ANNOTATION_THRESHOLDS.into(), t);
+    }
 }
 
 /// A profile: its status and identity, and the labels the pipelines
@@ -342,17 +375,14 @@ pub(super) fn pytorchjob(o: &mut kube::api::DynamicObject) {
     // Copied from all of them, not from a Job's first [`MAX_LABELS`]: a
     // creator's `memprof.dev/` keys, sorted first, would crowd out its own.
     meta.labels = meta.labels.as_ref().map(workload_labels);
-    // The opt-in, the phases its recommendation waits for, the thresholds
-    // its sidecars were given (shown in its profile's status), and its
-    // family (copied onto its profile for the admission webhook's history).
+    // The opt-in, the phases its recommendation waits for, and its family
+    // (copied onto its profile for the admission webhook's history); and
+    // the thresholds its sidecars were given (shown in its profile's status).
     let family = memprof_api::family::ANNOTATION_FAMILY;
-    let keep = [
-        ANNOTATION_ENABLED,
-        ANNOTATION_RECOMMEND_PHASES,
-        ANNOTATION_THRESHOLDS,
-        family,
-    ];
+    let keep = [ANNOTATION_ENABLED, ANNOTATION_RECOMMEND_PHASES, family];
+    let thresholds = pytorch_thresholds(meta, &o.data);
     only(&mut meta.annotations, &keep, MAX_ANNOTATION);
+    keep_thresholds(meta, thresholds);
     let specs = &o.data["spec"]["pytorchReplicaSpecs"];
     let mut kept = serde_json::Map::new();
     for rtype in ["Master", "Worker"] {
@@ -373,6 +403,22 @@ pub(super) fn pytorchjob(o: &mut kube::api::DynamicObject) {
         kept.insert(rtype.to_string(), slim);
     }
     o.data = serde_json::json!({"spec": {"pytorchReplicaSpecs": kept}});
+}
+
+/// The thresholds a PyTorchJob's sidecars were given ([`thresholds_given`]):
+/// its own annotation, else its replica templates' (the webhook injects
+/// each replica from the PyTorchJob's, else from its own template's).
+/// Replica templates that differ have one status: the Master's shows.
+fn pytorch_thresholds(meta: &ObjectMeta, data: &serde_json::Value) -> Option<String> {
+    let template = |r: &str| {
+        let t = &data["spec"]["pytorchReplicaSpecs"][r]["template"];
+        t["metadata"]["annotations"][ANNOTATION_THRESHOLDS].as_str()
+    };
+    thresholds_given([
+        thresholds_of(Some(meta)),
+        template("Master"),
+        template("Worker"),
+    ])
 }
 
 /// A PyTorchJob's pod: its identity, controller, the labels its rank is

@@ -33,9 +33,12 @@ fn a_hostile_job_is_cached_in_a_bounded_size() {
     // What memprof reads survives: the opt-in, the batch variable.
     assert!(crate::operator::reconcile::profiling_enabled(&j));
     assert_eq!(j.labels().len(), MAX_LABELS);
-    assert!(
-        !j.annotations().contains_key(ANNOTATION_THRESHOLDS),
-        "over-long value dropped"
+    assert_eq!(
+        j.annotations()
+            .get(ANNOTATION_THRESHOLDS)
+            .map(String::as_str),
+        Some(memprof_api::thresholds::TOO_LONG),
+        "an over-long value is kept as the marker the parser refuses"
     );
 }
 
@@ -424,4 +427,92 @@ fn a_pytorchjob_pods_terminations_survive_the_cache_bounded_as_a_jobs_pods() {
     let t = cs[0].state.clone().unwrap().terminated.unwrap();
     assert_eq!(t.exit_code, 1);
     assert!(t.message.unwrap().ends_with("CUDA out of memory."));
+}
+
+/// What `status.thresholds` shows for `j` once cached, and its Event.
+fn thresholds_shown(mut j: Job) -> memprof_api::ThresholdsInEffect {
+    job(&mut j);
+    crate::operator::thresholds::in_effect(&Default::default(), j.annotations())
+}
+
+/// A valid annotation of `len` bytes raising `highTtoSeconds` to 900.
+fn padded(len: usize) -> String {
+    let text = r#"{"highTtoSeconds": 900}"#;
+    format!("{}{}", " ".repeat(len - text.len()), text)
+}
+
+fn job_with(own: Option<&str>, template: Option<&str>) -> Job {
+    let at = |v: Option<&str>| v.map(|v| json!({ANNOTATION_THRESHOLDS: v}));
+    serde_json::from_value(json!({
+        "metadata": {"name": "train", "annotations": at(own)},
+        "spec": {"template": {"metadata": {"annotations": at(template)},
+                              "spec": {"containers": [{"name": "t", "image": "i"}]}}},
+    }))
+    .unwrap()
+}
+
+/// The cache keeps the thresholds annotation the webhook gave the sidecars
+/// up to the parser's bound (4096 bytes), not the 512 of other values: a
+/// 600-byte valid annotation shows in the status as the sidecars use it.
+#[test]
+fn a_thresholds_annotation_up_to_the_parsers_bound_shows_as_given() {
+    for len in [600, 4096] {
+        let shown = thresholds_shown(job_with(Some(&padded(len)), None));
+        assert_eq!(shown.source, "annotation", "{len} bytes: {shown:?}");
+        assert_eq!(shown.values["highTtoSeconds"], 900.0);
+    }
+}
+
+/// One over the bound, which the webhook refuses too, is announced as
+/// refused (`InvalidThresholds`), never read as no annotation at all.
+#[test]
+fn a_thresholds_annotation_over_the_bound_is_refused_as_too_long_not_dropped() {
+    let shown = thresholds_shown(job_with(Some(&padded(4097)), None));
+    assert_eq!(shown.source, "default");
+    let message = shown.message.clone().expect("refused, and says so");
+    assert!(message.contains("longer than 4096 bytes"), "{message}");
+    let webhook = memprof_api::thresholds::resolve(&Default::default(), Some(&padded(4097)));
+    assert_eq!(shown, webhook.status(), "as the webhook judged it");
+    let event = crate::operator::thresholds::invalid_event(None, &shown).unwrap();
+    assert_eq!((event.reason, event.warning), ("InvalidThresholds", true));
+}
+
+/// The webhook reads the Job's annotation, else its pod template's
+/// (`mutate.rs`, `annotation`): the status reads the same one.
+#[test]
+fn a_template_only_thresholds_annotation_shows_as_the_sidecars_were_given_it() {
+    let template = r#"{"highTtoSeconds": 900}"#;
+    let shown = thresholds_shown(job_with(None, Some(template)));
+    assert_eq!(shown.source, "annotation");
+    assert_eq!(shown.values["highTtoSeconds"], 900.0);
+    let own = r#"{"highTtoSeconds": 700}"#;
+    let shown = thresholds_shown(job_with(Some(own), Some(template)));
+    assert_eq!(shown.values["highTtoSeconds"], 700.0, "the Job's own first");
+    let refused = thresholds_shown(job_with(None, Some(&padded(5000))));
+    assert!(refused.message.is_some(), "{refused:?}");
+}
+
+/// A PyTorchJob's: its own, else its replica templates' (Master's first),
+/// bounded as a Job's.
+#[test]
+fn a_pytorchjobs_thresholds_are_read_where_its_sidecars_were_given_them() {
+    let shown = |own: Option<String>, master: Option<&str>, worker: Option<&str>| {
+        let at = |v: Option<&str>| json!({"metadata": {"annotations": v.map(|v| json!({ANNOTATION_THRESHOLDS: v}))}});
+        let mut pt: kube::api::DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+            "metadata": {"name": "train", "annotations": own.map(|v| json!({ANNOTATION_THRESHOLDS: v}))},
+            "spec": {"pytorchReplicaSpecs": {
+                "Master": {"replicas": 1, "template": at(master)},
+                "Worker": {"replicas": 1, "template": at(worker)}}},
+        }))
+        .unwrap();
+        pytorchjob(&mut pt);
+        crate::operator::thresholds::in_effect(&Default::default(), pt.annotations())
+    };
+    let high = |t: memprof_api::ThresholdsInEffect| t.values["highTtoSeconds"];
+    assert_eq!(high(shown(Some(padded(600)), None, None)), 900.0);
+    let (a, b) = (r#"{"highTtoSeconds": 700}"#, r#"{"highTtoSeconds": 800}"#);
+    assert_eq!(high(shown(None, None, Some(b))), 800.0);
+    assert_eq!(high(shown(None, Some(a), Some(b))), 700.0);
+    assert!(shown(Some(padded(4097)), None, None).message.is_some());
 }
