@@ -110,6 +110,15 @@ pub const STATUS_WRITE: Schedule =
 pub const TASK_RESTART: Schedule =
     Schedule::doubling(Duration::from_secs(1), Duration::from_secs(60));
 
+/// A path that left its name's missing profile to a namesake created
+/// before it (a JobSet or PyTorchJob of the name) looks again: 2 s to
+/// 1 min, per key, the count reset once a pass no longer waits
+/// (`pipeline/namesakes.rs`). Each look may read the name's JobSet from the
+/// API server; the profile's watch event brings the key back as soon as the
+/// namesake makes it, so a long delay costs the reads, not the latency.
+pub const NAMESAKE_WAIT: Schedule =
+    Schedule::doubling(Duration::from_secs(2), Duration::from_secs(60));
+
 /// The webhook's reads of the API server (the admission key, its own
 /// configuration): 1 s to 30 s, as often as it refreshes them anyway.
 pub const WEBHOOK_API: Schedule =

@@ -21,7 +21,7 @@
 //! annotations go on the PyTorchJob, its refused reports' `ReportRejected`
 //! Events on its profile (`workload_refresh::submit`).
 
-use super::namesakes::{created, may_create, taken, write_profile, Ensured, DEFERRED};
+use super::namesakes::{created, deferred, may_create, taken, write_profile, Ensured};
 use super::state::Context;
 use super::workload_refresh::{drop_rollup, refresh, Turn};
 use crate::key::JobKey;
@@ -116,7 +116,7 @@ pub(super) async fn run(ctx: &Context, key: &JobKey) -> Result<Ran> {
         match ensure_profile(ctx, key, &pt, shape.ranks()).await? {
             Ensured::Held => {}
             Ensured::Made(p) => made = Some(p),
-            Ensured::Deferred => return Ok(Ran::again(DEFERRED)),
+            Ensured::Deferred => return Ok(Ran::again(deferred(ctx, key))),
         }
     }
     // Incremental: the reports and pods noted under its name since the

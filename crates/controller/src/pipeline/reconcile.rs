@@ -82,6 +82,10 @@ pub(super) async fn worker(ctx: Arc<Context>) {
             .metrics
             .reconcile_duration
             .observe(started.elapsed().as_secs_f64());
+        // Not `with_state`: a key this pass forgot gets no state back.
+        if let Some(s) = ctx.states().get_mut(&key) {
+            s.namesake_wait.pass_ended(outcome.is_ok());
+        }
         let again = match outcome {
             Ok(again) => {
                 ctx.with_state(&key, |s| s.failures = 0);

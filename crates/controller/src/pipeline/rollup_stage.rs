@@ -3,7 +3,7 @@
 //! Job's annotations, all handed to the status writer. Deciding is
 //! `operator/reconcile.rs`'s (pure); this file only fetches and hands over.
 
-use super::namesakes::{created, may_create, write_profile, DEFERRED};
+use super::namesakes::{created, deferred, may_create, write_profile};
 use super::reconcile::Fetched;
 use super::rollups;
 use super::state::Context;
@@ -116,7 +116,7 @@ pub(super) async fn run(ctx: &Arc<Context>, f: &Fetched) -> Result<Option<Durati
     }
     let Some(profile) = ensure_profile(ctx, f, job).await? else {
         // Left to a namesake that comes first, or made by one meanwhile.
-        return Ok(Some(DEFERRED));
+        return Ok(Some(deferred(ctx, &f.key)));
     };
     let now = Timestamp::now();
     rollups::refresh(ctx, &f.key, job, previous.as_ref(), now);

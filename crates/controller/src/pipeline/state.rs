@@ -51,6 +51,8 @@ pub(super) struct JobState {
     /// Claimants (by uid) already told that this name's profile is
     /// another workload's (`pytorchjobs.rs`).
     pub name_taken: BTreeSet<String>,
+    /// Its wait for a namesake to make its name's profile (`namesakes.rs`).
+    pub namesake_wait: super::namesakes::NamesakeWait,
 }
 
 /// Shared by the dispatcher, the workers and the remediation tasks.

@@ -19,7 +19,7 @@
 //! status writer as a Job's do (`workload_refresh::submit`), and so do the
 //! `ReportRejected` Events of its refused reports, on its profile.
 
-use super::namesakes::{may_create, taken, write_profile, Ensured, DEFERRED};
+use super::namesakes::{deferred, may_create, taken, write_profile, Ensured};
 use super::state::Context;
 use super::workload_refresh::{refresh, Refreshed, Turn};
 use crate::key::JobKey;
@@ -137,7 +137,7 @@ pub(super) async fn run(
     if !replaced_by_memprof(previous.as_ref(), &top.uid) {
         let ensured = ensure_profile(ctx, &wkey, &resolved, shape.ranks(), job).await?;
         if matches!(ensured, Ensured::Deferred) {
-            return Ok(Some(DEFERRED));
+            return Ok(Some(deferred(ctx, key)));
         }
     }
     // Incremental: the reports noted under this child since its last

@@ -102,3 +102,13 @@ fn no_schedule_gives_up() {
         assert_eq!(s.delays().take(100).count(), 100, "{s:?}");
     }
 }
+
+#[test]
+fn a_namesake_wait_doubles_from_two_seconds_to_a_minute() {
+    assert_eq!(
+        first(&NAMESAKE_WAIT, 7),
+        [2.0, 4.0, 8.0, 16.0, 32.0, 60.0, 60.0]
+    );
+    assert_eq!(NAMESAKE_WAIT.after(0), Duration::from_secs(2));
+    assert_eq!(NAMESAKE_WAIT.after(u32::MAX), Duration::from_secs(60));
+}
