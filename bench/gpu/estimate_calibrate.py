@@ -14,6 +14,7 @@ ones, NCCL from the DDP one); HELD_OUT points set nothing and give the
 error docs/estimate.md publishes.
 
     python3 bench/gpu/estimate_calibrate.py --out DIR   # DIR/calibration.json, DIR/*.log
+    python3 bench/gpu/estimate_calibrate.py --out DIR --ranks-only   # held out: DIR/ranks-points.json
 """
 
 import argparse
@@ -48,6 +49,19 @@ DDP = ("ddp2-lm-d1024-L8-b8-s1024", {"WORKLOAD": "lm", "BATCH": "8", "SEQ": "102
 # on 2 GPUs, compared as every held-out point is.
 FSDP2 = ("fsdp2-lm-d2048-L16-b4-s2048",
          {"WORKLOAD": "lm", "DIM": "2048", "LAYERS": "16", "BATCH": "4", "SEQ": "2048", "FSDP": "1"})
+
+# Held out, with --ranks-only (2 GPUs): DDP and FSDP2 LMs at two sizes each,
+# rank 0 and rank 1 each estimated (the fake run as that rank) and measured.
+# They set nothing: their file is apart from calibration.json.
+LM2 = {"WORKLOAD": "lm", "SEQ": "2048"}
+RANKS2 = [
+    ("ddp2-lm-d1024-L8-b8-s2048", dict(LM2, DDP="1", DIM="1024", LAYERS="8", BATCH="8")),
+    ("ddp2-lm-d2048-L16-b4-s2048", dict(LM2, DDP="1", DIM="2048", LAYERS="16", BATCH="4")),
+    ("fsdp2-lm-d3072-L16-b2-s2048", dict(LM2, FSDP="1", DIM="3072", LAYERS="16", HEADS="24", BATCH="2")),
+    ("fsdp2-lm-d2048-L16-b4-s2048", dict(LM2, FSDP="1", DIM="2048", LAYERS="16", BATCH="4")),
+    ("fsdp2-lm-d1024-L8-b8-s2048", dict(LM2, FSDP="1", DIM="1024", LAYERS="8", BATCH="8")),
+]
+COMMITTED = os.path.join(ROOT, "bench", "estimate", "calibration.json")
 
 CONSTANTS = r"""
 import json, torch
@@ -95,9 +109,23 @@ def real(out, name, env, steps, nproc=1):
         return json.load(f)
 
 
-def fake(out, name, env, steps, workspace, world_size=1):
-    """The estimator's answer with no GPU visible."""
-    e = {**os.environ, **env, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": AGENT, "STEPS": str(steps)}
+def real_ranks(out, name, env, steps, nproc):
+    """Every rank's peaks of a real run (rank N's report beside rank 0's)."""
+    ranks = [real(out, name, env, steps, nproc=nproc)]
+    for r in range(1, nproc):
+        try:
+            with open(os.path.join(out, f"{name}.real.json.rank{r}")) as f:
+                ranks.append(json.load(f))
+        except (OSError, ValueError):
+            ranks.append({"error": "no report"})
+    return ranks
+
+
+def fake(out, name, env, steps, workspace, world_size=1, rank=0):
+    """The estimator's answer with no GPU visible, as rank `rank` of the fake process group."""
+    e = {**os.environ, **env, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": AGENT, "STEPS": str(steps),
+         "RANK": str(rank), "LOCAL_RANK": str(rank)}
+    name = name if rank == 0 else f"{name}.rank{rank}"
     cmd = [sys.executable, "-m", "memprof_agent.estimate", "--steps", str(steps),
            "--workspace-bytes", str(workspace), "--world-size", str(world_size), "--", WORKLOADS]
     started = time.monotonic()
@@ -121,8 +149,15 @@ def main():
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--fsdp2-only", action="store_true",
                    help="only the held-out FSDP2 point, to DIR/fsdp2-point.json (2 GPUs)")
+    p.add_argument("--ranks-only", action="store_true",
+                   help="only the held-out DDP and FSDP2 points, every rank, to DIR/ranks-points.json (2 GPUs)")
+    p.add_argument("--fake-only", action="store_true", help="with --ranks-only: the estimates alone, no GPU")
+    p.add_argument("--until", type=float, default=float("inf"),
+                   help="with --ranks-only: no real run starts after this epoch")
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
+    if args.ranks_only:
+        return ranks_points(args)
     import torch
 
     if args.fsdp2_only:
@@ -164,6 +199,45 @@ def fsdp2_point(args):
     with open(os.path.join(args.out, "fsdp2-point.json"), "w") as f:
         json.dump(p, f, indent=1)
     print(json.dumps(p), flush=True)
+
+
+def ranks_points(args, nproc=2):
+    """The held-out DDP and FSDP2 points: each rank's real peaks beside its
+    fake run. The estimate uses the committed constants (the workspace
+    `memprof estimate` passes), so it is the one a user gets."""
+    with open(COMMITTED) as f:
+        ws = json.load(f)["constants"]["workspaceBytes"]
+    points = []
+    with cf.ThreadPoolExecutor(max_workers=2 * len(RANKS2)) as pool:
+        fakes = {(n, r): pool.submit(fake, args.out, n, e, args.steps, ws, nproc, r)
+                 for n, e in RANKS2 for r in range(nproc)}
+        for name, env in RANKS2:
+            if args.fake_only or time.time() + 60 > args.until:
+                reals = [{"error": "not run" if args.fake_only else "not run: deadline"}] * nproc
+            else:
+                reals = real_ranks(args.out, name, env, args.steps, nproc)
+            points.append({"name": name, "split": "held-out", "env": env, "real": reals,
+                           "estimate": [fakes[(name, r)].result() for r in range(nproc)]})
+            print(rank_lines(points[-1]), flush=True)
+            with open(os.path.join(args.out, "ranks-points.json"), "w") as f:
+                json.dump({"kind": "memprofEstimateHeldOut", "workspaceBytes": ws, "steps": args.steps,
+                           "points": points}, f, indent=1)
+
+
+def rank_lines(p):
+    """One line a rank: real and estimated peaks, allocated and reserved, and the errors."""
+    gib = lambda b: f"{b / 2**30:.2f}GiB"  # noqa: E731
+    out = []
+    for r, (real_peaks, est) in enumerate(zip(p["real"], p["estimate"])):
+        if "error" in real_peaks or "error" in est:
+            out.append(f"{p['name']:30} rank {r}: real {real_peaks.get('error', 'ok')} estimate {est.get('error', 'ok')}")
+            continue
+        err = lambda k, e: f"{(est[e] - real_peaks[k]) / real_peaks[k] * 100:+.1f}%"  # noqa: E731
+        out.append(f"{p['name']:30} rank {r}: allocated {gib(real_peaks['allocated'])} est "
+                   f"{gib(est['allocatedPeakBytes'])} {err('allocated', 'allocatedPeakBytes')} | reserved "
+                   f"{gib(real_peaks['reserved'])} est {gib(est['reservedPeakBytes'])} "
+                   f"{err('reserved', 'reservedPeakBytes')}")
+    return "\n".join(out)
 
 
 def one_gpu(p):

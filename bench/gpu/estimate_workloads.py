@@ -11,7 +11,8 @@ DDP=1 wraps the model in DistributedDataParallel, FSDP=1 shards it with
 FSDP2's fully_shard (each block, then the model, before the optimizer is
 made, as FSDP2 asks); both run under torchrun.
 STEPS optimizer steps. With MEMPROF_CAL_REPORT=FILE, rank 0 writes the real
-peaks (torch.cuda.max_memory_allocated/reserved) there at the end, and
+peaks (torch.cuda.max_memory_allocated/reserved) there at the end (rank N
+of several to FILE.rankN), and
 the device memory used beside the allocator's (the CUDA context, cuBLAS
 handles, loaded kernels, NCCL)."""
 
@@ -155,7 +156,9 @@ def main():
 
 def report(rank):
     path = E.get("MEMPROF_CAL_REPORT")
-    if path and rank == 0:
+    if path:
+        # Rank 0 at PATH (what the calibration reads), another rank at PATH.rankN.
+        path = path if rank == 0 else f"{path}.rank{rank}"
         free, total = torch.cuda.mem_get_info()
         with open(path, "w") as f:
             json.dump({"allocated": torch.cuda.max_memory_allocated(),

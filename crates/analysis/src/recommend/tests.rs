@@ -459,6 +459,80 @@ fn the_need_checks_requests_are_what_recommend_gives() {
     }
 }
 
+/// The multi-rank need check (bench/gpu/recommend_need_ranks.py) computes
+/// the request of one role of several ranks with a copy of this formula
+/// (each rank's need the smaller of its two bounds, the highest of them,
+/// NCCL's buffers beside the context, the spread across the ranks and the
+/// late growth in the margin). Checked on its fixture of evidence no GPU
+/// measured, one row per term (regenerated with the command it names).
+#[test]
+fn the_rank_need_checks_formula_is_what_recommend_gives() {
+    let doc: serde_json::Value = serde_json::from_str(include_str!(
+        "../../../../bench/gpu/recommend_need_ranks.mirror.json"
+    ))
+    .unwrap();
+    assert_eq!(role_requests_mirrored(&doc), 5);
+}
+
+/// The need check on DDP and FSDP2 ranks (bench/gpu/recommend_need_ranks.py,
+/// docs/gpu/recommend-need-ranks-h200.json: 2 ranks on 2 H200s) capped
+/// every rank at its role's request as `recommend` gives it from both
+/// ranks' evidence, and every rank completed there.
+#[test]
+fn the_rank_need_checks_requests_are_what_recommend_gives() {
+    let doc: serde_json::Value = serde_json::from_str(include_str!(
+        "../../../../docs/gpu/recommend-need-ranks-h200.json"
+    ))
+    .unwrap();
+    assert_eq!(role_requests_mirrored(&doc), 5);
+    for row in doc["rows"].as_array().unwrap() {
+        let Some(at) = row.get("at") else { continue };
+        let ranks = at["ranks"].as_array().unwrap();
+        assert_eq!(ranks.len(), 2, "{}", row["name"]);
+        for (i, rank) in ranks.iter().enumerate() {
+            assert!(
+                rank.get("allocated").is_some(),
+                "{} rank {i}: capped at the request, it completed",
+                row["name"]
+            );
+        }
+    }
+}
+
+/// Every row of a multi-rank need check (`rows[].measured.ranks[]`, each
+/// rank's measured evidence, and the role's request): `recommend`, given
+/// every rank's report as one role of the Job's ranks, gives the row's
+/// request, need, margin and context. Returns the rows checked.
+fn role_requests_mirrored(doc: &serde_json::Value) -> usize {
+    let n = |v: &serde_json::Value| v.as_u64().unwrap();
+    let rows: Vec<_> = doc["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|row| row.get("requestBytes").is_some())
+        .collect();
+    for row in &rows {
+        let specs: Vec<_> = row["measured"]["ranks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| {
+                let mut spec = measured_spec(m);
+                let a = spec.allocator.as_mut().unwrap();
+                a.peak_inactive_split_bytes = Some(n(&m["inactiveSplitPeak"]));
+                spec
+            })
+            .collect();
+        let r = one_role(&specs, specs.len() as u32);
+        let name = &row["name"];
+        assert_eq!(r.request_bytes, Some(n(&row["requestBytes"])), "{name}");
+        assert_eq!(r.peak_bytes, Some(n(&row["needBytes"])), "{name}");
+        assert_eq!(r.margin_bytes, n(&row["marginBytes"]), "{name}");
+        assert_eq!(r.context_bytes, n(&row["contextBytes"]), "{name}");
+    }
+    rows.len()
+}
+
 /// Through the real parts (bench/gpu/recommend_through.py,
 /// docs/gpu/recommend-through-h200/): each workload trained with the agent
 /// pushing to a real `memprof-sidecar`, whose final report is kept. The
