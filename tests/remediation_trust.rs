@@ -1,9 +1,11 @@
 //! A Job's `memprof.dev/remediation` annotation is input, not proof that
 //! memprof recreated it: anyone who may create Jobs can write it, and copy
 //! a genuine value from any Job memprof made. A profile's history passes to
-//! a new Job of its name only when memprof's own record says memprof made
-//! that Job (`operator::reconcile::profile_is_stale`,
-//! `remediation::made_by_memprof`); docs/security.md.
+//! a new Job of its name only when memprof's own record names that Job's
+//! uid as the one it created (`replacementUid`;
+//! `memprof_policy::triggers::succession`), whether the profile still
+//! names the earlier Job or the garbage collector left it with no owner;
+//! docs/security.md.
 //!
 //!     eval "$(bash hack/local-cluster.sh env)"
 //!     MEMPROF_REQUIRE_CLUSTER=1 cargo test --test integration remediation_trust::
@@ -240,5 +242,97 @@ async fn a_tenant_s_remediation_annotation_never_inherits_an_earlier_job_s_profi
     // (c) The profile's own real record, of the recreation that made the
     // Job now deleted: memprof made that Job, not the tenant's.
     tenant_takes_the_name(&client, ns, &operator, &gamma, stamped(&gamma.job)).await;
+    operator.stop().await;
+}
+
+/// The team deletes its Job `name` with `--cascade=orphan`: the garbage
+/// collector leaves its profile (uid `profile_uid`) with no owner. Then a
+/// Job of that name that memprof did not create, annotated `annotations`,
+/// appears: the ownerless profile must not pass to it (never adopted); it
+/// goes, and the newcomer gets a fresh profile without history.
+async fn orphaned_then_taken(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    profile_uid: &str,
+    annotations: BTreeMap<String, String>,
+) {
+    let jobs = Api::<Job>::namespaced(client.clone(), ns);
+    let orphan = DeleteParams {
+        propagation_policy: Some(kube::api::PropagationPolicy::Orphan),
+        ..Default::default()
+    };
+    jobs.delete(name, &orphan)
+        .await
+        .unwrap_or_else(|e| panic!("deleting Job {name} with --cascade=orphan: {e}"));
+    let profiles = Api::<MemoryProfile>::namespaced(client.clone(), ns);
+    eventually_within(
+        GC_TIMEOUT,
+        "the Job gone, its profile ownerless",
+        || async {
+            let gone = job(client, ns, name).await.is_none();
+            let p = profiles.get(name).await.map_err(|e| e.to_string())?;
+            (gone && p.owner_references().is_empty())
+                .then_some(())
+                .ok_or(format!(
+                    "Job gone: {gone}, owners {:?}",
+                    p.owner_references()
+                ))
+        },
+    )
+    .await;
+
+    let mut newcomer = training_job_manifest(name, "32");
+    newcomer.annotations_mut().extend(annotations.clone());
+    let newcomer = jobs
+        .create(&PostParams::default(), &newcomer)
+        .await
+        .unwrap_or_else(|e| panic!("creating the newcomer's Job {name}: {e}"));
+    let uid = newcomer.uid().unwrap();
+    eventually(
+        "a fresh profile of the newcomer's Job, without history",
+        || async {
+            let p = profiles.get_opt(name).await.map_err(|e| e.to_string())?;
+            let p = p.ok_or("no profile yet")?;
+            let owners: Vec<_> = p.owner_references().iter().map(|o| o.uid.clone()).collect();
+            let history = p.status.as_ref().map_or(0, |s| s.remediations.len());
+            let earlier = p.uid().as_deref() == Some(profile_uid);
+            if earlier && owners.contains(&uid) {
+                panic!("the ownerless profile ({history} records) adopted by a Job memprof did not create ({annotations:?})");
+            }
+            (!earlier && owners == [uid.clone()] && history == 0)
+                .then_some(())
+                .ok_or(format!("earlier: {earlier}, owners {owners:?}, {history} records"))
+        },
+    )
+    .await;
+}
+
+/// A profile left with no owner passes only to the Job memprof's record
+/// names as the one it created (`replacementUid`): not to a Job made after
+/// `kubectl delete --cascade=orphan`, even one carrying the id and nonce
+/// memprof stamped on the Job it made, nor after a Job memprof never touched.
+#[tokio::test]
+async fn an_ownerless_profile_passes_only_to_the_job_memprof_created() {
+    let Some(client) = cluster().await else {
+        return;
+    };
+    init_logs();
+    let ns = TestNamespace::create(&client).await;
+    let ns = ns.name.as_str();
+    let operator = operator_shrinking(&client, ns, false).await;
+    let alpha = remediated(&client, ns, "alpha").await;
+    assert_eq!(
+        alpha.record.replacement_uid,
+        alpha.job.uid(),
+        "memprof's record names the Job it created"
+    );
+    let copied = stamped(&alpha.job);
+    orphaned_then_taken(&client, ns, "alpha", &alpha.profile_uid, copied).await;
+
+    let _plain = training_job(&client, ns, "plain", Some("32")).await;
+    let plain = profile_with_status(&client, ns, "plain").await;
+    let plain_uid = plain.uid().unwrap();
+    orphaned_then_taken(&client, ns, "plain", &plain_uid, BTreeMap::new()).await;
     operator.stop().await;
 }

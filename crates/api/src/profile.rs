@@ -279,18 +279,20 @@ fn not_nullable(schema: &mut schemars::Schema) {
     }
 }
 
-/// The analysis thresholds in effect for a Job.
+/// The analysis thresholds in effect for a profiled workload (a Job, a
+/// JobSet, a TrainJob, a PyTorchJob): what its sidecars were given.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct ThresholdsInEffect {
     /// `default` (built in), `chart` (the cluster-wide `--default-thresholds`)
-    /// or `annotation` (the Job's `memprof.dev/thresholds`).
+    /// or `annotation` (the workload's `memprof.dev/thresholds`: a Job's or
+    /// PyTorchJob's own, a JobSet's or TrainJob's on its child Jobs).
     #[schemars(length(max = 16))]
     pub source: String,
     /// Every threshold by its camelCase name (`highTtoSeconds`, ...).
     #[schemars(length(max = 32))]
     pub values: std::collections::BTreeMap<String, f64>,
-    /// Why the Job's annotation was ignored, when it was.
+    /// Why the workload's annotation was ignored, when it was.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 512))]
     pub message: Option<String>,

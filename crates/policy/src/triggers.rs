@@ -17,7 +17,7 @@ use memprof_api::{MemoryProfileStatus, RiskLevel, Trigger};
 
 mod history;
 pub use history::{
-    add_to_totals, counts, history, made_by_memprof, push_record, record_id, History,
+    add_to_totals, counts, history, push_record, record_id, succession, History, Succession,
     ENV_CHANGE_RECREATE, MAX_POLICY_TOTALS, PHASE_DONE, PHASE_DRY_RUN, PHASE_FAILED, PHASE_PENDING,
     PHASE_SKIPPED,
 };

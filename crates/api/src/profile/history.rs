@@ -81,6 +81,12 @@ pub struct RemediationRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 64))]
     pub job_uid: Option<String>,
+    /// uid of the workload this remediation created in place of the one it
+    /// deleted (`envChange: recreate`, once `Done`): the one workload that
+    /// inherits the profile, which the deletion left with no owner.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub replacement_uid: Option<String>,
     /// SHA-256 (hex) of the saved plan: the plan is carried out only if it still hashes to this.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 64))]

@@ -13,7 +13,7 @@ use memprof_api::{
     set_condition, MemoryProfile, MemoryProfileSpec, MemoryProfileStatus, MemoryReportSpec,
     ANNOTATION_ENABLED, LABEL_JOB,
 };
-use memprof_policy::triggers::made_by_memprof;
+use memprof_policy::triggers::{succession, Succession};
 use std::collections::BTreeMap;
 
 mod annotations;
@@ -160,26 +160,23 @@ pub fn profile_outdated(existing: Option<&MemoryProfile>, desired: &MemoryProfil
     existing.spec != desired.spec || !labelled || !owned
 }
 
-/// Whether `existing` belongs to an earlier Job of the same name (deleted and
-/// recreated before the garbage collector removed its profile): its status
-/// describes another run, so it must go rather than be adopted — unless
-/// memprof itself recreated the Job: then it is the same workload, and the
-/// profile's history (OOMs, remediations) must survive the recreation.
-/// `remediation` is the new Job's `memprof.dev/remediation` annotation:
-/// anyone who may create Jobs can write it, so it proves nothing by itself;
-/// it counts only where memprof's own record in this profile's history, of
-/// that id, says memprof replaced the earlier Job the profile names
-/// (`memprof_policy::triggers::made_by_memprof`), in the status as cached or as the
-/// status writer last wrote it (`written`: a record may be newer than the
-/// cache). A profile's history passes to a new Job of its name only when
-/// memprof's own record says memprof made that Job.
-pub fn profile_is_stale(
+/// Whether `existing` belongs to an earlier Job of the same name (deleted
+/// and recreated before the garbage collector removed its profile), and if
+/// so whether the Job of uid `job_uid` succeeds it: `None` when the profile
+/// names no earlier Job of this name (ours, or ownerless: `workload::claim`
+/// judges those). A stranger's profile describes another run, so it must
+/// go rather than be adopted; memprof's own recreation keeps it, and the
+/// history (OOMs, remediations) survives. Decided by memprof's records
+/// alone (`memprof_policy::triggers::succession`), in the status as cached
+/// or as the status writer last wrote it (`written`: a record may be newer
+/// than the cache); an annotation on the new Job is anyone's to write and
+/// proves nothing.
+pub fn earlier_jobs_profile(
     existing: &MemoryProfile,
     job_name: &str,
     job_uid: &str,
-    remediation: Option<&str>,
     written: Option<&MemoryProfileStatus>,
-) -> bool {
+) -> Option<Succession> {
     let jobs: Vec<&str> = existing
         .owner_references()
         .iter()
@@ -187,14 +184,28 @@ pub fn profile_is_stale(
         .map(|o| o.uid.as_str())
         .collect();
     if jobs.is_empty() || jobs.contains(&job_uid) {
-        return false;
+        return None;
     }
-    let made = |id: &str| {
-        [existing.status.as_ref(), written]
-            .into_iter()
-            .any(|status| made_by_memprof(status, id, &jobs, job_uid))
-    };
-    !remediation.is_some_and(made)
+    Some(succession_in(
+        [existing.status.as_ref(), written],
+        &jobs,
+        job_uid,
+    ))
+}
+
+/// The succession of `uid` as the most recent of `statuses` tells it: a
+/// record in either makes it `Heir` (or `Pending`), as the newer of the
+/// two would say.
+pub fn succession_in(
+    statuses: [Option<&MemoryProfileStatus>; 2],
+    replaced: &[&str],
+    uid: &str,
+) -> Succession {
+    let each = statuses.map(|st| succession(st, replaced, uid));
+    [Succession::Heir, Succession::Pending]
+        .into_iter()
+        .find(|s| each.contains(s))
+        .unwrap_or(Succession::Stranger)
 }
 
 /// A report as the reconcile sees it: its object name and spec.

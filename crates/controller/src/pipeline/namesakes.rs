@@ -19,7 +19,7 @@ use crate::workload::rank::PyTorchShape;
 use crate::workload::read::api_resource;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
@@ -28,7 +28,7 @@ use memprof_api::{MemoryProfile, ANNOTATION_ENABLED, OPERATOR_MANAGER};
 use memprof_runtime::backoff::NAMESAKE_WAIT;
 use std::sync::Arc;
 use std::time::Duration;
-use tracing::warn;
+use tracing::{info, warn};
 
 /// A key's wait for a namesake created before its workload (a JobSet or
 /// PyTorchJob of the name) to make the name's missing profile: each look
@@ -253,22 +253,93 @@ pub(super) async fn announce_taken(
     }
 }
 
-/// Whether `profile` (the name's, as the caller knows it) is a namesake's
-/// for workload `kind` of uid `uid` (`workload::claim`); then the claimant
-/// is told once, and nothing of it is rolled up or acted on under the name.
+/// How soon a claimant looks again at an ownerless profile that memprof
+/// is settling: a recreation it has not recorded the end of, or a stale
+/// profile deleted just now.
+pub(super) const SETTLING: Duration = Duration::from_secs(1);
+
+/// What a claimant may do with its name's profile now (`workload::claim`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Taken {
+    /// Nothing stands in the way: roll it up, or make it.
+    No,
+    /// A namesake's: nothing of the claimant is rolled up or acted on
+    /// under the name (it is told once).
+    Theirs,
+    /// Being settled (memprof's recreation under way, or a stale profile
+    /// deleted now): look again in [`SETTLING`].
+    Settling,
+}
+
+impl Taken {
+    /// When to look again, `theirs` for a namesake's profile; `None`: go on.
+    pub(super) fn look_again(self, theirs: Duration) -> Option<Duration> {
+        match self {
+            Taken::No => None,
+            Taken::Theirs => Some(theirs),
+            Taken::Settling => Some(SETTLING),
+        }
+    }
+}
+
+/// What `profile` (the name's, as the caller knows it) is to workload
+/// `me` (`workload::claim`): a namesake's (the claimant is
+/// told once, and nothing of it is rolled up or acted on under the name);
+/// memprof's own recreation under way; stale (its workload gone, and the
+/// claimant not the replacement memprof recorded: deleted now, so that the
+/// claimant gets a fresh one and no stranger inherits a history).
 pub(super) async fn taken(
     ctx: &Context,
     key: &JobKey,
-    (kind, uid): (WorkloadKind, &str),
+    me: &Claimant,
     profile: Option<&MemoryProfile>,
-) -> bool {
-    let Claim::Theirs(owner) = claim(profile, kind, uid) else {
-        return false;
+) -> Result<Taken> {
+    let (kind, uid) = (me.kind, me.uid.as_str());
+    match claim(profile, me) {
+        Claim::Free | Claim::Ours => Ok(Taken::No),
+        Claim::Settling => Ok(Taken::Settling),
+        Claim::Stale => {
+            if let Some(stale) = profile {
+                drop_stale(ctx, key, stale).await?;
+            }
+            Ok(Taken::Settling)
+        }
+        Claim::Theirs(owner) => {
+            let regarding = reference(kind, key, uid);
+            let note = taken_message(kind, &key.name, &owner);
+            announce_taken(ctx, key, uid, regarding, note).await;
+            Ok(Taken::Theirs)
+        }
+    }
+}
+
+/// Deletes `stale`, the ownerless profile of `key` judged so, as judged:
+/// its uid and resourceVersion are preconditions, so a record memprof
+/// wrote since (which may name a successor) keeps it for the next look.
+async fn drop_stale(ctx: &Context, key: &JobKey, stale: &MemoryProfile) -> Result<()> {
+    let api: Api<MemoryProfile> = Api::namespaced(ctx.client.clone(), &key.namespace);
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: stale.uid(),
+            resource_version: stale.resource_version(),
+        }),
+        ..Default::default()
     };
-    let regarding = reference(kind, key, uid);
-    let note = taken_message(kind, &key.name, &owner);
-    announce_taken(ctx, key, uid, regarding, note).await;
-    true
+    match api.delete(&key.name, &params).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.is_not_found() || s.is_conflict() => return Ok(()),
+        Err(source) => {
+            return Err(Error::DeleteProfile {
+                namespace: key.namespace.clone(),
+                name: key.name.clone(),
+                source,
+            })
+        }
+    }
+    ctx.writer.forget(key);
+    ctx.with_state(key, |s| s.profile = None);
+    info!(profile = %key, "deleted a MemoryProfile whose workload is gone: memprof did not create its namesake");
+    Ok(())
 }
 
 /// Writes the profile `desired` of `key`: created when `missing` (a

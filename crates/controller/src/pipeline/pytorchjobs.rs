@@ -21,7 +21,7 @@
 //! annotations go on the PyTorchJob, its refused reports' `ReportRejected`
 //! Events on its profile (`workload_refresh::submit`).
 
-use super::namesakes::{created, deferred, may_create, taken, write_profile, Ensured};
+use super::namesakes::{created, deferred, may_create, taken, write_profile, Ensured, Taken};
 use super::state::Context;
 use super::workload_refresh::{drop_rollup, refresh, Turn};
 use crate::key::JobKey;
@@ -99,12 +99,17 @@ pub(super) async fn run(ctx: &Context, key: &JobKey) -> Result<Ran> {
     }
     let shape = PyTorchShape::from_spec(&pt.data["spec"])
         .map_err(|e| Error::Workload(format!("PyTorchJob {}: {e}", key)))?;
-    let (profile, me) = (
-        cached_profile(ctx, key),
-        (WorkloadKind::PyTorchJob, uid.as_str()),
-    );
-    if taken(ctx, key, me, profile.as_deref()).await {
-        return Ok(Ran::again(RESYNC));
+    let profile = cached_profile(ctx, key);
+    let me = Claimant {
+        kind: WorkloadKind::PyTorchJob,
+        uid: uid.clone(),
+        created: created(&pt.metadata),
+    };
+    if let Some(again) = taken(ctx, key, &me, profile.as_deref())
+        .await?
+        .look_again(RESYNC)
+    {
+        return Ok(Ran::again(again));
     }
     let now = Timestamp::now();
     let recorded = || cached_profile(ctx, key).and_then(|p| p.status.clone());
@@ -275,20 +280,27 @@ fn service_accounts(pt: &DynamicObject) -> Vec<String> {
 }
 
 /// Whether profiled Job `job` must leave its name's `profile` alone
-/// because it is another workload's (a PyTorchJob's, a JobSet's): then the
-/// Job path neither rolls it up nor acts on it, and the Job is told once.
-/// (A Job not profiled only ever deletes a profile it owns: left alone.)
+/// (`Taken::No`: it need not): another workload's (a PyTorchJob's, a
+/// JobSet's; the Job path neither rolls it up nor acts on it, and the Job
+/// is told once), or settling (`namesakes::taken`). (A Job not profiled
+/// only ever deletes a profile it owns: left alone.)
 pub(super) async fn namesake_job(
     ctx: &Context,
     key: &JobKey,
     job: &Job,
     profile: Option<&MemoryProfile>,
-) -> bool {
-    if !profiling_enabled(job) {
-        return false;
+) -> Result<Taken> {
+    if !profiling_enabled(job) || job.metadata.deletion_timestamp.is_some() {
+        // Being deleted, it claims nothing (the roll-up stage leaves it
+        // alone), least of all a profile the collector is parting from it.
+        return Ok(Taken::No);
     }
-    let uid = job.uid().unwrap_or_default();
-    taken(ctx, key, (WorkloadKind::Job, &uid), profile).await
+    let me = Claimant {
+        kind: WorkloadKind::Job,
+        uid: job.uid().unwrap_or_default(),
+        created: created(&job.metadata),
+    };
+    taken(ctx, key, &me, profile).await
 }
 
 #[cfg(test)]

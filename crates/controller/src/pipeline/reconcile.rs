@@ -2,6 +2,7 @@
 //! decide (remediation); the writes are the status writer's. And the
 //! workers that run it, one Job at a time per key.
 
+use super::namesakes::{Taken, SETTLING};
 use super::state::Context;
 use super::{pytorchjobs, remediation_stage, rollup_stage};
 use crate::key::JobKey;
@@ -54,10 +55,15 @@ async fn reconcile(ctx: &Arc<Context>, key: &JobKey) -> Result<Option<Duration>>
     // profile fetched before that path ran may be none when it is not.
     let made = workload.as_ref().ok().and_then(|w| w.made.clone());
     fetched.profile = made.or_else(|| fetch(ctx, key).profile);
+    let mut settling = None;
     if let Some(job) = fetched.job.clone() {
-        if pytorchjobs::namesake_job(ctx, key, &job, fetched.profile.as_deref()).await {
+        let standing =
+            pytorchjobs::namesake_job(ctx, key, &job, fetched.profile.as_deref()).await?;
+        if standing != Taken::No {
             fetched.job = None;
         }
+        // No event may follow (a delete refused on a newer version): look again.
+        settling = (standing == Taken::Settling).then_some(SETTLING);
     }
     let again = rollup_stage::run(ctx, &fetched).await?;
     let decided = remediation_stage::run(ctx, &fetched);
@@ -66,7 +72,10 @@ async fn reconcile(ctx: &Arc<Context>, key: &JobKey) -> Result<Option<Duration>>
         ctx.forget(key);
         return Ok(None);
     }
-    Ok([workload, again, decided].into_iter().flatten().min())
+    Ok([workload, again, decided, settling]
+        .into_iter()
+        .flatten()
+        .min())
 }
 
 /// A worker: serves Job keys from the queue until it closes.

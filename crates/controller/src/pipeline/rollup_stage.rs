@@ -9,9 +9,9 @@ use super::rollups;
 use super::state::Context;
 use crate::operator::rbac::ensure_reporter_rbac;
 use crate::operator::reconcile::{
-    annotations_outdated, gpu_oom_annotation, job_annotations, profile_for_job, profile_is_stale,
-    profile_outdated, profiling_enabled, risk_event, with_batch_fit, with_recommendation,
-    DesiredStatus, JOB_ANNOTATIONS,
+    annotations_outdated, earlier_jobs_profile, gpu_oom_annotation, job_annotations,
+    profile_for_job, profile_outdated, profiling_enabled, risk_event, with_batch_fit,
+    with_recommendation, DesiredStatus, JOB_ANNOTATIONS,
 };
 use crate::operator::thresholds;
 use crate::operator::{Error, Result};
@@ -23,7 +23,8 @@ use k8s_openapi::api::batch::v1::Job;
 use kube::api::{Api, DeleteParams, Preconditions};
 use kube::ResourceExt;
 use memprof_api::workload::WorkloadKind;
-use memprof_api::{MemoryProfile, MemoryProfileStatus, ANNOTATION_GPU_OOM, ANNOTATION_REMEDIATION};
+use memprof_api::{MemoryProfile, MemoryProfileStatus, ANNOTATION_GPU_OOM};
+use memprof_policy::triggers::Succession;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -54,10 +55,10 @@ fn owned_by(profile: &MemoryProfile, job: &Job) -> bool {
         .any(|o| Some(&o.uid) == uid.as_ref())
 }
 
-/// Deletes the fetched profile when it is an earlier Job's of this name
-/// that memprof's own record does not say it replaced
-/// (`profile_is_stale`, against the status as `written` last); true when
-/// deleted.
+/// What the fetched profile, when it is an earlier Job's of this name, is
+/// to this Job (`earlier_jobs_profile`, against the status as `written`
+/// last): a stranger's is deleted (`true`: look again), one memprof is
+/// replacing is left alone until its record names the new Job (`true`).
 async fn drop_stale(
     ctx: &Arc<Context>,
     f: &Fetched,
@@ -65,21 +66,21 @@ async fn drop_stale(
     written: Option<&MemoryProfileStatus>,
 ) -> Result<bool> {
     let uid = job.uid().unwrap_or_default();
-    let remediation = job.annotations().get(ANNOTATION_REMEDIATION);
-    let remediation = remediation.map(String::as_str);
     let name = f.key.name.as_str();
-    let stale = f
-        .profile
-        .as_deref()
-        .filter(|p| profile_is_stale(p, name, &uid, remediation, written));
-    let Some(stale) = stale else {
+    let Some(profile) = f.profile.as_deref() else {
         return Ok(false);
     };
-    delete_profile(ctx, stale).await?;
-    ctx.writer.forget(&f.key);
-    ctx.with_state(&f.key, |s| s.profile = None);
-    info!(job = %f.key, "deleted the MemoryProfile of an earlier Job with this name");
-    Ok(true)
+    match earlier_jobs_profile(profile, name, &uid, written) {
+        None | Some(Succession::Heir) => Ok(false),
+        Some(Succession::Pending) => Ok(true),
+        Some(Succession::Stranger) => {
+            delete_profile(ctx, profile).await?;
+            ctx.writer.forget(&f.key);
+            ctx.with_state(&f.key, |s| s.profile = None);
+            info!(job = %f.key, "deleted the MemoryProfile of an earlier Job with this name");
+            Ok(true)
+        }
+    }
 }
 
 /// Runs the roll-up stage for the fetched Job; returns when to look again.

@@ -19,7 +19,7 @@
 //! status writer as a Job's do (`workload_refresh::submit`), and so do the
 //! `ReportRejected` Events of its refused reports, on its profile.
 
-use super::namesakes::{deferred, may_create, taken, write_profile, Ensured};
+use super::namesakes::{deferred, may_create, taken, write_profile, Ensured, Taken};
 use super::state::Context;
 use super::workload_refresh::{refresh, Refreshed, Turn};
 use crate::key::JobKey;
@@ -107,6 +107,19 @@ pub(super) async fn member_of(
     Ok(resolved)
 }
 
+/// What the profile of `wkey` is to the top-level workload `top`
+/// (`namesakes::taken`). Its creation stamp is read only to make a missing
+/// profile: without it, memprof's records alone decide an ownerless
+/// profile's heir.
+async fn standing(ctx: &Context, wkey: &JobKey, top: &Workload) -> Result<Taken> {
+    let me = Claimant {
+        kind: top.kind,
+        uid: top.uid.clone(),
+        created: None,
+    };
+    taken(ctx, wkey, &me, cached_profile(ctx, wkey).as_deref()).await
+}
+
 /// Rolls `resolved`'s workload up and hands its status to the writer;
 /// returns when to look again.
 pub(super) async fn run(
@@ -126,9 +139,8 @@ pub(super) async fn run(
     let now = Timestamp::now();
     let wkey = JobKey::new(ns, &resolved.top.name);
     let top = &resolved.top;
-    let profile = cached_profile(ctx, &wkey);
-    if taken(ctx, &wkey, (top.kind, &top.uid), profile.as_deref()).await {
-        return Ok(Some(RESYNC));
+    if let Some(again) = standing(ctx, &wkey, top).await?.look_again(RESYNC) {
+        return Ok(Some(again));
     }
     let recorded = || cached_profile(ctx, &wkey).and_then(|p| p.status.clone());
     let previous = ctx.writer.view(&wkey).or_else(recorded);

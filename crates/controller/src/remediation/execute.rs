@@ -221,7 +221,7 @@ async fn record_digest(
 }
 
 /// How a finished remediation is to be remembered.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub(super) struct Outcome {
     /// The old Job was deleted: the record counts toward `maxRemediations`
     /// and the cooldown, whatever happened next.
@@ -229,6 +229,9 @@ pub(super) struct Outcome {
     /// Keep the plan's ConfigMap: it holds the only copy of a Job that could
     /// not be created again, or a refused plan worth a look.
     pub keep_plan: bool,
+    /// uid of the workload the plan created in place of the deleted one:
+    /// recorded as the one heir of the profile (`replacementUid`).
+    pub replacement: Option<String>,
 }
 
 /// Carries out the plan of the `Pending` record `record` of Job `key`,
@@ -258,8 +261,8 @@ pub(super) async fn carry_out(
             config_map_name(id)
         );
         let keep = Outcome {
-            job_deleted: false,
             keep_plan: true,
+            ..Outcome::default()
         };
         return finish(exec, key, id, (PHASE_FAILED, msg), None, keep).await;
     }
@@ -283,6 +286,7 @@ pub(super) async fn carry_out(
     let outcome = Outcome {
         job_deleted: ran.job_deleted,
         keep_plan: ran.lost.is_some(),
+        replacement: ran.replacement.clone(),
     };
     finish(exec, key, id, (phase, message), ran.job_uid, outcome).await
 }
@@ -329,6 +333,7 @@ async fn finish(
             r.phase = end.clone();
             r.message = Some(text.clone());
             r.job_deleted = outcome.job_deleted;
+            r.replacement_uid = outcome.replacement.clone();
             let record = r.clone();
             st.last_action = Some(last_action(&record));
             add_to_totals(st, &record, MAX_POLICY_TOTALS);

@@ -31,7 +31,9 @@
 //!    explicitly by their `controller-uid` label.
 //! 4. The manifest is created; the new Job carries `memprof.dev/remediation:
 //!    <id>`, which is how a restart tells "already created" from "not yet".
-//! 5. The record becomes `Done`, the ConfigMap is deleted.
+//! 5. The record becomes `Done` naming the created Job's uid
+//!    (`replacementUid`: the one workload that inherits the profile,
+//!    `memprof_policy::triggers::succession`), the ConfigMap is deleted.
 //!
 //! A restart anywhere resumes from the `Pending` record: each step is
 //! idempotent and decided from what the API server holds, so it is finished

@@ -43,6 +43,9 @@ pub(super) struct Steps {
     pub job_deleted: bool,
     /// The old Job is gone and the new one could not be created (terminal).
     pub lost: Option<String>,
+    /// uid of the workload memprof created in place of the old one (its
+    /// nonce proves it memprof's: `verify::created_from`).
+    pub replacement: Option<String>,
 }
 
 /// Runs a verified plan's steps on Job `key`, in order.
@@ -193,7 +196,8 @@ fn recorded(r: Recreated, key: &JobKey, plan: &Plan, out: &mut Steps) -> Option<
         Recreated::Done { uid } => {
             out.done
                 .push(format!("{kind} recreated (uid {} -> {uid})", plan.job_uid));
-            out.job_uid = Some(uid);
+            out.job_uid = Some(uid.clone());
+            out.replacement = Some(uid);
             out.job_deleted = true;
         }
         Recreated::Waiting { finalizers } => return Some(finalizers),

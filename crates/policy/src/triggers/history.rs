@@ -153,38 +153,68 @@ pub fn push_record(records: &mut Vec<RemediationRecord>, record: RemediationReco
     }
 }
 
-/// Whether a record memprof wrote in `status` says memprof made the Job of
-/// uid `job_uid`, annotated `memprof.dev/remediation: <annotated>`, to
-/// replace one of `replaced` (uids of earlier Jobs of its name the profile
-/// names as owners): a record of that id, for one of those Jobs (its
-/// `jobUid`), that recreates it (`Pending` with `envChange: recreate`) or
-/// did (`Done` with `jobDeleted`). The annotation is anyone's to write and
-/// its value anyone's to copy, so it counts only as a pointer to such a
-/// record: a made-up id matches none, and the id of a record for another
-/// Job (an earlier namesake's, another profile's) names another uid.
-pub fn made_by_memprof(
+/// Whose a profile is once the workload it names is gone (or going):
+/// `memprof_policy`'s answer for every path and kind, from memprof's own
+/// records alone. Annotations, labels and names are anyone's to write or
+/// copy; the uid of what memprof created is not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Succession {
+    /// memprof's record says it created this workload in place of the
+    /// profile's: the profile, and its history, are its.
+    Heir,
+    /// memprof is replacing the profile's workload and has not recorded
+    /// the replacement yet: nothing may take the profile meanwhile.
+    Pending,
+    /// No record of memprof's names this workload: the profile describes
+    /// another run (deleted by someone, or replaced by someone else), so
+    /// it is not this workload's to inherit.
+    Stranger,
+}
+
+/// The succession of the workload of uid `uid` to a profile whose status
+/// is `status` and whose earlier workload is gone or going (`replaced`:
+/// the uids the profile still names as owners; empty once the garbage
+/// collector removed them). `Heir` only through a record that names `uid`
+/// as the workload memprof created (`replacementUid`, written once the
+/// create succeeded); `Pending` while a recreation of a workload the
+/// profile names (any, when it names none) is under way, and for the
+/// workload memprof replaces or replaced itself (a lagging cache).
+pub fn succession(
     status: Option<&MemoryProfileStatus>,
-    annotated: &str,
     replaced: &[&str],
-    job_uid: &str,
-) -> bool {
-    let recreate = Some(ENV_CHANGE_RECREATE);
-    let recreates = |r: &RemediationRecord| match r.phase.as_str() {
-        PHASE_PENDING => r.env_change.as_deref() == recreate,
-        PHASE_DONE => r.job_deleted,
-        _ => false,
+    uid: &str,
+) -> Succession {
+    let records = status
+        .map(|s| s.remediations.as_slice())
+        .unwrap_or_default();
+    // The workload memprof replaces (or replaced), as a lagging cache may
+    // still show it: no heir, nor a stranger to delete the profile for.
+    let replacing_me = |r: &RemediationRecord| {
+        let recreates = r.env_change.as_deref() == Some(ENV_CHANGE_RECREATE);
+        r.job_uid.as_deref() == Some(uid)
+            && (r.job_deleted || (r.phase == PHASE_PENDING && recreates))
     };
-    !annotated.is_empty()
-        && status.is_some_and(|s| {
-            s.remediations.iter().any(|r| {
-                let old = r.job_uid.as_deref().unwrap_or_default();
-                r.id == annotated
-                    && !old.is_empty()
-                    && old != job_uid
-                    && replaced.contains(&old)
-                    && recreates(r)
-            })
-        })
+    if records.iter().any(replacing_me) {
+        return Succession::Pending;
+    }
+    if !uid.is_empty()
+        && records
+            .iter()
+            .any(|r| r.replacement_uid.as_deref() == Some(uid))
+    {
+        return Succession::Heir;
+    }
+    let recreating = |r: &RemediationRecord| {
+        let old = r.job_uid.as_deref().unwrap_or_default();
+        r.phase == PHASE_PENDING
+            && r.env_change.as_deref() == Some(ENV_CHANGE_RECREATE)
+            && !old.is_empty()
+            && (replaced.is_empty() || replaced.contains(&old))
+    };
+    if records.iter().any(recreating) {
+        return Succession::Pending;
+    }
+    Succession::Stranger
 }
 
 #[cfg(test)]
@@ -192,50 +222,58 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_memprof_s_own_record_of_a_recreation_of_the_replaced_job_counts() {
-        let record = |id: &str, phase: &str, old: &str, how: Option<&str>| RemediationRecord {
-            id: id.into(),
-            phase: phase.into(),
-            job_uid: Some(old.into()),
-            job_deleted: phase == PHASE_DONE,
-            env_change: how.map(str::to_string),
-            ..Default::default()
-        };
+    fn only_the_workload_memprof_recorded_creating_inherits() {
+        let record =
+            |phase: &str, old: &str, how: Option<&str>, new: Option<&str>| RemediationRecord {
+                phase: phase.into(),
+                job_uid: Some(old.into()),
+                job_deleted: phase == PHASE_DONE,
+                env_change: how.map(str::to_string),
+                replacement_uid: new.map(str::to_string),
+                ..Default::default()
+            };
         let recreate = Some(ENV_CHANGE_RECREATE);
-        let status = MemoryProfileStatus {
-            remediations: vec![
-                // An earlier recreation: the Job of uid "older" replaced by "old".
-                record("r-older", PHASE_DONE, "older", recreate),
-                record("r-done", PHASE_DONE, "old", recreate),
-                record("r-pending", PHASE_PENDING, "old", recreate),
-                record("r-notify", PHASE_PENDING, "old", None),
-                record("r-failed", PHASE_FAILED, "old", recreate),
-                record("r-dry", PHASE_DRY_RUN, "old", recreate),
-            ],
+        let of = |records: Vec<RemediationRecord>| MemoryProfileStatus {
+            remediations: records,
             ..Default::default()
         };
-        let st = Some(&status);
-        let replaced = ["old"];
-        assert!(made_by_memprof(st, "r-done", &replaced, "new"));
-        assert!(made_by_memprof(st, "r-pending", &replaced, "new"));
-        // Anything else a tenant may write or copy proves nothing.
-        for id in ["", "made-up", "r-older", "r-notify", "r-failed", "r-dry"] {
-            assert!(!made_by_memprof(st, id, &replaced, "new"), "{id}");
+        use Succession::*;
+        // Done: the recorded replacement inherits, owners or none; nothing else does.
+        let done = of(vec![
+            record(PHASE_DONE, "older", recreate, Some("old")),
+            record(PHASE_DONE, "old", recreate, Some("new")),
+        ]);
+        for replaced in [&[][..], &["old"][..]] {
+            assert_eq!(succession(Some(&done), replaced, "new"), Heir);
+            assert_eq!(succession(Some(&done), replaced, "other"), Stranger);
         }
-        // Not the Job the profile names as owner, or that very Job.
-        assert!(!made_by_memprof(st, "r-done", &["other"], "new"));
-        assert!(!made_by_memprof(st, "r-done", &replaced, "old"));
-        assert!(!made_by_memprof(None, "r-done", &replaced, "new"));
-        // A record of a suspend-patch-resume replaces nothing.
-        let kept = MemoryProfileStatus {
-            remediations: vec![record(
-                "r-spr",
-                PHASE_PENDING,
-                "old",
-                Some("suspend-patch-resume"),
-            )],
-            ..Default::default()
-        };
-        assert!(!made_by_memprof(Some(&kept), "r-spr", &replaced, "new"));
+        assert_eq!(succession(Some(&done), &[], ""), Stranger);
+        // Under way: every claimant waits, but the workload being replaced
+        // is not its own successor, and a recreation of another workload
+        // than the owners is not this profile's.
+        let pending = of(vec![record(PHASE_PENDING, "old", recreate, None)]);
+        assert_eq!(succession(Some(&pending), &[], "new"), Pending);
+        assert_eq!(succession(Some(&pending), &["old"], "new"), Pending);
+        // The workload being replaced, still in a lagging cache: left alone.
+        assert_eq!(succession(Some(&pending), &["old"], "old"), Pending);
+        assert_eq!(succession(Some(&done), &[], "old"), Pending);
+        assert_eq!(succession(Some(&pending), &["elsewhere"], "new"), Stranger);
+        // Ended without a replacement of memprof's (someone else's Job took
+        // the name, the create failed), a notification, a suspend-patch-
+        // resume, a dry run, no history: nobody inherits.
+        for r in [
+            record(PHASE_FAILED, "old", recreate, None),
+            record(PHASE_DONE, "old", recreate, None),
+            record(PHASE_PENDING, "old", None, None),
+            record(PHASE_PENDING, "old", Some("suspend-patch-resume"), None),
+            record(PHASE_DRY_RUN, "old", recreate, None),
+        ] {
+            assert_eq!(
+                succession(Some(&of(vec![r.clone()])), &[], "new"),
+                Stranger,
+                "{r:?}"
+            );
+        }
+        assert_eq!(succession(None, &[], "new"), Stranger);
     }
 }

@@ -272,49 +272,57 @@ fn profile_is_owned_by_its_job_and_adopts_nothing_stale() {
     let mut scaled = p.clone();
     scaled.spec.expected_ranks = Some(8);
     assert!(profile_outdated(Some(&scaled), &p));
-    assert!(!profile_is_stale(&p, "train", "uid-1", None, None));
-    assert!(profile_is_stale(&p, "train", "uid-2", None, None));
+    assert_eq!(earlier_jobs_profile(&p, "train", "uid-1", None), None);
+    assert_eq!(
+        earlier_jobs_profile(&p, "train", "uid-2", None),
+        Some(Succession::Stranger)
+    );
 }
 
-/// The new Job's `memprof.dev/remediation` keeps the earlier Job's profile
-/// only where memprof's own record of that id recreated the Job the
-/// profile names; any other value a tenant writes or copies proves nothing.
+/// An earlier Job's profile passes to the new Job only where memprof's own
+/// record names the new Job's uid as the one it created; nothing a tenant
+/// writes on the new Job (an annotation with a record's id, its nonce)
+/// enters the decision.
 #[test]
-fn only_memprof_s_own_record_keeps_an_earlier_job_s_profile() {
+fn only_memprof_s_record_of_the_replacement_keeps_an_earlier_job_s_profile() {
     let j = job(&[(ANNOTATION_ENABLED, "true")], Some(1));
     let mut p = profile_for_job(&j, "ns", "train", "uid-1");
-    let record = |id: &str, old: &str| memprof_api::RemediationRecord {
-        id: id.into(),
+    let record = |old: &str, new: &str| memprof_api::RemediationRecord {
         phase: "Done".into(),
         job_uid: Some(old.into()),
         job_deleted: true,
         env_change: Some("recreate".into()),
+        replacement_uid: Some(new.into()),
         ..Default::default()
     };
     let history = MemoryProfileStatus {
-        // "r-0" made uid-1 from uid-0; "r-1" replaced uid-1.
-        remediations: vec![record("r-0", "uid-0"), record("r-1", "uid-1")],
+        remediations: vec![record("uid-0", "uid-1"), record("uid-1", "uid-2")],
         ..Default::default()
     };
     p.status = Some(history.clone());
-    assert!(
-        !profile_is_stale(&p, "train", "uid-2", Some("r-1"), None),
-        "a remediation keeps the history"
-    );
-    for forged in ["", "anything", "r-0", "r-of-another-profile"] {
-        let stale = profile_is_stale(&p, "train", "uid-2", Some(forged), Some(&history));
-        assert!(stale, "{forged}");
-    }
+    let heir = Some(Succession::Heir);
+    assert_eq!(earlier_jobs_profile(&p, "train", "uid-2", None), heir);
+    let stranger = Some(Succession::Stranger);
+    assert_eq!(earlier_jobs_profile(&p, "train", "uid-3", None), stranger);
     p.status = None;
-    assert!(profile_is_stale(&p, "train", "uid-2", Some("r-1"), None));
+    assert_eq!(earlier_jobs_profile(&p, "train", "uid-2", None), stranger);
     // The record written, the cache not caught up yet: the writer's status.
-    assert!(!profile_is_stale(
-        &p,
-        "train",
-        "uid-2",
-        Some("r-1"),
-        Some(&history)
-    ));
+    assert_eq!(
+        earlier_jobs_profile(&p, "train", "uid-2", Some(&history)),
+        heir
+    );
+    // Under way in either: wait.
+    let mut pending = record("uid-1", "");
+    pending.phase = "Pending".into();
+    pending.replacement_uid = None;
+    let under_way = MemoryProfileStatus {
+        remediations: vec![pending],
+        ..Default::default()
+    };
+    assert_eq!(
+        earlier_jobs_profile(&p, "train", "uid-2", Some(&under_way)),
+        Some(Succession::Pending)
+    );
 }
 
 /// `kubectl get mprof -l team=ml` selects the profiles of Jobs labelled
