@@ -99,16 +99,7 @@ pub(super) async fn run(ctx: &Context, key: &JobKey) -> Result<Ran> {
     }
     let shape = PyTorchShape::from_spec(&pt.data["spec"])
         .map_err(|e| Error::Workload(format!("PyTorchJob {}: {e}", key)))?;
-    let profile = cached_profile(ctx, key);
-    let me = Claimant {
-        kind: WorkloadKind::PyTorchJob,
-        uid: uid.clone(),
-        created: created(&pt.metadata),
-    };
-    if let Some(again) = taken(ctx, key, &me, profile.as_deref())
-        .await?
-        .look_again(RESYNC)
-    {
+    if let Some(again) = standing(ctx, key, &pt).await?.look_again(RESYNC) {
         return Ok(Ran::again(again));
     }
     let now = Timestamp::now();
@@ -277,6 +268,16 @@ fn service_accounts(pt: &DynamicObject) -> Vec<String> {
         .collect();
     out.dedup();
     out
+}
+
+/// What the profile of `key` is to PyTorchJob `pt` (`namesakes::taken`).
+async fn standing(ctx: &Context, key: &JobKey, pt: &DynamicObject) -> Result<Taken> {
+    let me = Claimant {
+        kind: WorkloadKind::PyTorchJob,
+        uid: pt.uid().unwrap_or_default(),
+        created: created(&pt.metadata),
+    };
+    taken(ctx, key, &me, cached_profile(ctx, key).as_deref()).await
 }
 
 /// Whether profiled Job `job` must leave its name's `profile` alone
