@@ -408,7 +408,8 @@ pub(super) fn pytorchjob(o: &mut kube::api::DynamicObject) {
 /// The thresholds a PyTorchJob's sidecars were given ([`thresholds_given`]):
 /// its own annotation, else its replica templates' (the webhook injects
 /// each replica from the PyTorchJob's, else from its own template's).
-/// Replica templates that differ have one status: the Master's shows.
+/// Replica templates that differ have one status: the first that carries
+/// one shows (the Master's, else the Worker's).
 fn pytorch_thresholds(meta: &ObjectMeta, data: &serde_json::Value) -> Option<String> {
     let template = |r: &str| {
         let t = &data["spec"]["pytorchReplicaSpecs"][r]["template"];
