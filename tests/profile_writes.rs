@@ -6,7 +6,10 @@
 //! reconcile is a write (and two RBAC applies beside it) per report a
 //! sidecar writes. Counted on the wire (`profile_writes/wire.rs`), over
 //! reconciles that change nothing memprof reads: the workload annotated
-//! with a key memprof does not read, as a tenant's `kubectl annotate`.
+//! with a key memprof does not read, as a tenant's `kubectl annotate`,
+//! once the profile's first complete write is seen (labels and status);
+//! and a profile is made with one write, its create, never applied again
+//! after it (`made_once`).
 //!
 //!     eval "$(bash hack/local-cluster.sh env)"
 //!     MEMPROF_REQUIRE_CLUSTER=1 cargo test --test integration profile_writes::
@@ -54,18 +57,53 @@ fn profile_paths(ns: &str) -> Vec<String> {
     ]
 }
 
-/// Waits until profile `name` carries each of `labels`.
+/// Waits for profile `name`'s first complete write: made, carrying each
+/// of `labels`, and its first status written (the status writer's own
+/// task writes it after the reconcile that made the profile). Counting
+/// starts after that positive signal, not after a guess at how long it takes.
 async fn labelled(client: &Client, ns: &str, name: &str, labels: &[(&str, &str)]) {
     let profiles: Api<MemoryProfile> = Api::namespaced(client.clone(), ns);
-    eventually(&format!("profile {name} labelled {labels:?}"), || async {
-        let p = profiles.get_opt(name).await.map_err(|e| e.to_string())?;
-        let have = p.and_then(|p| p.metadata.labels).unwrap_or_default();
-        let all = labels
-            .iter()
-            .all(|(k, v)| have.get(*k).map(String::as_str) == Some(*v));
-        all.then_some(()).ok_or(format!("labels {have:?}"))
-    })
+    eventually(
+        &format!("profile {name} labelled {labels:?}, with a status"),
+        || async {
+            let p = profiles.get_opt(name).await.map_err(|e| e.to_string())?;
+            let p = p.ok_or("no profile yet")?;
+            let have = p.metadata.labels.unwrap_or_default();
+            let all = labels
+                .iter()
+                .all(|(k, v)| have.get(*k).map(String::as_str) == Some(*v));
+            if !all {
+                return Err(format!("labels {have:?}"));
+            }
+            p.status.map(|_| ()).ok_or("no status yet".to_string())
+        },
+    )
     .await;
+}
+
+/// Checks that profile `name` was written once over the whole test: its
+/// create, never an apply after it. A profile just made, whose create the
+/// API server records as an `Update`, looked unlabelled to the operator's
+/// cache, and the next reconcile applied it again (with its RBAC), at
+/// whatever time that reconcile came: for a JobSet, one of its child
+/// Jobs' after the cache held the profile, which under load fell among
+/// the counted touches.
+fn made_once(wire: &Wire, ns: &str, name: &str) {
+    let profiles = format!("/apis/memprof.dev/v1alpha1/namespaces/{ns}/memoryprofiles");
+    let own = [
+        format!("POST {profiles}"),
+        format!("PATCH {profiles}/{name}"),
+    ];
+    let writes: Vec<String> = wire
+        .writes(std::slice::from_ref(&profiles))
+        .into_iter()
+        .filter(|w| own.contains(w))
+        .collect();
+    assert_eq!(
+        writes,
+        [own[0].clone()],
+        "profile {name}: made, never applied again"
+    );
 }
 
 /// Annotates `name` (a `kind`) with a key memprof does not read and waits
@@ -147,6 +185,7 @@ async fn a_labelled_jobs_profile_is_not_written_again_when_nothing_changed() {
         .unwrap();
     labelled(&client, &ns.name, "train", &COPIED).await;
     no_writes_over_touches((&client, &wire, &op), &ns.name, WorkloadKind::Job, "train").await;
+    made_once(&wire, &ns.name, "train");
     op.stop().await;
 }
 
@@ -164,6 +203,7 @@ async fn a_jobsets_profile_with_its_labels_is_not_written_again_when_nothing_cha
     let child = child.metadata.name.unwrap();
     labelled(&client, &ns.name, "js", &COPIED).await;
     no_writes_over_touches((&client, &wire, &op), &ns.name, WorkloadKind::Job, &child).await;
+    made_once(&wire, &ns.name, "js");
     op.stop().await;
 }
 
@@ -185,5 +225,6 @@ async fn a_pytorchjobs_profile_with_its_labels_is_not_written_again_when_nothing
         "pt",
     )
     .await;
+    made_once(&wire, &ns.name, "pt");
     op.stop().await;
 }

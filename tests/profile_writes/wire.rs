@@ -1,7 +1,7 @@
 //! A plain-HTTP proxy on loopback in front of the API server that notes
-//! the method and path of every request it forwards: an operator given
-//! [`Wire::client`] has its writes counted on the wire, not by its own
-//! metrics (which count only what it meant to write).
+//! the method, path and answer of every request it forwards: an operator
+//! given [`Wire::client`] has its writes counted on the wire, not by its
+//! own metrics (which count only what it meant to write).
 
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
-type Seen = Arc<Mutex<Vec<(Method, String)>>>;
+type Seen = Arc<Mutex<Vec<(Method, String, StatusCode)>>>;
 
 /// The proxy; it stops (every connection with it) when dropped.
 pub struct Wire {
@@ -37,14 +37,18 @@ impl Wire {
         Wire { client, seen, task }
     }
 
-    /// The writes (any method but GET, HEAD or OPTIONS) seen so far whose
-    /// path starts with one of `prefixes`, as `METHOD path`.
+    /// The writes (any method but GET, HEAD or OPTIONS) answered so far
+    /// whose path starts with one of `prefixes`, as `METHOD path`: those
+    /// the API server accepted. A refused one wrote nothing: a create
+    /// answered 409 because the profile exists (a reconcile that ran
+    /// before the operator's watch showed it its own create) is not a write.
     pub fn writes(&self, prefixes: &[String]) -> Vec<String> {
         let reads = [Method::GET, Method::HEAD, Method::OPTIONS];
         let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
         seen.iter()
-            .filter(|(m, p)| !reads.contains(m) && prefixes.iter().any(|x| p.starts_with(x)))
-            .map(|(m, p)| format!("{m} {p}"))
+            .filter(|(_, _, status)| status.is_success())
+            .filter(|(m, p, _)| !reads.contains(m) && prefixes.iter().any(|x| p.starts_with(x)))
+            .map(|(m, p, _)| format!("{m} {p}"))
             .collect()
     }
 }
@@ -70,30 +74,41 @@ async fn serve(listener: TcpListener, upstream: Client, seen: Seen) {
     }
 }
 
-/// Notes `req` and sends it on: only its path and query (the upstream
-/// client sets the server and the credentials), its body read whole.
+/// Sends `req` on, then notes it with the answer: only its path and
+/// query (the upstream client sets the server and the credentials), its
+/// body read whole.
 async fn forward(
     upstream: Client,
     seen: Seen,
     req: Request<Incoming>,
 ) -> Result<Response<Body>, std::convert::Infallible> {
-    let (mut parts, body) = req.into_parts();
-    let path = parts.uri.path().to_string();
+    let (parts, body) = req.into_parts();
+    let (method, path) = (parts.method.clone(), parts.uri.path().to_string());
+    let answer = send(upstream, parts, body).await;
     seen.lock()
         .unwrap_or_else(|e| e.into_inner())
-        .push((parts.method.clone(), path));
+        .push((method, path, answer.status()));
+    Ok(answer)
+}
+
+/// `parts` and `body` sent through `upstream`; a 502 when they cannot be.
+async fn send(
+    upstream: Client,
+    mut parts: hyper::http::request::Parts,
+    body: Incoming,
+) -> Response<Body> {
     let bytes = match body.collect().await {
         Ok(b) => b.to_bytes(),
-        Err(e) => return Ok(bad_gateway(&e.to_string())),
+        Err(e) => return bad_gateway(&e.to_string()),
     };
     let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     parts.uri = target.parse().expect("a path and query is a URI");
     parts.headers.remove(hyper::header::HOST);
     let out = Request::from_parts(parts, Body::from(bytes.to_vec()));
-    Ok(upstream
+    upstream
         .send(out)
         .await
-        .unwrap_or_else(|e| bad_gateway(&e.to_string())))
+        .unwrap_or_else(|e| bad_gateway(&e.to_string()))
 }
 
 fn bad_gateway(why: &str) -> Response<Body> {

@@ -7,7 +7,7 @@
 //! annotation memprof does not read, values longer than memprof writes or
 //! reads, a pod's spec and all its status but the containers' terminations,
 //! a report's timelines, a profile's labels but those memprof compares (its
-//! own and those its apply owns: [`profile`]). Bounded: a Job keeps at most
+//! own and those its create or apply owns: [`profile`]). Bounded: a Job keeps at most
 //! [`MAX_LABELS`] labels (policies select Jobs by label: a Job with more is
 //! matched on the first ones by key, and a value longer than 63 characters,
 //! which the API server refuses anyway, is dropped), a PyTorchJob only
@@ -136,8 +136,8 @@ fn keep_thresholds(meta: &mut ObjectMeta, thresholds: Option<String>) {
 /// compare with those they would apply (`profile_outdated`: a profile
 /// lacking one is applied again, with the sidecars' RBAC, on every
 /// reconcile). Those are the Job, kind and family labels, and the labels
-/// the operator's own apply owns on it (its workload's copied labels,
-/// `workload_labels`); labels anyone else wrote are neither compared nor
+/// the operator's own create or apply owns on it (its workload's copied
+/// labels, `workload_labels`); labels anyone else wrote are neither compared nor
 /// kept, however many. Nothing else is read. The operator's own apply
 /// response is kept slimmed by this too (`rollup_stage.rs`).
 pub(super) fn profile(p: &mut MemoryProfile) {
@@ -159,17 +159,23 @@ const PROFILE_LABELS: [&str; 3] = [
     memprof_api::family::LABEL_FAMILY,
 ];
 
-/// Keys of the other labels the operator's server-side apply owns on `p`,
-/// as its managedFields say: at most as many as it ever copies
+/// Keys of the other labels the operator owns on `p`, as its managedFields
+/// say: those of its server-side apply, and those of its create (a profile
+/// is made with a create, never an apply: `namesakes::write_profile`; the
+/// API server records a create as an `Update`). Without the create's, a
+/// profile just made looked unlabelled to the next reconcile, which applied
+/// it again with the sidecars' RBAC: a second write of every new profile,
+/// at whatever time that reconcile came. At most as many as it ever copies
 /// ([`MAX_WORKLOAD_LABELS`]). The managedFields are input too (anyone who
 /// may update the profile may rewrite them): a claim of more is cut, and a
 /// label dropped that way only makes the next reconcile apply the profile
 /// again, which rewrites the operator's entry.
 fn labels_we_applied(p: &MemoryProfile) -> BTreeSet<String> {
-    p.managed_fields()
+    let keys = p
+        .managed_fields()
         .iter()
         .filter(|e| e.manager.as_deref() == Some(OPERATOR_MANAGER))
-        .filter(|e| e.operation.as_deref() == Some("Apply"))
+        .filter(|e| matches!(e.operation.as_deref(), Some("Apply" | "Update")))
         .filter_map(|e| {
             e.fields_v1
                 .as_ref()?
@@ -179,10 +185,16 @@ fn labels_we_applied(p: &MemoryProfile) -> BTreeSet<String> {
         })
         .flat_map(|labels| labels.keys())
         .filter_map(|k| k.strip_prefix("f:"))
-        .filter(|k| k.len() <= MAX_LABEL_KEY && !PROFILE_LABELS.contains(k))
-        .take(MAX_WORKLOAD_LABELS)
-        .map(str::to_string)
-        .collect()
+        .filter(|k| k.len() <= MAX_LABEL_KEY && !PROFILE_LABELS.contains(k));
+    // Both entries name the same labels: counted once each.
+    let mut owned = BTreeSet::new();
+    for k in keys {
+        if owned.len() == MAX_WORKLOAD_LABELS {
+            break;
+        }
+        owned.insert(k.to_string());
+    }
+    owned
 }
 
 /// Owner references a report keeps (its pod's is the one that counts).

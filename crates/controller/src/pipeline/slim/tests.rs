@@ -245,6 +245,16 @@ fn a_workloads_family_survives_the_cache_on_the_pytorchjob_and_its_profile() {
 /// an Apply entry of its manager naming the labels it set; and `others`,
 /// labels someone else wrote, with their own Update entry.
 fn as_applied(desired: &MemoryProfile, others: serde_json::Value) -> MemoryProfile {
+    as_written(desired, others, "Apply")
+}
+
+/// `desired` as the API server answers once the operator wrote it with
+/// `operation` (`Update`: its create), `others` as in [`as_applied`].
+fn as_written(
+    desired: &MemoryProfile,
+    others: serde_json::Value,
+    operation: &str,
+) -> MemoryProfile {
     let entry = |manager: &str, operation: &str, labels: Vec<&String>| {
         let owned: serde_json::Map<_, _> = labels
             .into_iter()
@@ -254,7 +264,11 @@ fn as_applied(desired: &MemoryProfile, others: serde_json::Value) -> MemoryProfi
                "fieldsType": "FieldsV1", "fieldsV1": {"f:metadata": {"f:labels": owned}}})
     };
     let mut v = serde_json::to_value(desired).unwrap();
-    let ours = entry(OPERATOR_MANAGER, "Apply", desired.labels().keys().collect());
+    let ours = entry(
+        OPERATOR_MANAGER,
+        operation,
+        desired.labels().keys().collect(),
+    );
     let theirs = entry(
         "kubectl-label",
         "Update",
@@ -515,4 +529,57 @@ fn a_pytorchjobs_thresholds_are_read_where_its_sidecars_were_given_them() {
     assert_eq!(high(shown(None, None, Some(b))), 800.0);
     assert_eq!(high(shown(None, Some(a), Some(b))), 700.0);
     assert!(shown(Some(padded(4097)), None, None).message.is_some());
+}
+
+/// A profile the operator just made (a create, never an apply, which the
+/// API server records as an `Update`) keeps the labels it was made with,
+/// so the next reconcile finds it as it would apply it and writes nothing:
+/// it applied every new profile again, with the sidecars' RBAC, whenever
+/// that reconcile came (a JobSet's, in one of its child Jobs' reconciles
+/// after the cache held the profile: a write during `profile_writes`'
+/// counted touches under load).
+#[test]
+fn a_profile_just_created_keeps_its_copied_labels_and_is_not_applied_again() {
+    use crate::operator::reconcile::{profile_for_job, profile_outdated};
+    let j: Job = serde_json::from_value(json!({"metadata": {"name": "train",
+        "labels": {"team": "ml", "app.kubernetes.io/part-of": "llm"}}}))
+    .unwrap();
+    let desired = profile_for_job(&j, "ml", "train", "u");
+    let mut created = as_written(&desired, json!({"other": "x"}), "Update");
+    profile(&mut created);
+    assert!(
+        !profile_outdated(Some(&created), &desired),
+        "kept {:?}",
+        created.labels()
+    );
+    assert_eq!(created.labels(), desired.labels(), "not the others' label");
+}
+
+/// The create's entry and the apply's name the same labels: each counts
+/// once towards the bound, so a label the workload got after the create
+/// (owned by the apply only) is kept, not cut by the duplicates before it
+/// (then the profile would look outdated, and be applied, on every reconcile).
+#[test]
+fn labels_owned_by_both_the_create_and_an_apply_count_once() {
+    use crate::operator::reconcile::profile_outdated;
+    let mut at_create = MemoryProfile::new("train", Default::default());
+    for i in 0..MAX_WORKLOAD_LABELS - 1 {
+        at_create
+            .labels_mut()
+            .insert(format!("l{i:02}"), "v".into());
+    }
+    let mut now = at_create.clone();
+    now.labels_mut().insert("z-later".into(), "v".into());
+    let created = as_written(&at_create, json!({}), "Update");
+    let applied = as_applied(&now, json!({}));
+    let mut both = applied.clone();
+    let mut fields = created.managed_fields().to_vec();
+    fields.extend(applied.managed_fields().iter().cloned());
+    *both.managed_fields_mut() = fields;
+    profile(&mut both);
+    assert!(
+        !profile_outdated(Some(&both), &now),
+        "kept {:?}",
+        both.labels()
+    );
 }
