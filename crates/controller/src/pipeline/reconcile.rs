@@ -91,15 +91,16 @@ pub(super) async fn worker(ctx: Arc<Context>) {
             .metrics
             .reconcile_duration
             .observe(started.elapsed().as_secs_f64());
-        // Not `with_state`: a key this pass forgot gets no state back.
+        // Not `with_state`: a key this pass forgot gets no state back (an
+        // entry per Job ever seen would grow without bound).
         if let Some(s) = ctx.states().get_mut(&key) {
             s.namesake_wait.pass_ended(outcome.is_ok());
+            if outcome.is_ok() {
+                s.failures = 0;
+            }
         }
         let again = match outcome {
-            Ok(again) => {
-                ctx.with_state(&key, |s| s.failures = 0);
-                again
-            }
+            Ok(again) => again,
             Err(error) => Some(failed(&ctx, &key, &error)),
         };
         ctx.queue.done(&key);
