@@ -76,6 +76,7 @@ mod workload_checkpoint;
 mod workload_gpu_request;
 mod workload_namesakes;
 mod workload_oom;
+mod workload_ownerless;
 mod workload_recommend;
 mod workload_remediation;
 mod workload_remediation_pytorch;

@@ -24,7 +24,6 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 const REMEDIATION: &str = "memprof.dev/remediation";
-const NONCE: &str = "memprof.dev/remediation-nonce";
 /// The test's finalizer on a profile whose Job was deleted: the garbage
 /// collector's deletion of the profile then waits, so the tenant's Job is
 /// seen while the profile still names the deleted Job (what a slower
@@ -208,15 +207,6 @@ async fn tenant_takes_the_name(
     .await;
 }
 
-/// The annotations memprof stamped on a Job it recreated (id and nonce).
-fn stamped(job: &Job) -> BTreeMap<String, String> {
-    let a = job.annotations();
-    [REMEDIATION, NONCE]
-        .into_iter()
-        .map(|k| (k.to_string(), a[k].clone()))
-        .collect()
-}
-
 #[tokio::test]
 async fn a_tenant_s_remediation_annotation_never_inherits_an_earlier_job_s_profile() {
     let Some(client) = cluster().await else {
@@ -289,23 +279,8 @@ async fn orphaned_then_taken(
         .await
         .unwrap_or_else(|e| panic!("creating the newcomer's Job {name}: {e}"));
     let uid = newcomer.uid().unwrap();
-    eventually(
-        "a fresh profile of the newcomer's Job, without history",
-        || async {
-            let p = profiles.get_opt(name).await.map_err(|e| e.to_string())?;
-            let p = p.ok_or("no profile yet")?;
-            let owners: Vec<_> = p.owner_references().iter().map(|o| o.uid.clone()).collect();
-            let history = p.status.as_ref().map_or(0, |s| s.remediations.len());
-            let earlier = p.uid().as_deref() == Some(profile_uid);
-            if earlier && owners.contains(&uid) {
-                panic!("the ownerless profile ({history} records) adopted by a Job memprof did not create ({annotations:?})");
-            }
-            (!earlier && owners == [uid.clone()] && history == 0)
-                .then_some(())
-                .ok_or(format!("earlier: {earlier}, owners {owners:?}, {history} records"))
-        },
-    )
-    .await;
+    let newcomer = format!("a Job memprof did not create ({annotations:?})");
+    fresh_profile(client, ns, name, profile_uid, &uid, &newcomer).await;
 }
 
 /// A profile left with no owner passes only to the Job memprof's record

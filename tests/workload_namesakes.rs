@@ -311,26 +311,8 @@ async fn recreated_next_to_a_namesake_job(kind: WorkloadKind) {
     if kind == WorkloadKind::JobSet {
         // The JobSet controller's part: the new JobSet's children, once
         // memprof deleted the old ones.
-        let jobs = Api::<Job>::namespaced(admin.clone(), ns);
-        eventually_within(GC_TIMEOUT, "the old child Jobs gone", || async {
-            let mut left = Vec::new();
-            for i in 0..2 {
-                let name = format!("train-workers-{i}");
-                if jobs
-                    .get_opt(&name)
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .is_some()
-                {
-                    left.push(name);
-                }
-            }
-            left.is_empty().then_some(()).ok_or(format!("{left:?}"))
-        })
-        .await;
-        for i in 0..2 {
-            marked_child(&admin, ns, &new, i).await;
-        }
+        controller_part_gone(&admin, ns, kind, "train").await;
+        controller_part(&admin, ns, kind, &new).await;
     }
     let owned = eventually("the profile adopted", || async {
         let p = profiles.get("train").await.map_err(|e| e.to_string())?;

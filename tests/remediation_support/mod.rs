@@ -14,8 +14,10 @@ use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use memprof::api::{
     MemoryProfile, RemediationPolicy, RemediationRecord, RiskLevel, ANNOTATION_ENABLED,
+    ANNOTATION_REMEDIATION, ANNOTATION_REMEDIATION_NONCE,
 };
 use serde_json::{json, Value};
+use std::collections::BTreeMap;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -357,4 +359,49 @@ pub async fn job(client: &Client, ns: &str, name: &str) -> Option<Job> {
         .get_opt(name)
         .await
         .unwrap()
+}
+
+/// The annotations memprof stamped on a workload it recreated (id and
+/// nonce), as a tenant would copy them onto a workload of its own.
+pub fn stamped(made: &impl ResourceExt) -> BTreeMap<String, String> {
+    let a = made.annotations();
+    [ANNOTATION_REMEDIATION, ANNOTATION_REMEDIATION_NONCE]
+        .into_iter()
+        .map(|k| (k.to_string(), a[k].clone()))
+        .collect()
+}
+
+/// Waits for a fresh profile `name`, owned by `owner` alone, without
+/// history, after a workload memprof did not create (`newcomer` says which)
+/// took the name of one whose profile, of uid `earlier`, was left with no
+/// owner. Fails at once if the earlier profile ever names `owner`: it
+/// passed, with its history, to a workload its records do not name.
+pub async fn fresh_profile(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    earlier: &str,
+    owner: &str,
+    newcomer: &str,
+) {
+    let profiles = Api::<MemoryProfile>::namespaced(client.clone(), ns);
+    eventually(
+        &format!("a fresh profile of {newcomer}, without history"),
+        || async {
+            let p = profiles.get_opt(name).await.map_err(|e| e.to_string())?;
+            let p = p.ok_or("no profile yet")?;
+            let owners: Vec<_> = p.owner_references().iter().map(|o| o.uid.clone()).collect();
+            let history = p.status.as_ref().map_or(0, |s| s.remediations.len());
+            let is_earlier = p.uid().as_deref() == Some(earlier);
+            if is_earlier && owners.iter().any(|o| o == owner) {
+                panic!("the ownerless profile ({history} records) adopted by {newcomer}");
+            }
+            (!is_earlier && owners == [owner] && history == 0)
+                .then_some(())
+                .ok_or(format!(
+                    "earlier: {is_earlier}, owners {owners:?}, {history} records"
+                ))
+        },
+    )
+    .await;
 }

@@ -6,10 +6,10 @@
 #![allow(dead_code)]
 
 use crate::common::{
-    admission_keys, admission_keys_in, apply_report, at, cluster, eventually, gpu, job_pods,
-    pod_report, TestNamespace,
+    admission_keys, admission_keys_in, apply_report, at, cluster, eventually, eventually_within,
+    gpu, job_pods, pod_report, TestNamespace, GC_TIMEOUT,
 };
-use crate::tenant_support::user_with;
+use crate::tenant_support::{as_user, user_with};
 use crate::webhook_support::{
     label_namespace, register, start_server_with, test_config, wait_until_active, Registration,
     Server, NS_LABEL,
@@ -17,8 +17,9 @@ use crate::webhook_support::{
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::rbac::v1::Role;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use memprof::api::admission::Keys;
 use memprof::api::workload::WorkloadKind;
@@ -380,4 +381,96 @@ pub fn workload_mark(
         .as_ref()?
         .get(memprof::api::workload_mark::ANNOTATION_WORKLOAD_MARK)
         .cloned()
+}
+
+/// The names of what the controller of workload `name` of `kind` makes
+/// here: a JobSet's two child Jobs ([`child_job`]), a PyTorchJob's master
+/// and two workers' pods ([`pytorch_pods`]).
+pub fn controller_part_names(kind: WorkloadKind, name: &str) -> Vec<String> {
+    let parts: &[&str] = match kind {
+        WorkloadKind::JobSet => &["workers-0", "workers-1"],
+        _ => &["master-0", "worker-0", "worker-1"],
+    };
+    parts.iter().map(|part| format!("{name}-{part}")).collect()
+}
+
+/// The API of what `kind`'s controller makes: Jobs of a JobSet, pods of a PyTorchJob.
+fn controller_part_api(admin: &Client, ns: &str, kind: WorkloadKind) -> Api<DynamicObject> {
+    let resource = match kind {
+        WorkloadKind::JobSet => ApiResource::erase::<Job>(&()),
+        _ => ApiResource::erase::<Pod>(&()),
+    };
+    Api::namespaced_with(admin.clone(), ns, &resource)
+}
+
+/// The training operator's identity in `ns`, its Role
+/// ([`pod_creator_rules`]) granted unless it was already (as
+/// [`pytorchjob_reporting_low`] grants it).
+pub async fn training_operator(admin: &Client, ns: &str) -> Client {
+    let roles = Api::<Role>::namespaced(admin.clone(), ns);
+    let granted = roles.get_opt(TRAINING_OPERATOR).await.unwrap();
+    match granted {
+        Some(_) => as_user(TRAINING_OPERATOR, &["system:authenticated"]).await,
+        None => user_with(admin, ns, TRAINING_OPERATOR, pod_creator_rules()).await,
+    }
+}
+
+/// What the upper controller makes for `top` of `kind`, as it makes it: a
+/// JobSet's two child Jobs, profiled and marked ([`marked_child`]); a
+/// PyTorchJob's pods, created as the training operator's identity
+/// ([`training_operator`]) while the webhook marks them
+/// ([`pytorch_admission`], taken down after).
+pub async fn controller_part(admin: &Client, ns: &str, kind: WorkloadKind, top: &DynamicObject) {
+    match kind {
+        WorkloadKind::JobSet => {
+            for index in 0..2 {
+                marked_child(admin, ns, top, index).await;
+            }
+        }
+        _ => {
+            let hooks = pytorch_admission(admin, ns).await;
+            let operator = training_operator(admin, ns).await;
+            pytorch_pods(&operator, ns, top).await;
+            hooks.stop().await;
+        }
+    }
+}
+
+/// Waits until nothing is left of what the controller of workload `name`
+/// of `kind` made ([`controller_part_names`]): deleted by memprof, or by
+/// the garbage collector (within [`GC_TIMEOUT`]).
+pub async fn controller_part_gone(admin: &Client, ns: &str, kind: WorkloadKind, name: &str) {
+    let made = controller_part_api(admin, ns, kind);
+    let what = format!("what the {} controller made for {name} gone", kind.kind());
+    eventually_within(GC_TIMEOUT, &what, || async {
+        let mut left = Vec::new();
+        for part in controller_part_names(kind, name) {
+            if made
+                .get_opt(&part)
+                .await
+                .map_err(|e| e.to_string())?
+                .is_some()
+            {
+                left.push(part);
+            }
+        }
+        left.is_empty().then_some(()).ok_or(format!("{left:?}"))
+    })
+    .await;
+}
+
+/// Deletes whatever is there of what the controller of workload `name` of
+/// `kind` made (what `kubectl delete --cascade=orphan` left with no
+/// owner, as its team clears it before the controller makes a namesake's
+/// parts of the same names), and waits until it is gone.
+pub async fn clear_controller_part(admin: &Client, ns: &str, kind: WorkloadKind, name: &str) {
+    let made = controller_part_api(admin, ns, kind);
+    for part in controller_part_names(kind, name) {
+        match made.delete(&part, &DeleteParams::background()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => panic!("deleting {part}, left by {} {name}: {e}", kind.kind()),
+        }
+    }
+    controller_part_gone(admin, ns, kind, name).await;
 }
