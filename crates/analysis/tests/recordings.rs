@@ -1024,3 +1024,61 @@ fn pcie_d_as_first_judged() {
     }
     assert!(tto(one(&e.nvml, "idleleak6")).is_some_and(|p| p <= 2.0));
 }
+
+/// `recordings/hold-a` and `hold-b`, recorded on an H200 after every
+/// analysis change of the causes work, with the release sidecar of that
+/// day, and judged once as they came: nothing was tuned on them. Every
+/// cause living >= 90 s was warned about >= 60 s ahead by each source
+/// that can see it (the agent: 6 of 6; NVML: its 5, and fragmentation too);
+/// the four legitimate runs (a 2.8 GB/s load from host memory, steady,
+/// cache churn, variable length) raised nothing from either source; every
+/// escalation took <= levels + 1 transitions. Misses, as published in
+/// docs/gpu-results.md: NVML's growing demand once the cache holds the
+/// card (TTO 0 at half-life), the agent's TTO on a leak that empties its
+/// cache (leak800 +14 %), and names from NVML alone (the neighbour called
+/// a leak, a leak and fragmentation called growing demand). The spike
+/// (21 s) was warned about by neither, as a sudden rise cannot be.
+#[test]
+fn hold_sets_as_first_judged() {
+    let a = evaluation("hold-a", 5);
+    let b = evaluation("hold-b", 6);
+    for (e, run) in [(&a, "loadfast"), (&a, "steady"), (&b, "churn"), (&b, "varlen")] {
+        for j in [one(&e.nvml, run), one(&e.agent, run)] {
+            assert_eq!((j.high_seconds, j.false_leak_seconds), (0.0, 0.0), "{j:?}");
+        }
+    }
+    let tto = |j: &Judged| j.tto_at_half.as_ref().map(|t| t.error_percent.abs());
+    // (set, run, lead of NVML's first high, of the agent's; TTO bound of each)
+    let causes = [
+        (&a, "idleleak45", Some((72.0, 6.0)), (89.0, 6.0)),
+        (&a, "growdemand", None, (74.0, 3.0)),
+        (&a, "neighbour", Some((68.0, 3.0)), (68.0, 3.0)),
+        (&b, "leak800", Some((67.0, 2.0)), (83.0, 15.0)),
+        (&b, "fragment", Some((89.0, 1.0)), (101.0, 1.0)),
+        (&b, "idleleak25", Some((70.0, 1.0)), (92.0, 1.0)),
+    ];
+    for (e, run, nvml, (lead, within)) in causes {
+        let j = one(&e.agent, run);
+        assert!(j.lead_high >= Some(lead), "{j:?}");
+        assert!(tto(j).is_some_and(|p| p <= within), "{j:?}");
+        assert!(j.transitions <= j.levels + 1, "{j:?}");
+        let n = one(&e.nvml, run);
+        assert!(n.lead_high >= Some(60.0), "{n:?}");
+        assert!(n.transitions <= n.levels + 1, "{n:?}");
+        if let Some((lead, within)) = nvml {
+            assert!(n.lead_high >= Some(lead), "{n:?}");
+            assert!(tto(n).is_some_and(|p| p <= within), "{n:?}");
+        }
+    }
+    assert_eq!(one(&a.nvml, "growdemand").lead_high, Some(77.4));
+    let named = |e: &Evaluation, run| one(&e.agent, run).named.clone();
+    assert_eq!(named(&a, "neighbour").as_deref(), Some("neighbour"));
+    assert_eq!(named(&a, "growdemand").as_deref(), Some("growingDemand"));
+    assert_eq!(named(&b, "fragment").as_deref(), Some("fragmentation"));
+    for run in ["idleleak45", "idleleak25", "leak800"] {
+        let e = if run == "idleleak45" { &a } else { &b };
+        assert_eq!(named(e, run).as_deref(), Some("leak"), "{run}");
+        assert_eq!(one(&e.agent, run).false_flags, 0, "{run}");
+    }
+    assert_eq!(one(&b.agent, "spike").lead_high, None);
+}
