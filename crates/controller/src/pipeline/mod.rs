@@ -33,6 +33,7 @@
 //! cache of decisions already announced.
 
 mod dispatch;
+mod namesake_wait;
 mod namesakes;
 mod pytorch_watch;
 mod pytorchjobs;

@@ -52,7 +52,7 @@ pub(super) struct JobState {
     /// another workload's (`pytorchjobs.rs`).
     pub name_taken: BTreeSet<String>,
     /// Its wait for a namesake to make its name's profile (`namesakes.rs`).
-    pub namesake_wait: super::namesakes::NamesakeWait,
+    pub namesake_wait: super::namesake_wait::NamesakeWait,
 }
 
 /// Shared by the dispatcher, the workers and the remediation tasks.
