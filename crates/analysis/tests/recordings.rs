@@ -1042,7 +1042,12 @@ fn pcie_d_as_first_judged() {
 fn hold_sets_as_first_judged() {
     let a = evaluation("hold-a", 5);
     let b = evaluation("hold-b", 6);
-    for (e, run) in [(&a, "loadfast"), (&a, "steady"), (&b, "churn"), (&b, "varlen")] {
+    for (e, run) in [
+        (&a, "loadfast"),
+        (&a, "steady"),
+        (&b, "churn"),
+        (&b, "varlen"),
+    ] {
         for j in [one(&e.nvml, run), one(&e.agent, run)] {
             assert_eq!((j.high_seconds, j.false_leak_seconds), (0.0, 0.0), "{j:?}");
         }
