@@ -125,7 +125,12 @@ pub struct PrivateCluster {
 impl PrivateCluster {
     /// Starts it (seconds once the binaries are cached) and installs the CRDs.
     pub async fn up(name: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("memprof-faults-{name}"));
+        // Its own state dir per run: `up` on a dir already up is a no-op,
+        // so a fixed one let two runs on one machine (two CI jobs, two
+        // developers) share, and stop, each other's control plane. `down`
+        // removes it.
+        let unique = format!("memprof-faults-{name}-{}", common::random_suffix());
+        let dir = std::env::temp_dir().join(unique);
         let started = Instant::now();
         let up = Command::new("bash")
             .arg(local_cluster_script())
