@@ -394,7 +394,17 @@ start_component() {
   # for its whole life and the next `up`/`down` would block on it.
   # stdout must not be inherited either: `eval "$(... up)"` would hang.
   setsid nohup "$@" >"$STATE_DIR/logs/$name.log" 2>&1 </dev/null 8>&- 9>&- &
-  printf '%s\n' "$!" >"$(pidfile "$name")"
+  local pid=$! i
+  printf '%s\n' "$pid" >"$(pidfile "$name")"
+  # Until the child has exec'ed, its command line is still this script's,
+  # which owned_pid rejects: a check in that window reads a live daemon as
+  # "exited" (seen on a loaded 2-core CI machine: "etcd exited while waiting",
+  # an empty log, then "stopping etcd" found it running). Return only once
+  # the daemon itself is in place, or gone.
+  for ((i = 0; i < 100; i++)); do
+    pid_alive "$pid" && ! owned_pid "$pid" || break
+    sleep 0.1
+  done
 }
 
 stop_component() {
