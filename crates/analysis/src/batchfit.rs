@@ -154,8 +154,49 @@ fn ceiling_batch(observations: &[BatchObservation]) -> Option<u64> {
 /// The points to fit, the method, and the method in words.
 type Points = (Vec<(f64, f64)>, &'static str, String);
 
+/// What the NVML peaks lack for a fit of their own.
+#[derive(Debug)]
+enum Gap {
+    /// Fewer than two batch sizes observed.
+    BatchSizes(usize),
+    /// Nothing observed, and no batch variable to vary.
+    NoBatchVar(String),
+}
+
+impl std::fmt::Display for Gap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Gap::BatchSizes(n) => write!(f, "{n} batch size(s) observed, at least 2 needed"),
+            Gap::NoBatchVar(var) => write!(
+                f,
+                "the Job sets no literal integer env {var} (name its batch variable with annotation {ANNOTATION_BATCH_ENV})"
+            ),
+        }
+    }
+}
+
+/// Why no memory law can be fitted yet: the recommendation's reason, saying
+/// what would give the evidence.
+#[derive(Debug, thiserror::Error)]
+enum TooLittle {
+    #[error(
+        "{gap}{censored} and no agent breakdown: run the in-process agent \
+         (annotation memprof.dev/agent: python) or let the Job run at a second batch size"
+    )]
+    NoBreakdown { gap: Gap, censored: String },
+    #[error("{gap}, and the agent breakdown has no activations peak yet (it is taken at a measured step)")]
+    NoActivationsPeak { gap: Gap },
+    #[error("{gap}, and neither the agent breakdown nor the Job's {env_var} says which batch the activations are of")]
+    NoActivationsBatch { gap: Gap, env_var: String },
+    #[error("{why}, and they are no memory law: {no_law}")]
+    NoLaw {
+        why: String,
+        no_law: memmodel::NoModel,
+    },
+}
+
 /// The points to fit, the method and its words, or what is missing.
-fn points_of(e: &Evidence<'_>) -> Result<Points, String> {
+fn points_of(e: &Evidence<'_>) -> Result<Points, TooLittle> {
     let usable = usable(e.observations);
     let n_censored = e.observations.len() - usable.len();
     let censored_note = if n_censored > 0 {
@@ -169,17 +210,12 @@ fn points_of(e: &Evidence<'_>) -> Result<Points, String> {
         let why = format!("NVML peaks at {} batch sizes{censored_note}", usable.len());
         return Ok((usable, METHOD_TWO_BATCH_SIZES, why));
     }
-    let mut gap = format!(
-        "{} batch size(s) observed, at least 2 needed",
-        batches.len()
-    );
-    if e.current.is_none() && usable.is_empty() {
-        gap = format!(
-            "the Job sets no literal integer env {} (name its batch variable with annotation {ANNOTATION_BATCH_ENV})",
-            e.env_var
-        );
-    }
-    breakdown_points(e, &usable, &gap, &censored_note)
+    let gap = if e.current.is_none() && usable.is_empty() {
+        Gap::NoBatchVar(e.env_var.to_owned())
+    } else {
+        Gap::BatchSizes(batches.len())
+    };
+    breakdown_points(e, &usable, gap, censored_note)
 }
 
 /// The agent breakdown's two points: the static part at batch 0 and the
@@ -187,25 +223,18 @@ fn points_of(e: &Evidence<'_>) -> Result<Points, String> {
 fn breakdown_points(
     e: &Evidence<'_>,
     usable: &[(f64, f64)],
-    gap: &str,
-    censored_note: &str,
-) -> Result<Points, String> {
+    gap: Gap,
+    censored: String,
+) -> Result<Points, TooLittle> {
     let Some(b) = e.breakdown else {
-        return Err(format!(
-            "{gap}{censored_note} and no agent breakdown: run the in-process agent \
-             (annotation memprof.dev/agent: python) or let the Job run at a second batch size"
-        ));
+        return Err(TooLittle::NoBreakdown { gap, censored });
     };
     let Some(act) = b.activations_peak_bytes.filter(|a| *a > 0) else {
-        return Err(format!(
-            "{gap}, and the agent breakdown has no activations peak yet (it is taken at a measured step)"
-        ));
+        return Err(TooLittle::NoActivationsPeak { gap });
     };
     let Some(batch) = b.batch_size.or(e.current).filter(|b| *b > 0) else {
-        return Err(format!(
-            "{gap}, and neither the agent breakdown nor the Job's {} says which batch the activations are of",
-            e.env_var
-        ));
+        let env_var = e.env_var.to_owned();
+        return Err(TooLittle::NoActivationsBatch { gap, env_var });
     };
     let per_sample = act as f64 / batch as f64;
     let anchor = e
@@ -302,7 +331,7 @@ pub fn recommend(e: &Evidence<'_>) -> BatchRecommendation {
     let fitted = points_of(e).and_then(|(pts, method, why)| {
         memmodel::fit(&pts)
             .map(|m| (m, method, why.clone()))
-            .map_err(|no| format!("{why}, and they are no memory law: {}", no.why))
+            .map_err(|no_law| TooLittle::NoLaw { why, no_law })
     });
     let (model, method, why) = match fitted {
         Ok(x) => x,

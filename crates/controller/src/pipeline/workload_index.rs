@@ -338,7 +338,7 @@ impl WorkloadTracked {
             Err(why) => {
                 self.evidence.remove(name);
                 self.rollup.remove(name);
-                self.refused.insert(name.to_string(), why);
+                self.refused.insert(name.to_string(), why.to_string());
             }
         }
     }

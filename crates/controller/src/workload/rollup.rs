@@ -105,7 +105,7 @@ impl Layout {
 /// Why a report claiming the workload does not count (the profile lists
 /// it as refused with this reason; the pod's owner fixes what it names).
 #[derive(Debug, thiserror::Error)]
-enum Uncounted {
+pub enum Uncounted {
     #[error("pod has no name")]
     NoName,
     #[error("pod {0} is not controlled by a Job")]
@@ -173,7 +173,7 @@ pub fn roll_up(
     for report in reports {
         let name = report.metadata.name.clone().unwrap_or_default();
         let pod = pods.get(report.spec.pod_name.as_str()).copied();
-        match counted(report, pod, layout, keys, now) {
+        match screen(report, pod, layout, keys, now) {
             Ok(screened) => {
                 count(&mut out.rollup, &mut out.evidence, layout, &name, screened);
             }
@@ -209,17 +209,6 @@ pub fn count(
 /// count. O(1), two HMACs at most: what an incremental roll-up
 /// (`pipeline/workload_index.rs`) runs per changed report.
 pub fn screen(
-    report: &MemoryReport,
-    pod: Option<&ObjectMeta>,
-    layout: &Layout,
-    keys: &KeyRing,
-    now: Timestamp,
-) -> Result<(memprof_api::MemoryReportSpec, ReportMeta), String> {
-    counted(report, pod, layout, keys, now).map_err(|why| why.to_string())
-}
-
-/// The report's spec numbered by its workload rank, if it counts.
-fn counted(
     report: &MemoryReport,
     pod: Option<&ObjectMeta>,
     layout: &Layout,
