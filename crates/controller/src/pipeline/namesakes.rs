@@ -279,29 +279,55 @@ pub(super) async fn taken(
 /// its uid and resourceVersion are preconditions, so a record memprof
 /// wrote since (which may name a successor) keeps it for the next look.
 async fn drop_stale(ctx: &Context, key: &JobKey, stale: &MemoryProfile) -> Result<()> {
-    let api: Api<MemoryProfile> = Api::namespaced(ctx.client.clone(), &key.namespace);
-    let params = DeleteParams {
-        preconditions: Some(Preconditions {
-            uid: stale.uid(),
-            resource_version: stale.resource_version(),
-        }),
-        ..Default::default()
-    };
-    match api.delete(&key.name, &params).await {
-        Ok(_) => {}
-        Err(kube::Error::Api(s)) if s.is_not_found() || s.is_conflict() => return Ok(()),
-        Err(source) => {
-            return Err(Error::DeleteProfile {
-                namespace: key.namespace.clone(),
-                name: key.name.clone(),
-                source,
-            })
-        }
+    if !delete_profile(ctx, stale, Version::Judged).await? {
+        return Ok(());
     }
     ctx.writer.forget(key);
     ctx.with_state(key, |s| s.profile = None);
     info!(profile = %key, "deleted a MemoryProfile whose workload is gone: memprof did not create its namesake");
     Ok(())
+}
+
+/// Which copy of a profile a delete may remove.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Version {
+    /// Any version of this very profile (its uid): never a newer profile
+    /// that took the name meanwhile.
+    Any,
+    /// Only the version that was judged: a write since then is judged again.
+    Judged,
+}
+
+/// Deletes `profile` under the preconditions `version` names; `false` when
+/// it was already gone or the preconditions no longer held (nothing to do).
+/// Every delete of a profile goes through here.
+pub(super) async fn delete_profile(
+    ctx: &Context,
+    profile: &MemoryProfile,
+    version: Version,
+) -> Result<bool> {
+    let (namespace, name) = (profile.namespace().unwrap_or_default(), profile.name_any());
+    let resource_version = match version {
+        Version::Any => None,
+        Version::Judged => profile.resource_version(),
+    };
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: profile.uid(),
+            resource_version,
+        }),
+        ..Default::default()
+    };
+    let api: Api<MemoryProfile> = Api::namespaced(ctx.client.clone(), &namespace);
+    match api.delete(&name, &params).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(s)) if s.is_not_found() || s.is_conflict() => Ok(false),
+        Err(source) => Err(Error::DeleteProfile {
+            namespace,
+            name,
+            source,
+        }),
+    }
 }
 
 /// Writes the profile `desired` of `key`: created when `missing` (a

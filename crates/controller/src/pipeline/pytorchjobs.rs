@@ -21,7 +21,9 @@
 //! annotations go on the PyTorchJob, its refused reports' `ReportRejected`
 //! Events on its profile (`workload_refresh::submit`).
 
-use super::namesakes::{created, deferred, may_create, taken, write_profile, Ensured, Taken};
+use super::namesakes::{
+    created, deferred, delete_profile, may_create, taken, write_profile, Ensured, Taken, Version,
+};
 use super::state::Context;
 use super::workload_refresh::{drop_rollup, refresh, Turn};
 use crate::key::JobKey;
@@ -37,7 +39,7 @@ use crate::workload::rollup::Layout;
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::api::{Api, DeleteParams, DynamicObject, Preconditions};
+use kube::api::DynamicObject;
 use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
 use memprof_api::family::{family_of, LABEL_FAMILY};
@@ -156,25 +158,7 @@ async fn switch_off(ctx: &Context, key: &JobKey, uid: &str) -> Result<()> {
     let Some(p) = profile.filter(|p| p.owner_references().iter().any(|o| o.uid == uid)) else {
         return Ok(());
     };
-    let params = DeleteParams {
-        preconditions: Some(Preconditions {
-            uid: p.uid(),
-            resource_version: None,
-        }),
-        ..Default::default()
-    };
-    let api: Api<MemoryProfile> = Api::namespaced(ctx.client.clone(), &key.namespace);
-    match api.delete(&key.name, &params).await {
-        Ok(_) => {}
-        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
-        Err(source) => {
-            return Err(Error::DeleteProfile {
-                namespace: key.namespace.clone(),
-                name: key.name.clone(),
-                source,
-            })
-        }
-    }
+    delete_profile(ctx, &p, Version::Any).await?;
     ctx.writer.forget(key);
     info!(workload = %key, "profiling switched off: deleted the PyTorchJob's MemoryProfile");
     Ok(())

@@ -3,7 +3,7 @@
 //! Job's annotations, all handed to the status writer. Deciding is
 //! `operator/reconcile.rs`'s (pure); this file only fetches and hands over.
 
-use super::namesakes::{created, deferred, may_create, write_profile};
+use super::namesakes::{created, deferred, delete_profile, may_create, write_profile, Version};
 use super::reconcile::Fetched;
 use super::rollups;
 use super::state::Context;
@@ -14,13 +14,12 @@ use crate::operator::reconcile::{
     with_recommendation, DesiredStatus, JOB_ANNOTATIONS,
 };
 use crate::operator::thresholds;
-use crate::operator::{Error, Result};
+use crate::operator::Result;
 use crate::remediation::replaced_by_memprof;
 use crate::status::{announce_refused, object_reference, Analysis, Notice};
 use crate::workload::claim::Claimant;
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
-use kube::api::{Api, DeleteParams, Preconditions};
 use kube::ResourceExt;
 use memprof_api::workload::WorkloadKind;
 use memprof_api::{MemoryProfile, MemoryProfileStatus, ANNOTATION_GPU_OOM};
@@ -38,7 +37,7 @@ pub(super) const RESYNC: Duration = Duration::from_secs(300);
 /// admission key not read yet), it is the child's no more.
 async fn drop_own_profile(ctx: &Arc<Context>, f: &Fetched, job: &Job) -> Result<()> {
     if let Some(own) = f.profile.as_deref().filter(|p| owned_by(p, job)) {
-        delete_profile(ctx, own).await?;
+        delete_profile(ctx, own, Version::Any).await?;
         ctx.writer.forget(&f.key);
         ctx.with_state(&f.key, |s| s.profile = None);
         info!(job = %f.key, "deleted the MemoryProfile of a Job now proven its JobSet's child");
@@ -74,7 +73,7 @@ async fn drop_stale(
         None | Some(Succession::Heir) => Ok(false),
         Some(Succession::Pending) => Ok(true),
         Some(Succession::Stranger) => {
-            delete_profile(ctx, profile).await?;
+            delete_profile(ctx, profile, Version::Any).await?;
             ctx.writer.forget(&f.key);
             ctx.with_state(&f.key, |s| s.profile = None);
             info!(job = %f.key, "deleted the MemoryProfile of an earlier Job with this name");
@@ -317,7 +316,7 @@ async fn switch_off(ctx: &Context, f: &Fetched, job: &Job) -> Result<()> {
     let uid = job.uid().unwrap_or_default();
     let ours = |p: &&MemoryProfile| p.owner_references().iter().any(|o| o.uid == uid);
     if let Some(p) = f.profile.as_deref().filter(ours) {
-        delete_profile(ctx, p).await?;
+        delete_profile(ctx, p, Version::Any).await?;
         ctx.writer.forget(&f.key);
         info!(job = %f.key, "profiling switched off: deleted the MemoryProfile");
     }
@@ -335,29 +334,6 @@ async fn switch_off(ctx: &Context, f: &Fetched, job: &Job) -> Result<()> {
         ctx.writer.annotate(&f.key, &uid, BTreeMap::new());
     }
     Ok(())
-}
-
-async fn delete_profile(ctx: &Context, profile: &MemoryProfile) -> Result<()> {
-    let ns = profile.namespace().unwrap_or_default();
-    let name = profile.name_any();
-    let params = DeleteParams {
-        // Never delete a newer profile that took the name meanwhile.
-        preconditions: Some(Preconditions {
-            uid: profile.uid(),
-            resource_version: None,
-        }),
-        ..Default::default()
-    };
-    let api: Api<MemoryProfile> = Api::namespaced(ctx.client.clone(), &ns);
-    match api.delete(&name, &params).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.is_not_found() || s.is_conflict() => Ok(()),
-        Err(source) => Err(Error::DeleteProfile {
-            namespace: ns,
-            name,
-            source,
-        }),
-    }
 }
 
 #[cfg(test)]
