@@ -375,8 +375,9 @@ async fn an_operator_killed_between_deleting_and_creating_a_pytorchjob_finishes_
 
 /// The twins of `faults::a_remediation_interrupted_by_an_api_server_restart_finishes_exactly_once`:
 /// on a control plane of their own (the API server restarts), so
-/// `#[ignore]`d and named `…::faults::…` for hack/test.sh's fault pass
-/// (`-- --ignored --test-threads=1 faults::`), as the Job test is.
+/// `#[ignore]`d and named `…::faults::…_api_server_restart_…` for
+/// hack/test.sh's fault pass, which runs the restarts side by side, as the
+/// Job test is.
 mod faults {
     use super::*;
     use crate::faults::create_namespace;
@@ -567,13 +568,13 @@ mod faults {
     }
 
     #[tokio::test]
-    #[ignore = "restarts an API server of its own: hack/test.sh runs it with --ignored, alone"]
+    #[ignore = "restarts an API server of its own: hack/test.sh runs it with --ignored, beside the other restarts"]
     async fn a_jobset_recreation_interrupted_by_an_api_server_restart_finishes_exactly_once() {
         interrupted_by_an_api_server_restart(WorkloadKind::JobSet).await;
     }
 
     #[tokio::test]
-    #[ignore = "restarts an API server of its own: hack/test.sh runs it with --ignored, alone"]
+    #[ignore = "restarts an API server of its own: hack/test.sh runs it with --ignored, beside the other restarts"]
     async fn a_pytorchjob_recreation_interrupted_by_an_api_server_restart_finishes_exactly_once() {
         interrupted_by_an_api_server_restart(WorkloadKind::PyTorchJob).await;
     }
