@@ -92,8 +92,10 @@ step "integration tests against $(kubectl version -o json 2>/dev/null | python3 
 # One test binary at a time, a few tests in parallel: each test has its own
 # namespace, and a test that must not overlap any other takes the cluster
 # alone (tests/common/alone.rs). memprof's integration tests are the one
-# binary `integration` (tests/main.rs).
-cargo test --workspace --test "*" -- --test-threads=4
+# binary `integration` (tests/main.rs). Six at a time on two cores: the
+# tests mostly wait (on the API server, on sidecars' sampling clocks), so
+# more of them in flight shorten the run (376 s at four here, 315 s at six).
+cargo test --workspace --test "*" -- --test-threads=6
 
 # promtool for tests/alert_rules.py (`promtool test rules`): Debian's
 # prometheus package, unpacked under target/ rather than installed, so that
