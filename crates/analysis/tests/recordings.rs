@@ -992,8 +992,10 @@ fn pcie_c_never_tuned_on() {
 /// peak standing for the trainer's largest step (a trainer that waits
 /// runs a step or none per push); the pace now forecasts from the largest
 /// step of the last 10 s (`pace::Recent::highest_lifted`), made on this
-/// set: +3 %. The second stays: the cache held 6 GB that `empty_cache`
-/// could not release and the leak's blocks could not use (docs/analysis.md).
+/// set: +3 %. The second was the cache: it held 6 GB that `empty_cache`
+/// could not release and the step's allocations could not use, which the
+/// forecast counted as room; it now counts the cache no step uses
+/// (`AgentDevice::idle_cache`): +3.8 %.
 #[test]
 fn pcie_d_as_first_judged() {
     let e = evaluation("pcie-d", 5);
@@ -1017,7 +1019,9 @@ fn pcie_d_as_first_judged() {
     assert!(one(&blind.nvml, "idleleak6").lead_high <= Some(21.0));
     assert!(one(&e.nvml, "leakec3").lead_high >= Some(66.0));
     let tto = |j: &Judged| j.tto_at_half.as_ref().map(|t| t.error_percent.abs());
-    for (cause, lead, within) in [("idleleak6", 92.0, 4.0), ("leakec3", 80.0, 19.0)] {
+    // leakec3 was +18.4 % (bound 19) until the forecast counted the cache
+    // no step uses: +3.8 %.
+    for (cause, lead, within) in [("idleleak6", 92.0, 4.0), ("leakec3", 80.0, 4.0)] {
         let j = one(&e.agent, cause);
         assert!(j.lead_high >= Some(lead), "{j:?}");
         assert!(tto(j).is_some_and(|p| p <= within), "{j:?}");
@@ -1058,7 +1062,9 @@ fn hold_sets_as_first_judged() {
         (&a, "idleleak45", Some((72.0, 6.0)), (89.0, 6.0)),
         (&a, "growdemand", None, (74.0, 3.0)),
         (&a, "neighbour", Some((68.0, 3.0)), (68.0, 3.0)),
-        (&b, "leak800", Some((67.0, 2.0)), (83.0, 15.0)),
+        // The agent's TTO on leak800 was +14 % as first judged (bound 15);
+        // +2.8 % since the forecast counts the cache no step uses.
+        (&b, "leak800", Some((67.0, 2.0)), (83.0, 3.0)),
         (&b, "fragment", Some((89.0, 1.0)), (101.0, 1.0)),
         (&b, "idleleak25", Some((70.0, 1.0)), (92.0, 1.0)),
     ];

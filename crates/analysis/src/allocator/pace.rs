@@ -199,11 +199,16 @@ impl Recent {
     /// often a small step; the OOM comes when the largest one no longer
     /// fits.
     pub fn highest_lifted(&self, slope: f64, span: f64) -> Option<f64> {
-        let now = self.points.back()?.t;
+        self.highest_lifted_at(self.points.back()?.t, slope, span)
+    }
+
+    /// [`Recent::highest_lifted`] as it stood at the push of time `at`:
+    /// the largest step of the `span` seconds before it, lifted to it.
+    pub fn highest_lifted_at(&self, at: f64, slope: f64, span: f64) -> Option<f64> {
         self.points
             .iter()
-            .filter(|p| p.t >= now - span)
-            .map(|p| p.peak + slope * (now - p.t))
+            .filter(|p| p.t >= at - span && p.t <= at)
+            .map(|p| p.peak + slope * (at - p.t))
             .reduce(f64::max)
     }
 
