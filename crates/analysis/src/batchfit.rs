@@ -183,13 +183,13 @@ enum TooLittle {
         "{gap}{censored} and no agent breakdown: run the in-process agent \
          (annotation memprof.dev/agent: python) or let the Job run at a second batch size"
     )]
-    NoBreakdown { gap: Gap, censored: String },
+    Unmeasured { gap: Gap, censored: String },
     #[error("{gap}, and the agent breakdown has no activations peak yet (it is taken at a measured step)")]
-    NoActivationsPeak { gap: Gap },
+    ActivationsPending { gap: Gap },
     #[error("{gap}, and neither the agent breakdown nor the Job's {env_var} says which batch the activations are of")]
-    NoActivationsBatch { gap: Gap, env_var: String },
+    ActivationsBatchUnknown { gap: Gap, env_var: String },
     #[error("{why}, and they are no memory law: {no_law}")]
-    NoLaw {
+    NotALaw {
         why: String,
         no_law: memmodel::NoModel,
     },
@@ -227,14 +227,14 @@ fn breakdown_points(
     censored: String,
 ) -> Result<Points, TooLittle> {
     let Some(b) = e.breakdown else {
-        return Err(TooLittle::NoBreakdown { gap, censored });
+        return Err(TooLittle::Unmeasured { gap, censored });
     };
     let Some(act) = b.activations_peak_bytes.filter(|a| *a > 0) else {
-        return Err(TooLittle::NoActivationsPeak { gap });
+        return Err(TooLittle::ActivationsPending { gap });
     };
     let Some(batch) = b.batch_size.or(e.current).filter(|b| *b > 0) else {
         let env_var = e.env_var.to_owned();
-        return Err(TooLittle::NoActivationsBatch { gap, env_var });
+        return Err(TooLittle::ActivationsBatchUnknown { gap, env_var });
     };
     let per_sample = act as f64 / batch as f64;
     let anchor = e
@@ -331,7 +331,7 @@ pub fn recommend(e: &Evidence<'_>) -> BatchRecommendation {
     let fitted = points_of(e).and_then(|(pts, method, why)| {
         memmodel::fit(&pts)
             .map(|m| (m, method, why.clone()))
-            .map_err(|no_law| TooLittle::NoLaw { why, no_law })
+            .map_err(|no_law| TooLittle::NotALaw { why, no_law })
     });
     let (model, method, why) = match fitted {
         Ok(x) => x,
