@@ -88,6 +88,10 @@ struct Gpu {
     /// The soonest OOM a credible forecast promised while the GPU was
     /// nearly full (at or above `highFraction`).
     doom: Option<f64>,
+    /// The GPU fell back from its ceiling while its trainer ran on: the
+    /// allocator freed its cache and retried (as PyTorch does before an
+    /// OOM), so the card's memory no longer times the next failure.
+    recycles: bool,
     /// The newest cause of growth published.
     growth_cause: Option<NamedCause>,
     /// The newest credible forecast: (time, time to OOM, confidence).
@@ -105,6 +109,7 @@ impl Gpu {
             growing_until: f64::NEG_INFINITY,
             full_since: None,
             doom: None,
+            recycles: false,
             growth_cause: None,
             credible: None,
             processes: Vec::new(),
@@ -544,6 +549,7 @@ fn publish(
     trainer: &[u32],
 ) -> GpuVerdict {
     note_growth(g, &a, t, hold);
+    g.recycles |= fell_back(g, &a, th);
     if !at_ceiling(g, &a, t, th) {
         g.full_since = None;
     } else if t - *g.full_since.get_or_insert(t) <= full_trust_seconds(th) {
@@ -633,6 +639,16 @@ fn full_trust_seconds(th: &Thresholds) -> f64 {
     2.0 * th.bucket_seconds
 }
 
+/// The newest sample left the ceiling the GPU sat at, but the card did not
+/// empty: the trainer that filled it is still there, holding most of it,
+/// so the allocation that "fails now" did not (an OOM ends the process and
+/// empties the card, below half of `mediumFraction`). The sample, not the
+/// level: the level is the upper envelope, which keeps a bucket's top.
+fn fell_back(g: &Gpu, a: &Assessment, th: &Thresholds) -> bool {
+    let now = a.used as f64 / a.total.max(1) as f64;
+    g.full_since.is_some() && (th.medium_fraction / 2.0..th.critical_fraction).contains(&now)
+}
+
 /// A nearly full GPU (at or above `highFraction`) that outlived the
 /// soonest OOM its credible forecasts promised by [`full_trust_seconds`]:
 /// those forecasts were refuted (a cache that fills the card reads as
@@ -642,6 +658,7 @@ fn full_trust_seconds(th: &Thresholds) -> f64 {
 fn outlived(g: &mut Gpu, a: &Assessment, t: f64, th: &Thresholds) -> bool {
     if a.level_fraction < th.medium_fraction / 2.0 {
         g.doom = None;
+        g.recycles = false;
     }
     let due = a
         .time_to_oom_seconds
@@ -650,7 +667,8 @@ fn outlived(g: &mut Gpu, a: &Assessment, t: f64, th: &Thresholds) -> bool {
     if let Some(due) = due {
         g.doom = Some(g.doom.map_or(due, |d| d.min(due)));
     }
-    a.level_fraction >= th.high_fraction && g.doom.is_some_and(|d| t - d > full_trust_seconds(th))
+    a.level_fraction >= th.high_fraction
+        && (g.recycles || g.doom.is_some_and(|d| t - d > full_trust_seconds(th)))
 }
 
 /// Full for longer than [`full_trust_seconds`] and still running: a
@@ -908,6 +926,60 @@ mod tests {
         };
         assert!(!outlived(&mut g, &idle, 100.0, &th));
         assert_eq!(g.doom, None);
+    }
+
+    /// A demand that grows while its cache fills the card: PyTorch frees
+    /// the cache and retries when an allocation fails, so the card's memory
+    /// saws between its ceiling and 90 % while the trainer runs on (the
+    /// GPU recordings' growing demand, which NVML alone called "OOM now"
+    /// for 20 s at each top of the saw, 0 s where 50 s were left). The
+    /// first time at the ceiling is still "OOM now" (a leak dies there);
+    /// once the card fell back with the trainer still on it, no time is
+    /// promised while it is nearly full, until it empties for a new run.
+    #[test]
+    fn a_card_that_fell_back_from_its_ceiling_promises_no_time() {
+        let th = Thresholds::default();
+        let total = 80 * G;
+        let mut tr = Tracker::new(&th);
+        let saw = |s: u64| match s {
+            0..=9 => G / 2,
+            10..=19 => 60 * G,
+            // 1 GiB/s to the ceiling, then the saw: 4 s at the top, back to 90 %, up again.
+            20..=39 => (60 * G + (s - 20) * G).min(total - G / 8),
+            _ if (s - 40) % 8 < 4 => total - G / 8,
+            _ => total * 9 / 10,
+        };
+        let mut first_top = None;
+        let mut promised_after_fall = Vec::new();
+        for s in 0..=120 {
+            let t = s as f64;
+            tr.sample(t, 0, Some("GPU-a"), saw(s), total);
+            let v = tr.analyse(t)[0].clone();
+            verdict::check(&v.assessment, &th, v.held).unwrap();
+            let a = v.assessment;
+            if s == 41 {
+                first_top = Some(a.clone());
+            }
+            if s >= 44 && a.level_fraction >= th.high_fraction && a.time_to_oom_seconds.is_some() {
+                promised_after_fall.push((s, a.time_to_oom_seconds));
+            }
+        }
+        let first = first_top.unwrap();
+        assert_eq!(first.time_to_oom_seconds, Some(0.0), "{first:?}");
+        assert!(promised_after_fall.is_empty(), "{promised_after_fall:?}");
+        // The card empties (a new run): forecasts are believed again.
+        for s in 121..=160 {
+            let t = s as f64;
+            let used = if s < 130 {
+                G / 2
+            } else {
+                60 * G + (s - 130) * G
+            };
+            tr.sample(t, 0, Some("GPU-a"), used, total);
+            tr.analyse(t);
+        }
+        let a = tr.analyse(160.0)[0].assessment.clone();
+        assert!(a.time_to_oom_seconds.is_some(), "{a:?}");
     }
 
     /// The allocator's limit shows 50 % in use while the device is 96 %

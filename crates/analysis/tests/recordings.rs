@@ -33,6 +33,14 @@ fn set(name: &str, n: usize) -> Vec<Recording> {
         .collect()
 }
 
+/// Every recording of the set `recordings/NAME`.
+fn whole(name: &str) -> Vec<Recording> {
+    let dir = root().join("recordings").join(name);
+    let read = |file: &str| std::fs::read_to_string(dir.join(file)).ok();
+    let n = set_scenarios(&read).len();
+    set(name, n)
+}
+
 /// The set's evaluation, printed as `memprof analyze --evaluate` prints it.
 fn evaluation(name: &str, n: usize) -> Evaluation {
     let e = evaluate(&set(name, n), &Thresholds::default());
@@ -1082,6 +1090,9 @@ fn hold_sets_as_first_judged() {
         }
     }
     assert_eq!(one(&a.nvml, "growdemand").lead_high, Some(77.4));
+    // First judged -100 % (0 s, "OOM now", at a top of the cache's saw);
+    // since the card that fell back promises no time: none.
+    assert!(one(&a.nvml, "growdemand").tto_at_half.is_none());
     let named = |e: &Evaluation, run| one(&e.agent, run).named.clone();
     assert_eq!(named(&a, "neighbour").as_deref(), Some("neighbour"));
     assert_eq!(named(&a, "growdemand").as_deref(), Some("growingDemand"));
@@ -1092,4 +1103,43 @@ fn hold_sets_as_first_judged() {
         assert_eq!(one(&e.agent, run).false_flags, 0, "{run}");
     }
     assert_eq!(one(&b.agent, "spike").lead_high, None);
+}
+
+/// Growing demand whose cache fills the card, from NVML alone: PyTorch frees
+/// the cache and retries at the ceiling, so the card's memory saws under it
+/// while the trainer runs; once it fell back, NVML promises no time (it was
+/// "OOM now", 0 s, at each top: -91 to -100 % at half-life on 7 sets). The
+/// level stays critical and the lead is untouched. causes-dev's -83 % is the
+/// known miss: a forecast of the cache filling the card, made before it
+/// first did, which NVML cannot tell from the demand's.
+#[test]
+fn growing_demand_from_nvml_alone_promises_no_time_once_the_card_fell_back() {
+    for name in [
+        "busy-b",
+        "busy-c",
+        "causes-fresh",
+        "causes-fresh2",
+        "causes-heldout",
+        "causes-split",
+        "hold-a",
+        "mixed-b",
+        "pcie-b",
+        "setup-b",
+        "smooth-c",
+    ] {
+        let e = evaluate(&whole(name), &Thresholds::default());
+        let j = one(&e.nvml, "growdemand");
+        assert!(j.tto_at_half.is_none(), "{name}: {j:?}");
+        let goal = j.life.map(|life| (life * 2.0 / 3.0).min(60.0));
+        assert!(j.lead_high >= goal, "{name}: {j:?}");
+    }
+    let e = evaluate(&whole("causes-dev"), &Thresholds::default());
+    let miss = one(&e.nvml, "growdemand")
+        .tto_at_half
+        .as_ref()
+        .map(|t| t.error_percent);
+    assert!(
+        miss.is_some_and(|p| (-84.0..=-82.0).contains(&p)),
+        "{miss:?}"
+    );
 }

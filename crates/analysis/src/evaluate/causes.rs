@@ -191,7 +191,7 @@ fn header() -> String {
 fn goals_line(g: &Goals) -> String {
     format!(
         "{}: first high >= {GOAL_LEAD_SECONDS:.0} s before the OOM {}/{} (lives >= {GOAL_LIFE_SECONDS:.0} s), \
-         >= 2/3 of the life {}/{} (any life); TTO within {GOAL_TTO_PERCENT:.0} % at half-life {}/{}; \
+         >= 2/3 of the life {}/{} (any life); TTO within {GOAL_TTO_PERCENT:.0} % at half-life {}/{}{}; \
          legitimate runs ({}): {} s high, {} s leak flag; transitions <= levels + 1: {}/{}\n",
         g.source,
         g.lead_met,
@@ -200,6 +200,10 @@ fn goals_line(g: &Goals) -> String {
         g.ooms,
         g.tto_met,
         g.with_tto,
+        match g.ooms - g.with_tto {
+            0 => String::new(),
+            n => format!(" ({n} promised no time)"),
+        },
         g.legitimate,
         g.false_high_seconds,
         g.false_leak_seconds,
