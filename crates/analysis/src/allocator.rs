@@ -769,7 +769,12 @@ impl AgentDevice {
         let reserved_growth =
             (self.reserved.observed_span() > 0.0).then_some(reserved.growth_bytes_per_second);
         let growth = growth_kind(leak, reserved_growth, th);
-        let pace = (risk.growth_bytes_per_second > 0.0).then_some(risk.growth_bytes_per_second);
+        // The tensors' own pace, not the verdict's growth: that is the pace
+        // of the forecast that made the verdict, which for a fragmenting
+        // cache is reserved memory's and for a neighbour memory outside the
+        // allocator (read as the tensors', it let NVML's leak flag through
+        // as the trainer's own leak: `tracker::own_leak_sooner`).
+        let pace = self.pace.map(|p| p.slope).filter(|&s| s > 0.0);
         let allocated_growth = pace.or(long.map(|f| f.slope));
         let (fragmentation, split_fraction) = fragmentation(&self.last);
         let recent_retries = recent_increase(&self.retries);

@@ -588,6 +588,37 @@ fn a_neighbour_filling_the_gpu_is_forecast_from_memory_outside_the_allocator() {
         .all(|a| crate::verdict::check(&a.risk, &th, false).is_ok()));
 }
 
+/// The tensors' pace is allocated memory's, whatever cause made the
+/// verdict: over flat tensors, a cache fragmenting at 1.2 GB/s and a
+/// neighbour growing 0.4 GB/s are forecast at their own pace, and the
+/// allocated growth stays none (it was the forecast's pace, which the
+/// tracker read as tensors rising with NVML's leak: `own_leak_sooner`).
+#[test]
+fn allocated_growth_is_the_tensors_pace_whatever_cause_made_the_verdict() {
+    let th = Thresholds::default();
+    let fragmenter = |t: f64| at(3.0 * GB, 3.5 * GB, 7.0 * GB + 1.2 * GB * t);
+    let neighbour = |t: f64| At {
+        others: 0.4 * GB * t,
+        ..at(30.0 * GB, 40.0 * GB, 42.0 * GB)
+    };
+    for (f, cause) in [
+        (&fragmenter as &dyn Fn(f64) -> At, Cause::Fragmentation),
+        (&neighbour, Cause::Neighbour),
+    ] {
+        let (_, all) = run(55, f);
+        let named = all
+            .iter()
+            .find(|a| a.risk.cause.as_ref().is_some_and(|c| c.cause == cause))
+            .unwrap_or_else(|| panic!("{cause:?}: {:?}", all.last()));
+        assert!(named.risk.growth_bytes_per_second > 0.3 * GB, "{named:?}");
+        for a in &all {
+            let g = a.allocated_growth.unwrap_or(0.0);
+            assert!(g <= th.leak_bytes_per_second, "{cause:?}: {a:?}");
+            assert!(!a.risk.leak_suspected, "{cause:?}: {a:?}");
+        }
+    }
+}
+
 /// Long sequences make every step long: a push lands mid-step, its
 /// allocated bytes anywhere between memory between steps and the step's
 /// peak. The peaks rise (growing demand), memory between steps stays put
