@@ -394,7 +394,10 @@ fn fuse(aa: &AllocatorAssessment, nvml: Assessment, th: &Thresholds) -> (Assessm
         format!(
             "device memory grows {} outside the trainer's allocator, whose own pace is {}",
             memprof_api::format_rate(outside).trim_start_matches('+'),
-            memprof_api::format_rate(a.growth_bytes_per_second.max(0.0)).trim_start_matches('+'),
+            // The tensors' own pace, not the verdict's (which may be a
+            // fragmenting cache's or this very neighbour's).
+            memprof_api::format_rate(aa.allocated_growth.unwrap_or(0.0).max(0.0))
+                .trim_start_matches('+'),
         ),
     ));
     (n, false)
@@ -589,12 +592,13 @@ fn publish(
     }
 }
 
-/// The causes of growth toward the ceiling (a forecast of one).
+/// The causes of growth toward the ceiling (a forecast of one): a
+/// fragmenting cache's too, so that the card it fills keeps its name.
 fn growth_cause(a: &Assessment) -> Option<&NamedCause> {
     a.cause.as_ref().filter(|c| {
         matches!(
             c.cause,
-            Cause::Leak | Cause::GrowingDemand | Cause::Neighbour
+            Cause::Leak | Cause::GrowingDemand | Cause::Neighbour | Cause::Fragmentation
         ) && a.time_to_oom_seconds.is_some()
     })
 }
@@ -874,6 +878,9 @@ mod tests {
                 // The neighbour's pid and its memory now (0.4 GB/s x ~40 s).
                 assert!(c.evidence.contains("pid 200 holds "), "{c:?}");
                 assert!(c.evidence.contains("GiB"), "{c:?}");
+                // The trainer's tensors are flat: its own pace is theirs,
+                // not the neighbour's that made the verdict.
+                assert!(c.evidence.contains("whose own pace is 0B/s"), "{c:?}");
             }
         }
         // Full at t = (80 GiB - 42.5 GiB) / 0.4 GB/s = 100 s.

@@ -12,6 +12,7 @@ use memprof_analysis::evaluate::judge::Judged;
 use memprof_analysis::evaluate::recording::{
     read_fixture, read_scenario, set_scenarios, Recording,
 };
+use memprof_analysis::evaluate::replay::{replay, Mode};
 use memprof_analysis::evaluate::{evaluate, render, Evaluation};
 use memprof_api::thresholds::Thresholds;
 use memprof_api::{Cause, MemoryGrowth, RiskLevel};
@@ -1202,5 +1203,40 @@ fn the_agent_s_leak_flag_on_a_fragmenter_is_its_kept_tensors() {
             "{name}: {paces:?}"
         );
         assert!(named, "{name}");
+    }
+}
+
+/// A fragmenting cache that fills the card keeps its name at the ceiling:
+/// "OOM now" carries the cause of the growth that got there, and a
+/// fragmenting cache is one (it named the stale leak of the fragmenter's
+/// kept blocks for the last seconds before: causes-dev, hold-b).
+#[test]
+fn at_the_ceiling_a_fragmenting_cache_keeps_its_name() {
+    for name in [
+        "busy-b",
+        "causes-dev",
+        "causes-fresh",
+        "causes-fresh2",
+        "causes-heldout",
+        "hold-b",
+        "mixed-b",
+        "mixed-c",
+    ] {
+        let recs = whole(name);
+        let rec = recs
+            .iter()
+            .find(|r| r.name.starts_with("fragment"))
+            .unwrap_or_else(|| panic!("{name}: no fragmentation run"));
+        let r = replay(rec, &Thresholds::default(), Mode::Agent);
+        let now: Vec<_> = r
+            .readings
+            .iter()
+            .filter(|x| x.tto == Some(0.0))
+            .map(|x| x.cause)
+            .collect();
+        assert!(
+            !now.is_empty() && now.iter().all(|c| *c == Some(Cause::Fragmentation)),
+            "{name}: {now:?}"
+        );
     }
 }
