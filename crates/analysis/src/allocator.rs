@@ -320,15 +320,7 @@ impl AgentDevice {
                 total,
             });
             let outside = total.saturating_sub(free).saturating_sub(d.reserved_bytes);
-            self.others.push_back((t, outside as f64));
-            while self
-                .others
-                .front()
-                .is_some_and(|p| t - p.0 > OTHERS_SECONDS)
-                || self.others.len() > MAX_POINTS
-            {
-                self.others.pop_front();
-            }
+            push_within(&mut self.others, (t, outside as f64), OTHERS_SECONDS);
             self.floor_long.push(Sample {
                 t,
                 used: d.allocated_bytes.min(limit),
@@ -355,15 +347,11 @@ impl AgentDevice {
     /// rise since the previous push ([`Self::note_segment`]).
     fn note_reserved(&mut self, t: f64, d: &DeviceStats) {
         self.note_segment(t, d);
-        self.reserved_at.push_back((t, d.reserved_bytes as f64));
-        while self
-            .reserved_at
-            .front()
-            .is_some_and(|p| t - p.0 > RECENT_SECONDS)
-            || self.reserved_at.len() > MAX_POINTS
-        {
-            self.reserved_at.pop_front();
-        }
+        push_within(
+            &mut self.reserved_at,
+            (t, d.reserved_bytes as f64),
+            RECENT_SECONDS,
+        );
     }
 
     /// Reserved memory's rise since the previous push: one more segment.
@@ -933,6 +921,15 @@ fn phase_slope(series: &GpuSeries, idle_below: f64, th: &Thresholds) -> Option<f
         return None;
     }
     least_squares_slope(&lower)
+}
+
+/// Appends `p` to a window of points no older than `seconds` before it
+/// (and at most [`MAX_POINTS`] of them).
+fn push_within(points: &mut VecDeque<(f64, f64)>, p: (f64, f64), seconds: f64) {
+    points.push_back(p);
+    while points.front().is_some_and(|q| p.0 - q.0 > seconds) || points.len() > MAX_POINTS {
+        points.pop_front();
+    }
 }
 
 fn push_point(points: &mut VecDeque<(f64, u64)>, p: (f64, u64)) {
