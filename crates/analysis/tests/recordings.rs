@@ -1094,6 +1094,12 @@ fn hold_sets_as_first_judged() {
     // First judged -100 % (0 s, "OOM now", at a top of the cache's saw);
     // since the card that fell back promises no time: none.
     assert!(one(&a.nvml, "growdemand").tto_at_half.is_none());
+    // ... and the goals line counts it as no time, not as a time met.
+    assert!(
+        render(&a).contains("nvml: first high >= 60 s before the OOM 3/3 (lives >= 90 s), >= 2/3 of the life 3/3 (any life); TTO within 10 % at half-life 2/2 (1 promised no time);"),
+        "{}",
+        render(&a)
+    );
     let named = |e: &Evaluation, run| one(&e.agent, run).named.clone();
     assert_eq!(named(&a, "neighbour").as_deref(), Some("neighbour"));
     assert_eq!(named(&a, "growdemand").as_deref(), Some("growingDemand"));
