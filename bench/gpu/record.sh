@@ -329,6 +329,22 @@
 #| hold-b         churn       none  15     19   --seed 3104 --d-model 960 --layers 12 --heads 12 --seq 1280 --vocab 32000 --batch-schedule 4 --peak-every 6 --empty-cache-every 1.5 --duration 15
 #| hold-b         varlen      none  15     19   --seed 3105 --d-model 960 --layers 12 --heads 12 --seq 1280 --vocab 32000 --batch-schedule 4 --peak-every 0 --varlen 0.3:2.5 --duration 15
 #
+# hold-c and hold-d: recorded 2026-11-29 (evening) on one H200, one set per
+# device call, with the release sidecar and agent of bea3069; judged once as
+# they came, never tuned on. Two more models, other rates and seeds; the
+# fragmenter pins each segment with one 1 MiB block every 10-12 s
+# (--fragment-one-keeper: it leaks under leakBytesPerSecond, so its truth
+# "fragmentation, no leak" holds by memprof's own definition); legitimate
+# runs of 40 s.
+#| hold-c         leak600     oom   117    130  --seed 3201 --d-model 1664 --layers 8 --heads 13 --seq 640 --vocab 32000 --batch-schedule 4 --peak-every 7 --leak-mbps 600 --leak-at 6 --life 100 --duration 125
+#| hold-c         fraglean    other 125    140  --seed 3202 --d-model 1664 --layers 8 --heads 13 --seq 640 --vocab 32000 --batch-schedule 4 --peak-every 7 --fragment --fragment-one-keeper --fragment-tick 10 --leak-at 5 --life 110 --duration 130
+#| hold-c         growdemand  other 115    130  --seed 3203 --d-model 1664 --layers 8 --heads 13 --seq 640 --vocab 32000 --batch-schedule 5 --peak-every 0 --accumulation 2 --demand-mbps 320 --leak-at 5 --life 100 --max-seq 32768 --duration 125
+#| hold-c         steadyeval  none  40     46   --seed 3204 --d-model 1664 --layers 8 --heads 13 --seq 640 --vocab 32000 --batch-schedule 5 --peak-every 7 --eval-every 8 --eval-batches 4 --eval-batch 8 --duration 40
+#| hold-d         neighbour   other 118    133  --seed 3301 --d-model 1152 --layers 14 --heads 12 --seq 1024 --vocab 32000 --batch-schedule 4 --peak-every 5 --empty-cache-every 4 --neighbour-mbps 600 --leak-at 10 --life 95 --duration 125
+#| hold-d         leakec5     oom   117    130  --seed 3302 --d-model 1152 --layers 14 --heads 12 --seq 1024 --vocab 32000 --batch-schedule 3 --peak-every 5 --leak-mbps 1000 --leak-at 6 --empty-cache-every 5 --life 100 --duration 125
+#| hold-d         fraglean    other 117    130  --seed 3303 --d-model 1152 --layers 14 --heads 12 --seq 1024 --vocab 32000 --batch-schedule 4 --peak-every 5 --fragment --fragment-one-keeper --fragment-tick 12 --leak-at 5 --life 100 --duration 125
+#| hold-d         varlen      none  40     46   --seed 3304 --d-model 1152 --layers 14 --heads 12 --seq 1024 --vocab 32000 --batch-schedule 4 --peak-every 0 --varlen 0.4:2 --duration 40
+#
 # The selftest set rehearses the whole campaign on a machine without a GPU
 # (`python3 -m pytest -q bench/gpu/selftest`: a stand-in torch, the sim
 # backend); small model, short runs, the same code paths.
