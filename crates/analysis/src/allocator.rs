@@ -41,7 +41,7 @@ use crate::verdict::{level_of, Cause, NamedCause};
 use memprof_api::agent::DeviceStats;
 use memprof_api::thresholds::Thresholds;
 use memprof_api::{MemoryGrowth, RiskLevel};
-use pace::{Point, Recent};
+use pace::{Point, Recent, MIN_RISE_FRACTION};
 use std::collections::VecDeque;
 
 /// Phases tracked per device (the first seen).
@@ -803,7 +803,20 @@ impl AgentDevice {
     /// the user's horizon with every phase), and the floor's growth there.
     fn leaks(&self, ath: &AgentThresholds) -> (bool, Option<FloorGrowth>) {
         let idle = IDLE_FRACTION * self.limit.unwrap_or(0.0);
-        let long = growth_of_floor(&self.floor_long, idle, &ath.floor_long, LONG_FLOOR_R2);
+        // Memory kept while no step ran is setup, on every horizon: the
+        // floor's growth counts from the end of the newest setup, so the
+        // load's rise read with the flat steps after it is no leak.
+        let since = self
+            .recent
+            .setup_ended_at(MIN_RISE_FRACTION * self.limit_or_total())
+            .unwrap_or(f64::NEG_INFINITY);
+        let long = growth_of_floor(
+            &self.floor_long,
+            since,
+            idle,
+            &ath.floor_long,
+            LONG_FLOOR_R2,
+        );
         // A leak lifts every point of the step, so every phase's memory
         // rises too; longer sequences lift the forward phase, not the floor.
         let every_phase_rises = self.phases.iter().all(|(_, s)| {
@@ -898,13 +911,17 @@ fn active_lower(series: &GpuSeries, idle_below: f64, th: &Thresholds) -> Vec<(f6
     lower
 }
 
+/// The floor's growth from `since` on (and from the trainer's start).
 fn growth_of_floor(
     series: &GpuSeries,
+    since: f64,
     idle_below: f64,
     th: &Thresholds,
     min_r2: f64,
 ) -> Option<FloorGrowth> {
-    let fit = theil_sen(&active_lower(series, idle_below, th))?;
+    let mut lower = active_lower(series, idle_below, th);
+    lower.retain(|p| p.0 > since);
+    let fit = theil_sen(&lower)?;
     Some(FloorGrowth {
         slope: fit.slope,
         leaks: fit.slope > th.leak_bytes_per_second

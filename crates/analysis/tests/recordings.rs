@@ -694,8 +694,10 @@ fn a_fragmented_cache_s_time_to_oom_holds_from_one_reading_to_the_next() {
 /// counts from the push before the first move (a warm-up whose steps all
 /// fell in one push interval gave no period, so its load was no setup:
 /// loadshort2's 10 s). With the agent, the four loads raise no high (6,
-/// 10, 10 and 9 s before) and at most 2 s of leak flag. The causes whose
-/// steps run keep
+/// 10, 10 and 9 s before) and no leak flag: loadlong2's last 2 s of flag
+/// came from memory between steps on the user's horizon, a minute that
+/// held the load's rise, which now counts from the end of the load. The
+/// causes whose steps run keep
 /// their leads and times (`setup_sets_as_first_judged`).
 #[test]
 fn setup_that_ended_is_no_training_pace() {
@@ -708,7 +710,41 @@ fn setup_that_ended_is_no_training_pace() {
         let e = evaluation(name, 4);
         let a = one(&e.agent, load);
         assert_eq!(a.high_seconds, 0.0, "{name} {a:?}");
-        assert!(a.false_leak_seconds <= 2.0, "{name} {a:?}");
+        assert_eq!(a.false_leak_seconds, 0.0, "{name} {a:?}");
+    }
+}
+
+/// `recordings/smooth-a` and `smooth-b` with the agent, whose pushes there
+/// carry no step count (recorded before the agent counted optimizer
+/// steps), since a push whose interval freed memory counts as a step where
+/// none is counted (seen: the rule was made on these loads). Weights
+/// placed piece by piece free nothing, so each push's peak is the memory
+/// at the push; training frees its activations at every step. The three
+/// loads raised 28/30, 56/56 and 8/8 s of high / leak flag; now none, and
+/// the four leaks, whose steps run, keep their first high >= 88 s before
+/// the OOM and their TTO at half-life within 3 % (docs/gpu-results.md).
+#[test]
+fn loads_are_setup_where_the_agent_counts_no_steps() {
+    for (name, loads, leaks) in [
+        ("smooth-a", vec!["loadmid"], ["leak600", "leak300"]),
+        (
+            "smooth-b",
+            vec!["loadlong", "loadshort"],
+            ["leak1000", "leak450"],
+        ),
+    ] {
+        let e = evaluation(name, 4);
+        for load in loads {
+            let a = one(&e.agent, load);
+            assert_eq!(a.high_seconds, 0.0, "{name} {a:?}");
+            assert_eq!(a.false_leak_seconds, 0.0, "{name} {a:?}");
+        }
+        for leak in leaks {
+            let a = one(&e.agent, leak);
+            assert!(a.lead_high >= Some(88.0), "{name} {a:?}");
+            let t = a.tto_at_half.as_ref().expect("a time at half-life");
+            assert!(t.error_percent.abs() <= 3.0, "{name} {a:?}");
+        }
     }
 }
 

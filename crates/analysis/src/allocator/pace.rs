@@ -81,21 +81,34 @@ pub struct Recent {
     /// The newest stretch of at least the shortest window whose pushes'
     /// step count stood still, once steps ran again ([`Stall`]).
     stall: Option<Stall>,
+    /// Some push carried the trainer's own step count.
+    counted: bool,
+    /// Where no push counts steps: the pushes whose interval freed memory
+    /// ([`Recent::freed_count`]).
+    freed: u64,
+    /// The newest push without the trainer's own step count.
+    uncounted_at: Option<f64>,
 }
 
 /// Pushes between two moves of the step count: when they began and ended,
-/// and how far the peaks rose over them.
+/// how far the peaks rose over them, and the trainer's usual step before
+/// them.
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct Stall {
     from: f64,
     to: f64,
     rise: f64,
+    /// Seconds per step as known when the stall began: the period read
+    /// after it spreads the stall's own seconds over the steps, so a
+    /// trainer that stepped a few times before a long load looked as slow
+    /// as the load was long, and the load too short to be setup.
+    period: Option<f64>,
 }
 
 impl Stall {
     /// The stepless stretch of pushes that ends at the newest of `points`
     /// (all carrying `step`).
-    fn ending(points: &VecDeque<Point>, step: u64) -> Option<Stall> {
+    fn ending(points: &VecDeque<Point>, step: u64, period: Option<f64>) -> Option<Stall> {
         let last = points.back()?;
         let mut first = last;
         let mut top = last.peak;
@@ -107,31 +120,44 @@ impl Stall {
             from: first.t,
             to: last.t,
             rise: top - first.peak,
+            period,
         })
     }
 
     /// Setup that ended: memory rose by a pace's least rise while no step
     /// ran for at least three of the trainer's usual steps (`period`) and
     /// the shortest window, the rule [`Recent::setup_since`] reads while it
-    /// lasts.
+    /// lasts. `period` is the usual step now, read where none was known
+    /// before the stall.
     fn was_setup(&self, period: f64, min_rise: f64) -> bool {
+        let period = self.period.unwrap_or(period);
         self.to - self.from >= (3.0 * period).max(WINDOWS[0]) && self.rise >= min_rise
     }
 }
 
 impl Recent {
-    /// Adds a push.
-    pub fn push(&mut self, p: Point) {
+    /// Adds a push. Where no push counts steps, the pushes whose interval
+    /// freed memory count them ([`Recent::freed_count`]).
+    pub fn push(&mut self, mut p: Point) {
+        if p.step.is_some() {
+            self.counted = true;
+        } else {
+            self.uncounted_at = Some(p.t);
+            if !self.counted {
+                p.step = Some(self.freed_count(&p));
+            }
+        }
         let before = self.points.back().and_then(|b| Some((b.t, b.step?)));
         if let (Some((t0, x)), Some(y)) = (before, p.step) {
             if y > x {
+                let usual = self.step_period();
                 // The first move counts from the push before it: y - x
                 // steps ran between the two (a warm-up of 12 steps inside
                 // one push interval gives the period at once).
                 let first = self.moves.map_or((t0, x), |m| m.0);
                 self.moves = Some((first, (p.t, y)));
                 // A usual step is no stall: the newest long one is kept.
-                let stall = Stall::ending(&self.points, x);
+                let stall = Stall::ending(&self.points, x, usual);
                 if stall.is_some_and(|s| s.to - s.from >= WINDOWS[0]) {
                     self.stall = stall;
                 }
@@ -150,9 +176,22 @@ impl Recent {
 
     /// Forgets everything (a new process).
     pub fn clear(&mut self) {
-        self.points.clear();
-        self.moves = None;
-        self.stall = None;
+        *self = Recent::default();
+    }
+
+    /// The step count of an agent that counts none: one more for each push
+    /// whose interval peak stands above the allocated bytes at the push.
+    /// Why: a training step frees its activations before the next begins,
+    /// so an interval in which a step ended freed memory; one whose peak is
+    /// what is allocated at its end freed nothing since that peak, and a run
+    /// of them ran no step. Weights arriving piece by piece free nothing;
+    /// a leak lifts memory while its steps still free their activations.
+    /// The count then feeds the same setup rules as the trainer's own.
+    fn freed_count(&mut self, p: &Point) -> u64 {
+        if p.peak > p.floor {
+            self.freed += 1;
+        }
+        self.freed
     }
 
     /// The newest push.
@@ -170,7 +209,11 @@ impl Recent {
             return false;
         };
         let from = last.t - span;
-        if self.points.front().is_none_or(|f| f.t > from) {
+        // Steps counted from freed memory say when memory was freed, not
+        // that the trainer stepped throughout.
+        if self.points.front().is_none_or(|f| f.t > from)
+            || self.uncounted_at.is_some_and(|u| u >= from)
+        {
             return false;
         }
         let still = (3.0 * period).max(4.0);
@@ -255,6 +298,14 @@ impl Recent {
             (Some(s), Some(period)) => s.to > from && s.was_setup(period, min_rise),
             _ => false,
         }
+    }
+
+    /// When the newest setup that ended (a stepless stretch in which memory
+    /// rose by `min_rise`, then steps again) ended: what rose in it is
+    /// setup on every horizon, so memory between steps counts from here.
+    pub fn setup_ended_at(&self, min_rise: f64) -> Option<f64> {
+        let (s, period) = (self.stall?, self.step_period()?);
+        s.was_setup(period, min_rise).then_some(s.to)
     }
 
     /// Buckets of the points from `from`: (middle, lowest peak, lowest floor).
@@ -416,8 +467,9 @@ fn floor_flat(floors: &[(f64, f64)], slope: f64) -> bool {
 /// loading, a second model) is setup, whatever its pace (read over the
 /// newest half of the pace's window, and at least three of the trainer's
 /// usual steps, once its steps were seen to move: `Recent::setup_since`).
-/// Unknown steps (an agent that does not count them) are not evidence of
-/// setup.
+/// Unknown steps (a push without a count after counted ones) are not
+/// evidence of setup; an agent that never counts has its pushes counted by
+/// the memory they freed (`Recent::freed_count`).
 fn setup<'a>(mut points: impl Iterator<Item = &'a Point>) -> bool {
     let Some(first) = points.next().and_then(|p| p.step) else {
         return false;
@@ -750,5 +802,88 @@ mod tests {
         let p = r.pace(LEAK, LIMIT).unwrap();
         assert!((p.slope - 2.0 * GB).abs() < 0.05 * GB, "{p:?}");
         assert!(p.span <= 12.0, "{p:?}");
+    }
+
+    /// An agent that counts no steps (the recorded smooth sets): 10 s of
+    /// training whose every push freed its activations (peak over the
+    /// memory at the push), then weights arriving at 1 GB/s piece by piece
+    /// for 30 s, nothing freed, then training again. The load is setup
+    /// while it lasts and no window reaches back into it once steps free
+    /// memory again; the same rise with activations freed at every push
+    /// (a leak) is a leak's pace. Counted so, the pushes still say nothing
+    /// of stepping throughout.
+    #[test]
+    fn an_agent_that_counts_no_steps_counts_the_pushes_that_freed_memory() {
+        let run = |load_frees: bool| {
+            let mut r = Recent::default();
+            let mut out = Vec::new();
+            for i in 0..=70u64 {
+                let t = i as f64;
+                let kept = 20.0 * GB + 1.0 * GB * (t - 10.0).clamp(0.0, 30.0);
+                let loading = (11..=40).contains(&i);
+                let activations = if loading && !load_frees {
+                    0.0
+                } else {
+                    2.0 * GB
+                };
+                r.push(Point {
+                    t,
+                    peak: kept + activations,
+                    floor: kept,
+                    step: None,
+                });
+                out.push((t, r.pace(LEAK, LIMIT)));
+            }
+            (r, out)
+        };
+        let (r, load) = run(false);
+        for (t, p) in &load {
+            match *t {
+                t if t > 20.0 && t <= 40.0 => assert!(p.expect("a pace").setup, "at {t}: {p:?}"),
+                t if t > 40.0 => assert!(p.is_none_or(|p| p.setup), "at {t}: {p:?}"),
+                _ => {}
+            }
+        }
+        assert!(
+            !r.stepping_throughout(20.0),
+            "freed memory is no step count"
+        );
+        let (_, leak) = run(true);
+        let (t, p) = leak[30];
+        assert!(
+            !p.expect("a pace").setup && !p.unwrap().floor_flat,
+            "at {t}: {p:?}"
+        );
+    }
+
+    /// Two steps of warm-up 1 s apart, 25 s of weights loading with the
+    /// count standing still, then a step a second: the stall is judged by
+    /// the step the trainer took before it (1 s), not by the period read
+    /// after it, which spreads the stall over three steps (9 s a step, so
+    /// 25 s looked shorter than three steps and the load's window was a
+    /// leak the moment steps resumed: smooth-a's loadmid, 11 s of flag).
+    #[test]
+    fn a_stall_is_judged_by_the_usual_step_before_it() {
+        let mut r = Recent::default();
+        for i in 0..=50u64 {
+            let t = i as f64;
+            let kept = 20.0 * GB + 1.5 * GB * (t - 10.0).clamp(0.0, 25.0);
+            let step = match i {
+                0..=8 => 0,
+                9 => 1,
+                10..=35 => 2,
+                _ => i - 33,
+            };
+            r.push(Point {
+                t,
+                peak: kept + 2.0 * GB,
+                floor: kept,
+                step: Some(step),
+            });
+            let p = r.pace(LEAK, LIMIT);
+            assert!(t <= 35.0 || p.is_none_or(|p| p.setup), "at {t}: {p:?}");
+        }
+        let ended = r.setup_ended_at(MIN_RISE_FRACTION * LIMIT).expect("setup");
+        assert!((ended - 35.0).abs() < 1e-9, "{ended}");
     }
 }

@@ -702,6 +702,37 @@ fn memory_that_rises_while_no_step_runs_is_setup_not_a_leak() {
     );
 }
 
+/// Weights arriving at 1 GB/s for 70 s after 10 s of training, no step
+/// meanwhile, then training again (setup-a's loadlong2): on the user's
+/// horizon the floor rose 70 GB along a line, which read as a leak once
+/// it spanned a minute, 11 s after the load ended. Memory kept while no
+/// step ran is setup on every horizon: the floor counts from the end of
+/// the load. A floor that rises as slowly while steps run is still a leak.
+#[test]
+fn the_floor_on_the_user_s_horizon_counts_from_the_end_of_setup() {
+    let load = |t: f64| {
+        let kept = 2.0 * GB + 1.0 * GB * (t - 10.0).clamp(0.0, 70.0);
+        at(kept, kept + 0.5 * GB, ((kept + 0.5 * GB) / GB).ceil() * GB)
+    };
+    let th = Thresholds::default();
+    let mut s = AgentState::new(&th);
+    for i in 0..=120u64 {
+        let step = match i {
+            0..=10 => 2 * i,
+            11..=80 => 20,
+            _ => 2 * i - 140,
+        };
+        s.observe(&push(i as f64, Some(step), None, load(i as f64)));
+        let a = s.assess().remove(0);
+        assert!(!a.risk.leak_suspected, "at {i}: {a:?}");
+    }
+    let (_, slow) = run(120, |t| {
+        let kept = 2.0 * GB + 0.02 * GB * t;
+        at(kept, kept + 0.5 * GB, 48.0 * GB)
+    });
+    assert!(slow.iter().any(|a| a.risk.leak_suspected), "a slow leak");
+}
+
 /// The report's split peak is the highest any push told (each push's peak
 /// covers its own interval), and absent while no push told one (an agent
 /// that does not read it), never a made-up 0.
