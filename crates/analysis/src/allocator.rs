@@ -36,7 +36,7 @@ pub use processes::{AgentState, MAX_PROCESSES};
 
 use super::{assess, least_squares_slope, theil_sen, Assessment, GpuSeries, Sample};
 use crate::hysteresis::{FlagGate, Hold};
-use crate::risk::by_trend;
+use crate::risk::{by_trend, pace_confidence};
 use crate::verdict::{level_of, Cause, NamedCause};
 use memprof_api::agent::DeviceStats;
 use memprof_api::thresholds::Thresholds;
@@ -96,6 +96,11 @@ pub struct AgentThresholds {
 /// cache that does not serve its own allocations (fragmentation), not a
 /// cache following a leak or a growing demand.
 const CACHE_OVER_TENSORS: f64 = 4.0;
+
+/// Rises of reserved memory, after the trainer's start, that make a
+/// staircase of the cache ([`AgentDevice::cache_stairs`]): one more than
+/// NVML's two, as the smooth climb reads the fast ones.
+const CACHE_STAIRS_MIN_RISES: usize = 3;
 
 /// r² the growth of memory outside the allocator needs to be a neighbour's.
 const NEIGHBOUR_R2: f64 = 0.8;
@@ -659,28 +664,61 @@ impl AgentDevice {
         })
     }
 
-    /// Fragmentation before it blocks: reserved memory climbs steadily
-    /// toward the allocator's limit (its upper envelope over the fit
-    /// window: r² ≥ 0.8, watched for the trust span, rising in both halves,
-    /// in two thirds of its buckets and by no jump of a fifth of the rise,
-    /// where a start or an evaluation's cache rises in a few) at least
-    /// [`CACHE_OVER_TENSORS`] times as fast as the tensors grow
-    /// (`tensors`, the fastest pace seen of allocated memory), while at
-    /// least [`FRAGMENTATION_HIGH`] of it holds no tensor: the allocator
-    /// takes new segments instead of serving from its free blocks, and
-    /// the OOM comes when the next one no longer fits. Trusted as far
-    /// ahead as watched (a cache stops growing once it holds what it needs).
+    /// Fragmentation before it blocks: reserved memory climbs toward the
+    /// allocator's limit at least [`CACHE_OVER_TENSORS`] times as fast as
+    /// the tensors grow (`tensors`, the fastest pace seen of allocated
+    /// memory), while at least [`FRAGMENTATION_HIGH`] of it holds no
+    /// tensor: the allocator takes new segments instead of serving from its
+    /// free blocks, and the OOM comes when the next one no longer fits. The
+    /// climb is read smoothly ([`Self::cache_climb`]) or, where it comes in
+    /// whole segments far apart, as a staircase ([`Self::cache_stairs`]).
     fn filling_cache(&self, th: &Thresholds, tensors: f64) -> Option<Forecast> {
         let limit = self.limit?;
         let d = &self.last;
-        let idle = fragmentation(d).0?;
+        let (idle, split) = fragmentation(d);
+        let idle = idle?;
         if idle < FRAGMENTATION_HIGH {
             return None;
         }
+        let faster_than = th.leak_bytes_per_second.max(CACHE_OVER_TENSORS * tensors);
+        let left = (limit - d.reserved_bytes as f64).max(0.0);
+        // Staircases are read only where most of the idle cache sits in
+        // split blocks: segments a tensor still holds, which the retry at
+        // the ceiling cannot release. Whole free segments (a demand that
+        // outgrew its cached blocks) are given back there: room, not
+        // fragmentation.
+        let pinned = split.is_some_and(|s| 2.0 * s >= idle);
+        let (climb, how) = match self.cache_climb(th, faster_than, left) {
+            Some(c) => (c, String::new()),
+            None if pinned => self.cache_stairs(th, faster_than, limit)?,
+            None => return None,
+        };
+        Some(Forecast {
+            cause: NamedCause::new(
+                Cause::Fragmentation,
+                format!(
+                    "reserved memory grows {}{how} while {:.0}% of it holds no tensor; {} left under the allocator's limit",
+                    memprof_api::format_rate(climb.growth).trim_start_matches('+'),
+                    100.0 * idle,
+                    memprof_api::format_bytes(left as u64)
+                ),
+            ),
+            ..climb
+        })
+    }
+
+    /// The cache's smooth climb: reserved memory's upper envelope over the
+    /// fit window (r² ≥ 0.8, watched for the trust span, rising in both
+    /// halves, in two thirds of its buckets and by no jump of a fifth of the
+    /// rise, where a start or an evaluation's cache rises in a few), faster
+    /// than `faster_than`. Trusted as far ahead as watched (a cache stops
+    /// growing once it holds what it needs). The forecast's cause is filled
+    /// in by the caller.
+    fn cache_climb(&self, th: &Thresholds, faster_than: f64, left: f64) -> Option<Forecast> {
         let (upper, _) = self.reserved.envelopes(th.fit_window_seconds);
         let fit = theil_sen(&upper)?;
         let rise = fit.slope * fit.span;
-        if fit.slope <= th.leak_bytes_per_second.max(CACHE_OVER_TENSORS * tensors)
+        if fit.slope <= faster_than
             || fit.r2 < NEIGHBOUR_R2
             || fit.span < th.trust_span_seconds
             || !pace::both_halves(&upper, rise)
@@ -689,22 +727,50 @@ impl AgentDevice {
         {
             return None;
         }
-        let left = (limit - d.reserved_bytes as f64).max(0.0);
         let tto = left / fit.slope;
         Some(Forecast {
             tto,
             growth: fit.slope,
             confidence: (fit.span / tto.max(1.0)).min(1.0),
-            cause: NamedCause::new(
-                Cause::Fragmentation,
-                format!(
-                    "reserved memory grows {} while {:.0}% of it holds no tensor; {} left under the allocator's limit",
-                    memprof_api::format_rate(fit.slope).trim_start_matches('+'),
-                    100.0 * idle,
-                    memprof_api::format_bytes(left as u64)
-                ),
-            ),
+            cause: NamedCause::new(Cause::Fragmentation, String::new()),
         })
+    }
+
+    /// The cache's climb in whole segments far apart: at least
+    /// [`CACHE_STAIRS_MIN_RISES`] rises of reserved memory after the
+    /// trainer's start, of agreeing sizes at agreeing gaps and still going
+    /// (NVML's staircase, read on reserved memory), faster than
+    /// `faster_than`. Each rise is a request no cached block could serve,
+    /// so a pace of them over flat tensors is a cache that does not serve
+    /// the trainer; the smooth climb refuses it (a few large jumps are
+    /// what an evaluation's cache makes too), and one that keeps its
+    /// schedule is told from those by being still going. Timed and trusted
+    /// as NVML's pace is ([`crate::staircase::Staircase::oom_at`], [`pace_confidence`]).
+    fn cache_stairs(
+        &self,
+        th: &Thresholds,
+        faster_than: f64,
+        limit: f64,
+    ) -> Option<(Forecast, String)> {
+        let now = self.reserved.rises().last_t();
+        let s = self
+            .reserved
+            .rises()
+            .staircase(now, CACHE_STAIRS_MIN_RISES)
+            .filter(|s| !s.during_start && s.rate() > faster_than)?;
+        let tto = (s.oom_at(limit) - now).max(0.0);
+        let how = format!(
+            " ({} a segment every {:.0} s)",
+            memprof_api::format_bytes(s.step as u64),
+            s.gap
+        );
+        let forecast = Forecast {
+            tto,
+            growth: s.rate(),
+            confidence: pace_confidence(&s, tto, th),
+            cause: NamedCause::new(Cause::Fragmentation, String::new()),
+        };
+        Some((forecast, how))
     }
 
     /// The cache holds nearly all the allocator may reserve

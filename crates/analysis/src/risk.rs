@@ -137,7 +137,7 @@ const PACE_TRUST_FRACTION: f64 = 2.0 / 3.0;
 /// OOM they imply (a pace watched as long as it is projected ahead), or
 /// over [`PACE_TRUST_FRACTION`] of the trust span when that is shorter;
 /// two rises are not yet a pace.
-fn pace_confidence(s: &Staircase, tto: f64, th: &Thresholds) -> f64 {
+pub(crate) fn pace_confidence(s: &Staircase, tto: f64, th: &Thresholds) -> f64 {
     let c = (s.span()
         / tto
             .min(PACE_TRUST_FRACTION * th.trust_span_seconds)

@@ -559,6 +559,53 @@ fn a_cache_climbing_past_its_tensors_is_fragmentation_forecast_before_it_fills()
         .is_none_or(|c| c.cause != crate::verdict::Cause::Fragmentation)));
 }
 
+/// A cache that climbs by whole segments far apart (8 GB every 8 s from
+/// 20 s) over flat tensors, each segment pinned by a block still in use
+/// (the free part in split blocks): fragmentation, forecast from the
+/// staircase of reserved memory. The smooth climb refuses jumps this far
+/// apart; before the staircase was read, the first high came at the
+/// ceiling. The same staircase of whole free segments (which the retry at
+/// the ceiling releases), or one the steps' peak fills (a larger batch),
+/// is not fragmentation.
+#[test]
+fn a_cache_climbing_by_pinned_segments_far_apart_is_fragmentation_forecast() {
+    let reserved = |t: f64| 10.0 * GB + 8.0 * GB * (((t - 20.0) / 8.0).floor() + 1.0).max(0.0);
+    let pinned = move |t: f64| At {
+        split: reserved(t) - 4.5 * GB,
+        ..at(4.0 * GB, 5.0 * GB, reserved(t))
+    };
+    // The limit is 79.5 GB: the segment due at 84 s no longer fits.
+    let (_, all) = run(83, pinned);
+    let first = all
+        .iter()
+        .position(|a| a.risk.risk >= RiskLevel::High)
+        .expect("high before the cache fills");
+    assert!(84 - first >= 30, "first high at {first} s");
+    let fragmentation = |a: &AllocatorAssessment| {
+        a.risk.cause.as_ref().map(|c| c.cause) == Some(crate::verdict::Cause::Fragmentation)
+    };
+    assert!(fragmentation(&all[first]), "{:?}", all[first]);
+    assert!(
+        all[first].risk.reason.contains("a segment every 8 s"),
+        "{:?}",
+        all[first]
+    );
+    let th = Thresholds::default();
+    for a in &all {
+        assert!(crate::verdict::check(&a.risk, &th, false).is_ok(), "{a:?}");
+    }
+    let whole = move |t: f64| at(4.0 * GB, 5.0 * GB, reserved(t));
+    let (_, all) = run(83, whole);
+    assert!(!all.iter().any(fragmentation), "whole free segments");
+    // Split blocks between steps, but each step's peak fills the segments.
+    let filled = move |t: f64| At {
+        split: reserved(t) - 4.5 * GB,
+        ..at(4.0 * GB, reserved(t) - 1.0 * GB, reserved(t))
+    };
+    let (_, all) = run(83, filled);
+    assert!(!all.iter().any(fragmentation), "segments the steps fill");
+}
+
 /// Another process on the GPU grows 400 MB/s while the
 /// trainer's allocator is flat; its limit falls. The allocator alone warned
 /// 2 s ahead; the device's memory outside the allocator now forecasts it.
