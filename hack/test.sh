@@ -23,13 +23,11 @@ end_step() {
     step_name=""
 }
 
-started_cluster=0 release_pid=""
+started_cluster=0 own_release_build=0
 cleanup() {
     end_step
-    if [ -n "$release_pid" ]; then
-        # Its own process group (setsid below): cargo and its rustc children.
-        kill -- -"$release_pid" 2>/dev/null || kill "$release_pid" 2>/dev/null || true
-        wait "$release_pid" 2>/dev/null || true
+    if [ "$own_release_build" = 1 ]; then
+        bash hack/release-build.sh stop || true
     fi
     if [ "$started_cluster" = 1 ]; then
         log "stopping the local control plane this run started"
@@ -53,19 +51,22 @@ step "debug build: binaries, unit and integration tests (once, with the tests' f
 cargo build --workspace --bins --tests
 
 if [ "$test_image" != 0 ]; then
-    # The image test's release build (~700 CPU-seconds from cold: 6 min of a
+    # The image test's release build (~860 CPU-seconds from cold: 7 min of a
     # 2-core machine alone) runs from here on beside the agent, integration,
     # chart and alert tests, at the lowest CPU priority: those tests mostly
     # wait (on the API server, on sidecars' sampling clocks), and the build
     # takes only the CPU they leave. It is the build `make image` does
     # (hack/image.sh --build-only); the image test below packages and runs
     # exactly those binaries, after it finished and before the fault tests,
-    # which want an idle machine. Its own process group, so that an early
-    # exit stops the whole build (cleanup).
-    mkdir -p target
-    log "release build for the image test started beside the tests (nice 19; log: target/release-build.log)"
-    setsid --wait nice -n 19 bash hack/image.sh --build-only >target/release-build.log 2>&1 &
-    release_pid=$!
+    # which want an idle machine. CI (.ci/run) starts it earlier, before the
+    # lint, and says so with MEMPROF_RELEASE_BUILD_STARTED=1: then it may be
+    # running or done, and CI stops it.
+    if [ "${MEMPROF_RELEASE_BUILD_STARTED:-0}" = 1 ]; then
+        log "the image test's release build was started by the caller (log: target/release-build.log)"
+    else
+        bash hack/release-build.sh start
+        own_release_build=1
+    fi
 fi
 
 step "unit tests"
@@ -118,16 +119,10 @@ if ls tests/*.py >/dev/null 2>&1; then
     for t in tests/*.py; do python3 "$t"; done
 fi
 
-if [ -n "$release_pid" ]; then
+if [ "$test_image" != 0 ]; then
     step "waiting for the image test's release build"
-    if ! wait "$release_pid"; then
-        release_pid=""
-        tail -n 40 target/release-build.log >&2
-        log "the release build failed (target/release-build.log)"
-        exit 1
-    fi
-    release_pid=""
-    grep -h 'Finished' target/release-build.log >&2 || true
+    bash hack/release-build.sh wait
+    own_release_build=0
 fi
 
 # Fault tests that freeze (SIGSTOP) or restart an API server: each starts a
