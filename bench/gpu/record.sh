@@ -345,6 +345,16 @@
 #| hold-d         fraglean    other 117    130  --seed 3303 --d-model 1152 --layers 14 --heads 12 --seq 1024 --vocab 32000 --batch-schedule 4 --peak-every 5 --fragment --fragment-one-keeper --fragment-tick 12 --leak-at 5 --life 100 --duration 125
 #| hold-d         varlen      none  40     46   --seed 3304 --d-model 1152 --layers 14 --heads 12 --seq 1024 --vocab 32000 --batch-schedule 4 --peak-every 0 --varlen 0.4:2 --duration 40
 #
+# hold-e: recorded after the agent read the cache's staircase of pinned
+# segments (97d8933), to judge that rule once on runs it was not made on:
+# fragmenters at other ticks (6 s and 15 s) and the legitimate runs most
+# like a staircase (a batch grown in steps; evaluations with large
+# batches, whose cache rises in a few jumps).
+#| hold-e         fraglean6   other 117    130  --seed 3401 --d-model 1344 --layers 10 --heads 12 --seq 896 --vocab 32000 --batch-schedule 4 --peak-every 6 --fragment --fragment-one-keeper --fragment-tick 6 --leak-at 5 --life 105 --duration 125
+#| hold-e         fraglean15  other 117    130  --seed 3402 --d-model 1344 --layers 10 --heads 12 --seq 896 --vocab 32000 --batch-schedule 4 --peak-every 6 --fragment --fragment-one-keeper --fragment-tick 15 --leak-at 5 --life 105 --duration 125
+#| hold-e         growbatch   none  60     66   --seed 3403 --d-model 1344 --layers 10 --heads 12 --seq 896 --vocab 32000 --batch-schedule 0:2,12:4,24:6,36:8,48:10 --peak-every 6 --duration 60
+#| hold-e         bigeval     none  50     56   --seed 3404 --d-model 1344 --layers 10 --heads 12 --seq 896 --vocab 32000 --batch-schedule 4 --peak-every 6 --eval-every 10 --eval-batches 4 --eval-batch 24 --eval-seq 1792 --duration 50
+#
 # The selftest set rehearses the whole campaign on a machine without a GPU
 # (`python3 -m pytest -q bench/gpu/selftest`: a stand-in torch, the sim
 # backend); small model, short runs, the same code paths.

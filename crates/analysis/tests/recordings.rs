@@ -1198,6 +1198,30 @@ fn hold_c_and_hold_d_as_first_judged() {
     }
 }
 
+/// hold-e, recorded after the cache's staircase was read and judged once
+/// (fragmenters that leak nothing at ticks of 6 s and 15 s, a batch grown
+/// in five steps, evaluations with large batches): the agent warns each
+/// fragmenter at least as early as NVML alone, names it, and raises
+/// nothing on the legitimate runs most like a staircase. The forecast is
+/// early (TTO -13 % and -37 % at half-life): the OOM came after the retry
+/// that released the trainer's own idle cache.
+#[test]
+fn hold_e_as_first_judged() {
+    let e = evaluation("hold-e", 4);
+    for run in ["growbatch", "bigeval"] {
+        let j = one(&e.agent, run);
+        assert_eq!((j.high_seconds, j.false_leak_seconds), (0.0, 0.0), "{j:?}");
+    }
+    for (run, lead) in [("fraglean6", 76.0), ("fraglean15", 43.0)] {
+        let j = one(&e.agent, run);
+        assert_eq!(j.named.as_deref(), Some("fragmentation"), "{j:?}");
+        assert!(j.lead_high >= Some(lead), "{j:?}");
+        assert!(j.lead_high >= one(&e.nvml, run).lead_high, "{j:?}");
+        assert_eq!(j.false_leak_seconds, 0.0, "{j:?}");
+        assert!(j.transitions <= j.levels + 1, "{j:?}");
+    }
+}
+
 /// Growing demand whose cache fills the card, from NVML alone: PyTorch frees
 /// the cache and retries at the ceiling, so the card's memory saws under it
 /// while the trainer runs; once it fell back, NVML promises no time (it was
