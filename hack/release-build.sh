@@ -40,8 +40,13 @@ start() {
     rm -f "$rc_file" "$pid_file"
     # Its own session (setsid), so stop ends cargo and every rustc under it;
     # the session leader writes its PID (setsid may fork: $! would not be
-    # it) and, once the build ended, its exit status.
-    setsid nice -n 19 bash -c 'echo $$ >'"$pid_file"'; bash hack/image.sh --build-only; echo $? >'"$rc_file" \
+    # it) and, once the build ended, its exit status. A new session is a new
+    # scheduler autogroup where the kernel groups by session
+    # (sched_autogroup_enabled), and nice works only inside a group: the
+    # group shares the CPU equally with the caller's, so the build took a
+    # whole core from the lint and the tests. The group's own nice (its
+    # /proc autogroup file) gives it only what they leave.
+    setsid nice -n 19 bash -c '{ echo 19 >/proc/self/autogroup; } 2>/dev/null; echo $$ >'"$pid_file"'; bash hack/image.sh --build-only; echo $? >'"$rc_file" \
         >"$log_file" 2>&1 </dev/null &
     local waited=0
     until [ -s "$pid_file" ] || [ -s "$rc_file" ]; do
