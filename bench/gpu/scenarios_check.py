@@ -21,6 +21,7 @@ at half-life for leaks that lived 30 s or more (the recording campaign's targets
 """
 import argparse
 import csv
+import datetime
 import json
 import os
 import subprocess
@@ -101,8 +102,35 @@ def live_series(polls):
     return out
 
 
-def nvml_series(memprof, trace):
-    """(t, estimate) per line of `memprof analyze -o json --estimate-every 1`."""
+def sidecar_origin(log_path):
+    """The sidecar's clock origin in Unix seconds (its trace's `t_s` counts
+    from it): the stamp of its first risk transition, logged right after its
+    first sample, else of its first line; as `memprof analyze --evaluate`
+    reads it (crates/analysis/src/evaluate/recording.rs)."""
+    try:
+        with open(log_path) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+
+    def stamp(line):
+        word = (line.split() or [""])[0]
+        try:
+            return datetime.datetime.fromisoformat(word.replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            return None
+
+    for line in [l for l in lines if "risk changed" in l] + lines:
+        t = stamp(line)
+        if t is not None:
+            return t
+    return None
+
+
+def nvml_series(memprof, trace, origin=0.0):
+    """(t, estimate) per line of `memprof analyze -o json --estimate-every 1`,
+    `t` moved to Unix seconds by the sidecar's clock origin (the trace counts
+    from the sidecar's start; the summary's times are Unix seconds)."""
     try:
         res = subprocess.run([memprof, "analyze", "-o", "json", "--estimate-every", "1", trace],
                              capture_output=True, text=True, timeout=20)
@@ -117,6 +145,7 @@ def nvml_series(memprof, trace):
         except ValueError:
             continue
         if e.get("event") in ("estimate", "risk") and "t" in e:
+            e["t"] += origin
             out.append(e)
     out.sort(key=lambda e: e["t"])
     return out, None
@@ -198,7 +227,10 @@ def scenario(d, name, truth, memprof):
     if live:
         r["live"]["assessedFrom"] = sorted({g.get("assessedFrom") or "-" for _, g, _ in live_series(polls)})
     if memprof:
-        series, err = nvml_series(memprof, os.path.join(d, name + ".trace.csv"))
+        origin = sidecar_origin(os.path.join(d, name + ".sidecar.log"))
+        series, err = nvml_series(memprof, os.path.join(d, name + ".trace.csv"), origin or 0.0)
+        if origin is None and not err:
+            err = "no time in the sidecar's log: the trace's seconds cannot be placed"
         r["nvml"] = {"error": err} if err else judge(
             [(e["t"], e.get("leakSuspected"), None, e.get("risk"), e.get("timeToOomSeconds")) for e in series], s, vis)
     r["afterOom"] = after_oom(d, name, polls, s)
