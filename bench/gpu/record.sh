@@ -355,6 +355,14 @@
 #| hold-e         growbatch   none  60     66   --seed 3403 --d-model 1344 --layers 10 --heads 12 --seq 896 --vocab 32000 --batch-schedule 0:2,12:4,24:6,36:8,48:10 --peak-every 6 --duration 60
 #| hold-e         bigeval     none  50     56   --seed 3404 --d-model 1344 --layers 10 --heads 12 --seq 896 --vocab 32000 --batch-schedule 4 --peak-every 6 --eval-every 10 --eval-batches 4 --eval-batch 24 --eval-seq 1792 --duration 50
 #
+# hold-f: recorded at the end of the day's work (analysis of 19a5090) and
+# judged once, never tuned on: a leak, a neighbour, growing demand and
+# cache churn on another model.
+#| hold-f         leak350     oom   117    130  --seed 3501 --d-model 1536 --layers 9 --heads 12 --seq 768 --vocab 32000 --batch-schedule 4 --peak-every 5 --leak-mbps 350 --leak-at 6 --life 100 --duration 125
+#| hold-f         neighbour   other 118    133  --seed 3502 --d-model 1536 --layers 9 --heads 12 --seq 768 --vocab 32000 --batch-schedule 4 --peak-every 5 --empty-cache-every 3 --neighbour-mbps 500 --leak-at 10 --life 100 --duration 128
+#| hold-f         growdemand  other 115    130  --seed 3503 --d-model 1536 --layers 9 --heads 12 --seq 768 --vocab 32000 --batch-schedule 5 --peak-every 0 --accumulation 2 --demand-mbps 300 --leak-at 5 --life 100 --max-seq 32768 --duration 125
+#| hold-f         churn       none  40     46   --seed 3504 --d-model 1536 --layers 9 --heads 12 --seq 768 --vocab 32000 --batch-schedule 4 --peak-every 5 --empty-cache-every 1.5 --duration 40
+#
 # The selftest set rehearses the whole campaign on a machine without a GPU
 # (`python3 -m pytest -q bench/gpu/selftest`: a stand-in torch, the sim
 # backend); small model, short runs, the same code paths.

@@ -1222,6 +1222,37 @@ fn hold_e_as_first_judged() {
     }
 }
 
+/// hold-f, recorded at the end of the day's work and judged once with the
+/// analysis as it stood (19a5090): a leak, a neighbour, growing demand and
+/// cache churn. The miss of that judgement stays in the comment: the
+/// agent's growing-demand TTO at half-life +27 % (late; hold-c's was -19.7 %).
+#[test]
+fn hold_f_as_first_judged() {
+    let f = evaluation("hold-f", 4);
+    for j in [one(&f.nvml, "churn"), one(&f.agent, "churn")] {
+        assert_eq!((j.high_seconds, j.false_leak_seconds), (0.0, 0.0), "{j:?}");
+    }
+    let tto = |j: &Judged| j.tto_at_half.as_ref().map(|t| t.error_percent.abs());
+    // (run, the agent's lead and TTO bound, NVML's lead)
+    for (run, lead, within, nvml_lead) in [
+        ("leak350", 90.0, 2.0, 73.0),
+        ("neighbour", 71.0, 2.0, 71.0),
+        ("growdemand", 69.0, 28.0, 72.0),
+    ] {
+        let j = one(&f.agent, run);
+        assert!(j.lead_high >= Some(lead), "{j:?}");
+        assert!(tto(j).is_some_and(|p| p <= within), "{j:?}");
+        assert!(j.transitions <= j.levels + 1, "{j:?}");
+        assert_eq!(j.false_flags, 0, "{j:?}");
+        assert!(one(&f.nvml, run).lead_high >= Some(nvml_lead), "{run}");
+    }
+    assert_eq!(
+        one(&f.agent, "neighbour").named.as_deref(),
+        Some("neighbour")
+    );
+    assert_eq!(one(&f.agent, "leak350").named.as_deref(), Some("leak"));
+}
+
 /// Growing demand whose cache fills the card, from NVML alone: PyTorch frees
 /// the cache and retries at the ceiling, so the card's memory saws under it
 /// while the trainer runs; once it fell back, NVML promises no time (it was
