@@ -114,6 +114,17 @@ struct Forecast {
     cause: NamedCause,
 }
 
+/// How the cache climbs toward the limit ([`AgentDevice::filling_cache`]):
+/// its OOM, pace and trust, and how the climb was read, for the evidence.
+#[derive(Clone, Debug)]
+struct Climb {
+    tto: f64,
+    growth: f64,
+    confidence: f64,
+    /// Empty for a smooth climb; the segment and its gap for a staircase.
+    how: String,
+}
+
 /// The earlier credible OOM of two: the one whose level ([`by_trend`]) is
 /// higher, then the sooner.
 fn earlier(a: Option<Forecast>, b: Forecast, th: &Thresholds) -> Option<Forecast> {
@@ -688,22 +699,25 @@ impl AgentDevice {
         // outgrew its cached blocks) are given back there: room, not
         // fragmentation.
         let pinned = split.is_some_and(|s| 2.0 * s >= idle);
-        let (climb, how) = match self.cache_climb(th, faster_than, left) {
-            Some(c) => (c, String::new()),
+        let climb = match self.cache_climb(th, faster_than, left) {
+            Some(c) => c,
             None if pinned => self.cache_stairs(th, faster_than, limit)?,
             None => return None,
         };
         Some(Forecast {
+            tto: climb.tto,
+            growth: climb.growth,
+            confidence: climb.confidence,
             cause: NamedCause::new(
                 Cause::Fragmentation,
                 format!(
-                    "reserved memory grows {}{how} while {:.0}% of it holds no tensor; {} left under the allocator's limit",
+                    "reserved memory grows {}{} while {:.0}% of it holds no tensor; {} left under the allocator's limit",
                     memprof_api::format_rate(climb.growth).trim_start_matches('+'),
+                    climb.how,
                     100.0 * idle,
                     memprof_api::format_bytes(left as u64)
                 ),
             ),
-            ..climb
         })
     }
 
@@ -712,9 +726,8 @@ impl AgentDevice {
     /// halves, in two thirds of its buckets and by no jump of a fifth of the
     /// rise, where a start or an evaluation's cache rises in a few), faster
     /// than `faster_than`. Trusted as far ahead as watched (a cache stops
-    /// growing once it holds what it needs). The forecast's cause is filled
-    /// in by the caller.
-    fn cache_climb(&self, th: &Thresholds, faster_than: f64, left: f64) -> Option<Forecast> {
+    /// growing once it holds what it needs).
+    fn cache_climb(&self, th: &Thresholds, faster_than: f64, left: f64) -> Option<Climb> {
         let (upper, _) = self.reserved.envelopes(th.fit_window_seconds);
         let fit = theil_sen(&upper)?;
         let rise = fit.slope * fit.span;
@@ -728,11 +741,11 @@ impl AgentDevice {
             return None;
         }
         let tto = left / fit.slope;
-        Some(Forecast {
+        Some(Climb {
             tto,
             growth: fit.slope,
             confidence: (fit.span / tto.max(1.0)).min(1.0),
-            cause: NamedCause::new(Cause::Fragmentation, String::new()),
+            how: String::new(),
         })
     }
 
@@ -746,12 +759,7 @@ impl AgentDevice {
     /// what an evaluation's cache makes too), and one that keeps its
     /// schedule is told from those by being still going. Timed and trusted
     /// as NVML's pace is ([`crate::staircase::Staircase::oom_at`], [`pace_confidence`]).
-    fn cache_stairs(
-        &self,
-        th: &Thresholds,
-        faster_than: f64,
-        limit: f64,
-    ) -> Option<(Forecast, String)> {
+    fn cache_stairs(&self, th: &Thresholds, faster_than: f64, limit: f64) -> Option<Climb> {
         let now = self.reserved.rises().last_t();
         let s = self
             .reserved
@@ -759,18 +767,16 @@ impl AgentDevice {
             .staircase(now, CACHE_STAIRS_MIN_RISES)
             .filter(|s| !s.during_start && s.rate() > faster_than)?;
         let tto = (s.oom_at(limit) - now).max(0.0);
-        let how = format!(
-            " ({} a segment every {:.0} s)",
-            memprof_api::format_bytes(s.step as u64),
-            s.gap
-        );
-        let forecast = Forecast {
+        Some(Climb {
             tto,
             growth: s.rate(),
             confidence: pace_confidence(&s, tto, th),
-            cause: NamedCause::new(Cause::Fragmentation, String::new()),
-        };
-        Some((forecast, how))
+            how: format!(
+                " ({} a segment every {:.0} s)",
+                memprof_api::format_bytes(s.step as u64),
+                s.gap
+            ),
+        })
     }
 
     /// The cache holds nearly all the allocator may reserve
