@@ -68,6 +68,13 @@ fn one<'a>(list: &'a [Judged], name: &str) -> &'a Judged {
     list.iter().find(|j| j.name == name).unwrap()
 }
 
+/// A legitimate run: no second of high and none of leak flag from either source.
+fn quiet_from_both(e: &Evaluation, run: &str) {
+    for j in [one(&e.nvml, run), one(&e.agent, run)] {
+        assert_eq!((j.high_seconds, j.false_leak_seconds), (0.0, 0.0), "{j:?}");
+    }
+}
+
 fn dev_evaluation() -> Evaluation {
     evaluation("dev", 9)
 }
@@ -1006,9 +1013,7 @@ fn pcie_c_never_tuned_on() {
     let e = evaluation("pcie-c", 6);
     let blind = without_pcie("pcie-c", 6);
     for run in ["loadmid7", "loadfull3", "load2g", "steadyeval"] {
-        for j in [one(&e.nvml, run), one(&e.agent, run)] {
-            assert_eq!((j.high_seconds, j.false_leak_seconds), (0.0, 0.0), "{j:?}");
-        }
+        quiet_from_both(&e, run);
     }
     assert!(one(&blind.nvml, "load2g").high_seconds >= 10.0);
     for (cause, nvml, agent) in [("leak400", 70.0, 87.0), ("idleleak5", 70.0, 91.0)] {
@@ -1046,9 +1051,7 @@ fn pcie_d_as_first_judged() {
     let e = evaluation("pcie-d", 5);
     let blind = without_pcie("pcie-d", 5);
     for run in ["load1g", "varlen2"] {
-        for j in [one(&e.nvml, run), one(&e.agent, run)] {
-            assert_eq!((j.high_seconds, j.false_leak_seconds), (0.0, 0.0), "{j:?}");
-        }
+        quiet_from_both(&e, run);
     }
     let fill = one(&e.nvml, "loaddevice2");
     assert!(
@@ -1097,9 +1100,7 @@ fn hold_sets_as_first_judged() {
         (&b, "churn"),
         (&b, "varlen"),
     ] {
-        for j in [one(&e.nvml, run), one(&e.agent, run)] {
-            assert_eq!((j.high_seconds, j.false_leak_seconds), (0.0, 0.0), "{j:?}");
-        }
+        quiet_from_both(e, run);
     }
     let tto = |j: &Judged| j.tto_at_half.as_ref().map(|t| t.error_percent.abs());
     // (set, run, lead of NVML's first high, of the agent's; TTO bound of each)
@@ -1160,9 +1161,7 @@ fn hold_c_and_hold_d_as_first_judged() {
     let c = evaluation("hold-c", 4);
     let d = evaluation("hold-d", 4);
     for (e, run) in [(&c, "steadyeval"), (&d, "varlen")] {
-        for j in [one(&e.nvml, run), one(&e.agent, run)] {
-            assert_eq!((j.high_seconds, j.false_leak_seconds), (0.0, 0.0), "{j:?}");
-        }
+        quiet_from_both(e, run);
     }
     let tto = |j: &Judged| j.tto_at_half.as_ref().map(|t| t.error_percent);
     // (set, run, the agent's lead and TTO error bound; NVML's lead)
@@ -1229,9 +1228,7 @@ fn hold_e_as_first_judged() {
 #[test]
 fn hold_f_as_first_judged() {
     let f = evaluation("hold-f", 4);
-    for j in [one(&f.nvml, "churn"), one(&f.agent, "churn")] {
-        assert_eq!((j.high_seconds, j.false_leak_seconds), (0.0, 0.0), "{j:?}");
-    }
+    quiet_from_both(&f, "churn");
     let tto = |j: &Judged| j.tto_at_half.as_ref().map(|t| t.error_percent.abs());
     // (run, the agent's lead and TTO bound, NVML's lead)
     for (run, lead, within, nvml_lead) in [
