@@ -53,12 +53,11 @@ cargo build --workspace --bins --tests
 if [ "$test_image" != 0 ]; then
     # The image test's release build (~860 CPU-seconds from cold: 7 min of a
     # 2-core machine alone) runs from here on beside the agent, integration,
-    # chart and alert tests, at the lowest CPU priority: those tests mostly
-    # wait (on the API server, on sidecars' sampling clocks), and the build
-    # takes only the CPU they leave. It is the build `make image` does
-    # (hack/image.sh --build-only); the image test below packages and runs
-    # exactly those binaries, after it finished and before the fault tests,
-    # which want an idle machine. CI (.ci/run) starts it earlier, before the
+    # chart, alert and fault tests, at the lowest CPU priority: those tests
+    # mostly wait (on the API server, on sidecars' sampling clocks), and the
+    # build takes only the CPU they leave. It is the build `make image` does
+    # (hack/image.sh --build-only); the image test, last, packages and runs
+    # exactly those binaries. CI (.ci/run) starts it earlier, before the
     # lint, and says so with MEMPROF_RELEASE_BUILD_STARTED=1: then it may be
     # running or done, and CI stops it.
     if [ "${MEMPROF_RELEASE_BUILD_STARTED:-0}" = 1 ]; then
@@ -119,21 +118,17 @@ if ls tests/*.py >/dev/null 2>&1; then
     for t in tests/*.py; do python3 "$t"; done
 fi
 
-if [ "$test_image" != 0 ]; then
-    step "waiting for the image test's release build"
-    bash hack/release-build.sh wait
-    own_release_build=0
-fi
-
 # Fault tests that freeze (SIGSTOP) or restart an API server: each starts a
 # control plane of its own (a state dir of its own too), so nothing else sees
-# it hang; after the rest and after the release build. The restarts assert
-# what happens exactly once, not how fast, and mostly wait: they run side by
-# side. The others (the frozen API server's step-down is timed to 0.5 s, and
-# any new fault test until it is known not to be timed) run one at a time on
-# an otherwise idle machine. --workspace as above: `-p memprof` resolves
-# features for that package alone and would rebuild the CLI and the test
-# binary (~25 s).
+# it hang; after the rest. The restarts assert what happens exactly once, not
+# how fast, and mostly wait: they run side by side. The others (the frozen
+# API server's step-down is timed to 0.5 s, and any new fault test until it
+# is known not to be timed) run one at a time, with no other test beside
+# them: the release build still running is no competitor, its scheduler
+# group at nice 19 takes only the CPU they leave (hack/release-build.sh), so
+# they run before waiting for it rather than after (72 s of a CI run's wall
+# time). --workspace as above: `-p memprof` resolves features for that
+# package alone and would rebuild the CLI and the test binary (~25 s).
 step "fault tests: restarted API servers, side by side"
 cargo test --workspace --test integration -- --ignored --test-threads=3 api_server_restart
 step "fault tests: the rest (a frozen API server), one at a time"
@@ -142,6 +137,9 @@ cargo test --workspace --test integration -- --ignored --test-threads=1 faults::
 if [ "$test_image" = 0 ]; then
     log "image test SKIPPED (MEMPROF_TEST_IMAGE=0)"
 else
+    step "waiting for the image test's release build"
+    bash hack/release-build.sh wait
+    own_release_build=0
     step "image test: make image from the release binaries built above (buildah; installs buildah and skopeo if missing), binaries run inside it, push/pull through a loopback registry"
     bash tests/image.sh --no-build
 fi
