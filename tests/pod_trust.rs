@@ -15,7 +15,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 use memprof::api::admission::{Keys, MARK_LATE};
-use memprof::api::{MemoryProfile, RiskLevel};
+use memprof::api::{MemoryProfile, MemoryReport, RiskLevel};
 use memprof::webhook::MarkConfig;
 use remediation_support::job as job_of;
 use remediation_support::*;
@@ -382,6 +382,34 @@ async fn pods_created_while_the_webhook_fails_open_never_steer_their_job() {
 /// not in its cache at all.
 pub(crate) const UNSEEN: &str = "does not exist";
 
+/// Deletes pod `name` (as `pods`' client) and waits until it is gone and so
+/// is the report it owned. The garbage collector removes a deleted pod's
+/// report, deciding on the owner references it last read: a same-named
+/// pod's report written onto it before then can be deleted with it, and a
+/// test of that report would find nothing to judge.
+pub(crate) async fn delete_pod_and_its_report(
+    admin: &Client,
+    ns: &str,
+    pods: &Api<Pod>,
+    name: &str,
+) {
+    pods.delete(name, &Default::default()).await.unwrap();
+    let reports: Api<MemoryReport> = Api::namespaced(admin.clone(), ns);
+    eventually("the pod and its report gone", || async {
+        let pod = pods.get_opt(name).await.map_err(|e| e.to_string())?;
+        let report = reports.get_opt(name).await.map_err(|e| e.to_string())?;
+        match (pod, report) {
+            (None, None) => Ok(()),
+            (p, r) => Err(format!(
+                "pod {:?}, report {:?}",
+                p.map(|p| p.uid()),
+                r.map(|r| r.uid())
+            )),
+        }
+    })
+    .await;
+}
+
 pub(crate) fn copy_of(pod: &Pod, name: &str) -> Pod {
     let mut copy = Pod {
         metadata: pod.metadata.clone(),
@@ -455,16 +483,7 @@ async fn genuine_pod_deleted_and_recreated_with_its_mark_never_steers_its_job() 
     if let Ok(wait) = Duration::try_from(past - jiff::Timestamp::now()) {
         tokio::time::sleep(wait).await;
     }
-    pods.delete(&genuine.name_any(), &Default::default())
-        .await
-        .unwrap();
-    eventually("the genuine pod gone", || async {
-        match pods.get_opt(&genuine.name_any()).await {
-            Ok(None) => Ok(()),
-            other => Err(format!("{:?}", other.map(|p| p.map(|p| p.uid())))),
-        }
-    })
-    .await;
+    delete_pod_and_its_report(&s.admin, &ns, &pods, &genuine.name_any()).await;
     let replayed = pods
         .create(
             &PostParams::default(),

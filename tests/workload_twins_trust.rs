@@ -236,14 +236,7 @@ async fn genuine_pod_deleted_and_recreated_with_its_mark_never_steers_its_jobset
     if let Ok(wait) = Duration::try_from(past - jiff::Timestamp::now()) {
         tokio::time::sleep(wait).await;
     }
-    pods_api.delete(&name, &Default::default()).await.unwrap();
-    eventually("the genuine pod gone", || async {
-        match pods_api.get_opt(&name).await {
-            Ok(None) => Ok(()),
-            other => Err(format!("{:?}", other.map(|p| p.map(|p| p.uid())))),
-        }
-    })
-    .await;
+    pod_trust::delete_pod_and_its_report(admin, ns, &pods_api, &name).await;
     let copy = pod_trust::copy_of(&original, &name);
     let replayed = pods_api.create(&PostParams::default(), &copy).await;
     let replayed = replayed.unwrap();
