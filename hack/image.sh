@@ -2,7 +2,7 @@
 # hack/image.sh -- what `make image` runs: builds the one memprof image
 # (memprof-operator, memprof-sidecar, memprof and the Python agent tree) as an
 # OCI archive, from parts this machine has: the release binaries cargo builds
-# here, the shared libraries they link (found with ldd, copied from this
+# here (or binaries already built, --binaries), the shared libraries they link (found with ldd, copied from this
 # machine's Debian packages), and Debian's buildah. No base image is pulled
 # and no registry is named; see the Dockerfile for what the image holds.
 #
@@ -11,9 +11,9 @@
 #   bash hack/image.sh --stage DIR      only the build context (rootfs/ and
 #                                       the Dockerfile), for `docker build`
 #   bash hack/image.sh --no-build       the release binaries already built
-#   bash hack/image.sh --build-only     only the release binaries (what
-#                                       --no-build takes; hack/test.sh runs
-#                                       it beside the integration tests)
+#   bash hack/image.sh --binaries DIR   the binaries already built in DIR
+#                                       (make test: target/debug, the
+#                                       binaries its tests ran; see there)
 #
 # buildah runs with the vfs storage driver under a private storage root in a
 # temporary directory, removed at exit: nothing is left in the host's image
@@ -34,7 +34,7 @@ TARGET_DIR=${CARGO_TARGET_DIR:-target}
 AGENT_DIR=/opt/memprof/agent
 UID_GID=65532
 
-output="" stage_only="" build=1 build_only=0
+output="" stage_only="" build=1 bin_dir=""
 from_caller() { case $1 in /*) printf '%s\n' "$1" ;; *) printf '%s\n' "$CALLER_PWD/$1" ;; esac; }
 parse_args() {
     while [ $# -gt 0 ]; do
@@ -42,7 +42,7 @@ parse_args() {
             --output) output=$(from_caller "${2:?--output needs a file}"); shift 2 ;;
             --stage) stage_only=$(from_caller "${2:?--stage needs a directory}"); shift 2 ;;
             --no-build) build=0; shift ;;
-            --build-only) build_only=1; shift ;;
+            --binaries) bin_dir=$(from_caller "${2:?--binaries needs a directory}"); build=0; shift 2 ;;
             -h | --help) sed -n '2,21p' "$0"; exit 0 ;;
             *) die "unknown argument $1 (see --help)" ;;
         esac
@@ -125,8 +125,8 @@ stage_binaries() {
     local rootfs=$1 bin
     mkdir -p "$rootfs/usr/local/bin"
     for bin in "${BINARIES[@]}"; do
-        [ -x "$TARGET_DIR/release/$bin" ] || die "$TARGET_DIR/release/$bin is missing after the build"
-        install -m 0755 "$TARGET_DIR/release/$bin" "$rootfs/usr/local/bin/$bin"
+        [ -x "$bin_dir/$bin" ] || die "$bin_dir/$bin is missing: build it (make image builds release binaries)"
+        install -m 0755 "$bin_dir/$bin" "$rootfs/usr/local/bin/$bin"
     done
 }
 
@@ -136,7 +136,7 @@ stage_binaries() {
 stage_libraries() {
     local rootfs=$1 bin lib pkg
     local -a libs
-    mapfile -t libs < <(for bin in "${BINARIES[@]}"; do shared_libraries "$TARGET_DIR/release/$bin"; done | sort -u)
+    mapfile -t libs < <(for bin in "${BINARIES[@]}"; do shared_libraries "$bin_dir/$bin"; done | sort -u)
     for lib in "${libs[@]}"; do
         stage_path "$rootfs" "$lib"
         pkg=$(dpkg-query -S "$lib" 2>/dev/null | head -n1 | cut -d: -f1) || true
@@ -217,8 +217,8 @@ main() {
     parse_args "$@"
     local ver
     ver=$(version)
+    bin_dir=${bin_dir:-$TARGET_DIR/release}
     [ "$build" = 0 ] || build_binaries
-    [ "$build_only" = 0 ] || return 0
     if [ -n "$stage_only" ]; then
         mkdir -p "$stage_only"
         stage_context "$stage_only"

@@ -23,12 +23,9 @@ end_step() {
     step_name=""
 }
 
-started_cluster=0 own_release_build=0
+started_cluster=0
 cleanup() {
     end_step
-    if [ "$own_release_build" = 1 ]; then
-        bash hack/release-build.sh stop || true
-    fi
     if [ "$started_cluster" = 1 ]; then
         log "stopping the local control plane this run started"
         bash hack/local-cluster.sh down || true
@@ -40,7 +37,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# MEMPROF_TEST_IMAGE=0 skips the image test and its release build locally (CI runs it).
+# MEMPROF_TEST_IMAGE=0 skips the image test locally (CI runs it).
 test_image=${MEMPROF_TEST_IMAGE:-1}
 
 step "debug build: binaries, unit and integration tests (once, with the tests' features)"
@@ -49,24 +46,6 @@ step "debug build: binaries, unit and integration tests (once, with the tests' f
 # time, without its test-util feature (tests/cli_seed_gaps.rs). After
 # `make check-crds` (CI) there is nothing left to build.
 cargo build --workspace --bins --tests
-
-if [ "$test_image" != 0 ]; then
-    # The image test's release build (~860 CPU-seconds from cold: 7 min of a
-    # 2-core machine alone) runs from here on beside the agent, integration,
-    # chart, alert and fault tests, at the lowest CPU priority: those tests
-    # mostly wait (on the API server, on sidecars' sampling clocks), and the
-    # build takes only the CPU they leave. It is the build `make image` does
-    # (hack/image.sh --build-only); the image test, last, packages and runs
-    # exactly those binaries. CI (.ci/run) starts it earlier, before the
-    # lint, and says so with MEMPROF_RELEASE_BUILD_STARTED=1: then it may be
-    # running or done, and CI stops it.
-    if [ "${MEMPROF_RELEASE_BUILD_STARTED:-0}" = 1 ]; then
-        log "the image test's release build was started by the caller (log: target/release-build.log)"
-    else
-        bash hack/release-build.sh start
-        own_release_build=1
-    fi
-fi
 
 step "unit tests"
 cargo test --workspace --lib --bins
@@ -92,10 +71,11 @@ step "integration tests against $(kubectl version -o json 2>/dev/null | python3 
 # One test binary at a time, a few tests in parallel: each test has its own
 # namespace, and a test that must not overlap any other takes the cluster
 # alone (tests/common/alone.rs). memprof's integration tests are the one
-# binary `integration` (tests/main.rs). Six at a time on two cores: the
+# binary `integration` (tests/main.rs). Ten at a time on two cores: the
 # tests mostly wait (on the API server, on sidecars' sampling clocks), so
-# more of them in flight shorten the run (376 s at four here, 315 s at six).
-cargo test --workspace --test "*" -- --test-threads=6
+# more of them in flight shorten the run (on an idle 2-core machine: 376 s
+# at four, 309 s at six, 260 s at ten with 58 % of the CPU still idle).
+cargo test --workspace --test "*" -- --test-threads=10
 
 # promtool for tests/alert_rules.py (`promtool test rules`): Debian's
 # prometheus package, unpacked under target/ rather than installed, so that
@@ -123,11 +103,8 @@ fi
 # it hang; after the rest. The restarts assert what happens exactly once, not
 # how fast, and mostly wait: they run side by side. The others (the frozen
 # API server's step-down is timed to 0.5 s, and any new fault test until it
-# is known not to be timed) run one at a time, with no other test beside
-# them: the release build still running is no competitor, its scheduler
-# group at nice 19 takes only the CPU they leave (hack/release-build.sh), so
-# they run before waiting for it rather than after (72 s of a CI run's wall
-# time). --workspace as above: `-p memprof` resolves features for that
+# is known not to be timed) run one at a time on an otherwise idle machine.
+# --workspace as above: `-p memprof` resolves features for that
 # package alone and would rebuild the CLI and the test binary (~25 s).
 step "fault tests: restarted API servers, side by side"
 cargo test --workspace --test integration -- --ignored --test-threads=3 api_server_restart
@@ -137,11 +114,14 @@ cargo test --workspace --test integration -- --ignored --test-threads=1 faults::
 if [ "$test_image" = 0 ]; then
     log "image test SKIPPED (MEMPROF_TEST_IMAGE=0)"
 else
-    step "waiting for the image test's release build"
-    bash hack/release-build.sh wait
-    own_release_build=0
-    step "image test: make image from the release binaries built above (buildah; installs buildah and skopeo if missing), binaries run inside it, push/pull through a loopback registry"
-    bash tests/image.sh --no-build
+    # The image of the binaries these tests ran (hack/image.sh --binaries),
+    # not of a release build: the same source built again with other
+    # optimisation flags (~860 CPU-s, longer than all the tests' waits leave
+    # on a 2-core machine) would prove what the packaging does no better.
+    # `make test-image` packages and runs the release binaries `make image`
+    # ships.
+    step "image test: the image of the binaries built above (buildah; installs buildah and skopeo if missing), binaries run inside it, push/pull through a loopback registry"
+    bash tests/image.sh --binaries target/debug
 fi
 end_step
 log "all tests passed"
