@@ -10,7 +10,8 @@
 # docker-registry, unpacked into the temporary directory), buildah pulls it
 # back and runs it. Everything buildah, skopeo and the registry make lives
 # under a temporary directory, removed at exit; the registry is stopped by PID.
-# Arguments go to hack/image.sh (--no-build: the release binaries built).
+# Arguments go to hack/image.sh (--no-build: the release binaries built;
+# --binaries DIR: those in DIR, as make test passes its debug build's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -117,6 +118,14 @@ archive_digest() {
 VERSION=$(cargo pkgid -p memprof)
 VERSION=${VERSION##*[#@]}
 
+# The binaries the image holds, as built here: --binaries DIR's, else the
+# release ones hack/image.sh builds (or finds, --no-build).
+BIN_DIR=${CARGO_TARGET_DIR:-target}/release
+args=("$@")
+for i in "${!args[@]}"; do
+    [ "${args[$i]}" != --binaries ] || BIN_DIR=${args[$((i + 1))]:-}
+done
+
 start=$(date +%s)
 bash hack/image.sh --output "$TMP/memprof.oci.tar" "$@"
 log "image built in $(($(date +%s) - start)) s: $(du -h "$TMP/memprof.oci.tar" | cut -f1)"
@@ -136,7 +145,7 @@ log "binaries, run inside the image"
 # workspace version.
 for bin in memprof-operator memprof-sidecar memprof; do
     out=$(inside "/usr/local/bin/$bin" --version)
-    check "$bin --version (inside: $out)" "$("${CARGO_TARGET_DIR:-target}/release/$bin" --version)" "$out"
+    check "$bin --version (inside: $out)" "$("$BIN_DIR/$bin" --version)" "$out"
     check "$bin --version names $VERSION" "$VERSION" "${out##* }"
 done
 
