@@ -326,12 +326,13 @@ impl Tracker {
                 Some(aa) => fuse(aa, nvml, th),
                 None => (nvml, false),
             };
+            let full = ceiling_level(agent.filter(|_| from_agent), &a);
             // The allocator sees growth inside its cache that NVML's
             // per-process usage cannot: only NVML's own verdict is re-blamed.
             if !from_agent {
                 blame_neighbour(g, &mut a, &pids, th);
             }
-            let mut v = publish(g, a, t, th, self.hold, &pids);
+            let mut v = publish(g, a, full, t, th, self.hold, &pids);
             v.from_agent = from_agent;
             v.agent_device = found;
             out.push(v);
@@ -348,7 +349,8 @@ impl Tracker {
                 }
             };
             let a = self.agent_assessments[i].risk.clone();
-            let mut v = publish(&mut self.agent_only[at], a, t, th, self.hold, &pids);
+            let full = a.level_fraction;
+            let mut v = publish(&mut self.agent_only[at], a, full, t, th, self.hold, &pids);
             v.agent_only = true;
             v.from_agent = true;
             v.agent_device = Some(i);
@@ -363,6 +365,12 @@ impl Tracker {
     pub fn verdicts(&self) -> &[GpuVerdict] {
         &self.verdicts
     }
+}
+
+/// The level "at the ceiling" is judged on ([`publish`]): the allocator's
+/// own where its verdict stands (`own`), else the verdict's.
+fn ceiling_level(own: Option<&AllocatorAssessment>, a: &Assessment) -> f64 {
+    own.map_or(a.level_fraction, |aa| aa.risk.level_fraction)
 }
 
 /// The agent-fed verdict of a GPU NVML sees too: the allocator's, or
@@ -543,9 +551,15 @@ fn confirm(g: &mut Gpu, a: &mut Assessment, t: f64, th: &Thresholds) {
 /// The raw assessment through the GPU's gates, as published: at the
 /// ceiling after growing, OOM now and the leak flag kept; the level held
 /// by the hysteresis, never below its evidence; the verdict checked.
+/// `full` is the fraction "at the ceiling" is judged on: the allocator's
+/// own level where its verdict stands, since the device's counts a cache
+/// that the allocator's retry frees before any allocation fails (a growing
+/// demand's cache fills the card a minute before its tensors do).
+#[allow(clippy::too_many_arguments)]
 fn publish(
     g: &mut Gpu,
     mut a: Assessment,
+    full: f64,
     t: f64,
     th: &Thresholds,
     hold: Hold,
@@ -553,7 +567,7 @@ fn publish(
 ) -> GpuVerdict {
     note_growth(g, &a, t, hold);
     g.recycles |= fell_back(g, &a, th);
-    if !at_ceiling(g, &a, t, th) {
+    if !at_ceiling(g, &a, full, t, th) {
         g.full_since = None;
     } else if t - *g.full_since.get_or_insert(t) <= full_trust_seconds(th) {
         oom_now(g, &mut a, t, hold);
@@ -612,10 +626,11 @@ fn note_growth(g: &mut Gpu, a: &Assessment, t: f64, hold: Hold) {
     }
 }
 
-/// Full, having grown within the hold (or while its leak flag is up).
-fn at_ceiling(g: &Gpu, a: &Assessment, t: f64, th: &Thresholds) -> bool {
+/// Full (`full` of the ceiling taken), having grown within the hold (or
+/// while its leak flag is up).
+fn at_ceiling(g: &Gpu, a: &Assessment, full: f64, t: f64, th: &Thresholds) -> bool {
     a.risk > RiskLevel::None
-        && a.level_fraction >= th.critical_fraction
+        && full >= th.critical_fraction
         && (t <= g.growing_until || g.leak.get())
 }
 

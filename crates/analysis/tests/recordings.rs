@@ -1133,7 +1133,7 @@ fn hold_sets_as_first_judged() {
     assert!(one(&a.nvml, "growdemand").tto_at_half.is_none());
     // ... and the goals line counts it as no time, not as a time met.
     assert!(
-        render(&a).contains("nvml: first high >= 60 s before the OOM 3/3 (lives >= 90 s), >= 2/3 of the life 3/3 (any life); TTO within 10 % at half-life 2/2 (1 promised no time);"),
+        render(&a).contains("nvml: first high >= 60 s before the OOM 3/3 (lives >= 90 s), >= 2/3 of the life 3/3 (any life); TTO within 10 % at half-life 2/2 (1 promised no time), at every reading"),
         "{}",
         render(&a)
     );
@@ -1382,5 +1382,36 @@ fn at_the_ceiling_a_fragmenting_cache_keeps_its_name() {
             !now.is_empty() && now.iter().all(|c| *c == Some(Cause::Fragmentation)),
             "{name}: {now:?}"
         );
+    }
+}
+
+/// A growing demand's cache fills the card about a minute before its
+/// tensors reach the allocator's limit (the allocator's retry frees that
+/// cache before any allocation fails): with the agent, "OOM now" is judged
+/// on the allocator's own level, not on the device's. Before, the cache
+/// filling the card published a critical "OOM now" and then no time at
+/// all for the rest of the run (hold-f: 5 of the 34 readings of the middle
+/// half of the life, "OOM now" 59 s before the OOM). What is left of the
+/// spread (-50 % .. +44 %) is the forecast's own swing (docs/gpu-results.md).
+#[test]
+fn a_growing_demands_cache_filling_the_card_is_no_oom_now() {
+    for name in [
+        "busy-b",
+        "busy-c",
+        "causes-fresh",
+        "causes-fresh2",
+        "causes-heldout",
+        "causes-split",
+        "hold-a",
+        "hold-c",
+        "hold-f",
+        "pcie-b",
+        "setup-b",
+    ] {
+        let e = evaluate(&whole(name), &Thresholds::default());
+        let j = one(&e.agent, "growdemand");
+        let s = j.tto_spread.as_ref().expect("an OOM");
+        assert_eq!(s.without, 0, "{name}: {s:?}");
+        assert!(s.low_percent > -60.0, "{name}: {s:?}");
     }
 }

@@ -42,6 +42,10 @@ pub struct Goals {
     pub with_tto: usize,
     /// Of those, within 10 %.
     pub tto_met: usize,
+    /// OOMs with a TTO over the middle half of the life.
+    pub with_spread: usize,
+    /// Of those, every one within 10 %.
+    pub spread_met: usize,
     /// Legitimate runs judged.
     pub legitimate: usize,
     /// Seconds of high on them, summed.
@@ -100,6 +104,15 @@ pub fn goals(source: &'static str, judged: &[Judged]) -> Goals {
                 j.tto_at_half
                     .as_ref()
                     .is_some_and(|t| t.error_percent.abs() <= GOAL_TTO_PERCENT)
+            })
+            .count(),
+        with_spread: ooms.iter().filter(|j| j.tto_spread.is_some()).count(),
+        spread_met: ooms
+            .iter()
+            .filter(|j| {
+                j.tto_spread.as_ref().is_some_and(|s| {
+                    s.low_percent.abs().max(s.high_percent.abs()) <= GOAL_TTO_PERCENT
+                })
             })
             .count(),
         legitimate: legit.len(),
@@ -191,8 +204,8 @@ fn header() -> String {
 fn goals_line(g: &Goals) -> String {
     format!(
         "{}: first high >= {GOAL_LEAD_SECONDS:.0} s before the OOM {}/{} (lives >= {GOAL_LIFE_SECONDS:.0} s), \
-         >= 2/3 of the life {}/{} (any life); TTO within {GOAL_TTO_PERCENT:.0} % at half-life {}/{}{}; \
-         legitimate runs ({}): {} s high, {} s leak flag; transitions <= levels + 1: {}/{}\n",
+         >= 2/3 of the life {}/{} (any life); TTO within {GOAL_TTO_PERCENT:.0} % at half-life {}/{}{}, \
+         at every reading of the middle half of the life {}/{}; legitimate runs ({}): {} s high, {} s leak flag; transitions <= levels + 1: {}/{}\n",
         g.source,
         g.lead_met,
         g.long_ooms,
@@ -204,6 +217,8 @@ fn goals_line(g: &Goals) -> String {
             0 => String::new(),
             n => format!(" ({n} promised no time)"),
         },
+        g.spread_met,
+        g.with_spread,
         g.legitimate,
         g.false_high_seconds,
         g.false_leak_seconds,
@@ -231,8 +246,45 @@ pub fn render(e: &Evaluation) -> String {
         }
         out.push('\n');
     }
+    out.push_str(&spread_table(e));
     for g in &e.goals {
         out.push_str(&goals_line(g));
+    }
+    out
+}
+
+/// Each OOM's TTO error over the middle half of its cause's life, per
+/// source: what one reading at half-life cannot show.
+fn spread_table(e: &Evaluation) -> String {
+    let mut out = String::from(
+        "TTO error over the middle half of each cause's life (a quarter of it gone to three quarters): \
+         the lowest..highest of the readings that gave a time, and how many did of those there\n",
+    );
+    let srcs = sources(e);
+    for j in e.nvml.iter().filter(|j| is_oom(j)) {
+        out.push_str(&format!(
+            "{:<14} {:<14} {:>6}",
+            j.name,
+            j.cause,
+            opt(j.life)
+        ));
+        for (_, list) in &srcs {
+            let cell = list
+                .iter()
+                .find(|x| x.name == j.name)
+                .and_then(|x| x.tto_spread.as_ref())
+                .map_or("-".into(), |s| {
+                    format!(
+                        "{:+.0}..{:+.0}% {}/{}",
+                        s.low_percent,
+                        s.high_percent,
+                        s.readings,
+                        s.readings + s.without
+                    )
+                });
+            out.push_str(&format!(" | {cell:>20}"));
+        }
+        out.push('\n');
     }
     out
 }

@@ -26,6 +26,22 @@ pub struct TtoAtHalf {
     pub error_percent: f64,
 }
 
+/// The time to OOM over the middle half of the cause's life (a quarter of it
+/// gone to three quarters): one reading at half-life can fall on either
+/// side of a forecast that swings from one reading to the next.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TtoSpread {
+    /// Readings in that span that gave a time to OOM.
+    pub readings: usize,
+    /// Readings in that span with none.
+    pub without: usize,
+    /// The lowest error of them, percent ((estimate − truth) / truth).
+    pub low_percent: f64,
+    /// The highest.
+    pub high_percent: f64,
+}
+
 /// What the report said once the trainer was gone.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -86,6 +102,8 @@ pub struct Judged {
     pub worst: RiskLevel,
     /// The time to OOM nearest to half-life (within 5 s).
     pub tto_at_half: Option<TtoAtHalf>,
+    /// The time to OOM's error over the middle half of the life.
+    pub tto_spread: Option<TtoSpread>,
     /// After an OOM: the report's allocator verdict at the end.
     pub after_oom: Option<AfterOom>,
 }
@@ -215,6 +233,7 @@ pub fn judge(rec: &Recording, replay: &Replay) -> Judged {
         critical: rel(after(&|r| r.risk >= RiskLevel::Critical), origin),
         worst: during.iter().map(|r| r.risk).max().unwrap_or_default(),
         tto_at_half: tto_at_half(truth.oom_at, cause_from, &during),
+        tto_spread: tto_spread(truth.oom_at, cause_from, &during),
         after_oom: truth.oom_at.and_then(|_| after_oom(replay)),
     }
 }
@@ -234,6 +253,28 @@ fn tto_at_half(oom: Option<f64>, leak_from: Option<f64>, during: &[&Reading]) ->
         estimate: round(estimate),
         truth: round(truth),
         error_percent: round(100.0 * (estimate - truth) / truth),
+    })
+}
+
+/// The time to OOM's error over the readings from a quarter of the cause's
+/// life to three quarters; `None` without an OOM or a reading there.
+fn tto_spread(oom: Option<f64>, from: Option<f64>, during: &[&Reading]) -> Option<TtoSpread> {
+    let (oom, from) = (oom?, from?);
+    let life = oom - from;
+    let middle: Vec<&&Reading> = during
+        .iter()
+        .filter(|r| (from + life / 4.0..=from + life * 3.0 / 4.0).contains(&r.t))
+        .collect();
+    let errors: Vec<f64> = middle
+        .iter()
+        .filter_map(|r| r.tto.map(|tto| 100.0 * (tto - (oom - r.t)) / (oom - r.t)))
+        .collect();
+    let round = |x: f64| x.round();
+    Some(TtoSpread {
+        readings: errors.len(),
+        without: middle.len() - errors.len(),
+        low_percent: round(errors.iter().copied().reduce(f64::min)?),
+        high_percent: round(errors.iter().copied().reduce(f64::max)?),
     })
 }
 
@@ -392,6 +433,36 @@ mod tests {
             (j.false_flags, j.false_leak_seconds, j.leak_flag),
             (41, 41.0, None)
         );
+    }
+
+    #[test]
+    fn a_forecast_right_at_half_life_but_swinging_around_it_shows_its_spread() {
+        // Growing demand from 10 s, OOM at 100 s: the middle half of its
+        // life is 32.5 s to 77.5 s. The forecast is exact on odd seconds
+        // (half-life, 55 s, is one) and 30 % late on even ones; before and after the middle it is off
+        // by far more, which the spread leaves out.
+        let r = rec(TruthKind::Other, "growingDemand", Some(100.0));
+        let swing = |t: f64| {
+            let left = 100.0 - t;
+            let tto = match t {
+                t if !(32.5..=77.5).contains(&t) => left * 3.0,
+                t if (t as i64) % 2 == 1 => left,
+                _ => left * 1.3,
+            };
+            (RiskLevel::Medium, Some(tto), false)
+        };
+        let j = judge(&r, &replay(swing));
+        assert_eq!(j.tto_at_half.as_ref().map(|t| t.error_percent), Some(0.0));
+        let s = j.tto_spread.expect("readings in the middle half");
+        assert_eq!((s.low_percent, s.high_percent), (0.0, 30.0));
+        assert_eq!((s.readings, s.without), (45, 0));
+        // Readings that promise no time are counted, not judged.
+        let some = |t: f64| (RiskLevel::Low, (t >= 60.0).then_some(100.0 - t), false);
+        let s = judge(&r, &replay(some)).tto_spread.unwrap();
+        assert_eq!((s.readings, s.without), (18, 27));
+        // No OOM, no spread.
+        let none = rec(TruthKind::None, "churn", None);
+        assert_eq!(judge(&none, &replay(swing)).tto_spread, None);
     }
 
     #[test]
