@@ -363,6 +363,21 @@
 #| hold-f         growdemand  other 115    130  --seed 3503 --d-model 1536 --layers 9 --heads 12 --seq 768 --vocab 32000 --batch-schedule 5 --peak-every 0 --accumulation 2 --demand-mbps 300 --leak-at 5 --life 100 --max-seq 32768 --duration 125
 #| hold-f         churn       none  40     46   --seed 3504 --d-model 1536 --layers 9 --heads 12 --seq 768 --vocab 32000 --batch-schedule 4 --peak-every 5 --empty-cache-every 1.5 --duration 40
 #
+# hold-g and hold-h: recorded side by side on a two-GPU machine (hold-g on
+# GPU 0, hold-h on GPU 1) after 65e0694 (the evaluation's TTO spread over
+# the middle half of the life; "at the ceiling" on the allocator's own
+# level) and judged once, never tuned on: growing demands on four new
+# shapes (two with a 50k vocabulary: larger logits), a leak, a neighbour,
+# and two legitimate runs.
+#| hold-g         growdemand  other 115    130  --seed 3601 --d-model 1280 --layers 10 --heads 10 --seq 896 --vocab 50304 --batch-schedule 4 --peak-every 0 --accumulation 2 --demand-mbps 280 --leak-at 5 --life 100 --max-seq 32768 --duration 125
+#| hold-g         growdemand2 other 115    130  --seed 3602 --d-model 1792 --layers 7 --heads 14 --seq 512 --vocab 32000 --batch-schedule 6 --peak-every 0 --demand-mbps 340 --leak-at 5 --life 100 --max-seq 32768 --duration 125
+#| hold-g         leak450     oom   117    130  --seed 3603 --d-model 1280 --layers 10 --heads 10 --seq 896 --vocab 50304 --batch-schedule 4 --peak-every 6 --leak-mbps 450 --leak-at 6 --life 100 --duration 125
+#| hold-g         churn       none  40     46   --seed 3604 --d-model 1280 --layers 10 --heads 10 --seq 896 --vocab 50304 --batch-schedule 4 --peak-every 6 --empty-cache-every 2 --duration 40
+#| hold-h         growdemand3 other 115    130  --seed 3701 --d-model 1152 --layers 12 --heads 12 --seq 1024 --vocab 32000 --batch-schedule 6 --peak-every 0 --accumulation 2 --demand-mbps 260 --leak-at 5 --life 100 --max-seq 32768 --duration 125
+#| hold-h         growdemand4 other 115    130  --seed 3702 --d-model 2048 --layers 6 --heads 16 --seq 640 --vocab 50304 --batch-schedule 4 --peak-every 0 --accumulation 2 --demand-mbps 350 --leak-at 5 --life 100 --max-seq 32768 --duration 125
+#| hold-h         neighbour   other 118    133  --seed 3703 --d-model 1152 --layers 12 --heads 12 --seq 1024 --vocab 32000 --batch-schedule 4 --peak-every 5 --empty-cache-every 4 --neighbour-mbps 450 --leak-at 10 --life 100 --duration 128
+#| hold-h         steadyeval  none  40     46   --seed 3704 --d-model 1152 --layers 12 --heads 12 --seq 1024 --vocab 32000 --batch-schedule 5 --peak-every 7 --eval-every 8 --eval-batches 4 --eval-batch 8 --duration 40
+#
 # The selftest set rehearses the whole campaign on a machine without a GPU
 # (`python3 -m pytest -q bench/gpu/selftest`: a stand-in torch, the sim
 # backend); small model, short runs, the same code paths.
