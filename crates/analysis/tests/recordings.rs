@@ -656,8 +656,18 @@ fn mixed_sets_as_first_judged() {
         for (cause, nvml, agent) in causes {
             for (j, lead) in [(one(&e.nvml, cause), nvml), (one(&e.agent, cause), agent)] {
                 assert!(j.lead_high >= Some(lead), "{name} {j:?}");
+                // mixed-b's growing demand, agent: +0.3 % as first judged,
+                // +6.3 % since its cache, full after retries, is no
+                // longer read as blocking fragmentation (the reading
+                // nearest half-life moved; over the middle half the
+                // forecast read -100 .. +17 % before, -41 .. +17 % since).
+                let bound = if (name, cause) == ("mixed-b", "growdemand") {
+                    7.0
+                } else {
+                    5.0
+                };
                 if let Some(t) = &j.tto_at_half {
-                    assert!(t.error_percent.abs() <= 5.0, "{name} {j:?}");
+                    assert!(t.error_percent.abs() <= bound, "{name} {j:?}");
                 }
             }
         }
@@ -1421,8 +1431,9 @@ fn a_growing_demands_cache_filling_the_card_is_no_oom_now() {
 /// sources; a leak's and a neighbour's time within 5 % at every reading of
 /// the middle half of the life; the agent's growing-demand time within
 /// 20 % at half-life but swinging -40 % .. +32 % over the middle half, and
-/// still "OOM now" or no time at 1 and 4 readings of two of the four runs
-/// (docs/gpu-results.md). Pins the numbers as first judged, no change.
+/// "OOM now" or no time at 1 and 4 readings of two of the four runs as
+/// first judged (docs/gpu-results.md). Pins the numbers, and one change
+/// since.
 #[test]
 fn hold_g_and_hold_h_as_first_judged() {
     let g = evaluation("hold-g", 4);
@@ -1459,9 +1470,12 @@ fn hold_g_and_hold_h_as_first_judged() {
         }
     }
     assert_eq!(spread(one(&g.agent, "growdemand")), (-31.0, 29.0, 0));
-    assert_eq!(spread(one(&g.agent, "growdemand2")), (-100.0, 32.0, 1));
+    // As first judged (-100, 32, 1) and (-100, 29, 4): "OOM now" and no
+    // time where a cache full after retries read as blocking
+    // fragmentation; since it is not (`a_growing_demands_cache_full_after_retries_is_not_fragmentation`):
+    assert_eq!(spread(one(&g.agent, "growdemand2")), (-34.0, 32.0, 0));
     assert_eq!(spread(one(&h.agent, "growdemand3")), (-40.0, 25.0, 1));
-    assert_eq!(spread(one(&h.agent, "growdemand4")), (-100.0, 29.0, 4));
+    assert_eq!(spread(one(&h.agent, "growdemand4")), (-34.0, 29.0, 0));
     // NVML alone: "OOM now" at growdemand3's half-life (the card's saw),
     // and the neighbour named a leak (no trainer pid told).
     assert_eq!(tto(one(&h.nvml, "growdemand3")), Some(100.0));
@@ -1470,4 +1484,35 @@ fn hold_g_and_hold_h_as_first_judged() {
         one(&h.agent, "neighbour").named.as_deref(),
         Some("neighbour")
     );
+}
+
+/// A growing demand's cache, full after the allocator's retries released
+/// and refilled it, holds whole free segments the next retry frees: not
+/// fragmentation, unless most of its idle memory sits in split blocks
+/// (segments a tensor still holds). Read as blocking fragmentation, it was
+/// judged on reserved memory (99.5 % of the limit while the tensors' peak
+/// stood at 90 %: hold-g growdemand2, 36 s before its OOM) and published
+/// "OOM now", then no time. The old fragmenters' runs, whose idle cache is
+/// split, keep their verdicts (`at_the_ceiling_a_fragmenting_cache_keeps_its_name`).
+#[test]
+fn a_growing_demands_cache_full_after_retries_is_not_fragmentation() {
+    for (name, run) in [
+        ("causes-dev", "growdemand"),
+        ("mixed-b", "growdemand"),
+        ("hold-g", "growdemand2"),
+        ("hold-h", "growdemand4"),
+    ] {
+        let recs = whole(name);
+        let rec = recs.iter().find(|r| r.name == run).unwrap();
+        let r = replay(rec, &Thresholds::default(), Mode::Agent);
+        let fragmentation = r
+            .readings
+            .iter()
+            .filter(|x| x.cause == Some(Cause::Fragmentation))
+            .count();
+        assert_eq!(fragmentation, 0, "{name} {run}");
+        let e = evaluate(std::slice::from_ref(rec), &Thresholds::default());
+        let s = e.agent[0].tto_spread.clone().expect("an OOM");
+        assert!(s.low_percent > -60.0, "{name} {run}: {s:?}");
+    }
 }
