@@ -574,7 +574,7 @@ fn publish(
     } else {
         full_and_running(g, &mut a, t);
     }
-    if outlived(g, &a, t, th) {
+    if outlived(g, &a, full, t, th) {
         full_and_running(g, &mut a, t);
     }
     confirm(g, &mut a, t, th);
@@ -673,8 +673,11 @@ fn fell_back(g: &Gpu, a: &Assessment, th: &Thresholds) -> bool {
 /// those forecasts were refuted (a cache that fills the card reads as
 /// demand that never fails), so none is promised on a nearly full GPU
 /// until it empties (below half of `mediumFraction`: a new run), since
-/// device memory that dips a little each step is the same cache.
-fn outlived(g: &mut Gpu, a: &Assessment, t: f64, th: &Thresholds) -> bool {
+/// device memory that dips a little each step is the same cache. "Nearly
+/// full" is `full`, as in [`publish`]: where the allocator's verdict
+/// stands, its own level, since its numbers still time the OOM in a card
+/// full of cache.
+fn outlived(g: &mut Gpu, a: &Assessment, full: f64, t: f64, th: &Thresholds) -> bool {
     if a.level_fraction < th.medium_fraction / 2.0 {
         g.doom = None;
         g.recycles = false;
@@ -686,7 +689,7 @@ fn outlived(g: &mut Gpu, a: &Assessment, t: f64, th: &Thresholds) -> bool {
     if let Some(due) = due {
         g.doom = Some(g.doom.map_or(due, |d| d.min(due)));
     }
-    a.level_fraction >= th.high_fraction
+    full >= th.high_fraction
         && (g.recycles || g.doom.is_some_and(|d| t - d > full_trust_seconds(th)))
 }
 
@@ -999,7 +1002,7 @@ mod tests {
             level_fraction: 0.01,
             ..Default::default()
         };
-        assert!(!outlived(&mut g, &idle, 100.0, &th));
+        assert!(!outlived(&mut g, &idle, idle.level_fraction, 100.0, &th));
         assert_eq!(g.doom, None);
     }
 
