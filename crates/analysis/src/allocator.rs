@@ -31,7 +31,7 @@ pub mod pace;
 mod processes;
 mod state;
 
-pub use advice::{advice, fragmentation, Facts, FRAGMENTATION_HIGH, SPLIT_HIGH};
+pub use advice::{advice, fragmentation, pinned, Facts, FRAGMENTATION_HIGH, SPLIT_HIGH};
 pub use processes::{AgentState, MAX_PROCESSES};
 
 use super::{assess, least_squares_slope, theil_sen, Assessment, GpuSeries, Sample};
@@ -693,15 +693,10 @@ impl AgentDevice {
         }
         let faster_than = th.leak_bytes_per_second.max(CACHE_OVER_TENSORS * tensors);
         let left = (limit - d.reserved_bytes as f64).max(0.0);
-        // Staircases are read only where most of the idle cache sits in
-        // split blocks: segments a tensor still holds, which the retry at
-        // the ceiling cannot release. Whole free segments (a demand that
-        // outgrew its cached blocks) are given back there: room, not
-        // fragmentation.
-        let pinned = split.is_some_and(|s| 2.0 * s >= idle);
+        // Staircases are read only where the idle cache is [`pinned`].
         let climb = match self.cache_climb(th, faster_than, left) {
             Some(c) => c,
-            None if pinned => self.cache_stairs(th, faster_than, limit)?,
+            None if pinned(idle, split) => self.cache_stairs(th, faster_than, limit)?,
             None => return None,
         };
         Some(Forecast {
@@ -793,12 +788,12 @@ impl AgentDevice {
         let idle = idle?;
         let full = d.reserved_bytes as f64 >= th.high_fraction * limit;
         let retries = recent_increase(&self.retries).unwrap_or(0);
-        // Retries count only where most of the idle cache is split blocks: a
-        // growing demand's cache, refilled after each retry, holds whole
-        // free segments the next retry frees (hold-g's read 99.5 % of the
-        // limit reserved while its tensors' peak stood at 90 %).
-        let pinned = split.is_some_and(|s| 2.0 * s >= idle);
-        let unserved = split.is_some_and(|s| s >= SPLIT_HIGH) || (retries > 0 && pinned);
+        // Retries count only where the idle cache is [`pinned`]: a growing
+        // demand's cache, refilled after each retry, holds whole free
+        // segments the next retry frees (hold-g's read 99.5 % of the limit
+        // reserved while its tensors' peak stood at 90 %).
+        let unserved =
+            split.is_some_and(|s| s >= SPLIT_HIGH) || (retries > 0 && pinned(idle, split));
         (full && idle >= FRAGMENTATION_HIGH && unserved).then(|| {
             NamedCause::new(
                 Cause::Fragmentation,

@@ -23,6 +23,16 @@ pub fn fragmentation(d: &DeviceStats) -> (Option<f64>, Option<f64>) {
     (Some(free.clamp(0.0, 1.0)), split)
 }
 
+/// Most of the idle cache sits in inactive split blocks (`split` at least
+/// half of `idle`, both shares of reserved memory, as [`fragmentation`]
+/// gives them): segments a tensor still holds, which the allocator's retry
+/// at the ceiling cannot release. Whole free segments (a demand that
+/// outgrew its cached blocks, a cache refilled after retries) are given
+/// back there: room, not fragmentation.
+pub fn pinned(idle: f64, split: Option<f64>) -> bool {
+    split.is_some_and(|s| 2.0 * s >= idle)
+}
+
 /// What the advice is drawn from: the verdict of one device, from before
 /// an OOM when there was one.
 #[derive(Clone, Copy, Debug)]

@@ -44,7 +44,7 @@ pub struct Goals {
     pub tto_met: usize,
     /// OOMs with a TTO over the middle half of the life.
     pub with_spread: usize,
-    /// Of those, every one within 10 %.
+    /// Of those, a time within 10 % at every reading there.
     pub spread_met: usize,
     /// Legitimate runs judged.
     pub legitimate: usize,
@@ -111,7 +111,8 @@ pub fn goals(source: &'static str, judged: &[Judged]) -> Goals {
             .iter()
             .filter(|j| {
                 j.tto_spread.as_ref().is_some_and(|s| {
-                    s.low_percent.abs().max(s.high_percent.abs()) <= GOAL_TTO_PERCENT
+                    s.without == 0
+                        && s.low_percent.abs().max(s.high_percent.abs()) <= GOAL_TTO_PERCENT
                 })
             })
             .count(),
@@ -227,22 +228,24 @@ fn goals_line(g: &Goals) -> String {
     )
 }
 
+/// A row's recording, cause and life, as both tables start it.
+fn row_head(j: &Judged) -> String {
+    format!("{:<14} {:<14} {:>6}", j.name, j.cause, opt(j.life))
+}
+
+/// One source's judgement of recording `name`.
+fn find<'a>(list: &'a [Judged], name: &str) -> Option<&'a Judged> {
+    list.iter().find(|x| x.name == name)
+}
+
 /// The per-cause table and each source's goal counts: for a person.
 pub fn render(e: &Evaluation) -> String {
     let mut out = header();
     let srcs = sources(e);
     for j in &e.nvml {
-        out.push_str(&format!(
-            "{:<14} {:<14} {:>6}",
-            j.name,
-            j.cause,
-            opt(j.life)
-        ));
+        out.push_str(&row_head(j));
         for (s, list) in &srcs {
-            out.push_str(&format!(
-                " | {}",
-                cells(s, list.iter().find(|x| x.name == j.name))
-            ));
+            out.push_str(&format!(" | {}", cells(s, find(list, &j.name))));
         }
         out.push('\n');
     }
@@ -262,16 +265,9 @@ fn spread_table(e: &Evaluation) -> String {
     );
     let srcs = sources(e);
     for j in e.nvml.iter().filter(|j| is_oom(j)) {
-        out.push_str(&format!(
-            "{:<14} {:<14} {:>6}",
-            j.name,
-            j.cause,
-            opt(j.life)
-        ));
+        out.push_str(&row_head(j));
         for (_, list) in &srcs {
-            let cell = list
-                .iter()
-                .find(|x| x.name == j.name)
+            let cell = find(list, &j.name)
                 .and_then(|x| x.tto_spread.as_ref())
                 .map_or("-".into(), |s| {
                     format!(
@@ -287,4 +283,30 @@ fn spread_table(e: &Evaluation) -> String {
         out.push('\n');
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::evaluate::judge::judge;
+    use crate::evaluate::judge::tests::{rec, replay};
+    use crate::evaluate::recording::TruthKind;
+    use memprof_api::RiskLevel;
+
+    #[test]
+    fn the_spread_goal_wants_a_time_within_10_percent_at_every_reading() {
+        let r = rec(TruthKind::Other, "growingDemand", Some(100.0));
+        let exact = judge(&r, &replay(|t| (RiskLevel::High, Some(100.0 - t), false)));
+        let late = judge(
+            &r,
+            &replay(|t| (RiskLevel::High, Some(1.2 * (100.0 - t)), false)),
+        );
+        // Exact wherever it gives a time, but silent at one reading.
+        let gap = judge(
+            &r,
+            &replay(|t| (RiskLevel::High, (t != 50.0).then_some(100.0 - t), false)),
+        );
+        let g = goals("agent", &[exact, late, gap]);
+        assert_eq!((g.spread_met, g.with_spread), (1, 3));
+    }
 }

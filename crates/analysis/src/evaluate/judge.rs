@@ -353,13 +353,13 @@ pub fn totals(judged: &[Judged]) -> Totals {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::evaluate::recording::{Truth, TruthKind};
 
     /// A recording of `cause` that began at 10 s, its OOM at `oom` (None: the
     /// run ended at 100 s).
-    fn rec(kind: TruthKind, cause: &str, oom: Option<f64>) -> Recording {
+    pub(crate) fn rec(kind: TruthKind, cause: &str, oom: Option<f64>) -> Recording {
         Recording {
             name: cause.into(),
             truth: Truth {
@@ -385,7 +385,7 @@ mod tests {
     }
 
     /// Readings once a second from 0 to 100 s.
-    fn replay(f: impl Fn(f64) -> (RiskLevel, Option<f64>, bool)) -> Replay {
+    pub(crate) fn replay(f: impl Fn(f64) -> (RiskLevel, Option<f64>, bool)) -> Replay {
         let readings = (0..=100)
             .map(|i| {
                 let t = i as f64;
